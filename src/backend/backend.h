@@ -1,0 +1,124 @@
+/* backend.h — the math of one rank, behind one table of functions.
+ *
+ * Every layer op has a forward and a hand-written backward next to it.  The
+ * CPU backend (cpu.c: OpenBLAS + OpenMP) is the reference; a CUDA backend
+ * fills the same table.  A layer in src/model is written once against this
+ * table.
+ *
+ * Conventions (all tensors row-major, contiguous):
+ *   N = number of token rows (B*T), C = channels, OC = output channels.
+ *   Linear weights are [OC, C] (out = inp @ W^T + b), as in PyTorch.
+ *   Backward functions ACCUMULATE (+=) into every gradient they produce
+ *   (dinp, dweight, dbias): a gradient may have several contributions
+ *   (residual branches, tied embeddings, micro-batches).  Callers zero
+ *   gradient buffers when a new accumulation starts.
+ *   Attention works on a fused qkv buffer laid out per kv group:
+ *   for each of KVH groups, (H/KVH) query heads, then one key head, then one
+ *   value head, each of hs channels.  Splitting that dimension into
+ *   contiguous pieces keeps whole groups together (tensor parallelism).
+ */
+#ifndef TRD_BACKEND_H
+#define TRD_BACKEND_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct {
+    const char *name;
+
+    /* out[N,OC] = inp[N,C] @ weight[OC,C]^T (+ bias[OC] when not NULL) */
+    void (*matmul_forward)(float *out, const float *inp, const float *weight,
+                           const float *bias, int N, int C, int OC);
+    /* dinp[N,C] += dout @ weight; dweight[OC,C] += dout^T @ inp;
+     * dbias[OC] += sum_n dout.  Any of dinp, dweight, dbias may be NULL. */
+    void (*matmul_backward)(float *dinp, float *dweight, float *dbias,
+                            const float *dout, const float *inp,
+                            const float *weight, int N, int C, int OC);
+
+    /* out[n,c] = wte[tokens[n]-vocab_start, c] (+ wpe[n % T, c] when wpe != NULL).
+     * Tokens outside [vocab_start, vocab_start+V) give zeros (vocab-parallel). */
+    void (*embedding_forward)(float *out, const int32_t *tokens, const float *wte,
+                              const float *wpe, int N, int T, int C,
+                              int vocab_start, int V);
+    void (*embedding_backward)(float *dwte, float *dwpe, const float *dout,
+                               const int32_t *tokens, int N, int T, int C,
+                               int vocab_start, int V);
+
+    /* LayerNorm over C: out = (x-mean)*rstd*w + b; saves mean[N], rstd[N]. */
+    void (*layernorm_forward)(float *out, float *mean, float *rstd, const float *inp,
+                              const float *weight, const float *bias, int N, int C,
+                              float eps);
+    void (*layernorm_backward)(float *dinp, float *dweight, float *dbias,
+                               const float *dout, const float *inp, const float *weight,
+                               const float *mean, const float *rstd, int N, int C);
+
+    /* RMSNorm over C: out = x*rstd*w; saves rstd[N]. */
+    void (*rmsnorm_forward)(float *out, float *rstd, const float *inp,
+                            const float *weight, int N, int C, float eps);
+    void (*rmsnorm_backward)(float *dinp, float *dweight, const float *dout,
+                             const float *inp, const float *weight, const float *rstd,
+                             int N, int C);
+
+    /* GELU, tanh approximation (GPT-2). */
+    void (*gelu_forward)(float *out, const float *inp, size_t n);
+    void (*gelu_backward)(float *dinp, const float *inp, const float *dout, size_t n);
+
+    /* SwiGLU: out = silu(gate) * up, elementwise over n. */
+    void (*swiglu_forward)(float *out, const float *gate, const float *up, size_t n);
+    void (*swiglu_backward)(float *dgate, float *dup, const float *dout,
+                            const float *gate, const float *up, size_t n);
+
+    /* Rotary embedding, in place on the q and k heads of a qkv buffer
+     * [N, (H + 2*KVH)*hs] (layout above); position of row n is n % T.
+     * Backward applies the inverse rotation to dqkv in place. */
+    void (*rope_forward)(float *qkv, int N, int T, int H, int KVH, int hs, float theta);
+    void (*rope_backward)(float *dqkv, int N, int T, int H, int KVH, int hs, float theta);
+
+    /* Causal self-attention.  qkv [B*T, (H+2*KVH)*hs] -> out [B*T, H*hs]
+     * (heads in order).  att [B, H, T, T] holds the softmax probabilities
+     * for backward.  Scale 1/sqrt(hs). */
+    void (*attention_forward)(float *out, float *att, const float *qkv,
+                              int B, int T, int H, int KVH, int hs);
+    /* datt is scratch of the size of att. */
+    void (*attention_backward)(float *dqkv, float *datt, const float *dout,
+                               const float *qkv, const float *att,
+                               int B, int T, int H, int KVH, int hs);
+
+    /* Fused softmax + cross-entropy over a [N, Vp] logits buffer of which
+     * only the first V columns are real (padding never counts).
+     * losses[n] = -log softmax(logits[n])[targets[n]].  Targets < 0 are
+     * ignored (loss 0, no gradient).  Backward OVERWRITES logits with
+     * dlogits = (softmax - onehot) * dloss, so probabilities are never
+     * stored separately. */
+    void (*crossentropy_forward)(float *losses, const float *logits,
+                                 const int32_t *targets, int N, int V, int Vp);
+    void (*crossentropy_backward)(float *logits, const int32_t *targets,
+                                  float dloss, int N, int V, int Vp);
+
+    /* out = a + b (residual), n elements; out may alias a. */
+    void (*add)(float *out, const float *a, const float *b, size_t n);
+    /* y += x */
+    void (*accumulate)(float *y, const float *x, size_t n);
+    /* sum of squares, accumulated in double */
+    double (*sumsq)(const float *x, size_t n);
+    /* x *= s */
+    void (*scale)(float *x, float s, size_t n);
+
+    /* AdamW on n elements, decoupled weight decay:
+     *   m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2
+     *   p -= lr * ( mhat / (sqrt(vhat) + eps) + wd * p )
+     * with bias corrections for step t (1-based).  `master` holds fp32
+     * master weights; `param` receives the updated weights (rounded to bf16
+     * when round_bf16).  param may equal master (fp32 training). */
+    void (*adamw)(float *param, float *master, const float *grad, float *m, float *v,
+                  size_t n, float lr, float beta1, float beta2, float eps,
+                  float weight_decay, int t, int round_bf16);
+} Backend;
+
+/* The CPU reference backend. */
+const Backend *backend_cpu(void);
+
+/* Round an fp32 value to the nearest bf16 (ties to even), returned as fp32. */
+float bf16_round(float x);
+
+#endif

@@ -1,0 +1,125 @@
+/* config.h — the experiment config: one typed, validated struct.
+ *
+ * A YAML file (libyaml) is parsed into a Config, `--set key.path=value`
+ * overrides are applied on top, then config_validate() checks ranges and
+ * consistency.  Every error names file:line:column (or "--set") and the key;
+ * the caller prints it and exits with TRD_EXIT_INPUT (2).  Nothing is run or
+ * written before a config has passed validation. */
+#ifndef TRD_CONFIG_H
+#define TRD_CONFIG_H
+
+#include <stdint.h>
+
+#define CFG_STR 256      /* max length of a string value, paths included */
+#define CFG_ERR 1024     /* size of an error message buffer */
+#define CFG_MAX_STAGES 64
+
+typedef enum { ARCH_GPT2 = 0, ARCH_LLAMA = 1 } ModelArch;
+typedef enum { SCHED_1F1B = 0, SCHED_INTERLEAVED = 1, SCHED_GPIPE = 2 } ScheduleKind;
+typedef enum { DECAY_COSINE = 0, DECAY_LINEAR = 1, DECAY_CONSTANT = 2 } DecayKind;
+typedef enum { PREC_FP32 = 0, PREC_BF16 = 1 } Precision;
+typedef enum { RECOMPUTE_NONE = 0, RECOMPUTE_SELECTIVE = 1, RECOMPUTE_FULL = 2 } Recompute;
+typedef enum { DATA_MEGATRON = 0, DATA_LLMC = 1 } DataFormat;
+typedef enum { BACKEND_CPU = 0, BACKEND_CUDA = 1 } BackendKind;
+typedef enum { RESUME_AUTO = 0, RESUME_NEVER = 1, RESUME_PATH = 2 } ResumeKind;
+
+typedef struct {
+    char name[CFG_STR];     /* run name (log and metrics naming) */
+    char dir[CFG_STR];      /* output directory: metrics.jsonl, logs */
+    uint64_t seed;
+    int log_every;          /* readable log line every N steps (>= 1) */
+} RunConfig;
+
+typedef struct {
+    ModelArch arch;
+    int layers, hidden, heads;
+    int kv_heads;           /* 0 in YAML means "= heads"; resolved by validation */
+    int ffn_hidden;         /* 0 means default: 4*hidden (gpt2), 8/3*hidden rounded up to 64 (llama) */
+    int vocab;              /* tokenizer vocabulary size (unpadded) */
+    int vocab_pad_multiple; /* padded vocab is a multiple of tp * this (default 128) */
+    int seq_len;
+    int tie_embeddings;     /* default 1 for gpt2, 0 for llama */
+    float norm_eps;         /* default 1e-5 */
+    float rope_theta;       /* default 10000 (llama only) */
+    float init_std;         /* default 0.02 */
+} ModelConfig;
+
+typedef struct {
+    int tp, pp;
+    int dp;                 /* 0 means "auto": world / (tp*pp) */
+    int zero;               /* 0..3 */
+    int ranks_per_node;     /* 0 means "auto" */
+    int sequence_parallel;
+    ScheduleKind schedule;
+    int virtual_stages;     /* >= 1; > 1 only with the interleaved schedule */
+    int n_stage_layers;     /* 0: split layers evenly over pp */
+    int stage_layers[CFG_MAX_STAGES];
+    char order[16];         /* rank order, default "tp-dp-pp" */
+    int allow_tp_across_nodes;
+    int bucket_mb;          /* DP gradient bucket size in MiB (default 25) */
+} TopologyConfig;
+
+typedef struct {
+    int steps;
+    int global_batch;       /* sequences per optimizer step */
+    int micro_batch;        /* sequences per data-parallel rank per micro-step */
+    float lr, min_lr;
+    int warmup_steps;
+    DecayKind decay;
+    float weight_decay, beta1, beta2, eps;
+    float grad_clip;        /* 0 disables clipping */
+    Precision precision;
+    Recompute recompute;
+    int trace;              /* write a Chrome trace of the run */
+} TrainingConfig;
+
+typedef struct {
+    char path[CFG_STR];     /* dataset prefix (megatron: PREFIX.bin/.idx) or file (llmc) */
+    DataFormat format;
+    char val_path[CFG_STR]; /* empty: no validation */
+    int val_every;          /* steps between validations (0: only at the end) */
+    int val_batches;        /* micro-batches per validation */
+} DataConfig;
+
+typedef struct {
+    char dir[CFG_STR];      /* empty: no checkpoints */
+    int every;              /* 0: only at the end */
+    int keep;               /* checkpoints kept (>= 1) */
+    ResumeKind resume;
+    char resume_path[CFG_STR];
+} CheckpointConfig;
+
+typedef struct {
+    char source[CFG_STR];   /* file the config came from */
+    RunConfig run;
+    ModelConfig model;
+    TopologyConfig topology;
+    TrainingConfig training;
+    DataConfig data;
+    CheckpointConfig checkpoint;
+    BackendKind backend;
+} Config;
+
+/* Fill every field with its default (the values documented in configs/README). */
+void config_defaults(Config *cfg);
+
+/* Parse a YAML file into cfg (on top of defaults).  Returns 0, or -1 with a
+ * message "FILE:LINE:COL: key 'a.b': what is wrong" in err. */
+int config_load(Config *cfg, const char *path, char err[CFG_ERR]);
+
+/* Apply one "key.path=value" override with the same typing rules as YAML.
+ * Errors read "--set a.b=v: what is wrong". */
+int config_set(Config *cfg, const char *assignment, char err[CFG_ERR]);
+
+/* Resolve derived defaults (kv_heads, ffn_hidden, tie_embeddings, dp given
+ * world) and check ranges and consistency.  world <= 0 skips world checks. */
+int config_validate(Config *cfg, int world, char err[CFG_ERR]);
+
+/* Write the config back as YAML (saved with runs and checkpoints). */
+int config_write_yaml(const Config *cfg, const char *path, char err[CFG_ERR]);
+
+/* Names for enums, for logs and YAML output. */
+const char *config_arch_name(ModelArch a);
+const char *config_precision_name(Precision p);
+
+#endif

@@ -1,0 +1,50 @@
+#include "core/error.h"
+
+#include <mpi.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+_Noreturn void trd_fatal(int code, const char *hint, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    fputs("trident: error: ", stderr);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    va_end(ap);
+    if (hint)
+        fprintf(stderr, "---> %s\n", hint);
+    fflush(stderr);
+
+    /* With more than one rank, a plain exit would leave the others blocked
+     * in their next collective: abort the whole job instead. */
+    int initialized = 0, finalized = 0, size = 1;
+    MPI_Initialized(&initialized);
+    MPI_Finalized(&finalized);
+    if (initialized && !finalized) {
+        MPI_Comm_size(MPI_COMM_WORLD, &size);
+        if (size > 1)
+            MPI_Abort(MPI_COMM_WORLD, code);
+        MPI_Finalize();
+    }
+    exit(code);
+}
+
+void *trd_malloc(size_t bytes, const char *what)
+{
+    void *p = malloc(bytes ? bytes : 1);
+    if (!p)
+        trd_fatal(TRD_EXIT_RUNTIME, "reduce model size or batch, or use more ranks",
+                  "out of memory allocating %.1f MiB for %s", trd_mib(bytes), what);
+    return p;
+}
+
+void *trd_calloc(size_t count, size_t size, const char *what)
+{
+    void *p = calloc(count ? count : 1, size ? size : 1);
+    if (!p)
+        trd_fatal(TRD_EXIT_RUNTIME, "reduce model size or batch, or use more ranks",
+                  "out of memory allocating %.1f MiB for %s", trd_mib(count * size), what);
+    return p;
+}

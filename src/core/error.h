@@ -1,0 +1,33 @@
+/* error.h — how trident fails: one message, a hint, a defined exit code.
+ *
+ * Exit codes (DESIGN.md, invariant 3): 0 success, 2 bad input, 1 runtime
+ * failure.  A fatal error on one rank takes the whole job down with
+ * MPI_Abort, so no other rank is left waiting in a collective. */
+#ifndef TRD_ERROR_H
+#define TRD_ERROR_H
+
+#include <stddef.h>
+
+enum { TRD_EXIT_OK = 0, TRD_EXIT_RUNTIME = 1, TRD_EXIT_INPUT = 2 };
+
+/* Print "trident: error: <message>" and, when hint is not NULL,
+ * "---> <hint>" on stderr, then end the job with `code`. */
+_Noreturn void trd_fatal(int code, const char *hint, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+/* Same, with the source location of the failing call (for runtime bugs). */
+#define TRD_ASSERT(cond, ...)                                                  \
+    do {                                                                       \
+        if (!(cond))                                                           \
+            trd_fatal(TRD_EXIT_RUNTIME, NULL, "%s:%d: %s", __FILE__, __LINE__, \
+                      #cond);                                                  \
+    } while (0)
+
+/* Checked allocations; `what` names the buffer in the out-of-memory message. */
+void *trd_malloc(size_t bytes, const char *what);
+void *trd_calloc(size_t count, size_t size, const char *what);
+
+/* Byte sizes in MiB for reports. */
+static inline double trd_mib(size_t bytes) { return (double)bytes / (1024.0 * 1024.0); }
+
+#endif

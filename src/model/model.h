@@ -1,0 +1,82 @@
+/* model.h — GPT-2 and Llama-style decoder, forward and hand-written backward.
+ *
+ * GPT-2: learned positions, pre-LayerNorm, GELU MLP, biases, tied embeddings.
+ * Llama: RMSNorm, SwiGLU MLP, RoPE, grouped-query attention, no biases,
+ *        untied embeddings (unless model.tie_embeddings says otherwise).
+ *
+ * Memory is flat and explicit (STYLE.md): parameters and gradients are one
+ * allocation each, carved by the parameter table; activations are one
+ * allocation carved per layer from a fixed table of sizes.  The model never
+ * allocates during a step.
+ *
+ * The model is written in three parts so that a pipeline stage can run only
+ * its own: embed (first stage), blocks [layer_begin, layer_end), head
+ * (final norm, logits, loss: last stage). */
+#ifndef TRD_MODEL_H
+#define TRD_MODEL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "backend/backend.h"
+#include "config/config.h"
+#include "model/params.h"
+
+/* Named byte counts per memory category, for the start-up report. */
+typedef struct {
+    size_t params, grads, master, optimizer, activations, scratch;
+} MemoryReport;
+
+typedef struct Model Model;
+
+/* Build a model for this shard and micro-batch size B (sequences of
+ * cfg->model.seq_len).  Parameters are initialised from cfg->run.seed. */
+Model *model_create(const Config *cfg, const Backend *be, const ParamShard *sh, int B);
+void model_free(Model *m);
+
+const ParamTable *model_params(const Model *m);
+float *model_param_buffer(Model *m);     /* [params.numel] */
+float *model_grad_buffer(Model *m);      /* [params.numel] */
+MemoryReport model_memory(const Model *m);
+
+/* Forward one micro-batch: tokens and targets are [B*T].  Returns the mean
+ * cross-entropy over the B*T positions (targets < 0 are ignored and not
+ * counted).  Keeps the activations backward needs. */
+float model_forward(Model *m, const int32_t *tokens, const int32_t *targets);
+
+/* Backward of the last forward.  ADDS d(loss_scale * mean loss)/d(param)
+ * into the gradient buffer, so micro-batches accumulate (loss_scale is
+ * 1/micro_batches for gradient accumulation). */
+void model_backward(Model *m, float loss_scale);
+
+void model_zero_grad(Model *m);
+
+/* The three parts model_forward/model_backward chain, for pipeline stages.
+ * The residual stream [B*T, C] enters layer_begin at model_stage_input()
+ * (written by the embedding, or received from the previous stage) and
+ * leaves layer_end-1 at model_stage_output() (read by the head, or sent).
+ * Backward carries d loss / d stream in model_grad_stream(): the head SETS
+ * it, each block maps it from its output to its input in place, and the
+ * embedding reads it; a middle stage receives its output gradient there
+ * before its first block backward and sends it after its last.  l is the
+ * global layer index.  Backward of the head overwrites the logits, so each
+ * forward has exactly one backward. */
+void model_embed_forward(Model *m, const int32_t *tokens);
+void model_block_forward(Model *m, int l);
+float model_head_forward(Model *m, const int32_t *targets);  /* mean loss */
+void model_head_backward(Model *m, float loss_scale);
+void model_block_backward(Model *m, int l);
+void model_embed_backward(Model *m);
+float *model_stage_input(Model *m);
+float *model_stage_output(Model *m);
+float *model_grad_stream(Model *m);
+
+/* Local (tensor-parallel piece of the) padded vocabulary: logits columns. */
+int model_vocab_padded(const Model *m);
+
+/* Model FLOPs of one forward+backward over B*T tokens: 6 * (matmul params)
+ * per token plus attention (12 * layers * T * hidden per token, causal
+ * halving not applied, as in the PaLM/Megatron MFU convention). */
+double model_flops_per_token(const ModelConfig *mc);
+
+#endif

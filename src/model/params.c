@@ -1,0 +1,175 @@
+#include "model/params.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/error.h"
+#include "core/rng.h"
+
+ParamShard params_full_shard(const ModelConfig *m)
+{
+    ParamShard sh = {.tp = 1, .tp_rank = 0, .layer_begin = 0, .layer_end = m->layers,
+                     .has_embed = 1, .has_head = 1};
+    return sh;
+}
+
+int params_padded_vocab(const ModelConfig *m, int tp)
+{
+    int mult = tp * (m->vocab_pad_multiple > 0 ? m->vocab_pad_multiple : 1);
+    return (m->vocab + mult - 1) / mult * mult;
+}
+
+typedef struct {
+    ParamTable *t;
+    int cap;
+    const ParamShard *sh;
+    int64_t vocab_rows;  /* real (unpadded) vocabulary rows, for counting */
+} Builder;
+
+static ParamSpec *add(Builder *b, int64_t rows, int64_t cols, int split_dim, ParamRole role,
+                      int layer, InitKind init, float std, const char *fmt, ...)
+{
+    if (b->t->n == b->cap) {
+        b->cap = b->cap ? 2 * b->cap : 64;
+        b->t->p = realloc(b->t->p, (size_t)b->cap * sizeof(ParamSpec));
+        TRD_ASSERT(b->t->p);
+    }
+    ParamSpec *p = &b->t->p[b->t->n++];
+    memset(p, 0, sizeof *p);
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(p->name, sizeof p->name, fmt, ap);
+    va_end(ap);
+    p->ndim = cols > 0 ? 2 : 1;
+    p->shape[0] = rows;
+    p->shape[1] = cols > 0 ? cols : 1;
+    p->split_dim = split_dim;
+    p->role = role;
+    p->layer = layer;
+    p->init = init;
+    p->std = std;
+    /* Matrices decay; vectors (biases, norm weights) do not. */
+    p->decay = p->ndim == 2;
+
+    int tp = b->sh->tp, r = b->sh->tp_rank;
+    for (int d = 0; d < 2; d++) {
+        p->local_shape[d] = p->shape[d];
+        p->local_start[d] = 0;
+    }
+    if (split_dim >= 0 && tp > 1) {
+        /* Validation guarantees divisibility (heads, ffn, padded vocab). */
+        TRD_ASSERT(p->shape[split_dim] % tp == 0);
+        p->local_shape[split_dim] = p->shape[split_dim] / tp;
+        p->local_start[split_dim] = r * p->local_shape[split_dim];
+    }
+    p->numel = (size_t)(p->local_shape[0] * p->local_shape[1]);
+    p->offset = b->t->numel;
+    b->t->numel += p->numel;
+    b->t->global_numel += (size_t)(p->shape[0] * p->shape[1]);
+    return p;
+}
+
+void params_build(ParamTable *t, const ModelConfig *m, const ParamShard *sh)
+{
+    memset(t, 0, sizeof *t);
+    Builder b = {.t = t, .sh = sh};
+    const int gpt2 = m->arch == ARCH_GPT2;
+    const int64_t C = m->hidden, F = m->ffn_hidden, hs = m->hidden / m->heads;
+    const int64_t qkv_rows = (int64_t)(m->heads + 2 * m->kv_heads) * hs;
+    const int64_t Vp = params_padded_vocab(m, sh->tp);
+    const float std = m->init_std;
+    /* GPT-2: residual projections scaled by 1/sqrt(2L) (two per layer). */
+    const float std_out = std / sqrtf(2.0f * (float)m->layers);
+
+    if (sh->has_embed) {
+        add(&b, Vp, C, 0, ROLE_EMBED, -1, INIT_NORMAL, std, "embed.wte.weight");
+        if (gpt2)
+            add(&b, m->seq_len, C, -1, ROLE_EMBED, -1, INIT_NORMAL, std, "embed.wpe.weight");
+    }
+    for (int l = sh->layer_begin; l < sh->layer_end; l++) {
+        add(&b, C, 0, -1, ROLE_BLOCK, l, INIT_ONES, 0, "layers.%d.ln1.weight", l);
+        if (gpt2)
+            add(&b, C, 0, -1, ROLE_BLOCK, l, INIT_ZEROS, 0, "layers.%d.ln1.bias", l);
+        add(&b, qkv_rows, C, 0, ROLE_BLOCK, l, INIT_NORMAL, std, "layers.%d.attn.qkv.weight", l);
+        if (gpt2)
+            add(&b, qkv_rows, 0, 0, ROLE_BLOCK, l, INIT_ZEROS, 0, "layers.%d.attn.qkv.bias", l);
+        add(&b, C, m->heads * hs, 1, ROLE_BLOCK, l, INIT_NORMAL, std_out,
+            "layers.%d.attn.proj.weight", l);
+        if (gpt2)
+            add(&b, C, 0, -1, ROLE_BLOCK, l, INIT_ZEROS, 0, "layers.%d.attn.proj.bias", l);
+        add(&b, C, 0, -1, ROLE_BLOCK, l, INIT_ONES, 0, "layers.%d.ln2.weight", l);
+        if (gpt2) {
+            add(&b, C, 0, -1, ROLE_BLOCK, l, INIT_ZEROS, 0, "layers.%d.ln2.bias", l);
+            add(&b, F, C, 0, ROLE_BLOCK, l, INIT_NORMAL, std, "layers.%d.mlp.fc.weight", l);
+            add(&b, F, 0, 0, ROLE_BLOCK, l, INIT_ZEROS, 0, "layers.%d.mlp.fc.bias", l);
+            add(&b, C, F, 1, ROLE_BLOCK, l, INIT_NORMAL, std_out, "layers.%d.mlp.proj.weight", l);
+            add(&b, C, 0, -1, ROLE_BLOCK, l, INIT_ZEROS, 0, "layers.%d.mlp.proj.bias", l);
+        } else {
+            add(&b, F, C, 0, ROLE_BLOCK, l, INIT_NORMAL, std, "layers.%d.mlp.gate.weight", l);
+            add(&b, F, C, 0, ROLE_BLOCK, l, INIT_NORMAL, std, "layers.%d.mlp.up.weight", l);
+            add(&b, C, F, 1, ROLE_BLOCK, l, INIT_NORMAL, std_out, "layers.%d.mlp.down.weight", l);
+        }
+    }
+    if (sh->has_head) {
+        add(&b, C, 0, -1, ROLE_HEAD, -1, INIT_ONES, 0, "final_norm.weight");
+        if (gpt2)
+            add(&b, C, 0, -1, ROLE_HEAD, -1, INIT_ZEROS, 0, "final_norm.bias");
+        if (!m->tie_embeddings)
+            add(&b, Vp, C, 0, ROLE_HEAD, -1, INIT_NORMAL, std, "head.weight");
+    }
+}
+
+void params_free(ParamTable *t)
+{
+    free(t->p);
+    memset(t, 0, sizeof *t);
+}
+
+const ParamSpec *params_find(const ParamTable *t, const char *name)
+{
+    for (int i = 0; i < t->n; i++)
+        if (strcmp(t->p[i].name, name) == 0)
+            return &t->p[i];
+    return NULL;
+}
+
+void params_init(const ParamTable *t, float *buf, uint64_t seed)
+{
+    for (int i = 0; i < t->n; i++) {
+        const ParamSpec *p = &t->p[i];
+        float *w = buf + p->offset;
+        if (p->init != INIT_NORMAL) {
+            float v = p->init == INIT_ONES ? 1.0f : 0.0f;
+            for (size_t k = 0; k < p->numel; k++)
+                w[k] = v;
+            continue;
+        }
+        /* The key depends on the name, never on the shard: a shard draws
+         * exactly the values the unsplit tensor has at its coordinates. */
+        const uint64_t key = rng_mix(seed, rng_hash_str(p->name));
+        const int64_t cols = p->shape[1], lrows = p->local_shape[0], lcols = p->local_shape[1];
+#pragma omp parallel for schedule(static)
+        for (int64_t r = 0; r < lrows; r++) {
+            const uint64_t grow = (uint64_t)(p->local_start[0] + r);
+            for (int64_t c = 0; c < lcols; c++) {
+                const uint64_t gidx = grow * (uint64_t)cols + (uint64_t)(p->local_start[1] + c);
+                w[r * lcols + c] = p->std * rng_normal(key, gidx);
+            }
+        }
+    }
+}
+
+size_t params_count_real(const ModelConfig *m)
+{
+    ModelConfig unpadded = *m;
+    unpadded.vocab_pad_multiple = 1;
+    ParamShard sh = params_full_shard(&unpadded);
+    ParamTable t;
+    params_build(&t, &unpadded, &sh);
+    size_t n = t.global_numel;
+    params_free(&t);
+    return n;
+}

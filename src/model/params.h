@@ -1,0 +1,78 @@
+/* params.h — the parameter table: the one place a parameter's layout is said.
+ *
+ * Every parameter has a name ("layers.7.attn.qkv.weight"), a global shape,
+ * the dimension split over tensor parallelism, the layer it belongs to (which
+ * decides its pipeline stage), and how it is initialised.  Local shapes,
+ * offsets in the flat buffers, gradient buckets, optimizer shards and
+ * checkpoint hyperslabs are all derived from this table (DESIGN.md).
+ *
+ * Order in the flat buffer: embeddings, then layer 0..L-1 (each layer
+ * contiguous), then the final norm and the head.  Backward produces gradients
+ * in the reverse of this order, which is what gradient buckets want. */
+#ifndef TRD_PARAMS_H
+#define TRD_PARAMS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "config/config.h"
+
+#define PARAM_NAME 64
+
+typedef enum { INIT_NORMAL = 0, INIT_ZEROS = 1, INIT_ONES = 2 } InitKind;
+typedef enum { ROLE_EMBED = 0, ROLE_BLOCK = 1, ROLE_HEAD = 2 } ParamRole;
+
+typedef struct {
+    char name[PARAM_NAME];
+    int ndim;                 /* 1 or 2 */
+    int64_t shape[2];         /* global shape (vocabulary rows padded) */
+    int split_dim;            /* split over TP: -1 replicated, 0 rows, 1 columns */
+    ParamRole role;           /* embeddings: first stage; head: last stage */
+    int layer;                /* transformer layer for ROLE_BLOCK, else -1 */
+    int decay;                /* AdamW weight decay applies (not norms, biases) */
+    InitKind init;
+    float std;                /* for INIT_NORMAL */
+
+    /* This rank's piece. */
+    int64_t local_shape[2];
+    int64_t local_start[2];   /* first global row/column held */
+    size_t numel;             /* local elements */
+    size_t offset;            /* element offset in the rank's flat buffers */
+} ParamSpec;
+
+/* Which part of the model this rank holds. */
+typedef struct {
+    int tp, tp_rank;
+    int layer_begin, layer_end;  /* transformer layers [begin, end) */
+    int has_embed, has_head;     /* first / last pipeline stage */
+} ParamShard;
+
+typedef struct {
+    ParamSpec *p;
+    int n;
+    size_t numel;             /* total local elements */
+    size_t global_numel;      /* elements of the whole (unsharded) model */
+} ParamTable;
+
+/* The single-rank shard: everything. */
+ParamShard params_full_shard(const ModelConfig *m);
+
+/* Padded vocabulary: a multiple of tp * vocab_pad_multiple. */
+int params_padded_vocab(const ModelConfig *m, int tp);
+
+/* Build the table for this shard (allocates t->p). */
+void params_build(ParamTable *t, const ModelConfig *m, const ParamShard *sh);
+void params_free(ParamTable *t);
+
+/* Find a parameter by name (NULL when this rank does not hold it). */
+const ParamSpec *params_find(const ParamTable *t, const char *name);
+
+/* Initialise this rank's piece: element (r, c) of the global tensor gets a
+ * value that is a pure function of (seed, name, r*cols + c). */
+void params_init(const ParamTable *t, float *buf, uint64_t seed);
+
+/* Parameters of the whole model that actually carry information (padding
+ * rows excluded), for reporting and FLOP counts. */
+size_t params_count_real(const ModelConfig *m);
+
+#endif

@@ -1,0 +1,169 @@
+/* The parameter table: shapes, offsets, decay flags, and the invariant that
+ * a tensor-parallel shard initialises to exactly its slice of the unsplit
+ * tensor (DESIGN.md, invariant 1). */
+#include <stdlib.h>
+#include <string.h>
+
+#include "check.h"
+#include "model/params.h"
+
+static ModelConfig tiny(ModelArch arch)
+{
+    ModelConfig m = {0};
+    m.arch = arch;
+    m.layers = 2;
+    m.hidden = 16;
+    m.heads = 4;
+    m.kv_heads = arch == ARCH_LLAMA ? 2 : 4;
+    m.ffn_hidden = arch == ARCH_LLAMA ? 48 : 64;
+    m.vocab = 50;
+    m.vocab_pad_multiple = 8;
+    m.seq_len = 8;
+    m.tie_embeddings = arch == ARCH_GPT2;
+    m.init_std = 0.02f;
+    return m;
+}
+
+/* Element (r, c) of the global tensor `name`, taken from a shard's buffer. */
+static float shard_value(const ParamTable *t, const float *buf, const char *name, int64_t r,
+                         int64_t c, int *held)
+{
+    const ParamSpec *p = params_find(t, name);
+    int64_t lr = r - p->local_start[0], lc = c - p->local_start[1];
+    *held = lr >= 0 && lr < p->local_shape[0] && lc >= 0 && lc < p->local_shape[1];
+    return *held ? buf[p->offset + (size_t)(lr * p->local_shape[1] + lc)] : 0.0f;
+}
+
+static void check_shards_match_full(ModelArch arch, int tp)
+{
+    ModelConfig m = tiny(arch);
+    /* Padding depends on tp, so compare against a full table padded for tp. */
+    ParamShard full_sh = params_full_shard(&m);
+    full_sh.tp = 1;
+    ParamTable full;
+    m.vocab_pad_multiple *= tp; /* same padded rows as the tp-way table */
+    params_build(&full, &m, &full_sh);
+    m.vocab_pad_multiple /= tp;
+    float *fbuf = malloc(full.numel * sizeof(float));
+    params_init(&full, fbuf, 42);
+
+    int mismatches = 0, covered_total = 0;
+    for (int r = 0; r < tp; r++) {
+        ParamShard sh = params_full_shard(&m);
+        sh.tp = tp;
+        sh.tp_rank = r;
+        ParamTable t;
+        params_build(&t, &m, &sh);
+        CHECK(t.n == full.n, "same tensors on every TP rank (%d vs %d)", t.n, full.n);
+        float *buf = malloc(t.numel * sizeof(float));
+        params_init(&t, buf, 42);
+        for (int i = 0; i < full.n; i++) {
+            const ParamSpec *fp = &full.p[i];
+            for (int64_t a = 0; a < fp->shape[0]; a++)
+                for (int64_t b = 0; b < fp->shape[1]; b++) {
+                    int held;
+                    float v = shard_value(&t, buf, fp->name, a, b, &held);
+                    if (!held)
+                        continue;
+                    covered_total++;
+                    if (v != fbuf[fp->offset + (size_t)(a * fp->shape[1] + b)])
+                        mismatches++;
+                }
+        }
+        free(buf);
+        params_free(&t);
+    }
+    CHECK(mismatches == 0, "arch %d tp %d: %d shard elements differ from the full tensor", arch,
+          tp, mismatches);
+    /* Replicated tensors are counted tp times, split ones once. */
+    size_t replicated = 0;
+    for (int i = 0; i < full.n; i++)
+        if (full.p[i].split_dim < 0)
+            replicated += full.p[i].numel;
+    CHECK((size_t)covered_total == full.numel + (size_t)(tp - 1) * replicated,
+          "tp %d: shards cover every element (%d vs %zu)", tp, covered_total,
+          full.numel + (size_t)(tp - 1) * replicated);
+    free(fbuf);
+    params_free(&full);
+}
+
+int main(void)
+{
+    ModelConfig m = tiny(ARCH_GPT2);
+    ParamShard sh = params_full_shard(&m);
+    ParamTable t;
+    params_build(&t, &m, &sh);
+
+    /* GPT-2 count, by hand: wte Vp*C + wpe T*C + per layer
+     * (2C ln1) + (3C*C + 3C qkv) + (C*C + C proj) + (2C ln2) + (4C*C + 4C fc)
+     * + (4C*C + C proj) + final norm 2C; head tied. */
+    const size_t C = 16, L = 2, T = 8, Vp = 56, F = 64;
+    size_t per_layer = 2 * C + 3 * C * C + 3 * C + C * C + C + 2 * C + F * C + F + C * F + C;
+    CHECK(t.numel == Vp * C + T * C + L * per_layer + 2 * C, "gpt2 numel %zu", t.numel);
+    CHECK(params_padded_vocab(&m, 1) == 56 && params_padded_vocab(&m, 4) == 64,
+          "padded vocab %d %d", params_padded_vocab(&m, 1), params_padded_vocab(&m, 4));
+    CHECK(params_count_real(&m) == t.numel - (Vp - 50) * C, "real count excludes padding");
+    CHECK(params_find(&t, "head.weight") == NULL, "tied: no head");
+
+    /* Offsets are contiguous in table order; layers contiguous. */
+    size_t off = 0;
+    int last_layer = -1, layers_in_order = 1;
+    for (int i = 0; i < t.n; i++) {
+        CHECK(t.p[i].offset == off, "offset of %s", t.p[i].name);
+        off += t.p[i].numel;
+        if (t.p[i].role == ROLE_BLOCK) {
+            if (t.p[i].layer < last_layer)
+                layers_in_order = 0;
+            last_layer = t.p[i].layer;
+        }
+    }
+    CHECK(layers_in_order, "layers are contiguous and in order");
+    CHECK(params_find(&t, "layers.1.attn.qkv.weight")->decay == 1, "matrices decay");
+    CHECK(params_find(&t, "layers.1.ln1.weight")->decay == 0, "norms do not decay");
+    CHECK(params_find(&t, "layers.0.mlp.fc.bias")->decay == 0, "biases do not decay");
+
+    float *buf = malloc(t.numel * sizeof(float));
+    params_init(&t, buf, 7);
+    const ParamSpec *ln = params_find(&t, "layers.0.ln1.weight");
+    const ParamSpec *bias = params_find(&t, "layers.0.attn.qkv.bias");
+    CHECK(buf[ln->offset] == 1.0f && buf[bias->offset] == 0.0f, "ones and zeros");
+    const ParamSpec *w = params_find(&t, "layers.0.mlp.fc.weight");
+    double s2 = 0;
+    for (size_t k = 0; k < w->numel; k++)
+        s2 += (double)buf[w->offset + k] * buf[w->offset + k];
+    CHECK_CLOSE(sqrt(s2 / (double)w->numel), 0.02, 0.15, 0, "fc weight std");
+    const ParamSpec *wo = params_find(&t, "layers.0.mlp.proj.weight");
+    s2 = 0;
+    for (size_t k = 0; k < wo->numel; k++)
+        s2 += (double)buf[wo->offset + k] * buf[wo->offset + k];
+    CHECK_CLOSE(sqrt(s2 / (double)wo->numel), 0.02 / sqrt(2.0 * 2), 0.15, 0,
+                "residual projection std scaled by 1/sqrt(2L)");
+    /* Different names give different values; same seed same values. */
+    const ParamSpec *q0 = params_find(&t, "layers.0.attn.qkv.weight");
+    const ParamSpec *q1 = params_find(&t, "layers.1.attn.qkv.weight");
+    CHECK(buf[q0->offset] != buf[q1->offset], "layers differ");
+    float *buf2 = malloc(t.numel * sizeof(float));
+    params_init(&t, buf2, 7);
+    CHECK(memcmp(buf, buf2, t.numel * sizeof(float)) == 0, "init is deterministic");
+    params_init(&t, buf2, 8);
+    CHECK(memcmp(buf, buf2, t.numel * sizeof(float)) != 0, "seed matters");
+    free(buf);
+    free(buf2);
+    params_free(&t);
+
+    ModelConfig l = tiny(ARCH_LLAMA);
+    sh = params_full_shard(&l);
+    params_build(&t, &l, &sh);
+    CHECK(params_find(&t, "embed.wpe.weight") == NULL, "llama: no learned positions");
+    CHECK(params_find(&t, "head.weight") != NULL, "llama: untied head");
+    CHECK(params_find(&t, "layers.0.attn.qkv.weight")->shape[0] == (4 + 2 * 2) * 4,
+          "GQA qkv rows = (H + 2 KVH) hs");
+    CHECK(params_find(&t, "layers.0.ln1.bias") == NULL, "llama: no biases");
+    params_free(&t);
+
+    for (int tp = 2; tp <= 4; tp *= 2) {
+        check_shards_match_full(ARCH_GPT2, tp);
+        check_shards_match_full(ARCH_LLAMA, tp == 4 ? 2 : tp); /* kv_heads 2 */
+    }
+    return check_summary("params");
+}

@@ -100,7 +100,7 @@ typedef struct {
     BackendKind backend;
 } Config;
 
-/* Fill every field with its default (the values documented in configs/README). */
+/* Fill every field with its default (documented in docs/config.md). */
 void config_defaults(Config *cfg);
 
 /* Parse a YAML file into cfg (on top of defaults).  Returns 0, or -1 with a

@@ -16,7 +16,7 @@ _Noreturn void trd_fatal(int code, const char *hint, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
 /* Same, with the source location of the failing call (for runtime bugs). */
-#define TRD_ASSERT(cond, ...)                                                  \
+#define TRD_ASSERT(cond)                                                       \
     do {                                                                       \
         if (!(cond))                                                           \
             trd_fatal(TRD_EXIT_RUNTIME, NULL, "%s:%d: %s", __FILE__, __LINE__, \

@@ -1,0 +1,1114 @@
+/* config.c — YAML and --set parsing, defaults and YAML output of Config
+ * (the range and consistency rules are in config_validate.c).
+ *
+ * One table of key descriptors (KEYS below) drives everything: the YAML
+ * loader, `--set` overrides and the YAML writer all look a key up there and
+ * go through the same typed parsers, so a key added to the table is read,
+ * overridden and written back without further code.  Positions come from
+ * libyaml's document API (0-based marks, printed 1-based). */
+#include "config/config.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <limits.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <yaml.h>
+
+/* Enum fields are stored through an int pointer by the table code. */
+_Static_assert(sizeof(ModelArch) == sizeof(int), "enum fields must be int-sized");
+_Static_assert(sizeof(ResumeKind) == sizeof(int), "enum fields must be int-sized");
+
+/* ------------------------------------------------------------------------ */
+/* The key table                                                             */
+/* ------------------------------------------------------------------------ */
+
+typedef enum {
+    K_INT,       /* int */
+    K_INT_AUTO,  /* int, or "auto" stored as 0 */
+    K_U64,       /* uint64_t, non-negative */
+    K_FLOAT,     /* float, finite */
+    K_BOOL,      /* int 0/1 from true/false */
+    K_BOOL_AUTO, /* int 0/1, or "auto" stored as -1 (resolved by validation) */
+    K_STR,       /* char[size] */
+    K_ENUM,      /* int-sized enum, value = index into names */
+    K_INT_LIST,  /* int[CFG_MAX_STAGES], count at aux */
+    K_RESUME,    /* ResumeKind: auto | never | PATH (path stored at aux) */
+} KeyKind;
+
+typedef struct {
+    const char *section;       /* "" for top-level keys (backend) */
+    const char *name;
+    KeyKind kind;
+    size_t offset;             /* offsetof(Config, ...) */
+    size_t aux;                /* K_STR: buffer size; K_INT_LIST: count offset;
+                                  K_RESUME: offset of the path buffer */
+    const char *const *names;  /* K_ENUM: names indexed by value, NULL-ended */
+    bool required;
+} KeyDesc;
+
+static const char *const ARCH_NAMES[] = {"gpt2", "llama", NULL};
+static const char *const SCHED_NAMES[] = {"1f1b", "interleaved", "gpipe", NULL};
+static const char *const DECAY_NAMES[] = {"cosine", "linear", "constant", NULL};
+static const char *const PREC_NAMES[] = {"fp32", "bf16", NULL};
+static const char *const RECOMPUTE_NAMES[] = {"none", "selective", "full", NULL};
+static const char *const FORMAT_NAMES[] = {"megatron", "llmc", NULL};
+static const char *const BACKEND_NAMES[] = {"cpu", "cuda", NULL};
+
+#define OFF(sec, field) offsetof(Config, sec.field)
+#define KEY(sec, field, kind) {#sec, #field, kind, OFF(sec, field), 0, NULL, false}
+#define REQ(sec, field, kind) {#sec, #field, kind, OFF(sec, field), 0, NULL, true}
+#define STR(sec, field, req) \
+    {#sec, #field, K_STR, OFF(sec, field), sizeof(((Config *)0)->sec.field), NULL, req}
+#define ENUM(sec, field, names) {#sec, #field, K_ENUM, OFF(sec, field), 0, names, false}
+
+static const KeyDesc KEYS[] = {
+    STR(run, name, false),
+    STR(run, dir, false),
+    KEY(run, seed, K_U64),
+    KEY(run, log_every, K_INT),
+
+    ENUM(model, arch, ARCH_NAMES),
+    REQ(model, layers, K_INT),
+    REQ(model, hidden, K_INT),
+    REQ(model, heads, K_INT),
+    KEY(model, kv_heads, K_INT),
+    KEY(model, ffn_hidden, K_INT),
+    REQ(model, vocab, K_INT),
+    KEY(model, vocab_pad_multiple, K_INT),
+    REQ(model, seq_len, K_INT),
+    KEY(model, tie_embeddings, K_BOOL_AUTO),
+    KEY(model, norm_eps, K_FLOAT),
+    KEY(model, rope_theta, K_FLOAT),
+    KEY(model, init_std, K_FLOAT),
+
+    KEY(topology, tp, K_INT),
+    KEY(topology, pp, K_INT),
+    KEY(topology, dp, K_INT_AUTO),
+    KEY(topology, zero, K_INT),
+    KEY(topology, ranks_per_node, K_INT_AUTO),
+    KEY(topology, sequence_parallel, K_BOOL),
+    ENUM(topology, schedule, SCHED_NAMES),
+    KEY(topology, virtual_stages, K_INT),
+    {"topology", "stage_layers", K_INT_LIST, OFF(topology, stage_layers),
+     OFF(topology, n_stage_layers), NULL, false},
+    STR(topology, order, false),
+    KEY(topology, allow_tp_across_nodes, K_BOOL),
+    KEY(topology, bucket_mb, K_INT),
+
+    REQ(training, steps, K_INT),
+    REQ(training, global_batch, K_INT),
+    REQ(training, micro_batch, K_INT),
+    REQ(training, lr, K_FLOAT),
+    KEY(training, min_lr, K_FLOAT),
+    KEY(training, warmup_steps, K_INT),
+    ENUM(training, decay, DECAY_NAMES),
+    KEY(training, weight_decay, K_FLOAT),
+    KEY(training, beta1, K_FLOAT),
+    KEY(training, beta2, K_FLOAT),
+    KEY(training, eps, K_FLOAT),
+    KEY(training, grad_clip, K_FLOAT),
+    ENUM(training, precision, PREC_NAMES),
+    ENUM(training, recompute, RECOMPUTE_NAMES),
+    KEY(training, trace, K_BOOL),
+
+    STR(data, path, true),
+    ENUM(data, format, FORMAT_NAMES),
+    STR(data, val_path, false),
+    KEY(data, val_every, K_INT),
+    KEY(data, val_batches, K_INT),
+
+    STR(checkpoint, dir, false),
+    KEY(checkpoint, every, K_INT),
+    KEY(checkpoint, keep, K_INT),
+    {"checkpoint", "resume", K_RESUME, OFF(checkpoint, resume), OFF(checkpoint, resume_path),
+     NULL, false},
+
+    {"", "backend", K_ENUM, offsetof(Config, backend), 0, BACKEND_NAMES, false},
+};
+enum { N_KEYS = sizeof(KEYS) / sizeof(KEYS[0]) };
+
+static const char *const SECTIONS[] = {"run",  "model", "topology", "training",
+                                       "data", "checkpoint", NULL};
+
+/* "model.hidden", or "backend" for a top-level key. */
+static const char *key_fullname(const KeyDesc *k, char buf[64])
+{
+    if (k->section[0])
+        snprintf(buf, 64, "%s.%s", k->section, k->name);
+    else
+        snprintf(buf, 64, "%s", k->name);
+    return buf;
+}
+
+static int find_key(const char *section, const char *name)
+{
+    for (int i = 0; i < N_KEYS; i++)
+        if (!strcmp(KEYS[i].section, section) && !strcmp(KEYS[i].name, name))
+            return i;
+    return -1;
+}
+
+static bool is_section(const char *s)
+{
+    for (int i = 0; SECTIONS[i]; i++)
+        if (!strcmp(SECTIONS[i], s))
+            return true;
+    return false;
+}
+
+/* Every message goes into a CFG_ERR buffer through here; an over-long one is
+ * cut, which is acceptable for a message (and keeps gcc's truncation
+ * analysis, which cannot know our strings are short, quiet). */
+static void put_err(char *err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void put_err(char *err, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, CFG_ERR, fmt, ap);
+    va_end(ap);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Suggestions: the closest known name by edit distance                      */
+/* ------------------------------------------------------------------------ */
+
+static int edit_distance(const char *a, const char *b)
+{
+    enum { MAXL = 64 };
+    size_t la = strlen(a), lb = strlen(b);
+    if (la >= MAXL || lb >= MAXL)
+        return INT_MAX;
+    int row[MAXL];
+    for (size_t j = 0; j <= lb; j++)
+        row[j] = (int)j;
+    for (size_t i = 1; i <= la; i++) {
+        int diag = row[0];
+        row[0] = (int)i;
+        for (size_t j = 1; j <= lb; j++) {
+            int up = row[j];
+            int best = diag + (a[i - 1] != b[j - 1]);
+            if (up + 1 < best)
+                best = up + 1;
+            if (row[j - 1] + 1 < best)
+                best = row[j - 1] + 1;
+            row[j] = best;
+            diag = up;
+        }
+    }
+    return row[lb];
+}
+
+/* A suggestion is worth making only when the typo is small relative to the
+ * word; otherwise "tp" would be offered for any two-letter key. */
+static bool close_enough(const char *typed, int dist)
+{
+    return dist <= 2 && 2 * dist < (int)strlen(typed);
+}
+
+/* Closest key of `section` ("" = top level) to `typed`, or NULL. */
+static const char *suggest_key(const char *section, const char *typed)
+{
+    const char *best = NULL;
+    int best_d = INT_MAX;
+    for (int i = 0; i < N_KEYS; i++) {
+        if (strcmp(KEYS[i].section, section))
+            continue;
+        int d = edit_distance(typed, KEYS[i].name);
+        if (d < best_d) {
+            best_d = d;
+            best = KEYS[i].name;
+        }
+    }
+    return best && close_enough(typed, best_d) ? best : NULL;
+}
+
+/* Closest top-level name (a section or "backend"). */
+static const char *suggest_section(const char *typed)
+{
+    const char *best = NULL;
+    int best_d = INT_MAX;
+    for (int i = 0; SECTIONS[i]; i++) {
+        int d = edit_distance(typed, SECTIONS[i]);
+        if (d < best_d) {
+            best_d = d;
+            best = SECTIONS[i];
+        }
+    }
+    int d = edit_distance(typed, "backend");
+    if (d < best_d) {
+        best_d = d;
+        best = "backend";
+    }
+    return best && close_enough(typed, best_d) ? best : NULL;
+}
+
+/* Closest full key name ("training.lr") for --set. */
+static const char *suggest_fullname(const char *typed, char buf[64])
+{
+    int best_d = INT_MAX, best = -1;
+    for (int i = 0; i < N_KEYS; i++) {
+        char name[64];
+        int d = edit_distance(typed, key_fullname(&KEYS[i], name));
+        if (d < best_d) {
+            best_d = d;
+            best = i;
+        }
+    }
+    if (best < 0 || !close_enough(typed, best_d))
+        return NULL;
+    return key_fullname(&KEYS[best], buf);
+}
+
+/* "arch, layers, hidden, ..." — the keys of a section, for messages. */
+static void list_keys(const char *section, char *out, size_t n)
+{
+    size_t used = 0;
+    out[0] = '\0';
+    for (int i = 0; i < N_KEYS && used < n; i++) {
+        if (strcmp(KEYS[i].section, section))
+            continue;
+        int w = snprintf(out + used, n - used, "%s%s", used ? ", " : "", KEYS[i].name);
+        if (w < 0)
+            break;
+        used += (size_t)w;
+    }
+}
+
+/* ------------------------------------------------------------------------ */
+/* Typed scalar parsers.  Each returns 0, or -1 with "what is wrong          */
+/* (expected ...)" in why.                                                   */
+/* ------------------------------------------------------------------------ */
+
+typedef struct {
+    char text[CFG_ERR];
+} Why;
+
+static int fail(Why *why, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static int fail(Why *why, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(why->text, sizeof why->text, fmt, ap);
+    va_end(ap);
+    return -1;
+}
+
+/* Quote a user value for a message, shortened so one bad line cannot flood
+ * the error buffer. */
+static const char *shown(const char *s, char buf[80])
+{
+    if (!*s)
+        return "nothing";
+    if (strlen(s) > 60)
+        snprintf(buf, 80, "'%.57s...'", s);
+    else
+        snprintf(buf, 80, "'%s'", s);
+    return buf;
+}
+
+static bool all_digits(const char *s)
+{
+    if (!*s)
+        return false;
+    for (; *s; s++)
+        if (!isdigit((unsigned char)*s))
+            return false;
+    return true;
+}
+
+static int parse_int(const char *s, int *out, Why *why)
+{
+    char b[80];
+    const char *digits = (*s == '+' || *s == '-') ? s + 1 : s;
+    if (!all_digits(digits))
+        return fail(why, "expected an integer, got %s", shown(s, b));
+    errno = 0;
+    long long v = strtoll(s, NULL, 10);
+    if (errno == ERANGE || v < INT_MIN || v > INT_MAX)
+        return fail(why, "integer %s is out of range (expected %d..%d)", shown(s, b), INT_MIN,
+                    INT_MAX);
+    *out = (int)v;
+    return 0;
+}
+
+static int parse_u64(const char *s, uint64_t *out, Why *why)
+{
+    char b[80];
+    const char *digits = *s == '+' ? s + 1 : s;
+    if (*s == '-' && all_digits(s + 1))
+        return fail(why, "expected a non-negative integer, got %s", shown(s, b));
+    if (!all_digits(digits))
+        return fail(why, "expected a non-negative integer, got %s", shown(s, b));
+    errno = 0;
+    unsigned long long v = strtoull(digits, NULL, 10);
+    if (errno == ERANGE)
+        return fail(why, "integer %s is out of range (expected 0..%llu)", shown(s, b),
+                    (unsigned long long)UINT64_MAX);
+    *out = (uint64_t)v;
+    return 0;
+}
+
+/* Decimal numbers only: [+-] digits [. digits] [e [+-] digits], or .5 —
+ * strtof alone would also take "nan", "inf" and hex floats. */
+static bool looks_decimal(const char *s)
+{
+    if (*s == '+' || *s == '-')
+        s++;
+    int mant = 0;
+    while (isdigit((unsigned char)*s))
+        s++, mant++;
+    if (*s == '.') {
+        s++;
+        while (isdigit((unsigned char)*s))
+            s++, mant++;
+    }
+    if (!mant)
+        return false;
+    if (*s == 'e' || *s == 'E') {
+        s++;
+        if (*s == '+' || *s == '-')
+            s++;
+        if (!isdigit((unsigned char)*s))
+            return false;
+        while (isdigit((unsigned char)*s))
+            s++;
+    }
+    return *s == '\0';
+}
+
+static int parse_float(const char *s, float *out, Why *why)
+{
+    char b[80];
+    if (!looks_decimal(s))
+        return fail(why, "expected a number, got %s", shown(s, b));
+    errno = 0;
+    float v = strtof(s, NULL);
+    /* ERANGE also flags underflow to a denormal or zero: a value that small
+     * is almost certainly a typo in the exponent, so it is refused too. */
+    if (errno == ERANGE || !isfinite(v))
+        return fail(why, "number %s is out of range for a 32-bit float (expected a magnitude "
+                         "between 1.2e-38 and 3.4e38, or 0)", shown(s, b));
+    *out = v;
+    return 0;
+}
+
+/* YAML 1.2 core schema booleans only: yes/no/on/off are plain strings. */
+static int parse_bool(const char *s, int *out, Why *why)
+{
+    char b[80];
+    if (!strcmp(s, "true") || !strcmp(s, "True") || !strcmp(s, "TRUE")) {
+        *out = 1;
+        return 0;
+    }
+    if (!strcmp(s, "false") || !strcmp(s, "False") || !strcmp(s, "FALSE")) {
+        *out = 0;
+        return 0;
+    }
+    return fail(why, "expected a boolean, true or false (YAML 1.2: yes/no/on/off are not "
+                     "booleans), got %s", shown(s, b));
+}
+
+static int parse_enum(const char *s, const char *const *names, int *out, Why *why)
+{
+    char b[80], list[200] = "";
+    size_t used = 0;
+    for (int i = 0; names[i]; i++) {
+        if (!strcmp(s, names[i])) {
+            *out = i;
+            return 0;
+        }
+        int w = snprintf(list + used, sizeof list - used, "%s%s", i ? "|" : "", names[i]);
+        if (w > 0 && (size_t)w < sizeof list - used)
+            used += (size_t)w;
+    }
+    return fail(why, "unknown value %s (expected %s)", shown(s, b), list);
+}
+
+static int store_str(char *dst, size_t size, const char *s, Why *why)
+{
+    size_t n = strlen(s);
+    if (n >= size)
+        return fail(why, "string is too long (%zu bytes; at most %zu)", n, size - 1);
+    /* Zero the whole buffer so two configs with equal values compare equal
+     * byte for byte (the round-trip test relies on it). */
+    memset(dst, 0, size);
+    memcpy(dst, s, n);
+    return 0;
+}
+
+/* Store one scalar into the field of key k. */
+static int set_scalar(Config *cfg, const KeyDesc *k, const char *s, Why *why)
+{
+    char *field = (char *)cfg + k->offset;
+    switch (k->kind) {
+    case K_INT:
+        return parse_int(s, (int *)field, why);
+    case K_INT_AUTO:
+        if (!strcmp(s, "auto")) {
+            *(int *)field = 0;
+            return 0;
+        }
+        if (!all_digits((*s == '+' || *s == '-') ? s + 1 : s)) {
+            char b[80];
+            return fail(why, "expected an integer or auto, got %s", shown(s, b));
+        }
+        return parse_int(s, (int *)field, why);
+    case K_U64:
+        return parse_u64(s, (uint64_t *)field, why);
+    case K_FLOAT:
+        return parse_float(s, (float *)field, why);
+    case K_BOOL:
+        return parse_bool(s, (int *)field, why);
+    case K_BOOL_AUTO:
+        if (!strcmp(s, "auto")) {
+            *(int *)field = -1;
+            return 0;
+        }
+        if (parse_bool(s, (int *)field, why)) {
+            char b[80];
+            return fail(why, "expected true, false or auto, got %s", shown(s, b));
+        }
+        return 0;
+    case K_STR:
+        return store_str(field, k->aux, s, why);
+    case K_ENUM:
+        return parse_enum(s, k->names, (int *)field, why);
+    case K_RESUME: {
+        char *path = (char *)cfg + k->aux;
+        if (!*s)
+            return fail(why, "expected auto, never or a checkpoint path, got nothing");
+        int kind = !strcmp(s, "auto") ? RESUME_AUTO : !strcmp(s, "never") ? RESUME_NEVER
+                                                                          : RESUME_PATH;
+        if (store_str(path, sizeof cfg->checkpoint.resume_path, kind == RESUME_PATH ? s : "",
+                      why))
+            return -1;
+        *(int *)field = kind;
+        return 0;
+    }
+    case K_INT_LIST:
+        return fail(why, "expected a list of integers such as [3, 5], got a scalar '%s'", s);
+    }
+    return fail(why, "internal error: unknown key kind");
+}
+
+static int store_list(Config *cfg, const KeyDesc *k, const int *v, int n)
+{
+    int *dst = (int *)((char *)cfg + k->offset);
+    memset(dst, 0, sizeof cfg->topology.stage_layers);
+    memcpy(dst, v, (size_t)n * sizeof *v);
+    *(int *)((char *)cfg + k->aux) = n;
+    return 0;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Defaults and names                                                        */
+/* ------------------------------------------------------------------------ */
+
+void config_defaults(Config *cfg)
+{
+    memset(cfg, 0, sizeof *cfg);
+    strcpy(cfg->run.name, "trident");
+    strcpy(cfg->run.dir, "runs/trident");
+    cfg->run.seed = 1234;
+    cfg->run.log_every = 10;
+
+    ModelConfig *m = &cfg->model;
+    m->arch = ARCH_GPT2;
+    m->vocab_pad_multiple = 128;
+    m->tie_embeddings = -1; /* unset: the arch decides in config_validate */
+    m->norm_eps = 1e-5f;
+    m->rope_theta = 10000.0f;
+    m->init_std = 0.02f;
+
+    TopologyConfig *t = &cfg->topology;
+    t->tp = 1;
+    t->pp = 1;
+    t->schedule = SCHED_1F1B;
+    t->virtual_stages = 1;
+    strcpy(t->order, "tp-dp-pp");
+    t->bucket_mb = 25;
+
+    TrainingConfig *tr = &cfg->training;
+    tr->lr = 3e-4f;
+    tr->decay = DECAY_COSINE;
+    tr->weight_decay = 0.1f;
+    tr->beta1 = 0.9f;
+    tr->beta2 = 0.95f;
+    tr->eps = 1e-8f;
+    tr->grad_clip = 1.0f;
+    tr->precision = PREC_FP32;
+    tr->recompute = RECOMPUTE_NONE;
+
+    cfg->data.format = DATA_MEGATRON;
+    cfg->data.val_batches = 4;
+
+    cfg->checkpoint.keep = 2;
+    cfg->checkpoint.resume = RESUME_AUTO;
+    cfg->backend = BACKEND_CPU;
+}
+
+const char *config_arch_name(ModelArch a)
+{
+    return (unsigned)a < 2 ? ARCH_NAMES[a] : "?";
+}
+
+const char *config_precision_name(Precision p)
+{
+    return (unsigned)p < 2 ? PREC_NAMES[p] : "?";
+}
+
+/* ------------------------------------------------------------------------ */
+/* YAML loading                                                              */
+/* ------------------------------------------------------------------------ */
+
+typedef struct {
+    Config *cfg;
+    const char *path;
+    yaml_document_t *doc;
+    char *err;
+    size_t set_line[N_KEYS]; /* 1-based line where a key was given, 0 = not */
+} Loader;
+
+static int load_error(Loader *L, yaml_mark_t mark, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static int load_error(Loader *L, yaml_mark_t mark, const char *fmt, ...)
+{
+    char msg[CFG_ERR];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    put_err(L->err, "%s:%zu:%zu: %s", L->path, mark.line + 1, mark.column + 1, msg);
+    return -1;
+}
+
+static const char *scalar_text(const yaml_node_t *n)
+{
+    return (const char *)n->data.scalar.value;
+}
+
+static const char *node_kind(const yaml_node_t *n)
+{
+    switch (n->type) {
+    case YAML_MAPPING_NODE:
+        return "a mapping";
+    case YAML_SEQUENCE_NODE:
+        return "a list";
+    default:
+        return "a scalar";
+    }
+}
+
+/* An empty plain value ("model:" with nothing under it) is YAML null. */
+static bool is_null(const yaml_node_t *n)
+{
+    if (n->type != YAML_SCALAR_NODE || n->data.scalar.style != YAML_PLAIN_SCALAR_STYLE)
+        return false;
+    const char *s = scalar_text(n);
+    return !*s || !strcmp(s, "~") || !strcmp(s, "null");
+}
+
+static int load_list(Loader *L, const KeyDesc *k, const char *full, yaml_node_t *val)
+{
+    int v[CFG_MAX_STAGES], n = 0;
+    for (yaml_node_item_t *it = val->data.sequence.items.start;
+         it < val->data.sequence.items.top; it++) {
+        yaml_node_t *item = yaml_document_get_node(L->doc, *it);
+        Why why;
+        if (item->type != YAML_SCALAR_NODE)
+            return load_error(L, item->start_mark,
+                              "key '%s': list item %d is %s (expected an integer)", full, n + 1,
+                              node_kind(item));
+        if (n == CFG_MAX_STAGES)
+            return load_error(L, item->start_mark,
+                              "key '%s': too many entries (at most %d)", full, CFG_MAX_STAGES);
+        if (parse_int(scalar_text(item), &v[n], &why))
+            return load_error(L, item->start_mark, "key '%s': list item %d: %s", full, n + 1,
+                              why.text);
+        n++;
+    }
+    return store_list(L->cfg, k, v, n);
+}
+
+/* One `key: value` pair of a section (or the top level, section ""). */
+static int load_key(Loader *L, const char *section, yaml_node_t *key, yaml_node_t *val)
+{
+    char full[64], sugg[128] = "", keys[512];
+    const char *name = scalar_text(key);
+    if (section[0])
+        snprintf(full, sizeof full, "%s.%.40s", section, name);
+    else
+        snprintf(full, sizeof full, "%.40s", name);
+
+    int i = find_key(section, name);
+    if (i < 0) {
+        const char *s = suggest_key(section, name);
+        list_keys(section, keys, sizeof keys);
+        if (s)
+            snprintf(sugg, sizeof sugg, "did you mean '%s'? ", s);
+        return load_error(L, key->start_mark, "key '%s': unknown key (%sknown keys of '%s': %s)",
+                          full, sugg, section, keys);
+    }
+    const KeyDesc *k = &KEYS[i];
+    if (L->set_line[i])
+        return load_error(L, key->start_mark,
+                          "key '%s': duplicate key (first given on line %zu; keep one)", full,
+                          L->set_line[i]);
+    L->set_line[i] = key->start_mark.line + 1;
+
+    if (k->kind == K_INT_LIST) {
+        if (val->type == YAML_SEQUENCE_NODE)
+            return load_list(L, k, full, val);
+        return load_error(L, val->start_mark,
+                          "key '%s': expected a list of integers such as [3, 5], got %s", full,
+                          node_kind(val));
+    }
+    if (val->type != YAML_SCALAR_NODE)
+        return load_error(L, val->start_mark, "key '%s': expected a scalar value, got %s", full,
+                          node_kind(val));
+    /* A YAML null ("key:" with no value, "~") is an empty string; for other
+     * kinds it then reads "got nothing". */
+    Why why;
+    if (set_scalar(L->cfg, k, is_null(val) ? "" : scalar_text(val), &why))
+        return load_error(L, val->start_mark, "key '%s': %s", full, why.text);
+    return 0;
+}
+
+static int load_section(Loader *L, const char *section, yaml_node_t *val)
+{
+    if (is_null(val))
+        return 0; /* "checkpoint:" alone: an empty section */
+    if (val->type != YAML_MAPPING_NODE) {
+        char keys[512];
+        list_keys(section, keys, sizeof keys);
+        return load_error(L, val->start_mark,
+                          "key '%s': expected a mapping of %s keys (%s), got %s", section,
+                          section, keys, node_kind(val));
+    }
+    for (yaml_node_pair_t *p = val->data.mapping.pairs.start; p < val->data.mapping.pairs.top;
+         p++) {
+        yaml_node_t *k = yaml_document_get_node(L->doc, p->key);
+        yaml_node_t *v = yaml_document_get_node(L->doc, p->value);
+        if (k->type != YAML_SCALAR_NODE)
+            return load_error(L, k->start_mark, "key '%s': a key must be a plain name, got %s",
+                              section, node_kind(k));
+        if (load_key(L, section, k, v))
+            return -1;
+    }
+    return 0;
+}
+
+/* Required keys: reported at the section's mark, or the file start when the
+ * whole section is missing. */
+static int check_required(Loader *L, const yaml_mark_t *section_mark, const bool *section_seen)
+{
+    for (int i = 0; i < N_KEYS; i++) {
+        if (!KEYS[i].required || L->set_line[i])
+            continue;
+        yaml_mark_t at = {0, 0, 0};
+        for (int s = 0; SECTIONS[s]; s++)
+            if (!strcmp(SECTIONS[s], KEYS[i].section) && section_seen[s])
+                at = section_mark[s];
+        char full[64];
+        key_fullname(&KEYS[i], full);
+        return load_error(L, at, "key '%s': missing required key (add '%s:' under '%s:')", full,
+                          KEYS[i].name, KEYS[i].section);
+    }
+    return 0;
+}
+
+static int load_root(Loader *L, yaml_node_t *root)
+{
+    enum { NSEC = sizeof(SECTIONS) / sizeof(SECTIONS[0]) - 1 };
+    yaml_mark_t section_mark[NSEC] = {{0, 0, 0}};
+    bool section_seen[NSEC] = {false};
+    size_t section_line[NSEC] = {0};
+
+    if (root->type != YAML_MAPPING_NODE)
+        return load_error(L, root->start_mark,
+                          "the top level is %s; expected a mapping of sections "
+                          "(run, model, topology, training, data, checkpoint, backend)",
+                          node_kind(root));
+
+    for (yaml_node_pair_t *p = root->data.mapping.pairs.start; p < root->data.mapping.pairs.top;
+         p++) {
+        yaml_node_t *k = yaml_document_get_node(L->doc, p->key);
+        yaml_node_t *v = yaml_document_get_node(L->doc, p->value);
+        if (k->type != YAML_SCALAR_NODE)
+            return load_error(L, k->start_mark,
+                              "a top-level key must be a section name, got %s", node_kind(k));
+        const char *name = scalar_text(k);
+        if (find_key("", name) >= 0) {
+            if (load_key(L, "", k, v))
+                return -1;
+            continue;
+        }
+        int s = 0;
+        while (SECTIONS[s] && strcmp(SECTIONS[s], name))
+            s++;
+        if (!SECTIONS[s]) {
+            char sugg[128] = "";
+            const char *best = suggest_section(name);
+            if (best)
+                snprintf(sugg, sizeof sugg, "did you mean '%s'? ", best);
+            return load_error(L, k->start_mark,
+                              "key '%.60s': unknown section (%sexpected one of: run, model, "
+                              "topology, training, data, checkpoint, backend)",
+                              name, sugg);
+        }
+        if (section_seen[s])
+            return load_error(L, k->start_mark,
+                              "key '%s': duplicate section (first given on line %zu; merge the "
+                              "two)", name, section_line[s]);
+        section_seen[s] = true;
+        section_line[s] = k->start_mark.line + 1;
+        section_mark[s] = k->start_mark;
+        if (load_section(L, name, v))
+            return -1;
+    }
+    return check_required(L, section_mark, section_seen);
+}
+
+/* Read a whole file; NULL with err set on failure. */
+static unsigned char *read_file(const char *path, size_t *len, char *err)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        put_err(err, "%s: cannot read config: %s", path, strerror(errno));
+        return NULL;
+    }
+    size_t cap = 4096, n = 0;
+    unsigned char *buf = malloc(cap);
+    while (buf) {
+        n += fread(buf + n, 1, cap - n, f);
+        if (n < cap)
+            break;
+        unsigned char *bigger = realloc(buf, cap * 2);
+        if (!bigger) {
+            free(buf);
+            buf = NULL;
+            break;
+        }
+        buf = bigger;
+        cap *= 2;
+    }
+    int bad = !buf || ferror(f);
+    int saved = errno;
+    fclose(f);
+    if (bad) {
+        put_err(err, "%s: cannot read config: %s", path,
+                 buf ? strerror(saved) : "out of memory");
+        free(buf);
+        return NULL;
+    }
+    *len = n;
+    return buf;
+}
+
+/* Byte at (line, column) of the buffer, columns counted in characters as
+ * libyaml counts them; -1 when past the end. */
+static int char_at(const unsigned char *buf, size_t len, size_t line, size_t col)
+{
+    size_t i = 0;
+    for (size_t l = 0; l < line && i < len; i++)
+        if (buf[i] == '\n')
+            l++;
+    for (size_t c = 0; c < col && i < len; c++) {
+        i++;
+        while (i < len && (buf[i] & 0xC0) == 0x80)
+            i++;
+    }
+    return i < len ? buf[i] : -1;
+}
+
+static int syntax_error(const char *path, const yaml_parser_t *p, const unsigned char *buf,
+                        size_t len, char *err)
+{
+    yaml_mark_t m = p->problem_mark;
+    char ctx[160] = "", hint[96] = "";
+    if (p->context)
+        snprintf(ctx, sizeof ctx, " (%s at line %zu column %zu)", p->context,
+                 p->context_mark.line + 1, p->context_mark.column + 1);
+    if (char_at(buf, len, m.line, m.column) == '\t' ||
+        (p->problem && strstr(p->problem, "tab")))
+        snprintf(hint, sizeof hint, "; YAML indentation must use spaces, not tabs");
+    put_err(err, "%s:%zu:%zu: not valid YAML: %s%s%s", path, m.line + 1, m.column + 1,
+             p->problem ? p->problem : "parse error", ctx, hint);
+    return -1;
+}
+
+int config_load(Config *cfg, const char *path, char err[CFG_ERR])
+{
+    config_defaults(cfg);
+    size_t len = 0;
+    unsigned char *buf = read_file(path, &len, err);
+    if (!buf)
+        return -1;
+
+    yaml_parser_t parser;
+    yaml_document_t doc;
+    if (!yaml_parser_initialize(&parser)) {
+        put_err(err, "%s: cannot start the YAML parser (out of memory)", path);
+        free(buf);
+        return -1;
+    }
+    yaml_parser_set_input_string(&parser, buf, len);
+
+    int rc = -1;
+    if (!yaml_parser_load(&parser, &doc)) {
+        syntax_error(path, &parser, buf, len, err);
+        goto out_parser;
+    }
+    yaml_node_t *root = yaml_document_get_root_node(&doc);
+    if (!root || is_null(root)) { /* nothing, comments only, or a bare "---" */
+        put_err(err, "%s:1:1: the file is empty (expected a mapping with sections "
+                               "model, training, data, ...)", path);
+        goto out_doc;
+    }
+
+    /* A second document would be silently ignored: refuse it, and read the
+     * whole stream first so syntax errors come before semantic ones. */
+    yaml_document_t next;
+    if (!yaml_parser_load(&parser, &next)) {
+        syntax_error(path, &parser, buf, len, err);
+        goto out_doc;
+    }
+    yaml_node_t *extra = yaml_document_get_root_node(&next);
+    if (extra) {
+        put_err(err, "%s:%zu:%zu: a second YAML document (after '---'); a config is "
+                               "one document", path, extra->start_mark.line + 1,
+                 extra->start_mark.column + 1);
+        yaml_document_delete(&next);
+        goto out_doc;
+    }
+    yaml_document_delete(&next);
+
+    Loader L = {.cfg = cfg, .path = path, .doc = &doc, .err = err};
+    if (load_root(&L, root))
+        goto out_doc;
+    snprintf(cfg->source, sizeof cfg->source, "%s", path);
+    rc = 0;
+out_doc:
+    yaml_document_delete(&doc);
+out_parser:
+    yaml_parser_delete(&parser);
+    free(buf);
+    return rc;
+}
+
+/* ------------------------------------------------------------------------ */
+/* --set key.path=value                                                      */
+/* ------------------------------------------------------------------------ */
+
+static char *trim(char *s)
+{
+    while (isspace((unsigned char)*s))
+        s++;
+    char *e = s + strlen(s);
+    while (e > s && isspace((unsigned char)e[-1]))
+        *--e = '\0';
+    return s;
+}
+
+/* "[3, 5]" (brackets optional, "[]" empty) into v. */
+static int parse_list_text(char *s, int *v, int *n, Why *why)
+{
+    s = trim(s);
+    size_t len = strlen(s);
+    if (len >= 2 && s[0] == '[' && s[len - 1] == ']') {
+        s[len - 1] = '\0';
+        s = trim(s + 1);
+    }
+    *n = 0;
+    if (!*s)
+        return 0;
+    for (char *tok = strtok(s, ","); tok; tok = strtok(NULL, ",")) {
+        if (*n == CFG_MAX_STAGES)
+            return fail(why, "too many entries (at most %d)", CFG_MAX_STAGES);
+        if (parse_int(trim(tok), &v[*n], why))
+            return fail(why, "list item %d: %s", *n + 1, why->text);
+        (*n)++;
+    }
+    return 0;
+}
+
+int config_set(Config *cfg, const char *assignment, char err[CFG_ERR])
+{
+    char buf[CFG_ERR];
+    if (strlen(assignment) >= sizeof buf) {
+        put_err(err, "--set %.60s...: too long", assignment);
+        return -1;
+    }
+    strcpy(buf, assignment);
+    char *eq = strchr(buf, '=');
+    if (!eq) {
+        put_err(err, "--set %s: missing '=' (expected key.path=value, e.g. "
+                               "training.lr=3e-4)", assignment);
+        return -1;
+    }
+    *eq = '\0';
+    char *key = trim(buf), *value = trim(eq + 1);
+
+    char section[64] = "";
+    const char *name = key;
+    char *dot = strchr(key, '.');
+    if (dot && (size_t)(dot - key) < sizeof section) {
+        memcpy(section, key, (size_t)(dot - key));
+        section[dot - key] = '\0';
+        name = dot + 1;
+    }
+    int i = dot ? find_key(section, name) : find_key("", key);
+    if (i < 0) {
+        char s[64], sugg[128] = "";
+        if (suggest_fullname(key, s))
+            snprintf(sugg, sizeof sugg, "; did you mean '%s'?", s);
+        else if (!dot && is_section(key))
+            snprintf(sugg, sizeof sugg, "; '%s' is a section, set one of its keys "
+                                        "(%s.KEY=VALUE)", key, key);
+        else if (!dot)
+            snprintf(sugg, sizeof sugg, "; keys are written section.key, e.g. training.lr");
+        else if (!is_section(section))
+            snprintf(sugg, sizeof sugg, "; sections are run, model, topology, training, data, "
+                                        "checkpoint");
+        put_err(err, "--set %s: key '%.60s': unknown key%s", assignment, key, sugg);
+        return -1;
+    }
+
+    const KeyDesc *k = &KEYS[i];
+    Why why;
+    int rc;
+    if (k->kind == K_INT_LIST) {
+        int v[CFG_MAX_STAGES], n = 0;
+        rc = parse_list_text(value, v, &n, &why);
+        if (!rc)
+            store_list(cfg, k, v, n);
+    } else {
+        rc = set_scalar(cfg, k, value, &why);
+    }
+    if (rc) {
+        char full[64];
+        put_err(err, "--set %s: key '%s': %s", assignment, key_fullname(k, full),
+                 why.text);
+        return -1;
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------------------ */
+/* YAML output                                                               */
+/* ------------------------------------------------------------------------ */
+
+/* Strings are always double-quoted, so "true", "123" or ": " stay strings. */
+static void write_quoted(FILE *f, const char *s)
+{
+    fputc('"', f);
+    for (; *s; s++) {
+        unsigned char ch = (unsigned char)*s;
+        if (ch == '"' || ch == '\\')
+            fprintf(f, "\\%c", ch);
+        else if (ch < 0x20 || ch == 0x7f)
+            fprintf(f, "\\x%02x", ch);
+        else
+            fputc(ch, f);
+    }
+    fputc('"', f);
+}
+
+static void write_value(FILE *f, const Config *cfg, const KeyDesc *k)
+{
+    const char *field = (const char *)cfg + k->offset;
+    int iv = 0;
+    if (k->kind != K_STR && k->kind != K_U64 && k->kind != K_FLOAT && k->kind != K_INT_LIST)
+        iv = *(const int *)field;
+    switch (k->kind) {
+    case K_INT:
+        fprintf(f, "%d", iv);
+        break;
+    case K_INT_AUTO:
+        if (iv == 0)
+            fputs("auto", f);
+        else
+            fprintf(f, "%d", iv);
+        break;
+    case K_U64:
+        fprintf(f, "%llu", (unsigned long long)*(const uint64_t *)field);
+        break;
+    case K_FLOAT:
+        /* 9 significant digits reproduce every float exactly. */
+        fprintf(f, "%.9g", (double)*(const float *)field);
+        break;
+    case K_BOOL:
+        fputs(iv ? "true" : "false", f);
+        break;
+    case K_BOOL_AUTO:
+        fputs(iv < 0 ? "auto" : iv ? "true" : "false", f);
+        break;
+    case K_STR:
+        write_quoted(f, field);
+        break;
+    case K_ENUM: {
+        int n = 0;
+        while (k->names[n])
+            n++;
+        fputs(iv >= 0 && iv < n ? k->names[iv] : "?", f);
+        break;
+    }
+    case K_RESUME:
+        if (iv == RESUME_PATH)
+            write_quoted(f, (const char *)cfg + k->aux);
+        else
+            fputs(iv == RESUME_NEVER ? "never" : "auto", f);
+        break;
+    case K_INT_LIST: {
+        const int *v = (const int *)field;
+        int n = *(const int *)((const char *)cfg + k->aux);
+        fputc('[', f);
+        for (int i = 0; i < n; i++)
+            fprintf(f, "%s%d", i ? ", " : "", v[i]);
+        fputc(']', f);
+        break;
+    }
+    }
+}
+
+int config_write_yaml(const Config *cfg, const char *path, char err[CFG_ERR])
+{
+    FILE *f = fopen(path, "w");
+    if (!f) {
+        put_err(err, "%s: cannot write config: %s", path, strerror(errno));
+        return -1;
+    }
+    fprintf(f, "# trident config, every key resolved");
+    if (cfg->source[0])
+        fprintf(f, " (from %s)", cfg->source);
+    fputc('\n', f);
+    const char *section = NULL;
+    for (int i = 0; i < N_KEYS; i++) {
+        const KeyDesc *k = &KEYS[i];
+        if (!section || strcmp(section, k->section)) {
+            section = k->section;
+            if (section[0])
+                fprintf(f, "%s:\n", section);
+        }
+        fprintf(f, "%s%s: ", section[0] ? "  " : "", k->name);
+        write_value(f, cfg, k);
+        fputc('\n', f);
+    }
+    int bad = ferror(f);
+    int saved = errno;
+    if (fclose(f) != 0 && !bad) {
+        bad = 1;
+        saved = errno;
+    }
+    if (bad) {
+        put_err(err, "%s: cannot write config: %s", path, strerror(saved));
+        return -1;
+    }
+    return 0;
+}

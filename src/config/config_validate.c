@@ -1,0 +1,291 @@
+/* config_validate.c — derived defaults and the range and consistency rules
+ * of a Config.
+ *
+ * The struct carries no source positions, so messages name the key(s) and
+ * the file ("config error in FILE: model.heads (12) must be divisible by
+ * topology.tp (5)") and say how to fix the value.  Checks run from simple
+ * ranges to cross-key rules, so the first message is about the root cause. */
+#include "config/config.h"
+
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <string.h>
+
+/* ------------------------------------------------------------------------ */
+/* Validation                                                                */
+/* ------------------------------------------------------------------------ */
+
+typedef struct {
+    const Config *cfg;
+    char *err;
+} Checker;
+
+static int verr(Checker *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static int verr(Checker *c, const char *fmt, ...)
+{
+    int n;
+    if (c->cfg->source[0])
+        n = snprintf(c->err, CFG_ERR, "config error in %.200s: ", c->cfg->source);
+    else
+        n = snprintf(c->err, CFG_ERR, "config error: ");
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(c->err + n, CFG_ERR - (size_t)n, fmt, ap);
+    va_end(ap);
+    return -1;
+}
+
+/* "1, 2, 3, 4, 6, 12": the divisors of n, for "use one of" hints. */
+static void divisors(int n, char *out, size_t size)
+{
+    size_t used = 0;
+    out[0] = '\0';
+    for (int d = 1; d <= n && used < size; d++) {
+        if (n % d)
+            continue;
+        int w = snprintf(out + used, size - used, "%s%d", used ? ", " : "", d);
+        if (w < 0)
+            break;
+        used += (size_t)w;
+    }
+}
+
+static int check_min_int(Checker *c, const char *key, int v, int lo)
+{
+    if (v < lo)
+        return verr(c, "%s (%d) must be >= %d", key, v, lo);
+    return 0;
+}
+
+static int check_ranges(Checker *c)
+{
+    const Config *g = c->cfg;
+    const ModelConfig *m = &g->model;
+    const TopologyConfig *t = &g->topology;
+    const TrainingConfig *tr = &g->training;
+    struct { const char *key; int v, lo; } ints[] = {
+        {"run.log_every", g->run.log_every, 1},
+        {"model.layers", m->layers, 1},
+        {"model.hidden", m->hidden, 1},
+        {"model.heads", m->heads, 1},
+        {"model.kv_heads", m->kv_heads, 0},
+        {"model.ffn_hidden", m->ffn_hidden, 0},
+        {"model.vocab", m->vocab, 1},
+        {"model.vocab_pad_multiple", m->vocab_pad_multiple, 1},
+        {"model.seq_len", m->seq_len, 1},
+        {"topology.tp", t->tp, 1},
+        {"topology.pp", t->pp, 1},
+        {"topology.dp", t->dp, 0},
+        {"topology.zero", t->zero, 0},
+        {"topology.ranks_per_node", t->ranks_per_node, 0},
+        {"topology.virtual_stages", t->virtual_stages, 1},
+        {"topology.bucket_mb", t->bucket_mb, 1},
+        {"training.steps", tr->steps, 1},
+        {"training.global_batch", tr->global_batch, 1},
+        {"training.micro_batch", tr->micro_batch, 1},
+        {"training.warmup_steps", tr->warmup_steps, 0},
+        {"data.val_every", g->data.val_every, 0},
+        {"data.val_batches", g->data.val_batches, 1},
+        {"checkpoint.every", g->checkpoint.every, 0},
+        {"checkpoint.keep", g->checkpoint.keep, 1},
+    };
+    for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++)
+        if (check_min_int(c, ints[i].key, ints[i].v, ints[i].lo))
+            return -1;
+    if (t->zero > 3)
+        return verr(c, "topology.zero (%d) must be 0, 1, 2 or 3", t->zero);
+    if (m->tie_embeddings < -1 || m->tie_embeddings > 1)
+        return verr(c, "model.tie_embeddings (%d) must be true, false or auto",
+                    m->tie_embeddings);
+    if (!(m->norm_eps > 0))
+        return verr(c, "model.norm_eps (%g) must be > 0", m->norm_eps);
+    if (!(m->init_std > 0))
+        return verr(c, "model.init_std (%g) must be > 0", m->init_std);
+    if (!g->data.path[0])
+        return verr(c, "data.path is required (the dataset prefix or file)");
+    if (g->checkpoint.resume == RESUME_PATH && !g->checkpoint.resume_path[0])
+        return verr(c, "checkpoint.resume is a path but the path is empty");
+    return 0;
+}
+
+static int check_optimizer(Checker *c)
+{
+    const TrainingConfig *tr = &c->cfg->training;
+    if (!(tr->lr > 0))
+        return verr(c, "training.lr (%g) must be > 0", tr->lr);
+    if (!(tr->min_lr >= 0 && tr->min_lr <= tr->lr))
+        return verr(c, "training.min_lr (%g) must be between 0 and training.lr (%g)",
+                    tr->min_lr, tr->lr);
+    if (!(tr->beta1 >= 0 && tr->beta1 < 1))
+        return verr(c, "training.beta1 (%g) must be in [0, 1), e.g. 0.9", tr->beta1);
+    if (!(tr->beta2 >= 0 && tr->beta2 < 1))
+        return verr(c, "training.beta2 (%g) must be in [0, 1), e.g. 0.95", tr->beta2);
+    if (!(tr->eps > 0))
+        return verr(c, "training.eps (%g) must be > 0, e.g. 1e-8", tr->eps);
+    if (!(tr->weight_decay >= 0))
+        return verr(c, "training.weight_decay (%g) must be >= 0", tr->weight_decay);
+    if (!(tr->grad_clip >= 0))
+        return verr(c, "training.grad_clip (%g) must be >= 0 (0 disables clipping)",
+                    tr->grad_clip);
+    return 0;
+}
+
+/* Fill the "0 / auto means derived" fields; the inputs passed check_ranges. */
+static void resolve_model(ModelConfig *m)
+{
+    if (m->kv_heads == 0)
+        m->kv_heads = m->heads;
+    if (m->ffn_hidden == 0) {
+        if (m->arch == ARCH_GPT2) {
+            m->ffn_hidden = 4 * m->hidden;
+        } else {
+            /* SwiGLU keeps the MLP's parameter count near 4*hidden with three
+             * matrices: 8/3 * hidden, rounded up to 64 for GEMM-friendly shapes. */
+            long long f = (8LL * m->hidden + 2) / 3;
+            m->ffn_hidden = (int)((f + 63) / 64 * 64);
+        }
+    }
+    if (m->tie_embeddings < 0)
+        m->tie_embeddings = m->arch == ARCH_GPT2;
+}
+
+static int check_model(Checker *c)
+{
+    const ModelConfig *m = &c->cfg->model;
+    if (m->hidden % m->heads) {
+        int lo = m->hidden / m->heads * m->heads, hi = lo + m->heads;
+        return verr(c, "model.hidden (%d) must be divisible by model.heads (%d); use e.g. "
+                       "hidden %d or %d", m->hidden, m->heads, lo > 0 ? lo : hi, hi);
+    }
+    if (m->heads % m->kv_heads) {
+        char d[256];
+        divisors(m->heads, d, sizeof d);
+        return verr(c, "model.heads (%d) must be divisible by model.kv_heads (%d); use "
+                       "kv_heads one of %s", m->heads, m->kv_heads, d);
+    }
+    if (m->arch == ARCH_LLAMA) {
+        int hs = m->hidden / m->heads;
+        if (hs % 2)
+            return verr(c, "model.hidden / model.heads = %d must be even for arch llama "
+                           "(RoPE rotates pairs of dimensions); change hidden or heads", hs);
+        /* Llama has no learned position table: RoPE is its only position
+         * information, so a usable base frequency is required. */
+        if (!(m->rope_theta > 0))
+            return verr(c, "model.rope_theta (%g) must be > 0 for arch llama (RoPE is its "
+                           "only position encoding)", m->rope_theta);
+    }
+    return 0;
+}
+
+static bool valid_order(const char *o)
+{
+    static const char *const perms[] = {"tp-dp-pp", "tp-pp-dp", "dp-tp-pp",
+                                        "dp-pp-tp", "pp-tp-dp", "pp-dp-tp"};
+    for (size_t i = 0; i < sizeof perms / sizeof perms[0]; i++)
+        if (!strcmp(o, perms[i]))
+            return true;
+    return false;
+}
+
+static int check_topology(Checker *c)
+{
+    const ModelConfig *m = &c->cfg->model;
+    const TopologyConfig *t = &c->cfg->topology;
+    char d[256];
+    if (!valid_order(t->order))
+        return verr(c, "topology.order '%s' must name tp, dp and pp once each, fastest first "
+                       "(e.g. tp-dp-pp)", t->order);
+    if (t->virtual_stages > 1 && t->schedule != SCHED_INTERLEAVED)
+        return verr(c, "topology.virtual_stages (%d) > 1 needs topology.schedule interleaved; "
+                       "set schedule: interleaved or virtual_stages: 1", t->virtual_stages);
+    if (t->n_stage_layers > 0) {
+        if (t->virtual_stages > 1)
+            return verr(c, "topology.stage_layers cannot be combined with "
+                           "topology.virtual_stages (%d) > 1; remove one of them",
+                        t->virtual_stages);
+        if (t->n_stage_layers != t->pp)
+            return verr(c, "topology.stage_layers has %d entries but topology.pp is %d; give "
+                           "one layer count per pipeline stage", t->n_stage_layers, t->pp);
+        int sum = 0;
+        for (int i = 0; i < t->n_stage_layers; i++) {
+            if (t->stage_layers[i] < 1)
+                return verr(c, "topology.stage_layers[%d] (%d) must be >= 1", i,
+                            t->stage_layers[i]);
+            sum += t->stage_layers[i];
+        }
+        if (sum != m->layers)
+            return verr(c, "topology.stage_layers sums to %d but model.layers is %d; the "
+                           "stages must hold every layer exactly once", sum, m->layers);
+    } else if (m->layers < t->pp * t->virtual_stages) {
+        return verr(c, "model.layers (%d) is less than topology.pp (%d) x "
+                       "topology.virtual_stages (%d); every model chunk needs a layer",
+                    m->layers, t->pp, t->virtual_stages);
+    }
+    if (m->heads % t->tp) {
+        divisors(m->heads, d, sizeof d);
+        return verr(c, "model.heads (%d) must be divisible by topology.tp (%d); use tp one "
+                       "of %s", m->heads, t->tp, d);
+    }
+    if (m->kv_heads % t->tp && t->tp % m->kv_heads)
+        return verr(c, "model.kv_heads (%d) and topology.tp (%d): one must divide the other "
+                       "(kv heads are split over, or replicated across, the tp ranks)",
+                    m->kv_heads, t->tp);
+    if (m->ffn_hidden % t->tp)
+        return verr(c, "model.ffn_hidden (%d) must be divisible by topology.tp (%d)",
+                    m->ffn_hidden, t->tp);
+    if (t->sequence_parallel && m->seq_len % t->tp)
+        return verr(c, "model.seq_len (%d) must be divisible by topology.tp (%d) with "
+                       "topology.sequence_parallel; change seq_len or turn it off",
+                    m->seq_len, t->tp);
+    return 0;
+}
+
+/* dp from the world size, then the batch arithmetic that depends on it. */
+static int check_world(Checker *c, Config *cfg, int world)
+{
+    TopologyConfig *t = &cfg->topology;
+    const TrainingConfig *tr = &cfg->training;
+    long long mp = (long long)t->tp * t->pp;
+    if (world > 0) {
+        if (t->dp == 0) {
+            if (world % mp)
+                return verr(c, "the world size %d is not divisible by topology.tp (%d) x "
+                               "topology.pp (%d) = %lld; launch a multiple of %lld ranks",
+                            world, t->tp, t->pp, mp, mp);
+            t->dp = (int)(world / mp);
+        } else if (mp * t->dp != world) {
+            return verr(c, "topology.tp (%d) x topology.pp (%d) x topology.dp (%d) = %lld but "
+                           "the world size is %d; set dp: auto or launch %lld ranks",
+                        t->tp, t->pp, t->dp, mp * t->dp, world, mp * t->dp);
+        }
+    }
+    if (t->dp > 0) {
+        long long unit = (long long)tr->micro_batch * t->dp;
+        if (tr->global_batch % unit) {
+            long long lo = tr->global_batch / unit * unit, hi = lo + unit;
+            return verr(c, "training.global_batch %d is not a multiple of "
+                           "training.micro_batch %d x topology.dp %d = %lld; use e.g. "
+                           "global_batch %lld or %lld",
+                        tr->global_batch, tr->micro_batch, t->dp, unit, lo > 0 ? lo : hi, hi);
+        }
+    } else if (tr->global_batch % tr->micro_batch) {
+        long long unit = tr->micro_batch;
+        long long lo = tr->global_batch / unit * unit, hi = lo + unit;
+        return verr(c, "training.global_batch %d is not a multiple of training.micro_batch %d; "
+                       "use e.g. global_batch %lld or %lld",
+                    tr->global_batch, tr->micro_batch, lo > 0 ? lo : hi, hi);
+    }
+    return 0;
+}
+
+int config_validate(Config *cfg, int world, char err[CFG_ERR])
+{
+    Checker c = {.cfg = cfg, .err = err};
+    if (check_ranges(&c) || check_optimizer(&c))
+        return -1;
+    resolve_model(&cfg->model);
+    if (check_model(&c) || check_topology(&c) || check_world(&c, cfg, world))
+        return -1;
+    return 0;
+}

@@ -1,0 +1,718 @@
+/* model.c — GPT-2 and Llama-style decoder over the parameter table.
+ *
+ * Three parts, each with its hand-written backward next to its forward:
+ *   embed  tokens -> residual stream entering layer_begin     (first stage)
+ *   block  one transformer layer, residual stream in -> out   (any stage)
+ *   head   final norm -> logits -> fused cross-entropy        (last stage)
+ *
+ * Memory (STYLE.md): parameters and gradients are one buffer each, carved by
+ * the table's offsets into per-layer structs of named pointers at create
+ * time; activations are one allocation carved from a table of sizes that
+ * depends on the recompute mode; backward scratch is one more allocation.
+ * Nothing is allocated or looked up by name during a step.
+ *
+ * Shapes are the LOCAL ones of the table (heads, ffn and vocabulary rows of
+ * this tensor-parallel rank).  The collectives tensor parallelism needs
+ * around the row-parallel projections and the vocabulary are not here; with
+ * tp = 1 this is the whole model. */
+#include "model/model.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/error.h"
+
+/* ---- data structures ---------------------------------------------------- */
+
+/* Sizes of one step, local to this rank. */
+typedef struct {
+    int gpt2;
+    int B, T, N, C;      /* N = B*T token rows */
+    int hs;              /* head size */
+    int H, KVH;          /* local query heads and kv heads */
+    int QKV;             /* local rows of the fused qkv weight: (H + 2*KVH)*hs */
+    int F;               /* local MLP hidden size */
+    int Vp;              /* local (padded) vocabulary rows */
+    int V;               /* of which real: columns the loss counts */
+    int vocab_start;     /* first global vocabulary row held */
+    float eps, theta;
+} Dims;
+
+/* One layer's tensors in a flat buffer (parameters or gradients).  Absent
+ * tensors (biases in Llama, `up` in GPT-2) are NULL. */
+typedef struct {
+    float *ln1_w, *ln1_b;
+    float *qkv_w, *qkv_b;
+    float *attn_proj_w, *attn_proj_b;
+    float *ln2_w, *ln2_b;
+    float *fc_w, *fc_b;        /* GPT-2 mlp.fc; Llama mlp.gate */
+    float *up_w;               /* Llama mlp.up */
+    float *mlp_proj_w, *mlp_proj_b; /* GPT-2 mlp.proj; Llama mlp.down */
+} LayerParams;
+
+/* Embedding and head tensors in a flat buffer (NULL where not held). */
+typedef struct {
+    float *wte, *wpe;          /* [Vp, C], [T, C] */
+    float *lnf_w, *lnf_b;
+    float *head_w;             /* [Vp, C]: head.weight, or wte when tied */
+} OuterParams;
+
+/* Activations of one layer that its backward reads.  Under recompute some
+ * of these point into one set shared by all layers (see carve_activations). */
+enum {
+    A_LN1, A_LN1_MEAN, A_LN1_RSTD, A_QKV, A_ATT, A_ATTY, A_RES_MID,
+    A_LN2, A_LN2_MEAN, A_LN2_RSTD, A_FC, A_UP, A_FC_ACT, A_COUNT
+};
+typedef struct {
+    float *ln1, *ln1_mean, *ln1_rstd; /* [N,C], [N], [N] (mean: LayerNorm only) */
+    float *qkv;          /* [N, QKV], after RoPE */
+    float *att;          /* [B, H, T, T] softmax probabilities */
+    float *atty;         /* [N, H*hs] attention output, heads in order */
+    float *res_mid;      /* [N, C] residual stream after the attention branch */
+    float *ln2, *ln2_mean, *ln2_rstd;
+    float *fc;           /* [N, F] GPT-2: fc output before GELU; Llama: gate output */
+    float *up;           /* [N, F] Llama: up output */
+    float *fc_act;       /* [N, F] GELU(fc) or silu(gate)*up: input of the projection */
+} LayerActs;
+
+/* Head activations (last stage). */
+typedef struct {
+    float *lnf, *lnf_mean, *lnf_rstd; /* [N,C], [N], [N] */
+    float *logits;       /* [N, Vp]; backward overwrites it with dlogits */
+    float *losses;       /* [N] */
+} HeadActs;
+
+/* Backward scratch, shared by all layers (one layer is in backward at a time). */
+typedef struct {
+    float *dres;         /* [N,C] d loss / d residual stream, updated in place */
+    float *branch;       /* [N,C] a branch's output before it joins the stream */
+    float *dln;          /* [N,C] gradient at a norm's output */
+    float *dqkv;         /* [N, QKV] */
+    float *datty;        /* [N, H*hs] */
+    float *datt;         /* [B, H, T, T] */
+    float *dfc, *dup;    /* [N, F] gradients at fc/gate and up outputs */
+    float *dfc_act;      /* [N, F] gradient at the projection's input */
+} Scratch;
+
+struct Model {
+    const Backend *be;
+    ModelConfig mc;
+    ParamShard sh;
+    Recompute recompute;
+    ParamTable table;
+    Dims d;
+    int nl;              /* local layers: sh.layer_end - sh.layer_begin */
+
+    float *params, *grads;          /* [table.numel] each */
+    LayerParams *lp, *lg;           /* [nl]: parameters, gradients */
+    OuterParams op, og;
+
+    float *acts;                    /* the one activation allocation */
+    size_t acts_numel;
+    float **resid;                  /* [nl + 1] x [N, C]: resid[i] enters local layer i */
+    LayerActs *la;                  /* [nl] */
+    HeadActs ha;
+    int32_t *tokens, *targets;      /* [N] each, copies of the last forward's */
+    int counted;                    /* targets >= 0 in the last forward */
+
+    float *scratch_buf;
+    size_t scratch_numel;
+    Scratch s;
+};
+
+/* ---- parameter lookup (create time only) -------------------------------- */
+
+static float *find(const ParamTable *t, float *base, const char *name)
+{
+    const ParamSpec *p = params_find(t, name);
+    return p ? base + p->offset : NULL;
+}
+
+static float *find_layer(const ParamTable *t, float *base, int l, const char *what)
+{
+    char name[PARAM_NAME];
+    snprintf(name, sizeof name, "layers.%d.%s", l, what);
+    return find(t, base, name);
+}
+
+static void lookup_layer(LayerParams *lp, const ParamTable *t, float *base, int l, int gpt2)
+{
+    lp->ln1_w = find_layer(t, base, l, "ln1.weight");
+    lp->ln1_b = find_layer(t, base, l, "ln1.bias");
+    lp->qkv_w = find_layer(t, base, l, "attn.qkv.weight");
+    lp->qkv_b = find_layer(t, base, l, "attn.qkv.bias");
+    lp->attn_proj_w = find_layer(t, base, l, "attn.proj.weight");
+    lp->attn_proj_b = find_layer(t, base, l, "attn.proj.bias");
+    lp->ln2_w = find_layer(t, base, l, "ln2.weight");
+    lp->ln2_b = find_layer(t, base, l, "ln2.bias");
+    lp->fc_w = find_layer(t, base, l, gpt2 ? "mlp.fc.weight" : "mlp.gate.weight");
+    lp->fc_b = find_layer(t, base, l, "mlp.fc.bias");
+    lp->up_w = find_layer(t, base, l, "mlp.up.weight");
+    lp->mlp_proj_w = find_layer(t, base, l, gpt2 ? "mlp.proj.weight" : "mlp.down.weight");
+    lp->mlp_proj_b = find_layer(t, base, l, "mlp.proj.bias");
+    TRD_ASSERT(lp->ln1_w && lp->qkv_w && lp->attn_proj_w && lp->ln2_w && lp->fc_w &&
+               lp->mlp_proj_w && (gpt2 || lp->up_w));
+}
+
+static void lookup_outer(OuterParams *op, const ParamTable *t, float *base, int tied)
+{
+    op->wte = find(t, base, "embed.wte.weight");
+    op->wpe = find(t, base, "embed.wpe.weight");
+    op->lnf_w = find(t, base, "final_norm.weight");
+    op->lnf_b = find(t, base, "final_norm.bias");
+    op->head_w = tied ? op->wte : find(t, base, "head.weight");
+}
+
+/* ---- sizes -------------------------------------------------------------- */
+
+static int local_rows(const ParamTable *t, const char *name)
+{
+    const ParamSpec *p = params_find(t, name);
+    return p ? (int)p->local_shape[0] : -1;
+}
+
+/* Local sizes from the table, so that a tensor-parallel shard sees its own
+ * heads, MLP columns and vocabulary rows. */
+static Dims make_dims(const Model *m, int B)
+{
+    const ModelConfig *mc = &m->mc;
+    Dims d = {0};
+    d.gpt2 = mc->arch == ARCH_GPT2;
+    d.B = B;
+    d.T = mc->seq_len;
+    d.N = B * mc->seq_len;
+    d.C = mc->hidden;
+    d.hs = mc->hidden / mc->heads;
+    d.eps = mc->norm_eps;
+    d.theta = mc->rope_theta;
+
+    const int group = mc->heads / mc->kv_heads;   /* query heads per kv head */
+    d.KVH = mc->kv_heads;
+    d.F = mc->ffn_hidden;
+    if (m->nl > 0) {
+        const int l = m->sh.layer_begin;
+        char name[PARAM_NAME];
+        snprintf(name, sizeof name, "layers.%d.attn.qkv.weight", l);
+        d.KVH = local_rows(&m->table, name) / ((group + 2) * d.hs);
+        snprintf(name, sizeof name, "layers.%d.%s", l,
+                 d.gpt2 ? "mlp.fc.weight" : "mlp.gate.weight");
+        d.F = local_rows(&m->table, name);
+    }
+    d.H = d.KVH * group;
+    d.QKV = (d.H + 2 * d.KVH) * d.hs;
+
+    const ParamSpec *v = params_find(&m->table, "embed.wte.weight");
+    if (!v)
+        v = params_find(&m->table, "head.weight");
+    d.Vp = v ? (int)v->local_shape[0] : 0;
+    d.vocab_start = v ? (int)v->local_start[0] : 0;
+    const int real = mc->vocab - d.vocab_start;
+    d.V = real < 0 ? 0 : (real > d.Vp ? d.Vp : real);
+    return d;
+}
+
+static void layer_act_sizes(const Dims *d, size_t n[A_COUNT])
+{
+    const size_t N = (size_t)d->N, C = (size_t)d->C, F = (size_t)d->F;
+    n[A_LN1] = N * C;
+    n[A_LN1_MEAN] = d->gpt2 ? N : 0;  /* RMSNorm keeps no mean */
+    n[A_LN1_RSTD] = N;
+    n[A_QKV] = N * (size_t)d->QKV;
+    n[A_ATT] = (size_t)d->B * (size_t)d->H * (size_t)d->T * (size_t)d->T;
+    n[A_ATTY] = N * (size_t)d->H * (size_t)d->hs;
+    n[A_RES_MID] = N * C;
+    n[A_LN2] = N * C;
+    n[A_LN2_MEAN] = d->gpt2 ? N : 0;
+    n[A_LN2_RSTD] = N;
+    n[A_FC] = N * F;
+    n[A_UP] = d->gpt2 ? 0 : N * F;
+    n[A_FC_ACT] = N * F;
+}
+
+static void layer_act_slots(LayerActs *a, float **slot[A_COUNT])
+{
+    slot[A_LN1] = &a->ln1;
+    slot[A_LN1_MEAN] = &a->ln1_mean;
+    slot[A_LN1_RSTD] = &a->ln1_rstd;
+    slot[A_QKV] = &a->qkv;
+    slot[A_ATT] = &a->att;
+    slot[A_ATTY] = &a->atty;
+    slot[A_RES_MID] = &a->res_mid;
+    slot[A_LN2] = &a->ln2;
+    slot[A_LN2_MEAN] = &a->ln2_mean;
+    slot[A_LN2_RSTD] = &a->ln2_rstd;
+    slot[A_FC] = &a->fc;
+    slot[A_UP] = &a->up;
+    slot[A_FC_ACT] = &a->fc_act;
+}
+
+/* Does each layer keep its own copy of this activation, or do all layers
+ * share one that backward recomputes?
+ *   none:      every layer keeps everything.
+ *   selective: the attention probabilities [B,H,T,T] (large, cheap to
+ *              recompute from qkv) are shared and recomputed.
+ *   full:      everything is shared; only each layer's input (the residual
+ *              stream, kept outside this table) survives, and backward
+ *              reruns the layer's forward. */
+static int kept_per_layer(Recompute r, int field)
+{
+    switch (r) {
+    case RECOMPUTE_NONE: return 1;
+    case RECOMPUTE_SELECTIVE: return field != A_ATT;
+    case RECOMPUTE_FULL: return 0;
+    }
+    return 1;
+}
+
+/* A bump allocator over one buffer: `take` hands out the next n floats.
+ * Run once with base == NULL to count, then again to carve. */
+typedef struct {
+    float *base;
+    size_t used;
+} Carver;
+
+static float *take(Carver *c, size_t n)
+{
+    if (n == 0)
+        return NULL;
+    float *p = c->base ? c->base + c->used : NULL;
+    c->used += n;
+    return p;
+}
+
+static void carve_activations(Model *m, Carver *c)
+{
+    const Dims *d = &m->d;
+    const size_t NC = (size_t)d->N * (size_t)d->C;
+    size_t sz[A_COUNT];
+    layer_act_sizes(d, sz);
+
+    for (int i = 0; i <= m->nl; i++)
+        m->resid[i] = take(c, NC);
+
+    LayerActs shared = {0};
+    float **slot[A_COUNT];
+    layer_act_slots(&shared, slot);
+    for (int k = 0; k < A_COUNT; k++)
+        if (m->nl > 0 && !kept_per_layer(m->recompute, k))
+            *slot[k] = take(c, sz[k]);
+    for (int i = 0; i < m->nl; i++) {
+        m->la[i] = shared;
+        layer_act_slots(&m->la[i], slot);
+        for (int k = 0; k < A_COUNT; k++)
+            if (kept_per_layer(m->recompute, k))
+                *slot[k] = take(c, sz[k]);
+    }
+
+    if (m->sh.has_head) {
+        m->ha.lnf = take(c, NC);
+        m->ha.lnf_mean = take(c, d->gpt2 ? (size_t)d->N : 0);
+        m->ha.lnf_rstd = take(c, (size_t)d->N);
+        m->ha.logits = take(c, (size_t)d->N * (size_t)d->Vp);
+        m->ha.losses = take(c, (size_t)d->N);
+    }
+}
+
+static void carve_scratch(Model *m, Carver *c)
+{
+    const Dims *d = &m->d;
+    const size_t N = (size_t)d->N, NC = N * (size_t)d->C, NF = N * (size_t)d->F;
+    const int blocks = m->nl > 0;
+    m->s.dres = take(c, NC);
+    m->s.dln = take(c, NC);
+    m->s.branch = take(c, blocks ? NC : 0);
+    m->s.dqkv = take(c, blocks ? N * (size_t)d->QKV : 0);
+    m->s.datty = take(c, blocks ? N * (size_t)d->H * (size_t)d->hs : 0);
+    m->s.datt = take(c, blocks ? (size_t)d->B * (size_t)d->H * (size_t)d->T * (size_t)d->T : 0);
+    m->s.dfc = take(c, blocks ? NF : 0);
+    m->s.dup = take(c, blocks && !d->gpt2 ? NF : 0);
+    m->s.dfc_act = take(c, blocks ? NF : 0);
+}
+
+/* ---- create / free ------------------------------------------------------ */
+
+static void check_config(const ModelConfig *mc, int B)
+{
+    const char *hint = "check the model section of the config";
+    if (B < 1 || mc->seq_len < 1 || mc->layers < 1 || mc->hidden < 1 || mc->heads < 1 ||
+        mc->vocab < 1 || mc->ffn_hidden < 1)
+        trd_fatal(TRD_EXIT_INPUT, hint,
+                  "model: sizes must be positive (B=%d seq_len=%d layers=%d hidden=%d "
+                  "heads=%d vocab=%d ffn_hidden=%d)",
+                  B, mc->seq_len, mc->layers, mc->hidden, mc->heads, mc->vocab, mc->ffn_hidden);
+    if (mc->hidden % mc->heads != 0)
+        trd_fatal(TRD_EXIT_INPUT, hint, "model: hidden %d is not a multiple of heads %d",
+                  mc->hidden, mc->heads);
+    if (mc->kv_heads < 1 || mc->heads % mc->kv_heads != 0)
+        trd_fatal(TRD_EXIT_INPUT, hint, "model: heads %d is not a multiple of kv_heads %d",
+                  mc->heads, mc->kv_heads);
+}
+
+Model *model_create(const Config *cfg, const Backend *be, const ParamShard *sh, int B)
+{
+    check_config(&cfg->model, B);
+    Model *m = trd_calloc(1, sizeof *m, "model");
+    m->be = be;
+    m->mc = cfg->model;
+    m->sh = *sh;
+    m->recompute = cfg->training.recompute;
+    m->nl = sh->layer_end - sh->layer_begin;
+    TRD_ASSERT(m->nl >= 0);
+    params_build(&m->table, &m->mc, sh);
+
+    m->params = trd_calloc(m->table.numel, sizeof(float), "parameters");
+    m->grads = trd_calloc(m->table.numel, sizeof(float), "gradients");
+    params_init(&m->table, m->params, cfg->run.seed);
+
+    const int gpt2 = m->mc.arch == ARCH_GPT2;
+    m->lp = trd_calloc((size_t)m->nl + 1, sizeof(LayerParams), "layer parameter pointers");
+    m->lg = trd_calloc((size_t)m->nl + 1, sizeof(LayerParams), "layer gradient pointers");
+    for (int i = 0; i < m->nl; i++) {
+        lookup_layer(&m->lp[i], &m->table, m->params, sh->layer_begin + i, gpt2);
+        lookup_layer(&m->lg[i], &m->table, m->grads, sh->layer_begin + i, gpt2);
+    }
+    lookup_outer(&m->op, &m->table, m->params, m->mc.tie_embeddings);
+    lookup_outer(&m->og, &m->table, m->grads, m->mc.tie_embeddings);
+    if (sh->has_head && !m->op.head_w)
+        trd_fatal(TRD_EXIT_INPUT, "use untied embeddings (model.tie_embeddings: false) "
+                  "or put the embedding and the head on one pipeline stage",
+                  "model: the last stage needs the output embedding, but with tied "
+                  "embeddings it lives on the first stage only");
+
+    m->d = make_dims(m, B);
+
+    m->resid = trd_calloc((size_t)m->nl + 1, sizeof(float *), "residual pointers");
+    m->la = trd_calloc((size_t)m->nl + 1, sizeof(LayerActs), "layer activation pointers");
+    Carver count = {0};
+    carve_activations(m, &count);
+    m->acts_numel = count.used;
+    m->acts = trd_calloc(m->acts_numel, sizeof(float), "activations");
+    Carver carve = {.base = m->acts};
+    carve_activations(m, &carve);
+    TRD_ASSERT(carve.used == m->acts_numel);
+
+    Carver scount = {0};
+    carve_scratch(m, &scount);
+    m->scratch_numel = scount.used;
+    m->scratch_buf = trd_calloc(m->scratch_numel, sizeof(float), "backward scratch");
+    Carver scarve = {.base = m->scratch_buf};
+    carve_scratch(m, &scarve);
+
+    m->tokens = trd_calloc(2 * (size_t)m->d.N, sizeof(int32_t), "tokens and targets");
+    m->targets = m->tokens + m->d.N;
+    return m;
+}
+
+void model_free(Model *m)
+{
+    if (!m)
+        return;
+    params_free(&m->table);
+    free(m->params);
+    free(m->grads);
+    free(m->lp);
+    free(m->lg);
+    free(m->acts);
+    free(m->resid);
+    free(m->la);
+    free(m->scratch_buf);
+    free(m->tokens);
+    free(m);
+}
+
+const ParamTable *model_params(const Model *m) { return &m->table; }
+float *model_param_buffer(Model *m) { return m->params; }
+float *model_grad_buffer(Model *m) { return m->grads; }
+float *model_stage_input(Model *m) { return m->resid[0]; }
+float *model_stage_output(Model *m) { return m->resid[m->nl]; }
+float *model_grad_stream(Model *m) { return m->s.dres; }
+int model_vocab_padded(const Model *m) { return m->d.Vp; }
+
+MemoryReport model_memory(const Model *m)
+{
+    MemoryReport r = {0};
+    r.params = m->table.numel * sizeof(float);
+    r.grads = m->table.numel * sizeof(float);
+    r.activations = m->acts_numel * sizeof(float) + 2 * (size_t)m->d.N * sizeof(int32_t);
+    r.scratch = m->scratch_numel * sizeof(float);
+    return r;
+}
+
+void model_zero_grad(Model *m)
+{
+    memset(m->grads, 0, m->table.numel * sizeof(float));
+}
+
+/* Backward functions accumulate, so a gradient that starts fresh is zeroed. */
+static void zero(float *x, size_t n)
+{
+    memset(x, 0, n * sizeof *x);
+}
+
+/* ---- norms: LayerNorm (GPT-2) or RMSNorm (Llama) ------------------------ */
+
+static void norm_forward(const Model *m, float *out, float *mean, float *rstd,
+                         const float *inp, const float *w, const float *b)
+{
+    const Dims *d = &m->d;
+    if (d->gpt2)
+        m->be->layernorm_forward(out, mean, rstd, inp, w, b, d->N, d->C, d->eps);
+    else
+        m->be->rmsnorm_forward(out, rstd, inp, w, d->N, d->C, d->eps);
+}
+
+/* ADDS the input gradient into dinp. */
+static void norm_backward(const Model *m, float *dinp, float *dw, float *db, const float *dout,
+                          const float *inp, const float *w, const float *mean,
+                          const float *rstd)
+{
+    const Dims *d = &m->d;
+    if (d->gpt2)
+        m->be->layernorm_backward(dinp, dw, db, dout, inp, w, mean, rstd, d->N, d->C);
+    else
+        m->be->rmsnorm_backward(dinp, dw, dout, inp, w, rstd, d->N, d->C);
+}
+
+/* ---- embed -------------------------------------------------------------- */
+
+void model_embed_forward(Model *m, const int32_t *tokens)
+{
+    const Dims *d = &m->d;
+    TRD_ASSERT(m->sh.has_embed);
+    memcpy(m->tokens, tokens, (size_t)d->N * sizeof(int32_t));
+    m->be->embedding_forward(m->resid[0], m->tokens, m->op.wte, m->op.wpe, d->N, d->T, d->C,
+                             d->vocab_start, d->Vp);
+}
+
+/* Reads the residual-stream gradient left by the first local layer. */
+void model_embed_backward(Model *m)
+{
+    const Dims *d = &m->d;
+    TRD_ASSERT(m->sh.has_embed);
+    m->be->embedding_backward(m->og.wte, m->og.wpe, m->s.dres, m->tokens, d->N, d->T, d->C,
+                              d->vocab_start, d->Vp);
+}
+
+/* ---- block -------------------------------------------------------------- */
+
+static int local_layer(const Model *m, int l)
+{
+    TRD_ASSERT(l >= m->sh.layer_begin && l < m->sh.layer_end);
+    return l - m->sh.layer_begin;
+}
+
+/* MLP up to the input of its projection: fc_act = act(fc(ln2)). */
+static void mlp_forward(const Model *m, const LayerParams *p, LayerActs *a)
+{
+    const Backend *be = m->be;
+    const Dims *d = &m->d;
+    const size_t NF = (size_t)d->N * (size_t)d->F;
+    be->matmul_forward(a->fc, a->ln2, p->fc_w, p->fc_b, d->N, d->C, d->F);
+    if (d->gpt2) {
+        be->gelu_forward(a->fc_act, a->fc, NF);
+    } else {
+        be->matmul_forward(a->up, a->ln2, p->up_w, NULL, d->N, d->C, d->F);
+        be->swiglu_forward(a->fc_act, a->fc, a->up, NF);
+    }
+}
+
+/* Layer i (local index) from resid[i].  With need_output == 0 (recompute
+ * inside backward) the last projection is skipped: backward needs only its
+ * input, and resid[i+1] must not be touched. */
+static void block_forward(Model *m, int i, int need_output)
+{
+    const Backend *be = m->be;
+    const Dims *d = &m->d;
+    const LayerParams *p = &m->lp[i];
+    LayerActs *a = &m->la[i];
+    const float *x = m->resid[i];
+    const size_t NC = (size_t)d->N * (size_t)d->C;
+
+    norm_forward(m, a->ln1, a->ln1_mean, a->ln1_rstd, x, p->ln1_w, p->ln1_b);
+    be->matmul_forward(a->qkv, a->ln1, p->qkv_w, p->qkv_b, d->N, d->C, d->QKV);
+    if (!d->gpt2)
+        be->rope_forward(a->qkv, d->N, d->T, d->H, d->KVH, d->hs, d->theta);
+    be->attention_forward(a->atty, a->att, a->qkv, d->B, d->T, d->H, d->KVH, d->hs);
+    be->matmul_forward(m->s.branch, a->atty, p->attn_proj_w, p->attn_proj_b, d->N,
+                       d->H * d->hs, d->C);
+    be->add(a->res_mid, x, m->s.branch, NC);
+
+    norm_forward(m, a->ln2, a->ln2_mean, a->ln2_rstd, a->res_mid, p->ln2_w, p->ln2_b);
+    mlp_forward(m, p, a);
+    if (!need_output)
+        return;
+    be->matmul_forward(m->s.branch, a->fc_act, p->mlp_proj_w, p->mlp_proj_b, d->N, d->F, d->C);
+    be->add(m->resid[i + 1], a->res_mid, m->s.branch, NC);
+}
+
+void model_block_forward(Model *m, int l)
+{
+    block_forward(m, local_layer(m, l), 1);
+}
+
+/* Gradient at the MLP projection's input (dfc_act) -> gradient at ln2's
+ * output (dln, overwritten). */
+static void mlp_backward(const Model *m, const LayerParams *p, const LayerParams *g,
+                         const LayerActs *a)
+{
+    const Backend *be = m->be;
+    const Dims *d = &m->d;
+    const Scratch *s = &m->s;
+    const size_t NF = (size_t)d->N * (size_t)d->F;
+    zero(s->dfc, NF);
+    zero(s->dln, (size_t)d->N * (size_t)d->C);
+    if (d->gpt2) {
+        be->gelu_backward(s->dfc, a->fc, s->dfc_act, NF);
+    } else {
+        zero(s->dup, NF);
+        be->swiglu_backward(s->dfc, s->dup, s->dfc_act, a->fc, a->up, NF);
+        /* ln2's output feeds both gate and up: the two contributions add in dln. */
+        be->matmul_backward(s->dln, g->up_w, NULL, s->dup, a->ln2, p->up_w, d->N, d->C, d->F);
+    }
+    be->matmul_backward(s->dln, g->fc_w, g->fc_b, s->dfc, a->ln2, p->fc_w, d->N, d->C, d->F);
+}
+
+/* On entry s.dres holds d loss / d (output of layer l); on return it holds
+ * d loss / d (input of layer l).  The residual connections make this an
+ * in-place update: out = res_mid + mlp(ln2(res_mid)), so d res_mid is
+ * dres itself (the identity path) PLUS what flows back through ln2, and
+ * norm_backward ADDS into dres.  The same holds for res_mid = x + attn(...).
+ * Every other gradient buffer starts fresh (zeroed) because the backend
+ * accumulates. */
+void model_block_backward(Model *m, int l)
+{
+    const int i = local_layer(m, l);
+    const Backend *be = m->be;
+    const Dims *d = &m->d;
+    const Scratch *s = &m->s;
+    const LayerParams *p = &m->lp[i], *g = &m->lg[i];
+    const LayerActs *a = &m->la[i];
+    const size_t N = (size_t)d->N, NC = N * (size_t)d->C;
+
+    if (m->recompute == RECOMPUTE_FULL)
+        block_forward(m, i, 0);
+    else if (m->recompute == RECOMPUTE_SELECTIVE)
+        /* Probabilities into the shared att; the output (identical to a->atty)
+         * goes to datty, which is free until it is zeroed below. */
+        be->attention_forward(s->datty, a->att, a->qkv, d->B, d->T, d->H, d->KVH, d->hs);
+
+    /* MLP branch: its output joined the stream by addition, so its gradient is dres. */
+    zero(s->dfc_act, N * (size_t)d->F);
+    be->matmul_backward(s->dfc_act, g->mlp_proj_w, g->mlp_proj_b, s->dres, a->fc_act,
+                        p->mlp_proj_w, d->N, d->F, d->C);
+    mlp_backward(m, p, g, a);
+    norm_backward(m, s->dres, g->ln2_w, g->ln2_b, s->dln, a->res_mid, p->ln2_w, a->ln2_mean,
+                  a->ln2_rstd);
+
+    /* Attention branch, same pattern; dres is now d loss / d res_mid. */
+    zero(s->datty, N * (size_t)d->H * (size_t)d->hs);
+    be->matmul_backward(s->datty, g->attn_proj_w, g->attn_proj_b, s->dres, a->atty,
+                        p->attn_proj_w, d->N, d->H * d->hs, d->C);
+    zero(s->dqkv, N * (size_t)d->QKV);  /* datt is plain scratch: no zeroing */
+    be->attention_backward(s->dqkv, s->datt, s->datty, a->qkv, a->att, d->B, d->T, d->H,
+                           d->KVH, d->hs);
+    if (!d->gpt2)  /* dqkv was w.r.t. rotated q, k: rotate back */
+        be->rope_backward(s->dqkv, d->N, d->T, d->H, d->KVH, d->hs, d->theta);
+    zero(s->dln, NC);
+    be->matmul_backward(s->dln, g->qkv_w, g->qkv_b, s->dqkv, a->ln1, p->qkv_w, d->N, d->C,
+                        d->QKV);
+    norm_backward(m, s->dres, g->ln1_w, g->ln1_b, s->dln, m->resid[i], p->ln1_w, a->ln1_mean,
+                  a->ln1_rstd);
+}
+
+/* ---- head --------------------------------------------------------------- */
+
+float model_head_forward(Model *m, const int32_t *targets)
+{
+    const Backend *be = m->be;
+    const Dims *d = &m->d;
+    HeadActs *h = &m->ha;
+    TRD_ASSERT(m->sh.has_head);
+    memcpy(m->targets, targets, (size_t)d->N * sizeof(int32_t));
+
+    norm_forward(m, h->lnf, h->lnf_mean, h->lnf_rstd, m->resid[m->nl], m->op.lnf_w,
+                 m->op.lnf_b);
+    be->matmul_forward(h->logits, h->lnf, m->op.head_w, NULL, d->N, d->C, d->Vp);
+    be->crossentropy_forward(h->losses, h->logits, m->targets, d->N, d->V, d->Vp);
+
+    double sum = 0.0;
+    int counted = 0;
+    for (int n = 0; n < d->N; n++) {
+        if (m->targets[n] < 0)
+            continue;
+        sum += h->losses[n];
+        counted++;
+    }
+    m->counted = counted;
+    return counted ? (float)(sum / counted) : 0.0f;
+}
+
+/* Starts the residual-stream gradient: s.dres is SET (zeroed, then the
+ * final norm's backward adds into it), since nothing flowed into it yet. */
+void model_head_backward(Model *m, float loss_scale)
+{
+    const Backend *be = m->be;
+    const Dims *d = &m->d;
+    const Scratch *s = &m->s;
+    HeadActs *h = &m->ha;
+    TRD_ASSERT(m->sh.has_head);
+
+    /* d(loss_scale * mean loss)/d loss[n] for every counted position. */
+    const float dloss = m->counted ? loss_scale / (float)m->counted : 0.0f;
+    be->crossentropy_backward(h->logits, m->targets, dloss, d->N, d->V, d->Vp);
+    float *dlogits = h->logits;
+
+    const size_t NC = (size_t)d->N * (size_t)d->C;
+    zero(s->dln, NC);
+    /* With tied embeddings og.head_w is the wte gradient: the embedding's
+     * backward adds its own contribution to the same rows later. */
+    be->matmul_backward(s->dln, m->og.head_w, NULL, dlogits, h->lnf, m->op.head_w, d->N, d->C,
+                        d->Vp);
+    zero(s->dres, NC);
+    norm_backward(m, s->dres, m->og.lnf_w, m->og.lnf_b, s->dln, m->resid[m->nl], m->op.lnf_w,
+                  h->lnf_mean, h->lnf_rstd);
+}
+
+/* ---- the whole shard ---------------------------------------------------- */
+
+float model_forward(Model *m, const int32_t *tokens, const int32_t *targets)
+{
+    if (m->sh.has_embed)
+        model_embed_forward(m, tokens);
+    for (int l = m->sh.layer_begin; l < m->sh.layer_end; l++)
+        model_block_forward(m, l);
+    return m->sh.has_head ? model_head_forward(m, targets) : 0.0f;
+}
+
+void model_backward(Model *m, float loss_scale)
+{
+    if (m->sh.has_head)
+        model_head_backward(m, loss_scale);
+    for (int l = m->sh.layer_end - 1; l >= m->sh.layer_begin; l--)
+        model_block_backward(m, l);
+    if (m->sh.has_embed)
+        model_embed_backward(m);
+}
+
+/* Model FLOPs per token of one forward + backward (the MFU convention):
+ *   6 * P_matmul + 12 * L * T * C
+ * P_matmul = L * (qkv + attention projection + MLP weights) + V * C counts
+ * every weight that takes part in a matrix multiply, the LM head included
+ * (with the real, unpadded vocabulary V); embedding lookups are not matmuls
+ * and are excluded.  Each such weight costs 2 FLOPs per token forward and
+ * 4 backward.  Attention scores and the weighted sum cost 2 * 2 * T * C per
+ * token and layer forward, times 3 with backward; the causal mask's halving
+ * is not applied (PaLM / Megatron convention). */
+double model_flops_per_token(const ModelConfig *mc)
+{
+    const double C = mc->hidden, L = mc->layers, T = mc->seq_len, F = mc->ffn_hidden;
+    const double H = mc->heads, KVH = mc->kv_heads > 0 ? mc->kv_heads : mc->heads;
+    const double hs = C / H;
+    const double qkv = (H + 2.0 * KVH) * hs * C;
+    const double proj = H * hs * C;
+    const double mlp = (mc->arch == ARCH_GPT2 ? 2.0 : 3.0) * C * F;
+    const double matmul_params = L * (qkv + proj + mlp) + (double)mc->vocab * C;
+    return 6.0 * matmul_params + 12.0 * L * T * C;
+}

@@ -1,0 +1,439 @@
+/* test_config.c — the config module: YAML loading, error messages with
+ * file:line:col, --set overrides, validation rules and the YAML round trip.
+ *
+ * Expected positions were read off the fixtures in tests/yaml/ by hand
+ * (1-based line:column of the offending key or value), not taken from the
+ * program's output. */
+#include "config/config.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "check.h"
+
+static char fixture_dir[512];
+
+static const char *fixture(const char *name, char buf[768])
+{
+    snprintf(buf, 768, "%s/%s", fixture_dir, name);
+    return buf;
+}
+
+/* Every needle must occur in the message. */
+static int contains_all(const char *msg, const char *const *needles)
+{
+    for (; *needles; needles++)
+        if (!strstr(msg, *needles))
+            return 0;
+    return 1;
+}
+
+/* Load a malformed fixture: it must fail with a message that starts with
+ * "PATH:LINE:COL:" and holds every needle. */
+static void expect_load_error(const char *name, int line, int col, const char *const *needles)
+{
+    char path[768], where[900], err[CFG_ERR] = "";
+    Config cfg;
+    int rc = config_load(&cfg, fixture(name, path), err);
+    CHECK(rc == -1, "%s: config_load returned %d (expected -1)", name, rc);
+    snprintf(where, sizeof where, "%s:%d:%d: ", path, line, col);
+    CHECK(strncmp(err, where, strlen(where)) == 0, "%s: message does not start with '%s': %s",
+          name, where, err);
+    CHECK(contains_all(err, needles), "%s: message lacks an expected word: %s", name, err);
+    CHECK(!strchr(err, '\n'), "%s: message must be one line: %s", name, err);
+}
+
+#define WORDS(...) ((const char *const[]){__VA_ARGS__, NULL})
+
+static void test_malformed(void)
+{
+    expect_load_error("bad_unknown_key.yaml", 3, 3,
+                      WORDS("key 'model.hiden'", "unknown key", "did you mean 'hidden'?"));
+    expect_load_error("bad_unknown_section.yaml", 7, 1,
+                      WORDS("'trainng'", "unknown section", "did you mean 'training'?"));
+    expect_load_error("bad_wrong_type.yaml", 4, 10,
+                      WORDS("key 'model.heads'", "expected an integer", "'abc'"));
+    expect_load_error("bad_enum.yaml", 2, 11, WORDS("key 'model.arch'", "'gpt3'", "gpt2|llama"));
+    expect_load_error("bad_duplicate.yaml", 5, 3,
+                      WORDS("key 'model.hidden'", "duplicate key", "line 3"));
+    expect_load_error("bad_missing_required.yaml", 3, 1,
+                      WORDS("key 'model.heads'", "missing required key"));
+    expect_load_error("bad_missing_section.yaml", 1, 1,
+                      WORDS("key 'data.path'", "missing required key"));
+    expect_load_error("bad_tab.yaml", 3, 1, WORDS("not valid YAML", "tab"));
+    expect_load_error("bad_indent.yaml", 3, 11,
+                      WORDS("not valid YAML", "mapping values are not allowed"));
+    expect_load_error("bad_top_list.yaml", 1, 1, WORDS("top level is a list", "mapping"));
+    expect_load_error("bad_empty.yaml", 1, 1, WORDS("empty"));
+    expect_load_error("bad_list_for_scalar.yaml", 2, 11,
+                      WORDS("key 'model.layers'", "expected a scalar", "got a list"));
+    expect_load_error("bad_int_range.yaml", 3, 11,
+                      WORDS("key 'model.hidden'", "99999999999", "out of range"));
+    expect_load_error("bad_mapping_for_scalar.yaml", 3, 5,
+                      WORDS("key 'training.lr'", "expected a scalar", "got a mapping"));
+    expect_load_error("bad_section_scalar.yaml", 1, 8,
+                      WORDS("key 'model'", "expected a mapping", "got a scalar"));
+    expect_load_error("bad_bool.yaml", 2, 22,
+                      WORDS("key 'topology.sequence_parallel'", "true or false", "'yes'"));
+    expect_load_error("bad_stage_item.yaml", 4, 7,
+                      WORDS("key 'topology.stage_layers'", "list item 2", "'five'"));
+    expect_load_error("bad_scalar_for_list.yaml", 2, 17,
+                      WORDS("key 'topology.stage_layers'", "expected a list"));
+    expect_load_error("bad_flow.yaml", 4, 1, WORDS("not valid YAML", "flow sequence"));
+    expect_load_error("bad_two_docs.yaml", 4, 1, WORDS("second YAML document"));
+
+    /* A file that does not exist: the OS reason, no position. */
+    char path[768], err[CFG_ERR] = "";
+    Config cfg;
+    CHECK(config_load(&cfg, fixture("no_such_file.yaml", path), err) == -1, "missing file");
+    CHECK(strstr(err, "no_such_file.yaml") && strstr(err, "No such file or directory"),
+          "missing file message: %s", err);
+}
+
+static void test_good_full(void)
+{
+    char path[768], err[CFG_ERR] = "";
+    Config c;
+    int rc = config_load(&c, fixture("good_full.yaml", path), err);
+    CHECK(rc == 0, "good_full.yaml: %s", err);
+    if (rc)
+        return;
+    CHECK(!strcmp(c.source, path), "source %s", c.source);
+    CHECK(!strcmp(c.run.name, "llama-tiny"), "run.name %s", c.run.name);
+    CHECK(!strcmp(c.run.dir, "runs/llama-tiny"), "run.dir %s", c.run.dir);
+    CHECK(c.run.seed == 42, "seed");
+    CHECK(c.run.log_every == 5, "log_every");
+    CHECK(c.model.arch == ARCH_LLAMA, "arch");
+    CHECK(c.model.layers == 8 && c.model.hidden == 256 && c.model.heads == 8, "shape");
+    CHECK(c.model.kv_heads == 2, "kv_heads");
+    CHECK(c.model.ffn_hidden == 0, "ffn_hidden stays 0 until validation");
+    CHECK(c.model.vocab == 50257 && c.model.vocab_pad_multiple == 64, "vocab");
+    CHECK(c.model.seq_len == 128, "seq_len");
+    CHECK(c.model.tie_embeddings == 1, "tie_embeddings");
+    CHECK_CLOSE(c.model.norm_eps, 1e-6, 1e-6, 0, "norm_eps");
+    CHECK_CLOSE(c.model.rope_theta, 500000.0, 1e-6, 0, "rope_theta");
+    CHECK_CLOSE(c.model.init_std, 0.01, 1e-6, 0, "init_std");
+    CHECK(c.topology.tp == 2 && c.topology.pp == 2, "tp pp");
+    CHECK(c.topology.dp == 0, "dp auto -> 0");
+    CHECK(c.topology.zero == 1 && c.topology.ranks_per_node == 4, "zero rpn");
+    CHECK(c.topology.sequence_parallel == 1, "sp");
+    CHECK(c.topology.schedule == SCHED_GPIPE && c.topology.virtual_stages == 1, "schedule");
+    CHECK(c.topology.n_stage_layers == 2 && c.topology.stage_layers[0] == 3 &&
+              c.topology.stage_layers[1] == 5, "stage_layers");
+    CHECK(!strcmp(c.topology.order, "tp-dp-pp"), "order");
+    CHECK(c.topology.allow_tp_across_nodes == 0 && c.topology.bucket_mb == 50, "bucket");
+    CHECK(c.training.steps == 100 && c.training.global_batch == 32 &&
+              c.training.micro_batch == 2, "batch");
+    CHECK_CLOSE(c.training.lr, 6e-4, 1e-6, 0, "lr");
+    CHECK_CLOSE(c.training.min_lr, 6e-5, 1e-6, 0, "min_lr");
+    CHECK(c.training.warmup_steps == 10 && c.training.decay == DECAY_LINEAR, "warmup decay");
+    CHECK_CLOSE(c.training.weight_decay, 0.05, 1e-6, 0, "wd");
+    CHECK_CLOSE(c.training.beta1, 0.8, 1e-6, 0, "beta1");
+    CHECK_CLOSE(c.training.beta2, 0.99, 1e-6, 0, "beta2");
+    CHECK_CLOSE(c.training.eps, 1e-6, 1e-6, 0, "eps");
+    CHECK_CLOSE(c.training.grad_clip, 0.5, 1e-6, 0, "clip");
+    CHECK(c.training.precision == PREC_BF16, "precision");
+    CHECK(c.training.recompute == RECOMPUTE_SELECTIVE && c.training.trace == 1, "recompute");
+    CHECK(!strcmp(c.data.path, "data/tinyshakespeare/train") && c.data.format == DATA_LLMC,
+          "data");
+    CHECK(!strcmp(c.data.val_path, "data/tinyshakespeare/val"), "val_path");
+    CHECK(c.data.val_every == 20 && c.data.val_batches == 8, "val");
+    CHECK(!strcmp(c.checkpoint.dir, "ckpt/llama-tiny") && c.checkpoint.every == 50 &&
+              c.checkpoint.keep == 3, "checkpoint");
+    CHECK(c.checkpoint.resume == RESUME_PATH &&
+              !strcmp(c.checkpoint.resume_path, "ckpt/other/step_000050"), "resume path");
+    CHECK(c.backend == BACKEND_CUDA, "backend");
+
+    /* Validation with 8 ranks: dp = 8 / (2*2) = 2; ffn = 8/3*256 = 682.7 -> 704. */
+    rc = config_validate(&c, 8, err);
+    CHECK(rc == 0, "validate good_full: %s", err);
+    CHECK(c.topology.dp == 2, "dp resolved to %d", c.topology.dp);
+    CHECK(c.model.ffn_hidden == 704, "llama ffn_hidden %d", c.model.ffn_hidden);
+    CHECK(c.model.kv_heads == 2, "kv_heads kept");
+    CHECK(c.model.tie_embeddings == 1, "explicit tie kept");
+    CHECK(!strcmp(config_arch_name(c.model.arch), "llama"), "arch name");
+    CHECK(!strcmp(config_precision_name(c.training.precision), "bf16"), "precision name");
+    CHECK(!strcmp(config_arch_name(ARCH_GPT2), "gpt2"), "gpt2 name");
+    CHECK(!strcmp(config_precision_name(PREC_FP32), "fp32"), "fp32 name");
+}
+
+static void test_defaults(void)
+{
+    char path[768], err[CFG_ERR] = "";
+    Config c;
+    int rc = config_load(&c, fixture("good_minimal.yaml", path), err);
+    CHECK(rc == 0, "good_minimal.yaml: %s", err);
+    if (rc)
+        return;
+    CHECK(!strcmp(c.run.name, "trident") && !strcmp(c.run.dir, "runs/trident"), "run");
+    CHECK(c.run.seed == 1234 && c.run.log_every == 10, "seed log_every");
+    CHECK(c.model.arch == ARCH_GPT2 && c.model.vocab_pad_multiple == 128, "model defaults");
+    CHECK(c.model.tie_embeddings == -1 && c.model.kv_heads == 0 && c.model.ffn_hidden == 0,
+          "unset model fields");
+    CHECK_CLOSE(c.model.norm_eps, 1e-5, 1e-6, 0, "norm_eps");
+    CHECK_CLOSE(c.model.rope_theta, 10000, 1e-6, 0, "rope_theta");
+    CHECK_CLOSE(c.model.init_std, 0.02, 1e-6, 0, "init_std");
+    CHECK(c.topology.tp == 1 && c.topology.pp == 1 && c.topology.dp == 0 &&
+              c.topology.zero == 0 && c.topology.ranks_per_node == 0, "topology");
+    CHECK(c.topology.schedule == SCHED_1F1B && c.topology.virtual_stages == 1 &&
+              c.topology.n_stage_layers == 0 && !strcmp(c.topology.order, "tp-dp-pp") &&
+              c.topology.bucket_mb == 25 && !c.topology.sequence_parallel &&
+              !c.topology.allow_tp_across_nodes, "topology 2");
+    CHECK_CLOSE(c.training.min_lr, 0, 0, 0, "min_lr");
+    CHECK(c.training.warmup_steps == 0 && c.training.decay == DECAY_COSINE, "sched");
+    CHECK_CLOSE(c.training.weight_decay, 0.1, 1e-6, 0, "wd");
+    CHECK_CLOSE(c.training.beta1, 0.9, 1e-6, 0, "b1");
+    CHECK_CLOSE(c.training.beta2, 0.95, 1e-6, 0, "b2");
+    CHECK_CLOSE(c.training.eps, 1e-8, 1e-6, 0, "eps");
+    CHECK_CLOSE(c.training.grad_clip, 1.0, 1e-6, 0, "clip");
+    CHECK(c.training.precision == PREC_FP32 && c.training.recompute == RECOMPUTE_NONE &&
+              !c.training.trace, "precision");
+    CHECK(c.data.format == DATA_MEGATRON && c.data.val_every == 0 && c.data.val_batches == 4 &&
+              !c.data.val_path[0], "data");
+    CHECK(c.checkpoint.keep == 2 && c.checkpoint.every == 0 &&
+              c.checkpoint.resume == RESUME_AUTO && !c.checkpoint.dir[0], "checkpoint");
+    CHECK(c.backend == BACKEND_CPU, "backend");
+
+    /* Derived values for gpt2: kv = heads, ffn = 4*hidden, tied embeddings. */
+    rc = config_validate(&c, 0, err);
+    CHECK(rc == 0, "validate minimal: %s", err);
+    CHECK(c.model.kv_heads == 4 && c.model.ffn_hidden == 256 && c.model.tie_embeddings == 1,
+          "gpt2 derived: kv %d ffn %d tie %d", c.model.kv_heads, c.model.ffn_hidden,
+          c.model.tie_embeddings);
+    CHECK(c.topology.dp == 0, "dp stays auto without a world size");
+
+    /* Llama: untied, ffn = 8/3*64 = 170.7 -> 192. */
+    CHECK(config_load(&c, path, err) == 0, "%s", err);
+    CHECK(config_set(&c, "model.arch=llama", err) == 0, "%s", err);
+    CHECK(config_validate(&c, 4, err) == 0, "%s", err);
+    CHECK(c.model.ffn_hidden == 192 && c.model.tie_embeddings == 0 && c.topology.dp == 4,
+          "llama derived: ffn %d tie %d dp %d", c.model.ffn_hidden, c.model.tie_embeddings,
+          c.topology.dp);
+}
+
+/* --set: each bad assignment must fail with the "--set A:" prefix, the key
+ * and the given words. */
+static void expect_set_error(const char *assignment, const char *const *needles)
+{
+    Config c;
+    char err[CFG_ERR] = "", prefix[300];
+    config_defaults(&c);
+    int rc = config_set(&c, assignment, err);
+    CHECK(rc == -1, "--set %s returned %d", assignment, rc);
+    snprintf(prefix, sizeof prefix, "--set %s: ", assignment);
+    CHECK(!strncmp(err, prefix, strlen(prefix)), "--set prefix missing: %s", err);
+    CHECK(contains_all(err, needles), "--set %s: message lacks a word: %s", assignment, err);
+}
+
+static void test_set(void)
+{
+    Config c;
+    char err[CFG_ERR] = "";
+    config_defaults(&c);
+    CHECK(config_set(&c, "training.lr=3e-4", err) == 0, "%s", err);
+    CHECK_CLOSE(c.training.lr, 3e-4, 1e-6, 0, "lr via --set");
+    CHECK(config_set(&c, "topology.stage_layers=[3,5]", err) == 0, "%s", err);
+    CHECK(c.topology.n_stage_layers == 2 && c.topology.stage_layers[0] == 3 &&
+              c.topology.stage_layers[1] == 5, "stage_layers via --set");
+    CHECK(config_set(&c, "topology.stage_layers=[]", err) == 0, "%s", err);
+    CHECK(c.topology.n_stage_layers == 0, "empty list clears stage_layers");
+    CHECK(config_set(&c, "topology.dp=auto", err) == 0 && c.topology.dp == 0, "dp auto");
+    CHECK(config_set(&c, "topology.dp=3", err) == 0 && c.topology.dp == 3, "dp 3");
+    CHECK(config_set(&c, "model.arch=llama", err) == 0 && c.model.arch == ARCH_LLAMA, "arch");
+    CHECK(config_set(&c, "topology.sequence_parallel=true", err) == 0 &&
+              c.topology.sequence_parallel == 1, "bool");
+    CHECK(config_set(&c, "backend=cuda", err) == 0 && c.backend == BACKEND_CUDA, "backend");
+    CHECK(config_set(&c, "checkpoint.resume=never", err) == 0 &&
+              c.checkpoint.resume == RESUME_NEVER, "resume never");
+    CHECK(config_set(&c, "checkpoint.resume=ckpt/x/step_10", err) == 0 &&
+              c.checkpoint.resume == RESUME_PATH &&
+              !strcmp(c.checkpoint.resume_path, "ckpt/x/step_10"), "resume path");
+    CHECK(config_set(&c, "run.seed=18446744073709551615", err) == 0 &&
+              c.run.seed == UINT64_MAX, "seed max");
+    CHECK(config_set(&c, "data.path=a=b", err) == 0 && !strcmp(c.data.path, "a=b"),
+          "value with '=' (split at the first one): %s", c.data.path);
+
+    expect_set_error("model.hiden=64", WORDS("unknown key", "did you mean 'model.hidden'?"));
+    expect_set_error("model.layers=abc", WORDS("key 'model.layers'", "expected an integer",
+                                               "'abc'"));
+    expect_set_error("training.precision=fp16",
+                     WORDS("key 'training.precision'", "'fp16'", "fp32|bf16"));
+    expect_set_error("training.lr", WORDS("missing '='"));
+    expect_set_error("model.layers=3000000000", WORDS("out of range"));
+    expect_set_error("training.lr=nan", WORDS("expected a number"));
+    expect_set_error("training.lr=1e60", WORDS("out of range"));
+    expect_set_error("run.seed=-1", WORDS("non-negative"));
+    expect_set_error("topology.stage_layers=[3,x]", WORDS("list item 2", "'x'"));
+    expect_set_error("topology.sequence_parallel=yes", WORDS("true or false"));
+    expect_set_error("nosuch.key=1", WORDS("unknown key"));
+}
+
+/* Start from a valid config and break one rule at a time. */
+static void base_config(Config *c)
+{
+    char err[CFG_ERR];
+    const char *sets[] = {"model.layers=4",     "model.hidden=64",       "model.heads=4",
+                          "model.vocab=256",    "model.seq_len=32",      "training.steps=10",
+                          "training.global_batch=8", "training.micro_batch=2",
+                          "training.lr=1e-3",   "data.path=data/x"};
+    config_defaults(c);
+    strcpy(c->source, "base.yaml");
+    for (size_t i = 0; i < sizeof sets / sizeof sets[0]; i++)
+        if (config_set(c, sets[i], err))
+            fprintf(stderr, "base_config: %s\n", err);
+}
+
+static void expect_invalid(const char *const *sets, int world, const char *const *needles)
+{
+    Config c;
+    char err[CFG_ERR] = "";
+    base_config(&c);
+    for (; *sets; sets++)
+        CHECK(config_set(&c, *sets, err) == 0, "set %s: %s", *sets, err);
+    int rc = config_validate(&c, world, err);
+    CHECK(rc == -1, "validate should fail (%s...)", needles[0]);
+    CHECK(!strncmp(err, "config error in base.yaml: ", 27), "prefix: %s", err);
+    CHECK(contains_all(err, needles), "validation message lacks a word: %s", err);
+}
+
+static void test_validate(void)
+{
+    Config c;
+    char err[CFG_ERR] = "";
+    base_config(&c);
+    CHECK(config_validate(&c, 0, err) == 0, "base config valid: %s", err);
+
+    /* ranges */
+    expect_invalid(WORDS("model.layers=0"), 0, WORDS("model.layers", ">= 1"));
+    expect_invalid(WORDS("model.hidden=0"), 0, WORDS("model.hidden", ">= 1"));
+    expect_invalid(WORDS("model.heads=0"), 0, WORDS("model.heads", ">= 1"));
+    expect_invalid(WORDS("model.vocab=0"), 0, WORDS("model.vocab", ">= 1"));
+    expect_invalid(WORDS("model.seq_len=0"), 0, WORDS("model.seq_len", ">= 1"));
+    expect_invalid(WORDS("training.steps=0"), 0, WORDS("training.steps", ">= 1"));
+    expect_invalid(WORDS("topology.tp=0"), 0, WORDS("topology.tp", ">= 1"));
+    expect_invalid(WORDS("topology.pp=0"), 0, WORDS("topology.pp", ">= 1"));
+    expect_invalid(WORDS("topology.zero=4"), 0, WORDS("topology.zero", "0, 1, 2 or 3"));
+    expect_invalid(WORDS("topology.virtual_stages=0"), 0, WORDS("topology.virtual_stages"));
+    expect_invalid(WORDS("run.log_every=0"), 0, WORDS("run.log_every", ">= 1"));
+    expect_invalid(WORDS("checkpoint.keep=0"), 0, WORDS("checkpoint.keep", ">= 1"));
+    expect_invalid(WORDS("data.val_batches=0"), 0, WORDS("data.val_batches", ">= 1"));
+    expect_invalid(WORDS("training.warmup_steps=-1"), 0, WORDS("training.warmup_steps"));
+    expect_invalid(WORDS("data.path="), 0, WORDS("data.path", "required"));
+
+    /* optimizer */
+    expect_invalid(WORDS("training.lr=0"), 0, WORDS("training.lr", "> 0"));
+    expect_invalid(WORDS("training.min_lr=0.01"), 0, WORDS("training.min_lr", "training.lr"));
+    expect_invalid(WORDS("training.min_lr=-1e-5"), 0, WORDS("training.min_lr"));
+    expect_invalid(WORDS("training.beta1=1"), 0, WORDS("training.beta1", "[0, 1)"));
+    expect_invalid(WORDS("training.beta2=-0.1"), 0, WORDS("training.beta2", "[0, 1)"));
+    expect_invalid(WORDS("training.eps=0"), 0, WORDS("training.eps", "> 0"));
+    expect_invalid(WORDS("training.weight_decay=-0.1"), 0, WORDS("training.weight_decay"));
+    expect_invalid(WORDS("training.grad_clip=-1"), 0, WORDS("training.grad_clip"));
+
+    /* model shape */
+    expect_invalid(WORDS("model.hidden=66"), 0,
+                   WORDS("model.hidden (66)", "model.heads (4)", "64 or 68"));
+    expect_invalid(WORDS("model.kv_heads=3"), 0, WORDS("model.heads (4)", "model.kv_heads (3)"));
+    /* llama head size 6/2 = 3 is odd: RoPE needs pairs. */
+    expect_invalid(WORDS("model.arch=llama", "model.hidden=6", "model.heads=2"), 0,
+                   WORDS("even", "llama", "RoPE"));
+    expect_invalid(WORDS("model.arch=llama", "model.rope_theta=0"), 0,
+                   WORDS("model.rope_theta", "llama"));
+
+    /* topology */
+    expect_invalid(WORDS("topology.virtual_stages=2"), 0,
+                   WORDS("topology.virtual_stages", "interleaved"));
+    Config ok;
+    base_config(&ok);
+    CHECK(config_set(&ok, "topology.schedule=interleaved", err) == 0, "%s", err);
+    CHECK(config_set(&ok, "topology.virtual_stages=2", err) == 0, "%s", err);
+    CHECK(config_set(&ok, "topology.pp=2", err) == 0, "%s", err);
+    CHECK(config_validate(&ok, 0, err) == 0, "interleaved with 2 virtual stages: %s", err);
+    expect_invalid(WORDS("topology.pp=2", "topology.stage_layers=[4]"), 0,
+                   WORDS("topology.stage_layers", "1 entries", "topology.pp is 2"));
+    expect_invalid(WORDS("topology.pp=2", "topology.stage_layers=[1,2]"), 0,
+                   WORDS("topology.stage_layers", "sums to 3", "model.layers is 4"));
+    expect_invalid(WORDS("topology.pp=2", "topology.stage_layers=[0,4]"), 0,
+                   WORDS("topology.stage_layers[0]", ">= 1"));
+    expect_invalid(WORDS("topology.pp=5"), 0, WORDS("model.layers (4)", "topology.pp (5)"));
+    expect_invalid(WORDS("topology.tp=3"), 0,
+                   WORDS("model.heads (4)", "topology.tp (3)", "1, 2, 4"));
+    /* heads 12, kv 4, tp 6: 12 % 6 == 0 but neither of 4 and 6 divides the other. */
+    expect_invalid(WORDS("model.heads=12", "model.hidden=96", "model.kv_heads=4",
+                         "topology.tp=6"), 0,
+                   WORDS("model.kv_heads (4)", "topology.tp (6)"));
+    expect_invalid(WORDS("topology.tp=2", "model.ffn_hidden=255"), 0,
+                   WORDS("model.ffn_hidden (255)", "topology.tp (2)"));
+    expect_invalid(WORDS("topology.tp=4", "model.seq_len=30", "topology.sequence_parallel=true"),
+                   0, WORDS("model.seq_len (30)", "topology.tp (4)", "sequence_parallel"));
+    expect_invalid(WORDS("topology.order=tp-tp-pp"), 0, WORDS("topology.order"));
+
+    /* batch and world */
+    expect_invalid(WORDS("training.global_batch=64", "training.micro_batch=4", "topology.dp=3"),
+                   0, WORDS("global_batch 64 is not a multiple of training.micro_batch 4 x "
+                            "topology.dp 3 = 12", "60 or 72"));
+    expect_invalid(WORDS("training.global_batch=7"), 0,
+                   WORDS("training.global_batch 7", "training.micro_batch 2", "6 or 8"));
+    expect_invalid(WORDS("topology.tp=2"), 3, WORDS("world size 3", "topology.tp (2)"));
+    expect_invalid(WORDS("topology.tp=2", "topology.dp=2"), 8,
+                   WORDS("topology.dp (2)", "= 4", "world size is 8"));
+    /* dp auto from world 4 with tp 2: dp 2, micro 2 x 2 = 4 divides 8. */
+    base_config(&c);
+    CHECK(config_set(&c, "topology.tp=2", err) == 0, "%s", err);
+    CHECK(config_validate(&c, 4, err) == 0 && c.topology.dp == 2, "dp auto: %s", err);
+    /* With world 16, dp is 8 and micro 2 x dp 8 = 16 no longer divides 8. */
+    expect_invalid(WORDS("topology.tp=2"), 16, WORDS("global_batch 8", "topology.dp 8"));
+}
+
+/* Write the resolved config and read it back: the structs must be equal
+ * byte for byte (source aside, which names the file read). */
+static void test_round_trip(void)
+{
+    char path[768], err[CFG_ERR] = "", out[64];
+    Config a, b;
+    snprintf(out, sizeof out, "/tmp/trident_test_config_%d.yaml", (int)getpid());
+    CHECK(config_load(&a, fixture("good_full.yaml", path), err) == 0, "%s", err);
+    /* Awkward strings must survive quoting. */
+    CHECK(config_set(&a, "run.name=has \"quotes\", a \\ and: colon", err) == 0, "%s", err);
+    CHECK(config_set(&a, "data.val_path=true", err) == 0, "%s", err);
+    CHECK(config_set(&a, "training.lr=0.000123456789", err) == 0, "%s", err);
+    CHECK(config_set(&a, "model.tie_embeddings=auto", err) == 0, "%s", err);
+
+    /* Unvalidated first (tie_embeddings auto, dp auto), then validated. */
+    for (int pass = 0; pass < 2; pass++) {
+        if (pass == 1)
+            CHECK(config_validate(&a, 8, err) == 0, "%s", err);
+        CHECK(config_write_yaml(&a, out, err) == 0, "write: %s", err);
+        int rc = config_load(&b, out, err);
+        CHECK(rc == 0, "reload pass %d: %s", pass, err);
+        if (rc)
+            break;
+        CHECK(!strcmp(b.source, out), "source of the reloaded config");
+        memcpy(b.source, a.source, sizeof b.source);
+        CHECK(memcmp(&a, &b, sizeof a) == 0, "round trip pass %d changed the config", pass);
+        CHECK(!strcmp(b.run.name, "has \"quotes\", a \\ and: colon"), "name %s", b.run.name);
+        CHECK(!strcmp(b.data.val_path, "true"), "string 'true' stays a string");
+        CHECK(b.training.lr == a.training.lr, "float exact");
+    }
+    CHECK(a.topology.dp == 2 && b.topology.dp == 2, "resolved dp written");
+    CHECK(b.model.ffn_hidden == 704 && b.model.tie_embeddings == 0, "resolved model written");
+    remove(out);
+
+    CHECK(config_write_yaml(&a, "/nonexistent-dir/x.yaml", err) == -1 &&
+              strstr(err, "/nonexistent-dir/x.yaml"), "unwritable path: %s", err);
+}
+
+int main(void)
+{
+    const char *root = getenv("TRIDENT_SOURCE_ROOT");
+    snprintf(fixture_dir, sizeof fixture_dir, "%s/tests/yaml", root ? root : ".");
+    test_malformed();
+    test_good_full();
+    test_defaults();
+    test_set();
+    test_validate();
+    test_round_trip();
+    return check_summary("config");
+}

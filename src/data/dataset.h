@@ -1,0 +1,69 @@
+/* dataset.h — token datasets on disk, read with mmap, and their writers.
+ *
+ * Two formats (docs/data.md has the byte layouts):
+ *   - Megatron-LM indexed datasets: PREFIX.bin holds the tokens of every
+ *     document back to back, PREFIX.idx the sequence lengths, byte pointers
+ *     and document boundaries.  Token dtype uint16 or int32.
+ *   - llm.c token shards: one file, a header of 256 int32 (magic 20240520,
+ *     version 1, token count) followed by uint16 tokens.
+ *
+ * Either way a TokenDataset is one flat stream of tokens (documents with
+ * their EOT separators, concatenated); the sampler cuts samples from it.
+ * Nothing is copied: the files are mapped read-only and shared through the
+ * page cache by every rank of a node. */
+#ifndef TRD_DATA_DATASET_H
+#define TRD_DATA_DATASET_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "config/config.h"
+
+typedef struct {
+    char path[CFG_STR];          /* what was opened: the prefix (megatron) or the file (llmc) */
+    DataFormat format;
+    void *bin_map; size_t bin_bytes;   /* mapping of the token file */
+    void *idx_map; size_t idx_bytes;   /* megatron .idx mapping (NULL for llmc) */
+    const void *tokens;          /* first token */
+    int token_bytes;             /* 2 (uint16) or 4 (int32) */
+    uint64_t n_tokens;
+    uint64_t n_docs;             /* megatron: documents in the index; llmc: 1 per shard
+                                  * (the format has no document index) */
+} TokenDataset;
+
+/* Open and validate a dataset.  Megatron: `path` is the prefix (a path
+ * ending in .bin or .idx is accepted too).  llmc: `path` is one .bin shard.
+ * Returns 0, or -1 with a message naming the file in err (nothing mapped). */
+int dataset_open(TokenDataset *ds, const char *path, DataFormat fmt, char err[CFG_ERR]);
+void dataset_close(TokenDataset *ds);
+
+/* Token i of the stream (i < n_tokens).  int32 tokens are returned as their
+ * bit pattern, so a negative id reads as a huge one and fails vocab checks. */
+static inline uint32_t dataset_token(const TokenDataset *ds, uint64_t i)
+{
+    if (ds->token_bytes == 2)
+        return ((const uint16_t *)ds->tokens)[i];
+    return (uint32_t)((const int32_t *)ds->tokens)[i];
+}
+
+/* Token width a writer should use for a vocabulary: 2 when every id fits
+ * in uint16, else 4. */
+int dataset_token_bytes_for_vocab(int vocab);
+
+/* Writer of Megatron-LM indexed datasets.  Each document is one sequence.
+ * The files are written as PREFIX.bin.tmp / PREFIX.idx.tmp and renamed on
+ * close, so a crash never leaves a half-written dataset under the real name. */
+typedef struct DatasetWriter DatasetWriter;
+DatasetWriter *dataset_writer_open(const char *prefix, int token_bytes, char err[CFG_ERR]);
+int dataset_writer_add(DatasetWriter *w, const int32_t *tokens, size_t n, char err[CFG_ERR]); /* one document */
+int dataset_writer_close(DatasetWriter *w, char err[CFG_ERR]);   /* frees w, also on error */
+
+/* Writer of llm.c token shards: header of 256 int32 (magic 20240520,
+ * version 1, token count), then uint16 tokens.  Errors on ids > 65535. */
+int dataset_write_llmc(const char *path, const int32_t *tokens, size_t n, char err[CFG_ERR]);
+
+#define DATASET_LLMC_MAGIC 20240520
+#define DATASET_LLMC_VERSION 1
+#define DATASET_LLMC_HEADER_INTS 256
+
+#endif

@@ -1,0 +1,101 @@
+#include "data/sampler.h"
+
+#include <stdio.h>
+
+#include "core/rng.h"
+
+/* Rounds of the Feistel network.  Each round's function is Philox, so a
+ * few rounds already give an order with no visible structure; 6 rounds keep
+ * the cost per sample below a microsecond. */
+enum { FEISTEL_ROUNDS = 6 };
+
+int sampler_init(Sampler *s, const TokenDataset *ds, int seq_len, uint64_t seed, char err[CFG_ERR])
+{
+    if (seq_len < 1) {
+        snprintf(err, CFG_ERR, "%s: sequence length must be >= 1, got %d", ds->path, seq_len);
+        return -1;
+    }
+    if (ds->n_tokens < (uint64_t)seq_len + 1) {
+        snprintf(err, CFG_ERR,
+                 "%s: %llu tokens are too few for one sample of seq_len %d (needs %d tokens)",
+                 ds->path, (unsigned long long)ds->n_tokens, seq_len, seq_len + 1);
+        return -1;
+    }
+    s->seed = seed;
+    s->seq_len = seq_len;
+    s->n_samples = (ds->n_tokens - 1) / (uint64_t)seq_len;
+    return 0;
+}
+
+/* One pass of the network over [0, 2^bits): x = (hi, lo) with lo the low
+ * half = bits/2 bits.  Each round XORs one half with a keyed function of
+ * the other, alternating halves; every round is its own inverse given the
+ * other half, so the whole pass is a bijection of [0, 2^bits) whatever the
+ * function, and unequal halves (odd bits) are no problem. */
+static uint64_t feistel(uint64_t x, int bits, uint64_t key)
+{
+    int lo_bits = bits / 2, hi_bits = bits - lo_bits;
+    uint64_t lo_mask = lo_bits ? (~0ull >> (64 - lo_bits)) : 0;
+    uint64_t hi_mask = hi_bits ? (~0ull >> (64 - hi_bits)) : 0;
+    uint64_t lo = x & lo_mask, hi = (x >> lo_bits) & hi_mask;
+    for (int r = 0; r < FEISTEL_ROUNDS; r++) {
+        uint32_t out[4];
+        if (r % 2 == 0) {
+            rng_philox(out, hi, (uint64_t)r, key);
+            lo ^= (((uint64_t)out[0] << 32) | out[1]) & lo_mask;
+        } else {
+            rng_philox(out, lo, (uint64_t)r, key);
+            hi ^= (((uint64_t)out[0] << 32) | out[1]) & hi_mask;
+        }
+    }
+    return (hi << lo_bits) | lo;
+}
+
+uint64_t sampler_permute(uint64_t slot, uint64_t n, uint64_t key)
+{
+    if (n <= 1)
+        return 0;
+    int bits = 0;
+    while (bits < 64 && (1ull << bits) < n)
+        bits++;
+    /* Cycle walking: apply the bijection of [0, 2^bits) until the value
+     * lands inside [0, n).  Because the walk from a slot < n follows that
+     * slot's own cycle, the result is a bijection of [0, n); since
+     * 2^bits < 2n, fewer than two steps are needed on average. */
+    uint64_t x = slot;
+    do
+        x = feistel(x, bits, key);
+    while (x >= n);
+    return x;
+}
+
+uint64_t sampler_index(const Sampler *s, uint64_t position)
+{
+    uint64_t epoch = position / s->n_samples;
+    uint64_t slot = position % s->n_samples;
+    return sampler_permute(slot, s->n_samples, rng_mix(s->seed, epoch));
+}
+
+int sampler_read(const Sampler *s, const TokenDataset *ds, uint64_t position, int vocab,
+                 int32_t *tokens, int32_t *targets, char err[CFG_ERR])
+{
+    uint64_t start = sampler_index(s, position) * (uint64_t)s->seq_len;
+    for (int t = 0; t <= s->seq_len; t++) {
+        uint32_t v = dataset_token(ds, start + (uint64_t)t);
+        if (v >= (uint32_t)vocab) {
+            snprintf(err, CFG_ERR,
+                     "%s: token %lld at stream position %llu (sample position %llu) is >= the "
+                     "vocabulary size %d\n---> the dataset was made with another tokenizer, or "
+                     "model.vocab is too small",
+                     ds->path, ds->token_bytes == 4 ? (long long)(int32_t)v : (long long)v,
+                     (unsigned long long)(start + (uint64_t)t), (unsigned long long)position,
+                     vocab);
+            return -1;
+        }
+        if (t < s->seq_len)
+            tokens[t] = (int32_t)v;
+        if (t > 0)
+            targets[t - 1] = (int32_t)v;
+    }
+    return 0;
+}

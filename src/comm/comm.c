@@ -1,6 +1,8 @@
 #include "comm/comm.h"
 
 #include <limits.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "core/error.h"
 
@@ -40,6 +42,27 @@ Comm comm_world(void)
     MPI_Comm_rank(c.mpi, &c.rank);
     MPI_Comm_size(c.mpi, &c.size);
     return c;
+}
+
+Comm comm_split(const Comm *parent, int color, int key)
+{
+    Comm c = {.mpi = MPI_COMM_NULL, .rank = -1, .size = 0};
+    check(MPI_Comm_split(parent->mpi, color < 0 ? MPI_UNDEFINED : color, key, &c.mpi),
+          "communicator split");
+    if (c.mpi == MPI_COMM_NULL)
+        return c;
+    /* A split communicator inherits the parent's error handler, so failures
+     * on it come back to check() as on the world. */
+    MPI_Comm_rank(c.mpi, &c.rank);
+    MPI_Comm_size(c.mpi, &c.size);
+    return c;
+}
+
+void comm_free(Comm *c)
+{
+    if (c->mpi != MPI_COMM_NULL && c->mpi != MPI_COMM_WORLD)
+        MPI_Comm_free(&c->mpi);
+    *c = (Comm){.mpi = MPI_COMM_NULL, .rank = -1, .size = 0};
 }
 
 /* MPI counts are int: large buffers go in chunks. */
@@ -82,4 +105,97 @@ void comm_broadcast(Comm *c, void *buf, size_t bytes, int root)
 void comm_barrier(Comm *c)
 {
     check(MPI_Barrier(c->mpi), "barrier");
+}
+
+void comm_shard_part(size_t lo, size_t hi, size_t S, int rank, size_t *a, size_t *b)
+{
+    size_t r0 = (size_t)rank * S, r1 = r0 + S;
+    *a = lo > r0 ? lo : r0;
+    *b = hi < r1 ? hi : r1;
+    if (*a > *b)
+        *a = *b = 0;
+}
+
+CommHandle comm_iallreduce_f32(Comm *c, float *buf, size_t n)
+{
+    CommHandle h = {.req = MPI_REQUEST_NULL};
+    if (c->size == 1 || n == 0)
+        return h;
+    TRD_ASSERT(n <= (size_t)INT_MAX);
+    check(MPI_Iallreduce(MPI_IN_PLACE, buf, (int)n, MPI_FLOAT, MPI_SUM, c->mpi, &h.req),
+          "all-reduce");
+    c->bytes_sent += n * sizeof(float);
+    return h;
+}
+
+/* counts[r] = length of rank r's part of [lo, hi); displs[r] its offset
+ * from lo.  Parts of consecutive ranks are consecutive in memory. */
+static int *range_counts(const Comm *c, size_t lo, size_t hi, size_t S)
+{
+    int *counts = trd_malloc(2 * (size_t)c->size * sizeof(int), "collective counts");
+    for (int r = 0; r < c->size; r++) {
+        size_t a, b;
+        comm_shard_part(lo, hi, S, r, &a, &b);
+        TRD_ASSERT(b - a <= (size_t)INT_MAX);
+        counts[r] = (int)(b - a);
+        counts[c->size + r] = (int)(b > a ? a - lo : 0);
+    }
+    return counts;
+}
+
+CommHandle comm_ireduce_scatter_range_f32(Comm *c, const float *send, float *recv, size_t lo,
+                                          size_t hi, size_t S)
+{
+    CommHandle h = {.req = MPI_REQUEST_NULL};
+    if (hi <= lo)
+        return h;
+    if (c->size == 1) {
+        memcpy(recv, send, (hi - lo) * sizeof(float));
+        return h;
+    }
+    h.counts = range_counts(c, lo, hi, S);
+    check(MPI_Ireduce_scatter(send, recv, h.counts, MPI_FLOAT, MPI_SUM, c->mpi, &h.req),
+          "reduce-scatter");
+    c->bytes_sent += (hi - lo) * sizeof(float);
+    return h;
+}
+
+CommHandle comm_iallgather_range_f32(Comm *c, const float *mine, float *out, size_t lo,
+                                     size_t hi, size_t S)
+{
+    CommHandle h = {.req = MPI_REQUEST_NULL};
+    size_t a, b;
+    comm_shard_part(lo, hi, S, c->rank, &a, &b);
+    if (hi <= lo)
+        return h;
+    if (c->size == 1) {
+        if (mine != out + (a - lo))
+            memmove(out + (a - lo), mine, (b - a) * sizeof(float));
+        return h;
+    }
+    h.counts = range_counts(c, lo, hi, S);
+    const int rank = c->rank;
+    /* In place when this rank's part already sits where it belongs. */
+    const void *send = mine == out + (a - lo) ? MPI_IN_PLACE : (const void *)mine;
+    check(MPI_Iallgatherv(send, h.counts[rank], MPI_FLOAT, out, h.counts, h.counts + c->size,
+                          MPI_FLOAT, c->mpi, &h.req),
+          "all-gather");
+    c->bytes_sent += (b - a) * sizeof(float);
+    return h;
+}
+
+void comm_wait(CommHandle *h)
+{
+    if (h->req != MPI_REQUEST_NULL)
+        check(MPI_Wait(&h->req, MPI_STATUS_IGNORE), "wait");
+    free(h->counts);
+    h->counts = NULL;
+}
+
+int comm_test(CommHandle *h)
+{
+    int done = 1;
+    if (h->req != MPI_REQUEST_NULL)
+        check(MPI_Test(&h->req, &done, MPI_STATUS_IGNORE), "test");
+    return done;
 }

@@ -24,10 +24,45 @@ void comm_init(int *argc, char ***argv);
 void comm_finalize(void);
 Comm comm_world(void);
 
+/* The sub-group of parent's ranks that pass the same color (MPI_Comm_split),
+ * ordered by key.  A color < 0 joins no group: the result has mpi =
+ * MPI_COMM_NULL, rank -1, size 0.  Collective over parent. */
+Comm comm_split(const Comm *parent, int color, int key);
+/* Free a communicator made by comm_split (no-op for MPI_COMM_NULL and the world). */
+void comm_free(Comm *c);
+
 void comm_allreduce_f32(Comm *c, float *buf, size_t n);
 void comm_allreduce_f64(Comm *c, double *buf, size_t n);
 void comm_allreduce_max_i32(Comm *c, int *buf, size_t n);
 void comm_broadcast(Comm *c, void *buf, size_t bytes, int root);
+
+/* ---- non-blocking, over flat sharded buffers (data parallelism, ZeRO) ----
+ * A buffer of n elements is sharded in blocks of S = ceil(n / size)
+ * elements: rank r owns [r*S, (r+1)*S).  The *_range collectives work on a
+ * range [lo, hi) of such a buffer; each rank's part of it is the
+ * intersection with its block (possibly empty). */
+typedef struct {
+    MPI_Request req;     /* MPI_REQUEST_NULL once complete */
+    int *counts;         /* v-collective counts and displacements, live until completion */
+} CommHandle;
+
+/* The part of [lo, hi) that `rank` owns, as [*a, *b). */
+void comm_shard_part(size_t lo, size_t hi, size_t S, int rank, size_t *a, size_t *b);
+
+/* Sum all-reduce of buf[0..n) in place. */
+CommHandle comm_iallreduce_f32(Comm *c, float *buf, size_t n);
+/* Reduce-scatter: send holds [lo, hi) of every rank's buffer; this rank
+ * receives the sum of its part into recv (comm_shard_part's length). */
+CommHandle comm_ireduce_scatter_range_f32(Comm *c, const float *send, float *recv, size_t lo,
+                                          size_t hi, size_t S);
+/* All-gather: every rank contributes its part of [lo, hi) from `mine`; out
+ * receives all of [lo, hi).  `mine` may point into out (in place). */
+CommHandle comm_iallgather_range_f32(Comm *c, const float *mine, float *out, size_t lo,
+                                     size_t hi, size_t S);
+/* Complete an operation; returns at once for a completed handle. */
+void comm_wait(CommHandle *h);
+/* Drive MPI progress and report whether the operation completed (1). */
+int comm_test(CommHandle *h);
 void comm_barrier(Comm *c);
 
 #endif

@@ -1,0 +1,127 @@
+/* topology_cli.c — `trident topology`: the rank map of a config for a given
+ * world size, printed without launching anything (no MPI). */
+#include "topology/topology.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/error.h"
+
+#define MAX_SETS 64
+
+typedef struct {
+    const char *config_path;
+    const char *sets[MAX_SETS];
+    int n_sets;
+    int world;           /* 0: from the config (tp * pp * dp) */
+    int ranks_per_node;  /* 0: from the config, else one node */
+    TopoMapFormat format;
+} Args;
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+            "usage: trident topology CONFIG [--world N] [--ranks-per-node G] [--json | "
+            "--summary]\n"
+            "                         [--set key.path=value ...]\n\n"
+            "Print which node, local rank, (tp, dp, pp) coordinates and TP, DP and PP\n"
+            "groups every rank of a run of CONFIG would have.  Nothing is launched.\n\n"
+            "  --world N            number of ranks (default: tp x pp x dp of the config)\n"
+            "  --ranks-per-node G   ranks on each node (default: topology.ranks_per_node,\n"
+            "                       else all ranks on one node)\n"
+            "  --json               one JSON object instead of the table\n"
+            "  --summary            the summary lines only, no per-rank table\n"
+            "  --set key.path=value override one config key (repeatable)\n");
+}
+
+static int parse_count(const char *opt, const char *s)
+{
+    char *end = NULL;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (errno || end == s || *end || v < 1 || v > INT_MAX)
+        trd_fatal(TRD_EXIT_INPUT, NULL, "%s '%s': expected a whole number >= 1", opt, s);
+    return (int)v;
+}
+
+static void add_set(Args *a, const char *assignment)
+{
+    if (a->n_sets == MAX_SETS)
+        trd_fatal(TRD_EXIT_INPUT, NULL, "more than %d --set options", MAX_SETS);
+    a->sets[a->n_sets++] = assignment;
+}
+
+/* Returns 1 after --help, 0 otherwise; bad arguments exit with code 2. */
+static int parse_args(int argc, char **argv, Args *a)
+{
+    memset(a, 0, sizeof *a);
+    for (int i = 1; i < argc; i++) {
+        const char *s = argv[i];
+        int has_value = i + 1 < argc;
+        if (!strcmp(s, "--help") || !strcmp(s, "-h")) {
+            usage(stdout);
+            return 1;
+        } else if (!strcmp(s, "--world") && has_value) {
+            a->world = parse_count(s, argv[++i]);
+        } else if (!strcmp(s, "--ranks-per-node") && has_value) {
+            a->ranks_per_node = parse_count(s, argv[++i]);
+        } else if (!strcmp(s, "--json")) {
+            a->format = TOPO_MAP_JSON;
+        } else if (!strcmp(s, "--summary")) {
+            a->format = TOPO_MAP_SUMMARY;
+        } else if (!strcmp(s, "--set") && has_value) {
+            add_set(a, argv[++i]);
+        } else if (!strncmp(s, "--set=", 6)) {
+            add_set(a, s + 6);
+        } else if (s[0] == '-' || a->config_path) {
+            usage(stderr);
+            trd_fatal(TRD_EXIT_INPUT, NULL, "unexpected argument '%s'", s);
+        } else {
+            a->config_path = s;
+        }
+    }
+    if (!a->config_path) {
+        usage(stderr);
+        trd_fatal(TRD_EXIT_INPUT, NULL, "missing CONFIG");
+    }
+    return 0;
+}
+
+/* The world size: --world, else what the config fixes. */
+static int world_of(const Args *a, const Config *cfg)
+{
+    if (a->world)
+        return a->world;
+    const TopologyConfig *t = &cfg->topology;
+    if (t->dp == 0)
+        trd_fatal(TRD_EXIT_INPUT, "e.g. trident topology CONFIG --world 16 --ranks-per-node 8",
+                  "topology.dp is auto, so the world size is not known; give --world N");
+    return t->tp * t->pp * t->dp;
+}
+
+int topology_main(int argc, char **argv)
+{
+    Args a;
+    if (parse_args(argc, argv, &a))
+        return TRD_EXIT_OK;
+    Config cfg;
+    char err[CFG_ERR];
+    if (config_load(&cfg, a.config_path, err))
+        trd_fatal(TRD_EXIT_INPUT, NULL, "%s", err);
+    for (int i = 0; i < a.n_sets; i++)
+        if (config_set(&cfg, a.sets[i], err))
+            trd_fatal(TRD_EXIT_INPUT, NULL, "%s", err);
+    int world = world_of(&a, &cfg);
+    if (config_validate(&cfg, world, err))
+        trd_fatal(TRD_EXIT_INPUT, NULL, "%s", err);
+
+    int rpn = a.ranks_per_node ? a.ranks_per_node : cfg.topology.ranks_per_node;
+    if (!rpn && a.format == TOPO_MAP_TABLE)
+        printf("(ranks per node not given: all %d ranks on one node; pass --ranks-per-node G)\n",
+               world);
+    if (topology_print_map(stdout, &cfg.topology, world, rpn, a.format, err))
+        trd_fatal(TRD_EXIT_INPUT, NULL, "%s", err);
+    return TRD_EXIT_OK;
+}

@@ -145,6 +145,27 @@ int main(void)
     float *buf2 = malloc(t.numel * sizeof(float));
     params_init(&t, buf2, 7);
     CHECK(memcmp(buf, buf2, t.numel * sizeof(float)) == 0, "init is deterministic");
+
+    /* Groups tile the buffer: outer first, then layers in order. */
+    size_t lo, hi, at = 0;
+    params_group_range(&t, PARAMS_OUTER, &lo, &hi);
+    CHECK(lo == 0 && hi > 0, "outer group starts the buffer");
+    at = hi;
+    for (int l = 0; l < 2; l++) {
+        params_group_range(&t, l, &lo, &hi);
+        CHECK(lo == at && hi > lo, "layer %d follows at %zu (got %zu)", l, at, lo);
+        at = hi;
+    }
+    CHECK(at == t.numel, "groups cover the buffer");
+    /* Any flat range initialises to the same values as the whole. */
+    const size_t cuts[][2] = {{0, 5}, {3, 700}, {t.numel - 9, t.numel}, {100, 101}};
+    for (int k = 0; k < 4; k++) {
+        float *part = malloc((cuts[k][1] - cuts[k][0]) * sizeof(float));
+        params_init_range(&t, part, 7, cuts[k][0], cuts[k][1]);
+        CHECK(memcmp(part, buf + cuts[k][0], (cuts[k][1] - cuts[k][0]) * sizeof(float)) == 0,
+              "range [%zu, %zu) equals the slice of the whole", cuts[k][0], cuts[k][1]);
+        free(part);
+    }
     params_init(&t, buf2, 8);
     CHECK(memcmp(buf, buf2, t.numel * sizeof(float)) != 0, "seed matters");
     free(buf);

@@ -41,23 +41,41 @@ typedef struct {
 } Dims;
 
 /* One layer's tensors in a flat buffer (parameters or gradients).  Absent
- * tensors (biases in Llama, `up` in GPT-2) are NULL. */
-typedef struct {
-    float *ln1_w, *ln1_b;
-    float *qkv_w, *qkv_b;
-    float *attn_proj_w, *attn_proj_b;
-    float *ln2_w, *ln2_b;
-    float *fc_w, *fc_b;        /* GPT-2 mlp.fc; Llama mlp.gate */
-    float *up_w;               /* Llama mlp.up */
-    float *mlp_proj_w, *mlp_proj_b; /* GPT-2 mlp.proj; Llama mlp.down */
+ * tensors (biases in Llama, `up` in GPT-2) are NULL.  The array view lets
+ * model_bind re-point all of them at once. */
+enum { LP_FIELDS = 13 };
+typedef union {
+    struct {
+        float *ln1_w, *ln1_b;
+        float *qkv_w, *qkv_b;
+        float *attn_proj_w, *attn_proj_b;
+        float *ln2_w, *ln2_b;
+        float *fc_w, *fc_b;        /* GPT-2 mlp.fc; Llama mlp.gate */
+        float *up_w;               /* Llama mlp.up */
+        float *mlp_proj_w, *mlp_proj_b; /* GPT-2 mlp.proj; Llama mlp.down */
+    };
+    float *f[LP_FIELDS];
 } LayerParams;
 
 /* Embedding and head tensors in a flat buffer (NULL where not held). */
-typedef struct {
-    float *wte, *wpe;          /* [Vp, C], [T, C] */
-    float *lnf_w, *lnf_b;
-    float *head_w;             /* [Vp, C]: head.weight, or wte when tied */
+enum { OP_FIELDS = 5 };
+typedef union {
+    struct {
+        float *wte, *wpe;          /* [Vp, C], [T, C] */
+        float *lnf_w, *lnf_b;
+        float *head_w;             /* [Vp, C]: head.weight, or wte when tied */
+    };
+    float *f[OP_FIELDS];
 } OuterParams;
+
+/* Where each field of a group lives: the tensor's flat offset, or NO_TENSOR.
+ * Computed once from the table; binding a group to storage is then pointer
+ * arithmetic, never a lookup by name. */
+#define NO_TENSOR ((size_t)-1)
+typedef struct {
+    size_t lo, hi;                 /* the group's flat range */
+    size_t off[LP_FIELDS];         /* per field (OuterParams uses the first OP_FIELDS) */
+} GroupOffsets;
 
 /* Activations of one layer that its backward reads.  Under recompute some
  * of these point into one set shared by all layers (see carve_activations). */
@@ -105,9 +123,11 @@ struct Model {
     Dims d;
     int nl;              /* local layers: sh.layer_end - sh.layer_begin */
 
-    float *params, *grads;          /* [table.numel] each */
+    float *params, *grads;          /* [table.numel] each, or NULL when the caller binds */
     LayerParams *lp, *lg;           /* [nl]: parameters, gradients */
     OuterParams op, og;
+    GroupOffsets *lo_off;           /* [nl] */
+    GroupOffsets outer_off;
 
     float *acts;                    /* the one activation allocation */
     size_t acts_numel;
@@ -124,45 +144,55 @@ struct Model {
 
 /* ---- parameter lookup (create time only) -------------------------------- */
 
-static float *find(const ParamTable *t, float *base, const char *name)
+static size_t offset_of(const ParamTable *t, const char *name)
 {
     const ParamSpec *p = params_find(t, name);
-    return p ? base + p->offset : NULL;
+    return p ? p->offset : NO_TENSOR;
 }
 
-static float *find_layer(const ParamTable *t, float *base, int l, const char *what)
+/* Field order of LayerParams, by tensor name. */
+static void layer_offsets(GroupOffsets *g, const ParamTable *t, int l, int gpt2)
 {
-    char name[PARAM_NAME];
-    snprintf(name, sizeof name, "layers.%d.%s", l, what);
-    return find(t, base, name);
+    static const char *const gpt2_names[LP_FIELDS] = {
+        "ln1.weight", "ln1.bias", "attn.qkv.weight", "attn.qkv.bias", "attn.proj.weight",
+        "attn.proj.bias", "ln2.weight", "ln2.bias", "mlp.fc.weight", "mlp.fc.bias", NULL,
+        "mlp.proj.weight", "mlp.proj.bias"};
+    static const char *const llama_names[LP_FIELDS] = {
+        "ln1.weight", NULL, "attn.qkv.weight", NULL, "attn.proj.weight", NULL, "ln2.weight",
+        NULL, "mlp.gate.weight", NULL, "mlp.up.weight", "mlp.down.weight", NULL};
+    const char *const *names = gpt2 ? gpt2_names : llama_names;
+    for (int k = 0; k < LP_FIELDS; k++) {
+        char name[PARAM_NAME];
+        snprintf(name, sizeof name, "layers.%d.%s", l, names[k] ? names[k] : "");
+        g->off[k] = names[k] ? offset_of(t, name) : NO_TENSOR;
+    }
+    params_group_range(t, l, &g->lo, &g->hi);
+    TRD_ASSERT(g->off[2] != NO_TENSOR && g->off[4] != NO_TENSOR && g->off[8] != NO_TENSOR &&
+               g->off[11] != NO_TENSOR && (gpt2 || g->off[10] != NO_TENSOR));
 }
 
-static void lookup_layer(LayerParams *lp, const ParamTable *t, float *base, int l, int gpt2)
+static void outer_offsets(GroupOffsets *g, const ParamTable *t)
 {
-    lp->ln1_w = find_layer(t, base, l, "ln1.weight");
-    lp->ln1_b = find_layer(t, base, l, "ln1.bias");
-    lp->qkv_w = find_layer(t, base, l, "attn.qkv.weight");
-    lp->qkv_b = find_layer(t, base, l, "attn.qkv.bias");
-    lp->attn_proj_w = find_layer(t, base, l, "attn.proj.weight");
-    lp->attn_proj_b = find_layer(t, base, l, "attn.proj.bias");
-    lp->ln2_w = find_layer(t, base, l, "ln2.weight");
-    lp->ln2_b = find_layer(t, base, l, "ln2.bias");
-    lp->fc_w = find_layer(t, base, l, gpt2 ? "mlp.fc.weight" : "mlp.gate.weight");
-    lp->fc_b = find_layer(t, base, l, "mlp.fc.bias");
-    lp->up_w = find_layer(t, base, l, "mlp.up.weight");
-    lp->mlp_proj_w = find_layer(t, base, l, gpt2 ? "mlp.proj.weight" : "mlp.down.weight");
-    lp->mlp_proj_b = find_layer(t, base, l, "mlp.proj.bias");
-    TRD_ASSERT(lp->ln1_w && lp->qkv_w && lp->attn_proj_w && lp->ln2_w && lp->fc_w &&
-               lp->mlp_proj_w && (gpt2 || lp->up_w));
+    static const char *const names[OP_FIELDS] = {"embed.wte.weight", "embed.wpe.weight",
+                                                 "final_norm.weight", "final_norm.bias",
+                                                 "head.weight"};
+    for (int k = 0; k < LP_FIELDS; k++)
+        g->off[k] = k < OP_FIELDS ? offset_of(t, names[k]) : NO_TENSOR;
+    params_group_range(t, PARAMS_OUTER, &g->lo, &g->hi);
 }
 
-static void lookup_outer(OuterParams *op, const ParamTable *t, float *base, int tied)
+/* Point the fields at storage that holds the group's range [lo, hi). */
+static void bind_fields(float **f, int n, const GroupOffsets *g, float *storage)
 {
-    op->wte = find(t, base, "embed.wte.weight");
-    op->wpe = find(t, base, "embed.wpe.weight");
-    op->lnf_w = find(t, base, "final_norm.weight");
-    op->lnf_b = find(t, base, "final_norm.bias");
-    op->head_w = tied ? op->wte : find(t, base, "head.weight");
+    for (int k = 0; k < n; k++)
+        f[k] = g->off[k] == NO_TENSOR ? NULL : storage + (g->off[k] - g->lo);
+}
+
+static void bind_outer(OuterParams *op, const GroupOffsets *g, float *storage, int tied)
+{
+    bind_fields(op->f, OP_FIELDS, g, storage);
+    if (tied)
+        op->head_w = op->wte;   /* the head reads (and adds gradient to) wte */
 }
 
 /* ---- sizes -------------------------------------------------------------- */
@@ -350,7 +380,7 @@ static void check_config(const ModelConfig *mc, int B)
                   mc->heads, mc->kv_heads);
 }
 
-Model *model_create(const Config *cfg, const Backend *be, const ParamShard *sh, int B)
+Model *model_create_unbound(const Config *cfg, const Backend *be, const ParamShard *sh, int B)
 {
     check_config(&cfg->model, B);
     Model *m = trd_calloc(1, sizeof *m, "model");
@@ -362,20 +392,14 @@ Model *model_create(const Config *cfg, const Backend *be, const ParamShard *sh, 
     TRD_ASSERT(m->nl >= 0);
     params_build(&m->table, &m->mc, sh);
 
-    m->params = trd_calloc(m->table.numel, sizeof(float), "parameters");
-    m->grads = trd_calloc(m->table.numel, sizeof(float), "gradients");
-    params_init(&m->table, m->params, cfg->run.seed);
-
     const int gpt2 = m->mc.arch == ARCH_GPT2;
     m->lp = trd_calloc((size_t)m->nl + 1, sizeof(LayerParams), "layer parameter pointers");
     m->lg = trd_calloc((size_t)m->nl + 1, sizeof(LayerParams), "layer gradient pointers");
-    for (int i = 0; i < m->nl; i++) {
-        lookup_layer(&m->lp[i], &m->table, m->params, sh->layer_begin + i, gpt2);
-        lookup_layer(&m->lg[i], &m->table, m->grads, sh->layer_begin + i, gpt2);
-    }
-    lookup_outer(&m->op, &m->table, m->params, m->mc.tie_embeddings);
-    lookup_outer(&m->og, &m->table, m->grads, m->mc.tie_embeddings);
-    if (sh->has_head && !m->op.head_w)
+    m->lo_off = trd_calloc((size_t)m->nl + 1, sizeof(GroupOffsets), "layer offsets");
+    for (int i = 0; i < m->nl; i++)
+        layer_offsets(&m->lo_off[i], &m->table, sh->layer_begin + i, gpt2);
+    outer_offsets(&m->outer_off, &m->table);
+    if (sh->has_head && m->mc.tie_embeddings && m->outer_off.off[0] == NO_TENSOR)
         trd_fatal(TRD_EXIT_INPUT, "use untied embeddings (model.tie_embeddings: false) "
                   "or put the embedding and the head on one pipeline stage",
                   "model: the last stage needs the output embedding, but with tied "
@@ -405,6 +429,38 @@ Model *model_create(const Config *cfg, const Backend *be, const ParamShard *sh, 
     return m;
 }
 
+Model *model_create(const Config *cfg, const Backend *be, const ParamShard *sh, int B)
+{
+    Model *m = model_create_unbound(cfg, be, sh, B);
+    m->params = trd_calloc(m->table.numel, sizeof(float), "parameters");
+    m->grads = trd_calloc(m->table.numel, sizeof(float), "gradients");
+    params_init(&m->table, m->params, cfg->run.seed);
+    model_bind(m, PARAMS_OUTER, m->params, m->grads);
+    for (int l = sh->layer_begin; l < sh->layer_end; l++) {
+        size_t lo = m->lo_off[l - sh->layer_begin].lo;
+        model_bind(m, l, m->params + lo, m->grads + lo);
+    }
+    return m;
+}
+
+void model_bind(Model *m, int group, float *params, float *grads)
+{
+    const int tied = m->mc.tie_embeddings;
+    if (group == PARAMS_OUTER) {
+        if (params)
+            bind_outer(&m->op, &m->outer_off, params, tied);
+        if (grads)
+            bind_outer(&m->og, &m->outer_off, grads, tied);
+        return;
+    }
+    const int i = group - m->sh.layer_begin;
+    TRD_ASSERT(i >= 0 && i < m->nl);
+    if (params)
+        bind_fields(m->lp[i].f, LP_FIELDS, &m->lo_off[i], params);
+    if (grads)
+        bind_fields(m->lg[i].f, LP_FIELDS, &m->lo_off[i], grads);
+}
+
 void model_free(Model *m)
 {
     if (!m)
@@ -414,6 +470,7 @@ void model_free(Model *m)
     free(m->grads);
     free(m->lp);
     free(m->lg);
+    free(m->lo_off);
     free(m->acts);
     free(m->resid);
     free(m->la);
@@ -433,8 +490,8 @@ int model_vocab_padded(const Model *m) { return m->d.Vp; }
 MemoryReport model_memory(const Model *m)
 {
     MemoryReport r = {0};
-    r.params = m->table.numel * sizeof(float);
-    r.grads = m->table.numel * sizeof(float);
+    r.params = m->params ? m->table.numel * sizeof(float) : 0;
+    r.grads = m->grads ? m->table.numel * sizeof(float) : 0;
     r.activations = m->acts_numel * sizeof(float) + 2 * (size_t)m->d.N * sizeof(int32_t);
     r.scratch = m->scratch_numel * sizeof(float);
     return r;
@@ -442,6 +499,7 @@ MemoryReport model_memory(const Model *m)
 
 void model_zero_grad(Model *m)
 {
+    TRD_ASSERT(m->grads);
     memset(m->grads, 0, m->table.numel * sizeof(float));
 }
 

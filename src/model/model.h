@@ -22,9 +22,10 @@
 #include "config/config.h"
 #include "model/params.h"
 
-/* Named byte counts per memory category, for the start-up report. */
+/* Named byte counts per memory category, for the start-up report (bytes
+ * the model itself allocated; buffers bound from outside are not counted). */
 typedef struct {
-    size_t params, grads, master, optimizer, activations, scratch;
+    size_t params, grads, master, optimizer, buffers, activations, scratch;
 } MemoryReport;
 
 typedef struct Model Model;
@@ -33,6 +34,16 @@ typedef struct Model Model;
  * cfg->model.seq_len).  Parameters are initialised from cfg->run.seed. */
 Model *model_create(const Config *cfg, const Backend *be, const ParamShard *sh, int B);
 void model_free(Model *m);
+
+/* The same without parameter and gradient storage (ZeRO owns it): every
+ * group must be bound with model_bind before it runs, and parameters are
+ * not initialised here.  model_param_buffer/model_grad_buffer return NULL. */
+Model *model_create_unbound(const Config *cfg, const Backend *be, const ParamShard *sh, int B);
+
+/* Point a group's tensors (PARAMS_OUTER or a global layer index) at storage
+ * holding the group's flat range [lo, hi) of params_group_range: tensor p is
+ * then at params + (p->offset - lo).  NULL keeps that side's binding. */
+void model_bind(Model *m, int group, float *params, float *grads);
 
 const ParamTable *model_params(const Model *m);
 float *model_param_buffer(Model *m);     /* [params.numel] */

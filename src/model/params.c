@@ -89,6 +89,13 @@ void params_build(ParamTable *t, const ModelConfig *m, const ParamShard *sh)
         if (gpt2)
             add(&b, m->seq_len, C, -1, ROLE_EMBED, -1, INIT_NORMAL, std, "embed.wpe.weight");
     }
+    if (sh->has_head) {
+        add(&b, C, 0, -1, ROLE_HEAD, -1, INIT_ONES, 0, "final_norm.weight");
+        if (gpt2)
+            add(&b, C, 0, -1, ROLE_HEAD, -1, INIT_ZEROS, 0, "final_norm.bias");
+        if (!m->tie_embeddings)
+            add(&b, Vp, C, 0, ROLE_HEAD, -1, INIT_NORMAL, std, "head.weight");
+    }
     for (int l = sh->layer_begin; l < sh->layer_end; l++) {
         add(&b, C, 0, -1, ROLE_BLOCK, l, INIT_ONES, 0, "layers.%d.ln1.weight", l);
         if (gpt2)
@@ -113,13 +120,6 @@ void params_build(ParamTable *t, const ModelConfig *m, const ParamShard *sh)
             add(&b, C, F, 1, ROLE_BLOCK, l, INIT_NORMAL, std_out, "layers.%d.mlp.down.weight", l);
         }
     }
-    if (sh->has_head) {
-        add(&b, C, 0, -1, ROLE_HEAD, -1, INIT_ONES, 0, "final_norm.weight");
-        if (gpt2)
-            add(&b, C, 0, -1, ROLE_HEAD, -1, INIT_ZEROS, 0, "final_norm.bias");
-        if (!m->tie_embeddings)
-            add(&b, Vp, C, 0, ROLE_HEAD, -1, INIT_NORMAL, std, "head.weight");
-    }
 }
 
 void params_free(ParamTable *t)
@@ -138,27 +138,52 @@ const ParamSpec *params_find(const ParamTable *t, const char *name)
 
 void params_init(const ParamTable *t, float *buf, uint64_t seed)
 {
+    params_init_range(t, buf, seed, 0, t->numel);
+}
+
+void params_init_range(const ParamTable *t, float *buf, uint64_t seed, size_t lo, size_t hi)
+{
     for (int i = 0; i < t->n; i++) {
         const ParamSpec *p = &t->p[i];
-        float *w = buf + p->offset;
+        const size_t a = p->offset > lo ? p->offset : lo;
+        const size_t b = p->offset + p->numel < hi ? p->offset + p->numel : hi;
+        if (a >= b)
+            continue;
+        float *w = buf + (a - lo);
         if (p->init != INIT_NORMAL) {
             float v = p->init == INIT_ONES ? 1.0f : 0.0f;
-            for (size_t k = 0; k < p->numel; k++)
+            for (size_t k = 0; k < b - a; k++)
                 w[k] = v;
             continue;
         }
         /* The key depends on the name, never on the shard: a shard draws
          * exactly the values the unsplit tensor has at its coordinates. */
         const uint64_t key = rng_mix(seed, rng_hash_str(p->name));
-        const int64_t cols = p->shape[1], lrows = p->local_shape[0], lcols = p->local_shape[1];
+        const int64_t cols = p->shape[1], lcols = p->local_shape[1];
+        const int64_t first = (int64_t)(a - p->offset), count = (int64_t)(b - a);
 #pragma omp parallel for schedule(static)
-        for (int64_t r = 0; r < lrows; r++) {
+        for (int64_t k = 0; k < count; k++) {
+            const int64_t r = (first + k) / lcols, c = (first + k) % lcols;
             const uint64_t grow = (uint64_t)(p->local_start[0] + r);
-            for (int64_t c = 0; c < lcols; c++) {
-                const uint64_t gidx = grow * (uint64_t)cols + (uint64_t)(p->local_start[1] + c);
-                w[r * lcols + c] = p->std * rng_normal(key, gidx);
-            }
+            const uint64_t gidx = grow * (uint64_t)cols + (uint64_t)(p->local_start[1] + c);
+            w[k] = p->std * rng_normal(key, gidx);
         }
+    }
+}
+
+void params_group_range(const ParamTable *t, int group, size_t *lo, size_t *hi)
+{
+    *lo = *hi = 0;
+    int found = 0;
+    for (int i = 0; i < t->n; i++) {
+        const ParamSpec *p = &t->p[i];
+        int in = group == PARAMS_OUTER ? p->role != ROLE_BLOCK : p->layer == group;
+        if (!in)
+            continue;
+        if (!found)
+            *lo = p->offset;
+        found = 1;
+        *hi = p->offset + p->numel;
     }
 }
 

@@ -6,9 +6,11 @@
  * offsets in the flat buffers, gradient buckets, optimizer shards and
  * checkpoint hyperslabs are all derived from this table (DESIGN.md).
  *
- * Order in the flat buffer: embeddings, then layer 0..L-1 (each layer
- * contiguous), then the final norm and the head.  Backward produces gradients
- * in the reverse of this order, which is what gradient buckets want. */
+ * Order in the flat buffer: the "outer" tensors first (embeddings, final
+ * norm, head), then layer 0..L-1, each layer contiguous.  Backward finishes
+ * layers last to first and the outer tensors at the very end (a tied
+ * embedding gets its last gradient from the embedding backward), so the
+ * buffer's tail is ready first: what gradient buckets and ZeRO want. */
 #ifndef TRD_PARAMS_H
 #define TRD_PARAMS_H
 
@@ -64,12 +66,21 @@ int params_padded_vocab(const ModelConfig *m, int tp);
 void params_build(ParamTable *t, const ModelConfig *m, const ParamShard *sh);
 void params_free(ParamTable *t);
 
+/* Groups of the flat buffer that are gathered, bound and reduced together:
+ * PARAMS_OUTER (embeddings, final norm, head) or a global layer index. */
+#define PARAMS_OUTER (-1)
+/* Flat range [lo, hi) of a group on this rank (empty when not held). */
+void params_group_range(const ParamTable *t, int group, size_t *lo, size_t *hi);
+
 /* Find a parameter by name (NULL when this rank does not hold it). */
 const ParamSpec *params_find(const ParamTable *t, const char *name);
 
 /* Initialise this rank's piece: element (r, c) of the global tensor gets a
  * value that is a pure function of (seed, name, r*cols + c). */
 void params_init(const ParamTable *t, float *buf, uint64_t seed);
+/* The same for the flat range [lo, hi) only, written to buf[0 .. hi-lo)
+ * (a ZeRO-3 shard initialises just what it owns). */
+void params_init_range(const ParamTable *t, float *buf, uint64_t seed, size_t lo, size_t hi);
 
 /* Parameters of the whole model that actually carry information (padding
  * rows excluded), for reporting and FLOP counts. */

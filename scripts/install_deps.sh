@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Install the Debian 12 packages trident needs, only those missing.
+# Runs as root, or through sudo when it is there.
+set -euo pipefail
+pkgs=(build-essential pkg-config meson ninja-build libyaml-dev mpich libmpich-dev
+      libhdf5-mpich-dev libopenblas-dev nodejs npm python3 git ca-certificates)
+missing=()
+for p in "${pkgs[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -eq 0 ]; then
+    echo "install_deps: all packages present"
+    exit 0
+fi
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then
+    command -v sudo >/dev/null || { echo "install_deps: need root or sudo to install: ${missing[*]}" >&2; exit 1; }
+    SUDO=sudo
+fi
+echo "install_deps: installing ${missing[*]}"
+$SUDO apt-get update -qq
+DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+echo "install_deps: done"

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# The test command: install what is missing, build (warnings are errors),
+# fetch the corpus and the reference tokenizer, run every test, then the
+# unit tests again under AddressSanitizer + UndefinedBehaviorSanitizer.
+# Ends with one line "N passed, N failed"; exit status 0 only if none failed.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+scripts/install_deps.sh || exit 1
+BUILD_DIR=build scripts/build.sh -Dwerror=true || exit 1
+BUILD_DIR=build-sanitize scripts/build.sh -Dwerror=true -Dbuildtype=debug -Doptimization=1 \
+    -Db_sanitize=address,undefined -Db_lundef=false || exit 1
+TRIDENT=build/trident scripts/get_corpus.sh || exit 1
+
+passed=0 failed=0
+count() { # meson test log dir
+    local json=$1/meson-logs/testlog.json p f
+    p=$(grep -c '"result": "OK"' "$json" 2>/dev/null || true)
+    f=$(grep -c '"result": "\(FAIL\|TIMEOUT\|ERROR\|UNEXPECTEDPASS\)"' "$json" 2>/dev/null || true)
+    s=$(grep -c '"result": "SKIP"' "$json" 2>/dev/null || true)
+    passed=$((passed + p)); failed=$((failed + f + s))  # a skipped test is not a pass
+}
+meson test -C build --print-errorlogs --num-processes 1 ${TEST_ARGS:-}
+count build
+ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
+    meson test -C build-sanitize --suite unit --print-errorlogs --num-processes 1 ${TEST_ARGS:-}
+count build-sanitize
+echo "$passed passed, $failed failed"
+[ "$failed" -eq 0 ] && [ "$passed" -gt 0 ]

@@ -1,0 +1,51 @@
+#include "train/metrics.h"
+
+#include <errno.h>
+#include <string.h>
+
+#include "core/error.h"
+
+void metrics_open(Metrics *m, const char *dir, int steps, int log_every)
+{
+    char path[1024];
+    snprintf(path, sizeof path, "%s/metrics.jsonl", dir);
+    m->jsonl = fopen(path, "w");
+    if (!m->jsonl)
+        trd_fatal(TRD_EXIT_RUNTIME, "check that run.dir is writable", "cannot open %s: %s", path,
+                  strerror(errno));
+    m->steps = steps;
+    m->log_every = log_every;
+}
+
+void metrics_record(Metrics *m, const StepMetrics *s)
+{
+    fprintf(m->jsonl,
+            "{\"step\": %d, \"loss\": %.7g, \"lr\": %.6g, \"grad_norm\": %.6g, \"tokens\": %lld, "
+            "\"step_ms\": %.3f, \"tokens_per_s\": %.1f, \"mfu\": %.4f, \"comm_ms\": %.3f, "
+            "\"comm_bytes\": %llu",
+            s->step, s->loss, s->lr, s->grad_norm, s->tokens, s->step_ms, s->tokens_per_s, s->mfu,
+            s->comm_ms, s->comm_bytes);
+    if (s->val_loss >= 0)
+        fprintf(m->jsonl, ", \"val_loss\": %.7g", s->val_loss);
+    if (s->extra)
+        fprintf(m->jsonl, ", %s", s->extra);
+    fputs("}\n", m->jsonl);
+    fflush(m->jsonl);
+
+    if (s->step % m->log_every == 0 || s->step == 1 || s->step == m->steps || s->val_loss >= 0) {
+        printf("step %5d/%d | loss %.4f | lr %.2e | norm %.3f | %.1f ms | %.0f tok/s | mfu %.1f%%",
+               s->step, m->steps, s->loss, s->lr, s->grad_norm, s->step_ms, s->tokens_per_s,
+               100.0 * s->mfu);
+        if (s->val_loss >= 0)
+            printf(" | val %.4f", s->val_loss);
+        putchar('\n');
+        fflush(stdout);
+    }
+}
+
+void metrics_close(Metrics *m)
+{
+    if (m->jsonl)
+        fclose(m->jsonl);
+    m->jsonl = NULL;
+}

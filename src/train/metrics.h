@@ -1,0 +1,29 @@
+/* metrics.h — what a run reports: <run.dir>/metrics.jsonl (one JSON object
+ * per step, rank 0) and a readable log line every run.log_every steps. */
+#ifndef TRD_METRICS_H
+#define TRD_METRICS_H
+
+#include <stdio.h>
+
+typedef struct {
+    int step;              /* 1-based: optimizer steps completed */
+    double loss, lr, grad_norm;
+    long long tokens;      /* tokens trained on so far */
+    double step_ms, tokens_per_s, mfu;
+    double comm_ms;        /* exposed (not overlapped) DP communication */
+    unsigned long long comm_bytes; /* payload bytes this rank handed to DP collectives */
+    double val_loss;       /* < 0: not computed this step */
+    const char *extra;     /* NULL, or more JSON members ("\"k\": v, ...") */
+} StepMetrics;
+
+typedef struct {
+    FILE *jsonl;
+    int steps, log_every;
+} Metrics;
+
+/* Opens (truncates) <dir>/metrics.jsonl; exits with a message on failure. */
+void metrics_open(Metrics *m, const char *dir, int steps, int log_every);
+void metrics_record(Metrics *m, const StepMetrics *s);
+void metrics_close(Metrics *m);
+
+#endif

@@ -1,0 +1,474 @@
+#include "train/train.h"
+
+#include <cblas.h>
+#include <errno.h>
+#include <math.h>
+#include <omp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "backend/backend.h"
+#include "comm/comm.h"
+#include "config/config.h"
+#include "core/error.h"
+#include "data/dataset.h"
+#include "data/sampler.h"
+#include "model/model.h"
+#include "model/params.h"
+#include "train/metrics.h"
+#include "topology/topology.h"
+#include "train/schedule.h"
+#include "zero/zero.h"
+
+#define MAX_SETS 64
+
+typedef struct {
+    const char *config_path;
+    const char *sets[MAX_SETS];
+    int n_sets;
+    int world_override; /* run: -n */
+} Args;
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static void usage_train(FILE *f)
+{
+    fprintf(f,
+            "usage: trident train CONFIG [--set key.path=value ...]\n"
+            "       mpiexec -n N trident train CONFIG ...\n\n"
+            "Trains the model described by the YAML CONFIG (see docs/config.md).\n"
+            "  --set key.path=value   override one config key (repeatable),\n"
+            "                         e.g. --set training.steps=100 --set model.arch=llama\n"
+            "Writes <run.dir>/metrics.jsonl and <run.dir>/config.yaml.\n"
+            "Exit codes: 0 success, 2 bad input, 1 runtime failure.\n");
+}
+
+static void usage_run(FILE *f)
+{
+    fprintf(f,
+            "usage: trident run CONFIG [-n WORLD] [--set key.path=value ...]\n\n"
+            "Launches `mpiexec -n WORLD trident train CONFIG ...` on this machine.\n"
+            "WORLD defaults to topology.tp * topology.pp * topology.dp of the config\n"
+            "(dp must then be a number, not auto).\n");
+}
+
+/* Returns 0, 1 for --help, or exits 2 on bad arguments. */
+static int parse_args(int argc, char **argv, Args *a, int allow_n, void (*usage)(FILE *))
+{
+    memset(a, 0, sizeof *a);
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+            usage(stdout);
+            return 1;
+        } else if (!strcmp(argv[i], "--set") && i + 1 < argc) {
+            if (a->n_sets == MAX_SETS)
+                trd_fatal(TRD_EXIT_INPUT, NULL, "more than %d --set options", MAX_SETS);
+            a->sets[a->n_sets++] = argv[++i];
+        } else if (!strncmp(argv[i], "--set=", 6)) {
+            if (a->n_sets == MAX_SETS)
+                trd_fatal(TRD_EXIT_INPUT, NULL, "more than %d --set options", MAX_SETS);
+            a->sets[a->n_sets++] = argv[i] + 6;
+        } else if (allow_n && !strcmp(argv[i], "-n") && i + 1 < argc) {
+            a->world_override = atoi(argv[++i]);
+            if (a->world_override < 1)
+                trd_fatal(TRD_EXIT_INPUT, NULL, "-n needs a positive rank count, got '%s'",
+                          argv[i]);
+        } else if (argv[i][0] == '-' || a->config_path) {
+            usage(stderr);
+            trd_fatal(TRD_EXIT_INPUT, NULL, "unexpected argument '%s'", argv[i]);
+        } else {
+            a->config_path = argv[i];
+        }
+    }
+    if (!a->config_path) {
+        usage(stderr);
+        trd_fatal(TRD_EXIT_INPUT, NULL, "missing CONFIG");
+    }
+    return 0;
+}
+
+/* Load, override and validate; on bad input every rank exits 2 (they all
+ * read the same file, so they all fail the same way) and rank 0 says why. */
+static void load_config(Config *cfg, const Args *a, int world, int rank)
+{
+    char err[CFG_ERR];
+    int rc = config_load(cfg, a->config_path, err);
+    for (int i = 0; rc == 0 && i < a->n_sets; i++)
+        rc = config_set(cfg, a->sets[i], err);
+    if (rc == 0)
+        rc = config_validate(cfg, world, err);
+    if (rc == 0)
+        return;
+    if (rank == 0)
+        fprintf(stderr, "trident: error: %s\n", err);
+    comm_finalize();
+    exit(TRD_EXIT_INPUT);
+}
+
+static void mkdir_p(const char *path)
+{
+    char buf[CFG_STR + 16];
+    snprintf(buf, sizeof buf, "%s", path);
+    for (char *p = buf + 1; *p; p++) {
+        if (*p != '/')
+            continue;
+        *p = '\0';
+        mkdir(buf, 0755);
+        *p = '/';
+    }
+    if (mkdir(buf, 0755) != 0 && errno != EEXIST)
+        trd_fatal(TRD_EXIT_RUNTIME, "check run.dir", "cannot create directory %s: %s", path,
+                  strerror(errno));
+}
+
+double train_cpu_peak_flops(void)
+{
+    const int n = 1024;
+    float *a = trd_malloc((size_t)n * n * sizeof(float), "peak probe");
+    float *b = trd_malloc((size_t)n * n * sizeof(float), "peak probe");
+    float *c = trd_malloc((size_t)n * n * sizeof(float), "peak probe");
+    for (size_t i = 0; i < (size_t)n * n; i++) {
+        a[i] = (float)(i % 7) * 0.1f;
+        b[i] = (float)(i % 5) * 0.1f;
+    }
+    /* The backend runs BLAS single-threaded inside its own OpenMP split;
+     * the machine's limit is BLAS on every thread this rank has. */
+    const int blas_threads = openblas_get_num_threads();
+    openblas_set_num_threads(omp_get_max_threads());
+    double best = 1e30;
+    for (int rep = 0; rep < 4; rep++) {
+        double t0 = now_s();
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, n, n, 1.0f, a, n, b, n, 0.0f, c,
+                    n);
+        double dt = now_s() - t0;
+        if (rep > 0 && dt < best) /* the first call warms up the thread pool */
+            best = dt;
+    }
+    openblas_set_num_threads(blas_threads);
+    free(a);
+    free(b);
+    free(c);
+    return 2.0 * n * n * (double)n / best;
+}
+
+/* The training state one rank works on. */
+typedef struct {
+    const Config *cfg;
+    const Backend *be;
+    Topology topo;
+    TopologyComms comms;
+    Zero *zero;
+    TokenDataset train_data, val_data;
+    Sampler train_sampler, val_sampler;
+    int has_val;
+    int32_t *tokens, *targets; /* one micro-batch [B*T] */
+    int dp, dp_rank, n_micro;
+} Trainer;
+
+static void open_data(TokenDataset *ds, Sampler *s, const Config *cfg, const char *path)
+{
+    char err[CFG_ERR];
+    if (dataset_open(ds, path, cfg->data.format, err) != 0 ||
+        sampler_init(s, ds, cfg->model.seq_len, cfg->run.seed, err) != 0)
+        trd_fatal(TRD_EXIT_INPUT, "make a dataset with `trident prepare-data` (see README)", "%s",
+                  err);
+}
+
+/* Fill the micro-batch buffers with the sequences at global stream
+ * positions first, first+1, ... (B of them). */
+static void read_batch(Trainer *tr, const Sampler *s, const TokenDataset *ds, uint64_t first)
+{
+    const int B = tr->cfg->training.micro_batch, T = tr->cfg->model.seq_len;
+    char err[CFG_ERR];
+    for (int b = 0; b < B; b++)
+        if (sampler_read(s, ds, first + (uint64_t)b, tr->cfg->model.vocab, tr->tokens + b * T,
+                         tr->targets + b * T, err) != 0)
+            trd_fatal(TRD_EXIT_INPUT, "check that model.vocab matches the tokenizer of the data",
+                      "%s", err);
+}
+
+/* One optimizer step; returns the mean loss over the global batch. */
+static double train_step(Trainer *tr, int step, double *grad_norm, float *lr)
+{
+    const Config *cfg = tr->cfg;
+    const int B = cfg->training.micro_batch;
+    /* Pre-scaled so that the sum over DP ranks of the accumulated gradients
+     * is the mean over the global batch. */
+    const float loss_scale = 1.0f / (float)(tr->n_micro * tr->dp);
+
+    zero_begin_step(tr->zero);
+    double loss = 0;
+    for (int j = 0; j < tr->n_micro; j++) {
+        /* The global batch is positions [step*GB, (step+1)*GB) of the sample
+         * stream whatever the topology; micro-step j of DP rank d takes its
+         * B consecutive positions from there. */
+        uint64_t first = (uint64_t)step * (uint64_t)cfg->training.global_batch +
+                         (uint64_t)(j * tr->dp + tr->dp_rank) * (uint64_t)B;
+        read_batch(tr, &tr->train_sampler, &tr->train_data, first);
+        loss += zero_forward_backward(tr->zero, tr->tokens, tr->targets, loss_scale,
+                                      j == tr->n_micro - 1);
+    }
+    zero_finish_grads(tr->zero);
+    loss /= tr->n_micro * tr->dp;
+    comm_allreduce_f64(&tr->comms.dp, &loss, 1);
+    if (!isfinite(loss))
+        trd_fatal(TRD_EXIT_RUNTIME, "lower training.lr, raise warmup_steps, or set grad_clip",
+                  "loss is %g at step %d", loss, step + 1);
+
+    *grad_norm = sqrt(zero_grad_sumsq(tr->zero));
+    const float clip = cfg->training.grad_clip;
+    if (clip > 0 && *grad_norm > clip)
+        zero_scale_grads(tr->zero, clip / (float)(*grad_norm + 1e-6));
+
+    *lr = schedule_lr(&cfg->training, step);
+    zero_optimizer_step(tr->zero, *lr, &cfg->training);
+    return loss;
+}
+
+/* The mean loss over val_batches micro-batches per DP rank: a fixed set,
+ * the first val_batches*B*dp positions of the validation stream. */
+static double validate(Trainer *tr)
+{
+    const int B = tr->cfg->training.micro_batch;
+    double sum = 0;
+    for (int j = 0; j < tr->cfg->data.val_batches; j++) {
+        uint64_t first = (uint64_t)(j * tr->dp + tr->dp_rank) * (uint64_t)B;
+        read_batch(tr, &tr->val_sampler, &tr->val_data, first);
+        sum += zero_forward(tr->zero, tr->tokens, tr->targets);
+    }
+    sum /= tr->cfg->data.val_batches * tr->dp;
+    comm_allreduce_f64(&tr->comms.dp, &sum, 1);
+    return sum;
+}
+
+static MemoryReport memory_report(const Trainer *tr)
+{
+    MemoryReport mem = model_memory(zero_model(tr->zero));
+    ZeroMemory zm = zero_memory(tr->zero);
+    mem.params = zm.params;
+    mem.grads = zm.grads;
+    mem.optimizer = zm.optimizer;
+    mem.buffers = zm.buffers;
+    return mem;
+}
+
+static void print_start(const Trainer *tr, double peak)
+{
+    const Config *cfg = tr->cfg;
+    const ModelConfig *mc = &cfg->model;
+    MemoryReport mem = memory_report(tr);
+    char err[CFG_ERR];
+    printf("trident: %s %s | layers %d hidden %d heads %d kv_heads %d ffn %d vocab %d (padded %d) "
+           "seq %d\n",
+           cfg->run.name, config_arch_name(mc->arch), mc->layers, mc->hidden, mc->heads,
+           mc->kv_heads, mc->ffn_hidden, mc->vocab, params_padded_vocab(mc, cfg->topology.tp),
+           mc->seq_len);
+    if (topology_print_map(stdout, &cfg->topology, tr->topo.world, tr->topo.ranks_per_node,
+                           TOPO_MAP_SUMMARY, err) != 0)
+        trd_fatal(TRD_EXIT_INPUT, NULL, "%s", err);
+    printf("parameters: %zu (%.2f M)\n", params_count_real(mc), 1e-6 * (double)params_count_real(mc));
+    printf("memory per rank (MiB): params %.1f | grads %.1f | optimizer %.1f | zero buffers %.1f "
+           "| activations %.1f | scratch %.1f\n",
+           trd_mib(mem.params), trd_mib(mem.grads), trd_mib(mem.optimizer), trd_mib(mem.buffers),
+           trd_mib(mem.activations), trd_mib(mem.scratch));
+    printf("batch: global %d sequences = %d micro-steps x micro_batch %d x dp %d | %d tokens/step "
+           "| zero %d\n",
+           cfg->training.global_batch, tr->n_micro, cfg->training.micro_batch, tr->dp,
+           cfg->training.global_batch * mc->seq_len, cfg->topology.zero);
+    printf("backend: cpu (%d OpenMP threads per rank), BLAS SGEMM peak %.1f GFLOP/s | precision %s\n",
+           omp_get_max_threads(), 1e-9 * peak, config_precision_name(cfg->training.precision));
+    printf("data: %s (%llu tokens, %llu samples/epoch)%s%s\n", cfg->data.path,
+           (unsigned long long)tr->train_data.n_tokens,
+           (unsigned long long)tr->train_sampler.n_samples, tr->has_val ? " | val: " : "",
+           tr->has_val ? cfg->data.val_path : "");
+    fflush(stdout);
+}
+
+static void memory_json(const Trainer *tr, char *buf, size_t cap)
+{
+    MemoryReport mem = memory_report(tr);
+    snprintf(buf, cap,
+             "\"memory_bytes\": {\"params\": %zu, \"grads\": %zu, \"optimizer\": %zu, "
+             "\"zero_buffers\": %zu, \"activations\": %zu, \"scratch\": %zu}",
+             mem.params, mem.grads, mem.optimizer, mem.buffers, mem.activations, mem.scratch);
+}
+
+/* TRIDENT_DUMP_WEIGHTS=FILE: rank 0 writes the final flat parameter buffer
+ * (fp32, table order) — a testing aid for comparing layouts until
+ * checkpoints exist. */
+static void dump_weights(Trainer *tr)
+{
+    const char *path = getenv("TRIDENT_DUMP_WEIGHTS");
+    if (!path || !*path)
+        return;
+    const ParamTable *pt = model_params(zero_model(tr->zero));
+    float *buf = trd_malloc(pt->numel * sizeof(float), "weight dump");
+    zero_gather_params(tr->zero, buf);
+    if (tr->topo.rank == 0) {
+        FILE *f = fopen(path, "wb");
+        if (!f || fwrite(buf, sizeof(float), pt->numel, f) != pt->numel || fclose(f) != 0)
+            trd_fatal(TRD_EXIT_RUNTIME, NULL, "cannot write %s: %s", path, strerror(errno));
+    }
+    free(buf);
+}
+
+/* Ranks sharing a machine split its cores, unless OMP_NUM_THREADS says
+ * otherwise: oversubscribed OpenMP and BLAS threads crawl. */
+static void set_threads(Comm world)
+{
+    MPI_Comm local;
+    int local_size = 1;
+    MPI_Comm_split_type(world.mpi, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &local);
+    MPI_Comm_size(local, &local_size);
+    MPI_Comm_free(&local);
+    int threads = omp_get_num_procs() / local_size;
+    if (threads < 1)
+        threads = 1;
+    if (!getenv("OMP_NUM_THREADS"))
+        omp_set_num_threads(threads);
+}
+
+static int train(const Config *cfg, Comm world)
+{
+    Trainer tr = {.cfg = cfg, .be = backend_cpu()};
+    if (cfg->backend == BACKEND_CUDA)
+        trd_fatal(TRD_EXIT_INPUT, "set backend: cpu",
+                  "backend cuda: this build has no CUDA backend yet (issue 8)");
+    if (cfg->topology.tp > 1 || cfg->topology.pp > 1)
+        trd_fatal(TRD_EXIT_INPUT, "use topology.tp: 1 and topology.pp: 1 (data parallelism works)",
+                  "tensor parallelism (issue 4) and pipeline parallelism (issue 5) are not "
+                  "implemented yet");
+    topology_init(&tr.topo, &tr.comms, cfg, world);
+    set_threads(world);
+    const int rank0 = tr.topo.rank == 0;
+    tr.dp = tr.comms.dp.size;
+    tr.dp_rank = tr.comms.dp.rank;
+    tr.n_micro = cfg->training.global_batch / (cfg->training.micro_batch * tr.dp);
+
+    open_data(&tr.train_data, &tr.train_sampler, cfg, cfg->data.path);
+    tr.has_val = cfg->data.val_path[0] != '\0';
+    if (tr.has_val)
+        open_data(&tr.val_data, &tr.val_sampler, cfg, cfg->data.val_path);
+
+    ParamShard shard = params_full_shard(&cfg->model);
+    tr.zero = zero_create(cfg, tr.be, &shard, &tr.comms.dp);
+    const size_t BT = (size_t)cfg->training.micro_batch * (size_t)cfg->model.seq_len;
+    tr.tokens = trd_malloc(BT * sizeof(int32_t), "token batch");
+    tr.targets = trd_malloc(BT * sizeof(int32_t), "target batch");
+
+    /* Every rank probes, so they share the machine the same way as in
+     * training; rank 0's figure is the one reported. */
+    const double peak = train_cpu_peak_flops() * world.size;
+    const double flops_per_token = model_flops_per_token(&cfg->model);
+    const long long tokens_per_step = (long long)cfg->training.global_batch * cfg->model.seq_len;
+
+    Metrics metrics = {0};
+    char memory[512];
+    if (rank0) {
+        mkdir_p(cfg->run.dir);
+        char path[CFG_STR + 32], err[CFG_ERR];
+        snprintf(path, sizeof path, "%s/config.yaml", cfg->run.dir);
+        if (config_write_yaml(cfg, path, err) != 0)
+            trd_fatal(TRD_EXIT_RUNTIME, "check that run.dir is writable", "%s", err);
+        print_start(&tr, peak / world.size);
+        metrics_open(&metrics, cfg->run.dir, cfg->training.steps, cfg->run.log_every);
+    }
+    memory_json(&tr, memory, sizeof memory);
+    for (int step = 0; step < cfg->training.steps; step++) {
+        double t0 = now_s(), grad_norm;
+        float lr;
+        double loss = train_step(&tr, step, &grad_norm, &lr);
+        double dt = now_s() - t0;
+        ZeroStats zs = zero_take_stats(tr.zero);
+
+        StepMetrics s = {.step = step + 1, .loss = loss, .lr = lr, .grad_norm = grad_norm,
+                         .tokens = (long long)(step + 1) * tokens_per_step,
+                         .step_ms = 1e3 * dt, .tokens_per_s = (double)tokens_per_step / dt,
+                         .mfu = flops_per_token * (double)tokens_per_step / dt / peak,
+                         .comm_ms = 1e3 * zs.exposed_comm_s, .comm_bytes = zs.bytes,
+                         .val_loss = -1, .extra = step == 0 ? memory : NULL};
+        int last = step + 1 == cfg->training.steps;
+        int every = cfg->data.val_every > 0 && (step + 1) % cfg->data.val_every == 0;
+        if (tr.has_val && (last || every))
+            s.val_loss = validate(&tr);
+        if (rank0)
+            metrics_record(&metrics, &s);
+    }
+    dump_weights(&tr);
+    if (rank0)
+        metrics_close(&metrics);
+
+    free(tr.tokens);
+    free(tr.targets);
+    zero_free(tr.zero);
+    dataset_close(&tr.train_data);
+    if (tr.has_val)
+        dataset_close(&tr.val_data);
+    topology_comms_free(&tr.comms);
+    return TRD_EXIT_OK;
+}
+
+int train_main(int argc, char **argv)
+{
+    Args a;
+    if (parse_args(argc, argv, &a, 0, usage_train))
+        return TRD_EXIT_OK;
+    comm_init(&argc, &argv);
+    Comm world = comm_world();
+    Config cfg;
+    load_config(&cfg, &a, world.size, world.rank);
+    int rc = train(&cfg, world);
+    comm_finalize();
+    return rc;
+}
+
+int run_main(int argc, char **argv)
+{
+    Args a;
+    if (parse_args(argc, argv, &a, 1, usage_run))
+        return TRD_EXIT_OK;
+    Config cfg;
+    load_config(&cfg, &a, 0, 0);
+    int world = a.world_override;
+    if (!world) {
+        if (cfg.topology.dp == 0)
+            trd_fatal(TRD_EXIT_INPUT, "pass -n WORLD or set topology.dp to a number",
+                      "topology.dp is auto, so the world size is unknown");
+        world = cfg.topology.tp * cfg.topology.pp * cfg.topology.dp;
+    }
+    char self[4096];
+    ssize_t len = readlink("/proc/self/exe", self, sizeof self - 1);
+    if (len <= 0)
+        trd_fatal(TRD_EXIT_RUNTIME, NULL, "cannot find the trident binary: %s", strerror(errno));
+    self[len] = '\0';
+
+    char n[16];
+    snprintf(n, sizeof n, "%d", world);
+    char *args[8 + 2 * MAX_SETS];
+    int k = 0;
+    args[k++] = "mpiexec";
+    args[k++] = "-n";
+    args[k++] = n;
+    args[k++] = self;
+    args[k++] = "train";
+    args[k++] = (char *)a.config_path;
+    for (int i = 0; i < a.n_sets; i++) {
+        args[k++] = "--set";
+        args[k++] = (char *)a.sets[i];
+    }
+    args[k] = NULL;
+    printf("trident run: mpiexec -n %s %s train %s ...\n", n, self, a.config_path);
+    fflush(stdout);
+    execvp("mpiexec", args);
+    trd_fatal(TRD_EXIT_RUNTIME, "install MPICH (apt-get install mpich)", "cannot run mpiexec: %s",
+              strerror(errno));
+}

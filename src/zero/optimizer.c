@@ -1,0 +1,60 @@
+#include "zero/optimizer.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/error.h"
+
+void optimizer_init(Optimizer *o, const ParamTable *t, const Backend *be, float *params,
+                    size_t begin, size_t end, Precision precision)
+{
+    memset(o, 0, sizeof *o);
+    o->table = t;
+    o->be = be;
+    o->begin = begin;
+    o->end = end;
+    o->bf16 = precision == PREC_BF16;
+    size_t n = end - begin;
+    o->m = trd_calloc(n, sizeof(float), "Adam first moment");
+    o->v = trd_calloc(n, sizeof(float), "Adam second moment");
+    if (o->bf16) {
+        o->master = trd_malloc(n * sizeof(float), "fp32 master weights");
+        memcpy(o->master, params, n * sizeof(float));
+        for (size_t i = 0; i < n; i++)
+            params[i] = bf16_round(params[i]);
+    }
+}
+
+void optimizer_free(Optimizer *o)
+{
+    free(o->m);
+    free(o->v);
+    free(o->master);
+    memset(o, 0, sizeof *o);
+}
+
+void optimizer_step(Optimizer *o, float *params, const float *grads, float lr,
+                    const TrainingConfig *tc)
+{
+    o->t++;
+    /* One call per tensor (or the part of it in our range): weight decay is
+     * a per-tensor property. */
+    for (int i = 0; i < o->table->n; i++) {
+        const ParamSpec *p = &o->table->p[i];
+        size_t lo = p->offset > o->begin ? p->offset : o->begin;
+        size_t hi = p->offset + p->numel < o->end ? p->offset + p->numel : o->end;
+        if (lo >= hi)
+            continue;
+        size_t s = lo - o->begin;
+        float *master = o->master ? o->master + s : params + s;
+        o->be->adamw(params + s, master, grads + s, o->m + s, o->v + s, hi - lo, lr,
+                     tc->beta1, tc->beta2, tc->eps, p->decay ? tc->weight_decay : 0.0f, o->t,
+                     o->bf16);
+    }
+}
+
+size_t optimizer_bytes(const Optimizer *o)
+{
+    size_t n = o->end - o->begin;
+    return n * sizeof(float) * (o->master ? 3 : 2);
+}

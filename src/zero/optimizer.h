@@ -1,0 +1,43 @@
+/* optimizer.h — AdamW over the flat parameter buffer, per-tensor decay.
+ *
+ * The optimizer owns a flat range [begin, end) of the parameter buffer: the
+ * whole buffer without ZeRO, this rank's shard with it (the range comes from
+ * the parameter table; sharding lands with the ZeRO issue).  State is fp32:
+ * Adam first and second moments, and fp32 master weights when the model's
+ * weights are bf16 (training.precision: bf16). */
+#ifndef TRD_OPTIMIZER_H
+#define TRD_OPTIMIZER_H
+
+#include <stddef.h>
+
+#include "backend/backend.h"
+#include "config/config.h"
+#include "model/params.h"
+
+typedef struct {
+    const ParamTable *table;
+    const Backend *be;
+    size_t begin, end;   /* owned flat range */
+    float *master;       /* fp32 master weights [end-begin], or NULL (fp32: params are master) */
+    float *m, *v;        /* Adam moments [end-begin] */
+    int bf16;            /* params are bf16-rounded copies of master */
+    int t;               /* optimizer steps taken (bias correction) */
+} Optimizer;
+
+/* Allocate state for the owned flat range [begin, end).  `params` holds
+ * that range (params[0] is flat element `begin`).  With bf16, copies params
+ * into master and rounds params to bf16 so the first forward already sees
+ * bf16 weights. */
+void optimizer_init(Optimizer *o, const ParamTable *t, const Backend *be, float *params,
+                    size_t begin, size_t end, Precision precision);
+void optimizer_free(Optimizer *o);
+
+/* One AdamW step at learning rate lr: decay only on tensors whose
+ * ParamSpec.decay is set (matrices; not norms or biases).  params and grads
+ * hold the owned range, as in optimizer_init. */
+void optimizer_step(Optimizer *o, float *params, const float *grads, float lr,
+                    const TrainingConfig *tc);
+
+size_t optimizer_bytes(const Optimizer *o);
+
+#endif

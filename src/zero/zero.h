@@ -1,0 +1,83 @@
+/* zero.h — data parallelism and ZeRO sharding over the DP group.
+ *
+ * The flat parameter buffer of a rank (P elements: its TP/PP piece of the
+ * model) is sharded in blocks of S = ceil(P / dp) elements: DP rank r owns
+ * [r*S, (r+1)*S) ∩ [0, P).  No padding is stored: the last ranks' parts are
+ * just shorter.  What each stage keeps (P = parameters, N = dp):
+ *
+ *   stage  params      grads                      optimizer (m, v [, master])
+ *   0      P           P, all-reduced in buckets  P
+ *   1      P           P, reduce-scattered -> S   S   then params all-gathered
+ *   2      P           layer slots -> S           S   then params all-gathered
+ *   3      S (+slots)  layer slots -> S           S   layers gathered before use
+ *
+ * Stages 0 and 1 accumulate micro-batches locally and reduce once, on the
+ * last micro-batch, bucket by bucket as backward finishes them (buckets of
+ * about topology.bucket_mb MiB, whole layers, in backward order), so the
+ * reduction of late layers overlaps the backward of early ones.  Stages 2
+ * and 3 keep no full gradient: each layer's gradient is computed into one
+ * of two slots and reduce-scattered into the owners' shards on every
+ * micro-batch (the ZeRO-2 trade: less memory, more traffic with
+ * accumulation).  Stage 3 gathers each layer's parameters into one of two
+ * slots just before its forward and its backward, prefetching the next
+ * layer's; the outer tensors (embeddings, head) are gathered once a step.
+ *
+ * Gradients are pre-scaled by 1/(micro-batches * dp), so the sum over DP is
+ * the mean over the global batch. */
+#ifndef TRD_ZERO_H
+#define TRD_ZERO_H
+
+#include <stdint.h>
+
+#include "backend/backend.h"
+#include "comm/comm.h"
+#include "config/config.h"
+#include "model/model.h"
+#include "zero/optimizer.h"
+
+typedef struct Zero Zero;
+
+/* Byte counts of what the engine allocated. */
+typedef struct {
+    size_t params, grads, optimizer, buffers;   /* buffers: slots and receive space */
+} ZeroMemory;
+
+/* Per-step timing: seconds spent waiting for communication that did not
+ * overlap compute, and payload bytes handed to collectives. */
+typedef struct {
+    double exposed_comm_s;
+    uint64_t bytes;
+} ZeroStats;
+
+/* Build the model for this rank (unbound when stage >= 2 needs it) and the
+ * optimizer state of the shard.  dp is the data-parallel group. */
+Zero *zero_create(const Config *cfg, const Backend *be, const ParamShard *sh, Comm *dp);
+void zero_free(Zero *z);
+Model *zero_model(Zero *z);
+
+/* Start a step: zero gradients; stage 3 gathers the outer tensors. */
+void zero_begin_step(Zero *z);
+/* Forward and backward of one micro-batch; returns its mean loss.
+ * last_micro tells stages 0-1 that gradients are final after this one. */
+float zero_forward_backward(Zero *z, const int32_t *tokens, const int32_t *targets,
+                            float loss_scale, int last_micro);
+/* Finish every gradient reduction. */
+void zero_finish_grads(Zero *z);
+/* Squared global L2 norm of the gradient (reduced over DP when sharded). */
+double zero_grad_sumsq(Zero *z);
+void zero_scale_grads(Zero *z, float s);
+/* AdamW on the owned part, then make parameters whole again where the
+ * stage keeps them whole (stages 1-2 all-gather). */
+void zero_optimizer_step(Zero *z, float lr, const TrainingConfig *tc);
+/* Forward only (validation): the mean loss of one micro-batch. */
+float zero_forward(Zero *z, const int32_t *tokens, const int32_t *targets);
+
+ZeroMemory zero_memory(const Zero *z);
+/* Statistics since the last call (resets them). */
+ZeroStats zero_take_stats(Zero *z);
+
+/* Gather the whole flat parameter buffer [P] onto every DP rank (for tests
+ * and export; stage 3 assembles it from the shards). */
+void zero_gather_params(Zero *z, float *out);
+
+#endif

@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# The binary's contract on bad input: one clear message, exit code 2, nothing
+# written.  And on good input with --help: exit 0.
+set -uo pipefail
+: "${TRIDENT:?TRIDENT must point at the built binary}"
+cd "${TRIDENT_SOURCE_ROOT:-.}"
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+fails=0 checks=0
+
+expect() { # want_rc, want_substring, cmd...
+    local want_rc=$1 want=$2; shift 2
+    local out rc
+    out=$("$@" 2>&1); rc=$?
+    checks=$((checks + 1))
+    if [ "$rc" -ne "$want_rc" ] || ! grep -qF -- "$want" <<<"$out"; then
+        fails=$((fails + 1))
+        echo "FAIL: $* -> exit $rc (want $want_rc), output:"; echo "$out" | head -5
+        echo "      expected to contain: $want"
+    fi
+}
+
+expect 0 "usage: trident COMMAND" "$TRIDENT" --help
+expect 2 "unknown command 'trian'" "$TRIDENT" trian
+expect 0 "--set key.path=value" "$TRIDENT" train --help
+expect 0 "--input" "$TRIDENT" prepare-data --help
+expect 2 "missing CONFIG" "$TRIDENT" train
+
+cat > "$tmp/bad_key.yaml" <<'Y'
+model:
+  layers: 2
+  hiden: 64
+Y
+expect 2 "$tmp/bad_key.yaml:3:3" "$TRIDENT" train "$tmp/bad_key.yaml"
+expect 2 "hiden" "$TRIDENT" train "$tmp/bad_key.yaml"
+
+printf 'model:\n  layers: [1\n' > "$tmp/broken.yaml"
+expect 2 "$tmp/broken.yaml:" "$TRIDENT" train "$tmp/broken.yaml"
+expect 2 "No such file" "$TRIDENT" train "$tmp/missing.yaml"
+
+# A valid config, broken by --set values.
+sed "s#runs/tiny#$tmp/run#" configs/tiny.yaml > "$tmp/ok.yaml"
+expect 2 "training.steps" "$TRIDENT" train "$tmp/ok.yaml" --set training.steps=abc
+expect 2 "model.arch" "$TRIDENT" train "$tmp/ok.yaml" --set model.arch=bert
+expect 2 "model.nope" "$TRIDENT" train "$tmp/ok.yaml" --set model.nope=1
+expect 2 "model.heads" "$TRIDENT" train "$tmp/ok.yaml" --set model.heads=5
+expect 2 "global_batch" "$TRIDENT" train "$tmp/ok.yaml" --set training.global_batch=7 --set training.micro_batch=2
+# Data that is not there: bad input, exit 2, with the hint.
+expect 2 "prepare-data" "$TRIDENT" train "$tmp/ok.yaml" --set data.path="$tmp/nodata"
+[ ! -e "$tmp/run" ] || { echo "FAIL: a failed start wrote $tmp/run"; fails=$((fails + 1)); }
+checks=$((checks + 1))
+# More ranks than this build can use: a clear refusal, exit 2, on every rank.
+expect 2 "issue 3" mpiexec -n 2 "$TRIDENT" train "$tmp/ok.yaml" --set topology.dp=2 --set training.global_batch=8 --set training.micro_batch=4
+
+echo "cli: $checks checks, $fails failed"
+[ "$fails" -eq 0 ]

@@ -50,7 +50,7 @@ expect 2 "prepare-data" "$TRIDENT" train "$tmp/ok.yaml" --set data.path="$tmp/no
 [ ! -e "$tmp/run" ] || { echo "FAIL: a failed start wrote $tmp/run"; fails=$((fails + 1)); }
 checks=$((checks + 1))
 # More ranks than this build can use: a clear refusal, exit 2, on every rank.
-expect 2 "issue 3" mpiexec -n 2 "$TRIDENT" train "$tmp/ok.yaml" --set topology.dp=2 --set training.global_batch=8 --set training.micro_batch=4
+expect 2 "issue 4" mpiexec -n 2 "$TRIDENT" train "$tmp/ok.yaml" --set topology.tp=2 --set topology.dp=1
 
 echo "cli: $checks checks, $fails failed"
 [ "$fails" -eq 0 ]

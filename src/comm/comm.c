@@ -65,6 +65,12 @@ void comm_free(Comm *c)
     *c = (Comm){.mpi = MPI_COMM_NULL, .rank = -1, .size = 0};
 }
 
+/* What one rank sends for `passes` ring passes over n floats. */
+static uint64_t ring_bytes(const Comm *c, size_t n, int passes)
+{
+    return (uint64_t)passes * n * sizeof(float) * (uint64_t)(c->size - 1) / (uint64_t)c->size;
+}
+
 /* MPI counts are int: large buffers go in chunks. */
 static void allreduce(Comm *c, void *buf, size_t n, size_t elem, MPI_Datatype t, MPI_Op op)
 {
@@ -76,7 +82,7 @@ static void allreduce(Comm *c, void *buf, size_t n, size_t elem, MPI_Datatype t,
         check(MPI_Allreduce(MPI_IN_PLACE, (char *)buf + off * elem, (int)k, t, op, c->mpi),
               "all-reduce");
     }
-    c->bytes_sent += n * elem;
+    c->bytes_sent += ring_bytes(c, n * elem / sizeof(float), 2);
 }
 
 void comm_allreduce_f32(Comm *c, float *buf, size_t n)
@@ -124,7 +130,7 @@ CommHandle comm_iallreduce_f32(Comm *c, float *buf, size_t n)
     TRD_ASSERT(n <= (size_t)INT_MAX);
     check(MPI_Iallreduce(MPI_IN_PLACE, buf, (int)n, MPI_FLOAT, MPI_SUM, c->mpi, &h.req),
           "all-reduce");
-    c->bytes_sent += n * sizeof(float);
+    c->bytes_sent += ring_bytes(c, n, 2);
     return h;
 }
 
@@ -156,7 +162,7 @@ CommHandle comm_ireduce_scatter_range_f32(Comm *c, const float *send, float *rec
     h.counts = range_counts(c, lo, hi, S);
     check(MPI_Ireduce_scatter(send, recv, h.counts, MPI_FLOAT, MPI_SUM, c->mpi, &h.req),
           "reduce-scatter");
-    c->bytes_sent += (hi - lo) * sizeof(float);
+    c->bytes_sent += ring_bytes(c, hi - lo, 1);
     return h;
 }
 
@@ -180,7 +186,7 @@ CommHandle comm_iallgather_range_f32(Comm *c, const float *mine, float *out, siz
     check(MPI_Iallgatherv(send, h.counts[rank], MPI_FLOAT, out, h.counts, h.counts + c->size,
                           MPI_FLOAT, c->mpi, &h.req),
           "all-gather");
-    c->bytes_sent += (b - a) * sizeof(float);
+    c->bytes_sent += ring_bytes(c, hi - lo, 1);
     return h;
 }
 
@@ -198,4 +204,30 @@ int comm_test(CommHandle *h)
     if (h->req != MPI_REQUEST_NULL)
         check(MPI_Test(&h->req, &done, MPI_STATUS_IGNORE), "test");
     return done;
+}
+
+void comm_allreduce_max_f32(Comm *c, float *buf, size_t n)
+{
+    allreduce(c, buf, n, sizeof(float), MPI_FLOAT, MPI_MAX);
+}
+
+void comm_allgather_block_f32(Comm *c, float *buf, size_t n)
+{
+    if (c->size == 1 || n == 0)
+        return;
+    TRD_ASSERT(n * (size_t)c->size <= (size_t)INT_MAX);
+    check(MPI_Allgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf, (int)n, MPI_FLOAT, c->mpi),
+          "all-gather");
+    c->bytes_sent += ring_bytes(c, n * (size_t)c->size, 1);
+}
+
+void comm_reduce_scatter_block_f32(Comm *c, float *buf, size_t n)
+{
+    if (c->size == 1 || n == 0)
+        return;
+    TRD_ASSERT(n * (size_t)c->size <= (size_t)INT_MAX);
+    /* In place, MPI leaves this rank's reduced block at the start of buf. */
+    check(MPI_Reduce_scatter_block(MPI_IN_PLACE, buf, (int)n, MPI_FLOAT, MPI_SUM, c->mpi),
+          "reduce-scatter");
+    c->bytes_sent += ring_bytes(c, n * (size_t)c->size, 1);
 }

@@ -15,7 +15,9 @@
 typedef struct {
     MPI_Comm mpi;
     int rank, size;
-    uint64_t bytes_sent;   /* payload bytes this rank contributed, for reports */
+    uint64_t bytes_sent;   /* bytes this rank sends under the ring algorithms (all-reduce
+                            * 2n(p-1)/p, reduce-scatter and all-gather n(p-1)/p of the
+                            * n-element whole), for reports and the benchmarks */
 } Comm;
 
 /* MPI_Init (with MPI_THREAD_FUNNELED) unless already done; error handlers
@@ -64,5 +66,17 @@ void comm_wait(CommHandle *h);
 /* Drive MPI progress and report whether the operation completed (1). */
 int comm_test(CommHandle *h);
 void comm_barrier(Comm *c);
+
+/* ---- blocking, over equal contiguous blocks (tensor/sequence parallelism) ----
+ * Rank r's block is buf[r*n, (r+1)*n): n elements per rank, size*n in all. */
+
+/* Max all-reduce of floats in place (row maxima of vocabulary-parallel logits). */
+void comm_allreduce_max_f32(Comm *c, float *buf, size_t n);
+/* All-gather in place: on entry this rank's block holds its n elements; on
+ * return every block holds its rank's. */
+void comm_allgather_block_f32(Comm *c, float *buf, size_t n);
+/* Reduce-scatter in place: buf holds size*n elements on every rank; on return
+ * buf[0, n) holds the sum over ranks of block `rank` (the rest is garbage). */
+void comm_reduce_scatter_block_f32(Comm *c, float *buf, size_t n);
 
 #endif

@@ -27,7 +27,39 @@ typedef struct {
     int cap;
     const ParamShard *sh;
     int64_t vocab_rows;  /* real (unpadded) vocabulary rows, for counting */
+    int64_t hs;          /* head size */
+    int heads, kv_heads;
 } Builder;
+
+/* split_dim argument of add() for the fused qkv rows: split by kv group
+ * (stored as split_dim 0). */
+enum { SPLIT_QKV = 2 };
+
+/* The local rows of a qkv tensor, laid out per kv group as [query heads of
+ * the group, k, v] (backend.h).  With kv_heads % tp == 0 a contiguous chunk
+ * holds whole groups.  With tp % kv_heads == 0 the s = tp / kv_heads ranks
+ * of a group split its query heads and all hold its k and v: the local
+ * layout is then one group [q/s query heads, k, v] as the backend expects. */
+static void qkv_piece(const Builder *b, ParamSpec *p)
+{
+    const int tp = b->sh->tp, r = b->sh->tp_rank;
+    p->kv_share = 1;
+    if (b->kv_heads % tp == 0) {
+        p->local_shape[0] = p->shape[0] / tp;
+        p->local_start[0] = r * p->local_shape[0];
+        p->kv_row = p->local_shape[0];
+        return;
+    }
+    TRD_ASSERT(tp % b->kv_heads == 0);
+    const int s = tp / b->kv_heads, g = r / s, j = r % s;
+    const int64_t q_group = b->heads / b->kv_heads, q_mine = q_group / s;
+    const int64_t group_first = (int64_t)g * (q_group + 2) * b->hs;
+    p->local_shape[0] = (q_mine + 2) * b->hs;
+    p->local_start[0] = group_first + j * q_mine * b->hs;
+    p->kv_share = s;
+    p->kv_row = q_mine * b->hs;
+    p->kv_start = group_first + q_group * b->hs;
+}
 
 static ParamSpec *add(Builder *b, int64_t rows, int64_t cols, int split_dim, ParamRole role,
                       int layer, InitKind init, float std, const char *fmt, ...)
@@ -46,7 +78,7 @@ static ParamSpec *add(Builder *b, int64_t rows, int64_t cols, int split_dim, Par
     p->ndim = cols > 0 ? 2 : 1;
     p->shape[0] = rows;
     p->shape[1] = cols > 0 ? cols : 1;
-    p->split_dim = split_dim;
+    p->split_dim = split_dim == SPLIT_QKV ? 0 : split_dim;
     p->role = role;
     p->layer = layer;
     p->init = init;
@@ -59,11 +91,17 @@ static ParamSpec *add(Builder *b, int64_t rows, int64_t cols, int split_dim, Par
         p->local_shape[d] = p->shape[d];
         p->local_start[d] = 0;
     }
-    if (split_dim >= 0 && tp > 1) {
+    if (split_dim == SPLIT_QKV) {
+        qkv_piece(b, p);
+    } else if (split_dim >= 0 && tp > 1) {
         /* Validation guarantees divisibility (heads, ffn, padded vocab). */
         TRD_ASSERT(p->shape[split_dim] % tp == 0);
         p->local_shape[split_dim] = p->shape[split_dim] / tp;
         p->local_start[split_dim] = r * p->local_shape[split_dim];
+    }
+    if (split_dim != SPLIT_QKV) {
+        p->kv_share = 1;
+        p->kv_row = p->local_shape[0];
     }
     p->numel = (size_t)(p->local_shape[0] * p->local_shape[1]);
     p->offset = b->t->numel;
@@ -75,9 +113,11 @@ static ParamSpec *add(Builder *b, int64_t rows, int64_t cols, int split_dim, Par
 void params_build(ParamTable *t, const ModelConfig *m, const ParamShard *sh)
 {
     memset(t, 0, sizeof *t);
-    Builder b = {.t = t, .sh = sh};
-    const int gpt2 = m->arch == ARCH_GPT2;
+    t->tp = sh->tp;
+    t->tp_rank = sh->tp_rank;
     const int64_t C = m->hidden, F = m->ffn_hidden, hs = m->hidden / m->heads;
+    Builder b = {.t = t, .sh = sh, .hs = hs, .heads = m->heads, .kv_heads = m->kv_heads};
+    const int gpt2 = m->arch == ARCH_GPT2;
     const int64_t qkv_rows = (int64_t)(m->heads + 2 * m->kv_heads) * hs;
     const int64_t Vp = params_padded_vocab(m, sh->tp);
     const float std = m->init_std;
@@ -100,9 +140,11 @@ void params_build(ParamTable *t, const ModelConfig *m, const ParamShard *sh)
         add(&b, C, 0, -1, ROLE_BLOCK, l, INIT_ONES, 0, "layers.%d.ln1.weight", l);
         if (gpt2)
             add(&b, C, 0, -1, ROLE_BLOCK, l, INIT_ZEROS, 0, "layers.%d.ln1.bias", l);
-        add(&b, qkv_rows, C, 0, ROLE_BLOCK, l, INIT_NORMAL, std, "layers.%d.attn.qkv.weight", l);
+        add(&b, qkv_rows, C, SPLIT_QKV, ROLE_BLOCK, l, INIT_NORMAL, std,
+            "layers.%d.attn.qkv.weight", l);
         if (gpt2)
-            add(&b, qkv_rows, 0, 0, ROLE_BLOCK, l, INIT_ZEROS, 0, "layers.%d.attn.qkv.bias", l);
+            add(&b, qkv_rows, 0, SPLIT_QKV, ROLE_BLOCK, l, INIT_ZEROS, 0,
+                "layers.%d.attn.qkv.bias", l);
         add(&b, C, m->heads * hs, 1, ROLE_BLOCK, l, INIT_NORMAL, std_out,
             "layers.%d.attn.proj.weight", l);
         if (gpt2)
@@ -164,7 +206,7 @@ void params_init_range(const ParamTable *t, float *buf, uint64_t seed, size_t lo
 #pragma omp parallel for schedule(static)
         for (int64_t k = 0; k < count; k++) {
             const int64_t r = (first + k) / lcols, c = (first + k) % lcols;
-            const uint64_t grow = (uint64_t)(p->local_start[0] + r);
+            const uint64_t grow = (uint64_t)params_global_row(p, r);
             const uint64_t gidx = grow * (uint64_t)cols + (uint64_t)(p->local_start[1] + c);
             w[k] = p->std * rng_normal(key, gidx);
         }
@@ -185,6 +227,41 @@ void params_group_range(const ParamTable *t, int group, size_t *lo, size_t *hi)
         found = 1;
         *hi = p->offset + p->numel;
     }
+}
+
+int params_row_owned(const ParamTable *t, const ParamSpec *p, int64_t r)
+{
+    if (p->split_dim < 0)
+        return t->tp_rank == 0;
+    if (r < p->kv_row)
+        return 1;
+    return t->tp_rank % p->kv_share == 0;
+}
+
+double params_grad_sumsq(const ParamTable *t, const float *g, size_t lo, size_t hi)
+{
+    double total = 0.0;
+    for (int i = 0; i < t->n; i++) {
+        const ParamSpec *p = &t->p[i];
+        const size_t a = p->offset > lo ? p->offset : lo;
+        const size_t b = p->offset + p->numel < hi ? p->offset + p->numel : hi;
+        if (a >= b)
+            continue;
+        const size_t cols = (size_t)p->local_shape[1];
+        double s = 0.0;
+        /* Row by row: ownership is per row (replicated kv rows). */
+        for (size_t k = a; k < b;) {
+            const size_t row = (k - p->offset) / cols;
+            const size_t row_end = p->offset + (row + 1) * cols;
+            const size_t e = row_end < b ? row_end : b;
+            if (params_row_owned(t, p, (int64_t)row))
+                for (size_t x = k; x < e; x++)
+                    s += (double)g[x - lo] * (double)g[x - lo];
+            k = e;
+        }
+        total += s;
+    }
+    return total;
 }
 
 size_t params_count_real(const ModelConfig *m)

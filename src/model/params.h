@@ -40,6 +40,16 @@ typedef struct {
     int64_t local_start[2];   /* first global row/column held */
     size_t numel;             /* local elements */
     size_t offset;            /* element offset in the rank's flat buffers */
+
+    /* Replicated kv heads (the fused qkv weight and bias when tp > kv_heads,
+     * tp % kv_heads == 0).  Each rank holds its query heads' rows, then the
+     * k and v rows of their kv group, which kv_share = tp / kv_heads
+     * consecutive TP ranks hold alike: local rows [0, kv_row) are global rows
+     * local_start[0] + r, local rows [kv_row, local_shape[0]) are global rows
+     * kv_start + (r - kv_row).  Otherwise kv_share = 1, kv_row =
+     * local_shape[0] (every row is contiguous).  Use params_global_row. */
+    int kv_share;
+    int64_t kv_row, kv_start;
 } ParamSpec;
 
 /* Which part of the model this rank holds. */
@@ -54,6 +64,7 @@ typedef struct {
     int n;
     size_t numel;             /* total local elements */
     size_t global_numel;      /* elements of the whole (unsharded) model */
+    int tp, tp_rank;          /* of the shard the table was built for */
 } ParamTable;
 
 /* The single-rank shard: everything. */
@@ -81,6 +92,26 @@ void params_init(const ParamTable *t, float *buf, uint64_t seed);
 /* The same for the flat range [lo, hi) only, written to buf[0 .. hi-lo)
  * (a ZeRO-3 shard initialises just what it owns). */
 void params_init_range(const ParamTable *t, float *buf, uint64_t seed, size_t lo, size_t hi);
+
+/* Global row of local row r (see kv_share above; columns are always
+ * local_start[1] + c). */
+static inline int64_t params_global_row(const ParamSpec *p, int64_t r)
+{
+    return r < p->kv_row ? p->local_start[0] + r : p->kv_start + (r - p->kv_row);
+}
+
+/* Is this TP rank the one owner of local row r of p?  Split rows have one
+ * holder; replicated tensors (split_dim -1) are owned by TP rank 0, and
+ * replicated kv rows by the first of the kv_share ranks holding them.
+ * Checkpoint writers and the gradient norm count each element once this way. */
+int params_row_owned(const ParamTable *t, const ParamSpec *p, int64_t r);
+
+/* Sum of squares (in double) of a gradient over the flat range [lo, hi) of
+ * this rank's buffers, g[0] being element lo, counting only the elements
+ * this TP rank owns (params_row_owned).  Summed over the TP group (and the
+ * pipeline stages, and ZeRO's shards) it is the squared norm of the whole
+ * model's gradient, replicated tensors counted once. */
+double params_grad_sumsq(const ParamTable *t, const float *g, size_t lo, size_t hi);
 
 /* Parameters of the whole model that actually carry information (padding
  * rows excluded), for reporting and FLOP counts. */

@@ -1,0 +1,102 @@
+/* ckpt.h — sharded HDF5 checkpoints in the global layout.
+ *
+ * A checkpoint is a directory <dir>/step_<8 digits>/ holding
+ *   index.h5      names -> files, global shapes, dtypes, training state,
+ *                 model, topology and the config (YAML text) of the run
+ *   config.yaml   the same config, for people
+ *   stage_<k>.h5  the tensors of pipeline stage k of the saving run
+ * Every tensor (weights, fp32 master weights when training in bf16, Adam m
+ * and v) is stored once with its GLOBAL shape and the real (unpadded)
+ * vocabulary rows, so a checkpoint does not depend on the topology that wrote
+ * it: any (tp, pp, dp, zero, stage_layers) reads exactly the hyperslabs it
+ * needs.  Datasets are chunked with HDF5's Fletcher32 filter: a corrupted
+ * chunk fails the read.  docs/checkpoint.md documents the layout for h5py.
+ *
+ * Writing: each stage file is written collectively (MPI-IO) by the ranks of
+ * that stage; each rank writes its TP slice restricted to its ZeRO block, and
+ * a piece held by several ranks has one writer.  The step becomes visible
+ * only after every rank has closed its file: rank 0 then renames
+ * step_X.tmp -> step_X and moves <dir>/latest (DESIGN.md, invariant 2). */
+#ifndef TRD_CKPT_H
+#define TRD_CKPT_H
+
+#include <mpi.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "config/config.h"
+#include "model/params.h"
+
+/* What a checkpoint stores per parameter; also the index of CkptShardView.part. */
+typedef enum { CKPT_PARAMS = 0, CKPT_MASTER = 1, CKPT_ADAM_M = 2, CKPT_ADAM_V = 3,
+               CKPT_KINDS = 4 } CkptKind;
+
+/* One buffer over the flat range [lo, hi) of the local parameter table:
+ * data[0] is flat element lo.  data == NULL: this rank has none of it (e.g.
+ * no master weights in fp32, or a loader that only wants the weights). */
+typedef struct {
+    float *data;
+    size_t lo, hi;
+} CkptRange;
+
+/* A rank's view of the state it holds, for save and load. */
+typedef struct {
+    const ParamTable *table;   /* local table: TP slice, this stage's layers */
+    CkptRange part[CKPT_KINDS];
+    /* The ZeRO block of this DP rank, [r*S, (r+1)*S) ∩ [0, P): on save a rank
+     * writes part ∩ block only, so a range that all DP ranks hold (weights
+     * under ZeRO 0-2, optimizer state under ZeRO 0) is written once, in
+     * parallel, in dp pieces. */
+    size_t block_lo, block_hi;
+    int tp_rank, pp_rank;      /* tensors not split over TP are written by tp rank 0 */
+    int dp, zero;              /* recorded in the index */
+    MPI_Comm world;            /* every rank of the job (all take part in save/load) */
+} CkptShardView;
+
+/* The usual layouts of src/zero (zero.h): sets block from (dp_rank, dp),
+ * part[].lo/hi for ZeRO `zero` (weights [0,P) for 0-2, the block for 3;
+ * optimizer state [0,P) for 0, the block for 1-3) and clears every data
+ * pointer: the caller then points part[k].data at its buffers. */
+void ckpt_view_init(CkptShardView *v, const ParamTable *t, int zero, int dp_rank, int dp,
+                    int tp_rank, int pp_rank, MPI_Comm world);
+
+/* Training state saved with the tensors. */
+typedef struct {
+    int64_t step;               /* optimizer steps completed */
+    uint64_t sampler_position;  /* next position of the global sample stream */
+    int64_t lr_step;            /* LR schedule position */
+    int64_t adam_t;             /* Adam bias-correction count (Optimizer.t) */
+    uint64_t rng[4];            /* reserved for RNG states (none beyond seed+step today) */
+} CkptState;
+
+/* Save step st->step into <dir>/step_<8 digits>/, publish it and keep the
+ * newest `keep` published steps (never removing the one just written).
+ * Collective over v->world.  Returns 0, or -1 with the same message on every
+ * rank for bad input (directory not creatable, existing non-directory);
+ * an I/O failure inside the collective writes ends the job (trd_fatal),
+ * leaving the previous checkpoint and `latest` untouched. */
+int ckpt_save(const char *dir, const CkptShardView *v, const CkptState *st, const Config *cfg,
+              int keep, char err[CFG_ERR]);
+
+/* Load a step directory into the view (any topology).  Reads part[k] where
+ * data != NULL; padded vocabulary rows are left as they are.  Fallbacks
+ * across precisions: master wanted but not saved (fp32 run) -> the weights;
+ * weights wanted without master but master saved (bf16 run) -> the master
+ * weights.  Collective over v->world; st may be NULL.  Returns 0, or -1 with
+ * the same message on every rank, naming the file and the tensor (missing
+ * file, corrupted or truncated file, missing tensor, wrong shape). */
+int ckpt_load(const char *step_dir, const CkptShardView *v, CkptState *st, const Config *cfg,
+              char err[CFG_ERR]);
+
+/* The step directory to resume from: kind AUTO -> <dir>/latest if it exists
+ * (else none), NEVER -> none, PATH -> `path` (must be a checkpoint).
+ * Returns 1 with out set, 0 for none, -1 with err.  No MPI: call it on every
+ * rank or on rank 0 and broadcast. */
+int ckpt_resolve(const char *dir, ResumeKind kind, const char *path, char out[CFG_STR],
+                 char err[CFG_ERR]);
+
+/* `trident ckpt inspect DIR` and `trident ckpt export DIR --out FILE`
+ * (argv[0] is "ckpt").  Serial, needs no MPI launcher. */
+int ckpt_main(int argc, char **argv);
+
+#endif

@@ -1,0 +1,118 @@
+#!/usr/bin/env bash
+# Data parallelism and ZeRO against the single-rank run (DESIGN.md, invariant 1):
+# dp 2 and 4, each with zero 0, 1, 2, 3, several micro-batches per step:
+# per-step loss within relative 1e-5 for 12 steps and final weights within
+# 1e-5.  Then the measured per-rank memory against the ZeRO formulas, and a
+# rank killed mid-run ends the job in bounded time.
+#
+# Why lr 1e-3: Adam moves an element by about lr * m / sqrt(v) whatever the
+# gradient's size, so for rarely seen embedding rows (gradients near zero)
+# fp32 reduction-order noise becomes a weight difference of order
+# lr * 1e-2.  The losses agree to 1e-7 either way.
+set -uo pipefail
+: "${TRIDENT:?TRIDENT must point at the built binary}"
+cd "${TRIDENT_SOURCE_ROOT:-.}"
+[ -f data/brown/gpt2.idx ] || { echo "FAIL: data/brown/gpt2 missing: run scripts/get_corpus.sh"; exit 1; }
+out=$(mktemp -d)
+trap 'rm -rf "$out"' EXIT
+export OMP_NUM_THREADS=1
+fails=0
+
+small=(--set model.layers=2 --set model.hidden=64 --set model.heads=4 --set model.seq_len=32
+       --set training.steps=12 --set training.warmup_steps=2 --set training.lr=1e-3
+       --set training.global_batch=16 --set training.micro_batch=2 --set data.val_every=0
+       --set data.val_batches=1 --set run.log_every=100 --set topology.bucket_mb=1)
+
+run() { # name, ranks, extra args...
+    local name=$1 n=$2; shift 2
+    TRIDENT_DUMP_WEIGHTS="$out/$name.weights" timeout 300 mpiexec -n "$n" "$TRIDENT" train \
+        configs/tiny.yaml "${small[@]}" --set run.dir="$out/$name" "$@" > "$out/$name.log" 2>&1 \
+        || { echo "FAIL: $name exited $?"; tail -20 "$out/$name.log"; fails=$((fails + 1)); }
+}
+
+compare() { # name
+    python3 - "$out" "$1" <<'PY' || fails=$((fails + 1))
+import array, json, sys
+out, name = sys.argv[1], sys.argv[2]
+def losses(d): return [json.loads(l)["loss"] for l in open(f"{out}/{d}/metrics.jsonl")]
+def weights(d):
+    a = array.array("f"); a.frombytes(open(f"{out}/{d}.weights", "rb").read()); return a
+ref, got = losses("ref"), losses(name)
+assert len(got) == len(ref) == 12, f"{name}: {len(got)} steps"
+rel = max(abs(a - b) / abs(b) for a, b in zip(got, ref))
+rw, gw = weights("ref"), weights(name)
+assert len(rw) == len(gw), f"{name}: weight count {len(gw)} vs {len(rw)}"
+wd = max(abs(a - b) for a, b in zip(gw, rw))
+ok = rel <= 1e-5 and wd <= 1e-5
+print(f"{'ok  ' if ok else 'FAIL'} {name}: loss max rel diff {rel:.2e}, weights max abs diff {wd:.2e}")
+sys.exit(0 if ok else 1)
+PY
+}
+
+run ref 1
+for n in 2 4; do
+    for z in 0 1 2 3; do
+        run "dp${n}_zero$z" "$n" --set topology.dp="$n" --set topology.zero="$z"
+        compare "dp${n}_zero$z"
+    done
+done
+
+# Memory per rank against the ZeRO formulas, with bf16 (fp32 master + m + v
+# = 12 bytes per owned parameter).
+for z in 0 1 2 3; do
+    run "mem$z" 4 --set topology.dp=4 --set topology.zero="$z" --set training.precision=bf16 \
+        --set training.steps=1
+done
+python3 - "$out" <<'PY' || fails=$((fails + 1))
+import json, sys
+out = sys.argv[1]
+mem = {z: json.loads(open(f"{out}/mem{z}/metrics.jsonl").readline())["memory_bytes"] for z in range(4)}
+P = mem[0]["params"] // 4          # zero 0 keeps every parameter in fp32
+dp = 4
+S = -(-P // dp)                     # this rank's (rank 0's) share, rounded up
+def near(got, want, what):
+    ok = abs(got - want) <= 0.05 * want + 16 * dp
+    print(f"{'ok  ' if ok else 'FAIL'} {what}: {got} bytes, formula {want:.0f}")
+    return ok
+good = all([
+    near(mem[0]["optimizer"], 12 * P, "zero 0 optimizer = 12 P"),
+    near(mem[1]["optimizer"], 12 * P / dp, "zero 1 optimizer = 12 P / dp"),
+    near(mem[1]["params"], 4 * P, "zero 1 params = 4 P"),
+    near(mem[2]["optimizer"], 12 * P / dp, "zero 2 optimizer = 12 P / dp"),
+    near(mem[2]["grads"], 4 * P / dp, "zero 2 grads = 4 P / dp"),
+    near(mem[3]["optimizer"], 12 * P / dp, "zero 3 optimizer = 12 P / dp"),
+    near(mem[3]["grads"], 4 * P / dp, "zero 3 grads = 4 P / dp"),
+    near(mem[3]["params"], 4 * P / dp, "zero 3 params = 4 P / dp"),
+])
+sys.exit(0 if good else 1)
+PY
+
+# A rank killed mid-run: the job ends with an error, in bounded time.
+timeout 120 mpiexec -n 2 "$TRIDENT" train configs/tiny.yaml "${small[@]}" --set topology.dp=2 \
+    --set training.steps=100000 --set run.dir="$out/kill" > "$out/kill.log" 2>&1 &
+job=$!
+for _ in $(seq 1 100); do
+    [ -s "$out/kill/metrics.jsonl" ] && break
+    sleep 0.2
+done
+victim=""
+for p in $(pgrep -f "trident train configs/tiny.yaml"); do
+    tr '\0' '\n' < "/proc/$p/environ" 2>/dev/null | grep -qx 'PMI_RANK=1' && victim=$p
+done
+start=$SECONDS
+if [ -z "$victim" ]; then
+    echo "FAIL: could not find rank 1 to kill"; fails=$((fails + 1)); kill "$job"
+else
+    kill -9 "$victim"
+fi
+wait "$job"; rc=$?
+took=$((SECONDS - start))
+if [ "$rc" -eq 0 ] || [ "$rc" -eq 124 ] || [ "$took" -gt 60 ]; then
+    echo "FAIL: killed rank: exit $rc after ${took}s"; tail -5 "$out/kill.log"; fails=$((fails + 1))
+else
+    echo "ok   killed rank 1: job ended with exit $rc after ${took}s"
+    grep -m2 -iE "terminat|killed|signal" "$out/kill.log" || true
+fi
+
+echo "dp: $fails failed"
+[ "$fails" -eq 0 ]

@@ -19,10 +19,14 @@ count() { # meson test log dir
     s=$(grep -c '"result": "SKIP"' "$json" 2>/dev/null || true)
     passed=$((passed + p)); failed=$((failed + f + s))  # a skipped test is not a pass
 }
-meson test -C build --print-errorlogs --num-processes 1 ${TEST_ARGS:-}
+meson test -C build --print-errorlogs --num-processes 1
 count build
-ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
-    meson test -C build-sanitize --suite unit --print-errorlogs --num-processes 1 ${TEST_ARGS:-}
+export UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
+ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
+    meson test -C build-sanitize --suite unit --no-suite mpi --print-errorlogs --num-processes 1
+count build-sanitize
+ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 \
+    meson test -C build-sanitize --suite mpi --print-errorlogs --num-processes 1
 count build-sanitize
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ] && [ "$passed" -gt 0 ]

@@ -5,6 +5,7 @@
  * the file ("config error in FILE: model.heads (12) must be divisible by
  * topology.tp (5)") and say how to fix the value.  Checks run from simple
  * ranges to cross-key rules, so the first message is about the root cause. */
+#include "core/error.h"
 #include "config/config.h"
 
 #include <stdarg.h>
@@ -36,20 +37,6 @@ static int verr(Checker *c, const char *fmt, ...)
     return -1;
 }
 
-/* "1, 2, 3, 4, 6, 12": the divisors of n, for "use one of" hints. */
-static void divisors(int n, char *out, size_t size)
-{
-    size_t used = 0;
-    out[0] = '\0';
-    for (int d = 1; d <= n && used < size; d++) {
-        if (n % d)
-            continue;
-        int w = snprintf(out + used, size - used, "%s%d", used ? ", " : "", d);
-        if (w < 0)
-            break;
-        used += (size_t)w;
-    }
-}
 
 static int check_min_int(Checker *c, const char *key, int v, int lo)
 {
@@ -160,7 +147,7 @@ static int check_model(Checker *c)
     }
     if (m->heads % m->kv_heads) {
         char d[256];
-        divisors(m->heads, d, sizeof d);
+        trd_divisors(m->heads, d, sizeof d);
         return verr(c, "model.heads (%d) must be divisible by model.kv_heads (%d); use "
                        "kv_heads one of %s", m->heads, m->kv_heads, d);
     }
@@ -223,7 +210,7 @@ static int check_topology(Checker *c)
                     m->layers, t->pp, t->virtual_stages);
     }
     if (m->heads % t->tp) {
-        divisors(m->heads, d, sizeof d);
+        trd_divisors(m->heads, d, sizeof d);
         return verr(c, "model.heads (%d) must be divisible by topology.tp (%d); use tp one "
                        "of %s", m->heads, t->tp, d);
     }

@@ -48,3 +48,26 @@ void *trd_calloc(size_t count, size_t size, const char *what)
                   "out of memory allocating %.1f MiB for %s", trd_mib(count * size), what);
     return p;
 }
+
+int trd_errorf(char err[TRD_ERR], const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, TRD_ERR, fmt, ap);
+    va_end(ap);
+    return -1;
+}
+
+void trd_divisors(int n, char *out, size_t size)
+{
+    size_t used = 0;
+    out[0] = '\0';
+    for (int d = 1; d <= n && used < size; d++) {
+        if (n % d)
+            continue;
+        int w = snprintf(out + used, size - used, "%s%d", used ? ", " : "", d);
+        if (w < 0)
+            break;
+        used += (size_t)w;
+    }
+}

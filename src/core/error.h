@@ -27,6 +27,14 @@ _Noreturn void trd_fatal(int code, const char *hint, const char *fmt, ...)
 void *trd_malloc(size_t bytes, const char *what);
 void *trd_calloc(size_t count, size_t size, const char *what);
 
+/* Functions that report bad input return -1 with a message in a caller's
+ * buffer of TRD_ERR bytes (the same size as CFG_ERR); this formats it. */
+#define TRD_ERR 1024
+int trd_errorf(char err[TRD_ERR], const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* "1, 2, 4, 8": the divisors of n, for "use one of" hints. */
+void trd_divisors(int n, char *out, size_t size);
+
 /* Byte sizes in MiB for reports. */
 static inline double trd_mib(size_t bytes) { return (double)bytes / (1024.0 * 1024.0); }
 

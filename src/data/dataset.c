@@ -1,3 +1,4 @@
+#include "core/error.h"
 #include "data/dataset.h"
 
 #include <errno.h>
@@ -20,17 +21,6 @@ enum { IDX_HEADER_BYTES = 9 + 8 + 1 + 8 + 8 };
 enum { DTYPE_UINT8 = 1, DTYPE_INT8, DTYPE_INT16, DTYPE_INT32, DTYPE_INT64,
        DTYPE_FLOAT64, DTYPE_FLOAT32, DTYPE_UINT16 };
 
-static int fail(char err[CFG_ERR], const char *fmt, ...)
-    __attribute__((format(printf, 2, 3)));
-
-static int fail(char err[CFG_ERR], const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, CFG_ERR, fmt, ap);
-    va_end(ap);
-    return -1;
-}
 
 static const char *dtype_name(int code)
 {
@@ -62,19 +52,19 @@ static int map_file(const char *path, void **map, size_t *bytes, char err[CFG_ER
     *bytes = 0;
     int fd = open(path, O_RDONLY);
     if (fd < 0)
-        return fail(err, "cannot open dataset file %s: %s\n%s", path, strerror(errno),
+        return trd_errorf(err, "cannot open dataset file %s: %s\n%s", path, strerror(errno),
                     MISSING_HINT);
     struct stat st;
     if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
         close(fd);
-        return fail(err, "dataset file %s is not a regular file", path);
+        return trd_errorf(err, "dataset file %s is not a regular file", path);
     }
     if (st.st_size > 0) {
         void *m = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_SHARED, fd, 0);
         if (m == MAP_FAILED) {
             int e = errno;
             close(fd);
-            return fail(err, "cannot mmap dataset file %s (%lld bytes): %s", path,
+            return trd_errorf(err, "cannot mmap dataset file %s (%lld bytes): %s", path,
                         (long long)st.st_size, strerror(e));
         }
         *map = m;
@@ -97,7 +87,7 @@ static int megatron_prefix(const char *path, char prefix[CFG_STR], char err[CFG_
 {
     size_t len = strlen(path);
     if (len + 5 > CFG_STR)
-        return fail(err, "dataset path is too long (%zu bytes, max %d): %s", len,
+        return trd_errorf(err, "dataset path is too long (%zu bytes, max %d): %s", len,
                     CFG_STR - 5, path);
     memcpy(prefix, path, len + 1);
     if (len > 4 && (strcmp(path + len - 4, ".bin") == 0 || strcmp(path + len - 4, ".idx") == 0)) {
@@ -115,14 +105,14 @@ static int megatron_check_idx(const char *idx_path, const unsigned char *p, size
                               char err[CFG_ERR])
 {
     if (bytes < sizeof idx_magic || memcmp(p, idx_magic, sizeof idx_magic) != 0)
-        return fail(err, "%s: not a Megatron .idx file (the first 9 bytes are not \"MMIDIDX\\0\\0\")",
+        return trd_errorf(err, "%s: not a Megatron .idx file (the first 9 bytes are not \"MMIDIDX\\0\\0\")",
                     idx_path);
     if (bytes < IDX_HEADER_BYTES)
-        return fail(err, "%s: truncated .idx: %zu bytes, the header alone needs %d", idx_path,
+        return trd_errorf(err, "%s: truncated .idx: %zu bytes, the header alone needs %d", idx_path,
                     bytes, IDX_HEADER_BYTES);
     uint64_t version = get_u64(p + 9);
     if (version != 1)
-        return fail(err, "%s: unsupported .idx version %llu (trident reads version 1)", idx_path,
+        return trd_errorf(err, "%s: unsupported .idx version %llu (trident reads version 1)", idx_path,
                     (unsigned long long)version);
     int code = p[17];
     if (code == DTYPE_UINT16)
@@ -130,20 +120,20 @@ static int megatron_check_idx(const char *idx_path, const unsigned char *p, size
     else if (code == DTYPE_INT32)
         *token_bytes = 4;
     else
-        return fail(err, "%s: unsupported token dtype code %d (%s); trident reads uint16 (8) and int32 (4)",
+        return trd_errorf(err, "%s: unsupported token dtype code %d (%s); trident reads uint16 (8) and int32 (4)",
                     idx_path, code, dtype_name(code));
     *n_seq = get_u64(p + 18);
     *n_doc = get_u64(p + 26);
     /* Counts beyond the file size cannot be right; checking first keeps the
      * size arithmetic below free of overflow. */
     if (*n_seq > bytes || *n_doc > bytes)
-        return fail(err, "%s: truncated .idx: header says %llu sequences and %llu document indices, file has %zu bytes",
+        return trd_errorf(err, "%s: truncated .idx: header says %llu sequences and %llu document indices, file has %zu bytes",
                     idx_path, (unsigned long long)*n_seq, (unsigned long long)*n_doc, bytes);
     uint64_t need = IDX_HEADER_BYTES + *n_seq * (4 + 8) + *n_doc * 8;
     /* Multimodal datasets append one int8 mode per sequence; those are
      * readable as plain token streams too. */
     if (bytes != need && bytes != need + *n_seq)
-        return fail(err, "%s: %s .idx: header says %llu sequences and %llu document indices (%llu bytes), file has %zu bytes",
+        return trd_errorf(err, "%s: %s .idx: header says %llu sequences and %llu document indices (%llu bytes), file has %zu bytes",
                     idx_path, bytes < need ? "truncated" : "inconsistent",
                     (unsigned long long)*n_seq, (unsigned long long)*n_doc,
                     (unsigned long long)need, bytes);
@@ -165,21 +155,21 @@ static int megatron_check_tables(const char *idx_path, const unsigned char *p, u
         int32_t len = get_i32(lengths + 4 * i);
         uint64_t ptr = get_u64(pointers + 8 * i);
         if (len < 0)
-            return fail(err, "%s: sequence %llu has negative length %d", idx_path,
+            return trd_errorf(err, "%s: sequence %llu has negative length %d", idx_path,
                         (unsigned long long)i, len);
         if (ptr != tokens * (uint64_t)token_bytes)
-            return fail(err, "%s: sequence %llu starts at byte %llu, expected %llu: trident reads "
+            return trd_errorf(err, "%s: sequence %llu starts at byte %llu, expected %llu: trident reads "
                         "datasets whose sequences are stored back to back",
                         idx_path, (unsigned long long)i, (unsigned long long)ptr,
                         (unsigned long long)(tokens * (uint64_t)token_bytes));
         tokens += (uint64_t)len;
     }
     if (n_doc < 1 || get_u64(docs) != 0 || get_u64(docs + 8 * (n_doc - 1)) != n_seq)
-        return fail(err, "%s: document indices must run from 0 to the sequence count %llu",
+        return trd_errorf(err, "%s: document indices must run from 0 to the sequence count %llu",
                     idx_path, (unsigned long long)n_seq);
     for (uint64_t d = 1; d < n_doc; d++)
         if (get_u64(docs + 8 * d) < get_u64(docs + 8 * (d - 1)))
-            return fail(err, "%s: document index %llu decreases", idx_path,
+            return trd_errorf(err, "%s: document index %llu decreases", idx_path,
                         (unsigned long long)d);
     *n_tokens = tokens;
     return 0;
@@ -204,7 +194,7 @@ static int open_megatron(TokenDataset *ds, const char *path, char err[CFG_ERR])
         return -1;
     uint64_t need = ds->n_tokens * (uint64_t)ds->token_bytes;
     if (ds->bin_bytes < need)
-        return fail(err, "%s: .bin shorter than its index says: %zu bytes, %s promises %llu tokens (%llu bytes)",
+        return trd_errorf(err, "%s: .bin shorter than its index says: %zu bytes, %s promises %llu tokens (%llu bytes)",
                     bin_path, ds->bin_bytes, idx_path, (unsigned long long)ds->n_tokens,
                     (unsigned long long)need);
     ds->tokens = ds->bin_map;
@@ -215,7 +205,7 @@ static int open_megatron(TokenDataset *ds, const char *path, char err[CFG_ERR])
 static int open_llmc(TokenDataset *ds, const char *path, char err[CFG_ERR])
 {
     if (strlen(path) >= CFG_STR)
-        return fail(err, "dataset path is too long (max %d bytes): %s", CFG_STR - 1, path);
+        return trd_errorf(err, "dataset path is too long (max %d bytes): %s", CFG_STR - 1, path);
     snprintf(ds->path, sizeof ds->path, "%s", path);
     if (map_file(path, &ds->bin_map, &ds->bin_bytes, err) != 0)
         return -1;
@@ -224,19 +214,19 @@ static int open_llmc(TokenDataset *ds, const char *path, char err[CFG_ERR])
     if (ds->bin_bytes >= sizeof h)
         memcpy(h, ds->bin_map, sizeof h);
     if (h[0] != DATASET_LLMC_MAGIC)
-        return fail(err, "%s: not an llm.c token shard (magic %d, expected %d)", path, h[0],
+        return trd_errorf(err, "%s: not an llm.c token shard (magic %d, expected %d)", path, h[0],
                     DATASET_LLMC_MAGIC);
     if (ds->bin_bytes < header)
-        return fail(err, "%s: truncated llm.c shard: %zu bytes, the header alone needs %zu",
+        return trd_errorf(err, "%s: truncated llm.c shard: %zu bytes, the header alone needs %zu",
                     path, ds->bin_bytes, header);
     if (h[1] != DATASET_LLMC_VERSION)
-        return fail(err, "%s: unsupported llm.c shard version %d (trident reads version 1, uint16 tokens)",
+        return trd_errorf(err, "%s: unsupported llm.c shard version %d (trident reads version 1, uint16 tokens)",
                     path, h[1]);
     if (h[2] < 0)
-        return fail(err, "%s: llm.c shard header has a negative token count %d", path, h[2]);
+        return trd_errorf(err, "%s: llm.c shard header has a negative token count %d", path, h[2]);
     uint64_t have = (ds->bin_bytes - header) / 2;
     if (have != (uint64_t)h[2] || (ds->bin_bytes - header) % 2 != 0)
-        return fail(err, "%s: token count mismatch: header says %d tokens, file holds %zu bytes of tokens (%s)",
+        return trd_errorf(err, "%s: token count mismatch: header says %d tokens, file holds %zu bytes of tokens (%s)",
                     path, h[2], ds->bin_bytes - header,
                     have < (uint64_t)h[2] ? "truncated" : "trailing bytes");
     ds->tokens = (const unsigned char *)ds->bin_map + header;
@@ -252,7 +242,7 @@ int dataset_open(TokenDataset *ds, const char *path, DataFormat fmt, char err[CF
     ds->format = fmt;
     int rc = fmt == DATA_LLMC ? open_llmc(ds, path, err)
            : fmt == DATA_MEGATRON ? open_megatron(ds, path, err)
-           : fail(err, "%s: unknown dataset format %d", path, (int)fmt);
+           : trd_errorf(err, "%s: unknown dataset format %d", path, (int)fmt);
     if (rc != 0)
         dataset_close(ds);
     return rc;
@@ -288,16 +278,16 @@ struct DatasetWriter {
 DatasetWriter *dataset_writer_open(const char *prefix, int token_bytes, char err[CFG_ERR])
 {
     if (token_bytes != 2 && token_bytes != 4) {
-        fail(err, "%s: token width must be 2 or 4 bytes, got %d", prefix, token_bytes);
+        trd_errorf(err, "%s: token width must be 2 or 4 bytes, got %d", prefix, token_bytes);
         return NULL;
     }
     if (strlen(prefix) + 5 > CFG_STR) {
-        fail(err, "dataset prefix is too long (max %d bytes): %s", CFG_STR - 5, prefix);
+        trd_errorf(err, "dataset prefix is too long (max %d bytes): %s", CFG_STR - 5, prefix);
         return NULL;
     }
     DatasetWriter *w = calloc(1, sizeof *w);
     if (!w) {
-        fail(err, "%s: out of memory for the dataset writer", prefix);
+        trd_errorf(err, "%s: out of memory for the dataset writer", prefix);
         return NULL;
     }
     w->token_bytes = token_bytes;
@@ -307,7 +297,7 @@ DatasetWriter *dataset_writer_open(const char *prefix, int token_bytes, char err
     snprintf(w->idx_tmp, sizeof w->idx_tmp, "%s.tmp", w->idx_path);
     w->bin = fopen(w->bin_tmp, "wb");
     if (!w->bin) {
-        fail(err, "cannot create %s: %s", w->bin_tmp, strerror(errno));
+        trd_errorf(err, "cannot create %s: %s", w->bin_tmp, strerror(errno));
         free(w);
         return NULL;
     }
@@ -317,7 +307,7 @@ DatasetWriter *dataset_writer_open(const char *prefix, int token_bytes, char err
 int dataset_writer_add(DatasetWriter *w, const int32_t *tokens, size_t n, char err[CFG_ERR])
 {
     if (n > INT32_MAX)
-        return fail(err, "%s: a document of %zu tokens does not fit the int32 length field",
+        return trd_errorf(err, "%s: a document of %zu tokens does not fit the int32 length field",
                     w->bin_path, n);
     const int64_t max_id = w->token_bytes == 2 ? 65535 : INT32_MAX;
     size_t per = sizeof w->buf / (size_t)w->token_bytes;
@@ -326,7 +316,7 @@ int dataset_writer_add(DatasetWriter *w, const int32_t *tokens, size_t n, char e
         for (size_t i = 0; i < k; i++) {
             int32_t t = tokens[at + i];
             if (t < 0 || t > max_id)
-                return fail(err, "%s: token %d (document %zu, position %zu) does not fit %s",
+                return trd_errorf(err, "%s: token %d (document %zu, position %zu) does not fit %s",
                             w->bin_path, t, w->n_docs, at + i,
                             w->token_bytes == 2 ? "uint16" : "int32");
             if (w->token_bytes == 2) {
@@ -337,13 +327,13 @@ int dataset_writer_add(DatasetWriter *w, const int32_t *tokens, size_t n, char e
             }
         }
         if (fwrite(w->buf, (size_t)w->token_bytes, k, w->bin) != k)
-            return fail(err, "cannot write %s: %s", w->bin_tmp, strerror(errno));
+            return trd_errorf(err, "cannot write %s: %s", w->bin_tmp, strerror(errno));
     }
     if (w->n_docs == w->cap) {
         size_t cap = w->cap ? 2 * w->cap : 1024;
         int32_t *l = realloc(w->lengths, cap * sizeof *l);
         if (!l)
-            return fail(err, "%s: out of memory for the document table", w->bin_path);
+            return trd_errorf(err, "%s: out of memory for the document table", w->bin_path);
         w->lengths = l;
         w->cap = cap;
     }
@@ -383,21 +373,21 @@ int dataset_writer_close(DatasetWriter *w, char err[CFG_ERR])
 {
     int rc = 0;
     if (fclose(w->bin) != 0)
-        rc = fail(err, "cannot write %s: %s", w->bin_tmp, strerror(errno));
+        rc = trd_errorf(err, "cannot write %s: %s", w->bin_tmp, strerror(errno));
     FILE *f = rc == 0 ? fopen(w->idx_tmp, "wb") : NULL;
     if (rc == 0 && !f)
-        rc = fail(err, "cannot create %s: %s", w->idx_tmp, strerror(errno));
+        rc = trd_errorf(err, "cannot create %s: %s", w->idx_tmp, strerror(errno));
     if (f) {
         int wr = write_idx(w, f);
         if (fclose(f) != 0 || wr != 0)
-            rc = fail(err, "cannot write %s: %s", w->idx_tmp, strerror(errno));
+            rc = trd_errorf(err, "cannot write %s: %s", w->idx_tmp, strerror(errno));
     }
     /* .bin first: a reader only trusts a .bin through its .idx, so the
      * pair becomes visible when the .idx is renamed. */
     if (rc == 0 && rename(w->bin_tmp, w->bin_path) != 0)
-        rc = fail(err, "cannot rename %s to %s: %s", w->bin_tmp, w->bin_path, strerror(errno));
+        rc = trd_errorf(err, "cannot rename %s to %s: %s", w->bin_tmp, w->bin_path, strerror(errno));
     if (rc == 0 && rename(w->idx_tmp, w->idx_path) != 0)
-        rc = fail(err, "cannot rename %s to %s: %s", w->idx_tmp, w->idx_path, strerror(errno));
+        rc = trd_errorf(err, "cannot rename %s to %s: %s", w->idx_tmp, w->idx_path, strerror(errno));
     if (rc != 0) {
         remove(w->bin_tmp);
         remove(w->idx_tmp);
@@ -410,16 +400,16 @@ int dataset_writer_close(DatasetWriter *w, char err[CFG_ERR])
 int dataset_write_llmc(const char *path, const int32_t *tokens, size_t n, char err[CFG_ERR])
 {
     if (n > INT32_MAX)
-        return fail(err, "%s: %zu tokens do not fit the int32 count of an llm.c shard", path, n);
+        return trd_errorf(err, "%s: %zu tokens do not fit the int32 count of an llm.c shard", path, n);
     for (size_t i = 0; i < n; i++)
         if (tokens[i] < 0 || tokens[i] > 65535)
-            return fail(err, "%s: token %d at position %zu does not fit uint16 (llm.c shards hold uint16)",
+            return trd_errorf(err, "%s: token %d at position %zu does not fit uint16 (llm.c shards hold uint16)",
                         path, tokens[i], i);
     char tmp[CFG_STR + 16];
     snprintf(tmp, sizeof tmp, "%s.tmp", path);
     FILE *f = fopen(tmp, "wb");
     if (!f)
-        return fail(err, "cannot create %s: %s", tmp, strerror(errno));
+        return trd_errorf(err, "cannot create %s: %s", tmp, strerror(errno));
     int32_t header[DATASET_LLMC_HEADER_INTS] = {DATASET_LLMC_MAGIC, DATASET_LLMC_VERSION, (int32_t)n};
     int rc = write_all(f, header, sizeof header);
     uint16_t buf[4096];
@@ -431,11 +421,11 @@ int dataset_write_llmc(const char *path, const int32_t *tokens, size_t n, char e
     }
     if (fclose(f) != 0 || rc != 0) {
         remove(tmp);
-        return fail(err, "cannot write %s: %s", tmp, strerror(errno));
+        return trd_errorf(err, "cannot write %s: %s", tmp, strerror(errno));
     }
     if (rename(tmp, path) != 0) {
         remove(tmp);
-        return fail(err, "cannot rename %s to %s: %s", tmp, path, strerror(errno));
+        return trd_errorf(err, "cannot rename %s to %s: %s", tmp, path, strerror(errno));
     }
     return 0;
 }

@@ -1,6 +1,7 @@
 /* topology.c — the pure core: the mesh laid over the ranks, the groups of a
  * rank, and the placement rules (TP inside a node, stages across nodes).
  * No MPI here, so every layout can be checked for any world size. */
+#include "core/error.h"
 #include "topology/topology.h"
 
 #include <stdarg.h>
@@ -13,30 +14,7 @@ const char *topology_axis_name(TopoAxis a)
     return a >= 0 && a < TOPO_AXES ? AXIS_NAMES[a] : "?";
 }
 
-static int fail(char err[CFG_ERR], const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static int fail(char err[CFG_ERR], const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, CFG_ERR, fmt, ap);
-    va_end(ap);
-    return -1;
-}
 
-/* "1, 2, 4, 8": the divisors of n, for "use one of" hints. */
-static void divisors(int n, char *out, size_t size)
-{
-    size_t used = 0;
-    out[0] = '\0';
-    for (int d = 1; d <= n && used < size; d++) {
-        if (n % d)
-            continue;
-        int w = snprintf(out + used, size - used, "%s%d", used ? ", " : "", d);
-        if (w < 0)
-            break;
-        used += (size_t)w;
-    }
-}
 
 /* "tp-dp-pp" -> {TP, DP, PP}.  The config validates the string too; this
  * check keeps the core safe for callers that build a TopologyConfig by hand. */
@@ -81,21 +59,21 @@ TopoGroup topology_group_of(const Topology *t, int rank, TopoAxis axis)
 static int set_sizes(Topology *t, const TopologyConfig *tc, int world, char err[CFG_ERR])
 {
     if (world < 1)
-        return fail(err, "the world size (%d) must be >= 1", world);
+        return trd_errorf(err, "the world size (%d) must be >= 1", world);
     if (tc->tp < 1 || tc->pp < 1 || tc->dp < 0)
-        return fail(err, "topology.tp (%d) and topology.pp (%d) must be >= 1 and "
+        return trd_errorf(err, "topology.tp (%d) and topology.pp (%d) must be >= 1 and "
                          "topology.dp (%d) >= 0 (0 = auto)", tc->tp, tc->pp, tc->dp);
     long long mp = (long long)tc->tp * tc->pp;
     int dp = tc->dp;
     if (dp == 0) {
         if (world % mp)
-            return fail(err, "the world size %d is not divisible by topology.tp (%d) x "
+            return trd_errorf(err, "the world size %d is not divisible by topology.tp (%d) x "
                              "topology.pp (%d) = %lld; launch a multiple of %lld ranks",
                         world, tc->tp, tc->pp, mp, mp);
         dp = (int)(world / mp);
     }
     if (mp * dp != world)
-        return fail(err, "topology.tp (%d) x topology.pp (%d) x topology.dp (%d) = %lld but "
+        return trd_errorf(err, "topology.tp (%d) x topology.pp (%d) x topology.dp (%d) = %lld but "
                          "the world size is %d; set dp: auto or launch %lld ranks",
                     tc->tp, tc->pp, dp, mp * dp, world, mp * dp);
     t->world = world;
@@ -108,13 +86,13 @@ static int set_sizes(Topology *t, const TopologyConfig *tc, int world, char err[
 static int set_nodes(Topology *t, int ranks_per_node, char err[CFG_ERR])
 {
     if (ranks_per_node < 0)
-        return fail(err, "ranks per node (%d) must be >= 1 (0 = all ranks on one node)",
+        return trd_errorf(err, "ranks per node (%d) must be >= 1 (0 = all ranks on one node)",
                     ranks_per_node);
     int rpn = ranks_per_node ? ranks_per_node : t->world;
     if (t->world % rpn) {
         char d[256];
-        divisors(t->world, d, sizeof d);
-        return fail(err, "%d ranks per node do not divide the world size %d: every node must "
+        trd_divisors(t->world, d, sizeof d);
+        return trd_errorf(err, "%d ranks per node do not divide the world size %d: every node must "
                          "run the same number of ranks; use a world size that is a multiple "
                          "of %d, or ranks per node one of %s",
                     rpn, t->world, rpn, d);
@@ -127,7 +105,7 @@ static int set_nodes(Topology *t, int ranks_per_node, char err[CFG_ERR])
 static int set_order(Topology *t, const char *order, char err[CFG_ERR])
 {
     if (parse_order(order, t->order))
-        return fail(err, "topology.order '%s' must name tp, dp and pp once each, fastest "
+        return trd_errorf(err, "topology.order '%s' must name tp, dp and pp once each, fastest "
                          "first (e.g. tp-dp-pp)", order);
     int stride = 1;
     for (int i = 0; i < TOPO_AXES; i++) {
@@ -167,17 +145,17 @@ static int check_tp_placement(Topology *t, const char *order, char err[CFG_ERR])
     const char *fix = "TP groups must stay inside a node (NVLink)";
     const char *allow = "or set topology.allow_tp_across_nodes: true";
     if (tp > rpn)
-        return fail(err, "topology.tp %d does not fit in %d rank%s per node: %s; use tp <= %d, "
+        return trd_errorf(err, "topology.tp %d does not fit in %d rank%s per node: %s; use tp <= %d, "
                          "%s", tp, rpn, rpn > 1 ? "s" : "", fix, rpn, allow);
     if (t->order[0] == TOPO_TP) {
         char d[256];
-        divisors(rpn, d, sizeof d);
-        return fail(err, "topology.tp %d does not divide the %d ranks per node, so the TP "
+        trd_divisors(rpn, d, sizeof d);
+        return trd_errorf(err, "topology.tp %d does not divide the %d ranks per node, so the TP "
                          "group of ranks %d-%d spans nodes %d and %d: %s; use tp one of %s, %s",
                     tp, rpn, first, first + tp - 1, na, nb, fix, d, allow);
     }
     TopoGroup g = topology_group_of(t, first, TOPO_TP);
-    return fail(err, "with topology.order %s the TP group of rank %d (ranks %d, %d, ... "
+    return trd_errorf(err, "with topology.order %s the TP group of rank %d (ranks %d, %d, ... "
                      "stride %d) spans nodes %d and %d: %s; put tp first in topology.order "
                      "(e.g. tp-dp-pp), %s",
                 order, first, first, topology_member(g, 1), g.stride, na, nb, fix, allow);
@@ -210,7 +188,7 @@ static int check_stage_placement(Topology *t, const char *order, char err[CFG_ER
         return 0;
     int node = topology_node_of(t, r);
     if (!strcmp(order, "tp-dp-pp"))
-        return fail(err, "pipeline stages %d and %d share node %d although there are %d "
+        return trd_errorf(err, "pipeline stages %d and %d share node %d although there are %d "
                          "nodes for %d stages: a stage has tp x dp = %d ranks, not a multiple "
                          "of the %d ranks per node; choose dp (or the world size) so that "
                          "tp x dp is a multiple of %d",
@@ -233,7 +211,7 @@ int topology_build(Topology *t, const TopologyConfig *tc, int world, int ranks_p
         check_stage_placement(t, tc->order, err))
         return -1;
     if (rank < 0 || rank >= world)
-        return fail(err, "rank %d is outside the world of %d ranks", rank, world);
+        return trd_errorf(err, "rank %d is outside the world of %d ranks", rank, world);
     t->rank = rank;
     topology_coords_of(t, rank, t->coord);
     t->node = topology_node_of(t, rank);
@@ -256,11 +234,11 @@ int topology_nodes_from_keys(const int *key, int world, char err[CFG_ERR])
                       "topology.ranks_per_node";
     for (int r = 0; r < world; r++)
         if (key[r] != r / rpn * rpn)
-            return fail(err, "the ranks are not placed on nodes in blocks of consecutive "
+            return trd_errorf(err, "the ranks are not placed on nodes in blocks of consecutive "
                              "ranks (the first node holds %d rank%s, rank %d does not fit "
                              "that pattern); %s", rpn, rpn > 1 ? "s" : "", r, fix);
     if (world % rpn)
-        return fail(err, "the nodes run different numbers of ranks (the first node holds %d, "
+        return trd_errorf(err, "the nodes run different numbers of ranks (the first node holds %d, "
                          "the last %d); %s", rpn, world % rpn, fix);
     return rpn;
 }

@@ -109,6 +109,44 @@ expect 2 "give --world N" "$TRIDENT" topology "$tmp/cfg.yaml"
 expect 2 "--world 'x'" "$TRIDENT" topology "$tmp/cfg.yaml" --world x
 expect 2 "missing CONFIG" "$TRIDENT" topology
 expect 0 "--ranks-per-node" "$TRIDENT" topology --help
+expect 0 "--schedule" "$TRIDENT" topology --help
+
+# --schedule: the pipeline schedule of the config's pp, after the summary.
+# Rank 0 of 1F1B with pp 4 and 8 micro-batches, written out by hand: three
+# warm-up forwards, then one forward one backward, then the last backwards;
+# bubble (p-1)/(m+p-1) = 3/11 = 27.27%; rank r holds pp - r micro-batches.
+sched=("$TRIDENT" topology "$tmp/cfg.yaml" "${mesh[@]}" --schedule)
+expect 0 "world 16 = tp 2 x dp 2 x pp 4" "${sched[@]}" --set training.global_batch=16
+expect 0 "rank 0: F0 F1 F2 F3 B0 F4 B1 F5 B2 F6 B3 F7 B4 B5 B6 B7" \
+    "${sched[@]}" --set training.global_batch=16
+expect 0 "rank 3: F0 B0 F1 B1 F2 B2 F3 B3 F4 B4 F5 B5 F6 B6 F7 B7" \
+    "${sched[@]}" --set training.global_batch=16
+expect 0 "bubble: 27.27% of the step (formula (p-1)/(v*m+p-1) = 27.27%)" \
+    "${sched[@]}" --set training.global_batch=16
+expect 0 "(forward done, backward not): 4 3 2 1" "${sched[@]}" --set training.global_batch=16
+# The default micro-batch count is global_batch / (micro_batch x dp) = 8 / 2.
+expect 0 "pipeline schedule 1f1b: pp 4, 4 micro-batches" "${sched[@]}"
+expect 0 "pipeline schedule 1f1b: pp 4, 12 micro-batches" "${sched[@]}" --micro-batches 12
+# Interleaved, v 2: groups of 4 micro-batches through chunk 0, then chunk 1;
+# bubble (p-1)/(v m+p-1) = 3/19 = 15.79%.
+inter=("${sched[@]}" --set topology.schedule=interleaved --set topology.virtual_stages=2
+       --micro-batches 8)
+expect 0 "rank 0: F0.0 F1.0 F2.0 F3.0 F0.1 F1.1 F2.1 F3.1 B0.1 F4.0" "${inter[@]}"
+expect 0 "15.79% of the step" "${inter[@]}"
+expect 0 "last group of micro-batches is smaller" "${sched[@]}" \
+    --set topology.schedule=interleaved --set topology.virtual_stages=2 --micro-batches 6
+expect 0 "rank 0: F0 F1 F2 F3 F4 B0 B1 B2 B3 B4" "${sched[@]}" --set topology.schedule=gpipe \
+    --micro-batches 5
+# With the sends and receives, pp 2.
+expect 0 "rank 1: <a0 F0 B0 >g0 <a1 F1 B1 >g1 R S" \
+    "$TRIDENT" topology "$tmp/cfg.yaml" --world 2 --set topology.pp=2 --schedule-comm \
+    --micro-batches 2
+expect 2 "--micro-batches only applies to --schedule" \
+    "$TRIDENT" topology "$tmp/cfg.yaml" "${mesh[@]}" --micro-batches 4
+expect 2 "--schedule prints text" "${sched[@]}" --json
+expect 2 "--micro-batches '0'" "${sched[@]}" --micro-batches 0
+expect 2 "virtual_stages (2) > 1 needs topology.schedule interleaved" \
+    "${sched[@]}" --set topology.virtual_stages=2
 
 echo "topology_cli: $checks checks, $fails failed"
 [ "$fails" -eq 0 ]

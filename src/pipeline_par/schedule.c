@@ -41,16 +41,21 @@ static MbChunk nth_pass(int pp, int m, int v, int k, int bwd)
     return p;
 }
 
-/* Forwards a rank runs before its first backward.  1F1B: the micro-batches
- * still travelling to the last stage when rank's first one comes back, which
- * bounds the activations held at pp - rank.  Interleaved: the same plus the
- * (v - 1) * pp forwards of chunks 0..v-2 that precede the first pass through
- * chunk v - 1, where the first backward starts.  GPipe: all of them. */
+/* Forwards a rank runs before its first backward.  1F1B: pp - rank - 1, the
+ * micro-batches that are still on their way to the last stage when the first
+ * one comes back.  This bounds the activations held at pp - rank.
+ * Interleaved: the same, plus the forwards of the first group through chunks
+ * 0..v-2, which come before that group's first pass through chunk v - 1,
+ * where the first backward starts.  (Megatron-LM warms up with 2 (pp - rank -
+ * 1) + (v - 1) pp, to hide the latency of its paired blocking send/receive
+ * calls.  With non-blocking sends the shorter warm-up gives the same bubble
+ * and holds fewer activations; see docs/pipeline.md.)  GPipe: all of them. */
 static int warmup_count(ScheduleKind kind, int pp, int rank, int m, int v)
 {
     int w = m * v;
     if (kind != SCHED_GPIPE) {
-        int need = (pp - rank - 1) + (v - 1) * pp;
+        int group = m < pp ? m : pp;
+        int need = (pp - rank - 1) + (v - 1) * group;
         if (need < w)
             w = need;
     }
@@ -90,24 +95,22 @@ static void emit_backward(PpSchedule *s, MbChunk p)
 static int check_args(ScheduleKind kind, int pp, int rank, int m, int v, char err[CFG_ERR])
 {
     if (kind != SCHED_1F1B && kind != SCHED_INTERLEAVED && kind != SCHED_GPIPE)
-        snprintf(err, CFG_ERR, "unknown pipeline schedule kind %d", (int)kind);
-    else if (pp < 1)
-        snprintf(err, CFG_ERR, "pipeline size %d must be >= 1", pp);
-    else if (rank < 0 || rank >= pp)
-        snprintf(err, CFG_ERR, "pipeline rank %d is outside 0..%d", rank, pp - 1);
-    else if (m < 1)
-        snprintf(err, CFG_ERR, "%d micro-batches: a step needs at least one", m);
-    else if (v < 1)
-        snprintf(err, CFG_ERR, "virtual stages %d must be >= 1", v);
-    else if (v > 1 && kind != SCHED_INTERLEAVED)
-        snprintf(err, CFG_ERR, "virtual stages %d > 1 need the interleaved schedule, not %s",
-                 v, pp_schedule_name(kind));
-    else if ((long long)m * v * 6 + 2 > 1 << 28)
-        snprintf(err, CFG_ERR, "%d micro-batches x %d virtual stages is too long a schedule",
-                 m, v);
-    else
-        return 0;
-    return -1;
+        return trd_errorf(err, "unknown pipeline schedule kind %d", (int)kind);
+    if (pp < 1)
+        return trd_errorf(err, "pipeline size %d must be >= 1", pp);
+    if (rank < 0 || rank >= pp)
+        return trd_errorf(err, "pipeline rank %d is outside 0..%d", rank, pp - 1);
+    if (m < 1)
+        return trd_errorf(err, "%d micro-batches: a step needs at least one", m);
+    if (v < 1)
+        return trd_errorf(err, "virtual stages %d must be >= 1", v);
+    if (v > 1 && kind != SCHED_INTERLEAVED)
+        return trd_errorf(err, "virtual stages %d > 1 need the interleaved schedule, not %s",
+                          v, pp_schedule_name(kind));
+    if ((long long)m * v * 6 + 2 > 1 << 28)
+        return trd_errorf(err, "%d micro-batches x %d virtual stages is too long a schedule",
+                          m, v);
+    return 0;
 }
 
 int pp_schedule_build(PpSchedule *s, ScheduleKind kind, int pp, int rank, int m, int v,

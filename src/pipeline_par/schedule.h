@@ -21,7 +21,10 @@
  *    been posted by the peer (an executor may post it early as a non-blocking
  *    receive, as long as it waits for it where the instruction stands);
  *  - a message is named by (direction, micro-batch, sending stage): exactly one
- *    send and one receive carry it, so MPI tags can be derived from it;
+ *    send and one receive carry it;
+ *  - on each channel (one direction, activations or gradients, from one rank
+ *    to another) messages are received in the order they were sent, so one
+ *    MPI tag per channel suffices (MPI does not reorder a channel);
  *  - PP_REDUCE (gradient reduction over data-parallel replicas, and the tied
  *    embedding all-reduce) and PP_STEP (optimizer step) come last, once.
  * Under this contract pp_simulate() proves, for a given set of lists, that
@@ -95,6 +98,7 @@ typedef struct {
 
 typedef struct {
     int pp, m, v;
+    PpCost cost;         /* the costs simulated */
     double step_time;    /* when the last rank has finished its list */
     double ideal_time;   /* m * (fwd + bwd): one rank's compute, no bubble */
     double bubble;       /* (step_time - ideal_time) / step_time: idle share of the step */
@@ -110,10 +114,11 @@ typedef struct {
 
 /* Run all ranks' lists together under the executor contract and check them:
  * every send has exactly one matching receive (same direction, micro-batch,
- * stage; peers consistent), each rank runs forward and backward of every
- * (mb, chunk) it owns exactly once, a forward after its activation arrived, a
- * backward after its forward and after its gradient arrived, PP_REDUCE after
- * the last backward and PP_STEP last, and every rank finishes.  Also times the
+ * stage; peers consistent), received in channel order; each rank runs
+ * forward and backward of every (mb, chunk) it owns exactly once, a forward
+ * after its activation arrived, a backward after its forward and after its
+ * gradient arrived, PP_REDUCE after the last backward and PP_STEP last; and
+ * every rank finishes (a rank left waiting is reported as a deadlock).  Also times the
  * step with `cost`.  Returns 0 with res filled (free with pp_sim_free), or -1
  * with the first violation in err (res holds nothing). */
 int pp_simulate(const PpSchedule *ranks, int pp, PpCost cost, PpSimResult *res,

@@ -88,8 +88,9 @@ static void print_bubble(FILE *f, const PpSchedule *s, const PpSimResult *sim)
 {
     int v = s->kind == SCHED_INTERLEAVED ? s->v : 1;
     double frac = pp_bubble_fraction(s->pp, s->m, v), ratio = pp_bubble_ratio(s->pp, s->m, v);
-    fprintf(f, "step time %.4g (ideal %.4g = %d micro-batches x (forward + backward))\n",
-            sim->step_time, sim->ideal_time, s->m);
+    fprintf(f, "timing model: forward %g, backward %g per micro-batch and stage, free "
+               "communication: step %.4g, ideal %.4g\n",
+            sim->cost.fwd, sim->cost.bwd, sim->step_time, sim->ideal_time);
     fprintf(f, "bubble: %.2f%% of the step (formula (p-1)/(v*m+p-1) = %.2f%%); "
                "%.4f of the ideal time (paper (p-1)/(v*m) = %.4f)\n",
             100 * sim->bubble, 100 * frac, sim->bubble_ratio, ratio);
@@ -101,10 +102,14 @@ static void print_bubble(FILE *f, const PpSchedule *s, const PpSimResult *sim)
             fprintf(f, " %d", sim->peak_inflight[r]);
     }
     if (s->v > 1)
-        fprintf(f, "\n  (in chunk passes of 1/%d of a stage's activations:", s->v);
+        fprintf(f, "\n  (in passes through one chunk, 1/%d of a stage's activations each:", s->v);
     for (int r = 0; s->v > 1 && r < s->pp; r++)
         fprintf(f, " %d", sim->peak_inflight[r]);
     fprintf(f, "%s\n", s->v > 1 ? ")" : "");
+    if (s->kind == SCHED_INTERLEAVED && s->v > 1 && s->m % s->pp)
+        fprintf(f, "note: pp %d does not divide %d micro-batches, so the last group of "
+                   "micro-batches is smaller and the bubble exceeds the formula\n",
+                s->pp, s->m);
 }
 
 void pp_schedule_print(FILE *f, const PpSchedule *ranks, int pp, const PpSimResult *sim,

@@ -28,6 +28,8 @@ typedef struct {
     unsigned char *sent;    /* [msg]: number of sends posted (0 or 1) */
     unsigned char *recvd;   /* [msg]: number of receives done */
     double *sent_at;        /* [msg] */
+    int *seq;               /* [msg]: its place among the sends of its channel */
+    int *chan_sent, *chan_recvd; /* [channel]: messages posted and received */
     int *pc;                /* [rank]: next instruction */
     double *clock;          /* [rank] */
     int *inflight;          /* [rank] */
@@ -42,6 +44,12 @@ static int msg_index(const Sim *s, int dir, int mb, int sender_stage)
     return (dir * s->m + mb) * s->stages + sender_stage;
 }
 
+/* A channel: one direction between two ranks (MPI keeps its order). */
+static int channel(const Sim *s, int dir, int from_rank, int to_rank)
+{
+    return (dir * s->pp + from_rank) * s->pp + to_rank;
+}
+
 /* Report a violation at rank r's current instruction. */
 static int fail_at(const Sim *s, int r, char err[CFG_ERR], const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
@@ -53,7 +61,7 @@ static int fail_at(const Sim *s, int r, char err[CFG_ERR], const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(why, sizeof why, fmt, ap);
     va_end(ap);
-    snprintf(err, CFG_ERR, "rank %d, instruction %d (%s): %s", r, s->pc[r], what, why);
+    trd_errorf(err, "rank %d, instruction %d (%s): %s", r, s->pc[r], what, why);
     return STEP_ERROR;
 }
 
@@ -108,6 +116,7 @@ static int do_send(Sim *s, int r, const PpInstr *in, int g, int to, unsigned nee
     if (s->sent[k]++)
         return fail_at(s, r, err, "this message was already sent");
     s->sent_at[k] = s->clock[r];
+    s->seq[k] = s->chan_sent[channel(s, dir, r, in->peer)]++;
     return STEP_DONE;
 }
 
@@ -128,6 +137,12 @@ static int do_recv(Sim *s, int r, const PpInstr *in, int g, int from, unsigned m
     int k = msg_index(s, dir, in->mb, from);
     if (!s->sent[k])
         return STEP_BLOCKED;
+    int *next = &s->chan_recvd[channel(s, dir, in->peer, r)];
+    if (s->seq[k] != *next)
+        return fail_at(s, r, err, "received out of order: it is %s number %d from rank %d, "
+                                  "but %d came before it", dir == DIR_ACT ? "activation" :
+                                  "gradient", s->seq[k], in->peer, *next);
+    (*next)++;
     s->recvd[k]++;
     *st |= mark;
     if (s->sent_at[k] > s->clock[r])
@@ -194,11 +209,11 @@ static int run_all(Sim *s, char err[CFG_ERR])
                     return -1;
                 if (rc == STEP_BLOCKED)
                     break;
-                /* a receive starts when its data is there */
-                s->res->start[r][s->pc[r]] = s->ranks[r].ins[s->pc[r]].op == PP_RECV_ACT ||
-                                                     s->ranks[r].ins[s->pc[r]].op == PP_RECV_GRAD
-                                                 ? s->clock[r]
-                                                 : before;
+                /* A receive moves the clock to when its data was there, and
+                 * counts as starting then; anything else starts at `before`. */
+                PpOp op = s->ranks[r].ins[s->pc[r]].op;
+                int recv = op == PP_RECV_ACT || op == PP_RECV_GRAD;
+                s->res->start[r][s->pc[r]] = recv ? s->clock[r] : before;
                 s->pc[r]++;
                 moved = 1;
             }
@@ -225,40 +240,33 @@ static int check_finished(const Sim *s, char err[CFG_ERR])
     if (stuck)
         return -1;
     for (int r = 0; r < s->pp; r++)
-        if (s->phase[r] != 2) {
-            snprintf(err, CFG_ERR, "rank %d: the list ends without %s", r,
-                     s->phase[r] ? "the optimizer step" : "the gradient reduction");
-            return -1;
-        }
+        if (s->phase[r] != 2)
+            return trd_errorf(err, "rank %d: the list ends without %s", r,
+                              s->phase[r] ? "the optimizer step" : "the gradient reduction");
     for (int dir = 0; dir < 2; dir++)
         for (int mb = 0; mb < s->m; mb++)
             for (int g = 0; g < s->stages; g++) {
                 int k = msg_index(s, dir, mb, g);
-                if (s->sent[k] && !s->recvd[k]) {
-                    snprintf(err, CFG_ERR, "the %s of mb %d sent by stage %d (rank %d) is "
+                if (s->sent[k] && !s->recvd[k])
+                    return trd_errorf(err, "the %s of mb %d sent by stage %d (rank %d) is "
                                            "never received",
-                             dir == DIR_ACT ? "activation" : "gradient", mb, g, g % s->pp);
-                    return -1;
-                }
+                                      dir == DIR_ACT ? "activation" : "gradient", mb, g,
+                                      g % s->pp);
             }
     return 0;
 }
 
 static int check_lists(const PpSchedule *ranks, int pp, char err[CFG_ERR])
 {
-    if (pp < 1) {
-        snprintf(err, CFG_ERR, "no ranks to simulate");
-        return -1;
-    }
+    if (pp < 1)
+        return trd_errorf(err, "no ranks to simulate");
     for (int r = 0; r < pp; r++) {
         const PpSchedule *q = &ranks[r];
         if (q->pp != pp || q->rank != r || q->m != ranks[0].m || q->v != ranks[0].v ||
-            q->m < 1 || q->v < 1) {
-            snprintf(err, CFG_ERR, "list %d is for rank %d of %d (m %d, v %d), not rank %d of "
+            q->m < 1 || q->v < 1)
+            return trd_errorf(err, "list %d is for rank %d of %d (m %d, v %d), not rank %d of "
                                    "%d (m %d, v %d)", r, q->rank, q->pp, q->m, q->v, r, pp,
-                     ranks[0].m, ranks[0].v);
-            return -1;
-        }
+                              ranks[0].m, ranks[0].v);
     }
     return 0;
 }
@@ -293,6 +301,10 @@ static void sim_init(Sim *s, const PpSchedule *ranks, int pp, PpCost cost, PpSim
     s->sent = trd_calloc(msgs, 1, "simulation messages");
     s->recvd = trd_calloc(msgs, 1, "simulation messages");
     s->sent_at = trd_calloc(msgs, sizeof(double), "simulation messages");
+    s->seq = trd_calloc(msgs, sizeof(int), "simulation messages");
+    size_t chans = 2 * (size_t)pp * pp;
+    s->chan_sent = trd_calloc(chans, sizeof(int), "simulation channels");
+    s->chan_recvd = trd_calloc(chans, sizeof(int), "simulation channels");
     s->pc = trd_calloc((size_t)pp, sizeof(int), "simulation ranks");
     s->clock = trd_calloc((size_t)pp, sizeof(double), "simulation ranks");
     s->inflight = trd_calloc((size_t)pp, sizeof(int), "simulation ranks");
@@ -305,6 +317,9 @@ static void sim_free(Sim *s)
     free(s->sent);
     free(s->recvd);
     free(s->sent_at);
+    free(s->seq);
+    free(s->chan_sent);
+    free(s->chan_recvd);
     free(s->pc);
     free(s->clock);
     free(s->inflight);
@@ -318,6 +333,7 @@ static void summarize(const Sim *s, PpSimResult *res)
         if (s->clock[r] > res->step_time)
             res->step_time = s->clock[r];
     }
+    res->cost = s->cost;
     res->ideal_time = s->m * (s->cost.fwd + s->cost.bwd);
     double t = res->step_time;
     res->bubble = t > 0 ? (t - res->ideal_time) / t : 0;
@@ -332,11 +348,9 @@ int pp_simulate(const PpSchedule *ranks, int pp, PpCost cost, PpSimResult *res,
     memset(res, 0, sizeof *res);
     if (check_lists(ranks, pp, err))
         return -1;
-    if (!(cost.fwd >= 0 && cost.bwd >= 0)) {
-        snprintf(err, CFG_ERR, "costs must be >= 0 (forward %g, backward %g)", cost.fwd,
-                 cost.bwd);
-        return -1;
-    }
+    if (!(cost.fwd >= 0 && cost.bwd >= 0))
+        return trd_errorf(err, "costs must be >= 0 (forward %g, backward %g)", cost.fwd,
+                          cost.bwd);
     alloc_result(res, ranks, pp);
     Sim s;
     sim_init(&s, ranks, pp, cost, res);

@@ -231,3 +231,36 @@ void comm_reduce_scatter_block_f32(Comm *c, float *buf, size_t n)
           "reduce-scatter");
     c->bytes_sent += ring_bytes(c, n * (size_t)c->size, 1);
 }
+
+CommHandle comm_isend_f32(Comm *c, const float *buf, size_t n, int dest, int tag)
+{
+    CommHandle h = {.req = MPI_REQUEST_NULL};
+    TRD_ASSERT(n <= (size_t)INT_MAX);
+    check(MPI_Isend(buf, (int)n, MPI_FLOAT, dest, tag, c->mpi, &h.req), "send");
+    c->bytes_sent += (uint64_t)n * sizeof(float);
+    return h;
+}
+
+void comm_recv_f32(Comm *c, float *buf, size_t n, int src, int tag)
+{
+    TRD_ASSERT(n <= (size_t)INT_MAX);
+    MPI_Status st;
+    int got = 0;
+    check(MPI_Recv(buf, (int)n, MPI_FLOAT, src, tag, c->mpi, &st), "receive");
+    MPI_Get_count(&st, MPI_FLOAT, &got);
+    if (got != (int)n)
+        trd_fatal(TRD_EXIT_RUNTIME, "the two ranks disagree on the message size",
+                  "received %d floats from rank %d (tag %d), expected %zu", got, src, tag, n);
+}
+
+int comm_probe(Comm *c, int src, int tag)
+{
+    int flag = 0;
+    check(MPI_Iprobe(src, tag, c->mpi, &flag, MPI_STATUS_IGNORE), "probe");
+    return flag;
+}
+
+void comm_allreduce_max_f64(Comm *c, double *buf, size_t n)
+{
+    allreduce(c, buf, n, sizeof(double), MPI_DOUBLE, MPI_MAX);
+}

@@ -79,4 +79,18 @@ void comm_allgather_block_f32(Comm *c, float *buf, size_t n);
  * buf[0, n) holds the sum over ranks of block `rank` (the rest is garbage). */
 void comm_reduce_scatter_block_f32(Comm *c, float *buf, size_t n);
 
+/* ---- point to point (pipeline activations and gradients) ----
+ * A send is non-blocking: buf must stay unmodified until comm_wait or
+ * comm_test reports the handle complete.  Its bytes count in bytes_sent.
+ * The receive blocks until the whole message is in buf; a message of any
+ * other length than n floats ends the job (a schedule or stage bug). */
+CommHandle comm_isend_f32(Comm *c, const float *buf, size_t n, int dest, int tag);
+void comm_recv_f32(Comm *c, float *buf, size_t n, int src, int tag);
+/* Whether a message from src with tag is waiting to be received (never
+ * blocks); moves MPI along.  Lets a caller wait without spinning in MPI. */
+int comm_probe(Comm *c, int src, int tag);
+
+/* Max all-reduce of doubles in place (the slowest rank's time of a step). */
+void comm_allreduce_max_f64(Comm *c, double *buf, size_t n);
+
 #endif

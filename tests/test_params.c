@@ -24,19 +24,25 @@ static ModelConfig tiny(ModelArch arch)
     return m;
 }
 
-/* Element (r, c) of the global tensor `name`, taken from a shard's buffer. */
+/* Element (r, c) of the global tensor `name`, taken from a shard's buffer;
+ * *owned says whether this rank is its one owner (params_row_owned). */
 static float shard_value(const ParamTable *t, const float *buf, const char *name, int64_t r,
-                         int64_t c, int *held)
+                         int64_t c, int *held, int *owned)
 {
     const ParamSpec *p = params_find(t, name);
-    int64_t lr = r - p->local_start[0], lc = c - p->local_start[1];
-    *held = lr >= 0 && lr < p->local_shape[0] && lc >= 0 && lc < p->local_shape[1];
+    int64_t lr = -1, lc = c - p->local_start[1];
+    for (int64_t k = 0; k < p->local_shape[0]; k++)
+        if (params_global_row(p, k) == r)
+            lr = k;
+    *held = lr >= 0 && lc >= 0 && lc < p->local_shape[1];
+    *owned = *held && params_row_owned(t, p, lr);
     return *held ? buf[p->offset + (size_t)(lr * p->local_shape[1] + lc)] : 0.0f;
 }
 
-static void check_shards_match_full(ModelArch arch, int tp)
+static void check_shards_match_full(ModelArch arch, int tp, int kv_heads)
 {
     ModelConfig m = tiny(arch);
+    m.kv_heads = kv_heads;
     /* Padding depends on tp, so compare against a full table padded for tp. */
     ParamShard full_sh = params_full_shard(&m);
     full_sh.tp = 1;
@@ -47,7 +53,8 @@ static void check_shards_match_full(ModelArch arch, int tp)
     float *fbuf = malloc(full.numel * sizeof(float));
     params_init(&full, fbuf, 42);
 
-    int mismatches = 0, covered_total = 0;
+    int mismatches = 0, covered_total = 0, owned_total = 0;
+    size_t kv_extra = 0; /* replicated kv elements held beyond the first copy */
     for (int r = 0; r < tp; r++) {
         ParamShard sh = params_full_shard(&m);
         sh.tp = tp;
@@ -55,17 +62,28 @@ static void check_shards_match_full(ModelArch arch, int tp)
         ParamTable t;
         params_build(&t, &m, &sh);
         CHECK(t.n == full.n, "same tensors on every TP rank (%d vs %d)", t.n, full.n);
+        for (int i = 0; i < t.n; i++) {
+            const ParamSpec *p = &t.p[i];
+            const int qkv = strstr(p->name, "attn.qkv") != NULL;
+            const int share = qkv && kv_heads < tp ? tp / kv_heads : 1;
+            CHECK(p->kv_share == share, "tp %d kv %d: %s kv_share %d, want %d", tp, kv_heads,
+                  p->name, p->kv_share, share);
+            if (p->kv_share > 1)
+                kv_extra += (size_t)((p->local_shape[0] - p->kv_row) * p->local_shape[1]) *
+                            (size_t)(p->kv_share - 1) / (size_t)p->kv_share;
+        }
         float *buf = malloc(t.numel * sizeof(float));
         params_init(&t, buf, 42);
         for (int i = 0; i < full.n; i++) {
             const ParamSpec *fp = &full.p[i];
             for (int64_t a = 0; a < fp->shape[0]; a++)
                 for (int64_t b = 0; b < fp->shape[1]; b++) {
-                    int held;
-                    float v = shard_value(&t, buf, fp->name, a, b, &held);
+                    int held, owned;
+                    float v = shard_value(&t, buf, fp->name, a, b, &held, &owned);
                     if (!held)
                         continue;
                     covered_total++;
+                    owned_total += owned;
                     if (v != fbuf[fp->offset + (size_t)(a * fp->shape[1] + b)])
                         mismatches++;
                 }
@@ -73,16 +91,18 @@ static void check_shards_match_full(ModelArch arch, int tp)
         free(buf);
         params_free(&t);
     }
-    CHECK(mismatches == 0, "arch %d tp %d: %d shard elements differ from the full tensor", arch,
-          tp, mismatches);
+    CHECK(mismatches == 0, "arch %d tp %d kv %d: %d shard elements differ from the full tensor",
+          arch, tp, kv_heads, mismatches);
+    CHECK((size_t)owned_total == full.numel, "arch %d tp %d kv %d: each element owned once "
+          "(%d owned of %zu)", arch, tp, kv_heads, owned_total, full.numel);
     /* Replicated tensors are counted tp times, split ones once. */
     size_t replicated = 0;
     for (int i = 0; i < full.n; i++)
         if (full.p[i].split_dim < 0)
             replicated += full.p[i].numel;
-    CHECK((size_t)covered_total == full.numel + (size_t)(tp - 1) * replicated,
-          "tp %d: shards cover every element (%d vs %zu)", tp, covered_total,
-          full.numel + (size_t)(tp - 1) * replicated);
+    CHECK((size_t)covered_total == full.numel + (size_t)(tp - 1) * replicated + kv_extra,
+          "tp %d kv %d: shards cover every element (%d vs %zu)", tp, kv_heads, covered_total,
+          full.numel + (size_t)(tp - 1) * replicated + kv_extra);
     free(fbuf);
     params_free(&full);
 }
@@ -182,9 +202,31 @@ int main(void)
     CHECK(params_find(&t, "layers.0.ln1.bias") == NULL, "llama: no biases");
     params_free(&t);
 
+    /* kv heads split (kv_heads % tp == 0) and replicated (tp % kv_heads == 0). */
     for (int tp = 2; tp <= 4; tp *= 2) {
-        check_shards_match_full(ARCH_GPT2, tp);
-        check_shards_match_full(ARCH_LLAMA, tp == 4 ? 2 : tp); /* kv_heads 2 */
+        check_shards_match_full(ARCH_GPT2, tp, 4);
+        check_shards_match_full(ARCH_GPT2, tp, 1);
+        check_shards_match_full(ARCH_LLAMA, tp, 2);
+        check_shards_match_full(ARCH_LLAMA, tp, 1);
+    }
+    /* tp 4 over 2 kv heads (head size 4): the second group is rows 16..31,
+     * [q2 q3 k1 v1]; rank 3 holds q3 (rows 20..23) and k1, v1 (24..31). */
+    {
+        ModelConfig lm = tiny(ARCH_LLAMA);
+        ParamShard s4 = params_full_shard(&lm);
+        s4.tp = 4;
+        s4.tp_rank = 3;
+        params_build(&t, &lm, &s4);
+        const ParamSpec *q = params_find(&t, "layers.0.attn.qkv.weight");
+        CHECK(q->local_shape[0] == 12 && q->kv_share == 2 && q->kv_row == 4,
+              "replicated kv: 3 heads of 4 rows, kv from row 4 (got %lld rows, share %d, "
+              "kv_row %lld)", (long long)q->local_shape[0], q->kv_share, (long long)q->kv_row);
+        CHECK(params_global_row(q, 0) == 20 && params_global_row(q, 3) == 23 &&
+                  params_global_row(q, 4) == 24 && params_global_row(q, 11) == 31,
+              "replicated kv: rows 20..23 then 24..31");
+        CHECK(!params_row_owned(&t, q, 4) && params_row_owned(&t, q, 0),
+              "rank 3 owns its q rows, rank 2 the shared kv rows");
+        params_free(&t);
     }
     return check_summary("params");
 }

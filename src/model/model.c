@@ -12,9 +12,35 @@
  * Nothing is allocated or looked up by name during a step.
  *
  * Shapes are the LOCAL ones of the table (heads, ffn and vocabulary rows of
- * this tensor-parallel rank).  The collectives tensor parallelism needs
- * around the row-parallel projections and the vocabulary are not here; with
- * tp = 1 this is the whole model. */
+ * this tensor-parallel rank); with tp = 1 this is the whole model.
+ *
+ * Tensor parallelism (src/tensor_par/tensor_par.h has the collectives and
+ * their table).  Per layer: norm -> [column input] -> qkv (column-parallel,
+ * by kv group) -> attention (local heads) -> proj (row-parallel) -> [row
+ * output] + bias -> residual; the MLP the same way (fc/gate/up column-,
+ * proj/down row-parallel).  The embedding is vocabulary-parallel (a row
+ * output over the vocabulary), the head column-parallel over the
+ * vocabulary with the vocabulary-parallel cross-entropy.  With sequence
+ * parallelism the residual stream, the norms and their statistics hold
+ * d.Ns = N / tp rows (this rank's block of the b-major token rows); the
+ * norm outputs are all-gathered to [N, C] and kept whole for backward.
+ *
+ * Gradients of the tensors each rank holds (after backward returns, for
+ * every micro-batch, so ZeRO may reduce a layer as soon as it is done):
+ *   split tensors (qkv q rows, fc/gate/up, proj/down, wte/head rows):
+ *     complete for the local piece, no TP reduction.
+ *   qkv k,v rows replicated over kv_share ranks (tp > kv_heads): partial
+ *     (this rank's query heads only), all-reduced among those ranks here.
+ *   row-parallel biases (attn.proj.bias, mlp.proj.bias): complete and equal
+ *     on all TP ranks (summed over the whole gathered output gradient).
+ *   norm weights and biases (ln1, ln2, final_norm): without SP complete and
+ *     equal (every rank computes the same); with SP partial (own token
+ *     rows), all-reduced over TP here.
+ *   embed.wpe: partial (rows of the tokens this rank's vocabulary holds),
+ *     all-reduced over TP here.
+ * So after backward every replicated tensor has the same gradient on every
+ * TP rank; DP reduction and the optimizer need nothing TP-specific, and the
+ * gradient norm counts each element once with params_grad_sumsq. */
 #include "model/model.h"
 
 #include <math.h>
@@ -23,6 +49,7 @@
 #include <string.h>
 
 #include "core/error.h"
+#include "tensor_par/tensor_par.h"
 
 /* ---- data structures ---------------------------------------------------- */
 
@@ -30,6 +57,7 @@
 typedef struct {
     int gpt2;
     int B, T, N, C;      /* N = B*T token rows */
+    int Ns;              /* rows of the residual stream held: N, or N/tp with SP */
     int hs;              /* head size */
     int H, KVH;          /* local query heads and kv heads */
     int QKV;             /* local rows of the fused qkv weight: (H + 2*KVH)*hs */
@@ -37,6 +65,7 @@ typedef struct {
     int Vp;              /* local (padded) vocabulary rows */
     int V;               /* of which real: columns the loss counts */
     int vocab_start;     /* first global vocabulary row held */
+    int vocab;           /* the whole real vocabulary (targets are below it) */
     float eps, theta;
 } Dims;
 
@@ -84,11 +113,11 @@ enum {
     A_LN2, A_LN2_MEAN, A_LN2_RSTD, A_FC, A_UP, A_FC_ACT, A_COUNT
 };
 typedef struct {
-    float *ln1, *ln1_mean, *ln1_rstd; /* [N,C], [N], [N] (mean: LayerNorm only) */
+    float *ln1, *ln1_mean, *ln1_rstd; /* [N,C] whole, [Ns], [Ns] (mean: LayerNorm only) */
     float *qkv;          /* [N, QKV], after RoPE */
     float *att;          /* [B, H, T, T] softmax probabilities */
     float *atty;         /* [N, H*hs] attention output, heads in order */
-    float *res_mid;      /* [N, C] residual stream after the attention branch */
+    float *res_mid;      /* [Ns, C] residual stream after the attention branch */
     float *ln2, *ln2_mean, *ln2_rstd;
     float *fc;           /* [N, F] GPT-2: fc output before GELU; Llama: gate output */
     float *up;           /* [N, F] Llama: up output */
@@ -97,14 +126,15 @@ typedef struct {
 
 /* Head activations (last stage). */
 typedef struct {
-    float *lnf, *lnf_mean, *lnf_rstd; /* [N,C], [N], [N] */
+    float *lnf, *lnf_mean, *lnf_rstd; /* [N,C] whole, [Ns], [Ns] */
     float *logits;       /* [N, Vp]; backward overwrites it with dlogits */
     float *losses;       /* [N] */
+    float *ce_stats;     /* [3N] vocabulary-parallel cross-entropy (tp > 1) */
 } HeadActs;
 
 /* Backward scratch, shared by all layers (one layer is in backward at a time). */
 typedef struct {
-    float *dres;         /* [N,C] d loss / d residual stream, updated in place */
+    float *dres;         /* [Ns,C] d loss / d residual stream, updated in place */
     float *branch;       /* [N,C] a branch's output before it joins the stream */
     float *dln;          /* [N,C] gradient at a norm's output */
     float *dqkv;         /* [N, QKV] */
@@ -112,6 +142,11 @@ typedef struct {
     float *datt;         /* [B, H, T, T] */
     float *dfc, *dup;    /* [N, F] gradients at fc/gate and up outputs */
     float *dfc_act;      /* [N, F] gradient at the projection's input */
+    /* tp > 1 only: */
+    float *full;         /* [N, C] a stream tensor made whole (embedding, SP gathers) */
+    float *norm_part;    /* [2C] SP: a norm's partial weight/bias gradient */
+    float *dwpe_part;    /* [T, C] partial position-embedding gradient */
+    float *kv_keep;      /* [2hs*(C+1)] replicated kv rows' accumulated gradient */
 } Scratch;
 
 struct Model {
@@ -120,6 +155,7 @@ struct Model {
     ParamShard sh;
     Recompute recompute;
     ParamTable table;
+    TpGroup tp;
     Dims d;
     int nl;              /* local layers: sh.layer_end - sh.layer_begin */
 
@@ -131,7 +167,7 @@ struct Model {
 
     float *acts;                    /* the one activation allocation */
     size_t acts_numel;
-    float **resid;                  /* [nl + 1] x [N, C]: resid[i] enters local layer i */
+    float **resid;                  /* [nl + 1] x [Ns, C]: resid[i] enters local layer i */
     LayerActs *la;                  /* [nl] */
     HeadActs ha;
     int32_t *tokens, *targets;      /* [N] each, copies of the last forward's */
@@ -197,47 +233,35 @@ static void bind_outer(OuterParams *op, const GroupOffsets *g, float *storage, i
 
 /* ---- sizes -------------------------------------------------------------- */
 
-static int local_rows(const ParamTable *t, const char *name)
-{
-    const ParamSpec *p = params_find(t, name);
-    return p ? (int)p->local_shape[0] : -1;
-}
-
-/* Local sizes from the table, so that a tensor-parallel shard sees its own
- * heads, MLP columns and vocabulary rows. */
+/* Local sizes of this tensor-parallel rank: its query heads, kv heads (its
+ * own, or the one group it shares), MLP columns and vocabulary rows.  The
+ * table says the same (checked against it in model_create_unbound). */
 static Dims make_dims(const Model *m, int B)
 {
     const ModelConfig *mc = &m->mc;
+    const int tp = m->sh.tp;
     Dims d = {0};
     d.gpt2 = mc->arch == ARCH_GPT2;
     d.B = B;
     d.T = mc->seq_len;
     d.N = B * mc->seq_len;
+    d.Ns = tp_stream_rows(&m->tp, d.N);
     d.C = mc->hidden;
     d.hs = mc->hidden / mc->heads;
     d.eps = mc->norm_eps;
     d.theta = mc->rope_theta;
 
-    const int group = mc->heads / mc->kv_heads;   /* query heads per kv head */
-    d.KVH = mc->kv_heads;
-    d.F = mc->ffn_hidden;
-    if (m->nl > 0) {
-        const int l = m->sh.layer_begin;
-        char name[PARAM_NAME];
-        snprintf(name, sizeof name, "layers.%d.attn.qkv.weight", l);
-        d.KVH = local_rows(&m->table, name) / ((group + 2) * d.hs);
-        snprintf(name, sizeof name, "layers.%d.%s", l,
-                 d.gpt2 ? "mlp.fc.weight" : "mlp.gate.weight");
-        d.F = local_rows(&m->table, name);
-    }
-    d.H = d.KVH * group;
+    d.H = mc->heads / tp;
+    d.KVH = mc->kv_heads % tp == 0 ? mc->kv_heads / tp : 1;
     d.QKV = (d.H + 2 * d.KVH) * d.hs;
+    d.F = mc->ffn_hidden / tp;
 
     const ParamSpec *v = params_find(&m->table, "embed.wte.weight");
     if (!v)
         v = params_find(&m->table, "head.weight");
     d.Vp = v ? (int)v->local_shape[0] : 0;
     d.vocab_start = v ? (int)v->local_start[0] : 0;
+    d.vocab = mc->vocab;
     const int real = mc->vocab - d.vocab_start;
     d.V = real < 0 ? 0 : (real > d.Vp ? d.Vp : real);
     return d;
@@ -245,17 +269,17 @@ static Dims make_dims(const Model *m, int B)
 
 static void layer_act_sizes(const Dims *d, size_t n[A_COUNT])
 {
-    const size_t N = (size_t)d->N, C = (size_t)d->C, F = (size_t)d->F;
-    n[A_LN1] = N * C;
-    n[A_LN1_MEAN] = d->gpt2 ? N : 0;  /* RMSNorm keeps no mean */
-    n[A_LN1_RSTD] = N;
+    const size_t N = (size_t)d->N, C = (size_t)d->C, F = (size_t)d->F, Ns = (size_t)d->Ns;
+    n[A_LN1] = N * C;                 /* whole (gathered under SP) */
+    n[A_LN1_MEAN] = d->gpt2 ? Ns : 0; /* RMSNorm keeps no mean */
+    n[A_LN1_RSTD] = Ns;
     n[A_QKV] = N * (size_t)d->QKV;
     n[A_ATT] = (size_t)d->B * (size_t)d->H * (size_t)d->T * (size_t)d->T;
     n[A_ATTY] = N * (size_t)d->H * (size_t)d->hs;
-    n[A_RES_MID] = N * C;
+    n[A_RES_MID] = Ns * C;
     n[A_LN2] = N * C;
-    n[A_LN2_MEAN] = d->gpt2 ? N : 0;
-    n[A_LN2_RSTD] = N;
+    n[A_LN2_MEAN] = d->gpt2 ? Ns : 0;
+    n[A_LN2_RSTD] = Ns;
     n[A_FC] = N * F;
     n[A_UP] = d->gpt2 ? 0 : N * F;
     n[A_FC_ACT] = N * F;
@@ -315,12 +339,12 @@ static float *take(Carver *c, size_t n)
 static void carve_activations(Model *m, Carver *c)
 {
     const Dims *d = &m->d;
-    const size_t NC = (size_t)d->N * (size_t)d->C;
+    const size_t NC = (size_t)d->N * (size_t)d->C, NsC = (size_t)d->Ns * (size_t)d->C;
     size_t sz[A_COUNT];
     layer_act_sizes(d, sz);
 
     for (int i = 0; i <= m->nl; i++)
-        m->resid[i] = take(c, NC);
+        m->resid[i] = take(c, NsC);
 
     LayerActs shared = {0};
     float **slot[A_COUNT];
@@ -338,10 +362,11 @@ static void carve_activations(Model *m, Carver *c)
 
     if (m->sh.has_head) {
         m->ha.lnf = take(c, NC);
-        m->ha.lnf_mean = take(c, d->gpt2 ? (size_t)d->N : 0);
-        m->ha.lnf_rstd = take(c, (size_t)d->N);
+        m->ha.lnf_mean = take(c, d->gpt2 ? (size_t)d->Ns : 0);
+        m->ha.lnf_rstd = take(c, (size_t)d->Ns);
         m->ha.logits = take(c, (size_t)d->N * (size_t)d->Vp);
         m->ha.losses = take(c, (size_t)d->N);
+        m->ha.ce_stats = take(c, tp_active(&m->tp) ? 3 * (size_t)d->N : 0);
     }
 }
 
@@ -349,8 +374,8 @@ static void carve_scratch(Model *m, Carver *c)
 {
     const Dims *d = &m->d;
     const size_t N = (size_t)d->N, NC = N * (size_t)d->C, NF = N * (size_t)d->F;
-    const int blocks = m->nl > 0;
-    m->s.dres = take(c, NC);
+    const int blocks = m->nl > 0, tp = tp_active(&m->tp);
+    m->s.dres = take(c, (size_t)d->Ns * (size_t)d->C);
     m->s.dln = take(c, NC);
     m->s.branch = take(c, blocks ? NC : 0);
     m->s.dqkv = take(c, blocks ? N * (size_t)d->QKV : 0);
@@ -359,6 +384,11 @@ static void carve_scratch(Model *m, Carver *c)
     m->s.dfc = take(c, blocks ? NF : 0);
     m->s.dup = take(c, blocks && !d->gpt2 ? NF : 0);
     m->s.dfc_act = take(c, blocks ? NF : 0);
+    m->s.full = take(c, tp ? NC : 0);
+    m->s.norm_part = take(c, tp_sequence_parallel(&m->tp) ? 2 * (size_t)d->C : 0);
+    m->s.dwpe_part = take(c, tp && d->gpt2 && m->sh.has_embed ? (size_t)d->T * (size_t)d->C : 0);
+    const size_t kv_rows = 2 * (size_t)d->hs;
+    m->s.kv_keep = take(c, blocks && m->tp.kv_share > 1 ? kv_rows * (size_t)(d->C + 1) : 0);
 }
 
 /* ---- create / free ------------------------------------------------------ */
@@ -380,6 +410,24 @@ static void check_config(const ModelConfig *mc, int B)
                   mc->heads, mc->kv_heads);
 }
 
+/* The same rules as config validation, for models built without it. */
+static void check_tp(const ModelConfig *mc, const ParamShard *sh, int sp, int B)
+{
+    const char *hint = "check model and topology.tp (see docs/config.md)";
+    const int tp = sh->tp;
+    if (tp < 1 || sh->tp_rank < 0 || sh->tp_rank >= tp)
+        trd_fatal(TRD_EXIT_INPUT, hint, "model: tp rank %d of %d", sh->tp_rank, tp);
+    if (mc->heads % tp || mc->ffn_hidden % tp)
+        trd_fatal(TRD_EXIT_INPUT, hint, "model: heads %d and ffn_hidden %d must be divisible "
+                  "by tp %d", mc->heads, mc->ffn_hidden, tp);
+    if (mc->kv_heads % tp && tp % mc->kv_heads)
+        trd_fatal(TRD_EXIT_INPUT, hint, "model: kv_heads %d and tp %d: one must divide the "
+                  "other", mc->kv_heads, tp);
+    if (sp && tp > 1 && (B * mc->seq_len) % tp)
+        trd_fatal(TRD_EXIT_INPUT, hint, "model: sequence parallelism needs the %d token rows "
+                  "of a micro-batch divisible by tp %d", B * mc->seq_len, tp);
+}
+
 Model *model_create_unbound(const Config *cfg, const Backend *be, const ParamShard *sh, int B)
 {
     check_config(&cfg->model, B);
@@ -390,6 +438,10 @@ Model *model_create_unbound(const Config *cfg, const Backend *be, const ParamSha
     m->recompute = cfg->training.recompute;
     m->nl = sh->layer_end - sh->layer_begin;
     TRD_ASSERT(m->nl >= 0);
+    const int sp = cfg->topology.sequence_parallel;
+    check_tp(&m->mc, sh, sp, B);
+    const int kv_share = m->mc.kv_heads % sh->tp ? sh->tp / m->mc.kv_heads : 1;
+    m->tp = tp_group_layout(sh->tp, sh->tp_rank, sp, kv_share);
     params_build(&m->table, &m->mc, sh);
 
     const int gpt2 = m->mc.arch == ARCH_GPT2;
@@ -406,6 +458,12 @@ Model *model_create_unbound(const Config *cfg, const Backend *be, const ParamSha
                   "embeddings it lives on the first stage only");
 
     m->d = make_dims(m, B);
+    if (m->nl > 0) { /* the table and the dims agree on the qkv split */
+        char name[PARAM_NAME];
+        snprintf(name, sizeof name, "layers.%d.attn.qkv.weight", sh->layer_begin);
+        const ParamSpec *q = params_find(&m->table, name);
+        TRD_ASSERT(q && q->local_shape[0] == m->d.QKV && q->kv_share == kv_share);
+    }
 
     m->resid = trd_calloc((size_t)m->nl + 1, sizeof(float *), "residual pointers");
     m->la = trd_calloc((size_t)m->nl + 1, sizeof(LayerActs), "layer activation pointers");
@@ -461,10 +519,16 @@ void model_bind(Model *m, int group, float *params, float *grads)
         bind_fields(m->lg[i].f, LP_FIELDS, &m->lo_off[i], grads);
 }
 
+void model_set_tensor_parallel(Model *m, Comm *tp)
+{
+    tp_group_attach(&m->tp, tp);
+}
+
 void model_free(Model *m)
 {
     if (!m)
         return;
+    tp_group_free(&m->tp);
     params_free(&m->table);
     free(m->params);
     free(m->grads);
@@ -486,6 +550,7 @@ float *model_stage_input(Model *m) { return m->resid[0]; }
 float *model_stage_output(Model *m) { return m->resid[m->nl]; }
 float *model_grad_stream(Model *m) { return m->s.dres; }
 int model_vocab_padded(const Model *m) { return m->d.Vp; }
+int model_stream_rows(const Model *m) { return m->d.Ns; }
 
 MemoryReport model_memory(const Model *m)
 {
@@ -511,37 +576,63 @@ static void zero(float *x, size_t n)
 
 /* ---- norms: LayerNorm (GPT-2) or RMSNorm (Llama) ------------------------ */
 
-static void norm_forward(const Model *m, float *out, float *mean, float *rstd,
-                         const float *inp, const float *w, const float *b)
+/* Normalise the d.Ns stream rows held here into this rank's rows of out
+ * [N, C], then make out whole: the input of the column-parallel layers
+ * (all-gather under SP, identity otherwise). */
+static void norm_forward(Model *m, float *out, float *mean, float *rstd, const float *inp,
+                         const float *w, const float *b)
 {
     const Dims *d = &m->d;
+    float *mine = tp_my_rows(&m->tp, out, d->N, d->C);
     if (d->gpt2)
-        m->be->layernorm_forward(out, mean, rstd, inp, w, b, d->N, d->C, d->eps);
+        m->be->layernorm_forward(mine, mean, rstd, inp, w, b, d->Ns, d->C, d->eps);
     else
-        m->be->rmsnorm_forward(out, rstd, inp, w, d->N, d->C, d->eps);
+        m->be->rmsnorm_forward(mine, rstd, inp, w, d->Ns, d->C, d->eps);
+    tp_column_input_forward(&m->tp, out, d->N, d->C);
 }
 
-/* ADDS the input gradient into dinp. */
-static void norm_backward(const Model *m, float *dinp, float *dw, float *db, const float *dout,
-                          const float *inp, const float *w, const float *mean,
-                          const float *rstd)
+/* dout [N, C] holds this rank's partial gradient at the norm's output (the
+ * column-parallel layers' input): reduced first (all-reduce, or
+ * reduce-scatter into its first d.Ns rows under SP), then the norm's
+ * backward ADDS the input gradient into dinp (d.Ns rows) and the weight and
+ * bias gradients into dw, db.  Under SP those are partial (own rows): they
+ * go through norm_part and are all-reduced over TP. */
+static void norm_backward(Model *m, float *dinp, float *dw, float *db, float *dout,
+                          const float *inp, const float *w, const float *mean, const float *rstd)
 {
     const Dims *d = &m->d;
+    const int sp = tp_sequence_parallel(&m->tp);
+    tp_column_input_backward(&m->tp, dout, d->N, d->C);
+    float *gw = dw, *gb = db;
+    if (sp) {
+        gw = m->s.norm_part;
+        gb = db ? m->s.norm_part + d->C : NULL;
+        zero(m->s.norm_part, 2 * (size_t)d->C);
+    }
     if (d->gpt2)
-        m->be->layernorm_backward(dinp, dw, db, dout, inp, w, mean, rstd, d->N, d->C);
+        m->be->layernorm_backward(dinp, gw, gb, dout, inp, w, mean, rstd, d->Ns, d->C);
     else
-        m->be->rmsnorm_backward(dinp, dw, dout, inp, w, rstd, d->N, d->C);
+        m->be->rmsnorm_backward(dinp, gw, dout, inp, w, rstd, d->Ns, d->C);
+    if (sp) {
+        tp_add_reduced_grad(&m->tp, dw, gw, (size_t)d->C);
+        if (db)
+            tp_add_reduced_grad(&m->tp, db, gb, (size_t)d->C);
+    }
 }
 
 /* ---- embed -------------------------------------------------------------- */
 
+/* Vocabulary-parallel lookup (tensor_par.h): partial rows summed over TP,
+ * reduce-scattered into this rank's stream rows under SP. */
 void model_embed_forward(Model *m, const int32_t *tokens)
 {
     const Dims *d = &m->d;
     TRD_ASSERT(m->sh.has_embed);
+    tp_group_check(&m->tp);
     memcpy(m->tokens, tokens, (size_t)d->N * sizeof(int32_t));
-    m->be->embedding_forward(m->resid[0], m->tokens, m->op.wte, m->op.wpe, d->N, d->T, d->C,
-                             d->vocab_start, d->Vp);
+    float *full = tp_sequence_parallel(&m->tp) ? m->s.full : m->resid[0];
+    tp_embedding_forward(m->be, &m->tp, m->resid[0], full, m->tokens, m->op.wte, m->op.wpe,
+                         d->N, d->T, d->C, d->vocab_start, d->Vp);
 }
 
 /* Reads the residual-stream gradient left by the first local layer. */
@@ -549,8 +640,8 @@ void model_embed_backward(Model *m)
 {
     const Dims *d = &m->d;
     TRD_ASSERT(m->sh.has_embed);
-    m->be->embedding_backward(m->og.wte, m->og.wpe, m->s.dres, m->tokens, d->N, d->T, d->C,
-                              d->vocab_start, d->Vp);
+    tp_embedding_backward(m->be, &m->tp, m->og.wte, m->og.wpe, m->s.dwpe_part, m->s.dres,
+                          m->s.full, m->tokens, d->N, d->T, d->C, d->vocab_start, d->Vp);
 }
 
 /* ---- block -------------------------------------------------------------- */
@@ -559,6 +650,21 @@ static int local_layer(const Model *m, int l)
 {
     TRD_ASSERT(l >= m->sh.layer_begin && l < m->sh.layer_end);
     return l - m->sh.layer_begin;
+}
+
+/* Row-parallel linear: out [N, C] = inp [N, K] @ W^T over this rank's K
+ * columns, then the row output boundary (sum over TP, kept rows: out's
+ * first d.Ns) and the replicated bias, once. */
+static void row_linear_forward(Model *m, float *out, const float *inp, const float *w,
+                               const float *b, int K)
+{
+    const Dims *d = &m->d;
+    if (!tp_active(&m->tp)) {
+        m->be->matmul_forward(out, inp, w, b, d->N, K, d->C);
+        return;
+    }
+    m->be->matmul_forward(out, inp, w, NULL, d->N, K, d->C);
+    tp_row_output_forward(&m->tp, out, b, d->N, d->C);
 }
 
 /* MLP up to the input of its projection: fc_act = act(fc(ln2)). */
@@ -586,27 +692,27 @@ static void block_forward(Model *m, int i, int need_output)
     const LayerParams *p = &m->lp[i];
     LayerActs *a = &m->la[i];
     const float *x = m->resid[i];
-    const size_t NC = (size_t)d->N * (size_t)d->C;
+    const size_t NsC = (size_t)d->Ns * (size_t)d->C;
 
     norm_forward(m, a->ln1, a->ln1_mean, a->ln1_rstd, x, p->ln1_w, p->ln1_b);
     be->matmul_forward(a->qkv, a->ln1, p->qkv_w, p->qkv_b, d->N, d->C, d->QKV);
     if (!d->gpt2)
         be->rope_forward(a->qkv, d->N, d->T, d->H, d->KVH, d->hs, d->theta);
     be->attention_forward(a->atty, a->att, a->qkv, d->B, d->T, d->H, d->KVH, d->hs);
-    be->matmul_forward(m->s.branch, a->atty, p->attn_proj_w, p->attn_proj_b, d->N,
-                       d->H * d->hs, d->C);
-    be->add(a->res_mid, x, m->s.branch, NC);
+    row_linear_forward(m, m->s.branch, a->atty, p->attn_proj_w, p->attn_proj_b, d->H * d->hs);
+    be->add(a->res_mid, x, m->s.branch, NsC);
 
     norm_forward(m, a->ln2, a->ln2_mean, a->ln2_rstd, a->res_mid, p->ln2_w, p->ln2_b);
     mlp_forward(m, p, a);
     if (!need_output)
         return;
-    be->matmul_forward(m->s.branch, a->fc_act, p->mlp_proj_w, p->mlp_proj_b, d->N, d->F, d->C);
-    be->add(m->resid[i + 1], a->res_mid, m->s.branch, NC);
+    row_linear_forward(m, m->s.branch, a->fc_act, p->mlp_proj_w, p->mlp_proj_b, d->F);
+    be->add(m->resid[i + 1], a->res_mid, m->s.branch, NsC);
 }
 
 void model_block_forward(Model *m, int l)
 {
+    tp_group_check(&m->tp);
     block_forward(m, local_layer(m, l), 1);
 }
 
@@ -632,13 +738,49 @@ static void mlp_backward(const Model *m, const LayerParams *p, const LayerParams
     be->matmul_backward(s->dln, g->fc_w, g->fc_b, s->dfc, a->ln2, p->fc_w, d->N, d->C, d->F);
 }
 
+/* The fused qkv weight (and bias) gradient.  Replicated kv rows (kv_share
+ * > 1: the last 2*hs local rows, one kv group) get only this rank's query
+ * heads' part here, so they are summed over the ranks sharing them; what
+ * earlier micro-batches accumulated in those rows is set aside first, so
+ * only the new part is reduced. */
+static void qkv_weight_backward(Model *m, const LayerParams *p, const LayerParams *g,
+                                const LayerActs *a)
+{
+    const Dims *d = &m->d;
+    const Scratch *s = &m->s;
+    const int shared = m->tp.kv_share > 1;
+    const size_t kv_w = 2 * (size_t)d->hs * (size_t)d->C, kv_b = 2 * (size_t)d->hs;
+    float *gw = g->qkv_w + (size_t)d->H * (size_t)d->hs * (size_t)d->C;
+    float *gb = g->qkv_b ? g->qkv_b + (size_t)d->H * (size_t)d->hs : NULL;
+    if (shared) {
+        memcpy(s->kv_keep, gw, kv_w * sizeof(float));
+        zero(gw, kv_w);
+        if (gb) {
+            memcpy(s->kv_keep + kv_w, gb, kv_b * sizeof(float));
+            zero(gb, kv_b);
+        }
+    }
+    m->be->matmul_backward(s->dln, g->qkv_w, g->qkv_b, s->dqkv, a->ln1, p->qkv_w, d->N, d->C,
+                           d->QKV);
+    if (shared) {
+        tp_kv_allreduce(&m->tp, gw, kv_w);
+        m->be->accumulate(gw, s->kv_keep, kv_w);
+        if (gb) {
+            tp_kv_allreduce(&m->tp, gb, kv_b);
+            m->be->accumulate(gb, s->kv_keep + kv_w, kv_b);
+        }
+    }
+}
+
 /* On entry s.dres holds d loss / d (output of layer l); on return it holds
  * d loss / d (input of layer l).  The residual connections make this an
  * in-place update: out = res_mid + mlp(ln2(res_mid)), so d res_mid is
  * dres itself (the identity path) PLUS what flows back through ln2, and
  * norm_backward ADDS into dres.  The same holds for res_mid = x + attn(...).
  * Every other gradient buffer starts fresh (zeroed) because the backend
- * accumulates. */
+ * accumulates.  Under SP dres holds this rank's d.Ns rows; each branch's
+ * backward reads it made whole (tp_row_output_backward), which also makes
+ * the row-parallel bias gradients complete on every rank. */
 void model_block_backward(Model *m, int l)
 {
     const int i = local_layer(m, l);
@@ -649,6 +791,7 @@ void model_block_backward(Model *m, int l)
     const LayerActs *a = &m->la[i];
     const size_t N = (size_t)d->N, NC = N * (size_t)d->C;
 
+    tp_group_check(&m->tp);
     if (m->recompute == RECOMPUTE_FULL)
         block_forward(m, i, 0);
     else if (m->recompute == RECOMPUTE_SELECTIVE)
@@ -657,16 +800,18 @@ void model_block_backward(Model *m, int l)
         be->attention_forward(s->datty, a->att, a->qkv, d->B, d->T, d->H, d->KVH, d->hs);
 
     /* MLP branch: its output joined the stream by addition, so its gradient is dres. */
+    const float *dout = tp_row_output_backward(&m->tp, s->dres, s->full, d->N, d->C);
     zero(s->dfc_act, N * (size_t)d->F);
-    be->matmul_backward(s->dfc_act, g->mlp_proj_w, g->mlp_proj_b, s->dres, a->fc_act,
+    be->matmul_backward(s->dfc_act, g->mlp_proj_w, g->mlp_proj_b, dout, a->fc_act,
                         p->mlp_proj_w, d->N, d->F, d->C);
     mlp_backward(m, p, g, a);
     norm_backward(m, s->dres, g->ln2_w, g->ln2_b, s->dln, a->res_mid, p->ln2_w, a->ln2_mean,
                   a->ln2_rstd);
 
     /* Attention branch, same pattern; dres is now d loss / d res_mid. */
+    dout = tp_row_output_backward(&m->tp, s->dres, s->full, d->N, d->C);
     zero(s->datty, N * (size_t)d->H * (size_t)d->hs);
-    be->matmul_backward(s->datty, g->attn_proj_w, g->attn_proj_b, s->dres, a->atty,
+    be->matmul_backward(s->datty, g->attn_proj_w, g->attn_proj_b, dout, a->atty,
                         p->attn_proj_w, d->N, d->H * d->hs, d->C);
     zero(s->dqkv, N * (size_t)d->QKV);  /* datt is plain scratch: no zeroing */
     be->attention_backward(s->dqkv, s->datt, s->datty, a->qkv, a->att, d->B, d->T, d->H,
@@ -674,8 +819,7 @@ void model_block_backward(Model *m, int l)
     if (!d->gpt2)  /* dqkv was w.r.t. rotated q, k: rotate back */
         be->rope_backward(s->dqkv, d->N, d->T, d->H, d->KVH, d->hs, d->theta);
     zero(s->dln, NC);
-    be->matmul_backward(s->dln, g->qkv_w, g->qkv_b, s->dqkv, a->ln1, p->qkv_w, d->N, d->C,
-                        d->QKV);
+    qkv_weight_backward(m, p, g, a);
     norm_backward(m, s->dres, g->ln1_w, g->ln1_b, s->dln, m->resid[i], p->ln1_w, a->ln1_mean,
                   a->ln1_rstd);
 }
@@ -688,12 +832,19 @@ float model_head_forward(Model *m, const int32_t *targets)
     const Dims *d = &m->d;
     HeadActs *h = &m->ha;
     TRD_ASSERT(m->sh.has_head);
+    tp_group_check(&m->tp);
     memcpy(m->targets, targets, (size_t)d->N * sizeof(int32_t));
 
+    /* The head is column-parallel over the vocabulary: its input (the final
+     * norm's output) whole, logits of this rank's vocabulary columns. */
     norm_forward(m, h->lnf, h->lnf_mean, h->lnf_rstd, m->resid[m->nl], m->op.lnf_w,
                  m->op.lnf_b);
     be->matmul_forward(h->logits, h->lnf, m->op.head_w, NULL, d->N, d->C, d->Vp);
-    be->crossentropy_forward(h->losses, h->logits, m->targets, d->N, d->V, d->Vp);
+    if (tp_active(&m->tp))
+        tp_crossentropy_forward(&m->tp, h->losses, h->ce_stats, h->logits, m->targets, d->N,
+                                d->V, d->Vp, d->vocab_start, d->vocab);
+    else
+        be->crossentropy_forward(h->losses, h->logits, m->targets, d->N, d->V, d->Vp);
 
     double sum = 0.0;
     int counted = 0;
@@ -719,7 +870,11 @@ void model_head_backward(Model *m, float loss_scale)
 
     /* d(loss_scale * mean loss)/d loss[n] for every counted position. */
     const float dloss = m->counted ? loss_scale / (float)m->counted : 0.0f;
-    be->crossentropy_backward(h->logits, m->targets, dloss, d->N, d->V, d->Vp);
+    if (tp_active(&m->tp))
+        tp_crossentropy_backward(h->logits, h->ce_stats, m->targets, dloss, d->N, d->V, d->Vp,
+                                 d->vocab_start);
+    else
+        be->crossentropy_backward(h->logits, m->targets, dloss, d->N, d->V, d->Vp);
     float *dlogits = h->logits;
 
     const size_t NC = (size_t)d->N * (size_t)d->C;
@@ -728,7 +883,7 @@ void model_head_backward(Model *m, float loss_scale)
      * backward adds its own contribution to the same rows later. */
     be->matmul_backward(s->dln, m->og.head_w, NULL, dlogits, h->lnf, m->op.head_w, d->N, d->C,
                         d->Vp);
-    zero(s->dres, NC);
+    zero(s->dres, (size_t)d->Ns * (size_t)d->C);
     norm_backward(m, s->dres, m->og.lnf_w, m->og.lnf_b, s->dln, m->resid[m->nl], m->op.lnf_w,
                   h->lnf_mean, h->lnf_rstd);
 }

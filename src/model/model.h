@@ -19,6 +19,7 @@
 #include <stdint.h>
 
 #include "backend/backend.h"
+#include "comm/comm.h"
 #include "config/config.h"
 #include "model/params.h"
 
@@ -84,6 +85,23 @@ float *model_grad_stream(Model *m);
 
 /* Local (tensor-parallel piece of the) padded vocabulary: logits columns. */
 int model_vocab_padded(const Model *m);
+
+/* Tensor parallelism.  A model built for a shard with tp > 1 (and, when
+ * cfg->topology.sequence_parallel, with sequence parallelism: decided at
+ * creation, since it sizes the buffers) needs its TP group's communicator
+ * before the first step: tp->size and tp->rank must equal the shard's tp
+ * and tp_rank.  Collective over tp (it may split off the group of ranks
+ * sharing replicated kv heads); tp may be NULL for tp = 1.  The model keeps
+ * the pointer: tp must outlive it (and model_free must run before
+ * MPI_Finalize).  Forward returns the loss of the whole micro-batch, equal
+ * on all TP ranks; after backward every replicated tensor's gradient is
+ * complete and equal on all TP ranks (model.c says per tensor how). */
+void model_set_tensor_parallel(Model *m, Comm *tp);
+
+/* Rows of the residual stream this rank holds: B*T, or B*T / tp with
+ * sequence parallelism (this rank's block of the b-major token rows).
+ * model_stage_input/output and model_grad_stream are [rows, hidden]. */
+int model_stream_rows(const Model *m);
 
 /* Model FLOPs of one forward+backward over B*T tokens: 6 * (matmul params)
  * per token plus attention (12 * layers * T * hidden per token, causal

@@ -224,7 +224,9 @@ static double train_step(Trainer *tr, int step, double *grad_norm, float *lr)
         trd_fatal(TRD_EXIT_RUNTIME, "lower training.lr, raise warmup_steps, or set grad_clip",
                   "loss is %g at step %d", loss, step + 1);
 
-    *grad_norm = sqrt(zero_grad_sumsq(tr->zero));
+    double sumsq = zero_grad_sumsq(tr->zero);
+    comm_allreduce_f64(&tr->comms.mp, &sumsq, 1);
+    *grad_norm = sqrt(sumsq);
     const float clip = cfg->training.grad_clip;
     if (clip > 0 && *grad_norm > clip)
         zero_scale_grads(tr->zero, clip / (float)(*grad_norm + 1e-6));
@@ -310,6 +312,11 @@ static void dump_weights(Trainer *tr)
     const char *path = getenv("TRIDENT_DUMP_WEIGHTS");
     if (!path || !*path)
         return;
+    if (tr->comms.mp.size > 1) { /* the flat buffer is a piece of the model */
+        if (tr->topo.rank == 0)
+            fprintf(stderr, "trident: TRIDENT_DUMP_WEIGHTS ignored: tp x pp > 1\n");
+        return;
+    }
     const ParamTable *pt = model_params(zero_model(tr->zero));
     float *buf = trd_malloc(pt->numel * sizeof(float), "weight dump");
     zero_gather_params(tr->zero, buf);
@@ -343,10 +350,9 @@ static int train(const Config *cfg, Comm world)
     if (cfg->backend == BACKEND_CUDA)
         trd_fatal(TRD_EXIT_INPUT, "set backend: cpu",
                   "backend cuda: this build has no CUDA backend yet (issue 8)");
-    if (cfg->topology.tp > 1 || cfg->topology.pp > 1)
-        trd_fatal(TRD_EXIT_INPUT, "use topology.tp: 1 and topology.pp: 1 (data parallelism works)",
-                  "tensor parallelism (issue 4) and pipeline parallelism (issue 5) are not "
-                  "implemented yet");
+    if (cfg->topology.pp > 1)
+        trd_fatal(TRD_EXIT_INPUT, "use topology.pp: 1 (tensor and data parallelism work)",
+                  "pipeline parallelism in training is not implemented yet (issue 5)");
     topology_init(&tr.topo, &tr.comms, cfg, world);
     set_threads(world);
     const int rank0 = tr.topo.rank == 0;
@@ -360,7 +366,10 @@ static int train(const Config *cfg, Comm world)
         open_data(&tr.val_data, &tr.val_sampler, cfg, cfg->data.val_path);
 
     ParamShard shard = params_full_shard(&cfg->model);
+    shard.tp = tr.comms.tp.size;
+    shard.tp_rank = tr.comms.tp.rank;
     tr.zero = zero_create(cfg, tr.be, &shard, &tr.comms.dp);
+    model_set_tensor_parallel(zero_model(tr.zero), &tr.comms.tp);
     const size_t BT = (size_t)cfg->training.micro_batch * (size_t)cfg->model.seq_len;
     tr.tokens = trd_malloc(BT * sizeof(int32_t), "token batch");
     tr.targets = trd_malloc(BT * sizeof(int32_t), "target batch");

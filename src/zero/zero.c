@@ -22,6 +22,7 @@ struct Zero {
     Model *model;
     const ParamTable *t;
     int layer_begin, layer_end;
+    int has_embed, has_head;     /* first / last pipeline stage */
 
     size_t P, S;                 /* local elements; shard block */
     size_t own_lo, own_hi;       /* this rank's part of [0, P) */
@@ -220,6 +221,8 @@ Zero *zero_create(const Config *cfg, const Backend *be, const ParamShard *sh, Co
     z->stage = cfg->topology.zero;
     z->layer_begin = sh->layer_begin;
     z->layer_end = sh->layer_end;
+    z->has_embed = sh->has_embed;
+    z->has_head = sh->has_head;
     z->model = model_create_unbound(cfg, be, sh, cfg->training.micro_batch);
     z->t = model_params(z->model);
     z->P = z->t->numel;
@@ -341,59 +344,47 @@ static void layer_grads_ready(Zero *z, int l, int pos, int last_micro)
     }
 }
 
-static int has_head(const Zero *z)
-{
-    return params_find(z->t, "final_norm.weight") != NULL;
-}
+/* ---- the parts of a micro-batch ----------------------------------------------
+ * zero_forward_backward runs them in order for a whole model; a pipeline
+ * stage calls them around the model parts it runs itself. */
 
-static int has_embed(const Zero *z)
+void zero_before_block_forward(Zero *z, int l)
 {
-    return params_find(z->t, "embed.wte.weight") != NULL;
-}
-
-float zero_forward(Zero *z, const int32_t *tokens, const int32_t *targets)
-{
-    Model *m = z->model;
     gather_outer(z);
-    if (has_embed(z))
-        model_embed_forward(m, tokens);
-    for (int l = z->layer_begin; l < z->layer_end; l++) {
-        use_layer_params(z, l, l + 1);
-        model_block_forward(m, l);
-    }
-    return has_head(z) ? model_head_forward(m, targets) : 0.0f;
+    use_layer_params(z, l, l + 1);
 }
 
-float zero_forward_backward(Zero *z, const int32_t *tokens, const int32_t *targets,
-                            float loss_scale, int last_micro)
+void zero_before_block_backward(Zero *z, int l)
 {
-    Model *m = z->model;
-    const float loss = zero_forward(z, tokens, targets);
-    const int nl = z->layer_end - z->layer_begin;
+    use_layer_params(z, l, l - 1);
+    if (z->stage < 2)
+        return;
+    int k = slot_of(z, l);
+    finish_layer_reduction(z, k);
+    size_t lo, hi;
+    group_range(z, l, &lo, &hi);
+    memset(z->gslot[k], 0, (hi - lo) * sizeof(float));
+    model_bind(z->model, l, NULL, z->gslot[k]);
+}
 
-    if (z->stage >= 2) {
-        /* The outer slot collects head and embedding gradients of this
-         * micro-batch: the previous one's reduction must be done first. */
-        finish_outer_reduction(z);
-        memset(z->outer_g, 0, (z->outer_hi - z->outer_lo) * sizeof(float));
-    }
-    if (has_head(z))
-        model_head_backward(m, loss_scale);
-    for (int l = z->layer_end - 1, pos = 0; l >= z->layer_begin; l--, pos++) {
-        use_layer_params(z, l, l - 1);
-        if (z->stage >= 2) {
-            int k = slot_of(z, l);
-            finish_layer_reduction(z, k);
-            size_t lo, hi;
-            group_range(z, l, &lo, &hi);
-            memset(z->gslot[k], 0, (hi - lo) * sizeof(float));
-            model_bind(m, l, NULL, z->gslot[k]);
-        }
-        model_block_backward(m, l);
-        layer_grads_ready(z, l, pos, last_micro);
-    }
-    if (has_embed(z))
-        model_embed_backward(m);
+void zero_after_block_backward(Zero *z, int l, int last_micro)
+{
+    layer_grads_ready(z, l, z->layer_end - 1 - l, last_micro);
+}
+
+void zero_before_outer_backward(Zero *z)
+{
+    if (z->stage < 2)
+        return;
+    /* The outer slot collects head and embedding gradients of this
+     * micro-batch: the previous one's reduction must be done first. */
+    finish_outer_reduction(z);
+    memset(z->outer_g, 0, (z->outer_hi - z->outer_lo) * sizeof(float));
+}
+
+void zero_after_outer_backward(Zero *z, int last_micro)
+{
+    const int nl = z->layer_end - z->layer_begin;
     if (z->stage >= 2) {
         z->outer_red = comm_ireduce_scatter_range_f32(z->dp, z->outer_g, z->outer_recv,
                                                       z->outer_lo, z->outer_hi, z->S);
@@ -403,6 +394,37 @@ float zero_forward_backward(Zero *z, const int32_t *tokens, const int32_t *targe
             if (z->buckets[i].last_pos == nl)
                 start_bucket(z, &z->buckets[i]);
     }
+}
+
+float zero_forward(Zero *z, const int32_t *tokens, const int32_t *targets)
+{
+    Model *m = z->model;
+    gather_outer(z);
+    if (z->has_embed)
+        model_embed_forward(m, tokens);
+    for (int l = z->layer_begin; l < z->layer_end; l++) {
+        zero_before_block_forward(z, l);
+        model_block_forward(m, l);
+    }
+    return z->has_head ? model_head_forward(m, targets) : 0.0f;
+}
+
+float zero_forward_backward(Zero *z, const int32_t *tokens, const int32_t *targets,
+                            float loss_scale, int last_micro)
+{
+    Model *m = z->model;
+    const float loss = zero_forward(z, tokens, targets);
+    zero_before_outer_backward(z);
+    if (z->has_head)
+        model_head_backward(m, loss_scale);
+    for (int l = z->layer_end - 1; l >= z->layer_begin; l--) {
+        zero_before_block_backward(z, l);
+        model_block_backward(m, l);
+        zero_after_block_backward(z, l, last_micro);
+    }
+    if (z->has_embed)
+        model_embed_backward(m);
+    zero_after_outer_backward(z, last_micro);
     return loss;
 }
 
@@ -420,9 +442,11 @@ void zero_finish_grads(Zero *z)
 
 double zero_grad_sumsq(Zero *z)
 {
+    /* Each element counted once: tensor-parallel replicas only on their
+     * owner (params_grad_sumsq); ZeRO shards summed over DP here. */
     if (z->stage == 0)
-        return z->be->sumsq(z->grads, z->P);
-    double s = z->be->sumsq(z->gshard, own_n(z));
+        return params_grad_sumsq(z->t, z->grads, 0, z->P);
+    double s = params_grad_sumsq(z->t, z->gshard, z->own_lo, z->own_hi);
     comm_allreduce_f64(z->dp, &s, 1);
     return s;
 }

@@ -61,9 +61,21 @@ void zero_begin_step(Zero *z);
  * last_micro tells stages 0-1 that gradients are final after this one. */
 float zero_forward_backward(Zero *z, const int32_t *tokens, const int32_t *targets,
                             float loss_scale, int last_micro);
+/* The same, part by part, for a caller that runs the model's parts itself
+ * (a pipeline stage): around each block's forward and backward, and around
+ * the outer parts' backward (head, then embedding) of each micro-batch. */
+void zero_before_block_forward(Zero *z, int l);
+void zero_before_block_backward(Zero *z, int l);
+void zero_after_block_backward(Zero *z, int l, int last_micro);
+void zero_before_outer_backward(Zero *z);
+void zero_after_outer_backward(Zero *z, int last_micro);
+
 /* Finish every gradient reduction. */
 void zero_finish_grads(Zero *z);
-/* Squared global L2 norm of the gradient (reduced over DP when sharded). */
+/* Squared L2 norm of this model-parallel rank's part of the gradient
+ * (reduced over DP when sharded; replicated TP elements counted on their
+ * owner only): summed over the model-parallel group it is the whole
+ * model's. */
 double zero_grad_sumsq(Zero *z);
 void zero_scale_grads(Zero *z, float s);
 /* AdamW on the owned part, then make parameters whole again where the

@@ -149,6 +149,15 @@ typedef struct {
     float *kv_keep;      /* [2hs*(C+1)] replicated kv rows' accumulated gradient */
 } Scratch;
 
+/* Everything one micro-batch leaves for its backward. */
+typedef struct {
+    float **resid;                  /* [nl + 1] x [Ns, C]: resid[i] enters local layer i */
+    LayerActs *la;                  /* [nl] */
+    HeadActs ha;
+    int32_t *tokens, *targets;      /* [N] each, copies of this micro-batch's */
+    int counted;                    /* targets >= 0 in it */
+} ActSet;
+
 struct Model {
     const Backend *be;
     ModelConfig mc;
@@ -165,13 +174,15 @@ struct Model {
     GroupOffsets *lo_off;           /* [nl] */
     GroupOffsets outer_off;
 
-    float *acts;                    /* the one activation allocation */
-    size_t acts_numel;
-    float **resid;                  /* [nl + 1] x [Ns, C]: resid[i] enters local layer i */
-    LayerActs *la;                  /* [nl] */
-    HeadActs ha;
-    int32_t *tokens, *targets;      /* [N] each, copies of the last forward's */
-    int counted;                    /* targets >= 0 in the last forward */
+    /* Activations: one allocation holding n_sets sets, one per micro-batch
+     * in flight (a pipeline stage under 1F1B holds several between their
+     * forward and backward).  `cur` is the set in use; model_use_activation_set
+     * switches it. */
+    float *acts;
+    size_t acts_numel;              /* all sets */
+    ActSet *sets;
+    int n_sets, cur_set;
+    ActSet cur;
 
     float *scratch_buf;
     size_t scratch_numel;
@@ -344,7 +355,7 @@ static void carve_activations(Model *m, Carver *c)
     layer_act_sizes(d, sz);
 
     for (int i = 0; i <= m->nl; i++)
-        m->resid[i] = take(c, NsC);
+        m->cur.resid[i] = take(c, NsC);
 
     LayerActs shared = {0};
     float **slot[A_COUNT];
@@ -353,20 +364,20 @@ static void carve_activations(Model *m, Carver *c)
         if (m->nl > 0 && !kept_per_layer(m->recompute, k))
             *slot[k] = take(c, sz[k]);
     for (int i = 0; i < m->nl; i++) {
-        m->la[i] = shared;
-        layer_act_slots(&m->la[i], slot);
+        m->cur.la[i] = shared;
+        layer_act_slots(&m->cur.la[i], slot);
         for (int k = 0; k < A_COUNT; k++)
             if (kept_per_layer(m->recompute, k))
                 *slot[k] = take(c, sz[k]);
     }
 
     if (m->sh.has_head) {
-        m->ha.lnf = take(c, NC);
-        m->ha.lnf_mean = take(c, d->gpt2 ? (size_t)d->Ns : 0);
-        m->ha.lnf_rstd = take(c, (size_t)d->Ns);
-        m->ha.logits = take(c, (size_t)d->N * (size_t)d->Vp);
-        m->ha.losses = take(c, (size_t)d->N);
-        m->ha.ce_stats = take(c, tp_active(&m->tp) ? 3 * (size_t)d->N : 0);
+        m->cur.ha.lnf = take(c, NC);
+        m->cur.ha.lnf_mean = take(c, d->gpt2 ? (size_t)d->Ns : 0);
+        m->cur.ha.lnf_rstd = take(c, (size_t)d->Ns);
+        m->cur.ha.logits = take(c, (size_t)d->N * (size_t)d->Vp);
+        m->cur.ha.losses = take(c, (size_t)d->N);
+        m->cur.ha.ce_stats = take(c, tp_active(&m->tp) ? 3 * (size_t)d->N : 0);
     }
 }
 
@@ -428,6 +439,64 @@ static void check_tp(const ModelConfig *mc, const ParamShard *sh, int sp, int B)
                   "of a micro-batch divisible by tp %d", B * mc->seq_len, tp);
 }
 
+static void free_activation_sets(Model *m)
+{
+    for (int k = 0; k < m->n_sets; k++) {
+        free(m->sets[k].resid);
+        free(m->sets[k].la);
+        free(m->sets[k].tokens);
+    }
+    free(m->sets);
+    free(m->acts);
+    m->sets = NULL;
+    m->acts = NULL;
+    m->n_sets = 0;
+}
+
+/* n sets carved from one allocation, each laid out by carve_activations. */
+static void alloc_activation_sets(Model *m, int n)
+{
+    free_activation_sets(m);
+    Carver count = {0};
+    m->cur.resid = trd_calloc((size_t)m->nl + 1, sizeof(float *), "residual pointers");
+    m->cur.la = trd_calloc((size_t)m->nl + 1, sizeof(LayerActs), "layer activation pointers");
+    carve_activations(m, &count);
+    free(m->cur.resid);
+    free(m->cur.la);
+    m->acts_numel = count.used * (size_t)n;
+    m->acts = trd_calloc(m->acts_numel, sizeof(float), "activations");
+    m->sets = trd_calloc((size_t)n, sizeof(ActSet), "activation sets");
+    m->n_sets = n;
+    Carver carve = {.base = m->acts};
+    for (int k = 0; k < n; k++) {
+        ActSet *a = &m->sets[k];
+        a->resid = trd_calloc((size_t)m->nl + 1, sizeof(float *), "residual pointers");
+        a->la = trd_calloc((size_t)m->nl + 1, sizeof(LayerActs), "layer activation pointers");
+        a->tokens = trd_calloc(2 * (size_t)m->d.N, sizeof(int32_t), "tokens and targets");
+        a->targets = a->tokens + m->d.N;
+        m->cur = *a;
+        carve_activations(m, &carve);
+        *a = m->cur;
+    }
+    TRD_ASSERT(carve.used == m->acts_numel);
+    m->cur_set = 0;
+    m->cur = m->sets[0];
+}
+
+void model_set_activation_sets(Model *m, int n)
+{
+    TRD_ASSERT(n >= 1);
+    alloc_activation_sets(m, n);
+}
+
+void model_use_activation_set(Model *m, int k)
+{
+    TRD_ASSERT(k >= 0 && k < m->n_sets);
+    m->sets[m->cur_set] = m->cur; /* keeps what the last forward counted */
+    m->cur_set = k;
+    m->cur = m->sets[k];
+}
+
 Model *model_create_unbound(const Config *cfg, const Backend *be, const ParamShard *sh, int B)
 {
     check_config(&cfg->model, B);
@@ -465,15 +534,7 @@ Model *model_create_unbound(const Config *cfg, const Backend *be, const ParamSha
         TRD_ASSERT(q && q->local_shape[0] == m->d.QKV && q->kv_share == kv_share);
     }
 
-    m->resid = trd_calloc((size_t)m->nl + 1, sizeof(float *), "residual pointers");
-    m->la = trd_calloc((size_t)m->nl + 1, sizeof(LayerActs), "layer activation pointers");
-    Carver count = {0};
-    carve_activations(m, &count);
-    m->acts_numel = count.used;
-    m->acts = trd_calloc(m->acts_numel, sizeof(float), "activations");
-    Carver carve = {.base = m->acts};
-    carve_activations(m, &carve);
-    TRD_ASSERT(carve.used == m->acts_numel);
+    alloc_activation_sets(m, 1);
 
     Carver scount = {0};
     carve_scratch(m, &scount);
@@ -482,8 +543,6 @@ Model *model_create_unbound(const Config *cfg, const Backend *be, const ParamSha
     Carver scarve = {.base = m->scratch_buf};
     carve_scratch(m, &scarve);
 
-    m->tokens = trd_calloc(2 * (size_t)m->d.N, sizeof(int32_t), "tokens and targets");
-    m->targets = m->tokens + m->d.N;
     return m;
 }
 
@@ -535,19 +594,16 @@ void model_free(Model *m)
     free(m->lp);
     free(m->lg);
     free(m->lo_off);
-    free(m->acts);
-    free(m->resid);
-    free(m->la);
+    free_activation_sets(m);
     free(m->scratch_buf);
-    free(m->tokens);
     free(m);
 }
 
 const ParamTable *model_params(const Model *m) { return &m->table; }
 float *model_param_buffer(Model *m) { return m->params; }
 float *model_grad_buffer(Model *m) { return m->grads; }
-float *model_stage_input(Model *m) { return m->resid[0]; }
-float *model_stage_output(Model *m) { return m->resid[m->nl]; }
+float *model_stage_input(Model *m) { return m->cur.resid[0]; }
+float *model_stage_output(Model *m) { return m->cur.resid[m->nl]; }
 float *model_grad_stream(Model *m) { return m->s.dres; }
 int model_vocab_padded(const Model *m) { return m->d.Vp; }
 int model_stream_rows(const Model *m) { return m->d.Ns; }
@@ -557,7 +613,8 @@ MemoryReport model_memory(const Model *m)
     MemoryReport r = {0};
     r.params = m->params ? m->table.numel * sizeof(float) : 0;
     r.grads = m->grads ? m->table.numel * sizeof(float) : 0;
-    r.activations = m->acts_numel * sizeof(float) + 2 * (size_t)m->d.N * sizeof(int32_t);
+    r.activations = m->acts_numel * sizeof(float) +
+                    (size_t)m->n_sets * 2 * (size_t)m->d.N * sizeof(int32_t);
     r.scratch = m->scratch_numel * sizeof(float);
     return r;
 }
@@ -629,9 +686,9 @@ void model_embed_forward(Model *m, const int32_t *tokens)
     const Dims *d = &m->d;
     TRD_ASSERT(m->sh.has_embed);
     tp_group_check(&m->tp);
-    memcpy(m->tokens, tokens, (size_t)d->N * sizeof(int32_t));
-    float *full = tp_sequence_parallel(&m->tp) ? m->s.full : m->resid[0];
-    tp_embedding_forward(m->be, &m->tp, m->resid[0], full, m->tokens, m->op.wte, m->op.wpe,
+    memcpy(m->cur.tokens, tokens, (size_t)d->N * sizeof(int32_t));
+    float *full = tp_sequence_parallel(&m->tp) ? m->s.full : m->cur.resid[0];
+    tp_embedding_forward(m->be, &m->tp, m->cur.resid[0], full, m->cur.tokens, m->op.wte, m->op.wpe,
                          d->N, d->T, d->C, d->vocab_start, d->Vp);
 }
 
@@ -641,7 +698,7 @@ void model_embed_backward(Model *m)
     const Dims *d = &m->d;
     TRD_ASSERT(m->sh.has_embed);
     tp_embedding_backward(m->be, &m->tp, m->og.wte, m->og.wpe, m->s.dwpe_part, m->s.dres,
-                          m->s.full, m->tokens, d->N, d->T, d->C, d->vocab_start, d->Vp);
+                          m->s.full, m->cur.tokens, d->N, d->T, d->C, d->vocab_start, d->Vp);
 }
 
 /* ---- block -------------------------------------------------------------- */
@@ -690,8 +747,8 @@ static void block_forward(Model *m, int i, int need_output)
     const Backend *be = m->be;
     const Dims *d = &m->d;
     const LayerParams *p = &m->lp[i];
-    LayerActs *a = &m->la[i];
-    const float *x = m->resid[i];
+    LayerActs *a = &m->cur.la[i];
+    const float *x = m->cur.resid[i];
     const size_t NsC = (size_t)d->Ns * (size_t)d->C;
 
     norm_forward(m, a->ln1, a->ln1_mean, a->ln1_rstd, x, p->ln1_w, p->ln1_b);
@@ -707,7 +764,7 @@ static void block_forward(Model *m, int i, int need_output)
     if (!need_output)
         return;
     row_linear_forward(m, m->s.branch, a->fc_act, p->mlp_proj_w, p->mlp_proj_b, d->F);
-    be->add(m->resid[i + 1], a->res_mid, m->s.branch, NsC);
+    be->add(m->cur.resid[i + 1], a->res_mid, m->s.branch, NsC);
 }
 
 void model_block_forward(Model *m, int l)
@@ -788,7 +845,7 @@ void model_block_backward(Model *m, int l)
     const Dims *d = &m->d;
     const Scratch *s = &m->s;
     const LayerParams *p = &m->lp[i], *g = &m->lg[i];
-    const LayerActs *a = &m->la[i];
+    const LayerActs *a = &m->cur.la[i];
     const size_t N = (size_t)d->N, NC = N * (size_t)d->C;
 
     tp_group_check(&m->tp);
@@ -820,7 +877,7 @@ void model_block_backward(Model *m, int l)
         be->rope_backward(s->dqkv, d->N, d->T, d->H, d->KVH, d->hs, d->theta);
     zero(s->dln, NC);
     qkv_weight_backward(m, p, g, a);
-    norm_backward(m, s->dres, g->ln1_w, g->ln1_b, s->dln, m->resid[i], p->ln1_w, a->ln1_mean,
+    norm_backward(m, s->dres, g->ln1_w, g->ln1_b, s->dln, m->cur.resid[i], p->ln1_w, a->ln1_mean,
                   a->ln1_rstd);
 }
 
@@ -830,31 +887,31 @@ float model_head_forward(Model *m, const int32_t *targets)
 {
     const Backend *be = m->be;
     const Dims *d = &m->d;
-    HeadActs *h = &m->ha;
+    HeadActs *h = &m->cur.ha;
     TRD_ASSERT(m->sh.has_head);
     tp_group_check(&m->tp);
-    memcpy(m->targets, targets, (size_t)d->N * sizeof(int32_t));
+    memcpy(m->cur.targets, targets, (size_t)d->N * sizeof(int32_t));
 
     /* The head is column-parallel over the vocabulary: its input (the final
      * norm's output) whole, logits of this rank's vocabulary columns. */
-    norm_forward(m, h->lnf, h->lnf_mean, h->lnf_rstd, m->resid[m->nl], m->op.lnf_w,
+    norm_forward(m, h->lnf, h->lnf_mean, h->lnf_rstd, m->cur.resid[m->nl], m->op.lnf_w,
                  m->op.lnf_b);
     be->matmul_forward(h->logits, h->lnf, m->op.head_w, NULL, d->N, d->C, d->Vp);
     if (tp_active(&m->tp))
-        tp_crossentropy_forward(&m->tp, h->losses, h->ce_stats, h->logits, m->targets, d->N,
+        tp_crossentropy_forward(&m->tp, h->losses, h->ce_stats, h->logits, m->cur.targets, d->N,
                                 d->V, d->Vp, d->vocab_start, d->vocab);
     else
-        be->crossentropy_forward(h->losses, h->logits, m->targets, d->N, d->V, d->Vp);
+        be->crossentropy_forward(h->losses, h->logits, m->cur.targets, d->N, d->V, d->Vp);
 
     double sum = 0.0;
     int counted = 0;
     for (int n = 0; n < d->N; n++) {
-        if (m->targets[n] < 0)
+        if (m->cur.targets[n] < 0)
             continue;
         sum += h->losses[n];
         counted++;
     }
-    m->counted = counted;
+    m->cur.counted = counted;
     return counted ? (float)(sum / counted) : 0.0f;
 }
 
@@ -865,16 +922,16 @@ void model_head_backward(Model *m, float loss_scale)
     const Backend *be = m->be;
     const Dims *d = &m->d;
     const Scratch *s = &m->s;
-    HeadActs *h = &m->ha;
+    HeadActs *h = &m->cur.ha;
     TRD_ASSERT(m->sh.has_head);
 
     /* d(loss_scale * mean loss)/d loss[n] for every counted position. */
-    const float dloss = m->counted ? loss_scale / (float)m->counted : 0.0f;
+    const float dloss = m->cur.counted ? loss_scale / (float)m->cur.counted : 0.0f;
     if (tp_active(&m->tp))
-        tp_crossentropy_backward(h->logits, h->ce_stats, m->targets, dloss, d->N, d->V, d->Vp,
+        tp_crossentropy_backward(h->logits, h->ce_stats, m->cur.targets, dloss, d->N, d->V, d->Vp,
                                  d->vocab_start);
     else
-        be->crossentropy_backward(h->logits, m->targets, dloss, d->N, d->V, d->Vp);
+        be->crossentropy_backward(h->logits, m->cur.targets, dloss, d->N, d->V, d->Vp);
     float *dlogits = h->logits;
 
     const size_t NC = (size_t)d->N * (size_t)d->C;
@@ -884,7 +941,7 @@ void model_head_backward(Model *m, float loss_scale)
     be->matmul_backward(s->dln, m->og.head_w, NULL, dlogits, h->lnf, m->op.head_w, d->N, d->C,
                         d->Vp);
     zero(s->dres, (size_t)d->Ns * (size_t)d->C);
-    norm_backward(m, s->dres, m->og.lnf_w, m->og.lnf_b, s->dln, m->resid[m->nl], m->op.lnf_w,
+    norm_backward(m, s->dres, m->og.lnf_w, m->og.lnf_b, s->dln, m->cur.resid[m->nl], m->op.lnf_w,
                   h->lnf_mean, h->lnf_rstd);
 }
 

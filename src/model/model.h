@@ -98,6 +98,13 @@ int model_vocab_padded(const Model *m);
  * complete and equal on all TP ranks (model.c says per tensor how). */
 void model_set_tensor_parallel(Model *m, Comm *tp);
 
+/* Activation sets: one per micro-batch a pipeline stage holds between its
+ * forward and its backward (default 1).  Setting the count reallocates
+ * them (call before training); model_use_activation_set(k) selects the set
+ * the next forward fills or the next backward reads. */
+void model_set_activation_sets(Model *m, int n);
+void model_use_activation_set(Model *m, int k);
+
 /* Rows of the residual stream this rank holds: B*T, or B*T / tp with
  * sequence parallelism (this rank's block of the b-major token rows).
  * model_stage_input/output and model_grad_stream are [rows, hidden]. */

@@ -135,6 +135,12 @@ void params_build(ParamTable *t, const ModelConfig *m, const ParamShard *sh)
             add(&b, C, 0, -1, ROLE_HEAD, -1, INIT_ZEROS, 0, "final_norm.bias");
         if (!m->tie_embeddings)
             add(&b, Vp, C, 0, ROLE_HEAD, -1, INIT_NORMAL, std, "head.weight");
+        else if (!sh->has_embed)
+            /* Tied embeddings across pipeline stages: the last stage holds a
+             * copy of the first stage's embedding.  Same name, so the same
+             * initial values; its gradient is summed with the first stage's
+             * (the embedding group) and the copy is never counted twice. */
+            add(&b, Vp, C, 0, ROLE_HEAD, -1, INIT_NORMAL, std, "embed.wte.weight")->tied_copy = 1;
     }
     for (int l = sh->layer_begin; l < sh->layer_end; l++) {
         add(&b, C, 0, -1, ROLE_BLOCK, l, INIT_ONES, 0, "layers.%d.ln1.weight", l);
@@ -231,6 +237,8 @@ void params_group_range(const ParamTable *t, int group, size_t *lo, size_t *hi)
 
 int params_row_owned(const ParamTable *t, const ParamSpec *p, int64_t r)
 {
+    if (p->tied_copy)
+        return 0;
     if (p->split_dim < 0)
         return t->tp_rank == 0;
     if (r < p->kv_row)

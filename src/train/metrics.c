@@ -27,6 +27,8 @@ void metrics_record(Metrics *m, const StepMetrics *s)
             s->comm_ms, s->comm_bytes);
     if (s->val_loss >= 0)
         fprintf(m->jsonl, ", \"val_loss\": %.7g", s->val_loss);
+    if (s->pp_idle >= 0)
+        fprintf(m->jsonl, ", \"pp_idle\": %.4f", s->pp_idle);
     if (s->extra)
         fprintf(m->jsonl, ", %s", s->extra);
     fputs("}\n", m->jsonl);

@@ -12,6 +12,7 @@ typedef struct {
     double step_ms, tokens_per_s, mfu;
     double comm_ms;        /* exposed (not overlapped) DP communication */
     unsigned long long comm_bytes; /* payload bytes this rank handed to DP collectives */
+    double pp_idle;        /* pipeline: measured idle fraction of the step (< 0: no pipeline) */
     double val_loss;       /* < 0: not computed this step */
     const char *extra;     /* NULL, or more JSON members ("\"k\": v, ...") */
 } StepMetrics;

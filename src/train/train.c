@@ -21,6 +21,7 @@
 #include "model/params.h"
 #include "train/metrics.h"
 #include "topology/topology.h"
+#include "train/pipeline.h"
 #include "train/schedule.h"
 #include "zero/zero.h"
 
@@ -170,8 +171,10 @@ typedef struct {
     TokenDataset train_data, val_data;
     Sampler train_sampler, val_sampler;
     int has_val;
-    int32_t *tokens, *targets; /* one micro-batch [B*T] */
+    int32_t *tokens, *targets; /* the step's micro-batches: [n_micro][B*T] */
     int dp, dp_rank, n_micro;
+    PipeStage *pipe;           /* pp > 1 */
+    int tied_embed_group;      /* first/last stage summing a tied embedding's gradient */
 } Trainer;
 
 static void open_data(TokenDataset *ds, Sampler *s, const Config *cfg, const char *path)
@@ -183,17 +186,31 @@ static void open_data(TokenDataset *ds, Sampler *s, const Config *cfg, const cha
                   err);
 }
 
-/* Fill the micro-batch buffers with the sequences at global stream
- * positions first, first+1, ... (B of them). */
-static void read_batch(Trainer *tr, const Sampler *s, const TokenDataset *ds, uint64_t first)
+/* Fill one micro-batch (tok, tgt: [B*T]) with the sequences at global
+ * stream positions first, first+1, ... */
+static void read_batch(Trainer *tr, const Sampler *s, const TokenDataset *ds, uint64_t first,
+                       int32_t *tok, int32_t *tgt)
 {
     const int B = tr->cfg->training.micro_batch, T = tr->cfg->model.seq_len;
     char err[CFG_ERR];
     for (int b = 0; b < B; b++)
-        if (sampler_read(s, ds, first + (uint64_t)b, tr->cfg->model.vocab, tr->tokens + b * T,
-                         tr->targets + b * T, err) != 0)
+        if (sampler_read(s, ds, first + (uint64_t)b, tr->cfg->model.vocab, tok + b * T,
+                         tgt + b * T, err) != 0)
             trd_fatal(TRD_EXIT_INPUT, "check that model.vocab matches the tokenizer of the data",
                       "%s", err);
+}
+
+/* PP_REDUCE of a pipeline step: a tied embedding's gradient is summed over
+ * the first and last stage before its data-parallel bucket goes out. */
+static void pipeline_reduce(void *ctx)
+{
+    Trainer *tr = ctx;
+    if (tr->tied_embed_group) {
+        const ParamSpec *w = params_find(model_params(zero_model(tr->zero)), "embed.wte.weight");
+        comm_allreduce_f32(&tr->comms.embed, zero_full_grads(tr->zero) + w->offset, w->numel);
+        zero_start_outer(tr->zero);
+    }
+    zero_finish_grads(tr->zero);
 }
 
 /* One optimizer step; returns the mean loss over the global batch. */
@@ -206,18 +223,28 @@ static double train_step(Trainer *tr, int step, double *grad_norm, float *lr)
     const float loss_scale = 1.0f / (float)(tr->n_micro * tr->dp);
 
     zero_begin_step(tr->zero);
-    double loss = 0;
-    for (int j = 0; j < tr->n_micro; j++) {
+    const size_t BT = (size_t)B * (size_t)cfg->model.seq_len;
+    const int needs_data = !tr->pipe || tr->comms.pp.rank == 0 ||
+                           tr->comms.pp.rank == tr->comms.pp.size - 1;
+    for (int j = 0; needs_data && j < tr->n_micro; j++) {
         /* The global batch is positions [step*GB, (step+1)*GB) of the sample
          * stream whatever the topology; micro-step j of DP rank d takes its
          * B consecutive positions from there. */
         uint64_t first = (uint64_t)step * (uint64_t)cfg->training.global_batch +
                          (uint64_t)(j * tr->dp + tr->dp_rank) * (uint64_t)B;
-        read_batch(tr, &tr->train_sampler, &tr->train_data, first);
-        loss += zero_forward_backward(tr->zero, tr->tokens, tr->targets, loss_scale,
-                                      j == tr->n_micro - 1);
+        read_batch(tr, &tr->train_sampler, &tr->train_data, first, tr->tokens + j * BT,
+                   tr->targets + j * BT);
     }
-    zero_finish_grads(tr->zero);
+    double loss = 0;
+    if (tr->pipe) {
+        loss = pipe_step(tr->pipe, tr->tokens, tr->targets, loss_scale, pipeline_reduce, tr);
+        comm_allreduce_f64(&tr->comms.pp, &loss, 1); /* only the last stage has it */
+    } else {
+        for (int j = 0; j < tr->n_micro; j++)
+            loss += zero_forward_backward(tr->zero, tr->tokens + j * BT, tr->targets + j * BT,
+                                          loss_scale, j == tr->n_micro - 1);
+        zero_finish_grads(tr->zero);
+    }
     loss /= tr->n_micro * tr->dp;
     comm_allreduce_f64(&tr->comms.dp, &loss, 1);
     if (!isfinite(loss))
@@ -236,20 +263,23 @@ static double train_step(Trainer *tr, int step, double *grad_norm, float *lr)
     return loss;
 }
 
-/* The mean loss over val_batches micro-batches per DP rank: a fixed set,
- * the first val_batches*B*dp positions of the validation stream. */
+/* The mean loss over a fixed validation set whatever the topology: the
+ * first data.val_batches micro-batches of the validation stream, dealt out
+ * to the DP replicas in turn. */
 static double validate(Trainer *tr)
 {
     const int B = tr->cfg->training.micro_batch;
     double sum = 0;
-    for (int j = 0; j < tr->cfg->data.val_batches; j++) {
-        uint64_t first = (uint64_t)(j * tr->dp + tr->dp_rank) * (uint64_t)B;
-        read_batch(tr, &tr->val_sampler, &tr->val_data, first);
-        sum += zero_forward(tr->zero, tr->tokens, tr->targets);
+    for (int j = tr->dp_rank; j < tr->cfg->data.val_batches; j += tr->dp) {
+        read_batch(tr, &tr->val_sampler, &tr->val_data, (uint64_t)j * (uint64_t)B, tr->tokens,
+                   tr->targets);
+        sum += tr->pipe ? pipe_forward(tr->pipe, tr->tokens, tr->targets)
+                        : zero_forward(tr->zero, tr->tokens, tr->targets);
     }
-    sum /= tr->cfg->data.val_batches * tr->dp;
+    if (tr->pipe)
+        comm_allreduce_f64(&tr->comms.pp, &sum, 1); /* only the last stage has it */
     comm_allreduce_f64(&tr->comms.dp, &sum, 1);
-    return sum;
+    return sum / tr->cfg->data.val_batches;
 }
 
 static MemoryReport memory_report(const Trainer *tr)
@@ -350,9 +380,16 @@ static int train(const Config *cfg, Comm world)
     if (cfg->backend == BACKEND_CUDA)
         trd_fatal(TRD_EXIT_INPUT, "set backend: cpu",
                   "backend cuda: this build has no CUDA backend yet (issue 8)");
-    if (cfg->topology.pp > 1)
-        trd_fatal(TRD_EXIT_INPUT, "use topology.pp: 1 (tensor and data parallelism work)",
-                  "pipeline parallelism in training is not implemented yet (issue 5)");
+    if (cfg->topology.pp > 1 && cfg->topology.zero == 3)
+        trd_fatal(TRD_EXIT_INPUT, "use topology.zero 0, 1 or 2 with pipeline parallelism",
+                  "topology.zero 3 with topology.pp %d: ZeRO-3 re-gathers every layer for every "
+                  "micro-batch, which pipelining multiplies; like Megatron-LM, trident refuses it",
+                  cfg->topology.pp);
+    if (cfg->topology.pp > 1 && cfg->topology.zero == 2 && cfg->model.tie_embeddings)
+        trd_fatal(TRD_EXIT_INPUT, "use topology.zero 1, or model.tie_embeddings: false",
+                  "topology.zero 2 with topology.pp > 1 and tied embeddings: the embedding "
+                  "gradient must be summed over the first and last stage before it is sharded, "
+                  "which ZeRO-2's per-micro-batch reduction does not allow");
     topology_init(&tr.topo, &tr.comms, cfg, world);
     set_threads(world);
     const int rank0 = tr.topo.rank == 0;
@@ -368,11 +405,23 @@ static int train(const Config *cfg, Comm world)
     ParamShard shard = params_full_shard(&cfg->model);
     shard.tp = tr.comms.tp.size;
     shard.tp_rank = tr.comms.tp.rank;
+    pipe_stage_layers(cfg, tr.comms.pp.rank, &shard.layer_begin, &shard.layer_end);
+    shard.has_embed = tr.comms.pp.rank == 0;
+    shard.has_head = tr.comms.pp.rank == tr.comms.pp.size - 1;
     tr.zero = zero_create(cfg, tr.be, &shard, &tr.comms.dp);
     model_set_tensor_parallel(zero_model(tr.zero), &tr.comms.tp);
+    if (tr.comms.pp.size > 1) {
+        char err[CFG_ERR];
+        tr.pipe = pipe_create(cfg, tr.zero, &tr.comms.pp, tr.n_micro, err);
+        if (!tr.pipe)
+            trd_fatal(TRD_EXIT_INPUT, NULL, "%s", err);
+        tr.tied_embed_group = cfg->model.tie_embeddings && tr.comms.embed.size > 1;
+        if (tr.tied_embed_group)
+            zero_defer_outer(tr.zero);
+    }
     const size_t BT = (size_t)cfg->training.micro_batch * (size_t)cfg->model.seq_len;
-    tr.tokens = trd_malloc(BT * sizeof(int32_t), "token batch");
-    tr.targets = trd_malloc(BT * sizeof(int32_t), "target batch");
+    tr.tokens = trd_malloc((size_t)tr.n_micro * BT * sizeof(int32_t), "token batches");
+    tr.targets = trd_malloc((size_t)tr.n_micro * BT * sizeof(int32_t), "target batches");
 
     /* Every rank probes, so they share the machine the same way as in
      * training; rank 0's figure is the one reported. */
@@ -404,6 +453,8 @@ static int train(const Config *cfg, Comm world)
                          .step_ms = 1e3 * dt, .tokens_per_s = (double)tokens_per_step / dt,
                          .mfu = flops_per_token * (double)tokens_per_step / dt / peak,
                          .comm_ms = 1e3 * zs.exposed_comm_s, .comm_bytes = zs.bytes,
+                         .pp_idle = tr.pipe ? pp_exec_idle_fraction(pipe_stats(tr.pipe),
+                                                                    &tr.comms.pp) : -1,
                          .val_loss = -1, .extra = step == 0 ? memory : NULL};
         int last = step + 1 == cfg->training.steps;
         int every = cfg->data.val_every > 0 && (step + 1) % cfg->data.val_every == 0;
@@ -418,6 +469,7 @@ static int train(const Config *cfg, Comm world)
 
     free(tr.tokens);
     free(tr.targets);
+    pipe_free(tr.pipe);
     zero_free(tr.zero);
     dataset_close(&tr.train_data);
     if (tr.has_val)

@@ -42,6 +42,7 @@ struct Zero {
     CommHandle pgather[2], gred[2], outer_red;
     int gred_layer[2];           /* layer whose reduction is in flight (-1: none) */
     int outer_pending;
+    int defer_outer;             /* stages 0-1: the outer bucket waits for zero_start_outer */
 
     Bucket *buckets;             /* stages 0-1 */
     int n_buckets;
@@ -384,17 +385,30 @@ void zero_before_outer_backward(Zero *z)
 
 void zero_after_outer_backward(Zero *z, int last_micro)
 {
-    const int nl = z->layer_end - z->layer_begin;
     if (z->stage >= 2) {
         z->outer_red = comm_ireduce_scatter_range_f32(z->dp, z->outer_g, z->outer_recv,
                                                       z->outer_lo, z->outer_hi, z->S);
         z->outer_pending = 1;
-    } else if (last_micro) {
-        for (int i = 0; i < z->n_buckets; i++)
-            if (z->buckets[i].last_pos == nl)
-                start_bucket(z, &z->buckets[i]);
+    } else if (last_micro && !z->defer_outer) {
+        zero_start_outer(z);
     }
 }
+
+void zero_defer_outer(Zero *z)
+{
+    TRD_ASSERT(z->stage <= 1);
+    z->defer_outer = 1;
+}
+
+void zero_start_outer(Zero *z)
+{
+    const int nl = z->layer_end - z->layer_begin;
+    for (int i = 0; i < z->n_buckets; i++)
+        if (z->buckets[i].last_pos == nl)
+            start_bucket(z, &z->buckets[i]);
+}
+
+float *zero_full_grads(Zero *z) { return z->grads; }
 
 float zero_forward(Zero *z, const int32_t *tokens, const int32_t *targets)
 {

@@ -70,6 +70,14 @@ void zero_after_block_backward(Zero *z, int l, int last_micro);
 void zero_before_outer_backward(Zero *z);
 void zero_after_outer_backward(Zero *z, int last_micro);
 
+/* Stages 0-1: hold back the reduction of the bucket holding the outer
+ * tensors until zero_start_outer (the trainer first sums a tied embedding's
+ * gradient over the embedding group), and the full gradient buffer [P]
+ * (NULL for stages 2-3). */
+void zero_defer_outer(Zero *z);
+void zero_start_outer(Zero *z);
+float *zero_full_grads(Zero *z);
+
 /* Finish every gradient reduction. */
 void zero_finish_grads(Zero *z);
 /* Squared L2 norm of this model-parallel rank's part of the gradient

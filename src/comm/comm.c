@@ -83,6 +83,7 @@ static void allreduce(Comm *c, void *buf, size_t n, size_t elem, MPI_Datatype t,
               "all-reduce");
     }
     c->bytes_sent += ring_bytes(c, n * elem / sizeof(float), 2);
+    c->calls++;
 }
 
 void comm_allreduce_f32(Comm *c, float *buf, size_t n)
@@ -106,6 +107,7 @@ void comm_broadcast(Comm *c, void *buf, size_t bytes, int root)
         return;
     TRD_ASSERT(bytes <= (size_t)INT_MAX);
     check(MPI_Bcast(buf, (int)bytes, MPI_BYTE, root, c->mpi), "broadcast");
+    c->calls++;
 }
 
 void comm_barrier(Comm *c)
@@ -131,6 +133,7 @@ CommHandle comm_iallreduce_f32(Comm *c, float *buf, size_t n)
     check(MPI_Iallreduce(MPI_IN_PLACE, buf, (int)n, MPI_FLOAT, MPI_SUM, c->mpi, &h.req),
           "all-reduce");
     c->bytes_sent += ring_bytes(c, n, 2);
+    c->calls++;
     return h;
 }
 
@@ -163,6 +166,7 @@ CommHandle comm_ireduce_scatter_range_f32(Comm *c, const float *send, float *rec
     check(MPI_Ireduce_scatter(send, recv, h.counts, MPI_FLOAT, MPI_SUM, c->mpi, &h.req),
           "reduce-scatter");
     c->bytes_sent += ring_bytes(c, hi - lo, 1);
+    c->calls++;
     return h;
 }
 
@@ -187,6 +191,7 @@ CommHandle comm_iallgather_range_f32(Comm *c, const float *mine, float *out, siz
                           MPI_FLOAT, c->mpi, &h.req),
           "all-gather");
     c->bytes_sent += ring_bytes(c, hi - lo, 1);
+    c->calls++;
     return h;
 }
 
@@ -219,6 +224,7 @@ void comm_allgather_block_f32(Comm *c, float *buf, size_t n)
     check(MPI_Allgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf, (int)n, MPI_FLOAT, c->mpi),
           "all-gather");
     c->bytes_sent += ring_bytes(c, n * (size_t)c->size, 1);
+    c->calls++;
 }
 
 void comm_reduce_scatter_block_f32(Comm *c, float *buf, size_t n)
@@ -230,6 +236,7 @@ void comm_reduce_scatter_block_f32(Comm *c, float *buf, size_t n)
     check(MPI_Reduce_scatter_block(MPI_IN_PLACE, buf, (int)n, MPI_FLOAT, MPI_SUM, c->mpi),
           "reduce-scatter");
     c->bytes_sent += ring_bytes(c, n * (size_t)c->size, 1);
+    c->calls++;
 }
 
 CommHandle comm_isend_f32(Comm *c, const float *buf, size_t n, int dest, int tag)
@@ -238,6 +245,7 @@ CommHandle comm_isend_f32(Comm *c, const float *buf, size_t n, int dest, int tag
     TRD_ASSERT(n <= (size_t)INT_MAX);
     check(MPI_Isend(buf, (int)n, MPI_FLOAT, dest, tag, c->mpi, &h.req), "send");
     c->bytes_sent += (uint64_t)n * sizeof(float);
+    c->calls++;
     return h;
 }
 

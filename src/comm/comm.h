@@ -18,6 +18,10 @@ typedef struct {
     uint64_t bytes_sent;   /* bytes this rank sends under the ring algorithms (all-reduce
                             * 2n(p-1)/p, reduce-scatter and all-gather n(p-1)/p of the
                             * n-element whole), for reports and the benchmarks */
+    uint64_t calls;        /* operations this rank started that move data: all-reduce,
+                            * reduce-scatter, all-gather, broadcast (one per call, however
+                            * MPI chunks it) and sends; not receives, not barriers, and
+                            * nothing on a group of one */
 } Comm;
 
 /* MPI_Init (with MPI_THREAD_FUNNELED) unless already done; error handlers

@@ -3,10 +3,17 @@
 # Runs as root, or through sudo when it is there.
 set -euo pipefail
 pkgs=(build-essential pkg-config meson ninja-build libyaml-dev mpich libmpich-dev
-      libhdf5-mpich-dev libopenblas-dev nodejs npm python3 git ca-certificates)
+      libhdf5-mpich-dev libopenblas-dev ca-certificates)
+# Tools that may come from elsewhere than Debian (a nodesource node, say):
+# a working command is enough, and installing Debian's package beside it
+# can conflict.
+tools=(node:nodejs npm:npm python3:python3 git:git)
 missing=()
 for p in "${pkgs[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+for t in "${tools[@]}"; do
+    command -v "${t%%:*}" >/dev/null || missing+=("${t#*:}")
 done
 if [ ${#missing[@]} -eq 0 ]; then
     echo "install_deps: all packages present"

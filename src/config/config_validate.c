@@ -247,21 +247,22 @@ static int check_world(Checker *c, Config *cfg, int world)
                         t->tp, t->pp, t->dp, mp * t->dp, world, mp * t->dp);
         }
     }
-    if (t->dp > 0) {
-        long long unit = (long long)tr->micro_batch * t->dp;
-        if (tr->global_batch % unit) {
-            long long lo = tr->global_batch / unit * unit, hi = lo + unit;
-            return verr(c, "training.global_batch %d is not a multiple of "
-                           "training.micro_batch %d x topology.dp %d = %lld; use e.g. "
-                           "global_batch %lld or %lld",
-                        tr->global_batch, tr->micro_batch, t->dp, unit, lo > 0 ? lo : hi, hi);
-        }
-    } else if (tr->global_batch % tr->micro_batch) {
-        long long unit = tr->micro_batch;
-        long long lo = tr->global_batch / unit * unit, hi = lo + unit;
-        return verr(c, "training.global_batch %d is not a multiple of training.micro_batch %d; "
-                       "use e.g. global_batch %lld or %lld",
-                    tr->global_batch, tr->micro_batch, lo > 0 ? lo : hi, hi);
+    /* A global batch must split into whole micro-batches on every DP rank. */
+    const long long unit = (long long)tr->micro_batch * (t->dp > 0 ? t->dp : 1);
+    if (tr->global_batch % unit) {
+        char what[96], fix[64];
+        if (t->dp > 0)
+            snprintf(what, sizeof what, "training.micro_batch %d x topology.dp %d = %lld",
+                     tr->micro_batch, t->dp, unit);
+        else
+            snprintf(what, sizeof what, "training.micro_batch %d", tr->micro_batch);
+        const long long lo = tr->global_batch / unit * unit, hi = lo + unit;
+        if (lo > 0)
+            snprintf(fix, sizeof fix, "global_batch %lld or %lld", lo, hi);
+        else
+            snprintf(fix, sizeof fix, "global_batch %lld", hi);
+        return verr(c, "training.global_batch %d is not a multiple of %s; use e.g. %s",
+                    tr->global_batch, what, fix);
     }
     return 0;
 }

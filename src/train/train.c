@@ -304,8 +304,10 @@ static void print_start(const Trainer *tr, double peak)
            cfg->run.name, config_arch_name(mc->arch), mc->layers, mc->hidden, mc->heads,
            mc->kv_heads, mc->ffn_hidden, mc->vocab, params_padded_vocab(mc, cfg->topology.tp),
            mc->seq_len);
-    if (topology_print_map(stdout, &cfg->topology, tr->topo.world, tr->topo.ranks_per_node,
-                           TOPO_MAP_SUMMARY, err) != 0)
+    /* The whole per-rank table for worlds one can read; its summary beyond. */
+    const TopoMapFormat fmt = tr->topo.world <= 64 ? TOPO_MAP_TABLE : TOPO_MAP_SUMMARY;
+    if (topology_print_map(stdout, &cfg->topology, tr->topo.world, tr->topo.ranks_per_node, fmt,
+                           err) != 0)
         trd_fatal(TRD_EXIT_INPUT, NULL, "%s", err);
     printf("parameters: %zu (%.2f M)\n", params_count_real(mc), 1e-6 * (double)params_count_real(mc));
     printf("memory per rank (MiB): params %.1f | grads %.1f | optimizer %.1f | zero buffers %.1f "

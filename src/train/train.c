@@ -268,13 +268,18 @@ static double train_step(Trainer *tr, int step, double *grad_norm, float *lr)
  * to the DP replicas in turn. */
 static double validate(Trainer *tr)
 {
-    const int B = tr->cfg->training.micro_batch;
+    const int B = tr->cfg->training.micro_batch, n = tr->cfg->data.val_batches;
+    /* Every DP rank runs the same number of forwards (ZeRO-3 gathers inside
+     * them are collective); a rank past the end repeats one uncounted. */
+    const int rounds = (n + tr->dp - 1) / tr->dp;
     double sum = 0;
-    for (int j = tr->dp_rank; j < tr->cfg->data.val_batches; j += tr->dp) {
-        read_batch(tr, &tr->val_sampler, &tr->val_data, (uint64_t)j * (uint64_t)B, tr->tokens,
-                   tr->targets);
-        sum += tr->pipe ? pipe_forward(tr->pipe, tr->tokens, tr->targets)
-                        : zero_forward(tr->zero, tr->tokens, tr->targets);
+    for (int r = 0; r < rounds; r++) {
+        const int j = r * tr->dp + tr->dp_rank, counted = j < n;
+        read_batch(tr, &tr->val_sampler, &tr->val_data, (uint64_t)(counted ? j : 0) * (uint64_t)B,
+                   tr->tokens, tr->targets);
+        double loss = tr->pipe ? pipe_forward(tr->pipe, tr->tokens, tr->targets)
+                               : zero_forward(tr->zero, tr->tokens, tr->targets);
+        sum += counted ? loss : 0.0;
     }
     if (tr->pipe)
         comm_allreduce_f64(&tr->comms.pp, &sum, 1); /* only the last stage has it */

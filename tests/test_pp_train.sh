@@ -67,6 +67,9 @@ for z in 0 1; do
         compare gpt2 "gpt2_3d_zero${z}_sp$sp"
     done
 done
+# A middle stage (pp 4) with data parallelism: its layers' buckets too.
+run gpt2_pp4_dp2_zero1 8 --set topology.pp=4 --set topology.dp=2 --set topology.zero=1
+compare gpt2 gpt2_pp4_dp2_zero1
 run llama_3d_zero2 8 "${llama[@]}" --set topology.tp=2 --set topology.pp=2 --set topology.dp=2 \
     --set topology.zero=2
 compare llama llama_3d_zero2

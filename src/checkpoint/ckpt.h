@@ -9,11 +9,12 @@
  * and v) is stored once with its GLOBAL shape and the real (unpadded)
  * vocabulary rows, so a checkpoint does not depend on the topology that wrote
  * it: any (tp, pp, dp, zero, stage_layers) reads exactly the hyperslabs it
- * needs.  Datasets are chunked with HDF5's Fletcher32 filter: a corrupted
- * chunk fails the read.  docs/checkpoint.md documents the layout for h5py.
+ * needs.  Every dataset carries checksums of its row blocks (attributes,
+ * computed by its writers together) that every read verifies.
+ * docs/checkpoint.md documents the layout for h5py.
  *
- * Writing: each stage file is written collectively (MPI-IO) by the ranks of
- * that stage; each rank writes its TP slice restricted to its ZeRO block, and
+ * Writing: each stage file is created by the ranks of that stage together
+ * (MPI-IO); each rank writes its TP slice restricted to its ZeRO block, and
  * a piece held by several ranks has one writer.  The step becomes visible
  * only after every rank has closed its file: rank 0 then renames
  * step_X.tmp -> step_X and moves <dir>/latest (DESIGN.md, invariant 2). */
@@ -41,15 +42,17 @@ typedef struct {
 
 /* A rank's view of the state it holds, for save and load. */
 typedef struct {
-    const ParamTable *table;   /* local table: TP slice, this stage's layers */
+    const ParamTable *table;   /* local table: TP slice, this stage's layers; rows
+                                  a TP rank does not own (params_row_owned) are
+                                  written by their owner */
     CkptRange part[CKPT_KINDS];
     /* The ZeRO block of this DP rank, [r*S, (r+1)*S) ∩ [0, P): on save a rank
      * writes part ∩ block only, so a range that all DP ranks hold (weights
      * under ZeRO 0-2, optimizer state under ZeRO 0) is written once, in
      * parallel, in dp pieces. */
     size_t block_lo, block_hi;
-    int tp_rank, pp_rank;      /* tensors not split over TP are written by tp rank 0 */
-    int dp, zero;              /* recorded in the index */
+    int pp_rank;               /* the stage file this rank writes */
+    int dp_rank, dp, zero;     /* dp, zero recorded in the index (tp: from the table) */
     MPI_Comm world;            /* every rank of the job (all take part in save/load) */
 } CkptShardView;
 
@@ -58,7 +61,7 @@ typedef struct {
  * optimizer state [0,P) for 0, the block for 1-3) and clears every data
  * pointer: the caller then points part[k].data at its buffers. */
 void ckpt_view_init(CkptShardView *v, const ParamTable *t, int zero, int dp_rank, int dp,
-                    int tp_rank, int pp_rank, MPI_Comm world);
+                    int pp_rank, MPI_Comm world);
 
 /* Training state saved with the tensors. */
 typedef struct {
@@ -79,7 +82,10 @@ int ckpt_save(const char *dir, const CkptShardView *v, const CkptState *st, cons
               int keep, char err[CFG_ERR]);
 
 /* Load a step directory into the view (any topology).  Reads part[k] where
- * data != NULL; padded vocabulary rows are left as they are.  Fallbacks
+ * data != NULL; padded vocabulary rows are not read.  A part that every DP
+ * rank holds whole ([0, P), dp > 1) is read in ZeRO blocks, one per DP rank,
+ * and all-gathered over the DP group (ranks with this pp_rank and tp rank),
+ * so the files are read once, not dp times.  Fallbacks
  * across precisions: master wanted but not saved (fp32 run) -> the weights;
  * weights wanted without master but master saved (bf16 run) -> the master
  * weights.  Collective over v->world; st may be NULL.  Returns 0, or -1 with

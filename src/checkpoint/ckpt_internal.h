@@ -1,8 +1,10 @@
 /* ckpt_internal.h — shared by the files of src/checkpoint, not exported.
  *
  *   ckpt_layout.c  flat ranges -> hyperslabs of the global tensor (pure)
- *   ckpt_index.c   index.h5: write, read, (de)serialise for a broadcast
- *   ckpt_save.c    collective write, publish, keep
+ *   ckpt_index.c   index.h5: write, read, (de)serialise for a broadcast;
+ *                  HDF5 helpers, checksum attributes
+ *   ckpt_save.c    the stage files, written by each stage's ranks; ckpt_save
+ *   ckpt_publish.c rank 0's file-system steps: .tmp, rename, latest, keep
  *   ckpt_load.c    resolve and load for any topology
  *   ckpt_cli.c     trident ckpt inspect / export */
 #ifndef TRD_CKPT_INTERNAL_H
@@ -19,6 +21,10 @@
 #define CKPT_FILE_NAME 16
 #define CKPT_DTYPE_NAME 8
 #define CKPT_PATH_NAME (PARAM_NAME + 16)
+/* Paths: a directory given by the user is < CFG_STR; a step directory adds
+ * "/step_XXXXXXXX.tmp", a file in it "/index.h5" and the like. */
+#define CKPT_PATH (CFG_STR + 64)
+#define CKPT_FILE_PATH (CKPT_PATH + 64)
 
 /* HDF5 group of each kind inside a stage file: "/params/<tensor name>". */
 extern const char *const ckpt_kind_names[CKPT_KINDS];
@@ -30,7 +36,8 @@ typedef struct {
     int64_t r, c, nr, nc;
 } CkptBlock;
 
-/* The part of a tensor that a flat range [a, b) of the local table covers:
+/* The part of a tensor that a flat range [a, b) of the local table covers,
+ * for a tensor whose local rows are consecutive global rows:
  * up to three blocks (partial first row, full middle rows, partial last
  * row), in row-major order, which is also the order of the local elements.
  * Rows at or beyond `real_rows` (vocabulary padding) are cut off: they are a
@@ -40,6 +47,8 @@ typedef struct {
     CkptBlock b[3];
     int n;
     size_t first, count;   /* flat elements of the local table */
+    int contiguous;        /* whole rows held: global elements [gfirst, gfirst + count) */
+    int64_t gfirst;
 } CkptSlab;
 
 /* Global rows stored for p: the unpadded vocabulary for the vocabulary
@@ -50,9 +59,29 @@ int64_t ckpt_real_rows(const ParamSpec *p, const ModelConfig *m);
  * (n == 0 when they do not meet). */
 CkptSlab ckpt_slab(const ParamSpec *p, int64_t real_rows, size_t lo, size_t hi);
 
-/* Chunk shape of a stored tensor: whole rows, about 4 MiB, the same for any
- * topology. */
-void ckpt_chunk_dims(int ndim, const int64_t shape[2], hsize_t chunk[2]);
+/* The same for any ParamSpec: one slab per run of local rows that are
+ * consecutive global rows (two for a qkv tensor whose kv heads are
+ * replicated over TP ranks: the query rows, then the k and v rows; see
+ * params.h).  Returns the number of non-empty slabs; first_row[i] is the
+ * first local row of slab i (for params_row_owned). */
+int ckpt_slabs(const ParamSpec *p, int64_t real_rows, size_t lo, size_t hi, CkptSlab out[2],
+               int64_t first_row[2]);
+
+/* Checksums.  A stored tensor is cut into blocks of ckpt_block_rows() whole
+ * rows (about 4 MiB, the same for any topology); block b's checksum is
+ *   sum over its elements of fmix64((gidx * 0x9E3779B97F4A7C15) ^ bits)
+ * modulo 2^64, gidx = row * cols + col in the global (unpadded) tensor and
+ * bits the fp32 value's bit pattern.  A sum, so writers holding any pieces
+ * of a block add their parts and reduce; stored per dataset as attributes
+ * "checksum" (uint64[blocks]) and "checksum_rows" (docs/checkpoint.md). */
+int64_t ckpt_block_rows(int ndim, const int64_t shape[2]);
+int64_t ckpt_n_blocks(int ndim, const int64_t shape[2]);
+/* Add the hashes of a slab's elements (src in slab order) into sums[block]
+ * (cols: global columns, 1 for a vector). */
+void ckpt_checksum_slab(const CkptSlab *s, int64_t cols, int64_t block_rows, const float *src,
+                        uint64_t *sums);
+/* The checksum of nrows whole rows starting at row0, held in buf. */
+uint64_t ckpt_checksum_rows(const float *buf, int64_t row0, int64_t nrows, int64_t cols);
 
 /* ---- index (ckpt_index.c) ---- */
 
@@ -92,8 +121,33 @@ void ckpt_index_unpack(CkptIndex *ix, const void *buf);
 /* One line describing the saved model, for error messages. */
 void ckpt_index_model_line(const CkptIndex *ix, char *out, size_t n);
 
+/* ---- file system, rank 0 (ckpt_publish.c) ---- */
+
+/* "step_%08d" */
+void ckpt_step_name(char *out, size_t n, int64_t step);
+/* Remove a directory tree (0 when it is gone). */
+int ckpt_rm_tree(const char *path);
+int ckpt_fsync_path(const char *path, int dir);
+/* A fresh, empty <dir>/step_X.tmp (dir created when missing). */
+int ckpt_prepare_tmp(const char *dir, const char *tmp, char err[CFG_ERR]);
+/* step_X.tmp -> step_X, replacing an existing step_X. */
+int ckpt_publish_dir(const char *tmp, const char *final, char err[CFG_ERR]);
+/* <dir>/latest := name, through latest.tmp, fsync and rename. */
+int ckpt_write_latest(const char *dir, const char *name, char err[CFG_ERR]);
+/* Remove published steps beyond `keep` (never `current`) and stale .tmp. */
+void ckpt_prune(const char *dir, int keep, int64_t current);
+
+/* ---- MPI (ckpt_save.c) ---- */
+
+/* Collective over world: returns 0 when rc == 0 on every rank, else -1 with
+ * the message of the lowest failing rank copied into err on every rank. */
+int ckpt_agree(MPI_Comm world, int rc, char err[CFG_ERR]);
+
 /* ---- HDF5 helpers (ckpt_index.c) ---- */
 
+/* File access properties for serial opens (index, tools): sec2 driver,
+ * no file locking. */
+hid_t ckpt_serial_fapl(void);
 /* Silence HDF5's own error printing while we report errors ourselves. */
 void ckpt_h5_quiet(void);
 /* The innermost HDF5 error message, for the user ("checksum failed"...). */
@@ -104,5 +158,12 @@ void ckpt_err(char err[CFG_ERR], const char *fmt, ...) __attribute__((format(pri
 hid_t ckpt_space(int ndim, const int64_t shape[2]);
 /* Select the blocks of a slab in a file dataspace (none when empty). */
 void ckpt_select(hid_t space, const CkptSlab *s);
+/* Attributes of a stored dataset: create its checksums, or read and check
+ * them against its shape (0, or -1 when missing or malformed; *sums is
+ * malloc'd). */
+int ckpt_put_checksums(hid_t d, const CkptEntry *e, const uint64_t *sums);
+/* Overwrite the values of an existing "checksum" attribute. */
+int ckpt_set_checksums(hid_t d, const uint64_t *sums);
+int ckpt_get_checksums(hid_t d, const CkptEntry *e, uint64_t **sums);
 
 #endif

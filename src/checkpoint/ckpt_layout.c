@@ -3,6 +3,8 @@
  * HDF5 selection is built from it in one place (ckpt_select). */
 #include "checkpoint/ckpt_internal.h"
 
+#include <string.h>
+
 #include "core/error.h"
 
 const char *const ckpt_kind_names[CKPT_KINDS] = {"params", "master", "adam_m", "adam_v"};
@@ -42,6 +44,10 @@ CkptSlab ckpt_slab(const ParamSpec *p, int64_t real_rows, size_t lo, size_t hi)
         return s;
     s.first = beg + a;
     s.count = b - a;
+    /* Whole rows held (no column split): the slab is one run of the stored
+     * tensor, starting at global element gfirst. */
+    s.contiguous = lc == p->shape[1];
+    s.gfirst = (r0 + (int64_t)a / lc) * p->shape[1] + c0 + (int64_t)a % lc;
 
     int64_t ra = (int64_t)a / lc, ca = (int64_t)a % lc;
     const int64_t rb = (int64_t)b / lc, cb = (int64_t)b % lc;   /* b exclusive */
@@ -58,22 +64,93 @@ CkptSlab ckpt_slab(const ParamSpec *p, int64_t real_rows, size_t lo, size_t hi)
     return s;
 }
 
-void ckpt_chunk_dims(int ndim, const int64_t shape[2], hsize_t chunk[2])
+int ckpt_slabs(const ParamSpec *p, int64_t real_rows, size_t lo, size_t hi, CkptSlab out[2],
+               int64_t first_row[2])
 {
-    /* Whole rows keep a row's checksum in one chunk and make the chunk
-     * grid independent of tp and dp; 1 Mi elements (4 MiB) amortise the
-     * per-chunk work of the filter and of collective I/O. */
-    const int64_t target = 1 << 20;
-    if (ndim == 1) {
-        chunk[0] = (hsize_t)(shape[0] < target ? shape[0] : target);
-        chunk[1] = 1;
-        return;
+    /* Runs of local rows that are consecutive global rows: all of them, or
+     * (replicated kv heads, params.h) the query rows then the k, v rows. */
+    const int64_t lc = p->local_shape[1];
+    const int64_t split = p->kv_row > 0 && p->kv_row < p->local_shape[0] ? p->kv_row
+                                                                         : p->local_shape[0];
+    const int64_t run_lo[2] = {0, split}, run_hi[2] = {split, p->local_shape[0]};
+    const int64_t run_g0[2] = {p->local_start[0], p->kv_start};
+    int n = 0;
+    for (int i = 0; i < 2; i++) {
+        if (run_lo[i] >= run_hi[i])
+            continue;
+        ParamSpec q = *p;
+        q.local_start[0] = run_g0[i];
+        q.local_shape[0] = run_hi[i] - run_lo[i];
+        q.offset = p->offset + (size_t)(run_lo[i] * lc);
+        q.numel = (size_t)(q.local_shape[0] * lc);
+        CkptSlab s = ckpt_slab(&q, real_rows, lo, hi);
+        if (s.count) {
+            first_row[n] = run_lo[i] + (int64_t)(s.first - q.offset) / lc;
+            out[n++] = s;
+        }
     }
-    int64_t cols = shape[1] < target ? shape[1] : target;
-    int64_t rows = target / cols;
-    rows = rows < 1 ? 1 : rows > shape[0] ? shape[0] : rows;
-    chunk[0] = (hsize_t)(rows > 0 ? rows : 1);
-    chunk[1] = (hsize_t)(cols > 0 ? cols : 1);
+    return n;
+}
+
+int64_t ckpt_block_rows(int ndim, const int64_t shape[2])
+{
+    /* About 1 Mi elements (4 MiB) per block: big enough that verifying a
+     * block costs one sequential read, small enough that a reader of a
+     * partial tensor reads little beyond what it needs. */
+    const int64_t target = 1 << 20;
+    const int64_t cols = ndim == 1 ? 1 : shape[1];
+    int64_t rows = cols > 0 ? target / cols : 1;
+    return rows < 1 ? 1 : rows;
+}
+
+int64_t ckpt_n_blocks(int ndim, const int64_t shape[2])
+{
+    const int64_t r = ckpt_block_rows(ndim, shape);
+    return (shape[0] + r - 1) / r;
+}
+
+static inline uint64_t elem_hash(uint64_t gidx, float v)
+{
+    uint32_t bits;
+    memcpy(&bits, &v, sizeof bits);
+    /* For a fixed index this is a bijection of the value's bits, so any
+     * change of one element changes the block's sum; the index key makes
+     * moved or swapped elements count too. */
+    uint64_t h = (gidx * 0x9E3779B97F4A7C15ull) ^ bits;
+    h ^= h >> 33;
+    h *= 0xff51afd7ed558ccdull;
+    h ^= h >> 33;
+    h *= 0xc4ceb9fe1a85ec53ull;
+    h ^= h >> 33;
+    return h;
+}
+
+void ckpt_checksum_slab(const CkptSlab *s, int64_t cols, int64_t block_rows, const float *src,
+                        uint64_t *sums)
+{
+    for (int i = 0; i < s->n; i++) {
+        const CkptBlock *b = &s->b[i];
+        for (int64_t r = b->r; r < b->r + b->nr; r++) {
+            const float *row = src + (r - b->r) * b->nc;
+            const uint64_t row0 = (uint64_t)r * (uint64_t)cols + (uint64_t)b->c;
+            uint64_t acc = 0;
+            for (int64_t c = 0; c < b->nc; c++)
+                acc += elem_hash(row0 + (uint64_t)c, row[c]);
+            sums[r / block_rows] += acc;
+        }
+        src += b->nr * b->nc;
+    }
+}
+
+uint64_t ckpt_checksum_rows(const float *buf, int64_t row0, int64_t nrows, int64_t cols)
+{
+    /* One thread: the hash runs at several GB/s (vectorised), faster than
+     * the disk, and OpenMP workers spinning beside the I/O would slow it. */
+    uint64_t acc = 0;
+    const uint64_t first = (uint64_t)row0 * (uint64_t)cols, n = (uint64_t)(nrows * cols);
+    for (uint64_t i = 0; i < n; i++)
+        acc += elem_hash(first + i, buf[i]);
+    return acc;
 }
 
 void ckpt_select(hid_t space, const CkptSlab *s)

@@ -3,6 +3,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "checkpoint/ckpt.h"
 #include "core/error.h"
 #include "data/prepare.h"
 #include "topology/topology.h"
@@ -19,6 +20,7 @@ static const Command commands[] = {
     {"run", run_main, "launch `mpiexec -n <world> trident train` for local use"},
     {"prepare-data", data_prepare_main, "tokenize text files into a Megatron .bin/.idx dataset"},
     {"tokenize", data_tokenize_main, "print the token ids of a text file"},
+    {"ckpt", ckpt_main, "inspect or export a checkpoint (trident ckpt --help)"},
     {"topology", topology_main, "print the rank map of a config for a world size, without launching"},
 };
 
@@ -27,7 +29,7 @@ static void usage(FILE *f)
     fprintf(f, "usage: trident COMMAND [ARGS]   (trident COMMAND --help for details)\n\n");
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
         fprintf(f, "  %-13s %s\n", commands[i].name, commands[i].summary);
-    fprintf(f, "\nplanned: plan, ckpt (see the issues in the README)\n");
+    fprintf(f, "\nplanned: plan (see the issues in the README)\n");
 }
 
 int main(int argc, char **argv)

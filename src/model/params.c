@@ -77,6 +77,7 @@ static ParamSpec *add(Builder *b, int64_t rows, int64_t cols, int split_dim, Par
     va_end(ap);
     p->ndim = cols > 0 ? 2 : 1;
     p->shape[0] = rows;
+    p->real_rows = rows;
     p->shape[1] = cols > 0 ? cols : 1;
     p->split_dim = split_dim == SPLIT_QKV ? 0 : split_dim;
     p->role = role;
@@ -125,7 +126,8 @@ void params_build(ParamTable *t, const ModelConfig *m, const ParamShard *sh)
     const float std_out = std / sqrtf(2.0f * (float)m->layers);
 
     if (sh->has_embed) {
-        add(&b, Vp, C, 0, ROLE_EMBED, -1, INIT_NORMAL, std, "embed.wte.weight");
+        add(&b, Vp, C, 0, ROLE_EMBED, -1, INIT_NORMAL, std, "embed.wte.weight")->real_rows =
+            m->vocab;
         if (gpt2)
             add(&b, m->seq_len, C, -1, ROLE_EMBED, -1, INIT_NORMAL, std, "embed.wpe.weight");
     }
@@ -134,13 +136,18 @@ void params_build(ParamTable *t, const ModelConfig *m, const ParamShard *sh)
         if (gpt2)
             add(&b, C, 0, -1, ROLE_HEAD, -1, INIT_ZEROS, 0, "final_norm.bias");
         if (!m->tie_embeddings)
-            add(&b, Vp, C, 0, ROLE_HEAD, -1, INIT_NORMAL, std, "head.weight");
+            add(&b, Vp, C, 0, ROLE_HEAD, -1, INIT_NORMAL, std, "head.weight")->real_rows =
+                m->vocab;
         else if (!sh->has_embed)
             /* Tied embeddings across pipeline stages: the last stage holds a
              * copy of the first stage's embedding.  Same name, so the same
              * initial values; its gradient is summed with the first stage's
              * (the embedding group) and the copy is never counted twice. */
-            add(&b, Vp, C, 0, ROLE_HEAD, -1, INIT_NORMAL, std, "embed.wte.weight")->tied_copy = 1;
+        {
+            ParamSpec *w = add(&b, Vp, C, 0, ROLE_HEAD, -1, INIT_NORMAL, std, "embed.wte.weight");
+            w->tied_copy = 1;
+            w->real_rows = m->vocab;
+        }
     }
     for (int l = sh->layer_begin; l < sh->layer_end; l++) {
         add(&b, C, 0, -1, ROLE_BLOCK, l, INIT_ONES, 0, "layers.%d.ln1.weight", l);
@@ -214,7 +221,9 @@ void params_init_range(const ParamTable *t, float *buf, uint64_t seed, size_t lo
             const int64_t r = (first + k) / lcols, c = (first + k) % lcols;
             const uint64_t grow = (uint64_t)params_global_row(p, r);
             const uint64_t gidx = grow * (uint64_t)cols + (uint64_t)(p->local_start[1] + c);
-            w[k] = p->std * rng_normal(key, gidx);
+            /* Vocabulary padding starts at zero: with no gradient and
+             * decoupled decay it stays zero, whatever the optimizer does. */
+            w[k] = (int64_t)grow < p->real_rows ? p->std * rng_normal(key, gidx) : 0.0f;
         }
     }
 }

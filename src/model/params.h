@@ -49,6 +49,9 @@ typedef struct {
      * kv_start + (r - kv_row).  Otherwise kv_share = 1, kv_row =
      * local_shape[0] (every row is contiguous).  Use params_global_row. */
     int kv_share;
+    int64_t real_rows;        /* global rows that carry information: the vocabulary
+                               * for wte/head (rows past it are padding, zero from
+                               * init on and never updated), else shape[0] */
     int tied_copy;            /* the last stage's copy of a tied embedding: owned by
                                * the first stage (params_row_owned says 0 here) */
     int64_t kv_row, kv_start;

@@ -5,11 +5,17 @@
 
 #include "core/error.h"
 
-void metrics_open(Metrics *m, const char *dir, int steps, int log_every)
+void metrics_open(Metrics *m, const char *dir, int steps, int log_every, int append)
 {
     char path[1024];
     snprintf(path, sizeof path, "%s/metrics.jsonl", dir);
-    m->jsonl = fopen(path, "w");
+    m->jsonl = fopen(path, append ? "a+" : "w");
+    if (m->jsonl && append && fseek(m->jsonl, -1, SEEK_END) == 0 && fgetc(m->jsonl) != '\n') {
+        /* A run killed mid-line left a torn record: end it, so every
+         * record after it stands on a line of its own. */
+        fseek(m->jsonl, 0, SEEK_END);
+        fputc('\n', m->jsonl);
+    }
     if (!m->jsonl)
         trd_fatal(TRD_EXIT_RUNTIME, "check that run.dir is writable", "cannot open %s: %s", path,
                   strerror(errno));

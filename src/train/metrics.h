@@ -22,8 +22,9 @@ typedef struct {
     int steps, log_every;
 } Metrics;
 
-/* Opens (truncates) <dir>/metrics.jsonl; exits with a message on failure. */
-void metrics_open(Metrics *m, const char *dir, int steps, int log_every);
+/* Opens <dir>/metrics.jsonl: truncated for a fresh run, appended to when
+ * resuming (the records of earlier steps stay); exits on failure. */
+void metrics_open(Metrics *m, const char *dir, int steps, int log_every, int append);
 void metrics_record(Metrics *m, const StepMetrics *s);
 void metrics_close(Metrics *m);
 

@@ -68,8 +68,9 @@ static void stage_backward(void *ctx, int mb, int chunk)
     PipeStage *p = ctx;
     const int last_micro = mb == p->n_micro - 1;
     use_set(p, mb);
-    if (p->first || p->last)
-        zero_before_outer_backward(p->z);
+    /* On every stage, also one without outer tensors: the hooks also start
+     * the last data-parallel bucket. */
+    zero_before_outer_backward(p->z);
     /* Not the last stage: the received gradient already sits in the
      * model's gradient stream, where the last block's backward reads it. */
     if (p->last)
@@ -81,8 +82,7 @@ static void stage_backward(void *ctx, int mb, int chunk)
     }
     if (p->first)
         model_embed_backward(p->m);
-    if (p->first || p->last)
-        zero_after_outer_backward(p->z, last_micro);
+    zero_after_outer_backward(p->z, last_micro);
 }
 
 static float *act_in(void *ctx, int mb, int chunk)

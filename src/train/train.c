@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "backend/backend.h"
+#include "checkpoint/ckpt.h"
 #include "comm/comm.h"
 #include "config/config.h"
 #include "core/error.h"
@@ -174,6 +175,9 @@ typedef struct {
     int32_t *tokens, *targets; /* the step's micro-batches: [n_micro][B*T] */
     int dp, dp_rank, n_micro;
     PipeStage *pipe;           /* pp > 1 */
+    CkptShardView ckpt;        /* what this rank saves and loads */
+    int start_step;            /* first step of this run (> 0 when resumed) */
+    uint64_t start_position;   /* sample stream position at start_step */
     int tied_embed_group;      /* first/last stage summing a tied embedding's gradient */
 } Trainer;
 
@@ -230,7 +234,8 @@ static double train_step(Trainer *tr, int step, double *grad_norm, float *lr)
         /* The global batch is positions [step*GB, (step+1)*GB) of the sample
          * stream whatever the topology; micro-step j of DP rank d takes its
          * B consecutive positions from there. */
-        uint64_t first = (uint64_t)step * (uint64_t)cfg->training.global_batch +
+        uint64_t first = tr->start_position +
+                         (uint64_t)(step - tr->start_step) * (uint64_t)cfg->training.global_batch +
                          (uint64_t)(j * tr->dp + tr->dp_rank) * (uint64_t)B;
         read_batch(tr, &tr->train_sampler, &tr->train_data, first, tr->tokens + j * BT,
                    tr->targets + j * BT);
@@ -341,6 +346,63 @@ static void memory_json(const Trainer *tr, char *buf, size_t cap)
              mem.params, mem.grads, mem.optimizer, mem.buffers, mem.activations, mem.scratch);
 }
 
+/* Point the checkpoint view at the engine's buffers. */
+static void ckpt_setup(Trainer *tr)
+{
+    const ParamTable *t = model_params(zero_model(tr->zero));
+    ckpt_view_init(&tr->ckpt, t, tr->cfg->topology.zero, tr->comms.dp.rank, tr->comms.dp.size,
+                   tr->comms.pp.rank, MPI_COMM_WORLD);
+    ZeroState zs = zero_state(tr->zero);
+    tr->ckpt.part[CKPT_PARAMS].data = zs.params;
+    tr->ckpt.part[CKPT_MASTER].data = zs.master;
+    tr->ckpt.part[CKPT_ADAM_M].data = zs.m;
+    tr->ckpt.part[CKPT_ADAM_V].data = zs.v;
+}
+
+/* checkpoint.resume: auto (latest if any), never, or a step directory.
+ * Returns whether the run continues from a checkpoint. */
+static int ckpt_resume(Trainer *tr)
+{
+    const CheckpointConfig *c = &tr->cfg->checkpoint;
+    char dir[CFG_STR], err[CFG_ERR];
+    if (c->resume == RESUME_NEVER || (!c->dir[0] && c->resume != RESUME_PATH))
+        return 0;
+    int rc = ckpt_resolve(c->dir, c->resume, c->resume_path, dir, err);
+    if (rc < 0)
+        trd_fatal(TRD_EXIT_INPUT, "check checkpoint.dir and checkpoint.resume", "%s", err);
+    if (rc == 0)
+        return 0;
+    CkptState st;
+    if (ckpt_load(dir, &tr->ckpt, &st, tr->cfg, err) != 0)
+        trd_fatal(TRD_EXIT_INPUT, "resume from another checkpoint (checkpoint.resume: PATH) or "
+                  "start fresh (checkpoint.resume: never)", "%s", err);
+    *zero_state(tr->zero).adam_t = (int)st.adam_t;
+    tr->start_step = (int)st.step;
+    tr->start_position = st.sampler_position;
+    if (tr->topo.rank == 0)
+        printf("resumed from %s: step %d, sample position %llu\n", dir, tr->start_step,
+               (unsigned long long)tr->start_position);
+    return 1;
+}
+
+static void ckpt_save_step(Trainer *tr, int steps_done)
+{
+    const Config *cfg = tr->cfg;
+    CkptState st = {.step = steps_done,
+                    .sampler_position = tr->start_position +
+                                        (uint64_t)(steps_done - tr->start_step) *
+                                            (uint64_t)cfg->training.global_batch,
+                    .lr_step = steps_done, .adam_t = *zero_state(tr->zero).adam_t};
+    char err[CFG_ERR];
+    double t0 = now_s();
+    if (ckpt_save(cfg->checkpoint.dir, &tr->ckpt, &st, cfg, cfg->checkpoint.keep, err) != 0)
+        trd_fatal(TRD_EXIT_RUNTIME, "check free space and permissions of checkpoint.dir", "%s",
+                  err);
+    if (tr->topo.rank == 0)
+        printf("checkpoint: step %d saved to %s in %.2f s\n", steps_done, cfg->checkpoint.dir,
+               now_s() - t0);
+}
+
 /* TRIDENT_DUMP_WEIGHTS=FILE: rank 0 writes the final flat parameter buffer
  * (fp32, table order) — a testing aid for comparing layouts until
  * checkpoints exist. */
@@ -426,6 +488,8 @@ static int train(const Config *cfg, Comm world)
         if (tr.tied_embed_group)
             zero_defer_outer(tr.zero);
     }
+    ckpt_setup(&tr);
+    const int resumed = ckpt_resume(&tr);
     const size_t BT = (size_t)cfg->training.micro_batch * (size_t)cfg->model.seq_len;
     tr.tokens = trd_malloc((size_t)tr.n_micro * BT * sizeof(int32_t), "token batches");
     tr.targets = trd_malloc((size_t)tr.n_micro * BT * sizeof(int32_t), "target batches");
@@ -445,10 +509,10 @@ static int train(const Config *cfg, Comm world)
         if (config_write_yaml(cfg, path, err) != 0)
             trd_fatal(TRD_EXIT_RUNTIME, "check that run.dir is writable", "%s", err);
         print_start(&tr, peak / world.size);
-        metrics_open(&metrics, cfg->run.dir, cfg->training.steps, cfg->run.log_every);
+        metrics_open(&metrics, cfg->run.dir, cfg->training.steps, cfg->run.log_every, resumed);
     }
     memory_json(&tr, memory, sizeof memory);
-    for (int step = 0; step < cfg->training.steps; step++) {
+    for (int step = tr.start_step; step < cfg->training.steps; step++) {
         double t0 = now_s(), grad_norm;
         float lr;
         double loss = train_step(&tr, step, &grad_norm, &lr);
@@ -462,13 +526,16 @@ static int train(const Config *cfg, Comm world)
                          .comm_ms = 1e3 * zs.exposed_comm_s, .comm_bytes = zs.bytes,
                          .pp_idle = tr.pipe ? pp_exec_idle_fraction(pipe_stats(tr.pipe),
                                                                     &tr.comms.pp) : -1,
-                         .val_loss = -1, .extra = step == 0 ? memory : NULL};
+                         .val_loss = -1, .extra = step == tr.start_step ? memory : NULL};
         int last = step + 1 == cfg->training.steps;
         int every = cfg->data.val_every > 0 && (step + 1) % cfg->data.val_every == 0;
         if (tr.has_val && (last || every))
             s.val_loss = validate(&tr);
         if (rank0)
             metrics_record(&metrics, &s);
+        const CheckpointConfig *ck = &cfg->checkpoint;
+        if (ck->dir[0] && (last || (ck->every > 0 && (step + 1) % ck->every == 0)))
+            ckpt_save_step(&tr, step + 1);
     }
     dump_weights(&tr);
     if (rank0)

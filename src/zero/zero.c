@@ -493,6 +493,12 @@ void zero_optimizer_step(Zero *z, float lr, const TrainingConfig *tc)
     }
 }
 
+ZeroState zero_state(Zero *z)
+{
+    return (ZeroState){.params = z->params ? z->params : z->pshard, .master = z->opt.master,
+                       .m = z->opt.m, .v = z->opt.v, .adam_t = &z->opt.t};
+}
+
 ZeroMemory zero_memory(const Zero *z)
 {
     ZeroMemory r = {0};

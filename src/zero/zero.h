@@ -92,6 +92,16 @@ void zero_optimizer_step(Zero *z, float lr, const TrainingConfig *tc);
 /* Forward only (validation): the mean loss of one micro-batch. */
 float zero_forward(Zero *z, const int32_t *tokens, const int32_t *targets);
 
+/* The state a checkpoint holds, as the buffers this rank keeps: params is
+ * [P] for stages 0-2 and this rank's block for stage 3; master (NULL with
+ * fp32), m and v cover the optimizer's range.  adam_t is the step count of
+ * Adam's bias correction. */
+typedef struct {
+    float *params, *master, *m, *v;
+    int *adam_t;
+} ZeroState;
+ZeroState zero_state(Zero *z);
+
 ZeroMemory zero_memory(const Zero *z);
 /* Statistics since the last call (resets them). */
 ZeroStats zero_take_stats(Zero *z);

@@ -1,0 +1,423 @@
+/* ckpt_load.c — find the checkpoint to resume from, and read it into any
+ * topology.
+ *
+ * Rank 0 reads index.h5 and broadcasts it.  Every rank then checks its whole
+ * local table against the index (each name present, global shapes equal),
+ * and reads, for each tensor and each wanted kind, the global hyperslab of
+ * its TP slice ∩ its flat range from the stage file the index names.  Reads
+ * are independent (each rank opens the files it needs on MPI_COMM_SELF), so
+ * a failure on one rank cannot leave the others in a collective; the ranks
+ * agree on the outcome at the end. */
+#include "checkpoint/ckpt_internal.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "comm/comm.h"
+#include "core/error.h"
+
+/* ---- resolve ---- */
+
+static int is_dir(const char *path)
+{
+    struct stat st;
+    return stat(path, &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+static int is_file(const char *path)
+{
+    struct stat st;
+    return stat(path, &st) == 0 && S_ISREG(st.st_mode);
+}
+
+/* <dir>/latest -> <dir>/<name>: 1 found, 0 no latest, -1 broken. */
+static int follow_latest(const char *dir, char out[CFG_STR], char err[CFG_ERR])
+{
+    char path[CKPT_FILE_PATH];
+    snprintf(path, sizeof path, "%s/latest", dir);
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return 0;
+    char name[CFG_STR] = "";
+    char *got = fgets(name, sizeof name, f);
+    fclose(f);
+    name[strcspn(name, "\r\n")] = '\0';
+    if (!got || !name[0] || strchr(name, '/') || strncmp(name, "step_", 5)) {
+        ckpt_err(err, "%s: does not name a checkpoint step directory ('%s')", path, name);
+        return -1;
+    }
+    if ((size_t)snprintf(out, CFG_STR, "%s/%s", dir, name) >= CFG_STR) {
+        ckpt_err(err, "%s/%s: path too long", dir, name);
+        return -1;
+    }
+    char index[CKPT_FILE_PATH];
+    snprintf(index, sizeof index, "%s/index.h5", out);
+    if (!is_file(index)) {
+        ckpt_err(err, "%s names %s, which is not a complete checkpoint (no index.h5)", path,
+                 out);
+        return -1;
+    }
+    return 1;
+}
+
+int ckpt_resolve(const char *dir, ResumeKind kind, const char *path, char out[CFG_STR],
+                 char err[CFG_ERR])
+{
+    out[0] = err[0] = '\0';
+    if (kind == RESUME_NEVER)
+        return 0;
+    if (kind == RESUME_AUTO)
+        return dir && dir[0] ? follow_latest(dir, out, err) : 0;
+    /* A path: a step directory, or a checkpoint.dir whose latest is taken. */
+    char index[CKPT_FILE_PATH];
+    snprintf(index, sizeof index, "%s/index.h5", path);
+    if (is_file(index)) {
+        snprintf(out, CFG_STR, "%s", path);
+        return 1;
+    }
+    if (!is_dir(path)) {
+        ckpt_err(err, "%s: checkpoint.resume: no such checkpoint directory", path);
+        return -1;
+    }
+    int rc = follow_latest(path, out, err);
+    if (rc == 0)
+        ckpt_err(err, "%s: checkpoint.resume: not a checkpoint (no index.h5, no latest)", path);
+    return rc == 1 ? 1 : -1;
+}
+
+/* ---- the index, on every rank ---- */
+
+static int share_index(const char *step_dir, MPI_Comm world, CkptIndex *ix, char err[CFG_ERR])
+{
+    int rank = 0;
+    MPI_Comm_rank(world, &rank);
+    long long bytes = 0;
+    void *buf = NULL;
+    if (rank == 0) {
+        char path[CKPT_FILE_PATH];
+        snprintf(path, sizeof path, "%s/index.h5", step_dir);
+        if (!is_dir(step_dir))
+            ckpt_err(err, "%s: checkpoint directory does not exist", step_dir);
+        else if (ckpt_index_read(path, ix, err) == 0) {
+            size_t n = 0;
+            buf = ckpt_index_pack(ix, &n);
+            bytes = (long long)n;
+            ckpt_index_free(ix);
+        }
+    }
+    if (ckpt_agree(world, rank == 0 && bytes == 0 ? -1 : 0, err) != 0)
+        return -1;
+    TRD_ASSERT(MPI_Bcast(&bytes, 1, MPI_LONG_LONG, 0, world) == MPI_SUCCESS);
+    if (rank != 0)
+        buf = trd_malloc((size_t)bytes, "checkpoint index");
+    /* An index is small (one record per dataset): one broadcast. */
+    TRD_ASSERT(bytes < (1LL << 31));
+    TRD_ASSERT(MPI_Bcast(buf, (int)bytes, MPI_BYTE, 0, world) == MPI_SUCCESS);
+    ckpt_index_unpack(ix, buf);
+    free(buf);
+    return 0;
+}
+
+/* ---- checks ---- */
+
+static void model_line(const ModelConfig *m, char *out, size_t n)
+{
+    snprintf(out, n,
+             "arch %s, layers %d, hidden %d, heads %d, kv_heads %d, ffn_hidden %d, vocab %d, "
+             "tie_embeddings %d",
+             config_arch_name(m->arch), m->layers, m->hidden, m->heads, m->kv_heads,
+             m->ffn_hidden, m->vocab, m->tie_embeddings);
+}
+
+static void shape_str(char *out, size_t n, int ndim, const int64_t shape[2])
+{
+    if (ndim == 1)
+        snprintf(out, n, "[%lld]", (long long)shape[0]);
+    else
+        snprintf(out, n, "[%lld, %lld]", (long long)shape[0], (long long)shape[1]);
+}
+
+/* Every tensor of the local table is in the index with its global shape,
+ * and the saved model is this one. */
+static int check_model(const char *dir, const CkptIndex *ix, const ParamTable *t,
+                       const ModelConfig *m, char err[CFG_ERR])
+{
+    char saved[256], ours[256];
+    ckpt_index_model_line(ix, saved, sizeof saved);
+    model_line(m, ours, sizeof ours);
+    for (int i = 0; i < t->n; i++) {
+        const ParamSpec *p = &t->p[i];
+        const CkptEntry *e = ckpt_index_find(ix, p->name, CKPT_PARAMS);
+        if (!e) {
+            ckpt_err(err, "%s/index.h5: checkpoint has no tensor '%s' that this model needs "
+                          "(saved model: %s; this model: %s)", dir, p->name, saved, ours);
+            return -1;
+        }
+        int64_t want[2] = {ckpt_real_rows(p, m), p->shape[1]};
+        if (e->ndim != p->ndim || e->shape[0] != want[0] || e->shape[1] != want[1]) {
+            char a[64], b[64];
+            shape_str(a, sizeof a, e->ndim, e->shape);
+            shape_str(b, sizeof b, p->ndim, want);
+            ckpt_err(err, "%s/%s: tensor '%s' has shape %s in the checkpoint, this model needs "
+                          "%s (saved model: %s; this model: %s)",
+                     dir, e->file, p->name, a, b, saved, ours);
+            return -1;
+        }
+    }
+    /* Shapes can agree while the models differ (more layers saved, a head
+     * left over from an untied model): refuse those too. */
+    if (strcmp(ix->arch, config_arch_name(m->arch)) || ix->layers != m->layers ||
+        ix->tie_embeddings != m->tie_embeddings) {
+        ckpt_err(err, "%s/index.h5: checkpoint of another model (saved model: %s; this "
+                      "model: %s)", dir, saved, ours);
+        return -1;
+    }
+    return 0;
+}
+
+/* ---- reading ---- */
+
+typedef struct {
+    char name[CKPT_FILE_NAME];
+    hid_t f;
+} OpenFile;
+
+typedef struct {
+    const char *dir;
+    OpenFile files[CFG_MAX_STAGES + 1];
+    int n_files;
+    hid_t fapl;
+} Reader;
+
+static hid_t reader_file(Reader *r, const char *file, const char *tensor, char err[CFG_ERR])
+{
+    for (int i = 0; i < r->n_files; i++)
+        if (!strcmp(r->files[i].name, file))
+            return r->files[i].f;
+    char path[CKPT_FILE_PATH];
+    snprintf(path, sizeof path, "%s/%s", r->dir, file);
+    if (!is_file(path)) {
+        ckpt_err(err, "%s: missing checkpoint file (holds tensor '%s')", path, tensor);
+        return -1;
+    }
+    hid_t f = H5Fopen(path, H5F_ACC_RDONLY, r->fapl);
+    if (f < 0) {
+        char why[256];
+        ckpt_h5_reason(why, sizeof why);
+        ckpt_err(err, "%s: cannot open (truncated or corrupted?) while reading tensor '%s': %s",
+                 path, tensor, why);
+        return -1;
+    }
+    TRD_ASSERT(r->n_files < CFG_MAX_STAGES + 1);
+    snprintf(r->files[r->n_files].name, CKPT_FILE_NAME, "%s", file);
+    r->files[r->n_files++].f = f;
+    return f;
+}
+
+static void reader_close(Reader *r)
+{
+    for (int i = 0; i < r->n_files; i++)
+        H5Fclose(r->files[i].f);
+    r->n_files = 0;
+}
+
+/* Rows [r0, r1) of a dataset, all columns, into buf. */
+static int read_rows(hid_t d, const CkptEntry *e, int64_t r0, int64_t r1, float *buf)
+{
+    hid_t fspace = ckpt_space(e->ndim, e->shape);
+    hsize_t start[2] = {(hsize_t)r0, 0}, count[2] = {(hsize_t)(r1 - r0), (hsize_t)e->shape[1]};
+    H5Sselect_hyperslab(fspace, H5S_SELECT_SET, start, NULL, count, NULL);
+    hsize_t n = (hsize_t)((r1 - r0) * e->shape[1]);
+    hid_t mspace = H5Screate_simple(1, &n, NULL);
+    int rc = H5Dread(d, H5T_NATIVE_FLOAT, mspace, fspace, H5P_DEFAULT, buf) >= 0 ? 0 : -1;
+    H5Sclose(mspace);
+    H5Sclose(fspace);
+    return rc;
+}
+
+/* Copy the part of the slab that lies in rows [r0, r1) (held whole in buf)
+ * to its place in dst (slab order). */
+static void copy_rows(const CkptSlab *s, const float *buf, int64_t r0, int64_t r1, int64_t cols,
+                      float *dst)
+{
+    size_t at = 0;
+    for (int i = 0; i < s->n; i++) {
+        const CkptBlock *b = &s->b[i];
+        int64_t lo = b->r > r0 ? b->r : r0, hi = b->r + b->nr < r1 ? b->r + b->nr : r1;
+        for (int64_t r = lo; r < hi; r++)
+            memcpy(dst + at + (size_t)((r - b->r) * b->nc), buf + (r - r0) * cols + b->c,
+                   (size_t)b->nc * sizeof(float));
+        at += (size_t)(b->nr * b->nc);
+    }
+}
+
+/* Read the slab of one tensor from dataset /<kind>/<name>.  Whole checksum
+ * blocks are read and verified, then the slab's part of each is copied. */
+static int read_slab(Reader *r, const CkptEntry *e, const CkptSlab *s, float *dst,
+                     char err[CFG_ERR])
+{
+    hid_t f = reader_file(r, e->file, e->name, err);
+    if (f < 0)
+        return -1;
+    char dset[CKPT_PATH_NAME], why[256];
+    snprintf(dset, sizeof dset, "%s/%s", e->kind, e->name);
+    hid_t d = H5Dopen2(f, dset, H5P_DEFAULT);
+    if (d < 0) {
+        ckpt_h5_reason(why, sizeof why);
+        ckpt_err(err, "%s/%s: cannot open dataset '/%s' of tensor '%s': %s", r->dir, e->file,
+                 dset, e->name, why);
+        return -1;
+    }
+    hid_t fspace = H5Dget_space(d);
+    hsize_t dims[2] = {0, 1};
+    int nd = fspace >= 0 ? H5Sget_simple_extent_dims(fspace, dims, NULL) : -1;
+    if (fspace >= 0)
+        H5Sclose(fspace);
+    uint64_t *sums = NULL;
+    int rc = -1;
+    if (nd != e->ndim || (int64_t)dims[0] != e->shape[0] ||
+        (nd == 2 && (int64_t)dims[1] != e->shape[1])) {
+        ckpt_err(err, "%s/%s: dataset '/%s' of tensor '%s' does not have the shape the index "
+                      "records", r->dir, e->file, dset, e->name);
+    } else if (ckpt_get_checksums(d, e, &sums) != 0) {
+        ckpt_err(err, "%s/%s: dataset '/%s' of tensor '%s' has no valid checksum attributes "
+                      "(damaged, or not written by trident)", r->dir, e->file, dset, e->name);
+    } else {
+        const int64_t R = ckpt_block_rows(e->ndim, e->shape), cols = e->shape[1];
+        const int64_t row_lo = s->b[0].r, row_hi = s->b[s->n - 1].r + s->b[s->n - 1].nr;
+        float *buf = trd_malloc((size_t)(R * cols) * sizeof(float), "checkpoint read buffer");
+        rc = 0;
+        for (int64_t blk = row_lo / R; rc == 0 && blk * R < row_hi; blk++) {
+            const int64_t r0 = blk * R, r1 = r0 + R < e->shape[0] ? r0 + R : e->shape[0];
+            /* A block inside a run of whole rows is read in place. */
+            const int direct = s->contiguous && r0 * cols >= s->gfirst &&
+                               r1 * cols <= s->gfirst + (int64_t)s->count;
+            float *into = direct ? dst + (r0 * cols - s->gfirst) : buf;
+            if (read_rows(d, e, r0, r1, into) != 0) {
+                ckpt_h5_reason(why, sizeof why);
+                ckpt_err(err, "%s/%s: cannot read tensor '%s' (dataset '/%s'): %s — the file is "
+                              "corrupted or truncated", r->dir, e->file, e->name, dset, why);
+                rc = -1;
+            } else if (ckpt_checksum_rows(into, r0, r1 - r0, cols) != sums[blk]) {
+                ckpt_err(err, "%s/%s: tensor '%s' (dataset '/%s'): checksum mismatch in rows "
+                              "[%lld, %lld) — the file is corrupted", r->dir, e->file, e->name,
+                         dset, (long long)r0, (long long)r1);
+                rc = -1;
+            } else if (!direct) {
+                copy_rows(s, buf, r0, r1, cols, dst);
+            }
+        }
+        free(buf);
+    }
+    free(sums);
+    H5Dclose(d);
+    return rc;
+}
+
+/* Which stored kind fills kind k of the view (the precision fallbacks). */
+static CkptKind source_kind(const CkptIndex *ix, const CkptShardView *v, CkptKind k)
+{
+    const char *probe = ix->n ? ix->e[0].name : "";
+    const int saved_master = ckpt_index_find(ix, probe, CKPT_MASTER) != NULL;
+    if (k == CKPT_MASTER && !saved_master)
+        return CKPT_PARAMS;                 /* an fp32 run: the weights are the master */
+    if (k == CKPT_PARAMS && saved_master && !v->part[CKPT_MASTER].data)
+        return CKPT_MASTER;                 /* a bf16 run read by an fp32 one */
+    return k;
+}
+
+/* Read kind k over the flat range [lo, hi) of its part. */
+static int read_kind(Reader *r, const CkptIndex *ix, const CkptShardView *v,
+                     const ModelConfig *m, CkptKind k, size_t lo, size_t hi, char err[CFG_ERR])
+{
+    const CkptRange *part = &v->part[k];
+    if (lo >= hi)
+        return 0;
+    const CkptKind src = source_kind(ix, v, k);
+    for (int i = 0; i < v->table->n; i++) {
+        const ParamSpec *p = &v->table->p[i];
+        CkptSlab slabs[2];
+        int64_t first_row[2];
+        const int ns = ckpt_slabs(p, ckpt_real_rows(p, m), lo, hi, slabs, first_row);
+        if (!ns)
+            continue;
+        const CkptEntry *e = ckpt_index_find(ix, p->name, src);
+        if (!e) {
+            ckpt_err(err, "%s/index.h5: checkpoint has no %s for tensor '%s'", r->dir,
+                     ckpt_kind_names[src], p->name);
+            return -1;
+        }
+        /* Every holder reads its rows, replicated ones included. */
+        for (int j = 0; j < ns; j++)
+            if (read_slab(r, e, &slabs[j], part->data + (slabs[j].first - part->lo), err) != 0)
+                return -1;
+    }
+    return 0;
+}
+
+/* Held whole by every DP rank: read in blocks, then all-gathered. */
+static int gathered(const CkptShardView *v, CkptKind k)
+{
+    const CkptRange *part = &v->part[k];
+    return v->dp > 1 && part->data && part->lo == 0 && part->hi == v->table->numel;
+}
+
+/* Complete the gathered kinds over the DP group (collective over world). */
+static void gather_kinds(const CkptShardView *v)
+{
+    int world_rank = 0;
+    MPI_Comm_rank(v->world, &world_rank);
+    const int color = v->pp_rank * v->table->tp + v->table->tp_rank;
+    MPI_Comm dp;
+    TRD_ASSERT(MPI_Comm_split(v->world, color, v->dp_rank, &dp) == MPI_SUCCESS);
+    Comm c = {.mpi = dp};
+    MPI_Comm_rank(dp, &c.rank);
+    MPI_Comm_size(dp, &c.size);
+    TRD_ASSERT(c.size == v->dp && c.rank == v->dp_rank);
+    const size_t P = v->table->numel, S = (P + (size_t)v->dp - 1) / (size_t)v->dp;
+    for (int k = 0; k < CKPT_KINDS; k++) {
+        if (!gathered(v, (CkptKind)k))
+            continue;
+        float *d = v->part[k].data;
+        CommHandle h = comm_iallgather_range_f32(&c, d + v->block_lo, d, 0, P, S);
+        comm_wait(&h);
+    }
+    MPI_Comm_free(&dp);
+}
+
+int ckpt_load(const char *step_dir, const CkptShardView *v, CkptState *st, const Config *cfg,
+              char err[CFG_ERR])
+{
+    err[0] = '\0';
+    ckpt_h5_quiet();
+    CkptIndex ix;
+    memset(&ix, 0, sizeof ix);
+    if (share_index(step_dir, v->world, &ix, err) != 0)
+        return -1;
+    int rc = check_model(step_dir, &ix, v->table, &cfg->model, err);
+    if (rc == 0) {
+        Reader r = {.dir = step_dir, .n_files = 0, .fapl = H5Pcreate(H5P_FILE_ACCESS)};
+        TRD_ASSERT(r.fapl >= 0 && H5Pset_fapl_mpio(r.fapl, MPI_COMM_SELF, MPI_INFO_NULL) >= 0);
+        for (int k = 0; k < CKPT_KINDS && rc == 0; k++) {
+            const CkptRange *part = &v->part[k];
+            if (!part->data)
+                continue;
+            const int g = gathered(v, (CkptKind)k);
+            rc = read_kind(&r, &ix, v, &cfg->model, (CkptKind)k, g ? v->block_lo : part->lo,
+                           g ? v->block_hi : part->hi, err);
+        }
+        reader_close(&r);
+        H5Pclose(r.fapl);
+    }
+    if (rc == 0 && st)
+        *st = ix.state;
+    ckpt_index_free(&ix);
+    if (ckpt_agree(v->world, rc, err) != 0)
+        return -1;
+    if (v->dp > 1)
+        gather_kinds(v);
+    return 0;
+}

@@ -1,0 +1,479 @@
+/* ckpt_save.c — write a checkpoint collectively, then publish it atomically.
+ *
+ * Order of events (DESIGN.md, invariant 2):
+ *   1. rank 0 creates <dir>/step_X.tmp (removing one left by a crash);
+ *   2. the stage leaders' tensor lists are gathered, so every rank knows
+ *      which stage writes a name held by several stages (a tied embedding);
+ *   3. the ranks of stage k create stage_k.h5 together (MPI-IO), create every
+ *      dataset with identical calls, write their own hyperslabs (independent
+ *      transfers), reduce the block checksums (one MPI_Allreduce), record
+ *      them as attributes, flush (MPI_File_sync) and close; rank 0 writes
+ *      index.h5;
+ *   4. every rank reports; only then rank 0 renames step_X.tmp -> step_X,
+ *      rewrites <dir>/latest through latest.tmp + fsync + rename, and prunes
+ *      published steps beyond `keep`.
+ * A kill before 4 leaves a step_X.tmp that nothing reads and the next save
+ * of that step removes. */
+#include "checkpoint/ckpt_internal.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/error.h"
+
+/* ---- the view ---- */
+
+void ckpt_view_init(CkptShardView *v, const ParamTable *t, int zero, int dp_rank, int dp,
+                    int pp_rank, MPI_Comm world)
+{
+    memset(v, 0, sizeof *v);
+    const size_t P = t->numel, S = (P + (size_t)dp - 1) / (size_t)dp;
+    size_t lo = (size_t)dp_rank * S, hi = lo + S;
+    v->block_lo = lo < P ? lo : P;
+    v->block_hi = hi < P ? hi : P;
+    for (int k = 0; k < CKPT_KINDS; k++) {
+        /* zero.h: weights whole for stages 0-2, optimizer state whole for 0. */
+        int whole = k == CKPT_PARAMS ? zero <= 2 : zero == 0;
+        v->part[k] = (CkptRange){.data = NULL, .lo = whole ? 0 : v->block_lo,
+                                 .hi = whole ? P : v->block_hi};
+    }
+    v->table = t;
+    v->pp_rank = pp_rank;
+    v->dp_rank = dp_rank;
+    v->dp = dp;
+    v->zero = zero;
+    v->world = world;
+}
+
+/* ---- step 2: who writes which tensor ---- */
+
+typedef struct {
+    CkptEntry *e;          /* one per distinct tensor name, kind "params" */
+    int n;
+    int tp, pp;
+    int stage_layers[CFG_MAX_STAGES];
+} Catalog;
+
+static int layers_of(const ParamTable *t)
+{
+    int lo = 1 << 30, hi = -1;
+    for (int i = 0; i < t->n; i++)
+        if (t->p[i].role == ROLE_BLOCK) {
+            lo = t->p[i].layer < lo ? t->p[i].layer : lo;
+            hi = t->p[i].layer > hi ? t->p[i].layer : hi;
+        }
+    return hi < 0 ? 0 : hi - lo + 1;
+}
+
+static CkptEntry entry_of(const ParamSpec *p, const ModelConfig *m, int stage)
+{
+    CkptEntry e;
+    memset(&e, 0, sizeof e);
+    snprintf(e.name, sizeof e.name, "%s", p->name);
+    snprintf(e.kind, sizeof e.kind, "%s", ckpt_kind_names[CKPT_PARAMS]);
+    snprintf(e.file, sizeof e.file, "stage_%d.h5", stage);
+    snprintf(e.dtype, sizeof e.dtype, "float32");
+    e.ndim = p->ndim;
+    e.stage = stage;
+    e.shape[0] = ckpt_real_rows(p, m);
+    e.shape[1] = p->shape[1];
+    e.nbytes = e.shape[0] * e.shape[1] * (int64_t)sizeof(float);
+    return e;
+}
+
+/* Gather the tensor lists of the stage leaders (stage rank 0) onto every
+ * rank; a name held by several stages belongs to the first. */
+static void gather_catalog(Catalog *c, const CkptShardView *v, const ModelConfig *m,
+                           int stage_rank)
+{
+    int world = 0;
+    MPI_Comm_size(v->world, &world);
+    const int mine = stage_rank == 0 ? v->table->n : 0;
+    CkptEntry *local = trd_calloc((size_t)(mine ? mine : 1), sizeof(CkptEntry), "catalog");
+    for (int i = 0; i < mine; i++)
+        local[i] = entry_of(&v->table->p[i], m, v->pp_rank);
+
+    int *counts = trd_calloc((size_t)world, sizeof(int), "catalog");
+    int *displs = trd_calloc((size_t)world, sizeof(int), "catalog");
+    int bytes = mine * (int)sizeof(CkptEntry);
+    TRD_ASSERT(MPI_Allgather(&bytes, 1, MPI_INT, counts, 1, MPI_INT, v->world) == MPI_SUCCESS);
+    int total = 0;
+    for (int r = 0; r < world; r++) {
+        displs[r] = total;
+        total += counts[r];
+    }
+    CkptEntry *all = trd_malloc((size_t)total, "catalog");
+    TRD_ASSERT(MPI_Allgatherv(local, bytes, MPI_BYTE, all, counts, displs, MPI_BYTE,
+                              v->world) == MPI_SUCCESS);
+    const int n_all = total / (int)sizeof(CkptEntry);
+
+    /* Stage order, then each stage's table order: the index lists tensors
+     * the way the model is laid out. */
+    c->e = trd_calloc((size_t)(n_all ? n_all : 1), sizeof(CkptEntry), "catalog");
+    c->n = 0;
+    int max_stage = 0;
+    for (int i = 0; i < n_all; i++)
+        max_stage = all[i].stage > max_stage ? all[i].stage : max_stage;
+    for (int s = 0; s <= max_stage; s++)
+        for (int i = 0; i < n_all; i++) {
+            if (all[i].stage != s)
+                continue;
+            int dup = 0;
+            for (int j = 0; j < c->n && !dup; j++)
+                dup = !strcmp(c->e[j].name, all[i].name);
+            if (!dup)
+                c->e[c->n++] = all[i];
+        }
+
+    /* layers[s] - 1: layers of stage s (0: no such stage); the last slot
+     * carries the TP size. */
+    int layers[CFG_MAX_STAGES + 1] = {0};
+    TRD_ASSERT(v->pp_rank >= 0 && v->pp_rank < CFG_MAX_STAGES);
+    layers[v->pp_rank] = layers_of(v->table) + 1;
+    layers[CFG_MAX_STAGES] = v->table->tp;
+    TRD_ASSERT(MPI_Allreduce(MPI_IN_PLACE, layers, CFG_MAX_STAGES + 1, MPI_INT, MPI_MAX,
+                             v->world) == MPI_SUCCESS);
+    c->tp = layers[CFG_MAX_STAGES];
+    c->pp = 0;
+    for (int s = 0; s < CFG_MAX_STAGES; s++)
+        if (layers[s]) {
+            c->pp = s + 1;
+            c->stage_layers[s] = layers[s] - 1;
+        }
+    free(all);
+    free(counts);
+    free(displs);
+    free(local);
+}
+
+static int catalog_owner(const Catalog *c, const char *name)
+{
+    for (int i = 0; i < c->n; i++)
+        if (!strcmp(c->e[i].name, name))
+            return c->e[i].stage;
+    return -1;
+}
+
+/* ---- step 3: one stage file, by the ranks of the stage ---- */
+
+static void h5_check(int ok, const char *file, const char *tensor, const char *what)
+{
+    if (ok)
+        return;
+    char why[256];
+    ckpt_h5_reason(why, sizeof why);
+    trd_fatal(TRD_EXIT_RUNTIME, "check free space and permissions of checkpoint.dir",
+              "%s: %s%s%s: %s", file, what, tensor ? " of tensor " : "", tensor ? tensor : "",
+              why);
+}
+
+/* Contiguous, allocated at creation (as parallel HDF5 does), never filled:
+ * every element is written.  HDF5 filters (Fletcher32) would need a
+ * collective transfer per dataset, a dozen collectives each (slow and,
+ * with HDF5 1.10, fragile when some ranks have nothing to write); our
+ * block checksums need one reduction per file. */
+static hid_t create_dataset(hid_t group, const CkptEntry *e, const char *file)
+{
+    hid_t dcpl = H5Pcreate(H5P_DATASET_CREATE);
+    h5_check(dcpl >= 0 && H5Pset_layout(dcpl, H5D_CONTIGUOUS) >= 0 &&
+                 H5Pset_alloc_time(dcpl, H5D_ALLOC_TIME_EARLY) >= 0 &&
+                 H5Pset_fill_time(dcpl, H5D_FILL_TIME_NEVER) >= 0,
+             file, e->name, "dataset properties");
+    hid_t space = ckpt_space(e->ndim, e->shape);
+    hid_t d = H5Dcreate2(group, e->name, H5T_IEEE_F32LE, space, H5P_DEFAULT, dcpl, H5P_DEFAULT);
+    h5_check(d >= 0, file, e->name, "cannot create dataset");
+    H5Sclose(space);
+    H5Pclose(dcpl);
+    return d;
+}
+
+/* Independent write of this rank's slab (nothing when it is empty). */
+static void write_slab(hid_t d, const CkptEntry *e, const CkptSlab *s, const float *src,
+                       const char *file, const char *kind)
+{
+    if (!s->count)
+        return;
+    hid_t fspace = ckpt_space(e->ndim, e->shape);
+    ckpt_select(fspace, s);
+    hsize_t n = s->count;
+    hid_t mspace = H5Screate_simple(1, &n, NULL);
+    char what[64];
+    snprintf(what, sizeof what, "cannot write %s", kind);
+    h5_check(H5Dwrite(d, H5T_NATIVE_FLOAT, mspace, fspace, H5P_DEFAULT, src) >= 0, file, e->name,
+             what);
+    H5Sclose(mspace);
+    H5Sclose(fspace);
+}
+
+/* The slabs of kind k this rank writes for p: its range ∩ its ZeRO block,
+ * rows it owns only (params_row_owned: tensors not split over TP belong
+ * to TP rank 0, replicated kv rows to the first of their holders). */
+static int writer_slabs(const CkptShardView *v, const ParamSpec *p, int k, int64_t rows,
+                        CkptSlab out[2])
+{
+    const CkptRange *r = &v->part[k];
+    size_t lo = r->lo > v->block_lo ? r->lo : v->block_lo;
+    size_t hi = r->hi < v->block_hi ? r->hi : v->block_hi;
+    if (lo >= hi)
+        return 0;
+    CkptSlab all[2];
+    int64_t first_row[2];
+    int n = ckpt_slabs(p, rows, lo, hi, all, first_row), m = 0;
+    for (int i = 0; i < n; i++)
+        if (params_row_owned(v->table, p, first_row[i]))
+            out[m++] = all[i];
+    if (m && !r->data)
+        trd_fatal(TRD_EXIT_RUNTIME, NULL,
+                  "checkpoint: no buffer given for %s of tensor %s (a bug in the caller)",
+                  ckpt_kind_names[k], p->name);
+    return m;
+}
+
+/* The datasets of a stage file: (kind, tensor) pairs this stage owns, in
+ * the same order on every rank of the stage. */
+typedef struct {
+    CkptEntry e;
+    int kind, param;       /* kind, index in the local table */
+    size_t sum_at;         /* first checksum block in the stage's array */
+    hid_t d;
+} StageSet;
+
+static StageSet *stage_sets(const CkptShardView *v, const Catalog *c, const ModelConfig *m,
+                            const int *kinds, int n_kinds, int *n_out, size_t *n_sums)
+{
+    StageSet *sets = trd_calloc((size_t)(n_kinds * v->table->n + 1), sizeof *sets, "datasets");
+    int n = 0;
+    size_t sums = 0;
+    for (int kk = 0; kk < n_kinds; kk++)
+        for (int i = 0; i < v->table->n; i++) {
+            const ParamSpec *p = &v->table->p[i];
+            if (catalog_owner(c, p->name) != v->pp_rank)
+                continue;   /* a copy held by a later stage (tied embedding) */
+            StageSet *x = &sets[n++];
+            x->e = entry_of(p, m, v->pp_rank);
+            snprintf(x->e.kind, sizeof x->e.kind, "%s", ckpt_kind_names[kinds[kk]]);
+            x->kind = kinds[kk];
+            x->param = i;
+            x->sum_at = sums;
+            sums += (size_t)ckpt_n_blocks(x->e.ndim, x->e.shape);
+        }
+    *n_out = n;
+    *n_sums = sums;
+    return sets;
+}
+
+static void write_stage(const char *path, const CkptShardView *v, const Catalog *c,
+                        const ModelConfig *m, const int *kinds, int n_kinds, MPI_Comm stage)
+{
+    /* Independent writes of interleaved pieces (TP column slices): no
+     * read-modify-write data sieving, each piece goes out as it is. */
+    MPI_Info info;
+    MPI_Info_create(&info);
+    MPI_Info_set(info, "romio_ds_write", "disable");
+    /* Metadata (object headers, attributes, group indexes) gathered in
+     * 4 MiB blocks instead of scattered between the tensors: a reader
+     * opening hundreds of datasets from a cold cache then reads a few
+     * blocks, not hundreds of seeks.  Tensors start on 4 KiB boundaries. */
+    hid_t fapl = H5Pcreate(H5P_FILE_ACCESS);
+    h5_check(fapl >= 0 && H5Pset_fapl_mpio(fapl, stage, info) >= 0 &&
+                 H5Pset_meta_block_size(fapl, 4 << 20) >= 0 &&
+                 H5Pset_alignment(fapl, 64 << 10, 4 << 10) >= 0,
+             path, NULL, "file access properties");
+    hid_t f = H5Fcreate(path, H5F_ACC_TRUNC, H5P_DEFAULT, fapl);
+    h5_check(f >= 0, path, NULL, "cannot create the stage file");
+
+    int n = 0;
+    size_t n_sums = 0;
+    StageSet *sets = stage_sets(v, c, m, kinds, n_kinds, &n, &n_sums);
+    uint64_t *sums = trd_calloc(n_sums + 1, sizeof(uint64_t), "checksums");
+    for (int kk = 0; kk < n_kinds; kk++) {
+        /* Creating groups and datasets changes metadata: every rank of the
+         * stage makes the same calls in the same order. */
+        hid_t g = H5Gcreate2(f, ckpt_kind_names[kinds[kk]], H5P_DEFAULT, H5P_DEFAULT,
+                             H5P_DEFAULT);
+        h5_check(g >= 0, path, NULL, "cannot create group");
+        for (int i = 0; i < n; i++)
+            if (sets[i].kind == kinds[kk]) {
+                sets[i].d = create_dataset(g, &sets[i].e, path);
+                /* The checksum attributes are made now, beside the header,
+                 * and filled in place once the sums are known. */
+                h5_check(ckpt_put_checksums(sets[i].d, &sets[i].e, sums + sets[i].sum_at) == 0,
+                         path, sets[i].e.name, "cannot create checksum attributes");
+            }
+        H5Gclose(g);
+    }
+    for (int i = 0; i < n; i++) {
+        StageSet *x = &sets[i];
+        const ParamSpec *p = &v->table->p[x->param];
+        CkptSlab slabs[2];
+        const int ns = writer_slabs(v, p, x->kind, x->e.shape[0], slabs);
+        for (int j = 0; j < ns; j++) {
+            const CkptSlab *s = &slabs[j];
+            const float *src = v->part[x->kind].data + (s->first - v->part[x->kind].lo);
+            write_slab(x->d, &x->e, s, src, path, x->e.kind);
+            ckpt_checksum_slab(s, x->e.shape[1], ckpt_block_rows(x->e.ndim, x->e.shape), src,
+                               sums + x->sum_at);
+        }
+    }
+    /* Each block's writers hold parts of its sum: one reduction for the
+     * whole file, then every rank records the same attributes. */
+    TRD_ASSERT(n_sums < (size_t)1 << 31);
+    TRD_ASSERT(MPI_Allreduce(MPI_IN_PLACE, sums, (int)n_sums, MPI_UINT64_T, MPI_SUM, stage) ==
+               MPI_SUCCESS);
+    for (int i = 0; i < n; i++) {
+        h5_check(ckpt_set_checksums(sets[i].d, sums + sets[i].sum_at) == 0, path,
+                 sets[i].e.name, "cannot write checksums");
+        h5_check(H5Dclose(sets[i].d) >= 0, path, sets[i].e.name, "cannot close dataset");
+    }
+    /* Flush syncs the file (MPI_File_sync): the data is on disk before the
+     * step can be published. */
+    h5_check(H5Fflush(f, H5F_SCOPE_GLOBAL) >= 0, path, NULL, "cannot flush");
+    h5_check(H5Fclose(f) >= 0, path, NULL, "cannot close");
+    H5Pclose(fapl);
+    MPI_Info_free(&info);
+    free(sums);
+    free(sets);
+}
+
+/* ---- rank 0: the index ---- */
+
+static char *read_text(const char *path)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return NULL;
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *s = trd_malloc((size_t)(n > 0 ? n : 0) + 1, "config text");
+    size_t got = n > 0 ? fread(s, 1, (size_t)n, f) : 0;
+    s[got] = '\0';
+    fclose(f);
+    return s;
+}
+
+static int write_index(const char *tmp, const Catalog *c, const CkptShardView *v,
+                       const CkptState *st, const Config *cfg, const int *kinds, int n_kinds,
+                       char err[CFG_ERR])
+{
+    char path[CKPT_FILE_PATH];
+    snprintf(path, sizeof path, "%s/config.yaml", tmp);
+    if (config_write_yaml(cfg, path, err) != 0 || ckpt_fsync_path(path, 0) != 0) {
+        if (!err[0])
+            ckpt_err(err, "%s: cannot sync: %s", path, strerror(errno));
+        return -1;
+    }
+    CkptIndex ix;
+    memset(&ix, 0, sizeof ix);
+    ix.state = *st;
+    ix.seed = cfg->run.seed;
+    const ModelConfig *m = &cfg->model;
+    snprintf(ix.arch, sizeof ix.arch, "%s", config_arch_name(m->arch));
+    snprintf(ix.precision, sizeof ix.precision, "%s",
+             config_precision_name(cfg->training.precision));
+    ix.layers = m->layers;
+    ix.hidden = m->hidden;
+    ix.heads = m->heads;
+    ix.kv_heads = m->kv_heads;
+    ix.ffn_hidden = m->ffn_hidden;
+    ix.vocab = m->vocab;
+    ix.seq_len = m->seq_len;
+    ix.tie_embeddings = m->tie_embeddings;
+    ix.pp = c->pp;
+    memcpy(ix.stage_layers, c->stage_layers, sizeof ix.stage_layers);
+    ix.dp = v->dp;
+    ix.zero = v->zero;
+    MPI_Comm_size(v->world, &ix.world);
+    ix.tp = c->tp;
+    ix.yaml = read_text(path);
+    ix.n = c->n * n_kinds;
+    ix.e = trd_calloc((size_t)(ix.n ? ix.n : 1), sizeof(CkptEntry), "checkpoint index");
+    for (int kk = 0, j = 0; kk < n_kinds; kk++)
+        for (int i = 0; i < c->n; i++, j++) {
+            ix.e[j] = c->e[i];
+            snprintf(ix.e[j].kind, sizeof ix.e[j].kind, "%s", ckpt_kind_names[kinds[kk]]);
+        }
+    snprintf(path, sizeof path, "%s/index.h5", tmp);
+    int rc = ckpt_index_write(path, &ix, err);
+    if (rc == 0 && ckpt_fsync_path(path, 0) != 0) {
+        ckpt_err(err, "%s: cannot sync: %s", path, strerror(errno));
+        rc = -1;
+    }
+    ckpt_index_free(&ix);
+    return rc;
+}
+
+/* ---- agreement ---- */
+
+/* Every rank ends with the lowest failing rank's message (or rc 0). */
+int ckpt_agree(MPI_Comm world, int rc, char err[CFG_ERR])
+{
+    int rank = 0, size = 0;
+    MPI_Comm_rank(world, &rank);
+    MPI_Comm_size(world, &size);
+    int first = rc != 0 ? rank : size;
+    TRD_ASSERT(MPI_Allreduce(MPI_IN_PLACE, &first, 1, MPI_INT, MPI_MIN, world) == MPI_SUCCESS);
+    if (first == size)
+        return 0;
+    TRD_ASSERT(MPI_Bcast(err, CFG_ERR, MPI_CHAR, first, world) == MPI_SUCCESS);
+    return -1;
+}
+
+int ckpt_save(const char *dir, const CkptShardView *v, const CkptState *st, const Config *cfg,
+              int keep, char err[CFG_ERR])
+{
+    err[0] = '\0';
+    ckpt_h5_quiet();
+    int rank = 0;
+    MPI_Comm_rank(v->world, &rank);
+    if (strlen(dir) >= CFG_STR) {
+        ckpt_err(err, "checkpoint.dir is longer than %d characters", CFG_STR - 1);
+        return -1;
+    }
+    char name[32], tmp[CKPT_PATH + 8], final[CKPT_PATH];
+    ckpt_step_name(name, sizeof name, st->step);
+    snprintf(final, sizeof final, "%s/%s", dir, name);
+    snprintf(tmp, sizeof tmp, "%s.tmp", final);
+
+    int rc = rank == 0 ? ckpt_prepare_tmp(dir, tmp, err) : 0;
+    if (ckpt_agree(v->world, rc, err) != 0)
+        return -1;
+
+    MPI_Comm stage;
+    TRD_ASSERT(MPI_Comm_split(v->world, v->pp_rank, rank, &stage) == MPI_SUCCESS);
+    int stage_rank = 0;
+    MPI_Comm_rank(stage, &stage_rank);
+    Catalog c;
+    gather_catalog(&c, v, &cfg->model, stage_rank);
+
+    int kinds[CKPT_KINDS], n_kinds = 0;
+    kinds[n_kinds++] = CKPT_PARAMS;
+    if (cfg->training.precision == PREC_BF16)
+        kinds[n_kinds++] = CKPT_MASTER;
+    kinds[n_kinds++] = CKPT_ADAM_M;
+    kinds[n_kinds++] = CKPT_ADAM_V;
+
+    char path[CKPT_FILE_PATH];
+    snprintf(path, sizeof path, "%s/stage_%d.h5", tmp, v->pp_rank);
+    write_stage(path, v, &c, &cfg->model, kinds, n_kinds, stage);
+    MPI_Comm_free(&stage);
+
+    rc = rank == 0 ? write_index(tmp, &c, v, st, cfg, kinds, n_kinds, err) : 0;
+    free(c.e);
+    /* The barrier of invariant 2: nothing is published before every rank
+     * has closed its file and the index is on disk. */
+    if (ckpt_agree(v->world, rc, err) != 0)
+        return -1;
+    if (rank == 0) {
+        rc = ckpt_publish_dir(tmp, final, err);
+        if (rc == 0)
+            rc = ckpt_fsync_path(dir, 1) == 0 ? 0 : (ckpt_err(err, "%s: cannot sync", dir), -1);
+        if (rc == 0)
+            rc = ckpt_write_latest(dir, name, err);
+        if (rc == 0)
+            ckpt_prune(dir, keep, st->step);
+    }
+    return ckpt_agree(v->world, rc, err);
+}

@@ -1,0 +1,113 @@
+#!/usr/bin/env bash
+# Checkpoints in training (DESIGN.md, invariant 2): a run killed after a
+# checkpoint and resumed continues bit for bit (losses and weights); the
+# 8-rank mesh tp 2 x pp 2 x dp 2 (zero 1) resumes bit for bit too; a
+# checkpoint saved on one topology resumes on others (1 rank, tp 1 x pp 4 x
+# dp 2, tp 4 x dp 2 with zero 2, and 1 rank -> the 8-rank mesh) within
+# relative 1e-5; a corrupted file is refused with its name, exit 2, and the
+# inspect tool lists the tensors.
+set -uo pipefail
+: "${TRIDENT:?TRIDENT must point at the built binary}"
+cd "${TRIDENT_SOURCE_ROOT:-.}"
+[ -f data/brown/gpt2.idx ] || { echo "FAIL: data/brown/gpt2 missing: run scripts/get_corpus.sh"; exit 1; }
+out=$(mktemp -d)
+trap 'rm -rf "$out"' EXIT
+export OMP_NUM_THREADS=1
+fails=0
+
+small=(--set model.layers=4 --set model.hidden=64 --set model.heads=4 --set model.seq_len=32
+       --set training.steps=8 --set training.warmup_steps=2 --set training.lr=1e-3
+       --set training.global_batch=8 --set training.micro_batch=1 --set data.val_every=0
+       --set data.val_batches=1 --set run.log_every=100 --set checkpoint.every=4)
+
+run() { # name, ranks, extra args... (checkpoints in $out/NAME/ckpt)
+    local name=$1 n=$2; shift 2
+    TRIDENT_DUMP_WEIGHTS="$out/$name.weights" timeout 300 mpiexec -n "$n" "$TRIDENT" train \
+        configs/tiny.yaml "${small[@]}" --set run.dir="$out/$name" \
+        --set checkpoint.dir="$out/$name/ckpt" "$@" > "$out/$name.log" 2>&1 \
+        || { echo "FAIL: $name exited $?"; tail -20 "$out/$name.log"; fails=$((fails + 1)); }
+}
+
+compare() { # reference, name, tolerance
+    python3 - "$out" "$1" "$2" "$3" <<'PY' || fails=$((fails + 1))
+import json, sys
+out, ref, name, tol = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4])
+def losses(d):
+    by_step = {}
+    for l in open(f"{out}/{d}/metrics.jsonl"):
+        try:
+            r = json.loads(l)
+        except json.JSONDecodeError:
+            continue          # a record torn by the kill
+        by_step[r["step"]] = r["loss"]   # the last record of a step wins
+    return by_step
+r, g = losses(ref), losses(name)
+steps = [s for s in range(5, 9)]
+assert all(s in g for s in steps), f"{name}: steps {sorted(g)}"
+rel = max(abs(g[s] - r[s]) / abs(r[s]) for s in steps)
+ok = rel <= tol
+print(f"{'ok  ' if ok else 'FAIL'} {name}: steps 5-8 loss max rel diff {rel:.2e} (tolerance {tol:g})")
+sys.exit(0 if ok else 1)
+PY
+}
+
+# Uninterrupted references; every=4 keeps step 4 and step 8.
+run ref 1
+run ref3d 8 --set topology.tp=2 --set topology.pp=2 --set topology.dp=2 --set topology.zero=1
+
+# Killed after its step-4 checkpoint, then resumed (checkpoint.resume: auto).
+timeout 300 "$TRIDENT" train configs/tiny.yaml "${small[@]}" --set run.dir="$out/killed" \
+    --set checkpoint.dir="$out/killed/ckpt" > "$out/killed1.log" 2>&1 &
+job=$!
+for _ in $(seq 1 600); do [ -e "$out/killed/ckpt/latest" ] && break; sleep 0.05; done
+kill -9 "$job" 2>/dev/null; wait "$job" 2>/dev/null
+run killed 1
+grep -q "resumed from .*step_00000004" "$out/killed.log" \
+    || { echo "FAIL: the killed run did not resume from step 4"; fails=$((fails + 1)); }
+compare ref killed 0
+cmp -s "$out/ref.weights" "$out/killed.weights" && echo "ok   killed: final weights bit-identical" \
+    || { echo "FAIL: killed: final weights differ"; fails=$((fails + 1)); }
+
+# Same topology, 8 ranks: bit for bit.
+run same3d 8 --set topology.tp=2 --set topology.pp=2 --set topology.dp=2 --set topology.zero=1 \
+    --set checkpoint.resume="$out/ref3d/ckpt/step_00000004"
+compare ref3d same3d 0
+
+# Other topologies: the same curve within 1e-5.
+from3d="$out/ref3d/ckpt/step_00000004"
+run to1 1 --set checkpoint.resume="$from3d"
+compare ref to1 1e-5
+run to_pp4 8 --set topology.pp=4 --set topology.dp=2 --set checkpoint.resume="$from3d"
+compare ref to_pp4 1e-5
+run to_tp4 8 --set topology.tp=4 --set topology.dp=2 --set topology.zero=2 \
+    --set checkpoint.resume="$from3d"
+compare ref to_tp4 1e-5
+run to3d 8 --set topology.tp=2 --set topology.pp=2 --set topology.dp=2 --set topology.zero=1 \
+    --set checkpoint.resume="$out/ref/ckpt/step_00000004"
+compare ref to3d 1e-5
+
+# A corrupted checkpoint: refused with the file named, exit 2, nothing written.
+cp -r "$out/ref/ckpt/step_00000004" "$out/bad"
+python3 - "$out/bad/stage_0.h5" <<'PY'
+import os, sys
+p = sys.argv[1]; n = os.path.getsize(p)
+with open(p, "r+b") as f:          # flip bytes well inside the data, past the metadata
+    f.seek(n // 2); b = f.read(64); f.seek(n // 2); f.write(bytes(x ^ 0x5A for x in b))
+PY
+timeout 120 "$TRIDENT" train configs/tiny.yaml "${small[@]}" --set run.dir="$out/badrun" \
+    --set checkpoint.dir="$out/badrun/ckpt" --set checkpoint.resume="$out/bad" > "$out/bad.log" 2>&1
+rc=$?
+if [ "$rc" -eq 2 ] && grep -q "stage_0.h5" "$out/bad.log" && [ ! -e "$out/badrun/ckpt/latest" ]; then
+    echo "ok   corrupted checkpoint refused: $(grep -m1 error "$out/bad.log" | cut -c1-150)"
+else
+    echo "FAIL: corrupted checkpoint: exit $rc"; tail -3 "$out/bad.log"; fails=$((fails + 1))
+fi
+
+# The inspect tool.
+"$TRIDENT" ckpt inspect "$out/ref3d/ckpt/step_00000008" > "$out/inspect.txt" 2>&1 \
+    && grep -q "layers.3.attn.qkv.weight" "$out/inspect.txt" \
+    && echo "ok   ckpt inspect lists the tensors" \
+    || { echo "FAIL: ckpt inspect"; head "$out/inspect.txt"; fails=$((fails + 1)); }
+
+echo "ckpt_train: $fails failed"
+[ "$fails" -eq 0 ]

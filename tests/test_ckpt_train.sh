@@ -103,6 +103,44 @@ else
     echo "FAIL: corrupted checkpoint: exit $rc"; tail -3 "$out/bad.log"; fails=$((fails + 1))
 fi
 
+# A rank killed during a save: latest still names the previous checkpoint,
+# which loads.  A wider model makes each save long enough to be caught with
+# its step_X.tmp directory in place.
+big=(--set model.hidden=256 --set checkpoint.every=1 --set training.steps=1000)
+timeout 300 mpiexec -n 2 "$TRIDENT" train configs/tiny.yaml "${small[@]}" "${big[@]}" \
+    --set topology.dp=2 --set run.dir="$out/midsave" --set checkpoint.dir="$out/midsave/ckpt" \
+    > "$out/midsave1.log" 2>&1 &
+job=$!
+caught=""
+for _ in $(seq 1 3000); do
+    if [ -e "$out/midsave/ckpt/latest" ] && compgen -G "$out/midsave/ckpt/step_*.tmp" >/dev/null; then
+        caught=$(cat "$out/midsave/ckpt/latest")
+        for p in $(pgrep -f "run.dir=$out/midsave"); do
+            tr '\0' '\n' < "/proc/$p/environ" 2>/dev/null | grep -qx 'PMI_RANK=1' && kill -9 "$p"
+        done
+        break
+    fi
+    sleep 0.01
+done
+wait "$job" 2>/dev/null
+latest=$(cat "$out/midsave/ckpt/latest" 2>/dev/null)
+if [ -z "$caught" ]; then
+    echo "FAIL: never saw a save in progress"; fails=$((fails + 1))
+elif [ "$latest" != "$caught" ] || [ ! -d "$out/midsave/ckpt/$latest" ]; then
+    echo "FAIL: killed mid-save: latest was $caught, is now '$latest'"; fails=$((fails + 1))
+else
+    timeout 300 mpiexec -n 2 "$TRIDENT" train configs/tiny.yaml "${small[@]}" "${big[@]}" \
+        --set topology.dp=2 --set training.steps=$(( 10#${latest#step_} + 1 )) \
+        --set run.dir="$out/midsave" --set checkpoint.dir="$out/midsave/ckpt" \
+        > "$out/midsave2.log" 2>&1
+    rc=$?
+    if [ "$rc" -eq 0 ] && grep -q "resumed from .*$latest" "$out/midsave2.log"; then
+        echo "ok   killed during the save after $latest: latest unchanged, it loads and training continues"
+    else
+        echo "FAIL: resume after a killed save: exit $rc"; tail -5 "$out/midsave2.log"; fails=$((fails + 1))
+    fi
+fi
+
 # The inspect tool.
 "$TRIDENT" ckpt inspect "$out/ref3d/ckpt/step_00000008" > "$out/inspect.txt" 2>&1 \
     && grep -q "layers.3.attn.qkv.weight" "$out/inspect.txt" \

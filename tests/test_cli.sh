@@ -49,8 +49,8 @@ expect 2 "global_batch" "$TRIDENT" train "$tmp/ok.yaml" --set training.global_ba
 expect 2 "prepare-data" "$TRIDENT" train "$tmp/ok.yaml" --set data.path="$tmp/nodata"
 [ ! -e "$tmp/run" ] || { echo "FAIL: a failed start wrote $tmp/run"; fails=$((fails + 1)); }
 checks=$((checks + 1))
-# More ranks than this build can use: a clear refusal, exit 2, on every rank.
-expect 2 "issue 4" mpiexec -n 2 "$TRIDENT" train "$tmp/ok.yaml" --set topology.tp=2 --set topology.dp=1
+# A layout trident refuses: a clear message, exit 2, on every rank.
+expect 2 "ZeRO-3 re-gathers" mpiexec -n 2 "$TRIDENT" train "$tmp/ok.yaml" --set topology.pp=2 --set topology.zero=3 --set topology.dp=1
 
 echo "cli: $checks checks, $fails failed"
 [ "$fails" -eq 0 ]

@@ -337,13 +337,29 @@ static void print_start(const Trainer *tr, double peak)
     fflush(stdout);
 }
 
-static void memory_json(const Trainer *tr, char *buf, size_t cap)
+/* Collective over the pipeline group: with pp > 1 the record also lists
+ * every stage's activation bytes (stages hold different numbers of
+ * micro-batches in flight). */
+static void memory_json(Trainer *tr, char *buf, size_t cap)
 {
     MemoryReport mem = memory_report(tr);
-    snprintf(buf, cap,
-             "\"memory_bytes\": {\"params\": %zu, \"grads\": %zu, \"optimizer\": %zu, "
-             "\"zero_buffers\": %zu, \"activations\": %zu, \"scratch\": %zu}",
-             mem.params, mem.grads, mem.optimizer, mem.buffers, mem.activations, mem.scratch);
+    int n = snprintf(buf, cap,
+                     "\"memory_bytes\": {\"params\": %zu, \"grads\": %zu, \"optimizer\": %zu, "
+                     "\"zero_buffers\": %zu, \"activations\": %zu, \"scratch\": %zu}",
+                     mem.params, mem.grads, mem.optimizer, mem.buffers, mem.activations,
+                     mem.scratch);
+    if (!tr->pipe)
+        return;
+    const int pp = tr->comms.pp.size;
+    double *acts = trd_calloc((size_t)pp, sizeof(double), "stage activation bytes");
+    acts[tr->comms.pp.rank] = (double)mem.activations;
+    comm_allreduce_f64(&tr->comms.pp, acts, (size_t)pp);
+    n += snprintf(buf + n, cap - (size_t)n, ", \"stage_activation_bytes\": [");
+    for (int k = 0; k < pp && (size_t)n < cap; k++)
+        n += snprintf(buf + n, cap - (size_t)n, "%s%.0f", k ? ", " : "", acts[k]);
+    if ((size_t)n < cap)
+        snprintf(buf + n, cap - (size_t)n, "]");
+    free(acts);
 }
 
 /* Point the checkpoint view at the engine's buffers. */
@@ -501,7 +517,7 @@ static int train(const Config *cfg, Comm world)
     const long long tokens_per_step = (long long)cfg->training.global_batch * cfg->model.seq_len;
 
     Metrics metrics = {0};
-    char memory[512];
+    char memory[2048];
     if (rank0) {
         mkdir_p(cfg->run.dir);
         char path[CFG_STR + 32], err[CFG_ERR];

@@ -4,6 +4,7 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <time.h>
 
 _Noreturn void trd_fatal(int code, const char *hint, const char *fmt, ...)
 {
@@ -24,8 +25,13 @@ _Noreturn void trd_fatal(int code, const char *hint, const char *fmt, ...)
     MPI_Finalized(&finalized);
     if (initialized && !finalized) {
         MPI_Comm_size(MPI_COMM_WORLD, &size);
-        if (size > 1)
+        if (size > 1) {
+            /* The launcher forwards our stderr asynchronously and drops
+             * what it has not forwarded when the abort tears the job down:
+             * give it a moment to pass the message on. */
+            nanosleep(&(struct timespec){.tv_nsec = 200 * 1000 * 1000}, NULL);
             MPI_Abort(MPI_COMM_WORLD, code);
+        }
         MPI_Finalize();
     }
     exit(code);

@@ -2,6 +2,7 @@
 
 #include <cblas.h>
 #include <errno.h>
+#include <stdarg.h>
 #include <math.h>
 #include <omp.h>
 #include <stdio.h>
@@ -443,6 +444,28 @@ static void dump_weights(Trainer *tr)
     free(buf);
 }
 
+/* A layout this build refuses: every rank reaches the same verdict from
+ * the same config, so all exit 2 together and rank 0 says why (no abort,
+ * which can swallow the message). */
+static _Noreturn void refuse(int rank, const char *hint, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static _Noreturn void refuse(int rank, const char *hint, const char *fmt, ...)
+{
+    if (rank == 0) {
+        va_list ap;
+        va_start(ap, fmt);
+        fputs("trident: error: ", stderr);
+        vfprintf(stderr, fmt, ap);
+        fputc('\n', stderr);
+        va_end(ap);
+        if (hint)
+            fprintf(stderr, "---> %s\n", hint);
+        fflush(stderr);
+    }
+    comm_finalize();
+    exit(TRD_EXIT_INPUT);
+}
+
 /* Ranks sharing a machine split its cores, unless OMP_NUM_THREADS says
  * otherwise: oversubscribed OpenMP and BLAS threads crawl. */
 static void set_threads(Comm world)
@@ -463,15 +486,15 @@ static int train(const Config *cfg, Comm world)
 {
     Trainer tr = {.cfg = cfg, .be = backend_cpu()};
     if (cfg->backend == BACKEND_CUDA)
-        trd_fatal(TRD_EXIT_INPUT, "set backend: cpu",
+        refuse(world.rank, "set backend: cpu",
                   "backend cuda: this build has no CUDA backend yet (issue 8)");
     if (cfg->topology.pp > 1 && cfg->topology.zero == 3)
-        trd_fatal(TRD_EXIT_INPUT, "use topology.zero 0, 1 or 2 with pipeline parallelism",
+        refuse(world.rank, "use topology.zero 0, 1 or 2 with pipeline parallelism",
                   "topology.zero 3 with topology.pp %d: ZeRO-3 re-gathers every layer for every "
                   "micro-batch, which pipelining multiplies; like Megatron-LM, trident refuses it",
                   cfg->topology.pp);
     if (cfg->topology.pp > 1 && cfg->topology.zero == 2 && cfg->model.tie_embeddings)
-        trd_fatal(TRD_EXIT_INPUT, "use topology.zero 1, or model.tie_embeddings: false",
+        refuse(world.rank, "use topology.zero 1, or model.tie_embeddings: false",
                   "topology.zero 2 with topology.pp > 1 and tied embeddings: the embedding "
                   "gradient must be summed over the first and last stage before it is sharded, "
                   "which ZeRO-2's per-micro-batch reduction does not allow");
@@ -499,7 +522,7 @@ static int train(const Config *cfg, Comm world)
         char err[CFG_ERR];
         tr.pipe = pipe_create(cfg, tr.zero, &tr.comms.pp, tr.n_micro, err);
         if (!tr.pipe)
-            trd_fatal(TRD_EXIT_INPUT, NULL, "%s", err);
+            refuse(world.rank, NULL, "%s", err);
         tr.tied_embed_group = cfg->model.tie_embeddings && tr.comms.embed.size > 1;
         if (tr.tied_embed_group)
             zero_defer_outer(tr.zero);

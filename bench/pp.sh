@@ -32,7 +32,7 @@ pp, sched, m = int(sys.argv[2]), sys.argv[3], int(sys.argv[4])
 steady = rows[1:] or rows
 idle = sum(r["pp_idle"] for r in steady) / len(steady)
 step = sum(r["step_ms"] for r in steady) / len(steady)
-acts = " ".join(f"{b / 2**20:.0f}" for b in rows[0]["memory_bytes"]["stage_activation_bytes"])
+acts = " ".join(f"{b / 2**20:.0f}" for b in rows[0]["stage_activation_bytes"])
 print(f"{pp:<3} {sched:<6} {m:<4} {idle:9.3f} {(pp - 1) / (m + pp - 1):9.3f} {step:9.0f}   {acts}")
 PY
         done

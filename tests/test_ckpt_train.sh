@@ -6,27 +6,14 @@
 # dp 2, tp 4 x dp 2 with zero 2, and 1 rank -> the 8-rank mesh) within
 # relative 1e-5; a corrupted file is refused with its name, exit 2, and the
 # inspect tool lists the tensors.
-set -uo pipefail
-: "${TRIDENT:?TRIDENT must point at the built binary}"
-cd "${TRIDENT_SOURCE_ROOT:-.}"
-[ -f data/brown/gpt2.idx ] || { echo "FAIL: data/brown/gpt2 missing: run scripts/get_corpus.sh"; exit 1; }
-out=$(mktemp -d)
-trap 'rm -rf "$out"' EXIT
-export OMP_NUM_THREADS=1
-fails=0
+RUN_CKPT=1
+. "$(dirname "$0")/e2e.sh"
 
 small=(--set model.layers=4 --set model.hidden=64 --set model.heads=4 --set model.seq_len=32
        --set training.steps=8 --set training.warmup_steps=2 --set training.lr=1e-3
        --set training.global_batch=8 --set training.micro_batch=1 --set data.val_every=0
        --set data.val_batches=1 --set run.log_every=100 --set checkpoint.every=4)
 
-run() { # name, ranks, extra args... (checkpoints in $out/NAME/ckpt)
-    local name=$1 n=$2; shift 2
-    TRIDENT_DUMP_WEIGHTS="$out/$name.weights" timeout 300 mpiexec -n "$n" "$TRIDENT" train \
-        configs/tiny.yaml "${small[@]}" --set run.dir="$out/$name" \
-        --set checkpoint.dir="$out/$name/ckpt" "$@" > "$out/$name.log" 2>&1 \
-        || { echo "FAIL: $name exited $?"; tail -20 "$out/$name.log"; fails=$((fails + 1)); }
-}
 
 compare() { # reference, name, tolerance
     python3 - "$out" "$1" "$2" "$3" <<'PY' || fails=$((fails + 1))

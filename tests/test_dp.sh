@@ -9,26 +9,13 @@
 # gradient's size, so for rarely seen embedding rows (gradients near zero)
 # fp32 reduction-order noise becomes a weight difference of order
 # lr * 1e-2.  The losses agree to 1e-7 either way.
-set -uo pipefail
-: "${TRIDENT:?TRIDENT must point at the built binary}"
-cd "${TRIDENT_SOURCE_ROOT:-.}"
-[ -f data/brown/gpt2.idx ] || { echo "FAIL: data/brown/gpt2 missing: run scripts/get_corpus.sh"; exit 1; }
-out=$(mktemp -d)
-trap 'rm -rf "$out"' EXIT
-export OMP_NUM_THREADS=1
-fails=0
+. "$(dirname "$0")/e2e.sh"
 
 small=(--set model.layers=2 --set model.hidden=64 --set model.heads=4 --set model.seq_len=32
        --set training.steps=12 --set training.warmup_steps=2 --set training.lr=1e-3
        --set training.global_batch=16 --set training.micro_batch=2 --set data.val_every=0
        --set data.val_batches=1 --set run.log_every=100 --set topology.bucket_mb=1)
 
-run() { # name, ranks, extra args...
-    local name=$1 n=$2; shift 2
-    TRIDENT_DUMP_WEIGHTS="$out/$name.weights" timeout 300 mpiexec -n "$n" "$TRIDENT" train \
-        configs/tiny.yaml "${small[@]}" --set run.dir="$out/$name" "$@" > "$out/$name.log" 2>&1 \
-        || { echo "FAIL: $name exited $?"; tail -20 "$out/$name.log"; fails=$((fails + 1)); }
-}
 
 compare() { # name
     python3 - "$out" "$1" <<'PY' || fails=$((fails + 1))

@@ -6,26 +6,13 @@
 # per-step loss (and validation loss) within relative 1e-5 for 10 steps.
 # Then the measured pipeline idle fraction against (p-1)/(m+p-1), and the
 # configurations trident refuses, with their messages.
-set -uo pipefail
-: "${TRIDENT:?TRIDENT must point at the built binary}"
-cd "${TRIDENT_SOURCE_ROOT:-.}"
-[ -f data/brown/gpt2.idx ] || { echo "FAIL: data/brown/gpt2 missing: run scripts/get_corpus.sh"; exit 1; }
-out=$(mktemp -d)
-trap 'rm -rf "$out"' EXIT
-export OMP_NUM_THREADS=1
-fails=0
+. "$(dirname "$0")/e2e.sh"
 
 small=(--set model.layers=4 --set model.hidden=64 --set model.heads=4 --set model.seq_len=32
        --set training.steps=10 --set training.warmup_steps=2 --set training.lr=1e-3
        --set training.global_batch=8 --set training.micro_batch=1 --set data.val_every=5
        --set data.val_batches=2 --set run.log_every=100)
 
-run() { # name, ranks, extra args...
-    local name=$1 n=$2; shift 2
-    timeout 300 mpiexec -n "$n" "$TRIDENT" train configs/tiny.yaml "${small[@]}" \
-        --set run.dir="$out/$name" "$@" > "$out/$name.log" 2>&1 \
-        || { echo "FAIL: $name exited $?"; tail -20 "$out/$name.log"; fails=$((fails + 1)); }
-}
 
 compare() { # reference, name
     python3 - "$out" "$1" "$2" <<'PY' || fails=$((fails + 1))

@@ -1,0 +1,26 @@
+# e2e.sh — sourced by the end-to-end training tests (tests/test_*.sh).
+# Checks the environment, makes $out (removed on exit), and defines run:
+#   run NAME RANKS [--set ...]   trains configs/tiny.yaml with the caller's
+#                                ${small[@]} overrides into $out/NAME (log in
+#                                $out/NAME.log, final weights of one-piece
+#                                models in $out/NAME.weights; with
+#                                RUN_CKPT=1 checkpoints in $out/NAME/ckpt),
+#                                counting a failed run in $fails.
+set -uo pipefail
+: "${TRIDENT:?TRIDENT must point at the built binary}"
+cd "${TRIDENT_SOURCE_ROOT:-.}" || exit 1
+[ -f data/brown/gpt2.idx ] || { echo "FAIL: data/brown/gpt2 missing: run scripts/get_corpus.sh"; exit 1; }
+out=$(mktemp -d)
+trap 'rm -rf "$out"' EXIT
+export OMP_NUM_THREADS=1
+fails=0
+
+run() {
+    local name=$1 n=$2; shift 2
+    local ckpt=()
+    [ "${RUN_CKPT:-0}" = 1 ] && ckpt=(--set checkpoint.dir="$out/$name/ckpt")
+    TRIDENT_DUMP_WEIGHTS="$out/$name.weights" timeout 300 mpiexec -n "$n" "$TRIDENT" train \
+        configs/tiny.yaml "${small[@]}" --set run.dir="$out/$name" "${ckpt[@]}" "$@" \
+        > "$out/$name.log" 2>&1 \
+        || { echo "FAIL: $name exited $?"; tail -20 "$out/$name.log"; fails=$((fails + 1)); }
+}

@@ -157,9 +157,9 @@ static void shard_make(Shard *s, const Config *cfg, const Layout *L, int master,
         return;
     const int tp_r = g_rank % L->tp, dp_r = g_rank / L->tp % L->dp;
     const int pp_r = g_rank / (L->tp * L->dp);
-    ParamShard sh = {.tp = L->tp, .tp_rank = tp_r, .has_embed = pp_r == 0,
+    ParamShard sh = {.tp = L->tp, .tp_rank = tp_r, .n_chunks = 1, .has_embed = pp_r == 0,
                      .has_head = pp_r == L->pp - 1};
-    layer_range(L, cfg->model.layers, pp_r, &sh.layer_begin, &sh.layer_end);
+    layer_range(L, cfg->model.layers, pp_r, &sh.chunk[0].begin, &sh.chunk[0].end);
     params_build(&s->t, &cfg->model, &sh);
     ckpt_view_init(&s->v, &s->t, L->zero, dp_r, L->dp, pp_r, s->comm);
     for (int k = 0; k < CKPT_KINDS; k++) {
@@ -312,7 +312,7 @@ static void test_slab(void)
     /* A qkv weight with one kv head over tp 2: rows in two runs, the k and v
      * rows held by both TP ranks and owned by rank 0. */
     Config mq = model_config_kv(ARCH_LLAMA, 32, PREC_FP32, 1);
-    ParamShard sh1 = {.tp = 2, .tp_rank = 1, .layer_begin = 0, .layer_end = 1};
+    ParamShard sh1 = {.tp = 2, .tp_rank = 1, .n_chunks = 1, .chunk = {{0, 1}}};
     ParamTable tq;
     params_build(&tq, &mq.model, &sh1);
     const ParamSpec *qkv = params_find(&tq, "layers.0.attn.qkv.weight");

@@ -3,8 +3,8 @@
 # checkpoint and resumed continues bit for bit (losses and weights); the
 # 8-rank mesh tp 2 x pp 2 x dp 2 (zero 1) resumes bit for bit too; a
 # checkpoint saved on one topology resumes on others (1 rank, tp 1 x pp 4 x
-# dp 2, tp 4 x dp 2 with zero 2, and 1 rank -> the 8-rank mesh) within
-# relative 1e-5; a corrupted file is refused with its name, exit 2, and the
+# dp 2, tp 4 x dp 2 with zero 2, 1 rank -> the 8-rank mesh, and to and
+# from interleaved stages) within relative 1e-5; a corrupted file is refused with its name, exit 2, and the
 # inspect tool lists the tensors.
 RUN_CKPT=1
 . "$(dirname "$0")/e2e.sh"
@@ -72,6 +72,18 @@ compare ref to_tp4 1e-5
 run to3d 8 --set topology.tp=2 --set topology.pp=2 --set topology.dp=2 --set topology.zero=1 \
     --set checkpoint.resume="$out/ref/ckpt/step_00000004"
 compare ref to3d 1e-5
+
+# Interleaved stages (pp 2, 2 chunks a rank: rank 0 holds layers 0 and 2):
+# from the mesh, bit for bit on the same layout, and back to one rank.
+il=(--set topology.pp=2 --set topology.dp=2 --set topology.schedule=interleaved
+    --set topology.virtual_stages=2)
+run to_il 4 "${il[@]}" --set checkpoint.resume="$from3d"
+compare ref to_il 1e-5
+run il_ref 4 "${il[@]}"
+run il_same 4 "${il[@]}" --set checkpoint.resume="$out/il_ref/ckpt/step_00000004"
+compare il_ref il_same 0
+run il_to1 1 --set checkpoint.resume="$out/il_ref/ckpt/step_00000004"
+compare ref il_to1 1e-5
 
 # A corrupted checkpoint: refused with the file named, exit 2, nothing written.
 cp -r "$out/ref/ckpt/step_00000004" "$out/bad"

@@ -352,7 +352,13 @@ static void test_validate(void)
     CHECK(config_set(&ok, "topology.pp=2", err) == 0, "%s", err);
     CHECK(config_validate(&ok, 0, err) == 0, "interleaved with 2 virtual stages: %s", err);
     expect_invalid(WORDS("topology.pp=2", "topology.stage_layers=[4]"), 0,
-                   WORDS("topology.stage_layers", "1 entries", "topology.pp is 2"));
+                   WORDS("topology.stage_layers", "1 entries", "topology.pp (2)"));
+    expect_invalid(WORDS("topology.pp=2", "topology.schedule=interleaved",
+                         "topology.virtual_stages=2", "topology.stage_layers=[2,2]"), 0,
+                   WORDS("topology.stage_layers", "2 entries", "is 4", "model stage"));
+    expect_invalid(WORDS("topology.pp=2", "topology.schedule=interleaved",
+                         "topology.virtual_stages=17"), 0,
+                   WORDS("topology.virtual_stages (17)", "above 16"));
     expect_invalid(WORDS("topology.pp=2", "topology.stage_layers=[1,2]"), 0,
                    WORDS("topology.stage_layers", "sums to 3", "model.layers is 4"));
     expect_invalid(WORDS("topology.pp=2", "topology.stage_layers=[0,4]"), 0,

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Pipeline parallelism in training against the single-rank run (DESIGN.md,
 # invariant 1): pp 2 and 4 with 1F1B and GPipe, uneven stage_layers, tied
-# (GPT-2) and untied (Llama) embeddings, and the 3D mesh tp 2 x pp 2 x dp 2
+# (GPT-2) and untied (Llama) embeddings, interleaved 1F1B with 2 chunks per
+# rank, and the 3D mesh tp 2 x pp 2 x dp 2
 # (8 ranks) with zero 0 and 1, with and without sequence parallelism:
 # per-step loss (and validation loss) within relative 1e-5 for 10 steps.
 # Then the measured pipeline idle fraction against (p-1)/(m+p-1), and the
@@ -43,6 +44,30 @@ for pp in 2 4; do
     run "llama_pp$pp" "$pp" "${llama[@]}" --set topology.pp="$pp"
     compare llama "llama_pp$pp"
 done
+# Interleaved 1F1B: v model chunks per rank (chunk c of rank r is model
+# stage c * pp + r), tied and untied embeddings, micro-batches not a
+# multiple of pp, and inside the 3D mesh.
+il=(--set topology.schedule=interleaved --set topology.virtual_stages=2)
+run gpt2_pp2_il2 2 --set topology.pp=2 "${il[@]}"
+compare gpt2 gpt2_pp2_il2
+run llama_pp2_il2 2 "${llama[@]}" --set topology.pp=2 "${il[@]}"
+compare llama llama_pp2_il2
+run gpt2_l8 1 --set model.layers=8
+run gpt2_l8_pp4_il2 4 --set model.layers=8 --set topology.pp=4 "${il[@]}"
+compare gpt2_l8 gpt2_l8_pp4_il2
+run gpt2_l8_pp2_il2_uneven 2 --set model.layers=8 --set topology.pp=2 "${il[@]}" \
+    --set 'topology.stage_layers=[3,2,2,1]'
+compare gpt2_l8 gpt2_l8_pp2_il2_uneven
+run gpt2_l8_m6 1 --set model.layers=8 --set training.global_batch=6
+run gpt2_l8_m6_pp4_il2 4 --set model.layers=8 --set training.global_batch=6 --set topology.pp=4 \
+    "${il[@]}"
+compare gpt2_l8_m6 gpt2_l8_m6_pp4_il2
+run gpt2_3d_il2 8 --set topology.tp=2 --set topology.pp=2 --set topology.dp=2 --set topology.zero=1 \
+    --set topology.sequence_parallel=true "${il[@]}"
+compare gpt2 gpt2_3d_il2
+run llama_pp2_dp2_il2_zero2 4 "${llama[@]}" --set topology.pp=2 --set topology.dp=2 \
+    --set topology.zero=2 "${il[@]}"
+compare llama llama_pp2_dp2_il2_zero2
 run gpt2_pp2_uneven 2 --set topology.pp=2 --set 'topology.stage_layers=[3,1]'
 compare gpt2 gpt2_pp2_uneven
 run llama_pp2_uneven 2 "${llama[@]}" --set topology.pp=2 --set 'topology.stage_layers=[1,3]'
@@ -92,8 +117,8 @@ refuse() { # name, ranks, expected message, args...
 }
 refuse zero3 2 "ZeRO-3 re-gathers every layer" --set topology.pp=2 --set topology.zero=3 \
     --set topology.dp=1
-refuse interleaved 2 "interleaved schedule" --set topology.pp=2 \
-    --set topology.schedule=interleaved --set topology.virtual_stages=2
+refuse interleaved_pp1 1 "there is no pipeline" --set topology.schedule=interleaved \
+    --set topology.virtual_stages=2
 
 echo "pp_train: $fails failed"
 [ "$fails" -eq 0 ]

@@ -1,10 +1,12 @@
 #include "comm/comm.h"
 
 #include <limits.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "core/error.h"
+#include "core/trace.h"
 
 static void check(int rc, const char *what)
 {
@@ -38,10 +40,15 @@ void comm_finalize(void)
 
 Comm comm_world(void)
 {
-    Comm c = {.mpi = MPI_COMM_WORLD};
+    Comm c = {.mpi = MPI_COMM_WORLD, .name = "world"};
     MPI_Comm_rank(c.mpi, &c.rank);
     MPI_Comm_size(c.mpi, &c.size);
     return c;
+}
+
+void comm_set_name(Comm *c, const char *name)
+{
+    snprintf(c->name, sizeof c->name, "%s", name);
 }
 
 Comm comm_split(const Comm *parent, int color, int key)
@@ -71,11 +78,45 @@ static uint64_t ring_bytes(const Comm *c, size_t n, int passes)
     return (uint64_t)passes * n * sizeof(float) * (uint64_t)(c->size - 1) / (uint64_t)c->size;
 }
 
+/* ---- traces: a span per collective, named after the op and the group ---- */
+
+static void span_name(char *buf, size_t len, const char *op, const Comm *c)
+{
+    snprintf(buf, len, "%s%s%s", op, c->name[0] ? " " : "", c->name);
+}
+
+static void trace_blocking(const char *op, const Comm *c, double t0, uint64_t bytes)
+{
+    if (!trace_active())
+        return;
+    char name[32];
+    span_name(name, sizeof name, op, c);
+    trace_span(name, TRACE_COLLECTIVE, t0, MPI_Wtime(), -1, -1, bytes);
+}
+
+/* A non-blocking collective just issued: its span ends when it completes. */
+static void trace_issue(CommHandle *h, const char *op, const Comm *c, uint64_t bytes)
+{
+    if (!trace_active())
+        return;
+    span_name(h->what, sizeof h->what, op, c);
+    h->t0 = MPI_Wtime();
+    h->bytes = bytes;
+}
+
+static void trace_complete(CommHandle *h)
+{
+    if (h->what[0])
+        trace_span(h->what, TRACE_COLLECTIVE, h->t0, MPI_Wtime(), -1, -1, h->bytes);
+    h->what[0] = '\0';
+}
+
 /* MPI counts are int: large buffers go in chunks. */
 static void allreduce(Comm *c, void *buf, size_t n, size_t elem, MPI_Datatype t, MPI_Op op)
 {
     if (c->size == 1)
         return;
+    const double t0 = MPI_Wtime();
     const size_t chunk = (size_t)INT_MAX / 2;
     for (size_t off = 0; off < n; off += chunk) {
         size_t k = n - off < chunk ? n - off : chunk;
@@ -84,6 +125,7 @@ static void allreduce(Comm *c, void *buf, size_t n, size_t elem, MPI_Datatype t,
     }
     c->bytes_sent += ring_bytes(c, n * elem / sizeof(float), 2);
     c->calls++;
+    trace_blocking("all-reduce", c, t0, ring_bytes(c, n * elem / sizeof(float), 2));
 }
 
 void comm_allreduce_f32(Comm *c, float *buf, size_t n)
@@ -134,6 +176,7 @@ CommHandle comm_iallreduce_f32(Comm *c, float *buf, size_t n)
           "all-reduce");
     c->bytes_sent += ring_bytes(c, n, 2);
     c->calls++;
+    trace_issue(&h, "all-reduce", c, ring_bytes(c, n, 2));
     return h;
 }
 
@@ -167,6 +210,7 @@ CommHandle comm_ireduce_scatter_range_f32(Comm *c, const float *send, float *rec
           "reduce-scatter");
     c->bytes_sent += ring_bytes(c, hi - lo, 1);
     c->calls++;
+    trace_issue(&h, "reduce-scatter", c, ring_bytes(c, hi - lo, 1));
     return h;
 }
 
@@ -192,6 +236,7 @@ CommHandle comm_iallgather_range_f32(Comm *c, const float *mine, float *out, siz
           "all-gather");
     c->bytes_sent += ring_bytes(c, hi - lo, 1);
     c->calls++;
+    trace_issue(&h, "all-gather", c, ring_bytes(c, hi - lo, 1));
     return h;
 }
 
@@ -201,6 +246,7 @@ void comm_wait(CommHandle *h)
         check(MPI_Wait(&h->req, MPI_STATUS_IGNORE), "wait");
     free(h->counts);
     h->counts = NULL;
+    trace_complete(h);
 }
 
 int comm_test(CommHandle *h)
@@ -208,6 +254,8 @@ int comm_test(CommHandle *h)
     int done = 1;
     if (h->req != MPI_REQUEST_NULL)
         check(MPI_Test(&h->req, &done, MPI_STATUS_IGNORE), "test");
+    if (done)
+        trace_complete(h);
     return done;
 }
 
@@ -221,10 +269,12 @@ void comm_allgather_block_f32(Comm *c, float *buf, size_t n)
     if (c->size == 1 || n == 0)
         return;
     TRD_ASSERT(n * (size_t)c->size <= (size_t)INT_MAX);
+    const double t0 = MPI_Wtime();
     check(MPI_Allgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf, (int)n, MPI_FLOAT, c->mpi),
           "all-gather");
     c->bytes_sent += ring_bytes(c, n * (size_t)c->size, 1);
     c->calls++;
+    trace_blocking("all-gather", c, t0, ring_bytes(c, n * (size_t)c->size, 1));
 }
 
 void comm_reduce_scatter_block_f32(Comm *c, float *buf, size_t n)
@@ -233,10 +283,12 @@ void comm_reduce_scatter_block_f32(Comm *c, float *buf, size_t n)
         return;
     TRD_ASSERT(n * (size_t)c->size <= (size_t)INT_MAX);
     /* In place, MPI leaves this rank's reduced block at the start of buf. */
+    const double t0 = MPI_Wtime();
     check(MPI_Reduce_scatter_block(MPI_IN_PLACE, buf, (int)n, MPI_FLOAT, MPI_SUM, c->mpi),
           "reduce-scatter");
     c->bytes_sent += ring_bytes(c, n * (size_t)c->size, 1);
     c->calls++;
+    trace_blocking("reduce-scatter", c, t0, ring_bytes(c, n * (size_t)c->size, 1));
 }
 
 CommHandle comm_isend_f32(Comm *c, const float *buf, size_t n, int dest, int tag)

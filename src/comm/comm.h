@@ -15,6 +15,7 @@
 typedef struct {
     MPI_Comm mpi;
     int rank, size;
+    char name[12];         /* "dp", "tp", ... for traces ("" unless the creator names it) */
     uint64_t bytes_sent;   /* bytes this rank sends under the ring algorithms (all-reduce
                             * 2n(p-1)/p, reduce-scatter and all-gather n(p-1)/p of the
                             * n-element whole), for reports and the benchmarks */
@@ -36,6 +37,8 @@ Comm comm_world(void);
 Comm comm_split(const Comm *parent, int color, int key);
 /* Free a communicator made by comm_split (no-op for MPI_COMM_NULL and the world). */
 void comm_free(Comm *c);
+/* Name a group for traces (truncated to 11 characters). */
+void comm_set_name(Comm *c, const char *name);
 
 void comm_allreduce_f32(Comm *c, float *buf, size_t n);
 void comm_allreduce_f64(Comm *c, double *buf, size_t n);
@@ -50,6 +53,11 @@ void comm_broadcast(Comm *c, void *buf, size_t bytes, int root);
 typedef struct {
     MPI_Request req;     /* MPI_REQUEST_NULL once complete */
     int *counts;         /* v-collective counts and displacements, live until completion */
+    /* Under a trace (core/trace.h): the collective's span name, issue time
+     * and bytes, recorded when wait or test sees it complete. */
+    char what[32];
+    double t0;
+    uint64_t bytes;
 } CommHandle;
 
 /* The part of [lo, hi) that `rank` owns, as [*a, *b). */

@@ -13,6 +13,7 @@
 #define CFG_STR 256      /* max length of a string value, paths included */
 #define CFG_ERR 1024     /* size of an error message buffer */
 #define CFG_MAX_STAGES 64
+#define CFG_MAX_VIRTUAL 16  /* topology.virtual_stages: model chunks per pipeline rank */
 
 typedef enum { ARCH_GPT2 = 0, ARCH_LLAMA = 1 } ModelArch;
 typedef enum { SCHED_1F1B = 0, SCHED_INTERLEAVED = 1, SCHED_GPIPE = 2 } ScheduleKind;

@@ -186,14 +186,18 @@ static int check_topology(Checker *c)
     if (t->virtual_stages > 1 && t->schedule != SCHED_INTERLEAVED)
         return verr(c, "topology.virtual_stages (%d) > 1 needs topology.schedule interleaved; "
                        "set schedule: interleaved or virtual_stages: 1", t->virtual_stages);
+    if (t->virtual_stages > CFG_MAX_VIRTUAL)
+        return verr(c, "topology.virtual_stages (%d) is above %d; each chunk adds a pipeline "
+                       "round trip, so a few (2-4) are what pays", t->virtual_stages,
+                    CFG_MAX_VIRTUAL);
     if (t->n_stage_layers > 0) {
-        if (t->virtual_stages > 1)
-            return verr(c, "topology.stage_layers cannot be combined with "
-                           "topology.virtual_stages (%d) > 1; remove one of them",
-                        t->virtual_stages);
-        if (t->n_stage_layers != t->pp)
-            return verr(c, "topology.stage_layers has %d entries but topology.pp is %d; give "
-                           "one layer count per pipeline stage", t->n_stage_layers, t->pp);
+        /* One entry per model stage: pp of them, or pp x virtual_stages
+         * with interleaving (stage c * pp + r is chunk c of rank r). */
+        if (t->n_stage_layers != t->pp * t->virtual_stages)
+            return verr(c, "topology.stage_layers has %d entries but topology.pp (%d) x "
+                           "topology.virtual_stages (%d) is %d; give one layer count per "
+                           "model stage", t->n_stage_layers, t->pp, t->virtual_stages,
+                        t->pp * t->virtual_stages);
         int sum = 0;
         for (int i = 0; i < t->n_stage_layers; i++) {
             if (t->stage_layers[i] < 1)

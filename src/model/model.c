@@ -1,7 +1,7 @@
 /* model.c — GPT-2 and Llama-style decoder over the parameter table.
  *
  * Three parts, each with its hand-written backward next to its forward:
- *   embed  tokens -> residual stream entering layer_begin     (first stage)
+ *   embed  tokens -> residual stream entering the first layer  (first stage)
  *   block  one transformer layer, residual stream in -> out   (any stage)
  *   head   final norm -> logits -> fused cross-entropy        (last stage)
  *
@@ -166,7 +166,7 @@ struct Model {
     ParamTable table;
     TpGroup tp;
     Dims d;
-    int nl;              /* local layers: sh.layer_end - sh.layer_begin */
+    int nl;              /* local layers: sh.chunk[0].end - sh.chunk[0].begin */
 
     float *params, *grads;          /* [table.numel] each, or NULL when the caller binds */
     LayerParams *lp, *lg;           /* [nl]: parameters, gradients */
@@ -505,7 +505,8 @@ Model *model_create_unbound(const Config *cfg, const Backend *be, const ParamSha
     m->mc = cfg->model;
     m->sh = *sh;
     m->recompute = cfg->training.recompute;
-    m->nl = sh->layer_end - sh->layer_begin;
+    TRD_ASSERT(sh->n_chunks == 1); /* a model is one chunk: see params_chunk_shard */
+    m->nl = sh->chunk[0].end - sh->chunk[0].begin;
     TRD_ASSERT(m->nl >= 0);
     const int sp = cfg->topology.sequence_parallel;
     check_tp(&m->mc, sh, sp, B);
@@ -518,7 +519,7 @@ Model *model_create_unbound(const Config *cfg, const Backend *be, const ParamSha
     m->lg = trd_calloc((size_t)m->nl + 1, sizeof(LayerParams), "layer gradient pointers");
     m->lo_off = trd_calloc((size_t)m->nl + 1, sizeof(GroupOffsets), "layer offsets");
     for (int i = 0; i < m->nl; i++)
-        layer_offsets(&m->lo_off[i], &m->table, sh->layer_begin + i, gpt2);
+        layer_offsets(&m->lo_off[i], &m->table, sh->chunk[0].begin + i, gpt2);
     outer_offsets(&m->outer_off, &m->table);
     if (sh->has_head && m->mc.tie_embeddings && m->outer_off.off[0] == NO_TENSOR)
         trd_fatal(TRD_EXIT_INPUT, "use untied embeddings (model.tie_embeddings: false) "
@@ -529,7 +530,7 @@ Model *model_create_unbound(const Config *cfg, const Backend *be, const ParamSha
     m->d = make_dims(m, B);
     if (m->nl > 0) { /* the table and the dims agree on the qkv split */
         char name[PARAM_NAME];
-        snprintf(name, sizeof name, "layers.%d.attn.qkv.weight", sh->layer_begin);
+        snprintf(name, sizeof name, "layers.%d.attn.qkv.weight", sh->chunk[0].begin);
         const ParamSpec *q = params_find(&m->table, name);
         TRD_ASSERT(q && q->local_shape[0] == m->d.QKV && q->kv_share == kv_share);
     }
@@ -553,8 +554,8 @@ Model *model_create(const Config *cfg, const Backend *be, const ParamShard *sh, 
     m->grads = trd_calloc(m->table.numel, sizeof(float), "gradients");
     params_init(&m->table, m->params, cfg->run.seed);
     model_bind(m, PARAMS_OUTER, m->params, m->grads);
-    for (int l = sh->layer_begin; l < sh->layer_end; l++) {
-        size_t lo = m->lo_off[l - sh->layer_begin].lo;
+    for (int l = sh->chunk[0].begin; l < sh->chunk[0].end; l++) {
+        size_t lo = m->lo_off[l - sh->chunk[0].begin].lo;
         model_bind(m, l, m->params + lo, m->grads + lo);
     }
     return m;
@@ -570,7 +571,7 @@ void model_bind(Model *m, int group, float *params, float *grads)
             bind_outer(&m->og, &m->outer_off, grads, tied);
         return;
     }
-    const int i = group - m->sh.layer_begin;
+    const int i = group - m->sh.chunk[0].begin;
     TRD_ASSERT(i >= 0 && i < m->nl);
     if (params)
         bind_fields(m->lp[i].f, LP_FIELDS, &m->lo_off[i], params);
@@ -705,8 +706,8 @@ void model_embed_backward(Model *m)
 
 static int local_layer(const Model *m, int l)
 {
-    TRD_ASSERT(l >= m->sh.layer_begin && l < m->sh.layer_end);
-    return l - m->sh.layer_begin;
+    TRD_ASSERT(l >= m->sh.chunk[0].begin && l < m->sh.chunk[0].end);
+    return l - m->sh.chunk[0].begin;
 }
 
 /* Row-parallel linear: out [N, C] = inp [N, K] @ W^T over this rank's K
@@ -951,7 +952,7 @@ float model_forward(Model *m, const int32_t *tokens, const int32_t *targets)
 {
     if (m->sh.has_embed)
         model_embed_forward(m, tokens);
-    for (int l = m->sh.layer_begin; l < m->sh.layer_end; l++)
+    for (int l = m->sh.chunk[0].begin; l < m->sh.chunk[0].end; l++)
         model_block_forward(m, l);
     return m->sh.has_head ? model_head_forward(m, targets) : 0.0f;
 }
@@ -960,7 +961,7 @@ void model_backward(Model *m, float loss_scale)
 {
     if (m->sh.has_head)
         model_head_backward(m, loss_scale);
-    for (int l = m->sh.layer_end - 1; l >= m->sh.layer_begin; l--)
+    for (int l = m->sh.chunk[0].end - 1; l >= m->sh.chunk[0].begin; l--)
         model_block_backward(m, l);
     if (m->sh.has_embed)
         model_embed_backward(m);
@@ -985,4 +986,34 @@ double model_flops_per_token(const ModelConfig *mc)
     const double mlp = (mc->arch == ARCH_GPT2 ? 2.0 : 3.0) * C * F;
     const double matmul_params = L * (qkv + proj + mlp) + (double)mc->vocab * C;
     return 6.0 * matmul_params + 12.0 * L * T * C;
+}
+
+/* ---- for the planner ------------------------------------------------------ */
+
+MemoryReport model_plan_memory(const Config *cfg, const ParamShard *sh, int B, int n_sets)
+{
+    TRD_ASSERT(sh->n_chunks == 1 && n_sets >= 1);
+    check_config(&cfg->model, B);
+    Model m = {.mc = cfg->model, .sh = *sh, .recompute = cfg->training.recompute};
+    m.nl = sh->chunk[0].end - sh->chunk[0].begin;
+    const int sp = cfg->topology.sequence_parallel;
+    check_tp(&m.mc, sh, sp, B);
+    const int kv_share = m.mc.kv_heads % sh->tp ? sh->tp / m.mc.kv_heads : 1;
+    m.tp = tp_group_layout(sh->tp, sh->tp_rank, sp, kv_share);
+    params_build(&m.table, &m.mc, sh);
+    m.d = make_dims(&m, B);
+    /* Count with the carvers model_create_unbound uses (base NULL: sizes only). */
+    m.cur.resid = trd_calloc((size_t)m.nl + 1, sizeof(float *), "residual pointers");
+    m.cur.la = trd_calloc((size_t)m.nl + 1, sizeof(LayerActs), "layer activation pointers");
+    Carver acts = {0}, scratch = {0};
+    carve_activations(&m, &acts);
+    carve_scratch(&m, &scratch);
+    free(m.cur.resid);
+    free(m.cur.la);
+    params_free(&m.table);
+    MemoryReport r = {0};
+    r.activations = (size_t)n_sets * (acts.used * sizeof(float) +
+                                      2 * (size_t)m.d.N * sizeof(int32_t));
+    r.scratch = scratch.used * sizeof(float);
+    return r;
 }

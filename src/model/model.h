@@ -10,8 +10,9 @@
  * allocates during a step.
  *
  * The model is written in three parts so that a pipeline stage can run only
- * its own: embed (first stage), blocks [layer_begin, layer_end), head
- * (final norm, logits, loss: last stage). */
+ * its own: embed (first stage), the blocks of its one chunk of consecutive
+ * layers (ParamShard.chunk[0]), head (final norm, logits, loss: last stage).
+ * An interleaved stage holds one model per chunk (zero.h). */
 #ifndef TRD_MODEL_H
 #define TRD_MODEL_H
 
@@ -64,9 +65,9 @@ void model_backward(Model *m, float loss_scale);
 void model_zero_grad(Model *m);
 
 /* The three parts model_forward/model_backward chain, for pipeline stages.
- * The residual stream [B*T, C] enters layer_begin at model_stage_input()
- * (written by the embedding, or received from the previous stage) and
- * leaves layer_end-1 at model_stage_output() (read by the head, or sent).
+ * The residual stream [B*T, C] enters the chunk's first layer at
+ * model_stage_input() (written by the embedding, or received from the
+ * previous stage) and leaves its last layer at model_stage_output() (read by the head, or sent).
  * Backward carries d loss / d stream in model_grad_stream(): the head SETS
  * it, each block maps it from its output to its input in place, and the
  * embedding reads it; a middle stage receives its output gradient there
@@ -114,5 +115,12 @@ int model_stream_rows(const Model *m);
  * per token plus attention (12 * layers * T * hidden per token, causal
  * halving not applied, as in the PaLM/Megatron MFU convention). */
 double model_flops_per_token(const ModelConfig *mc);
+
+/* For the planner (src/plan): what model_create_unbound(cfg, be, sh, B)
+ * followed by model_set_activation_sets(m, n_sets) allocates, computed
+ * from the same size tables without allocating it.  Fills activations and
+ * scratch as model_memory would report them (fp32 bytes); the rest is 0.
+ * sh is one chunk, as for model_create_unbound. */
+MemoryReport model_plan_memory(const Config *cfg, const ParamShard *sh, int B, int n_sets);
 
 #endif

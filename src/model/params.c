@@ -11,9 +11,36 @@
 
 ParamShard params_full_shard(const ModelConfig *m)
 {
-    ParamShard sh = {.tp = 1, .tp_rank = 0, .layer_begin = 0, .layer_end = m->layers,
+    ParamShard sh = {.tp = 1, .tp_rank = 0, .n_chunks = 1, .chunk = {{0, m->layers}},
                      .has_embed = 1, .has_head = 1};
     return sh;
+}
+
+ParamShard params_chunk_shard(const ParamShard *sh, int c)
+{
+    TRD_ASSERT(c >= 0 && c < sh->n_chunks);
+    ParamShard one = *sh;
+    one.n_chunks = 1;
+    one.chunk[0] = sh->chunk[c];
+    one.has_embed = sh->has_embed && c == 0;
+    one.has_head = sh->has_head && c == sh->n_chunks - 1;
+    return one;
+}
+
+int params_shard_layers(const ParamShard *sh)
+{
+    int n = 0;
+    for (int c = 0; c < sh->n_chunks; c++)
+        n += sh->chunk[c].end - sh->chunk[c].begin;
+    return n;
+}
+
+int params_shard_chunk_of(const ParamShard *sh, int l)
+{
+    for (int c = 0; c < sh->n_chunks; c++)
+        if (l >= sh->chunk[c].begin && l < sh->chunk[c].end)
+            return c;
+    return -1;
 }
 
 int params_padded_vocab(const ModelConfig *m, int tp)
@@ -111,12 +138,44 @@ static ParamSpec *add(Builder *b, int64_t rows, int64_t cols, int split_dim, Par
     return p;
 }
 
+/* The tensors of transformer layer l, in the order the model reads them. */
+static void add_layer(Builder *b, const ModelConfig *m, int l, int64_t qkv_rows, float std,
+                      float std_out)
+{
+    const int64_t C = m->hidden, F = m->ffn_hidden, hs = b->hs;
+    const int gpt2 = m->arch == ARCH_GPT2;
+    add(b, C, 0, -1, ROLE_BLOCK, l, INIT_ONES, 0, "layers.%d.ln1.weight", l);
+    if (gpt2)
+        add(b, C, 0, -1, ROLE_BLOCK, l, INIT_ZEROS, 0, "layers.%d.ln1.bias", l);
+    add(b, qkv_rows, C, SPLIT_QKV, ROLE_BLOCK, l, INIT_NORMAL, std,
+        "layers.%d.attn.qkv.weight", l);
+    if (gpt2)
+        add(b, qkv_rows, 0, SPLIT_QKV, ROLE_BLOCK, l, INIT_ZEROS, 0,
+            "layers.%d.attn.qkv.bias", l);
+    add(b, C, m->heads * hs, 1, ROLE_BLOCK, l, INIT_NORMAL, std_out,
+        "layers.%d.attn.proj.weight", l);
+    if (gpt2)
+        add(b, C, 0, -1, ROLE_BLOCK, l, INIT_ZEROS, 0, "layers.%d.attn.proj.bias", l);
+    add(b, C, 0, -1, ROLE_BLOCK, l, INIT_ONES, 0, "layers.%d.ln2.weight", l);
+    if (gpt2) {
+        add(b, C, 0, -1, ROLE_BLOCK, l, INIT_ZEROS, 0, "layers.%d.ln2.bias", l);
+        add(b, F, C, 0, ROLE_BLOCK, l, INIT_NORMAL, std, "layers.%d.mlp.fc.weight", l);
+        add(b, F, 0, 0, ROLE_BLOCK, l, INIT_ZEROS, 0, "layers.%d.mlp.fc.bias", l);
+        add(b, C, F, 1, ROLE_BLOCK, l, INIT_NORMAL, std_out, "layers.%d.mlp.proj.weight", l);
+        add(b, C, 0, -1, ROLE_BLOCK, l, INIT_ZEROS, 0, "layers.%d.mlp.proj.bias", l);
+    } else {
+        add(b, F, C, 0, ROLE_BLOCK, l, INIT_NORMAL, std, "layers.%d.mlp.gate.weight", l);
+        add(b, F, C, 0, ROLE_BLOCK, l, INIT_NORMAL, std, "layers.%d.mlp.up.weight", l);
+        add(b, C, F, 1, ROLE_BLOCK, l, INIT_NORMAL, std_out, "layers.%d.mlp.down.weight", l);
+    }
+}
+
 void params_build(ParamTable *t, const ModelConfig *m, const ParamShard *sh)
 {
     memset(t, 0, sizeof *t);
     t->tp = sh->tp;
     t->tp_rank = sh->tp_rank;
-    const int64_t C = m->hidden, F = m->ffn_hidden, hs = m->hidden / m->heads;
+    const int64_t C = m->hidden, hs = m->hidden / m->heads;
     Builder b = {.t = t, .sh = sh, .hs = hs, .heads = m->heads, .kv_heads = m->kv_heads};
     const int gpt2 = m->arch == ARCH_GPT2;
     const int64_t qkv_rows = (int64_t)(m->heads + 2 * m->kv_heads) * hs;
@@ -149,32 +208,9 @@ void params_build(ParamTable *t, const ModelConfig *m, const ParamShard *sh)
             w->real_rows = m->vocab;
         }
     }
-    for (int l = sh->layer_begin; l < sh->layer_end; l++) {
-        add(&b, C, 0, -1, ROLE_BLOCK, l, INIT_ONES, 0, "layers.%d.ln1.weight", l);
-        if (gpt2)
-            add(&b, C, 0, -1, ROLE_BLOCK, l, INIT_ZEROS, 0, "layers.%d.ln1.bias", l);
-        add(&b, qkv_rows, C, SPLIT_QKV, ROLE_BLOCK, l, INIT_NORMAL, std,
-            "layers.%d.attn.qkv.weight", l);
-        if (gpt2)
-            add(&b, qkv_rows, 0, SPLIT_QKV, ROLE_BLOCK, l, INIT_ZEROS, 0,
-                "layers.%d.attn.qkv.bias", l);
-        add(&b, C, m->heads * hs, 1, ROLE_BLOCK, l, INIT_NORMAL, std_out,
-            "layers.%d.attn.proj.weight", l);
-        if (gpt2)
-            add(&b, C, 0, -1, ROLE_BLOCK, l, INIT_ZEROS, 0, "layers.%d.attn.proj.bias", l);
-        add(&b, C, 0, -1, ROLE_BLOCK, l, INIT_ONES, 0, "layers.%d.ln2.weight", l);
-        if (gpt2) {
-            add(&b, C, 0, -1, ROLE_BLOCK, l, INIT_ZEROS, 0, "layers.%d.ln2.bias", l);
-            add(&b, F, C, 0, ROLE_BLOCK, l, INIT_NORMAL, std, "layers.%d.mlp.fc.weight", l);
-            add(&b, F, 0, 0, ROLE_BLOCK, l, INIT_ZEROS, 0, "layers.%d.mlp.fc.bias", l);
-            add(&b, C, F, 1, ROLE_BLOCK, l, INIT_NORMAL, std_out, "layers.%d.mlp.proj.weight", l);
-            add(&b, C, 0, -1, ROLE_BLOCK, l, INIT_ZEROS, 0, "layers.%d.mlp.proj.bias", l);
-        } else {
-            add(&b, F, C, 0, ROLE_BLOCK, l, INIT_NORMAL, std, "layers.%d.mlp.gate.weight", l);
-            add(&b, F, C, 0, ROLE_BLOCK, l, INIT_NORMAL, std, "layers.%d.mlp.up.weight", l);
-            add(&b, C, F, 1, ROLE_BLOCK, l, INIT_NORMAL, std_out, "layers.%d.mlp.down.weight", l);
-        }
-    }
+    for (int c = 0; c < sh->n_chunks; c++)
+        for (int l = sh->chunk[c].begin; l < sh->chunk[c].end; l++)
+            add_layer(&b, m, l, qkv_rows, std, std_out);
 }
 
 void params_free(ParamTable *t)

@@ -57,12 +57,33 @@ typedef struct {
     int64_t kv_row, kv_start;
 } ParamSpec;
 
-/* Which part of the model this rank holds. */
+/* Which part of the model this rank holds: its tensor-parallel piece of
+ * one or more model chunks.  A plain pipeline stage holds one chunk of
+ * consecutive layers; an interleaved one (topology.virtual_stages v) holds
+ * v chunks, ascending and disjoint (schedule.h: chunk c of pipeline rank r
+ * is the model stage c * pp + r).  The flat buffers hold the outer tensors,
+ * then the held layers in ascending order. */
+typedef struct {
+    int begin, end;              /* transformer layers [begin, end) */
+} LayerRange;
+
 typedef struct {
     int tp, tp_rank;
-    int layer_begin, layer_end;  /* transformer layers [begin, end) */
-    int has_embed, has_head;     /* first / last pipeline stage */
+    int n_chunks;                /* >= 1 */
+    LayerRange chunk[CFG_MAX_VIRTUAL];
+    int has_embed, has_head;     /* embeddings (first model stage) / final norm
+                                    and head (last model stage) */
 } ParamShard;
+
+/* The one-chunk shard of chunk c of sh: its layers, the embeddings if c is
+ * the first chunk and sh has them, the head if c is the last and sh has it. */
+ParamShard params_chunk_shard(const ParamShard *sh, int c);
+
+/* Layers held over all chunks. */
+int params_shard_layers(const ParamShard *sh);
+
+/* The chunk of sh holding layer l, or -1. */
+int params_shard_chunk_of(const ParamShard *sh, int l);
 
 typedef struct {
     ParamSpec *p;

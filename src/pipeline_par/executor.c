@@ -275,27 +275,39 @@ double pp_exec_idle_fraction(const PpExecStats *stats, Comm *pp)
     return T > 0 ? (T - stats->busy_s) / T : 0.0;
 }
 
-int pp_schedule_slots(const PpSchedule *s)
+int pp_schedule_chunk_slots(const PpSchedule *s, int chunk)
 {
-    /* open[c]: micro-batches of chunk c that have arrived or been forwarded;
-     * closed[c]: those whose backward ran.  Live: [closed, open). */
-    int *open = trd_calloc(2 * (size_t)s->v, sizeof(int), "pipeline slot windows");
-    int *closed = open + s->v, widest = 0, ok = 1;
-    for (int i = 0; i < s->n && ok; i++) {
+    /* open: micro-batches of the chunk that have arrived or been forwarded;
+     * closed: those whose backward ran.  Live: [closed, open). */
+    int open = 0, closed = 0, widest = 0;
+    for (int i = 0; i < s->n; i++) {
         const PpInstr *in = &s->ins[i];
-        int c = in->chunk;
+        if (in->chunk != chunk)
+            continue;
         if (in->op == PP_RECV_ACT || in->op == PP_FWD) {
-            if (in->mb == open[c])
-                open[c]++;                                /* a new live micro-batch */
-            else
-                ok = in->mb >= closed[c] && in->mb < open[c]; /* forward after its receive */
-            if (open[c] - closed[c] > widest)
-                widest = open[c] - closed[c];
+            if (in->mb == open)
+                open++;                                        /* a new live micro-batch */
+            else if (in->mb < closed || in->mb >= open)
+                return -1;                                     /* not forward-after-receive */
+            if (open - closed > widest)
+                widest = open - closed;
         } else if (in->op == PP_BWD) {
-            ok = in->mb == closed[c] && closed[c] < open[c];
-            closed[c]++;
+            if (in->mb != closed || closed >= open)
+                return -1;
+            closed++;
         }
     }
-    free(open);
-    return ok ? widest : -1;
+    return widest;
+}
+
+int pp_schedule_slots(const PpSchedule *s)
+{
+    int widest = 0;
+    for (int c = 0; c < s->v; c++) {
+        int n = pp_schedule_chunk_slots(s, c);
+        if (n < 0)
+            return -1;
+        widest = n > widest ? n : widest;
+    }
+    return widest;
 }

@@ -127,5 +127,8 @@ double pp_exec_idle_fraction(const PpExecStats *stats, Comm *pp);
  * list breaks that, returns -1 (no slot rule of this form is safe).
  * 1F1B: min(pp - rank, m); GPipe: m. */
 int pp_schedule_slots(const PpSchedule *s);
+/* The same for one chunk (the widest window of that chunk alone): with
+ * v > 1 the first chunk holds more micro-batches than the last. */
+int pp_schedule_chunk_slots(const PpSchedule *s, int chunk);
 
 #endif

@@ -26,7 +26,10 @@ void tp_group_attach(TpGroup *g, Comm *tp)
     comm_free(&g->kv);
     if (g->kv_share > 1)
         /* Ranks r with the same r / kv_share hold the same kv group. */
+    {
         g->kv = comm_split(tp, g->rank / g->kv_share, g->rank);
+        comm_set_name(&g->kv, "tp-kv");
+    }
 }
 
 void tp_group_free(TpGroup *g)

@@ -125,6 +125,11 @@ static void create_comms(const Topology *t, TopologyComms *c, Comm world)
     int pp = t->size[TOPO_PP], end = x[TOPO_PP] == 0 || x[TOPO_PP] == pp - 1;
     int color = pp > 1 && end ? topology_rank_of(t, x[TOPO_TP], x[TOPO_DP], 0) : -1;
     c->embed = comm_split(&world, color, x[TOPO_PP] == 0 ? 0 : 1);
+    comm_set_name(&c->tp, "tp");
+    comm_set_name(&c->dp, "dp");
+    comm_set_name(&c->pp, "pp");
+    comm_set_name(&c->mp, "mp");
+    comm_set_name(&c->embed, "embed");
 
     TRD_ASSERT(c->tp.rank == x[TOPO_TP] && c->tp.size == t->size[TOPO_TP]);
     TRD_ASSERT(c->dp.rank == x[TOPO_DP] && c->dp.size == t->size[TOPO_DP]);

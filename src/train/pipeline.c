@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "core/error.h"
+#include "core/trace.h"
 #include "model/model.h"
 #include "pipeline_par/schedule.h"
 
@@ -12,14 +13,15 @@
 struct PipeStage {
     const Config *cfg;
     Zero *z;
-    Model *m;
     Comm *pp;
     PpSchedule sched;
     PpStage ops;
     PpExecStats stats;
-    int n_micro, slots, BT;
-    int first, last;             /* this rank is the first / last stage */
-    int layer_begin, layer_end;
+    int n_micro, BT;
+    int v;                       /* model chunks on this rank (virtual stages) */
+    Model *m[CFG_MAX_VIRTUAL];   /* chunk c: model stage c * pp + rank */
+    LayerRange layers[CFG_MAX_VIRTUAL];
+    int slots[CFG_MAX_VIRTUAL];  /* activation sets of chunk c */
     const int32_t *tokens, *targets;
     float loss_scale;
     double loss_sum;
@@ -37,77 +39,103 @@ void pipe_stage_layers(const Config *cfg, int stage, int *begin, int *end)
         *end = *begin + t->stage_layers[stage];
         return;
     }
-    const int L = cfg->model.layers, base = L / t->pp, extra = L % t->pp;
+    const int n = t->pp * t->virtual_stages;
+    const int L = cfg->model.layers, base = L / n, extra = L % n;
     *begin = stage * base + (stage < extra ? stage : extra);
     *end = *begin + base + (stage < extra ? 1 : 0);
 }
 
-static void use_set(PipeStage *p, int mb)
+ParamShard pipe_shard(const Config *cfg, int pp_rank, int tp, int tp_rank)
 {
-    model_use_activation_set(p->m, mb % p->slots);
+    const int pp = cfg->topology.pp, v = cfg->topology.virtual_stages;
+    ParamShard sh = params_full_shard(&cfg->model);
+    sh.tp = tp;
+    sh.tp_rank = tp_rank;
+    sh.n_chunks = v;
+    for (int c = 0; c < v; c++)
+        pipe_stage_layers(cfg, pp_stage(pp, pp_rank, c), &sh.chunk[c].begin, &sh.chunk[c].end);
+    sh.has_embed = pp_rank == 0;
+    sh.has_head = pp_rank == pp - 1;
+    return sh;
+}
+
+/* Model stage c * pp + rank is the first / the last of the whole model. */
+static int first_stage(const PipeStage *p, int c)
+{
+    return pp_stage(p->pp->size, p->pp->rank, c) == 0;
+}
+
+static int last_stage(const PipeStage *p, int c)
+{
+    return pp_stage(p->pp->size, p->pp->rank, c) == p->pp->size * p->v - 1;
+}
+
+/* Chunk c's model, with micro-batch mb's activation set selected. */
+static Model *use_set(PipeStage *p, int mb, int c)
+{
+    model_use_activation_set(p->m[c], mb % p->slots[c]);
+    return p->m[c];
+}
+
+static void chunk_forward(PipeStage *p, Model *m, int c)
+{
+    for (int l = p->layers[c].begin; l < p->layers[c].end; l++) {
+        zero_before_block_forward(p->z, l);
+        model_block_forward(m, l);
+    }
 }
 
 static void stage_forward(void *ctx, int mb, int chunk)
 {
-    (void)chunk;
     PipeStage *p = ctx;
-    use_set(p, mb);
-    if (p->first)
-        model_embed_forward(p->m, p->tokens + (size_t)mb * (size_t)p->BT);
-    for (int l = p->layer_begin; l < p->layer_end; l++) {
-        zero_before_block_forward(p->z, l);
-        model_block_forward(p->m, l);
-    }
-    if (p->last)
-        p->loss_sum += model_head_forward(p->m, p->targets + (size_t)mb * (size_t)p->BT);
+    Model *m = use_set(p, mb, chunk);
+    if (first_stage(p, chunk))
+        model_embed_forward(m, p->tokens + (size_t)mb * (size_t)p->BT);
+    chunk_forward(p, m, chunk);
+    if (last_stage(p, chunk))
+        p->loss_sum += model_head_forward(m, p->targets + (size_t)mb * (size_t)p->BT);
 }
 
 static void stage_backward(void *ctx, int mb, int chunk)
 {
-    (void)chunk;
     PipeStage *p = ctx;
     const int last_micro = mb == p->n_micro - 1;
-    use_set(p, mb);
-    /* On every stage, also one without outer tensors: the hooks also start
-     * the last data-parallel bucket. */
-    zero_before_outer_backward(p->z);
+    const int first = first_stage(p, chunk), last = last_stage(p, chunk);
+    Model *m = use_set(p, mb, chunk);
+    /* The outer tensors' hooks go around the chunk that holds them. */
+    if (first || last)
+        zero_before_outer_backward(p->z);
     /* Not the last stage: the received gradient already sits in the
      * model's gradient stream, where the last block's backward reads it. */
-    if (p->last)
-        model_head_backward(p->m, p->loss_scale);
-    for (int l = p->layer_end - 1; l >= p->layer_begin; l--) {
+    if (last)
+        model_head_backward(m, p->loss_scale);
+    for (int l = p->layers[chunk].end - 1; l >= p->layers[chunk].begin; l--) {
         zero_before_block_backward(p->z, l);
-        model_block_backward(p->m, l);
+        model_block_backward(m, l);
         zero_after_block_backward(p->z, l, last_micro);
     }
-    if (p->first)
-        model_embed_backward(p->m);
-    zero_after_outer_backward(p->z, last_micro);
+    if (first)
+        model_embed_backward(m);
+    if (first || last)
+        zero_after_outer_backward(p->z, last_micro);
 }
 
 static float *act_in(void *ctx, int mb, int chunk)
 {
-    (void)chunk;
-    PipeStage *p = ctx;
-    use_set(p, mb);
-    return model_stage_input(p->m);
+    return model_stage_input(use_set(ctx, mb, chunk));
 }
 
 static float *act_out(void *ctx, int mb, int chunk)
 {
-    (void)chunk;
-    PipeStage *p = ctx;
-    use_set(p, mb);
-    return model_stage_output(p->m);
+    return model_stage_output(use_set(ctx, mb, chunk));
 }
 
-/* One gradient stream: the executor completes a pending send from it
- * before the next receive or backward writes it. */
+/* One gradient stream per chunk model: the executor completes a pending
+ * send from it before the next receive or backward writes it. */
 static float *grad_io(void *ctx, int mb, int chunk)
 {
     (void)mb;
-    (void)chunk;
-    return model_grad_stream(((PipeStage *)ctx)->m);
+    return model_grad_stream(((PipeStage *)ctx)->m[chunk]);
 }
 
 static void stage_reduce(void *ctx)
@@ -119,36 +147,44 @@ static void stage_reduce(void *ctx)
 
 PipeStage *pipe_create(const Config *cfg, Zero *z, Comm *pp, int n_micro, char err[CFG_ERR])
 {
-    if (cfg->topology.virtual_stages > 1) {
-        trd_errorf(err, "topology.virtual_stages %d: training with the interleaved schedule is "
-                   "not wired yet (the schedule and executor exist: trident topology "
-                   "--schedule); use schedule 1f1b or gpipe with virtual_stages 1",
-                   cfg->topology.virtual_stages);
+    const int v = cfg->topology.virtual_stages;
+    if (zero_chunks(z) != v) {
+        trd_errorf(err, "the ZeRO engine holds %d model chunks, the schedule wants %d",
+                   zero_chunks(z), v);
         return NULL;
     }
     PipeStage *p = trd_calloc(1, sizeof *p, "pipeline stage");
     p->cfg = cfg;
     p->z = z;
-    p->m = zero_model(z);
     p->pp = pp;
     p->n_micro = n_micro;
-    p->first = pp->rank == 0;
-    p->last = pp->rank == pp->size - 1;
-    pipe_stage_layers(cfg, pp->rank, &p->layer_begin, &p->layer_end);
+    p->v = v;
     p->BT = cfg->training.micro_batch * cfg->model.seq_len;
-    if (pp_schedule_build(&p->sched, cfg->topology.schedule, pp->size, pp->rank, n_micro, 1,
+    if (pp_schedule_build(&p->sched, cfg->topology.schedule, pp->size, pp->rank, n_micro, v,
                           err) != 0) {
         free(p);
         return NULL;
     }
-    p->slots = pp_schedule_slots(&p->sched);
-    TRD_ASSERT(p->slots >= 1);
-    model_set_activation_sets(p->m, p->slots);
+    for (int c = 0; c < v; c++) {
+        p->m[c] = zero_chunk_model(z, c);
+        pipe_stage_layers(cfg, pp_stage(pp->size, pp->rank, c), &p->layers[c].begin,
+                          &p->layers[c].end);
+        /* A chunk keeps one activation set per micro-batch it holds between
+         * forward and backward: pp - rank for 1F1B, m for GPipe, more for
+         * the first chunks than the last ones when interleaved. */
+        p->slots[c] = pp_schedule_chunk_slots(&p->sched, c);
+        TRD_ASSERT(p->slots[c] >= 1);
+        model_set_activation_sets(p->m[c], p->slots[c]);
+    }
     p->ops = (PpStage){.ctx = p,
-                       .act_elems = (size_t)model_stream_rows(p->m) * (size_t)cfg->model.hidden,
+                       .act_elems = (size_t)model_stream_rows(p->m[0]) * (size_t)cfg->model.hidden,
                        .forward = stage_forward, .backward = stage_backward,
                        .act_in = act_in, .act_out = act_out, .grad_in = grad_io,
                        .grad_out = grad_io, .reduce = stage_reduce};
+    if (cfg->training.trace) { /* the executor's timeline of each step */
+        p->stats.span_cap = p->sched.n;
+        p->stats.spans = trd_calloc((size_t)p->sched.n, sizeof(PpSpan), "pipeline spans");
+    }
     return p;
 }
 
@@ -159,6 +195,23 @@ void pipe_free(PipeStage *p)
     pp_schedule_free(&p->sched);
     free(p->stats.spans);
     free(p);
+}
+
+/* The executor's spans of the last step into the trace: compute on one
+ * lane, the pipeline's sends and receives on another. */
+static void trace_step(const PipeStage *p)
+{
+    const PpExecStats *x = &p->stats;
+    const uint64_t bytes = (uint64_t)p->ops.act_elems * sizeof(float);
+    for (int i = 0; i < x->n_spans; i++) {
+        const PpSpan *s = &x->spans[i];
+        if (s->op == PP_STEP)
+            continue; /* the trainer steps after the list, and says so itself */
+        const int p2p = s->op == PP_SEND_ACT || s->op == PP_SEND_GRAD || s->op == PP_RECV_ACT ||
+                        s->op == PP_RECV_GRAD;
+        trace_span(pp_op_name(s->op), p2p ? TRACE_P2P : TRACE_COMPUTE, x->t0 + s->start,
+                   x->t0 + s->end, s->mb, p->v > 1 ? s->chunk : -1, p2p ? bytes : 0);
+    }
 }
 
 double pipe_step(PipeStage *p, const int32_t *tokens, const int32_t *targets, float loss_scale,
@@ -173,25 +226,29 @@ double pipe_step(PipeStage *p, const int32_t *tokens, const int32_t *targets, fl
     char err[CFG_ERR];
     if (pp_execute(&p->sched, &p->ops, p->pp, &p->stats, err) != 0)
         trd_fatal(TRD_EXIT_RUNTIME, NULL, "pipeline: %s", err);
+    trace_step(p);
     return p->loss_sum;
 }
 
 double pipe_forward(PipeStage *p, const int32_t *tokens, const int32_t *targets)
 {
-    use_set(p, 0);
+    /* Through the model stages in order: chunk c of this rank takes its
+     * input from the rank before (the last rank, for c > 0 on rank 0). */
+    const int pp = p->pp->size, prev = (p->pp->rank - 1 + pp) % pp,
+              next = (p->pp->rank + 1) % pp;
     const size_t n = p->ops.act_elems;
-    if (!p->first)
-        comm_recv_f32(p->pp, model_stage_input(p->m), n, p->pp->rank - 1, ACT_TAG);
-    if (p->first)
-        model_embed_forward(p->m, tokens);
-    for (int l = p->layer_begin; l < p->layer_end; l++) {
-        zero_before_block_forward(p->z, l);
-        model_block_forward(p->m, l);
+    for (int c = 0; c < p->v; c++) {
+        Model *m = use_set(p, 0, c);
+        if (first_stage(p, c))
+            model_embed_forward(m, tokens);
+        else
+            comm_recv_f32(p->pp, model_stage_input(m), n, prev, ACT_TAG);
+        chunk_forward(p, m, c);
+        if (last_stage(p, c))
+            return model_head_forward(m, targets);
+        CommHandle h = comm_isend_f32(p->pp, model_stage_output(m), n, next, ACT_TAG);
+        comm_wait(&h);
     }
-    if (p->last)
-        return model_head_forward(p->m, targets);
-    CommHandle h = comm_isend_f32(p->pp, model_stage_output(p->m), n, p->pp->rank + 1, ACT_TAG);
-    comm_wait(&h);
     return 0.0;
 }
 

@@ -3,15 +3,19 @@
  * ZeRO engine's per-part hooks.
  *
  * The schedule knows micro-batches and stages; this file knows which model
- * part runs for an instruction and where its activations live: micro-batch
- * mb uses the model's activation set mb % slots, where slots is what the
- * schedule needs (pp_schedule_slots: pp - rank for 1F1B, m for GPipe). */
+ * part runs for an instruction and where its activations live.  Chunk c of
+ * the rank (one unless topology.virtual_stages > 1) is its own model over
+ * its layers (zero.h: all bound to one flat buffer); micro-batch mb of chunk
+ * c uses that model's activation set mb % slots[c], where slots[c] is what
+ * the schedule needs (pp_schedule_chunk_slots: pp - rank for 1F1B, m for
+ * GPipe). */
 #ifndef TRD_PIPELINE_H
 #define TRD_PIPELINE_H
 
 #include <stdint.h>
 
 #include "comm/comm.h"
+#include "model/params.h"
 #include "config/config.h"
 #include "pipeline_par/executor.h"
 #include "zero/zero.h"
@@ -23,9 +27,14 @@ typedef struct PipeStage PipeStage;
 PipeStage *pipe_create(const Config *cfg, Zero *z, Comm *pp, int n_micro, char err[CFG_ERR]);
 void pipe_free(PipeStage *p);
 
-/* Layers [*begin, *end) of pipeline stage `stage`: topology.stage_layers, or
- * an even split with the first stages taking one more when it is uneven. */
+/* Layers [*begin, *end) of model stage `stage` (0 .. pp * virtual_stages - 1):
+ * topology.stage_layers, or an even split with the first stages taking one
+ * more when it is uneven. */
 void pipe_stage_layers(const Config *cfg, int stage, int *begin, int *end);
+
+/* What pipeline rank pp_rank holds: chunk c is model stage c * pp + pp_rank
+ * (schedule.h), the embeddings on rank 0, the head on the last rank. */
+ParamShard pipe_shard(const Config *cfg, int pp_rank, int tp, int tp_rank);
 
 /* Forward and backward of every micro-batch of a step, as the schedule
  * orders them.  tokens/targets hold n_micro micro-batches of B*T each (read

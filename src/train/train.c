@@ -17,6 +17,7 @@
 #include "comm/comm.h"
 #include "config/config.h"
 #include "core/error.h"
+#include "core/trace.h"
 #include "data/dataset.h"
 #include "data/sampler.h"
 #include "model/model.h"
@@ -211,7 +212,7 @@ static void pipeline_reduce(void *ctx)
 {
     Trainer *tr = ctx;
     if (tr->tied_embed_group) {
-        const ParamSpec *w = params_find(model_params(zero_model(tr->zero)), "embed.wte.weight");
+        const ParamSpec *w = params_find(zero_params(tr->zero), "embed.wte.weight");
         comm_allreduce_f32(&tr->comms.embed, zero_full_grads(tr->zero) + w->offset, w->numel);
         zero_start_outer(tr->zero);
     }
@@ -226,6 +227,7 @@ static double train_step(Trainer *tr, int step, double *grad_norm, float *lr)
     /* Pre-scaled so that the sum over DP ranks of the accumulated gradients
      * is the mean over the global batch. */
     const float loss_scale = 1.0f / (float)(tr->n_micro * tr->dp);
+    const double t_step = MPI_Wtime();
 
     zero_begin_step(tr->zero);
     const size_t BT = (size_t)B * (size_t)cfg->model.seq_len;
@@ -265,7 +267,14 @@ static double train_step(Trainer *tr, int step, double *grad_norm, float *lr)
         zero_scale_grads(tr->zero, clip / (float)(*grad_norm + 1e-6));
 
     *lr = schedule_lr(&cfg->training, step);
+    const double t_opt = MPI_Wtime();
     zero_optimizer_step(tr->zero, *lr, &cfg->training);
+    if (trace_active()) {
+        char name[32];
+        snprintf(name, sizeof name, "step %d", step + 1);
+        trace_span("optimizer", TRACE_COMPUTE, t_opt, MPI_Wtime(), -1, -1, 0);
+        trace_span(name, TRACE_STEP, t_step, MPI_Wtime(), -1, -1, 0);
+    }
     return loss;
 }
 
@@ -278,6 +287,7 @@ static double validate(Trainer *tr)
     /* Every DP rank runs the same number of forwards (ZeRO-3 gathers inside
      * them are collective); a rank past the end repeats one uncounted. */
     const int rounds = (n + tr->dp - 1) / tr->dp;
+    const double t0 = MPI_Wtime();
     double sum = 0;
     for (int r = 0; r < rounds; r++) {
         const int j = r * tr->dp + tr->dp_rank, counted = j < n;
@@ -290,12 +300,18 @@ static double validate(Trainer *tr)
     if (tr->pipe)
         comm_allreduce_f64(&tr->comms.pp, &sum, 1); /* only the last stage has it */
     comm_allreduce_f64(&tr->comms.dp, &sum, 1);
+    trace_span("validation", TRACE_STEP, t0, MPI_Wtime(), -1, -1, 0);
     return sum / tr->cfg->data.val_batches;
 }
 
 static MemoryReport memory_report(const Trainer *tr)
 {
-    MemoryReport mem = model_memory(zero_model(tr->zero));
+    MemoryReport mem = {0};
+    for (int c = 0; c < zero_chunks(tr->zero); c++) {
+        MemoryReport cm = model_memory(zero_chunk_model(tr->zero, c));
+        mem.activations += cm.activations;
+        mem.scratch += cm.scratch;
+    }
     ZeroMemory zm = zero_memory(tr->zero);
     mem.params = zm.params;
     mem.grads = zm.grads;
@@ -366,7 +382,7 @@ static void memory_json(Trainer *tr, char *buf, size_t cap)
 /* Point the checkpoint view at the engine's buffers. */
 static void ckpt_setup(Trainer *tr)
 {
-    const ParamTable *t = model_params(zero_model(tr->zero));
+    const ParamTable *t = zero_params(tr->zero);
     ckpt_view_init(&tr->ckpt, t, tr->cfg->topology.zero, tr->comms.dp.rank, tr->comms.dp.size,
                    tr->comms.pp.rank, MPI_COMM_WORLD);
     ZeroState zs = zero_state(tr->zero);
@@ -412,9 +428,11 @@ static void ckpt_save_step(Trainer *tr, int steps_done)
                     .lr_step = steps_done, .adam_t = *zero_state(tr->zero).adam_t};
     char err[CFG_ERR];
     double t0 = now_s();
+    const double t_span = MPI_Wtime();
     if (ckpt_save(cfg->checkpoint.dir, &tr->ckpt, &st, cfg, cfg->checkpoint.keep, err) != 0)
         trd_fatal(TRD_EXIT_RUNTIME, "check free space and permissions of checkpoint.dir", "%s",
                   err);
+    trace_span("checkpoint save", TRACE_STEP, t_span, MPI_Wtime(), -1, -1, 0);
     if (tr->topo.rank == 0)
         printf("checkpoint: step %d saved to %s in %.2f s\n", steps_done, cfg->checkpoint.dir,
                now_s() - t0);
@@ -433,7 +451,7 @@ static void dump_weights(Trainer *tr)
             fprintf(stderr, "trident: TRIDENT_DUMP_WEIGHTS ignored: tp x pp > 1\n");
         return;
     }
-    const ParamTable *pt = model_params(zero_model(tr->zero));
+    const ParamTable *pt = zero_params(tr->zero);
     float *buf = trd_malloc(pt->numel * sizeof(float), "weight dump");
     zero_gather_params(tr->zero, buf);
     if (tr->topo.rank == 0) {
@@ -442,6 +460,35 @@ static void dump_weights(Trainer *tr)
             trd_fatal(TRD_EXIT_RUNTIME, NULL, "cannot write %s: %s", path, strerror(errno));
     }
     free(buf);
+}
+
+/* training.trace: every rank records its spans from here on (core/trace.h);
+ * its row is named by its mesh coordinates.  2^18 spans (18 MiB) a rank
+ * hold hundreds of pipeline steps; later ones are counted, not kept. */
+#define TRACE_MAX_SPANS ((size_t)1 << 18)
+static void start_trace(Trainer *tr)
+{
+    if (!tr->cfg->training.trace)
+        return;
+    char label[64];
+    snprintf(label, sizeof label, "rank %d (tp %d, pp %d, dp %d)", tr->topo.rank,
+             tr->comms.tp.rank, tr->comms.pp.rank, tr->comms.dp.rank);
+    trace_start(tr->comms.world.mpi, label, TRACE_MAX_SPANS);
+}
+
+static void finish_trace(Trainer *tr)
+{
+    if (!trace_active())
+        return;
+    char path[CFG_STR + 16];
+    snprintf(path, sizeof path, "%s/trace.json", tr->cfg->run.dir);
+    long n = trace_finish(path);
+    if (tr->topo.rank == 0 && n < 0)
+        trd_fatal(TRD_EXIT_RUNTIME, "check that run.dir is writable", "cannot write %s: %s",
+                  path, strerror(errno));
+    if (tr->topo.rank == 0)
+        printf("trace: %ld spans of %d ranks in %s (open in ui.perfetto.dev)\n", n,
+               tr->comms.world.size, path);
 }
 
 /* A layout this build refuses: every rank reaches the same verdict from
@@ -493,6 +540,11 @@ static int train(const Config *cfg, Comm world)
                   "topology.zero 3 with topology.pp %d: ZeRO-3 re-gathers every layer for every "
                   "micro-batch, which pipelining multiplies; like Megatron-LM, trident refuses it",
                   cfg->topology.pp);
+    if (cfg->topology.pp == 1 && cfg->topology.virtual_stages > 1)
+        refuse(world.rank, "set topology.virtual_stages: 1, or use topology.pp >= 2",
+               "topology.virtual_stages %d with topology.pp 1: interleaving splits each "
+               "pipeline rank's layers into chunks, and there is no pipeline",
+               cfg->topology.virtual_stages);
     if (cfg->topology.pp > 1 && cfg->topology.zero == 2 && cfg->model.tie_embeddings)
         refuse(world.rank, "use topology.zero 1, or model.tie_embeddings: false",
                   "topology.zero 2 with topology.pp > 1 and tied embeddings: the embedding "
@@ -510,14 +562,11 @@ static int train(const Config *cfg, Comm world)
     if (tr.has_val)
         open_data(&tr.val_data, &tr.val_sampler, cfg, cfg->data.val_path);
 
-    ParamShard shard = params_full_shard(&cfg->model);
-    shard.tp = tr.comms.tp.size;
-    shard.tp_rank = tr.comms.tp.rank;
-    pipe_stage_layers(cfg, tr.comms.pp.rank, &shard.layer_begin, &shard.layer_end);
-    shard.has_embed = tr.comms.pp.rank == 0;
-    shard.has_head = tr.comms.pp.rank == tr.comms.pp.size - 1;
+    ParamShard shard = pipe_shard(cfg, tr.comms.pp.rank, tr.comms.tp.size, tr.comms.tp.rank);
     tr.zero = zero_create(cfg, tr.be, &shard, &tr.comms.dp);
-    model_set_tensor_parallel(zero_model(tr.zero), &tr.comms.tp);
+    for (int c = 0; c < zero_chunks(tr.zero); c++)
+        model_set_tensor_parallel(zero_chunk_model(tr.zero, c), &tr.comms.tp);
+    start_trace(&tr);
     if (tr.comms.pp.size > 1) {
         char err[CFG_ERR];
         tr.pipe = pipe_create(cfg, tr.zero, &tr.comms.pp, tr.n_micro, err);
@@ -577,6 +626,7 @@ static int train(const Config *cfg, Comm world)
             ckpt_save_step(&tr, step + 1);
     }
     dump_weights(&tr);
+    finish_trace(&tr);
     if (rank0)
         metrics_close(&metrics);
 

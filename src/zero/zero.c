@@ -5,12 +5,14 @@
 #include <time.h>
 
 #include "core/error.h"
+#include "core/trace.h"
 
 /* A DP gradient bucket (stages 0-1): a flat range of whole groups whose
  * reduction starts once backward has produced the group at `last_pos`. */
 typedef struct {
     size_t lo, hi;
-    int last_pos;        /* position in backward order of its last group */
+    int groups;          /* non-empty groups in it */
+    int left;            /* of those, still without their final gradient this step */
     CommHandle h;
 } Bucket;
 
@@ -19,10 +21,14 @@ struct Zero {
     const Backend *be;
     Comm *dp;
     int stage;
-    Model *model;
-    const ParamTable *t;
-    int layer_begin, layer_end;
-    int has_embed, has_head;     /* first / last pipeline stage */
+    ParamShard sh;
+    Model *model[CFG_MAX_VIRTUAL]; /* one per model chunk held (params_chunk_shard) */
+    ParamTable table;            /* the rank's piece: outer tensors, then every chunk */
+    const ParamTable *t;         /* &table */
+    int nl;                      /* layers held */
+    int *layers;                 /* [nl]: the held layers, ascending (flat buffer order) */
+    int *local;                  /* [model.layers]: index in `layers`, or -1 */
+    int has_embed, has_head;     /* first / last model stage */
 
     size_t P, S;                 /* local elements; shard block */
     size_t own_lo, own_hi;       /* this rank's part of [0, P) */
@@ -46,6 +52,8 @@ struct Zero {
 
     Bucket *buckets;             /* stages 0-1 */
     int n_buckets;
+    int *bucket_of;              /* [nl + 1]: bucket of the group at each backward
+                                    position (layers last to first, then outer), or -1 */
 
     Optimizer opt;
     ZeroStats stats;
@@ -69,9 +77,23 @@ static void wait_timed(Zero *z, CommHandle *h)
 
 static size_t own_n(const Zero *z) { return z->own_hi - z->own_lo; }
 
-static size_t layer_index(const Zero *z, int l) { return (size_t)(l - z->layer_begin); }
+static int holds(const Zero *z, int l)
+{
+    return l >= 0 && l < z->cfg->model.layers && z->local[l] >= 0;
+}
 
-static int slot_of(const Zero *z, int l) { return (int)(layer_index(z, l) & 1); }
+static int slot_of(const Zero *z, int l) { return z->local[l] & 1; }
+
+/* Backward position of layer l: held layers run last to first (over every
+ * chunk: a micro-batch's backward reaches chunk c only after chunk c + 1);
+ * the outer group comes last, at position nl. */
+static int backward_pos(const Zero *z, int l) { return z->nl - 1 - z->local[l]; }
+
+/* The chunk model that runs layer l. */
+static Model *model_of(const Zero *z, int l)
+{
+    return z->model[params_shard_chunk_of(&z->sh, l)];
+}
 
 static void group_range(const Zero *z, int group, size_t *lo, size_t *hi)
 {
@@ -81,34 +103,48 @@ static void group_range(const Zero *z, int group, size_t *lo, size_t *hi)
 /* ---- buckets (stages 0-1) ------------------------------------------------ */
 
 /* Backward order: layers last to first, then the outer group (position
- * n_layers).  Buckets take whole groups until they reach the target size. */
-static void build_buckets(Zero *z)
+ * nl).  Buckets take whole groups until they reach `target` elements; a
+ * bucket starts once all its groups have their final gradient, whatever
+ * order the chunks of an interleaved pipeline finish in.  Fills b (room for
+ * nl + 1) and bucket_of[pos] (the bucket of the group at each position, -1
+ * for an empty group); returns the number of buckets.  The engine and the
+ * planner both build them here. */
+static int make_buckets(const ParamTable *t, const int *layers, int nl, size_t target, Bucket *b,
+                        int *bucket_of)
 {
-    const int nl = z->layer_end - z->layer_begin;
-    const size_t target = (size_t)z->cfg->topology.bucket_mb * 1024 * 1024 / sizeof(float);
-    z->buckets = trd_calloc((size_t)nl + 1, sizeof(Bucket), "gradient buckets");
-    size_t lo = 0, hi = 0;
-    int open = 0;
+    int n = 0;
+    Bucket *open = NULL;
     for (int pos = 0; pos <= nl; pos++) {
-        int group = pos < nl ? z->layer_end - 1 - pos : PARAMS_OUTER;
+        int group = pos < nl ? layers[nl - 1 - pos] : PARAMS_OUTER;
         size_t glo, ghi;
-        group_range(z, group, &glo, &ghi);
+        params_group_range(t, group, &glo, &ghi);
+        bucket_of[pos] = -1;
         if (ghi <= glo)
             continue;
         if (!open) {
-            hi = ghi;
-            open = 1;
+            open = &b[n++];
+            *open = (Bucket){.hi = ghi, .h = {.req = MPI_REQUEST_NULL}};
         }
-        lo = glo; /* groups in backward order move down the buffer */
-        if (hi - lo >= target || pos == nl) {
-            z->buckets[z->n_buckets++] =
-                (Bucket){.lo = lo, .hi = hi, .last_pos = pos, .h = {.req = MPI_REQUEST_NULL}};
-            open = 0;
-        }
+        open->lo = glo; /* groups in backward order move down the buffer */
+        open->groups++;
+        bucket_of[pos] = (int)(open - b);
+        if (open->hi - open->lo >= target)
+            open = NULL;
     }
-    if (open)
-        z->buckets[z->n_buckets++] =
-            (Bucket){.lo = lo, .hi = hi, .last_pos = nl, .h = {.req = MPI_REQUEST_NULL}};
+    return n;
+}
+
+static size_t bucket_target(const Config *cfg)
+{
+    return (size_t)cfg->topology.bucket_mb * 1024 * 1024 / sizeof(float);
+}
+
+static void build_buckets(Zero *z)
+{
+    z->buckets = trd_calloc((size_t)z->nl + 1, sizeof(Bucket), "gradient buckets");
+    z->bucket_of = trd_malloc(((size_t)z->nl + 1) * sizeof(int), "gradient bucket map");
+    z->n_buckets = make_buckets(z->t, z->layers, z->nl, bucket_target(z->cfg), z->buckets,
+                                z->bucket_of);
 }
 
 static void start_bucket(Zero *z, Bucket *b)
@@ -176,9 +212,9 @@ static void use_layer_params(Zero *z, int l, int next)
     int k = slot_of(z, l);
     start_gather(z, l);
     wait_timed(z, &z->pgather[k]);
-    if (next >= z->layer_begin && next < z->layer_end)
+    if (holds(z, next))
         start_gather(z, next);
-    model_bind(z->model, l, z->pslot[k], NULL);
+    model_bind(model_of(z, l), l, z->pslot[k], NULL);
 }
 
 static void gather_outer(Zero *z)
@@ -202,14 +238,54 @@ static float *alloc_buffer(Zero *z, size_t n, const char *what)
     return trd_calloc(n, sizeof(float), what);
 }
 
+/* The outer tensors of every chunk model that has any (the first chunk's
+ * embeddings, the last chunk's head) at storage holding the rank's outer
+ * range; the chunk model's outer group is the rank's (checked at create). */
+static void bind_outer_all(Zero *z, float *params, float *grads)
+{
+    for (int c = 0; c < z->sh.n_chunks; c++)
+        model_bind(z->model[c], PARAMS_OUTER, params, grads);
+}
+
 static void bind_full(Zero *z, float *params, float *grads)
 {
     size_t lo, hi;
     group_range(z, PARAMS_OUTER, &lo, &hi);
-    model_bind(z->model, PARAMS_OUTER, params ? params + lo : NULL, grads ? grads + lo : NULL);
-    for (int l = z->layer_begin; l < z->layer_end; l++) {
+    bind_outer_all(z, params ? params + lo : NULL, grads ? grads + lo : NULL);
+    for (int i = 0; i < z->nl; i++) {
+        int l = z->layers[i];
         group_range(z, l, &lo, &hi);
-        model_bind(z->model, l, params ? params + lo : NULL, grads ? grads + lo : NULL);
+        model_bind(model_of(z, l), l, params ? params + lo : NULL, grads ? grads + lo : NULL);
+    }
+}
+
+/* One model per chunk, each over its own contiguous layers; the rank's
+ * table (every chunk) lays out the flat buffers the engine owns. */
+static void create_models(Zero *z, const Config *cfg, const Backend *be, const ParamShard *sh)
+{
+    TRD_ASSERT(sh->n_chunks >= 1 && sh->n_chunks <= CFG_MAX_VIRTUAL);
+    z->sh = *sh;
+    params_build(&z->table, &cfg->model, sh);
+    z->t = &z->table;
+    z->nl = params_shard_layers(sh);
+    z->layers = trd_calloc((size_t)z->nl + 1, sizeof(int), "held layers");
+    z->local = trd_malloc((size_t)cfg->model.layers * sizeof(int), "layer index");
+    for (int l = 0; l < cfg->model.layers; l++)
+        z->local[l] = -1;
+    int i = 0;
+    for (int c = 0; c < sh->n_chunks; c++)
+        for (int l = sh->chunk[c].begin; l < sh->chunk[c].end; l++) {
+            z->local[l] = i;
+            z->layers[i++] = l;
+        }
+    size_t olo, ohi;
+    params_group_range(z->t, PARAMS_OUTER, &olo, &ohi);
+    for (int c = 0; c < sh->n_chunks; c++) {
+        ParamShard one = params_chunk_shard(sh, c);
+        z->model[c] = model_create_unbound(cfg, be, &one, cfg->training.micro_batch);
+        size_t lo, hi;
+        params_group_range(model_params(z->model[c]), PARAMS_OUTER, &lo, &hi);
+        TRD_ASSERT(hi == lo || hi - lo == ohi - olo);
     }
 }
 
@@ -220,19 +296,16 @@ Zero *zero_create(const Config *cfg, const Backend *be, const ParamShard *sh, Co
     z->be = be;
     z->dp = dp;
     z->stage = cfg->topology.zero;
-    z->layer_begin = sh->layer_begin;
-    z->layer_end = sh->layer_end;
     z->has_embed = sh->has_embed;
     z->has_head = sh->has_head;
-    z->model = model_create_unbound(cfg, be, sh, cfg->training.micro_batch);
-    z->t = model_params(z->model);
+    create_models(z, cfg, be, sh);
     z->P = z->t->numel;
     z->S = (z->P + (size_t)dp->size - 1) / (size_t)dp->size;
     comm_shard_part(0, z->P, z->S, dp->rank, &z->own_lo, &z->own_hi);
     group_range(z, PARAMS_OUTER, &z->outer_lo, &z->outer_hi);
-    for (int l = z->layer_begin; l < z->layer_end; l++) {
+    for (int i = 0; i < z->nl; i++) {
         size_t lo, hi;
-        group_range(z, l, &lo, &hi);
+        group_range(z, z->layers[i], &lo, &hi);
         if (hi - lo > z->max_layer)
             z->max_layer = hi - lo;
     }
@@ -262,7 +335,7 @@ Zero *zero_create(const Config *cfg, const Backend *be, const ParamShard *sh, Co
             z->recv[k] = alloc_buffer(z, z->max_layer < z->S ? z->max_layer : z->S,
                                       "layer receive");
         }
-        model_bind(z->model, PARAMS_OUTER, NULL, z->outer_g);
+        bind_outer_all(z, NULL, z->outer_g);
     }
     if (z->stage >= 1)
         z->gshard = trd_calloc(own_n(z) ? own_n(z) : 1, sizeof(float), "gradient shard");
@@ -272,7 +345,7 @@ Zero *zero_create(const Config *cfg, const Backend *be, const ParamShard *sh, Co
         z->outer_p = alloc_buffer(z, outer_n, "outer parameter slot");
         for (int k = 0; k < 2; k++)
             z->pslot[k] = alloc_buffer(z, z->max_layer, "layer parameter slot");
-        model_bind(z->model, PARAMS_OUTER, z->outer_p, NULL);
+        bind_outer_all(z, z->outer_p, NULL);
     }
 
     if (z->stage == 0) {
@@ -294,7 +367,12 @@ void zero_free(Zero *z)
     if (!z)
         return;
     optimizer_free(&z->opt);
-    model_free(z->model);
+    for (int c = 0; c < z->sh.n_chunks; c++)
+        model_free(z->model[c]);
+    params_free(&z->table);
+    free(z->layers);
+    free(z->local);
+    free(z->bucket_of);
     free(z->params);
     free(z->grads);
     free(z->pshard);
@@ -311,7 +389,14 @@ void zero_free(Zero *z)
     free(z);
 }
 
-Model *zero_model(Zero *z) { return z->model; }
+Model *zero_model(Zero *z) { return z->model[0]; }
+int zero_chunks(const Zero *z) { return z->sh.n_chunks; }
+Model *zero_chunk_model(Zero *z, int c)
+{
+    TRD_ASSERT(c >= 0 && c < z->sh.n_chunks);
+    return z->model[c];
+}
+const ParamTable *zero_params(const Zero *z) { return z->t; }
 
 /* ---- the step -------------------------------------------------------------- */
 
@@ -321,11 +406,28 @@ void zero_begin_step(Zero *z)
         memset(z->grads, 0, z->P * sizeof(float));
     if (z->gshard)
         memset(z->gshard, 0, own_n(z) * sizeof(float));
+    for (int i = 0; i < z->n_buckets; i++)
+        z->buckets[i].left = z->buckets[i].groups;
     gather_outer(z);
 }
 
+/* Stages 0-1, last micro-batch: the group at backward position pos has its
+ * final gradient; start its bucket when that was the bucket's last group. */
+static void group_final(Zero *z, int pos)
+{
+    int b = z->bucket_of[pos];
+    for (int i = 0; i < z->n_buckets; i++)
+        if (i != b)
+            comm_test(&z->buckets[i].h); /* drive progress of those in flight */
+    if (b < 0)
+        return;
+    TRD_ASSERT(z->buckets[b].left > 0);
+    if (--z->buckets[b].left == 0)
+        start_bucket(z, &z->buckets[b]);
+}
+
 /* Backward of layer l is done: start what can start. */
-static void layer_grads_ready(Zero *z, int l, int pos, int last_micro)
+static void layer_grads_ready(Zero *z, int l, int last_micro)
 {
     if (z->stage >= 2) {
         int k = slot_of(z, l);
@@ -335,14 +437,8 @@ static void layer_grads_ready(Zero *z, int l, int pos, int last_micro)
         z->gred_layer[k] = l;
         return;
     }
-    if (!last_micro)
-        return; /* accumulate locally; reduce once on the last micro-batch */
-    for (int i = 0; i < z->n_buckets; i++) {
-        if (z->buckets[i].last_pos == pos)
-            start_bucket(z, &z->buckets[i]);
-        else
-            comm_test(&z->buckets[i].h); /* drive progress of those in flight */
-    }
+    if (last_micro) /* else accumulate locally; reduce once on the last micro-batch */
+        group_final(z, backward_pos(z, l));
 }
 
 /* ---- the parts of a micro-batch ----------------------------------------------
@@ -365,12 +461,12 @@ void zero_before_block_backward(Zero *z, int l)
     size_t lo, hi;
     group_range(z, l, &lo, &hi);
     memset(z->gslot[k], 0, (hi - lo) * sizeof(float));
-    model_bind(z->model, l, NULL, z->gslot[k]);
+    model_bind(model_of(z, l), l, NULL, z->gslot[k]);
 }
 
 void zero_after_block_backward(Zero *z, int l, int last_micro)
 {
-    layer_grads_ready(z, l, z->layer_end - 1 - l, last_micro);
+    layer_grads_ready(z, l, last_micro);
 }
 
 void zero_before_outer_backward(Zero *z)
@@ -402,23 +498,21 @@ void zero_defer_outer(Zero *z)
 
 void zero_start_outer(Zero *z)
 {
-    const int nl = z->layer_end - z->layer_begin;
-    for (int i = 0; i < z->n_buckets; i++)
-        if (z->buckets[i].last_pos == nl)
-            start_bucket(z, &z->buckets[i]);
+    group_final(z, z->nl);
 }
 
 float *zero_full_grads(Zero *z) { return z->grads; }
 
 float zero_forward(Zero *z, const int32_t *tokens, const int32_t *targets)
 {
-    Model *m = z->model;
+    TRD_ASSERT(z->sh.n_chunks == 1); /* an interleaved stage runs its chunks itself */
+    Model *m = z->model[0];
     gather_outer(z);
     if (z->has_embed)
         model_embed_forward(m, tokens);
-    for (int l = z->layer_begin; l < z->layer_end; l++) {
-        zero_before_block_forward(z, l);
-        model_block_forward(m, l);
+    for (int i = 0; i < z->nl; i++) {
+        zero_before_block_forward(z, z->layers[i]);
+        model_block_forward(m, z->layers[i]);
     }
     return z->has_head ? model_head_forward(m, targets) : 0.0f;
 }
@@ -426,12 +520,15 @@ float zero_forward(Zero *z, const int32_t *tokens, const int32_t *targets)
 float zero_forward_backward(Zero *z, const int32_t *tokens, const int32_t *targets,
                             float loss_scale, int last_micro)
 {
-    Model *m = z->model;
+    Model *m = z->model[0];
+    const double t0 = MPI_Wtime();
     const float loss = zero_forward(z, tokens, targets);
+    const double t1 = MPI_Wtime();
     zero_before_outer_backward(z);
     if (z->has_head)
         model_head_backward(m, loss_scale);
-    for (int l = z->layer_end - 1; l >= z->layer_begin; l--) {
+    for (int i = z->nl - 1; i >= 0; i--) {
+        const int l = z->layers[i];
         zero_before_block_backward(z, l);
         model_block_backward(m, l);
         zero_after_block_backward(z, l, last_micro);
@@ -439,6 +536,8 @@ float zero_forward_backward(Zero *z, const int32_t *tokens, const int32_t *targe
     if (z->has_embed)
         model_embed_backward(m);
     zero_after_outer_backward(z, last_micro);
+    trace_span("fwd", TRACE_COMPUTE, t0, t1, -1, -1, 0);
+    trace_span("bwd", TRACE_COMPUTE, t1, MPI_Wtime(), -1, -1, 0);
     return loss;
 }
 
@@ -526,4 +625,142 @@ void zero_gather_params(Zero *z, float *out)
     }
     CommHandle h = comm_iallgather_range_f32(z->dp, z->pshard, out, 0, z->P, z->S);
     comm_wait(&h);
+}
+
+/* ---- for the planner ------------------------------------------------------ */
+
+/* The held layers' ranges and sizes, ascending (the flat buffer's order). */
+typedef struct {
+    ParamTable t;
+    int nl, *layers;
+    size_t P, S, outer_n, max_layer;
+} PlanShard;
+
+static void plan_shard_open(PlanShard *ps, const Config *cfg, const ParamShard *sh, int dp)
+{
+    memset(ps, 0, sizeof *ps);
+    params_build(&ps->t, &cfg->model, sh);
+    ps->nl = params_shard_layers(sh);
+    ps->layers = trd_calloc((size_t)ps->nl + 1, sizeof(int), "planned layers");
+    int i = 0;
+    for (int c = 0; c < sh->n_chunks; c++)
+        for (int l = sh->chunk[c].begin; l < sh->chunk[c].end; l++)
+            ps->layers[i++] = l;
+    ps->P = ps->t.numel;
+    ps->S = (ps->P + (size_t)dp - 1) / (size_t)dp;
+    size_t lo, hi;
+    params_group_range(&ps->t, PARAMS_OUTER, &lo, &hi);
+    ps->outer_n = hi - lo;
+    for (i = 0; i < ps->nl; i++) {
+        params_group_range(&ps->t, ps->layers[i], &lo, &hi);
+        if (hi - lo > ps->max_layer)
+            ps->max_layer = hi - lo;
+    }
+}
+
+static void plan_shard_close(PlanShard *ps)
+{
+    params_free(&ps->t);
+    free(ps->layers);
+}
+
+static size_t layer_n(const PlanShard *ps, int l)
+{
+    size_t lo, hi;
+    params_group_range(&ps->t, l, &lo, &hi);
+    return hi - lo;
+}
+
+ZeroMemory zero_plan_memory(const Config *cfg, const ParamShard *sh, int dp, int dp_rank)
+{
+    PlanShard ps;
+    plan_shard_open(&ps, cfg, sh, dp);
+    const int stage = cfg->topology.zero;
+    size_t own_lo, own_hi;
+    comm_shard_part(0, ps.P, ps.S, dp_rank, &own_lo, &own_hi);
+    const size_t own = own_hi - own_lo, F = sizeof(float);
+    const size_t outer_recv = ps.outer_n < ps.S ? ps.outer_n : ps.S;
+    const size_t layer_recv = ps.max_layer < ps.S ? ps.max_layer : ps.S;
+    ZeroMemory r = {0};
+    r.params = (stage <= 2 ? ps.P : own) * F;
+    r.grads = ((stage <= 1 ? ps.P : 0) + (stage >= 1 ? own : 0)) * F;
+    r.optimizer = (stage == 0 ? ps.P : own) * F *
+                  (cfg->training.precision == PREC_BF16 ? 3 : 2); /* m, v [, master] */
+    if (stage >= 2) /* gradient slots and receive space (zero_create) */
+        r.buffers = (ps.outer_n + outer_recv + 2 * (ps.max_layer + layer_recv)) * F;
+    if (stage == 3) /* parameter slots */
+        r.buffers += (ps.outer_n + 2 * ps.max_layer) * F;
+    plan_shard_close(&ps);
+    return r;
+}
+
+/* comm.c's rule: bytes one rank sends for `passes` ring passes over n floats. */
+static uint64_t plan_ring(size_t n, int passes, int p)
+{
+    return p <= 1 ? 0 : (uint64_t)passes * n * sizeof(float) * (uint64_t)(p - 1) / (uint64_t)p;
+}
+
+/* Stages 0-1: one collective per bucket, the engine's buckets. */
+static uint64_t plan_bucket_bytes(const PlanShard *ps, const Config *cfg, int dp)
+{
+    const int passes = cfg->topology.zero == 0 ? 2 : 1; /* all-reduce or reduce-scatter */
+    Bucket *b = trd_calloc((size_t)ps->nl + 1, sizeof(Bucket), "planned buckets");
+    int *bucket_of = trd_malloc(((size_t)ps->nl + 1) * sizeof(int), "planned bucket map");
+    const int n = make_buckets(&ps->t, ps->layers, ps->nl, bucket_target(cfg), b, bucket_of);
+    uint64_t bytes = 0;
+    for (int i = 0; i < n; i++)
+        bytes += plan_ring(b[i].hi - b[i].lo, passes, dp);
+    free(b);
+    free(bucket_of);
+    return bytes;
+}
+
+/* Stage 3: the layer gathers of one micro-batch, following the two slots
+ * (use_layer_params: a layer still in its slot is not gathered again). */
+static uint64_t plan_gather_bytes(const PlanShard *ps, int slot_layer[2], int dp)
+{
+    uint64_t bytes = 0;
+    for (int dir = 0; dir < 2; dir++)           /* forward, then backward */
+        for (int k = 0; k < ps->nl; k++) {
+            const int i = dir == 0 ? k : ps->nl - 1 - k;
+            const int next = dir == 0 ? i + 1 : i - 1;
+            for (int j = 0; j < 2; j++) {        /* the layer, then the prefetch */
+                const int g = j == 0 ? i : next;
+                if (g < 0 || g >= ps->nl || slot_layer[g & 1] == ps->layers[g])
+                    continue;
+                bytes += plan_ring(layer_n(ps, ps->layers[g]), 1, dp);
+                slot_layer[g & 1] = ps->layers[g];
+            }
+        }
+    return bytes;
+}
+
+uint64_t zero_plan_step_bytes(const Config *cfg, const ParamShard *sh, int dp, int n_micro)
+{
+    if (dp <= 1)
+        return 0;
+    PlanShard ps;
+    plan_shard_open(&ps, cfg, sh, dp);
+    const int stage = cfg->topology.zero;
+    uint64_t bytes = 0;
+    if (stage <= 1) {
+        bytes += plan_bucket_bytes(&ps, cfg, dp);
+    } else { /* every micro-batch: each layer's and the outer gradient reduce-scattered */
+        uint64_t per_micro = plan_ring(ps.outer_n, 1, dp);
+        for (int i = 0; i < ps.nl; i++)
+            per_micro += plan_ring(layer_n(&ps, ps.layers[i]), 1, dp);
+        bytes += (uint64_t)n_micro * per_micro;
+    }
+    if (stage == 1 || stage == 2) /* parameters made whole after the step */
+        bytes += plan_ring(ps.P, 1, dp);
+    if (stage == 3) {
+        int slot_layer[2] = {-1, -1}; /* the optimizer step invalidates both */
+        bytes += plan_ring(ps.outer_n, 1, dp); /* outer tensors, once a step */
+        for (int j = 0; j < n_micro; j++)
+            bytes += plan_gather_bytes(&ps, slot_layer, dp);
+    }
+    if (stage >= 1) /* zero_grad_sumsq: one double */
+        bytes += plan_ring(sizeof(double) / sizeof(float), 2, dp);
+    plan_shard_close(&ps);
+    return bytes;
 }

@@ -13,8 +13,9 @@
  *
  * Stages 0 and 1 accumulate micro-batches locally and reduce once, on the
  * last micro-batch, bucket by bucket as backward finishes them (buckets of
- * about topology.bucket_mb MiB, whole layers, in backward order), so the
- * reduction of late layers overlaps the backward of early ones.  Stages 2
+ * about topology.bucket_mb MiB, whole layers, in backward order; a bucket
+ * starts when all its layers have their final gradient), so the reduction
+ * of late layers overlaps the backward of early ones.  Stages 2
  * and 3 keep no full gradient: each layer's gradient is computed into one
  * of two slots and reduce-scattered into the owners' shards on every
  * micro-batch (the ZeRO-2 trade: less memory, more traffic with
@@ -49,11 +50,17 @@ typedef struct {
     uint64_t bytes;
 } ZeroStats;
 
-/* Build the model for this rank (unbound when stage >= 2 needs it) and the
- * optimizer state of the shard.  dp is the data-parallel group. */
+/* Build the model for this rank (one model per chunk of sh, all bound to
+ * the engine's buffers) and the optimizer state of the shard.  dp is the
+ * data-parallel group. */
 Zero *zero_create(const Config *cfg, const Backend *be, const ParamShard *sh, Comm *dp);
 void zero_free(Zero *z);
+/* The model of the first chunk (the only one unless interleaved). */
 Model *zero_model(Zero *z);
+int zero_chunks(const Zero *z);
+Model *zero_chunk_model(Zero *z, int c);
+/* The rank's parameter table: every chunk's layers, the flat buffers' layout. */
+const ParamTable *zero_params(const Zero *z);
 
 /* Start a step: zero gradients; stage 3 gathers the outer tensors. */
 void zero_begin_step(Zero *z);
@@ -109,5 +116,16 @@ ZeroStats zero_take_stats(Zero *z);
 /* Gather the whole flat parameter buffer [P] onto every DP rank (for tests
  * and export; stage 3 assembles it from the shards). */
 void zero_gather_params(Zero *z, float *out);
+
+/* ---- for the planner (src/plan): the same rules, without allocating ----
+ * What zero_create would allocate on DP rank dp_rank of dp for the shard
+ * (zero_memory's figures), and the bytes the DP communicator counts (comm.h's
+ * ring rule) in one training step of n_micro micro-batches: buckets or
+ * per-layer reductions, the parameter all-gathers, the gradient-norm
+ * all-reduce.  Validation and the first step's start-up all-gather are not
+ * included.  Keep them in step with the engine: tests/test_plan.sh compares
+ * both against real runs. */
+ZeroMemory zero_plan_memory(const Config *cfg, const ParamShard *sh, int dp, int dp_rank);
+uint64_t zero_plan_step_bytes(const Config *cfg, const ParamShard *sh, int dp, int n_micro);
 
 #endif

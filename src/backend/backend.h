@@ -121,4 +121,11 @@ const Backend *backend_cpu(void);
 /* Round an fp32 value to the nearest bf16 (ties to even), returned as fp32. */
 float bf16_round(float x);
 
+/* FLOPs of the matrix multiplies the CPU backend ran since the last reset
+ * (2*N*C*OC per product, forward and each backward product): the shapes
+ * executed, for checking model FLOP counts.  Not thread-safe; one add per
+ * call. */
+double backend_cpu_gemm_flops(void);
+void backend_cpu_gemm_flops_reset(void);
+
 #endif

@@ -29,10 +29,31 @@ float bf16_round(float x)
     return x;
 }
 
+/* FLOPs of the GEMMs the table ran (tests compare the model's FLOP count
+ * with the shapes actually multiplied): 2*N*C*OC per product. */
+static double gemm_flops;
+
+static void counted_matmul_forward(float *out, const float *inp, const float *weight,
+                                   const float *bias, int N, int C, int OC)
+{
+    gemm_flops += 2.0 * N * C * OC;
+    cpu_matmul_forward(out, inp, weight, bias, N, C, OC);
+}
+
+static void counted_matmul_backward(float *dinp, float *dweight, float *dbias, const float *dout,
+                                    const float *inp, const float *weight, int N, int C, int OC)
+{
+    gemm_flops += 2.0 * N * C * OC * ((dinp != NULL) + (dweight != NULL));
+    cpu_matmul_backward(dinp, dweight, dbias, dout, inp, weight, N, C, OC);
+}
+
+double backend_cpu_gemm_flops(void) { return gemm_flops; }
+void backend_cpu_gemm_flops_reset(void) { gemm_flops = 0; }
+
 static const Backend cpu_backend = {
     .name = "cpu",
-    .matmul_forward = cpu_matmul_forward,
-    .matmul_backward = cpu_matmul_backward,
+    .matmul_forward = counted_matmul_forward,
+    .matmul_backward = counted_matmul_backward,
     .embedding_forward = cpu_embedding_forward,
     .embedding_backward = cpu_embedding_backward,
     .layernorm_forward = cpu_layernorm_forward,

@@ -6,6 +6,7 @@
 #include "checkpoint/ckpt.h"
 #include "core/error.h"
 #include "data/prepare.h"
+#include "plan/plan.h"
 #include "topology/topology.h"
 #include "train/train.h"
 
@@ -22,6 +23,7 @@ static const Command commands[] = {
     {"tokenize", data_tokenize_main, "print the token ids of a text file"},
     {"ckpt", ckpt_main, "inspect or export a checkpoint (trident ckpt --help)"},
     {"topology", topology_main, "print the rank map of a config for a world size, without launching"},
+    {"plan", plan_main, "memory, communication and time of a config on a cluster, without running"},
 };
 
 static void usage(FILE *f)
@@ -29,7 +31,6 @@ static void usage(FILE *f)
     fprintf(f, "usage: trident COMMAND [ARGS]   (trident COMMAND --help for details)\n\n");
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
         fprintf(f, "  %-13s %s\n", commands[i].name, commands[i].summary);
-    fprintf(f, "\nplanned: plan (see the issues in the README)\n");
 }
 
 int main(int argc, char **argv)

@@ -1,0 +1,431 @@
+/* plan.c — memory, communication and time of one layout (plan.h).
+ *
+ * Per pipeline rank: build the rank's shard as the trainer does
+ * (pipe_shard), ask the ZeRO engine and the model what they would allocate
+ * and send, the schedule how many micro-batches are in flight, then turn
+ * element counts into device bytes and bytes into seconds with the
+ * cluster's figures.  The time model (docs/plan.md) is deliberately simple:
+ * GEMMs at a fixed fraction of peak, tensor-parallel collectives exposed,
+ * data-parallel reduction overlapped with one micro-batch's backward, the
+ * pipeline bubble of the schedule. */
+#include "plan/plan.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/error.h"
+#include "model/model.h"
+#include "model/params.h"
+#include "pipeline_par/executor.h"
+#include "pipeline_par/schedule.h"
+#include "train/pipeline.h"
+#include "zero/zero.h"
+
+#define GIB (1024.0 * 1024.0 * 1024.0)
+
+const char *plan_link_name(PlanLink l)
+{
+    return l == LINK_NVLINK ? "in-node" : l == LINK_NETWORK ? "network" : "-";
+}
+
+/* src/comm's rule: bytes one rank sends for `passes` ring passes over n
+ * floats of a group of p (all-reduce 2, reduce-scatter / all-gather 1). */
+static uint64_t ring(uint64_t n, int passes, int p)
+{
+    return p <= 1 ? 0 : (uint64_t)passes * n * 4u * (uint64_t)(p - 1) / (uint64_t)p;
+}
+
+/* ---- layout and links ------------------------------------------------------ */
+
+/* Ranks between neighbours of a group in topology.order ("tp-dp-pp": TP
+ * fastest): the product of the sizes of the dimensions before it. */
+static int group_stride(const TopologyConfig *t, const char *dim)
+{
+    int stride = 1;
+    for (const char *o = t->order; *o; o += o[2] ? 3 : 2) {
+        if (!strncmp(o, dim, 2))
+            return stride;
+        stride *= !strncmp(o, "tp", 2) ? t->tp : !strncmp(o, "dp", 2) ? t->dp : t->pp;
+        if (!o[2])
+            break;
+    }
+    return stride;
+}
+
+/* A group of `size` ranks `stride` apart sits on one node when its span does. */
+static PlanLink group_link(const TopologyConfig *t, const char *dim, int size, int gpn)
+{
+    if (size <= 1)
+        return LINK_NONE;
+    return (long long)group_stride(t, dim) * (size - 1) < gpn ? LINK_NVLINK : LINK_NETWORK;
+}
+
+static double link_bw(const PlanCluster *c, PlanLink l)
+{
+    double g = l == LINK_NETWORK ? c->network_gbps : c->nvlink_gbps;
+    return g * 1e9 * c->comm_efficiency;
+}
+
+static double link_lat(const PlanCluster *c, PlanLink l)
+{
+    return 1e-6 * (l == LINK_NETWORK ? c->network_latency_us : c->nvlink_latency_us);
+}
+
+/* Seconds for `calls` collectives moving `bytes` from this rank over link l. */
+static double comm_time(const PlanCluster *c, PlanLink l, double bytes, double calls, int p)
+{
+    if (l == LINK_NONE || bytes <= 0)
+        return 0;
+    return calls * (p > 1 ? p - 1 : 1) * link_lat(c, l) + bytes / link_bw(c, l);
+}
+
+/* ---- tensor parallelism: what the TP communicator counts per micro-batch ----
+ * One entry per collective the model issues (model.c, tensor_par.h; the
+ * same list bench/bench_tp.c checks against a real run). */
+typedef struct {
+    uint64_t tp, kv;
+    double calls;
+} TpCount;
+
+static TpCount tp_per_microbatch(const Config *cfg, const ParamShard *sh)
+{
+    const ModelConfig *mc = &cfg->model;
+    const int p = sh->tp, sp = cfg->topology.sequence_parallel && p > 1;
+    const int gpt2 = mc->arch == ARCH_GPT2;
+    const uint64_t N = (uint64_t)cfg->training.micro_batch * (uint64_t)mc->seq_len;
+    const uint64_t C = (uint64_t)mc->hidden, NC = N * C, T = (uint64_t)mc->seq_len;
+    TpCount r = {0};
+    if (p == 1)
+        return r;
+    const uint64_t bound = sp ? ring(NC, 1, p) : ring(NC, 2, p); /* one b*s*h boundary */
+    const int L = params_shard_layers(sh);
+    /* Per layer: forward and backward each cross two boundaries (all-reduces);
+     * with SP each is an all-gather plus a reduce-scatter, the same bytes.  SP leaves the norms' weight gradients
+     * partial (all-reduced over TP); full recompute reruns the attention
+     * half of the forward's collectives (and, with SP, both norm gathers). */
+    uint64_t layer = sp ? 8 * bound : 4 * bound, calls = sp ? 8 : 4;
+    if (sp) {
+        layer += (uint64_t)(gpt2 ? 4 : 2) * ring(C, 2, p);
+        calls += gpt2 ? 4 : 2;
+    }
+    if (cfg->training.recompute == RECOMPUTE_FULL) {
+        layer += sp ? 3 * ring(NC, 1, p) : ring(NC, 2, p);
+        calls += sp ? 3 : 1;
+    }
+    r.tp = (uint64_t)L * layer;
+    r.calls = (double)L * (double)calls;
+    /* Replicated kv heads: their rows' gradients are summed over the ranks
+     * sharing them, on a sub-group. */
+    const int kv_share = mc->kv_heads % p ? p / mc->kv_heads : 1;
+    if (kv_share > 1) {
+        const uint64_t hs = C / (uint64_t)mc->heads;
+        r.kv = (uint64_t)L * (ring(2 * hs * C, 2, kv_share) + (gpt2 ? ring(2 * hs, 2, kv_share) : 0));
+    }
+    if (sh->has_embed) { /* vocabulary-parallel lookup; GPT-2's wpe gradient is partial */
+        r.tp += bound + (sp ? ring(NC, 1, p) : 0) + (gpt2 ? ring(T * C, 2, p) : 0);
+        r.calls += 1 + sp + gpt2;
+    }
+    if (sh->has_head) { /* head input gathered (SP); cross-entropy max and sums */
+        r.tp += (sp ? ring(NC, 1, p) : 0) + ring(N, 2, p) + ring(2 * N, 2, p);
+        r.tp += bound + (sp ? (uint64_t)(gpt2 ? 2 : 1) * ring(C, 2, p) : 0);
+        r.calls += 4 + (sp ? 1 + (gpt2 ? 2 : 1) : 0);
+    }
+    return r;
+}
+
+/* ---- FLOPs from the parameter table ------------------------------------------ */
+
+typedef struct {
+    double block_fwd;     /* 2 * rows * (layer weights in matrix multiplies), this rank */
+    double head_fwd;      /* 2 * rows * (head rows held) * hidden */
+    double attn_fwd;      /* scores and weighted sum, this rank's heads */
+    double last_proj_fwd; /* the MLP output projection (full recompute skips it) */
+} StageFlops;
+
+static StageFlops stage_flops(const Config *cfg, const ParamShard *sh)
+{
+    const ModelConfig *mc = &cfg->model;
+    ParamTable t;
+    params_build(&t, mc, sh);
+    const double N = (double)cfg->training.micro_batch * mc->seq_len;
+    double block = 0, proj = 0, head = 0;
+    for (int i = 0; i < t.n; i++) {
+        const ParamSpec *p = &t.p[i];
+        if (p->role != ROLE_BLOCK || p->ndim != 2)
+            continue;
+        block += (double)p->numel;
+        if (strstr(p->name, "mlp.proj.weight") || strstr(p->name, "mlp.down.weight"))
+            proj += (double)p->numel;
+    }
+    if (sh->has_head) { /* the head multiplies by head.weight, or by wte when tied */
+        const ParamSpec *h = params_find(&t, "head.weight");
+        if (!h)
+            h = params_find(&t, "embed.wte.weight");
+        head = h ? (double)h->numel : 0;
+    }
+    const double local_width = (double)mc->hidden / sh->tp; /* heads * head size held */
+    StageFlops f = {.block_fwd = 2 * N * block, .head_fwd = 2 * N * head,
+                    .attn_fwd = params_shard_layers(sh) * 4.0 * N * mc->seq_len * local_width,
+                    .last_proj_fwd = 2 * N * proj};
+    params_free(&t);
+    return f;
+}
+
+/* ---- one pipeline rank --------------------------------------------------------- */
+
+/* Activation sets each chunk holds at peak: what the schedule needs
+ * (pipeline.c sizes the model's sets the same way); one without a pipeline. */
+static int chunk_slots(const Config *cfg, int pp_rank, int n_micro, int chunk, char err[CFG_ERR])
+{
+    const TopologyConfig *t = &cfg->topology;
+    if (t->pp == 1)
+        return 1;
+    PpSchedule s;
+    if (pp_schedule_build(&s, t->schedule, t->pp, pp_rank, n_micro, t->virtual_stages, err) != 0)
+        return -1;
+    int n = pp_schedule_chunk_slots(&s, chunk);
+    pp_schedule_free(&s);
+    return n;
+}
+
+/* Memory: what the engine and the chunk models would allocate (fp32 on the
+ * CPU reference), scaled to the device's element sizes. */
+static int stage_memory(const Config *cfg, const PlanCluster *c, const PlanResult *r, int rank,
+                        const ParamShard *sh, PlanStage *st, char err[CFG_ERR])
+{
+    const ZeroMemory zm = zero_plan_memory(cfg, sh, cfg->topology.dp, 0);
+    double acts = 0, scratch = 0;
+    for (int k = 0; k < sh->n_chunks; k++) {
+        const ParamShard one = params_chunk_shard(sh, k);
+        const int sets = chunk_slots(cfg, rank, r->n_micro, k, err);
+        if (sets < 0)
+            return -1;
+        st->inflight += sets;
+        const MemoryReport mm = model_plan_memory(cfg, &one, cfg->training.micro_batch, sets);
+        acts += (double)mm.activations;
+        scratch += (double)mm.scratch;
+    }
+    st->params = (double)zm.params * r->elem_param / 4;
+    st->grads = (double)zm.grads * r->elem_grad / 4;
+    st->optimizer = (double)zm.optimizer;
+    st->buffers = (double)zm.buffers * r->elem_param / 4;
+    st->activations = acts * r->elem_act / 4;
+    st->scratch = scratch * r->elem_act / 4;
+    st->reserve = c->reserve_gib * GIB;
+    st->total = st->params + st->grads + st->optimizer + st->buffers + st->activations +
+                st->scratch + st->reserve;
+    return 0;
+}
+
+/* Elements of one activation message between stages: the residual stream
+ * rows a rank holds (a 1/tp block of them under sequence parallelism). */
+static uint64_t stream_elems(const Config *cfg)
+{
+    const TopologyConfig *t = &cfg->topology;
+    const uint64_t N = (uint64_t)cfg->training.micro_batch * (uint64_t)cfg->model.seq_len;
+    const int sp = t->sequence_parallel && t->tp > 1;
+    return (sp ? N / (uint64_t)t->tp : N) * (uint64_t)cfg->model.hidden;
+}
+
+/* Communication in src/comm's rule. */
+static void stage_comm(const Config *cfg, const PlanResult *r, int rank, const ParamShard *sh,
+                       PlanStage *st)
+{
+    const TopologyConfig *t = &cfg->topology;
+    const TpCount tc = tp_per_microbatch(cfg, sh);
+    st->tp_bytes_mb = tc.tp;
+    st->kv_bytes_mb = tc.kv;
+    if (t->pp > 1) { /* every (micro-batch, chunk) sends its output and input gradient,
+                      * except out of the last model stage and into the first */
+        uint64_t sends = 2 * (uint64_t)t->virtual_stages - (rank == t->pp - 1) - (rank == 0);
+        st->pp_bytes_step = sends * (uint64_t)r->n_micro * stream_elems(cfg) * 4u;
+    }
+    /* The trainer all-reduces the step's loss over DP, and the ZeRO engine
+     * the rest (zero_plan_step_bytes). */
+    st->dp_bytes_step = zero_plan_step_bytes(cfg, sh, t->dp, r->n_micro) + ring(2, 2, t->dp);
+    if (cfg->model.tie_embeddings && t->pp > 1 && (sh->has_embed || sh->has_head)) {
+        ParamTable tab;
+        params_build(&tab, &cfg->model, sh);
+        const ParamSpec *w = params_find(&tab, "embed.wte.weight");
+        st->embed_bytes_step = w ? ring(w->numel, 2, 2) : 0;
+        params_free(&tab);
+    }
+}
+
+/* Time of one micro-batch on this rank: compute, then the exposed TP
+ * collectives and pipeline sends. */
+static void stage_microbatch_time(const Config *cfg, const PlanCluster *c, const PlanResult *r,
+                                  const ParamShard *sh, PlanStage *st)
+{
+    const TopologyConfig *t = &cfg->topology;
+    const StageFlops f = stage_flops(cfg, sh);
+    /* Backward is twice the forward.  Full recompute reruns each layer's
+     * forward but its last projection; selective reruns attention (model.c). */
+    const double fwd = f.block_fwd + f.head_fwd + f.attn_fwd;
+    double extra = 0;
+    if (cfg->training.recompute == RECOMPUTE_FULL)
+        extra = f.block_fwd + f.attn_fwd - f.last_proj_fwd;
+    else if (cfg->training.recompute == RECOMPUTE_SELECTIVE)
+        extra = f.attn_fwd;
+    st->gemm_flops = 3 * (f.block_fwd + f.head_fwd);
+    st->flops = 3 * fwd + extra;
+    st->t_compute = st->flops / (c->peak_tflops * 1e12 * c->gemm_efficiency);
+    const TpCount tc = tp_per_microbatch(cfg, sh);
+    st->t_tp = comm_time(c, r->tp_link, (double)(tc.tp + tc.kv) * r->elem_act / 4, tc.calls,
+                         t->tp);
+    if (t->pp > 1)
+        st->t_p2p = 2.0 * t->virtual_stages *
+                    comm_time(c, r->pp_link, (double)stream_elems(cfg) * r->elem_act, 1, 2);
+    st->t_mb = st->t_compute + st->t_tp + st->t_p2p;
+}
+
+/* Data parallelism and the optimizer, once a step.  Stages 0-1 reduce once,
+ * overlapped with the last micro-batch's backward (a tenth stays exposed:
+ * the last bucket); stages 2-3 reduce-scatter (stage 3 also gathers) every
+ * micro-batch, overlapped with its compute; stages 1-2 all-gather the
+ * parameters after the step, exposed.  AdamW reads and writes its shard of
+ * weights, gradients and state once. */
+static void stage_step_time(const Config *cfg, const PlanCluster *c, const PlanResult *r,
+                            const ParamShard *sh, PlanStage *st)
+{
+    const TopologyConfig *t = &cfg->topology;
+    ParamTable tab;
+    params_build(&tab, &cfg->model, sh);
+    const double P = (double)tab.numel;
+    params_free(&tab);
+    if (t->dp > 1) {
+        const double t_dp = comm_time(c, r->dp_link, (double)st->dp_bytes_step * r->elem_grad / 4,
+                                      4, t->dp);
+        const double gather_bytes = (double)ring((uint64_t)P, 1, t->dp) * r->elem_param / 4;
+        const double t_gather =
+            t->zero == 1 || t->zero == 2 ? comm_time(c, r->dp_link, gather_bytes, 1, t->dp) : 0;
+        const double t_red = t_dp - t_gather, t_bwd = st->t_compute * 2 / 3;
+        if (t->zero <= 1)
+            st->t_dp_exposed = fmax(t_red - t_bwd, t_red * 0.1) + t_gather;
+        else
+            st->t_dp_exposed =
+                r->n_micro * fmax(t_red / r->n_micro - st->t_compute, 0) + t_gather;
+    }
+    const double own = t->zero == 0 ? P : ceil(P / t->dp);
+    st->t_optimizer = 2 * (st->optimizer + own * (r->elem_param + r->elem_grad)) /
+                      (c->hbm_gbps * 1e9);
+}
+
+/* Pipeline rank `rank`: the shard the trainer builds for it (pipe_shard). */
+static int plan_stage(const Config *cfg, const PlanCluster *c, PlanResult *r, int rank,
+                      char err[CFG_ERR])
+{
+    PlanStage *st = &r->st[rank];
+    const ParamShard sh = pipe_shard(cfg, rank, cfg->topology.tp, 0);
+    memset(st, 0, sizeof *st);
+    st->layers = params_shard_layers(&sh);
+    st->has_embed = sh.has_embed;
+    st->has_head = sh.has_head;
+    if (stage_memory(cfg, c, r, rank, &sh, st, err) != 0)
+        return -1;
+    stage_comm(cfg, r, rank, &sh, st);
+    stage_microbatch_time(cfg, c, r, &sh, st);
+    stage_step_time(cfg, c, r, &sh, st);
+    return 0;
+}
+
+/* ---- the whole layout ---------------------------------------------------------- */
+
+static int check_layout(const Config *cfg, char err[CFG_ERR])
+{
+    const TopologyConfig *t = &cfg->topology;
+    if (t->dp < 1)
+        return trd_errorf(err, "topology.dp is auto: give it a number, or plan with --search");
+    if (t->pp > CFG_MAX_STAGES)
+        return trd_errorf(err, "topology.pp %d: the planner reports at most %d stages", t->pp,
+                          CFG_MAX_STAGES);
+    /* The trainer's refusals (train.c). */
+    if (t->pp > 1 && t->zero == 3)
+        return trd_errorf(err, "topology.zero 3 with topology.pp %d: the trainer refuses it "
+                               "(use zero 0, 1 or 2 with pipeline parallelism)", t->pp);
+    if (t->pp > 1 && t->zero == 2 && cfg->model.tie_embeddings)
+        return trd_errorf(err, "topology.zero 2 with pp > 1 and tied embeddings: the trainer "
+                               "refuses it (use zero 1 or untied embeddings)");
+    if (t->sequence_parallel && t->tp > 1 &&
+        (cfg->training.micro_batch * cfg->model.seq_len) % t->tp)
+        return trd_errorf(err, "sequence parallelism needs micro_batch x seq_len divisible by tp");
+    return 0;
+}
+
+int plan_evaluate(const Config *cfg, const PlanCluster *c, PlanResult *r, char err[CFG_ERR])
+{
+    const TopologyConfig *t = &cfg->topology;
+    memset(r, 0, sizeof *r);
+    if (check_layout(cfg, err) != 0)
+        return -1;
+    r->tp = t->tp;
+    r->pp = t->pp;
+    r->dp = t->dp;
+    r->zero = t->zero;
+    r->micro_batch = cfg->training.micro_batch;
+    r->virtual_stages = t->virtual_stages;
+    r->sp = t->sequence_parallel && t->tp > 1;
+    r->recompute = cfg->training.recompute;
+    r->schedule = t->schedule;
+    r->world = t->tp * t->pp * t->dp;
+    r->global_batch = cfg->training.global_batch;
+    r->n_micro = cfg->training.global_batch / (cfg->training.micro_batch * t->dp);
+    /* The CPU reference keeps everything in fp32 whatever the precision
+     * (bf16 there is a rounding of fp32 values); a GPU run in bf16 keeps
+     * weights, gradients and activations in 16 bits and the optimizer's
+     * master weights and moments in fp32 (ZeRO paper, 2 + 2 + 12 bytes). */
+    const int half = cfg->backend == BACKEND_CUDA && cfg->training.precision == PREC_BF16;
+    r->elem_param = r->elem_grad = r->elem_act = half ? 2 : 4;
+    const int gpn = c->gpus_per_node;
+    r->tp_link = group_link(t, "tp", t->tp, gpn);
+    r->dp_link = group_link(t, "dp", t->dp, gpn);
+    r->pp_link = group_link(t, "pp", t->pp, gpn);
+    r->capacity = c->gpu_memory_gib * GIB;
+
+    double t_max = 0, dp_opt = 0;
+    for (int k = 0; k < t->pp; k++) {
+        if (plan_stage(cfg, c, r, k, err) != 0)
+            return -1;
+        const PlanStage *s = &r->st[k];
+        if (s->total > r->st[r->worst].total)
+            r->worst = k;
+        t_max = fmax(t_max, s->t_mb);
+        dp_opt = fmax(dp_opt, s->t_dp_exposed + s->t_optimizer);
+        r->tp_bytes = fmax(r->tp_bytes, (double)(s->tp_bytes_mb + s->kv_bytes_mb) * r->n_micro *
+                                            r->elem_act / 4);
+        r->pp_bytes = fmax(r->pp_bytes, (double)s->pp_bytes_step * r->elem_act / 4);
+        r->dp_bytes = fmax(r->dp_bytes, (double)s->dp_bytes_step * r->elem_grad / 4);
+        r->embed_bytes = fmax(r->embed_bytes, (double)s->embed_bytes_step * r->elem_grad / 4);
+    }
+    r->fits = r->st[r->worst].total <= r->capacity;
+
+    r->bubble = t->pp > 1 ? pp_bubble_fraction(t->pp, r->n_micro, t->virtual_stages) : 0;
+    r->t_pipe = r->n_micro * t_max / (1 - r->bubble);
+    r->t_dp_exposed = dp_opt;
+    r->t_embed = r->embed_bytes > 0 ? comm_time(c, r->pp_link, r->embed_bytes, 1, 2) : 0;
+    r->t_step = r->t_pipe + dp_opt + r->t_embed;
+    const double tokens = (double)cfg->training.global_batch * cfg->model.seq_len;
+    r->model_flops_step = model_flops_per_token(&cfg->model) * tokens;
+    r->tokens_per_s = tokens / r->t_step;
+    r->tflops_per_gpu = r->model_flops_step / r->t_step / r->world / 1e12;
+    r->mfu = r->tflops_per_gpu / c->peak_tflops;
+    return 0;
+}
+
+void plan_apply_layout(Config *cfg, int tp, int pp, int dp, int zero, int micro_batch, int v,
+                       Recompute rc)
+{
+    TopologyConfig *t = &cfg->topology;
+    t->tp = tp;
+    t->pp = pp;
+    t->dp = dp;
+    t->zero = zero;
+    t->virtual_stages = v;
+    t->schedule = v > 1 ? SCHED_INTERLEAVED : (t->schedule == SCHED_GPIPE ? SCHED_GPIPE
+                                                                          : SCHED_1F1B);
+    t->sequence_parallel = tp > 1;
+    t->n_stage_layers = 0;
+    cfg->training.micro_batch = micro_batch;
+    cfg->training.recompute = rc;
+}

@@ -1,0 +1,322 @@
+/* plan_cli.c — `trident plan`: the report of one layout, or --search. */
+#include <errno.h>
+#include <limits.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/error.h"
+#include "model/params.h"
+#include "pipeline_par/schedule.h"
+#include "plan/plan.h"
+
+#define GIB (1024.0 * 1024.0 * 1024.0)
+#define MAX_SETS 64
+#define MAX_TOP 50
+
+typedef struct {
+    const char *config_path, *cluster;
+    const char *sets[MAX_SETS];
+    int n_sets, search, top, json;
+} Args;
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+            "usage: trident plan CONFIG [--cluster CLUSTER] [--search [--top N]] [--json]\n"
+            "                           [--set key.path=value ...]\n\n"
+            "Estimate, without running anything, what a training run of CONFIG needs and\n"
+            "how fast it goes: per-rank memory of the most loaded rank of every pipeline\n"
+            "stage (parameters, gradients, optimizer state, ZeRO buffers, activations of\n"
+            "the micro-batches in flight, scratch), communication per step per group and\n"
+            "link, the pipeline bubble, step time, tokens/s and MFU.  See docs/plan.md.\n\n"
+            "  --cluster CLUSTER  a preset (%s),\n"
+            "                     PRESET:NODESxGPUS (a100-80gb:16x8), or a YAML file\n"
+            "                     (configs/clusters/).  Default: the cpu preset for\n"
+            "                     backend cpu, else a100-80gb with enough nodes\n"
+            "  --search           rank every valid (tp, pp, dp, zero, micro_batch,\n"
+            "                     virtual_stages, recompute) of the whole cluster\n"
+            "  --top N            candidates --search prints (default 5)\n"
+            "  --json             one JSON object (per-stage memory and bytes) instead\n"
+            "  --set key.path=value  override one config key (repeatable)\n"
+            "Exit codes: 0 (also when the layout does not fit: the report says so), 2 bad input.\n",
+            cluster_preset_names());
+}
+
+static int parse_args(int argc, char **argv, Args *a)
+{
+    memset(a, 0, sizeof *a);
+    a->top = 5;
+    for (int i = 1; i < argc; i++) {
+        const char *s = argv[i];
+        const int has_value = i + 1 < argc;
+        if (!strcmp(s, "--help") || !strcmp(s, "-h")) {
+            usage(stdout);
+            return 1;
+        } else if (!strcmp(s, "--cluster") && has_value) {
+            a->cluster = argv[++i];
+        } else if (!strcmp(s, "--search")) {
+            a->search = 1;
+        } else if (!strcmp(s, "--json")) {
+            a->json = 1;
+        } else if (!strcmp(s, "--top") && has_value) {
+            char *end = NULL;
+            errno = 0;
+            long v = strtol(argv[++i], &end, 10);
+            if (errno || *end || v < 1 || v > MAX_TOP)
+                trd_fatal(TRD_EXIT_INPUT, NULL, "--top '%s': expected 1 to %d", argv[i], MAX_TOP);
+            a->top = (int)v;
+        } else if ((!strcmp(s, "--set") && has_value) || !strncmp(s, "--set=", 6)) {
+            if (a->n_sets == MAX_SETS)
+                trd_fatal(TRD_EXIT_INPUT, NULL, "more than %d --set options", MAX_SETS);
+            a->sets[a->n_sets++] = s[5] == '=' ? s + 6 : argv[++i];
+        } else if (s[0] == '-' || a->config_path) {
+            usage(stderr);
+            trd_fatal(TRD_EXIT_INPUT, NULL, "unexpected argument '%s'", s);
+        } else {
+            a->config_path = s;
+        }
+    }
+    if (!a->config_path) {
+        usage(stderr);
+        trd_fatal(TRD_EXIT_INPUT, NULL, "missing CONFIG");
+    }
+    if (a->json && a->search)
+        trd_fatal(TRD_EXIT_INPUT, "drop one of them", "--json and --search do not combine");
+    return 0;
+}
+
+static const char *recompute_name(Recompute r)
+{
+    return r == RECOMPUTE_NONE ? "none" : r == RECOMPUTE_SELECTIVE ? "selective" : "full";
+}
+
+static void print_bytes_row(FILE *f, const char *group, int size, PlanLink l, double bytes,
+                            const char *what)
+{
+    fprintf(f, "  %-6s %5d  %-8s %12.3f GiB   %s\n", group, size, plan_link_name(l),
+            bytes / GIB, what);
+}
+
+static void print_layout(FILE *f, const Config *cfg, const PlanCluster *c, const PlanResult *r)
+{
+    const ModelConfig *mc = &cfg->model;
+    fprintf(f, "cluster: %s, %d node(s) x %d GPUs, %.0f GiB each, %.4g TFLOP/s bf16 peak, "
+               "in-node %.0f GB/s, network %.0f GB/s per GPU\n",
+            c->name, c->nodes, c->gpus_per_node, c->gpu_memory_gib, c->peak_tflops,
+            c->nvlink_gbps, c->network_gbps);
+    fprintf(f, "model: %s, %d layers, hidden %d, heads %d (kv %d), ffn %d, vocab %d (padded %d), "
+               "seq %d: %.2f B parameters\n",
+            config_arch_name(mc->arch), mc->layers, mc->hidden, mc->heads, mc->kv_heads,
+            mc->ffn_hidden, mc->vocab, params_padded_vocab(mc, r->tp), mc->seq_len,
+            1e-9 * (double)params_count_real(mc));
+    fprintf(f, "layout: tp %d (%s) x pp %d (%s) x dp %d (%s) = %d GPUs | zero %d | %s schedule, "
+               "virtual stages %d | sequence parallel %s | recompute %s\n",
+            r->tp, plan_link_name(r->tp_link), r->pp, plan_link_name(r->pp_link), r->dp,
+            plan_link_name(r->dp_link), r->world, r->zero, pp_schedule_name(r->schedule),
+            r->virtual_stages, r->sp ? "on" : "off", recompute_name(r->recompute));
+    fprintf(f, "batch: global %d = micro_batch %d x %d micro-batches x dp %d | %d tokens/step\n",
+            r->global_batch, r->micro_batch, r->n_micro, r->dp, r->global_batch * mc->seq_len);
+    fprintf(f, "bytes per element: weights %d, gradients %d, activations %d, optimizer state 4 "
+               "(%s backend, %s)\n\n",
+            r->elem_param, r->elem_grad, r->elem_act,
+            cfg->backend == BACKEND_CUDA ? "cuda" : "cpu reference",
+            config_precision_name(cfg->training.precision));
+}
+
+static void print_memory(FILE *f, const PlanResult *r)
+{
+    fprintf(f, "memory per GPU (GiB), most loaded rank of each pipeline stage:\n");
+    fprintf(f, "  stage layers in-flight   params    grads optimizer  buffers activations  "
+               "scratch  reserve    total\n");
+    for (int k = 0; k < r->pp; k++) {
+        const PlanStage *s = &r->st[k];
+        fprintf(f, "  %5d %6d %9d %8.2f %8.2f %9.2f %8.2f %11.2f %8.2f %8.2f %8.2f%s\n", k,
+                s->layers, s->inflight, s->params / GIB, s->grads / GIB, s->optimizer / GIB,
+                s->buffers / GIB, s->activations / GIB, s->scratch / GIB, s->reserve / GIB,
+                s->total / GIB, k == r->worst ? "  <- most" : "");
+    }
+    const PlanStage *w = &r->st[r->worst];
+    if (r->fits)
+        fprintf(f, "fits: the most loaded GPU (stage %d) needs %.2f of %.2f GiB (%.2f GiB free)\n\n",
+                r->worst, w->total / GIB, r->capacity / GIB, (r->capacity - w->total) / GIB);
+    else
+        fprintf(f, "DOES NOT FIT: stage %d needs %.2f GiB, %.2f GiB (%.0f%%) more than the "
+                   "%.2f GiB of a GPU\n\n",
+                r->worst, w->total / GIB, (w->total - r->capacity) / GIB,
+                100 * (w->total - r->capacity) / r->capacity, r->capacity / GIB);
+}
+
+static void print_comm(FILE *f, const PlanResult *r)
+{
+    fprintf(f, "communication per GPU per step (the busiest stage; bytes sent, ring algorithms):\n");
+    print_bytes_row(f, "tp", r->tp, r->tp_link, r->tp_bytes,
+                    r->sp ? "all-gather/reduce-scatter per layer" : "all-reduce per layer");
+    print_bytes_row(f, "pp", r->pp, r->pp_link, r->pp_bytes, "activations and their gradients");
+    print_bytes_row(f, "dp", r->dp, r->dp_link, r->dp_bytes,
+                    r->zero <= 1 ? "gradient buckets (+ parameter all-gather with zero 1)"
+                                 : "per-micro-batch reduce-scatter (+ gathers)");
+    if (r->embed_bytes > 0)
+        print_bytes_row(f, "embed", 2, r->pp_link, r->embed_bytes, "tied embedding all-reduce");
+}
+
+static void print_time(FILE *f, const PlanResult *r)
+{
+    double t_c = 0, t_tp = 0, t_p2p = 0;
+    for (int k = 0; k < r->pp; k++)
+        if (r->st[k].t_mb > t_c + t_tp + t_p2p) {
+            t_c = r->st[k].t_compute;
+            t_tp = r->st[k].t_tp;
+            t_p2p = r->st[k].t_p2p;
+        }
+    fprintf(f, "\ntime per micro-batch (slowest stage): compute %.2f ms, TP %.2f ms, PP p2p %.2f ms\n",
+            1e3 * t_c, 1e3 * t_tp, 1e3 * t_p2p);
+    fprintf(f, "pipeline bubble: %.1f%% of the pipeline phase (pp %d, %d micro-batches, v %d)\n",
+            100 * r->bubble, r->pp, r->n_micro, r->virtual_stages);
+    fprintf(f, "step: %.3f s = pipeline %.3f + DP exposed and optimizer %.3f + embedding %.3f\n",
+            r->t_step, r->t_pipe, r->t_dp_exposed, r->t_embed);
+    fprintf(f, "throughput: %.0f tokens/s | %.1f TFLOP/s per GPU (model FLOPs) | MFU %.1f%%\n",
+            r->tokens_per_s, r->tflops_per_gpu, 100 * r->mfu);
+}
+
+void plan_print(FILE *f, const Config *cfg, const PlanCluster *c, const PlanResult *r)
+{
+    print_layout(f, cfg, c, r);
+    print_memory(f, r);
+    print_comm(f, r);
+    print_time(f, r);
+}
+
+static void print_json(FILE *f, const PlanResult *r)
+{
+    fprintf(f, "{\"tp\": %d, \"pp\": %d, \"dp\": %d, \"zero\": %d, \"micro_batch\": %d, "
+               "\"n_micro\": %d, \"fits\": %s, \"capacity\": %.0f, \"worst\": %d, "
+               "\"step_s\": %.6g, \"tokens_per_s\": %.6g, \"mfu\": %.6g, "
+               "\"model_flops_step\": %.17g, \"stages\": [",
+            r->tp, r->pp, r->dp, r->zero, r->micro_batch, r->n_micro, r->fits ? "true" : "false",
+            r->capacity, r->worst, r->t_step, r->tokens_per_s, r->mfu, r->model_flops_step);
+    for (int k = 0; k < r->pp; k++) {
+        const PlanStage *s = &r->st[k];
+        fprintf(f, "%s{\"layers\": %d, \"inflight\": %d, \"params\": %.0f, \"grads\": %.0f, "
+                   "\"optimizer\": %.0f, \"buffers\": %.0f, \"activations\": %.0f, "
+                   "\"scratch\": %.0f, \"total\": %.0f, \"flops_mb\": %.17g, "
+                   "\"gemm_flops_mb\": %.17g, \"tp_bytes_mb\": %llu, \"kv_bytes_mb\": %llu, "
+                   "\"pp_bytes_step\": %llu, \"dp_bytes_step\": %llu, \"embed_bytes_step\": %llu}",
+                k ? ", " : "", s->layers, s->inflight, s->params, s->grads, s->optimizer,
+                s->buffers, s->activations, s->scratch, s->total, s->flops, s->gemm_flops,
+                (unsigned long long)s->tp_bytes_mb, (unsigned long long)s->kv_bytes_mb,
+                (unsigned long long)s->pp_bytes_step, (unsigned long long)s->dp_bytes_step,
+                (unsigned long long)s->embed_bytes_step);
+    }
+    fprintf(f, "]}\n");
+}
+
+static void print_search(const Config *cfg, const PlanCluster *c, int top)
+{
+    PlanCandidate *best = calloc((size_t)top, sizeof *best);
+    if (!best)
+        trd_fatal(TRD_EXIT_RUNTIME, NULL, "out of memory for %d candidates", top);
+    int fit, tried;
+    const int n = plan_search(cfg, c, best, top, &fit, &tried);
+    printf("cluster: %s, %d node(s) x %d GPUs (%d GPUs), %.0f GiB each\n", c->name, c->nodes,
+           c->gpus_per_node, cluster_gpus(c), c->gpu_memory_gib);
+    printf("model: %s, %d layers, hidden %d, seq %d, global batch %d: %.2f B parameters\n",
+           config_arch_name(cfg->model.arch), cfg->model.layers, cfg->model.hidden,
+           cfg->model.seq_len, cfg->training.global_batch,
+           1e-9 * (double)params_count_real(&cfg->model));
+    printf("search: %d valid layouts evaluated, %d fit; best %d by estimated tokens/s:\n\n",
+           tried, fit, n < top ? n : top);
+    printf("  #  tp  pp   dp zero mb  v recompute  GiB/GPU   step s   tokens/s    MFU  why\n");
+    for (int i = 0; i < n; i++) {
+        const PlanResult *r = &best[i].r;
+        printf("%3d %3d %3d %4d %4d %2d %2d %-9s %8.1f %8.3f %10.0f %5.1f%%  %s%s\n", i + 1,
+               r->tp, r->pp, r->dp, r->zero, r->micro_batch, r->virtual_stages,
+               recompute_name(r->recompute), r->st[r->worst].total / GIB, r->t_step,
+               r->tokens_per_s, 100 * r->mfu, r->fits ? "" : "DOES NOT FIT: ", best[i].why);
+    }
+    free(best);
+}
+
+/* The default cluster: this machine's class for the CPU backend, else
+ * enough A100 80 GB nodes for the world. */
+static void default_cluster(const Config *cfg, int world, PlanCluster *c)
+{
+    char err[CFG_ERR];
+    const int cpu = cfg->backend == BACKEND_CPU;
+    TRD_ASSERT(cluster_preset(cpu ? "cpu" : "a100-80gb", c, err) == 0);
+    if (cpu) {
+        c->gpus_per_node = world > 0 ? world : 1;
+    } else {
+        c->nodes = world > 8 ? (world + 7) / 8 : 1;
+        if (world < 8 && world > 0)
+            c->gpus_per_node = world;
+    }
+}
+
+int plan_main(int argc, char **argv)
+{
+    Args a;
+    if (parse_args(argc, argv, &a))
+        return TRD_EXIT_OK;
+    Config cfg;
+    char err[CFG_ERR];
+    if (config_load(&cfg, a.config_path, err) != 0)
+        trd_fatal(TRD_EXIT_INPUT, NULL, "%s", err);
+    for (int i = 0; i < a.n_sets; i++)
+        if (config_set(&cfg, a.sets[i], err) != 0)
+            trd_fatal(TRD_EXIT_INPUT, NULL, "%s", err);
+
+    PlanCluster c;
+    if (a.cluster && cluster_load(a.cluster, &c, err) != 0)
+        trd_fatal(TRD_EXIT_INPUT, "see docs/plan.md for the cluster keys and presets", "%s", err);
+    const TopologyConfig *t = &cfg.topology;
+    int world = t->dp > 0 ? t->tp * t->pp * t->dp : 0;
+    if (a.search || !world) {
+        if (!a.cluster)
+            trd_fatal(TRD_EXIT_INPUT, "e.g. --cluster a100-80gb:16x8",
+                      a.search ? "--search needs --cluster: it lays out the whole cluster"
+                               : "topology.dp is auto: give --cluster so the world is known");
+        world = cluster_gpus(&c);
+    }
+    if (!a.cluster)
+        default_cluster(&cfg, world, &c);
+    if (world > cluster_gpus(&c))
+        trd_fatal(TRD_EXIT_INPUT, "give a larger --cluster (PRESET:NODESxGPUS) or a smaller layout",
+                  "the layout needs %d GPUs; cluster %s has %d", world, c.name, cluster_gpus(&c));
+    if (cfg.topology.ranks_per_node == 0)
+        cfg.topology.ranks_per_node = c.gpus_per_node < world ? c.gpus_per_node : world;
+    if (config_validate(&cfg, a.search ? 0 : world, err) != 0)
+        trd_fatal(TRD_EXIT_INPUT, NULL, "%s", err);
+
+    if (a.search) {
+        print_search(&cfg, &c, a.top);
+        return TRD_EXIT_OK;
+    }
+    PlanResult r;
+    if (plan_evaluate(&cfg, &c, &r, err) != 0)
+        trd_fatal(TRD_EXIT_INPUT, NULL, "%s", err);
+    if (a.json) {
+        print_json(stdout, &r);
+        return TRD_EXIT_OK;
+    }
+    printf("trident plan: %s\n", a.config_path);
+    plan_print(stdout, &cfg, &c, &r);
+    if (!r.fits) {
+        PlanCluster same = c;
+        same.nodes = (world + c.gpus_per_node - 1) / c.gpus_per_node;
+        char hint[512];
+        if (plan_suggest(&cfg, &same, hint, sizeof hint) == 0) {
+            printf("what fits on %d GPUs: %s\n", cluster_gpus(&same), hint);
+        } else { /* nothing on this many GPUs: the smallest power-of-two multiple that fits */
+            printf("what fits on %d GPUs: nothing (%s)\n", cluster_gpus(&same), hint);
+            for (int k = 0; k < 7; k++) {
+                same.nodes *= 2;
+                if (plan_suggest(&cfg, &same, hint, sizeof hint) == 0) {
+                    printf("smallest %s cluster that fits: %d node(s) x %d GPUs: %s\n", c.name,
+                           same.nodes, same.gpus_per_node, hint);
+                    break;
+                }
+            }
+        }
+    }
+    return TRD_EXIT_OK;
+}

@@ -1,0 +1,173 @@
+/* test_plan.c — the planner's FLOPs against the GEMMs actually run, its
+ * memory against the model's own report, and the cluster description.
+ *
+ *  - FLOPs: one forward + backward of a tiny GPT-2 and Llama on the CPU
+ *    backend, counting 2*N*C*OC per GEMM (backend_cpu_gemm_flops); the
+ *    count must equal the plan's GEMM FLOPs per micro-batch, and the model
+ *    FLOPs of model_flops_per_token once its two conventions are undone by
+ *    hand (attention 12*L*T*C is not a weight GEMM; the head multiplies by
+ *    the padded vocabulary, the MFU numerator counts the real one).
+ *  - Memory: model_plan_memory equals model_memory of a created model for
+ *    each recompute mode and several activation-set counts.
+ *  - Cluster: presets, PRESET:NxG, a YAML file, and errors naming
+ *    file:line:column. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "backend/backend.h"
+#include "check.h"
+#include "model/model.h"
+#include "plan/plan.h"
+
+enum { B = 2, T = 16 };
+
+static void tiny(Config *c, ModelArch arch, Recompute rc)
+{
+    char err[CFG_ERR];
+    config_defaults(c);
+    c->model.arch = arch;
+    c->model.layers = 3;
+    c->model.hidden = 32;
+    c->model.heads = 4;
+    c->model.kv_heads = arch == ARCH_LLAMA ? 2 : 0;
+    c->model.vocab = 101;
+    c->model.vocab_pad_multiple = 16; /* Vp = 112: 11 padding rows */
+    c->model.seq_len = T;
+    c->training.steps = 1;
+    snprintf(c->data.path, sizeof c->data.path, "unused");
+    c->training.lr = 1e-3f;
+    c->training.global_batch = B;
+    c->training.micro_batch = B;
+    c->training.recompute = rc;
+    c->topology.ranks_per_node = 1;
+    if (config_validate(c, 1, err) != 0) {
+        fprintf(stderr, "config: %s\n", err);
+        exit(1);
+    }
+}
+
+static void check_flops(ModelArch arch)
+{
+    Config c;
+    tiny(&c, arch, RECOMPUTE_NONE);
+    const ModelConfig *mc = &c.model;
+    ParamShard sh = params_full_shard(mc);
+    Model *m = model_create(&c, backend_cpu(), &sh, B);
+    int32_t tok[B * T], tgt[B * T];
+    for (int i = 0; i < B * T; i++) {
+        tok[i] = (i * 7) % mc->vocab;
+        tgt[i] = (i * 13 + 5) % mc->vocab;
+    }
+    backend_cpu_gemm_flops_reset();
+    model_forward(m, tok, tgt);
+    model_backward(m, 1.0f);
+    const double counted = backend_cpu_gemm_flops();
+    model_free(m);
+
+    PlanCluster cl;
+    char err[CFG_ERR];
+    CHECK(cluster_preset("cpu", &cl, err) == 0, "%s", err);
+    PlanResult r;
+    CHECK(plan_evaluate(&c, &cl, &r, err) == 0, "%s", err);
+    CHECK_CLOSE(r.st[0].gemm_flops, counted, 0, 0.5, "plan GEMM FLOPs per micro-batch");
+
+    /* By hand from the shapes: per layer qkv (H + 2 KVH) hs x C, proj C x C,
+     * MLP 2 (GPT-2) or 3 (Llama) C x F; the head Vp x C; 6 FLOPs per weight
+     * and token (forward 2, backward 4). */
+    const double C = mc->hidden, F = mc->ffn_hidden, hs = C / mc->heads, N = B * T;
+    const double Vp = params_padded_vocab(mc, 1);
+    const double layer = (mc->heads + 2.0 * mc->kv_heads) * hs * C + C * C +
+                         (arch == ARCH_GPT2 ? 2 : 3) * C * F;
+    const double by_hand = 6 * N * (mc->layers * layer + Vp * C);
+    CHECK_CLOSE(counted, by_hand, 0, 0.5, "GEMM FLOPs from the shapes by hand");
+    const double model = model_flops_per_token(mc) * N - 12.0 * mc->layers * T * C * N +
+                         6 * N * (Vp - mc->vocab) * C;
+    CHECK_CLOSE(counted, model, 1e-12, 0.5, "model_flops_per_token, conventions undone");
+    CHECK_CLOSE(r.model_flops_step, model_flops_per_token(mc) * N, 1e-12, 0,
+                "plan model FLOPs per step");
+    printf("flops %s: counted %.0f, plan %.0f, by hand %.0f\n", config_arch_name(arch), counted,
+           r.st[0].gemm_flops, by_hand);
+}
+
+static void check_memory(ModelArch arch, Recompute rc, int sets)
+{
+    Config c;
+    tiny(&c, arch, rc);
+    ParamShard sh = params_full_shard(&c.model);
+    Model *m = model_create_unbound(&c, backend_cpu(), &sh, B);
+    model_set_activation_sets(m, sets);
+    const MemoryReport real = model_memory(m), plan = model_plan_memory(&c, &sh, B, sets);
+    model_free(m);
+    CHECK(real.activations == plan.activations, "activations %zu vs %zu (rc %d, sets %d)",
+          real.activations, plan.activations, rc, sets);
+    CHECK(real.scratch == plan.scratch, "scratch %zu vs %zu", real.scratch, plan.scratch);
+}
+
+static void write_file(const char *path, const char *text)
+{
+    FILE *f = fopen(path, "w");
+    CHECK(f != NULL, "cannot write %s", path);
+    if (f) {
+        fputs(text, f);
+        fclose(f);
+    }
+}
+
+static void check_cluster(void)
+{
+    PlanCluster c;
+    char err[CFG_ERR];
+    CHECK(cluster_load("a100-80gb:16x8", &c, err) == 0, "%s", err);
+    CHECK(c.nodes == 16 && c.gpus_per_node == 8 && cluster_gpus(&c) == 128, "16x8");
+    CHECK(c.peak_tflops == 312.0 && c.gpu_memory_gib == 80.0, "A100 80GB preset");
+    CHECK(cluster_load("h100-sxm", &c, err) == 0 && c.peak_tflops == 989.0, "H100 preset");
+    CHECK(cluster_load("a100-80gb:16", &c, err) != 0 && strstr(err, "NODESxGPUS"), "%s", err);
+
+    char dir[] = "/tmp/trd_plan_XXXXXX";
+    CHECK(mkdtemp(dir) != NULL, "mkdtemp");
+    char path[256];
+    snprintf(path, sizeof path, "%s/ok.yaml", dir);
+    write_file(path, "preset: h200\nnodes: 4\nnetwork_gbps: 40\n");
+    CHECK(cluster_load(path, &c, err) == 0, "%s", err);
+    CHECK(c.nodes == 4 && c.network_gbps == 40 && c.gpu_memory_gib == 140, "h200 file");
+
+    snprintf(path, sizeof path, "%s/bad_key.yaml", dir);
+    write_file(path, "preset: h200\nnodes: 4\nnvlink_gbs: 40\n");
+    CHECK(cluster_load(path, &c, err) != 0 && strstr(err, "bad_key.yaml:3:1") &&
+              strstr(err, "nvlink_gbs"),
+          "unknown key: %s", err);
+    snprintf(path, sizeof path, "%s/bad_value.yaml", dir);
+    write_file(path, "preset: a100-40gb\nnodes: -2\n");
+    CHECK(cluster_load(path, &c, err) != 0 && strstr(err, "bad_value.yaml:2:8") &&
+              strstr(err, "nodes"),
+          "bad value: %s", err);
+    snprintf(path, sizeof path, "%s/no_preset.yaml", dir);
+    write_file(path, "nodes: 2\n");
+    CHECK(cluster_load(path, &c, err) != 0 && strstr(err, "preset"), "no preset: %s", err);
+    snprintf(path, sizeof path, "%s/bad_preset.yaml", dir);
+    write_file(path, "preset: v100\n");
+    CHECK(cluster_load(path, &c, err) != 0 && strstr(err, "bad_preset.yaml:1:9"),
+          "bad preset: %s", err);
+    printf("cluster error: %s\n", err);
+    const char *names[] = {"ok", "bad_key", "bad_value", "no_preset", "bad_preset"};
+    for (size_t i = 0; i < sizeof names / sizeof *names; i++) {
+        snprintf(path, sizeof path, "%s/%s.yaml", dir, names[i]);
+        unlink(path);
+    }
+    rmdir(dir);
+}
+
+int main(void)
+{
+    check_flops(ARCH_GPT2);
+    check_flops(ARCH_LLAMA);
+    for (int rc = RECOMPUTE_NONE; rc <= RECOMPUTE_FULL; rc++)
+        for (int sets = 1; sets <= 3; sets += 2) {
+            check_memory(ARCH_GPT2, (Recompute)rc, sets);
+            check_memory(ARCH_LLAMA, (Recompute)rc, sets);
+        }
+    check_cluster();
+    return check_summary("plan");
+}

@@ -9,6 +9,10 @@
 #include <stddef.h>
 
 enum { TRD_EXIT_OK = 0, TRD_EXIT_RUNTIME = 1, TRD_EXIT_INPUT = 2 };
+/* Stopped on SIGUSR1/SIGTERM after saving a checkpoint: run it again and it
+ * resumes (the Slurm templates requeue the job on it; docs/slurm.md).  75 is
+ * sysexits.h's EX_TEMPFAIL, "try again later". */
+#define TRD_EXIT_PREEMPTED 75
 
 /* Print "trident: error: <message>" and, when hint is not NULL,
  * "---> <hint>" on stderr, then end the job with `code`. */

@@ -112,6 +112,18 @@ typedef enum { TOPO_MAP_TABLE = 0, TOPO_MAP_JSON = 1, TOPO_MAP_SUMMARY = 2 } Top
 int topology_print_map(FILE *f, const TopologyConfig *tc, int world, int ranks_per_node,
                        TopoMapFormat format, char err[CFG_ERR]);
 
+/* ---- the live run's placement, for the printed map ----
+ * topology_init records how the nodes were found and, on rank 0, every
+ * node's name (SLURMD_NODENAME under srun, else the host name).  When
+ * topology_print_map then prints the same world and ranks per node (the
+ * trainer's map at start), it adds a line on the placement, the node names
+ * and a host column; `trident topology` (nothing launched) has none. */
+#define TOPO_NAME 64
+/* names: nodes * TOPO_NAME bytes, node n's name at n * TOPO_NAME, or NULL.
+ * Copied.  A world of 0 forgets what was recorded. */
+void topology_set_live(int world, int ranks_per_node, const char *source, const char *names,
+                       int nodes);
+
 /* ---- live part (MPI) ---- */
 
 /* Every rank of `world` calls this once, after config_validate.  Determines

@@ -3,7 +3,62 @@
  * at start, from the same pure core, so what is printed is what runs. */
 #include "topology/topology.h"
 
+#include <stdlib.h>
 #include <string.h>
+
+#include "core/error.h"
+
+/* What topology_init found about the running job (topology_set_live). */
+static struct {
+    int world, ranks_per_node, nodes;
+    char source[128];
+    char *names; /* nodes * TOPO_NAME, or NULL */
+} live;
+
+void topology_set_live(int world, int ranks_per_node, const char *source, const char *names,
+                       int nodes)
+{
+    free(live.names);
+    memset(&live, 0, sizeof live);
+    if (world <= 0)
+        return;
+    live.world = world;
+    live.ranks_per_node = ranks_per_node;
+    snprintf(live.source, sizeof live.source, "%s", source ? source : "");
+    if (names && nodes > 0) {
+        live.nodes = nodes;
+        live.names = trd_malloc((size_t)nodes * TOPO_NAME, "node names");
+        memcpy(live.names, names, (size_t)nodes * TOPO_NAME);
+    }
+}
+
+/* The recorded name of node n of the map t, or NULL when t is not the
+ * live layout (e.g. `trident topology`). */
+static const char *live_name(const Topology *t, int node)
+{
+    if (!live.names || live.world != t->world || live.ranks_per_node != t->ranks_per_node ||
+        node >= live.nodes)
+        return NULL;
+    return live.names + (size_t)node * TOPO_NAME;
+}
+
+/* "placement: ...; nodes: 0 node1 (ranks 0-3), 1 node2 (ranks 4-7)" for
+ * the live layout; the first 16 nodes, then a count. */
+static void print_live(FILE *f, const Topology *t)
+{
+    if (live.world != t->world || live.ranks_per_node != t->ranks_per_node)
+        return;
+    fprintf(f, "placement: %s; a GPU run uses device <local rank>\n", live.source);
+    if (!live_name(t, 0))
+        return;
+    fprintf(f, "nodes:");
+    for (int n = 0; n < t->nodes && n < 16; n++)
+        fprintf(f, "%s %d %s (ranks %d-%d)", n ? "," : "", n, live_name(t, n),
+                n * t->ranks_per_node, (n + 1) * t->ranks_per_node - 1);
+    if (t->nodes > 16)
+        fprintf(f, ", ... (%d nodes)", t->nodes);
+    fputc('\n', f);
+}
 
 /* Members of a group for the table: all of them when few, else the first
  * two, the last and the count. */
@@ -92,21 +147,29 @@ static void print_summary(FILE *f, const Topology *t, const char *order)
         fprintf(f, "stages on nodes of their own: %s\n", t->stages_share_nodes ? "no" : "yes");
     if (t->warning[0])
         fprintf(f, "warning: %s\n", t->warning);
+    print_live(f, t);
 }
 
+/* With the live node names, a host column after the node number. */
 static void print_table(FILE *f, const Topology *t)
 {
-    fprintf(f, "\n%5s %5s %6s %4s %4s %4s  %-20s %-20s %s\n", "rank", "node", "local", "tp",
-            "dp", "pp", "tp group", "dp group", "pp group");
+    const int hosts = live_name(t, 0) != NULL;
+    fprintf(f, "\n%5s %5s", "rank", "node");
+    if (hosts)
+        fprintf(f, " %-12s", "host");
+    fprintf(f, " %6s %4s %4s %4s  %-20s %-20s %s\n", "local", "tp", "dp", "pp", "tp group",
+            "dp group", "pp group");
     for (int r = 0; r < t->world; r++) {
         int c[TOPO_AXES];
         char g[TOPO_AXES][64];
         topology_coords_of(t, r, c);
         for (int a = 0; a < TOPO_AXES; a++)
             group_text(topology_group_of(t, r, (TopoAxis)a), g[a], sizeof g[a]);
-        fprintf(f, "%5d %5d %6d %4d %4d %4d  %-20s %-20s %s\n", r, topology_node_of(t, r),
-                r % t->ranks_per_node, c[TOPO_TP], c[TOPO_DP], c[TOPO_PP], g[TOPO_TP],
-                g[TOPO_DP], g[TOPO_PP]);
+        fprintf(f, "%5d %5d", r, topology_node_of(t, r));
+        if (hosts)
+            fprintf(f, " %-12s", live_name(t, topology_node_of(t, r)));
+        fprintf(f, " %6d %4d %4d %4d  %-20s %-20s %s\n", r % t->ranks_per_node, c[TOPO_TP],
+                c[TOPO_DP], c[TOPO_PP], g[TOPO_TP], g[TOPO_DP], g[TOPO_PP]);
     }
 }
 
@@ -150,6 +213,11 @@ static void print_json(FILE *f, const Topology *t, const char *order)
                    "\"pp\": %d",
                 r, topology_node_of(t, r), r % t->ranks_per_node, c[TOPO_TP], c[TOPO_DP],
                 c[TOPO_PP]);
+        const char *host = live_name(t, topology_node_of(t, r));
+        if (host) {
+            fputs(", \"host\": ", f);
+            json_string(f, host);
+        }
         for (int a = 0; a < TOPO_AXES; a++) {
             fprintf(f, ", \"%s_group\": ", topology_axis_name((TopoAxis)a));
             group_json(f, topology_group_of(t, r, (TopoAxis)a));

@@ -12,6 +12,8 @@
 #include <errno.h>
 #include <limits.h>
 #include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
 
 #include "core/error.h"
 
@@ -39,14 +41,18 @@ static int lowest_world_rank(Comm *node, int world_rank)
 
 /* Slurm's SLURM_NODEID / SLURM_LOCALID describe this task only under srun;
  * under an mpiexec inside an allocation every rank inherits the same values.
- * Accept them only when, on every node, the local ids are 0..n-1 once each
- * (and n matches SLURM_NTASKS_PER_NODE when that is a plain number).
+ * MPI is the source of truth for rank and world: Slurm's SLURM_PROCID and
+ * SLURM_NTASKS, when set, must agree with them.  Accept the node ids only
+ * when, on every node, the local ids are 0..n-1 once each (and n matches
+ * SLURM_NTASKS_PER_NODE when that is a plain number).
  * Returns the key, or -1 on every rank when Slurm cannot be trusted. */
 static int slurm_node_key(Comm *world)
 {
     int node_id = env_int("SLURM_NODEID"), local_id = env_int("SLURM_LOCALID");
     int per_node = env_int("SLURM_NTASKS_PER_NODE");
-    int bad = node_id < 0 || local_id < 0;
+    int procid = env_int("SLURM_PROCID"), ntasks = env_int("SLURM_NTASKS");
+    int bad = node_id < 0 || local_id < 0 || (procid >= 0 && procid != world->rank) ||
+              (ntasks >= 0 && ntasks != world->size);
     comm_allreduce_max_i32(world, &bad, 1);
     if (bad)
         return -1;
@@ -92,10 +98,12 @@ static _Noreturn void fail_once(Comm *world, const char *err)
 }
 
 /* Detected ranks per node, the same on every rank; a placement the layout
- * cannot use ends the job with exit code 2. */
-static int detect_ranks_per_node(Comm *world)
+ * cannot use ends the job with exit code 2.  *from_slurm: whether Slurm's
+ * variables placed the ranks (the same answer on every rank). */
+static int detect_ranks_per_node(Comm *world, int *from_slurm)
 {
     int key = slurm_node_key(world);
+    *from_slurm = key >= 0;
     if (key < 0)
         key = shared_memory_node_key(world);
     /* All-gather by max: every slot starts at -1 and keys are >= 0. */
@@ -137,18 +145,57 @@ static void create_comms(const Topology *t, TopologyComms *c, Comm world)
     TRD_ASSERT(c->mp.size == t->size[TOPO_TP] * pp);
 }
 
+/* This rank's node name: Slurm's name for the node when Slurm placed the
+ * ranks (several slurmd may share one host, as in slurm/cluster), else the
+ * host name. */
+static void node_name(int from_slurm, char name[TOPO_NAME])
+{
+    const char *s = from_slurm ? getenv("SLURMD_NODENAME") : NULL;
+    if (s && *s)
+        snprintf(name, TOPO_NAME, "%s", s);
+    else if (gethostname(name, TOPO_NAME - 1) != 0)
+        snprintf(name, TOPO_NAME, "?");
+    name[TOPO_NAME - 1] = '\0';
+}
+
+/* Gather every node's name on rank 0 (the first rank of each node speaks
+ * for it) and record the placement for the printed map. */
+static void record_live(Comm *world, int rpn, int from_slurm, const char *source)
+{
+    char mine[TOPO_NAME] = {0};
+    node_name(from_slurm, mine);
+    char *all = world->rank == 0 ? trd_malloc((size_t)world->size * TOPO_NAME, "node names")
+                                 : NULL;
+    if (MPI_Gather(mine, TOPO_NAME, MPI_CHAR, all, TOPO_NAME, MPI_CHAR, 0, world->mpi) !=
+        MPI_SUCCESS)
+        trd_fatal(TRD_EXIT_RUNTIME, NULL, "MPI_Gather of the node names failed");
+    const int nodes = world->size / rpn;
+    for (int n = 1; all && n < nodes; n++)
+        memmove(all + (size_t)n * TOPO_NAME, all + (size_t)n * rpn * TOPO_NAME, TOPO_NAME);
+    topology_set_live(world->size, rpn, source, all, nodes);
+    free(all);
+}
+
 void topology_init(Topology *t, TopologyComms *c, const Config *cfg, Comm world)
 {
     const TopologyConfig *tc = &cfg->topology;
-    int rpn = tc->ranks_per_node > 0 ? tc->ranks_per_node : detect_ranks_per_node(&world);
+    int from_slurm = 0;
+    int rpn = tc->ranks_per_node > 0 ? tc->ranks_per_node
+                                     : detect_ranks_per_node(&world, &from_slurm);
     char err[CFG_ERR];
     if (topology_build(t, tc, world.size, rpn, world.rank, err))
         fail_once(&world, err);
+    const char *source = tc->ranks_per_node > 0 ? "nodes from topology.ranks_per_node"
+                         : from_slurm ? "nodes from Slurm (SLURM_NODEID, SLURM_LOCALID), rank "
+                                        "and world from MPI"
+                                      : "nodes from MPI's shared-memory split";
+    record_live(&world, rpn, from_slurm, source);
     create_comms(t, c, world);
 }
 
 void topology_comms_free(TopologyComms *c)
 {
+    topology_set_live(0, 0, NULL, NULL, 0);
     comm_free(&c->tp);
     comm_free(&c->dp);
     comm_free(&c->pp);

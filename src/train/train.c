@@ -25,6 +25,7 @@
 #include "train/metrics.h"
 #include "topology/topology.h"
 #include "train/pipeline.h"
+#include "train/preempt.h"
 #include "train/schedule.h"
 #include "zero/zero.h"
 
@@ -532,6 +533,7 @@ static void set_threads(Comm world)
 static int train(const Config *cfg, Comm world)
 {
     Trainer tr = {.cfg = cfg, .be = backend_cpu()};
+    preempt_install(); /* SIGUSR1/SIGTERM: stop at an agreed step, checkpointed */
     if (cfg->backend == BACKEND_CUDA)
         refuse(world.rank, "set backend: cpu",
                   "backend cuda: this build has no CUDA backend yet (issue 8)");
@@ -600,6 +602,7 @@ static int train(const Config *cfg, Comm world)
         metrics_open(&metrics, cfg->run.dir, cfg->training.steps, cfg->run.log_every, resumed);
     }
     memory_json(&tr, memory, sizeof memory);
+    int exit_code = TRD_EXIT_OK;
     for (int step = tr.start_step; step < cfg->training.steps; step++) {
         double t0 = now_s(), grad_norm;
         float lr;
@@ -622,8 +625,22 @@ static int train(const Config *cfg, Comm world)
         if (rank0)
             metrics_record(&metrics, &s);
         const CheckpointConfig *ck = &cfg->checkpoint;
-        if (ck->dir[0] && (last || (ck->every > 0 && (step + 1) % ck->every == 0)))
+        const int saved = ck->dir[0] && (last || (ck->every > 0 && (step + 1) % ck->every == 0));
+        if (saved)
             ckpt_save_step(&tr, step + 1);
+        /* A signal reaches the ranks at different moments; the all-reduced
+         * flag makes them all stop after this same step (src/train/preempt.h). */
+        if (!last && preempt_agree(&world)) {
+            if (ck->dir[0] && !saved)
+                ckpt_save_step(&tr, step + 1);
+            if (rank0)
+                printf("preempted: a rank got a signal (SIGUSR1/SIGTERM); stopped after step %d "
+                       "of %d, %s; exit %d\n", step + 1, cfg->training.steps,
+                       ck->dir[0] ? "checkpoint saved" : "no checkpoint.dir, nothing saved",
+                       TRD_EXIT_PREEMPTED);
+            exit_code = TRD_EXIT_PREEMPTED;
+            break;
+        }
     }
     dump_weights(&tr);
     finish_trace(&tr);
@@ -638,7 +655,7 @@ static int train(const Config *cfg, Comm world)
     if (tr.has_val)
         dataset_close(&tr.val_data);
     topology_comms_free(&tr.comms);
-    return TRD_EXIT_OK;
+    return exit_code;
 }
 
 int train_main(int argc, char **argv)

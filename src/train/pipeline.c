@@ -22,6 +22,7 @@ struct PipeStage {
     Model *m[CFG_MAX_VIRTUAL];   /* chunk c: model stage c * pp + rank */
     LayerRange layers[CFG_MAX_VIRTUAL];
     int slots[CFG_MAX_VIRTUAL];  /* activation sets of chunk c */
+    float *gsend[CFG_MAX_VIRTUAL]; /* chunk c: slots[c] outgoing gradients [act_elems] */
     const int32_t *tokens, *targets;
     float loss_scale;
     double loss_sum;
@@ -77,6 +78,25 @@ static Model *use_set(PipeStage *p, int mb, int c)
     return p->m[c];
 }
 
+/* A received gradient goes straight into the chunk model's gradient
+ * stream, where its last block's backward reads it. */
+static float *grad_in(void *ctx, int mb, int chunk)
+{
+    (void)mb;
+    return model_grad_stream(((PipeStage *)ctx)->m[chunk]);
+}
+
+/* A sent gradient leaves from a buffer of its own per micro-batch slot,
+ * not from the gradient stream: its receiver may take it only after several
+ * more backwards here (with interleaving, the previous stage runs other
+ * chunks first), and the executor would make each of those backwards wait
+ * for the send to complete before reusing one shared buffer. */
+static float *grad_out_of(void *ctx, int mb, int chunk)
+{
+    PipeStage *p = ctx;
+    return p->gsend[chunk] + (size_t)(mb % p->slots[chunk]) * p->ops.act_elems;
+}
+
 static void chunk_forward(PipeStage *p, Model *m, int c)
 {
     for (int l = p->layers[c].begin; l < p->layers[c].end; l++) {
@@ -116,6 +136,8 @@ static void stage_backward(void *ctx, int mb, int chunk)
     }
     if (first)
         model_embed_backward(m);
+    else /* the input gradient leaves from the micro-batch's own slot */
+        memcpy(grad_out_of(p, mb, chunk), model_grad_stream(m), p->ops.act_elems * sizeof(float));
     if (first || last)
         zero_after_outer_backward(p->z, last_micro);
 }
@@ -128,14 +150,6 @@ static float *act_in(void *ctx, int mb, int chunk)
 static float *act_out(void *ctx, int mb, int chunk)
 {
     return model_stage_output(use_set(ctx, mb, chunk));
-}
-
-/* One gradient stream per chunk model: the executor completes a pending
- * send from it before the next receive or backward writes it. */
-static float *grad_io(void *ctx, int mb, int chunk)
-{
-    (void)mb;
-    return model_grad_stream(((PipeStage *)ctx)->m[chunk]);
 }
 
 static void stage_reduce(void *ctx)
@@ -179,8 +193,12 @@ PipeStage *pipe_create(const Config *cfg, Zero *z, Comm *pp, int n_micro, char e
     p->ops = (PpStage){.ctx = p,
                        .act_elems = (size_t)model_stream_rows(p->m[0]) * (size_t)cfg->model.hidden,
                        .forward = stage_forward, .backward = stage_backward,
-                       .act_in = act_in, .act_out = act_out, .grad_in = grad_io,
-                       .grad_out = grad_io, .reduce = stage_reduce};
+                       .act_in = act_in, .act_out = act_out, .grad_in = grad_in,
+                       .grad_out = grad_out_of, .reduce = stage_reduce};
+    for (int c = 0; c < v; c++)
+        if (!first_stage(p, c))
+            p->gsend[c] = trd_calloc((size_t)p->slots[c] * p->ops.act_elems, sizeof(float),
+                                     "pipeline gradient sends");
     if (cfg->training.trace) { /* the executor's timeline of each step */
         p->stats.span_cap = p->sched.n;
         p->stats.spans = trd_calloc((size_t)p->sched.n, sizeof(PpSpan), "pipeline spans");
@@ -193,6 +211,8 @@ void pipe_free(PipeStage *p)
     if (!p)
         return;
     pp_schedule_free(&p->sched);
+    for (int c = 0; c < p->v; c++)
+        free(p->gsend[c]);
     free(p->stats.spans);
     free(p);
 }

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The test command: install what is missing, build (warnings are errors),
 # fetch the corpus and the reference tokenizer, run every test, then the
-# unit tests again under AddressSanitizer + UndefinedBehaviorSanitizer.
+# unit tests again under AddressSanitizer + UndefinedBehaviorSanitizer, and
+# (with a CUDA toolkit) build the CUDA backend and run two tests with it.
 # Ends with one line "N passed, N failed"; exit status 0 only if none failed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -28,5 +29,20 @@ count build-sanitize
 ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 \
     meson test -C build-sanitize --suite mpi --print-errorlogs --num-processes 1
 count build-sanitize
+
+# With a CUDA toolkit: the CUDA backend must compile and link (issue 8), and
+# the binary with it must still run everything on the CPU where there is no
+# GPU.  The 'gpu' suite needs a device and is run by hand on a GPU machine
+# (docs/cuda.md).
+if command -v nvcc >/dev/null || [ -x /usr/local/cuda/bin/nvcc ]; then
+    if BUILD_DIR=build-cuda scripts/build.sh -Dwerror=true -Dcuda=enabled; then
+        meson test -C build-cuda --no-suite gpu --print-errorlogs --num-processes 1 ops cli
+        count build-cuda
+    else
+        echo "FAIL: the CUDA build (build-cuda, -Dcuda=enabled)"; failed=$((failed + 1))
+    fi
+else
+    echo "no CUDA toolkit (nvcc): the CUDA build is not checked here"
+fi
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ] && [ "$passed" -gt 0 ]

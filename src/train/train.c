@@ -536,7 +536,8 @@ static int train(const Config *cfg, Comm world)
     preempt_install(); /* SIGUSR1/SIGTERM: stop at an agreed step, checkpointed */
     if (cfg->backend == BACKEND_CUDA)
         refuse(world.rank, "set backend: cpu",
-                  "backend cuda: this build has no CUDA backend yet (issue 8)");
+                  "backend cuda: training on the GPU is not wired yet (issue 8; the "
+                  "kernels exist in -Dcuda=enabled builds, see docs/cuda.md)");
     if (cfg->topology.pp > 1 && cfg->topology.zero == 3)
         refuse(world.rank, "use topology.zero 0, 1 or 2 with pipeline parallelism",
                   "topology.zero 3 with topology.pp %d: ZeRO-3 re-gathers every layer for every "

@@ -1,0 +1,88 @@
+/* activation.cu — GELU (tanh approximation) and SwiGLU, elementwise, with
+ * the formulas of the CPU reference (cpu_ops.inc): GELU as x*sigmoid(2u),
+ * which saturates to 0 without NaN when exp overflows. */
+#include "ops.cuh"
+
+#define GELU_K 0.7978845608028654f
+#define GELU_A 0.044715f
+
+__global__ void gelu_forward_kernel(float *out, const float *inp, size_t n)
+{
+    GRID_STRIDE(i, n) {
+        float x = inp[i];
+        float u = GELU_K * (x + GELU_A * x * x * x);
+        out[i] = x / (1 + expf(-2 * u));
+    }
+}
+
+/* d/dx [x s(2u)] = s + 2 x s (1 - s) du/dx */
+__global__ void gelu_backward_kernel(float *dinp, const float *inp, const float *dout,
+                                     size_t n)
+{
+    GRID_STRIDE(i, n) {
+        float x = inp[i];
+        float u = GELU_K * (x + GELU_A * x * x * x);
+        float s = 1 / (1 + expf(-2 * u));
+        float du = GELU_K * (1 + 3 * GELU_A * x * x);
+        dinp[i] += (s + 2 * x * s * (1 - s) * du) * dout[i];
+    }
+}
+
+/* silu(a) * up, silu(a) = a * sigmoid(a) */
+__global__ void swiglu_forward_kernel(float *out, const float *gate, const float *up,
+                                      size_t n)
+{
+    GRID_STRIDE(i, n) {
+        float a = gate[i];
+        out[i] = a / (1 + expf(-a)) * up[i];
+    }
+}
+
+/* d silu / da = s + a s (1 - s); either gradient may be NULL */
+__global__ void swiglu_backward_kernel(float *dgate, float *dup, const float *dout,
+                                       const float *gate, const float *up, size_t n)
+{
+    GRID_STRIDE(i, n) {
+        float a = gate[i], s = 1 / (1 + expf(-a));
+        if (dgate)
+            dgate[i] += dout[i] * up[i] * (s + a * s * (1 - s));
+        if (dup)
+            dup[i] += dout[i] * a * s;
+    }
+}
+
+void cuda_gelu_forward(float *out, const float *inp, size_t n)
+{
+    if (!n)
+        return;
+    gelu_forward_kernel<<<cuda_blocks(n), CUDA_THREADS, 0, cuda_stream()>>>(out, inp, n);
+    CUDA_CHECK_LAUNCH();
+}
+
+void cuda_gelu_backward(float *dinp, const float *inp, const float *dout, size_t n)
+{
+    if (!n)
+        return;
+    gelu_backward_kernel<<<cuda_blocks(n), CUDA_THREADS, 0, cuda_stream()>>>(dinp, inp, dout,
+                                                                           n);
+    CUDA_CHECK_LAUNCH();
+}
+
+void cuda_swiglu_forward(float *out, const float *gate, const float *up, size_t n)
+{
+    if (!n)
+        return;
+    swiglu_forward_kernel<<<cuda_blocks(n), CUDA_THREADS, 0, cuda_stream()>>>(out, gate, up,
+                                                                            n);
+    CUDA_CHECK_LAUNCH();
+}
+
+void cuda_swiglu_backward(float *dgate, float *dup, const float *dout, const float *gate,
+                          const float *up, size_t n)
+{
+    if (!n || (!dgate && !dup))
+        return;
+    swiglu_backward_kernel<<<cuda_blocks(n), CUDA_THREADS, 0, cuda_stream()>>>(
+        dgate, dup, dout, gate, up, n);
+    CUDA_CHECK_LAUNCH();
+}

@@ -1,0 +1,119 @@
+/* backend.cu — the CUDA Backend table and the C helpers of cuda.h: device
+ * selection, device memory, copies, synchronization. */
+#include "ops.cuh"
+
+#include <stdio.h>
+
+/* One stream for every op: the legacy default stream.  It orders the ops
+ * with each other and with cudaMemset / cudaMemcpy / cudaFree without any
+ * event bookkeeping; overlap (a compute and a communication stream) comes
+ * with the NCCL step of issue 8, and only this function changes then. */
+cudaStream_t cuda_stream(void) { return 0; }
+
+extern "C" int backend_cuda_devices(void)
+{
+    int n = 0;
+    /* No driver or no GPU is an answer here, not an error. */
+    if (cudaGetDeviceCount(&n) != cudaSuccess) {
+        (void)cudaGetLastError(); /* clear it for later calls */
+        return 0;
+    }
+    return n;
+}
+
+extern "C" void backend_cuda_set_device(int device)
+{
+    CUDA_CHECK(cudaSetDevice(device));
+}
+
+extern "C" void backend_cuda_device_name(int device, char *buf, size_t size)
+{
+    cudaDeviceProp prop;
+    CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
+    snprintf(buf, size, "%s (sm_%d%d, %.1f GiB)", prop.name, prop.major, prop.minor,
+             (double)prop.totalGlobalMem / (1024.0 * 1024.0 * 1024.0));
+}
+
+extern "C" void *backend_cuda_malloc(size_t bytes, const char *what)
+{
+    void *p = NULL;
+    cudaError_t err = cudaMalloc(&p, bytes ? bytes : 1);
+    if (err != cudaSuccess)
+        trd_fatal(TRD_EXIT_RUNTIME,
+                  "reduce model size or batch, use more ranks, or free the GPU (nvidia-smi)",
+                  "cudaMalloc of %.1f MiB for %s: %s", trd_mib(bytes), what,
+                  cudaGetErrorString(err));
+    return p;
+}
+
+extern "C" void *backend_cuda_calloc(size_t bytes, const char *what)
+{
+    void *p = backend_cuda_malloc(bytes, what);
+    backend_cuda_zero(p, bytes);
+    return p;
+}
+
+extern "C" void backend_cuda_free(void *dev)
+{
+    if (dev)
+        CUDA_CHECK(cudaFree(dev));
+}
+
+extern "C" void backend_cuda_zero(void *dev, size_t bytes)
+{
+    if (bytes)
+        CUDA_CHECK(cudaMemsetAsync(dev, 0, bytes, cuda_stream()));
+}
+
+extern "C" void backend_cuda_to_device(void *dev, const void *host, size_t bytes)
+{
+    if (!bytes)
+        return;
+    CUDA_CHECK(cudaMemcpyAsync(dev, host, bytes, cudaMemcpyHostToDevice, cuda_stream()));
+    CUDA_CHECK(cudaStreamSynchronize(cuda_stream()));
+}
+
+extern "C" void backend_cuda_to_host(void *host, const void *dev, size_t bytes)
+{
+    if (bytes) {
+        CUDA_CHECK(cudaMemcpyAsync(host, dev, bytes, cudaMemcpyDeviceToHost, cuda_stream()));
+        CUDA_CHECK(cudaStreamSynchronize(cuda_stream()));
+    }
+    /* results read on the host must not come from an invalid target */
+    cuda_crossentropy_check_targets();
+}
+
+extern "C" void backend_cuda_synchronize(void)
+{
+    CUDA_CHECK(cudaStreamSynchronize(cuda_stream()));
+    cuda_crossentropy_check_targets();
+}
+
+static const Backend cuda_backend = {
+    .name = "cuda",
+    .matmul_forward = cuda_matmul_forward,
+    .matmul_backward = cuda_matmul_backward,
+    .embedding_forward = cuda_embedding_forward,
+    .embedding_backward = cuda_embedding_backward,
+    .layernorm_forward = cuda_layernorm_forward,
+    .layernorm_backward = cuda_layernorm_backward,
+    .rmsnorm_forward = cuda_rmsnorm_forward,
+    .rmsnorm_backward = cuda_rmsnorm_backward,
+    .gelu_forward = cuda_gelu_forward,
+    .gelu_backward = cuda_gelu_backward,
+    .swiglu_forward = cuda_swiglu_forward,
+    .swiglu_backward = cuda_swiglu_backward,
+    .rope_forward = cuda_rope_forward,
+    .rope_backward = cuda_rope_backward,
+    .attention_forward = cuda_attention_forward,
+    .attention_backward = cuda_attention_backward,
+    .crossentropy_forward = cuda_crossentropy_forward,
+    .crossentropy_backward = cuda_crossentropy_backward,
+    .add = cuda_add,
+    .accumulate = cuda_accumulate,
+    .sumsq = cuda_sumsq,
+    .scale = cuda_scale,
+    .adamw = cuda_adamw,
+};
+
+extern "C" const Backend *backend_cuda(void) { return &cuda_backend; }

@@ -1,0 +1,107 @@
+/* common.cuh — what every CUDA file of the backend shares: the checked-call
+ * macros, the stream the ops run on, launch sizes and block reductions.
+ * Internal to kernels/; C code sees only src/backend/cuda.h. */
+#ifndef TRD_KERNELS_COMMON_CUH
+#define TRD_KERNELS_COMMON_CUH
+
+#include <math.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cuda_runtime.h>
+
+/* error.h is C17: its _Noreturn is not a C++ keyword. */
+#define _Noreturn [[noreturn]]
+extern "C" {
+#include "backend/backend.h"
+#include "core/error.h"
+}
+#undef _Noreturn
+
+#include "backend/cuda.h"
+
+/* Every CUDA runtime call goes through CUDA_CHECK: a failure ends the run
+ * with file:line, the call as written and CUDA's own words. */
+#define CUDA_CHECK(call)                                                        \
+    do {                                                                        \
+        cudaError_t err_ = (call);                                              \
+        if (err_ != cudaSuccess)                                                \
+            trd_fatal(TRD_EXIT_RUNTIME,                                         \
+                      "check the GPU (nvidia-smi), the driver and free memory; " \
+                      "CUDA_LAUNCH_BLOCKING=1 pins the failing kernel",         \
+                      "%s:%d: %s: %s", __FILE__, __LINE__, #call,               \
+                      cudaGetErrorString(err_));                                \
+    } while (0)
+
+/* After each launch: a bad configuration (too many threads, too much
+ * shared memory) is reported here; faults inside the kernel surface at the
+ * next synchronizing call. */
+#define CUDA_CHECK_LAUNCH() CUDA_CHECK(cudaGetLastError())
+
+/* The stream every op of the table runs on (backend.cu). */
+cudaStream_t cuda_stream(void);
+
+/* Launch sizes.  Elementwise kernels loop with a grid stride, so the grid
+ * is capped and any n (size_t) is covered. */
+enum { CUDA_THREADS = 256 };
+static const size_t CUDA_MAX_BLOCKS = 65535;
+
+static inline unsigned cuda_blocks(size_t n)
+{
+    size_t b = (n + CUDA_THREADS - 1) / CUDA_THREADS;
+    if (b == 0)
+        b = 1;
+    return (unsigned)(b < CUDA_MAX_BLOCKS ? b : CUDA_MAX_BLOCKS);
+}
+
+/* for (size_t i over [0, n)) spread over the whole grid */
+#define GRID_STRIDE(i, n)                                                       \
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < (n);     \
+         i += (size_t)gridDim.x * blockDim.x)
+
+/* Sum / max of one value per thread over the whole block (blockDim.x a
+ * multiple of 32, at most 1024); every thread gets the result.  The
+ * trailing __syncthreads lets a caller reduce again with the same scratch. */
+template <typename T> __device__ inline T warp_sum(T v)
+{
+    for (int o = 16; o > 0; o >>= 1)
+        v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+__device__ inline float warp_max(float v)
+{
+    for (int o = 16; o > 0; o >>= 1)
+        v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+template <typename T> __device__ inline T block_sum(T v)
+{
+    __shared__ T part[32];
+    int lane = threadIdx.x % 32, warp = threadIdx.x / 32, nwarps = blockDim.x / 32;
+    v = warp_sum(v);
+    if (lane == 0)
+        part[warp] = v;
+    __syncthreads();
+    T s = lane < nwarps ? part[lane] : (T)0;
+    s = warp_sum(s);
+    __syncthreads();
+    return s;
+}
+
+__device__ inline float block_max(float v)
+{
+    __shared__ float part[32];
+    int lane = threadIdx.x % 32, warp = threadIdx.x / 32, nwarps = blockDim.x / 32;
+    v = warp_max(v);
+    if (lane == 0)
+        part[warp] = v;
+    __syncthreads();
+    float m = lane < nwarps ? part[lane] : -INFINITY;
+    m = warp_max(m);
+    __syncthreads();
+    return m;
+}
+
+#endif

@@ -1,0 +1,100 @@
+/* matmul.cu — the linear layer: GEMMs through cuBLAS in strict fp32, the
+ * bias broadcast and the bias gradient as small kernels.
+ *
+ * cuBLAS is column-major and backend.h row-major.  A row-major [R, K]
+ * matrix is the same memory as a column-major [K, R] one (its transpose),
+ * so each row-major product Y = A . B is computed as Y^T = B^T . A^T with
+ * the operands swapped and no copies.
+ *
+ * Precision: CUBLAS_PEDANTIC_MATH keeps every product in IEEE fp32 (no TF32
+ * tensor cores, which round inputs to 10 mantissa bits; no reduced-
+ * precision reductions), so the results stay within reduction-order noise
+ * of the CPU reference.  The bf16 path of issue 8
+ * will use cuBLASLt with tensor cores. */
+#include "ops.cuh"
+
+#include <cublas_v2.h>
+
+#define CUBLAS_CHECK(call)                                                      \
+    do {                                                                        \
+        cublasStatus_t st_ = (call);                                            \
+        if (st_ != CUBLAS_STATUS_SUCCESS)                                       \
+            trd_fatal(TRD_EXIT_RUNTIME,                                         \
+                      "check the GPU (nvidia-smi), free memory and the shapes", \
+                      "%s:%d: %s: %s", __FILE__, __LINE__, #call,               \
+                      cublasGetStatusString(st_));                              \
+    } while (0)
+
+/* One handle per process, made on first use, bound to the ops' stream. */
+static cublasHandle_t blas_handle(void)
+{
+    static cublasHandle_t h;
+    if (!h) {
+        CUBLAS_CHECK(cublasCreate(&h));
+        CUBLAS_CHECK(cublasSetMathMode(h, CUBLAS_PEDANTIC_MATH));
+        CUBLAS_CHECK(cublasSetStream(h, cuda_stream()));
+    }
+    return h;
+}
+
+/* out[n, o] = bias[o]: the GEMM then adds onto it (beta = 1), as the CPU
+ * reference does. */
+__global__ void bias_broadcast_kernel(float *out, const float *bias, int N, int OC)
+{
+    size_t total = (size_t)N * OC;
+    GRID_STRIDE(i, total)
+        out[i] = bias[i % OC];
+}
+
+/* dbias[o] += sum_n dout[n, o]: one thread per column, rows in order, the
+ * column sum in a register first and added once, exactly as the CPU's
+ * col_sum_acc (same order, same bits).  Neighbouring threads read
+ * neighbouring columns, so each row is read coalesced. */
+__global__ void col_sum_acc_kernel(float *acc, const float *x, int N, int W)
+{
+    int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= W)
+        return;
+    float s = 0;
+    for (int n = 0; n < N; n++)
+        s += x[(size_t)n * W + c];
+    acc[c] += s;
+}
+
+void cuda_matmul_forward(float *out, const float *inp, const float *weight,
+                         const float *bias, int N, int C, int OC)
+{
+    if (N <= 0 || OC <= 0)
+        return;
+    float alpha = 1, beta = 0;
+    if (bias) {
+        bias_broadcast_kernel<<<cuda_blocks((size_t)N * OC), CUDA_THREADS, 0,
+                                cuda_stream()>>>(out, bias, N, OC);
+        CUDA_CHECK_LAUNCH();
+        beta = 1;
+    }
+    /* out^T[OC, N] = weight[OC, C] . inp^T[C, N]; weight is col-major
+     * [C, OC] (op T), inp col-major [C, N] (op N). */
+    CUBLAS_CHECK(cublasSgemm(blas_handle(), CUBLAS_OP_T, CUBLAS_OP_N, OC, N, C, &alpha,
+                             weight, C, inp, C, &beta, out, OC));
+}
+
+void cuda_matmul_backward(float *dinp, float *dweight, float *dbias, const float *dout,
+                          const float *inp, const float *weight, int N, int C, int OC)
+{
+    /* beta = 1 in both GEMMs: gradients accumulate (backend.h). */
+    float alpha = 1, beta = 1;
+    if (N <= 0 || C <= 0 || OC <= 0)
+        return;
+    if (dinp) /* dinp^T[C, N] += weight^T[C, OC] . dout^T[OC, N] */
+        CUBLAS_CHECK(cublasSgemm(blas_handle(), CUBLAS_OP_N, CUBLAS_OP_N, C, N, OC, &alpha,
+                                 weight, C, dout, OC, &beta, dinp, C));
+    if (dweight) /* dweight^T[C, OC] += inp^T[C, N] . dout[N, OC] */
+        CUBLAS_CHECK(cublasSgemm(blas_handle(), CUBLAS_OP_N, CUBLAS_OP_T, C, OC, N, &alpha,
+                                 inp, C, dout, OC, &beta, dweight, C));
+    if (dbias) {
+        col_sum_acc_kernel<<<(OC + CUDA_THREADS - 1) / CUDA_THREADS, CUDA_THREADS, 0,
+                             cuda_stream()>>>(dbias, dout, N, OC);
+        CUDA_CHECK_LAUNCH();
+    }
+}

@@ -1,0 +1,183 @@
+/* norm.cu — LayerNorm and RMSNorm over the C channels of each row.
+ *
+ * Per-row statistics: one block of NORM_THREADS per row, block reductions
+ * in fp32 (the CPU also sums in fp32, in another order).  Weight and bias
+ * gradients: one thread per channel walks the rows in order, as the CPU's
+ * column blocks do. */
+#include "ops.cuh"
+
+enum { NORM_THREADS = 256 };
+
+/* --------------------------------------------------------------- layernorm */
+
+__global__ void layernorm_forward_kernel(float *out, float *mean, float *rstd,
+                                         const float *inp, const float *weight,
+                                         const float *bias, int C, float eps)
+{
+    int n = blockIdx.x;
+    const float *x = inp + (size_t)n * C;
+    float *o = out + (size_t)n * C;
+    float s = 0;
+    for (int c = threadIdx.x; c < C; c += blockDim.x)
+        s += x[c];
+    float mu = block_sum(s) / C;
+    /* two passes: the variance of shifted values does not cancel */
+    float v = 0;
+    for (int c = threadIdx.x; c < C; c += blockDim.x)
+        v += (x[c] - mu) * (x[c] - mu);
+    float rs = 1 / sqrtf(block_sum(v) / C + eps);
+    for (int c = threadIdx.x; c < C; c += blockDim.x) {
+        float y = (x[c] - mu) * rs * weight[c];
+        o[c] = bias ? y + bias[c] : y;
+    }
+    if (threadIdx.x == 0) {
+        mean[n] = mu;
+        rstd[n] = rs;
+    }
+}
+
+/* dx += rstd * (g - mean(g) - xh * mean(g*xh)), g = dout*w, xh = (x-mu)*rstd */
+__global__ void layernorm_backward_dinp_kernel(float *dinp, const float *dout,
+                                               const float *inp, const float *weight,
+                                               const float *mean, const float *rstd, int C)
+{
+    int n = blockIdx.x;
+    const float *x = inp + (size_t)n * C, *d = dout + (size_t)n * C;
+    float *dx = dinp + (size_t)n * C;
+    float mu = mean[n], rs = rstd[n], sg = 0, sgx = 0;
+    for (int c = threadIdx.x; c < C; c += blockDim.x) {
+        float g = d[c] * weight[c];
+        sg += g;
+        sgx += g * (x[c] - mu) * rs;
+    }
+    sg = block_sum(sg) / C;
+    sgx = block_sum(sgx) / C;
+    for (int c = threadIdx.x; c < C; c += blockDim.x)
+        dx[c] += rs * (d[c] * weight[c] - sg - (x[c] - mu) * rs * sgx);
+}
+
+/* dweight[c] += sum_n dout*xh, dbias[c] += sum_n dout (either may be NULL) */
+__global__ void layernorm_backward_params_kernel(float *dweight, float *dbias,
+                                                 const float *dout, const float *inp,
+                                                 const float *mean, const float *rstd, int N,
+                                                 int C)
+{
+    int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= C)
+        return;
+    float sw = 0, sb = 0;
+    for (int n = 0; n < N; n++) {
+        float d = dout[(size_t)n * C + c], x = inp[(size_t)n * C + c];
+        sw += d * (x - mean[n]) * rstd[n];
+        sb += d;
+    }
+    if (dweight)
+        dweight[c] += sw;
+    if (dbias)
+        dbias[c] += sb;
+}
+
+void cuda_layernorm_forward(float *out, float *mean, float *rstd, const float *inp,
+                            const float *weight, const float *bias, int N, int C, float eps)
+{
+    if (N <= 0 || C <= 0)
+        return;
+    layernorm_forward_kernel<<<N, NORM_THREADS, 0, cuda_stream()>>>(out, mean, rstd, inp,
+                                                                   weight, bias, C, eps);
+    CUDA_CHECK_LAUNCH();
+}
+
+void cuda_layernorm_backward(float *dinp, float *dweight, float *dbias, const float *dout,
+                             const float *inp, const float *weight, const float *mean,
+                             const float *rstd, int N, int C)
+{
+    if (N <= 0 || C <= 0)
+        return;
+    if (dinp) {
+        layernorm_backward_dinp_kernel<<<N, NORM_THREADS, 0, cuda_stream()>>>(
+            dinp, dout, inp, weight, mean, rstd, C);
+        CUDA_CHECK_LAUNCH();
+    }
+    if (dweight || dbias) {
+        layernorm_backward_params_kernel<<<(C + CUDA_THREADS - 1) / CUDA_THREADS,
+                                           CUDA_THREADS, 0, cuda_stream()>>>(
+            dweight, dbias, dout, inp, mean, rstd, N, C);
+        CUDA_CHECK_LAUNCH();
+    }
+}
+
+/* ----------------------------------------------------------------- rmsnorm */
+
+__global__ void rmsnorm_forward_kernel(float *out, float *rstd, const float *inp,
+                                       const float *weight, int C, float eps)
+{
+    int n = blockIdx.x;
+    const float *x = inp + (size_t)n * C;
+    float *o = out + (size_t)n * C;
+    float s = 0;
+    for (int c = threadIdx.x; c < C; c += blockDim.x)
+        s += x[c] * x[c];
+    float rs = 1 / sqrtf(block_sum(s) / C + eps);
+    for (int c = threadIdx.x; c < C; c += blockDim.x)
+        o[c] = x[c] * rs * weight[c];
+    if (threadIdx.x == 0)
+        rstd[n] = rs;
+}
+
+/* y = x*r*w, r = (mean(x^2)+eps)^(-1/2):
+ * dx += r*w*dout - x * r^3/C * sum(dout*w*x) */
+__global__ void rmsnorm_backward_dinp_kernel(float *dinp, const float *dout,
+                                             const float *inp, const float *weight,
+                                             const float *rstd, int C)
+{
+    int n = blockIdx.x;
+    const float *x = inp + (size_t)n * C, *d = dout + (size_t)n * C;
+    float *dx = dinp + (size_t)n * C;
+    float rs = rstd[n], s = 0;
+    for (int c = threadIdx.x; c < C; c += blockDim.x)
+        s += d[c] * weight[c] * x[c];
+    float k = block_sum(s) * rs * rs * rs / C;
+    for (int c = threadIdx.x; c < C; c += blockDim.x)
+        dx[c] += rs * weight[c] * d[c] - x[c] * k;
+}
+
+__global__ void rmsnorm_backward_dweight_kernel(float *dweight, const float *dout,
+                                                const float *inp, const float *rstd, int N,
+                                                int C)
+{
+    int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= C)
+        return;
+    float sw = 0;
+    for (int n = 0; n < N; n++)
+        sw += dout[(size_t)n * C + c] * inp[(size_t)n * C + c] * rstd[n];
+    dweight[c] += sw;
+}
+
+void cuda_rmsnorm_forward(float *out, float *rstd, const float *inp, const float *weight,
+                          int N, int C, float eps)
+{
+    if (N <= 0 || C <= 0)
+        return;
+    rmsnorm_forward_kernel<<<N, NORM_THREADS, 0, cuda_stream()>>>(out, rstd, inp, weight, C,
+                                                                 eps);
+    CUDA_CHECK_LAUNCH();
+}
+
+void cuda_rmsnorm_backward(float *dinp, float *dweight, const float *dout, const float *inp,
+                           const float *weight, const float *rstd, int N, int C)
+{
+    if (N <= 0 || C <= 0)
+        return;
+    if (dinp) {
+        rmsnorm_backward_dinp_kernel<<<N, NORM_THREADS, 0, cuda_stream()>>>(
+            dinp, dout, inp, weight, rstd, C);
+        CUDA_CHECK_LAUNCH();
+    }
+    if (dweight) {
+        rmsnorm_backward_dweight_kernel<<<(C + CUDA_THREADS - 1) / CUDA_THREADS,
+                                          CUDA_THREADS, 0, cuda_stream()>>>(dweight, dout,
+                                                                            inp, rstd, N, C);
+        CUDA_CHECK_LAUNCH();
+    }
+}

@@ -1,0 +1,72 @@
+/* ops.cuh — the CUDA ops, one file per concern, gathered into the Backend
+ * table by backend.cu.  Arguments and semantics are those of the Backend
+ * member of the same name (src/backend/backend.h); every pointer is a
+ * device pointer; each call only enqueues work on cuda_stream(). */
+#ifndef TRD_KERNELS_OPS_CUH
+#define TRD_KERNELS_OPS_CUH
+
+#include "common.cuh"
+
+/* matmul.cu (cuBLAS, strict fp32) */
+void cuda_matmul_forward(float *out, const float *inp, const float *weight,
+                         const float *bias, int N, int C, int OC);
+void cuda_matmul_backward(float *dinp, float *dweight, float *dbias, const float *dout,
+                          const float *inp, const float *weight, int N, int C, int OC);
+
+/* embedding.cu */
+void cuda_embedding_forward(float *out, const int32_t *tokens, const float *wte,
+                            const float *wpe, int N, int T, int C, int vocab_start, int V);
+void cuda_embedding_backward(float *dwte, float *dwpe, const float *dout,
+                             const int32_t *tokens, int N, int T, int C, int vocab_start,
+                             int V);
+
+/* norm.cu */
+void cuda_layernorm_forward(float *out, float *mean, float *rstd, const float *inp,
+                            const float *weight, const float *bias, int N, int C, float eps);
+void cuda_layernorm_backward(float *dinp, float *dweight, float *dbias, const float *dout,
+                             const float *inp, const float *weight, const float *mean,
+                             const float *rstd, int N, int C);
+void cuda_rmsnorm_forward(float *out, float *rstd, const float *inp, const float *weight,
+                          int N, int C, float eps);
+void cuda_rmsnorm_backward(float *dinp, float *dweight, const float *dout, const float *inp,
+                           const float *weight, const float *rstd, int N, int C);
+
+/* activation.cu */
+void cuda_gelu_forward(float *out, const float *inp, size_t n);
+void cuda_gelu_backward(float *dinp, const float *inp, const float *dout, size_t n);
+void cuda_swiglu_forward(float *out, const float *gate, const float *up, size_t n);
+void cuda_swiglu_backward(float *dgate, float *dup, const float *dout, const float *gate,
+                          const float *up, size_t n);
+
+/* rope.cu */
+void cuda_rope_forward(float *qkv, int N, int T, int H, int KVH, int hs, float theta);
+void cuda_rope_backward(float *dqkv, int N, int T, int H, int KVH, int hs, float theta);
+
+/* attention.cu */
+void cuda_attention_forward(float *out, float *att, const float *qkv, int B, int T, int H,
+                            int KVH, int hs);
+void cuda_attention_backward(float *dqkv, float *datt, const float *dout, const float *qkv,
+                             const float *att, int B, int T, int H, int KVH, int hs);
+
+/* crossentropy.cu */
+void cuda_crossentropy_forward(float *losses, const float *logits, const int32_t *targets,
+                               int N, int V, int Vp);
+void cuda_crossentropy_backward(float *logits, const int32_t *targets, float dloss, int N,
+                                int V, int Vp);
+/* Ends the run when a kernel since the last call met a target >= V (the
+ * CPU backend checks before computing; the GPU can only flag it).
+ * Synchronizes. */
+void cuda_crossentropy_check_targets(void);
+
+/* vector.cu */
+void cuda_add(float *out, const float *a, const float *b, size_t n);
+void cuda_accumulate(float *y, const float *x, size_t n);
+double cuda_sumsq(const float *x, size_t n);
+void cuda_scale(float *x, float s, size_t n);
+
+/* adamw.cu */
+void cuda_adamw(float *param, float *master, const float *grad, float *m, float *v,
+                size_t n, float lr, float beta1, float beta2, float eps, float weight_decay,
+                int t, int round_bf16);
+
+#endif

@@ -1,0 +1,90 @@
+/* vector.cu — the elementwise helpers (add, accumulate, scale) and the sum
+ * of squares behind the gradient norm. */
+#include "ops.cuh"
+
+__global__ void add_kernel(float *out, const float *a, const float *b, size_t n)
+{
+    GRID_STRIDE(i, n)
+        out[i] = a[i] + b[i];
+}
+
+__global__ void accumulate_kernel(float *y, const float *x, size_t n)
+{
+    GRID_STRIDE(i, n)
+        y[i] += x[i];
+}
+
+__global__ void scale_kernel(float *x, float s, size_t n)
+{
+    GRID_STRIDE(i, n)
+        x[i] *= s;
+}
+
+void cuda_add(float *out, const float *a, const float *b, size_t n)
+{
+    if (!n)
+        return;
+    add_kernel<<<cuda_blocks(n), CUDA_THREADS, 0, cuda_stream()>>>(out, a, b, n);
+    CUDA_CHECK_LAUNCH();
+}
+
+void cuda_accumulate(float *y, const float *x, size_t n)
+{
+    if (!n)
+        return;
+    accumulate_kernel<<<cuda_blocks(n), CUDA_THREADS, 0, cuda_stream()>>>(y, x, n);
+    CUDA_CHECK_LAUNCH();
+}
+
+void cuda_scale(float *x, float s, size_t n)
+{
+    if (!n)
+        return;
+    scale_kernel<<<cuda_blocks(n), CUDA_THREADS, 0, cuda_stream()>>>(x, s, n);
+    CUDA_CHECK_LAUNCH();
+}
+
+/* Sum of squares in double, in a fixed shape: SUMSQ_BLOCKS blocks of
+ * CUDA_THREADS threads whatever n, each block's partial sum stored, then
+ * one block adds the partials.  The same input always gives the same bits
+ * (gradient clipping feeds on it and resumed runs continue bit for bit);
+ * they may differ from the CPU's, which sums in another order. */
+enum { SUMSQ_BLOCKS = CUDA_THREADS };
+
+__device__ double sumsq_part[SUMSQ_BLOCKS];
+__device__ double sumsq_total;
+
+__global__ void sumsq_blocks_kernel(const float *x, size_t n)
+{
+    double s = 0;
+    GRID_STRIDE(i, n)
+        s += (double)x[i] * (double)x[i];
+    s = block_sum(s);
+    if (threadIdx.x == 0)
+        sumsq_part[blockIdx.x] = s;
+}
+
+/* one block of SUMSQ_BLOCKS threads */
+__global__ void sumsq_total_kernel(void)
+{
+    double s = block_sum(sumsq_part[threadIdx.x]);
+    if (threadIdx.x == 0)
+        sumsq_total = s;
+}
+
+double cuda_sumsq(const float *x, size_t n)
+{
+    if (!n)
+        return 0;
+    sumsq_blocks_kernel<<<SUMSQ_BLOCKS, CUDA_THREADS, 0, cuda_stream()>>>(x, n);
+    CUDA_CHECK_LAUNCH();
+    sumsq_total_kernel<<<1, SUMSQ_BLOCKS, 0, cuda_stream()>>>();
+    CUDA_CHECK_LAUNCH();
+    double total = 0;
+    CUDA_CHECK(cudaMemcpyFromSymbolAsync(&total, sumsq_total, sizeof total, 0,
+                                         cudaMemcpyDeviceToHost, cuda_stream()));
+    CUDA_CHECK(cudaStreamSynchronize(cuda_stream()));
+    /* a synchronizing call: report a bad cross-entropy target now */
+    cuda_crossentropy_check_targets();
+    return total;
+}

@@ -1,0 +1,54 @@
+/* cuda.h — the CUDA backend (kernels/), callable from C.
+ *
+ * backend_cuda() returns the same table of ops as backend_cpu(), with the
+ * same semantics (backend.h), but every pointer it is given is a DEVICE
+ * pointer.  The ops run in order on one stream owned by the backend and
+ * return before the GPU has finished; only sumsq (which returns a value)
+ * and the copy-to-host / synchronize helpers below wait for it.
+ *
+ * Built only with -Dcuda=enabled, which also defines TRD_HAVE_CUDA for C
+ * code; see docs/cuda.md. */
+#ifndef TRD_BACKEND_CUDA_H
+#define TRD_BACKEND_CUDA_H
+
+#include <stddef.h>
+
+#include "backend/backend.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* The CUDA ops table (matmuls through cuBLAS in strict fp32). */
+const Backend *backend_cuda(void);
+
+/* Number of usable CUDA devices; 0 when there is no GPU or no driver
+ * (never aborts, so a caller can fall back or skip). */
+int backend_cuda_devices(void);
+/* Select the device of this process (e.g. the node-local rank). */
+void backend_cuda_set_device(int device);
+/* The device's name ("NVIDIA H100 80GB HBM3") into buf. */
+void backend_cuda_device_name(int device, char *buf, size_t size);
+
+/* Device memory; `what` names the buffer in the out-of-memory message.
+ * backend_cuda_calloc returns zeroed memory. */
+void *backend_cuda_malloc(size_t bytes, const char *what);
+void *backend_cuda_calloc(size_t bytes, const char *what);
+void backend_cuda_free(void *dev);
+/* dev[0..bytes) = 0, in order with the ops (asynchronous). */
+void backend_cuda_zero(void *dev, size_t bytes);
+
+/* Copies between host and device memory, in order with the ops.  Both
+ * wait until the copy is done (the host buffer may be reused at once). */
+void backend_cuda_to_device(void *dev, const void *host, size_t bytes);
+void backend_cuda_to_host(void *host, const void *dev, size_t bytes);
+
+/* Wait until every op issued so far has finished; reports a kernel fault
+ * or a cross-entropy target outside the vocabulary found since. */
+void backend_cuda_synchronize(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,663 @@
+/* The CUDA ops (kernels/) against the CPU reference (src/backend/cpu.c).
+ *
+ * For every op of the Backend table: random inputs, several shapes (odd
+ * sizes, more than one block of threads, GQA / MQA / MHA, vocab slices with
+ * foreign and negative tokens, ignored targets, padded vocabularies), the
+ * same inputs given to both backends, the results compared.  Output and
+ * gradient buffers start with random values on both sides: a kernel that
+ * forgets an element, or overwrites a gradient instead of adding to it,
+ * fails.
+ *
+ * Tolerances (|gpu - cpu| <= rtol * (|cpu| + scale), scale = the largest
+ * |cpu| of the array, so cancellation near zero is judged against the size
+ * of the terms that cancelled; a wrong index or a missing term is an error
+ * of the order of the scale and fails whatever the tolerance below):
+ *   exact    add, accumulate, scale, embedding forward and backward, the
+ *            bias gradient, sumsq of integers, bf16 rounding: the same IEEE
+ *            fp32 operations in the same order on both sides;
+ *   1e-5     elementwise ops (GELU, SwiGLU, RoPE, AdamW): a few roundings
+ *            each, expf within 2 ulp on both sides, FMA contraction on the
+ *            GPU: ~1e-6 observed in such kernels, 10x margin;
+ *   1e-4     reductions (GEMMs, norms, attention, cross-entropy): fp32 sums
+ *            of up to a few hundred terms in another order (cuBLAS,
+ *            block reductions), error ~ sqrt(K) * 6e-8 relative to the
+ *            terms, 1e-6..1e-5 at these sizes;
+ *   1e-10    sumsq of random floats: squares are exact in double, only the
+ *            order of the double additions differs (~1e-13 expected; one
+ *            element left out would move the sum by ~1/n >= 6e-8).
+ *
+ * Needs a CUDA device: without one it prints "SKIP: no CUDA device" and
+ * exits 77 (meson's skip code).  Registered only in the suite 'gpu'. */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/backend.h"
+#include "backend/cuda.h"
+#include "check.h"
+
+static const Backend *cpu, *gpu;
+
+/* ------------------------------------------------------------- helpers */
+
+static uint64_t rng_state = 0x243f6a8885a308d3ull;
+
+/* uniform in [-1, 1): xorshift64* */
+static double urand(void)
+{
+    rng_state ^= rng_state >> 12;
+    rng_state ^= rng_state << 25;
+    rng_state ^= rng_state >> 27;
+    uint64_t r = rng_state * 0x2545f4914f6cdd1dull;
+    return (double)(r >> 11) / (double)(1ull << 52) - 1.0;
+}
+
+/* integer in [lo, hi) */
+static int irand(int lo, int hi)
+{
+    int v = lo + (int)((urand() + 1) / 2 * (hi - lo));
+    return v < hi ? v : hi - 1;
+}
+
+/* host array of n values uniform in [-scale, scale) */
+static float *hrand(size_t n, float scale)
+{
+    float *x = malloc((n ? n : 1) * sizeof *x);
+    for (size_t i = 0; i < n; i++)
+        x[i] = (float)(urand() * scale);
+    return x;
+}
+
+/* a device copy of a host array */
+static void *dcopy(const void *host, size_t bytes)
+{
+    void *d = backend_cuda_malloc(bytes, "test buffer");
+    backend_cuda_to_device(d, host, bytes);
+    return d;
+}
+
+static float *dcopyf(const float *host, size_t n) { return dcopy(host, n * sizeof(float)); }
+
+/* the device array's content, in a new host array */
+static float *fetch(const float *dev, size_t n)
+{
+    float *h = malloc((n ? n : 1) * sizeof *h);
+    backend_cuda_to_host(h, dev, n * sizeof *h);
+    return h;
+}
+
+/* One check per array: the worst element against
+ * |got - want| <= rtol * (|want| + max |want|); rtol = 0 asks for equal bits
+ * (0 and -0 apart, which compare equal). */
+static void compare(const char *what, const float *got, const float *want, size_t n,
+                    double rtol)
+{
+    double scale = 0;
+    for (size_t i = 0; i < n; i++)
+        scale = fmax(scale, fabs(want[i]));
+    size_t worst = 0;
+    double worst_excess = -INFINITY;
+    for (size_t i = 0; i < n; i++) {
+        double excess = fabs((double)got[i] - want[i]) - rtol * (fabs(want[i]) + scale);
+        if (isnan(got[i]) != isnan(want[i]))
+            excess = INFINITY;
+        else if (isnan(got[i]))
+            excess = -1;
+        if (excess > worst_excess) {
+            worst_excess = excess;
+            worst = i;
+        }
+    }
+    CHECK(n > 0 && worst_excess <= 0, "%s: element %zu of %zu: gpu %.9g, cpu %.9g (rtol %g)",
+          what, worst, n, n ? got[worst] : 0.0, n ? want[worst] : 0.0, rtol);
+}
+
+/* compare a device array with a host one, then free the device array's
+ * host copy */
+static void compare_dev(const char *what, const float *dev, const float *want, size_t n,
+                        double rtol)
+{
+    float *got = fetch(dev, n);
+    compare(what, got, want, n, rtol);
+    free(got);
+}
+
+enum { R_EXACT = 0 };
+#define R_ELEM 1e-5
+#define R_RED 1e-4
+
+/* --------------------------------------------------------------- matmul */
+
+static void test_matmul(int N, int C, int OC, int with_bias)
+{
+    char what[128];
+    size_t ni = (size_t)N * C, nw = (size_t)OC * C, no = (size_t)N * OC;
+    float *inp = hrand(ni, 1), *w = hrand(nw, 1), *b = with_bias ? hrand(OC, 1) : NULL;
+    float *out = hrand(no, 1), *dout = hrand(no, 1);
+    float *dinp = hrand(ni, 1), *dw = hrand(nw, 1), *db = hrand(OC, 1);
+    float *d_inp = dcopyf(inp, ni), *d_w = dcopyf(w, nw), *d_b = b ? dcopyf(b, OC) : NULL;
+    float *d_out = dcopyf(out, no), *d_dout = dcopyf(dout, no);
+    float *d_dinp = dcopyf(dinp, ni), *d_dw = dcopyf(dw, nw), *d_db = dcopyf(db, OC);
+
+    cpu->matmul_forward(out, inp, w, b, N, C, OC);
+    gpu->matmul_forward(d_out, d_inp, d_w, d_b, N, C, OC);
+    snprintf(what, sizeof what, "matmul %dx%dx%d%s out", N, C, OC, b ? "+bias" : "");
+    compare_dev(what, d_out, out, no, R_RED);
+
+    /* all three gradients, accumulated onto random values */
+    cpu->matmul_backward(dinp, dw, db, dout, inp, w, N, C, OC);
+    gpu->matmul_backward(d_dinp, d_dw, d_db, d_dout, d_inp, d_w, N, C, OC);
+    snprintf(what, sizeof what, "matmul %dx%dx%d dinp", N, C, OC);
+    compare_dev(what, d_dinp, dinp, ni, R_RED);
+    snprintf(what, sizeof what, "matmul %dx%dx%d dweight", N, C, OC);
+    compare_dev(what, d_dw, dw, nw, R_RED);
+    snprintf(what, sizeof what, "matmul %dx%dx%d dbias (same order: exact)", N, C, OC);
+    compare_dev(what, d_db, db, OC, R_EXACT);
+
+    /* NULL gradients are skipped, the others still produced */
+    cpu->matmul_backward(NULL, dw, NULL, dout, inp, w, N, C, OC);
+    gpu->matmul_backward(NULL, d_dw, NULL, d_dout, d_inp, d_w, N, C, OC);
+    cpu->matmul_backward(dinp, NULL, db, dout, inp, w, N, C, OC);
+    gpu->matmul_backward(d_dinp, NULL, d_db, d_dout, d_inp, d_w, N, C, OC);
+    snprintf(what, sizeof what, "matmul %dx%dx%d dinp after a NULL-gradient pass", N, C, OC);
+    compare_dev(what, d_dinp, dinp, ni, R_RED);
+    snprintf(what, sizeof what, "matmul %dx%dx%d dweight alone", N, C, OC);
+    compare_dev(what, d_dw, dw, nw, R_RED);
+    snprintf(what, sizeof what, "matmul %dx%dx%d dbias twice", N, C, OC);
+    compare_dev(what, d_db, db, OC, R_EXACT);
+
+    free(inp), free(w), free(b), free(out), free(dout), free(dinp), free(dw), free(db);
+    backend_cuda_free(d_inp), backend_cuda_free(d_w), backend_cuda_free(d_b);
+    backend_cuda_free(d_out), backend_cuda_free(d_dout), backend_cuda_free(d_dinp);
+    backend_cuda_free(d_dw), backend_cuda_free(d_db);
+}
+
+/* ------------------------------------------------------------ embedding */
+
+/* Tokens drawn from [-3, vocab_start + V + 10): negative ones, ones below
+ * the slice and above it, and repeats; the first four are set so that
+ * every case is there whatever the draw. */
+static void test_embedding(int B, int T, int C, int vocab_start, int V)
+{
+    char what[128];
+    int N = B * T;
+    size_t no = (size_t)N * C, nte = (size_t)V * C, npe = (size_t)T * C;
+    int32_t *tok = malloc(N * sizeof *tok);
+    int foreign = 0;
+    for (int n = 0; n < N; n++) {
+        tok[n] = irand(-3, vocab_start + V + 10);
+        if (n < 4) /* ours, the first past the slice, negative, a repeat */
+            tok[n] = (int32_t[]){vocab_start, vocab_start + V, -1, vocab_start}[n];
+        foreign += tok[n] < vocab_start || tok[n] >= vocab_start + V;
+    }
+    CHECK(foreign > 0 && foreign < N, "embedding test: %d foreign tokens of %d", foreign, N);
+    float *wte = hrand(nte, 1), *wpe = hrand(npe, 1), *out = hrand(no, 1);
+    float *dout = hrand(no, 1), *dwte = hrand(nte, 1), *dwpe = hrand(npe, 1);
+    int32_t *d_tok = dcopy(tok, N * sizeof *tok);
+    float *d_wte = dcopyf(wte, nte), *d_wpe = dcopyf(wpe, npe), *d_out = dcopyf(out, no);
+    float *d_dout = dcopyf(dout, no), *d_dwte = dcopyf(dwte, nte), *d_dwpe = dcopyf(dwpe, npe);
+
+    for (int with_wpe = 1; with_wpe >= 0; with_wpe--) {
+        cpu->embedding_forward(out, tok, wte, with_wpe ? wpe : NULL, N, T, C, vocab_start, V);
+        gpu->embedding_forward(d_out, d_tok, d_wte, with_wpe ? d_wpe : NULL, N, T, C,
+                               vocab_start, V);
+        snprintf(what, sizeof what, "embedding N=%d C=%d start=%d V=%d%s out", N, C,
+                 vocab_start, V, with_wpe ? "" : " (no wpe)");
+        compare_dev(what, d_out, out, no, R_EXACT);
+    }
+    cpu->embedding_backward(dwte, dwpe, dout, tok, N, T, C, vocab_start, V);
+    gpu->embedding_backward(d_dwte, d_dwpe, d_dout, d_tok, N, T, C, vocab_start, V);
+    cpu->embedding_backward(dwte, NULL, dout, tok, N, T, C, vocab_start, V);
+    gpu->embedding_backward(d_dwte, NULL, d_dout, d_tok, N, T, C, vocab_start, V);
+    cpu->embedding_backward(NULL, dwpe, dout, tok, N, T, C, vocab_start, V);
+    gpu->embedding_backward(NULL, d_dwpe, d_dout, d_tok, N, T, C, vocab_start, V);
+    snprintf(what, sizeof what, "embedding N=%d C=%d start=%d dwte", N, C, vocab_start);
+    compare_dev(what, d_dwte, dwte, nte, R_EXACT);
+    snprintf(what, sizeof what, "embedding N=%d C=%d start=%d dwpe", N, C, vocab_start);
+    compare_dev(what, d_dwpe, dwpe, npe, R_EXACT);
+
+    free(tok), free(wte), free(wpe), free(out), free(dout), free(dwte), free(dwpe);
+    backend_cuda_free(d_tok), backend_cuda_free(d_wte), backend_cuda_free(d_wpe);
+    backend_cuda_free(d_out), backend_cuda_free(d_dout), backend_cuda_free(d_dwte);
+    backend_cuda_free(d_dwpe);
+}
+
+/* ---------------------------------------------------------------- norms */
+
+/* inputs with a non-zero mean, so that the centring matters */
+static float *norm_input(size_t n)
+{
+    float *x = hrand(n, 1);
+    for (size_t i = 0; i < n; i++)
+        x[i] += 0.7f;
+    return x;
+}
+
+static void test_layernorm(int N, int C, int with_bias)
+{
+    char what[128];
+    size_t n = (size_t)N * C;
+    float *inp = norm_input(n), *w = hrand(C, 1), *b = with_bias ? hrand(C, 1) : NULL;
+    float *out = hrand(n, 1), *mean = hrand(N, 1), *rstd = hrand(N, 1), *dout = hrand(n, 1);
+    float *dinp = hrand(n, 1), *dw = hrand(C, 1), *db = hrand(C, 1);
+    float *d_inp = dcopyf(inp, n), *d_w = dcopyf(w, C), *d_b = b ? dcopyf(b, C) : NULL;
+    float *d_out = dcopyf(out, n), *d_mean = dcopyf(mean, N), *d_rstd = dcopyf(rstd, N);
+    float *d_dout = dcopyf(dout, n), *d_dinp = dcopyf(dinp, n), *d_dw = dcopyf(dw, C);
+    float *d_db = dcopyf(db, C);
+
+    cpu->layernorm_forward(out, mean, rstd, inp, w, b, N, C, 1e-5f);
+    gpu->layernorm_forward(d_out, d_mean, d_rstd, d_inp, d_w, d_b, N, C, 1e-5f);
+    snprintf(what, sizeof what, "layernorm N=%d C=%d%s out", N, C, b ? "" : " (no bias)");
+    compare_dev(what, d_out, out, n, R_RED);
+    snprintf(what, sizeof what, "layernorm N=%d C=%d mean", N, C);
+    compare_dev(what, d_mean, mean, N, R_RED);
+    snprintf(what, sizeof what, "layernorm N=%d C=%d rstd", N, C);
+    compare_dev(what, d_rstd, rstd, N, R_RED);
+
+    /* backward from the CPU's statistics on both sides (the GPU's were
+     * just checked), all gradients, then subsets */
+    backend_cuda_to_device(d_mean, mean, N * sizeof(float));
+    backend_cuda_to_device(d_rstd, rstd, N * sizeof(float));
+    cpu->layernorm_backward(dinp, dw, db, dout, inp, w, mean, rstd, N, C);
+    gpu->layernorm_backward(d_dinp, d_dw, d_db, d_dout, d_inp, d_w, d_mean, d_rstd, N, C);
+    cpu->layernorm_backward(NULL, dw, NULL, dout, inp, w, mean, rstd, N, C);
+    gpu->layernorm_backward(NULL, d_dw, NULL, d_dout, d_inp, d_w, d_mean, d_rstd, N, C);
+    cpu->layernorm_backward(dinp, NULL, db, dout, inp, w, mean, rstd, N, C);
+    gpu->layernorm_backward(d_dinp, NULL, d_db, d_dout, d_inp, d_w, d_mean, d_rstd, N, C);
+    snprintf(what, sizeof what, "layernorm N=%d C=%d dinp", N, C);
+    compare_dev(what, d_dinp, dinp, n, R_RED);
+    snprintf(what, sizeof what, "layernorm N=%d C=%d dweight", N, C);
+    compare_dev(what, d_dw, dw, C, R_RED);
+    snprintf(what, sizeof what, "layernorm N=%d C=%d dbias", N, C);
+    compare_dev(what, d_db, db, C, R_RED);
+
+    free(inp), free(w), free(b), free(out), free(mean), free(rstd), free(dout);
+    free(dinp), free(dw), free(db);
+    backend_cuda_free(d_inp), backend_cuda_free(d_w), backend_cuda_free(d_b);
+    backend_cuda_free(d_out), backend_cuda_free(d_mean), backend_cuda_free(d_rstd);
+    backend_cuda_free(d_dout), backend_cuda_free(d_dinp), backend_cuda_free(d_dw);
+    backend_cuda_free(d_db);
+}
+
+static void test_rmsnorm(int N, int C)
+{
+    char what[128];
+    size_t n = (size_t)N * C;
+    float *inp = norm_input(n), *w = hrand(C, 1), *out = hrand(n, 1), *rstd = hrand(N, 1);
+    float *dout = hrand(n, 1), *dinp = hrand(n, 1), *dw = hrand(C, 1);
+    float *d_inp = dcopyf(inp, n), *d_w = dcopyf(w, C), *d_out = dcopyf(out, n);
+    float *d_rstd = dcopyf(rstd, N), *d_dout = dcopyf(dout, n), *d_dinp = dcopyf(dinp, n);
+    float *d_dw = dcopyf(dw, C);
+
+    cpu->rmsnorm_forward(out, rstd, inp, w, N, C, 1e-5f);
+    gpu->rmsnorm_forward(d_out, d_rstd, d_inp, d_w, N, C, 1e-5f);
+    snprintf(what, sizeof what, "rmsnorm N=%d C=%d out", N, C);
+    compare_dev(what, d_out, out, n, R_RED);
+    snprintf(what, sizeof what, "rmsnorm N=%d C=%d rstd", N, C);
+    compare_dev(what, d_rstd, rstd, N, R_RED);
+
+    backend_cuda_to_device(d_rstd, rstd, N * sizeof(float));
+    cpu->rmsnorm_backward(dinp, dw, dout, inp, w, rstd, N, C);
+    gpu->rmsnorm_backward(d_dinp, d_dw, d_dout, d_inp, d_w, d_rstd, N, C);
+    cpu->rmsnorm_backward(NULL, dw, dout, inp, w, rstd, N, C);
+    gpu->rmsnorm_backward(NULL, d_dw, d_dout, d_inp, d_w, d_rstd, N, C);
+    cpu->rmsnorm_backward(dinp, NULL, dout, inp, w, rstd, N, C);
+    gpu->rmsnorm_backward(d_dinp, NULL, d_dout, d_inp, d_w, d_rstd, N, C);
+    snprintf(what, sizeof what, "rmsnorm N=%d C=%d dinp", N, C);
+    compare_dev(what, d_dinp, dinp, n, R_RED);
+    snprintf(what, sizeof what, "rmsnorm N=%d C=%d dweight", N, C);
+    compare_dev(what, d_dw, dw, C, R_RED);
+
+    free(inp), free(w), free(out), free(rstd), free(dout), free(dinp), free(dw);
+    backend_cuda_free(d_inp), backend_cuda_free(d_w), backend_cuda_free(d_out);
+    backend_cuda_free(d_rstd), backend_cuda_free(d_dout), backend_cuda_free(d_dinp);
+    backend_cuda_free(d_dw);
+}
+
+/* ---------------------------------------------------------- activations */
+
+/* inputs over [-4, 4) and a few far out, where exp overflows */
+static float *act_input(size_t n)
+{
+    float *x = hrand(n, 4);
+    const float far[] = {-100, -30, 30, 100, -9, 9};
+    for (size_t i = 0; i < n && i < sizeof far / sizeof far[0]; i++)
+        x[i * 7 % n] = far[i];
+    return x;
+}
+
+static void test_gelu(size_t n)
+{
+    char what[96];
+    float *inp = act_input(n), *out = hrand(n, 1), *dout = hrand(n, 1), *dinp = hrand(n, 1);
+    float *d_inp = dcopyf(inp, n), *d_out = dcopyf(out, n), *d_dout = dcopyf(dout, n);
+    float *d_dinp = dcopyf(dinp, n);
+    cpu->gelu_forward(out, inp, n);
+    gpu->gelu_forward(d_out, d_inp, n);
+    snprintf(what, sizeof what, "gelu n=%zu out", n);
+    compare_dev(what, d_out, out, n, R_ELEM);
+    cpu->gelu_backward(dinp, inp, dout, n);
+    gpu->gelu_backward(d_dinp, d_inp, d_dout, n);
+    snprintf(what, sizeof what, "gelu n=%zu dinp", n);
+    compare_dev(what, d_dinp, dinp, n, R_ELEM);
+    free(inp), free(out), free(dout), free(dinp);
+    backend_cuda_free(d_inp), backend_cuda_free(d_out), backend_cuda_free(d_dout);
+    backend_cuda_free(d_dinp);
+}
+
+static void test_swiglu(size_t n)
+{
+    char what[96];
+    float *gate = act_input(n), *up = hrand(n, 2), *out = hrand(n, 1), *dout = hrand(n, 1);
+    float *dgate = hrand(n, 1), *dup = hrand(n, 1);
+    float *d_gate = dcopyf(gate, n), *d_up = dcopyf(up, n), *d_out = dcopyf(out, n);
+    float *d_dout = dcopyf(dout, n), *d_dgate = dcopyf(dgate, n), *d_dup = dcopyf(dup, n);
+    cpu->swiglu_forward(out, gate, up, n);
+    gpu->swiglu_forward(d_out, d_gate, d_up, n);
+    snprintf(what, sizeof what, "swiglu n=%zu out", n);
+    compare_dev(what, d_out, out, n, R_ELEM);
+    cpu->swiglu_backward(dgate, dup, dout, gate, up, n);
+    gpu->swiglu_backward(d_dgate, d_dup, d_dout, d_gate, d_up, n);
+    cpu->swiglu_backward(dgate, NULL, dout, gate, up, n);
+    gpu->swiglu_backward(d_dgate, NULL, d_dout, d_gate, d_up, n);
+    cpu->swiglu_backward(NULL, dup, dout, gate, up, n);
+    gpu->swiglu_backward(NULL, d_dup, d_dout, d_gate, d_up, n);
+    snprintf(what, sizeof what, "swiglu n=%zu dgate", n);
+    compare_dev(what, d_dgate, dgate, n, R_ELEM);
+    snprintf(what, sizeof what, "swiglu n=%zu dup", n);
+    compare_dev(what, d_dup, dup, n, R_ELEM);
+    free(gate), free(up), free(out), free(dout), free(dgate), free(dup);
+    backend_cuda_free(d_gate), backend_cuda_free(d_up), backend_cuda_free(d_out);
+    backend_cuda_free(d_dout), backend_cuda_free(d_dgate), backend_cuda_free(d_dup);
+}
+
+/* ----------------------------------------------------------------- rope */
+
+static void test_rope(int B, int T, int H, int KVH, int hs, float theta)
+{
+    char what[128];
+    int N = B * T;
+    size_t n = (size_t)N * (H + 2 * KVH) * hs;
+    float *qkv = hrand(n, 1), *d_qkv = dcopyf(qkv, n);
+    cpu->rope_forward(qkv, N, T, H, KVH, hs, theta);
+    gpu->rope_forward(d_qkv, N, T, H, KVH, hs, theta);
+    snprintf(what, sizeof what, "rope B=%d T=%d H=%d KVH=%d hs=%d theta=%g forward", B, T, H,
+             KVH, hs, theta);
+    compare_dev(what, d_qkv, qkv, n, R_ELEM);
+    float *g = hrand(n, 1), *d_g = dcopyf(g, n);
+    cpu->rope_backward(g, N, T, H, KVH, hs, theta);
+    gpu->rope_backward(d_g, N, T, H, KVH, hs, theta);
+    snprintf(what, sizeof what, "rope B=%d T=%d H=%d KVH=%d hs=%d backward", B, T, H, KVH, hs);
+    compare_dev(what, d_g, g, n, R_ELEM);
+    free(qkv), free(g);
+    backend_cuda_free(d_qkv), backend_cuda_free(d_g);
+}
+
+/* ------------------------------------------------------------ attention */
+
+static void test_attention(int B, int T, int H, int KVH, int hs)
+{
+    char what[128];
+    size_t nq = (size_t)B * T * (H + 2 * KVH) * hs, no = (size_t)B * T * H * hs;
+    size_t na = (size_t)B * H * T * T;
+    float *qkv = hrand(nq, 2), *out = hrand(no, 1), *att = hrand(na, 1), *datt = hrand(na, 1);
+    float *dout = hrand(no, 1), *dqkv = hrand(nq, 1);
+    float *d_qkv = dcopyf(qkv, nq), *d_out = dcopyf(out, no), *d_att = dcopyf(att, na);
+    float *d_datt = dcopyf(datt, na), *d_dout = dcopyf(dout, no), *d_dqkv = dcopyf(dqkv, nq);
+
+    cpu->attention_forward(out, att, qkv, B, T, H, KVH, hs);
+    gpu->attention_forward(d_out, d_att, d_qkv, B, T, H, KVH, hs);
+    snprintf(what, sizeof what, "attention B=%d T=%d H=%d KVH=%d hs=%d att", B, T, H, KVH, hs);
+    compare_dev(what, d_att, att, na, R_RED);
+    snprintf(what, sizeof what, "attention B=%d T=%d H=%d KVH=%d hs=%d out", B, T, H, KVH, hs);
+    compare_dev(what, d_out, out, no, R_RED);
+
+    /* each backend from its own att, as in training */
+    cpu->attention_backward(dqkv, datt, dout, qkv, att, B, T, H, KVH, hs);
+    gpu->attention_backward(d_dqkv, d_datt, d_dout, d_qkv, d_att, B, T, H, KVH, hs);
+    snprintf(what, sizeof what, "attention B=%d T=%d H=%d KVH=%d hs=%d dqkv", B, T, H, KVH,
+             hs);
+    compare_dev(what, d_dqkv, dqkv, nq, R_RED);
+
+    free(qkv), free(out), free(att), free(datt), free(dout), free(dqkv);
+    backend_cuda_free(d_qkv), backend_cuda_free(d_out), backend_cuda_free(d_att);
+    backend_cuda_free(d_datt), backend_cuda_free(d_dout), backend_cuda_free(d_dqkv);
+}
+
+/* --------------------------------------------------------- crossentropy */
+
+static void test_crossentropy(int N, int V, int Vp)
+{
+    char what[128];
+    size_t n = (size_t)N * Vp;
+    int32_t *tgt = malloc(N * sizeof *tgt);
+    for (int r = 0; r < N; r++)
+        tgt[r] = r % 5 == 1 ? -1 : r % 5 == 3 ? -7 : irand(0, V);
+    tgt[N - 1] = V - 1; /* the last real column */
+    float *logits = hrand(n, 4), *losses = hrand(N, 1);
+    for (int r = 0; r < N; r++)
+        for (int v = V; v < Vp; v++)
+            logits[(size_t)r * Vp + v] = 30; /* would dominate if counted */
+    int32_t *d_tgt = dcopy(tgt, N * sizeof *tgt);
+    float *d_logits = dcopyf(logits, n), *d_losses = dcopyf(losses, N);
+
+    cpu->crossentropy_forward(losses, logits, tgt, N, V, Vp);
+    gpu->crossentropy_forward(d_losses, d_logits, d_tgt, N, V, Vp);
+    snprintf(what, sizeof what, "crossentropy N=%d V=%d Vp=%d losses", N, V, Vp);
+    compare_dev(what, d_losses, losses, N, R_RED);
+
+    cpu->crossentropy_backward(logits, tgt, 0.7f, N, V, Vp);
+    gpu->crossentropy_backward(d_logits, d_tgt, 0.7f, N, V, Vp);
+    float *got = fetch(d_logits, n);
+    snprintf(what, sizeof what, "crossentropy N=%d V=%d Vp=%d dlogits", N, V, Vp);
+    compare(what, got, logits, n, R_RED);
+    int zeros_ok = 1;
+    for (int r = 0; r < N; r++)
+        for (int v = 0; v < Vp; v++)
+            if (tgt[r] < 0 || v >= V)
+                zeros_ok &= got[(size_t)r * Vp + v] == 0;
+    CHECK(zeros_ok, "crossentropy N=%d V=%d Vp=%d: ignored rows and padding get exactly 0",
+          N, V, Vp);
+    free(got), free(tgt), free(logits), free(losses);
+    backend_cuda_free(d_tgt), backend_cuda_free(d_logits), backend_cuda_free(d_losses);
+}
+
+/* ----------------------------------------------------------- vector ops */
+
+static void test_vector(size_t n)
+{
+    char what[96];
+    float *a = hrand(n, 1), *b = hrand(n, 1), *y = hrand(n, 1);
+    float *d_a = dcopyf(a, n), *d_b = dcopyf(b, n), *d_y = dcopyf(y, n);
+    cpu->add(y, a, b, n);
+    gpu->add(d_y, d_a, d_b, n);
+    snprintf(what, sizeof what, "add n=%zu", n);
+    compare_dev(what, d_y, y, n, R_EXACT);
+    cpu->add(a, a, b, n); /* out aliasing a */
+    gpu->add(d_a, d_a, d_b, n);
+    snprintf(what, sizeof what, "add in place n=%zu", n);
+    compare_dev(what, d_a, a, n, R_EXACT);
+    cpu->accumulate(y, b, n);
+    gpu->accumulate(d_y, d_b, n);
+    snprintf(what, sizeof what, "accumulate n=%zu", n);
+    compare_dev(what, d_y, y, n, R_EXACT);
+    cpu->scale(y, 0.37f, n);
+    gpu->scale(d_y, 0.37f, n);
+    snprintf(what, sizeof what, "scale n=%zu", n);
+    compare_dev(what, d_y, y, n, R_EXACT);
+
+    double want = cpu->sumsq(y, n), got = gpu->sumsq(d_y, n), again = gpu->sumsq(d_y, n);
+    CHECK_CLOSE(got, want, 1e-10, 0, "sumsq of random floats");
+    CHECK(got == again, "sumsq n=%zu is deterministic: %.17g then %.17g", n, got, again);
+    free(a), free(b), free(y);
+    backend_cuda_free(d_a), backend_cuda_free(d_b), backend_cuda_free(d_y);
+}
+
+/* sums of squares of integers: every partial sum is an integer below 2^53,
+ * exact in any order, so the values are known exactly */
+static void test_sumsq_exact(void)
+{
+    enum { n = 1000 };
+    float x[n];
+    for (int i = 0; i < n; i++)
+        x[i] = (float)i;
+    float *d = dcopyf(x, n);
+    /* sum of i^2 for i < 1000 = 999*1000*1999/6 */
+    CHECK(gpu->sumsq(d, n) == 332833500.0, "sumsq 0..999: %.17g", gpu->sumsq(d, n));
+    CHECK(gpu->sumsq(d, 3) == 5.0, "sumsq of 3: %g", gpu->sumsq(d, 3));
+    CHECK(gpu->sumsq(d, 0) == 0.0, "sumsq of nothing");
+    float big = 1e8f; /* exact in fp32; its square only in double */
+    backend_cuda_to_device(d, &big, sizeof big);
+    CHECK(gpu->sumsq(d, 1) == 1e16, "sumsq accumulates in double: %.17g", gpu->sumsq(d, 1));
+    backend_cuda_free(d);
+}
+
+/* ---------------------------------------------------------------- adamw */
+
+static void test_adamw(size_t n)
+{
+    const float lr = 3e-3f, b1 = 0.9f, b2 = 0.95f, eps = 1e-8f, wd = 0.1f;
+    float *master = hrand(n, 1), *m = calloc(n, 4), *v = calloc(n, 4), *param = hrand(n, 1);
+    float *d_master = dcopyf(master, n), *d_m = dcopyf(m, n), *d_v = dcopyf(v, n);
+    float *d_param = dcopyf(param, n);
+    /* fp32 training (param aliasing master), then a bf16 working copy */
+    for (int t = 1; t <= 4; t++) {
+        int bf16 = t > 2;
+        float *grad = hrand(n, t == 1 ? 1e-3f : 1), *d_grad = dcopyf(grad, n);
+        cpu->adamw(bf16 ? param : master, master, grad, m, v, n, lr, b1, b2, eps, wd, t, bf16);
+        gpu->adamw(bf16 ? d_param : d_master, d_master, d_grad, d_m, d_v, n, lr, b1, b2, eps,
+                   wd, t, bf16);
+        char what[96];
+        snprintf(what, sizeof what, "adamw step %d%s master", t, bf16 ? " (bf16)" : "");
+        compare_dev(what, d_master, master, n, R_ELEM);
+        snprintf(what, sizeof what, "adamw step %d m", t);
+        compare_dev(what, d_m, m, n, R_ELEM);
+        snprintf(what, sizeof what, "adamw step %d v", t);
+        compare_dev(what, d_v, v, n, R_ELEM);
+        if (bf16) { /* the working copy is the GPU's own master rounded */
+            float *gm = fetch(d_master, n), *gp = fetch(d_param, n);
+            int ok = 1;
+            for (size_t i = 0; i < n; i++)
+                ok &= gp[i] == bf16_round(gm[i]);
+            CHECK(ok, "adamw step %d: param = bf16_round(master)", t);
+            /* and within one bf16 step (2^-7 relative) of the CPU's */
+            snprintf(what, sizeof what, "adamw step %d bf16 param", t);
+            compare(what, gp, param, n, 1.0 / 128);
+            free(gm), free(gp);
+        }
+        free(grad), backend_cuda_free(d_grad);
+    }
+    free(master), free(m), free(v), free(param);
+    backend_cuda_free(d_master), backend_cuda_free(d_m), backend_cuda_free(d_v);
+    backend_cuda_free(d_param);
+}
+
+/* The GPU's bf16 rounding on hand-chosen bits (those of test_ops.c): with
+ * lr = 0 and zero gradients the step leaves master unchanged and param is
+ * master rounded. */
+static void test_bf16_rounding(void)
+{
+    static const uint32_t in[] = {0x3f800000u, 0x3f808000u, 0x3f818000u, 0x3f808001u,
+                                  0x3f807fffu, 0xbf808000u, 0xbf80c000u, 0x3fffffffu,
+                                  0x7f7fffffu, 0x00000000u, 0x80000000u};
+    static const uint32_t want[] = {0x3f800000u, 0x3f800000u, 0x3f820000u, 0x3f810000u,
+                                    0x3f800000u, 0xbf800000u, 0xbf810000u, 0x40000000u,
+                                    0x7f800000u, 0x00000000u, 0x80000000u};
+    enum { n = sizeof in / sizeof in[0] };
+    float w[n], zero[n] = {0}, p[n];
+    memcpy(w, in, sizeof w);
+    float *d_w = dcopyf(w, n), *d_z = dcopyf(zero, n), *d_m = dcopyf(zero, n);
+    float *d_v = dcopyf(zero, n), *d_p = dcopyf(zero, n);
+    gpu->adamw(d_p, d_w, d_z, d_m, d_v, n, 0.0f, 0.9f, 0.999f, 1e-8f, 0.0f, 1, 1);
+    backend_cuda_to_host(p, d_p, sizeof p);
+    for (int i = 0; i < n; i++) {
+        uint32_t got;
+        memcpy(&got, &p[i], sizeof got);
+        CHECK(got == want[i], "gpu bf16 rounding of %08x: %08x, want %08x", in[i], got,
+              want[i]);
+    }
+    backend_cuda_free(d_w), backend_cuda_free(d_z), backend_cuda_free(d_m);
+    backend_cuda_free(d_v), backend_cuda_free(d_p);
+}
+
+/* ----------------------------------------------------------------- main */
+
+static void test_table(void)
+{
+    const Backend *g = gpu;
+    CHECK(g->matmul_forward && g->matmul_backward && g->embedding_forward &&
+              g->embedding_backward && g->layernorm_forward && g->layernorm_backward &&
+              g->rmsnorm_forward && g->rmsnorm_backward && g->gelu_forward &&
+              g->gelu_backward && g->swiglu_forward && g->swiglu_backward &&
+              g->rope_forward && g->rope_backward && g->attention_forward &&
+              g->attention_backward && g->crossentropy_forward &&
+              g->crossentropy_backward && g->add && g->accumulate && g->sumsq && g->scale &&
+              g->adamw,
+          "the CUDA table fills every op");
+    CHECK(strcmp(g->name, "cuda") == 0, "table name %s", g->name);
+}
+
+int main(void)
+{
+    if (backend_cuda_devices() == 0) {
+        printf("SKIP: no CUDA device\n");
+        return 77;
+    }
+    char name[256];
+    backend_cuda_set_device(0);
+    backend_cuda_device_name(0, name, sizeof name);
+    printf("cuda_ops: device 0: %s\n", name);
+    cpu = backend_cpu();
+    gpu = backend_cuda();
+    test_table();
+
+    test_matmul(6, 8, 5, 1);
+    test_matmul(37, 75, 53, 0);
+    test_matmul(37, 75, 53, 1);
+    test_matmul(256, 384, 200, 1);
+    test_matmul(1, 3, 1, 1);
+
+    test_embedding(2, 4, 8, 3, 5);
+    test_embedding(5, 8, 75, 20, 50);    /* odd sizes, vocab slice not at 0 */
+    test_embedding(4, 64, 300, 0, 1000); /* several blocks of channels */
+
+    int shapes[][2] = {{37, 75}, {16, 1000}, {5, 3}, {3, 256}, {2, 4097}};
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+        test_layernorm(shapes[s][0], shapes[s][1], 1);
+        test_layernorm(shapes[s][0], shapes[s][1], 0);
+        test_rmsnorm(shapes[s][0], shapes[s][1]);
+    }
+
+    test_gelu(1001);
+    test_gelu(300000);
+    test_swiglu(1001);
+    test_swiglu(300000);
+
+    test_rope(2, 5, 4, 2, 4, 10000.0f);
+    test_rope(1, 300, 8, 2, 64, 10000.0f); /* hs/2 = 32 pairs, long positions */
+    test_rope(3, 7, 3, 3, 6, 500000.0f);   /* MHA, odd head count */
+    test_rope(2, 9, 4, 1, 2, 10000.0f);    /* MQA, one pair per head */
+
+    test_attention(2, 5, 4, 2, 4);    /* GQA */
+    test_attention(1, 37, 6, 2, 16);  /* GQA, odd T */
+    test_attention(2, 300, 4, 1, 64); /* MQA, T longer than a block of threads */
+    test_attention(3, 17, 3, 3, 8);   /* MHA */
+    test_attention(1, 1, 2, 1, 4);    /* a single position */
+
+    test_crossentropy(37, 1000, 1024);
+    test_crossentropy(8, 50257, 50304); /* GPT-2 vocabulary, padded */
+    test_crossentropy(5, 3, 3);         /* no padding, V below a warp */
+
+    test_vector(1001);
+    /* more than 65535 blocks of 256: the grid-stride loops wrap */
+    test_vector((size_t)17 * 1000 * 1000 + 3);
+    test_sumsq_exact();
+
+    test_adamw(10007);
+    test_bf16_rounding();
+
+    backend_cuda_synchronize();
+    return check_summary("cuda_ops");
+}

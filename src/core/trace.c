@@ -1,6 +1,7 @@
 #include "core/trace.h"
 
 #include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -75,6 +76,12 @@ static double clock_zero(void)
                 offset = t0 - 0.5 * (t1 + t2);
             }
         }
+        /* An offset within the round trip's uncertainty is no evidence of
+         * a different clock: ranks on one machine share theirs exactly, and
+         * a correction there would only add the estimate's noise (ms when
+         * ranks outnumber cores). */
+        if (fabs(offset) <= 0.5 * best_rtt)
+            offset = 0;
     }
     double zero = MPI_Wtime(); /* rank 0's is the one that counts */
     MPI_Bcast(&zero, 1, MPI_DOUBLE, 0, g.world);

@@ -14,7 +14,9 @@
  * Time zero is rank 0's clock when recording starts; every other rank
  * measures its clock's offset from rank 0's by round trips at the start
  * (the best of five), so spans of different machines line up to within
- * half the shortest round trip (microseconds on InfiniBand).  The offset is
+ * half the shortest round trip (microseconds on InfiniBand).  An offset
+ * smaller than that uncertainty is taken as none (ranks of one machine
+ * share a clock exactly).  The offset is
  * not re-measured: clocks that drift apart during a long run drift in the
  * trace too. */
 #ifndef TRD_TRACE_H

@@ -6,17 +6,22 @@
 #include <stdlib.h>
 #include <time.h>
 
+void trd_print_error(const char *hint, const char *fmt, va_list ap)
+{
+    fputs("trident: error: ", stderr);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    if (hint)
+        fprintf(stderr, "---> %s\n", hint);
+    fflush(stderr);
+}
+
 _Noreturn void trd_fatal(int code, const char *hint, const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
-    fputs("trident: error: ", stderr);
-    vfprintf(stderr, fmt, ap);
-    fputc('\n', stderr);
+    trd_print_error(hint, fmt, ap);
     va_end(ap);
-    if (hint)
-        fprintf(stderr, "---> %s\n", hint);
-    fflush(stderr);
 
     /* With more than one rank, a plain exit would leave the others blocked
      * in their next collective: abort the whole job instead. */

@@ -6,6 +6,7 @@
 #ifndef TRD_ERROR_H
 #define TRD_ERROR_H
 
+#include <stdarg.h>
 #include <stddef.h>
 
 enum { TRD_EXIT_OK = 0, TRD_EXIT_RUNTIME = 1, TRD_EXIT_INPUT = 2 };
@@ -15,7 +16,11 @@ enum { TRD_EXIT_OK = 0, TRD_EXIT_RUNTIME = 1, TRD_EXIT_INPUT = 2 };
 #define TRD_EXIT_PREEMPTED 75
 
 /* Print "trident: error: <message>" and, when hint is not NULL,
- * "---> <hint>" on stderr, then end the job with `code`. */
+ * "---> <hint>" on stderr (for a caller that ends the job its own way). */
+void trd_print_error(const char *hint, const char *fmt, va_list ap)
+    __attribute__((format(printf, 2, 0)));
+
+/* Print as trd_print_error, then end the job with `code`. */
 _Noreturn void trd_fatal(int code, const char *hint, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 

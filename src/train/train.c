@@ -502,13 +502,8 @@ static _Noreturn void refuse(int rank, const char *hint, const char *fmt, ...)
     if (rank == 0) {
         va_list ap;
         va_start(ap, fmt);
-        fputs("trident: error: ", stderr);
-        vfprintf(stderr, fmt, ap);
-        fputc('\n', stderr);
+        trd_print_error(hint, fmt, ap);
         va_end(ap);
-        if (hint)
-            fprintf(stderr, "---> %s\n", hint);
-        fflush(stderr);
     }
     comm_finalize();
     exit(TRD_EXIT_INPUT);

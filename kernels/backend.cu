@@ -34,6 +34,49 @@ extern "C" void backend_cuda_device_name(int device, char *buf, size_t size)
              (double)prop.totalGlobalMem / (1024.0 * 1024.0 * 1024.0));
 }
 
+/* What trident allocated on the device, for the memory report: live
+ * allocations with their sizes (a few dozen: every category is one buffer),
+ * the bytes they hold, and the most they ever held. */
+static struct {
+    void **ptr;
+    size_t *bytes;
+    int n, cap;
+    size_t live, peak;
+} allocs;
+
+static void track(void *p, size_t bytes)
+{
+    if (allocs.n == allocs.cap) {
+        allocs.cap = allocs.cap ? 2 * allocs.cap : 64;
+        allocs.ptr = (void **)realloc(allocs.ptr, (size_t)allocs.cap * sizeof(void *));
+        allocs.bytes = (size_t *)realloc(allocs.bytes, (size_t)allocs.cap * sizeof(size_t));
+        if (!allocs.ptr || !allocs.bytes)
+            trd_fatal(TRD_EXIT_RUNTIME, NULL, "out of host memory tracking device buffers");
+    }
+    allocs.ptr[allocs.n] = p;
+    allocs.bytes[allocs.n++] = bytes;
+    allocs.live += bytes;
+    if (allocs.live > allocs.peak)
+        allocs.peak = allocs.live;
+}
+
+static void untrack(void *p)
+{
+    for (int i = 0; i < allocs.n; i++)
+        if (allocs.ptr[i] == p) {
+            allocs.live -= allocs.bytes[i];
+            allocs.ptr[i] = allocs.ptr[--allocs.n];
+            allocs.bytes[i] = allocs.bytes[allocs.n];
+            return;
+        }
+}
+
+extern "C" void backend_cuda_memory(size_t *live, size_t *peak)
+{
+    *live = allocs.live;
+    *peak = allocs.peak;
+}
+
 extern "C" void *backend_cuda_malloc(size_t bytes, const char *what)
 {
     void *p = NULL;
@@ -41,8 +84,9 @@ extern "C" void *backend_cuda_malloc(size_t bytes, const char *what)
     if (err != cudaSuccess)
         trd_fatal(TRD_EXIT_RUNTIME,
                   "reduce model size or batch, use more ranks, or free the GPU (nvidia-smi)",
-                  "cudaMalloc of %.1f MiB for %s: %s", trd_mib(bytes), what,
-                  cudaGetErrorString(err));
+                  "cudaMalloc of %.1f MiB for %s: %s (trident holds %.1f MiB)", trd_mib(bytes),
+                  what, cudaGetErrorString(err), trd_mib(allocs.live));
+    track(p, bytes);
     return p;
 }
 
@@ -55,14 +99,22 @@ extern "C" void *backend_cuda_calloc(size_t bytes, const char *what)
 
 extern "C" void backend_cuda_free(void *dev)
 {
-    if (dev)
-        CUDA_CHECK(cudaFree(dev));
+    if (!dev)
+        return;
+    untrack(dev);
+    CUDA_CHECK(cudaFree(dev));
 }
 
 extern "C" void backend_cuda_zero(void *dev, size_t bytes)
 {
     if (bytes)
         CUDA_CHECK(cudaMemsetAsync(dev, 0, bytes, cuda_stream()));
+}
+
+extern "C" void backend_cuda_copy(void *dst, const void *src, size_t bytes)
+{
+    if (bytes)
+        CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, cuda_stream()));
 }
 
 extern "C" void backend_cuda_to_device(void *dev, const void *host, size_t bytes)
@@ -91,6 +143,13 @@ extern "C" void backend_cuda_synchronize(void)
 
 static const Backend cuda_backend = {
     .name = "cuda",
+    .device = 1,
+    .alloc = backend_cuda_calloc,
+    .release = backend_cuda_free,
+    .zero = backend_cuda_zero,
+    .copy = backend_cuda_copy,
+    .to_backend = backend_cuda_to_device,
+    .to_host = backend_cuda_to_host,
     .matmul_forward = cuda_matmul_forward,
     .matmul_backward = cuda_matmul_backward,
     .embedding_forward = cuda_embedding_forward,

@@ -409,14 +409,14 @@ static void check_model(Comm *tpc, const ModelCase *k, int sp)
 
     /* The gradient norm with replicated elements counted once. */
     const ParamTable *tt = model_params(tm), *ft = model_params(fm);
-    double st = params_grad_sumsq(tt, model_grad_buffer(tm), 0, tt->numel);
+    double st = params_grad_sumsq(tt, backend_cpu(), model_grad_buffer(tm), 0, tt->numel);
     comm_allreduce_f64(tpc, &st, 1);
-    const double sf = params_grad_sumsq(ft, model_grad_buffer(fm), 0, ft->numel);
+    const double sf = params_grad_sumsq(ft, backend_cpu(), model_grad_buffer(fm), 0, ft->numel);
     CHECK_CLOSE(st, sf, 1e-5, 0, "gradient sum of squares over TP");
     /* A range that starts and ends inside tensors: split in two, same sum. */
     const size_t cut = tt->numel / 3 + 1;
-    double parts = params_grad_sumsq(tt, model_grad_buffer(tm), 0, cut) +
-                   params_grad_sumsq(tt, model_grad_buffer(tm) + cut, cut, tt->numel);
+    double parts = params_grad_sumsq(tt, backend_cpu(), model_grad_buffer(tm), 0, cut) +
+                   params_grad_sumsq(tt, backend_cpu(), model_grad_buffer(tm) + cut, cut, tt->numel);
     comm_allreduce_f64(tpc, &parts, 1);
     CHECK_CLOSE(parts, st, 1e-12, 0, "gradient sum of squares over split ranges");
 

@@ -26,6 +26,25 @@
 typedef struct {
     const char *name;
 
+    /* ---- memory ----
+     * Every buffer an op reads or writes lives in the backend's memory:
+     * host memory for the CPU backend, device memory for CUDA (device != 0),
+     * where host code must never dereference it.  Code above the backend
+     * allocates, clears and moves buffers only through these. */
+    int device;
+    /* `bytes` of zeroed memory; `what` names the buffer when it fails (fatal). */
+    void *(*alloc)(size_t bytes, const char *what);
+    void (*release)(void *p);                 /* NULL is a no-op */
+    void (*zero)(void *p, size_t bytes);
+    /* dst = src, both backend memory (they may not overlap). */
+    void (*copy)(void *dst, const void *src, size_t bytes);
+    /* Host <-> backend memory; both return once the host side may be reused
+     * (to_host: once the data is there, after every op issued before it). */
+    void (*to_backend)(void *dst, const void *host, size_t bytes);
+    void (*to_host)(void *host, const void *src, size_t bytes);
+
+    /* ---- ops ---- */
+
     /* out[N,OC] = inp[N,C] @ weight[OC,C]^T (+ bias[OC] when not NULL) */
     void (*matmul_forward)(float *out, const float *inp, const float *weight,
                            const float *bias, int N, int C, int OC);

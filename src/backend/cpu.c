@@ -3,7 +3,10 @@
 #include "backend/backend.h"
 
 #include <cblas.h>
+#include <stdlib.h>
 #include <string.h>
+
+#include "core/error.h"
 
 typedef float real;
 #define NAME(x) cpu_##x
@@ -50,8 +53,26 @@ static void counted_matmul_backward(float *dinp, float *dweight, float *dbias, c
 double backend_cpu_gemm_flops(void) { return gemm_flops; }
 void backend_cpu_gemm_flops_reset(void) { gemm_flops = 0; }
 
+/* Memory of the CPU backend is host memory: the table's memory functions
+ * are the C library's. */
+static void *cpu_alloc(size_t bytes, const char *what)
+{
+    return trd_calloc(bytes ? bytes : 1, 1, what);
+}
+
+static void cpu_release(void *p) { free(p); }
+static void cpu_zero(void *p, size_t bytes) { if (bytes) memset(p, 0, bytes); }
+static void cpu_copy(void *dst, const void *src, size_t bytes) { if (bytes) memcpy(dst, src, bytes); }
+
 static const Backend cpu_backend = {
     .name = "cpu",
+    .device = 0,
+    .alloc = cpu_alloc,
+    .release = cpu_release,
+    .zero = cpu_zero,
+    .copy = cpu_copy,
+    .to_backend = cpu_copy,
+    .to_host = cpu_copy,
     .matmul_forward = counted_matmul_forward,
     .matmul_backward = counted_matmul_backward,
     .embedding_forward = cpu_embedding_forward,

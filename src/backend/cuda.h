@@ -35,8 +35,14 @@ void backend_cuda_device_name(int device, char *buf, size_t size);
 void *backend_cuda_malloc(size_t bytes, const char *what);
 void *backend_cuda_calloc(size_t bytes, const char *what);
 void backend_cuda_free(void *dev);
+/* Bytes of device memory this process holds through backend_cuda_malloc now,
+ * and the most it ever held (cuBLAS's own workspace not included). */
+void backend_cuda_memory(size_t *live, size_t *peak);
 /* dev[0..bytes) = 0, in order with the ops (asynchronous). */
 void backend_cuda_zero(void *dev, size_t bytes);
+
+/* dst = src, both device memory, in order with the ops (asynchronous). */
+void backend_cuda_copy(void *dst, const void *src, size_t bytes);
 
 /* Copies between host and device memory, in order with the ops.  Both
  * wait until the copy is done (the host buffer may be reused at once). */

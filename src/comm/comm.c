@@ -51,9 +51,52 @@ void comm_set_name(Comm *c, const char *name)
     snprintf(c->name, sizeof c->name, "%s", name);
 }
 
+void comm_use_memory(Comm *c, const Backend *be)
+{
+    c->mem = be && be->device ? be : NULL;
+}
+
+/* ---- host staging of device buffers (comm_use_memory) ---- */
+
+static float *host_floats(size_t n)
+{
+    return trd_malloc((n ? n : 1) * sizeof(float), "communication staging buffer");
+}
+
+/* A host copy of n floats of device memory. */
+static float *stage_out(const Comm *c, const float *dev, size_t n)
+{
+    float *host = host_floats(n);
+    c->mem->to_host(host, dev, n * sizeof(float));
+    return host;
+}
+
+/* Copy between buffers of the caller's memory (a group of one). */
+static void copy_floats(const Comm *c, float *dst, const float *src, size_t n)
+{
+    if (c->mem)
+        c->mem->copy(dst, src, n * sizeof(float));
+    else
+        memmove(dst, src, n * sizeof(float));
+}
+
+/* An operation is complete: staged results go back, buffers are freed. */
+static void finish(CommHandle *h)
+{
+    free(h->counts);
+    h->counts = NULL;
+    if (h->host) {
+        if (h->back)
+            h->mem->to_backend(h->back, h->host + h->back_off, h->back_n * sizeof(float));
+        free(h->host);
+        h->host = h->back = NULL;
+    }
+}
+
 Comm comm_split(const Comm *parent, int color, int key)
 {
-    Comm c = {.mpi = MPI_COMM_NULL, .rank = -1, .size = 0};
+    /* The sub-group's buffers are the parent's kind of memory. */
+    Comm c = {.mpi = MPI_COMM_NULL, .rank = -1, .size = 0, .mem = parent->mem};
     check(MPI_Comm_split(parent->mpi, color < 0 ? MPI_UNDEFINED : color, key, &c.mpi),
           "communicator split");
     if (c.mpi == MPI_COMM_NULL)
@@ -128,9 +171,22 @@ static void allreduce(Comm *c, void *buf, size_t n, size_t elem, MPI_Datatype t,
     trace_blocking("all-reduce", c, t0, ring_bytes(c, n * elem / sizeof(float), 2));
 }
 
+/* A blocking float all-reduce, staged when the buffer is device memory. */
+static void allreduce_f32(Comm *c, float *buf, size_t n, MPI_Op op)
+{
+    if (!c->mem || c->size == 1) {
+        allreduce(c, buf, n, sizeof(float), MPI_FLOAT, op);
+        return;
+    }
+    float *host = stage_out(c, buf, n);
+    allreduce(c, host, n, sizeof(float), MPI_FLOAT, op);
+    c->mem->to_backend(buf, host, n * sizeof(float));
+    free(host);
+}
+
 void comm_allreduce_f32(Comm *c, float *buf, size_t n)
 {
-    allreduce(c, buf, n, sizeof(float), MPI_FLOAT, MPI_SUM);
+    allreduce_f32(c, buf, n, MPI_SUM);
 }
 
 void comm_allreduce_f64(Comm *c, double *buf, size_t n)
@@ -172,6 +228,11 @@ CommHandle comm_iallreduce_f32(Comm *c, float *buf, size_t n)
     if (c->size == 1 || n == 0)
         return h;
     TRD_ASSERT(n <= (size_t)INT_MAX);
+    if (c->mem) {
+        h = (CommHandle){.req = MPI_REQUEST_NULL, .host = stage_out(c, buf, n), .back = buf,
+                         .back_n = n, .mem = c->mem};
+        buf = h.host;
+    }
     check(MPI_Iallreduce(MPI_IN_PLACE, buf, (int)n, MPI_FLOAT, MPI_SUM, c->mpi, &h.req),
           "all-reduce");
     c->bytes_sent += ring_bytes(c, n, 2);
@@ -202,10 +263,18 @@ CommHandle comm_ireduce_scatter_range_f32(Comm *c, const float *send, float *rec
     if (hi <= lo)
         return h;
     if (c->size == 1) {
-        memcpy(recv, send, (hi - lo) * sizeof(float));
+        copy_floats(c, recv, send, hi - lo);
         return h;
     }
     h.counts = range_counts(c, lo, hi, S);
+    if (c->mem) { /* host: the whole range to send, then this rank's part received */
+        const size_t n = hi - lo, mine = (size_t)h.counts[c->rank];
+        h.host = host_floats(n + mine);
+        c->mem->to_host(h.host, send, n * sizeof(float));
+        h.back = recv, h.back_off = n, h.back_n = mine, h.mem = c->mem;
+        send = h.host;
+        recv = h.host + n;
+    }
     check(MPI_Ireduce_scatter(send, recv, h.counts, MPI_FLOAT, MPI_SUM, c->mpi, &h.req),
           "reduce-scatter");
     c->bytes_sent += ring_bytes(c, hi - lo, 1);
@@ -224,11 +293,18 @@ CommHandle comm_iallgather_range_f32(Comm *c, const float *mine, float *out, siz
         return h;
     if (c->size == 1) {
         if (mine != out + (a - lo))
-            memmove(out + (a - lo), mine, (b - a) * sizeof(float));
+            copy_floats(c, out + (a - lo), mine, b - a);
         return h;
     }
     h.counts = range_counts(c, lo, hi, S);
     const int rank = c->rank;
+    if (c->mem) { /* gather in place in a host copy of the range, then copy it back */
+        h.host = host_floats(hi - lo);
+        c->mem->to_host(h.host + (a - lo), mine, (b - a) * sizeof(float));
+        h.back = out, h.back_n = hi - lo, h.mem = c->mem;
+        out = h.host;
+        mine = h.host + (a - lo);
+    }
     /* In place when this rank's part already sits where it belongs. */
     const void *send = mine == out + (a - lo) ? MPI_IN_PLACE : (const void *)mine;
     check(MPI_Iallgatherv(send, h.counts[rank], MPI_FLOAT, out, h.counts, h.counts + c->size,
@@ -244,8 +320,7 @@ void comm_wait(CommHandle *h)
 {
     if (h->req != MPI_REQUEST_NULL)
         check(MPI_Wait(&h->req, MPI_STATUS_IGNORE), "wait");
-    free(h->counts);
-    h->counts = NULL;
+    finish(h);
     trace_complete(h);
 }
 
@@ -254,14 +329,31 @@ int comm_test(CommHandle *h)
     int done = 1;
     if (h->req != MPI_REQUEST_NULL)
         check(MPI_Test(&h->req, &done, MPI_STATUS_IGNORE), "test");
-    if (done)
+    if (done) {
+        finish(h);
         trace_complete(h);
+    }
     return done;
 }
 
 void comm_allreduce_max_f32(Comm *c, float *buf, size_t n)
 {
-    allreduce(c, buf, n, sizeof(float), MPI_FLOAT, MPI_MAX);
+    allreduce_f32(c, buf, n, MPI_MAX);
+}
+
+/* The blocking block collectives work in place on size*n floats: staged,
+ * the whole buffer goes to the host and `back` floats of it come back. */
+static float *block_stage(const Comm *c, float *buf, size_t n)
+{
+    return c->mem ? stage_out(c, buf, n * (size_t)c->size) : buf;
+}
+
+static void block_unstage(const Comm *c, float *buf, float *host, size_t back)
+{
+    if (host == buf)
+        return;
+    c->mem->to_backend(buf, host, back * sizeof(float));
+    free(host);
 }
 
 void comm_allgather_block_f32(Comm *c, float *buf, size_t n)
@@ -270,8 +362,10 @@ void comm_allgather_block_f32(Comm *c, float *buf, size_t n)
         return;
     TRD_ASSERT(n * (size_t)c->size <= (size_t)INT_MAX);
     const double t0 = MPI_Wtime();
-    check(MPI_Allgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf, (int)n, MPI_FLOAT, c->mpi),
+    float *x = block_stage(c, buf, n);
+    check(MPI_Allgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, x, (int)n, MPI_FLOAT, c->mpi),
           "all-gather");
+    block_unstage(c, buf, x, n * (size_t)c->size);
     c->bytes_sent += ring_bytes(c, n * (size_t)c->size, 1);
     c->calls++;
     trace_blocking("all-gather", c, t0, ring_bytes(c, n * (size_t)c->size, 1));
@@ -284,8 +378,10 @@ void comm_reduce_scatter_block_f32(Comm *c, float *buf, size_t n)
     TRD_ASSERT(n * (size_t)c->size <= (size_t)INT_MAX);
     /* In place, MPI leaves this rank's reduced block at the start of buf. */
     const double t0 = MPI_Wtime();
-    check(MPI_Reduce_scatter_block(MPI_IN_PLACE, buf, (int)n, MPI_FLOAT, MPI_SUM, c->mpi),
+    float *x = block_stage(c, buf, n);
+    check(MPI_Reduce_scatter_block(MPI_IN_PLACE, x, (int)n, MPI_FLOAT, MPI_SUM, c->mpi),
           "reduce-scatter");
+    block_unstage(c, buf, x, n);
     c->bytes_sent += ring_bytes(c, n * (size_t)c->size, 1);
     c->calls++;
     trace_blocking("reduce-scatter", c, t0, ring_bytes(c, n * (size_t)c->size, 1));
@@ -295,6 +391,11 @@ CommHandle comm_isend_f32(Comm *c, const float *buf, size_t n, int dest, int tag
 {
     CommHandle h = {.req = MPI_REQUEST_NULL};
     TRD_ASSERT(n <= (size_t)INT_MAX);
+    if (c->mem) { /* the host copy is what is sent; freed on completion */
+        h.host = stage_out(c, buf, n);
+        h.mem = c->mem;
+        buf = h.host;
+    }
     check(MPI_Isend(buf, (int)n, MPI_FLOAT, dest, tag, c->mpi, &h.req), "send");
     c->bytes_sent += (uint64_t)n * sizeof(float);
     c->calls++;
@@ -306,11 +407,16 @@ void comm_recv_f32(Comm *c, float *buf, size_t n, int src, int tag)
     TRD_ASSERT(n <= (size_t)INT_MAX);
     MPI_Status st;
     int got = 0;
-    check(MPI_Recv(buf, (int)n, MPI_FLOAT, src, tag, c->mpi, &st), "receive");
+    float *x = c->mem ? host_floats(n) : buf;
+    check(MPI_Recv(x, (int)n, MPI_FLOAT, src, tag, c->mpi, &st), "receive");
     MPI_Get_count(&st, MPI_FLOAT, &got);
     if (got != (int)n)
         trd_fatal(TRD_EXIT_RUNTIME, "the two ranks disagree on the message size",
                   "received %d floats from rank %d (tag %d), expected %zu", got, src, tag, n);
+    if (x != buf) {
+        c->mem->to_backend(buf, x, n * sizeof(float));
+        free(x);
+    }
 }
 
 int comm_probe(Comm *c, int src, int tag)

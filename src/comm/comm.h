@@ -12,6 +12,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "backend/backend.h"
+
 typedef struct {
     MPI_Comm mpi;
     int rank, size;
@@ -23,6 +25,8 @@ typedef struct {
                             * reduce-scatter, all-gather, broadcast (one per call, however
                             * MPI chunks it) and sends; not receives, not barriers, and
                             * nothing on a group of one */
+    const Backend *mem;    /* NULL: float buffers are host memory; else they are this
+                            * (device) backend's and go through host staging buffers */
 } Comm;
 
 /* MPI_Init (with MPI_THREAD_FUNNELED) unless already done; error handlers
@@ -39,6 +43,12 @@ Comm comm_split(const Comm *parent, int color, int key);
 void comm_free(Comm *c);
 /* Name a group for traces (truncated to 11 characters). */
 void comm_set_name(Comm *c, const char *name);
+/* From now on the float buffers given to c's *_f32 calls live in be's memory.
+ * For a device backend (be->device) they are staged through host memory:
+ * copied to the host before MPI sees them, and back once an operation
+ * completes (at comm_wait / comm_test); MPI here is not CUDA-aware.  Host
+ * backends change nothing.  Doubles and ints are always host memory. */
+void comm_use_memory(Comm *c, const Backend *be);
 
 void comm_allreduce_f32(Comm *c, float *buf, size_t n);
 void comm_allreduce_f64(Comm *c, double *buf, size_t n);
@@ -58,6 +68,12 @@ typedef struct {
     char what[32];
     double t0;
     uint64_t bytes;
+    /* Host staging (comm_use_memory): MPI works on `host`; on completion
+     * back_n floats from host + back_off are copied to `back` (device
+     * memory, NULL for none) and host is freed. */
+    float *host, *back;
+    size_t back_off, back_n;
+    const Backend *mem;
 } CommHandle;
 
 /* The part of [lo, hi) that `rank` owns, as [*a, *b). */

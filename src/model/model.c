@@ -154,7 +154,9 @@ typedef struct {
     float **resid;                  /* [nl + 1] x [Ns, C]: resid[i] enters local layer i */
     LayerActs *la;                  /* [nl] */
     HeadActs ha;
-    int32_t *tokens, *targets;      /* [N] each, copies of this micro-batch's */
+    int32_t *tokens, *targets;      /* [N] each, host copies of this micro-batch's */
+    int32_t *ids;                   /* [2N]: the same in backend memory (tokens, then
+                                     * targets); the host copies with the CPU backend */
     int counted;                    /* targets >= 0 in it */
 } ActSet;
 
@@ -169,6 +171,7 @@ struct Model {
     int nl;              /* local layers: sh.chunk[0].end - sh.chunk[0].begin */
 
     float *params, *grads;          /* [table.numel] each, or NULL when the caller binds */
+    float *host_losses;             /* [N] the head's losses read back (device backends) */
     LayerParams *lp, *lg;           /* [nl]: parameters, gradients */
     OuterParams op, og;
     GroupOffsets *lo_off;           /* [nl] */
@@ -178,8 +181,9 @@ struct Model {
      * in flight (a pipeline stage under 1F1B holds several between their
      * forward and backward).  `cur` is the set in use; model_use_activation_set
      * switches it. */
-    float *acts;
+    float *acts;                    /* backend memory, like every buffer the ops touch */
     size_t acts_numel;              /* all sets */
+    int32_t *ids;                   /* device backends: every set's token ids */
     ActSet *sets;
     int n_sets, cur_set;
     ActSet cur;
@@ -447,9 +451,11 @@ static void free_activation_sets(Model *m)
         free(m->sets[k].tokens);
     }
     free(m->sets);
-    free(m->acts);
+    m->be->release(m->acts);
+    m->be->release(m->ids);
     m->sets = NULL;
     m->acts = NULL;
+    m->ids = NULL;
     m->n_sets = 0;
 }
 
@@ -464,7 +470,10 @@ static void alloc_activation_sets(Model *m, int n)
     free(m->cur.resid);
     free(m->cur.la);
     m->acts_numel = count.used * (size_t)n;
-    m->acts = trd_calloc(m->acts_numel, sizeof(float), "activations");
+    m->acts = m->be->alloc(m->acts_numel * sizeof(float), "activations");
+    const size_t N2 = 2 * (size_t)m->d.N;
+    if (m->be->device)
+        m->ids = m->be->alloc((size_t)n * N2 * sizeof(int32_t), "token ids");
     m->sets = trd_calloc((size_t)n, sizeof(ActSet), "activation sets");
     m->n_sets = n;
     Carver carve = {.base = m->acts};
@@ -472,8 +481,9 @@ static void alloc_activation_sets(Model *m, int n)
         ActSet *a = &m->sets[k];
         a->resid = trd_calloc((size_t)m->nl + 1, sizeof(float *), "residual pointers");
         a->la = trd_calloc((size_t)m->nl + 1, sizeof(LayerActs), "layer activation pointers");
-        a->tokens = trd_calloc(2 * (size_t)m->d.N, sizeof(int32_t), "tokens and targets");
+        a->tokens = trd_calloc(N2, sizeof(int32_t), "tokens and targets");
         a->targets = a->tokens + m->d.N;
+        a->ids = m->be->device ? m->ids + (size_t)k * N2 : a->tokens;
         m->cur = *a;
         carve_activations(m, &carve);
         *a = m->cur;
@@ -540,7 +550,9 @@ Model *model_create_unbound(const Config *cfg, const Backend *be, const ParamSha
     Carver scount = {0};
     carve_scratch(m, &scount);
     m->scratch_numel = scount.used;
-    m->scratch_buf = trd_calloc(m->scratch_numel, sizeof(float), "backward scratch");
+    m->scratch_buf = be->alloc(m->scratch_numel * sizeof(float), "backward scratch");
+    if (be->device && sh->has_head)
+        m->host_losses = trd_calloc((size_t)m->d.N, sizeof(float), "losses read back");
     Carver scarve = {.base = m->scratch_buf};
     carve_scratch(m, &scarve);
 
@@ -550,9 +562,16 @@ Model *model_create_unbound(const Config *cfg, const Backend *be, const ParamSha
 Model *model_create(const Config *cfg, const Backend *be, const ParamShard *sh, int B)
 {
     Model *m = model_create_unbound(cfg, be, sh, B);
-    m->params = trd_calloc(m->table.numel, sizeof(float), "parameters");
-    m->grads = trd_calloc(m->table.numel, sizeof(float), "gradients");
-    params_init(&m->table, m->params, cfg->run.seed);
+    const size_t bytes = m->table.numel * sizeof(float);
+    m->params = be->alloc(bytes, "parameters");
+    m->grads = be->alloc(bytes, "gradients");
+    float *init = be->device ? trd_calloc(m->table.numel, sizeof(float), "initial weights")
+                             : m->params;
+    params_init(&m->table, init, cfg->run.seed);
+    if (init != m->params) {
+        be->to_backend(m->params, init, bytes);
+        free(init);
+    }
     model_bind(m, PARAMS_OUTER, m->params, m->grads);
     for (int l = sh->chunk[0].begin; l < sh->chunk[0].end; l++) {
         size_t lo = m->lo_off[l - sh->chunk[0].begin].lo;
@@ -590,13 +609,14 @@ void model_free(Model *m)
         return;
     tp_group_free(&m->tp);
     params_free(&m->table);
-    free(m->params);
-    free(m->grads);
+    m->be->release(m->params);
+    m->be->release(m->grads);
+    free(m->host_losses);
     free(m->lp);
     free(m->lg);
     free(m->lo_off);
     free_activation_sets(m);
-    free(m->scratch_buf);
+    m->be->release(m->scratch_buf);
     free(m);
 }
 
@@ -623,13 +643,13 @@ MemoryReport model_memory(const Model *m)
 void model_zero_grad(Model *m)
 {
     TRD_ASSERT(m->grads);
-    memset(m->grads, 0, m->table.numel * sizeof(float));
+    m->be->zero(m->grads, m->table.numel * sizeof(float));
 }
 
 /* Backward functions accumulate, so a gradient that starts fresh is zeroed. */
-static void zero(float *x, size_t n)
+static void zero(const Model *m, float *x, size_t n)
 {
-    memset(x, 0, n * sizeof *x);
+    m->be->zero(x, n * sizeof *x);
 }
 
 /* ---- norms: LayerNorm (GPT-2) or RMSNorm (Llama) ------------------------ */
@@ -665,7 +685,7 @@ static void norm_backward(Model *m, float *dinp, float *dw, float *db, float *do
     if (sp) {
         gw = m->s.norm_part;
         gb = db ? m->s.norm_part + d->C : NULL;
-        zero(m->s.norm_part, 2 * (size_t)d->C);
+        zero(m, m->s.norm_part, 2 * (size_t)d->C);
     }
     if (d->gpt2)
         m->be->layernorm_backward(dinp, gw, gb, dout, inp, w, mean, rstd, d->Ns, d->C);
@@ -688,8 +708,10 @@ void model_embed_forward(Model *m, const int32_t *tokens)
     TRD_ASSERT(m->sh.has_embed);
     tp_group_check(&m->tp);
     memcpy(m->cur.tokens, tokens, (size_t)d->N * sizeof(int32_t));
+    if (m->be->device)
+        m->be->to_backend(m->cur.ids, tokens, (size_t)d->N * sizeof(int32_t));
     float *full = tp_sequence_parallel(&m->tp) ? m->s.full : m->cur.resid[0];
-    tp_embedding_forward(m->be, &m->tp, m->cur.resid[0], full, m->cur.tokens, m->op.wte, m->op.wpe,
+    tp_embedding_forward(m->be, &m->tp, m->cur.resid[0], full, m->cur.ids, m->op.wte, m->op.wpe,
                          d->N, d->T, d->C, d->vocab_start, d->Vp);
 }
 
@@ -699,7 +721,7 @@ void model_embed_backward(Model *m)
     const Dims *d = &m->d;
     TRD_ASSERT(m->sh.has_embed);
     tp_embedding_backward(m->be, &m->tp, m->og.wte, m->og.wpe, m->s.dwpe_part, m->s.dres,
-                          m->s.full, m->cur.tokens, d->N, d->T, d->C, d->vocab_start, d->Vp);
+                          m->s.full, m->cur.ids, d->N, d->T, d->C, d->vocab_start, d->Vp);
 }
 
 /* ---- block -------------------------------------------------------------- */
@@ -783,12 +805,12 @@ static void mlp_backward(const Model *m, const LayerParams *p, const LayerParams
     const Dims *d = &m->d;
     const Scratch *s = &m->s;
     const size_t NF = (size_t)d->N * (size_t)d->F;
-    zero(s->dfc, NF);
-    zero(s->dln, (size_t)d->N * (size_t)d->C);
+    zero(m, s->dfc, NF);
+    zero(m, s->dln, (size_t)d->N * (size_t)d->C);
     if (d->gpt2) {
         be->gelu_backward(s->dfc, a->fc, s->dfc_act, NF);
     } else {
-        zero(s->dup, NF);
+        zero(m, s->dup, NF);
         be->swiglu_backward(s->dfc, s->dup, s->dfc_act, a->fc, a->up, NF);
         /* ln2's output feeds both gate and up: the two contributions add in dln. */
         be->matmul_backward(s->dln, g->up_w, NULL, s->dup, a->ln2, p->up_w, d->N, d->C, d->F);
@@ -811,11 +833,11 @@ static void qkv_weight_backward(Model *m, const LayerParams *p, const LayerParam
     float *gw = g->qkv_w + (size_t)d->H * (size_t)d->hs * (size_t)d->C;
     float *gb = g->qkv_b ? g->qkv_b + (size_t)d->H * (size_t)d->hs : NULL;
     if (shared) {
-        memcpy(s->kv_keep, gw, kv_w * sizeof(float));
-        zero(gw, kv_w);
+        m->be->copy(s->kv_keep, gw, kv_w * sizeof(float));
+        zero(m, gw, kv_w);
         if (gb) {
-            memcpy(s->kv_keep + kv_w, gb, kv_b * sizeof(float));
-            zero(gb, kv_b);
+            m->be->copy(s->kv_keep + kv_w, gb, kv_b * sizeof(float));
+            zero(m, gb, kv_b);
         }
     }
     m->be->matmul_backward(s->dln, g->qkv_w, g->qkv_b, s->dqkv, a->ln1, p->qkv_w, d->N, d->C,
@@ -859,7 +881,7 @@ void model_block_backward(Model *m, int l)
 
     /* MLP branch: its output joined the stream by addition, so its gradient is dres. */
     const float *dout = tp_row_output_backward(&m->tp, s->dres, s->full, d->N, d->C);
-    zero(s->dfc_act, N * (size_t)d->F);
+    zero(m, s->dfc_act, N * (size_t)d->F);
     be->matmul_backward(s->dfc_act, g->mlp_proj_w, g->mlp_proj_b, dout, a->fc_act,
                         p->mlp_proj_w, d->N, d->F, d->C);
     mlp_backward(m, p, g, a);
@@ -868,15 +890,15 @@ void model_block_backward(Model *m, int l)
 
     /* Attention branch, same pattern; dres is now d loss / d res_mid. */
     dout = tp_row_output_backward(&m->tp, s->dres, s->full, d->N, d->C);
-    zero(s->datty, N * (size_t)d->H * (size_t)d->hs);
+    zero(m, s->datty, N * (size_t)d->H * (size_t)d->hs);
     be->matmul_backward(s->datty, g->attn_proj_w, g->attn_proj_b, dout, a->atty,
                         p->attn_proj_w, d->N, d->H * d->hs, d->C);
-    zero(s->dqkv, N * (size_t)d->QKV);  /* datt is plain scratch: no zeroing */
+    zero(m, s->dqkv, N * (size_t)d->QKV);  /* datt is plain scratch: no zeroing */
     be->attention_backward(s->dqkv, s->datt, s->datty, a->qkv, a->att, d->B, d->T, d->H,
                            d->KVH, d->hs);
     if (!d->gpt2)  /* dqkv was w.r.t. rotated q, k: rotate back */
         be->rope_backward(s->dqkv, d->N, d->T, d->H, d->KVH, d->hs, d->theta);
-    zero(s->dln, NC);
+    zero(m, s->dln, NC);
     qkv_weight_backward(m, p, g, a);
     norm_backward(m, s->dres, g->ln1_w, g->ln1_b, s->dln, m->cur.resid[i], p->ln1_w, a->ln1_mean,
                   a->ln1_rstd);
@@ -892,6 +914,9 @@ float model_head_forward(Model *m, const int32_t *targets)
     TRD_ASSERT(m->sh.has_head);
     tp_group_check(&m->tp);
     memcpy(m->cur.targets, targets, (size_t)d->N * sizeof(int32_t));
+    const int32_t *dev_targets = m->cur.ids + d->N;
+    if (be->device)
+        be->to_backend(m->cur.ids + d->N, targets, (size_t)d->N * sizeof(int32_t));
 
     /* The head is column-parallel over the vocabulary: its input (the final
      * norm's output) whole, logits of this rank's vocabulary columns. */
@@ -902,14 +927,19 @@ float model_head_forward(Model *m, const int32_t *targets)
         tp_crossentropy_forward(&m->tp, h->losses, h->ce_stats, h->logits, m->cur.targets, d->N,
                                 d->V, d->Vp, d->vocab_start, d->vocab);
     else
-        be->crossentropy_forward(h->losses, h->logits, m->cur.targets, d->N, d->V, d->Vp);
+        be->crossentropy_forward(h->losses, h->logits, dev_targets, d->N, d->V, d->Vp);
 
+    const float *losses = h->losses;
+    if (be->device) {
+        be->to_host(m->host_losses, h->losses, (size_t)d->N * sizeof(float));
+        losses = m->host_losses;
+    }
     double sum = 0.0;
     int counted = 0;
     for (int n = 0; n < d->N; n++) {
         if (m->cur.targets[n] < 0)
             continue;
-        sum += h->losses[n];
+        sum += losses[n];
         counted++;
     }
     m->cur.counted = counted;
@@ -932,16 +962,16 @@ void model_head_backward(Model *m, float loss_scale)
         tp_crossentropy_backward(h->logits, h->ce_stats, m->cur.targets, dloss, d->N, d->V, d->Vp,
                                  d->vocab_start);
     else
-        be->crossentropy_backward(h->logits, m->cur.targets, dloss, d->N, d->V, d->Vp);
+        be->crossentropy_backward(h->logits, m->cur.ids + d->N, dloss, d->N, d->V, d->Vp);
     float *dlogits = h->logits;
 
     const size_t NC = (size_t)d->N * (size_t)d->C;
-    zero(s->dln, NC);
+    zero(m, s->dln, NC);
     /* With tied embeddings og.head_w is the wte gradient: the embedding's
      * backward adds its own contribution to the same rows later. */
     be->matmul_backward(s->dln, m->og.head_w, NULL, dlogits, h->lnf, m->op.head_w, d->N, d->C,
                         d->Vp);
-    zero(s->dres, (size_t)d->Ns * (size_t)d->C);
+    zero(m, s->dres, (size_t)d->Ns * (size_t)d->C);
     norm_backward(m, s->dres, m->og.lnf_w, m->og.lnf_b, s->dln, m->cur.resid[m->nl], m->op.lnf_w,
                   h->lnf_mean, h->lnf_rstd);
 }

@@ -291,7 +291,8 @@ int params_row_owned(const ParamTable *t, const ParamSpec *p, int64_t r)
     return t->tp_rank % p->kv_share == 0;
 }
 
-double params_grad_sumsq(const ParamTable *t, const float *g, size_t lo, size_t hi)
+double params_grad_sumsq(const ParamTable *t, const Backend *be, const float *g, size_t lo,
+                         size_t hi)
 {
     double total = 0.0;
     for (int i = 0; i < t->n; i++) {
@@ -301,18 +302,24 @@ double params_grad_sumsq(const ParamTable *t, const float *g, size_t lo, size_t 
         if (a >= b)
             continue;
         const size_t cols = (size_t)p->local_shape[1];
-        double s = 0.0;
-        /* Row by row: ownership is per row (replicated kv rows). */
+        /* Ownership is per row (replicated kv rows), and owned rows come in
+         * at most two runs per tensor: sum each run with one backend call. */
+        size_t run = a;  /* start of the current owned run */
+        int owned = 0;
         for (size_t k = a; k < b;) {
             const size_t row = (k - p->offset) / cols;
             const size_t row_end = p->offset + (row + 1) * cols;
             const size_t e = row_end < b ? row_end : b;
-            if (params_row_owned(t, p, (int64_t)row))
-                for (size_t x = k; x < e; x++)
-                    s += (double)g[x - lo] * (double)g[x - lo];
+            const int mine = params_row_owned(t, p, (int64_t)row);
+            if (mine && !owned)
+                run = k;
+            if (!mine && owned)
+                total += be->sumsq(g + (run - lo), k - run);
+            owned = mine;
             k = e;
         }
-        total += s;
+        if (owned)
+            total += be->sumsq(g + (run - lo), b - run);
     }
     return total;
 }

@@ -17,6 +17,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "backend/backend.h"
 #include "config/config.h"
 
 #define PARAM_NAME 64
@@ -133,11 +134,12 @@ static inline int64_t params_global_row(const ParamSpec *p, int64_t r)
 int params_row_owned(const ParamTable *t, const ParamSpec *p, int64_t r);
 
 /* Sum of squares (in double) of a gradient over the flat range [lo, hi) of
- * this rank's buffers, g[0] being element lo, counting only the elements
- * this TP rank owns (params_row_owned).  Summed over the TP group (and the
- * pipeline stages, and ZeRO's shards) it is the squared norm of the whole
- * model's gradient, replicated tensors counted once. */
-double params_grad_sumsq(const ParamTable *t, const float *g, size_t lo, size_t hi);
+ * this rank's buffers, g[0] being element lo (in be's memory), counting only
+ * the elements this TP rank owns (params_row_owned).  Summed over the TP
+ * group (and the pipeline stages, and ZeRO's shards) it is the squared norm
+ * of the whole model's gradient, replicated tensors counted once. */
+double params_grad_sumsq(const ParamTable *t, const Backend *be, const float *g, size_t lo,
+                         size_t hi);
 
 /* Parameters of the whole model that actually carry information (padding
  * rows excluded), for reporting and FLOP counts. */

@@ -21,7 +21,7 @@ void tp_embedding_forward(const Backend *be, TpGroup *g, float *out, float *full
     be->embedding_forward(full, tokens, wte, wpe, N, T, C, vocab_start, Vp);
     tp_row_output_forward(g, full, NULL, N, C);
     if (out != full)
-        memcpy(out, full, (size_t)tp_stream_rows(g, N) * (size_t)C * sizeof(float));
+        be->copy(out, full, (size_t)tp_stream_rows(g, N) * (size_t)C * sizeof(float));
 }
 
 void tp_embedding_backward(const Backend *be, TpGroup *g, float *dwte, float *dwpe,
@@ -36,7 +36,7 @@ void tp_embedding_backward(const Backend *be, TpGroup *g, float *dwte, float *dw
     /* dwte: this rank's rows, complete (every token of its range is here).
      * dwpe: only the rows whose token this rank owns; summed over TP. */
     if (dwpe)
-        memset(dwpe_scratch, 0, (size_t)T * (size_t)C * sizeof(float));
+        be->zero(dwpe_scratch, (size_t)T * (size_t)C * sizeof(float));
     be->embedding_backward(dwte, dwpe ? dwpe_scratch : NULL, d, tokens, N, T, C, vocab_start,
                            Vp);
     if (dwpe)

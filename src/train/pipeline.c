@@ -137,7 +137,8 @@ static void stage_backward(void *ctx, int mb, int chunk)
     if (first)
         model_embed_backward(m);
     else /* the input gradient leaves from the micro-batch's own slot */
-        memcpy(grad_out_of(p, mb, chunk), model_grad_stream(m), p->ops.act_elems * sizeof(float));
+        zero_backend(p->z)->copy(grad_out_of(p, mb, chunk), model_grad_stream(m),
+                                 p->ops.act_elems * sizeof(float));
     if (first || last)
         zero_after_outer_backward(p->z, last_micro);
 }
@@ -197,8 +198,9 @@ PipeStage *pipe_create(const Config *cfg, Zero *z, Comm *pp, int n_micro, char e
                        .grad_out = grad_out_of, .reduce = stage_reduce};
     for (int c = 0; c < v; c++)
         if (!first_stage(p, c))
-            p->gsend[c] = trd_calloc((size_t)p->slots[c] * p->ops.act_elems, sizeof(float),
-                                     "pipeline gradient sends");
+            p->gsend[c] = zero_backend(z)->alloc((size_t)p->slots[c] * p->ops.act_elems *
+                                                     sizeof(float),
+                                                 "pipeline gradient sends");
     if (cfg->training.trace) { /* the executor's timeline of each step */
         p->stats.span_cap = p->sched.n;
         p->stats.spans = trd_calloc((size_t)p->sched.n, sizeof(PpSpan), "pipeline spans");
@@ -212,7 +214,7 @@ void pipe_free(PipeStage *p)
         return;
     pp_schedule_free(&p->sched);
     for (int c = 0; c < p->v; c++)
-        free(p->gsend[c]);
+        zero_backend(p->z)->release(p->gsend[c]);
     free(p->stats.spans);
     free(p);
 }

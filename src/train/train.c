@@ -13,6 +13,9 @@
 #include <unistd.h>
 
 #include "backend/backend.h"
+#ifdef TRD_HAVE_CUDA
+#include "backend/cuda.h"
+#endif
 #include "checkpoint/ckpt.h"
 #include "comm/comm.h"
 #include "config/config.h"
@@ -178,7 +181,10 @@ typedef struct {
     int32_t *tokens, *targets; /* the step's micro-batches: [n_micro][B*T] */
     int dp, dp_rank, n_micro;
     PipeStage *pipe;           /* pp > 1 */
-    CkptShardView ckpt;        /* what this rank saves and loads */
+    CkptShardView ckpt;        /* what this rank saves and loads (host memory) */
+    float *ckpt_dev[CKPT_KINDS]; /* device backends: the engine's buffers that ckpt's
+                                    host copies mirror (NULL: none, or host backend) */
+    char device[128];          /* device backends: the device's name */
     int start_step;            /* first step of this run (> 0 when resumed) */
     uint64_t start_position;   /* sample stream position at start_step */
     int tied_embed_group;      /* first/last stage summing a tied embedding's gradient */
@@ -346,8 +352,13 @@ static void print_start(const Trainer *tr, double peak)
            "| zero %d\n",
            cfg->training.global_batch, tr->n_micro, cfg->training.micro_batch, tr->dp,
            cfg->training.global_batch * mc->seq_len, cfg->topology.zero);
-    printf("backend: cpu (%d OpenMP threads per rank), BLAS SGEMM peak %.1f GFLOP/s | precision %s\n",
-           omp_get_max_threads(), 1e-9 * peak, config_precision_name(cfg->training.precision));
+    if (tr->be->device)
+        printf("backend: %s on %s | MFU against %.1f TFLOP/s | precision %s\n", tr->be->name,
+               tr->device, 1e-12 * peak, config_precision_name(cfg->training.precision));
+    else
+        printf("backend: cpu (%d OpenMP threads per rank), BLAS SGEMM peak %.1f GFLOP/s | "
+               "precision %s\n",
+               omp_get_max_threads(), 1e-9 * peak, config_precision_name(cfg->training.precision));
     printf("data: %s (%llu tokens, %llu samples/epoch)%s%s\n", cfg->data.path,
            (unsigned long long)tr->train_data.n_tokens,
            (unsigned long long)tr->train_sampler.n_samples, tr->has_val ? " | val: " : "",
@@ -387,10 +398,41 @@ static void ckpt_setup(Trainer *tr)
     ckpt_view_init(&tr->ckpt, t, tr->cfg->topology.zero, tr->comms.dp.rank, tr->comms.dp.size,
                    tr->comms.pp.rank, MPI_COMM_WORLD);
     ZeroState zs = zero_state(tr->zero);
-    tr->ckpt.part[CKPT_PARAMS].data = zs.params;
-    tr->ckpt.part[CKPT_MASTER].data = zs.master;
-    tr->ckpt.part[CKPT_ADAM_M].data = zs.m;
-    tr->ckpt.part[CKPT_ADAM_V].data = zs.v;
+    float *state[CKPT_KINDS] = {[CKPT_PARAMS] = zs.params, [CKPT_MASTER] = zs.master,
+                                [CKPT_ADAM_M] = zs.m, [CKPT_ADAM_V] = zs.v};
+    for (int k = 0; k < CKPT_KINDS; k++) {
+        CkptRange *r = &tr->ckpt.part[k];
+        r->data = state[k];
+        if (!tr->be->device || !state[k])
+            continue;
+        /* HDF5 reads and writes host memory: a host copy of each buffer. */
+        tr->ckpt_dev[k] = state[k];
+        r->data = trd_malloc((r->hi - r->lo ? r->hi - r->lo : 1) * sizeof(float),
+                             "checkpoint host copy");
+    }
+}
+
+/* Device backends: the engine's state into the checkpoint's host copies
+ * (to_host) or back (from_host).  No-ops on the CPU. */
+static void ckpt_sync(Trainer *tr, int to_host)
+{
+    for (int k = 0; k < CKPT_KINDS; k++) {
+        CkptRange *r = &tr->ckpt.part[k];
+        if (!tr->ckpt_dev[k])
+            continue;
+        const size_t bytes = (r->hi - r->lo) * sizeof(float);
+        if (to_host)
+            tr->be->to_host(r->data, tr->ckpt_dev[k], bytes);
+        else
+            tr->be->to_backend(tr->ckpt_dev[k], r->data, bytes);
+    }
+}
+
+static void ckpt_teardown(Trainer *tr)
+{
+    for (int k = 0; k < CKPT_KINDS; k++)
+        if (tr->ckpt_dev[k])
+            free(tr->ckpt.part[k].data);
 }
 
 /* checkpoint.resume: auto (latest if any), never, or a step directory.
@@ -407,9 +449,11 @@ static int ckpt_resume(Trainer *tr)
     if (rc == 0)
         return 0;
     CkptState st;
+    ckpt_sync(tr, 1); /* what the load does not replace stays as it is */
     if (ckpt_load(dir, &tr->ckpt, &st, tr->cfg, err) != 0)
         trd_fatal(TRD_EXIT_INPUT, "resume from another checkpoint (checkpoint.resume: PATH) or "
                   "start fresh (checkpoint.resume: never)", "%s", err);
+    ckpt_sync(tr, 0);
     *zero_state(tr->zero).adam_t = (int)st.adam_t;
     tr->start_step = (int)st.step;
     tr->start_position = st.sampler_position;
@@ -430,6 +474,7 @@ static void ckpt_save_step(Trainer *tr, int steps_done)
     char err[CFG_ERR];
     double t0 = now_s();
     const double t_span = MPI_Wtime();
+    ckpt_sync(tr, 1);
     if (ckpt_save(cfg->checkpoint.dir, &tr->ckpt, &st, cfg, cfg->checkpoint.keep, err) != 0)
         trd_fatal(TRD_EXIT_RUNTIME, "check free space and permissions of checkpoint.dir", "%s",
                   err);
@@ -525,14 +570,79 @@ static void set_threads(Comm world)
         omp_set_num_threads(threads);
 }
 
+/* Device backends: pick this rank's GPU (node-local rank, round robin when
+ * ranks outnumber GPUs: they then share one through the MPI path), and let
+ * every group's float buffers live in device memory (comm.h staging). */
+static void use_device(Trainer *tr)
+{
+    if (!tr->be->device)
+        return;
+#ifdef TRD_HAVE_CUDA
+    const int n = backend_cuda_devices();
+    if (n < 1)
+        trd_fatal(TRD_EXIT_RUNTIME, "run on a machine with an NVIDIA GPU and driver, or set "
+                  "backend: cpu", "backend cuda: no CUDA device is visible to rank %d",
+                  tr->topo.rank);
+    const int dev = tr->topo.local_rank % n;
+    backend_cuda_set_device(dev);
+    backend_cuda_device_name(dev, tr->device, sizeof tr->device);
+#endif
+    Comm *groups[] = {&tr->comms.world, &tr->comms.tp, &tr->comms.dp, &tr->comms.pp,
+                      &tr->comms.mp, &tr->comms.embed};
+    for (size_t i = 0; i < sizeof groups / sizeof *groups; i++)
+        comm_use_memory(groups[i], tr->be);
+}
+
+/* Device backends: the most device memory a rank held (rank 0 prints the
+ * largest), against the report's categories above. */
+static void report_device_memory(Trainer *tr)
+{
+    if (!tr->be->device)
+        return;
+    size_t live = 0, peak = 0;
+#ifdef TRD_HAVE_CUDA
+    backend_cuda_memory(&live, &peak);
+#endif
+    (void)live;
+    double most = (double)peak;
+    comm_allreduce_max_f64(&tr->comms.world, &most, 1);
+    if (tr->topo.rank == 0)
+        printf("device memory: peak %.0f bytes (%.1f MiB) held by trident on the busiest rank "
+               "(rank 0: %zu bytes)\n", most, most / (1024.0 * 1024.0), peak);
+}
+
+/* The dense bf16 tensor-core peak of a GPU by name (the MFU denominator, as
+ * in the planner's presets); TRIDENT_PEAK_TFLOPS overrides; 0 = unknown. */
+static double device_peak_flops(const char *name)
+{
+    const char *env = getenv("TRIDENT_PEAK_TFLOPS");
+    if (env && *env)
+        return 1e12 * atof(env);
+    static const struct { const char *key; double tflops; } known[] = {
+        {"H200", 989.0}, {"H100", 989.0}, {"A100", 312.0}, {"RTX 3090", 71.0}};
+    for (size_t i = 0; i < sizeof known / sizeof *known; i++)
+        if (strstr(name, known[i].key))
+            return 1e12 * known[i].tflops;
+    return 0;
+}
+
 static int train(const Config *cfg, Comm world)
 {
     Trainer tr = {.cfg = cfg, .be = backend_cpu()};
     preempt_install(); /* SIGUSR1/SIGTERM: stop at an agreed step, checkpointed */
-    if (cfg->backend == BACKEND_CUDA)
-        refuse(world.rank, "set backend: cpu",
-                  "backend cuda: training on the GPU is not wired yet (issue 8; the "
-                  "kernels exist in -Dcuda=enabled builds, see docs/cuda.md)");
+    if (cfg->backend == BACKEND_CUDA) {
+#ifndef TRD_HAVE_CUDA
+        refuse(world.rank, "set backend: cpu, or rebuild with -Dcuda=enabled (docs/cuda.md)",
+               "backend cuda: this trident was built without the CUDA backend");
+#else
+        if (cfg->topology.tp > 1)
+            refuse(world.rank, "use topology.tp: 1 with backend: cuda for now",
+                   "backend cuda with topology.tp %d: tensor parallelism on the GPU needs "
+                   "the vocabulary-parallel cross-entropy and bias kernels, not written yet "
+                   "(issue 8)", cfg->topology.tp);
+        tr.be = backend_cuda();
+#endif
+    }
     if (cfg->topology.pp > 1 && cfg->topology.zero == 3)
         refuse(world.rank, "use topology.zero 0, 1 or 2 with pipeline parallelism",
                   "topology.zero 3 with topology.pp %d: ZeRO-3 re-gathers every layer for every "
@@ -550,6 +660,7 @@ static int train(const Config *cfg, Comm world)
                   "which ZeRO-2's per-micro-batch reduction does not allow");
     topology_init(&tr.topo, &tr.comms, cfg, world);
     set_threads(world);
+    use_device(&tr);
     const int rank0 = tr.topo.rank == 0;
     tr.dp = tr.comms.dp.size;
     tr.dp_rank = tr.comms.dp.rank;
@@ -582,7 +693,8 @@ static int train(const Config *cfg, Comm world)
 
     /* Every rank probes, so they share the machine the same way as in
      * training; rank 0's figure is the one reported. */
-    const double peak = train_cpu_peak_flops() * world.size;
+    const double peak = (tr.be->device ? device_peak_flops(tr.device)
+                                       : train_cpu_peak_flops()) * world.size;
     const double flops_per_token = model_flops_per_token(&cfg->model);
     const long long tokens_per_step = (long long)cfg->training.global_batch * cfg->model.seq_len;
 
@@ -609,7 +721,7 @@ static int train(const Config *cfg, Comm world)
         StepMetrics s = {.step = step + 1, .loss = loss, .lr = lr, .grad_norm = grad_norm,
                          .tokens = (long long)(step + 1) * tokens_per_step,
                          .step_ms = 1e3 * dt, .tokens_per_s = (double)tokens_per_step / dt,
-                         .mfu = flops_per_token * (double)tokens_per_step / dt / peak,
+                         .mfu = peak > 0 ? flops_per_token * (double)tokens_per_step / dt / peak : 0,
                          .comm_ms = 1e3 * zs.exposed_comm_s, .comm_bytes = zs.bytes,
                          .pp_idle = tr.pipe ? pp_exec_idle_fraction(pipe_stats(tr.pipe),
                                                                     &tr.comms.pp) : -1,
@@ -638,6 +750,7 @@ static int train(const Config *cfg, Comm world)
             break;
         }
     }
+    report_device_memory(&tr);
     dump_weights(&tr);
     finish_trace(&tr);
     if (rank0)
@@ -645,6 +758,7 @@ static int train(const Config *cfg, Comm world)
 
     free(tr.tokens);
     free(tr.targets);
+    ckpt_teardown(&tr);
     pipe_free(tr.pipe);
     zero_free(tr.zero);
     dataset_close(&tr.train_data);

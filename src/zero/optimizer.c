@@ -5,6 +5,21 @@
 
 #include "core/error.h"
 
+/* params = bf16(params), in the backend's memory (a round trip through the
+ * host: once, at start). */
+static void round_to_bf16(const Backend *be, float *params, size_t n)
+{
+    float *host = be->device ? trd_malloc(n * sizeof(float), "bf16 rounding") : params;
+    if (host != params)
+        be->to_host(host, params, n * sizeof(float));
+    for (size_t i = 0; i < n; i++)
+        host[i] = bf16_round(host[i]);
+    if (host != params) {
+        be->to_backend(params, host, n * sizeof(float));
+        free(host);
+    }
+}
+
 void optimizer_init(Optimizer *o, const ParamTable *t, const Backend *be, float *params,
                     size_t begin, size_t end, Precision precision)
 {
@@ -15,21 +30,22 @@ void optimizer_init(Optimizer *o, const ParamTable *t, const Backend *be, float 
     o->end = end;
     o->bf16 = precision == PREC_BF16;
     size_t n = end - begin;
-    o->m = trd_calloc(n, sizeof(float), "Adam first moment");
-    o->v = trd_calloc(n, sizeof(float), "Adam second moment");
+    o->m = be->alloc(n * sizeof(float), "Adam first moment");
+    o->v = be->alloc(n * sizeof(float), "Adam second moment");
     if (o->bf16) {
-        o->master = trd_malloc(n * sizeof(float), "fp32 master weights");
-        memcpy(o->master, params, n * sizeof(float));
-        for (size_t i = 0; i < n; i++)
-            params[i] = bf16_round(params[i]);
+        o->master = be->alloc(n * sizeof(float), "fp32 master weights");
+        be->copy(o->master, params, n * sizeof(float));
+        round_to_bf16(be, params, n);
     }
 }
 
 void optimizer_free(Optimizer *o)
 {
-    free(o->m);
-    free(o->v);
-    free(o->master);
+    if (o->be) {
+        o->be->release(o->m);
+        o->be->release(o->v);
+        o->be->release(o->master);
+    }
     memset(o, 0, sizeof *o);
 }
 

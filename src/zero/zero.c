@@ -232,10 +232,35 @@ static void gather_outer(Zero *z)
 
 /* ---- create ------------------------------------------------------------------ */
 
+/* Every buffer the ops or the collectives touch is in the backend's memory
+ * (device memory for CUDA). */
+static float *alloc_floats(const Zero *z, size_t n, const char *what)
+{
+    return z->be->alloc(n * sizeof(float), what);
+}
+
 static float *alloc_buffer(Zero *z, size_t n, const char *what)
 {
     z->buffer_bytes += n * sizeof(float);
-    return trd_calloc(n, sizeof(float), what);
+    return alloc_floats(z, n, what);
+}
+
+static void zero_floats(const Zero *z, float *x, size_t n)
+{
+    z->be->zero(x, n * sizeof(float));
+}
+
+/* The seeded initial weights of [lo, hi) into dst (backend memory): made on
+ * the host, where the initializer runs, then copied over. */
+static void init_params(const Zero *z, float *dst, size_t lo, size_t hi)
+{
+    const size_t n = hi - lo;
+    float *host = z->be->device ? trd_calloc(n ? n : 1, sizeof(float), "initial weights") : dst;
+    params_init_range(z->t, host, z->cfg->run.seed, lo, hi);
+    if (host != dst) {
+        z->be->to_backend(dst, host, n * sizeof(float));
+        free(host);
+    }
 }
 
 /* The outer tensors of every chunk model that has any (the first chunk's
@@ -315,15 +340,14 @@ Zero *zero_create(const Config *cfg, const Backend *be, const ParamShard *sh, Co
     z->outer_red = (CommHandle){.req = MPI_REQUEST_NULL};
     z->gred_layer[0] = z->gred_layer[1] = -1;
     const Precision prec = cfg->training.precision;
-    const uint64_t seed = cfg->run.seed;
     const size_t outer_n = z->outer_hi - z->outer_lo;
 
     if (z->stage <= 2) {
-        z->params = trd_calloc(z->P, sizeof(float), "parameters");
-        params_init(z->t, z->params, seed);
+        z->params = alloc_floats(z, z->P, "parameters");
+        init_params(z, z->params, 0, z->P);
     }
     if (z->stage <= 1) {
-        z->grads = trd_calloc(z->P, sizeof(float), "gradients");
+        z->grads = alloc_floats(z, z->P, "gradients");
         bind_full(z, z->params, z->grads);
         build_buckets(z);
     } else {
@@ -338,10 +362,10 @@ Zero *zero_create(const Config *cfg, const Backend *be, const ParamShard *sh, Co
         bind_outer_all(z, NULL, z->outer_g);
     }
     if (z->stage >= 1)
-        z->gshard = trd_calloc(own_n(z) ? own_n(z) : 1, sizeof(float), "gradient shard");
+        z->gshard = alloc_floats(z, own_n(z) ? own_n(z) : 1, "gradient shard");
     if (z->stage == 3) {
-        z->pshard = trd_calloc(own_n(z) ? own_n(z) : 1, sizeof(float), "parameter shard");
-        params_init_range(z->t, z->pshard, seed, z->own_lo, z->own_hi);
+        z->pshard = alloc_floats(z, own_n(z) ? own_n(z) : 1, "parameter shard");
+        init_params(z, z->pshard, z->own_lo, z->own_hi);
         z->outer_p = alloc_buffer(z, outer_n, "outer parameter slot");
         for (int k = 0; k < 2; k++)
             z->pslot[k] = alloc_buffer(z, z->max_layer, "layer parameter slot");
@@ -373,17 +397,18 @@ void zero_free(Zero *z)
     free(z->layers);
     free(z->local);
     free(z->bucket_of);
-    free(z->params);
-    free(z->grads);
-    free(z->pshard);
-    free(z->gshard);
-    free(z->outer_p);
-    free(z->outer_g);
-    free(z->outer_recv);
+    const Backend *be = z->be;
+    be->release(z->params);
+    be->release(z->grads);
+    be->release(z->pshard);
+    be->release(z->gshard);
+    be->release(z->outer_p);
+    be->release(z->outer_g);
+    be->release(z->outer_recv);
     for (int k = 0; k < 2; k++) {
-        free(z->pslot[k]);
-        free(z->gslot[k]);
-        free(z->recv[k]);
+        be->release(z->pslot[k]);
+        be->release(z->gslot[k]);
+        be->release(z->recv[k]);
     }
     free(z->buckets);
     free(z);
@@ -397,15 +422,16 @@ Model *zero_chunk_model(Zero *z, int c)
     return z->model[c];
 }
 const ParamTable *zero_params(const Zero *z) { return z->t; }
+const Backend *zero_backend(const Zero *z) { return z->be; }
 
 /* ---- the step -------------------------------------------------------------- */
 
 void zero_begin_step(Zero *z)
 {
     if (z->grads)
-        memset(z->grads, 0, z->P * sizeof(float));
+        zero_floats(z, z->grads, z->P);
     if (z->gshard)
-        memset(z->gshard, 0, own_n(z) * sizeof(float));
+        zero_floats(z, z->gshard, own_n(z));
     for (int i = 0; i < z->n_buckets; i++)
         z->buckets[i].left = z->buckets[i].groups;
     gather_outer(z);
@@ -460,7 +486,7 @@ void zero_before_block_backward(Zero *z, int l)
     finish_layer_reduction(z, k);
     size_t lo, hi;
     group_range(z, l, &lo, &hi);
-    memset(z->gslot[k], 0, (hi - lo) * sizeof(float));
+    zero_floats(z, z->gslot[k], hi - lo);
     model_bind(model_of(z, l), l, NULL, z->gslot[k]);
 }
 
@@ -476,7 +502,7 @@ void zero_before_outer_backward(Zero *z)
     /* The outer slot collects head and embedding gradients of this
      * micro-batch: the previous one's reduction must be done first. */
     finish_outer_reduction(z);
-    memset(z->outer_g, 0, (z->outer_hi - z->outer_lo) * sizeof(float));
+    zero_floats(z, z->outer_g, z->outer_hi - z->outer_lo);
 }
 
 void zero_after_outer_backward(Zero *z, int last_micro)
@@ -558,8 +584,8 @@ double zero_grad_sumsq(Zero *z)
     /* Each element counted once: tensor-parallel replicas only on their
      * owner (params_grad_sumsq); ZeRO shards summed over DP here. */
     if (z->stage == 0)
-        return params_grad_sumsq(z->t, z->grads, 0, z->P);
-    double s = params_grad_sumsq(z->t, z->gshard, z->own_lo, z->own_hi);
+        return params_grad_sumsq(z->t, z->be, z->grads, 0, z->P);
+    double s = params_grad_sumsq(z->t, z->be, z->gshard, z->own_lo, z->own_hi);
     comm_allreduce_f64(z->dp, &s, 1);
     return s;
 }
@@ -620,11 +646,14 @@ ZeroStats zero_take_stats(Zero *z)
 void zero_gather_params(Zero *z, float *out)
 {
     if (z->params) {
-        memcpy(out, z->params, z->P * sizeof(float));
+        z->be->to_host(out, z->params, z->P * sizeof(float));
         return;
     }
-    CommHandle h = comm_iallgather_range_f32(z->dp, z->pshard, out, 0, z->P, z->S);
+    float *whole = alloc_floats(z, z->P, "gathered parameters");
+    CommHandle h = comm_iallgather_range_f32(z->dp, z->pshard, whole, 0, z->P, z->S);
     comm_wait(&h);
+    z->be->to_host(out, whole, z->P * sizeof(float));
+    z->be->release(whole);
 }
 
 /* ---- for the planner ------------------------------------------------------ */

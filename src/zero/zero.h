@@ -61,6 +61,8 @@ int zero_chunks(const Zero *z);
 Model *zero_chunk_model(Zero *z, int c);
 /* The rank's parameter table: every chunk's layers, the flat buffers' layout. */
 const ParamTable *zero_params(const Zero *z);
+/* The backend whose memory holds every buffer of the engine and its models. */
+const Backend *zero_backend(const Zero *z);
 
 /* Start a step: zero gradients; stage 3 gathers the outer tensors. */
 void zero_begin_step(Zero *z);

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # The test command: install what is missing, build (warnings are errors),
 # fetch the corpus and the reference tokenizer, run every test, then the
-# unit tests again under AddressSanitizer + UndefinedBehaviorSanitizer, and
-# (with a CUDA toolkit) build the CUDA backend and run two tests with it.
+# unit tests again under AddressSanitizer + UndefinedBehaviorSanitizer,
+# (with a CUDA toolkit) build the CUDA backend and run two tests with it, and
+# build the CUDA backend on the CPU emulation of the CUDA runtime and run the
+# CUDA ops and training tests there (suite emu; no GPU needed).
 # Ends with one line "N passed, N failed"; exit status 0 only if none failed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -43,6 +45,17 @@ if command -v nvcc >/dev/null || [ -x /usr/local/cuda/bin/nvcc ]; then
     fi
 else
     echo "no CUDA toolkit (nvcc): the CUDA build is not checked here"
+fi
+
+# The CUDA backend on the CPU emulation of the CUDA runtime (kernels/emu,
+# docs/cuda.md): g++ and python3 only, so it runs everywhere.  Suite 'emu':
+# the kernels against the CPU reference, and device memory that host code
+# cannot touch (tests/test_cuda_emu.c).
+if BUILD_DIR=build-emu scripts/build.sh -Dwerror=true -Demulate_cuda=true; then
+    meson test -C build-emu --suite emu --print-errorlogs --num-processes 1
+    count build-emu
+else
+    echo "FAIL: the emulated CUDA build (build-emu, -Demulate_cuda=true)"; failed=$((failed + 1))
 fi
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ] && [ "$passed" -gt 0 ]

@@ -1,7 +1,8 @@
 /* cublas_v2.h (emulated) — cublasSgemm as documented (column-major,
- * C = alpha op(A) op(B) + beta C, the same argument checks), naively on the
- * CPU: it checks that kernels/matmul.cu passes the right transposes and
- * leading dimensions. */
+ * C = alpha op(A) op(B) + beta C, the same argument checks), computed by
+ * OpenBLAS's cblas_sgemm: it checks that kernels/matmul.cu passes the right
+ * transposes and leading dimensions, and that A, B and C are device memory
+ * large enough for the shapes given. */
 #pragma once
 #include <cuda_runtime.h>
 typedef int cublasStatus_t;
@@ -10,9 +11,14 @@ typedef struct emu_cublas *cublasHandle_t;
 typedef enum { CUBLAS_OP_N, CUBLAS_OP_T } cublasOperation_t;
 typedef enum { CUBLAS_DEFAULT_MATH, CUBLAS_PEDANTIC_MATH } cublasMath_t;
 cublasStatus_t cublasCreate(cublasHandle_t *h);
+cublasStatus_t cublasDestroy(cublasHandle_t h);
 inline cublasStatus_t cublasSetMathMode(cublasHandle_t, cublasMath_t) { return 0; }
 inline cublasStatus_t cublasSetStream(cublasHandle_t, cudaStream_t) { return 0; }
-inline const char *cublasGetStatusString(cublasStatus_t) { return "emulated cublas error"; }
+inline const char *cublasGetStatusString(cublasStatus_t st)
+{
+    return st == CUBLAS_STATUS_INVALID_VALUE ? "CUBLAS_STATUS_INVALID_VALUE (emulated)"
+                                             : "emulated cublas error";
+}
 cublasStatus_t cublasSgemm(cublasHandle_t, cublasOperation_t ta, cublasOperation_t tb, int m,
                            int n, int k, const float *alpha, const float *A, int lda,
                            const float *B, int ldb, const float *beta, float *C, int ldc);

@@ -1,9 +1,18 @@
 /* cuda_runtime.h (emulated) — the part of the CUDA runtime that kernels/
- * uses, on the CPU, so that tests/test_cuda_ops.c can run the kernels'
- * code without a GPU (kernels/emu/run.sh).  A check of indexing, block
- * reductions and cuBLAS argument conventions, not of GPU behaviour: blocks
- * run one after another, the threads of a block as fibers that switch at
- * __syncthreads and at warp shuffles; device memory is host memory. */
+ * uses, on the CPU, so that the CUDA backend and the trainer that calls it
+ * run without a GPU (meson -Demulate_cuda=true; docs/cuda.md).  A check
+ * of indexing, block reductions, cuBLAS argument conventions and of which
+ * memory the host code touches, not of GPU behaviour: blocks run one after
+ * another, the threads of a block as fibers that switch at __syncthreads
+ * and at warp shuffles.
+ *
+ * Device memory is strict (emu.cpp): every cudaMalloc is its own mapping,
+ * inaccessible (PROT_NONE) except while emulated device work runs (a
+ * kernel, cuBLAS, a memset or copy).  Host code that dereferences a device
+ * pointer therefore faults, and the SIGSEGV handler names the allocation.
+ * Copies check their direction, memsets their bounds, kernel launches that
+ * every pointer argument is device memory; a violation aborts with
+ * "emu: <call>: ...". */
 #pragma once
 #include <cmath>
 #include <cstdint>
@@ -12,6 +21,7 @@
 #include <cstring>
 #include <functional>
 #include <math.h>
+#include <type_traits>
 
 #define __global__
 #define __device__
@@ -21,41 +31,88 @@
 struct dim3 { unsigned x = 1, y = 1, z = 1; };
 extern dim3 threadIdx, blockIdx, blockDim, gridDim;
 
+/* Error codes: the values of the real runtime. */
 typedef int cudaError_t;
-enum { cudaSuccess = 0 };
-typedef void *cudaStream_t;
-enum cudaMemcpyKind { cudaMemcpyHostToDevice, cudaMemcpyDeviceToHost, cudaMemcpyDeviceToDevice };
+enum {
+    cudaSuccess = 0, cudaErrorInvalidValue = 1, cudaErrorMemoryAllocation = 2,
+    cudaErrorInvalidDevice = 101
+};
+typedef struct emu_stream *cudaStream_t;
+typedef struct emu_event *cudaEvent_t;
+enum cudaMemcpyKind {
+    cudaMemcpyHostToHost = 0, cudaMemcpyHostToDevice = 1, cudaMemcpyDeviceToHost = 2,
+    cudaMemcpyDeviceToDevice = 3
+};
 struct cudaDeviceProp { char name[256]; int major, minor; size_t totalGlobalMem; };
-inline const char *cudaGetErrorString(cudaError_t) { return "emulated error"; }
-inline cudaError_t cudaGetLastError() { return 0; }
-inline cudaError_t cudaGetDeviceCount(int *n) { *n = 1; return 0; }
-inline cudaError_t cudaSetDevice(int) { return 0; }
-inline cudaError_t cudaGetDeviceProperties(cudaDeviceProp *p, int)
-{
-    strcpy(p->name, "CPU emulation (kernels/emu)");
-    p->major = 9, p->minor = 0, p->totalGlobalMem = 0;
-    return 0;
-}
+
+/* One device, 0, whose memory is the host's RAM; launch errors abort at
+ * once, so there is never a pending error to fetch. */
+const char *cudaGetErrorString(cudaError_t err);
+inline cudaError_t cudaGetLastError() { return cudaSuccess; }
+inline cudaError_t cudaGetDeviceCount(int *n) { *n = 1; return cudaSuccess; }
+inline cudaError_t cudaSetDevice(int d) { return d == 0 ? cudaSuccess : cudaErrorInvalidDevice; }
+cudaError_t cudaGetDeviceProperties(cudaDeviceProp *p, int d);
+
+/* ------------------------------------------------------ device memory */
+
 cudaError_t cudaMalloc(void **p, size_t n);
 cudaError_t cudaFree(void *p);
-inline cudaError_t cudaMemsetAsync(void *p, int v, size_t n, cudaStream_t)
-{
-    memset(p, v, n);
-    return 0;
-}
-inline cudaError_t cudaMemcpyAsync(void *d, const void *s, size_t n, cudaMemcpyKind, cudaStream_t)
-{
-    memcpy(d, s, n);
-    return 0;
-}
-inline cudaError_t cudaStreamSynchronize(cudaStream_t) { return 0; }
+cudaError_t cudaMemsetAsync(void *p, int v, size_t n, cudaStream_t s = 0);
+cudaError_t cudaMemset(void *p, int v, size_t n);
+cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n, cudaMemcpyKind kind,
+                            cudaStream_t s = 0);
+cudaError_t cudaMemcpy(void *dst, const void *src, size_t n, cudaMemcpyKind kind);
+
+/* Device work: every live allocation readable and writable between open
+ * and close (nested calls count; the outermost close shuts them again). */
+void emu_device_open();
+void emu_device_close();
+struct emu_device_scope {
+    emu_device_scope() { emu_device_open(); }
+    ~emu_device_scope() { emu_device_close(); }
+    emu_device_scope(const emu_device_scope &) = delete;
+    emu_device_scope &operator=(const emu_device_scope &) = delete;
+};
+/* Abort with "emu: <call>: <what> ..." unless [p, p + n) lies inside one
+ * device allocation (emu_check_device) or touches none (emu_check_host). */
+void emu_check_device(const char *call, const char *what, const void *p, size_t n);
+void emu_check_host(const char *call, const char *what, const void *p, size_t n);
+
+/* A __device__ variable is an ordinary global here (host memory). */
+void emu_copy_from_symbol(const char *call, void *dst, const void *sym, size_t sym_size,
+                          size_t n, size_t off, cudaMemcpyKind kind);
 template <class T>
-cudaError_t cudaMemcpyFromSymbolAsync(void *dst, const T &sym, size_t n, size_t off,
-                                      cudaMemcpyKind, cudaStream_t)
+cudaError_t cudaMemcpyFromSymbolAsync(void *dst, const T &sym, size_t n, size_t off = 0,
+                                      cudaMemcpyKind kind = cudaMemcpyDeviceToHost,
+                                      cudaStream_t = 0)
 {
-    memcpy(dst, (const char *)&sym + off, n);
-    return 0;
+    emu_copy_from_symbol("cudaMemcpyFromSymbolAsync", dst, &sym, sizeof sym, n, off, kind);
+    return cudaSuccess;
 }
+template <class T>
+cudaError_t cudaMemcpyFromSymbol(void *dst, const T &sym, size_t n, size_t off = 0,
+                                 cudaMemcpyKind kind = cudaMemcpyDeviceToHost)
+{
+    emu_copy_from_symbol("cudaMemcpyFromSymbol", dst, &sym, sizeof sym, n, off, kind);
+    return cudaSuccess;
+}
+
+/* ----------------------------- streams and events: all work is synchronous */
+
+inline cudaError_t cudaStreamCreate(cudaStream_t *s) { *s = 0; return cudaSuccess; }
+inline cudaError_t cudaStreamDestroy(cudaStream_t) { return cudaSuccess; }
+inline cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaSuccess; }
+inline cudaError_t cudaDeviceSynchronize() { return cudaSuccess; }
+inline cudaError_t cudaEventCreate(cudaEvent_t *e) { *e = 0; return cudaSuccess; }
+inline cudaError_t cudaEventDestroy(cudaEvent_t) { return cudaSuccess; }
+inline cudaError_t cudaEventRecord(cudaEvent_t, cudaStream_t = 0) { return cudaSuccess; }
+inline cudaError_t cudaEventSynchronize(cudaEvent_t) { return cudaSuccess; }
+inline cudaError_t cudaStreamWaitEvent(cudaStream_t, cudaEvent_t, unsigned = 0)
+{
+    return cudaSuccess;
+}
+
+/* ------------------------------------------------------- device code */
 
 inline uint32_t __float_as_uint(float x) { uint32_t u; memcpy(&u, &x, 4); return u; }
 inline float __uint_as_float(uint32_t u) { float x; memcpy(&x, &u, 4); return x; }
@@ -79,12 +136,29 @@ template <class T> T __shfl_xor_sync(unsigned mask, T v, int o)
     return (T)emu_shfl_xor((double)v, o);
 }
 
+/* ---------------------------------------------------------- launches */
+
 /* kernel<<<grid, block, shmem, stream>>>(args) is rewritten by launch.py
- * into emu_launch(grid, block, shmem, kernel, args) */
+ * into emu_launch(grid, block, shmem, kernel, "kernel", args). */
 void emu_run(unsigned grid, unsigned block, size_t shmem, const std::function<void()> &f,
-             const void *key);
-template <class... P, class... A>
-void emu_launch(unsigned grid, unsigned block, size_t shmem, void (*k)(P...), A... args)
+             const char *name);
+/* A non-null pointer argument that is not device memory aborts: a host
+ * buffer handed to a kernel is the bug this emulation exists to find. */
+void emu_check_kernel_pointer(const char *name, int index, const void *p);
+template <class P, class A> void emu_check_kernel_arg(const char *name, int index, const A &a)
 {
-    emu_run(grid, block, shmem, [=] { k(args...); }, (const void *)k);
+    if constexpr (std::is_pointer_v<P>) {
+        P p = a; /* the conversion the call itself makes */
+        if (p)
+            emu_check_kernel_pointer(name, index, (const void *)p);
+    }
+}
+template <class... P, class... A>
+void emu_launch(unsigned grid, unsigned block, size_t shmem, void (*k)(P...), const char *name,
+                A... args)
+{
+    static_assert(sizeof...(P) == sizeof...(A), "kernel launched with a wrong argument count");
+    int index = 0;
+    (emu_check_kernel_arg<P>(name, index++, args), ...);
+    emu_run(grid, block, shmem, [=] { k(args...); }, name);
 }

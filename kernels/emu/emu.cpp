@@ -1,44 +1,517 @@
 /* emu.cpp — the emulated runtime behind cuda_runtime.h / cublas_v2.h.
  *
- * A block's threads are ucontext fibers.  Each round of the scheduler
- * resumes every live fiber once; a fiber runs until its next barrier
- * (__syncthreads, or either half of a shuffle) or its end, so a round is
- * exactly one barrier interval.  A block where some threads end while
- * others wait at a barrier aborts (undefined behaviour on a GPU).  A kernel
- * whose first block never synchronizes runs its other blocks as a plain
- * loop over threads (fast path for elementwise kernels). */
+ * Device memory.  Each cudaMalloc is a private mapping of its own:
+ *
+ *     guard page | slack | ptr .. ptr + size | < 256 bytes | guard page
+ *
+ * ptr is 256-byte aligned (as cudaMalloc promises) and placed so that its
+ * end, rounded up to 256 bytes, meets the trailing guard page: an overrun
+ * faults at once instead of reading the next buffer.  The data pages are
+ * PROT_NONE except while emulated device work runs (emu_device_open /
+ * close around a kernel, a cuBLAS call, a memset or a copy), so host code
+ * that dereferences a device pointer faults; the SIGSEGV handler below
+ * turns that fault into a message naming the allocation.  Under
+ * AddressSanitizer the slack and guards are also poisoned, so ASan reports
+ * even the small overruns that stay inside the last page.
+ *
+ * Threads.  A block's threads are fibers (see ctx_switch).  Each round of the
+ * scheduler resumes every live fiber once; a fiber runs until its next
+ * barrier (__syncthreads, or either half of a shuffle) or its end, so a
+ * round is exactly one barrier interval.  A block where some threads end
+ * while others wait at a barrier aborts (undefined behaviour on a GPU).  A
+ * block whose thread 0 meets no barrier runs its other threads as a plain
+ * loop (fast path for elementwise kernels). */
 #include <algorithm>
+#include <cblas.h>
+#include <cerrno>
 #include <cuda_runtime.h>
 #include <cublas_v2.h>
+#include <execinfo.h>
 #include <map>
+#include <signal.h>
+#include <stdarg.h>
+#include <sys/mman.h>
 #include <ucontext.h>
+#include <unistd.h>
+
+#if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/asan_interface.h>
+#define EMU_POISON(p, n) __asan_poison_memory_region((p), (n))
+#define EMU_UNPOISON(p, n) __asan_unpoison_memory_region((p), (n))
+#else
+#define EMU_POISON(p, n) ((void)(p), (void)(n))
+#define EMU_UNPOISON(p, n) ((void)(p), (void)(n))
+#endif
 
 dim3 threadIdx, blockIdx, blockDim, gridDim;
 
-cudaError_t cudaMalloc(void **p, size_t n) { *p = malloc(n); return *p ? 0 : 2; }
-cudaError_t cudaFree(void *p) { free(p); return 0; }
+/* The calls that led here, one frame a line ("binary(function+offset)" or
+ * "binary(+offset)": `addr2line -f -e binary offset` names the line).
+ * backtrace_symbols_fd does not allocate, so the SIGSEGV handler may call
+ * it; backtrace is called once before any fault, while loading what it
+ * needs is still safe (install_segv_handler). */
+static void print_backtrace()
+{
+    void *frames[48];
+    int n = backtrace(frames, 48);
+    static const char head[] = "emu: called from:\n";
+    ssize_t w = write(STDERR_FILENO, head, sizeof head - 1);
+    (void)w;
+    backtrace_symbols_fd(frames, n, STDERR_FILENO);
+}
 
+[[noreturn]] __attribute__((format(printf, 1, 2))) static void die(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    fputs("emu: ", stderr);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    va_end(ap);
+    fflush(stderr);
+    print_backtrace();
+    abort();
+}
+
+const char *cudaGetErrorString(cudaError_t err)
+{
+    switch (err) {
+    case cudaSuccess: return "no error";
+    case cudaErrorInvalidValue: return "invalid argument (emulated)";
+    case cudaErrorMemoryAllocation: return "out of memory (emulated)";
+    case cudaErrorInvalidDevice: return "invalid device ordinal (emulated: one device, 0)";
+    default: return "unknown error (emulated)";
+    }
+}
+
+cudaError_t cudaGetDeviceProperties(cudaDeviceProp *p, int d)
+{
+    if (d != 0)
+        return cudaErrorInvalidDevice;
+    memset(p, 0, sizeof *p);
+    snprintf(p->name, sizeof p->name, "CPU emulation (kernels/emu)");
+    p->major = 9, p->minor = 0;
+    p->totalGlobalMem = (size_t)sysconf(_SC_PHYS_PAGES) * (size_t)sysconf(_SC_PAGESIZE);
+    return cudaSuccess;
+}
+
+/* ------------------------------------------------------ device memory */
+
+enum { DEVICE_ALIGN = 256 };
+
+struct Alloc {
+    char *map;       /* the whole mapping, guard pages included */
+    size_t map_size;
+    char *ptr;       /* what cudaMalloc returned */
+    size_t size;     /* what it was asked for */
+};
+
+/* live allocations by mapping address; device_open counts nested opens */
+static std::map<uintptr_t, Alloc> allocs;
+static int device_open;
+static struct sigaction prev_segv;
+
+static size_t page_size()
+{
+    static size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    return page;
+}
+
+static size_t round_up(size_t n, size_t to) { return (n + to - 1) / to * to; }
+
+/* the allocation whose mapping holds addr (guards included), or NULL */
+static const Alloc *find_alloc(uintptr_t addr)
+{
+    auto it = allocs.upper_bound(addr);
+    if (it == allocs.begin())
+        return nullptr;
+    --it;
+    return addr < it->first + it->second.map_size ? &it->second : nullptr;
+}
+
+static void protect(const Alloc &a, int prot)
+{
+    size_t page = page_size();
+    if (mprotect(a.map + page, a.map_size - 2 * page, prot) != 0)
+        die("mprotect of the allocation of %zu bytes at %p failed: %s", a.size,
+            (void *)a.ptr, strerror(errno));
+}
+
+void emu_device_open()
+{
+    if (device_open++ == 0)
+        for (auto &kv : allocs)
+            protect(kv.second, PROT_READ | PROT_WRITE);
+}
+
+void emu_device_close()
+{
+    if (device_open <= 0)
+        die("emu_device_close without emu_device_open");
+    if (--device_open == 0)
+        for (auto &kv : allocs)
+            protect(kv.second, PROT_NONE);
+}
+
+/* "K bytes past the end of" / "K bytes before the start of" an allocation */
+static void describe_outside(char *buf, size_t size, uintptr_t addr, const Alloc &a)
+{
+    uintptr_t beg = (uintptr_t)a.ptr, end = beg + a.size;
+    if (addr >= end)
+        snprintf(buf, size, "%zu bytes past the end of", (size_t)(addr - end));
+    else
+        snprintf(buf, size, "%zu bytes before the start of", (size_t)(beg - addr));
+}
+
+/* A fault inside a device mapping is reported and aborts; any other fault
+ * goes back to the handler that was there before (the default, or
+ * AddressSanitizer's): returning re-runs the access, which faults again. */
+static void on_segv(int, siginfo_t *si, void *)
+{
+    uintptr_t addr = (uintptr_t)si->si_addr;
+    const Alloc *a = find_alloc(addr);
+    if (!a) {
+        sigaction(SIGSEGV, &prev_segv, nullptr);
+        return;
+    }
+    char msg[400], where[80];
+    uintptr_t beg = (uintptr_t)a->ptr;
+    if (addr >= beg && addr < beg + a->size) /* closed: only host code runs */
+        snprintf(msg, sizeof msg,
+                 "emu: host code touched device memory at %p (allocation of %zu bytes at %p)\n",
+                 (void *)addr, a->size, (void *)a->ptr);
+    else {
+        describe_outside(where, sizeof where, addr, *a);
+        snprintf(msg, sizeof msg,
+                 "emu: %s touched %p, %s the device allocation of %zu bytes at %p\n",
+                 device_open ? "device code (kernel, cuBLAS or copy)" : "host code",
+                 (void *)addr, where, a->size, (void *)a->ptr);
+    }
+    ssize_t w = write(STDERR_FILENO, msg, strlen(msg));
+    (void)w;
+    print_backtrace();
+    abort();
+}
+
+static void install_segv_handler()
+{
+    static bool done;
+    if (done)
+        return;
+    done = true;
+    void *frame;
+    backtrace(&frame, 1); /* loads libgcc's unwinder now, not in the handler */
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_sigaction = on_segv;
+    sa.sa_flags = SA_SIGINFO | SA_ONSTACK; /* ONSTACK: ASan's alternate stack, if any */
+    sigemptyset(&sa.sa_mask);
+    if (sigaction(SIGSEGV, &sa, &prev_segv) != 0)
+        die("sigaction(SIGSEGV): %s", strerror(errno));
+}
+
+cudaError_t cudaMalloc(void **p, size_t n)
+{
+    *p = nullptr;
+    if (n == 0)
+        return cudaSuccess;
+    if (n > ((size_t)1 << 48)) /* more than any address space; and no overflow below */
+        return cudaErrorMemoryAllocation;
+    install_segv_handler();
+    size_t page = page_size(), span = round_up(n, DEVICE_ALIGN), data = round_up(span, page);
+    /* mapped writable first, so that memory the system cannot commit fails
+     * here, as an out-of-memory cudaMalloc would, and not at first use */
+    size_t map_size = data + 2 * page;
+    void *m = mmap(nullptr, map_size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (m == MAP_FAILED)
+        return cudaErrorMemoryAllocation;
+    Alloc a = {(char *)m, map_size, (char *)m + page + data - span, n};
+    if (mprotect(a.map, page, PROT_NONE) || mprotect(a.map + page + data, page, PROT_NONE))
+        die("mprotect of a guard page: %s", strerror(errno));
+    if (!device_open)
+        protect(a, PROT_NONE);
+    EMU_POISON(a.map, (size_t)(a.ptr - a.map));
+    EMU_POISON(a.ptr + n, map_size - (size_t)(a.ptr - a.map) - n);
+    allocs[(uintptr_t)m] = a;
+    *p = a.ptr;
+    return cudaSuccess;
+}
+
+cudaError_t cudaFree(void *p)
+{
+    if (!p)
+        return cudaSuccess;
+    const Alloc *a = find_alloc((uintptr_t)p);
+    if (!a)
+        die("cudaFree: the pointer is not device memory (%p: never allocated, or freed "
+            "already)", p);
+    if (a->ptr != p)
+        die("cudaFree: the pointer is not the start of its device allocation (%p; the "
+            "allocation is %zu bytes at %p)", p, a->size, (void *)a->ptr);
+    Alloc gone = *a;
+    allocs.erase((uintptr_t)gone.map);
+    EMU_UNPOISON(gone.map, gone.map_size);
+    if (munmap(gone.map, gone.map_size) != 0)
+        die("munmap: %s", strerror(errno));
+    return cudaSuccess;
+}
+
+void emu_check_device(const char *call, const char *what, const void *p, size_t n)
+{
+    uintptr_t addr = (uintptr_t)p;
+    const Alloc *a = find_alloc(addr);
+    if (!a)
+        die("%s: %s is not device memory (%p)", call, what, p);
+    uintptr_t beg = (uintptr_t)a->ptr, end = beg + a->size;
+    char where[80];
+    if (addr < beg || addr >= end) {
+        describe_outside(where, sizeof where, addr, *a);
+        die("%s: %s is out of bounds: %p is %s the device allocation of %zu bytes at %p", call,
+            what, p, where, a->size, (void *)a->ptr);
+    }
+    if (n > end - addr)
+        die("%s: %s is out of bounds: [%p, +%zu bytes) runs %zu bytes past the end of the "
+            "device allocation of %zu bytes at %p",
+            call, what, p, n, (size_t)(n - (end - addr)), a->size, (void *)a->ptr);
+}
+
+void emu_check_host(const char *call, const char *what, const void *p, size_t n)
+{
+    if (!p)
+        die("%s: %s is NULL", call, what);
+    uintptr_t addr = (uintptr_t)p;
+    /* the last mapping that starts before the end of [p, p + n) */
+    auto it = allocs.lower_bound(addr + (n ? n : 1));
+    if (it == allocs.begin())
+        return;
+    --it;
+    const Alloc &a = it->second;
+    if (addr < it->first + a.map_size)
+        die("%s: %s is device memory, not host memory (%p, in the allocation of %zu bytes at %p)",
+            call, what, p, a.size, (void *)a.ptr);
+}
+
+void emu_check_kernel_pointer(const char *name, int index, const void *p)
+{
+    uintptr_t addr = (uintptr_t)p;
+    const Alloc *a = find_alloc(addr);
+    if (!a)
+        die("%s: argument %d is not device memory (%p)", name, index, p);
+    /* one past the end is a valid pointer (an empty range); beyond is not */
+    uintptr_t beg = (uintptr_t)a->ptr;
+    if (addr < beg || addr > beg + a->size) {
+        char where[80];
+        describe_outside(where, sizeof where, addr, *a);
+        die("%s: argument %d is out of bounds: %p is %s the device allocation of %zu bytes at %p",
+            name, index, p, where, a->size, (void *)a->ptr);
+    }
+}
+
+static const char *kind_name(cudaMemcpyKind kind)
+{
+    switch (kind) {
+    case cudaMemcpyHostToHost: return "HostToHost";
+    case cudaMemcpyHostToDevice: return "HostToDevice";
+    case cudaMemcpyDeviceToHost: return "DeviceToHost";
+    case cudaMemcpyDeviceToDevice: return "DeviceToDevice";
+    }
+    return "an unknown kind";
+}
+
+/* dst and src must lie where `kind` says */
+static void copy_checked(const char *fn, void *dst, const void *src, size_t n,
+                         cudaMemcpyKind kind)
+{
+    if (n == 0)
+        return;
+    char call[80];
+    snprintf(call, sizeof call, "%s(%s)", fn, kind_name(kind));
+    bool dst_dev = kind == cudaMemcpyHostToDevice || kind == cudaMemcpyDeviceToDevice;
+    bool src_dev = kind == cudaMemcpyDeviceToHost || kind == cudaMemcpyDeviceToDevice;
+    if ((unsigned)kind > cudaMemcpyDeviceToDevice)
+        die("%s: unsupported copy kind %d", call, (int)kind);
+    if (dst_dev)
+        emu_check_device(call, "dst", dst, n);
+    else
+        emu_check_host(call, "dst", dst, n);
+    if (src_dev)
+        emu_check_device(call, "src", src, n);
+    else
+        emu_check_host(call, "src", src, n);
+    uintptr_t d = (uintptr_t)dst, s = (uintptr_t)src;
+    if (d < s + n && s < d + n) /* undefined for cudaMemcpy as for memcpy */
+        die("%s: dst and src overlap (%p and %p, %zu bytes)", call, dst, src, n);
+    emu_device_scope open;
+    memcpy(dst, src, n);
+}
+
+cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n, cudaMemcpyKind kind,
+                            cudaStream_t)
+{
+    copy_checked("cudaMemcpyAsync", dst, src, n, kind);
+    return cudaSuccess;
+}
+
+cudaError_t cudaMemcpy(void *dst, const void *src, size_t n, cudaMemcpyKind kind)
+{
+    copy_checked("cudaMemcpy", dst, src, n, kind);
+    return cudaSuccess;
+}
+
+static void memset_checked(const char *call, void *p, int v, size_t n)
+{
+    if (n == 0)
+        return;
+    emu_check_device(call, "dst", p, n);
+    emu_device_scope open;
+    memset(p, v, n);
+}
+
+cudaError_t cudaMemsetAsync(void *p, int v, size_t n, cudaStream_t)
+{
+    memset_checked("cudaMemsetAsync", p, v, n);
+    return cudaSuccess;
+}
+
+cudaError_t cudaMemset(void *p, int v, size_t n)
+{
+    memset_checked("cudaMemset", p, v, n);
+    return cudaSuccess;
+}
+
+void emu_copy_from_symbol(const char *call, void *dst, const void *sym, size_t sym_size,
+                          size_t n, size_t off, cudaMemcpyKind kind)
+{
+    if (off > sym_size || n > sym_size - off)
+        die("%s: bytes [%zu, %zu) are outside the symbol of %zu bytes", call, off, off + n,
+            sym_size);
+    if (n == 0)
+        return;
+    if (kind == cudaMemcpyDeviceToHost)
+        emu_check_host(call, "dst", dst, n);
+    else if (kind == cudaMemcpyDeviceToDevice)
+        emu_check_device(call, "dst", dst, n);
+    else
+        die("%s: kind %s (a copy from a symbol is DeviceToHost or DeviceToDevice)", call,
+            kind_name(kind));
+    emu_device_scope open;
+    memcpy(dst, (const char *)sym + off, n);
+}
+
+/* ------------------------------------------------------------ threads */
+
+/* Fibers switch at every barrier: hundreds of thousands of times for one
+ * cross-entropy over a 50k vocabulary.  swapcontext saves and restores the
+ * signal mask with a system call at each switch, which was half of the
+ * emulation's time; on x86-64 the switch is therefore the few instructions
+ * below (the callee-saved registers and the stack pointer, nothing else),
+ * elsewhere swapcontext.  A fiber is made once and then runs block after
+ * block: it never returns from its first function. */
+#if defined(__x86_64__)
+struct Ctx { void *sp; };
+/* emu_ctx_switch(&from->sp, to->sp): push the callee-saved registers, save
+ * the stack pointer, load the other one, pop its registers, return there */
+extern "C" void emu_ctx_switch(void **save_sp, void *next_sp);
+asm(".text\n"
+    ".p2align 4\n"
+    ".type emu_ctx_switch, @function\n"
+    "emu_ctx_switch:\n"
+    "    pushq %rbp\n"
+    "    pushq %rbx\n"
+    "    pushq %r12\n"
+    "    pushq %r13\n"
+    "    pushq %r14\n"
+    "    pushq %r15\n"
+    "    movq %rsp, (%rdi)\n"
+    "    movq %rsi, %rsp\n"
+    "    popq %r15\n"
+    "    popq %r14\n"
+    "    popq %r13\n"
+    "    popq %r12\n"
+    "    popq %rbx\n"
+    "    popq %rbp\n"
+    "    ret\n"
+    ".size emu_ctx_switch, .-emu_ctx_switch\n");
+
+static void ctx_switch(Ctx &from, Ctx &to) { emu_ctx_switch(&from.sp, to.sp); }
+
+/* a stack whose first switch "returns" into entry, with the alignment of a
+ * function entry (rsp + 8 a multiple of 16), six zero registers above it */
+static void ctx_make(Ctx &c, char *stack, size_t size, void (*entry)())
+{
+    uintptr_t top = ((uintptr_t)stack + size) & ~(uintptr_t)15;
+    void **sp = (void **)(top - 16);
+    *sp = (void *)entry;
+    for (int i = 0; i < 6; i++)
+        *--sp = nullptr;
+    c.sp = sp;
+}
+#else
+struct Ctx { ucontext_t uc; };
+static void ctx_switch(Ctx &from, Ctx &to) { swapcontext(&from.uc, &to.uc); }
+static void ctx_make(Ctx &c, char *stack, size_t size, void (*entry)())
+{
+    getcontext(&c.uc);
+    c.uc.uc_stack.ss_sp = stack;
+    c.uc.uc_stack.ss_size = size;
+    c.uc.uc_link = nullptr;
+    makecontext(&c.uc, entry, 0);
+}
+#endif
+
+/* AddressSanitizer must be told when the stack changes (its fiber API). */
+#if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/common_interface_defs.h>
+#define EMU_START_SWITCH(save, bottom, size) __sanitizer_start_switch_fiber(save, bottom, size)
+#define EMU_FINISH_SWITCH(save, bottom, size) __sanitizer_finish_switch_fiber(save, bottom, size)
+#else
+#define EMU_START_SWITCH(save, bottom, size) ((void)(save), (void)(bottom), (void)(size))
+#define EMU_FINISH_SWITCH(save, bottom, size) ((void)(save), (void)(bottom), (void)(size))
+#endif
+
+/* a fiber stack: 256 KiB above an inaccessible guard page, so that an
+ * overflow faults instead of overwriting the next stack */
 enum { STACK = 256 * 1024 };
-struct Fiber { ucontext_t ctx; char *stack; int done, waiting; };
+struct Fiber {
+    Ctx ctx;
+    char *stack;   /* lowest usable byte, above the guard page */
+    void *fake;    /* ASan's fake stack while switched away */
+    int done;
+};
 static Fiber fib[1024];
-static ucontext_t sched;
-static int cur = -1, synced;
+static Ctx sched;
+static void *sched_fake;
+static const void *sched_bottom; /* the scheduler's stack, for ASan */
+static size_t sched_size;
+static int cur = -1;
 static const std::function<void()> *cur_fn;
 static double shfl_buf[1024];
 
+/* from fiber `cur` back to the scheduler; returns when resumed */
+static void to_sched()
+{
+    Fiber &f = fib[cur];
+    EMU_START_SWITCH(&f.fake, sched_bottom, sched_size);
+    ctx_switch(f.ctx, sched);
+    EMU_FINISH_SWITCH(f.fake, &sched_bottom, &sched_size);
+}
+
 static void fiber_main()
 {
-    (*cur_fn)();
-    fib[cur].done = 1;
-    swapcontext(&fib[cur].ctx, &sched);
+    EMU_FINISH_SWITCH(nullptr, &sched_bottom, &sched_size);
+    for (;;) { /* one thread of one block per turn */
+        (*cur_fn)();
+        fib[cur].done = 1;
+        to_sched();
+    }
 }
 
 static void yield_to_sched()
 {
-    if (cur < 0) { fprintf(stderr, "emu: barrier outside a fiber block\n"); abort(); }
-    synced = 1;
-    fib[cur].waiting = 1;
-    swapcontext(&fib[cur].ctx, &sched);
+    if (cur < 0) /* the plain loop of run_block */
+        die("divergent barrier in block %u: thread %u meets a barrier that thread 0 ended "
+            "without", blockIdx.x, threadIdx.x);
+    to_sched();
 }
 
 void __syncthreads() { yield_to_sched(); }
@@ -46,7 +519,8 @@ void __syncthreads() { yield_to_sched(); }
 double emu_shfl_xor(double v, int o)
 {
     int t = threadIdx.x, lane = t % 32, src = (t - lane) + (lane ^ o);
-    if (blockDim.x % 32) { fprintf(stderr, "emu: blockDim not a multiple of 32\n"); abort(); }
+    if (blockDim.x % 32)
+        die("blockDim not a multiple of 32");
     shfl_buf[t] = v;
     yield_to_sched();
     double r = shfl_buf[src];
@@ -54,77 +528,121 @@ double emu_shfl_xor(double v, int o)
     return r;
 }
 
-static void run_block_fibers(unsigned block, const std::function<void()> &f)
+static void make_fiber(Fiber &f)
+{
+    size_t page = page_size();
+    void *m = mmap(nullptr, STACK + page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
+                   -1, 0);
+    if (m == MAP_FAILED || mprotect(m, page, PROT_NONE) != 0)
+        die("no memory for a fiber stack: %s", strerror(errno));
+    f.stack = (char *)m + page;
+    ctx_make(f.ctx, f.stack, STACK, fiber_main);
+}
+
+/* run fiber t until its next barrier or the end of its thread */
+static void resume(unsigned t)
+{
+    cur = (int)t;
+    threadIdx.x = t;
+    EMU_START_SWITCH(&sched_fake, fib[t].stack, STACK);
+    ctx_switch(sched, fib[t].ctx);
+    EMU_FINISH_SWITCH(sched_fake, nullptr, nullptr);
+}
+
+/* One block.  Thread 0 runs first, as a fiber.  If it ends without meeting
+ * a barrier, no thread may meet one (that would be a divergent barrier):
+ * the others run as a plain loop, the fast path of elementwise kernels.
+ * Otherwise every thread becomes a fiber and the block runs in rounds, one
+ * barrier interval each, thread 0 having done its first already. */
+static void run_block(unsigned block, const std::function<void()> &f)
 {
     cur_fn = &f;
-    for (unsigned t = 0; t < block; t++) {
-        if (!fib[t].stack) fib[t].stack = (char *)malloc(STACK);
-        getcontext(&fib[t].ctx);
-        fib[t].ctx.uc_stack.ss_sp = fib[t].stack;
-        fib[t].ctx.uc_stack.ss_size = STACK;
-        fib[t].ctx.uc_link = nullptr;
-        makecontext(&fib[t].ctx, fiber_main, 0);
+    if (!fib[0].stack)
+        make_fiber(fib[0]);
+    fib[0].done = 0;
+    resume(0);
+    cur = -1;
+    if (fib[0].done) {
+        for (unsigned t = 1; t < block; t++) {
+            threadIdx.x = t;
+            f();
+        }
+        return;
+    }
+    for (unsigned t = 1; t < block; t++) {
+        if (!fib[t].stack)
+            make_fiber(fib[t]);
         fib[t].done = 0;
     }
-    for (;;) {
+    for (unsigned first = 1;; first = 0) {
         int alive = 0, finished_now = 0;
         for (unsigned t = 0; t < block; t++) {
-            if (fib[t].done) continue;
-            cur = (int)t; threadIdx.x = t; fib[t].waiting = 0;
-            swapcontext(&sched, &fib[t].ctx);
+            if (fib[t].done)
+                continue;
+            if (t >= first)
+                resume(t);
             if (fib[t].done)
                 finished_now++;
             else
                 alive++;
         }
         cur = -1;
-        if (!alive) break;
-        if (finished_now) { /* some threads left while others wait at a barrier */
-            fprintf(stderr, "emu: divergent barrier in block %u\n", blockIdx.x);
-            abort();
-        }
+        if (!alive)
+            break;
+        if (finished_now) /* some threads left while others wait at a barrier */
+            die("divergent barrier in block %u", blockIdx.x);
     }
 }
 
 void emu_run(unsigned grid, unsigned block, size_t shmem, const std::function<void()> &f,
-             const void *key)
+             const char *name)
 {
-    static std::map<const void *, int> uses_sync;
-    if (block == 0 || block > 1024 || grid == 0 || shmem) { fprintf(stderr, "emu: bad launch %u %u\n", grid, block); abort(); }
-    gridDim.x = grid; blockDim.x = block;
-    auto it = uses_sync.find(key);
+    if (block == 0 || block > 1024 || grid == 0 || shmem)
+        die("%s: bad launch <<<%u, %u, %zu>>>", name, grid, block, shmem);
+    gridDim.x = grid;
+    blockDim.x = block;
+    emu_device_scope open;
     for (unsigned b = 0; b < grid; b++) {
         blockIdx.x = b;
-        if (it == uses_sync.end() || it->second) {
-            synced = 0;
-            run_block_fibers(block, f);
-            if (it == uses_sync.end()) { uses_sync[key] = synced; it = uses_sync.find(key); }
-        } else {
-            for (unsigned t = 0; t < block; t++) { threadIdx.x = t; f(); }
-        }
+        run_block(block, f);
     }
 }
 
+/* ------------------------------------------------------------- cuBLAS */
+
 struct emu_cublas { int x; };
 cublasStatus_t cublasCreate(cublasHandle_t *h) { *h = new emu_cublas(); return 0; }
+cublasStatus_t cublasDestroy(cublasHandle_t h) { delete h; return 0; }
 
-/* column-major, as documented: C = alpha op(A) op(B) + beta C */
-cublasStatus_t cublasSgemm(cublasHandle_t, cublasOperation_t ta, cublasOperation_t tb, int m,
+/* a column-major rows x cols matrix with leading dimension ld, in device
+ * memory and within its allocation */
+static void check_matrix(const char *what, const float *p, int rows, int cols, int ld)
+{
+    size_t elems = (size_t)(cols - 1) * (size_t)ld + (size_t)rows;
+    emu_check_device("cublasSgemm", what, p, elems * sizeof(float));
+}
+
+/* column-major, as documented: C = alpha op(A) op(B) + beta C; alpha and
+ * beta are host pointers (CUBLAS_POINTER_MODE_HOST, the default) */
+cublasStatus_t cublasSgemm(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m,
                            int n, int k, const float *alpha, const float *A, int lda,
                            const float *B, int ldb, const float *beta, float *C, int ldc)
 {
-    if (m < 0 || n < 0 || k < 0 || lda < std::max(1, ta == CUBLAS_OP_N ? m : k) ||
-        ldb < std::max(1, tb == CUBLAS_OP_N ? k : n) || ldc < std::max(1, m))
+    bool na = ta == CUBLAS_OP_N, nb = tb == CUBLAS_OP_N;
+    if (!h || m < 0 || n < 0 || k < 0 || lda < std::max(1, na ? m : k) ||
+        ldb < std::max(1, nb ? k : n) || ldc < std::max(1, m))
         return CUBLAS_STATUS_INVALID_VALUE;
-    for (int j = 0; j < n; j++)
-        for (int i = 0; i < m; i++) {
-            float s = 0;
-            for (int l = 0; l < k; l++) {
-                float a = ta == CUBLAS_OP_N ? A[i + (size_t)l * lda] : A[l + (size_t)i * lda];
-                float b = tb == CUBLAS_OP_N ? B[l + (size_t)j * ldb] : B[j + (size_t)l * ldb];
-                s += a * b;
-            }
-            C[i + (size_t)j * ldc] = *alpha * s + *beta * C[i + (size_t)j * ldc];
-        }
-    return 0;
+    if (m == 0 || n == 0)
+        return CUBLAS_STATUS_SUCCESS;
+    emu_check_host("cublasSgemm", "alpha", alpha, sizeof *alpha);
+    emu_check_host("cublasSgemm", "beta", beta, sizeof *beta);
+    if (k > 0) {
+        check_matrix("A", A, na ? m : k, na ? k : m, lda);
+        check_matrix("B", B, nb ? k : n, nb ? n : k, ldb);
+    }
+    check_matrix("C", C, m, n, ldc);
+    emu_device_scope open;
+    cblas_sgemm(CblasColMajor, na ? CblasNoTrans : CblasTrans, nb ? CblasNoTrans : CblasTrans,
+                m, n, k, *alpha, A, lda, B, ldb, *beta, C, ldc);
+    return CUBLAS_STATUS_SUCCESS;
 }

@@ -34,6 +34,13 @@ Y
 expect 2 "$tmp/bad_key.yaml:3:3" "$TRIDENT" train "$tmp/bad_key.yaml"
 expect 2 "hiden" "$TRIDENT" train "$tmp/bad_key.yaml"
 
+# backend: cuda in a build without the CUDA backend: refused before anything runs.
+if [ "${TRIDENT_BUILD_CUDA:-0}" = 0 ]; then
+    expect 2 "built without the CUDA backend" "$TRIDENT" train configs/tiny.yaml \
+        --set backend=cuda --set run.dir="$tmp/cuda_run"
+    [ ! -e "$tmp/cuda_run" ] || { echo "FAIL: the refused cuda run wrote $tmp/cuda_run"; fails=$((fails + 1)); }
+fi
+
 printf 'model:\n  layers: [1\n' > "$tmp/broken.yaml"
 expect 2 "$tmp/broken.yaml:" "$TRIDENT" train "$tmp/broken.yaml"
 expect 2 "No such file" "$TRIDENT" train "$tmp/missing.yaml"

@@ -94,7 +94,7 @@ static void check_linear_pair(Comm *tpc, int sp)
     enum { C = 12, F = 16 };
     const int tp = tpc->size, r = tpc->rank, Fl = F / tp;
     const Backend *be = backend_cpu();
-    TpGroup g = tp_group_layout(tp, r, sp, 1);
+    TpGroup g = tp_group_layout(be, tp, r, sp, 1);
     tp_group_attach(&g, tpc);
     const int n = tp_stream_rows(&g, N);
     char what[96];
@@ -162,7 +162,7 @@ static void check_embedding(Comm *tpc, int sp)
     enum { C = 8, Vp = 64 };
     const int tp = tpc->size, r = tpc->rank, Vl = Vp / tp;
     const Backend *be = backend_cpu();
-    TpGroup g = tp_group_layout(tp, r, sp, 1);
+    TpGroup g = tp_group_layout(be, tp, r, sp, 1);
     tp_group_attach(&g, tpc);
     const int n = tp_stream_rows(&g, N);
     char what[96];
@@ -209,7 +209,7 @@ static void check_crossentropy(Comm *tpc)
     enum { Vp = 64 };
     const int tp = tpc ? tpc->size : 1, r = tpc ? tpc->rank : 0, Vl = Vp / tp;
     const Backend *be = backend_cpu();
-    TpGroup g = tp_group_layout(tp, r, 0, 1);
+    TpGroup g = tp_group_layout(be, tp, r, 0, 1);
     tp_group_attach(&g, tpc);
     char what[64];
     snprintf(what, sizeof what, "cross-entropy tp %d", tp);
@@ -230,8 +230,8 @@ static void check_crossentropy(Comm *tpc)
     for (int i = 0; i < N; i++)
         memcpy(mine + i * Vl, logits + i * Vp + r * Vl, (size_t)Vl * sizeof(float));
     const int real = V - r * Vl < 0 ? 0 : (V - r * Vl > Vl ? Vl : V - r * Vl);
-    tp_crossentropy_forward(&g, ll, stats, mine, tgt, N, real, Vl, r * Vl, V);
-    tp_crossentropy_backward(mine, stats, tgt, dloss, N, real, Vl, r * Vl);
+    tp_crossentropy_forward(&g, ll, stats, mine, tgt, tgt, N, real, Vl, r * Vl, V);
+    tp_crossentropy_backward(&g, mine, stats, tgt, dloss, N, real, Vl, r * Vl);
     be->crossentropy_backward(logits, tgt, dloss, N, V, Vp);
     float want[N * Vp];
     for (int i = 0; i < N; i++)

@@ -114,6 +114,33 @@ typedef struct {
     void (*crossentropy_backward)(float *logits, const int32_t *targets,
                                   float dloss, int N, int V, int Vp);
 
+    /* Vocabulary-parallel cross-entropy (src/tensor_par/vocab_parallel.c):
+     * the loss over a vocabulary split across TP ranks, in passes around
+     * two all-reduces of per-row statistics.  logits [N, Vp] hold this
+     * rank's vocabulary rows; the first V columns are real and are global
+     * ids [vocab_start, vocab_start + V).  stats is [3N]: mx, sum, tgt.
+     *   vocab_max:      mx[n] = max of the V columns (-inf when V == 0);
+     *                   then the caller all-reduces mx with max.
+     *   vocab_sumexp:   sum[n] = sum over the V columns of exp(x - mx[n]);
+     *                   tgt[n] = x[n, targets[n] - vocab_start] when that
+     *                   column is here (targets[n] >= 0), else 0;
+     *                   then the caller all-reduces sum and tgt (2N) with sum.
+     *   vocab_loss:     losses[n] = targets[n] < 0 ? 0
+     *                                : log(sum[n]) + mx[n] - tgt[n].
+     *   vocab_backward: OVERWRITES logits with dlogits: for v < V
+     *                   exp(x - mx[n]) * dloss / sum[n], minus dloss at the
+     *                   target's column when it is here; 0 for v >= V; the
+     *                   whole row 0 when targets[n] < 0. */
+    void (*vocab_max)(float *stats, const float *logits, int N, int V, int Vp);
+    void (*vocab_sumexp)(float *stats, const float *logits, const int32_t *targets, int N,
+                         int V, int Vp, int vocab_start);
+    void (*vocab_loss)(float *losses, const float *stats, const int32_t *targets, int N);
+    void (*vocab_backward)(float *logits, const float *stats, const int32_t *targets,
+                           float dloss, int N, int V, int Vp, int vocab_start);
+
+    /* y[r, c] += bias[c] for r < rows: a replicated bias added once, after
+     * the sum of a row-parallel layer. */
+    void (*add_bias)(float *y, const float *bias, int rows, int C);
     /* out = a + b (residual), n elements; out may alias a. */
     void (*add)(float *out, const float *a, const float *b, size_t n);
     /* y += x */

@@ -3,6 +3,7 @@
 #include "backend/backend.h"
 
 #include <cblas.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -53,6 +54,83 @@ static void counted_matmul_backward(float *dinp, float *dweight, float *dbias, c
 double backend_cpu_gemm_flops(void) { return gemm_flops; }
 void backend_cpu_gemm_flops_reset(void) { gemm_flops = 0; }
 
+/* ---- vocabulary-parallel cross-entropy and the replicated bias (backend.h) ---- */
+
+/* The local column of a global id, or -1 when another rank holds it. */
+static inline int local_col(int32_t id, int vocab_start, int V)
+{
+    const int c = (int)id - vocab_start;
+    return id >= 0 && c >= 0 && c < V ? c : -1;
+}
+
+static void cpu_vocab_max(float *stats, const float *logits, int N, int V, int Vp)
+{
+#pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++) {
+        const float *x = logits + (size_t)n * Vp;
+        float m = -INFINITY;
+        for (int v = 0; v < V; v++)
+            m = x[v] > m ? x[v] : m;
+        stats[n] = m;
+    }
+}
+
+static void cpu_vocab_sumexp(float *stats, const float *logits, const int32_t *targets, int N,
+                             int V, int Vp, int vocab_start)
+{
+    const float *mx = stats;
+    float *sum = stats + N, *tgt = stats + 2 * (size_t)N;
+#pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++) {
+        const float *x = logits + (size_t)n * Vp;
+        float s = 0;
+        for (int v = 0; v < V; v++)
+            s += expf(x[v] - mx[n]);
+        sum[n] = s;
+        const int c = local_col(targets[n], vocab_start, V);
+        tgt[n] = c >= 0 ? x[c] : 0.0f;
+    }
+}
+
+static void cpu_vocab_loss(float *losses, const float *stats, const int32_t *targets, int N)
+{
+    const float *mx = stats, *sum = stats + N, *tgt = stats + 2 * (size_t)N;
+    for (int n = 0; n < N; n++)
+        losses[n] = targets[n] < 0 ? 0.0f : logf(sum[n]) + mx[n] - tgt[n];
+}
+
+static void cpu_vocab_backward(float *logits, const float *stats, const int32_t *targets,
+                               float dloss, int N, int V, int Vp, int vocab_start)
+{
+    const float *mx = stats, *sum = stats + N;
+#pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++) {
+        float *x = logits + (size_t)n * Vp;
+        if (targets[n] < 0) { /* ignored row: no gradient */
+            memset(x, 0, (size_t)Vp * sizeof(float));
+            continue;
+        }
+        const float k = dloss / sum[n];
+        for (int v = 0; v < V; v++)
+            x[v] = expf(x[v] - mx[n]) * k;
+        const int c = local_col(targets[n], vocab_start, V);
+        if (c >= 0)
+            x[c] -= dloss;
+        for (int v = V; v < Vp; v++)
+            x[v] = 0; /* padded columns are not part of the model */
+    }
+}
+
+static void cpu_add_bias(float *y, const float *bias, int rows, int C)
+{
+#pragma omp parallel for schedule(static)
+    for (int r = 0; r < rows; r++) {
+        float *row = y + (size_t)r * (size_t)C;
+        for (int c = 0; c < C; c++)
+            row[c] += bias[c];
+    }
+}
+
 /* Memory of the CPU backend is host memory: the table's memory functions
  * are the C library's. */
 static void *cpu_alloc(size_t bytes, const char *what)
@@ -91,6 +169,11 @@ static const Backend cpu_backend = {
     .attention_backward = cpu_attention_backward,
     .crossentropy_forward = cpu_crossentropy_forward,
     .crossentropy_backward = cpu_crossentropy_backward,
+    .vocab_max = cpu_vocab_max,
+    .vocab_sumexp = cpu_vocab_sumexp,
+    .vocab_loss = cpu_vocab_loss,
+    .vocab_backward = cpu_vocab_backward,
+    .add_bias = cpu_add_bias,
     .add = cpu_add,
     .accumulate = cpu_accumulate,
     .sumsq = cpu_sumsq,

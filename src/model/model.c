@@ -521,7 +521,7 @@ Model *model_create_unbound(const Config *cfg, const Backend *be, const ParamSha
     const int sp = cfg->topology.sequence_parallel;
     check_tp(&m->mc, sh, sp, B);
     const int kv_share = m->mc.kv_heads % sh->tp ? sh->tp / m->mc.kv_heads : 1;
-    m->tp = tp_group_layout(sh->tp, sh->tp_rank, sp, kv_share);
+    m->tp = tp_group_layout(be, sh->tp, sh->tp_rank, sp, kv_share);
     params_build(&m->table, &m->mc, sh);
 
     const int gpt2 = m->mc.arch == ARCH_GPT2;
@@ -924,8 +924,8 @@ float model_head_forward(Model *m, const int32_t *targets)
                  m->op.lnf_b);
     be->matmul_forward(h->logits, h->lnf, m->op.head_w, NULL, d->N, d->C, d->Vp);
     if (tp_active(&m->tp))
-        tp_crossentropy_forward(&m->tp, h->losses, h->ce_stats, h->logits, m->cur.targets, d->N,
-                                d->V, d->Vp, d->vocab_start, d->vocab);
+        tp_crossentropy_forward(&m->tp, h->losses, h->ce_stats, h->logits, dev_targets,
+                                m->cur.targets, d->N, d->V, d->Vp, d->vocab_start, d->vocab);
     else
         be->crossentropy_forward(h->losses, h->logits, dev_targets, d->N, d->V, d->Vp);
 
@@ -959,8 +959,8 @@ void model_head_backward(Model *m, float loss_scale)
     /* d(loss_scale * mean loss)/d loss[n] for every counted position. */
     const float dloss = m->cur.counted ? loss_scale / (float)m->cur.counted : 0.0f;
     if (tp_active(&m->tp))
-        tp_crossentropy_backward(h->logits, h->ce_stats, m->cur.targets, dloss, d->N, d->V, d->Vp,
-                                 d->vocab_start);
+        tp_crossentropy_backward(&m->tp, h->logits, h->ce_stats, m->cur.ids + d->N, dloss,
+                                 d->N, d->V, d->Vp, d->vocab_start);
     else
         be->crossentropy_backward(h->logits, m->cur.ids + d->N, dloss, d->N, d->V, d->Vp);
     float *dlogits = h->logits;
@@ -1029,7 +1029,7 @@ MemoryReport model_plan_memory(const Config *cfg, const ParamShard *sh, int B, i
     const int sp = cfg->topology.sequence_parallel;
     check_tp(&m.mc, sh, sp, B);
     const int kv_share = m.mc.kv_heads % sh->tp ? sh->tp / m.mc.kv_heads : 1;
-    m.tp = tp_group_layout(sh->tp, sh->tp_rank, sp, kv_share);
+    m.tp = tp_group_layout(NULL, sh->tp, sh->tp_rank, sp, kv_share); /* sizes only */
     params_build(&m.table, &m.mc, sh);
     m.d = make_dims(&m, B);
     /* Count with the carvers model_create_unbound uses (base NULL: sizes only). */

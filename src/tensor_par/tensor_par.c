@@ -6,10 +6,11 @@
 
 #include "core/error.h"
 
-TpGroup tp_group_layout(int size, int rank, int sequence_parallel, int kv_share)
+TpGroup tp_group_layout(const Backend *be, int size, int rank, int sequence_parallel,
+                        int kv_share)
 {
     TRD_ASSERT(size >= 1 && rank >= 0 && rank < size && kv_share >= 1);
-    TpGroup g = {.comm = NULL, .kv = {.mpi = MPI_COMM_NULL, .rank = -1, .size = 0},
+    TpGroup g = {.be = be, .comm = NULL, .kv = {.mpi = MPI_COMM_NULL, .rank = -1, .size = 0},
                  .size = size, .rank = rank, .sp = size > 1 && sequence_parallel,
                  .kv_share = kv_share};
     return g;
@@ -82,17 +83,6 @@ void tp_column_input_backward(TpGroup *g, float *dx, int N, int C)
         comm_allreduce_f32(g->comm, dx, (size_t)N * (size_t)C);
 }
 
-/* y[r, c] += bias[c] for `rows` rows. */
-static void add_bias(float *y, const float *bias, int rows, int C)
-{
-#pragma omp parallel for schedule(static)
-    for (int r = 0; r < rows; r++) {
-        float *row = y + (size_t)r * (size_t)C;
-        for (int c = 0; c < C; c++)
-            row[c] += bias[c];
-    }
-}
-
 void tp_row_output_forward(TpGroup *g, float *y, const float *bias, int N, int C)
 {
     const int rows = tp_stream_rows(g, N);
@@ -104,7 +94,7 @@ void tp_row_output_forward(TpGroup *g, float *y, const float *bias, int N, int C
     }
     /* Replicated bias: after the sum, so it counts once. */
     if (bias)
-        add_bias(y, bias, rows, C);
+        g->be->add_bias(y, bias, rows, C);
 }
 
 const float *tp_row_output_backward(TpGroup *g, const float *dy, float *full, int N, int C)
@@ -112,7 +102,7 @@ const float *tp_row_output_backward(TpGroup *g, const float *dy, float *full, in
     if (!tp_sequence_parallel(g))
         return dy; /* identity: every rank holds the whole gradient */
     const size_t n = (size_t)tp_stream_rows(g, N) * (size_t)C;
-    memcpy(full + (size_t)g->rank * n, dy, n * sizeof(float));
+    g->be->copy(full + (size_t)g->rank * n, dy, n * sizeof(float));
     comm_allgather_block_f32(g->comm, full, n);
     return full;
 }
@@ -125,8 +115,7 @@ void tp_add_reduced_grad(TpGroup *g, float *grad, float *partial, size_t n)
         comm_allreduce_f32(g->comm, partial, n);
     /* Reduce the new contribution alone, then add: reducing grad itself
      * would count earlier micro-batches size times. */
-    for (size_t i = 0; i < n; i++)
-        grad[i] += partial[i];
+    g->be->accumulate(grad, partial, n);
 }
 
 void tp_kv_allreduce(TpGroup *g, float *rows, size_t n)

@@ -42,6 +42,7 @@
 #include "comm/comm.h"
 
 typedef struct {
+    const Backend *be; /* whose memory holds the buffers, whose ops the boundaries run */
     Comm *comm;   /* the TP group; NULL until attached (then size must be 1) */
     Comm kv;      /* the kv_share ranks holding the same replicated kv heads,
                      or MPI_COMM_NULL (kv_share 1) */
@@ -52,7 +53,8 @@ typedef struct {
 
 /* The layout of rank `rank` of `size` (no communicator yet): what a model
  * needs to size its buffers at creation. */
-TpGroup tp_group_layout(int size, int rank, int sequence_parallel, int kv_share);
+TpGroup tp_group_layout(const Backend *be, int size, int rank, int sequence_parallel,
+                        int kv_share);
 /* Attach the TP communicator (its size and rank must match the layout) and
  * create the kv-sharing sub-communicator when kv_share > 1.  Collective
  * over tp when kv_share > 1. */
@@ -125,11 +127,14 @@ void tp_embedding_backward(const Backend *be, TpGroup *g, float *dwte, float *dw
  * come out whole and equal on every rank.  stats [3N] keeps row max, sum
  * of exponentials and target logit for backward, which is local:
  * logits are OVERWRITTEN with (softmax - onehot) * dloss, padding zero.
- * With one rank this is the backend's crossentropy, number for number. */
+ * With one rank this is the backend's crossentropy, number for number.
+ * targets are in the backend's memory, host_targets the same ids on the
+ * host (checked against vocab there; equal pointers on the CPU). */
 void tp_crossentropy_forward(TpGroup *g, float *losses, float *stats, const float *logits,
-                             const int32_t *targets, int N, int V, int Vp, int vocab_start,
-                             int vocab);
-void tp_crossentropy_backward(float *logits, const float *stats, const int32_t *targets,
-                              float dloss, int N, int V, int Vp, int vocab_start);
+                             const int32_t *targets, const int32_t *host_targets, int N, int V,
+                             int Vp, int vocab_start, int vocab);
+void tp_crossentropy_backward(TpGroup *g, float *logits, const float *stats,
+                              const int32_t *targets, float dloss, int N, int V, int Vp,
+                              int vocab_start);
 
 #endif

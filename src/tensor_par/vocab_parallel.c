@@ -1,6 +1,5 @@
 /* vocab_parallel.c — the embedding and the cross-entropy with the
  * vocabulary split over the TP group (tensor_par.h). */
-#include <math.h>
 #include <string.h>
 
 #include "core/error.h"
@@ -54,67 +53,25 @@ static void check_targets(const int32_t *targets, int N, int vocab)
                       (int)targets[n], n, vocab);
 }
 
-/* The local column of a global id, or -1 when another rank holds it. */
-static inline int local_col(int32_t id, int vocab_start, int V)
-{
-    const int c = (int)id - vocab_start;
-    return id >= 0 && c >= 0 && c < V ? c : -1;
-}
-
 void tp_crossentropy_forward(TpGroup *g, float *losses, float *stats, const float *logits,
-                             const int32_t *targets, int N, int V, int Vp, int vocab_start,
-                             int vocab)
+                             const int32_t *targets, const int32_t *host_targets, int N, int V,
+                             int Vp, int vocab_start, int vocab)
 {
-    check_targets(targets, N, vocab);
-    float *mx = stats, *sum = stats + N, *tgt = stats + 2 * (size_t)N;
+    check_targets(host_targets, N, vocab);
     /* Row maxima over the real columns (-inf where this rank has none). */
-#pragma omp parallel for schedule(static)
-    for (int n = 0; n < N; n++) {
-        const float *x = logits + (size_t)n * Vp;
-        float m = -INFINITY;
-        for (int v = 0; v < V; v++)
-            m = x[v] > m ? x[v] : m;
-        mx[n] = m;
-    }
+    g->be->vocab_max(stats, logits, N, V, Vp);
     if (tp_active(g))
-        comm_allreduce_max_f32(g->comm, mx, (size_t)N);
-
+        comm_allreduce_max_f32(g->comm, stats, (size_t)N);
     /* Sums of exponentials and target logits, both partial: one all-reduce. */
-#pragma omp parallel for schedule(static)
-    for (int n = 0; n < N; n++) {
-        const float *x = logits + (size_t)n * Vp;
-        float s = 0;
-        for (int v = 0; v < V; v++)
-            s += expf(x[v] - mx[n]);
-        sum[n] = s;
-        const int c = local_col(targets[n], vocab_start, V);
-        tgt[n] = c >= 0 ? x[c] : 0.0f;
-    }
+    g->be->vocab_sumexp(stats, logits, targets, N, V, Vp, vocab_start);
     if (tp_active(g))
-        comm_allreduce_f32(g->comm, sum, 2 * (size_t)N);
-
-    for (int n = 0; n < N; n++)
-        losses[n] = targets[n] < 0 ? 0.0f : logf(sum[n]) + mx[n] - tgt[n];
+        comm_allreduce_f32(g->comm, stats + N, 2 * (size_t)N);
+    g->be->vocab_loss(losses, stats, targets, N);
 }
 
-void tp_crossentropy_backward(float *logits, const float *stats, const int32_t *targets,
-                              float dloss, int N, int V, int Vp, int vocab_start)
+void tp_crossentropy_backward(TpGroup *g, float *logits, const float *stats,
+                              const int32_t *targets, float dloss, int N, int V, int Vp,
+                              int vocab_start)
 {
-    const float *mx = stats, *sum = stats + N;
-#pragma omp parallel for schedule(static)
-    for (int n = 0; n < N; n++) {
-        float *x = logits + (size_t)n * Vp;
-        if (targets[n] < 0) { /* ignored row: no gradient */
-            memset(x, 0, (size_t)Vp * sizeof(float));
-            continue;
-        }
-        const float k = dloss / sum[n];
-        for (int v = 0; v < V; v++)
-            x[v] = expf(x[v] - mx[n]) * k;
-        const int c = local_col(targets[n], vocab_start, V);
-        if (c >= 0)
-            x[c] -= dloss;
-        for (int v = V; v < Vp; v++)
-            x[v] = 0; /* padded columns are not part of the model */
-    }
+    g->be->vocab_backward(logits, stats, targets, dloss, N, V, Vp, vocab_start);
 }

@@ -635,11 +635,6 @@ static int train(const Config *cfg, Comm world)
         refuse(world.rank, "set backend: cpu, or rebuild with -Dcuda=enabled (docs/cuda.md)",
                "backend cuda: this trident was built without the CUDA backend");
 #else
-        if (cfg->topology.tp > 1)
-            refuse(world.rank, "use topology.tp: 1 with backend: cuda for now",
-                   "backend cuda with topology.tp %d: tensor parallelism on the GPU needs "
-                   "the vocabulary-parallel cross-entropy and bias kernels, not written yet "
-                   "(issue 8)", cfg->topology.tp);
         tr.be = backend_cuda();
 #endif
     }

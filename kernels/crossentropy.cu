@@ -8,7 +8,10 @@
  * the targets before computing; here the kernel can only flag the first
  * bad row it meets in device memory (and leaves that row's loss NaN), and
  * the run ends at the next synchronizing call (sumsq, a copy to the host,
- * backend_cuda_synchronize) with the CPU's message. */
+ * backend_cuda_synchronize) with the CPU's message.
+ *
+ * The vocabulary-parallel ops (vocab_*) split the same computation around
+ * the all-reduces of tensor parallelism; they are at the end. */
 #include "ops.cuh"
 
 enum { CE_THREADS = 256 };
@@ -105,6 +108,119 @@ void cuda_crossentropy_backward(float *logits, const int32_t *targets, float dlo
         return;
     crossentropy_backward_kernel<<<N, CE_THREADS, 0, cuda_stream()>>>(logits, targets, dloss,
                                                                       V, Vp);
+    CUDA_CHECK_LAUNCH();
+}
+
+/* ---- vocabulary-parallel cross-entropy ----
+ * The same loss with the vocabulary split over TP ranks, in passes around
+ * the caller's two all-reduces (backend.h): vocab_max, then vocab_sumexp
+ * with the global max, then vocab_loss / vocab_backward with the global
+ * statistics.  stats is [3N]: mx, sum, tgt.  These ops do not know the
+ * global vocabulary, so a target no rank holds cannot be flagged here: the
+ * caller checks the targets on the host before they are copied in. */
+
+/* The local column of a global target id, or -1 (ignored, or another rank's) */
+__device__ inline int vocab_col(int32_t target, int vocab_start, int V)
+{
+    int c = (int)target - vocab_start;
+    return target >= 0 && c >= 0 && c < V ? c : -1;
+}
+
+/* mx[n] = max of the V real columns; -inf when V == 0 (a rank of padding) */
+__global__ void vocab_max_kernel(float *mx, const float *logits, int V, int Vp)
+{
+    int n = blockIdx.x;
+    float m = row_max(logits + (size_t)n * Vp, V);
+    if (threadIdx.x == 0)
+        mx[n] = m;
+}
+
+/* sum[n] = sum exp(x - mx[n]) over the V real columns (every row, as on the
+ * CPU); tgt[n] = the target's logit when this rank holds it, else 0 */
+__global__ void vocab_sumexp_kernel(float *stats, const float *logits, const int32_t *targets,
+                                    int N, int V, int Vp, int vocab_start)
+{
+    int n = blockIdx.x;
+    const float *x = logits + (size_t)n * Vp;
+    float mx = stats[n], sum = 0;
+    for (int v = threadIdx.x; v < V; v += blockDim.x)
+        sum += expf(x[v] - mx);
+    sum = block_sum(sum);
+    if (threadIdx.x == 0) {
+        int c = vocab_col(targets[n], vocab_start, V);
+        stats[N + n] = sum;
+        stats[2 * (size_t)N + n] = c >= 0 ? x[c] : 0.0f;
+    }
+}
+
+/* loss = log(sum) + mx - tgt from the all-reduced statistics: one thread per row */
+__global__ void vocab_loss_kernel(float *losses, const float *stats, const int32_t *targets,
+                                  int N)
+{
+    const float *mx = stats, *sum = stats + N, *tgt = stats + 2 * (size_t)N;
+    GRID_STRIDE(n, (size_t)N)
+        losses[n] = targets[n] < 0 ? 0.0f : logf(sum[n]) + mx[n] - tgt[n];
+}
+
+/* dlogits = (softmax - onehot(target)) * dloss over this rank's columns, in
+ * place, with the global mx and sum: one block per row, no reduction */
+__global__ void vocab_backward_kernel(float *logits, const float *stats,
+                                      const int32_t *targets, float dloss, int N, int V,
+                                      int Vp, int vocab_start)
+{
+    int n = blockIdx.x, tgt = targets[n];
+    float *x = logits + (size_t)n * Vp;
+    if (tgt < 0) { /* ignored row: no gradient */
+        for (int v = threadIdx.x; v < Vp; v += blockDim.x)
+            x[v] = 0;
+        return;
+    }
+    /* the target's column, when it is here, is written by the one thread
+     * that owns it: no second pass, no race */
+    float mx = stats[n], k = dloss / stats[N + n];
+    int c = vocab_col(tgt, vocab_start, V);
+    for (int v = threadIdx.x; v < V; v += blockDim.x) {
+        float g = expf(x[v] - mx) * k;
+        x[v] = v == c ? g - dloss : g;
+    }
+    for (int v = V + threadIdx.x; v < Vp; v += blockDim.x)
+        x[v] = 0; /* padded columns are not part of the model */
+}
+
+void cuda_vocab_max(float *stats, const float *logits, int N, int V, int Vp)
+{
+    if (N <= 0)
+        return;
+    vocab_max_kernel<<<N, CE_THREADS, 0, cuda_stream()>>>(stats, logits, V, Vp);
+    CUDA_CHECK_LAUNCH();
+}
+
+void cuda_vocab_sumexp(float *stats, const float *logits, const int32_t *targets, int N,
+                       int V, int Vp, int vocab_start)
+{
+    if (N <= 0)
+        return;
+    vocab_sumexp_kernel<<<N, CE_THREADS, 0, cuda_stream()>>>(stats, logits, targets, N, V,
+                                                             Vp, vocab_start);
+    CUDA_CHECK_LAUNCH();
+}
+
+void cuda_vocab_loss(float *losses, const float *stats, const int32_t *targets, int N)
+{
+    if (N <= 0)
+        return;
+    vocab_loss_kernel<<<cuda_blocks((size_t)N), CUDA_THREADS, 0, cuda_stream()>>>(
+        losses, stats, targets, N);
+    CUDA_CHECK_LAUNCH();
+}
+
+void cuda_vocab_backward(float *logits, const float *stats, const int32_t *targets,
+                         float dloss, int N, int V, int Vp, int vocab_start)
+{
+    if (N <= 0)
+        return;
+    vocab_backward_kernel<<<N, CE_THREADS, 0, cuda_stream()>>>(logits, stats, targets, dloss,
+                                                               N, V, Vp, vocab_start);
     CUDA_CHECK_LAUNCH();
 }
 

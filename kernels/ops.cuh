@@ -57,8 +57,15 @@ void cuda_crossentropy_backward(float *logits, const int32_t *targets, float dlo
  * CPU backend checks before computing; the GPU can only flag it).
  * Synchronizes. */
 void cuda_crossentropy_check_targets(void);
+void cuda_vocab_max(float *stats, const float *logits, int N, int V, int Vp);
+void cuda_vocab_sumexp(float *stats, const float *logits, const int32_t *targets, int N,
+                       int V, int Vp, int vocab_start);
+void cuda_vocab_loss(float *losses, const float *stats, const int32_t *targets, int N);
+void cuda_vocab_backward(float *logits, const float *stats, const int32_t *targets,
+                         float dloss, int N, int V, int Vp, int vocab_start);
 
 /* vector.cu */
+void cuda_add_bias(float *y, const float *bias, int rows, int C);
 void cuda_add(float *out, const float *a, const float *b, size_t n);
 void cuda_accumulate(float *y, const float *x, size_t n);
 double cuda_sumsq(const float *x, size_t n);

@@ -1,6 +1,13 @@
-/* vector.cu — the elementwise helpers (add, accumulate, scale) and the sum
- * of squares behind the gradient norm. */
+/* vector.cu — the elementwise helpers (add_bias, add, accumulate, scale)
+ * and the sum of squares behind the gradient norm. */
 #include "ops.cuh"
+
+/* y[r, c] += bias[c], one thread per element of y */
+__global__ void add_bias_kernel(float *y, const float *bias, size_t n, int C)
+{
+    GRID_STRIDE(i, n)
+        y[i] += bias[i % (size_t)C];
+}
 
 __global__ void add_kernel(float *out, const float *a, const float *b, size_t n)
 {
@@ -18,6 +25,15 @@ __global__ void scale_kernel(float *x, float s, size_t n)
 {
     GRID_STRIDE(i, n)
         x[i] *= s;
+}
+
+void cuda_add_bias(float *y, const float *bias, int rows, int C)
+{
+    if (rows <= 0 || C <= 0)
+        return;
+    size_t n = (size_t)rows * (size_t)C;
+    add_bias_kernel<<<cuda_blocks(n), CUDA_THREADS, 0, cuda_stream()>>>(y, bias, n, C);
+    CUDA_CHECK_LAUNCH();
 }
 
 void cuda_add(float *out, const float *a, const float *b, size_t n)

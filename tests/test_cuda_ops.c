@@ -12,16 +12,21 @@
  * |cpu| of the array, so cancellation near zero is judged against the size
  * of the terms that cancelled; a wrong index or a missing term is an error
  * of the order of the scale and fails whatever the tolerance below):
- *   exact    add, accumulate, scale, embedding forward and backward, the
- *            bias gradient, sumsq of integers, bf16 rounding: the same IEEE
- *            fp32 operations in the same order on both sides;
- *   1e-5     elementwise ops (GELU, SwiGLU, RoPE, AdamW): a few roundings
- *            each, expf within 2 ulp on both sides, FMA contraction on the
- *            GPU: ~1e-6 observed in such kernels, 10x margin;
- *   1e-4     reductions (GEMMs, norms, attention, cross-entropy): fp32 sums
- *            of up to a few hundred terms in another order (cuBLAS,
- *            block reductions), error ~ sqrt(K) * 6e-8 relative to the
- *            terms, 1e-6..1e-5 at these sizes;
+ *   exact    add, accumulate, scale, add_bias, embedding forward and
+ *            backward, the bias gradient, sumsq of integers, bf16 rounding:
+ *            the same IEEE fp32 operations in the same order on both sides;
+ *            vocab_max and the target logit of vocab_sumexp: a maximum and
+ *            a copy, exact in any order;
+ *   1e-5     elementwise ops (GELU, SwiGLU, RoPE, AdamW, and vocab_loss and
+ *            vocab_backward from the same statistics): a few roundings
+ *            each, expf / logf within 2 ulp on both sides, FMA contraction
+ *            on the GPU: ~1e-6 observed in such kernels, 10x margin;
+ *   1e-4     reductions (GEMMs, norms, attention, cross-entropy, the sum of
+ *            vocab_sumexp, the vocab ops composed as tp = 2 against the
+ *            plain cross-entropy): fp32 sums of up to a few hundred terms
+ *            in another order (cuBLAS, block reductions), error
+ *            ~ sqrt(K) * 6e-8 relative to the terms, 1e-6..1e-5 at these
+ *            sizes;
  *   1e-10    sumsq of random floats: squares are exact in double, only the
  *            order of the double additions differs (~1e-13 expected; one
  *            element left out would move the sum by ~1/n >= 6e-8).
@@ -464,7 +469,232 @@ static void test_crossentropy(int N, int V, int Vp)
     backend_cuda_free(d_tgt), backend_cuda_free(d_logits), backend_cuda_free(d_losses);
 }
 
+/* ------------------------------------------ vocabulary-parallel loss */
+
+/* Targets for a rank holding global ids [vocab_start, vocab_start + V):
+ * the first rows are set so that every case is there whatever the draw
+ * (its first and last id, the ids just outside it on both sides, two
+ * ignored values), the rest drawn from [-2, vocab_start + V + 20). */
+static int32_t *vocab_targets(int N, int V, int vocab_start)
+{
+    int32_t *tgt = malloc(N * sizeof *tgt);
+    const int32_t set[] = {vocab_start, vocab_start + V - 1, vocab_start - 1,
+                           vocab_start + V, -1, -7};
+    for (int n = 0; n < N; n++) {
+        if (n < 6) {
+            tgt[n] = set[n];
+            continue;
+        }
+        tgt[n] = irand(-2, vocab_start + V + 20);
+        if (tgt[n] >= 0 && (tgt[n] < vocab_start || tgt[n] >= vocab_start + V))
+            tgt[n] = tgt[n] % 2 ? tgt[n] : -1 - tgt[n] % 3; /* some more ignored */
+    }
+    /* With V == 0 or vocab_start == 0 some set entries become negative ids
+     * or repeats: still ignored or valid targets. */
+    return tgt;
+}
+
+/* Each op alone, the same inputs on both sides, with the all-reduces
+ * between them simulated on the host (another rank's max, sum and target
+ * logit folded in); each op then starts from the CPU's statistics, the
+ * GPU's having just been checked. */
+static void test_vocab(int N, int V, int Vp, int vocab_start)
+{
+    char what[160], shape[96];
+    snprintf(shape, sizeof shape, "vocab N=%d V=%d Vp=%d start=%d", N, V, Vp, vocab_start);
+    size_t n = (size_t)N * Vp;
+    int32_t *tgt = vocab_targets(N, V, vocab_start);
+    float *logits = hrand(n, 4), *stats = hrand(3 * (size_t)N, 1), *losses = hrand(N, 1);
+    for (int r = 0; r < N; r++)
+        for (int v = V; v < Vp; v++)
+            logits[(size_t)r * Vp + v] = 30; /* would dominate if counted */
+    int32_t *d_tgt = dcopy(tgt, N * sizeof *tgt);
+    float *d_logits = dcopyf(logits, n), *d_stats = dcopyf(stats, 3 * (size_t)N);
+    float *d_losses = dcopyf(losses, N);
+    float *mx = stats, *sum = stats + N, *tg = stats + 2 * (size_t)N;
+
+    /* the maximum is exact in any order */
+    cpu->vocab_max(stats, logits, N, V, Vp);
+    gpu->vocab_max(d_stats, d_logits, N, V, Vp);
+    float *got = fetch(d_stats, 3 * (size_t)N);
+    if (V > 0) {
+        snprintf(what, sizeof what, "%s max", shape);
+        compare(what, got, mx, N, R_EXACT);
+    } else { /* compare() cannot judge infinities */
+        int ok = 1;
+        for (int r = 0; r < N; r++)
+            ok &= got[r] == -INFINITY && mx[r] == -INFINITY;
+        CHECK(ok, "%s: max is -inf without real columns", shape);
+    }
+    snprintf(what, sizeof what, "%s max leaves sum and tgt", shape);
+    compare(what, got + N, sum, 2 * (size_t)N, R_EXACT);
+    free(got);
+
+    /* the all-reduce with max: another rank's maximum, sometimes larger */
+    for (int r = 0; r < N; r++)
+        mx[r] = fmaxf(mx[r], (float)(urand() * 4));
+    backend_cuda_to_device(d_stats, stats, 3 * (size_t)N * sizeof(float));
+    cpu->vocab_sumexp(stats, logits, tgt, N, V, Vp, vocab_start);
+    gpu->vocab_sumexp(d_stats, d_logits, d_tgt, N, V, Vp, vocab_start);
+    got = fetch(d_stats, 3 * (size_t)N);
+    snprintf(what, sizeof what, "%s sumexp sum", shape);
+    compare(what, got + N, sum, N, R_RED);
+    snprintf(what, sizeof what, "%s sumexp tgt (a copied logit or 0: exact)", shape);
+    compare(what, got + 2 * (size_t)N, tg, N, R_EXACT);
+    snprintf(what, sizeof what, "%s sumexp leaves max", shape);
+    compare(what, got, mx, N, R_EXACT);
+    int local = 0;
+    for (int r = 0; r < N; r++)
+        local += tgt[r] >= vocab_start && tgt[r] < vocab_start + V;
+    CHECK(V == 0 || (local > 0 && local < N), "%s: %d of %d targets here", shape, local, N);
+    free(got);
+
+    /* the all-reduce with sum: the other rank's exponentials, and the
+     * target's logit where that rank holds it */
+    for (int r = 0; r < N; r++) {
+        sum[r] += (float)(1.5 + urand());
+        if (tgt[r] >= 0 && (tgt[r] < vocab_start || tgt[r] >= vocab_start + V))
+            tg[r] = (float)(urand() * 4);
+    }
+    backend_cuda_to_device(d_stats, stats, 3 * (size_t)N * sizeof(float));
+
+    /* from the same statistics both are elementwise: a logf, an expf */
+    cpu->vocab_loss(losses, stats, tgt, N);
+    gpu->vocab_loss(d_losses, d_stats, d_tgt, N);
+    snprintf(what, sizeof what, "%s losses", shape);
+    compare_dev(what, d_losses, losses, N, R_ELEM);
+
+    cpu->vocab_backward(logits, stats, tgt, 0.7f, N, V, Vp, vocab_start);
+    gpu->vocab_backward(d_logits, d_stats, d_tgt, 0.7f, N, V, Vp, vocab_start);
+    got = fetch(d_logits, n);
+    snprintf(what, sizeof what, "%s dlogits", shape);
+    compare(what, got, logits, n, R_ELEM);
+    int zeros_ok = 1;
+    for (int r = 0; r < N; r++)
+        for (int v = 0; v < Vp; v++)
+            if (tgt[r] < 0 || v >= V)
+                zeros_ok &= got[(size_t)r * Vp + v] == 0;
+    CHECK(zeros_ok, "%s: ignored rows and padding get exactly 0", shape);
+
+    free(got), free(tgt), free(logits), free(stats), free(losses);
+    backend_cuda_free(d_tgt), backend_cuda_free(d_logits), backend_cuda_free(d_stats);
+    backend_cuda_free(d_losses);
+}
+
+/* tp = 2 in one process: the [N, Vp] logits of a vocabulary of V real ids
+ * split into two [N, Vp/2] halves (rank 1 holds the padding, maybe nothing
+ * else), the vocab ops run on each with the all-reduces done on the host,
+ * against the CPU's plain cross-entropy of the whole logits. */
+static void test_vocab_tp2(int N, int V, int Vp)
+{
+    char what[160];
+    const int Vh = Vp / 2;
+    size_t n = (size_t)N * Vp, nh = (size_t)N * Vh;
+    int32_t *tgt = malloc(N * sizeof *tgt);
+    for (int r = 0; r < N; r++)
+        tgt[r] = r % 5 == 1 ? -1 : irand(0, V);
+    tgt[0] = V - 1;                 /* the last real id */
+    tgt[N - 1] = V > Vh ? Vh : 0;   /* rank 1's first id, when it has one */
+    float *logits = hrand(n, 4), *losses = hrand(N, 1);
+    for (int r = 0; r < N; r++)
+        for (int v = V; v < Vp; v++)
+            logits[(size_t)r * Vp + v] = 30;
+    int32_t *d_tgt = dcopy(tgt, N * sizeof *tgt);
+    float *half = malloc(nh * sizeof *half), *d_half[2], *d_stats[2], *d_loss[2];
+    int start[2], Vr[2];
+    for (int k = 0; k < 2; k++) {
+        start[k] = k * Vh;
+        Vr[k] = V - start[k] < 0 ? 0 : V - start[k] > Vh ? Vh : V - start[k];
+        for (int r = 0; r < N; r++)
+            memcpy(half + (size_t)r * Vh, logits + (size_t)r * Vp + start[k],
+                   Vh * sizeof(float));
+        d_half[k] = dcopyf(half, nh);
+        d_stats[k] = backend_cuda_calloc(3 * (size_t)N * sizeof(float), "test stats");
+        d_loss[k] = dcopyf(losses, N);
+    }
+
+    /* pass 1, then the all-reduce with max */
+    float *s[2], *stats = malloc(3 * (size_t)N * sizeof *stats);
+    for (int k = 0; k < 2; k++)
+        gpu->vocab_max(d_stats[k], d_half[k], N, Vr[k], Vh);
+    for (int k = 0; k < 2; k++)
+        s[k] = fetch(d_stats[k], 3 * (size_t)N);
+    for (int r = 0; r < N; r++)
+        stats[r] = fmaxf(s[0][r], s[1][r]);
+    for (int k = 0; k < 2; k++) {
+        backend_cuda_to_device(d_stats[k], stats, N * sizeof(float));
+        free(s[k]);
+    }
+    /* pass 2, then the all-reduce with sum of (sum, tgt) */
+    for (int k = 0; k < 2; k++)
+        gpu->vocab_sumexp(d_stats[k], d_half[k], d_tgt, N, Vr[k], Vh, start[k]);
+    for (int k = 0; k < 2; k++)
+        s[k] = fetch(d_stats[k], 3 * (size_t)N);
+    for (size_t i = N; i < 3 * (size_t)N; i++)
+        stats[i] = s[0][i] + s[1][i];
+    for (int k = 0; k < 2; k++) {
+        backend_cuda_to_device(d_stats[k], stats, 3 * (size_t)N * sizeof(float));
+        free(s[k]);
+        gpu->vocab_loss(d_loss[k], d_stats[k], d_tgt, N);
+    }
+
+    cpu->crossentropy_forward(losses, logits, tgt, N, V, Vp);
+    float *l0 = fetch(d_loss[0], N), *l1 = fetch(d_loss[1], N);
+    snprintf(what, sizeof what, "vocab tp2 N=%d V=%d Vp=%d losses vs crossentropy", N, V, Vp);
+    compare(what, l0, losses, N, R_RED);
+    CHECK(memcmp(l0, l1, N * sizeof *l0) == 0, "vocab tp2 N=%d V=%d: both ranks' losses", N,
+          V);
+    free(l0), free(l1);
+
+    /* backward on both halves, put together again */
+    for (int k = 0; k < 2; k++)
+        gpu->vocab_backward(d_half[k], d_stats[k], d_tgt, 0.7f, N, Vr[k], Vh, start[k]);
+    float *got = malloc(n * sizeof *got);
+    for (int k = 0; k < 2; k++) {
+        backend_cuda_to_host(half, d_half[k], nh * sizeof *half);
+        for (int r = 0; r < N; r++)
+            memcpy(got + (size_t)r * Vp + start[k], half + (size_t)r * Vh,
+                   Vh * sizeof(float));
+    }
+    cpu->crossentropy_backward(logits, tgt, 0.7f, N, V, Vp);
+    snprintf(what, sizeof what, "vocab tp2 N=%d V=%d Vp=%d dlogits vs crossentropy", N, V,
+             Vp);
+    compare(what, got, logits, n, R_RED);
+    int zeros_ok = 1;
+    for (int r = 0; r < N; r++)
+        for (int v = 0; v < Vp; v++)
+            if (tgt[r] < 0 || v >= V)
+                zeros_ok &= got[(size_t)r * Vp + v] == 0;
+    CHECK(zeros_ok, "vocab tp2 N=%d V=%d: ignored rows and padding get exactly 0", N, V);
+
+    free(got), free(tgt), free(logits), free(losses), free(half), free(stats);
+    backend_cuda_free(d_tgt);
+    for (int k = 0; k < 2; k++) {
+        backend_cuda_free(d_half[k]), backend_cuda_free(d_stats[k]);
+        backend_cuda_free(d_loss[k]);
+    }
+}
+
 /* ----------------------------------------------------------- vector ops */
+
+/* y[r, c] += bias[c]: one addition per element, exact */
+static void test_add_bias(int rows, int C)
+{
+    char what[96];
+    size_t n = (size_t)rows * C;
+    float *y = hrand(n, 1), *bias = hrand(C, 1);
+    float *d_y = dcopyf(y, n), *d_bias = dcopyf(bias, C);
+    cpu->add_bias(y, bias, rows, C);
+    gpu->add_bias(d_y, d_bias, rows, C);
+    snprintf(what, sizeof what, "add_bias rows=%d C=%d", rows, C);
+    compare_dev(what, d_y, y, n, R_EXACT);
+    gpu->add_bias(d_y, d_bias, 0, C); /* no rows: nothing changes */
+    snprintf(what, sizeof what, "add_bias rows=0 C=%d leaves y", C);
+    compare_dev(what, d_y, y, n, R_EXACT);
+    free(y), free(bias);
+    backend_cuda_free(d_y), backend_cuda_free(d_bias);
+}
+
 
 static void test_vector(size_t n)
 {
@@ -593,8 +823,9 @@ static void test_table(void)
               g->gelu_backward && g->swiglu_forward && g->swiglu_backward &&
               g->rope_forward && g->rope_backward && g->attention_forward &&
               g->attention_backward && g->crossentropy_forward &&
-              g->crossentropy_backward && g->add && g->accumulate && g->sumsq && g->scale &&
-              g->adamw,
+              g->crossentropy_backward && g->vocab_max && g->vocab_sumexp &&
+              g->vocab_loss && g->vocab_backward && g->add_bias && g->add &&
+              g->accumulate && g->sumsq && g->scale && g->adamw,
           "the CUDA table fills every op");
     CHECK(strcmp(g->name, "cuda") == 0, "table name %s", g->name);
 }
@@ -649,6 +880,20 @@ int main(void)
     test_crossentropy(37, 1000, 1024);
     test_crossentropy(8, 50257, 50304); /* GPT-2 vocabulary, padded */
     test_crossentropy(5, 3, 3);         /* no padding, V below a warp */
+
+    test_vocab(37, 1000, 1024, 1024);    /* slice not at 0, padded */
+    test_vocab(300, 777, 800, 3000);     /* more rows than threads of a block */
+    test_vocab(5, 0, 64, 1024);          /* a rank holding only padding */
+    test_vocab(7, 3, 3, 0);              /* no padding, V below a warp */
+    test_vocab(8, 25105, 25152, 25152);  /* GPT-2, rank 1 of tp 2 */
+    test_vocab_tp2(37, 1000, 1024);      /* rank 1: 488 of 512 real */
+    test_vocab_tp2(9, 500, 1024);        /* rank 1: padding only */
+    test_vocab_tp2(8, 50257, 50304);     /* GPT-2 */
+
+    test_add_bias(37, 75);
+    test_add_bias(5, 1);
+    /* more than 65535 blocks of 256: the grid-stride loop wraps */
+    test_add_bias(4099, 4097);
 
     test_vector(1001);
     /* more than 65535 blocks of 256: the grid-stride loops wrap */

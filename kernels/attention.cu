@@ -1,20 +1,37 @@
-/* attention.cu — causal self-attention on the fused qkv buffer, written
- * plainly and with the interface of the CPU reference: att [B, H, T, T]
- * receives the softmax probabilities (zeros above the diagonal) and
- * backward reads them.  O(T^2) memory; the flash / cuDNN attention of
- * issue 8 replaces this later, with its own interface.
+/* attention.cu — causal self-attention on the fused qkv buffer in the form
+ * of flash attention: the T x T scores are never stored.  Forward keeps the
+ * output and one log-sum-exp per query row; backward recomputes the
+ * probabilities from them, tile by tile.
  *
- * Forward:  1. one block per (b, h, t) row: scores, causal softmax -> att;
- *           2. one thread per output element: out = att . v.
- * Backward: 1. one block per (b, h, t) row: datt = dout . v^T, turned in
- *              place into the gradient of the scores (softmax backward);
- *           2. one thread per dq element (owned by one query head);
- *           3. one thread per dk / dv element, summed over the query heads
- *              of its kv group: every gradient element has one writer, so
- *              no atomics and a fixed summation order. */
+ * Every kernel works on a tile of ROWS (32) rows of one (batch, head) and
+ * gives each row 8 threads (a "row group", 8 neighbouring lanes of a warp):
+ * thread c of a group holds channels c, c+8, c+16, ... of its row in
+ * registers, so a dot product over the head is 8 partial sums and a 3-step
+ * shuffle within the group.  The other operand walks through shared memory
+ * one row at a time, the same row for every thread of the block.
+ *
+ *   forward:  block (b, h, query tile); keys stream through shared memory;
+ *             online softmax per row (running max m and sum l).
+ *   backward: two kernels, so that every gradient element has one writer,
+ *             no atomics and a fixed summation order:
+ *             dq:     block (b, h, query tile), keys streaming;
+ *             dk, dv: block (b, kv group, key tile), the group's query heads
+ *                     and their query rows streaming.
+ * Both recompute p = exp(s - lse) and ds = p (dp - D), D = dout . out.
+ *
+ * Head size up to HS_MAX (128): the per-thread register arrays are sized
+ * for it.  fp32 throughout, IEEE expf. */
 #include "ops.cuh"
 
-enum { ATT_THREADS = 256 };
+enum {
+    ROWS = 32,                  /* rows of a tile (queries or keys) */
+    GROUP = 8,                  /* threads per row */
+    ATT_BLOCK = ROWS * GROUP,   /* 256 threads */
+    HS_MAX = 128,
+    PER = HS_MAX / GROUP,       /* channels per thread, at most */
+    STRIDE = HS_MAX + GROUP     /* shared row stride: a warp's 4 rows x 8 lanes
+                                 * land in 32 different banks */
+};
 
 /* Offsets, inside a row of the fused qkv buffer, of query head h and of the
  * key head of group g (the value head follows the key head). */
@@ -28,176 +45,300 @@ __device__ inline size_t k_off(int g, int Q, int hs)
     return ((size_t)g * (Q + 2) + Q) * hs;
 }
 
-__device__ inline float dot(const float *a, const float *b, int n)
+__device__ inline int imin(int a, int b) { return a < b ? a : b; }
+
+/* Sum over the 8 threads of a row group (lanes differing in the low 3 bits);
+ * every thread of the block must call it together. */
+__device__ inline float group_sum(float v)
 {
-    float s = 0;
-    for (int i = 0; i < n; i++)
-        s += a[i] * b[i];
+    for (int o = GROUP / 2; o > 0; o >>= 1)
+        v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+/* This thread's channels of a row: x[c + GROUP*j], zero past hs or when
+ * the row does not exist (row == NULL). */
+__device__ inline void load_row(float r[PER], const float *row, int c, int hs)
+{
+#pragma unroll
+    for (int j = 0; j < PER; j++) {
+        int i = c + GROUP * j;
+        r[j] = row && i < hs ? row[i] : 0.0f;
+    }
+}
+
+/* Partial dot product of this thread's channels with shared row s. */
+__device__ inline float part_dot(const float r[PER], const float *s, int c)
+{
+    float acc = 0;
+#pragma unroll
+    for (int j = 0; j < PER; j++)
+        acc += r[j] * s[c + GROUP * j];
+    return acc;
+}
+
+/* Thread (r, c) copies its channels of global row `row` (NULL: zeros) into
+ * shared row r. */
+__device__ inline void stage_row(float *sh, const float *row, int c, int hs)
+{
+    for (int i = c; i < HS_MAX; i += GROUP)
+        sh[i] = row && i < hs ? row[i] : 0.0f;
+}
+
+struct Shape {
+    int T, H, KVH, hs, Q, width, tiles;
+    float scale;
+};
+
+static Shape shape_of(int T, int H, int KVH, int hs)
+{
+    Shape s;
+    s.T = T, s.H = H, s.KVH = KVH, s.hs = hs, s.Q = H / KVH;
+    s.width = (H + 2 * KVH) * hs;
+    s.tiles = (T + ROWS - 1) / ROWS;
+    s.scale = 1 / sqrtf((float)hs);
     return s;
 }
 
-/* Block (b, h, t) fills row t of att[b, h]. */
-__global__ void attention_softmax_kernel(float *att, const float *qkv, int T, int H, int KVH,
-                                         int hs, float scale)
+/* Block -> (b, head, tile), the costliest tiles first: a causal query tile
+ * costs more the later it is (heavy = the last tile first), a key tile the
+ * earlier it is. */
+__device__ inline void block_coords(const Shape &s, int heads, int last_first, int *b, int *head,
+                                    int *tile)
 {
-    int t = blockIdx.x % T, h = (blockIdx.x / T) % H, b = blockIdx.x / (T * H);
-    int Q = H / KVH, width = (H + 2 * KVH) * hs;
-    const float *base = qkv + (size_t)b * T * width;
-    const float *q = base + (size_t)t * width + q_off(h, Q, hs);
-    const float *kh = base + k_off(h / Q, Q, hs);
-    float *ar = att + (size_t)blockIdx.x * T; /* blocks are numbered as att's rows */
-    float mx = -INFINITY;
-    for (int u = threadIdx.x; u < T; u += blockDim.x) {
-        if (u <= t) {
-            float s = dot(q, kh + (size_t)u * width, hs) * scale;
-            ar[u] = s;
-            mx = fmaxf(mx, s);
-        } else {
-            ar[u] = 0; /* masked: att is a full, defined matrix */
+    int k = blockIdx.x % s.tiles;
+    *tile = last_first ? s.tiles - 1 - k : k;
+    *head = blockIdx.x / s.tiles % heads;
+    *b = blockIdx.x / (s.tiles * heads);
+}
+
+__global__ void __launch_bounds__(ATT_BLOCK)
+    attention_forward_kernel(float *out, float *lse, const float *qkv, Shape s)
+{
+    __shared__ float ks[ROWS * STRIDE], vs[ROWS * STRIDE];
+    int b, h, tile;
+    block_coords(s, s.H, 1, &b, &h, &tile);
+    const int r = threadIdx.x / GROUP, c = threadIdx.x % GROUP, hs = s.hs;
+    const int t = tile * ROWS + r, valid = t < s.T;
+    const float *base = qkv + (size_t)b * s.T * s.width;
+    const float *kh = base + k_off(h / s.Q, s.Q, hs);
+
+    float q[PER], o[PER];
+    load_row(q, valid ? base + (size_t)t * s.width + q_off(h, s.Q, hs) : NULL, c, hs);
+#pragma unroll
+    for (int j = 0; j < PER; j++)
+        o[j] = 0;
+    float m = -INFINITY, l = 0;
+
+    /* the tile's last query row sees the keys up to it */
+    const int last = imin(s.T, (tile + 1) * ROWS) - 1;
+    for (int k0 = 0; k0 <= last; k0 += ROWS) {
+        __syncthreads(); /* the previous tile's keys are consumed */
+        const int u_r = k0 + r;
+        const float *krow = u_r < s.T ? kh + (size_t)u_r * s.width : NULL;
+        stage_row(ks + r * STRIDE, krow, c, hs);
+        stage_row(vs + r * STRIDE, krow ? krow + hs : NULL, c, hs);
+        __syncthreads();
+        const int n = imin(ROWS, last + 1 - k0);
+        for (int j = 0; j < n; j++) {
+            float sc = group_sum(part_dot(q, ks + j * STRIDE, c)) * s.scale;
+            if (!valid || k0 + j > t)
+                continue;
+            float m_new = fmaxf(m, sc);
+            float alpha = expf(m - m_new), p = expf(sc - m_new);
+            l = l * alpha + p;
+            const float *v = vs + j * STRIDE;
+#pragma unroll
+            for (int i = 0; i < PER; i++)
+                o[i] = o[i] * alpha + p * v[c + GROUP * i];
+            m = m_new;
         }
     }
-    mx = block_max(mx);
-    float sum = 0;
-    for (int u = threadIdx.x; u <= t; u += blockDim.x) {
-        float e = expf(ar[u] - mx);
-        ar[u] = e;
-        sum += e;
+    if (!valid)
+        return;
+    float *orow = out + ((size_t)b * s.T + t) * s.H * hs + (size_t)h * hs;
+    float inv = 1 / l;
+#pragma unroll
+    for (int j = 0; j < PER; j++) {
+        int i = c + GROUP * j;
+        if (i < hs)
+            orow[i] = o[j] * inv;
     }
-    float inv = 1 / block_sum(sum);
-    for (int u = threadIdx.x; u <= t; u += blockDim.x)
-        ar[u] *= inv;
+    if (c == 0)
+        lse[((size_t)b * s.H + h) * s.T + t] = m + logf(l);
 }
 
-/* out[b, t, h, i] = sum_{u <= t} att[b, h, t, u] v[b, u, g(h), i] */
-__global__ void attention_value_kernel(float *out, const float *att, const float *qkv,
-                                       int B, int T, int H, int KVH, int hs)
+/* dq[t] += scale * sum_{u <= t} p (dp - D_t) k_u for the rows of one query
+ * tile of head h. */
+__global__ void __launch_bounds__(ATT_BLOCK)
+    attention_dq_kernel(float *dqkv, const float *dout, const float *qkv, const float *out,
+                        const float *lse, Shape s)
 {
-    int Q = H / KVH, width = (H + 2 * KVH) * hs;
-    size_t total = (size_t)B * T * H * hs;
-    GRID_STRIDE(idx, total) {
-        int i = (int)(idx % hs), h = (int)(idx / hs % H), t = (int)(idx / ((size_t)hs * H) % T);
-        int b = (int)(idx / ((size_t)hs * H * T));
-        const float *ar = att + (((size_t)b * H + h) * T + t) * T;
-        const float *v = qkv + (size_t)b * T * width + k_off(h / Q, Q, hs) + hs + i;
-        float o = 0;
-        for (int u = 0; u <= t; u++)
-            o += ar[u] * v[(size_t)u * width];
-        out[idx] = o;
-    }
-}
+    __shared__ float ks[ROWS * STRIDE], vs[ROWS * STRIDE];
+    int b, h, tile;
+    block_coords(s, s.H, 1, &b, &h, &tile);
+    const int r = threadIdx.x / GROUP, c = threadIdx.x % GROUP, hs = s.hs;
+    const int t = tile * ROWS + r, valid = t < s.T, ow = s.H * hs;
+    const float *base = qkv + (size_t)b * s.T * s.width;
+    const float *kh = base + k_off(h / s.Q, s.Q, hs);
+    const size_t orow = ((size_t)b * s.T + t) * ow + (size_t)h * hs;
 
-/* Block (b, h, t): datt row t = att * (dp - sum_u att dp), dp = dout . v_u;
- * zeros above the diagonal. */
-__global__ void attention_dscores_kernel(float *datt, const float *dout, const float *qkv,
-                                         const float *att, int T, int H, int KVH, int hs)
-{
-    int t = blockIdx.x % T, h = (blockIdx.x / T) % H, b = blockIdx.x / (T * H);
-    int Q = H / KVH, width = (H + 2 * KVH) * hs;
-    const float *vh = qkv + (size_t)b * T * width + k_off(h / Q, Q, hs) + hs;
-    const float *d = dout + ((size_t)b * T + t) * H * hs + (size_t)h * hs;
-    const float *ar = att + (size_t)blockIdx.x * T;
-    float *dar = datt + (size_t)blockIdx.x * T;
-    float s = 0;
-    for (int u = threadIdx.x; u < T; u += blockDim.x) {
-        if (u <= t) {
-            float dp = dot(d, vh + (size_t)u * width, hs);
-            dar[u] = dp;
-            s += ar[u] * dp;
-        } else {
-            dar[u] = 0;
+    float q[PER], d[PER], dq[PER];
+    load_row(q, valid ? base + (size_t)t * s.width + q_off(h, s.Q, hs) : NULL, c, hs);
+    load_row(d, valid ? dout + orow : NULL, c, hs);
+    load_row(dq, valid ? out + orow : NULL, c, hs); /* out, for D; then dq */
+    float D = 0;
+#pragma unroll
+    for (int j = 0; j < PER; j++) {
+        D += d[j] * dq[j];
+        dq[j] = 0;
+    }
+    D = group_sum(D);
+    const float L = valid ? lse[((size_t)b * s.H + h) * s.T + t] : 0.0f;
+
+    const int last = imin(s.T, (tile + 1) * ROWS) - 1;
+    for (int k0 = 0; k0 <= last; k0 += ROWS) {
+        __syncthreads();
+        const int u_r = k0 + r;
+        const float *krow = u_r < s.T ? kh + (size_t)u_r * s.width : NULL;
+        stage_row(ks + r * STRIDE, krow, c, hs);
+        stage_row(vs + r * STRIDE, krow ? krow + hs : NULL, c, hs);
+        __syncthreads();
+        const int n = imin(ROWS, last + 1 - k0);
+        for (int j = 0; j < n; j++) {
+            const float *k = ks + j * STRIDE;
+            float sc = group_sum(part_dot(q, k, c)) * s.scale;
+            float dp = group_sum(part_dot(d, vs + j * STRIDE, c));
+            if (!valid || k0 + j > t)
+                continue;
+            float ds = expf(sc - L) * (dp - D) * s.scale;
+#pragma unroll
+            for (int i = 0; i < PER; i++)
+                dq[i] += ds * k[c + GROUP * i];
         }
     }
-    s = block_sum(s);
-    /* softmax backward: dscore = p * (dp - sum_j p_j dp_j) */
-    for (int u = threadIdx.x; u <= t; u += blockDim.x)
-        dar[u] = ar[u] * (dar[u] - s);
-}
-
-/* dq[b, t, h, i] += scale * sum_{u <= t} dscore[t, u] k[u, i] */
-__global__ void attention_dq_kernel(float *dqkv, const float *datt, const float *qkv, int B,
-                                    int T, int H, int KVH, int hs, float scale)
-{
-    int Q = H / KVH, width = (H + 2 * KVH) * hs;
-    size_t total = (size_t)B * T * H * hs;
-    GRID_STRIDE(idx, total) {
-        int i = (int)(idx % hs), h = (int)(idx / hs % H), t = (int)(idx / ((size_t)hs * H) % T);
-        int b = (int)(idx / ((size_t)hs * H * T));
-        const float *dar = datt + (((size_t)b * H + h) * T + t) * T;
-        const float *k = qkv + (size_t)b * T * width + k_off(h / Q, Q, hs) + i;
-        float acc = 0;
-        for (int u = 0; u <= t; u++)
-            acc += dar[u] * scale * k[(size_t)u * width];
-        dqkv[((size_t)b * T + t) * width + q_off(h, Q, hs) + i] += acc;
+    if (!valid)
+        return;
+    float *g = dqkv + ((size_t)b * s.T + t) * s.width + q_off(h, s.Q, hs);
+#pragma unroll
+    for (int j = 0; j < PER; j++) {
+        int i = c + GROUP * j;
+        if (i < hs)
+            g[i] += dq[j];
     }
 }
 
-/* For key position u of group g, summed over the group's query heads h and
- * the query positions t >= u:
- *   dk[u, i] += scale * dscore[h, t, u] q[t, h, i]
- *   dv[u, i] += att[h, t, u] dout[t, h, i] */
-__global__ void attention_dkv_kernel(float *dqkv, const float *datt, const float *att,
-                                     const float *dout, const float *qkv, int B, int T, int H,
-                                     int KVH, int hs, float scale)
+/* For the keys of one key tile of kv group g, summed over the group's query
+ * heads and the query rows t >= u:
+ *   dk_u += scale * p (dp - D_t) q_t;  dv_u += p dout_t */
+__global__ void __launch_bounds__(ATT_BLOCK)
+    attention_dkv_kernel(float *dqkv, const float *dout, const float *qkv, const float *out,
+                         const float *lse, Shape s)
 {
-    int Q = H / KVH, width = (H + 2 * KVH) * hs;
-    size_t total = (size_t)B * T * KVH * hs;
-    GRID_STRIDE(idx, total) {
-        int i = (int)(idx % hs), g = (int)(idx / hs % KVH);
-        int u = (int)(idx / ((size_t)hs * KVH) % T), b = (int)(idx / ((size_t)hs * KVH * T));
-        float dk = 0, dv = 0;
-        for (int h = g * Q; h < (g + 1) * Q; h++) {
-            const float *q = qkv + (size_t)b * T * width + q_off(h, Q, hs) + i;
-            const float *d = dout + (size_t)b * T * H * hs + (size_t)h * hs + i;
-            const float *a = att + ((size_t)b * H + h) * T * T;
-            const float *da = datt + ((size_t)b * H + h) * T * T;
-            for (int t = u; t < T; t++) {
-                dk += da[(size_t)t * T + u] * scale * q[(size_t)t * width];
-                dv += a[(size_t)t * T + u] * d[(size_t)t * H * hs];
+    __shared__ float qs[ROWS * STRIDE], ds_[ROWS * STRIDE];
+    __shared__ float Ls[ROWS], Ds[ROWS];
+    int b, g, tile;
+    block_coords(s, s.KVH, 0, &b, &g, &tile);
+    const int r = threadIdx.x / GROUP, c = threadIdx.x % GROUP, hs = s.hs;
+    const int u = tile * ROWS + r, valid = u < s.T, ow = s.H * hs;
+    const float *base = qkv + (size_t)b * s.T * s.width;
+    const float *krow = valid ? base + (size_t)u * s.width + k_off(g, s.Q, hs) : NULL;
+
+    float k[PER], v[PER], dk[PER], dv[PER];
+    load_row(k, krow, c, hs);
+    load_row(v, krow ? krow + hs : NULL, c, hs);
+#pragma unroll
+    for (int j = 0; j < PER; j++)
+        dk[j] = dv[j] = 0;
+
+    for (int h = g * s.Q; h < (g + 1) * s.Q; h++) {
+        const size_t qo = q_off(h, s.Q, hs);
+        for (int t0 = tile * ROWS; t0 < s.T; t0 += ROWS) {
+            /* Stage query rows t0.. of head h: q, dout, and per row lse and D. */
+            __syncthreads();
+            const int t_r = t0 + r, has = t_r < s.T;
+            const size_t orow = ((size_t)b * s.T + t_r) * ow + (size_t)h * hs;
+            stage_row(qs + r * STRIDE, has ? base + (size_t)t_r * s.width + qo : NULL, c, hs);
+            stage_row(ds_ + r * STRIDE, has ? dout + orow : NULL, c, hs);
+            float o[PER];
+            load_row(o, has ? out + orow : NULL, c, hs);
+            float D = group_sum(part_dot(o, ds_ + r * STRIDE, c));
+            if (c == 0) {
+                Ds[r] = D;
+                Ls[r] = has ? lse[((size_t)b * s.H + h) * s.T + t_r] : 0.0f;
+            }
+            __syncthreads();
+            const int n = imin(ROWS, s.T - t0);
+            for (int j = 0; j < n; j++) {
+                const float *qr = qs + j * STRIDE, *dr = ds_ + j * STRIDE;
+                float sc = group_sum(part_dot(k, qr, c)) * s.scale;
+                float dp = group_sum(part_dot(v, dr, c));
+                if (!valid || t0 + j < u)
+                    continue;
+                float p = expf(sc - Ls[j]), dsc = p * (dp - Ds[j]) * s.scale;
+#pragma unroll
+                for (int i = 0; i < PER; i++) {
+                    dk[i] += dsc * qr[c + GROUP * i];
+                    dv[i] += p * dr[c + GROUP * i];
+                }
             }
         }
-        float *dkp = dqkv + ((size_t)b * T + u) * width + k_off(g, Q, hs) + i;
-        dkp[0] += dk;
-        dkp[hs] += dv;
+    }
+    if (!valid)
+        return;
+    float *gk = dqkv + ((size_t)b * s.T + u) * s.width + k_off(g, s.Q, hs);
+#pragma unroll
+    for (int j = 0; j < PER; j++) {
+        int i = c + GROUP * j;
+        if (i < hs) {
+            gk[i] += dk[j];
+            gk[hs + i] += dv[j];
+        }
     }
 }
 
-static unsigned row_blocks(int B, int T, int H)
+/* The grid: one block per (b, head, tile), within gridDim.x's limit. */
+static unsigned tile_blocks(int B, int heads, const Shape &s)
 {
-    size_t rows = (size_t)B * H * T;
-    TRD_ASSERT(rows <= 0x7fffffffu); /* gridDim.x limit */
-    return (unsigned)rows;
+    size_t n = (size_t)B * (size_t)heads * (size_t)s.tiles;
+    TRD_ASSERT(n <= 0x7fffffffu);
+    return (unsigned)n;
 }
 
-void cuda_attention_forward(float *out, float *att, const float *qkv, int B, int T, int H,
+static void check_shape(int B, int T, int H, int KVH, int hs)
+{
+    TRD_ASSERT(KVH > 0 && H % KVH == 0);
+    (void)B, (void)T;
+    if (hs > HS_MAX)
+        trd_fatal(TRD_EXIT_INPUT, "use hidden / heads <= 128 with backend: cuda",
+                  "attention: head size %d is larger than the CUDA kernels' limit %d", hs,
+                  (int)HS_MAX);
+}
+
+void cuda_attention_forward(float *out, float *lse, const float *qkv, int B, int T, int H,
                             int KVH, int hs)
 {
-    TRD_ASSERT(KVH > 0 && H % KVH == 0);
+    check_shape(B, T, H, KVH, hs);
     if (B <= 0 || T <= 0 || H <= 0 || hs <= 0)
         return;
-    float scale = 1 / sqrtf((float)hs);
-    attention_softmax_kernel<<<row_blocks(B, T, H), ATT_THREADS, 0, cuda_stream()>>>(
-        att, qkv, T, H, KVH, hs, scale);
-    CUDA_CHECK_LAUNCH();
-    attention_value_kernel<<<cuda_blocks((size_t)B * T * H * hs), CUDA_THREADS, 0,
-                             cuda_stream()>>>(out, att, qkv, B, T, H, KVH, hs);
+    const Shape s = shape_of(T, H, KVH, hs);
+    attention_forward_kernel<<<tile_blocks(B, H, s), ATT_BLOCK, 0, cuda_stream()>>>(out, lse,
+                                                                                   qkv, s);
     CUDA_CHECK_LAUNCH();
 }
 
-void cuda_attention_backward(float *dqkv, float *datt, const float *dout, const float *qkv,
-                             const float *att, int B, int T, int H, int KVH, int hs)
+void cuda_attention_backward(float *dqkv, const float *dout, const float *qkv,
+                             const float *out, const float *lse, int B, int T, int H, int KVH,
+                             int hs)
 {
-    TRD_ASSERT(KVH > 0 && H % KVH == 0);
+    check_shape(B, T, H, KVH, hs);
     if (B <= 0 || T <= 0 || H <= 0 || hs <= 0)
         return;
-    float scale = 1 / sqrtf((float)hs);
-    attention_dscores_kernel<<<row_blocks(B, T, H), ATT_THREADS, 0, cuda_stream()>>>(
-        datt, dout, qkv, att, T, H, KVH, hs);
+    const Shape s = shape_of(T, H, KVH, hs);
+    attention_dq_kernel<<<tile_blocks(B, H, s), ATT_BLOCK, 0, cuda_stream()>>>(dqkv, dout, qkv,
+                                                                              out, lse, s);
     CUDA_CHECK_LAUNCH();
-    attention_dq_kernel<<<cuda_blocks((size_t)B * T * H * hs), CUDA_THREADS, 0,
-                          cuda_stream()>>>(dqkv, datt, qkv, B, T, H, KVH, hs, scale);
-    CUDA_CHECK_LAUNCH();
-    attention_dkv_kernel<<<cuda_blocks((size_t)B * T * KVH * hs), CUDA_THREADS, 0,
-                           cuda_stream()>>>(dqkv, datt, att, dout, qkv, B, T, H, KVH, hs,
-                                            scale);
+    attention_dkv_kernel<<<tile_blocks(B, KVH, s), ATT_BLOCK, 0, cuda_stream()>>>(
+        dqkv, dout, qkv, out, lse, s);
     CUDA_CHECK_LAUNCH();
 }

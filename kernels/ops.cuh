@@ -43,10 +43,11 @@ void cuda_rope_forward(float *qkv, int N, int T, int H, int KVH, int hs, float t
 void cuda_rope_backward(float *dqkv, int N, int T, int H, int KVH, int hs, float theta);
 
 /* attention.cu */
-void cuda_attention_forward(float *out, float *att, const float *qkv, int B, int T, int H,
+void cuda_attention_forward(float *out, float *lse, const float *qkv, int B, int T, int H,
                             int KVH, int hs);
-void cuda_attention_backward(float *dqkv, float *datt, const float *dout, const float *qkv,
-                             const float *att, int B, int T, int H, int KVH, int hs);
+void cuda_attention_backward(float *dqkv, const float *dout, const float *qkv,
+                             const float *out, const float *lse, int B, int T, int H, int KVH,
+                             int hs);
 
 /* crossentropy.cu */
 void cuda_crossentropy_forward(float *losses, const float *logits, const int32_t *targets,

@@ -406,29 +406,30 @@ static void test_attention(int B, int T, int H, int KVH, int hs)
 {
     char what[128];
     size_t nq = (size_t)B * T * (H + 2 * KVH) * hs, no = (size_t)B * T * H * hs;
-    size_t na = (size_t)B * H * T * T;
-    float *qkv = hrand(nq, 2), *out = hrand(no, 1), *att = hrand(na, 1), *datt = hrand(na, 1);
+    size_t nl = (size_t)B * H * T;
+    float *qkv = hrand(nq, 2), *out = hrand(no, 1), *lse = hrand(nl, 1);
     float *dout = hrand(no, 1), *dqkv = hrand(nq, 1);
-    float *d_qkv = dcopyf(qkv, nq), *d_out = dcopyf(out, no), *d_att = dcopyf(att, na);
-    float *d_datt = dcopyf(datt, na), *d_dout = dcopyf(dout, no), *d_dqkv = dcopyf(dqkv, nq);
+    float *d_qkv = dcopyf(qkv, nq), *d_out = dcopyf(out, no), *d_lse = dcopyf(lse, nl);
+    float *d_dout = dcopyf(dout, no), *d_dqkv = dcopyf(dqkv, nq);
 
-    cpu->attention_forward(out, att, qkv, B, T, H, KVH, hs);
-    gpu->attention_forward(d_out, d_att, d_qkv, B, T, H, KVH, hs);
-    snprintf(what, sizeof what, "attention B=%d T=%d H=%d KVH=%d hs=%d att", B, T, H, KVH, hs);
-    compare_dev(what, d_att, att, na, R_RED);
+    cpu->attention_forward(out, lse, qkv, B, T, H, KVH, hs);
+    gpu->attention_forward(d_out, d_lse, d_qkv, B, T, H, KVH, hs);
+    snprintf(what, sizeof what, "attention B=%d T=%d H=%d KVH=%d hs=%d lse", B, T, H, KVH, hs);
+    compare_dev(what, d_lse, lse, nl, R_RED);
     snprintf(what, sizeof what, "attention B=%d T=%d H=%d KVH=%d hs=%d out", B, T, H, KVH, hs);
     compare_dev(what, d_out, out, no, R_RED);
 
-    /* each backend from its own att, as in training */
-    cpu->attention_backward(dqkv, datt, dout, qkv, att, B, T, H, KVH, hs);
-    gpu->attention_backward(d_dqkv, d_datt, d_dout, d_qkv, d_att, B, T, H, KVH, hs);
+    /* each backend from its own out and lse, as in training; dqkv starts
+     * random on both, so the accumulation (+=) is checked too */
+    cpu->attention_backward(dqkv, dout, qkv, out, lse, B, T, H, KVH, hs);
+    gpu->attention_backward(d_dqkv, d_dout, d_qkv, d_out, d_lse, B, T, H, KVH, hs);
     snprintf(what, sizeof what, "attention B=%d T=%d H=%d KVH=%d hs=%d dqkv", B, T, H, KVH,
              hs);
     compare_dev(what, d_dqkv, dqkv, nq, R_RED);
 
-    free(qkv), free(out), free(att), free(datt), free(dout), free(dqkv);
-    backend_cuda_free(d_qkv), backend_cuda_free(d_out), backend_cuda_free(d_att);
-    backend_cuda_free(d_datt), backend_cuda_free(d_dout), backend_cuda_free(d_dqkv);
+    free(qkv), free(out), free(lse), free(dout), free(dqkv);
+    backend_cuda_free(d_qkv), backend_cuda_free(d_out), backend_cuda_free(d_lse);
+    backend_cuda_free(d_dout), backend_cuda_free(d_dqkv);
 }
 
 /* --------------------------------------------------------- crossentropy */
@@ -873,9 +874,11 @@ int main(void)
 
     test_attention(2, 5, 4, 2, 4);    /* GQA */
     test_attention(1, 37, 6, 2, 16);  /* GQA, odd T */
-    test_attention(2, 300, 4, 1, 64); /* MQA, T longer than a block of threads */
+    test_attention(2, 300, 4, 1, 64); /* MQA, ten query and key tiles */
     test_attention(3, 17, 3, 3, 8);   /* MHA */
     test_attention(1, 1, 2, 1, 4);    /* a single position */
+    test_attention(1, 70, 2, 2, 128); /* the largest head size, partial last tile */
+    test_attention(2, 64, 4, 2, 100); /* hs not a multiple of 8, whole tiles */
 
     test_crossentropy(37, 1000, 1024);
     test_crossentropy(8, 50257, 50304); /* GPT-2 vocabulary, padded */

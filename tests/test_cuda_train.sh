@@ -9,7 +9,8 @@
 # the real kernels.
 #
 # Per-step loss against the CPU run of the same config and seed, 8 steps:
-#   GPT-2 and Llama (GQA) on 1 rank, fp32 and bf16, full recompute;
+#   GPT-2 and Llama (GQA) on 1 rank, fp32 and bf16, selective and full
+#   recompute;
 #   dp 2 with ZeRO 1 and ZeRO 3, and pp 2 with tied embeddings (staged
 #   collectives and point-to-point);
 #   tp 2 with sequence parallelism (GPT-2) and with split kv heads (Llama),
@@ -94,6 +95,9 @@ compare llama llama_cuda "$TOL"
 run gpt2_bf16 1 --set training.precision=bf16
 run gpt2_bf16_cuda 1 --set training.precision=bf16 "${cuda[@]}"
 compare gpt2_bf16 gpt2_bf16_cuda "$TOL"
+
+run gpt2_sel_cuda 1 --set training.recompute=selective "${cuda[@]}"
+compare gpt2 gpt2_sel_cuda "$TOL"
 
 run llama_full 1 "${llama[@]}" --set training.recompute=full
 run llama_full_cuda 1 "${llama[@]}" --set training.recompute=full "${cuda[@]}"

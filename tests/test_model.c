@@ -352,9 +352,9 @@ static void test_memorise(ModelArch arch, Recompute rc, const char *label)
 }
 
 /* Recompute must show in the activation bytes.  The differences are
- * predicted from the shapes alone: selective drops the attention
- * probabilities [B,H,T,T] of all but one layer; full keeps one layer's
- * activations instead of L. */
+ * predicted from the shapes alone: selective drops the attention output
+ * [N, H*hs] and log-sum-exp [B,H,T] of all but one layer; full keeps one
+ * layer's activations instead of L.  Nothing of size T x T exists. */
 static void test_memory(ModelArch arch)
 {
     Model *none = tiny_model(arch, RECOMPUTE_NONE, 0.02f);
@@ -362,14 +362,14 @@ static void test_memory(ModelArch arch)
     Model *full = tiny_model(arch, RECOMPUTE_FULL, 0.02f);
     MemoryReport rn = model_memory(none), rs = model_memory(sel), rf = model_memory(full);
     const size_t L = 2, H = 4, C = 16, F = arch == ARCH_GPT2 ? 64 : 32;
-    const size_t att = (size_t)B * H * T * T;
+    const size_t att = (size_t)N * C + (size_t)B * H * T; /* atty (H*hs = C) and lse */
     CHECK(rn.activations - rs.activations == (L - 1) * att * sizeof(float),
           "selective saves %zu bytes", rn.activations - rs.activations);
-    /* One layer's set: ln1, qkv, att, atty, res_mid, ln2, MLP hidden tensors. */
+    /* One layer's set: ln1, qkv, lse, atty, res_mid, ln2, MLP hidden tensors. */
     const size_t qkv = arch == ARCH_GPT2 ? 3 * C : (4 + 2 * 2) * (C / H);
     const size_t norms = arch == ARCH_GPT2 ? 4 * N : 2 * N;  /* mean+rstd or rstd, twice */
     const size_t mlp = (arch == ARCH_GPT2 ? 2 : 3) * N * F;
-    const size_t layer = 4 * N * C + N * qkv + att + norms + mlp;
+    const size_t layer = 3 * N * C + N * qkv + att + norms + mlp;
     CHECK(rn.activations - rf.activations == (L - 1) * layer * sizeof(float),
           "full saves %zu bytes, expected %zu", rn.activations - rf.activations,
           (L - 1) * layer * sizeof(float));

@@ -26,6 +26,7 @@
 #define __global__
 #define __device__
 #define __host__
+#define __launch_bounds__(...)
 /* blocks run one at a time: a static is the block's shared memory */
 #define __shared__ static
 struct dim3 { unsigned x = 1, y = 1, z = 1; };

@@ -93,14 +93,18 @@ typedef struct {
     void (*rope_forward)(float *qkv, int N, int T, int H, int KVH, int hs, float theta);
     void (*rope_backward)(float *dqkv, int N, int T, int H, int KVH, int hs, float theta);
 
-    /* Causal self-attention.  qkv [B*T, (H+2*KVH)*hs] -> out [B*T, H*hs]
-     * (heads in order).  att [B, H, T, T] holds the softmax probabilities
-     * for backward.  Scale 1/sqrt(hs). */
-    void (*attention_forward)(float *out, float *att, const float *qkv,
+    /* Causal self-attention, in the form of flash attention: nothing of size
+     * T x T is kept.  qkv [B*T, (H+2*KVH)*hs] -> out [B*T, H*hs] (heads in
+     * order), scale 1/sqrt(hs).  lse [B, H, T] receives each query row's
+     * log-sum-exp of its scaled scores, log sum_{u<=t} exp(q_t.k_u * scale),
+     * from which backward recomputes the probabilities
+     * p[t,u] = exp(q_t.k_u * scale - lse[t]). */
+    void (*attention_forward)(float *out, float *lse, const float *qkv,
                               int B, int T, int H, int KVH, int hs);
-    /* datt is scratch of the size of att. */
-    void (*attention_backward)(float *dqkv, float *datt, const float *dout,
-                               const float *qkv, const float *att,
+    /* dqkv += the gradient through the attention, given dout and forward's
+     * out and lse (out gives D_t = dout_t . out_t = sum_u p dp). */
+    void (*attention_backward)(float *dqkv, const float *dout, const float *qkv,
+                               const float *out, const float *lse,
                                int B, int T, int H, int KVH, int hs);
 
     /* Fused softmax + cross-entropy over a [N, Vp] logits buffer of which

@@ -46,10 +46,10 @@ void cpu_rope_forward_f64(double *qkv, int N, int T, int H, int KVH, int hs,
                           float theta);
 void cpu_rope_backward_f64(double *dqkv, int N, int T, int H, int KVH, int hs,
                            float theta);
-void cpu_attention_forward_f64(double *out, double *att, const double *qkv, int B,
+void cpu_attention_forward_f64(double *out, double *lse, const double *qkv, int B,
                                int T, int H, int KVH, int hs);
-void cpu_attention_backward_f64(double *dqkv, double *datt, const double *dout,
-                                const double *qkv, const double *att, int B, int T,
+void cpu_attention_backward_f64(double *dqkv, const double *dout, const double *qkv,
+                                const double *out, const double *lse, int B, int T,
                                 int H, int KVH, int hs);
 void cpu_crossentropy_forward_f64(double *losses, const double *logits,
                                   const int32_t *targets, int N, int V, int Vp);

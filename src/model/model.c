@@ -109,13 +109,13 @@ typedef struct {
 /* Activations of one layer that its backward reads.  Under recompute some
  * of these point into one set shared by all layers (see carve_activations). */
 enum {
-    A_LN1, A_LN1_MEAN, A_LN1_RSTD, A_QKV, A_ATT, A_ATTY, A_RES_MID,
+    A_LN1, A_LN1_MEAN, A_LN1_RSTD, A_QKV, A_LSE, A_ATTY, A_RES_MID,
     A_LN2, A_LN2_MEAN, A_LN2_RSTD, A_FC, A_UP, A_FC_ACT, A_COUNT
 };
 typedef struct {
     float *ln1, *ln1_mean, *ln1_rstd; /* [N,C] whole, [Ns], [Ns] (mean: LayerNorm only) */
     float *qkv;          /* [N, QKV], after RoPE */
-    float *att;          /* [B, H, T, T] softmax probabilities */
+    float *lse;          /* [B, H, T] attention log-sum-exp per query row */
     float *atty;         /* [N, H*hs] attention output, heads in order */
     float *res_mid;      /* [Ns, C] residual stream after the attention branch */
     float *ln2, *ln2_mean, *ln2_rstd;
@@ -139,7 +139,6 @@ typedef struct {
     float *dln;          /* [N,C] gradient at a norm's output */
     float *dqkv;         /* [N, QKV] */
     float *datty;        /* [N, H*hs] */
-    float *datt;         /* [B, H, T, T] */
     float *dfc, *dup;    /* [N, F] gradients at fc/gate and up outputs */
     float *dfc_act;      /* [N, F] gradient at the projection's input */
     /* tp > 1 only: */
@@ -289,7 +288,7 @@ static void layer_act_sizes(const Dims *d, size_t n[A_COUNT])
     n[A_LN1_MEAN] = d->gpt2 ? Ns : 0; /* RMSNorm keeps no mean */
     n[A_LN1_RSTD] = Ns;
     n[A_QKV] = N * (size_t)d->QKV;
-    n[A_ATT] = (size_t)d->B * (size_t)d->H * (size_t)d->T * (size_t)d->T;
+    n[A_LSE] = (size_t)d->B * (size_t)d->H * (size_t)d->T;
     n[A_ATTY] = N * (size_t)d->H * (size_t)d->hs;
     n[A_RES_MID] = Ns * C;
     n[A_LN2] = N * C;
@@ -306,7 +305,7 @@ static void layer_act_slots(LayerActs *a, float **slot[A_COUNT])
     slot[A_LN1_MEAN] = &a->ln1_mean;
     slot[A_LN1_RSTD] = &a->ln1_rstd;
     slot[A_QKV] = &a->qkv;
-    slot[A_ATT] = &a->att;
+    slot[A_LSE] = &a->lse;
     slot[A_ATTY] = &a->atty;
     slot[A_RES_MID] = &a->res_mid;
     slot[A_LN2] = &a->ln2;
@@ -320,8 +319,10 @@ static void layer_act_slots(LayerActs *a, float **slot[A_COUNT])
 /* Does each layer keep its own copy of this activation, or do all layers
  * share one that backward recomputes?
  *   none:      every layer keeps everything.
- *   selective: the attention probabilities [B,H,T,T] (large, cheap to
- *              recompute from qkv) are shared and recomputed.
+ *   selective: the attention's output and log-sum-exp are shared, and
+ *              backward reruns the attention (from qkv, which is kept):
+ *              N*H*hs + B*H*T fewer floats per layer for one more
+ *              attention forward.
  *   full:      everything is shared; only each layer's input (the residual
  *              stream, kept outside this table) survives, and backward
  *              reruns the layer's forward. */
@@ -329,7 +330,7 @@ static int kept_per_layer(Recompute r, int field)
 {
     switch (r) {
     case RECOMPUTE_NONE: return 1;
-    case RECOMPUTE_SELECTIVE: return field != A_ATT;
+    case RECOMPUTE_SELECTIVE: return field != A_ATTY && field != A_LSE;
     case RECOMPUTE_FULL: return 0;
     }
     return 1;
@@ -395,7 +396,6 @@ static void carve_scratch(Model *m, Carver *c)
     m->s.branch = take(c, blocks ? NC : 0);
     m->s.dqkv = take(c, blocks ? N * (size_t)d->QKV : 0);
     m->s.datty = take(c, blocks ? N * (size_t)d->H * (size_t)d->hs : 0);
-    m->s.datt = take(c, blocks ? (size_t)d->B * (size_t)d->H * (size_t)d->T * (size_t)d->T : 0);
     m->s.dfc = take(c, blocks ? NF : 0);
     m->s.dup = take(c, blocks && !d->gpt2 ? NF : 0);
     m->s.dfc_act = take(c, blocks ? NF : 0);
@@ -778,7 +778,7 @@ static void block_forward(Model *m, int i, int need_output)
     be->matmul_forward(a->qkv, a->ln1, p->qkv_w, p->qkv_b, d->N, d->C, d->QKV);
     if (!d->gpt2)
         be->rope_forward(a->qkv, d->N, d->T, d->H, d->KVH, d->hs, d->theta);
-    be->attention_forward(a->atty, a->att, a->qkv, d->B, d->T, d->H, d->KVH, d->hs);
+    be->attention_forward(a->atty, a->lse, a->qkv, d->B, d->T, d->H, d->KVH, d->hs);
     row_linear_forward(m, m->s.branch, a->atty, p->attn_proj_w, p->attn_proj_b, d->H * d->hs);
     be->add(a->res_mid, x, m->s.branch, NsC);
 
@@ -875,9 +875,8 @@ void model_block_backward(Model *m, int l)
     if (m->recompute == RECOMPUTE_FULL)
         block_forward(m, i, 0);
     else if (m->recompute == RECOMPUTE_SELECTIVE)
-        /* Probabilities into the shared att; the output (identical to a->atty)
-         * goes to datty, which is free until it is zeroed below. */
-        be->attention_forward(s->datty, a->att, a->qkv, d->B, d->T, d->H, d->KVH, d->hs);
+        /* Into the shared atty and lse, from this layer's own qkv. */
+        be->attention_forward(a->atty, a->lse, a->qkv, d->B, d->T, d->H, d->KVH, d->hs);
 
     /* MLP branch: its output joined the stream by addition, so its gradient is dres. */
     const float *dout = tp_row_output_backward(&m->tp, s->dres, s->full, d->N, d->C);
@@ -893,8 +892,8 @@ void model_block_backward(Model *m, int l)
     zero(m, s->datty, N * (size_t)d->H * (size_t)d->hs);
     be->matmul_backward(s->datty, g->attn_proj_w, g->attn_proj_b, dout, a->atty,
                         p->attn_proj_w, d->N, d->H * d->hs, d->C);
-    zero(m, s->dqkv, N * (size_t)d->QKV);  /* datt is plain scratch: no zeroing */
-    be->attention_backward(s->dqkv, s->datt, s->datty, a->qkv, a->att, d->B, d->T, d->H,
+    zero(m, s->dqkv, N * (size_t)d->QKV);
+    be->attention_backward(s->dqkv, s->datty, a->qkv, a->atty, a->lse, d->B, d->T, d->H,
                            d->KVH, d->hs);
     if (!d->gpt2)  /* dqkv was w.r.t. rotated q, k: rotate back */
         be->rope_backward(s->dqkv, d->N, d->T, d->H, d->KVH, d->hs, d->theta);

@@ -135,6 +135,23 @@ extern "C" void backend_cuda_to_host(void *host, const void *dev, size_t bytes)
     cuda_crossentropy_check_targets();
 }
 
+extern "C" void *backend_cuda_host_alloc(size_t bytes, const char *what)
+{
+    void *p = NULL;
+    cudaError_t err = cudaMallocHost(&p, bytes ? bytes : 1);
+    if (err != cudaSuccess)
+        trd_fatal(TRD_EXIT_RUNTIME, "page-locked host memory is limited (ulimit -l, RAM)",
+                  "cudaMallocHost of %.1f MiB for %s: %s", trd_mib(bytes), what,
+                  cudaGetErrorString(err));
+    return p;
+}
+
+extern "C" void backend_cuda_host_free(void *host)
+{
+    if (host)
+        CUDA_CHECK(cudaFreeHost(host));
+}
+
 extern "C" void backend_cuda_synchronize(void)
 {
     CUDA_CHECK(cudaStreamSynchronize(cuda_stream()));
@@ -150,6 +167,8 @@ static const Backend cuda_backend = {
     .copy = backend_cuda_copy,
     .to_backend = backend_cuda_to_device,
     .to_host = backend_cuda_to_host,
+    .host_alloc = backend_cuda_host_alloc,
+    .host_release = backend_cuda_host_free,
     .matmul_forward = cuda_matmul_forward,
     .matmul_backward = cuda_matmul_backward,
     .embedding_forward = cuda_embedding_forward,

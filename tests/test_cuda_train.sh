@@ -16,7 +16,8 @@
 #   tp 2 with sequence parallelism (GPT-2) and with split kv heads (Llama),
 #   and tp 2 x pp 2;
 # a checkpoint saved by a CUDA run resumes bit for bit on CUDA and on the
-# CPU within the same tolerance; the device memory peak equals the report.
+# CPU within the same tolerance; the device memory peak equals the report;
+# the pooled staging buffers are all allocated in the first step.
 . "$(dirname "$0")/e2e.sh"
 
 small=(--set model.layers=2 --set model.hidden=64 --set model.heads=4 --set model.seq_len=32
@@ -61,6 +62,16 @@ same() { # name1, name2: identical losses and final weights
     else
         echo "FAIL $2 differs from $1"; fails=$((fails + 1))
     fi
+}
+
+staged() { # name: staging buffers were allocated in the first step only
+    local line
+    line=$(grep -o "host staging: [0-9]* buffers allocated.*first step" "$out/$1.log")
+    case "$line" in
+    *"buffers allocated (busiest rank), 0 of them after the first step")
+        echo "ok   $1: $line" ;;
+    *) echo "FAIL $1: staging buffers not reused: ${line:-no report}"; fails=$((fails + 1)) ;;
+    esac
 }
 
 llama=(--set model.arch=llama --set model.kv_heads=2)
@@ -112,6 +123,7 @@ compare gpt2 gpt2_dp2_z3_cuda "$TOL"
 run gpt2_pp2_cuda 2 --set topology.pp=2 --set training.global_batch=8 "${cuda[@]}"
 run gpt2_gb8 1 --set training.global_batch=8
 compare gpt2_gb8 gpt2_pp2_cuda "$TOL"
+for r in gpt2_dp2_z1_cuda gpt2_dp2_z3_cuda gpt2_pp2_cuda; do staged $r; done
 
 # Checkpoints: saved at step 4 from device memory, resumed on the device
 # (bit for bit) and on the CPU.
@@ -136,5 +148,6 @@ compare llama llama_tp2_cuda "$TOL"
 run gpt2_tp2_pp2_cuda 4 --set topology.tp=2 --set topology.pp=2 --set training.global_batch=8 \
     --set topology.zero=1 "${cuda[@]}"
 compare gpt2_gb8 gpt2_tp2_pp2_cuda "$TOL"
+for r in gpt2_tp2_sp_cuda llama_tp2_cuda gpt2_tp2_pp2_cuda; do staged $r; done
 
 [ "$fails" -eq 0 ] && echo "cuda_train: all passed" || { echo "cuda_train: $fails failed"; exit 1; }

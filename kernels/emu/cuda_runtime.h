@@ -58,6 +58,10 @@ cudaError_t cudaGetDeviceProperties(cudaDeviceProp *p, int d);
 
 cudaError_t cudaMalloc(void **p, size_t n);
 cudaError_t cudaFree(void *p);
+/* Page-locked host memory is ordinary host memory here; cudaFreeHost takes
+ * only what cudaMallocHost returned and is still live. */
+cudaError_t cudaMallocHost(void **p, size_t n);
+cudaError_t cudaFreeHost(void *p);
 cudaError_t cudaMemsetAsync(void *p, int v, size_t n, cudaStream_t s = 0);
 cudaError_t cudaMemset(void *p, int v, size_t n);
 cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n, cudaMemcpyKind kind,

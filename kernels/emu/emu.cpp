@@ -256,6 +256,27 @@ cudaError_t cudaFree(void *p)
     return cudaSuccess;
 }
 
+static std::map<uintptr_t, size_t> pinned; /* cudaMallocHost's live buffers */
+
+cudaError_t cudaMallocHost(void **p, size_t n)
+{
+    *p = malloc(n ? n : 1);
+    if (!*p)
+        return cudaErrorMemoryAllocation;
+    pinned[(uintptr_t)*p] = n;
+    return cudaSuccess;
+}
+
+cudaError_t cudaFreeHost(void *p)
+{
+    if (!p)
+        return cudaSuccess;
+    if (!pinned.erase((uintptr_t)p))
+        die("cudaFreeHost: %p is not a live cudaMallocHost buffer", p);
+    free(p);
+    return cudaSuccess;
+}
+
 void emu_check_device(const char *call, const char *what, const void *p, size_t n)
 {
     uintptr_t addr = (uintptr_t)p;

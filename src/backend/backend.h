@@ -42,6 +42,12 @@ typedef struct {
      * (to_host: once the data is there, after every op issued before it). */
     void (*to_backend)(void *dst, const void *host, size_t bytes);
     void (*to_host)(void *host, const void *src, size_t bytes);
+    /* Host memory that to_backend / to_host move fastest (CUDA: page-locked,
+     * which the copy engines reach directly); ordinary host memory to the
+     * host code.  For buffers that are reused, such as staging: pinning is
+     * costly to allocate and limited.  host_release(NULL) is a no-op. */
+    void *(*host_alloc)(size_t bytes, const char *what);
+    void (*host_release)(void *p);
 
     /* ---- ops ---- */
 

@@ -139,6 +139,10 @@ static void *cpu_alloc(size_t bytes, const char *what)
 }
 
 static void cpu_release(void *p) { free(p); }
+static void *cpu_host_alloc(size_t bytes, const char *what)
+{
+    return trd_malloc(bytes ? bytes : 1, what);
+}
 static void cpu_zero(void *p, size_t bytes) { if (bytes) memset(p, 0, bytes); }
 static void cpu_copy(void *dst, const void *src, size_t bytes) { if (bytes) memcpy(dst, src, bytes); }
 
@@ -151,6 +155,8 @@ static const Backend cpu_backend = {
     .copy = cpu_copy,
     .to_backend = cpu_copy,
     .to_host = cpu_copy,
+    .host_alloc = cpu_host_alloc,
+    .host_release = cpu_release,
     .matmul_forward = counted_matmul_forward,
     .matmul_backward = counted_matmul_backward,
     .embedding_forward = cpu_embedding_forward,

@@ -49,6 +49,11 @@ void backend_cuda_copy(void *dst, const void *src, size_t bytes);
 void backend_cuda_to_device(void *dev, const void *host, size_t bytes);
 void backend_cuda_to_host(void *host, const void *dev, size_t bytes);
 
+/* Page-locked host memory (cudaMallocHost): the fastest host side of a
+ * copy.  The Backend table's host_alloc / host_release. */
+void *backend_cuda_host_alloc(size_t bytes, const char *what);
+void backend_cuda_host_free(void *host);
+
 /* Wait until every op issued so far has finished; reports a kernel fault
  * or a cross-entropy target outside the vocabulary found since. */
 void backend_cuda_synchronize(void);

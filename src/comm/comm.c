@@ -58,15 +58,79 @@ void comm_use_memory(Comm *c, const Backend *be)
 
 /* ---- host staging of device buffers (comm_use_memory) ---- */
 
-static float *host_floats(size_t n)
+/* Staging buffers come from the backend's host_alloc (page-locked with
+ * CUDA) and are kept for reuse: the same sizes recur every step (buckets,
+ * shards, pipeline messages, TP boundaries), and pinning memory is slow.
+ * A buffer's capacity sits in a header in front of it.  Released buffers
+ * wait in a free list of at most STAGE_KEEP; taking one picks the smallest
+ * that fits, else allocates.  Single-threaded, like the rest of comm. */
+enum { STAGE_KEEP = 32, STAGE_HEAD = 64 / sizeof(float) /* keeps 64-byte alignment */ };
+
+static struct {
+    float *free[STAGE_KEEP];
+    int n_free;
+    const Backend *be;     /* whose host_alloc made them (one backend a process) */
+    CommStaging stats;
+} stage;
+
+static size_t stage_cap(const float *host) { return *(const size_t *)(host - STAGE_HEAD); }
+
+static float *stage_take(const Comm *c, size_t n)
 {
-    return trd_malloc((n ? n : 1) * sizeof(float), "communication staging buffer");
+    TRD_ASSERT(!stage.be || stage.be == c->mem);
+    stage.be = c->mem;
+    int best = -1;
+    for (int i = 0; i < stage.n_free; i++)
+        if (stage_cap(stage.free[i]) >= n &&
+            (best < 0 || stage_cap(stage.free[i]) < stage_cap(stage.free[best])))
+            best = i;
+    if (best >= 0) {
+        float *host = stage.free[best];
+        stage.free[best] = stage.free[--stage.n_free];
+        return host;
+    }
+    float *base = c->mem->host_alloc((STAGE_HEAD + n) * sizeof(float),
+                                     "communication staging buffer");
+    *(size_t *)base = n;
+    stage.stats.allocations++;
+    stage.stats.bytes += n * sizeof(float);
+    return base + STAGE_HEAD;
+}
+
+static void stage_release(float *host)
+{
+    if (stage.n_free == STAGE_KEEP) { /* full: drop the smallest */
+        int small = 0;
+        for (int i = 1; i < STAGE_KEEP; i++)
+            if (stage_cap(stage.free[i]) < stage_cap(stage.free[small]))
+                small = i;
+        if (stage_cap(stage.free[small]) >= stage_cap(host))
+            small = -1; /* the new one is the smallest: drop it instead */
+        float *gone = small < 0 ? host : stage.free[small];
+        stage.stats.bytes -= stage_cap(gone) * sizeof(float);
+        stage.be->host_release(gone - STAGE_HEAD);
+        if (small < 0)
+            return;
+        stage.free[small] = stage.free[--stage.n_free];
+    }
+    stage.free[stage.n_free++] = host;
+}
+
+CommStaging comm_staging(void) { return stage.stats; }
+
+void comm_staging_free(void)
+{
+    for (int i = 0; i < stage.n_free; i++) {
+        stage.stats.bytes -= stage_cap(stage.free[i]) * sizeof(float);
+        stage.be->host_release(stage.free[i] - STAGE_HEAD);
+    }
+    stage.n_free = 0;
 }
 
 /* A host copy of n floats of device memory. */
 static float *stage_out(const Comm *c, const float *dev, size_t n)
 {
-    float *host = host_floats(n);
+    float *host = stage_take(c, n);
     c->mem->to_host(host, dev, n * sizeof(float));
     return host;
 }
@@ -80,7 +144,7 @@ static void copy_floats(const Comm *c, float *dst, const float *src, size_t n)
         memmove(dst, src, n * sizeof(float));
 }
 
-/* An operation is complete: staged results go back, buffers are freed. */
+/* An operation is complete: staged results go back, buffers are released. */
 static void finish(CommHandle *h)
 {
     free(h->counts);
@@ -88,7 +152,7 @@ static void finish(CommHandle *h)
     if (h->host) {
         if (h->back)
             h->mem->to_backend(h->back, h->host + h->back_off, h->back_n * sizeof(float));
-        free(h->host);
+        stage_release(h->host);
         h->host = h->back = NULL;
     }
 }
@@ -181,7 +245,7 @@ static void allreduce_f32(Comm *c, float *buf, size_t n, MPI_Op op)
     float *host = stage_out(c, buf, n);
     allreduce(c, host, n, sizeof(float), MPI_FLOAT, op);
     c->mem->to_backend(buf, host, n * sizeof(float));
-    free(host);
+    stage_release(host);
 }
 
 void comm_allreduce_f32(Comm *c, float *buf, size_t n)
@@ -269,7 +333,7 @@ CommHandle comm_ireduce_scatter_range_f32(Comm *c, const float *send, float *rec
     h.counts = range_counts(c, lo, hi, S);
     if (c->mem) { /* host: the whole range to send, then this rank's part received */
         const size_t n = hi - lo, mine = (size_t)h.counts[c->rank];
-        h.host = host_floats(n + mine);
+        h.host = stage_take(c, n + mine);
         c->mem->to_host(h.host, send, n * sizeof(float));
         h.back = recv, h.back_off = n, h.back_n = mine, h.mem = c->mem;
         send = h.host;
@@ -299,7 +363,7 @@ CommHandle comm_iallgather_range_f32(Comm *c, const float *mine, float *out, siz
     h.counts = range_counts(c, lo, hi, S);
     const int rank = c->rank;
     if (c->mem) { /* gather in place in a host copy of the range, then copy it back */
-        h.host = host_floats(hi - lo);
+        h.host = stage_take(c, hi - lo);
         c->mem->to_host(h.host + (a - lo), mine, (b - a) * sizeof(float));
         h.back = out, h.back_n = hi - lo, h.mem = c->mem;
         out = h.host;
@@ -353,7 +417,7 @@ static void block_unstage(const Comm *c, float *buf, float *host, size_t back)
     if (host == buf)
         return;
     c->mem->to_backend(buf, host, back * sizeof(float));
-    free(host);
+    stage_release(host);
 }
 
 void comm_allgather_block_f32(Comm *c, float *buf, size_t n)
@@ -407,7 +471,7 @@ void comm_recv_f32(Comm *c, float *buf, size_t n, int src, int tag)
     TRD_ASSERT(n <= (size_t)INT_MAX);
     MPI_Status st;
     int got = 0;
-    float *x = c->mem ? host_floats(n) : buf;
+    float *x = c->mem ? stage_take(c, n) : buf;
     check(MPI_Recv(x, (int)n, MPI_FLOAT, src, tag, c->mpi, &st), "receive");
     MPI_Get_count(&st, MPI_FLOAT, &got);
     if (got != (int)n)
@@ -415,7 +479,7 @@ void comm_recv_f32(Comm *c, float *buf, size_t n, int src, int tag)
                   "received %d floats from rank %d (tag %d), expected %zu", got, src, tag, n);
     if (x != buf) {
         c->mem->to_backend(buf, x, n * sizeof(float));
-        free(x);
+        stage_release(x);
     }
 }
 

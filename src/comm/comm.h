@@ -50,6 +50,16 @@ void comm_set_name(Comm *c, const char *name);
  * backends change nothing.  Doubles and ints are always host memory. */
 void comm_use_memory(Comm *c, const Backend *be);
 
+/* The staging buffers of this process (one pool, reused across operations
+ * and groups): how many were ever allocated, and the bytes held now. */
+typedef struct {
+    uint64_t allocations;
+    size_t bytes;
+} CommStaging;
+CommStaging comm_staging(void);
+/* Release the pooled buffers (before the backend goes away). */
+void comm_staging_free(void);
+
 void comm_allreduce_f32(Comm *c, float *buf, size_t n);
 void comm_allreduce_f64(Comm *c, double *buf, size_t n);
 void comm_allreduce_max_i32(Comm *c, int *buf, size_t n);
@@ -70,7 +80,7 @@ typedef struct {
     uint64_t bytes;
     /* Host staging (comm_use_memory): MPI works on `host`; on completion
      * back_n floats from host + back_off are copied to `back` (device
-     * memory, NULL for none) and host is freed. */
+     * memory, NULL for none) and host goes back to the staging pool. */
     float *host, *back;
     size_t back_off, back_n;
     const Backend *mem;

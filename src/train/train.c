@@ -188,6 +188,7 @@ typedef struct {
     int start_step;            /* first step of this run (> 0 when resumed) */
     uint64_t start_position;   /* sample stream position at start_step */
     int tied_embed_group;      /* first/last stage summing a tied embedding's gradient */
+    uint64_t staged_first;     /* staging buffers allocated by the end of the first step */
 } Trainer;
 
 static void open_data(TokenDataset *ds, Sampler *s, const Config *cfg, const char *path)
@@ -604,11 +605,19 @@ static void report_device_memory(Trainer *tr)
     backend_cuda_memory(&live, &peak);
 #endif
     (void)live;
-    double most = (double)peak;
-    comm_allreduce_max_f64(&tr->comms.world, &most, 1);
-    if (tr->topo.rank == 0)
+    /* Staging buffers are pooled: after the first step, a steady run
+     * allocates none (each step repeats the same transfers). */
+    const CommStaging st = comm_staging();
+    double v[3] = {(double)peak, (double)st.allocations, (double)(st.allocations -
+                                                                  tr->staged_first)};
+    comm_allreduce_max_f64(&tr->comms.world, v, 3);
+    if (tr->topo.rank == 0) {
         printf("device memory: peak %.0f bytes (%.1f MiB) held by trident on the busiest rank "
-               "(rank 0: %zu bytes)\n", most, most / (1024.0 * 1024.0), peak);
+               "(rank 0: %zu bytes)\n", v[0], v[0] / (1024.0 * 1024.0), peak);
+        printf("host staging: %.0f buffers allocated (busiest rank), %.0f of them after the "
+               "first step; rank 0 holds %.1f MiB\n", v[1], v[2], trd_mib(st.bytes));
+    }
+    comm_staging_free();
 }
 
 /* The dense bf16 tensor-core peak of a GPU by name (the MFU denominator, as
@@ -725,6 +734,8 @@ static int train(const Config *cfg, Comm world)
         int every = cfg->data.val_every > 0 && (step + 1) % cfg->data.val_every == 0;
         if (tr.has_val && (last || every))
             s.val_loss = validate(&tr);
+        if (step == tr.start_step)
+            tr.staged_first = comm_staging().allocations;
         if (rank0)
             metrics_record(&metrics, &s);
         const CheckpointConfig *ck = &cfg->checkpoint;

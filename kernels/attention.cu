@@ -77,6 +77,17 @@ __device__ inline float part_dot(const float r[PER], const float *s, int c)
     return acc;
 }
 
+/* row[c + GROUP*j] += r[j] for this thread's channels below hs. */
+__device__ inline void add_to_row(float *row, const float r[PER], int c, int hs)
+{
+#pragma unroll
+    for (int j = 0; j < PER; j++) {
+        int i = c + GROUP * j;
+        if (i < hs)
+            row[i] += r[j];
+    }
+}
+
 /* Thread (r, c) copies its channels of global row `row` (NULL: zeros) into
  * shared row r. */
 __device__ inline void stage_row(float *sh, const float *row, int c, int hs)
@@ -219,13 +230,7 @@ __global__ void __launch_bounds__(ATT_BLOCK)
     }
     if (!valid)
         return;
-    float *g = dqkv + ((size_t)b * s.T + t) * s.width + q_off(h, s.Q, hs);
-#pragma unroll
-    for (int j = 0; j < PER; j++) {
-        int i = c + GROUP * j;
-        if (i < hs)
-            g[i] += dq[j];
-    }
+    add_to_row(dqkv + ((size_t)b * s.T + t) * s.width + q_off(h, s.Q, hs), dq, c, hs);
 }
 
 /* For the keys of one key tile of kv group g, summed over the group's query
@@ -287,14 +292,8 @@ __global__ void __launch_bounds__(ATT_BLOCK)
     if (!valid)
         return;
     float *gk = dqkv + ((size_t)b * s.T + u) * s.width + k_off(g, s.Q, hs);
-#pragma unroll
-    for (int j = 0; j < PER; j++) {
-        int i = c + GROUP * j;
-        if (i < hs) {
-            gk[i] += dk[j];
-            gk[hs + i] += dv[j];
-        }
-    }
+    add_to_row(gk, dk, c, hs);
+    add_to_row(gk + hs, dv, c, hs);
 }
 
 /* The grid: one block per (b, head, tile), within gridDim.x's limit. */
@@ -305,10 +304,9 @@ static unsigned tile_blocks(int B, int heads, const Shape &s)
     return (unsigned)n;
 }
 
-static void check_shape(int B, int T, int H, int KVH, int hs)
+static void check_shape(int H, int KVH, int hs)
 {
     TRD_ASSERT(KVH > 0 && H % KVH == 0);
-    (void)B, (void)T;
     if (hs > HS_MAX)
         trd_fatal(TRD_EXIT_INPUT, "use hidden / heads <= 128 with backend: cuda",
                   "attention: head size %d is larger than the CUDA kernels' limit %d", hs,
@@ -318,7 +316,7 @@ static void check_shape(int B, int T, int H, int KVH, int hs)
 void cuda_attention_forward(float *out, float *lse, const float *qkv, int B, int T, int H,
                             int KVH, int hs)
 {
-    check_shape(B, T, H, KVH, hs);
+    check_shape(H, KVH, hs);
     if (B <= 0 || T <= 0 || H <= 0 || hs <= 0)
         return;
     const Shape s = shape_of(T, H, KVH, hs);
@@ -331,7 +329,7 @@ void cuda_attention_backward(float *dqkv, const float *dout, const float *qkv,
                              const float *out, const float *lse, int B, int T, int H, int KVH,
                              int hs)
 {
-    check_shape(B, T, H, KVH, hs);
+    check_shape(H, KVH, hs);
     if (B <= 0 || T <= 0 || H <= 0 || hs <= 0)
         return;
     const Shape s = shape_of(T, H, KVH, hs);

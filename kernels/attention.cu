@@ -101,6 +101,19 @@ struct Shape {
     float scale;
 };
 
+/* The key and value rows k0 .. k0+ROWS-1 of the kv head at kh into ks, vs
+ * (zeros past T), between barriers: the previous tile is consumed first. */
+__device__ inline void stage_kv_tile(float *ks, float *vs, const float *kh, int k0,
+                                     const Shape &s)
+{
+    const int r = threadIdx.x / GROUP, c = threadIdx.x % GROUP, u = k0 + r;
+    const float *krow = u < s.T ? kh + (size_t)u * s.width : NULL;
+    __syncthreads();
+    stage_row(ks + r * STRIDE, krow, c, s.hs);
+    stage_row(vs + r * STRIDE, krow ? krow + s.hs : NULL, c, s.hs);
+    __syncthreads();
+}
+
 static Shape shape_of(int T, int H, int KVH, int hs)
 {
     Shape s;
@@ -144,12 +157,7 @@ __global__ void __launch_bounds__(ATT_BLOCK)
     /* the tile's last query row sees the keys up to it */
     const int last = imin(s.T, (tile + 1) * ROWS) - 1;
     for (int k0 = 0; k0 <= last; k0 += ROWS) {
-        __syncthreads(); /* the previous tile's keys are consumed */
-        const int u_r = k0 + r;
-        const float *krow = u_r < s.T ? kh + (size_t)u_r * s.width : NULL;
-        stage_row(ks + r * STRIDE, krow, c, hs);
-        stage_row(vs + r * STRIDE, krow ? krow + hs : NULL, c, hs);
-        __syncthreads();
+        stage_kv_tile(ks, vs, kh, k0, s);
         const int n = imin(ROWS, last + 1 - k0);
         for (int j = 0; j < n; j++) {
             float sc = group_sum(part_dot(q, ks + j * STRIDE, c)) * s.scale;
@@ -209,12 +217,7 @@ __global__ void __launch_bounds__(ATT_BLOCK)
 
     const int last = imin(s.T, (tile + 1) * ROWS) - 1;
     for (int k0 = 0; k0 <= last; k0 += ROWS) {
-        __syncthreads();
-        const int u_r = k0 + r;
-        const float *krow = u_r < s.T ? kh + (size_t)u_r * s.width : NULL;
-        stage_row(ks + r * STRIDE, krow, c, hs);
-        stage_row(vs + r * STRIDE, krow ? krow + hs : NULL, c, hs);
-        __syncthreads();
+        stage_kv_tile(ks, vs, kh, k0, s);
         const int n = imin(ROWS, last + 1 - k0);
         for (int j = 0; j < n; j++) {
             const float *k = ks + j * STRIDE;

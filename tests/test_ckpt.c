@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include "check.h"
+#include "mpi_test.h"
 #include "checkpoint/ckpt.h"
 #include "checkpoint/ckpt_internal.h"
 #include "comm/comm.h"
@@ -26,29 +27,6 @@
 
 #define WORLD 4
 #define SENTINEL (-12345.0f)
-
-static int under_launcher(void)
-{
-    return getenv("TRD_CKPT_CHILD") || getenv("PMI_RANK") || getenv("PMI_SIZE") ||
-           getenv("OMPI_COMM_WORLD_SIZE");
-}
-
-static int relaunch(void)
-{
-    char self[4096];
-    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
-    if (n <= 0) {
-        fprintf(stderr, "ckpt: cannot find this program: %s\n", strerror(errno));
-        return 1;
-    }
-    self[n] = '\0';
-    setenv("TRD_CKPT_CHILD", "1", 1);
-    char *args[] = {"mpiexec", "-n", "4", self, NULL};
-    execvp("mpiexec", args);
-    fprintf(stderr, "ckpt: cannot run mpiexec: %s (this test needs MPICH's mpiexec on PATH)\n",
-            strerror(errno));
-    return 1;
-}
 
 static int g_rank;
 static double g_t0;
@@ -557,8 +535,8 @@ static void test_cli(const char *step_dir, const Config *cfg)
 
 int main(int argc, char **argv)
 {
-    if (!under_launcher())
-        return relaunch();
+    if (!mpi_test_child())
+        return mpi_test_relaunch("ckpt", 4);
     comm_init(&argc, &argv);
     alarm(120); /* a hung collective fails the test instead of stalling it */
     Comm world = comm_world();

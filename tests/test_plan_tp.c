@@ -15,32 +15,12 @@
 
 #include "backend/backend.h"
 #include "check.h"
+#include "mpi_test.h"
 #include "comm/comm.h"
 #include "model/model.h"
 #include "plan/plan.h"
 
 enum { WORLD = 4, B = 2, T = 16 };
-
-static int under_launcher(void)
-{
-    return getenv("TRD_PLAN_TP_CHILD") || getenv("PMI_RANK") || getenv("PMI_SIZE");
-}
-
-static int relaunch(void)
-{
-    char self[4096];
-    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
-    if (n <= 0) {
-        fprintf(stderr, "plan_tp: cannot find this program: %s\n", strerror(errno));
-        return 1;
-    }
-    self[n] = '\0';
-    setenv("TRD_PLAN_TP_CHILD", "1", 1);
-    char *args[] = {"mpiexec", "-n", "4", self, NULL};
-    execvp("mpiexec", args);
-    fprintf(stderr, "plan_tp: cannot run mpiexec: %s\n", strerror(errno));
-    return 1;
-}
 
 static void config(Config *c, ModelArch arch, int tp, int sp, Recompute rc)
 {
@@ -107,8 +87,8 @@ static void check_case(Comm *tpc, ModelArch arch, int sp, Recompute rc)
 
 int main(int argc, char **argv)
 {
-    if (!under_launcher())
-        return relaunch();
+    if (!mpi_test_child())
+        return mpi_test_relaunch("plan_tp", 4);
     comm_init(&argc, &argv);
     alarm(120);
     omp_set_num_threads(1);

@@ -24,33 +24,11 @@
 #include <unistd.h>
 
 #include "check.h"
+#include "mpi_test.h"
 #include "core/error.h"
 #include "pipeline_par/executor.h"
 
 #define WORLD 4
-
-static int under_launcher(void)
-{
-    return getenv("TRD_PP_EXEC_CHILD") || getenv("PMI_RANK") || getenv("PMI_SIZE") ||
-           getenv("OMPI_COMM_WORLD_SIZE");
-}
-
-static int relaunch(void)
-{
-    char self[4096];
-    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
-    if (n <= 0) {
-        fprintf(stderr, "pp_exec: cannot find this program: %s\n", strerror(errno));
-        return 1;
-    }
-    self[n] = '\0';
-    setenv("TRD_PP_EXEC_CHILD", "1", 1);
-    char *args[] = {"mpiexec", "-n", "4", self, NULL};
-    execvp("mpiexec", args);
-    fprintf(stderr, "pp_exec: cannot run mpiexec: %s (this test needs MPICH's mpiexec on PATH)\n",
-            strerror(errno));
-    return 1;
-}
 
 /* ---- the toy model: values, and the math shared by both runs ---- */
 
@@ -532,8 +510,8 @@ static void errors(Comm *world)
 
 int main(int argc, char **argv)
 {
-    if (!under_launcher())
-        return relaunch();
+    if (!mpi_test_child())
+        return mpi_test_relaunch("pp_exec", 4);
     comm_init(&argc, &argv);
     alarm(60); /* a hung receive fails the test instead of stalling it */
     Comm world = comm_world();

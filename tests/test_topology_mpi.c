@@ -12,32 +12,10 @@
 #include <unistd.h>
 
 #include "check.h"
+#include "mpi_test.h"
 #include "topology/topology.h"
 
 #define WORLD 4
-
-static int under_launcher(void)
-{
-    return getenv("TRD_TOPOLOGY_MPI_CHILD") || getenv("PMI_RANK") || getenv("PMI_SIZE") ||
-           getenv("OMPI_COMM_WORLD_SIZE");
-}
-
-static int relaunch(void)
-{
-    char self[4096];
-    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
-    if (n <= 0) {
-        fprintf(stderr, "topology_mpi: cannot find this program: %s\n", strerror(errno));
-        return 1;
-    }
-    self[n] = '\0';
-    setenv("TRD_TOPOLOGY_MPI_CHILD", "1", 1);
-    char *args[] = {"mpiexec", "-n", "4", self, NULL};
-    execvp("mpiexec", args);
-    fprintf(stderr, "topology_mpi: cannot run mpiexec: %s (this test needs MPICH's mpiexec "
-                    "on PATH)\n", strerror(errno));
-    return 1;
-}
 
 /* Sum of world ranks over a group communicator. */
 static double group_sum(Comm *c, int rank)
@@ -115,8 +93,8 @@ static void run_case(const Case *k, Comm world)
 
 int main(int argc, char **argv)
 {
-    if (!under_launcher())
-        return relaunch();
+    if (!mpi_test_child())
+        return mpi_test_relaunch("topology_mpi", 4);
     comm_init(&argc, &argv);
     alarm(60); /* a hung collective fails the test instead of stalling it */
     Comm world = comm_world();

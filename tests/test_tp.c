@@ -25,35 +25,13 @@
 #include <unistd.h>
 
 #include "check.h"
+#include "mpi_test.h"
 #include "comm/comm.h"
 #include "core/rng.h"
 #include "model/model.h"
 #include "tensor_par/tensor_par.h"
 
 enum { WORLD = 4, B = 2, T = 8, N = B * T, V = 37 };
-
-static int under_launcher(void)
-{
-    return getenv("TRD_TP_CHILD") || getenv("PMI_RANK") || getenv("PMI_SIZE") ||
-           getenv("OMPI_COMM_WORLD_SIZE");
-}
-
-static int relaunch(void)
-{
-    char self[4096];
-    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
-    if (n <= 0) {
-        fprintf(stderr, "tp: cannot find this program: %s\n", strerror(errno));
-        return 1;
-    }
-    self[n] = '\0';
-    setenv("TRD_TP_CHILD", "1", 1);
-    char *args[] = {"mpiexec", "-n", "4", self, NULL};
-    execvp("mpiexec", args);
-    fprintf(stderr, "tp: cannot run mpiexec: %s (this test needs MPICH's mpiexec on PATH)\n",
-            strerror(errno));
-    return 1;
-}
 
 static uint64_t lcg(uint64_t *s)
 {
@@ -426,8 +404,8 @@ static void check_model(Comm *tpc, const ModelCase *k, int sp)
 
 int main(int argc, char **argv)
 {
-    if (!under_launcher())
-        return relaunch();
+    if (!mpi_test_child())
+        return mpi_test_relaunch("tp", 4);
     comm_init(&argc, &argv);
     alarm(120); /* a hung collective fails the test instead of stalling it */
     omp_set_num_threads(1); /* four ranks share the machine */

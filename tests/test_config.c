@@ -244,6 +244,8 @@ static void test_set(void)
     CHECK(config_set(&c, "model.arch=llama", err) == 0 && c.model.arch == ARCH_LLAMA, "arch");
     CHECK(config_set(&c, "topology.sequence_parallel=true", err) == 0 &&
               c.topology.sequence_parallel == 1, "bool");
+    CHECK(c.topology.comm == COMM_AUTO && config_set(&c, "topology.comm=nccl", err) == 0 &&
+              c.topology.comm == COMM_NCCL, "comm: auto by default, nccl set");
     CHECK(config_set(&c, "backend=cuda", err) == 0 && c.backend == BACKEND_CUDA, "backend");
     CHECK(config_set(&c, "checkpoint.resume=never", err) == 0 &&
               c.checkpoint.resume == RESUME_NEVER, "resume never");
@@ -318,6 +320,7 @@ static void test_validate(void)
     expect_invalid(WORDS("topology.virtual_stages=0"), 0, WORDS("topology.virtual_stages"));
     expect_invalid(WORDS("run.log_every=0"), 0, WORDS("run.log_every", ">= 1"));
     expect_invalid(WORDS("checkpoint.keep=0"), 0, WORDS("checkpoint.keep", ">= 1"));
+    expect_invalid(WORDS("topology.comm=nccl"), 0, WORDS("topology.comm nccl", "backend: cuda"));
     expect_invalid(WORDS("data.val_batches=0"), 0, WORDS("data.val_batches", ">= 1"));
     expect_invalid(WORDS("training.warmup_steps=-1"), 0, WORDS("training.warmup_steps"));
     expect_invalid(WORDS("data.path="), 0, WORDS("data.path", "required"));

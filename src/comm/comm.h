@@ -1,10 +1,17 @@
 /* comm.h — communication behind one interface.
  *
  * A Comm is a group of ranks (the world, or a TP/DP/PP group built by
- * src/topology).  This file has the MPI implementation; an NCCL one with the
- * same functions comes with the CUDA backend.  All reductions are sums unless
- * the name says otherwise.  Every call is checked: a failing collective ends
- * the job with the reason (src/core/error.h). */
+ * src/topology).  Two implementations sit behind these functions: MPI for
+ * everything, and NCCL (comm_use_nccl, with the CUDA backend) for the float
+ * buffers in device memory.  All reductions are sums unless the name says
+ * otherwise.  Every call is checked: a failing collective ends the job with
+ * the reason (src/core/error.h).
+ *
+ * Completion under NCCL is stream-ordered (src/comm/nccl.h): an operation
+ * runs on the group's own stream after the work the backend issued before
+ * it, and "complete" (comm_wait, a blocking call returning) means that work
+ * the backend issues afterwards sees its result; the host does not wait.
+ * Host memory (doubles, ints, comm_broadcast) always goes through MPI. */
 #ifndef TRD_COMM_H
 #define TRD_COMM_H
 
@@ -13,6 +20,15 @@
 #include <stdint.h>
 
 #include "backend/backend.h"
+
+struct CommNccl;
+
+/* A point-to-point channel under NCCL (comm_open_channel): messages from
+ * src to dst with tag go through a two-rank communicator of their own. */
+typedef struct {
+    int src, dst, tag;
+    struct CommNccl *nccl;   /* NULL on the ranks that are neither */
+} CommChannel;
 
 typedef struct {
     MPI_Comm mpi;
@@ -27,6 +43,9 @@ typedef struct {
                             * nothing on a group of one */
     const Backend *mem;    /* NULL: float buffers are host memory; else they are this
                             * (device) backend's and go through host staging buffers */
+    struct CommNccl *nccl; /* non-NULL: float buffers go through NCCL instead */
+    CommChannel *chan;     /* open point-to-point channels (NCCL only) */
+    int n_chan;
 } Comm;
 
 /* MPI_Init (with MPI_THREAD_FUNNELED) unless already done; error handlers
@@ -49,6 +68,24 @@ void comm_set_name(Comm *c, const char *name);
  * completes (at comm_wait / comm_test); MPI here is not CUDA-aware.  Host
  * backends change nothing.  Doubles and ints are always host memory. */
 void comm_use_memory(Comm *c, const Backend *be);
+
+/* NCCL for the float buffers of the world and of groups[0..n) (device
+ * memory: call comm_use_memory first).  Collective over the world: every
+ * rank passes its own groups of the same kinds in the same order (a rank
+ * outside a group passes it with MPI_COMM_NULL).  Groups split later from
+ * these (comm_split) get NCCL too.  Dies with a message when trident was
+ * built without NCCL. */
+void comm_use_nccl(Comm *world, Comm *const *groups, int n);
+/* Whether completion is stream-ordered (NCCL) rather than host-visible. */
+int comm_stream_ordered(const Comm *c);
+/* Under NCCL, messages from src to dst with tag get a channel of their own
+ * (its own communicator and stream), so traffic in one direction never
+ * queues behind the other: NCCL's sends wait for their receives, and a
+ * pipeline's activations and gradients cross in opposite directions.
+ * Collective over c: every rank calls it with the same arguments in the
+ * same order; a channel already open is left as it is.  Does nothing with
+ * MPI, whose tags already keep channels apart. */
+void comm_open_channel(Comm *c, int src, int dst, int tag);
 
 /* The staging buffers of this process (one pool, reused across operations
  * and groups): how many were ever allocated, and the bytes held now. */
@@ -84,6 +121,7 @@ typedef struct {
     float *host, *back;
     size_t back_off, back_n;
     const Backend *mem;
+    struct CommNcclOp *op; /* NCCL: the operation in flight */
 } CommHandle;
 
 /* The part of [lo, hi) that `rank` owns, as [*a, *b). */
@@ -99,9 +137,11 @@ CommHandle comm_ireduce_scatter_range_f32(Comm *c, const float *send, float *rec
  * receives all of [lo, hi).  `mine` may point into out (in place). */
 CommHandle comm_iallgather_range_f32(Comm *c, const float *mine, float *out, size_t lo,
                                      size_t hi, size_t S);
-/* Complete an operation; returns at once for a completed handle. */
+/* Complete an operation; returns at once for a completed handle.  (NCCL:
+ * the backend's later work waits for it; the host does not.) */
 void comm_wait(CommHandle *h);
-/* Drive MPI progress and report whether the operation completed (1). */
+/* Drive MPI progress and report whether the operation completed (1).
+ * (NCCL: whether it has finished on the GPU.) */
 int comm_test(CommHandle *h);
 void comm_barrier(Comm *c);
 
@@ -121,11 +161,13 @@ void comm_reduce_scatter_block_f32(Comm *c, float *buf, size_t n);
  * A send is non-blocking: buf must stay unmodified until comm_wait or
  * comm_test reports the handle complete.  Its bytes count in bytes_sent.
  * The receive blocks until the whole message is in buf; a message of any
- * other length than n floats ends the job (a schedule or stage bug). */
+ * other length than n floats ends the job (a schedule or stage bug; NCCL
+ * cannot tell, both sides must agree on n). */
 CommHandle comm_isend_f32(Comm *c, const float *buf, size_t n, int dest, int tag);
 void comm_recv_f32(Comm *c, float *buf, size_t n, int src, int tag);
 /* Whether a message from src with tag is waiting to be received (never
- * blocks); moves MPI along.  Lets a caller wait without spinning in MPI. */
+ * blocks); moves MPI along.  Lets a caller wait without spinning in MPI.
+ * Under NCCL always 1: a receive is queued on a stream, it never blocks. */
 int comm_probe(Comm *c, int src, int tag);
 
 /* Max all-reduce of doubles in place (the slowest rank's time of a step). */

@@ -59,6 +59,7 @@ static const char *const PREC_NAMES[] = {"fp32", "bf16", NULL};
 static const char *const RECOMPUTE_NAMES[] = {"none", "selective", "full", NULL};
 static const char *const FORMAT_NAMES[] = {"megatron", "llmc", NULL};
 static const char *const BACKEND_NAMES[] = {"cpu", "cuda", NULL};
+static const char *const COMM_NAMES[] = {"auto", "mpi", "nccl", NULL};
 
 #define OFF(sec, field) offsetof(Config, sec.field)
 #define KEY(sec, field, kind) {#sec, #field, kind, OFF(sec, field), 0, NULL, false}
@@ -100,6 +101,7 @@ static const KeyDesc KEYS[] = {
     STR(topology, order, false),
     KEY(topology, allow_tp_across_nodes, K_BOOL),
     KEY(topology, bucket_mb, K_INT),
+    ENUM(topology, comm, COMM_NAMES),
 
     REQ(training, steps, K_INT),
     REQ(training, global_batch, K_INT),

@@ -23,6 +23,7 @@ typedef enum { RECOMPUTE_NONE = 0, RECOMPUTE_SELECTIVE = 1, RECOMPUTE_FULL = 2 }
 typedef enum { DATA_MEGATRON = 0, DATA_LLMC = 1 } DataFormat;
 typedef enum { BACKEND_CPU = 0, BACKEND_CUDA = 1 } BackendKind;
 typedef enum { RESUME_AUTO = 0, RESUME_NEVER = 1, RESUME_PATH = 2 } ResumeKind;
+typedef enum { COMM_AUTO = 0, COMM_MPI = 1, COMM_NCCL = 2 } CommKind;
 
 typedef struct {
     char name[CFG_STR];     /* run name (log and metrics naming) */
@@ -58,6 +59,8 @@ typedef struct {
     char order[16];         /* rank order, default "tp-dp-pp" */
     int allow_tp_across_nodes;
     int bucket_mb;          /* DP gradient bucket size in MiB (default 25) */
+    CommKind comm;          /* what carries device buffers: auto (NCCL when every rank of
+                             * a node has a GPU of its own), mpi (host staging), nccl */
 } TopologyConfig;
 
 typedef struct {

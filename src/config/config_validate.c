@@ -225,6 +225,9 @@ static int check_topology(Checker *c)
     if (m->ffn_hidden % t->tp)
         return verr(c, "model.ffn_hidden (%d) must be divisible by topology.tp (%d)",
                     m->ffn_hidden, t->tp);
+    if (t->comm == COMM_NCCL && c->cfg->backend != BACKEND_CUDA)
+        return verr(c, "topology.comm nccl moves device buffers and needs backend: cuda; "
+                       "use comm: auto or mpi with backend: cpu");
     if (t->sequence_parallel && m->seq_len % t->tp)
         return verr(c, "model.seq_len (%d) must be divisible by topology.tp (%d) with "
                        "topology.sequence_parallel; change seq_len or turn it off",

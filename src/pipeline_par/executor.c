@@ -47,8 +47,12 @@ static void poll_pause(double since)
     nanosleep(&ts, NULL);
 }
 
-static void wait_send(PendingSend *p)
+static void wait_send(Exec *e, PendingSend *p)
 {
+    if (comm_stream_ordered(e->pp)) { /* NCCL: later work waits, the host need not */
+        comm_wait(&p->h);
+        return;
+    }
     double t = now();
     while (!comm_test(&p->h))
         poll_pause(t);
@@ -92,7 +96,7 @@ static void free_buffer(Exec *e, const float *buf)
     for (int i = e->n_pending - 1; i >= 0; i--) {
         if (!overlaps(e->pending[i].buf, buf, e->st->act_elems))
             continue;
-        wait_send(&e->pending[i]);
+        wait_send(e, &e->pending[i]);
         drop_pending(e, i);
         waited = 1;
     }
@@ -106,7 +110,7 @@ static void wait_all_sends(Exec *e)
 {
     double t = now();
     for (int i = 0; i < e->n_pending; i++)
-        wait_send(&e->pending[i]);
+        wait_send(e, &e->pending[i]);
     e->n_pending = 0;
     e->stats->send_wait_s += now() - t;
 }
@@ -228,11 +232,26 @@ static void record(Exec *e, const PpInstr *in, double t0, double t1)
         x->spans[x->n_spans++] = (PpSpan){t0 - x->t0, t1 - x->t0, in->op, in->mb, in->chunk};
 }
 
+/* Activations go to the next rank, gradients to the one before; with
+ * chunks (v > 1) the last rank's activations wrap around to rank 0 and
+ * rank 0's gradients to the last.  Each of these one-way channels gets its
+ * own NCCL communicator (comm_open_channel; nothing under MPI). */
+static void open_channels(const PpSchedule *s, Comm *pp)
+{
+    for (int r = 0; r < s->pp; r++) {
+        if (r + 1 < s->pp || s->v > 1)
+            comm_open_channel(pp, r, (r + 1) % s->pp, PP_TAG_ACT);
+        if (r > 0 || s->v > 1)
+            comm_open_channel(pp, r, (r - 1 + s->pp) % s->pp, PP_TAG_GRAD);
+    }
+}
+
 int pp_execute(const PpSchedule *s, const PpStage *st, Comm *pp, PpExecStats *stats,
                char err[CFG_ERR])
 {
     if (check_fit(s, st, pp, err))
         return -1;
+    open_channels(s, pp);
     PpExecStats local = {0};
     if (!stats)
         stats = &local;

@@ -201,4 +201,5 @@ void topology_comms_free(TopologyComms *c)
     comm_free(&c->pp);
     comm_free(&c->mp);
     comm_free(&c->embed);
+    comm_free(&c->world); /* the world stays; its NCCL communicator (if any) goes */
 }

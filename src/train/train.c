@@ -185,6 +185,7 @@ typedef struct {
     float *ckpt_dev[CKPT_KINDS]; /* device backends: the engine's buffers that ckpt's
                                     host copies mirror (NULL: none, or host backend) */
     char device[128];          /* device backends: the device's name */
+    int nccl;                  /* device buffers go through NCCL (topology.comm) */
     int start_step;            /* first step of this run (> 0 when resumed) */
     uint64_t start_position;   /* sample stream position at start_step */
     int tied_embed_group;      /* first/last stage summing a tied embedding's gradient */
@@ -354,8 +355,10 @@ static void print_start(const Trainer *tr, double peak)
            cfg->training.global_batch, tr->n_micro, cfg->training.micro_batch, tr->dp,
            cfg->training.global_batch * mc->seq_len, cfg->topology.zero);
     if (tr->be->device)
-        printf("backend: %s on %s | MFU against %.1f TFLOP/s | precision %s\n", tr->be->name,
-               tr->device, 1e-12 * peak, config_precision_name(cfg->training.precision));
+        printf("backend: %s on %s | MFU against %.1f TFLOP/s | precision %s | comm %s\n",
+               tr->be->name, tr->device, 1e-12 * peak,
+               config_precision_name(cfg->training.precision),
+               tr->nccl ? "nccl" : "mpi (host staging)");
     else
         printf("backend: cpu (%d OpenMP threads per rank), BLAS SGEMM peak %.1f GFLOP/s | "
                "precision %s\n",
@@ -571,6 +574,21 @@ static void set_threads(Comm world)
         omp_set_num_threads(threads);
 }
 
+/* NCCL for device buffers: asked for, or (auto) built in and every rank on a
+ * GPU of its own.  The emulated build takes NCCL only when asked: its MPI
+ * staging path is the one the rest of the tests exercise. */
+static int want_nccl(CommKind kind, int shared)
+{
+    if (kind != COMM_AUTO)
+        return kind == COMM_NCCL;
+#if defined(TRD_HAVE_NCCL) && !defined(TRD_CUDA_EMULATED)
+    return !shared;
+#else
+    (void)shared;
+    return 0;
+#endif
+}
+
 /* Device backends: pick this rank's GPU (node-local rank, round robin when
  * ranks outnumber GPUs: they then share one through the MPI path), and let
  * every group's float buffers live in device memory (comm.h staging). */
@@ -587,11 +605,35 @@ static void use_device(Trainer *tr)
     const int dev = tr->topo.local_rank % n;
     backend_cuda_set_device(dev);
     backend_cuda_device_name(dev, tr->device, sizeof tr->device);
+    /* NCCL wants a GPU per rank: two ranks of a communicator on one GPU
+     * fail.  Whether any rank shares is agreed by all (the choice is
+     * collective). */
+    int shared = tr->topo.local_rank >= n;
+    comm_allreduce_max_i32(&tr->comms.world, &shared, 1);
+#ifdef TRD_CUDA_EMULATED
+    shared = 0; /* the emulation's NCCL is MPI: any number of ranks share its device */
+#endif
+#else
+    const int shared = 0;
 #endif
     Comm *groups[] = {&tr->comms.world, &tr->comms.tp, &tr->comms.dp, &tr->comms.pp,
                       &tr->comms.mp, &tr->comms.embed};
-    for (size_t i = 0; i < sizeof groups / sizeof *groups; i++)
+    const int n_groups = (int)(sizeof groups / sizeof *groups);
+    for (int i = 0; i < n_groups; i++)
         comm_use_memory(groups[i], tr->be);
+    tr->nccl = want_nccl(tr->cfg->topology.comm, shared);
+#ifndef TRD_HAVE_NCCL
+    if (tr->nccl)
+        refuse(tr->topo.rank, "set topology.comm: mpi, or rebuild where the CUDA toolkit has "
+               "NCCL (libnccl beside libcudart; docs/cuda.md)",
+               "topology.comm nccl: this trident was built without NCCL");
+#endif
+    if (tr->nccl && shared)
+        refuse(tr->topo.rank, "set topology.comm: mpi (host staging), or give every rank a GPU "
+               "of its own", "topology.comm nccl: ranks of a node share a GPU, which NCCL does "
+               "not allow");
+    if (tr->nccl)
+        comm_use_nccl(&tr->comms.world, groups, n_groups);
 }
 
 /* Device backends: the most device memory a rank held (rank 0 prints the

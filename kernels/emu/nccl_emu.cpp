@@ -1,0 +1,309 @@
+/* nccl_emu.cpp — NCCL played by MPI for the CPU emulation (see nccl.h here).
+ * Every call checks that its buffers are emulated device memory of the
+ * sizes its counts imply, opens device memory while MPI touches it, and
+ * returns ncclInvalidUsage / ncclSystemError with a line on stderr
+ * ("emu: ncclX: ...") when something is wrong. */
+#include <climits>
+#include <cstdarg>
+#include <cstring>
+#include <mpi.h>
+#include <nccl.h>
+#include <vector>
+
+struct emu_nccl {
+    MPI_Comm mpi;
+    int rank, size;
+};
+
+/* Sends in flight: the copy MPI_Isend reads and its request. */
+struct Pending {
+    MPI_Request req;
+    std::vector<float> data;
+};
+static std::vector<Pending *> pending;
+
+static ncclResult_t fail(ncclResult_t r, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "emu: ");
+    vfprintf(stderr, fmt, ap);
+    fprintf(stderr, "\n");
+    va_end(ap);
+    return r;
+}
+
+static ncclResult_t mpi(int rc, const char *call)
+{
+    return rc == MPI_SUCCESS ? ncclSuccess : fail(ncclSystemError, "%s: MPI failed", call);
+}
+
+/* Forget the sends MPI has completed. */
+static void reap()
+{
+    for (size_t i = 0; i < pending.size();) {
+        int done = 0;
+        MPI_Test(&pending[i]->req, &done, MPI_STATUS_IGNORE);
+        if (done) {
+            delete pending[i];
+            pending[i] = pending.back();
+            pending.pop_back();
+        } else {
+            i++;
+        }
+    }
+}
+
+static ncclResult_t check_args(const char *call, ncclDataType_t type, size_t count,
+                               ncclComm_t comm)
+{
+    reap();
+    if (type != ncclFloat32)
+        return fail(ncclInvalidArgument, "%s: only float32 is emulated", call);
+    if (!comm)
+        return fail(ncclInvalidArgument, "%s: NULL communicator", call);
+    if (count * (size_t)comm->size > (size_t)INT_MAX)
+        return fail(ncclInvalidArgument, "%s: %zu elements: too many for the emulation", call,
+                    count);
+    return ncclSuccess;
+}
+
+static void check_buf(const char *call, const char *what, const void *p, size_t count)
+{
+    if (count)
+        emu_check_device(call, what, p, count * sizeof(float));
+}
+
+static MPI_Op mpi_op(ncclRedOp_t op) { return op == ncclMax ? MPI_MAX : MPI_SUM; }
+
+const char *ncclGetErrorString(ncclResult_t r)
+{
+    switch (r) {
+    case ncclSuccess: return "no error";
+    case ncclInvalidArgument: return "invalid argument (emulated NCCL)";
+    case ncclInvalidUsage: return "invalid usage (emulated NCCL)";
+    case ncclSystemError: return "system error (emulated NCCL)";
+    default: return "error (emulated NCCL)";
+    }
+}
+
+ncclResult_t ncclGetUniqueId(ncclUniqueId *id)
+{
+    memset(id, 0, sizeof *id);
+    strcpy(id->internal, "emulated");
+    return ncclSuccess;
+}
+
+ncclResult_t ncclCommInitRank(ncclComm_t *comm, int nranks, ncclUniqueId id, int rank)
+{
+    int world = 0, me = 0;
+    MPI_Comm_size(MPI_COMM_WORLD, &world);
+    MPI_Comm_rank(MPI_COMM_WORLD, &me);
+    if (strcmp(id.internal, "emulated") != 0)
+        return fail(ncclInvalidArgument, "ncclCommInitRank: id not from ncclGetUniqueId");
+    if (nranks != world || rank != me)
+        return fail(ncclInvalidUsage, "ncclCommInitRank: the emulation makes only the world "
+                    "(rank %d of %d asked; world rank %d of %d)", rank, nranks, me, world);
+    emu_nccl *c = new emu_nccl{MPI_COMM_NULL, rank, nranks};
+    ncclResult_t r = mpi(MPI_Comm_dup(MPI_COMM_WORLD, &c->mpi), "ncclCommInitRank");
+    *comm = c;
+    return r;
+}
+
+ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t *newcomm,
+                           ncclConfig_t *)
+{
+    MPI_Comm m = MPI_COMM_NULL;
+    ncclResult_t r = mpi(MPI_Comm_split(comm->mpi, color == NCCL_SPLIT_NOCOLOR ? MPI_UNDEFINED
+                                                                               : color,
+                                        key, &m),
+                         "ncclCommSplit");
+    *newcomm = NULL;
+    if (r == ncclSuccess && m != MPI_COMM_NULL) {
+        emu_nccl *c = new emu_nccl{m, 0, 0};
+        MPI_Comm_rank(m, &c->rank);
+        MPI_Comm_size(m, &c->size);
+        *newcomm = c;
+    }
+    return r;
+}
+
+ncclResult_t ncclCommDestroy(ncclComm_t comm)
+{
+    for (Pending *p : pending) /* before the communicator goes */
+        MPI_Wait(&p->req, MPI_STATUS_IGNORE);
+    reap();
+    MPI_Comm_free(&comm->mpi);
+    delete comm;
+    return ncclSuccess;
+}
+
+ncclResult_t ncclCommUserRank(ncclComm_t comm, int *rank)
+{
+    *rank = comm->rank;
+    return ncclSuccess;
+}
+
+ncclResult_t ncclCommCount(ncclComm_t comm, int *count)
+{
+    *count = comm->size;
+    return ncclSuccess;
+}
+
+/* Calls run at once; every rank makes the calls of a group in the same
+ * order, so running them in that order is a valid schedule for
+ * collectives (not for sends and receives, which nccl.cu never groups). */
+static int group_depth;
+ncclResult_t ncclGroupStart()
+{
+    group_depth++;
+    return ncclSuccess;
+}
+
+ncclResult_t ncclGroupEnd()
+{
+    if (group_depth == 0)
+        return fail(ncclInvalidUsage, "ncclGroupEnd without ncclGroupStart");
+    group_depth--;
+    return ncclSuccess;
+}
+
+ncclResult_t ncclAllReduce(const void *send, void *recv, size_t count, ncclDataType_t type,
+                           ncclRedOp_t op, ncclComm_t comm, cudaStream_t)
+{
+    const char *call = "ncclAllReduce";
+    if (ncclResult_t r = check_args(call, type, count, comm))
+        return r;
+    check_buf(call, "sendbuff", send, count);
+    check_buf(call, "recvbuff", recv, count);
+    emu_device_scope scope;
+    const void *s = send == recv ? MPI_IN_PLACE : send;
+    return mpi(MPI_Allreduce(s, recv, (int)count, MPI_FLOAT, mpi_op(op), comm->mpi), call);
+}
+
+ncclResult_t ncclAllGather(const void *send, void *recv, size_t count, ncclDataType_t type,
+                           ncclComm_t comm, cudaStream_t)
+{
+    const char *call = "ncclAllGather";
+    if (ncclResult_t r = check_args(call, type, count, comm))
+        return r;
+    check_buf(call, "sendbuff", send, count);
+    check_buf(call, "recvbuff", recv, count * (size_t)comm->size);
+    emu_device_scope scope;
+    /* NCCL's in place: the send buffer is this rank's block of recv. */
+    const bool in_place = send == (const float *)recv + (size_t)comm->rank * count;
+    if (!in_place && send != recv &&
+        (const float *)send < (const float *)recv + count * (size_t)comm->size &&
+        (const float *)recv < (const float *)send + count)
+        return fail(ncclInvalidUsage, "%s: buffers overlap but not in place", call);
+    return mpi(MPI_Allgather(in_place ? MPI_IN_PLACE : send, (int)count, MPI_FLOAT, recv,
+                             (int)count, MPI_FLOAT, comm->mpi),
+               call);
+}
+
+ncclResult_t ncclReduceScatter(const void *send, void *recv, size_t count, ncclDataType_t type,
+                               ncclRedOp_t op, ncclComm_t comm, cudaStream_t)
+{
+    const char *call = "ncclReduceScatter";
+    if (ncclResult_t r = check_args(call, type, count, comm))
+        return r;
+    check_buf(call, "sendbuff", send, count * (size_t)comm->size);
+    check_buf(call, "recvbuff", recv, count);
+    emu_device_scope scope;
+    /* Through a copy: NCCL's in place (recv = send + rank * count) is not MPI's. */
+    std::vector<float> out(count);
+    ncclResult_t r = mpi(MPI_Reduce_scatter_block(send, out.data(), (int)count, MPI_FLOAT,
+                                                  mpi_op(op), comm->mpi),
+                         call);
+    if (count)
+        memcpy(recv, out.data(), count * sizeof(float));
+    return r;
+}
+
+ncclResult_t ncclReduce(const void *send, void *recv, size_t count, ncclDataType_t type,
+                        ncclRedOp_t op, int root, ncclComm_t comm, cudaStream_t)
+{
+    const char *call = "ncclReduce";
+    if (ncclResult_t r = check_args(call, type, count, comm))
+        return r;
+    if (root < 0 || root >= comm->size)
+        return fail(ncclInvalidArgument, "%s: root %d of %d ranks", call, root, comm->size);
+    check_buf(call, "sendbuff", send, count);
+    if (comm->rank == root)
+        check_buf(call, "recvbuff", recv, count);
+    emu_device_scope scope;
+    std::vector<float> out(comm->rank == root ? count : 0);
+    ncclResult_t r = mpi(MPI_Reduce(send, out.data(), (int)count, MPI_FLOAT, mpi_op(op), root,
+                                    comm->mpi),
+                         call);
+    if (comm->rank == root && count)
+        memcpy(recv, out.data(), count * sizeof(float));
+    return r;
+}
+
+ncclResult_t ncclBroadcast(const void *send, void *recv, size_t count, ncclDataType_t type,
+                           int root, ncclComm_t comm, cudaStream_t)
+{
+    const char *call = "ncclBroadcast";
+    if (ncclResult_t r = check_args(call, type, count, comm))
+        return r;
+    if (root < 0 || root >= comm->size)
+        return fail(ncclInvalidArgument, "%s: root %d of %d ranks", call, root, comm->size);
+    if (comm->rank == root)
+        check_buf(call, "sendbuff", send, count);
+    check_buf(call, "recvbuff", recv, count);
+    emu_device_scope scope;
+    if (comm->rank == root && send != recv && count)
+        memmove(recv, send, count * sizeof(float));
+    return mpi(MPI_Bcast(recv, (int)count, MPI_FLOAT, root, comm->mpi), call);
+}
+
+enum { P2P_TAG = 0x4e43 };
+
+ncclResult_t ncclSend(const void *send, size_t count, ncclDataType_t type, int peer,
+                      ncclComm_t comm, cudaStream_t)
+{
+    const char *call = "ncclSend";
+    if (ncclResult_t r = check_args(call, type, count, comm))
+        return r;
+    if (peer < 0 || peer >= comm->size || peer == comm->rank)
+        return fail(ncclInvalidArgument, "%s: peer %d (rank %d of %d)", call, peer, comm->rank,
+                    comm->size);
+    check_buf(call, "sendbuff", send, count);
+    Pending *p = new Pending{MPI_REQUEST_NULL, std::vector<float>(count)};
+    {
+        emu_device_scope scope;
+        if (count)
+            memcpy(p->data.data(), send, count * sizeof(float));
+    }
+    pending.push_back(p);
+    return mpi(MPI_Isend(p->data.data(), (int)count, MPI_FLOAT, peer, P2P_TAG, comm->mpi,
+                         &p->req),
+               call);
+}
+
+ncclResult_t ncclRecv(void *recv, size_t count, ncclDataType_t type, int peer, ncclComm_t comm,
+                      cudaStream_t)
+{
+    const char *call = "ncclRecv";
+    if (ncclResult_t r = check_args(call, type, count, comm))
+        return r;
+    if (peer < 0 || peer >= comm->size || peer == comm->rank)
+        return fail(ncclInvalidArgument, "%s: peer %d (rank %d of %d)", call, peer, comm->rank,
+                    comm->size);
+    check_buf(call, "recvbuff", recv, count);
+    std::vector<float> in(count);
+    MPI_Status st;
+    ncclResult_t r = mpi(MPI_Recv(in.data(), (int)count, MPI_FLOAT, peer, P2P_TAG, comm->mpi,
+                                  &st),
+                         call);
+    int got = 0;
+    MPI_Get_count(&st, MPI_FLOAT, &got);
+    if (r == ncclSuccess && (size_t)got != count)
+        return fail(ncclInvalidUsage, "%s: %d floats arrived from rank %d, %zu expected", call,
+                    got, peer, count);
+    emu_device_scope scope;
+    if (count)
+        memcpy(recv, in.data(), count * sizeof(float));
+    return r;
+}

@@ -1,0 +1,68 @@
+/* nccl.h — NCCL communicators for src/comm, implemented in kernels/nccl.cu
+ * (nvcc with the real NCCL, or the CPU emulation of kernels/emu, where NCCL
+ * is played by MPI).  comm.c is the only caller: the rest of trident sees
+ * comm.h, whatever carries its bytes.
+ *
+ * Ordering.  Each communicator has a stream of its own.  An operation
+ * first makes that stream wait for everything issued so far on the
+ * backend's compute stream (its input is ready, its output buffer free),
+ * then runs, then records a completion event.  The host never waits:
+ * comm_nccl_wait makes the compute stream wait for the event, so work
+ * issued after it sees the result; comm_nccl_test asks whether the event
+ * has passed.  Gradient reduction on the communicator's stream thus
+ * overlaps the backward kernels issued after it.
+ *
+ * Every call is checked; a failure ends the job with NCCL's reason
+ * (trd_fatal, exit 1).  Only built with TRD_HAVE_NCCL. */
+#ifndef TRD_COMM_NCCL_H
+#define TRD_COMM_NCCL_H
+
+#include <stddef.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct CommNccl CommNccl;   /* a communicator, its stream and rank */
+typedef struct CommNcclOp CommNcclOp; /* an operation in flight (its event) */
+
+/* The bytes of an NCCL unique id (rank 0 makes one, every rank gets it). */
+enum { COMM_NCCL_ID_BYTES = 128 };
+void comm_nccl_unique_id(unsigned char id[COMM_NCCL_ID_BYTES]);
+/* Collective over the nranks ranks that pass the same id. */
+CommNccl *comm_nccl_init(const unsigned char id[COMM_NCCL_ID_BYTES], int nranks, int rank);
+/* Collective over parent: the ranks with the same color >= 0 form one new
+ * communicator, ordered by key; color < 0 joins none and gets NULL. */
+CommNccl *comm_nccl_split(CommNccl *parent, int color, int key);
+void comm_nccl_free(CommNccl *c);
+
+/* Sum (or max) all-reduce of n floats in place. */
+CommNcclOp *comm_nccl_allreduce(CommNccl *c, float *buf, size_t n, int max);
+/* In place over `size` blocks of n floats: all-gather (this rank's block
+ * holds its part) and reduce-scatter (the sum of block `rank` lands in
+ * buf[0, n)); see comm_allgather_block_f32 and comm_reduce_scatter_block_f32. */
+CommNcclOp *comm_nccl_allgather_block(CommNccl *c, float *buf, size_t n);
+CommNcclOp *comm_nccl_reduce_scatter_block(CommNccl *c, float *buf, size_t n);
+/* Uneven parts (the ZeRO ranges of comm.h): rank r's part is counts[r]
+ * floats at displs[r] of a buffer of the whole range.  reduce_parts sums
+ * every rank's `send` part by part and leaves this rank's part in recv;
+ * gather_parts gives every rank all the parts in `out`, this rank's coming
+ * from `mine` (which may be its place in out). */
+CommNcclOp *comm_nccl_reduce_parts(CommNccl *c, const float *send, float *recv,
+                                   const int *counts, const int *displs);
+CommNcclOp *comm_nccl_gather_parts(CommNccl *c, const float *mine, float *out,
+                                   const int *counts, const int *displs);
+/* Point to point within c. */
+CommNcclOp *comm_nccl_send(CommNccl *c, const float *buf, size_t n, int peer);
+CommNcclOp *comm_nccl_recv(CommNccl *c, float *buf, size_t n, int peer);
+
+/* The compute stream waits for op (host returns at once); op is released. */
+void comm_nccl_wait(CommNcclOp *op);
+/* 1, and op released, when op has completed on the GPU; else 0. */
+int comm_nccl_test(CommNcclOp *op);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

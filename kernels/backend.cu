@@ -200,3 +200,14 @@ static const Backend cuda_backend = {
 };
 
 extern "C" const Backend *backend_cuda(void) { return &cuda_backend; }
+
+extern "C" const Backend *backend_cuda_bf16(void)
+{
+    static Backend t;
+    if (!t.name) {
+        t = cuda_backend;
+        t.matmul_forward = cuda_matmul_forward_bf16;
+        t.matmul_backward = cuda_matmul_backward_bf16;
+    }
+    return &t;
+}

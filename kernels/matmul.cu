@@ -9,11 +9,19 @@
  * Precision: CUBLAS_PEDANTIC_MATH keeps every product in IEEE fp32 (no TF32
  * tensor cores, which round inputs to 10 mantissa bits; no reduced-
  * precision reductions), so the results stay within reduction-order noise
- * of the CPU reference.  The bf16 path of issue 8
- * will use cuBLASLt with tensor cores. */
+ * of the CPU reference.
+ *
+ * bf16 (cuda_matmul_*_bf16, training.precision: bf16): each operand is
+ * converted to bf16 (round to nearest even) into a workspace, and
+ * cublasGemmEx multiplies bf16 by bf16 into fp32 with fp32 accumulation on
+ * the tensor cores, as backend_cpu_bf16() defines.  Activations and
+ * weights are still stored in fp32: the conversions cost a pass over each
+ * operand, and the workspace is the bf16 copies of the largest GEMM's two
+ * operands (device memory beside the report's categories). */
 #include "ops.cuh"
 
 #include <cublas_v2.h>
+#include <cuda_bf16.h>
 
 #define CUBLAS_CHECK(call)                                                      \
     do {                                                                        \
@@ -32,6 +40,17 @@ static cublasHandle_t blas_handle(void)
     if (!h) {
         CUBLAS_CHECK(cublasCreate(&h));
         CUBLAS_CHECK(cublasSetMathMode(h, CUBLAS_PEDANTIC_MATH));
+        CUBLAS_CHECK(cublasSetStream(h, cuda_stream()));
+    }
+    return h;
+}
+
+/* For bf16 GEMMs: the default math mode, where bf16 inputs use tensor cores. */
+static cublasHandle_t blas_handle_bf16(void)
+{
+    static cublasHandle_t h;
+    if (!h) {
+        CUBLAS_CHECK(cublasCreate(&h));
         CUBLAS_CHECK(cublasSetStream(h, cuda_stream()));
     }
     return h;
@@ -93,6 +112,87 @@ void cuda_matmul_backward(float *dinp, float *dweight, float *dbias, const float
         CUBLAS_CHECK(cublasSgemm(blas_handle(), CUBLAS_OP_N, CUBLAS_OP_T, C, OC, N, &alpha,
                                  inp, C, dout, OC, &beta, dweight, C));
     if (dbias) {
+        col_sum_acc_kernel<<<(OC + CUDA_THREADS - 1) / CUDA_THREADS, CUDA_THREADS, 0,
+                             cuda_stream()>>>(dbias, dout, N, OC);
+        CUDA_CHECK_LAUNCH();
+    }
+}
+
+/* ---- bf16 GEMMs ---- */
+
+__global__ void to_bf16_kernel(__nv_bfloat16 *dst, const float *src, size_t n)
+{
+    GRID_STRIDE(i, n)
+        dst[i] = __float2bfloat16(src[i]);
+}
+
+/* The bf16 copy of n floats of src in workspace slot k (0 or 1: a GEMM reads
+ * two operands).  A slot grows to the largest operand it has held, so after
+ * the first step nothing is allocated; in stream order, a slot is rewritten
+ * only after the GEMM that read it. */
+static __nv_bfloat16 *to_bf16(int k, const float *src, size_t n)
+{
+    static __nv_bfloat16 *slot[2];
+    static size_t cap[2];
+    if (n > cap[k]) {
+        backend_cuda_free(slot[k]);
+        slot[k] = (__nv_bfloat16 *)backend_cuda_malloc(n * sizeof(__nv_bfloat16),
+                                                       "bf16 GEMM operand");
+        cap[k] = n;
+    }
+    to_bf16_kernel<<<cuda_blocks(n), CUDA_THREADS, 0, cuda_stream()>>>(slot[k], src, n);
+    CUDA_CHECK_LAUNCH();
+    return slot[k];
+}
+
+/* The column-major product of matmul.cu's comment, bf16 A and B, fp32 C. */
+static void gemm_bf16(cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k,
+                      const __nv_bfloat16 *A, int lda, const __nv_bfloat16 *B, int ldb,
+                      float beta, float *C, int ldc)
+{
+    const float alpha = 1;
+    CUBLAS_CHECK(cublasGemmEx(blas_handle_bf16(), ta, tb, m, n, k, &alpha, A, CUDA_R_16BF, lda,
+                              B, CUDA_R_16BF, ldb, &beta, C, CUDA_R_32F, ldc,
+                              CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+}
+
+void cuda_matmul_forward_bf16(float *out, const float *inp, const float *weight,
+                              const float *bias, int N, int C, int OC)
+{
+    if (N <= 0 || OC <= 0)
+        return;
+    float beta = 0;
+    if (bias) {
+        bias_broadcast_kernel<<<cuda_blocks((size_t)N * OC), CUDA_THREADS, 0,
+                                cuda_stream()>>>(out, bias, N, OC);
+        CUDA_CHECK_LAUNCH();
+        beta = 1;
+    }
+    if (C <= 0) {
+        if (!bias)
+            backend_cuda_zero(out, (size_t)N * OC * sizeof(float));
+        return;
+    }
+    const __nv_bfloat16 *w = to_bf16(0, weight, (size_t)OC * C);
+    const __nv_bfloat16 *a = to_bf16(1, inp, (size_t)N * C);
+    gemm_bf16(CUBLAS_OP_T, CUBLAS_OP_N, OC, N, C, w, C, a, C, beta, out, OC);
+}
+
+void cuda_matmul_backward_bf16(float *dinp, float *dweight, float *dbias, const float *dout,
+                               const float *inp, const float *weight, int N, int C, int OC)
+{
+    if (N <= 0 || C <= 0 || OC <= 0)
+        return;
+    if (dinp || dweight) {
+        const __nv_bfloat16 *d = to_bf16(0, dout, (size_t)N * OC);
+        if (dinp) /* dinp^T[C, N] += weight^T[C, OC] . dout^T[OC, N] */
+            gemm_bf16(CUBLAS_OP_N, CUBLAS_OP_N, C, N, OC, to_bf16(1, weight, (size_t)OC * C),
+                      C, d, OC, 1, dinp, C);
+        if (dweight) /* dweight^T[C, OC] += inp^T[C, N] . dout[N, OC] */
+            gemm_bf16(CUBLAS_OP_N, CUBLAS_OP_T, C, OC, N, to_bf16(1, inp, (size_t)N * C), C, d,
+                      OC, 1, dweight, C);
+    }
+    if (dbias) { /* the fp32 sum of dout, as backend_cpu_bf16 */
         col_sum_acc_kernel<<<(OC + CUDA_THREADS - 1) / CUDA_THREADS, CUDA_THREADS, 0,
                              cuda_stream()>>>(dbias, dout, N, OC);
         CUDA_CHECK_LAUNCH();

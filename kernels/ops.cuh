@@ -12,6 +12,11 @@ void cuda_matmul_forward(float *out, const float *inp, const float *weight,
                          const float *bias, int N, int C, int OC);
 void cuda_matmul_backward(float *dinp, float *dweight, float *dbias, const float *dout,
                           const float *inp, const float *weight, int N, int C, int OC);
+/* matmul.cu, bf16 operands on tensor cores (backend_cuda_bf16) */
+void cuda_matmul_forward_bf16(float *out, const float *inp, const float *weight,
+                              const float *bias, int N, int C, int OC);
+void cuda_matmul_backward_bf16(float *dinp, float *dweight, float *dbias, const float *dout,
+                               const float *inp, const float *weight, int N, int C, int OC);
 
 /* embedding.cu */
 void cuda_embedding_forward(float *out, const int32_t *tokens, const float *wte,

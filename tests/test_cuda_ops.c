@@ -21,7 +21,7 @@
  *            vocab_backward from the same statistics): a few roundings
  *            each, expf / logf within 2 ulp on both sides, FMA contraction
  *            on the GPU: ~1e-6 observed in such kernels, 10x margin;
- *   1e-4     reductions (GEMMs, norms, attention, cross-entropy, the sum of
+ *   1e-4     reductions (GEMMs, fp32 and bf16, norms, attention, cross-entropy, the sum of
  *            vocab_sumexp, the vocab ops composed as tp = 2 against the
  *            plain cross-entropy): fp32 sums of up to a few hundred terms
  *            in another order (cuBLAS, block reductions), error
@@ -135,6 +135,9 @@ enum { R_EXACT = 0 };
 
 /* --------------------------------------------------------------- matmul */
 
+/* "bf16 " while the tables are the bf16 ones */
+static const char *matmul_tag = "";
+
 static void test_matmul(int N, int C, int OC, int with_bias)
 {
     char what[128];
@@ -148,17 +151,17 @@ static void test_matmul(int N, int C, int OC, int with_bias)
 
     cpu->matmul_forward(out, inp, w, b, N, C, OC);
     gpu->matmul_forward(d_out, d_inp, d_w, d_b, N, C, OC);
-    snprintf(what, sizeof what, "matmul %dx%dx%d%s out", N, C, OC, b ? "+bias" : "");
+    snprintf(what, sizeof what, "%smatmul %dx%dx%d%s out", matmul_tag, N, C, OC, b ? "+bias" : "");
     compare_dev(what, d_out, out, no, R_RED);
 
     /* all three gradients, accumulated onto random values */
     cpu->matmul_backward(dinp, dw, db, dout, inp, w, N, C, OC);
     gpu->matmul_backward(d_dinp, d_dw, d_db, d_dout, d_inp, d_w, N, C, OC);
-    snprintf(what, sizeof what, "matmul %dx%dx%d dinp", N, C, OC);
+    snprintf(what, sizeof what, "%smatmul %dx%dx%d dinp", matmul_tag, N, C, OC);
     compare_dev(what, d_dinp, dinp, ni, R_RED);
-    snprintf(what, sizeof what, "matmul %dx%dx%d dweight", N, C, OC);
+    snprintf(what, sizeof what, "%smatmul %dx%dx%d dweight", matmul_tag, N, C, OC);
     compare_dev(what, d_dw, dw, nw, R_RED);
-    snprintf(what, sizeof what, "matmul %dx%dx%d dbias (same order: exact)", N, C, OC);
+    snprintf(what, sizeof what, "%smatmul %dx%dx%d dbias (same order: exact)", matmul_tag, N, C, OC);
     compare_dev(what, d_db, db, OC, R_EXACT);
 
     /* NULL gradients are skipped, the others still produced */
@@ -166,11 +169,11 @@ static void test_matmul(int N, int C, int OC, int with_bias)
     gpu->matmul_backward(NULL, d_dw, NULL, d_dout, d_inp, d_w, N, C, OC);
     cpu->matmul_backward(dinp, NULL, db, dout, inp, w, N, C, OC);
     gpu->matmul_backward(d_dinp, NULL, d_db, d_dout, d_inp, d_w, N, C, OC);
-    snprintf(what, sizeof what, "matmul %dx%dx%d dinp after a NULL-gradient pass", N, C, OC);
+    snprintf(what, sizeof what, "%smatmul %dx%dx%d dinp after a NULL-gradient pass", matmul_tag, N, C, OC);
     compare_dev(what, d_dinp, dinp, ni, R_RED);
-    snprintf(what, sizeof what, "matmul %dx%dx%d dweight alone", N, C, OC);
+    snprintf(what, sizeof what, "%smatmul %dx%dx%d dweight alone", matmul_tag, N, C, OC);
     compare_dev(what, d_dw, dw, nw, R_RED);
-    snprintf(what, sizeof what, "matmul %dx%dx%d dbias twice", N, C, OC);
+    snprintf(what, sizeof what, "%smatmul %dx%dx%d dbias twice", matmul_tag, N, C, OC);
     compare_dev(what, d_db, db, OC, R_EXACT);
 
     free(inp), free(w), free(b), free(out), free(dout), free(dinp), free(dw), free(db);
@@ -850,6 +853,19 @@ int main(void)
     test_matmul(37, 75, 53, 1);
     test_matmul(256, 384, 200, 1);
     test_matmul(1, 3, 1, 1);
+    /* bf16 GEMMs (cublasGemmEx on tensor cores) against backend_cpu_bf16:
+     * the same rounded operands, each product exact in fp32, the sums in
+     * another order (tolerance 1e-4 as for fp32 GEMMs). */
+    cpu = backend_cpu_bf16();
+    gpu = backend_cuda_bf16();
+    matmul_tag = "bf16 ";
+    test_matmul(6, 8, 5, 1);
+    test_matmul(37, 75, 53, 0);
+    test_matmul(256, 384, 200, 1);
+    test_matmul(1, 3, 1, 1);
+    cpu = backend_cpu();
+    gpu = backend_cuda();
+    matmul_tag = "";
 
     test_embedding(2, 4, 8, 3, 5);
     test_embedding(5, 8, 75, 20, 50);    /* odd sizes, vocab slice not at 0 */

@@ -9,8 +9,8 @@
 # the real kernels.
 #
 # Per-step loss against the CPU run of the same config and seed, 8 steps:
-#   GPT-2 and Llama (GQA) on 1 rank, fp32 and bf16, selective and full
-#   recompute;
+#   GPT-2 and Llama (GQA) on 1 rank, fp32 and bf16 (bf16 GEMMs on both
+#   sides, within 1e-4), selective and full recompute;
 #   dp 2 with ZeRO 1 and ZeRO 3, and pp 2 with tied embeddings (staged
 #   collectives and point-to-point);
 #   tp 2 with sequence parallelism (GPT-2) and with split kv heads (Llama),
@@ -33,6 +33,12 @@ cuda=(--set backend=cuda)
 # relative per step; a wrong index, a missed copy or a stale buffer moves the
 # loss by 1e-3 or more.
 TOL=${TRIDENT_CUDA_TOL:-2e-5}
+# bf16 GEMMs round their operands: an fp32 difference of one ulp in an
+# activation (another sum order) can move its bf16 value by 2^-9, so two
+# correct bf16 runs drift apart faster (6.5e-6 after 8 steps in the
+# emulation, against 0 for fp32); a wrong operand still moves the loss by
+# 1e-3 or more.
+BF16_TOL=${TRIDENT_CUDA_BF16_TOL:-1e-4}
 
 compare() { # reference, name, tolerance
     python3 - "$out" "$1" "$2" "$3" <<'PY' || fails=$((fails + 1))
@@ -120,7 +126,7 @@ compare llama llama_cuda "$TOL"
 
 run gpt2_bf16 1 --set training.precision=bf16
 run gpt2_bf16_cuda 1 --set training.precision=bf16 "${cuda[@]}"
-compare gpt2_bf16 gpt2_bf16_cuda "$TOL"
+compare gpt2_bf16 gpt2_bf16_cuda "$BF16_TOL"
 
 run gpt2_sel_cuda 1 --set training.recompute=selective "${cuda[@]}"
 compare gpt2 gpt2_sel_cuda "$TOL"

@@ -281,6 +281,58 @@ static void test_matmul_split(int N, int C, int OC, int threads)
     omp_set_num_threads(2);
 }
 
+/* backend_cpu_bf16's GEMMs against double loops over the operands rounded
+ * to bf16 (each product exact, so only the fp32 sums differ), and not
+ * against the unrounded ones: the rounding must happen.  dbias is the sum
+ * of the unrounded dout. */
+static void test_matmul_bf16(int N, int C, int OC)
+{
+    const Backend *bf = backend_cpu_bf16();
+    const size_t ni = (size_t)N * C, nw = (size_t)OC * C, no = (size_t)N * OC;
+    double *inp = rnd(ni), *w = rnd(nw), *b = rnd(OC), *dout = rnd(no);
+    float *fi = tof(inp, ni), *fw = tof(w, nw), *fb = tof(b, OC), *fd = tof(dout, no);
+    double *ri = zeros(ni), *rw = zeros(nw), *rd = zeros(no);
+    for (size_t i = 0; i < ni; i++)
+        ri[i] = bf16_round(fi[i]);
+    for (size_t i = 0; i < nw; i++)
+        rw[i] = bf16_round(fw[i]);
+    for (size_t i = 0; i < no; i++)
+        rd[i] = bf16_round(fd[i]);
+    double *out = zeros(no), *raw_out = zeros(no), *dinp = zeros(ni), *dw = zeros(nw);
+    double *db = zeros(OC);
+    for (int n = 0; n < N; n++)
+        for (int o = 0; o < OC; o++) {
+            double s = fb[o], raw = fb[o], g = rd[(size_t)n * OC + o];
+            for (int c = 0; c < C; c++) {
+                s += ri[(size_t)n * C + c] * rw[(size_t)o * C + c];
+                raw += (double)fi[(size_t)n * C + c] * fw[(size_t)o * C + c];
+                dinp[(size_t)n * C + c] += g * rw[(size_t)o * C + c];
+                dw[(size_t)o * C + c] += g * ri[(size_t)n * C + c];
+            }
+            out[(size_t)n * OC + o] = s;
+            raw_out[(size_t)n * OC + o] = raw;
+            db[o] += fd[(size_t)n * OC + o];
+        }
+    float *fo = calloc(no, sizeof(float)), *fdi = calloc(ni, sizeof(float));
+    float *fdw = calloc(nw, sizeof(float)), *fdb = calloc(OC, sizeof(float));
+    bf->matmul_forward(fo, fi, fw, fb, N, C, OC);
+    bf->matmul_backward(fdi, fdw, fdb, fd, fi, fw, N, C, OC);
+    char what[96];
+    snprintf(what, sizeof what, "bf16 matmul %dx%dx%d", N, C, OC);
+    check_f32(what, fo, out, no, 1e-5, 1e-5);
+    check_f32(what, fdi, dinp, ni, 1e-5, 1e-5);
+    check_f32(what, fdw, dw, nw, 1e-5, 1e-5);
+    check_f32(what, fdb, db, OC, 1e-5, 1e-5);
+    double off = 0;
+    for (size_t i = 0; i < no; i++)
+        off = fmax(off, fabs(fo[i] - raw_out[i]));
+    CHECK(off > 1e-3, "%s: max difference from the unrounded product %.2g: not rounded?", what,
+          off);
+    free(inp), free(w), free(b), free(dout), free(fi), free(fw), free(fb), free(fd);
+    free(ri), free(rw), free(rd), free(out), free(raw_out), free(dinp), free(dw), free(db);
+    free(fo), free(fdi), free(fdw), free(fdb);
+}
+
 /* ------------------------------------------------------------ embedding */
 
 static double emb_loss(void)
@@ -852,6 +904,7 @@ int main(void)
     test_matmul(0);
     test_matmul_split(100, 96, 70, 2); /* forward split by rows */
     test_matmul_split(64, 96, 130, 3); /* forward split by columns */
+    test_matmul_bf16(33, 70, 45);
     test_embedding();
     test_norms();
     test_activations();

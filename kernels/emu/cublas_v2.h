@@ -1,4 +1,4 @@
-/* cublas_v2.h (emulated) — cublasSgemm as documented (column-major,
+/* cublas_v2.h (emulated) — cublasSgemm (and the bf16 cublasGemmEx) as documented (column-major,
  * C = alpha op(A) op(B) + beta C, the same argument checks), computed by
  * OpenBLAS's cblas_sgemm: it checks that kernels/matmul.cu passes the right
  * transposes and leading dimensions, and that A, B and C are device memory
@@ -19,6 +19,17 @@ inline const char *cublasGetStatusString(cublasStatus_t st)
     return st == CUBLAS_STATUS_INVALID_VALUE ? "CUBLAS_STATUS_INVALID_VALUE (emulated)"
                                              : "emulated cublas error";
 }
+/* cublasGemmEx with bf16 A and B, an fp32 C and fp32 compute only (what
+ * matmul.cu uses): the bf16 values are widened and multiplied by
+ * cblas_sgemm, which is exact for each product as a tensor core is. */
+typedef enum { CUDA_R_32F = 0, CUDA_R_16BF = 14 } cudaDataType;
+typedef enum { CUBLAS_COMPUTE_32F = 68 } cublasComputeType_t;
+typedef enum { CUBLAS_GEMM_DEFAULT = -1 } cublasGemmAlgo_t;
+cublasStatus_t cublasGemmEx(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m,
+                            int n, int k, const void *alpha, const void *A, cudaDataType Atype,
+                            int lda, const void *B, cudaDataType Btype, int ldb,
+                            const void *beta, void *C, cudaDataType Ctype, int ldc,
+                            cublasComputeType_t compute, cublasGemmAlgo_t algo);
 cublasStatus_t cublasSgemm(cublasHandle_t, cublasOperation_t ta, cublasOperation_t tb, int m,
                            int n, int k, const float *alpha, const float *A, int lda,
                            const float *B, int ldb, const float *beta, float *C, int ldc);

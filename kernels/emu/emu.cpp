@@ -26,6 +26,8 @@
 #include <cerrno>
 #include <cuda_runtime.h>
 #include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <vector>
 #include <execinfo.h>
 #include <map>
 #include <signal.h>
@@ -637,10 +639,15 @@ cublasStatus_t cublasDestroy(cublasHandle_t h) { delete h; return 0; }
 
 /* a column-major rows x cols matrix with leading dimension ld, in device
  * memory and within its allocation */
-static void check_matrix(const char *what, const float *p, int rows, int cols, int ld)
+static size_t matrix_elems(int rows, int cols, int ld)
 {
-    size_t elems = (size_t)(cols - 1) * (size_t)ld + (size_t)rows;
-    emu_check_device("cublasSgemm", what, p, elems * sizeof(float));
+    return (size_t)(cols - 1) * (size_t)ld + (size_t)rows;
+}
+
+static void check_matrix(const char *what, const float *p, int rows, int cols, int ld,
+                         const char *call = "cublasSgemm", size_t elem = sizeof(float))
+{
+    emu_check_device(call, what, p, matrix_elems(rows, cols, ld) * elem);
 }
 
 /* column-major, as documented: C = alpha op(A) op(B) + beta C; alpha and
@@ -665,5 +672,51 @@ cublasStatus_t cublasSgemm(cublasHandle_t h, cublasOperation_t ta, cublasOperati
     emu_device_scope open;
     cblas_sgemm(CblasColMajor, na ? CblasNoTrans : CblasTrans, nb ? CblasNoTrans : CblasTrans,
                 m, n, k, *alpha, A, lda, B, ldb, *beta, C, ldc);
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+/* The bf16 operands widened to fp32 (exact), then cublasSgemm's product. */
+static std::vector<float> widen(const void *p, size_t n)
+{
+    std::vector<float> f(n);
+    const __nv_bfloat16 *b = (const __nv_bfloat16 *)p;
+    for (size_t i = 0; i < n; i++)
+        f[i] = __bfloat162float(b[i]);
+    return f;
+}
+
+cublasStatus_t cublasGemmEx(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m,
+                            int n, int k, const void *alpha, const void *A, cudaDataType Atype,
+                            int lda, const void *B, cudaDataType Btype, int ldb,
+                            const void *beta, void *C, cudaDataType Ctype, int ldc,
+                            cublasComputeType_t compute, cublasGemmAlgo_t algo)
+{
+    const char *call = "cublasGemmEx";
+    if (Atype != CUDA_R_16BF || Btype != CUDA_R_16BF || Ctype != CUDA_R_32F ||
+        compute != CUBLAS_COMPUTE_32F || algo != CUBLAS_GEMM_DEFAULT) {
+        fprintf(stderr, "emu: %s: only bf16 A and B, fp32 C and compute are emulated\n", call);
+        return CUBLAS_STATUS_INVALID_VALUE;
+    }
+    bool na = ta == CUBLAS_OP_N, nb = tb == CUBLAS_OP_N;
+    if (!h || m < 0 || n < 0 || k < 0 || lda < std::max(1, na ? m : k) ||
+        ldb < std::max(1, nb ? k : n) || ldc < std::max(1, m))
+        return CUBLAS_STATUS_INVALID_VALUE;
+    if (m == 0 || n == 0)
+        return CUBLAS_STATUS_SUCCESS;
+    emu_check_host(call, "alpha", alpha, sizeof(float));
+    emu_check_host(call, "beta", beta, sizeof(float));
+    const size_t bf = sizeof(__nv_bfloat16);
+    const int ar = na ? m : k, ac = na ? k : m, br = nb ? k : n, bc = nb ? n : k;
+    if (k > 0) {
+        check_matrix("A", (const float *)A, ar, ac, lda, call, bf);
+        check_matrix("B", (const float *)B, br, bc, ldb, call, bf);
+    }
+    check_matrix("C", (const float *)C, m, n, ldc, call);
+    emu_device_scope open;
+    std::vector<float> a = k > 0 ? widen(A, matrix_elems(ar, ac, lda)) : std::vector<float>(1);
+    std::vector<float> b = k > 0 ? widen(B, matrix_elems(br, bc, ldb)) : std::vector<float>(1);
+    cblas_sgemm(CblasColMajor, na ? CblasNoTrans : CblasTrans, nb ? CblasNoTrans : CblasTrans,
+                m, n, k, *(const float *)alpha, a.data(), lda, b.data(), ldb,
+                *(const float *)beta, (float *)C, ldc);
     return CUBLAS_STATUS_SUCCESS;
 }

@@ -173,6 +173,14 @@ typedef struct {
 
 /* The CPU reference backend. */
 const Backend *backend_cpu(void);
+/* The same with bf16 GEMMs (training.precision: bf16): matmul_forward and
+ * matmul_backward multiply the operands rounded to bf16 (bf16_round: inp,
+ * weight and dout), with fp32 products and sums, which is what a tensor
+ * core does with bf16 inputs and fp32 accumulation.  A product of two bf16
+ * values is exact in fp32, so a GPU's result differs from this one by the
+ * order of the sums only.  dbias stays the fp32 sum of dout.  The other
+ * ops are backend_cpu()'s. */
+const Backend *backend_cpu_bf16(void);
 
 /* Round an fp32 value to the nearest bf16 (ties to even), returned as fp32. */
 float bf16_round(float x);

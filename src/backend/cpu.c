@@ -51,6 +51,45 @@ static void counted_matmul_backward(float *dinp, float *dweight, float *dbias, c
     cpu_matmul_backward(dinp, dweight, dbias, dout, inp, weight, N, C, OC);
 }
 
+/* ---- bf16 GEMMs (backend_cpu_bf16): the fp32 products of rounded copies ---- */
+
+static float *rounded_copy(const float *x, size_t n)
+{
+    float *r = trd_malloc(n * sizeof(float), "bf16 GEMM operand");
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; i++)
+        r[i] = bf16_round(x[i]);
+    return r;
+}
+
+static void bf16_matmul_forward(float *out, const float *inp, const float *weight,
+                                const float *bias, int N, int C, int OC)
+{
+    float *a = rounded_copy(inp, (size_t)N * C), *w = rounded_copy(weight, (size_t)OC * C);
+    counted_matmul_forward(out, a, w, bias, N, C, OC);
+    free(a);
+    free(w);
+}
+
+static void bf16_matmul_backward(float *dinp, float *dweight, float *dbias, const float *dout,
+                                 const float *inp, const float *weight, int N, int C, int OC)
+{
+    float *d = rounded_copy(dout, (size_t)N * OC);
+    if (dinp) {
+        float *w = rounded_copy(weight, (size_t)OC * C);
+        counted_matmul_backward(dinp, NULL, NULL, d, NULL, w, N, C, OC);
+        free(w);
+    }
+    if (dweight) {
+        float *a = rounded_copy(inp, (size_t)N * C);
+        counted_matmul_backward(NULL, dweight, NULL, d, a, NULL, N, C, OC);
+        free(a);
+    }
+    free(d);
+    if (dbias) /* from the fp32 gradient: a sum, not a tensor-core product */
+        counted_matmul_backward(NULL, NULL, dbias, dout, NULL, NULL, N, C, OC);
+}
+
 double backend_cpu_gemm_flops(void) { return gemm_flops; }
 void backend_cpu_gemm_flops_reset(void) { gemm_flops = 0; }
 
@@ -188,3 +227,14 @@ static const Backend cpu_backend = {
 };
 
 const Backend *backend_cpu(void) { return &cpu_backend; }
+
+const Backend *backend_cpu_bf16(void)
+{
+    static Backend t;
+    if (!t.name) {
+        t = cpu_backend;
+        t.matmul_forward = bf16_matmul_forward;
+        t.matmul_backward = bf16_matmul_backward;
+    }
+    return &t;
+}

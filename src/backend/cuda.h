@@ -21,6 +21,9 @@ extern "C" {
 
 /* The CUDA ops table (matmuls through cuBLAS in strict fp32). */
 const Backend *backend_cuda(void);
+/* The same with bf16 GEMMs on tensor cores (the semantics of
+ * backend_cpu_bf16 in backend.h). */
+const Backend *backend_cuda_bf16(void);
 
 /* Number of usable CUDA devices; 0 when there is no GPU or no driver
  * (never aborts, so a caller can fall back or skip). */

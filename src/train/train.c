@@ -679,14 +679,17 @@ static double device_peak_flops(const char *name)
 
 static int train(const Config *cfg, Comm world)
 {
-    Trainer tr = {.cfg = cfg, .be = backend_cpu()};
+    /* bf16: GEMMs multiply bf16 operands with fp32 sums (backend.h); the
+     * weights are bf16 values with fp32 masters (zero/optimizer.h). */
+    const int bf16 = cfg->training.precision == PREC_BF16;
+    Trainer tr = {.cfg = cfg, .be = bf16 ? backend_cpu_bf16() : backend_cpu()};
     preempt_install(); /* SIGUSR1/SIGTERM: stop at an agreed step, checkpointed */
     if (cfg->backend == BACKEND_CUDA) {
 #ifndef TRD_HAVE_CUDA
         refuse(world.rank, "set backend: cpu, or rebuild with -Dcuda=enabled (docs/cuda.md)",
                "backend cuda: this trident was built without the CUDA backend");
 #else
-        tr.be = backend_cuda();
+        tr.be = bf16 ? backend_cuda_bf16() : backend_cuda();
 #endif
     }
     if (cfg->topology.pp > 1 && cfg->topology.zero == 3)

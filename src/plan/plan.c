@@ -189,6 +189,16 @@ static int chunk_slots(const Config *cfg, int pp_rank, int n_micro, int chunk, c
     return n;
 }
 
+/* Elements of one activation message between stages: the residual stream
+ * rows a rank holds (a 1/tp block of them under sequence parallelism). */
+static uint64_t stream_elems(const Config *cfg)
+{
+    const TopologyConfig *t = &cfg->topology;
+    const uint64_t N = (uint64_t)cfg->training.micro_batch * (uint64_t)cfg->model.seq_len;
+    const int sp = t->sequence_parallel && t->tp > 1;
+    return (sp ? N / (uint64_t)t->tp : N) * (uint64_t)cfg->model.hidden;
+}
+
 /* Memory: what the engine and the chunk models would allocate (fp32 on the
  * CPU reference), scaled to the device's element sizes. */
 static int stage_memory(const Config *cfg, const PlanCluster *c, const PlanResult *r, int rank,
@@ -204,6 +214,8 @@ static int stage_memory(const Config *cfg, const PlanCluster *c, const PlanResul
         st->inflight += sets;
         const MemoryReport mm = model_plan_memory(cfg, &one, cfg->training.micro_batch, sets);
         acts += (double)mm.activations;
+        if (cfg->topology.pp > 1 && pp_stage(cfg->topology.pp, rank, k) > 0)
+            acts += (double)sets * (double)stream_elems(cfg) * 4; /* pipe_memory's messages */
         scratch += (double)mm.scratch;
     }
     st->params = (double)zm.params * r->elem_param / 4;
@@ -216,16 +228,6 @@ static int stage_memory(const Config *cfg, const PlanCluster *c, const PlanResul
     st->total = st->params + st->grads + st->optimizer + st->buffers + st->activations +
                 st->scratch + st->reserve;
     return 0;
-}
-
-/* Elements of one activation message between stages: the residual stream
- * rows a rank holds (a 1/tp block of them under sequence parallelism). */
-static uint64_t stream_elems(const Config *cfg)
-{
-    const TopologyConfig *t = &cfg->topology;
-    const uint64_t N = (uint64_t)cfg->training.micro_batch * (uint64_t)cfg->model.seq_len;
-    const int sp = t->sequence_parallel && t->tp > 1;
-    return (sp ? N / (uint64_t)t->tp : N) * (uint64_t)cfg->model.hidden;
 }
 
 /* Communication in src/comm's rule. */

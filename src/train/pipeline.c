@@ -275,3 +275,12 @@ double pipe_forward(PipeStage *p, const int32_t *tokens, const int32_t *targets)
 }
 
 const PpExecStats *pipe_stats(const PipeStage *p) { return &p->stats; }
+
+size_t pipe_memory(const PipeStage *p)
+{
+    size_t bytes = 0;
+    for (int c = 0; c < p->v; c++)
+        if (p->gsend[c])
+            bytes += (size_t)p->slots[c] * p->ops.act_elems * sizeof(float);
+    return bytes;
+}

@@ -50,5 +50,9 @@ double pipe_forward(PipeStage *p, const int32_t *tokens, const int32_t *targets)
 
 /* Timing of the last pipe_step: compute and waiting per rank, and spans. */
 const PpExecStats *pipe_stats(const PipeStage *p);
+/* Bytes of the buffers the stage holds for gradients it sends back (one
+ * message a micro-batch in flight, for every chunk but the first model
+ * stage): activation memory beside the model's (memory report). */
+size_t pipe_memory(const PipeStage *p);
 
 #endif

@@ -321,6 +321,8 @@ static MemoryReport memory_report(const Trainer *tr)
         mem.activations += cm.activations;
         mem.scratch += cm.scratch;
     }
+    if (tr->pipe) /* the gradient messages of micro-batches in flight */
+        mem.activations += pipe_memory(tr->pipe);
     ZeroMemory zm = zero_memory(tr->zero);
     mem.params = zm.params;
     mem.grads = zm.grads;

@@ -5,12 +5,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "comm/nccl.h"
 #include "core/error.h"
 #include "core/trace.h"
-
-#ifdef TRD_HAVE_NCCL
-#include "comm/nccl.h"
-#endif
 
 static void check(int rc, const char *what)
 {
@@ -60,9 +57,8 @@ void comm_use_memory(Comm *c, const Backend *be)
     c->mem = be && be->device ? be : NULL;
 }
 
-/* ---- NCCL (comm/nccl.h) ---- */
+/* ---- NCCL (comm/nccl.h; kernels/nccl_none.c in a build without it) ---- */
 
-#ifdef TRD_HAVE_NCCL
 /* The world rank of a group's rank 0: the color that names the group when
  * the world's NCCL communicator is split into the groups. */
 static int group_color(const Comm *g)
@@ -95,13 +91,6 @@ void comm_use_nccl(Comm *world, Comm *const *groups, int n)
         g->nccl = comm_nccl_split(world->nccl, group_color(g), g->rank);
     }
 }
-#else
-void comm_use_nccl(Comm *world, Comm *const *groups, int n)
-{
-    (void)world, (void)groups, (void)n;
-    TRD_ASSERT(!"comm_use_nccl in a build without NCCL (the trainer refuses topology.comm nccl)");
-}
-#endif
 
 int comm_stream_ordered(const Comm *c) { return c->nccl != NULL; }
 
@@ -124,12 +113,10 @@ void comm_open_channel(Comm *c, int src, int dst, int tag)
         trd_fatal(TRD_EXIT_RUNTIME, NULL, "out of memory opening a communication channel");
     c->chan = more;
     CommChannel *ch = &c->chan[c->n_chan++];
-    *ch = (CommChannel){.src = src, .dst = dst, .tag = tag};
-#ifdef TRD_HAVE_NCCL
     /* In the two-rank communicator the sender is rank 0, the receiver 1. */
     const int member = c->rank == src || c->rank == dst;
-    ch->nccl = comm_nccl_split(c->nccl, member ? 0 : -1, c->rank == src ? 0 : 1);
-#endif
+    *ch = (CommChannel){.src = src, .dst = dst, .tag = tag,
+                        .nccl = comm_nccl_split(c->nccl, member ? 0 : -1, c->rank == src ? 0 : 1)};
 }
 
 /* ---- host staging of device buffers (comm_use_memory) ---- */
@@ -239,11 +226,9 @@ Comm comm_split(const Comm *parent, int color, int key)
     Comm c = {.mpi = MPI_COMM_NULL, .rank = -1, .size = 0, .mem = parent->mem};
     check(MPI_Comm_split(parent->mpi, color < 0 ? MPI_UNDEFINED : color, key, &c.mpi),
           "communicator split");
-#ifdef TRD_HAVE_NCCL
     /* NCCL's split is collective over the parent too: every rank joins it. */
     if (parent->nccl)
         c.nccl = comm_nccl_split(parent->nccl, c.mpi == MPI_COMM_NULL ? -1 : color, key);
-#endif
     if (c.mpi == MPI_COMM_NULL)
         return c;
     /* A split communicator inherits the parent's error handler, so failures
@@ -255,11 +240,9 @@ Comm comm_split(const Comm *parent, int color, int key)
 
 void comm_free(Comm *c)
 {
-#ifdef TRD_HAVE_NCCL
     for (int i = 0; i < c->n_chan; i++)
         comm_nccl_free(c->chan[i].nccl);
     comm_nccl_free(c->nccl);
-#endif
     free(c->chan);
     if (c->mpi != MPI_COMM_NULL && c->mpi != MPI_COMM_WORLD)
         MPI_Comm_free(&c->mpi);
@@ -278,12 +261,6 @@ static void count_op(Comm *c, uint64_t bytes)
     c->bytes_sent += bytes;
     c->calls++;
 }
-
-#ifdef TRD_HAVE_NCCL
-#define NCCL_OR(expr) (expr)
-#else
-#define NCCL_OR(expr) ((void)0, (struct CommNcclOp *)NULL)
-#endif
 
 /* ---- traces: a span per collective, named after the op and the group ---- */
 
@@ -340,7 +317,7 @@ static void allreduce_f32(Comm *c, float *buf, size_t n, MPI_Op op)
     if (c->nccl && c->size > 1 && n > 0) {
         const double t0 = MPI_Wtime();
         CommHandle h = {.req = MPI_REQUEST_NULL,
-                        .op = NCCL_OR(comm_nccl_allreduce(c->nccl, buf, n, op == MPI_MAX))};
+                        .op = comm_nccl_allreduce(c->nccl, buf, n, op == MPI_MAX)};
         comm_wait(&h);
         count_op(c, ring_bytes(c, n, 2));
         trace_blocking("all-reduce", c, t0, ring_bytes(c, n, 2));
@@ -400,7 +377,7 @@ CommHandle comm_iallreduce_f32(Comm *c, float *buf, size_t n)
     if (c->size == 1 || n == 0)
         return h;
     if (c->nccl) {
-        h.op = NCCL_OR(comm_nccl_allreduce(c->nccl, buf, n, 0));
+        h.op = comm_nccl_allreduce(c->nccl, buf, n, 0);
     } else {
         TRD_ASSERT(n <= (size_t)INT_MAX);
         if (c->mem) {
@@ -443,8 +420,8 @@ CommHandle comm_ireduce_scatter_range_f32(Comm *c, const float *send, float *rec
     }
     h.counts = range_counts(c, lo, hi, S);
     if (c->nccl) {
-        h.op = NCCL_OR(comm_nccl_reduce_parts(c->nccl, send, recv, h.counts,
-                                              h.counts + c->size));
+        h.op = comm_nccl_reduce_parts(c->nccl, send, recv, h.counts,
+                                              h.counts + c->size);
     } else {
         if (c->mem) { /* host: the whole range to send, then this rank's part received */
             const size_t n = hi - lo, mine = (size_t)h.counts[c->rank];
@@ -478,7 +455,7 @@ CommHandle comm_iallgather_range_f32(Comm *c, const float *mine, float *out, siz
     h.counts = range_counts(c, lo, hi, S);
     const int rank = c->rank;
     if (c->nccl) {
-        h.op = NCCL_OR(comm_nccl_gather_parts(c->nccl, mine, out, h.counts, h.counts + c->size));
+        h.op = comm_nccl_gather_parts(c->nccl, mine, out, h.counts, h.counts + c->size);
         count_op(c, ring_bytes(c, hi - lo, 1));
         trace_issue(&h, "all-gather", c, ring_bytes(c, hi - lo, 1));
         return h;
@@ -500,29 +477,11 @@ CommHandle comm_iallgather_range_f32(Comm *c, const float *mine, float *out, siz
     return h;
 }
 
-/* The NCCL side of wait and test (nothing when h has no NCCL op). */
-static void nccl_wait(CommHandle *h)
-{
-#ifdef TRD_HAVE_NCCL
-    if (h->op)
-        comm_nccl_wait(h->op);
-#endif
-    h->op = NULL;
-}
-
-static int nccl_test(CommHandle *h)
-{
-#ifdef TRD_HAVE_NCCL
-    if (h->op && !comm_nccl_test(h->op))
-        return 0;
-#endif
-    h->op = NULL;
-    return 1;
-}
-
 void comm_wait(CommHandle *h)
 {
-    nccl_wait(h);
+    if (h->op)
+        comm_nccl_wait(h->op);
+    h->op = NULL;
     if (h->req != MPI_REQUEST_NULL)
         check(MPI_Wait(&h->req, MPI_STATUS_IGNORE), "wait");
     finish(h);
@@ -531,7 +490,9 @@ void comm_wait(CommHandle *h)
 
 int comm_test(CommHandle *h)
 {
-    int done = nccl_test(h);
+    int done = !h->op || comm_nccl_test(h->op);
+    if (done)
+        h->op = NULL;
     if (done && h->req != MPI_REQUEST_NULL)
         check(MPI_Test(&h->req, &done, MPI_STATUS_IGNORE), "test");
     if (done) {
@@ -568,7 +529,7 @@ void comm_allgather_block_f32(Comm *c, float *buf, size_t n)
     const double t0 = MPI_Wtime();
     if (c->nccl) {
         CommHandle h = {.req = MPI_REQUEST_NULL,
-                        .op = NCCL_OR(comm_nccl_allgather_block(c->nccl, buf, n))};
+                        .op = comm_nccl_allgather_block(c->nccl, buf, n)};
         comm_wait(&h);
     } else {
         TRD_ASSERT(n * (size_t)c->size <= (size_t)INT_MAX);
@@ -588,7 +549,7 @@ void comm_reduce_scatter_block_f32(Comm *c, float *buf, size_t n)
     const double t0 = MPI_Wtime();
     if (c->nccl) {
         CommHandle h = {.req = MPI_REQUEST_NULL,
-                        .op = NCCL_OR(comm_nccl_reduce_scatter_block(c->nccl, buf, n))};
+                        .op = comm_nccl_reduce_scatter_block(c->nccl, buf, n)};
         comm_wait(&h);
     } else {
         TRD_ASSERT(n * (size_t)c->size <= (size_t)INT_MAX);
@@ -602,10 +563,9 @@ void comm_reduce_scatter_block_f32(Comm *c, float *buf, size_t n)
     trace_blocking("reduce-scatter", c, t0, ring_bytes(c, n * (size_t)c->size, 1));
 }
 
-#ifdef TRD_HAVE_NCCL
 /* Where a message src -> dst with tag goes under NCCL: its channel, in
  * which the sender is rank 0 and the receiver rank 1, or else the group. */
-static struct CommNccl *p2p_route(const Comm *c, int src, int dst, int tag, int *peer)
+static CommNccl *p2p_route(const Comm *c, int src, int dst, int tag, int *peer)
 {
     const CommChannel *ch = find_channel(c, src, dst, tag);
     const int other = c->rank == src ? dst : src;
@@ -616,20 +576,17 @@ static struct CommNccl *p2p_route(const Comm *c, int src, int dst, int tag, int 
     *peer = c->rank == src ? 1 : 0;
     return ch->nccl;
 }
-#endif
 
 CommHandle comm_isend_f32(Comm *c, const float *buf, size_t n, int dest, int tag)
 {
     CommHandle h = {.req = MPI_REQUEST_NULL};
-#ifdef TRD_HAVE_NCCL
     if (c->nccl) {
         int peer;
-        struct CommNccl *via = p2p_route(c, c->rank, dest, tag, &peer);
+        CommNccl *via = p2p_route(c, c->rank, dest, tag, &peer);
         h.op = comm_nccl_send(via, buf, n, peer);
         count_op(c, (uint64_t)n * sizeof(float));
         return h;
     }
-#endif
     TRD_ASSERT(n <= (size_t)INT_MAX);
     if (c->mem) { /* the host copy is what is sent; freed on completion */
         h.host = stage_out(c, buf, n);
@@ -643,14 +600,12 @@ CommHandle comm_isend_f32(Comm *c, const float *buf, size_t n, int dest, int tag
 
 void comm_recv_f32(Comm *c, float *buf, size_t n, int src, int tag)
 {
-#ifdef TRD_HAVE_NCCL
     if (c->nccl) {
         int peer;
-        struct CommNccl *via = p2p_route(c, src, c->rank, tag, &peer);
+        CommNccl *via = p2p_route(c, src, c->rank, tag, &peer);
         comm_nccl_wait(comm_nccl_recv(via, buf, n, peer));
         return;
     }
-#endif
     TRD_ASSERT(n <= (size_t)INT_MAX);
     MPI_Status st;
     int got = 0;

@@ -848,24 +848,21 @@ int main(void)
     gpu = backend_cuda();
     test_table();
 
-    test_matmul(6, 8, 5, 1);
-    test_matmul(37, 75, 53, 0);
-    test_matmul(37, 75, 53, 1);
-    test_matmul(256, 384, 200, 1);
-    test_matmul(1, 3, 1, 1);
-    /* bf16 GEMMs (cublasGemmEx on tensor cores) against backend_cpu_bf16:
-     * the same rounded operands, each product exact in fp32, the sums in
-     * another order (tolerance 1e-4 as for fp32 GEMMs). */
-    cpu = backend_cpu_bf16();
-    gpu = backend_cuda_bf16();
-    matmul_tag = "bf16 ";
-    test_matmul(6, 8, 5, 1);
-    test_matmul(37, 75, 53, 0);
-    test_matmul(256, 384, 200, 1);
-    test_matmul(1, 3, 1, 1);
+    /* fp32 GEMMs, then bf16 ones (cublasGemmEx on tensor cores) against
+     * backend_cpu_bf16: the same rounded operands, each product exact in
+     * fp32, the sums in another order (the same tolerance). */
+    for (int bf16 = 0; bf16 <= 1; bf16++) {
+        cpu = bf16 ? backend_cpu_bf16() : backend_cpu();
+        gpu = bf16 ? backend_cuda_bf16() : backend_cuda();
+        matmul_tag = bf16 ? "bf16 " : "";
+        test_matmul(6, 8, 5, 1);
+        test_matmul(37, 75, 53, 0);
+        test_matmul(37, 75, 53, 1);
+        test_matmul(256, 384, 200, 1);
+        test_matmul(1, 3, 1, 1);
+    }
     cpu = backend_cpu();
     gpu = backend_cuda();
-    matmul_tag = "";
 
     test_embedding(2, 4, 8, 3, 5);
     test_embedding(5, 8, 75, 20, 50);    /* odd sizes, vocab slice not at 0 */

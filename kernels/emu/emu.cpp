@@ -650,25 +650,40 @@ static void check_matrix(const char *what, const float *p, int rows, int cols, i
     emu_check_device(call, what, p, matrix_elems(rows, cols, ld) * elem);
 }
 
-/* column-major, as documented: C = alpha op(A) op(B) + beta C; alpha and
- * beta are host pointers (CUBLAS_POINTER_MODE_HOST, the default) */
+/* The checks of a GEMM call, column-major as documented (C = alpha op(A)
+ * op(B) + beta C, alpha and beta host pointers: CUBLAS_POINTER_MODE_HOST,
+ * the default): cuBLAS's own on the sizes, then the emulation's on memory
+ * (A and B of `elem` bytes an element, C fp32).  *empty: nothing to do. */
+static cublasStatus_t check_gemm(const char *call, cublasHandle_t h, bool na, bool nb, int m,
+                                 int n, int k, const void *alpha, const void *A, int lda,
+                                 const void *B, int ldb, const void *beta, const void *C,
+                                 int ldc, size_t elem, bool *empty)
+{
+    if (!h || m < 0 || n < 0 || k < 0 || lda < std::max(1, na ? m : k) ||
+        ldb < std::max(1, nb ? k : n) || ldc < std::max(1, m))
+        return CUBLAS_STATUS_INVALID_VALUE;
+    *empty = m == 0 || n == 0;
+    if (*empty)
+        return CUBLAS_STATUS_SUCCESS;
+    emu_check_host(call, "alpha", alpha, sizeof(float));
+    emu_check_host(call, "beta", beta, sizeof(float));
+    if (k > 0) {
+        check_matrix("A", (const float *)A, na ? m : k, na ? k : m, lda, call, elem);
+        check_matrix("B", (const float *)B, nb ? k : n, nb ? n : k, ldb, call, elem);
+    }
+    check_matrix("C", (const float *)C, m, n, ldc, call);
+    return CUBLAS_STATUS_SUCCESS;
+}
+
 cublasStatus_t cublasSgemm(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m,
                            int n, int k, const float *alpha, const float *A, int lda,
                            const float *B, int ldb, const float *beta, float *C, int ldc)
 {
-    bool na = ta == CUBLAS_OP_N, nb = tb == CUBLAS_OP_N;
-    if (!h || m < 0 || n < 0 || k < 0 || lda < std::max(1, na ? m : k) ||
-        ldb < std::max(1, nb ? k : n) || ldc < std::max(1, m))
-        return CUBLAS_STATUS_INVALID_VALUE;
-    if (m == 0 || n == 0)
-        return CUBLAS_STATUS_SUCCESS;
-    emu_check_host("cublasSgemm", "alpha", alpha, sizeof *alpha);
-    emu_check_host("cublasSgemm", "beta", beta, sizeof *beta);
-    if (k > 0) {
-        check_matrix("A", A, na ? m : k, na ? k : m, lda);
-        check_matrix("B", B, nb ? k : n, nb ? n : k, ldb);
-    }
-    check_matrix("C", C, m, n, ldc);
+    bool na = ta == CUBLAS_OP_N, nb = tb == CUBLAS_OP_N, empty;
+    cublasStatus_t st = check_gemm("cublasSgemm", h, na, nb, m, n, k, alpha, A, lda, B, ldb,
+                                   beta, C, ldc, sizeof(float), &empty);
+    if (st != CUBLAS_STATUS_SUCCESS || empty)
+        return st;
     emu_device_scope open;
     cblas_sgemm(CblasColMajor, na ? CblasNoTrans : CblasTrans, nb ? CblasNoTrans : CblasTrans,
                 m, n, k, *alpha, A, lda, B, ldb, *beta, C, ldc);
@@ -697,21 +712,12 @@ cublasStatus_t cublasGemmEx(cublasHandle_t h, cublasOperation_t ta, cublasOperat
         fprintf(stderr, "emu: %s: only bf16 A and B, fp32 C and compute are emulated\n", call);
         return CUBLAS_STATUS_INVALID_VALUE;
     }
-    bool na = ta == CUBLAS_OP_N, nb = tb == CUBLAS_OP_N;
-    if (!h || m < 0 || n < 0 || k < 0 || lda < std::max(1, na ? m : k) ||
-        ldb < std::max(1, nb ? k : n) || ldc < std::max(1, m))
-        return CUBLAS_STATUS_INVALID_VALUE;
-    if (m == 0 || n == 0)
-        return CUBLAS_STATUS_SUCCESS;
-    emu_check_host(call, "alpha", alpha, sizeof(float));
-    emu_check_host(call, "beta", beta, sizeof(float));
-    const size_t bf = sizeof(__nv_bfloat16);
+    bool na = ta == CUBLAS_OP_N, nb = tb == CUBLAS_OP_N, empty;
+    cublasStatus_t st = check_gemm(call, h, na, nb, m, n, k, alpha, A, lda, B, ldb, beta, C, ldc,
+                                   sizeof(__nv_bfloat16), &empty);
+    if (st != CUBLAS_STATUS_SUCCESS || empty)
+        return st;
     const int ar = na ? m : k, ac = na ? k : m, br = nb ? k : n, bc = nb ? n : k;
-    if (k > 0) {
-        check_matrix("A", (const float *)A, ar, ac, lda, call, bf);
-        check_matrix("B", (const float *)B, br, bc, ldb, call, bf);
-    }
-    check_matrix("C", (const float *)C, m, n, ldc, call);
     emu_device_scope open;
     std::vector<float> a = k > 0 ? widen(A, matrix_elems(ar, ac, lda)) : std::vector<float>(1);
     std::vector<float> b = k > 0 ? widen(B, matrix_elems(br, bc, ldb)) : std::vector<float>(1);

@@ -53,9 +53,19 @@ static void counted_matmul_backward(float *dinp, float *dweight, float *dbias, c
 
 /* ---- bf16 GEMMs (backend_cpu_bf16): the fp32 products of rounded copies ---- */
 
-static float *rounded_copy(const float *x, size_t n)
+/* x rounded to bf16 in workspace slot k (a GEMM reads two operands): slots
+ * grow to the largest operand they held and are kept, since a fresh large
+ * allocation every call costs its page faults every call. */
+static float *rounded(int k, const float *x, size_t n)
 {
-    float *r = trd_malloc(n * sizeof(float), "bf16 GEMM operand");
+    static float *slot[2];
+    static size_t cap[2];
+    if (n > cap[k]) {
+        free(slot[k]);
+        slot[k] = trd_malloc(n * sizeof(float), "bf16 GEMM operand");
+        cap[k] = n;
+    }
+    float *r = slot[k];
 #pragma omp parallel for schedule(static)
     for (size_t i = 0; i < n; i++)
         r[i] = bf16_round(x[i]);
@@ -65,27 +75,22 @@ static float *rounded_copy(const float *x, size_t n)
 static void bf16_matmul_forward(float *out, const float *inp, const float *weight,
                                 const float *bias, int N, int C, int OC)
 {
-    float *a = rounded_copy(inp, (size_t)N * C), *w = rounded_copy(weight, (size_t)OC * C);
-    counted_matmul_forward(out, a, w, bias, N, C, OC);
-    free(a);
-    free(w);
+    counted_matmul_forward(out, rounded(0, inp, (size_t)N * C),
+                           rounded(1, weight, (size_t)OC * C), bias, N, C, OC);
 }
 
 static void bf16_matmul_backward(float *dinp, float *dweight, float *dbias, const float *dout,
                                  const float *inp, const float *weight, int N, int C, int OC)
 {
-    float *d = rounded_copy(dout, (size_t)N * OC);
-    if (dinp) {
-        float *w = rounded_copy(weight, (size_t)OC * C);
-        counted_matmul_backward(dinp, NULL, NULL, d, NULL, w, N, C, OC);
-        free(w);
+    if (dinp || dweight) {
+        const float *d = rounded(0, dout, (size_t)N * OC);
+        if (dinp)
+            counted_matmul_backward(dinp, NULL, NULL, d, NULL,
+                                    rounded(1, weight, (size_t)OC * C), N, C, OC);
+        if (dweight)
+            counted_matmul_backward(NULL, dweight, NULL, d, rounded(1, inp, (size_t)N * C),
+                                    NULL, N, C, OC);
     }
-    if (dweight) {
-        float *a = rounded_copy(inp, (size_t)N * C);
-        counted_matmul_backward(NULL, dweight, NULL, d, a, NULL, N, C, OC);
-        free(a);
-    }
-    free(d);
     if (dbias) /* from the fp32 gradient: a sum, not a tensor-core product */
         counted_matmul_backward(NULL, NULL, dbias, dout, NULL, NULL, N, C, OC);
 }

@@ -90,6 +90,30 @@ extern "C" void *backend_cuda_malloc(size_t bytes, const char *what)
     return p;
 }
 
+/* Stream-ordered (cudaMallocAsync on the ops' stream): for buffers that
+ * grow while NCCL work may be in flight, since cudaFree would wait for the
+ * whole device, NCCL streams included.  Tracked like the others. */
+void *cuda_malloc_async(size_t bytes, const char *what)
+{
+    void *p = NULL;
+    cudaError_t err = cudaMallocAsync(&p, bytes ? bytes : 1, cuda_stream());
+    if (err != cudaSuccess)
+        trd_fatal(TRD_EXIT_RUNTIME,
+                  "reduce model size or batch, use more ranks, or free the GPU (nvidia-smi)",
+                  "cudaMallocAsync of %.1f MiB for %s: %s (trident holds %.1f MiB)",
+                  trd_mib(bytes), what, cudaGetErrorString(err), trd_mib(allocs.live));
+    track(p, bytes);
+    return p;
+}
+
+void cuda_free_async(void *dev)
+{
+    if (!dev)
+        return;
+    untrack(dev);
+    CUDA_CHECK(cudaFreeAsync(dev, cuda_stream()));
+}
+
 extern "C" void *backend_cuda_calloc(size_t bytes, const char *what)
 {
     void *p = backend_cuda_malloc(bytes, what);

@@ -40,6 +40,10 @@ extern "C" {
 
 /* The stream every op of the table runs on (backend.cu). */
 cudaStream_t cuda_stream(void);
+/* Device memory allocated and freed in order on that stream, never
+ * synchronizing the device (backend.cu); counted in the memory peak. */
+void *cuda_malloc_async(size_t bytes, const char *what);
+void cuda_free_async(void *dev);
 
 /* Launch sizes.  Elementwise kernels loop with a grid stride, so the grid
  * is capped and any n (size_t) is covered. */

@@ -129,15 +129,16 @@ __global__ void to_bf16_kernel(__nv_bfloat16 *dst, const float *src, size_t n)
 /* The bf16 copy of n floats of src in workspace slot k (0 or 1: a GEMM reads
  * two operands).  A slot grows to the largest operand it has held, so after
  * the first step nothing is allocated; in stream order, a slot is rewritten
- * only after the GEMM that read it. */
+ * (or freed, stream-ordered: no device-wide wait while NCCL runs) only
+ * after the GEMM that read it. */
 static __nv_bfloat16 *to_bf16(int k, const float *src, size_t n)
 {
     static __nv_bfloat16 *slot[2];
     static size_t cap[2];
     if (n > cap[k]) {
-        backend_cuda_free(slot[k]);
-        slot[k] = (__nv_bfloat16 *)backend_cuda_malloc(n * sizeof(__nv_bfloat16),
-                                                       "bf16 GEMM operand");
+        cuda_free_async(slot[k]);
+        slot[k] = (__nv_bfloat16 *)cuda_malloc_async(n * sizeof(__nv_bfloat16),
+                                                     "bf16 GEMM operand");
         cap[k] = n;
     }
     to_bf16_kernel<<<cuda_blocks(n), CUDA_THREADS, 0, cuda_stream()>>>(slot[k], src, n);

@@ -59,6 +59,9 @@ cudaError_t cudaGetDeviceProperties(cudaDeviceProp *p, int d);
 
 cudaError_t cudaMalloc(void **p, size_t n);
 cudaError_t cudaFree(void *p);
+/* Stream-ordered allocation: immediate here, like every stream operation. */
+inline cudaError_t cudaMallocAsync(void **p, size_t n, cudaStream_t) { return cudaMalloc(p, n); }
+inline cudaError_t cudaFreeAsync(void *p, cudaStream_t) { return cudaFree(p); }
 /* Page-locked host memory is ordinary host memory here; cudaFreeHost takes
  * only what cudaMallocHost returned and is still live. */
 cudaError_t cudaMallocHost(void **p, size_t n);

@@ -38,7 +38,8 @@ void backend_cuda_device_name(int device, char *buf, size_t size);
 void *backend_cuda_malloc(size_t bytes, const char *what);
 void *backend_cuda_calloc(size_t bytes, const char *what);
 void backend_cuda_free(void *dev);
-/* Bytes of device memory this process holds through backend_cuda_malloc now,
+/* Bytes of device memory this process holds through backend_cuda_malloc (and
+ * the kernels' own stream-ordered workspaces) now,
  * and the most it ever held (cuBLAS's own workspace not included). */
 void backend_cuda_memory(size_t *live, size_t *peak);
 /* dev[0..bytes) = 0, in order with the ops (asynchronous). */

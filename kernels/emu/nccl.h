@@ -9,9 +9,11 @@
  * - buffers must be emulated device memory (emu_check_device);
  * - ncclCommInitRank makes a communicator of the whole MPI world only (the
  *   way src/comm uses it), ncclCommSplit is MPI_Comm_split;
- * - ncclSend copies the message and sends it without waiting (MPI_Isend,
- *   completed later), ncclRecv waits for it and checks its length: the
- *   emulation does not model NCCL's send-waits-for-receive. */
+ * - ncclSend copies the message and starts a synchronous-mode send
+ *   (MPI_Issend): the next call on the same communicator first waits until
+ *   the receiver has taken it, as NCCL's stream order does, so sends and
+ *   receives that cross on one communicator deadlock here as on GPUs;
+ *   ncclRecv waits for its message and checks its length. */
 #pragma once
 #include <cstddef>
 #include <cuda_runtime.h>

@@ -10,17 +10,18 @@
 #include <nccl.h>
 #include <vector>
 
+/* A communicator, and the send it may have in flight: an NCCL send ends
+ * only when its receive has taken the data, and nothing queued after it on
+ * the communicator's stream starts before that.  Here the next call on the
+ * communicator waits for it (stricter than a GPU, whose host goes on), so a
+ * program whose sends and receives cross on one communicator deadlocks
+ * here as it would on GPUs. */
 struct emu_nccl {
     MPI_Comm mpi;
     int rank, size;
+    MPI_Request send;          /* MPI_Issend of send_data, or MPI_REQUEST_NULL */
+    std::vector<float> send_data;
 };
-
-/* Sends in flight: the copy MPI_Isend reads and its request. */
-struct Pending {
-    MPI_Request req;
-    std::vector<float> data;
-};
-static std::vector<Pending *> pending;
 
 static ncclResult_t fail(ncclResult_t r, const char *fmt, ...)
 {
@@ -38,26 +39,17 @@ static ncclResult_t mpi(int rc, const char *call)
     return rc == MPI_SUCCESS ? ncclSuccess : fail(ncclSystemError, "%s: MPI failed", call);
 }
 
-/* Forget the sends MPI has completed. */
-static void reap()
+/* The stream order: the communicator's send in flight completes first. */
+static void drain(ncclComm_t c)
 {
-    for (size_t i = 0; i < pending.size();) {
-        int done = 0;
-        MPI_Test(&pending[i]->req, &done, MPI_STATUS_IGNORE);
-        if (done) {
-            delete pending[i];
-            pending[i] = pending.back();
-            pending.pop_back();
-        } else {
-            i++;
-        }
-    }
+    if (c && c->send != MPI_REQUEST_NULL)
+        MPI_Wait(&c->send, MPI_STATUS_IGNORE);
 }
 
 static ncclResult_t check_args(const char *call, ncclDataType_t type, size_t count,
                                ncclComm_t comm)
 {
-    reap();
+    drain(comm);
     if (type != ncclFloat32)
         return fail(ncclInvalidArgument, "%s: only float32 is emulated", call);
     if (!comm)
@@ -104,7 +96,7 @@ ncclResult_t ncclCommInitRank(ncclComm_t *comm, int nranks, ncclUniqueId id, int
     if (nranks != world || rank != me)
         return fail(ncclInvalidUsage, "ncclCommInitRank: the emulation makes only the world "
                     "(rank %d of %d asked; world rank %d of %d)", rank, nranks, me, world);
-    emu_nccl *c = new emu_nccl{MPI_COMM_NULL, rank, nranks};
+    emu_nccl *c = new emu_nccl{MPI_COMM_NULL, rank, nranks, MPI_REQUEST_NULL, {}};
     ncclResult_t r = mpi(MPI_Comm_dup(MPI_COMM_WORLD, &c->mpi), "ncclCommInitRank");
     *comm = c;
     return r;
@@ -114,13 +106,14 @@ ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t *newc
                            ncclConfig_t *)
 {
     MPI_Comm m = MPI_COMM_NULL;
+    drain(comm);
     ncclResult_t r = mpi(MPI_Comm_split(comm->mpi, color == NCCL_SPLIT_NOCOLOR ? MPI_UNDEFINED
                                                                                : color,
                                         key, &m),
                          "ncclCommSplit");
     *newcomm = NULL;
     if (r == ncclSuccess && m != MPI_COMM_NULL) {
-        emu_nccl *c = new emu_nccl{m, 0, 0};
+        emu_nccl *c = new emu_nccl{m, 0, 0, MPI_REQUEST_NULL, {}};
         MPI_Comm_rank(m, &c->rank);
         MPI_Comm_size(m, &c->size);
         *newcomm = c;
@@ -130,9 +123,7 @@ ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t *newc
 
 ncclResult_t ncclCommDestroy(ncclComm_t comm)
 {
-    for (Pending *p : pending) /* before the communicator goes */
-        MPI_Wait(&p->req, MPI_STATUS_IGNORE);
-    reap();
+    drain(comm);
     MPI_Comm_free(&comm->mpi);
     delete comm;
     return ncclSuccess;
@@ -270,15 +261,15 @@ ncclResult_t ncclSend(const void *send, size_t count, ncclDataType_t type, int p
         return fail(ncclInvalidArgument, "%s: peer %d (rank %d of %d)", call, peer, comm->rank,
                     comm->size);
     check_buf(call, "sendbuff", send, count);
-    Pending *p = new Pending{MPI_REQUEST_NULL, std::vector<float>(count)};
+    comm->send_data.resize(count);
     {
         emu_device_scope scope;
         if (count)
-            memcpy(p->data.data(), send, count * sizeof(float));
+            memcpy(comm->send_data.data(), send, count * sizeof(float));
     }
-    pending.push_back(p);
-    return mpi(MPI_Isend(p->data.data(), (int)count, MPI_FLOAT, peer, P2P_TAG, comm->mpi,
-                         &p->req),
+    /* Synchronous mode: complete only once the receive has matched it. */
+    return mpi(MPI_Issend(comm->send_data.data(), (int)count, MPI_FLOAT, peer, P2P_TAG,
+                          comm->mpi, &comm->send),
                call);
 }
 

@@ -139,7 +139,7 @@ static void test_good_full(void)
     CHECK(!strcmp(c.data.path, "data/tinyshakespeare/train") && c.data.format == DATA_LLMC,
           "data");
     CHECK(!strcmp(c.data.val_path, "data/tinyshakespeare/val"), "val_path");
-    CHECK(c.data.val_every == 20 && c.data.val_batches == 8, "val");
+    CHECK(c.data.val_every == 20 && c.data.val_sequences == 64, "val");
     CHECK(!strcmp(c.checkpoint.dir, "ckpt/llama-tiny") && c.checkpoint.every == 50 &&
               c.checkpoint.keep == 3, "checkpoint");
     CHECK(c.checkpoint.resume == RESUME_PATH &&
@@ -190,7 +190,7 @@ static void test_defaults(void)
     CHECK_CLOSE(c.training.grad_clip, 1.0, 1e-6, 0, "clip");
     CHECK(c.training.precision == PREC_FP32 && c.training.recompute == RECOMPUTE_NONE &&
               !c.training.trace, "precision");
-    CHECK(c.data.format == DATA_MEGATRON && c.data.val_every == 0 && c.data.val_batches == 4 &&
+    CHECK(c.data.format == DATA_MEGATRON && c.data.val_every == 0 && c.data.val_sequences == 32 &&
               !c.data.val_path[0], "data");
     CHECK(c.checkpoint.keep == 2 && c.checkpoint.every == 0 &&
               c.checkpoint.resume == RESUME_AUTO && !c.checkpoint.dir[0], "checkpoint");
@@ -296,7 +296,10 @@ static void expect_invalid(const char *const *sets, int world, const char *const
         CHECK(config_set(&c, *sets, err) == 0, "set %s: %s", *sets, err);
     int rc = config_validate(&c, world, err);
     CHECK(rc == -1, "validate should fail (%s...)", needles[0]);
-    CHECK(!strncmp(err, "config error in base.yaml: ", 27), "prefix: %s", err);
+    /* The message starts where the value came from: the --set that gave
+     * the key (base_config sets everything with --set), or the file. */
+    CHECK(!strncmp(err, "--set ", 6) || !strncmp(err, "config error in base.yaml: ", 27),
+          "prefix: %s", err);
     CHECK(contains_all(err, needles), "validation message lacks a word: %s", err);
 }
 
@@ -321,7 +324,7 @@ static void test_validate(void)
     expect_invalid(WORDS("run.log_every=0"), 0, WORDS("run.log_every", ">= 1"));
     expect_invalid(WORDS("checkpoint.keep=0"), 0, WORDS("checkpoint.keep", ">= 1"));
     expect_invalid(WORDS("topology.comm=nccl"), 0, WORDS("topology.comm nccl", "backend: cuda"));
-    expect_invalid(WORDS("data.val_batches=0"), 0, WORDS("data.val_batches", ">= 1"));
+    expect_invalid(WORDS("data.val_sequences=0"), 0, WORDS("data.val_sequences", ">= 1"));
     expect_invalid(WORDS("training.warmup_steps=-1"), 0, WORDS("training.warmup_steps"));
     expect_invalid(WORDS("data.path="), 0, WORDS("data.path", "required"));
 
@@ -381,10 +384,14 @@ static void test_validate(void)
 
     /* batch and world */
     expect_invalid(WORDS("training.global_batch=64", "training.micro_batch=4", "topology.dp=3"),
-                   0, WORDS("global_batch 64 is not a multiple of training.micro_batch 4 x "
-                            "topology.dp 3 = 12", "60 or 72"));
+                   0, WORDS("--set training.micro_batch=4: ", "global_batch 64 is not a "
+                            "multiple of training.micro_batch 4 x topology.dp 3 = 12",
+                            "micro_batch: auto", "keeps the global batch"));
+    /* The micro_batch fix comes first, with the size auto would pick. */
+    expect_invalid(WORDS("training.global_batch=8", "training.micro_batch=8", "topology.dp=2"),
+                   0, WORDS("micro_batch: auto (here 4) or a divisor of 4"));
     expect_invalid(WORDS("training.global_batch=7"), 0,
-                   WORDS("training.global_batch 7", "training.micro_batch 2", "6 or 8"));
+                   WORDS("training.global_batch 7", "training.micro_batch 2"));
     expect_invalid(WORDS("topology.tp=2"), 3, WORDS("world size 3", "topology.tp (2)"));
     expect_invalid(WORDS("topology.tp=2", "topology.dp=2"), 8,
                    WORDS("topology.dp (2)", "= 4", "world size is 8"));
@@ -394,6 +401,68 @@ static void test_validate(void)
     CHECK(config_validate(&c, 4, err) == 0 && c.topology.dp == 2, "dp auto: %s", err);
     /* With world 16, dp is 8 and micro 2 x dp 8 = 16 no longer divides 8. */
     expect_invalid(WORDS("topology.tp=2"), 16, WORDS("global_batch 8", "topology.dp 8"));
+
+    /* micro_batch auto: a rank's whole share without a pipeline; with one,
+     * the largest size that leaves >= 2 x pp micro-batches. */
+    struct { int gb, world, pp, want; } autos[] = {
+        {8, 1, 1, 8}, {8, 2, 1, 4}, {8, 8, 1, 1}, {32, 2, 2, 8}, {8, 4, 2, 1}, {6, 3, 1, 2}};
+    for (size_t i = 0; i < sizeof autos / sizeof autos[0]; i++) {
+        char set[64];
+        base_config(&c);
+        CHECK(config_set(&c, "training.micro_batch=auto", err) == 0, "%s", err);
+        snprintf(set, sizeof set, "training.global_batch=%d", autos[i].gb);
+        CHECK(config_set(&c, set, err) == 0, "%s", err);
+        snprintf(set, sizeof set, "topology.pp=%d", autos[i].pp);
+        CHECK(config_set(&c, set, err) == 0, "%s", err);
+        int rc = config_validate(&c, autos[i].world, err);
+        CHECK(rc == 0 && c.training.micro_batch == autos[i].want,
+              "auto micro_batch, global %d, world %d, pp %d: got %d, want %d (%s)", autos[i].gb,
+              autos[i].world, autos[i].pp, c.training.micro_batch, autos[i].want, rc ? err : "");
+    }
+    expect_invalid(WORDS("training.micro_batch=auto", "training.global_batch=8"), 3,
+                   WORDS("training.global_batch 8 is not divisible by topology.dp 3"));
+}
+
+/* A value error in a file names FILE:LINE:COL of the value; a value that
+ * came from --set names that argument; a renamed key says what replaced it. */
+static void test_value_places(void)
+{
+    char path[64], err[CFG_ERR] = "";
+    snprintf(path, sizeof path, "/tmp/trident_test_place_%d.yaml", (int)getpid());
+    FILE *f = fopen(path, "w");
+    CHECK(f != NULL, "write %s", path);
+    if (!f)
+        return;
+    fputs("model: {layers: 2, hidden: 64, heads: 4, vocab: 256, seq_len: 32}\n"
+          "training:\n"
+          "  steps: 10\n"
+          "  global_batch: 8\n"
+          "  lr:   -1\n"
+          "topology:\n"
+          "  zero: 7\n"
+          "data: {path: data/x}\n", f);
+    fclose(f);
+    Config c;
+    CHECK(config_load(&c, path, err) == 0, "load: %s", err);
+    char want[128];
+    snprintf(want, sizeof want, "%s:7:9: topology.zero (7) must be 0, 1, 2 or 3", path);
+    CHECK(config_validate(&c, 1, err) == -1 && !strncmp(err, want, strlen(want)),
+          "zero: want '%s', got '%s'", want, err);
+    CHECK(config_set(&c, "topology.zero=0", err) == 0, "%s", err);
+    snprintf(want, sizeof want, "%s:5:9: training.lr (-1) must be > 0", path);
+    CHECK(config_validate(&c, 1, err) == -1 && !strncmp(err, want, strlen(want)),
+          "lr: want '%s', got '%s'", want, err);
+    CHECK(config_set(&c, "training.lr=1e-3", err) == 0, "%s", err);
+    CHECK(config_set(&c, "topology.zero=5", err) == 0, "%s", err);
+    CHECK(config_validate(&c, 1, err) == -1 && !strncmp(err, "--set topology.zero=5: ", 23),
+          "zero from --set: %s", err);
+    /* A default value has no place but the file. */
+    CHECK(config_set(&c, "topology.zero=0", err) == 0, "%s", err);
+    CHECK(config_validate(&c, 1, err) == 0, "valid now: %s", err);
+    remove(path);
+
+    CHECK(config_set(&c, "data.val_batches=8", err) == -1 && strstr(err, "data.val_sequences"),
+          "renamed key: %s", err);
 }
 
 /* Write the resolved config and read it back: the structs must be equal
@@ -421,6 +490,7 @@ static void test_round_trip(void)
             break;
         CHECK(!strcmp(b.source, out), "source of the reloaded config");
         memcpy(b.source, a.source, sizeof b.source);
+        memcpy(&b.origin, &a.origin, sizeof b.origin); /* provenance, not the experiment */
         CHECK(memcmp(&a, &b, sizeof a) == 0, "round trip pass %d changed the config", pass);
         CHECK(!strcmp(b.run.name, "has \"quotes\", a \\ and: colon"), "name %s", b.run.name);
         CHECK(!strcmp(b.data.val_path, "true"), "string 'true' stays a string");
@@ -443,6 +513,7 @@ int main(void)
     test_defaults();
     test_set();
     test_validate();
+    test_value_places();
     test_round_trip();
     return check_summary("config");
 }

@@ -105,7 +105,7 @@ static const KeyDesc KEYS[] = {
 
     REQ(training, steps, K_INT),
     REQ(training, global_batch, K_INT),
-    REQ(training, micro_batch, K_INT),
+    KEY(training, micro_batch, K_INT_AUTO),
     REQ(training, lr, K_FLOAT),
     KEY(training, min_lr, K_FLOAT),
     KEY(training, warmup_steps, K_INT),
@@ -123,7 +123,7 @@ static const KeyDesc KEYS[] = {
     ENUM(data, format, FORMAT_NAMES),
     STR(data, val_path, false),
     KEY(data, val_every, K_INT),
-    KEY(data, val_batches, K_INT),
+    KEY(data, val_sequences, K_INT),
 
     STR(checkpoint, dir, false),
     KEY(checkpoint, every, K_INT),
@@ -134,6 +134,23 @@ static const KeyDesc KEYS[] = {
     {"", "backend", K_ENUM, offsetof(Config, backend), 0, BACKEND_NAMES, false},
 };
 enum { N_KEYS = sizeof(KEYS) / sizeof(KEYS[0]) };
+_Static_assert(N_KEYS <= CFG_MAX_KEYS, "raise CFG_MAX_KEYS in config.h");
+
+/* Keys that were renamed: the old name gets a message that says what
+ * replaced it and why, not "unknown key". */
+static const struct { const char *old, *hint; } RENAMED[] = {
+    {"data.val_batches", "replaced by data.val_sequences (a number of sequences: "
+                         "val_batches x micro_batch), so the validation set is the same for "
+                         "every layout and micro_batch"},
+};
+
+static const char *renamed_hint(const char *full)
+{
+    for (size_t i = 0; i < sizeof RENAMED / sizeof RENAMED[0]; i++)
+        if (!strcmp(full, RENAMED[i].old))
+            return RENAMED[i].hint;
+    return NULL;
+}
 
 static const char *const SECTIONS[] = {"run",  "model", "topology", "training",
                                        "data", "checkpoint", NULL};
@@ -548,7 +565,7 @@ void config_defaults(Config *cfg)
     tr->recompute = RECOMPUTE_NONE;
 
     cfg->data.format = DATA_MEGATRON;
-    cfg->data.val_batches = 4;
+    cfg->data.val_sequences = 32;
 
     cfg->checkpoint.keep = 2;
     cfg->checkpoint.resume = RESUME_AUTO;
@@ -649,6 +666,8 @@ static int load_key(Loader *L, const char *section, yaml_node_t *key, yaml_node_
         snprintf(full, sizeof full, "%.40s", name);
 
     int i = find_key(section, name);
+    if (i < 0 && renamed_hint(full))
+        return load_error(L, key->start_mark, "key '%s': %s", full, renamed_hint(full));
     if (i < 0) {
         const char *s = suggest_key(section, name);
         list_keys(section, keys, sizeof keys);
@@ -663,6 +682,8 @@ static int load_key(Loader *L, const char *section, yaml_node_t *key, yaml_node_
                           "key '%s': duplicate key (first given on line %zu; keep one)", full,
                           L->set_line[i]);
     L->set_line[i] = key->start_mark.line + 1;
+    L->cfg->origin.line[i] = (int)val->start_mark.line + 1;
+    L->cfg->origin.col[i] = (int)val->start_mark.column + 1;
 
     if (k->kind == K_INT_LIST) {
         if (val->type == YAML_SEQUENCE_NODE)
@@ -966,6 +987,10 @@ int config_set(Config *cfg, const char *assignment, char err[CFG_ERR])
         name = dot + 1;
     }
     int i = dot ? find_key(section, name) : find_key("", key);
+    if (i < 0 && renamed_hint(key)) {
+        put_err(err, "--set %s: key '%.60s': %s", assignment, key, renamed_hint(key));
+        return -1;
+    }
     if (i < 0) {
         char s[64], sugg[128] = "";
         if (suggest_fullname(key, s))
@@ -999,7 +1024,26 @@ int config_set(Config *cfg, const char *assignment, char err[CFG_ERR])
                  why.text);
         return -1;
     }
+    snprintf(cfg->origin.set[i], CFG_SET_ARG, "%s", assignment);
     return 0;
+}
+
+void config_where(const Config *cfg, const char *key, char *buf, size_t n)
+{
+    char section[64] = "";
+    const char *name = key, *dot = strchr(key, '.');
+    if (dot && (size_t)(dot - key) < sizeof section) {
+        memcpy(section, key, (size_t)(dot - key));
+        name = dot + 1;
+    }
+    const int i = find_key(section, name);
+    const char *file = cfg->source[0] ? cfg->source : "config";
+    if (i >= 0 && cfg->origin.set[i][0])
+        snprintf(buf, n, "--set %s", cfg->origin.set[i]);
+    else if (i >= 0 && cfg->origin.line[i])
+        snprintf(buf, n, "%s:%d:%d", file, cfg->origin.line[i], cfg->origin.col[i]);
+    else
+        snprintf(buf, n, "%s", file);
 }
 
 /* ------------------------------------------------------------------------ */

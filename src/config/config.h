@@ -8,12 +8,15 @@
 #ifndef TRD_CONFIG_H
 #define TRD_CONFIG_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #define CFG_STR 256      /* max length of a string value, paths included */
 #define CFG_ERR 1024     /* size of an error message buffer */
 #define CFG_MAX_STAGES 64
 #define CFG_MAX_VIRTUAL 16  /* topology.virtual_stages: model chunks per pipeline rank */
+#define CFG_MAX_KEYS 96     /* capacity of the key table (config.c asserts it) */
+#define CFG_SET_ARG 96      /* an --set argument, as kept for error messages */
 
 typedef enum { ARCH_GPT2 = 0, ARCH_LLAMA = 1 } ModelArch;
 typedef enum { SCHED_1F1B = 0, SCHED_INTERLEAVED = 1, SCHED_GPIPE = 2 } ScheduleKind;
@@ -66,7 +69,8 @@ typedef struct {
 typedef struct {
     int steps;
     int global_batch;       /* sequences per optimizer step */
-    int micro_batch;        /* sequences per data-parallel rank per micro-step */
+    int micro_batch;        /* sequences per data-parallel rank per micro-step; 0 in YAML
+                             * means "auto", resolved by validation once dp is known */
     float lr, min_lr;
     int warmup_steps;
     DecayKind decay;
@@ -82,19 +86,30 @@ typedef struct {
     DataFormat format;
     char val_path[CFG_STR]; /* empty: no validation */
     int val_every;          /* steps between validations (0: only at the end) */
-    int val_batches;        /* micro-batches per validation */
+    int val_sequences;      /* sequences per validation: the first N of the validation
+                             * stream, whatever the layout and micro_batch */
 } DataConfig;
 
 typedef struct {
-    char dir[CFG_STR];      /* empty: no checkpoints */
+    char dir[CFG_STR];      /* empty: no checkpoints; "auto" in YAML means <run.dir>/ckpt,
+                             * resolved by validation */
     int every;              /* 0: only at the end */
     int keep;               /* checkpoints kept (>= 1) */
     ResumeKind resume;
     char resume_path[CFG_STR];
 } CheckpointConfig;
 
+/* Where each key's value came from, for messages about values: the YAML
+ * value's 1-based line and column, or the --set argument that set it last.
+ * Indexed like the key table; provenance, not part of the experiment. */
+typedef struct {
+    int line[CFG_MAX_KEYS], col[CFG_MAX_KEYS]; /* 0: not from the file */
+    char set[CFG_MAX_KEYS][CFG_SET_ARG];        /* "": not from --set */
+} ConfigOrigin;
+
 typedef struct {
     char source[CFG_STR];   /* file the config came from */
+    ConfigOrigin origin;
     RunConfig run;
     ModelConfig model;
     TopologyConfig topology;
@@ -118,6 +133,11 @@ int config_set(Config *cfg, const char *assignment, char err[CFG_ERR]);
 /* Resolve derived defaults (kv_heads, ffn_hidden, tie_embeddings, dp given
  * world) and check ranges and consistency.  world <= 0 skips world checks. */
 int config_validate(Config *cfg, int world, char err[CFG_ERR]);
+
+/* The place a key's value came from, for a message about it: "FILE:L:C"
+ * (the value in the YAML file), "--set a.b=v", or "FILE" (a default or a
+ * derived value).  key is the full name, e.g. "training.lr". */
+void config_where(const Config *cfg, const char *key, char *buf, size_t n);
 
 /* Write the config back as YAML (saved with runs and checkpoints). */
 int config_write_yaml(const Config *cfg, const char *path, char err[CFG_ERR]);

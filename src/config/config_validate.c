@@ -1,10 +1,12 @@
 /* config_validate.c — derived defaults and the range and consistency rules
  * of a Config.
  *
- * The struct carries no source positions, so messages name the key(s) and
- * the file ("config error in FILE: model.heads (12) must be divisible by
- * topology.tp (5)") and say how to fix the value.  Checks run from simple
- * ranges to cross-key rules, so the first message is about the root cause. */
+ * Each message starts at the place the offending value came from (the
+ * config's origin table): "FILE:LINE:COL: model.heads (12) must be divisible
+ * by topology.tp (5); ...", "--set topology.tp=5: ...", or "config error in
+ * FILE: ..." for a value nobody wrote (a default).  A cross-key rule is
+ * placed at the key its fix changes first.  Checks run from simple ranges
+ * to cross-key rules, so the first message is about the root cause. */
 #include "core/error.h"
 #include "config/config.h"
 
@@ -22,14 +24,18 @@ typedef struct {
     char *err;
 } Checker;
 
-static int verr(Checker *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static int verr(Checker *c, const char *fmt, ...)
+/* A message about the value of key (its full name). */
+static int verr(Checker *c, const char *key, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static int verr(Checker *c, const char *key, const char *fmt, ...)
 {
+    char where[CFG_STR + CFG_SET_ARG];
+    config_where(c->cfg, key, where, sizeof where);
     int n;
-    if (c->cfg->source[0])
-        n = snprintf(c->err, CFG_ERR, "config error in %.200s: ", c->cfg->source);
+    if (strchr(where, ':') || !strncmp(where, "--set ", 6))
+        n = snprintf(c->err, CFG_ERR, "%.400s: ", where);
     else
-        n = snprintf(c->err, CFG_ERR, "config error: ");
+        n = snprintf(c->err, CFG_ERR, "config error in %.400s: ", where);
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(c->err + n, CFG_ERR - (size_t)n, fmt, ap);
@@ -41,7 +47,7 @@ static int verr(Checker *c, const char *fmt, ...)
 static int check_min_int(Checker *c, const char *key, int v, int lo)
 {
     if (v < lo)
-        return verr(c, "%s (%d) must be >= %d", key, v, lo);
+        return verr(c, key, "%s (%d) must be >= %d", key, v, lo);
     return 0;
 }
 
@@ -70,10 +76,10 @@ static int check_ranges(Checker *c)
         {"topology.bucket_mb", t->bucket_mb, 1},
         {"training.steps", tr->steps, 1},
         {"training.global_batch", tr->global_batch, 1},
-        {"training.micro_batch", tr->micro_batch, 1},
+        {"training.micro_batch", tr->micro_batch, 0},
         {"training.warmup_steps", tr->warmup_steps, 0},
         {"data.val_every", g->data.val_every, 0},
-        {"data.val_batches", g->data.val_batches, 1},
+        {"data.val_sequences", g->data.val_sequences, 1},
         {"checkpoint.every", g->checkpoint.every, 0},
         {"checkpoint.keep", g->checkpoint.keep, 1},
     };
@@ -81,18 +87,18 @@ static int check_ranges(Checker *c)
         if (check_min_int(c, ints[i].key, ints[i].v, ints[i].lo))
             return -1;
     if (t->zero > 3)
-        return verr(c, "topology.zero (%d) must be 0, 1, 2 or 3", t->zero);
+        return verr(c, "topology.zero", "topology.zero (%d) must be 0, 1, 2 or 3", t->zero);
     if (m->tie_embeddings < -1 || m->tie_embeddings > 1)
-        return verr(c, "model.tie_embeddings (%d) must be true, false or auto",
+        return verr(c, "model.tie_embeddings", "model.tie_embeddings (%d) must be true, false or auto",
                     m->tie_embeddings);
     if (!(m->norm_eps > 0))
-        return verr(c, "model.norm_eps (%g) must be > 0", m->norm_eps);
+        return verr(c, "model.norm_eps", "model.norm_eps (%g) must be > 0", m->norm_eps);
     if (!(m->init_std > 0))
-        return verr(c, "model.init_std (%g) must be > 0", m->init_std);
+        return verr(c, "model.init_std", "model.init_std (%g) must be > 0", m->init_std);
     if (!g->data.path[0])
-        return verr(c, "data.path is required (the dataset prefix or file)");
+        return verr(c, "data.path", "data.path is required (the dataset prefix or file)");
     if (g->checkpoint.resume == RESUME_PATH && !g->checkpoint.resume_path[0])
-        return verr(c, "checkpoint.resume is a path but the path is empty");
+        return verr(c, "checkpoint.resume", "checkpoint.resume is a path but the path is empty");
     return 0;
 }
 
@@ -100,20 +106,20 @@ static int check_optimizer(Checker *c)
 {
     const TrainingConfig *tr = &c->cfg->training;
     if (!(tr->lr > 0))
-        return verr(c, "training.lr (%g) must be > 0", tr->lr);
+        return verr(c, "training.lr", "training.lr (%g) must be > 0", tr->lr);
     if (!(tr->min_lr >= 0 && tr->min_lr <= tr->lr))
-        return verr(c, "training.min_lr (%g) must be between 0 and training.lr (%g)",
+        return verr(c, "training.min_lr", "training.min_lr (%g) must be between 0 and training.lr (%g)",
                     tr->min_lr, tr->lr);
     if (!(tr->beta1 >= 0 && tr->beta1 < 1))
-        return verr(c, "training.beta1 (%g) must be in [0, 1), e.g. 0.9", tr->beta1);
+        return verr(c, "training.beta1", "training.beta1 (%g) must be in [0, 1), e.g. 0.9", tr->beta1);
     if (!(tr->beta2 >= 0 && tr->beta2 < 1))
-        return verr(c, "training.beta2 (%g) must be in [0, 1), e.g. 0.95", tr->beta2);
+        return verr(c, "training.beta2", "training.beta2 (%g) must be in [0, 1), e.g. 0.95", tr->beta2);
     if (!(tr->eps > 0))
-        return verr(c, "training.eps (%g) must be > 0, e.g. 1e-8", tr->eps);
+        return verr(c, "training.eps", "training.eps (%g) must be > 0, e.g. 1e-8", tr->eps);
     if (!(tr->weight_decay >= 0))
-        return verr(c, "training.weight_decay (%g) must be >= 0", tr->weight_decay);
+        return verr(c, "training.weight_decay", "training.weight_decay (%g) must be >= 0", tr->weight_decay);
     if (!(tr->grad_clip >= 0))
-        return verr(c, "training.grad_clip (%g) must be >= 0 (0 disables clipping)",
+        return verr(c, "training.grad_clip", "training.grad_clip (%g) must be >= 0 (0 disables clipping)",
                     tr->grad_clip);
     return 0;
 }
@@ -142,24 +148,24 @@ static int check_model(Checker *c)
     const ModelConfig *m = &c->cfg->model;
     if (m->hidden % m->heads) {
         int lo = m->hidden / m->heads * m->heads, hi = lo + m->heads;
-        return verr(c, "model.hidden (%d) must be divisible by model.heads (%d); use e.g. "
+        return verr(c, "model.hidden", "model.hidden (%d) must be divisible by model.heads (%d); use e.g. "
                        "hidden %d or %d", m->hidden, m->heads, lo > 0 ? lo : hi, hi);
     }
     if (m->heads % m->kv_heads) {
         char d[256];
         trd_divisors(m->heads, d, sizeof d);
-        return verr(c, "model.heads (%d) must be divisible by model.kv_heads (%d); use "
+        return verr(c, "model.heads", "model.heads (%d) must be divisible by model.kv_heads (%d); use "
                        "kv_heads one of %s", m->heads, m->kv_heads, d);
     }
     if (m->arch == ARCH_LLAMA) {
         int hs = m->hidden / m->heads;
         if (hs % 2)
-            return verr(c, "model.hidden / model.heads = %d must be even for arch llama "
+            return verr(c, "model.hidden", "model.hidden / model.heads = %d must be even for arch llama "
                            "(RoPE rotates pairs of dimensions); change hidden or heads", hs);
         /* Llama has no learned position table: RoPE is its only position
          * information, so a usable base frequency is required. */
         if (!(m->rope_theta > 0))
-            return verr(c, "model.rope_theta (%g) must be > 0 for arch llama (RoPE is its "
+            return verr(c, "model.rope_theta", "model.rope_theta (%g) must be > 0 for arch llama (RoPE is its "
                            "only position encoding)", m->rope_theta);
     }
     return 0;
@@ -181,58 +187,94 @@ static int check_topology(Checker *c)
     const TopologyConfig *t = &c->cfg->topology;
     char d[256];
     if (!valid_order(t->order))
-        return verr(c, "topology.order '%s' must name tp, dp and pp once each, fastest first "
+        return verr(c, "topology.order", "topology.order '%s' must name tp, dp and pp once each, fastest first "
                        "(e.g. tp-dp-pp)", t->order);
     if (t->virtual_stages > 1 && t->schedule != SCHED_INTERLEAVED)
-        return verr(c, "topology.virtual_stages (%d) > 1 needs topology.schedule interleaved; "
+        return verr(c, "topology.virtual_stages", "topology.virtual_stages (%d) > 1 needs topology.schedule interleaved; "
                        "set schedule: interleaved or virtual_stages: 1", t->virtual_stages);
     if (t->virtual_stages > CFG_MAX_VIRTUAL)
-        return verr(c, "topology.virtual_stages (%d) is above %d; each chunk adds a pipeline "
+        return verr(c, "topology.virtual_stages", "topology.virtual_stages (%d) is above %d; each chunk adds a pipeline "
                        "round trip, so a few (2-4) are what pays", t->virtual_stages,
                     CFG_MAX_VIRTUAL);
     if (t->n_stage_layers > 0) {
         /* One entry per model stage: pp of them, or pp x virtual_stages
          * with interleaving (stage c * pp + r is chunk c of rank r). */
         if (t->n_stage_layers != t->pp * t->virtual_stages)
-            return verr(c, "topology.stage_layers has %d entries but topology.pp (%d) x "
+            return verr(c, "topology.stage_layers", "topology.stage_layers has %d entries but topology.pp (%d) x "
                            "topology.virtual_stages (%d) is %d; give one layer count per "
                            "model stage", t->n_stage_layers, t->pp, t->virtual_stages,
                         t->pp * t->virtual_stages);
         int sum = 0;
         for (int i = 0; i < t->n_stage_layers; i++) {
             if (t->stage_layers[i] < 1)
-                return verr(c, "topology.stage_layers[%d] (%d) must be >= 1", i,
+                return verr(c, "topology.stage_layers", "topology.stage_layers[%d] (%d) must be >= 1", i,
                             t->stage_layers[i]);
             sum += t->stage_layers[i];
         }
         if (sum != m->layers)
-            return verr(c, "topology.stage_layers sums to %d but model.layers is %d; the "
+            return verr(c, "topology.stage_layers", "topology.stage_layers sums to %d but model.layers is %d; the "
                            "stages must hold every layer exactly once", sum, m->layers);
     } else if (m->layers < t->pp * t->virtual_stages) {
-        return verr(c, "model.layers (%d) is less than topology.pp (%d) x "
+        return verr(c, "model.layers", "model.layers (%d) is less than topology.pp (%d) x "
                        "topology.virtual_stages (%d); every model chunk needs a layer",
                     m->layers, t->pp, t->virtual_stages);
     }
     if (m->heads % t->tp) {
         trd_divisors(m->heads, d, sizeof d);
-        return verr(c, "model.heads (%d) must be divisible by topology.tp (%d); use tp one "
+        return verr(c, "topology.tp", "model.heads (%d) must be divisible by topology.tp (%d); use tp one "
                        "of %s", m->heads, t->tp, d);
     }
     if (m->kv_heads % t->tp && t->tp % m->kv_heads)
-        return verr(c, "model.kv_heads (%d) and topology.tp (%d): one must divide the other "
+        return verr(c, "topology.tp", "model.kv_heads (%d) and topology.tp (%d): one must divide the other "
                        "(kv heads are split over, or replicated across, the tp ranks)",
                     m->kv_heads, t->tp);
     if (m->ffn_hidden % t->tp)
-        return verr(c, "model.ffn_hidden (%d) must be divisible by topology.tp (%d)",
+        return verr(c, "topology.tp", "model.ffn_hidden (%d) must be divisible by topology.tp (%d)",
                     m->ffn_hidden, t->tp);
     if (t->comm == COMM_NCCL && c->cfg->backend != BACKEND_CUDA)
-        return verr(c, "topology.comm nccl moves device buffers and needs backend: cuda; "
+        return verr(c, "topology.comm", "topology.comm nccl moves device buffers and needs backend: cuda; "
                        "use comm: auto or mpi with backend: cpu");
     if (t->sequence_parallel && m->seq_len % t->tp)
-        return verr(c, "model.seq_len (%d) must be divisible by topology.tp (%d) with "
+        return verr(c, "model.seq_len", "model.seq_len (%d) must be divisible by topology.tp (%d) with "
                        "topology.sequence_parallel; change seq_len or turn it off",
                     m->seq_len, t->tp);
     return 0;
+}
+
+/* training.micro_batch auto: a rank's share of the global batch in one
+ * micro-batch (no accumulation) without pipeline parallelism; with pp > 1
+ * the largest size that still gives a step at least 2 x pp micro-batches,
+ * which keeps the 1F1B bubble (p-1)/(m+p-1) under 1/3. */
+static int auto_micro_batch(int per_rank, int pp)
+{
+    if (pp == 1)
+        return per_rank;
+    for (int b = per_rank; b > 1; b--)
+        if (per_rank % b == 0 && per_rank / b >= 2 * pp)
+            return b;
+    return 1;
+}
+
+/* A global batch must split into whole micro-batches on every DP rank
+ * (dp 0: unknown yet, checked per rank).  The hint names the micro_batch
+ * fix first: it keeps the experiment, a new global_batch changes it. */
+static int check_batch(Checker *c, const TrainingConfig *tr, int dp, int pp)
+{
+    const long long unit = (long long)tr->micro_batch * (dp > 0 ? dp : 1);
+    if (tr->global_batch % unit == 0)
+        return 0;
+    char what[96], fix[160];
+    if (dp > 0)
+        snprintf(what, sizeof what, "training.micro_batch %d x topology.dp %d = %lld",
+                 tr->micro_batch, dp, unit);
+    else
+        snprintf(what, sizeof what, "training.micro_batch %d", tr->micro_batch);
+    const int n = snprintf(fix, sizeof fix, "set training.micro_batch: auto");
+    if (dp > 0 && tr->global_batch % dp == 0)
+        snprintf(fix + n, sizeof fix - (size_t)n, " (here %d) or a divisor of %d",
+                 auto_micro_batch(tr->global_batch / dp, pp), tr->global_batch / dp);
+    return verr(c, "training.micro_batch", "training.global_batch %d is not a multiple of %s; "
+                "%s, which keeps the global batch", tr->global_batch, what, fix);
 }
 
 /* dp from the world size, then the batch arithmetic that depends on it. */
@@ -244,40 +286,47 @@ static int check_world(Checker *c, Config *cfg, int world)
     if (world > 0) {
         if (t->dp == 0) {
             if (world % mp)
-                return verr(c, "the world size %d is not divisible by topology.tp (%d) x "
+                return verr(c, "topology.tp", "the world size %d is not divisible by topology.tp (%d) x "
                                "topology.pp (%d) = %lld; launch a multiple of %lld ranks",
                             world, t->tp, t->pp, mp, mp);
             t->dp = (int)(world / mp);
         } else if (mp * t->dp != world) {
-            return verr(c, "topology.tp (%d) x topology.pp (%d) x topology.dp (%d) = %lld but "
-                           "the world size is %d; set dp: auto or launch %lld ranks",
-                        t->tp, t->pp, t->dp, mp * t->dp, world, mp * t->dp);
+            return verr(c, "topology.dp", "topology.tp (%d) x topology.pp (%d) x topology.dp (%d) = %lld but "
+                           "the world size is %d; set dp: auto or launch %lld rank%s",
+                        t->tp, t->pp, t->dp, mp * t->dp, world, mp * t->dp,
+                        mp * t->dp == 1 ? "" : "s");
         }
     }
-    /* A global batch must split into whole micro-batches on every DP rank. */
-    const long long unit = (long long)tr->micro_batch * (t->dp > 0 ? t->dp : 1);
-    if (tr->global_batch % unit) {
-        char what[96], fix[64];
-        if (t->dp > 0)
-            snprintf(what, sizeof what, "training.micro_batch %d x topology.dp %d = %lld",
-                     tr->micro_batch, t->dp, unit);
-        else
-            snprintf(what, sizeof what, "training.micro_batch %d", tr->micro_batch);
-        const long long lo = tr->global_batch / unit * unit, hi = lo + unit;
-        if (lo > 0)
-            snprintf(fix, sizeof fix, "global_batch %lld or %lld", lo, hi);
-        else
-            snprintf(fix, sizeof fix, "global_batch %lld", hi);
-        return verr(c, "training.global_batch %d is not a multiple of %s; use e.g. %s",
-                    tr->global_batch, what, fix);
+    if (t->dp == 0) /* dp unknown (no world yet): micro_batch auto waits for it */
+        return tr->micro_batch == 0 ? 0 : check_batch(c, tr, t->dp, t->pp);
+    if (tr->micro_batch == 0) {
+        if (tr->global_batch % t->dp)
+            return verr(c, "training.global_batch", "training.global_batch %d is not divisible "
+                        "by topology.dp %d: every data-parallel rank takes an equal share of "
+                        "a step's sequences; use a multiple of %d", tr->global_batch, t->dp,
+                        t->dp);
+        cfg->training.micro_batch = auto_micro_batch(tr->global_batch / t->dp, t->pp);
     }
+    return check_batch(c, tr, t->dp, t->pp);
+}
+
+/* checkpoint.dir auto: <run.dir>/ckpt, so a run given its own run.dir
+ * (--set run.dir=...) also gets its own checkpoints. */
+static int resolve_checkpoint_dir(Checker *c, Config *cfg)
+{
+    char *dir = cfg->checkpoint.dir;
+    if (strcmp(dir, "auto"))
+        return 0;
+    if ((size_t)snprintf(dir, CFG_STR, "%s/ckpt", cfg->run.dir) >= CFG_STR)
+        return verr(c, "checkpoint.dir", "checkpoint.dir auto (run.dir + /ckpt) is longer "
+                    "than %d characters; shorten run.dir", CFG_STR - 1);
     return 0;
 }
 
 int config_validate(Config *cfg, int world, char err[CFG_ERR])
 {
     Checker c = {.cfg = cfg, .err = err};
-    if (check_ranges(&c) || check_optimizer(&c))
+    if (check_ranges(&c) || check_optimizer(&c) || resolve_checkpoint_dir(&c, cfg))
         return -1;
     resolve_model(&cfg->model);
     if (check_model(&c) || check_topology(&c) || check_world(&c, cfg, world))

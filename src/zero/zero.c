@@ -6,15 +6,7 @@
 
 #include "core/error.h"
 #include "core/trace.h"
-
-/* A DP gradient bucket (stages 0-1): a flat range of whole groups whose
- * reduction starts once backward has produced the group at `last_pos`. */
-typedef struct {
-    size_t lo, hi;
-    int groups;          /* non-empty groups in it */
-    int left;            /* of those, still without their final gradient this step */
-    CommHandle h;
-} Bucket;
+#include "data_par/buckets.h"
 
 struct Zero {
     const Config *cfg;
@@ -50,7 +42,7 @@ struct Zero {
     int outer_pending;
     int defer_outer;             /* stages 0-1: the outer bucket waits for zero_start_outer */
 
-    Bucket *buckets;             /* stages 0-1 */
+    DpBucket *buckets;           /* stages 0-1 (data_par/buckets.h) */
     int n_buckets;
     int *bucket_of;              /* [nl + 1]: bucket of the group at each backward
                                     position (layers last to first, then outer), or -1 */
@@ -102,52 +94,16 @@ static void group_range(const Zero *z, int group, size_t *lo, size_t *hi)
 
 /* ---- buckets (stages 0-1) ------------------------------------------------ */
 
-/* Backward order: layers last to first, then the outer group (position
- * nl).  Buckets take whole groups until they reach `target` elements; a
- * bucket starts once all its groups have their final gradient, whatever
- * order the chunks of an interleaved pipeline finish in.  Fills b (room for
- * nl + 1) and bucket_of[pos] (the bucket of the group at each position, -1
- * for an empty group); returns the number of buckets.  The engine and the
- * planner both build them here. */
-static int make_buckets(const ParamTable *t, const int *layers, int nl, size_t target, Bucket *b,
-                        int *bucket_of)
-{
-    int n = 0;
-    Bucket *open = NULL;
-    for (int pos = 0; pos <= nl; pos++) {
-        int group = pos < nl ? layers[nl - 1 - pos] : PARAMS_OUTER;
-        size_t glo, ghi;
-        params_group_range(t, group, &glo, &ghi);
-        bucket_of[pos] = -1;
-        if (ghi <= glo)
-            continue;
-        if (!open) {
-            open = &b[n++];
-            *open = (Bucket){.hi = ghi, .h = {.req = MPI_REQUEST_NULL}};
-        }
-        open->lo = glo; /* groups in backward order move down the buffer */
-        open->groups++;
-        bucket_of[pos] = (int)(open - b);
-        if (open->hi - open->lo >= target)
-            open = NULL;
-    }
-    return n;
-}
-
-static size_t bucket_target(const Config *cfg)
-{
-    return (size_t)cfg->topology.bucket_mb * 1024 * 1024 / sizeof(float);
-}
-
 static void build_buckets(Zero *z)
 {
-    z->buckets = trd_calloc((size_t)z->nl + 1, sizeof(Bucket), "gradient buckets");
+    z->buckets = trd_calloc((size_t)z->nl + 1, sizeof(DpBucket), "gradient buckets");
     z->bucket_of = trd_malloc(((size_t)z->nl + 1) * sizeof(int), "gradient bucket map");
-    z->n_buckets = make_buckets(z->t, z->layers, z->nl, bucket_target(z->cfg), z->buckets,
-                                z->bucket_of);
+    z->n_buckets = dp_make_buckets(z->t, z->layers, z->nl,
+                                   dp_bucket_target(z->cfg->topology.bucket_mb), z->buckets,
+                                   z->bucket_of);
 }
 
-static void start_bucket(Zero *z, Bucket *b)
+static void start_bucket(Zero *z, DpBucket *b)
 {
     if (z->stage == 0) {
         b->h = comm_iallreduce_f32(z->dp, z->grads + b->lo, b->hi - b->lo);
@@ -733,9 +689,10 @@ static uint64_t plan_ring(size_t n, int passes, int p)
 static uint64_t plan_bucket_bytes(const PlanShard *ps, const Config *cfg, int dp)
 {
     const int passes = cfg->topology.zero == 0 ? 2 : 1; /* all-reduce or reduce-scatter */
-    Bucket *b = trd_calloc((size_t)ps->nl + 1, sizeof(Bucket), "planned buckets");
+    DpBucket *b = trd_calloc((size_t)ps->nl + 1, sizeof(DpBucket), "planned buckets");
     int *bucket_of = trd_malloc(((size_t)ps->nl + 1) * sizeof(int), "planned bucket map");
-    const int n = make_buckets(&ps->t, ps->layers, ps->nl, bucket_target(cfg), b, bucket_of);
+    const int n = dp_make_buckets(&ps->t, ps->layers, ps->nl,
+                                  dp_bucket_target(cfg->topology.bucket_mb), b, bucket_of);
     uint64_t bytes = 0;
     for (int i = 0; i < n; i++)
         bytes += plan_ring(b[i].hi - b[i].lo, passes, dp);

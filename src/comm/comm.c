@@ -33,9 +33,12 @@ void comm_init(int *argc, char ***argv)
 
 void comm_finalize(void)
 {
-    int finalized = 0;
+    /* Safe to call from any exit path, also before comm_init (a front end
+     * like `trident run` that refuses its input never starts MPI). */
+    int initialized = 0, finalized = 0;
+    MPI_Initialized(&initialized);
     MPI_Finalized(&finalized);
-    if (!finalized)
+    if (initialized && !finalized)
         MPI_Finalize();
 }
 

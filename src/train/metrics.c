@@ -23,6 +23,17 @@ void metrics_open(Metrics *m, const char *dir, int steps, int log_every, int app
     m->log_every = log_every;
 }
 
+/* Seconds as m:ss, or h:mm:ss from an hour. */
+static const char *clock_text(double seconds, char buf[32])
+{
+    long t = seconds > 0 ? (long)(seconds + 0.5) : 0;
+    if (t >= 3600)
+        snprintf(buf, 32, "%ld:%02ld:%02ld", t / 3600, t / 60 % 60, t % 60);
+    else
+        snprintf(buf, 32, "%ld:%02ld", t / 60, t % 60);
+    return buf;
+}
+
 void metrics_record(Metrics *m, const StepMetrics *s)
 {
     fprintf(m->jsonl,
@@ -46,7 +57,9 @@ void metrics_record(Metrics *m, const StepMetrics *s)
                100.0 * s->mfu);
         if (s->val_loss >= 0)
             printf(" | val %.4f", s->val_loss);
-        putchar('\n');
+        char el[32], eta[32];
+        printf(" | %s elapsed, eta %s\n", clock_text(s->elapsed_s, el),
+               clock_text(s->eta_s, eta));
         fflush(stdout);
     }
 }

@@ -15,6 +15,7 @@ typedef struct {
     double pp_idle;        /* pipeline: measured idle fraction of the step (< 0: no pipeline) */
     double val_loss;       /* < 0: not computed this step */
     const char *extra;     /* NULL, or more JSON members ("\"k\": v, ...") */
+    double elapsed_s, eta_s; /* since this run's first step, and to its last (log line) */
 } StepMetrics;
 
 typedef struct {

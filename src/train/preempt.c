@@ -17,7 +17,9 @@ static unsigned preempt_grace_s; /* read once at install, used by the handler */
 
 static void preempt_handler(int signo)
 {
-    (void)signo;
+    /* Ctrl-C twice: the user does not want to wait for the checkpoint. */
+    if (signo == SIGINT && preempt_flag)
+        _exit(128 + SIGINT);
     /* Catching SIGTERM means a rank stuck in a collective would no longer
      * die on it (timeout, mpiexec and Slurm send SIGTERM first); the alarm
      * bounds how long a stop may take. */
@@ -77,6 +79,7 @@ void preempt_install(void)
     install(SIGALRM, preempt_overdue);
     install(SIGUSR1, preempt_handler);
     install(SIGTERM, preempt_handler);
+    install(SIGINT, preempt_handler); /* Ctrl-C: the same clean stop, a second one exits */
 }
 
 int preempt_requested(void) { return preempt_flag != 0; }

@@ -1,6 +1,7 @@
 /* preempt.h — stopping a run cleanly on a signal (Slurm preemption, time limit).
  *
- * SIGUSR1 and SIGTERM only set a flag (the handler is async-signal-safe).
+ * SIGUSR1, SIGTERM and SIGINT (Ctrl-C) only set a flag (the handler is
+ * async-signal-safe; a second SIGINT exits at once).
  * After every step the ranks all-reduce the flag (MAX over the world), so
  * they all agree on the same step to stop at even though the signal reaches
  * them at different moments; the trainer then saves a checkpoint and exits
@@ -11,7 +12,7 @@
 
 #include "comm/comm.h"
 
-/* Install the handlers for SIGUSR1 and SIGTERM, and clear the flag.  Call
+/* Install the handlers for SIGUSR1, SIGTERM and SIGINT, and clear the flag.  Call
  * after MPI is initialised, so the handlers are ours.  The first signal also
  * starts a timer: a rank still running TRIDENT_PREEMPT_GRACE seconds later
  * (default 300; 0: never) exits 1 with a message, so a rank stuck in a

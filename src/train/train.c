@@ -105,7 +105,8 @@ static int parse_args(int argc, char **argv, Args *a, int allow_n, void (*usage)
 }
 
 /* Load, override and validate; on bad input every rank exits 2 (they all
- * read the same file, so they all fail the same way) and rank 0 says why. */
+ * read the same file, so they all fail the same way) and rank 0 says why.
+ * world <= 0: not known yet (`trident run` before it launches). */
 static void load_config(Config *cfg, const Args *a, int world, int rank)
 {
     char err[CFG_ERR];
@@ -192,13 +193,45 @@ typedef struct {
     uint64_t staged_first;     /* staging buffers allocated by the end of the first step */
 } Trainer;
 
-static void open_data(TokenDataset *ds, Sampler *s, const Config *cfg, const char *path)
+/* A layout this build refuses: every rank reaches the same verdict from
+ * the same config, so all exit 2 together and rank 0 says why (no abort,
+ * which can swallow the message). */
+static _Noreturn void refuse(int rank, const char *hint, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static _Noreturn void refuse(int rank, const char *hint, const char *fmt, ...)
 {
-    char err[CFG_ERR];
-    if (dataset_open(ds, path, cfg->data.format, err) != 0 ||
-        sampler_init(s, ds, cfg->model.seq_len, cfg->run.seed, err) != 0)
-        trd_fatal(TRD_EXIT_INPUT, "make a dataset with `trident prepare-data` (see README)", "%s",
-                  err);
+    if (rank == 0) {
+        va_list ap;
+        va_start(ap, fmt);
+        trd_print_error(hint, fmt, ap);
+        va_end(ap);
+    }
+    comm_finalize();
+    exit(TRD_EXIT_INPUT);
+}
+
+/* Open the training and validation data.  Every rank reads the same paths:
+ * a bad one is bad input, and the ranks agree on it first, so the job ends
+ * with exit 2 and one message (from the lowest failing rank) instead of an
+ * abort of the whole job with the launcher's noise. */
+static void open_data(Trainer *tr, Comm *world)
+{
+    const Config *cfg = tr->cfg;
+    char err[CFG_ERR] = "";
+    tr->has_val = cfg->data.val_path[0] != '\0';
+    int bad = dataset_open(&tr->train_data, cfg->data.path, cfg->data.format, err) != 0 ||
+              sampler_init(&tr->train_sampler, &tr->train_data, cfg->model.seq_len,
+                           cfg->run.seed, err) != 0;
+    if (!bad && tr->has_val)
+        bad = dataset_open(&tr->val_data, cfg->data.val_path, cfg->data.format, err) != 0 ||
+              sampler_init(&tr->val_sampler, &tr->val_data, cfg->model.seq_len, cfg->run.seed,
+                           err) != 0;
+    int first_bad = bad ? world->size - world->rank : 0; /* max = the lowest failing rank */
+    comm_allreduce_max_i32(world, &first_bad, 1);
+    if (first_bad)
+        refuse(world->rank == world->size - first_bad ? 0 : 1,
+               strstr(err, "--->") ? NULL : "make a dataset with `trident prepare-data`, or "
+               "fetch the default one with scripts/get_corpus.sh (docs/data.md)", "%s", err);
 }
 
 /* Fill one micro-batch (tok, tgt: [B*T]) with the sequences at global
@@ -287,30 +320,42 @@ static double train_step(Trainer *tr, int step, double *grad_norm, float *lr)
     return loss;
 }
 
-/* The mean loss over a fixed validation set whatever the topology: the
- * first data.val_batches micro-batches of the validation stream, dealt out
- * to the DP replicas in turn. */
+/* The mean loss per token of a fixed validation set, whatever the layout:
+ * the first data.val_sequences sequences of the validation stream, cut into
+ * micro-batches of micro_batch sequences that are dealt out to the DP
+ * replicas in turn.  The rows of a partial last micro-batch get target -1,
+ * which the loss ignores, so every layout and micro_batch sums the same
+ * per-token losses (in another order). */
 static double validate(Trainer *tr)
 {
-    const int B = tr->cfg->training.micro_batch, n = tr->cfg->data.val_batches;
+    const int B = tr->cfg->training.micro_batch, T = tr->cfg->model.seq_len;
+    const int n = tr->cfg->data.val_sequences, batches = (n + B - 1) / B;
     /* Every DP rank runs the same number of forwards (ZeRO-3 gathers inside
-     * them are collective); a rank past the end repeats one uncounted. */
-    const int rounds = (n + tr->dp - 1) / tr->dp;
+     * them are collective); a rank past the end runs one with no target. */
+    const int rounds = (batches + tr->dp - 1) / tr->dp;
     const double t0 = MPI_Wtime();
-    double sum = 0;
+    double sum = 0, tokens = 0;
     for (int r = 0; r < rounds; r++) {
-        const int j = r * tr->dp + tr->dp_rank, counted = j < n;
-        read_batch(tr, &tr->val_sampler, &tr->val_data, (uint64_t)(counted ? j : 0) * (uint64_t)B,
+        const int j = r * tr->dp + tr->dp_rank;
+        const int rows = j < batches ? (n - j * B < B ? n - j * B : B) : 0;
+        read_batch(tr, &tr->val_sampler, &tr->val_data, (uint64_t)(rows ? j : 0) * (uint64_t)B,
                    tr->tokens, tr->targets);
+        for (size_t i = (size_t)rows * (size_t)T; i < (size_t)B * (size_t)T; i++)
+            tr->targets[i] = -1;
+        double counted = 0;
+        for (size_t i = 0; i < (size_t)rows * (size_t)T; i++)
+            counted += tr->targets[i] >= 0;
         double loss = tr->pipe ? pipe_forward(tr->pipe, tr->tokens, tr->targets)
                                : zero_forward(tr->zero, tr->tokens, tr->targets);
-        sum += counted ? loss : 0.0;
+        sum += loss * counted; /* the model's loss is the mean over counted rows */
+        tokens += counted;
     }
     if (tr->pipe)
         comm_allreduce_f64(&tr->comms.pp, &sum, 1); /* only the last stage has it */
-    comm_allreduce_f64(&tr->comms.dp, &sum, 1);
+    double both[2] = {sum, tokens};
+    comm_allreduce_f64(&tr->comms.dp, both, 2);
     trace_span("validation", TRACE_STEP, t0, MPI_Wtime(), -1, -1, 0);
-    return sum / tr->cfg->data.val_batches;
+    return both[1] > 0 ? both[0] / both[1] : 0.0;
 }
 
 static MemoryReport memory_report(const Trainer *tr)
@@ -491,8 +536,8 @@ static void ckpt_save_step(Trainer *tr, int steps_done)
 }
 
 /* TRIDENT_DUMP_WEIGHTS=FILE: rank 0 writes the final flat parameter buffer
- * (fp32, table order) — a testing aid for comparing layouts until
- * checkpoints exist. */
+ * (fp32, table order) — a testing aid: the tests compare the final weights
+ * of layouts with it, without reading a checkpoint. */
 static void dump_weights(Trainer *tr)
 {
     const char *path = getenv("TRIDENT_DUMP_WEIGHTS");
@@ -541,23 +586,6 @@ static void finish_trace(Trainer *tr)
     if (tr->topo.rank == 0)
         printf("trace: %ld spans of %d ranks in %s (open in ui.perfetto.dev)\n", n,
                tr->comms.world.size, path);
-}
-
-/* A layout this build refuses: every rank reaches the same verdict from
- * the same config, so all exit 2 together and rank 0 says why (no abort,
- * which can swallow the message). */
-static _Noreturn void refuse(int rank, const char *hint, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static _Noreturn void refuse(int rank, const char *hint, const char *fmt, ...)
-{
-    if (rank == 0) {
-        va_list ap;
-        va_start(ap, fmt);
-        trd_print_error(hint, fmt, ap);
-        va_end(ap);
-    }
-    comm_finalize();
-    exit(TRD_EXIT_INPUT);
 }
 
 /* Ranks sharing a machine split its cores, unless OMP_NUM_THREADS says
@@ -679,13 +707,54 @@ static double device_peak_flops(const char *name)
     return 0;
 }
 
+/* A run never destroys an earlier run's results: a fresh run (not resumed
+ * from a checkpoint) into a run.dir whose metrics.jsonl already holds
+ * records is refused before anything is written.  Rank 0 looks, all agree. */
+static void check_run_dir(const Trainer *tr, int resumed, Comm *world)
+{
+    const Config *cfg = tr->cfg;
+    char path[CFG_STR + 32];
+    snprintf(path, sizeof path, "%s/metrics.jsonl", cfg->run.dir);
+    struct stat st;
+    int taken = world->rank == 0 && !resumed && stat(path, &st) == 0 && st.st_size > 0;
+    comm_allreduce_max_i32(world, &taken, 1);
+    if (!taken)
+        return;
+    char hint[3 * CFG_STR];
+    snprintf(hint, sizeof hint, "give this run a directory of its own (--set run.dir=%s-2), "
+             "or delete %s to start over%s", cfg->run.dir, path,
+             cfg->checkpoint.dir[0] ? "" : "; with a checkpoint.dir the next run of the same "
+             "config resumes instead");
+    refuse(world->rank, hint, "run.dir %s holds the metrics of an earlier run, and this run "
+           "starts fresh (no checkpoint to resume from in %s): it would overwrite them",
+           cfg->run.dir, cfg->checkpoint.dir[0] ? cfg->checkpoint.dir : "checkpoint.dir (unset)");
+}
+
+/* Where this run's results go: a user should not have to read the config
+ * to find them. */
+static void print_outputs(const Config *cfg)
+{
+    const CheckpointConfig *ck = &cfg->checkpoint;
+    printf("output: %s/metrics.jsonl, %s/config.yaml", cfg->run.dir, cfg->run.dir);
+    if (cfg->training.trace)
+        printf(", %s/trace.json", cfg->run.dir);
+    if (!ck->dir[0])
+        printf(" | checkpoints: none (set checkpoint.dir to keep the run)\n");
+    else if (ck->every > 0)
+        printf(" | checkpoints: %s every %d steps and at the end, newest %d kept\n", ck->dir,
+               ck->every, ck->keep);
+    else
+        printf(" | checkpoints: %s at the end\n", ck->dir);
+    fflush(stdout);
+}
+
 static int train(const Config *cfg, Comm world)
 {
     /* bf16: GEMMs multiply bf16 operands with fp32 sums (backend.h); the
      * weights are bf16 values with fp32 masters (zero/optimizer.h). */
     const int bf16 = cfg->training.precision == PREC_BF16;
     Trainer tr = {.cfg = cfg, .be = bf16 ? backend_cpu_bf16() : backend_cpu()};
-    preempt_install(); /* SIGUSR1/SIGTERM: stop at an agreed step, checkpointed */
+    preempt_install(); /* SIGUSR1/SIGTERM/SIGINT: stop at an agreed step, checkpointed */
     if (cfg->backend == BACKEND_CUDA) {
 #ifndef TRD_HAVE_CUDA
         refuse(world.rank, "set backend: cpu, or rebuild with -Dcuda=enabled (docs/cuda.md)",
@@ -717,10 +786,7 @@ static int train(const Config *cfg, Comm world)
     tr.dp_rank = tr.comms.dp.rank;
     tr.n_micro = cfg->training.global_batch / (cfg->training.micro_batch * tr.dp);
 
-    open_data(&tr.train_data, &tr.train_sampler, cfg, cfg->data.path);
-    tr.has_val = cfg->data.val_path[0] != '\0';
-    if (tr.has_val)
-        open_data(&tr.val_data, &tr.val_sampler, cfg, cfg->data.val_path);
+    open_data(&tr, &world);
 
     ParamShard shard = pipe_shard(cfg, tr.comms.pp.rank, tr.comms.tp.size, tr.comms.tp.rank);
     tr.zero = zero_create(cfg, tr.be, &shard, &tr.comms.dp);
@@ -738,6 +804,7 @@ static int train(const Config *cfg, Comm world)
     }
     ckpt_setup(&tr);
     const int resumed = ckpt_resume(&tr);
+    check_run_dir(&tr, resumed, &world);
     const size_t BT = (size_t)cfg->training.micro_batch * (size_t)cfg->model.seq_len;
     tr.tokens = trd_malloc((size_t)tr.n_micro * BT * sizeof(int32_t), "token batches");
     tr.targets = trd_malloc((size_t)tr.n_micro * BT * sizeof(int32_t), "target batches");
@@ -758,10 +825,12 @@ static int train(const Config *cfg, Comm world)
         if (config_write_yaml(cfg, path, err) != 0)
             trd_fatal(TRD_EXIT_RUNTIME, "check that run.dir is writable", "%s", err);
         print_start(&tr, peak / world.size);
+        print_outputs(cfg);
         metrics_open(&metrics, cfg->run.dir, cfg->training.steps, cfg->run.log_every, resumed);
     }
     memory_json(&tr, memory, sizeof memory);
     int exit_code = TRD_EXIT_OK;
+    const double t_loop = now_s();
     for (int step = tr.start_step; step < cfg->training.steps; step++) {
         double t0 = now_s(), grad_norm;
         float lr;
@@ -781,6 +850,9 @@ static int train(const Config *cfg, Comm world)
         int every = cfg->data.val_every > 0 && (step + 1) % cfg->data.val_every == 0;
         if (tr.has_val && (last || every))
             s.val_loss = validate(&tr);
+        /* The ETA extrapolates this run's mean step time (validation included). */
+        s.elapsed_s = now_s() - t_loop;
+        s.eta_s = s.elapsed_s / (step + 1 - tr.start_step) * (cfg->training.steps - step - 1);
         if (step == tr.start_step)
             tr.staged_first = comm_staging().allocations;
         if (rank0)
@@ -795,7 +867,7 @@ static int train(const Config *cfg, Comm world)
             if (ck->dir[0] && !saved)
                 ckpt_save_step(&tr, step + 1);
             if (rank0)
-                printf("preempted: a rank got a signal (SIGUSR1/SIGTERM); stopped after step %d "
+                printf("preempted: a rank got a signal (SIGUSR1/SIGTERM/SIGINT); stopped after step %d "
                        "of %d, %s; exit %d\n", step + 1, cfg->training.steps,
                        ck->dir[0] ? "checkpoint saved" : "no checkpoint.dir, nothing saved",
                        TRD_EXIT_PREEMPTED);
@@ -849,6 +921,9 @@ int run_main(int argc, char **argv)
                       "topology.dp is auto, so the world size is unknown");
         world = cfg.topology.tp * cfg.topology.pp * cfg.topology.dp;
     }
+    /* The world-dependent rules too, before anything is launched: a bad
+     * layout is one message and exit 2, not one per rank. */
+    load_config(&cfg, &a, world, 0);
     char self[4096];
     ssize_t len = readlink("/proc/self/exe", self, sizeof self - 1);
     if (len <= 0)

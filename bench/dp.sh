@@ -12,7 +12,7 @@ out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 # A model whose step is compute-bound on 2 cores; one micro-batch per rank.
 model=(--set model.layers=4 --set model.hidden=256 --set model.heads=4 --set model.seq_len=64
-       --set training.steps="$steps" --set data.val_every=0 --set data.val_batches=1
+       --set training.steps="$steps" --set data.val_every=0 --set data.val_sequences=1
        --set run.log_every=1000 --set topology.bucket_mb=4)
 printf "%-4s %-5s %10s %10s %10s %12s %12s %7s\n" dp zero step_ms compute_ms exposed_ms \
     "MB/rank/step" "theory MB" ratio

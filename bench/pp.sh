@@ -32,7 +32,7 @@ for pp in 2 4; do
                 --set topology.virtual_stages="$v" --set "topology.stage_layers=$split" \
                 --set training.micro_batch=1 \
                 --set training.global_batch="$m" --set training.steps="$steps" \
-                --set data.val_every=0 --set data.val_batches=1 --set run.log_every=1000 \
+                --set data.val_every=0 --set data.val_sequences=1 --set run.log_every=1000 \
                 --set training.trace=true \
                 --set run.dir="$out/r" > "$out/log" 2>&1 || { tail -20 "$out/log"; exit 1; }
             python3 - "$out/r" "$pp" "$sched" "$m" "$v" <<'PY'

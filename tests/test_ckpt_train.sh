@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Checkpoints in training (DESIGN.md, invariant 2): a run killed after a
+# Checkpoints in training (docs/design.md, invariant 2): a run killed after a
 # checkpoint and resumed continues bit for bit (losses and weights); the
 # 8-rank mesh tp 2 x pp 2 x dp 2 (zero 1) resumes bit for bit too; a
 # checkpoint saved on one topology resumes on others (1 rank, tp 1 x pp 4 x
@@ -12,7 +12,7 @@ RUN_CKPT=1
 small=(--set model.layers=4 --set model.hidden=64 --set model.heads=4 --set model.seq_len=32
        --set training.steps=8 --set training.warmup_steps=2 --set training.lr=1e-3
        --set training.global_batch=8 --set training.micro_batch=1 --set data.val_every=0
-       --set data.val_batches=1 --set run.log_every=100 --set checkpoint.every=4)
+       --set data.val_sequences=1 --set run.log_every=100 --set checkpoint.every=4)
 
 
 compare() { # reference, name, tolerance

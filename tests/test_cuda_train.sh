@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Training through the CUDA backend against the CPU reference (DESIGN.md,
+# Training through the CUDA backend against the CPU reference (docs/design.md,
 # invariant 4).  Without a GPU it runs in the emulated build
 # (-Demulate_cuda=true, suite emu): the kernels' code on the CPU, device
 # memory that host code cannot touch, copies checked for direction.  So it
@@ -28,7 +28,7 @@
 small=(--set model.layers=2 --set model.hidden=64 --set model.heads=4 --set model.seq_len=32
        --set training.steps=8 --set training.warmup_steps=2 --set training.lr=1e-3
        --set training.global_batch=4 --set training.micro_batch=2 --set data.val_every=4
-       --set data.val_batches=1 --set run.log_every=100)
+       --set data.val_sequences=2 --set run.log_every=100)
 cuda=(--set backend=cuda)
 # fp32 sums in another order (block reductions, cuBLAS) drift apart by ~1e-6
 # relative per step; a wrong index, a missed copy or a stale buffer moves the

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Data parallelism and ZeRO against the single-rank run (DESIGN.md, invariant 1):
+# Data parallelism and ZeRO against the single-rank run (docs/design.md, invariant 1):
 # dp 2 and 4, each with zero 0, 1, 2, 3, several micro-batches per step:
 # per-step loss within relative 1e-5 for 12 steps and final weights within
 # 1e-5.  Then the measured per-rank memory against the ZeRO formulas, and a
@@ -14,7 +14,7 @@
 small=(--set model.layers=2 --set model.hidden=64 --set model.heads=4 --set model.seq_len=32
        --set training.steps=12 --set training.warmup_steps=2 --set training.lr=1e-3
        --set training.global_batch=16 --set training.micro_batch=2 --set data.val_every=0
-       --set data.val_batches=1 --set run.log_every=100 --set topology.bucket_mb=1)
+       --set data.val_sequences=2 --set run.log_every=100 --set topology.bucket_mb=1)
 
 
 compare() { # name

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Pipeline parallelism in training against the single-rank run (DESIGN.md,
+# Pipeline parallelism in training against the single-rank run (docs/design.md,
 # invariant 1): pp 2 and 4 with 1F1B and GPipe, uneven stage_layers, tied
 # (GPT-2) and untied (Llama) embeddings, interleaved 1F1B with 2 chunks per
 # rank, and the 3D mesh tp 2 x pp 2 x dp 2
@@ -12,7 +12,7 @@
 small=(--set model.layers=4 --set model.hidden=64 --set model.heads=4 --set model.seq_len=32
        --set training.steps=10 --set training.warmup_steps=2 --set training.lr=1e-3
        --set training.global_batch=8 --set training.micro_batch=1 --set data.val_every=5
-       --set data.val_batches=2 --set run.log_every=100)
+       --set data.val_sequences=2 --set run.log_every=100)
 
 
 compare() { # reference, name

@@ -13,7 +13,7 @@ bound=60   # seconds from the kill to the end of the job
 small=(--set model.layers=4 --set model.hidden=64 --set model.heads=4 --set model.seq_len=32
        --set training.steps=30 --set training.warmup_steps=2 --set training.lr=1e-3
        --set training.global_batch=8 --set training.micro_batch=1 --set data.val_every=0
-       --set data.val_batches=2 --set run.log_every=10 --set topology.dp=2
+       --set data.val_sequences=2 --set run.log_every=10 --set topology.dp=2
        --set checkpoint.every=3)
 
 run ref 2

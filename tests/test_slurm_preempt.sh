@@ -4,7 +4,7 @@
 # ranks agree on a step, save a checkpoint and exit 75, the job requeues
 # itself and resumes from checkpoint.dir/latest.  Its loss curve and final
 # weights equal an uninterrupted mpiexec run's bit for bit (same topology,
-# DESIGN.md invariant 2).  A plain scancel checkpoints too but stays
+# docs/design.md invariant 2).  A plain scancel checkpoints too but stays
 # cancelled.  Then, under mpiexec, SIGTERM to one rank alone:
 # all ranks stop after the same step; with a peer that never gets there,
 # the signalled rank still exits in bounded time (TRIDENT_PREEMPT_GRACE).
@@ -15,7 +15,7 @@ slurm_test_cluster preempt 17830
 small=(--set model.layers=4 --set model.hidden=64 --set model.heads=4 --set model.seq_len=32
        --set training.steps=30 --set training.warmup_steps=2 --set training.lr=1e-3
        --set training.global_batch=8 --set training.micro_batch=1 --set data.val_every=0
-       --set data.val_batches=2 --set run.log_every=10 --set topology.dp=2)
+       --set data.val_sequences=2 --set run.log_every=10 --set topology.dp=2)
 
 run ref 2
 

@@ -13,7 +13,7 @@ root=$TRIDENT_SOURCE_ROOT
 small=(--set model.layers=4 --set model.hidden=64 --set model.heads=4 --set model.seq_len=32
        --set training.steps=10 --set training.warmup_steps=2 --set training.lr=1e-3
        --set training.global_batch=8 --set training.micro_batch=1 --set data.val_every=5
-       --set data.val_batches=2 --set run.log_every=1)
+       --set data.val_sequences=2 --set run.log_every=1)
 mesh=(--set topology.tp=2 --set topology.pp=2 --set topology.dp=2)
 
 run ref 8 "${mesh[@]}"

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Tensor parallelism in training against the single-rank run (DESIGN.md,
+# Tensor parallelism in training against the single-rank run (docs/design.md,
 # invariant 1): tp 2 and 4, with and without sequence parallelism, GPT-2 and
 # Llama-style (grouped-query attention, kv heads split and replicated), and
 # tp 2 x dp 2 with ZeRO 1 and 3: per-step loss within relative 1e-5 for 10
@@ -9,7 +9,7 @@
 small=(--set model.layers=2 --set model.hidden=64 --set model.heads=4 --set model.seq_len=32
        --set training.steps=10 --set training.warmup_steps=2 --set training.lr=1e-3
        --set training.global_batch=8 --set training.micro_batch=2 --set data.val_every=0
-       --set data.val_batches=1 --set run.log_every=100)
+       --set data.val_sequences=2 --set run.log_every=100)
 
 
 compare() { # reference, name

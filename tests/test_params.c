@@ -1,6 +1,6 @@
 /* The parameter table: shapes, offsets, decay flags, and the invariant that
  * a tensor-parallel shard initialises to exactly its slice of the unsplit
- * tensor (DESIGN.md, invariant 1). */
+ * tensor (docs/design.md, invariant 1). */
 #include <stdlib.h>
 #include <string.h>
 

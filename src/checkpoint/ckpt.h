@@ -17,7 +17,7 @@
  * (MPI-IO); each rank writes its TP slice restricted to its ZeRO block, and
  * a piece held by several ranks has one writer.  The step becomes visible
  * only after every rank has closed its file: rank 0 then renames
- * step_X.tmp -> step_X and moves <dir>/latest (DESIGN.md, invariant 2). */
+ * step_X.tmp -> step_X and moves <dir>/latest (docs/design.md, invariant 2). */
 #ifndef TRD_CKPT_H
 #define TRD_CKPT_H
 

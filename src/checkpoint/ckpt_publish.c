@@ -2,7 +2,7 @@
  * step_X.tmp directory, the rename that publishes it, the `latest` pointer
  * (latest.tmp + fsync + rename) and the pruning of old steps.  Every step
  * that makes something visible is a rename after an fsync, so a crash
- * leaves either the old state or the new one (DESIGN.md, invariant 2). */
+ * leaves either the old state or the new one (docs/design.md, invariant 2). */
 #include "checkpoint/ckpt_internal.h"
 
 #include <dirent.h>

@@ -1,6 +1,6 @@
 /* ckpt_save.c — write a checkpoint collectively, then publish it atomically.
  *
- * Order of events (DESIGN.md, invariant 2):
+ * Order of events (docs/design.md, invariant 2):
  *   1. rank 0 creates <dir>/step_X.tmp (removing one left by a crash);
  *   2. the stage leaders' tensor lists are gathered, so every rank knows
  *      which stage writes a name held by several stages (a tied embedding);

@@ -1,6 +1,6 @@
 /* error.h — how trident fails: one message, a hint, a defined exit code.
  *
- * Exit codes (DESIGN.md, invariant 3): 0 success, 2 bad input, 1 runtime
+ * Exit codes (docs/design.md, invariant 3): 0 success, 2 bad input, 1 runtime
  * failure.  A fatal error on one rank takes the whole job down with
  * MPI_Abort, so no other rank is left waiting in a collective. */
 #ifndef TRD_ERROR_H

@@ -2,7 +2,7 @@
  *
  * A value is a pure function of (key, counter): no state to carry, so any
  * rank can produce any element of any tensor, or any position of the data
- * order, without producing the ones before it (DESIGN.md, invariant 1). */
+ * order, without producing the ones before it (docs/design.md, invariant 1). */
 #ifndef TRD_RNG_H
 #define TRD_RNG_H
 

@@ -5,7 +5,7 @@
  *   block  one transformer layer, residual stream in -> out   (any stage)
  *   head   final norm -> logits -> fused cross-entropy        (last stage)
  *
- * Memory (STYLE.md): parameters and gradients are one buffer each, carved by
+ * Memory (docs/design.md): parameters and gradients are one buffer each, carved by
  * the table's offsets into per-layer structs of named pointers at create
  * time; activations are one allocation carved from a table of sizes that
  * depends on the recompute mode; backward scratch is one more allocation.

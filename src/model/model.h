@@ -4,7 +4,7 @@
  * Llama: RMSNorm, SwiGLU MLP, RoPE, grouped-query attention, no biases,
  *        untied embeddings (unless model.tie_embeddings says otherwise).
  *
- * Memory is flat and explicit (STYLE.md): parameters and gradients are one
+ * Memory is flat and explicit (docs/design.md): parameters and gradients are one
  * allocation each, carved by the parameter table; activations are one
  * allocation carved per layer from a fixed table of sizes.  The model never
  * allocates during a step.

@@ -4,7 +4,7 @@
  * the dimension split over tensor parallelism, the layer it belongs to (which
  * decides its pipeline stage), and how it is initialised.  Local shapes,
  * offsets in the flat buffers, gradient buckets, optimizer shards and
- * checkpoint hyperslabs are all derived from this table (DESIGN.md).
+ * checkpoint hyperslabs are all derived from this table (docs/design.md).
  *
  * Order in the flat buffer: the "outer" tensors first (embeddings, final
  * norm, head), then layer 0..L-1, each layer contiguous.  Backward finishes

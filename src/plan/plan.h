@@ -12,7 +12,7 @@
  *
  * Byte counts of collectives follow src/comm's rule (what one rank sends
  * under ring algorithms); on the CPU reference backend they equal the
- * counters of a real run exactly (tests/test_plan.sh). */
+ * counters of a real run exactly (tests/test_plan_runs.sh). */
 #ifndef TRD_PLAN_H
 #define TRD_PLAN_H
 

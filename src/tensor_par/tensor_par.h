@@ -30,8 +30,9 @@
  * one more split dimension: each rank owns rows [vocab_start, vocab_start +
  * Vp) of the (padded) embedding and head, of which the first V are real.
  *
- * Everything here works on host memory with plain loops or the backend's
- * ops; a size-1 group (or a NULL communicator) does no communication. */
+ * Everything here works on the backend's memory through the backend's ops
+ * (host memory for the CPU backend, device memory for CUDA); a size-1 group
+ * (or a NULL communicator) does no communication. */
 #ifndef TRD_TENSOR_PAR_H
 #define TRD_TENSOR_PAR_H
 

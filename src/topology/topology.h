@@ -1,7 +1,7 @@
 /* topology.h — the rank mesh: which (tp, dp, pp) coordinates, node and
  * groups each rank of the world has, and the communicators of those groups.
  *
- * This is the one place that does rank arithmetic (STYLE.md: "parallel state
+ * This is the one place that does rank arithmetic (docs/design.md: "parallel state
  * is one module"); every other module asks it.  The layout is a 3-D mesh
  * tp x dp x pp laid over the world ranks in the order of topology.order,
  * fastest axis first (default "tp-dp-pp": a TP group is consecutive ranks on

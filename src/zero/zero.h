@@ -125,7 +125,7 @@ void zero_gather_params(Zero *z, float *out);
  * ring rule) in one training step of n_micro micro-batches: buckets or
  * per-layer reductions, the parameter all-gathers, the gradient-norm
  * all-reduce.  Validation and the first step's start-up all-gather are not
- * included.  Keep them in step with the engine: tests/test_plan.sh compares
+ * included.  Keep them in step with the engine: tests/test_plan_runs.sh compares
  * both against real runs. */
 ZeroMemory zero_plan_memory(const Config *cfg, const ParamShard *sh, int dp, int dp_rank);
 uint64_t zero_plan_step_bytes(const Config *cfg, const ParamShard *sh, int dp, int n_micro);

@@ -6,6 +6,8 @@
 #   ```python         run with python3, in the same place
 #   ```sh gpu         not run here: needs an NVIDIA GPU (the doc says so)
 #   ```sh cluster     not run here: needs a Slurm cluster of real nodes, or waits forever
+#   ```sh ci          not run here: scripts/test.sh itself runs these steps (the CUDA builds)
+#   ```sh long        not run here: over ten minutes on 2 cores (a benchmark); run by hand
 #   ```text, yaml, c, js, json   not commands: output, synopses, config, code
 #
 # A block without a language fails the test, so a new command cannot slip in
@@ -111,7 +113,10 @@ while read -r doc kind file line; do
         shorten "$file"
         cmd=(bash -eo pipefail "$file")
     else
-        cmd=(python3 "$file")
+        # Debian's python3, where install_deps.sh puts h5py (a pyenv or
+        # venv python3 earlier in PATH does not see it).
+        py=python3; [ -x /usr/bin/python3 ] && py=/usr/bin/python3
+        cmd=("$py" "$file")
     fi
     if (cd "$box" && TRIDENT_PREEMPT_GRACE=60 timeout 600 "${cmd[@]}") > "$file.log" 2>&1 </dev/null; then
         echo "ok   $doc:$line ($kind)"

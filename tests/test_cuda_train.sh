@@ -25,7 +25,7 @@
 # CPU, with no host staging at all (NCCL carried every device buffer).
 . "$(dirname "$0")/e2e.sh"
 
-small=(--set model.layers=2 --set model.hidden=64 --set model.heads=4 --set model.seq_len=32
+small=(--set checkpoint.dir= --set model.layers=2 --set model.hidden=64 --set model.heads=4 --set model.seq_len=32
        --set training.steps=8 --set training.warmup_steps=2 --set training.lr=1e-3
        --set training.global_batch=4 --set training.micro_batch=2 --set data.val_every=4
        --set data.val_sequences=2 --set run.log_every=100)

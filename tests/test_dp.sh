@@ -11,7 +11,7 @@
 # lr * 1e-2.  The losses agree to 1e-7 either way.
 . "$(dirname "$0")/e2e.sh"
 
-small=(--set model.layers=2 --set model.hidden=64 --set model.heads=4 --set model.seq_len=32
+small=(--set checkpoint.dir= --set model.layers=2 --set model.hidden=64 --set model.heads=4 --set model.seq_len=32
        --set training.steps=12 --set training.warmup_steps=2 --set training.lr=1e-3
        --set training.global_batch=16 --set training.micro_batch=2 --set data.val_every=0
        --set data.val_sequences=2 --set run.log_every=100 --set topology.bucket_mb=1)

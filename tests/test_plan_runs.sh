@@ -15,7 +15,7 @@
 #     layout that fits; a config that cannot fit says so and what would.
 . "$(dirname "$0")/e2e.sh"
 
-small=(--set model.layers=4 --set model.hidden=64 --set model.heads=4 --set model.seq_len=32
+small=(--set checkpoint.dir= --set model.layers=4 --set model.hidden=64 --set model.heads=4 --set model.seq_len=32
        --set training.steps=2 --set training.global_batch=16 --set training.micro_batch=2
        --set data.val_path= --set data.val_every=0 --set run.log_every=100
        --set topology.bucket_mb=1)

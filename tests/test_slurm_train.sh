@@ -10,7 +10,7 @@
 slurm_test_cluster train 17820
 root=$TRIDENT_SOURCE_ROOT
 
-small=(--set model.layers=4 --set model.hidden=64 --set model.heads=4 --set model.seq_len=32
+small=(--set checkpoint.dir= --set model.layers=4 --set model.hidden=64 --set model.heads=4 --set model.seq_len=32
        --set training.steps=10 --set training.warmup_steps=2 --set training.lr=1e-3
        --set training.global_batch=8 --set training.micro_batch=1 --set data.val_every=5
        --set data.val_sequences=2 --set run.log_every=1)

@@ -6,7 +6,7 @@
 # steps.  The vocabulary, 50257, divides by neither 2 nor 4 (padded).
 . "$(dirname "$0")/e2e.sh"
 
-small=(--set model.layers=2 --set model.hidden=64 --set model.heads=4 --set model.seq_len=32
+small=(--set checkpoint.dir= --set model.layers=2 --set model.hidden=64 --set model.heads=4 --set model.seq_len=32
        --set training.steps=10 --set training.warmup_steps=2 --set training.lr=1e-3
        --set training.global_batch=8 --set training.micro_batch=2 --set data.val_every=0
        --set data.val_sequences=2 --set run.log_every=100)

@@ -10,7 +10,7 @@
 # data-parallel reductions appear with their bytes.
 . "$(dirname "$0")/e2e.sh"
 
-small=(--set model.layers=4 --set model.hidden=64 --set model.heads=4 --set model.seq_len=32
+small=(--set checkpoint.dir= --set model.layers=4 --set model.hidden=64 --set model.heads=4 --set model.seq_len=32
        --set training.steps=3 --set training.global_batch=8 --set training.micro_batch=1
        --set data.val_every=0 --set run.log_every=100 --set training.trace=true)
 

@@ -10,7 +10,7 @@ cd "${TRIDENT_SOURCE_ROOT:-.}"
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 
-small=(--set model.layers=2 --set model.hidden=64 --set model.heads=4 --set model.seq_len=64
+small=(--set checkpoint.dir= --set model.layers=2 --set model.hidden=64 --set model.heads=4 --set model.seq_len=64
        --set training.steps=40 --set training.warmup_steps=5 --set training.lr=4e-3 --set training.min_lr=4e-4 --set training.global_batch=8
        --set training.micro_batch=4 --set data.val_every=20 --set data.val_sequences=8
        --set run.log_every=20)

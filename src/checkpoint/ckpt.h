@@ -94,10 +94,12 @@ int ckpt_save(const char *dir, const CkptShardView *v, const CkptState *st, cons
 int ckpt_load(const char *step_dir, const CkptShardView *v, CkptState *st, const Config *cfg,
               char err[CFG_ERR]);
 
-/* The step directory to resume from: kind AUTO -> <dir>/latest if it exists
- * (else none), NEVER -> none, PATH -> `path` (must be a checkpoint).
- * Returns 1 with out set, 0 for none, -1 with err.  No MPI: call it on every
- * rank or on rank 0 and broadcast. */
+/* The step directory to resume from: kind AUTO -> <dir>/latest if it exists,
+ * else the newest complete step_<N> whose index verifies (err then holds a
+ * note saying which, to print), else none; NEVER -> none; PATH -> `path`
+ * (must be a checkpoint).  Returns 1 with out set, 0 for none, -1 with err
+ * (also: step directories but no latest, and none verifies).  No MPI: call
+ * it on every rank or on rank 0 and broadcast. */
 int ckpt_resolve(const char *dir, ResumeKind kind, const char *path, char out[CFG_STR],
                  char err[CFG_ERR]);
 

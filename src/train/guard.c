@@ -3,6 +3,7 @@
 #include "train/guard.h"
 
 #include <math.h>
+#include <mpi.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -19,7 +20,10 @@ _Noreturn void guard_exit_agreed(int rank, int code, const char *hint, const cha
         va_end(ap);
     }
     fflush(stdout);
-    comm_finalize();
+    int initialized = 0;
+    MPI_Initialized(&initialized);
+    if (initialized)
+        comm_finalize();
     exit(code);
 }
 

@@ -75,9 +75,11 @@ typedef struct {
 /* Save step st->step into <dir>/step_<8 digits>/, publish it and keep the
  * newest `keep` published steps (never removing the one just written).
  * Collective over v->world.  Returns 0, or -1 with the same message on every
- * rank for bad input (directory not creatable, existing non-directory);
- * an I/O failure inside the collective writes ends the job (trd_fatal),
- * leaving the previous checkpoint and `latest` untouched. */
+ * rank: bad input (directory not creatable, existing non-directory), an I/O
+ * failure (disk full: the path), or a non-finite value in a tensor (its
+ * name).  Nothing is then published: step_X.tmp is removed, the previous
+ * checkpoint and `latest` are untouched.  Steps found in a dir without
+ * `latest` are never replaced or pruned (docs/checkpoint.md). */
 int ckpt_save(const char *dir, const CkptShardView *v, const CkptState *st, const Config *cfg,
               int keep, char err[CFG_ERR]);
 
@@ -90,7 +92,11 @@ int ckpt_save(const char *dir, const CkptShardView *v, const CkptState *st, cons
  * weights wanted without master but master saved (bf16 run) -> the master
  * weights.  Collective over v->world; st may be NULL.  Returns 0, or -1 with
  * the same message on every rank, naming the file and the tensor (missing
- * file, corrupted or truncated file, missing tensor, wrong shape). */
+ * file, corrupted or truncated file, missing tensor, wrong shape), or the
+ * index (training state failing its checksums or ranges, a model
+ * hyper-parameter other than cfg's, run.seed or data.path changed without
+ * cfg->checkpoint.allow_changes: both values named).  Rank 0 prints the
+ * warnings of allowed changes and notes on what an older index lacks. */
 int ckpt_load(const char *step_dir, const CkptShardView *v, CkptState *st, const Config *cfg,
               char err[CFG_ERR]);
 

@@ -596,6 +596,18 @@ static void test_reliability(const char *good, const Config *g32, const Layout *
               "copies of %s", good);
         snprintf(p, sizeof p, "%s/bad/flip/index.h5", g_root);
         poke_state(p, "lr_step", 7 ^ 4);
+        /* An index of an older trident: without the new records. */
+        path_of(p, sizeof p, "bad");
+        CHECK(sh("cp -r %s %s/older", good, p) == 0, "copy for an older index");
+        snprintf(p, sizeof p, "%s/bad/older/index.h5", g_root);
+        hid_t f = H5Fopen(p, H5F_ACC_RDWR, H5P_DEFAULT);
+        CHECK(f >= 0 && H5Adelete_by_name(f, "state", "data_path", H5P_DEFAULT) >= 0 &&
+                  H5Adelete_by_name(f, "state", "checksum", H5P_DEFAULT) >= 0 &&
+                  H5Adelete_by_name(f, "model", "norm_eps", H5P_DEFAULT) >= 0 &&
+                  H5Adelete_by_name(f, "model", "rope_theta", H5P_DEFAULT) >= 0,
+              "strip the new attributes of %s", p);
+        if (f >= 0)
+            H5Fclose(f);
         CkptIndex ix;
         read_index(good, &ix);
         CHECK(ix.state_checked && ix.has_run && ix.has_norms, "new index records: %d %d %d",
@@ -606,6 +618,15 @@ static void test_reliability(const char *good, const Config *g32, const Layout *
         ckpt_index_free(&ix);
     }
     MPI_Barrier(MPI_COMM_WORLD);
+    path_of(p, sizeof p, "bad/older");
+    load_verify(p, g32, one, 0, SAME, 0, 7, "an older index still loads");
+    if (g_rank == 0) {
+        CkptIndex ix;
+        read_index(p, &ix);
+        CHECK(!ix.state_checked && !ix.has_run && !ix.has_norms, "older index: nothing new "
+              "recorded: %d %d %d", ix.state_checked, ix.has_run, ix.has_norms);
+        ckpt_index_free(&ix);
+    }
     path_of(p, sizeof p, "bad/flip");
     load_fails(p, g32, one, "flipped state bit", "flip/index.h5", "'/state/lr_step' does not match");
     path_of(p, sizeof p, "bad/range");

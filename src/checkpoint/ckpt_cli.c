@@ -69,9 +69,14 @@ static int inspect(const char *arg, int check)
     printf("state: step %lld, sampler_position %llu, lr_step %lld, adam_t %lld, seed %llu\n",
            (long long)s->step, (unsigned long long)s->sampler_position, (long long)s->lr_step,
            (long long)s->adam_t, (unsigned long long)ix.seed);
+    printf("run: data_path %s; state checksums %s\n", ix.has_run ? ix.data_path : "(not recorded)",
+           ix.state_checked ? "match" : "not recorded (older trident)");
     char line[256];
     ckpt_index_model_line(&ix, line, sizeof line);
-    printf("model: %s, seq_len %d, precision %s\n", line, ix.seq_len, ix.precision);
+    printf("model: %s, seq_len %d, precision %s", line, ix.seq_len, ix.precision);
+    if (ix.has_norms)
+        printf(", norm_eps %g, rope_theta %g", ix.norm_eps, ix.rope_theta);
+    printf("\n");
     printf("topology: tp %d, pp %d, dp %d, zero %d, world %d, stage_layers [", ix.tp, ix.pp,
            ix.dp, ix.zero, ix.world);
     for (int i = 0; i < ix.pp; i++)

@@ -351,11 +351,17 @@ static int check_run(const char *dir, const CkptIndex *ix, const Config *cfg, in
         fprintf(stderr, "trident: warning: data.path changed from '%s' (checkpoint) to '%s' "
                         "(allowed by checkpoint.allow_changes)\n", ix->data_path,
                 cfg->data.path);
-    if (!ix->has_norms || !ix->has_run || !ix->state_checked)
-        fprintf(stderr, "trident: note: %s/index.h5 was written by an older trident: %s%s%snot "
-                        "checked\n", dir, ix->has_norms ? "" : "model.norm_eps, rope_theta; ",
-                ix->has_run ? "" : "data.path; ",
-                ix->state_checked ? "" : "the training state checksum; ");
+    if (!ix->has_norms || !ix->has_run || !ix->state_checked) {
+        char missing[160] = "";
+        if (!ix->has_norms)
+            strcat(missing, ", model.norm_eps and rope_theta");
+        if (!ix->has_run)
+            strcat(missing, ", data.path");
+        if (!ix->state_checked)
+            strcat(missing, ", the training state checksums");
+        fprintf(stderr, "trident: note: %s/index.h5 is from an older trident; not checked: %s\n",
+                dir, missing + 2);
+    }
     return 0;
 }
 

@@ -17,7 +17,6 @@
 #include "backend/cuda.h"
 #endif
 #include "checkpoint/ckpt.h"
-#include "train/guard.h"
 #include "comm/comm.h"
 #include "config/config.h"
 #include "core/error.h"
@@ -28,6 +27,7 @@
 #include "model/params.h"
 #include "train/metrics.h"
 #include "topology/topology.h"
+#include "train/guard.h"
 #include "train/pipeline.h"
 #include "train/preempt.h"
 #include "train/schedule.h"

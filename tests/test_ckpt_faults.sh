@@ -3,8 +3,10 @@
 # reproduced with tiny runs and checked by exit code, message and files:
 #   - a diverging run (training.lr=1e6, checkpoint.every=1) stops before the
 #     update that would make the weights NaN, once on 2 ranks, and every
-#     published step verifies; training.nonfinite: skip drops updates and
-#     stops after training.max_skipped in a row;
+#     published step verifies; an update that overflows the weights with a
+#     finite loss (lr 3e38, weight_decay 100; published step 1 with 2 M Infs
+#     before) is refused by the save; training.nonfinite: skip drops updates
+#     and stops after training.max_skipped in a row;
 #   - a flipped bit in index.h5's training state: exit 2 naming the file and
 #     the attribute; `ckpt verify` exit 1;
 #   - the resume says what it resumes; at or past training.steps it exits 0;
@@ -56,6 +58,16 @@ for d in "$out"/diverge.ckpt/step_*; do
 done
 ok "diverging run: all $published published steps verify (finite values)" \
     test "$published" -gt 0 -a "$verified" -eq "$published"
+
+# An update that overflows the weights while the step's loss and gradient
+# norm are finite: the save finds the Inf/NaN and refuses to publish.
+t overflow 1 --set training.lr=3e38 --set training.weight_decay=100 --set training.min_lr=0 \
+    --set training.warmup_steps=0 --set checkpoint.every=1
+ok "weights overflowed by the update: the save refuses (exit $rc), naming the tensor" \
+    bash -c "[ $rc -eq 1 ] && grep -q \"step_00000001.tmp/stage_0.h5: tensor 'embed.wte.weight' (params) holds [0-9]* non-finite values.*not published\" '$out/overflow.log'"
+show overflow "trident: error"
+ok "weights overflowed: nothing published, no latest, no .tmp" \
+    bash -c "[ -z \"\$(ls '$out/overflow.ckpt')\" ]"
 
 t skip 1 --set training.lr=1e6 --set training.nonfinite=skip --set training.max_skipped=3 \
     --set training.steps=12

@@ -501,8 +501,9 @@ static void ckpt_save_step(Trainer *tr, int steps_done)
     ckpt_sync(tr, 1);
     if (ckpt_save(cfg->checkpoint.dir, &tr->ckpt, &st, cfg, cfg->checkpoint.keep, err) != 0)
         guard_exit_agreed(tr->topo.rank, TRD_EXIT_RUNTIME,
-                          "check free space and permissions of checkpoint.dir; the previous "
-                          "checkpoint and latest are unchanged", "%s", err);
+                          "nothing was published, the previous checkpoint and latest are "
+                          "unchanged; check free space and permissions of checkpoint.dir, or "
+                          "for non-finite values training.lr and weight_decay", "%s", err);
     trace_span("checkpoint save", TRACE_STEP, t_span, MPI_Wtime(), -1, -1, 0);
     if (tr->topo.rank == 0)
         printf("checkpoint: step %d saved to %s in %.2f s\n", steps_done, cfg->checkpoint.dir,

@@ -120,9 +120,10 @@ ok "no latest and nothing complete: exit 2 ($rc) saying what it found, nothing w
 
 # 5. Hyper-parameters and run identity at resume (base: step 4 of 6).
 resume=(--set run.seed=987654321 --set training.steps=6 --set checkpoint.resume="$out/base.ckpt")
-t heads 1 "${resume[@]}" --set model.heads=2
-ok "model.heads changed (same shapes): exit 2 ($rc) naming both values" \
+t heads 2 "${dp2[@]}" "${resume[@]}" --set model.heads=2
+ok "model.heads changed (same shapes), 2 ranks: exit 2 ($rc) naming both values" \
     bash -c "[ $rc -eq 2 ] && grep -q 'model.heads is 4 in the checkpoint, 2 in the config' '$out/heads.log'"
+ok "model.heads changed: the error is printed once on 2 ranks" errors_once heads
 t theta 1 "${resume[@]}" --set model.rope_theta=500000
 ok "model.rope_theta changed: exit 2 ($rc)" \
     bash -c "[ $rc -eq 2 ] && grep -q 'model.rope_theta is 10000 in the checkpoint, 500000 in the config' '$out/theta.log'"

@@ -11,6 +11,7 @@
  * Run as a plain unit test (one process), it re-executes itself under
  * `mpiexec -n 4` and exits with mpiexec's status. */
 #include <errno.h>
+#include <math.h>
 #include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
@@ -207,7 +208,7 @@ static int save_layout(const char *sub, const Config *cfg, const Layout *L, int6
         char dir[512], err[CFG_ERR];
         path_of(dir, sizeof dir, sub);
         CkptState st = {.step = step, .sampler_position = 1000 + (uint64_t)step,
-                        .lr_step = step, .adam_t = step + 7};
+                        .lr_step = step, .adam_t = step - 1};
         rc = ckpt_save(dir, &s.v, &st, cfg, keep, err);
         CHECK(rc == 0, "save %s step %lld: %s", sub, (long long)step, err);
     }
@@ -230,7 +231,7 @@ static void load_verify(const char *step_dir, const Config *cfg, const Layout *L
         if (rc == 0) {
             shard_verify(&s, cfg, src, salt, what);
             CHECK(st.step == step && st.sampler_position == 1000 + (uint64_t)step &&
-                      st.lr_step == step && st.adam_t == step + 7,
+                      st.lr_step == step && st.adam_t == step - 1,
                   "%s: state step %lld pos %llu adam_t %lld", what, (long long)st.step,
                   (unsigned long long)st.sampler_position, (long long)st.adam_t);
         }
@@ -339,7 +340,7 @@ static void test_index(const char *step_dir)
           (long long)attr_i64(g, "zero"));
     H5Gclose(g);
     g = H5Gopen2(f, "state", H5P_DEFAULT);
-    CHECK(attr_i64(g, "sampler_position") == 1005 && attr_i64(g, "adam_t") == 12,
+    CHECK(attr_i64(g, "sampler_position") == 1005 && attr_i64(g, "adam_t") == 4,
           "index: state");
     H5Gclose(g);
     g = H5Gopen2(f, "model", H5P_DEFAULT);
@@ -533,6 +534,166 @@ static void test_cli(const char *step_dir, const Config *cfg)
 
 /* ---- the cases ---- */
 
+static void read_index(const char *step_dir, CkptIndex *ix)
+{
+    char path[1024], err[CFG_ERR];
+    snprintf(path, sizeof path, "%s/index.h5", step_dir);
+    CHECK(ckpt_index_read(path, ix, err) == 0, "read %s: %s", path, err);
+}
+
+/* Overwrite one int64 attribute of /state in place (a flipped bit). */
+static void poke_state(const char *index, const char *attr, int64_t v)
+{
+    hid_t f = H5Fopen(index, H5F_ACC_RDWR, H5P_DEFAULT);
+    hid_t g = f >= 0 ? H5Gopen2(f, "state", H5P_DEFAULT) : -1;
+    hid_t a = g >= 0 ? H5Aopen(g, attr, H5P_DEFAULT) : -1;
+    CHECK(a >= 0 && H5Awrite(a, H5T_NATIVE_INT64, &v) >= 0, "poke %s in %s", attr, index);
+    if (a >= 0)
+        H5Aclose(a);
+    if (g >= 0)
+        H5Gclose(g);
+    if (f >= 0)
+        H5Fclose(f);
+}
+
+/* G (issue 17): a non-finite value is never published; the training state
+ * is checksummed and range-checked; resume auto without `latest`; every
+ * model hyper-parameter, run.seed and data.path compared at load. */
+static void test_reliability(const char *good, const Config *g32, const Layout *four,
+                             const Layout *one)
+{
+    char dir[512], p[1024], err[CFG_ERR] = "", latest[64];
+    /* A NaN in Adam's v on rank 0: refused, named, latest unchanged. */
+    save_layout("g", g32, four, 1, 2, 0);
+    Shard s;
+    shard_make(&s, g32, four, 0, 1, 0);
+    if (s.active) {
+        if (g_rank == 0)
+            s.v.part[CKPT_ADAM_V].data[0] = NAN;
+        CkptState st = {.step = 2, .sampler_position = 1002, .lr_step = 2, .adam_t = 1};
+        path_of(dir, sizeof dir, "g");
+        int rc = ckpt_save(dir, &s.v, &st, g32, 2, err);
+        CHECK(rc == -1 && strstr(err, "non-finite") && strstr(err, "adam_v") &&
+                  strstr(err, "stage_0.h5"), "NaN save refused: rc %d: %s", rc, err);
+        if (g_rank == 0)
+            printf("  NaN in adam_v -> %s\n", err);
+    }
+    shard_free(&s);
+    MPI_Barrier(MPI_COMM_WORLD);
+    if (g_rank == 0) {
+        path_of(dir, sizeof dir, "g");
+        read_latest(dir, latest, sizeof latest);
+        CHECK(!strcmp(latest, "step_00000001"), "after the NaN save latest is '%s'", latest);
+        snprintf(p, sizeof p, "%s/step_00000002", dir);
+        CHECK(!is_dir(p), "no step 2 published");
+        snprintf(p, sizeof p, "%s/step_00000002.tmp", dir);
+        CHECK(!is_dir(p), "the refused step_2.tmp is removed");
+
+        /* The training state: a changed attribute, and values out of range
+         * written with matching checksums (a writer's bug). */
+        path_of(p, sizeof p, "bad");
+        CHECK(sh("cp -r %s %s/flip", good, p) == 0 && sh("cp -r %s %s/range", good, p) == 0,
+              "copies of %s", good);
+        snprintf(p, sizeof p, "%s/bad/flip/index.h5", g_root);
+        poke_state(p, "lr_step", 7 ^ 4);
+        /* An index of an older trident: without the new records. */
+        path_of(p, sizeof p, "bad");
+        CHECK(sh("cp -r %s %s/older", good, p) == 0, "copy for an older index");
+        snprintf(p, sizeof p, "%s/bad/older/index.h5", g_root);
+        hid_t f = H5Fopen(p, H5F_ACC_RDWR, H5P_DEFAULT);
+        CHECK(f >= 0 && H5Adelete_by_name(f, "state", "data_path", H5P_DEFAULT) >= 0 &&
+                  H5Adelete_by_name(f, "state", "checksum", H5P_DEFAULT) >= 0 &&
+                  H5Adelete_by_name(f, "model", "norm_eps", H5P_DEFAULT) >= 0 &&
+                  H5Adelete_by_name(f, "model", "rope_theta", H5P_DEFAULT) >= 0,
+              "strip the new attributes of %s", p);
+        if (f >= 0)
+            H5Fclose(f);
+        CkptIndex ix;
+        read_index(good, &ix);
+        CHECK(ix.state_checked && ix.has_run && ix.has_norms, "new index records: %d %d %d",
+              ix.state_checked, ix.has_run, ix.has_norms);
+        ix.state.adam_t = ix.state.step + 1;
+        snprintf(p, sizeof p, "%s/bad/range/index.h5", g_root);
+        CHECK(ckpt_index_write(p, &ix, err) == 0, "rewrite %s: %s", p, err);
+        ckpt_index_free(&ix);
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+    path_of(p, sizeof p, "bad/older");
+    load_verify(p, g32, one, 0, SAME, 0, 7, "an older index still loads");
+    if (g_rank == 0) {
+        CkptIndex ix;
+        read_index(p, &ix);
+        CHECK(!ix.state_checked && !ix.has_run && !ix.has_norms, "older index: nothing new "
+              "recorded: %d %d %d", ix.state_checked, ix.has_run, ix.has_norms);
+        ckpt_index_free(&ix);
+    }
+    path_of(p, sizeof p, "bad/flip");
+    load_fails(p, g32, one, "flipped state bit", "flip/index.h5", "'/state/lr_step' does not match");
+    path_of(p, sizeof p, "bad/range");
+    load_fails(p, g32, four, "adam_t > step", "range/index.h5", "'/state/adam_t' is out of range");
+
+    /* Hyper-parameters that keep every shape: still refused, both values named. */
+    Config c = *g32;
+    c.model.heads = 2; /* with kv_heads 2, the qkv rows stay 32 + 2 x 2 x 16 */
+    c.model.kv_heads = 2;
+    load_fails(good, &c, one, "other heads", "model.heads is 4 in the checkpoint, 2 in the config",
+               NULL);
+    c = *g32;
+    c.model.norm_eps = 1e-6f;
+    load_fails(good, &c, one, "other norm_eps", "model.norm_eps is 1e-05 in the checkpoint", NULL);
+    c = *g32;
+    c.model.rope_theta = 5e5f;
+    load_fails(good, &c, one, "other rope_theta", "model.rope_theta is 10000", "500000");
+    c = *g32;
+    c.run.seed = 99;
+    load_fails(good, &c, one, "other seed", "run.seed is 1234 in the checkpoint, 99", NULL);
+    snprintf(c.checkpoint.allow_changes, sizeof c.checkpoint.allow_changes, "data,seed");
+    load_verify(good, &c, one, 0, SAME, 0, 7, "other seed, allowed");
+    c = *g32;
+    snprintf(c.data.path, sizeof c.data.path, "data/other");
+    load_fails(good, &c, one, "other data.path", "data.path is '' in the checkpoint", NULL);
+
+    /* resume auto without latest: the newest complete step that verifies. */
+    if (g_rank == 0) {
+        char out[CFG_STR];
+        path_of(dir, sizeof dir, "nolatest");
+        snprintf(p, sizeof p, "%s/e", g_root);
+        CHECK(sh("cp -r %s %s/nolatest", p, g_root) == 0, "copy e");
+        snprintf(p, sizeof p, "%s/latest", dir);
+        CHECK(remove(p) == 0, "remove %s", p);
+        CHECK(ckpt_resolve(dir, RESUME_AUTO, "", out, err) == 1 && strstr(out, "step_00000004") &&
+                  strstr(err, "latest is missing"), "no latest: %s (%s)", out, err);
+        snprintf(p, sizeof p, "%s/step_00000004/stage_0.h5", dir);
+        CHECK(remove(p) == 0, "remove %s", p);
+        CHECK(ckpt_resolve(dir, RESUME_AUTO, "", out, err) == 1 && strstr(out, "step_00000003") &&
+                  strstr(err, "skipped: step_00000004"), "incomplete newest: %s (%s)", out, err);
+        printf("  %s\n", err);
+        snprintf(p, sizeof p, "%s/step_00000003/index.h5", dir);
+        poke_state(p, "step", 5);
+        CHECK(ckpt_resolve(dir, RESUME_AUTO, "", out, err) == -1 && strstr(err, "step_00000003") &&
+                  strstr(err, "step_00000004"), "none verifies: %s", err);
+        printf("  %s\n", err);
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+    /* A save there keeps the steps this job did not write: step 4 is moved
+     * aside, not replaced; keep 1 prunes neither it nor step 3. */
+    save_layout("nolatest", g32, four, 4, 1, 0);
+    save_layout("nolatest", g32, four, 5, 1, 0);
+    if (g_rank == 0) {
+        path_of(dir, sizeof dir, "nolatest");
+        read_latest(dir, latest, sizeof latest);
+        CHECK(!strcmp(latest, "step_00000005"), "latest '%s'", latest);
+        const char *want[] = {"step_00000003", "step_00000004.kept", "step_00000005"};
+        for (int i = 0; i < 3; i++) {
+            snprintf(p, sizeof p, "%s/%s", dir, want[i]);
+            CHECK(is_dir(p), "%s kept", p);
+        }
+        snprintf(p, sizeof p, "%s/step_00000004", dir);
+        CHECK(!is_dir(p), "our own step 4 pruned (keep 1)");
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+}
+
 int main(int argc, char **argv)
 {
     if (!mpi_test_child())
@@ -704,6 +865,8 @@ int main(int argc, char **argv)
     load_verify(src, &g32, &one, 0, SAME, 0, 7, "B still loads after the failures");
 
     mark("F done");
+    test_reliability(src, &g32, &four, &one);
+    mark("G done");
     if (g_rank == 0)
         sh("rm -rf %s%s", g_root, "");
     int failed = check_failures;

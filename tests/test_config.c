@@ -504,6 +504,45 @@ static void test_round_trip(void)
               strstr(err, "/nonexistent-dir/x.yaml"), "unwritable path: %s", err);
 }
 
+/* Issue 17's keys: training.nonfinite, training.max_skipped, and
+ * checkpoint.allow_changes as a YAML list, a comma string or a --set list. */
+static void test_reliability_keys(void)
+{
+    char err[CFG_ERR] = "", path[64];
+    Config c;
+    base_config(&c);
+    CHECK(c.training.nonfinite == NONFINITE_STOP && c.training.max_skipped == 10 &&
+              !c.checkpoint.allow_changes[0], "defaults: stop, 10, no changes allowed");
+    CHECK(config_set(&c, "training.nonfinite=skip", err) == 0 &&
+              c.training.nonfinite == NONFINITE_SKIP, "nonfinite skip: %s", err);
+    CHECK(config_set(&c, "checkpoint.allow_changes=[seed, data]", err) == 0 &&
+              config_validate(&c, 0, err) == 0 && !strcmp(c.checkpoint.allow_changes, "seed,data"),
+          "--set list normalised: '%s' %s", c.checkpoint.allow_changes, err);
+    expect_invalid((const char *const[]){"training.max_skipped=0", NULL}, 0,
+                   (const char *const[]){"training.max_skipped", ">= 1", NULL});
+    expect_invalid((const char *const[]){"checkpoint.allow_changes=seed,lr", NULL}, 0,
+                   (const char *const[]){"checkpoint.allow_changes", "'lr'", NULL});
+
+    snprintf(path, sizeof path, "/tmp/trident_test_config_ac_%d.yaml", (int)getpid());
+    FILE *f = fopen(path, "w");
+    CHECK(f != NULL, "create %s", path);
+    if (!f)
+        return;
+    fputs("model: {layers: 1, hidden: 64, heads: 4, vocab: 256, seq_len: 32}\n"
+          "training: {steps: 1, global_batch: 8, micro_batch: 8, lr: 1.0e-3, max_skipped: 3}\n"
+          "data: {path: data/x}\n"
+          "checkpoint: {allow_changes: [data, seed]}\n", f);
+    fclose(f);
+    Config y, back;
+    CHECK(config_load(&y, path, err) == 0 && config_validate(&y, 1, err) == 0, "load: %s", err);
+    CHECK(!strcmp(y.checkpoint.allow_changes, "data,seed") && y.training.max_skipped == 3,
+          "YAML list joined: '%s'", y.checkpoint.allow_changes);
+    CHECK(config_write_yaml(&y, path, err) == 0 && config_load(&back, path, err) == 0 &&
+              !strcmp(back.checkpoint.allow_changes, "data,seed"),
+          "written as a string and read back: '%s' %s", back.checkpoint.allow_changes, err);
+    remove(path);
+}
+
 int main(void)
 {
     const char *root = getenv("TRIDENT_SOURCE_ROOT");
@@ -515,5 +554,6 @@ int main(void)
     test_validate();
     test_value_places();
     test_round_trip();
+    test_reliability_keys();
     return check_summary("config");
 }

@@ -75,9 +75,11 @@ typedef struct {
 /* Save step st->step into <dir>/step_<8 digits>/, publish it and keep the
  * newest `keep` published steps (never removing the one just written).
  * Collective over v->world.  Returns 0, or -1 with the same message on every
- * rank for bad input (directory not creatable, existing non-directory);
- * an I/O failure inside the collective writes ends the job (trd_fatal),
- * leaving the previous checkpoint and `latest` untouched. */
+ * rank: bad input (directory not creatable, existing non-directory), an I/O
+ * failure (disk full: the path), or a non-finite value in a tensor (its
+ * name).  Nothing is then published: step_X.tmp is removed, the previous
+ * checkpoint and `latest` are untouched.  Steps found in a dir without
+ * `latest` are never replaced or pruned (docs/checkpoint.md). */
 int ckpt_save(const char *dir, const CkptShardView *v, const CkptState *st, const Config *cfg,
               int keep, char err[CFG_ERR]);
 
@@ -90,14 +92,20 @@ int ckpt_save(const char *dir, const CkptShardView *v, const CkptState *st, cons
  * weights wanted without master but master saved (bf16 run) -> the master
  * weights.  Collective over v->world; st may be NULL.  Returns 0, or -1 with
  * the same message on every rank, naming the file and the tensor (missing
- * file, corrupted or truncated file, missing tensor, wrong shape). */
+ * file, corrupted or truncated file, missing tensor, wrong shape), or the
+ * index (training state failing its checksums or ranges, a model
+ * hyper-parameter other than cfg's, run.seed or data.path changed without
+ * cfg->checkpoint.allow_changes: both values named).  Rank 0 prints the
+ * warnings of allowed changes and notes on what an older index lacks. */
 int ckpt_load(const char *step_dir, const CkptShardView *v, CkptState *st, const Config *cfg,
               char err[CFG_ERR]);
 
-/* The step directory to resume from: kind AUTO -> <dir>/latest if it exists
- * (else none), NEVER -> none, PATH -> `path` (must be a checkpoint).
- * Returns 1 with out set, 0 for none, -1 with err.  No MPI: call it on every
- * rank or on rank 0 and broadcast. */
+/* The step directory to resume from: kind AUTO -> <dir>/latest if it exists,
+ * else the newest complete step_<N> whose index verifies (err then holds a
+ * note saying which, to print), else none; NEVER -> none; PATH -> `path`
+ * (must be a checkpoint).  Returns 1 with out set, 0 for none, -1 with err
+ * (also: step directories but no latest, and none verifies).  No MPI: call
+ * it on every rank or on rank 0 and broadcast. */
 int ckpt_resolve(const char *dir, ResumeKind kind, const char *path, char out[CFG_STR],
                  char err[CFG_ERR]);
 

@@ -4,6 +4,7 @@
  * HDF5 library), so neither needs mpiexec. */
 #include "checkpoint/ckpt_internal.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,16 +15,21 @@
 static void usage(FILE *f)
 {
     fprintf(f,
-            "usage: trident ckpt inspect DIR\n"
+            "usage: trident ckpt inspect DIR [--verify]\n"
+            "       trident ckpt verify DIR\n"
             "       trident ckpt export DIR --out FILE [--master]\n\n"
             "DIR is a checkpoint step directory (DIR/step_00000100) or a checkpoint.dir,\n"
             "whose `latest` is taken.\n"
             "  inspect   saved step, training state, model, topology, config, and every\n"
-            "            dataset with its global shape, dtype, size and file\n"
+            "            dataset with its global shape, dtype, size and file; with --verify\n"
+            "            also the check of `verify` (else it says \"not verified\")\n"
+            "  verify    reads every block of every tensor: checksums and finite values;\n"
+            "            exit 1 naming the file and tensor that is wrong, 0 and \"verified\"\n"
             "  export    the model weights (fp32, global shapes, unpadded vocabulary) as\n"
             "            one HDF5 file with a dataset per tensor, e.g. /embed.wte.weight;\n"
             "            --master takes the fp32 master weights of a bf16 run instead\n"
-            "Layout: docs/checkpoint.md.  Exit codes: 0 success, 2 bad input, 1 failure.\n");
+            "Layout: docs/checkpoint.md.  Exit codes: 0 success, 2 bad input (not a\n"
+            "checkpoint), 1 failure (a damaged checkpoint, for verify).\n");
 }
 
 static int fail(int code, const char *msg)
@@ -49,7 +55,10 @@ static void print_shape(char *out, size_t n, const CkptEntry *e)
         snprintf(out, n, "[%lld, %lld]", (long long)e->shape[0], (long long)e->shape[1]);
 }
 
-static int inspect(const char *arg)
+static int verify_all(const char *step_dir, const CkptIndex *ix, int64_t *bytes,
+                      char err[CFG_ERR]);
+
+static int inspect(const char *arg, int check)
 {
     char step_dir[CFG_STR], err[CFG_ERR];
     CkptIndex ix;
@@ -60,9 +69,14 @@ static int inspect(const char *arg)
     printf("state: step %lld, sampler_position %llu, lr_step %lld, adam_t %lld, seed %llu\n",
            (long long)s->step, (unsigned long long)s->sampler_position, (long long)s->lr_step,
            (long long)s->adam_t, (unsigned long long)ix.seed);
+    printf("run: data_path %s; state checksums %s\n", ix.has_run ? ix.data_path : "(not recorded)",
+           ix.state_checked ? "match" : "not recorded (older trident)");
     char line[256];
     ckpt_index_model_line(&ix, line, sizeof line);
-    printf("model: %s, seq_len %d, precision %s\n", line, ix.seq_len, ix.precision);
+    printf("model: %s, seq_len %d, precision %s", line, ix.seq_len, ix.precision);
+    if (ix.has_norms)
+        printf(", norm_eps %g, rope_theta %g", ix.norm_eps, ix.rope_theta);
+    printf("\n");
     printf("topology: tp %d, pp %d, dp %d, zero %d, world %d, stage_layers [", ix.tp, ix.pp,
            ix.dp, ix.zero, ix.world);
     for (int i = 0; i < ix.pp; i++)
@@ -94,8 +108,18 @@ static int inspect(const char *arg)
     }
     printf("total: %.1f MiB of tensor data\n", trd_mib((size_t)total));
     printf("config:\n%s", ix.yaml ? ix.yaml : "");
+    int code = TRD_EXIT_OK;
+    if (!check) {
+        printf("data: not verified (trident ckpt verify %s reads and checks every tensor)\n",
+               step_dir);
+    } else if (verify_all(step_dir, &ix, &total, err) == 0) {
+        printf("data: verified: every checksum matches, every value is finite\n");
+    } else {
+        printf("data: NOT VERIFIED: %s\n", err);
+        code = fail(TRD_EXIT_RUNTIME, err);
+    }
     ckpt_index_free(&ix);
-    return TRD_EXIT_OK;
+    return code;
 }
 
 /* Every checksum block of a whole tensor in buf matches (0), or -1. */
@@ -159,6 +183,58 @@ static float *read_whole(const char *step_dir, const CkptEntry *e, char err[CFG_
         H5Dclose(d);
     H5Fclose(f);
     return buf;
+}
+
+/* Every dataset the index lists: read whole (read_whole verifies each
+ * checksum block) and every value finite.  0, or -1 with err naming the
+ * file and the tensor. */
+static int verify_all(const char *step_dir, const CkptIndex *ix, int64_t *bytes,
+                      char err[CFG_ERR])
+{
+    *bytes = 0;
+    for (int i = 0; i < ix->n; i++) {
+        const CkptEntry *e = &ix->e[i];
+        float *buf = read_whole(step_dir, e, err);
+        if (!buf)
+            return -1;
+        const size_t n = (size_t)(e->shape[0] * e->shape[1]);
+        size_t bad = 0, first = 0;
+        for (size_t j = 0; j < n; j++)
+            if (!isfinite(buf[j]) && !bad++)
+                first = j;
+        free(buf);
+        if (bad) {
+            ckpt_err(err, "%s/%s: tensor '%s' (dataset '/%s/%s') holds %zu non-finite values "
+                          "(the first at flat element %zu)", step_dir, e->file, e->name, e->kind,
+                     e->name, bad, first);
+            return -1;
+        }
+        *bytes += e->nbytes;
+    }
+    return 0;
+}
+
+static int verify(const char *arg)
+{
+    char step_dir[CFG_STR], err[CFG_ERR];
+    if (ckpt_resolve(NULL, RESUME_PATH, arg, step_dir, err) != 1)
+        return fail(TRD_EXIT_INPUT, err);
+    CkptIndex ix;
+    char path[CKPT_FILE_PATH];
+    snprintf(path, sizeof path, "%s/index.h5", step_dir);
+    /* The index read checks the training state's checksums and ranges. */
+    if (ckpt_index_read(path, &ix, err) != 0)
+        return fail(TRD_EXIT_RUNTIME, err);
+    int64_t bytes = 0;
+    const int rc = verify_all(step_dir, &ix, &bytes, err);
+    if (rc == 0)
+        printf("%s: verified: step %lld, %d datasets, %.1f MiB: every checksum matches, every "
+               "value is finite%s\n", step_dir, (long long)ix.state.step, ix.n,
+               trd_mib((size_t)bytes),
+               ix.state_checked ? ", training state checksums match"
+                                : " (older index: no training state checksums)");
+    ckpt_index_free(&ix);
+    return rc == 0 ? TRD_EXIT_OK : fail(TRD_EXIT_RUNTIME, err);
 }
 
 static int put_attr_str(hid_t loc, const char *name, const char *s)
@@ -262,7 +338,11 @@ int ckpt_main(int argc, char **argv)
         return TRD_EXIT_OK;
     }
     if (argc == 3 && !strcmp(argv[1], "inspect"))
-        return inspect(argv[2]);
+        return inspect(argv[2], 0);
+    if (argc == 4 && !strcmp(argv[1], "inspect") && !strcmp(argv[3], "--verify"))
+        return inspect(argv[2], 1);
+    if (argc == 3 && !strcmp(argv[1], "verify"))
+        return verify(argv[2]);
     if (argc >= 3 && !strcmp(argv[1], "export")) {
         const char *out = NULL;
         int master = 0;

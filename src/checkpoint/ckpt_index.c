@@ -4,17 +4,21 @@
  *
  * index.h5 (docs/checkpoint.md):
  *   /            attrs format="trident-checkpoint", version=1, step, config (YAML)
- *   /state       attrs step, sampler_position, lr_step, adam_t, rng[4], seed
+ *   /state       attrs step, sampler_position, lr_step, adam_t, rng[4], seed,
+ *                data_path, checksum[7] (one per attribute before it)
  *   /model       attrs arch, precision, layers, hidden, heads, kv_heads,
- *                ffn_hidden, vocab, seq_len, tie_embeddings
+ *                ffn_hidden, vocab, seq_len, tie_embeddings, norm_eps, rope_theta
  *   /topology    attrs tp, pp, dp, zero, world, stage_layers[pp]
  *   /tensors     compound dataset, one record per stored dataset:
  *                name, kind, file, dtype, ndim, stage, shape[2], nbytes */
 #include "checkpoint/ckpt_internal.h"
 
+#include <errno.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "core/error.h"
 
@@ -165,6 +169,47 @@ static int get_strbuf(hid_t loc, const char *name, char *buf, size_t n)
     return 0;
 }
 
+/* ---- /state checksums ---- */
+
+const char *const ckpt_state_attr_names[CKPT_STATE_ATTRS] = {
+    "step", "sampler_position", "lr_step", "adam_t", "rng", "seed", "data_path"};
+
+static uint64_t fnv1a(uint64_t h, const void *p, size_t n)
+{
+    const unsigned char *b = p;
+    for (size_t i = 0; i < n; i++)
+        h = (h ^ b[i]) * 0x100000001b3ull;
+    return h;
+}
+
+/* One attribute's checksum: FNV-1a 64 over its name, a NUL and its value's
+ * bytes (little-endian integers; a string without its NUL), then fmix64.
+ * One per attribute, so a flipped bit is reported with the attribute's
+ * name rather than as "the state". */
+static uint64_t state_hash(const char *name, const void *v, size_t n)
+{
+    uint64_t h = fnv1a(0xcbf29ce484222325ull, name, strlen(name) + 1);
+    h = fnv1a(h, v, n);
+    h ^= h >> 33;
+    h *= 0xff51afd7ed558ccdull;
+    h ^= h >> 33;
+    h *= 0xc4ceb9fe1a85ec53ull;
+    h ^= h >> 33;
+    return h;
+}
+
+static void state_sums(const CkptIndex *ix, uint64_t out[CKPT_STATE_ATTRS])
+{
+    const CkptState *s = &ix->state;
+    out[0] = state_hash("step", &s->step, sizeof s->step);
+    out[1] = state_hash("sampler_position", &s->sampler_position, sizeof s->sampler_position);
+    out[2] = state_hash("lr_step", &s->lr_step, sizeof s->lr_step);
+    out[3] = state_hash("adam_t", &s->adam_t, sizeof s->adam_t);
+    out[4] = state_hash("rng", s->rng, sizeof s->rng);
+    out[5] = state_hash("seed", &ix->seed, sizeof ix->seed);
+    out[6] = state_hash("data_path", ix->data_path, strlen(ix->data_path));
+}
+
 /* ---- the /tensors record type ---- */
 
 static hid_t fixed_str(size_t n)
@@ -216,6 +261,10 @@ static int write_groups(hid_t f, const CkptIndex *ix)
     bad |= put_i64(g, "adam_t", ix->state.adam_t);
     bad |= put_attr(g, "rng", H5T_NATIVE_UINT64, 4, ix->state.rng);
     bad |= put_attr(g, "seed", H5T_NATIVE_UINT64, 0, &ix->seed);
+    bad |= put_str(g, "data_path", ix->data_path);
+    uint64_t sums[CKPT_STATE_ATTRS];
+    state_sums(ix, sums);
+    bad |= put_attr(g, "checksum", H5T_NATIVE_UINT64, CKPT_STATE_ATTRS, sums);
     H5Gclose(g);
 
     g = H5Gcreate2(f, "model", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
@@ -228,6 +277,8 @@ static int write_groups(hid_t f, const CkptIndex *ix)
         {"seq_len", ix->seq_len}, {"tie_embeddings", ix->tie_embeddings}};
     for (size_t i = 0; i < sizeof mi / sizeof mi[0]; i++)
         bad |= put_i64(g, mi[i].k, mi[i].v);
+    bad |= put_attr(g, "norm_eps", H5T_NATIVE_DOUBLE, 0, &ix->norm_eps);
+    bad |= put_attr(g, "rope_theta", H5T_NATIVE_DOUBLE, 0, &ix->rope_theta);
     H5Gclose(g);
 
     g = H5Gcreate2(f, "topology", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
@@ -270,7 +321,13 @@ int ckpt_index_write(const char *path, const CkptIndex *ix, char err[CFG_ERR])
         ckpt_err(err, "%s: cannot create the checkpoint index: %s", path, why);
         return -1;
     }
-    int rc = write_groups(f, ix) == 0 && write_tensors(f, ix) == 0 ? 0 : -1;
+    int rc = write_groups(f, ix) == 0 && write_tensors(f, ix) == 0 &&
+                     H5Fflush(f, H5F_SCOPE_LOCAL) >= 0 ? 0 : -1;
+    /* A full disk: free the file's space so that the close (which writes
+     * metadata) succeeds; HDF5 crashes in MPI_Finalize on a file it failed
+     * to close.  The file is never published. */
+    if (rc != 0 && truncate(path, 0) != 0)
+        fprintf(stderr, "trident: warning: %s: cannot truncate: %s\n", path, strerror(errno));
     if (H5Fclose(f) < 0)
         rc = -1;
     if (rc != 0)
@@ -280,7 +337,24 @@ int ckpt_index_write(const char *path, const CkptIndex *ix, char err[CFG_ERR])
 
 /* ---- read ---- */
 
-static int read_groups(hid_t f, CkptIndex *ix, const char **what)
+/* A uint64 array attribute of exactly n elements. */
+static int get_u64s(hid_t loc, const char *name, uint64_t *v, hssize_t n)
+{
+    hid_t a = H5Aopen(loc, name, H5P_DEFAULT);
+    if (a < 0)
+        return -1;
+    hid_t sp = H5Aget_space(a);
+    int rc = sp >= 0 && H5Sget_simple_extent_npoints(sp) == n &&
+                     H5Aread(a, H5T_NATIVE_UINT64, v) >= 0 ? 0 : -1;
+    if (sp >= 0)
+        H5Sclose(sp);
+    H5Aclose(a);
+    return rc;
+}
+
+/* -1: *what is missing or unreadable; -2: attribute *bad_attr of /state
+ * does not match its checksum. */
+static int read_groups(hid_t f, CkptIndex *ix, const char **what, const char **bad_attr)
 {
     char fmt[64] = "";
     int64_t version = 0;
@@ -304,9 +378,31 @@ static int read_groups(hid_t f, CkptIndex *ix, const char **what)
     bad |= get_attr(g, "adam_t", H5T_NATIVE_INT64, &ix->state.adam_t);
     bad |= get_attr(g, "rng", H5T_NATIVE_UINT64, ix->state.rng);
     bad |= get_attr(g, "seed", H5T_NATIVE_UINT64, &ix->seed);
-    H5Gclose(g);
-    if (bad)
+    if (bad) {
+        H5Gclose(g);
         return -1;
+    }
+    /* Older checkpoints have neither: the caller says so. */
+    ix->has_run = get_strbuf(g, "data_path", ix->data_path, sizeof ix->data_path) == 0;
+    uint64_t sums[CKPT_STATE_ATTRS];
+    if (ix->has_run && H5Aexists(g, "checksum") > 0) {
+        *what = "attribute '/state/checksum'";
+        if (get_u64s(g, "checksum", sums, CKPT_STATE_ATTRS) != 0) {
+            H5Gclose(g);
+            return -1;
+        }
+        ix->state_checked = 1;
+    }
+    H5Gclose(g);
+    if (ix->state_checked) {
+        uint64_t want[CKPT_STATE_ATTRS];
+        state_sums(ix, want);
+        for (int i = 0; i < CKPT_STATE_ATTRS; i++)
+            if (sums[i] != want[i]) {
+                *bad_attr = ckpt_state_attr_names[i];
+                return -2;
+            }
+    }
 
     *what = "group 'model'";
     if ((g = H5Gopen2(f, "model", H5P_DEFAULT)) < 0)
@@ -318,6 +414,8 @@ static int read_groups(hid_t f, CkptIndex *ix, const char **what)
     bad |= get_int(g, "ffn_hidden", &ix->ffn_hidden) | get_int(g, "vocab", &ix->vocab);
     bad |= get_int(g, "seq_len", &ix->seq_len);
     bad |= get_int(g, "tie_embeddings", &ix->tie_embeddings);
+    ix->has_norms = get_attr(g, "norm_eps", H5T_NATIVE_DOUBLE, &ix->norm_eps) == 0 &&
+                    get_attr(g, "rope_theta", H5T_NATIVE_DOUBLE, &ix->rope_theta) == 0;
     H5Gclose(g);
     if (bad)
         return -1;
@@ -365,6 +463,40 @@ static int read_tensors(hid_t f, CkptIndex *ix)
     return rc;
 }
 
+/* Ranges every index must satisfy whoever wrote it: a value outside them
+ * is damage the checksums could not see (an older index has none) or a
+ * writer's bug, and resuming from it would train on a wrong state. */
+static int check_state(const char *path, const CkptIndex *ix, char err[CFG_ERR])
+{
+    const CkptState *s = &ix->state;
+    const char *bad = NULL;
+    char why[160] = "";
+    if (s->step < 0 || s->step > INT32_MAX) {
+        bad = "step";
+        snprintf(why, sizeof why, "%lld, expected 0..%d", (long long)s->step, INT32_MAX);
+    } else if (s->lr_step < 0 || s->lr_step > s->step) {
+        bad = "lr_step";
+        snprintf(why, sizeof why, "%lld, expected 0..step (%lld)", (long long)s->lr_step,
+                 (long long)s->step);
+    } else if (s->adam_t < 0 || s->adam_t > s->step) {
+        bad = "adam_t";
+        snprintf(why, sizeof why, "%lld, expected 0..step (%lld): Adam counts one per update",
+                 (long long)s->adam_t, (long long)s->step);
+    } else if (s->sampler_position < (uint64_t)s->step ||
+               s->sampler_position > (uint64_t)s->step * (uint64_t)INT32_MAX) {
+        /* Each step consumes global_batch (1..INT32_MAX) samples. */
+        bad = "sampler_position";
+        snprintf(why, sizeof why, "%llu, expected step x global_batch, between %lld and "
+                 "%lld x %d", (unsigned long long)s->sampler_position, (long long)s->step,
+                 (long long)s->step, INT32_MAX);
+    }
+    if (!bad)
+        return 0;
+    ckpt_err(err, "%s: attribute '/state/%s' is out of range (%s) — the index is corrupted",
+             path, bad, why);
+    return -1;
+}
+
 int ckpt_index_read(const char *path, CkptIndex *ix, char err[CFG_ERR])
 {
     memset(ix, 0, sizeof *ix);
@@ -385,10 +517,16 @@ int ckpt_index_read(const char *path, CkptIndex *ix, char err[CFG_ERR])
         ckpt_err(err, "%s: not a readable HDF5 file (truncated or corrupted?): %s", path, why);
         return -1;
     }
-    const char *what = "";
-    int rc = read_groups(f, ix, &what);
-    if (rc != 0)
+    const char *what = "", *bad_attr = "";
+    int rc = read_groups(f, ix, &what, &bad_attr);
+    if (rc == -2) {
+        ckpt_err(err, "%s: attribute '/state/%s' does not match its checksum — the index is "
+                      "corrupted", path, bad_attr);
+        rc = -1;
+    } else if (rc != 0)
         ckpt_err(err, "%s: bad checkpoint index: missing or unreadable %s", path, what);
+    else if (check_state(path, ix, err) != 0)
+        rc = -1;
     else if ((rc = read_tensors(f, ix)) != 0)
         ckpt_err(err, "%s: bad checkpoint index: unreadable dataset 'tensors'", path);
     H5Fclose(f);

@@ -77,9 +77,10 @@ int ckpt_slabs(const ParamSpec *p, int64_t real_rows, size_t lo, size_t hi, Ckpt
 int64_t ckpt_block_rows(int ndim, const int64_t shape[2]);
 int64_t ckpt_n_blocks(int ndim, const int64_t shape[2]);
 /* Add the hashes of a slab's elements (src in slab order) into sums[block]
- * (cols: global columns, 1 for a vector). */
-void ckpt_checksum_slab(const CkptSlab *s, int64_t cols, int64_t block_rows, const float *src,
-                        uint64_t *sums);
+ * (cols: global columns, 1 for a vector).  Returns how many of them are
+ * not finite (NaN, Inf): a save refuses to publish those. */
+int64_t ckpt_checksum_slab(const CkptSlab *s, int64_t cols, int64_t block_rows,
+                           const float *src, uint64_t *sums);
 /* The checksum of nrows whole rows starting at row0, held in buf. */
 uint64_t ckpt_checksum_rows(const float *buf, int64_t row0, int64_t nrows, int64_t cols);
 
@@ -96,11 +97,21 @@ typedef struct {
     int64_t nbytes;
 } CkptEntry;
 
+/* The attributes of /state, in the order of their checksums (/state
+ * attribute "checksum", uint64[CKPT_STATE_ATTRS]). */
+#define CKPT_STATE_ATTRS 7
+extern const char *const ckpt_state_attr_names[CKPT_STATE_ATTRS];
+
 typedef struct {
     CkptState state;
     uint64_t seed;
+    char data_path[CFG_STR];       /* data.path of the saving run */
+    int has_run;                   /* data_path recorded (older checkpoints: 0) */
+    int state_checked;             /* /state had checksums and they matched */
     char arch[16], precision[16];
     int layers, hidden, heads, kv_heads, ffn_hidden, vocab, seq_len, tie_embeddings;
+    double norm_eps, rope_theta;
+    int has_norms;                 /* norm_eps, rope_theta recorded (older: 0) */
     int tp, pp, dp, zero, world;
     int stage_layers[CFG_MAX_STAGES];
     int n;
@@ -130,8 +141,15 @@ int ckpt_rm_tree(const char *path);
 int ckpt_fsync_path(const char *path, int dir);
 /* A fresh, empty <dir>/step_X.tmp (dir created when missing). */
 int ckpt_prepare_tmp(const char *dir, const char *tmp, char err[CFG_ERR]);
-/* step_X.tmp -> step_X, replacing an existing step_X. */
-int ckpt_publish_dir(const char *tmp, const char *final, char err[CFG_ERR]);
+/* "step_<digits>" -> the step; -1 for any other name (.tmp, .kept, files). */
+int64_t ckpt_parse_step(const char *name);
+/* Before the first save into dir: with no <dir>/latest, its step_X are not
+ * this job's; publish and prune then never replace or remove them. */
+void ckpt_note_foreign(const char *dir);
+/* step_X.tmp -> step_X, replacing an existing step_X (one that is not this
+ * job's is renamed step_X.kept). */
+int ckpt_publish_dir(const char *dir, int64_t step, const char *tmp, const char *final,
+                     char err[CFG_ERR]);
 /* <dir>/latest := name, through latest.tmp, fsync and rename. */
 int ckpt_write_latest(const char *dir, const char *name, char err[CFG_ERR]);
 /* Remove published steps beyond `keep` (never `current`) and stale .tmp. */

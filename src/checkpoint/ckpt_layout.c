@@ -3,6 +3,7 @@
  * HDF5 selection is built from it in one place (ckpt_select). */
 #include "checkpoint/ckpt_internal.h"
 
+#include <math.h>
 #include <string.h>
 
 #include "core/error.h"
@@ -125,21 +126,35 @@ static inline uint64_t elem_hash(uint64_t gidx, float v)
     return h;
 }
 
-void ckpt_checksum_slab(const CkptSlab *s, int64_t cols, int64_t block_rows, const float *src,
-                        uint64_t *sums)
+int64_t ckpt_checksum_slab(const CkptSlab *s, int64_t cols, int64_t block_rows,
+                           const float *src, uint64_t *sums)
 {
+    /* The save touches every element here anyway: NaN and Inf (exponent
+     * all ones) are found on the way, as the largest magnitude bit pattern
+     * of the row (a max vectorises; +0.15 ns an element against 0.75 for
+     * the hash), and counted only in a row that has one. */
+    int64_t nonfinite = 0;
     for (int i = 0; i < s->n; i++) {
         const CkptBlock *b = &s->b[i];
         for (int64_t r = b->r; r < b->r + b->nr; r++) {
             const float *row = src + (r - b->r) * b->nc;
             const uint64_t row0 = (uint64_t)r * (uint64_t)cols + (uint64_t)b->c;
             uint64_t acc = 0;
-            for (int64_t c = 0; c < b->nc; c++)
+            uint32_t top = 0;
+            for (int64_t c = 0; c < b->nc; c++) {
+                uint32_t bits;
+                memcpy(&bits, &row[c], sizeof bits);
+                bits &= 0x7fffffffu;
+                top = bits > top ? bits : top;
                 acc += elem_hash(row0 + (uint64_t)c, row[c]);
+            }
             sums[r / block_rows] += acc;
+            for (int64_t c = 0; top >= 0x7f800000u && c < b->nc; c++)
+                nonfinite += !isfinite(row[c]);
         }
         src += b->nr * b->nc;
     }
+    return nonfinite;
 }
 
 uint64_t ckpt_checksum_rows(const float *buf, int64_t row0, int64_t nrows, int64_t cols)

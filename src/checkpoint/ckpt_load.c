@@ -10,6 +10,7 @@
  * agree on the outcome at the end. */
 #include "checkpoint/ckpt_internal.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -63,14 +64,103 @@ static int follow_latest(const char *dir, char out[CFG_STR], char err[CFG_ERR])
     return 1;
 }
 
+/* Whether step directory `path` (named step_<step>) is complete and its
+ * index verifies: index.h5 reads (state checksums and ranges), records this
+ * step, and every stage file it names opens as HDF5.  0, or -1 with why. */
+static int step_complete(const char path[CFG_STR], int64_t step, char why[CFG_ERR])
+{
+    char file[CKPT_FILE_PATH];
+    snprintf(file, sizeof file, "%s/index.h5", path);
+    CkptIndex ix;
+    if (ckpt_index_read(file, &ix, why) != 0)
+        return -1;
+    int rc = 0;
+    if (ix.state.step != step) {
+        ckpt_err(why, "%s records step %lld", file, (long long)ix.state.step);
+        rc = -1;
+    }
+    hid_t fapl = ckpt_serial_fapl();
+    for (int k = 0; k < ix.pp && rc == 0; k++) {
+        snprintf(file, sizeof file, "%s/stage_%d.h5", path, k);
+        hid_t f = is_file(file) ? H5Fopen(file, H5F_ACC_RDONLY, fapl) : -1;
+        if (f < 0) {
+            ckpt_err(why, "%s: missing or not readable", file);
+            rc = -1;
+        } else {
+            H5Fclose(f);
+        }
+    }
+    H5Pclose(fapl);
+    ckpt_index_free(&ix);
+    return rc;
+}
+
+static int cmp_desc(const void *a, const void *b)
+{
+    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+    return x > y ? -1 : x < y;
+}
+
+/* No <dir>/latest: the newest step_<N> that is complete and verifies
+ * (step_complete), never a .tmp.  1 with out and a note in err saying
+ * what was taken and skipped; 0 when there are no step directories; -1
+ * when there are some and none verifies (err lists them). */
+static int newest_complete(const char *dir, char out[CFG_STR], char err[CFG_ERR])
+{
+    DIR *d = opendir(dir);
+    if (!d)
+        return 0;
+    int64_t steps[256];
+    int n = 0;
+    struct dirent *de;
+    while ((de = readdir(d)) && n < 256) {
+        int64_t s = ckpt_parse_step(de->d_name);
+        char path[CKPT_FILE_PATH];
+        snprintf(path, sizeof path, "%s/%s", dir, de->d_name);
+        if (s >= 0 && is_dir(path))
+            steps[n++] = s;
+    }
+    closedir(d);
+    if (n == 0)
+        return 0;
+    qsort(steps, (size_t)n, sizeof *steps, cmp_desc);
+    char skipped[CFG_ERR] = "";
+    size_t used = 0;
+    for (int i = 0; i < n; i++) {
+        char name[32], path[CFG_STR], why[CFG_ERR];
+        ckpt_step_name(name, sizeof name, steps[i]);
+        const int len = snprintf(path, sizeof path, "%s/%s", dir, name);
+        if (len < 0 || len >= CFG_STR)
+            snprintf(why, sizeof why, "path too long");
+        else if (step_complete(path, steps[i], why) == 0) {
+            snprintf(out, CFG_STR, "%s", path);
+            ckpt_err(err, "%s/latest is missing: resuming from the newest complete checkpoint "
+                          "that verifies, %s%s%s", dir, name, used ? "; skipped: " : "",
+                     skipped);
+            return 1;
+        }
+        int w = snprintf(skipped + used, sizeof skipped - used, "%s%s (%s)", used ? "; " : "",
+                         name, why);
+        if (w > 0)
+            used = used + (size_t)w < sizeof skipped ? used + (size_t)w : sizeof skipped - 1;
+    }
+    ckpt_err(err, "%s/latest is missing and no step directory there is a complete checkpoint: "
+                  "%s", dir, skipped);
+    return -1;
+}
+
 int ckpt_resolve(const char *dir, ResumeKind kind, const char *path, char out[CFG_STR],
                  char err[CFG_ERR])
 {
     out[0] = err[0] = '\0';
     if (kind == RESUME_NEVER)
         return 0;
-    if (kind == RESUME_AUTO)
-        return dir && dir[0] ? follow_latest(dir, out, err) : 0;
+    if (kind == RESUME_AUTO) {
+        if (!dir || !dir[0])
+            return 0;
+        int rc = follow_latest(dir, out, err);
+        return rc == 0 ? newest_complete(dir, out, err) : rc;
+    }
     /* A path: a step directory, or a checkpoint.dir whose latest is taken. */
     char index[CKPT_FILE_PATH];
     snprintf(index, sizeof index, "%s/index.h5", path);
@@ -174,6 +264,103 @@ static int check_model(const char *dir, const CkptIndex *ix, const ParamTable *t
         ckpt_err(err, "%s/index.h5: checkpoint of another model (saved model: %s; this "
                       "model: %s)", dir, saved, ours);
         return -1;
+    }
+    return 0;
+}
+
+/* Is `name` in the comma list of checkpoint.allow_changes? */
+static int allowed(const char *list, const char *name)
+{
+    const size_t n = strlen(name);
+    for (const char *p = list; *p;) {
+        size_t k = strcspn(p, ",");
+        if (k == n && !strncmp(p, name, n))
+            return 1;
+        p += k + (p[k] == ',');
+    }
+    return 0;
+}
+
+/* Every model hyper-parameter the index records equals the config's (the
+ * shapes can agree while heads, eps or theta differ, and the run would
+ * silently train another model); run.seed and data.path only with
+ * checkpoint.allow_changes, and then rank 0 warns.  Older indexes lack
+ * some records: rank 0 says which were not compared. */
+static int check_run(const char *dir, const CkptIndex *ix, const Config *cfg, int rank,
+                     char err[CFG_ERR])
+{
+    const ModelConfig *m = &cfg->model;
+    const char *arch = config_arch_name(m->arch);
+    if (strcmp(ix->arch, arch)) {
+        ckpt_err(err, "%s/index.h5: model.arch is %s in the checkpoint, %s in the config", dir,
+                 ix->arch, arch);
+        return -1;
+    }
+    const struct { const char *key; int saved, ours; } ints[] = {
+        {"layers", ix->layers, m->layers}, {"hidden", ix->hidden, m->hidden},
+        {"heads", ix->heads, m->heads}, {"kv_heads", ix->kv_heads, m->kv_heads},
+        {"ffn_hidden", ix->ffn_hidden, m->ffn_hidden}, {"vocab", ix->vocab, m->vocab},
+        {"seq_len", ix->seq_len, m->seq_len},
+        {"tie_embeddings", ix->tie_embeddings, m->tie_embeddings}};
+    for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++)
+        if (ints[i].saved != ints[i].ours) {
+            ckpt_err(err, "%s/index.h5: model.%s is %d in the checkpoint, %d in the config",
+                     dir, ints[i].key, ints[i].saved, ints[i].ours);
+            return -1;
+        }
+    /* Stored as the double of the config's float: equal means identical. */
+    if (ix->has_norms && ((float)ix->norm_eps != m->norm_eps ||
+                          (float)ix->rope_theta != m->rope_theta)) {
+        const int eps = (float)ix->norm_eps != m->norm_eps;
+        const double a = eps ? ix->norm_eps : ix->rope_theta;
+        const double b = eps ? (double)m->norm_eps : (double)m->rope_theta;
+        /* Short forms unless they look equal (floats 1 ulp apart). */
+        char sa[32], sb[32];
+        snprintf(sa, sizeof sa, "%g", a);
+        snprintf(sb, sizeof sb, "%g", b);
+        if (!strcmp(sa, sb)) {
+            snprintf(sa, sizeof sa, "%.9g", a);
+            snprintf(sb, sizeof sb, "%.9g", b);
+        }
+        ckpt_err(err, "%s/index.h5: model.%s is %s in the checkpoint, %s in the config", dir,
+                 eps ? "norm_eps" : "rope_theta", sa, sb);
+        return -1;
+    }
+    const char *allow = cfg->checkpoint.allow_changes;
+    const int seed_changed = ix->seed != cfg->run.seed;
+    const int data_changed = ix->has_run && strcmp(ix->data_path, cfg->data.path);
+    if ((seed_changed && !allowed(allow, "seed")) || (data_changed && !allowed(allow, "data"))) {
+        if (seed_changed && !allowed(allow, "seed"))
+            ckpt_err(err, "%s/index.h5: run.seed is %llu in the checkpoint, %llu in the config; "
+                          "resuming would draw another sample order (allow it with "
+                          "checkpoint.allow_changes: seed)", dir, (unsigned long long)ix->seed,
+                     (unsigned long long)cfg->run.seed);
+        else
+            ckpt_err(err, "%s/index.h5: data.path is '%s' in the checkpoint, '%s' in the config; "
+                          "the sample position would index another dataset (allow it with "
+                          "checkpoint.allow_changes: data)", dir, ix->data_path, cfg->data.path);
+        return -1;
+    }
+    if (rank != 0)
+        return 0;
+    if (seed_changed)
+        fprintf(stderr, "trident: warning: run.seed changed from %llu (checkpoint) to %llu "
+                        "(allowed by checkpoint.allow_changes)\n",
+                (unsigned long long)ix->seed, (unsigned long long)cfg->run.seed);
+    if (data_changed)
+        fprintf(stderr, "trident: warning: data.path changed from '%s' (checkpoint) to '%s' "
+                        "(allowed by checkpoint.allow_changes)\n", ix->data_path,
+                cfg->data.path);
+    if (!ix->has_norms || !ix->has_run || !ix->state_checked) {
+        char missing[160] = "";
+        if (!ix->has_norms)
+            strcat(missing, ", model.norm_eps and rope_theta");
+        if (!ix->has_run)
+            strcat(missing, ", data.path");
+        if (!ix->state_checked)
+            strcat(missing, ", the training state checksums");
+        fprintf(stderr, "trident: note: %s/index.h5 is from an older trident; not checked: %s\n",
+                dir, missing + 2);
     }
     return 0;
 }
@@ -397,7 +584,11 @@ int ckpt_load(const char *step_dir, const CkptShardView *v, CkptState *st, const
     memset(&ix, 0, sizeof ix);
     if (share_index(step_dir, v->world, &ix, err) != 0)
         return -1;
+    int rank = 0;
+    MPI_Comm_rank(v->world, &rank);
     int rc = check_model(step_dir, &ix, v->table, &cfg->model, err);
+    if (rc == 0)
+        rc = check_run(step_dir, &ix, cfg, rank, err);
     if (rc == 0) {
         Reader r = {.dir = step_dir, .n_files = 0, .fapl = H5Pcreate(H5P_FILE_ACCESS)};
         TRD_ASSERT(r.fapl >= 0 && H5Pset_fapl_mpio(r.fapl, MPI_COMM_SELF, MPI_INFO_NULL) >= 0);

@@ -92,11 +92,77 @@ int ckpt_prepare_tmp(const char *dir, const char *tmp, char err[CFG_ERR])
     return 0;
 }
 
+/* ---- steps this job did not write ----
+ *
+ * A checkpoint.dir with step directories but no `latest` was not left by a
+ * save of this job (each save moves `latest` right after publishing), or
+ * its `latest` was lost: those steps belong to someone else, or are the
+ * evidence of a failure.  The first save of this process into such a
+ * directory records them; they are never replaced or pruned. */
+#define CKPT_MAX_FOREIGN 256
+static char foreign_dir[CKPT_PATH];
+static int64_t foreign[CKPT_MAX_FOREIGN];
+static int n_foreign = -1; /* -1: foreign_dir not looked at yet */
+
+void ckpt_note_foreign(const char *dir)
+{
+    if (n_foreign >= 0 && !strcmp(foreign_dir, dir))
+        return;
+    snprintf(foreign_dir, sizeof foreign_dir, "%s", dir);
+    n_foreign = 0;
+    char latest[CKPT_FILE_PATH];
+    snprintf(latest, sizeof latest, "%s/latest", dir);
+    struct stat st;
+    if (stat(latest, &st) == 0)
+        return;
+    DIR *d = opendir(dir);
+    if (!d)
+        return;
+    struct dirent *de;
+    while ((de = readdir(d)) && n_foreign < CKPT_MAX_FOREIGN) {
+        int64_t s = ckpt_parse_step(de->d_name);
+        if (s >= 0)
+            foreign[n_foreign++] = s;
+    }
+    closedir(d);
+}
+
+static int is_foreign(const char *dir, int64_t step)
+{
+    if (n_foreign <= 0 || strcmp(foreign_dir, dir))
+        return 0;
+    for (int i = 0; i < n_foreign; i++)
+        if (foreign[i] == step)
+            return 1;
+    return 0;
+}
+
 /* step_X.tmp -> step_X; an existing step_X (a rerun saving the same step)
- * is swapped out atomically where the file system can, then removed. */
-int ckpt_publish_dir(const char *tmp, const char *final, char err[CFG_ERR])
+ * is swapped out atomically where the file system can, then removed.  One
+ * this job did not write (ckpt_note_foreign) is renamed step_X.kept
+ * instead, and kept. */
+int ckpt_publish_dir(const char *dir, int64_t step, const char *tmp, const char *final,
+                     char err[CFG_ERR])
 {
     struct stat st;
+    if (lstat(final, &st) == 0 && is_foreign(dir, step)) {
+        char kept[CKPT_PATH + 8];
+        snprintf(kept, sizeof kept, "%s.kept", final);
+        /* rename() would replace an existing step_X.kept: refuse that too. */
+        const int taken = lstat(kept, &st) == 0;
+        if (taken || rename(final, kept) != 0) {
+            ckpt_err(err, "%s: exists and was not written by this job; cannot move it to %s "
+                          "(%s): not overwritten", final, kept,
+                     taken ? "exists" : strerror(errno));
+            return -1;
+        }
+        fprintf(stderr, "trident: warning: %s was not written by this job (no latest named "
+                        "it): kept as %s\n", final, kept);
+        /* The step_X about to be published is this job's. */
+        for (int i = 0; i < n_foreign; i++)
+            if (foreign[i] == step)
+                foreign[i--] = foreign[--n_foreign];
+    }
     if (lstat(final, &st) == 0) {
         if (renameat2(AT_FDCWD, tmp, AT_FDCWD, final, RENAME_EXCHANGE) == 0)
             return ckpt_rm_tree(tmp) == 0 ? 0 : (ckpt_err(err, "%s: cannot remove", tmp), -1);
@@ -137,7 +203,7 @@ int ckpt_write_latest(const char *dir, const char *name, char err[CFG_ERR])
 }
 
 /* Parse "step_<digits>" exactly; -1 for anything else (.tmp, .old, files). */
-static int64_t parse_step(const char *name)
+int64_t ckpt_parse_step(const char *name)
 {
     if (strncmp(name, "step_", 5) || !name[5])
         return -1;
@@ -176,11 +242,11 @@ void ckpt_prune(const char *dir, int keep, int64_t current)
             base[len - 4] = '\0';
             char path[CKPT_PATH + 8];
             snprintf(path, sizeof path, "%s/%s", dir, de->d_name);
-            if (parse_step(base) >= 0)
+            if (ckpt_parse_step(base) >= 0)
                 ckpt_rm_tree(path);
             continue;
         }
-        int64_t s = parse_step(de->d_name);
+        int64_t s = ckpt_parse_step(de->d_name);
         if (s < 0)
             continue;
         if (n == cap) {
@@ -194,7 +260,7 @@ void ckpt_prune(const char *dir, int keep, int64_t current)
     qsort(steps, (size_t)n, sizeof *steps, cmp_i64);
     keep = keep < 1 ? 1 : keep;
     for (int i = 0; i < n - keep; i++) {
-        if (steps[i] == current)
+        if (steps[i] == current || is_foreign(dir, steps[i]))
             continue;
         char name[32], path[CKPT_PATH];
         ckpt_step_name(name, sizeof name, steps[i]);

@@ -20,6 +20,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "core/error.h"
 
@@ -158,15 +159,27 @@ static int catalog_owner(const Catalog *c, const char *name)
 
 /* ---- step 3: one stage file, by the ranks of the stage ---- */
 
-static void h5_check(int ok, const char *file, const char *tensor, const char *what)
+/* The first I/O error of this rank in a stage file.  After one, the rank
+ * writes no more data but still makes every collective HDF5 call of the
+ * sequence (creates, attributes, closes), so no rank of the stage is left
+ * waiting; the ranks then agree and nothing is published.  (Ending the job
+ * at once instead left HDF5 files open into MPI_Finalize, which crashed.) */
+typedef struct {
+    const char *path;
+    int failed;
+    char err[CFG_ERR];
+} StageIo;
+
+static int io_ok(StageIo *io, int ok, const char *tensor, const char *what)
 {
-    if (ok)
-        return;
+    if (ok || io->failed)
+        return ok;
     char why[256];
     ckpt_h5_reason(why, sizeof why);
-    trd_fatal(TRD_EXIT_RUNTIME, "check free space and permissions of checkpoint.dir",
-              "%s: %s%s%s: %s", file, what, tensor ? " of tensor " : "", tensor ? tensor : "",
-              why);
+    ckpt_err(io->err, "%s: %s%s%s: %s", io->path, what, tensor ? " of tensor " : "",
+             tensor ? tensor : "", why);
+    io->failed = 1;
+    return 0;
 }
 
 /* Contiguous, allocated at creation (as parallel HDF5 does), never filled:
@@ -174,26 +187,27 @@ static void h5_check(int ok, const char *file, const char *tensor, const char *w
  * collective transfer per dataset, a dozen collectives each (slow and,
  * with HDF5 1.10, fragile when some ranks have nothing to write); our
  * block checksums need one reduction per file. */
-static hid_t create_dataset(hid_t group, const CkptEntry *e, const char *file)
+static hid_t create_dataset(hid_t group, const CkptEntry *e, StageIo *io)
 {
     hid_t dcpl = H5Pcreate(H5P_DATASET_CREATE);
-    h5_check(dcpl >= 0 && H5Pset_layout(dcpl, H5D_CONTIGUOUS) >= 0 &&
-                 H5Pset_alloc_time(dcpl, H5D_ALLOC_TIME_EARLY) >= 0 &&
-                 H5Pset_fill_time(dcpl, H5D_FILL_TIME_NEVER) >= 0,
-             file, e->name, "dataset properties");
+    io_ok(io, dcpl >= 0 && H5Pset_layout(dcpl, H5D_CONTIGUOUS) >= 0 &&
+                  H5Pset_alloc_time(dcpl, H5D_ALLOC_TIME_EARLY) >= 0 &&
+                  H5Pset_fill_time(dcpl, H5D_FILL_TIME_NEVER) >= 0,
+          e->name, "dataset properties");
     hid_t space = ckpt_space(e->ndim, e->shape);
     hid_t d = H5Dcreate2(group, e->name, H5T_IEEE_F32LE, space, H5P_DEFAULT, dcpl, H5P_DEFAULT);
-    h5_check(d >= 0, file, e->name, "cannot create dataset");
+    io_ok(io, d >= 0, e->name, "cannot create dataset");
     H5Sclose(space);
     H5Pclose(dcpl);
     return d;
 }
 
-/* Independent write of this rank's slab (nothing when it is empty). */
+/* Independent write of this rank's slab (nothing when it is empty, or
+ * after an I/O error of this rank). */
 static void write_slab(hid_t d, const CkptEntry *e, const CkptSlab *s, const float *src,
-                       const char *file, const char *kind)
+                       const char *kind, StageIo *io)
 {
-    if (!s->count)
+    if (!s->count || io->failed || d < 0)
         return;
     hid_t fspace = ckpt_space(e->ndim, e->shape);
     ckpt_select(fspace, s);
@@ -201,8 +215,8 @@ static void write_slab(hid_t d, const CkptEntry *e, const CkptSlab *s, const flo
     hid_t mspace = H5Screate_simple(1, &n, NULL);
     char what[64];
     snprintf(what, sizeof what, "cannot write %s", kind);
-    h5_check(H5Dwrite(d, H5T_NATIVE_FLOAT, mspace, fspace, H5P_DEFAULT, src) >= 0, file, e->name,
-             what);
+    io_ok(io, H5Dwrite(d, H5T_NATIVE_FLOAT, mspace, fspace, H5P_DEFAULT, src) >= 0, e->name,
+          what);
     H5Sclose(mspace);
     H5Sclose(fspace);
 }
@@ -264,9 +278,16 @@ static StageSet *stage_sets(const CkptShardView *v, const Catalog *c, const Mode
     return sets;
 }
 
-static void write_stage(const char *path, const CkptShardView *v, const Catalog *c,
-                        const ModelConfig *m, const int *kinds, int n_kinds, MPI_Comm stage)
+/* Returns 0, or -1 with err: this rank's first I/O error, else the first
+ * tensor it holds with a non-finite value.  Either way the file is closed
+ * and every rank of the stage made the same collective calls; the caller
+ * agrees with the other ranks and does not publish. */
+static int write_stage(const char *path, const CkptShardView *v, const Catalog *c,
+                       const ModelConfig *m, const int *kinds, int n_kinds, MPI_Comm stage,
+                       char err[CFG_ERR])
 {
+    StageIo io = {.path = path, .failed = 0, .err = ""};
+    char nonfinite[CFG_ERR] = "";
     /* Independent writes of interleaved pieces (TP column slices): no
      * read-modify-write data sieving, each piece goes out as it is. */
     MPI_Info info;
@@ -277,12 +298,17 @@ static void write_stage(const char *path, const CkptShardView *v, const Catalog 
      * opening hundreds of datasets from a cold cache then reads a few
      * blocks, not hundreds of seeks.  Tensors start on 4 KiB boundaries. */
     hid_t fapl = H5Pcreate(H5P_FILE_ACCESS);
-    h5_check(fapl >= 0 && H5Pset_fapl_mpio(fapl, stage, info) >= 0 &&
-                 H5Pset_meta_block_size(fapl, 4 << 20) >= 0 &&
-                 H5Pset_alignment(fapl, 64 << 10, 4 << 10) >= 0,
-             path, NULL, "file access properties");
+    TRD_ASSERT(fapl >= 0 && H5Pset_fapl_mpio(fapl, stage, info) >= 0 &&
+               H5Pset_meta_block_size(fapl, 4 << 20) >= 0 &&
+               H5Pset_alignment(fapl, 64 << 10, 4 << 10) >= 0);
+    /* Collective: every rank of the stage gets the same outcome. */
     hid_t f = H5Fcreate(path, H5F_ACC_TRUNC, H5P_DEFAULT, fapl);
-    h5_check(f >= 0, path, NULL, "cannot create the stage file");
+    H5Pclose(fapl);
+    MPI_Info_free(&info);
+    if (!io_ok(&io, f >= 0, NULL, "cannot create the stage file")) {
+        snprintf(err, CFG_ERR, "%s", io.err);
+        return -1;
+    }
 
     int n = 0;
     size_t n_sums = 0;
@@ -293,16 +319,17 @@ static void write_stage(const char *path, const CkptShardView *v, const Catalog 
          * stage makes the same calls in the same order. */
         hid_t g = H5Gcreate2(f, ckpt_kind_names[kinds[kk]], H5P_DEFAULT, H5P_DEFAULT,
                              H5P_DEFAULT);
-        h5_check(g >= 0, path, NULL, "cannot create group");
+        io_ok(&io, g >= 0, NULL, "cannot create group");
         for (int i = 0; i < n; i++)
             if (sets[i].kind == kinds[kk]) {
-                sets[i].d = create_dataset(g, &sets[i].e, path);
+                sets[i].d = create_dataset(g, &sets[i].e, &io);
                 /* The checksum attributes are made now, beside the header,
                  * and filled in place once the sums are known. */
-                h5_check(ckpt_put_checksums(sets[i].d, &sets[i].e, sums + sets[i].sum_at) == 0,
-                         path, sets[i].e.name, "cannot create checksum attributes");
+                io_ok(&io, ckpt_put_checksums(sets[i].d, &sets[i].e, sums + sets[i].sum_at) == 0,
+                      sets[i].e.name, "cannot create checksum attributes");
             }
-        H5Gclose(g);
+        if (g >= 0)
+            H5Gclose(g);
     }
     for (int i = 0; i < n; i++) {
         StageSet *x = &sets[i];
@@ -312,9 +339,14 @@ static void write_stage(const char *path, const CkptShardView *v, const Catalog 
         for (int j = 0; j < ns; j++) {
             const CkptSlab *s = &slabs[j];
             const float *src = v->part[x->kind].data + (s->first - v->part[x->kind].lo);
-            write_slab(x->d, &x->e, s, src, path, x->e.kind);
-            ckpt_checksum_slab(s, x->e.shape[1], ckpt_block_rows(x->e.ndim, x->e.shape), src,
-                               sums + x->sum_at);
+            write_slab(x->d, &x->e, s, src, x->e.kind, &io);
+            const int64_t bad = ckpt_checksum_slab(s, x->e.shape[1],
+                                                   ckpt_block_rows(x->e.ndim, x->e.shape), src,
+                                                   sums + x->sum_at);
+            if (bad && !nonfinite[0])
+                ckpt_err(nonfinite, "%s: tensor '%s' (%s) holds %lld non-finite value%s (NaN or "
+                                    "Inf): checkpoint not published", path, x->e.name,
+                         x->e.kind, (long long)bad, bad == 1 ? "" : "s");
         }
     }
     /* Each block's writers hold parts of its sum: one reduction for the
@@ -322,19 +354,44 @@ static void write_stage(const char *path, const CkptShardView *v, const Catalog 
     TRD_ASSERT(n_sums < (size_t)1 << 31);
     TRD_ASSERT(MPI_Allreduce(MPI_IN_PLACE, sums, (int)n_sums, MPI_UINT64_T, MPI_SUM, stage) ==
                MPI_SUCCESS);
+    /* After an I/O error (a full disk) the closes below must still succeed:
+     * HDF5 keeps a file it failed to close and crashes on it in
+     * MPI_Finalize.  They flush metadata, so first free the space of this
+     * unfinished file (it is never published; a truncated file still has
+     * its space freed while open, an unlinked one does not). */
+    int any_failed = io.failed;
+    TRD_ASSERT(MPI_Allreduce(MPI_IN_PLACE, &any_failed, 1, MPI_INT, MPI_MAX, stage) ==
+               MPI_SUCCESS);
+    if (any_failed) {
+        int stage_rank = 0;
+        MPI_Comm_rank(stage, &stage_rank);
+        if (stage_rank == 0 && truncate(path, 0) != 0)
+            fprintf(stderr, "trident: warning: %s: cannot truncate the unfinished file: %s\n",
+                    path, strerror(errno));
+        MPI_Barrier(stage);
+    }
     for (int i = 0; i < n; i++) {
-        h5_check(ckpt_set_checksums(sets[i].d, sums + sets[i].sum_at) == 0, path,
-                 sets[i].e.name, "cannot write checksums");
-        h5_check(H5Dclose(sets[i].d) >= 0, path, sets[i].e.name, "cannot close dataset");
+        if (!any_failed)
+            io_ok(&io, ckpt_set_checksums(sets[i].d, sums + sets[i].sum_at) == 0,
+                  sets[i].e.name, "cannot write checksums");
+        io_ok(&io, sets[i].d < 0 || H5Dclose(sets[i].d) >= 0, sets[i].e.name,
+              "cannot close dataset");
     }
     /* Flush syncs the file (MPI_File_sync): the data is on disk before the
      * step can be published. */
-    h5_check(H5Fflush(f, H5F_SCOPE_GLOBAL) >= 0, path, NULL, "cannot flush");
-    h5_check(H5Fclose(f) >= 0, path, NULL, "cannot close");
-    H5Pclose(fapl);
-    MPI_Info_free(&info);
+    if (!any_failed)
+        io_ok(&io, H5Fflush(f, H5F_SCOPE_GLOBAL) >= 0, NULL, "cannot flush");
+    io_ok(&io, H5Fclose(f) >= 0, NULL, "cannot close");
+    if (any_failed && !io.failed)
+        ckpt_err(io.err, "%s: another rank of this stage failed to write it", path);
+    io.failed |= any_failed;
     free(sums);
     free(sets);
+    if (io.failed || nonfinite[0]) {
+        snprintf(err, CFG_ERR, "%s", io.failed ? io.err : nonfinite);
+        return -1;
+    }
+    return 0;
 }
 
 /* ---- rank 0: the index ---- */
@@ -369,6 +426,7 @@ static int write_index(const char *tmp, const Catalog *c, const CkptShardView *v
     memset(&ix, 0, sizeof ix);
     ix.state = *st;
     ix.seed = cfg->run.seed;
+    snprintf(ix.data_path, sizeof ix.data_path, "%s", cfg->data.path);
     const ModelConfig *m = &cfg->model;
     snprintf(ix.arch, sizeof ix.arch, "%s", config_arch_name(m->arch));
     snprintf(ix.precision, sizeof ix.precision, "%s",
@@ -381,6 +439,8 @@ static int write_index(const char *tmp, const Catalog *c, const CkptShardView *v
     ix.vocab = m->vocab;
     ix.seq_len = m->seq_len;
     ix.tie_embeddings = m->tie_embeddings;
+    ix.norm_eps = m->norm_eps;
+    ix.rope_theta = m->rope_theta;
     ix.pp = c->pp;
     memcpy(ix.stage_layers, c->stage_layers, sizeof ix.stage_layers);
     ix.dp = v->dp;
@@ -437,6 +497,8 @@ int ckpt_save(const char *dir, const CkptShardView *v, const CkptState *st, cons
     snprintf(final, sizeof final, "%s/%s", dir, name);
     snprintf(tmp, sizeof tmp, "%s.tmp", final);
 
+    if (rank == 0)
+        ckpt_note_foreign(dir);
     int rc = rank == 0 ? ckpt_prepare_tmp(dir, tmp, err) : 0;
     if (ckpt_agree(v->world, rc, err) != 0)
         return -1;
@@ -457,17 +519,28 @@ int ckpt_save(const char *dir, const CkptShardView *v, const CkptState *st, cons
 
     char path[CKPT_FILE_PATH];
     snprintf(path, sizeof path, "%s/stage_%d.h5", tmp, v->pp_rank);
-    write_stage(path, v, &c, &cfg->model, kinds, n_kinds, stage);
+    rc = write_stage(path, v, &c, &cfg->model, kinds, n_kinds, stage, err);
     MPI_Comm_free(&stage);
+    /* An I/O error or a non-finite value on any rank: nothing is published,
+     * and the unfinished step_X.tmp goes (freeing the space of a full disk). */
+    if (ckpt_agree(v->world, rc, err) != 0) {
+        free(c.e);
+        if (rank == 0)
+            ckpt_rm_tree(tmp);
+        return -1;
+    }
 
     rc = rank == 0 ? write_index(tmp, &c, v, st, cfg, kinds, n_kinds, err) : 0;
     free(c.e);
     /* The barrier of invariant 2: nothing is published before every rank
      * has closed its file and the index is on disk. */
-    if (ckpt_agree(v->world, rc, err) != 0)
+    if (ckpt_agree(v->world, rc, err) != 0) {
+        if (rank == 0)
+            ckpt_rm_tree(tmp);
         return -1;
+    }
     if (rank == 0) {
-        rc = ckpt_publish_dir(tmp, final, err);
+        rc = ckpt_publish_dir(dir, st->step, tmp, final, err);
         if (rc == 0)
             rc = ckpt_fsync_path(dir, 1) == 0 ? 0 : (ckpt_err(err, "%s: cannot sync", dir), -1);
         if (rc == 0)

@@ -39,6 +39,7 @@ typedef enum {
     K_ENUM,      /* int-sized enum, value = index into names */
     K_INT_LIST,  /* int[CFG_MAX_STAGES], count at aux */
     K_RESUME,    /* ResumeKind: auto | never | PATH (path stored at aux) */
+    K_NAMES,     /* char[size]: a list of names, or one comma-separated string */
 } KeyKind;
 
 typedef struct {
@@ -60,6 +61,7 @@ static const char *const RECOMPUTE_NAMES[] = {"none", "selective", "full", NULL}
 static const char *const FORMAT_NAMES[] = {"megatron", "llmc", NULL};
 static const char *const BACKEND_NAMES[] = {"cpu", "cuda", NULL};
 static const char *const COMM_NAMES[] = {"auto", "mpi", "nccl", NULL};
+static const char *const NONFINITE_NAMES[] = {"stop", "skip", NULL};
 
 #define OFF(sec, field) offsetof(Config, sec.field)
 #define KEY(sec, field, kind) {#sec, #field, kind, OFF(sec, field), 0, NULL, false}
@@ -118,6 +120,8 @@ static const KeyDesc KEYS[] = {
     ENUM(training, precision, PREC_NAMES),
     ENUM(training, recompute, RECOMPUTE_NAMES),
     KEY(training, trace, K_BOOL),
+    ENUM(training, nonfinite, NONFINITE_NAMES),
+    KEY(training, max_skipped, K_INT),
 
     STR(data, path, true),
     ENUM(data, format, FORMAT_NAMES),
@@ -130,6 +134,8 @@ static const KeyDesc KEYS[] = {
     KEY(checkpoint, keep, K_INT),
     {"checkpoint", "resume", K_RESUME, OFF(checkpoint, resume), OFF(checkpoint, resume_path),
      NULL, false},
+    {"checkpoint", "allow_changes", K_NAMES, OFF(checkpoint, allow_changes),
+     sizeof(((Config *)0)->checkpoint.allow_changes), NULL, false},
 
     {"", "backend", K_ENUM, offsetof(Config, backend), 0, BACKEND_NAMES, false},
 };
@@ -495,6 +501,7 @@ static int set_scalar(Config *cfg, const KeyDesc *k, const char *s, Why *why)
         }
         return 0;
     case K_STR:
+    case K_NAMES:
         return store_str(field, k->aux, s, why);
     case K_ENUM:
         return parse_enum(s, k->names, (int *)field, why);
@@ -563,6 +570,8 @@ void config_defaults(Config *cfg)
     tr->grad_clip = 1.0f;
     tr->precision = PREC_FP32;
     tr->recompute = RECOMPUTE_NONE;
+    tr->nonfinite = NONFINITE_STOP;
+    tr->max_skipped = 10;
 
     cfg->data.format = DATA_MEGATRON;
     cfg->data.val_sequences = 32;
@@ -655,6 +664,29 @@ static int load_list(Loader *L, const KeyDesc *k, const char *full, yaml_node_t 
     return store_list(L->cfg, k, v, n);
 }
 
+/* A list of names ([seed, data]) stored as the string "seed,data". */
+static int load_names(Loader *L, const KeyDesc *k, const char *full, yaml_node_t *val)
+{
+    char joined[CFG_STR] = "";
+    size_t used = 0;
+    for (yaml_node_item_t *it = val->data.sequence.items.start;
+         it < val->data.sequence.items.top; it++) {
+        yaml_node_t *item = yaml_document_get_node(L->doc, *it);
+        if (item->type != YAML_SCALAR_NODE)
+            return load_error(L, item->start_mark, "key '%s': list item is %s (expected a name)",
+                              full, node_kind(item));
+        int w = snprintf(joined + used, sizeof joined - used, "%s%s", used ? "," : "",
+                         scalar_text(item));
+        if (w < 0 || (size_t)w >= sizeof joined - used)
+            return load_error(L, item->start_mark, "key '%s': list is too long", full);
+        used += (size_t)w;
+    }
+    Why why;
+    if (set_scalar(L->cfg, k, joined, &why))
+        return load_error(L, val->start_mark, "key '%s': %s", full, why.text);
+    return 0;
+}
+
 /* One `key: value` pair of a section (or the top level, section ""). */
 static int load_key(Loader *L, const char *section, yaml_node_t *key, yaml_node_t *val)
 {
@@ -692,6 +724,8 @@ static int load_key(Loader *L, const char *section, yaml_node_t *key, yaml_node_
                           "key '%s': expected a list of integers such as [3, 5], got %s", full,
                           node_kind(val));
     }
+    if (k->kind == K_NAMES && val->type == YAML_SEQUENCE_NODE)
+        return load_names(L, k, full, val);
     if (val->type != YAML_SCALAR_NODE)
         return load_error(L, val->start_mark, "key '%s': expected a scalar value, got %s", full,
                           node_kind(val));
@@ -1070,7 +1104,8 @@ static void write_value(FILE *f, const Config *cfg, const KeyDesc *k)
 {
     const char *field = (const char *)cfg + k->offset;
     int iv = 0;
-    if (k->kind != K_STR && k->kind != K_U64 && k->kind != K_FLOAT && k->kind != K_INT_LIST)
+    if (k->kind != K_STR && k->kind != K_U64 && k->kind != K_FLOAT && k->kind != K_INT_LIST &&
+        k->kind != K_NAMES)
         iv = *(const int *)field;
     switch (k->kind) {
     case K_INT:
@@ -1096,6 +1131,7 @@ static void write_value(FILE *f, const Config *cfg, const KeyDesc *k)
         fputs(iv < 0 ? "auto" : iv ? "true" : "false", f);
         break;
     case K_STR:
+    case K_NAMES:
         write_quoted(f, field);
         break;
     case K_ENUM: {

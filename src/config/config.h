@@ -27,6 +27,7 @@ typedef enum { DATA_MEGATRON = 0, DATA_LLMC = 1 } DataFormat;
 typedef enum { BACKEND_CPU = 0, BACKEND_CUDA = 1 } BackendKind;
 typedef enum { RESUME_AUTO = 0, RESUME_NEVER = 1, RESUME_PATH = 2 } ResumeKind;
 typedef enum { COMM_AUTO = 0, COMM_MPI = 1, COMM_NCCL = 2 } CommKind;
+typedef enum { NONFINITE_STOP = 0, NONFINITE_SKIP = 1 } NonfiniteKind;
 
 typedef struct {
     char name[CFG_STR];     /* run name (log and metrics naming) */
@@ -79,6 +80,8 @@ typedef struct {
     Precision precision;
     Recompute recompute;
     int trace;              /* write a Chrome trace of the run */
+    NonfiniteKind nonfinite; /* a NaN/Inf loss or gradient norm: stop, or skip the update */
+    int max_skipped;        /* skip: stop after this many skipped steps in a row (>= 1) */
 } TrainingConfig;
 
 typedef struct {
@@ -97,6 +100,7 @@ typedef struct {
     int keep;               /* checkpoints kept (>= 1) */
     ResumeKind resume;
     char resume_path[CFG_STR];
+    char allow_changes[CFG_STR]; /* "seed,data": what a resume may change (comma list) */
 } CheckpointConfig;
 
 /* Where each key's value came from, for messages about values: the YAML

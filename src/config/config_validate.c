@@ -51,6 +51,26 @@ static int check_min_int(Checker *c, const char *key, int v, int lo)
     return 0;
 }
 
+/* checkpoint.allow_changes: names from {seed, data}, "seed,data" or a
+ * `--set` list "[seed, data]"; brackets and spaces are dropped here so the
+ * checkpoint code reads one plain form. */
+static int check_allow_changes(Checker *c, CheckpointConfig *ck)
+{
+    char *s = ck->allow_changes, *w = s;
+    for (const char *r = s; *r; r++)
+        if (*r != '[' && *r != ']' && *r != ' ')
+            *w++ = *r;
+    *w = '\0';
+    for (const char *p = s; *p;) {
+        size_t n = strcspn(p, ",");
+        if (!(n == 4 && !strncmp(p, "seed", 4)) && !(n == 4 && !strncmp(p, "data", 4)) && n)
+            return verr(c, "checkpoint.allow_changes", "checkpoint.allow_changes: unknown change "
+                        "'%.*s' (expected seed, data or both: seed,data)", (int)n, p);
+        p += n + (p[n] == ',');
+    }
+    return 0;
+}
+
 static int check_ranges(Checker *c)
 {
     const Config *g = c->cfg;
@@ -82,6 +102,7 @@ static int check_ranges(Checker *c)
         {"data.val_sequences", g->data.val_sequences, 1},
         {"checkpoint.every", g->checkpoint.every, 0},
         {"checkpoint.keep", g->checkpoint.keep, 1},
+        {"training.max_skipped", tr->max_skipped, 1},
     };
     for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++)
         if (check_min_int(c, ints[i].key, ints[i].v, ints[i].lo))
@@ -326,7 +347,8 @@ static int resolve_checkpoint_dir(Checker *c, Config *cfg)
 int config_validate(Config *cfg, int world, char err[CFG_ERR])
 {
     Checker c = {.cfg = cfg, .err = err};
-    if (check_ranges(&c) || check_optimizer(&c) || resolve_checkpoint_dir(&c, cfg))
+    if (check_ranges(&c) || check_allow_changes(&c, &cfg->checkpoint) || check_optimizer(&c) ||
+        resolve_checkpoint_dir(&c, cfg))
         return -1;
     resolve_model(&cfg->model);
     if (check_model(&c) || check_topology(&c) || check_world(&c, cfg, world))

@@ -27,6 +27,7 @@
 #include "model/params.h"
 #include "train/metrics.h"
 #include "topology/topology.h"
+#include "train/guard.h"
 #include "train/pipeline.h"
 #include "train/preempt.h"
 #include "train/schedule.h"
@@ -191,6 +192,7 @@ typedef struct {
     uint64_t start_position;   /* sample stream position at start_step */
     int tied_embed_group;      /* first/last stage summing a tied embedding's gradient */
     uint64_t staged_first;     /* staging buffers allocated by the end of the first step */
+    NonfiniteGuard guard;      /* training.nonfinite: skipped steps */
 } Trainer;
 
 /* A layout this build refuses: every rank reaches the same verdict from
@@ -297,18 +299,18 @@ static double train_step(Trainer *tr, int step, double *grad_norm, float *lr)
     }
     loss /= tr->n_micro * tr->dp;
     comm_allreduce_f64(&tr->comms.dp, &loss, 1);
-    if (!isfinite(loss))
-        trd_fatal(TRD_EXIT_RUNTIME, "lower training.lr, raise warmup_steps, or set grad_clip",
-                  "loss is %g at step %d", loss, step + 1);
 
     double sumsq = zero_grad_sumsq(tr->zero);
     comm_allreduce_f64(&tr->comms.mp, &sumsq, 1);
     *grad_norm = sqrt(sumsq);
+    *lr = schedule_lr(&cfg->training, step);
+    /* Both values are all-reduced: every rank decides alike (guard.h). */
+    if (guard_nonfinite(&tr->guard, &cfg->training, step + 1, loss, *grad_norm, tr->topo.rank))
+        return loss; /* skipped: no optimizer step */
     const float clip = cfg->training.grad_clip;
     if (clip > 0 && *grad_norm > clip)
         zero_scale_grads(tr->zero, clip / (float)(*grad_norm + 1e-6));
 
-    *lr = schedule_lr(&cfg->training, step);
     const double t_opt = MPI_Wtime();
     zero_optimizer_step(tr->zero, *lr, &cfg->training);
     if (trace_active()) {
@@ -494,23 +496,39 @@ static int ckpt_resume(Trainer *tr)
     char dir[CFG_STR], err[CFG_ERR];
     if (c->resume == RESUME_NEVER || (!c->dir[0] && c->resume != RESUME_PATH))
         return 0;
+    /* Every rank resolves and loads alike: errors are agreed, said once. */
+    const int rank = tr->topo.rank;
     int rc = ckpt_resolve(c->dir, c->resume, c->resume_path, dir, err);
     if (rc < 0)
-        trd_fatal(TRD_EXIT_INPUT, "check checkpoint.dir and checkpoint.resume", "%s", err);
+        guard_exit_agreed(rank, TRD_EXIT_INPUT, "check checkpoint.dir and checkpoint.resume",
+                          "%s", err);
     if (rc == 0)
         return 0;
+    if (err[0] && rank == 0)
+        printf("checkpoint: %s\n", err); /* no latest: which step was taken */
     CkptState st;
     ckpt_sync(tr, 1); /* what the load does not replace stays as it is */
     if (ckpt_load(dir, &tr->ckpt, &st, tr->cfg, err) != 0)
-        trd_fatal(TRD_EXIT_INPUT, "resume from another checkpoint (checkpoint.resume: PATH) or "
-                  "start fresh (checkpoint.resume: never)", "%s", err);
+        guard_exit_agreed(rank, TRD_EXIT_INPUT, "resume from another checkpoint "
+                          "(checkpoint.resume: PATH) or start fresh (checkpoint.resume: never)",
+                          "%s", err);
+    if (st.step >= tr->cfg->training.steps) {
+        if (rank == 0)
+            printf("checkpoint at step %lld >= training.steps %d: nothing to train\n",
+                   (long long)st.step, tr->cfg->training.steps);
+        fflush(stdout);
+        comm_finalize();
+        exit(TRD_EXIT_OK);
+    }
     ckpt_sync(tr, 0);
     *zero_state(tr->zero).adam_t = (int)st.adam_t;
     tr->start_step = (int)st.step;
     tr->start_position = st.sampler_position;
-    if (tr->topo.rank == 0)
-        printf("resumed from %s: step %d, sample position %llu\n", dir, tr->start_step,
-               (unsigned long long)tr->start_position);
+    if (rank == 0)
+        printf("resumed from %s: step %d, sample position %llu, tokens seen %llu, lr step %lld, "
+               "adam_t %lld\n", dir, tr->start_step, (unsigned long long)tr->start_position,
+               (unsigned long long)tr->start_position * (unsigned long long)tr->cfg->model.seq_len,
+               (long long)st.lr_step, (long long)st.adam_t);
     return 1;
 }
 
@@ -527,8 +545,10 @@ static void ckpt_save_step(Trainer *tr, int steps_done)
     const double t_span = MPI_Wtime();
     ckpt_sync(tr, 1);
     if (ckpt_save(cfg->checkpoint.dir, &tr->ckpt, &st, cfg, cfg->checkpoint.keep, err) != 0)
-        trd_fatal(TRD_EXIT_RUNTIME, "check free space and permissions of checkpoint.dir", "%s",
-                  err);
+        guard_exit_agreed(tr->topo.rank, TRD_EXIT_RUNTIME,
+                          "nothing was published, the previous checkpoint and latest are "
+                          "unchanged; check free space and permissions of checkpoint.dir, or "
+                          "for non-finite values training.lr and weight_decay", "%s", err);
     trace_span("checkpoint save", TRACE_STEP, t_span, MPI_Wtime(), -1, -1, 0);
     if (tr->topo.rank == 0)
         printf("checkpoint: step %d saved to %s in %.2f s\n", steps_done, cfg->checkpoint.dir,

@@ -19,7 +19,7 @@
 . "$(dirname "$0")/e2e.sh"
 
 small=(--set model.layers=2 --set model.hidden=64 --set model.seq_len=32 --set training.steps=4
-       --set data.val_every=0 --set data.val_batches=1 --set run.log_every=1)
+       --set data.val_every=0 --set data.val_sequences=8 --set run.log_every=1)
 
 # t NAME RANKS [--set ...]: train into $out/NAME with checkpoints in
 # $out/NAME.ckpt (unless the arguments name another); exit status in $rc.

@@ -423,25 +423,33 @@ static void test_validate(void)
                    WORDS("training.global_batch 8 is not divisible by topology.dp 3"));
 }
 
+/* Write text to a fresh /tmp file named after tag; 0 when it worked. */
+static int temp_yaml(const char *tag, const char *text, char path[64])
+{
+    snprintf(path, 64, "/tmp/trident_test_%s_%d.yaml", tag, (int)getpid());
+    FILE *f = fopen(path, "w");
+    CHECK(f != NULL, "create %s", path);
+    if (!f)
+        return -1;
+    fputs(text, f);
+    fclose(f);
+    return 0;
+}
+
 /* A value error in a file names FILE:LINE:COL of the value; a value that
  * came from --set names that argument; a renamed key says what replaced it. */
 static void test_value_places(void)
 {
     char path[64], err[CFG_ERR] = "";
-    snprintf(path, sizeof path, "/tmp/trident_test_place_%d.yaml", (int)getpid());
-    FILE *f = fopen(path, "w");
-    CHECK(f != NULL, "write %s", path);
-    if (!f)
+    if (temp_yaml("place", "model: {layers: 2, hidden: 64, heads: 4, vocab: 256, seq_len: 32}\n"
+                           "training:\n"
+                           "  steps: 10\n"
+                           "  global_batch: 8\n"
+                           "  lr:   -1\n"
+                           "topology:\n"
+                           "  zero: 7\n"
+                           "data: {path: data/x}\n", path))
         return;
-    fputs("model: {layers: 2, hidden: 64, heads: 4, vocab: 256, seq_len: 32}\n"
-          "training:\n"
-          "  steps: 10\n"
-          "  global_batch: 8\n"
-          "  lr:   -1\n"
-          "topology:\n"
-          "  zero: 7\n"
-          "data: {path: data/x}\n", f);
-    fclose(f);
     Config c;
     CHECK(config_load(&c, path, err) == 0, "load: %s", err);
     char want[128];
@@ -523,16 +531,13 @@ static void test_reliability_keys(void)
     expect_invalid((const char *const[]){"checkpoint.allow_changes=seed,lr", NULL}, 0,
                    (const char *const[]){"checkpoint.allow_changes", "'lr'", NULL});
 
-    snprintf(path, sizeof path, "/tmp/trident_test_config_ac_%d.yaml", (int)getpid());
-    FILE *f = fopen(path, "w");
-    CHECK(f != NULL, "create %s", path);
-    if (!f)
+    if (temp_yaml("config_ac",
+                  "model: {layers: 1, hidden: 64, heads: 4, vocab: 256, seq_len: 32}\n"
+                  "training: {steps: 1, global_batch: 8, micro_batch: 8, lr: 1.0e-3, "
+                  "max_skipped: 3}\n"
+                  "data: {path: data/x}\n"
+                  "checkpoint: {allow_changes: [data, seed]}\n", path))
         return;
-    fputs("model: {layers: 1, hidden: 64, heads: 4, vocab: 256, seq_len: 32}\n"
-          "training: {steps: 1, global_batch: 8, micro_batch: 8, lr: 1.0e-3, max_skipped: 3}\n"
-          "data: {path: data/x}\n"
-          "checkpoint: {allow_changes: [data, seed]}\n", f);
-    fclose(f);
     Config y, back;
     CHECK(config_load(&y, path, err) == 0 && config_validate(&y, 1, err) == 0, "load: %s", err);
     CHECK(!strcmp(y.checkpoint.allow_changes, "data,seed") && y.training.max_skipped == 3,

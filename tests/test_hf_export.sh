@@ -13,7 +13,9 @@
 #     loss on a one-sequence validation set equals the val_loss trident
 #     printed (model.init_std 0.2 makes the attention sharp enough that a
 #     wrong RoPE pairing changes the loss in the second digit);
-#   - bad input (exit 2) and a corrupted tensor (exit 1, file and tensor named).
+#   - bad input (exit 2: not a checkpoint, bad options, OUTDIR not a
+#     directory, a gpt2 with grouped-query attention), a corrupted tensor and
+#     a full disk (exit 1, file and tensor named, no weights left behind).
 . "$(dirname "$0")/e2e.sh"
 
 py=/usr/bin/python3   # Debian's, with numpy and h5py (scripts/install_deps.sh)
@@ -139,6 +141,24 @@ bad "corrupted tensor" 1 "stage_1.h5: tensor 'layers.1.mlp.up.weight'.*checksum 
     --format hf --out "$out/bad.hf" "$out/bad.ckpt"
 ok "corrupted tensor: no weights left behind" \
     bash -c "! ls '$out/bad.hf'/*.safetensors > /dev/null 2>&1"
+
+# A gpt2 with grouped-query attention has no GPT2LMHeadModel equivalent.
+run gq 1 --set model.layers=1 --set model.kv_heads=2 --set training.steps=1
+bad "gpt2 with kv_heads < heads" 2 "no GPT2LMHeadModel equivalent" --format hf \
+    --out "$out/gq.hf" "$out/gq/ckpt"
+
+# A full disk (a 4 MiB tmpfs, as root): exit 1 with the path, no weights left.
+mnt="$out/mnt"
+mkdir -p "$mnt"
+if mount -t tmpfs -o size=4M tmpfs "$mnt" 2>/dev/null; then
+    trap 'umount "$mnt" 2>/dev/null; rm -rf "$out"' EXIT
+    bad "full disk" 1 "model.safetensors: cannot write: No space left" --format hf \
+        --out "$mnt/x" "$out/g/ckpt"
+    ok "full disk: no weights left behind" bash -c "! ls '$mnt/x'/*.safetensors > /dev/null 2>&1"
+    umount "$mnt"
+else
+    echo "skip full disk: cannot mount a tmpfs (not root?)"
+fi
 
 echo "hf_export: $fails failed"
 [ "$fails" -eq 0 ]

@@ -88,9 +88,11 @@ ok "llama: shards + model.safetensors.index.json, no model.safetensors" \
     bash -c "ls '$out/l.hf'/model-0000*-of-0000*.safetensors > /dev/null &&
              [ -f '$out/l.hf/model.safetensors.index.json' ] && [ ! -f '$out/l.hf/model.safetensors' ]"
 ok "llama sharded: index, shards and tensors check" verify l "$out/l.hf"
+touch "$out/l.hf/model-00001-of-00009.safetensors.tmp"   # as a killed export leaves it
 export_hf l "$out/l.hf"
 ok "llama: a single-file re-export into the same directory removes the old shards" \
     bash -c "[ $rc -eq 0 ] && [ -f '$out/l.hf/model.safetensors' ] &&
+             ! ls '$out/l.hf'/*.tmp > /dev/null 2>&1 &&
              ! ls '$out/l.hf'/model-0000* > /dev/null 2>&1 &&
              [ ! -f '$out/l.hf/model.safetensors.index.json' ]"
 
@@ -140,7 +142,7 @@ EOF
 bad "corrupted tensor" 1 "stage_1.h5: tensor 'layers.1.mlp.up.weight'.*checksum mismatch" \
     --format hf --out "$out/bad.hf" "$out/bad.ckpt"
 ok "corrupted tensor: no weights left behind" \
-    bash -c "! ls '$out/bad.hf'/*.safetensors > /dev/null 2>&1"
+    bash -c "! ls '$out/bad.hf'/*.safetensors* > /dev/null 2>&1"
 
 # A gpt2 with grouped-query attention has no GPT2LMHeadModel equivalent.
 run gq 1 --set model.layers=1 --set model.kv_heads=2 --set training.steps=1
@@ -152,9 +154,9 @@ mnt="$out/mnt"
 mkdir -p "$mnt"
 if mount -t tmpfs -o size=4M tmpfs "$mnt" 2>/dev/null; then
     trap 'umount "$mnt" 2>/dev/null; rm -rf "$out"' EXIT
-    bad "full disk" 1 "model.safetensors: cannot write: No space left" --format hf \
+    bad "full disk" 1 "model.safetensors.tmp: cannot write: No space left" --format hf \
         --out "$mnt/x" "$out/g/ckpt"
-    ok "full disk: no weights left behind" bash -c "! ls '$mnt/x'/*.safetensors > /dev/null 2>&1"
+    ok "full disk: no weights left behind" bash -c "! ls '$mnt/x'/*.safetensors* > /dev/null 2>&1"
     umount "$mnt"
 else
     echo "skip full disk: cannot mount a tmpfs (not root?)"

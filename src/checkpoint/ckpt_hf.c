@@ -468,11 +468,34 @@ static char *hf_header(const Hf *h, int shard, uint64_t *len)
     return out;
 }
 
+/* A shard is written as NAME.tmp and renamed once every shard is complete
+ * (hf_publish), so a killed export never leaves a truncated NAME that
+ * from_pretrained would try to read. */
+static void hf_shard_path(const Hf *h, int shard, int tmp, char *out, size_t n)
+{
+    char name[64];
+    hf_shard_name(h, shard, name, sizeof name);
+    snprintf(out, n, "%s/%s%s", h->out_dir, name, tmp ? ".tmp" : "");
+}
+
+static int hf_publish(Hf *h)
+{
+    for (int s = 0; s < h->n_shards; s++) {
+        char from[CKPT_FILE_PATH], to[CKPT_FILE_PATH];
+        hf_shard_path(h, s, 1, from, sizeof from);
+        hf_shard_path(h, s, 0, to, sizeof to);
+        if (rename(from, to) != 0) {
+            ckpt_err(h->err, "cannot rename %s to %s: %s", from, to, strerror(errno));
+            return TRD_EXIT_RUNTIME;
+        }
+    }
+    return TRD_EXIT_OK;
+}
+
 static int hf_write_shard(Hf *h, int shard)
 {
-    char name[64], path[CKPT_FILE_PATH];
-    hf_shard_name(h, shard, name, sizeof name);
-    snprintf(path, sizeof path, "%s/%s", h->out_dir, name);
+    char path[CKPT_FILE_PATH];
+    hf_shard_path(h, shard, 1, path, sizeof path);
     Sink s = {fopen(path, "wb"), path};
     if (!s.f) {
         ckpt_err(h->err, "%s: cannot create: %s", path, strerror(errno));
@@ -654,7 +677,8 @@ static int hf_write_tokenizer(Hf *h, int *wrote)
 
 /* Weights of an earlier export into the same DIR would be found by
  * from_pretrained next to (or instead of) the new ones: model.safetensors
- * wins over an index, a stale index names stale shards. */
+ * wins over an index, a stale index names stale shards.  Also the .tmp
+ * shards of a failed or killed export. */
 static void hf_remove_stale(const char *dir)
 {
     DIR *d = opendir(dir);
@@ -665,8 +689,9 @@ static void hf_remove_stale(const char *dir)
         int a, b;
         char tail[32];
         const int shard = sscanf(de->d_name, "model-%5d-of-%5d.safetensor%31s", &a, &b, tail) == 3 &&
-                          !strcmp(tail, "s");
+                          (!strcmp(tail, "s") || !strcmp(tail, "s.tmp"));
         if (shard || !strcmp(de->d_name, "model.safetensors") ||
+            !strcmp(de->d_name, "model.safetensors.tmp") ||
             !strcmp(de->d_name, "model.safetensors.index.json")) {
             char path[CKPT_FILE_PATH];
             snprintf(path, sizeof path, "%s/%s", dir, de->d_name);
@@ -779,6 +804,8 @@ int ckpt_hf_export(const char *arg, const char *out_dir, int bf16, int64_t max_s
     code = TRD_EXIT_OK;
     for (int s = 0; s < h.n_shards && code == TRD_EXIT_OK; s++)
         code = hf_write_shard(&h, s);
+    if (code == TRD_EXIT_OK)
+        code = hf_publish(&h);
     if (code == TRD_EXIT_OK && h.n_shards > 1)
         code = hf_write_index(&h);
     if (code == TRD_EXIT_OK)

@@ -3,7 +3,7 @@
 # Runs as root, or through sudo when it is there.
 set -euo pipefail
 pkgs=(build-essential pkg-config meson ninja-build libyaml-dev mpich libmpich-dev
-      libhdf5-mpich-dev libopenblas-dev ca-certificates
+      libhdf5-mpich-dev libopenblas-dev libcjson-dev ca-certificates
       slurm-wlm munge    # the local test cluster of slurm/cluster (tests/test_slurm_*.sh)
       python3-h5py hdf5-tools)  # the docs' h5py snippet and h5dump (docs/checkpoint.md)
 # Tools that may come from elsewhere than Debian (a nodesource node, say):

@@ -17,7 +17,9 @@ static void usage(FILE *f)
     fprintf(f,
             "usage: trident ckpt inspect DIR [--verify]\n"
             "       trident ckpt verify DIR\n"
-            "       trident ckpt export DIR --out FILE [--master]\n\n"
+            "       trident ckpt export DIR --out FILE [--master]\n"
+            "       trident ckpt export --format hf --out OUTDIR [--dtype fp32|bf16]\n"
+            "                           [--max-shard-size SIZE] DIR\n\n"
             "DIR is a checkpoint step directory (DIR/step_00000100) or a checkpoint.dir,\n"
             "whose `latest` is taken.\n"
             "  inspect   saved step, training state, model, topology, config, and every\n"
@@ -28,6 +30,11 @@ static void usage(FILE *f)
             "  export    the model weights (fp32, global shapes, unpadded vocabulary) as\n"
             "            one HDF5 file with a dataset per tensor, e.g. /embed.wte.weight;\n"
             "            --master takes the fp32 master weights of a bf16 run instead\n"
+            "  export --format hf\n"
+            "            a Hugging Face model directory (config.json, safetensors weights,\n"
+            "            GPT-2 tokenizer files) for transformers' from_pretrained: gpt2 ->\n"
+            "            GPT2LMHeadModel, llama -> LlamaForCausalLM; --dtype (default fp32),\n"
+            "            --max-shard-size (default 5GB; e.g. 500MB, 100KiB, bytes)\n"
             "Layout: docs/checkpoint.md.  Exit codes: 0 success, 2 bad input (not a\n"
             "checkpoint), 1 failure (a damaged checkpoint, for verify).\n");
 }
@@ -344,23 +351,57 @@ int ckpt_main(int argc, char **argv)
     if (argc == 3 && !strcmp(argv[1], "verify"))
         return verify(argv[2]);
     if (argc >= 3 && !strcmp(argv[1], "export")) {
-        const char *out = NULL;
+        /* Options and the checkpoint in any order: `export DIR --out F` and
+         * `export --format hf --out DIR CKPT` both read naturally. */
+        const char *out = NULL, *src = NULL, *format = "h5", *dtype = NULL, *shard = NULL;
         int master = 0;
-        for (int i = 3; i < argc; i++) {
-            if (!strcmp(argv[i], "--out") && i + 1 < argc)
+        for (int i = 2; i < argc; i++) {
+            const char *a = argv[i];
+            const int val = i + 1 < argc;
+            if (!strcmp(a, "--out") && val)
                 out = argv[++i];
-            else if (!strcmp(argv[i], "--master"))
+            else if (!strcmp(a, "--format") && val)
+                format = argv[++i];
+            else if (!strcmp(a, "--dtype") && val)
+                dtype = argv[++i];
+            else if (!strcmp(a, "--max-shard-size") && val)
+                shard = argv[++i];
+            else if (!strcmp(a, "--master"))
                 master = 1;
+            else if (a[0] != '-' && !src)
+                src = a;
             else {
                 usage(stderr);
-                return fail(TRD_EXIT_INPUT, "ckpt export: unknown argument");
+                char msg[CFG_ERR];
+                snprintf(msg, sizeof msg, "ckpt export: unknown or incomplete argument '%s'", a);
+                return fail(TRD_EXIT_INPUT, msg);
             }
         }
-        if (!out) {
+        if (!src || !out) {
             usage(stderr);
-            return fail(TRD_EXIT_INPUT, "ckpt export: --out FILE is required");
+            return fail(TRD_EXIT_INPUT, !src ? "ckpt export: the checkpoint (DIR) is required"
+                                             : "ckpt export: --out is required");
         }
-        return export_weights(argv[2], out, master);
+        if (!strcmp(format, "hf")) {
+            int bf16 = 0;
+            int64_t max_shard = 5000000000LL;   /* HF's default "5GB" */
+            if (dtype && strcmp(dtype, "fp32") && strcmp(dtype, "bf16"))
+                return fail(TRD_EXIT_INPUT, "ckpt export: --dtype must be fp32 or bf16");
+            bf16 = dtype && !strcmp(dtype, "bf16");
+            if (shard && ckpt_hf_parse_size(shard, &max_shard) != 0)
+                return fail(TRD_EXIT_INPUT, "ckpt export: --max-shard-size must be a size in "
+                                            "bytes, e.g. 5GB, 500MB, 100KiB or 1000000");
+            if (master)
+                return fail(TRD_EXIT_INPUT, "ckpt export: --master is for --format h5 (--format "
+                                            "hf takes the master weights when saved)");
+            return ckpt_hf_export(src, out, bf16, max_shard);
+        }
+        if (strcmp(format, "h5"))
+            return fail(TRD_EXIT_INPUT, "ckpt export: --format must be h5 or hf");
+        if (dtype || shard)
+            return fail(TRD_EXIT_INPUT, "ckpt export: --dtype and --max-shard-size are for "
+                                        "--format hf");
+        return export_weights(src, out, master);
     }
     usage(stderr);
     return TRD_EXIT_INPUT;

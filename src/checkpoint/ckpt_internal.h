@@ -6,7 +6,8 @@
  *   ckpt_save.c    the stage files, written by each stage's ranks; ckpt_save
  *   ckpt_publish.c rank 0's file-system steps: .tmp, rename, latest, keep
  *   ckpt_load.c    resolve and load for any topology
- *   ckpt_cli.c     trident ckpt inspect / export */
+ *   ckpt_cli.c     trident ckpt inspect / verify / export
+ *   ckpt_hf.c      trident ckpt export --format hf (Hugging Face directory) */
 #ifndef TRD_CKPT_INTERNAL_H
 #define TRD_CKPT_INTERNAL_H
 
@@ -183,5 +184,16 @@ int ckpt_put_checksums(hid_t d, const CkptEntry *e, const uint64_t *sums);
 /* Overwrite the values of an existing "checksum" attribute. */
 int ckpt_set_checksums(hid_t d, const uint64_t *sums);
 int ckpt_get_checksums(hid_t d, const CkptEntry *e, uint64_t **sums);
+
+/* ---- Hugging Face export (ckpt_hf.c) ---- */
+
+/* Write the checkpoint `arg` (step directory or checkpoint.dir) as a
+ * Hugging Face model directory out_dir: fp32 or bf16 safetensors, in shards
+ * of at most max_shard bytes.  Prints the outcome or the error; returns the
+ * exit code (2 bad input, 1 a damaged checkpoint or a failed write). */
+int ckpt_hf_export(const char *arg, const char *out_dir, int bf16, int64_t max_shard);
+/* "5GB", "1MB", "100KiB", "12345": bytes (decimal units as HF, binary with
+ * "iB"); -1 when it is not a positive size. */
+int ckpt_hf_parse_size(const char *s, int64_t *out);
 
 #endif

@@ -1,6 +1,7 @@
 /* bpe_load.c — reading GPT-2's encoder.json (token string -> id) and
  * vocab.bpe (merges in rank order) into the tables of bpe.h. */
 #include "core/error.h"
+#include <cjson/cJSON.h>
 #include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -98,135 +99,64 @@ static int push_symbol(unsigned char *key, size_t *klen, size_t kcap, uint32_t c
 
 /* ---- encoder.json: one flat object of string -> integer -------------- */
 
-typedef struct {
-    const char *path, *s;
-    size_t len, at;
-    char *err;
-} Json;
-
-static int json_fail(Json *j, const char *what)
+/* cJSON reports where it stopped; turn that into file:line (byte N). */
+static int json_fail_at(char err[CFG_ERR], const char *path, const char *text, size_t off,
+                        const char *what)
 {
-    return trd_errorf(j->err, "%s:%d: %s (byte %zu)", j->path, line_of(j->s, j->at), what, j->at);
+    return trd_errorf(err, "%s:%d: %s (byte %zu)", path, line_of(text, off), what, off);
 }
 
-static void json_ws(Json *j)
-{
-    while (j->at < j->len && strchr(" \t\r\n", j->s[j->at]) && j->s[j->at])
-        j->at++;
-}
-
-static int hex4(const char *s, uint32_t *v)
-{
-    *v = 0;
-    for (int i = 0; i < 4; i++) {
-        char c = s[i];
-        int d = c >= '0' && c <= '9' ? c - '0'
-              : c >= 'a' && c <= 'f' ? c - 'a' + 10
-              : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
-        if (d < 0)
-            return -1;
-        *v = *v * 16 + (uint32_t)d;
-    }
-    return 0;
-}
-
-/* One escape after the backslash at j->at; the code point in *cp. */
-static int json_escape(Json *j, uint32_t *cp)
-{
-    char c = j->at + 1 < j->len ? j->s[j->at + 1] : 0;
-    const char *from = "\"\\/bfnrt", *to = "\"\\/\b\f\n\r\t";
-    const char *k = c ? strchr(from, c) : NULL;
-    if (k) {
-        *cp = (unsigned char)to[k - from];
-        j->at += 2;
-        return 0;
-    }
-    if (c != 'u' || j->at + 6 > j->len || hex4(j->s + j->at + 2, cp) != 0)
-        return json_fail(j, "bad escape in a string");
-    j->at += 6;
-    if (*cp >= 0xD800 && *cp <= 0xDBFF) {       /* a surrogate pair */
-        uint32_t lo;
-        if (j->at + 6 > j->len || j->s[j->at] != '\\' || j->s[j->at + 1] != 'u' ||
-            hex4(j->s + j->at + 2, &lo) != 0 || lo < 0xDC00 || lo > 0xDFFF)
-            return json_fail(j, "unpaired surrogate escape in a string");
-        *cp = 0x10000 + ((*cp - 0xD800) << 10) + (lo - 0xDC00);
-        j->at += 6;
-    }
-    return 0;
-}
-
-/* A string token, its symbols turned back into raw bytes. */
-static int json_key(Json *j, unsigned char *key, size_t *klen, size_t kcap)
+/* A key of encoder.json (UTF-8 of GPT-2 byte symbols; cJSON has already
+ * undone the JSON escapes) turned back into raw bytes. */
+static int key_bytes(const char *s, unsigned char *key, size_t *klen, size_t kcap)
 {
     *klen = 0;
-    if (j->at >= j->len || j->s[j->at] != '"')
-        return json_fail(j, "expected a string");
-    j->at++;
-    for (;;) {
-        if (j->at >= j->len)
-            return json_fail(j, "unterminated string");
-        unsigned char c = (unsigned char)j->s[j->at];
-        if (c == '"') {
-            j->at++;
-            return 0;
-        }
+    for (size_t n = strlen(s), i = 0; i < n;) {
         uint32_t cp;
-        if (c == '\\') {
-            if (json_escape(j, &cp) != 0)
-                return -1;
-        } else {
-            j->at += (size_t)unicode_decode((const unsigned char *)j->s + j->at, j->len - j->at, &cp);
-        }
+        i += (size_t)unicode_decode((const unsigned char *)s + i, n - i, &cp);
         if (push_symbol(key, klen, kcap, cp) != 0)
-            return json_fail(j, "a key holds a character that is not a GPT-2 byte symbol "
-                                "(not a byte-level BPE vocabulary?)");
+            return -1;
     }
-}
-
-static int json_int(Json *j, long *v)
-{
-    char *end;
-    errno = 0;
-    *v = strtol(j->s + j->at, &end, 10);
-    if (end == j->s + j->at || errno != 0 || *v < 0 || *v > INT32_MAX)
-        return json_fail(j, "expected a token id (a non-negative integer)");
-    j->at = (size_t)(end - j->s);
     return 0;
 }
 
-static int parse_encoder(Json *j, StrMap *enc)
+static int parse_encoder(const char *path, const char *text, size_t len, StrMap *enc,
+                         char err[CFG_ERR])
 {
+    const char *stop = NULL;
+    cJSON *root = cJSON_ParseWithLengthOpts(text, len, &stop, 0);
+    if (!root) {
+        const size_t off = stop && stop >= text ? (size_t)(stop - text) : 0;
+        return json_fail_at(err, path, text, off, "not valid JSON");
+    }
+    int rc = 0;
+    if (!cJSON_IsObject(root))
+        rc = json_fail_at(err, path, text, 0,
+                          "expected '{' (encoder.json is one object of token -> id)");
+    else if (!root->child)
+        rc = json_fail_at(err, path, text, 0, "the vocabulary is empty");
     unsigned char key[4096];
     size_t klen;
-    json_ws(j);
-    if (j->at >= j->len || j->s[j->at++] != '{')
-        return json_fail(j, "expected '{' (encoder.json is one object of token -> id)");
-    json_ws(j);
-    if (j->at < j->len && j->s[j->at] == '}')
-        return json_fail(j, "the vocabulary is empty");
-    for (;;) {
-        long id;
-        json_ws(j);
-        if (json_key(j, key, &klen, sizeof key) != 0)
-            return -1;
-        json_ws(j);
-        if (j->at >= j->len || j->s[j->at++] != ':')
-            return json_fail(j, "expected ':'");
-        json_ws(j);
-        if (json_int(j, &id) != 0)
-            return -1;
-        uint64_t old;
-        if (strmap_get(enc, key, klen, &old))
-            return json_fail(j, "duplicate token");
-        if (strmap_put(enc, key, klen, (uint64_t)id) != 0)
-            return json_fail(j, "out of memory");
-        json_ws(j);
-        char c = j->at < j->len ? j->s[j->at++] : 0;
-        if (c == '}')
-            return 0;
-        if (c != ',')
-            return json_fail(j, "expected ',' or '}'");
+    for (const cJSON *it = rc == 0 ? root->child : NULL; it && rc == 0; it = it->next) {
+        /* cJSON keeps no positions: errors inside the object name the key. */
+        const double v = it->valuedouble;
+        if (!cJSON_IsNumber(it) || v < 0 || v > INT32_MAX || v != (double)(int64_t)v)
+            rc = trd_errorf(err, "%s: token \"%s\": expected a token id (a non-negative "
+                                 "integer)", path, it->string);
+        else if (key_bytes(it->string, key, &klen, sizeof key) != 0)
+            rc = trd_errorf(err, "%s: token \"%s\": a key holds a character that is not a "
+                                 "GPT-2 byte symbol (not a byte-level BPE vocabulary?)",
+                            path, it->string);
+        else {
+            uint64_t old;
+            if (strmap_get(enc, key, klen, &old))
+                rc = trd_errorf(err, "%s: token \"%s\": duplicate token", path, it->string);
+            else if (strmap_put(enc, key, klen, (uint64_t)v) != 0)
+                rc = trd_errorf(err, "%s: out of memory", path);
+        }
     }
+    cJSON_Delete(root);
+    return rc;
 }
 
 /* Ids must be exactly 0..count-1; fill the per-token bytes for decoding. */
@@ -269,9 +199,8 @@ static int load_encoder(Bpe *b, StrMap *enc, const char *path, char err[CFG_ERR]
     size_t len;
     if (read_file(path, &text, &len, err) != 0)
         return -1;
-    Json j = {path, text, len, 0, err};
     int rc = strmap_init(enc, 65536) != 0 ? trd_errorf(err, "%s: out of memory", path)
-                                          : parse_encoder(&j, enc);
+                                          : parse_encoder(path, text, len, enc, err);
     free(text);
     if (rc != 0 || build_tokens(b, enc, path, err) != 0)
         return -1;

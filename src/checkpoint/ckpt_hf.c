@@ -1,0 +1,838 @@
+/* ckpt_hf.c — `trident ckpt export --format hf --out DIR CKPT`: a checkpoint
+ * as a Hugging Face model directory (config.json, generation_config.json,
+ * safetensors weights, the GPT-2 tokenizer files) that
+ * transformers' from_pretrained(DIR) loads as GPT2LMHeadModel or
+ * LlamaForCausalLM.
+ *
+ * Serial and streaming: the safetensors header is computed from the index
+ * alone (every shape is known before any data is read), then each tensor is
+ * read through its checksum blocks and written.  A plain copy never holds
+ * more than one checksum block (about 4 MiB); a transform that needs the
+ * whole source (Conv1D transposes, the qkv split) holds that one tensor and
+ * writes its output a row at a time.  Layout and conventions:
+ * docs/checkpoint.md, "Export to Hugging Face". */
+#include "checkpoint/ckpt_internal.h"
+
+#include <cjson/cJSON.h>
+#include <ctype.h>
+#include <dirent.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+
+#include "backend/backend.h"
+#include "core/error.h"
+#include "data/inputs.h"
+#include "data/prepare.h"
+
+#if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "safetensors is little-endian: the exporter writes host floats as they are"
+#endif
+
+#define HF_NAME 128
+#define GPT2_VOCAB 50257
+#define GPT2_EOT 50256
+
+/* How an output tensor is made from its trident source. */
+typedef enum {
+    HF_COPY,       /* the same values, row by row (streamed per checksum block) */
+    HF_TRANSPOSE,  /* GPT-2 Conv1D: HF stores [in, out], trident [out, in] */
+    HF_QKV,        /* rows picked out of the fused per-kv-group qkv (below) */
+} HfOp;
+
+/* HF_QKV parts: Llama's q_proj, k_proj, v_proj, or GPT-2's c_attn [Q|K|V]. */
+enum { QKV_Q = 0, QKV_K = 1, QKV_V = 2, QKV_ALL = 3 };
+
+typedef struct {
+    char name[HF_NAME];          /* HF name */
+    const CkptEntry *src;
+    HfOp op;
+    int part;                    /* HF_QKV */
+    int ndim;
+    int64_t shape[2];            /* HF shape; shape[1] == 1 when ndim == 1 */
+    int64_t bytes, offset;       /* in its shard's data section */
+    int shard;
+} HfTensor;
+
+typedef struct {
+    const CkptIndex *ix;
+    const char *step_dir, *out_dir;
+    CkptKind kind;               /* master weights when saved, else params */
+    int bf16, gpt2;
+    int64_t hs, heads, kv_heads;
+    HfTensor *t;
+    int n, cap;
+    int n_shards;
+    /* The last whole source tensor read (the qkv feeds three outputs). */
+    const CkptEntry *cached;
+    float *cache;
+    /* Output staging for one row (converted) and file accounting. */
+    void *stage;
+    size_t stage_cap;
+    int64_t written;
+    char err[CFG_ERR];
+} Hf;
+
+/* ---- the plan: HF names, shapes, sources ------------------------------ */
+
+static int hf_add(Hf *h, const char *src, HfOp op, int part, int ndim, int64_t r, int64_t c,
+                  const char *fmt, ...) __attribute__((format(printf, 8, 9)));
+
+static int hf_add(Hf *h, const char *src, HfOp op, int part, int ndim, int64_t r, int64_t c,
+                  const char *fmt, ...)
+{
+    const CkptEntry *e = ckpt_index_find(h->ix, src, h->kind);
+    if (!e) {
+        ckpt_err(h->err, "%s: tensor '%s' (%s) is not in the checkpoint: not a %s model as "
+                         "trident writes it", h->step_dir, src, ckpt_kind_names[h->kind],
+                 h->ix->arch);
+        return -1;
+    }
+    if (h->n == h->cap) {
+        h->cap = h->cap ? 2 * h->cap : 64;
+        h->t = realloc(h->t, (size_t)h->cap * sizeof *h->t);
+        TRD_ASSERT(h->t);
+    }
+    HfTensor *t = &h->t[h->n++];
+    memset(t, 0, sizeof *t);
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(t->name, sizeof t->name, fmt, ap);
+    va_end(ap);
+    t->src = e;
+    t->op = op;
+    t->part = part;
+    t->ndim = ndim;
+    t->shape[0] = r;
+    t->shape[1] = ndim == 2 ? c : 1;
+    t->bytes = r * t->shape[1] * (h->bf16 ? 2 : 4);
+    /* The source must have the shape this mapping expects (transposed for
+     * Conv1D; the whole fused qkv for a qkv part). */
+    int64_t want0 = r, want1 = t->shape[1];
+    if (op == HF_TRANSPOSE) {
+        want0 = c;
+        want1 = r;
+    } else if (op == HF_QKV) {
+        want0 = (h->heads + 2 * h->kv_heads) * h->hs;
+        want1 = ndim == 2 ? (part == QKV_ALL ? r : c) : 1;
+    }
+    if (e->ndim != ndim || e->shape[0] != want0 || e->shape[1] != want1) {
+        ckpt_err(h->err, "%s: tensor '%s' has shape [%lld, %lld], expected [%lld, %lld] for "
+                         "the model the index describes", h->step_dir, src,
+                 (long long)e->shape[0], (long long)e->shape[1], (long long)want0,
+                 (long long)want1);
+        return -1;
+    }
+    return 0;
+}
+
+static int hf_plan(Hf *h)
+{
+    const CkptIndex *ix = h->ix;
+    const int64_t C = ix->hidden, F = ix->ffn_hidden, V = ix->vocab, A = h->heads * h->hs;
+    const int64_t KV = h->kv_heads * h->hs;
+    int rc = 0;
+    if (h->gpt2) {
+        rc |= hf_add(h, "embed.wte.weight", HF_COPY, 0, 2, V, C, "transformer.wte.weight");
+        rc |= hf_add(h, "embed.wpe.weight", HF_COPY, 0, 2, ix->seq_len, C,
+                     "transformer.wpe.weight");
+        for (int l = 0; l < ix->layers && rc == 0; l++) {
+            char s[PARAM_NAME];
+#define SRC(x) (snprintf(s, sizeof s, "layers.%d." x, l), s)
+            rc |= hf_add(h, SRC("ln1.weight"), HF_COPY, 0, 1, C, 0, "transformer.h.%d.ln_1.weight", l);
+            rc |= hf_add(h, SRC("ln1.bias"), HF_COPY, 0, 1, C, 0, "transformer.h.%d.ln_1.bias", l);
+            rc |= hf_add(h, SRC("attn.qkv.weight"), HF_QKV, QKV_ALL, 2, C, 3 * A,
+                         "transformer.h.%d.attn.c_attn.weight", l);
+            rc |= hf_add(h, SRC("attn.qkv.bias"), HF_QKV, QKV_ALL, 1, 3 * A, 0,
+                         "transformer.h.%d.attn.c_attn.bias", l);
+            rc |= hf_add(h, SRC("attn.proj.weight"), HF_TRANSPOSE, 0, 2, A, C,
+                         "transformer.h.%d.attn.c_proj.weight", l);
+            rc |= hf_add(h, SRC("attn.proj.bias"), HF_COPY, 0, 1, C, 0,
+                         "transformer.h.%d.attn.c_proj.bias", l);
+            rc |= hf_add(h, SRC("ln2.weight"), HF_COPY, 0, 1, C, 0, "transformer.h.%d.ln_2.weight", l);
+            rc |= hf_add(h, SRC("ln2.bias"), HF_COPY, 0, 1, C, 0, "transformer.h.%d.ln_2.bias", l);
+            rc |= hf_add(h, SRC("mlp.fc.weight"), HF_TRANSPOSE, 0, 2, C, F,
+                         "transformer.h.%d.mlp.c_fc.weight", l);
+            rc |= hf_add(h, SRC("mlp.fc.bias"), HF_COPY, 0, 1, F, 0, "transformer.h.%d.mlp.c_fc.bias", l);
+            rc |= hf_add(h, SRC("mlp.proj.weight"), HF_TRANSPOSE, 0, 2, F, C,
+                         "transformer.h.%d.mlp.c_proj.weight", l);
+            rc |= hf_add(h, SRC("mlp.proj.bias"), HF_COPY, 0, 1, C, 0,
+                         "transformer.h.%d.mlp.c_proj.bias", l);
+        }
+        rc |= hf_add(h, "final_norm.weight", HF_COPY, 0, 1, C, 0, "transformer.ln_f.weight");
+        rc |= hf_add(h, "final_norm.bias", HF_COPY, 0, 1, C, 0, "transformer.ln_f.bias");
+    } else {
+        rc |= hf_add(h, "embed.wte.weight", HF_COPY, 0, 2, V, C, "model.embed_tokens.weight");
+        for (int l = 0; l < ix->layers && rc == 0; l++) {
+            char s[PARAM_NAME];
+            rc |= hf_add(h, SRC("ln1.weight"), HF_COPY, 0, 1, C, 0,
+                         "model.layers.%d.input_layernorm.weight", l);
+            rc |= hf_add(h, SRC("attn.qkv.weight"), HF_QKV, QKV_Q, 2, A, C,
+                         "model.layers.%d.self_attn.q_proj.weight", l);
+            rc |= hf_add(h, SRC("attn.qkv.weight"), HF_QKV, QKV_K, 2, KV, C,
+                         "model.layers.%d.self_attn.k_proj.weight", l);
+            rc |= hf_add(h, SRC("attn.qkv.weight"), HF_QKV, QKV_V, 2, KV, C,
+                         "model.layers.%d.self_attn.v_proj.weight", l);
+            rc |= hf_add(h, SRC("attn.proj.weight"), HF_COPY, 0, 2, C, A,
+                         "model.layers.%d.self_attn.o_proj.weight", l);
+            rc |= hf_add(h, SRC("ln2.weight"), HF_COPY, 0, 1, C, 0,
+                         "model.layers.%d.post_attention_layernorm.weight", l);
+            rc |= hf_add(h, SRC("mlp.gate.weight"), HF_COPY, 0, 2, F, C,
+                         "model.layers.%d.mlp.gate_proj.weight", l);
+            rc |= hf_add(h, SRC("mlp.up.weight"), HF_COPY, 0, 2, F, C,
+                         "model.layers.%d.mlp.up_proj.weight", l);
+            rc |= hf_add(h, SRC("mlp.down.weight"), HF_COPY, 0, 2, C, F,
+                         "model.layers.%d.mlp.down_proj.weight", l);
+#undef SRC
+        }
+        rc |= hf_add(h, "final_norm.weight", HF_COPY, 0, 1, C, 0, "model.norm.weight");
+    }
+    /* Tied: HF ties lm_head to the input embedding itself
+     * (tie_word_embeddings in config.json), so only an untied head is stored. */
+    if (rc == 0 && !ix->tie_embeddings)
+        rc |= hf_add(h, "head.weight", HF_COPY, 0, 2, V, C, "lm_head.weight");
+    return rc ? -1 : 0;
+}
+
+/* HF's shard split: tensors in order, a new shard when the next tensor
+ * would take the current one past max (a tensor larger than max gets a
+ * shard of its own). */
+static void hf_shard(Hf *h, int64_t max)
+{
+    int64_t used = 0;
+    int shard = 0;
+    for (int i = 0; i < h->n; i++) {
+        HfTensor *t = &h->t[i];
+        if (used > 0 && used + t->bytes > max) {
+            shard++;
+            used = 0;
+        }
+        t->shard = shard;
+        t->offset = used;
+        used += t->bytes;
+    }
+    h->n_shards = h->n ? shard + 1 : 0;
+}
+
+static void hf_shard_name(const Hf *h, int shard, char *out, size_t n)
+{
+    if (h->n_shards == 1)
+        snprintf(out, n, "model.safetensors");
+    else
+        snprintf(out, n, "model-%05d-of-%05d.safetensors", shard + 1, h->n_shards);
+}
+
+/* ---- reading the checkpoint ------------------------------------------- */
+
+typedef int (*BlockFn)(Hf *h, const float *rows, int64_t r0, int64_t n, void *ctx);
+
+/* Read e a checksum block at a time, verify each block and hand it to fn.
+ * Returns 0, or an exit code with h->err naming the file and tensor: 1 for
+ * a damaged checkpoint (unreadable file, checksum mismatch). */
+static int hf_read_blocks(Hf *h, const CkptEntry *e, BlockFn fn, void *ctx)
+{
+    char path[CKPT_FILE_PATH], dset[CKPT_PATH_NAME], why[256];
+    snprintf(path, sizeof path, "%s/%s", h->step_dir, e->file);
+    snprintf(dset, sizeof dset, "%s/%s", e->kind, e->name);
+    hid_t fapl = ckpt_serial_fapl();
+    hid_t f = H5Fopen(path, H5F_ACC_RDONLY, fapl);
+    H5Pclose(fapl);
+    if (f < 0) {
+        ckpt_h5_reason(why, sizeof why);
+        ckpt_err(h->err, "%s: cannot open (missing, truncated or corrupted?) for tensor '%s': %s",
+                 path, e->name, why);
+        return TRD_EXIT_RUNTIME;
+    }
+    hid_t d = H5Dopen2(f, dset, H5P_DEFAULT);
+    uint64_t *sums = NULL;
+    int code = TRD_EXIT_OK;
+    if (d < 0) {
+        ckpt_err(h->err, "%s: tensor '%s': no dataset '/%s'", path, e->name, dset);
+        code = TRD_EXIT_RUNTIME;
+    } else if (ckpt_get_checksums(d, e, &sums) != 0) {
+        ckpt_err(h->err, "%s: tensor '%s' (dataset '/%s') has no valid checksum attributes",
+                 path, e->name, dset);
+        code = TRD_EXIT_RUNTIME;
+    }
+    const int64_t R = ckpt_block_rows(e->ndim, e->shape), cols = e->shape[1];
+    float *buf = code ? NULL : trd_malloc((size_t)(R * cols) * sizeof(float), e->name);
+    hid_t fs = d >= 0 ? H5Dget_space(d) : -1;
+    for (int64_t r0 = 0; code == TRD_EXIT_OK && r0 < e->shape[0]; r0 += R) {
+        const int64_t n = r0 + R < e->shape[0] ? R : e->shape[0] - r0;
+        hsize_t start[2] = {(hsize_t)r0, 0}, count[2] = {(hsize_t)n, (hsize_t)cols};
+        H5Sselect_hyperslab(fs, H5S_SELECT_SET, start, NULL, count, NULL);
+        hid_t ms = H5Screate_simple(e->ndim, count, NULL);
+        herr_t r = H5Dread(d, H5T_NATIVE_FLOAT, ms, fs, H5P_DEFAULT, buf);
+        H5Sclose(ms);
+        if (r < 0) {
+            ckpt_h5_reason(why, sizeof why);
+            ckpt_err(h->err, "%s: cannot read tensor '%s' (dataset '/%s') rows %lld..%lld: %s",
+                     path, e->name, dset, (long long)r0, (long long)(r0 + n), why);
+            code = TRD_EXIT_RUNTIME;
+        } else if (ckpt_checksum_rows(buf, r0, n, cols) != sums[r0 / R]) {
+            ckpt_err(h->err, "%s: tensor '%s' (dataset '/%s'): checksum mismatch in the block "
+                             "at row %lld — the file is corrupted", path, e->name, dset,
+                     (long long)r0);
+            code = TRD_EXIT_RUNTIME;
+        } else {
+            code = fn(h, buf, r0, n, ctx);
+        }
+    }
+    if (fs >= 0)
+        H5Sclose(fs);
+    free(buf);
+    free(sums);
+    if (d >= 0)
+        H5Dclose(d);
+    H5Fclose(f);
+    return code;
+}
+
+static int gather_block(Hf *h, const float *rows, int64_t r0, int64_t n, void *ctx)
+{
+    const int64_t cols = ((const CkptEntry *)ctx)->shape[1];
+    memcpy(h->cache + r0 * cols, rows, (size_t)(n * cols) * sizeof(float));
+    return TRD_EXIT_OK;
+}
+
+/* The whole tensor e (kept until another one is asked for). */
+static int hf_whole(Hf *h, const CkptEntry *e)
+{
+    if (h->cached == e)
+        return TRD_EXIT_OK;
+    free(h->cache);
+    h->cached = NULL;
+    h->cache = trd_malloc((size_t)(e->shape[0] * e->shape[1]) * sizeof(float), e->name);
+    const int code = hf_read_blocks(h, e, gather_block, (void *)e);
+    if (code == TRD_EXIT_OK)
+        h->cached = e;
+    return code;
+}
+
+/* ---- writing ----------------------------------------------------------- */
+
+typedef struct {
+    FILE *f;
+    const char *path;
+} Sink;
+
+/* n floats, converted to the export dtype: fp32 as they are, bf16 rounded
+ * to nearest even by the same bf16_round the trainer uses (the upper 16 bits
+ * of the rounded float are the bf16). */
+static int hf_emit(Hf *h, Sink *s, const float *x, size_t n)
+{
+    const size_t bytes = n * (h->bf16 ? 2 : 4);
+    const void *src = x;
+    if (h->bf16) {
+        if (h->stage_cap < bytes) {
+            free(h->stage);
+            h->stage = trd_malloc(bytes, "export staging");
+            h->stage_cap = bytes;
+        }
+        uint16_t *o = h->stage;
+        for (size_t i = 0; i < n; i++) {
+            const float r = bf16_round(x[i]);
+            uint32_t bits;
+            memcpy(&bits, &r, 4);
+            o[i] = (uint16_t)(bits >> 16);
+        }
+        src = o;
+    }
+    if (fwrite(src, 1, bytes, s->f) != bytes) {
+        ckpt_err(h->err, "%s: cannot write: %s", s->path, strerror(errno));
+        return TRD_EXIT_RUNTIME;
+    }
+    h->written += (int64_t)bytes;
+    return TRD_EXIT_OK;
+}
+
+typedef struct {
+    Sink *sink;
+    int64_t cols;
+} EmitCtx;
+
+static int emit_block(Hf *h, const float *rows, int64_t r0, int64_t n, void *ctx)
+{
+    (void)r0;
+    const EmitCtx *c = ctx;
+    return hf_emit(h, c->sink, rows, (size_t)(n * c->cols));
+}
+
+/* Head dimension d of HF's half-split RoPE convention holds what trident's
+ * interleaved-pair dimension rope_src(d) holds.  trident rotates pairs
+ * (2i, 2i+1) by angle pos * theta^(-2i/hs); HF's rotate_half pairs (i, i +
+ * hs/2) with the same angle for i < hs/2.  So HF's dimension i is trident's
+ * 2i and HF's i + hs/2 is trident's 2i + 1: with the q and k rows of every
+ * head reordered that way, HF's rotation of the reordered vectors is
+ * trident's rotation reordered, and the scores q.k are unchanged. */
+static int64_t rope_src(int64_t d, int64_t hs)
+{
+    return d < hs / 2 ? 2 * d : 2 * (d - hs / 2) + 1;
+}
+
+/* Row of trident's fused qkv (per kv group g: its Q = heads/kv_heads query
+ * heads, then k, then v; backend.h) holding dimension d of query head h
+ * (part QKV_Q), of kv head h (QKV_K, QKV_V). */
+static int64_t qkv_row(const Hf *h, int part, int64_t head, int64_t d)
+{
+    const int64_t Q = h->heads / h->kv_heads, hs = h->hs;
+    if (part == QKV_Q)
+        return (head / Q) * (Q + 2) * hs + (head % Q) * hs + d;
+    return head * (Q + 2) * hs + (Q + (part == QKV_V)) * hs + d;
+}
+
+/* Output row j of a qkv part: the source row it comes from.  GPT-2's
+ * c_attn columns are [Q | K | V], each heads x hs in head order; Llama's
+ * q_proj / k_proj rows are permuted per head for RoPE (rope_src), v_proj's
+ * are not. */
+static int64_t qkv_src_row(const Hf *h, int part, int64_t j)
+{
+    const int64_t hs = h->hs;
+    if (part == QKV_ALL) {
+        const int64_t A = h->heads * hs, which = j / A, in = j % A;
+        return qkv_row(h, (int)which, in / hs, in % hs);
+    }
+    const int64_t head = j / hs, d = j % hs;
+    return qkv_row(h, part, head, part == QKV_V ? d : rope_src(d, hs));
+}
+
+static int hf_write_tensor(Hf *h, const HfTensor *t, Sink *s)
+{
+    const CkptEntry *e = t->src;
+    if (t->op == HF_COPY) {
+        EmitCtx ctx = {s, e->shape[1]};
+        return hf_read_blocks(h, e, emit_block, &ctx);
+    }
+    int code = hf_whole(h, e);
+    if (code != TRD_EXIT_OK)
+        return code;
+    const float *w = h->cache;
+    const int64_t cols = e->shape[1];
+    /* One output row at a time: [rows, cols] of the HF shape (a vector is
+     * one row of its length). */
+    const int64_t orows = t->ndim == 2 ? t->shape[0] : 1;
+    const int64_t ocols = t->ndim == 2 ? t->shape[1] : t->shape[0];
+    float *row = trd_malloc((size_t)ocols * sizeof(float), "export row");
+    for (int64_t i = 0; i < orows && code == TRD_EXIT_OK; i++) {
+        if (t->op == HF_TRANSPOSE) {
+            for (int64_t j = 0; j < ocols; j++)
+                row[j] = w[j * cols + i];
+        } else if (t->ndim == 1) {            /* the c_attn bias */
+            for (int64_t j = 0; j < ocols; j++)
+                row[j] = w[qkv_src_row(h, t->part, j)];
+        } else if (t->part == QKV_ALL) {      /* c_attn: [C, 3A], column j = qkv row */
+            for (int64_t j = 0; j < ocols; j++)
+                row[j] = w[qkv_src_row(h, QKV_ALL, j) * cols + i];
+        } else {                              /* q/k/v_proj: whole rows */
+            memcpy(row, w + qkv_src_row(h, t->part, i) * cols, (size_t)cols * sizeof(float));
+        }
+        code = hf_emit(h, s, row, (size_t)ocols);
+    }
+    free(row);
+    return code;
+}
+
+/* The safetensors header of one shard: JSON padded with spaces to a
+ * multiple of 8 bytes, so the data starts aligned. */
+static char *hf_header(const Hf *h, int shard, uint64_t *len)
+{
+    cJSON *root = cJSON_CreateObject();
+    cJSON *meta = cJSON_AddObjectToObject(root, "__metadata__");
+    cJSON_AddStringToObject(meta, "format", "pt");
+    for (int i = 0; i < h->n; i++) {
+        const HfTensor *t = &h->t[i];
+        if (t->shard != shard)
+            continue;
+        cJSON *o = cJSON_AddObjectToObject(root, t->name);
+        cJSON_AddStringToObject(o, "dtype", h->bf16 ? "BF16" : "F32");
+        cJSON *shape = cJSON_AddArrayToObject(o, "shape");
+        for (int d = 0; d < t->ndim; d++)
+            cJSON_AddItemToArray(shape, cJSON_CreateNumber((double)t->shape[d]));
+        cJSON *off = cJSON_AddArrayToObject(o, "data_offsets");
+        cJSON_AddItemToArray(off, cJSON_CreateNumber((double)t->offset));
+        cJSON_AddItemToArray(off, cJSON_CreateNumber((double)(t->offset + t->bytes)));
+    }
+    char *text = cJSON_PrintUnformatted(root);
+    cJSON_Delete(root);
+    TRD_ASSERT(text);
+    const size_t n = strlen(text), padded = (n + 7) / 8 * 8;
+    char *out = trd_malloc(padded + 1, "safetensors header");
+    memcpy(out, text, n);
+    memset(out + n, ' ', padded - n);
+    out[padded] = '\0';
+    cJSON_free(text);
+    *len = padded;
+    return out;
+}
+
+/* A shard is written as NAME.tmp and renamed once every shard is complete
+ * (hf_publish), so a killed export never leaves a truncated NAME that
+ * from_pretrained would try to read. */
+static void hf_shard_path(const Hf *h, int shard, int tmp, char *out, size_t n)
+{
+    char name[64];
+    hf_shard_name(h, shard, name, sizeof name);
+    snprintf(out, n, "%s/%s%s", h->out_dir, name, tmp ? ".tmp" : "");
+}
+
+static int hf_publish(Hf *h)
+{
+    for (int s = 0; s < h->n_shards; s++) {
+        char from[CKPT_FILE_PATH], to[CKPT_FILE_PATH];
+        hf_shard_path(h, s, 1, from, sizeof from);
+        hf_shard_path(h, s, 0, to, sizeof to);
+        if (rename(from, to) != 0) {
+            ckpt_err(h->err, "cannot rename %s to %s: %s", from, to, strerror(errno));
+            return TRD_EXIT_RUNTIME;
+        }
+    }
+    return TRD_EXIT_OK;
+}
+
+static int hf_write_shard(Hf *h, int shard)
+{
+    char path[CKPT_FILE_PATH];
+    hf_shard_path(h, shard, 1, path, sizeof path);
+    Sink s = {fopen(path, "wb"), path};
+    if (!s.f) {
+        ckpt_err(h->err, "%s: cannot create: %s", path, strerror(errno));
+        return TRD_EXIT_RUNTIME;
+    }
+    uint64_t len;
+    char *head = hf_header(h, shard, &len);
+    int code = fwrite(&len, 8, 1, s.f) == 1 && fwrite(head, 1, len, s.f) == len
+                   ? TRD_EXIT_OK : TRD_EXIT_RUNTIME;
+    free(head);
+    if (code)
+        ckpt_err(h->err, "%s: cannot write: %s", path, strerror(errno));
+    for (int i = 0; i < h->n && code == TRD_EXIT_OK; i++)
+        if (h->t[i].shard == shard)
+            code = hf_write_tensor(h, &h->t[i], &s);
+    if (fclose(s.f) != 0 && code == TRD_EXIT_OK) {
+        ckpt_err(h->err, "%s: cannot write: %s", path, strerror(errno));
+        code = TRD_EXIT_RUNTIME;
+    }
+    return code;
+}
+
+/* Write a cJSON document as DIR/name (pretty-printed, as HF writes them). */
+static int hf_write_json(Hf *h, const char *name, cJSON *doc)
+{
+    char path[CKPT_FILE_PATH];
+    snprintf(path, sizeof path, "%s/%s", h->out_dir, name);
+    char *text = cJSON_Print(doc);
+    cJSON_Delete(doc);
+    TRD_ASSERT(text);
+    FILE *f = fopen(path, "w");
+    int ok = f && fputs(text, f) >= 0 && fputc('\n', f) != EOF;
+    ok = f && fclose(f) == 0 && ok;
+    cJSON_free(text);
+    if (!ok) {
+        ckpt_err(h->err, "%s: cannot write: %s", path, strerror(errno));
+        return TRD_EXIT_RUNTIME;
+    }
+    return TRD_EXIT_OK;
+}
+
+static int hf_write_index(Hf *h)
+{
+    cJSON *doc = cJSON_CreateObject();
+    int64_t total = 0;
+    for (int i = 0; i < h->n; i++)
+        total += h->t[i].bytes;
+    cJSON *meta = cJSON_AddObjectToObject(doc, "metadata");
+    cJSON_AddNumberToObject(meta, "total_size", (double)total);
+    cJSON *map = cJSON_AddObjectToObject(doc, "weight_map");
+    for (int i = 0; i < h->n; i++) {
+        char name[64];
+        hf_shard_name(h, h->t[i].shard, name, sizeof name);
+        cJSON_AddStringToObject(map, h->t[i].name, name);
+    }
+    return hf_write_json(h, "model.safetensors.index.json", doc);
+}
+
+static int hf_write_configs(Hf *h)
+{
+    const CkptIndex *ix = h->ix;
+    const int gpt2_vocab = ix->vocab == GPT2_VOCAB;
+    /* Older indexes lack norm_eps and rope_theta: trident's defaults then
+     * (config.c), which those runs could not change. */
+    const double eps = ix->has_norms ? ix->norm_eps : (double)1e-5f;
+    const double theta = ix->has_norms ? ix->rope_theta : 10000.0;
+    cJSON *c = cJSON_CreateObject();
+    cJSON *arch = cJSON_AddArrayToObject(c, "architectures");
+    if (h->gpt2) {
+        cJSON_AddItemToArray(arch, cJSON_CreateString("GPT2LMHeadModel"));
+        cJSON_AddStringToObject(c, "model_type", "gpt2");
+        cJSON_AddNumberToObject(c, "vocab_size", ix->vocab);
+        cJSON_AddNumberToObject(c, "n_positions", ix->seq_len);
+        cJSON_AddNumberToObject(c, "n_ctx", ix->seq_len);
+        cJSON_AddNumberToObject(c, "n_embd", ix->hidden);
+        cJSON_AddNumberToObject(c, "n_layer", ix->layers);
+        cJSON_AddNumberToObject(c, "n_head", ix->heads);
+        cJSON_AddNumberToObject(c, "n_inner", ix->ffn_hidden);
+        /* trident's GELU is the tanh approximation (backend.h), HF's gelu_new. */
+        cJSON_AddStringToObject(c, "activation_function", "gelu_new");
+        cJSON_AddNumberToObject(c, "layer_norm_epsilon", eps);
+        cJSON_AddNumberToObject(c, "resid_pdrop", 0);
+        cJSON_AddNumberToObject(c, "embd_pdrop", 0);
+        cJSON_AddNumberToObject(c, "attn_pdrop", 0);
+        cJSON_AddBoolToObject(c, "scale_attn_weights", 1);
+    } else {
+        cJSON_AddItemToArray(arch, cJSON_CreateString("LlamaForCausalLM"));
+        cJSON_AddStringToObject(c, "model_type", "llama");
+        cJSON_AddNumberToObject(c, "vocab_size", ix->vocab);
+        cJSON_AddNumberToObject(c, "hidden_size", ix->hidden);
+        cJSON_AddNumberToObject(c, "intermediate_size", ix->ffn_hidden);
+        cJSON_AddNumberToObject(c, "num_hidden_layers", ix->layers);
+        cJSON_AddNumberToObject(c, "num_attention_heads", ix->heads);
+        cJSON_AddNumberToObject(c, "num_key_value_heads", ix->kv_heads);
+        cJSON_AddNumberToObject(c, "head_dim", (double)h->hs);
+        cJSON_AddNumberToObject(c, "max_position_embeddings", ix->seq_len);
+        cJSON_AddStringToObject(c, "hidden_act", "silu");
+        cJSON_AddNumberToObject(c, "rms_norm_eps", eps);
+        cJSON_AddNumberToObject(c, "rope_theta", theta);
+        cJSON_AddNullToObject(c, "rope_scaling");
+        cJSON_AddBoolToObject(c, "attention_bias", 0);
+        cJSON_AddBoolToObject(c, "mlp_bias", 0);
+        cJSON_AddNumberToObject(c, "attention_dropout", 0);
+    }
+    cJSON_AddBoolToObject(c, "tie_word_embeddings", ix->tie_embeddings);
+    cJSON_AddStringToObject(c, "torch_dtype", h->bf16 ? "bfloat16" : "float32");
+    if (gpt2_vocab) {
+        cJSON_AddNumberToObject(c, "bos_token_id", GPT2_EOT);
+        cJSON_AddNumberToObject(c, "eos_token_id", GPT2_EOT);
+    }
+    int code = hf_write_json(h, "config.json", c);
+    if (code == TRD_EXIT_OK) {
+        cJSON *g = cJSON_CreateObject();
+        if (gpt2_vocab) {
+            cJSON_AddNumberToObject(g, "bos_token_id", GPT2_EOT);
+            cJSON_AddNumberToObject(g, "eos_token_id", GPT2_EOT);
+        }
+        cJSON_AddNumberToObject(g, "max_length", ix->seq_len);
+        code = hf_write_json(h, "generation_config.json", g);
+    }
+    return code;
+}
+
+static int copy_file(Hf *h, const char *from, const char *to_name)
+{
+    char to[CKPT_FILE_PATH];
+    snprintf(to, sizeof to, "%s/%s", h->out_dir, to_name);
+    FILE *in = fopen(from, "rb"), *out = in ? fopen(to, "wb") : NULL;
+    char buf[1 << 16];
+    size_t n;
+    int ok = in && out;
+    while (ok && (n = fread(buf, 1, sizeof buf, in)) > 0)
+        ok = fwrite(buf, 1, n, out) == n;
+    ok = ok && !ferror(in);
+    if (in)
+        fclose(in);
+    if (out && fclose(out) != 0)
+        ok = 0;
+    if (!ok) {
+        ckpt_err(h->err, "cannot copy %s to %s: %s", from, to, strerror(errno));
+        return TRD_EXIT_RUNTIME;
+    }
+    return TRD_EXIT_OK;
+}
+
+/* The GPT-2 vocabulary's files, as HF's GPT2Tokenizer reads them
+ * (vocab.json = encoder.json, merges.txt = vocab.bpe).  Returns 0 with
+ * *wrote = 0 when the files are not installed (a note is printed). */
+static int hf_write_tokenizer(Hf *h, int *wrote)
+{
+    *wrote = 0;
+    if (h->ix->vocab != GPT2_VOCAB)
+        return TRD_EXIT_OK;
+    char vbuf[CKPT_FILE_PATH], mbuf[CKPT_FILE_PATH];
+    const char *vocab = inputs_repo_file(DATA_GPT2_ENCODER_DEFAULT, vbuf, sizeof vbuf);
+    const char *merges = inputs_repo_file(DATA_GPT2_MERGES_DEFAULT, mbuf, sizeof mbuf);
+    struct stat st;
+    if (stat(vocab, &st) != 0 || stat(merges, &st) != 0) {
+        printf("note: %s not found: no tokenizer files written (scripts/get_corpus.sh "
+               "installs them)\n", vocab);
+        return TRD_EXIT_OK;
+    }
+    int code = copy_file(h, vocab, "vocab.json");
+    if (code == TRD_EXIT_OK)
+        code = copy_file(h, merges, "merges.txt");
+    if (code == TRD_EXIT_OK) {
+        cJSON *t = cJSON_CreateObject();
+        cJSON_AddStringToObject(t, "tokenizer_class", "GPT2Tokenizer");
+        cJSON_AddStringToObject(t, "bos_token", "<|endoftext|>");
+        cJSON_AddStringToObject(t, "eos_token", "<|endoftext|>");
+        cJSON_AddStringToObject(t, "unk_token", "<|endoftext|>");
+        cJSON_AddBoolToObject(t, "add_prefix_space", 0);
+        cJSON_AddNumberToObject(t, "model_max_length", h->ix->seq_len);
+        code = hf_write_json(h, "tokenizer_config.json", t);
+    }
+    *wrote = code == TRD_EXIT_OK;
+    return code;
+}
+
+/* Weights of an earlier export into the same DIR would be found by
+ * from_pretrained next to (or instead of) the new ones: model.safetensors
+ * wins over an index, a stale index names stale shards.  Also the .tmp
+ * shards of a failed or killed export. */
+static void hf_remove_stale(const char *dir)
+{
+    DIR *d = opendir(dir);
+    if (!d)
+        return;
+    struct dirent *de;
+    while ((de = readdir(d))) {
+        int a, b;
+        char tail[32];
+        const int shard = sscanf(de->d_name, "model-%5d-of-%5d.safetensor%31s", &a, &b, tail) == 3 &&
+                          (!strcmp(tail, "s") || !strcmp(tail, "s.tmp"));
+        if (shard || !strcmp(de->d_name, "model.safetensors") ||
+            !strcmp(de->d_name, "model.safetensors.tmp") ||
+            !strcmp(de->d_name, "model.safetensors.index.json")) {
+            char path[CKPT_FILE_PATH];
+            snprintf(path, sizeof path, "%s/%s", dir, de->d_name);
+            remove(path);
+        }
+    }
+    closedir(d);
+}
+
+/* DIR exists (created if missing, one level) and is a writable directory. */
+static int hf_prepare_dir(const char *dir, char err[CFG_ERR])
+{
+    struct stat st;
+    if (stat(dir, &st) != 0 && mkdir(dir, 0777) != 0) {
+        ckpt_err(err, "--out %s: cannot create the directory: %s", dir, strerror(errno));
+        return -1;
+    }
+    if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode)) {
+        ckpt_err(err, "--out %s: exists and is not a directory", dir);
+        return -1;
+    }
+    char probe[CKPT_FILE_PATH];
+    snprintf(probe, sizeof probe, "%s/.trident-export-probe", dir);
+    FILE *f = fopen(probe, "w");
+    if (!f) {
+        ckpt_err(err, "--out %s: cannot write into the directory: %s", dir, strerror(errno));
+        return -1;
+    }
+    fclose(f);
+    remove(probe);
+    return 0;
+}
+
+int ckpt_hf_parse_size(const char *s, int64_t *out)
+{
+    char *end;
+    errno = 0;
+    const double v = strtod(s, &end);
+    if (end == s || errno || !(v > 0))
+        return -1;
+    static const struct {
+        const char *suffix;
+        double mult;
+    } units[] = {{"", 1}, {"B", 1}, {"KB", 1e3}, {"MB", 1e6}, {"GB", 1e9}, {"TB", 1e12},
+                 {"KIB", 1024.0}, {"MIB", 1048576.0}, {"GIB", 1073741824.0},
+                 {"TIB", 1099511627776.0}};
+    char suf[8] = {0};
+    size_t n = strlen(end);
+    if (n >= sizeof suf)
+        return -1;
+    for (size_t i = 0; i < n; i++)
+        suf[i] = (char)toupper((unsigned char)end[i]);
+    for (size_t i = 0; i < sizeof units / sizeof units[0]; i++)
+        if (!strcmp(suf, units[i].suffix)) {
+            const double b = v * units[i].mult;
+            if (b < 1 || b > 9e18)
+                return -1;
+            *out = (int64_t)b;
+            return 0;
+        }
+    return -1;
+}
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+int ckpt_hf_export(const char *arg, const char *out_dir, int bf16, int64_t max_shard)
+{
+    Hf h = {.out_dir = out_dir, .bf16 = bf16};
+    char step_dir[CFG_STR];
+    CkptIndex ix;
+    const double t0 = now_s();
+    if (ckpt_resolve(NULL, RESUME_PATH, arg, step_dir, h.err) != 1)
+        goto input;
+    char path[CKPT_FILE_PATH];
+    snprintf(path, sizeof path, "%s/index.h5", step_dir);
+    if (ckpt_index_read(path, &ix, h.err) != 0)
+        goto input;
+    h.ix = &ix;
+    h.step_dir = step_dir;
+    h.gpt2 = !strcmp(ix.arch, "gpt2");
+    h.heads = ix.heads;
+    h.kv_heads = ix.kv_heads;
+    h.hs = ix.heads > 0 ? ix.hidden / ix.heads : 0;
+    int code = TRD_EXIT_INPUT;
+    if (!h.gpt2 && strcmp(ix.arch, "llama")) {
+        ckpt_err(h.err, "%s: arch '%s' has no Hugging Face mapping (gpt2, llama)", step_dir,
+                 ix.arch);
+        goto fail;
+    }
+    if (h.gpt2 && ix.kv_heads != ix.heads) {
+        ckpt_err(h.err, "%s: a gpt2 model with kv_heads %d < heads %d (grouped-query "
+                        "attention) has no GPT2LMHeadModel equivalent; use arch llama",
+                 step_dir, ix.kv_heads, ix.heads);
+        goto fail;
+    }
+    /* fp32 values from the master weights when the run kept them (bf16
+     * training), which are the values the optimizer holds; else the weights. */
+    h.kind = ix.n && ckpt_index_find(&ix, ix.e[0].name, CKPT_MASTER) ? CKPT_MASTER : CKPT_PARAMS;
+    if (hf_plan(&h) != 0)
+        goto fail;
+    if (hf_prepare_dir(out_dir, h.err) != 0)
+        goto fail;
+    hf_shard(&h, max_shard);
+    hf_remove_stale(out_dir);
+    code = TRD_EXIT_OK;
+    for (int s = 0; s < h.n_shards && code == TRD_EXIT_OK; s++)
+        code = hf_write_shard(&h, s);
+    if (code == TRD_EXIT_OK)
+        code = hf_publish(&h);
+    if (code == TRD_EXIT_OK && h.n_shards > 1)
+        code = hf_write_index(&h);
+    if (code == TRD_EXIT_OK)
+        code = hf_write_configs(&h);
+    int tok = 0;
+    if (code == TRD_EXIT_OK)
+        code = hf_write_tokenizer(&h, &tok);
+    if (code != TRD_EXIT_OK) {
+        /* No half-written weights that from_pretrained would pick up. */
+        hf_remove_stale(out_dir);
+        goto fail;
+    }
+    const double dt = now_s() - t0;
+    printf("exported %d tensors of step %lld (%s, %s) to %s: %s, %.1f MiB in %d file%s%s, "
+           "%.2f s (%.0f MB/s)\n", h.n, (long long)ix.state.step, ix.arch,
+           ckpt_kind_names[h.kind], out_dir, bf16 ? "bf16" : "fp32", trd_mib((size_t)h.written),
+           h.n_shards, h.n_shards > 1 ? "s + model.safetensors.index.json" : "",
+           tok ? ", tokenizer files" : "", dt, dt > 0 ? 1e-6 * (double)h.written / dt : 0.0);
+fail:
+    free(h.t);
+    free(h.cache);
+    free(h.stage);
+    ckpt_index_free(&ix);
+    if (code != TRD_EXIT_OK)
+        fprintf(stderr, "trident: error: %s\n", h.err);
+    return code;
+input:
+    fprintf(stderr, "trident: error: %s\n", h.err);
+    return TRD_EXIT_INPUT;
+}

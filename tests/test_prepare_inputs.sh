@@ -8,7 +8,8 @@
 #      give byte-identical .bin/.idx files to the same documents as text files;
 #   3. bad documents: FILE:LINE and what, exit 2, no dataset left behind;
 #      --skip-bad counts them and keeps the rest;
-#   4. --progress prints documents, MiB, throughput and an ETA.
+#   4. --progress prints documents, MiB, throughput and an ETA;
+#   5. `trident train` refuses (exit 2) a cl100k_base dataset with model.vocab 50257.
 # Needs node and the Brown text (scripts/get_corpus.sh --text-only); installs
 # js-tiktoken into .cache/npm-tiktoken with scripts/get_tiktoken.sh.
 set -euo pipefail
@@ -219,3 +220,18 @@ say "--skip-bad: 5 bad documents counted and shown, $n good ones kept (3 + $((cu
 grep -Eq "^prepare-data: 12 documents, [0-9.]+ / [0-9.]+ MiB \(100%\), [0-9.]+ MiB/s, [0-9]+ tokens/s$" "$tmp/prog.err" ||
     fail "--progress: no final progress line: $(cat "$tmp/prog.err")"
 say "--progress: $(tail -1 "$tmp/prog.err")"
+
+# ---- 5. train refuses ids outside model.vocab ------------------------------------
+
+sed "s#runs/tiny#$tmp/run#" configs/tiny.yaml > "$tmp/tiny.yaml"
+set +e
+"$trident" train "$tmp/tiny.yaml" --set data.path="$tmp/brown_cl100k_base" \
+    --set data.val_path="$tmp/brown_cl100k_base" > "$tmp/train.log" 2>&1
+rc=$?
+set -e
+[[ $rc -eq 2 ]] || fail "train on cl100k_base data with model.vocab 50257: exit $rc: $(tail -5 "$tmp/train.log")"
+grep -q "is outside model.vocab = 50257 (ids 0..50256; the dataset holds int32 tokens)" "$tmp/train.log" &&
+    grep -q "set model.vocab to that tokenizer's vocabulary" "$tmp/train.log" ||
+    fail "train: unclear message: $(cat "$tmp/train.log")"
+[[ ! -e $tmp/run ]] || fail "the refused run wrote $tmp/run"
+say "train: cl100k_base data with model.vocab 50257 refused at start-up (exit 2)"

@@ -147,10 +147,20 @@ prep multi --input "$tmp/multi.jsonl.gz"
 prep multiz --input "$tmp/multi.jsonl.zst"
 prep escaped --input "$tmp/escaped.data" --input-format jsonl --json-key body
 prep txtgz --input "$tmp/gz" --ext txt
+# The whole corpus (6 MiB of JSON: lines that span the reader's buffers).
+node -e '
+const fs = require("fs");
+for (const f of process.argv.slice(1))
+  process.stdout.write(JSON.stringify({ text: fs.readFileSync(f, "utf8") }) + "\n");
+' "${docs[@]}" | gzip -c > "$tmp/all.jsonl.gz"
+prep all_plain --input "${docs[@]}"
+prep all_gz --input "$tmp/all.jsonl.gz"
+same all_plain all_gz
 for d in jsonl gz zst multi multiz escaped txtgz; do same plain "$d"; done
 grep -q "12 documents" "$tmp/jsonl.log" || fail "jsonl: not 12 documents: $(cat "$tmp/jsonl.log")"
 say "JSONL (plain, .gz, .zst, several members/frames, \\u escapes and CRLF, --json-key) and" \
-    ".txt.gz: ${#sub[@]} documents, .bin/.idx identical to the text files'"
+    ".txt.gz: ${#sub[@]} documents, and the whole corpus as .jsonl.gz (${#docs[@]} documents):" \
+    ".bin/.idx identical to the text files'"
 
 # ---- 3. bad documents ----------------------------------------------------------
 

@@ -102,6 +102,27 @@ for enc in cl100k_base o200k_base; do
         "(EOT included), identical; js-tiktoken: $ref; trident: $(grep -o '[0-9]* tokens/s' "$tmp/brown_$enc.log" | tail -1)"
 done
 
+# Ranks files that do not fit: exit 2 naming the file (and line).
+expect_tok_error() {   # expect_tok_error 'MESSAGE' ARGS...
+    local msg=$1 rc
+    shift
+    set +e
+    "$trident" tokenize --tokenizer tiktoken "$@" "$tmp/edge.txt" > "$tmp/tok.log" 2>&1
+    rc=$?
+    set -e
+    [[ $rc -eq 2 ]] && grep -qF -- "$msg" "$tmp/tok.log" ||
+        fail "tokenize $*: exit $rc, expected 2 and '$msg': $(cat "$tmp/tok.log")"
+}
+{ head -n 3 .cache/tiktoken/cl100k_base.tiktoken; echo "IQ==x 3"; } > "$tmp/bad.tiktoken"
+expect_tok_error "bad.tiktoken:4: expected 'BASE64 RANK'" --ranks "$tmp/bad.tiktoken"
+expect_tok_error "cl100k_base.tiktoken: 100256 ranks, o200k_base has 199998" \
+    --encoding o200k_base --ranks .cache/tiktoken/cl100k_base.tiktoken
+expect_tok_error "o200k_base.tiktoken:100257: rank 100256, but cl100k_base has ranks 0..100255" \
+    --encoding cl100k_base --ranks .cache/tiktoken/o200k_base.tiktoken
+expect_tok_error "run scripts/get_tiktoken.sh" --ranks "$tmp/missing.tiktoken"
+expect_tok_error "unknown tiktoken encoding 'p50k_base'" --encoding p50k_base
+say "ranks files: malformed line, another encoding's ranks, missing file, unknown encoding: exit 2"
+
 # ---- 2. JSON lines, gzip, zstd ---------------------------------------------
 
 sub=("${docs[@]:0:12}")

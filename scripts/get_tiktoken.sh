@@ -33,6 +33,7 @@ if [[ -f $pkg/package.json ]] && grep -q "\"version\": \"$version\"" "$pkg/packa
 else
     # Into a fresh directory renamed at the end, so that an interrupted or
     # concurrent install never leaves a half-installed package in place.
+    mkdir -p "$(dirname "$prefix")"
     tmp=$(mktemp -d "$prefix.tmp.XXXXXX")
     chmod 755 "$tmp"
     say "installing js-tiktoken@$version into $prefix"

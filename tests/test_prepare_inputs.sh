@@ -177,10 +177,18 @@ for (const f of process.argv.slice(1))
 prep all_plain --input "${docs[@]}"
 prep all_gz --input "$tmp/all.jsonl.gz"
 same all_plain all_gz
+# --ext jsonl takes compressed JSON lines from a directory, not the rest.
+mkdir -p "$tmp/mixdir/sub"
+cp "$tmp/h1" "$tmp/mixdir/a.jsonl"
+zstd -q -c "$tmp/h2" > "$tmp/mixdir/sub/b.jsonl.zst"
+cp "${sub[0]}" "$tmp/mixdir/c.txt"
+gzip -c "${sub[0]}" > "$tmp/mixdir/d.txt.gz"
+prep ext --input "$tmp/mixdir" --ext jsonl
+same plain ext
 for d in jsonl gz zst multi multiz escaped txtgz; do same plain "$d"; done
 grep -q "12 documents" "$tmp/jsonl.log" || fail "jsonl: not 12 documents: $(cat "$tmp/jsonl.log")"
 say "JSONL (plain, .gz, .zst, several members/frames, \\u escapes and CRLF, --json-key) and" \
-    ".txt.gz: ${#sub[@]} documents, and the whole corpus as .jsonl.gz (${#docs[@]} documents):" \
+    ".txt.gz, --ext jsonl over .jsonl and .jsonl.zst: ${#sub[@]} documents, and the whole corpus as .jsonl.gz (${#docs[@]} documents):" \
     ".bin/.idx identical to the text files'"
 
 # ---- 3. bad documents ----------------------------------------------------------

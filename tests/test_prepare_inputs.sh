@@ -6,7 +6,7 @@
 #      and of edge cases and a pseudo-random mix through `trident tokenize`;
 #   2. JSON lines, plain, .gz (several members) and .zst (several frames),
 #      give byte-identical .bin/.idx files to the same documents as text files;
-#   3. bad documents: FILE:LINE and what, exit 2, no dataset left behind;
+#   3. bad documents: FILE:LINE and what, exit 2, no dataset or .tmp file left;
 #      --skip-bad counts them and keeps the rest;
 #   4. --progress prints documents, MiB, throughput and an ETA;
 #   5. `trident train` refuses (exit 2) a cl100k_base dataset with model.vocab 50257.
@@ -204,6 +204,7 @@ expect_bad() {   # expect_bad FILE 'MESSAGE' [--input-format jsonl]
     [[ $rc -eq 2 ]] || fail "$f: exit $rc, expected 2: $(cat "$tmp/bad.log")"
     grep -qF -- "$msg" "$tmp/bad.log" || fail "$f: no '$msg' in: $(cat "$tmp/bad.log")"
     [[ ! -e $tmp/bad.bin && ! -e $tmp/bad.idx ]] || fail "$f: a dataset was left under the real name"
+    [[ -z $(compgen -G "$tmp/bad*.tmp") ]] || fail "$f: left $(compgen -G "$tmp/bad*.tmp")"
 }
 good='{"text": "fine"}'
 printf '%s\n%s\n{"text": "x",}\n' "$good" "$good" > "$tmp/malformed.jsonl"

@@ -359,6 +359,20 @@ typedef struct {
     int progress, tty;
 } Prep;
 
+/* A run that stops on bad input leaves no partial file behind: the
+ * megatron writers' PREFIX.bin.tmp (the .idx is written at the end). */
+static void discard_outputs(const Prep *p)
+{
+    char path[CFG_STR + 16];
+    const Output *o[2] = {&p->train, &p->val};
+    for (int i = 0; i < 2; i++) {
+        if (!o[i]->prefix[0] || o[i]->llmc)
+            continue;
+        snprintf(path, sizeof path, "%s.bin.tmp", o[i]->prefix);
+        unlink(path);
+    }
+}
+
 /* A bad document at file:line: an error (exit 2), or with --skip-bad one
  * more to count and maybe show. */
 __attribute__((format(printf, 4, 5)))
@@ -369,9 +383,11 @@ static void bad_doc(Prep *p, const char *file, uint64_t line, const char *fmt, .
     va_start(ap, fmt);
     vsnprintf(what, sizeof what, fmt, ap);
     va_end(ap);
-    if (!p->a->skip_bad)
+    if (!p->a->skip_bad) {
+        discard_outputs(p);
         trd_fatal(TRD_EXIT_INPUT, "fix the input, or pass --skip-bad to skip bad documents",
                   "%s:%llu: %s", file, (unsigned long long)line, what);
+    }
     if (p->bad < BAD_SHOWN)
         snprintf(p->bad_first[p->bad], TRD_ERR, "%s:%llu: %s", file, (unsigned long long)line, what);
     p->bad++;
@@ -461,8 +477,10 @@ static void add_text_file(Prep *p, const char *path)
     char err[TRD_ERR];
     size_t len;
     DataReader *r = reader_open(path, err);
-    if (!r)
+    if (!r) {
+        discard_outputs(p);
         trd_fatal(TRD_EXIT_INPUT, "check the --input paths", "%s", err);
+    }
     char *text = reader_slurp(r, &len, err);
     if (text)
         add_doc(p, text, len, path, 1, 1);
@@ -499,8 +517,10 @@ static void add_jsonl_file(Prep *p, const char *path)
     uint64_t lineno = 0;
     int rc;
     DataReader *r = reader_open(path, err);
-    if (!r)
+    if (!r) {
+        discard_outputs(p);
         trd_fatal(TRD_EXIT_INPUT, "check the --input paths", "%s", err);
+    }
     while ((rc = reader_line(r, &line, &len, err)) > 0) {
         lineno++;
         if (blank(line, len))

@@ -98,8 +98,13 @@ for enc in cl100k_base o200k_base; do
         at=$(cmp "$tmp/ref.bin" "$tmp/brown_$enc.bin" | awk '{ print $5 }' | tr -d ,)
         fail "$enc Brown Corpus: tokens differ from js-tiktoken's at token $(( (at - 1) / 4 ))"
     fi
+    # Two tokenizing threads: the same dataset.
+    "$trident" prepare-data --input "${docs[@]}" --tokenizer tiktoken --encoding "$enc" --workers 2 \
+        --out "$tmp/brown2_$enc" > "$tmp/brown2_$enc.log" || fail "prepare-data --workers 2: $(cat "$tmp/brown2_$enc.log")"
+    cmp -s "$tmp/brown_$enc.bin" "$tmp/brown2_$enc.bin" && cmp -s "$tmp/brown_$enc.idx" "$tmp/brown2_$enc.idx" ||
+        fail "$enc: --workers 2 gives another dataset than one worker"
     say "$enc Brown Corpus: ${#docs[@]} documents, $(( $(stat -c %s "$tmp/ref.bin") / 4 )) tokens" \
-        "(EOT included), identical; js-tiktoken: $ref; trident: $(grep -o '[0-9]* tokens/s' "$tmp/brown_$enc.log" | tail -1)"
+        "(EOT included), identical (also with --workers 2); js-tiktoken: $ref; trident: $(grep -o '[0-9]* tokens/s' "$tmp/brown_$enc.log" | tail -1)"
 done
 
 # Ranks files that do not fit: exit 2 naming the file (and line).
@@ -251,7 +256,13 @@ cut_line=$(grep -o 'cut.jsonl.gz:[0-9]*' "$tmp/skip.log" | cut -d: -f2)
 n=$(grep -o 'train [^ ]*: [0-9]* documents' "$tmp/skip.log" | awk '{ print $3 }')
 [[ $cut_line -ge 2 && $n -eq $(( 3 + cut_line - 1 )) ]] ||
     fail "--skip-bad kept $n documents, the cut is at line $cut_line: $(cat "$tmp/skip.log")"
-say "--skip-bad: 5 bad documents counted and shown, $n good ones kept (3 + $((cut_line - 1)) before the cut)"
+# The same with two threads: the same dataset, counts and places.
+"$trident" prepare-data --tokenizer gpt2 --input "$tmp/mixed.jsonl" "$tmp/cut.jsonl.gz" --skip-bad \
+    --workers 2 --out "$tmp/skip2" > "$tmp/skip2.log" 2>&1 || fail "--skip-bad --workers 2: $(cat "$tmp/skip2.log")"
+cmp -s "$tmp/skip.bin" "$tmp/skip2.bin" && cmp -s "$tmp/skip.idx" "$tmp/skip2.idx" &&
+    diff <(grep '^  /' "$tmp/skip.log") <(grep '^  /' "$tmp/skip2.log") > /dev/null ||
+    fail "--skip-bad --workers 2 differs: $(cat "$tmp/skip2.log")"
+say "--skip-bad: 5 bad documents counted and shown, $n good ones kept (3 + $((cut_line - 1)) before the cut), also with --workers 2"
 
 # ---- 4. progress ---------------------------------------------------------------
 

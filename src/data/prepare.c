@@ -2,6 +2,7 @@
 
 #include <cjson/cJSON.h>
 #include <errno.h>
+#include <omp.h>
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -24,7 +25,8 @@ static const char prepare_usage[] =
     "                            --tokenizer byte|gpt2|tiktoken\n"
     "                            [--vocab encoder.json --merges vocab.bpe]\n"
     "                            [--encoding cl100k_base|o200k_base] [--ranks FILE.tiktoken]\n"
-    "                            --out PREFIX [--format megatron|llmc] [--val-every K] [--progress]\n"
+    "                            --out PREFIX [--format megatron|llmc] [--val-every K]\n"
+    "                            [--workers N] [--progress]\n"
     "\n"
     "Tokenize documents into a training dataset: each text file is one document,\n"
     "each line of a JSON lines file is one ({\"text\": \"...\"}).  Each document's\n"
@@ -55,6 +57,7 @@ static const char prepare_usage[] =
     "  --out PREFIX       megatron: writes PREFIX.bin + PREFIX.idx; llmc: writes PREFIX.bin\n"
     "  --format FMT       megatron (default) or llmc (llm.c shard, uint16 tokens)\n"
     "  --val-every K      every K-th document (index % K == K-1) goes to PREFIX_val\n"
+    "  --workers N        tokenize on N threads (default 1); the dataset is the same\n"
     "  --progress         print progress every 2 s on stderr (the default when stderr is\n"
     "                     a terminal)\n"
     "  --help             this text\n";
@@ -72,7 +75,7 @@ typedef struct {
     const char *encoding, *ranks, *input_format, *json_key;
     const char **inputs;
     int n_inputs, skip_bad, progress;
-    long val_every;
+    long val_every, workers;
     InputList docs;             /* the inputs expanded: the files */
 } PrepareArgs;
 
@@ -113,6 +116,7 @@ static int parse_prepare(int argc, char **argv, PrepareArgs *a)
     a->vocab = DATA_GPT2_ENCODER_DEFAULT;
     a->merges = DATA_GPT2_MERGES_DEFAULT;
     a->format = "megatron";
+    a->workers = 1;
     a->encoding = "cl100k_base";
     a->input_format = "auto";
     a->json_key = "text";
@@ -147,7 +151,7 @@ static int parse_prepare(int argc, char **argv, PrepareArgs *a)
         else if (strcmp(o, "--out") == 0) dst = &a->out;
         else if (strcmp(o, "--format") == 0) dst = &a->format;
         else if (strcmp(o, "--ext") == 0) dst = &a->ext;
-        else if (strcmp(o, "--val-every") != 0)
+        else if (strcmp(o, "--val-every") != 0 && strcmp(o, "--workers") != 0)
             return usage_error(cmd, prepare_usage, "unknown argument '%s'", o);
         /* --ext '' (files without an extension) is a value, not a missing one */
         if (!strcmp(o, "--ext") && i + 1 < argc && !argv[i + 1][0])
@@ -159,10 +163,13 @@ static int parse_prepare(int argc, char **argv, PrepareArgs *a)
             continue;
         }
         char *end;
+        long *num = strcmp(o, "--workers") == 0 ? &a->workers : &a->val_every;
         errno = 0;
-        a->val_every = strtol(v, &end, 10);
-        if (*end || errno || a->val_every < 1)
-            return usage_error(cmd, prepare_usage, "--val-every needs a positive integer, got '%s'", v);
+        *num = strtol(v, &end, 10);
+        if (*end || errno || *num < 1 || (num == &a->workers && *num > 256))
+            return usage_error(cmd, prepare_usage, num == &a->workers ?
+                               "--workers needs an integer from 1 to 256, got '%s'" :
+                               "--val-every needs a positive integer, got '%s'", v);
     }
     if (a->n_inputs == 0)
         return usage_error(cmd, prepare_usage, "%s", "no --input files");
@@ -357,7 +364,28 @@ typedef struct {
     double t0, t_encode, t_last;
     uint64_t total_bytes, done_bytes;   /* file bytes (compressed) of all / finished inputs */
     int progress, tty;
+    /* --workers N > 1: documents are collected into a batch, checked and
+     * tokenized by N threads (a tokenizer each: the BPE word caches are
+     * not shared), then written in input order, so the dataset and the
+     * first error are those of one worker. */
+    int workers;
+    Tokenizer **toks;
+    struct PendingDoc *batch;
+    size_t n_batch, cap_batch, batch_bytes;
 } Prep;
+
+typedef struct PendingDoc {
+    char *text;                 /* owned copy */
+    size_t len;
+    const char *file;
+    uint64_t line;
+    int text_file, oom;
+    size_t bad_at;              /* first ill-formed UTF-8 byte, or len */
+    int32_t *ids;
+    size_t n, cap;
+} PendingDoc;
+
+enum { BATCH_DOCS = 4096, BATCH_BYTES = 32 << 20 };
 
 /* A run that stops on bad input leaves no partial file behind: the
  * megatron writers' PREFIX.bin.tmp (the .idx is written at the end). */
@@ -373,12 +401,17 @@ static void discard_outputs(const Prep *p)
     }
 }
 
+static void flush_batch(Prep *p);
+
 /* A bad document at file:line: an error (exit 2), or with --skip-bad one
- * more to count and maybe show. */
+ * more to count and maybe show.  Queued documents (--workers) come first,
+ * so errors and counts are in input order. */
 __attribute__((format(printf, 4, 5)))
 static void bad_doc(Prep *p, const char *file, uint64_t line, const char *fmt, ...)
 {
     char what[TRD_ERR / 2];
+    if (p->n_batch)
+        flush_batch(p);
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(what, sizeof what, fmt, ap);
@@ -434,18 +467,97 @@ static void progress(Prep *p, uint64_t file_bytes_now, int last)
     fflush(stderr);
 }
 
-/* One document: check, tokenize, append EOT, write to its split. */
+/* Invalid UTF-8 in a document (the position of the first bad byte). */
+static void bad_utf8(Prep *p, const char *text, size_t at, const char *file, uint64_t line,
+                     int text_file)
+{
+    for (size_t i = 0; text_file && i < at; i++)
+        line += text[i] == '\n';
+    bad_doc(p, file, line, "invalid UTF-8 (byte 0x%02X at byte %zu of the %s)",
+            (unsigned char)text[at], at, text_file ? "file" : "text");
+}
+
+/* Append EOT to a document's ids and write them to its split. */
+static void commit_doc(Prep *p, int32_t **ids, size_t n, size_t *cap, size_t len, const char *file)
+{
+    /* EOT after each document: grow by hand, encode never emits it. */
+    if (n == *cap) {
+        *cap = *cap ? 2 * *cap : 1024;
+        int32_t *q = realloc(*ids, *cap * sizeof *q);
+        if (!q)
+            trd_fatal(TRD_EXIT_RUNTIME, NULL, "out of memory tokenizing %s", file);
+        *ids = q;
+    }
+    (*ids)[n++] = tokenizer_eot(p->tok);
+    long k = p->a->val_every;
+    int to_val = k && (long)(p->docs % (uint64_t)k) == k - 1;
+    output_add(to_val ? &p->val : &p->train, *ids, n);
+    p->docs++;
+    p->bytes_text += len;
+}
+
+/* Check and tokenize the batch on the workers, then write it in order. */
+static void flush_batch(Prep *p)
+{
+    const int check = p->check_utf8;
+    const long nb = (long)p->n_batch;
+    double te = now_s();
+#pragma omp parallel for schedule(dynamic, 1) num_threads(p->workers)
+    for (long i = 0; i < nb; i++) {
+        PendingDoc *d = &p->batch[i];
+        Tokenizer *t = p->toks[omp_get_thread_num()];
+        d->bad_at = check ? unicode_invalid_at((const unsigned char *)d->text, d->len) : d->len;
+        if (d->bad_at == d->len)
+            d->oom = tokenizer_encode(t, d->text, d->len, &d->ids, &d->n, &d->cap) != 0;
+    }
+    p->t_encode += now_s() - te;
+    /* Emptied first: a bad document below calls bad_doc, which flushes. */
+    p->n_batch = 0;
+    p->batch_bytes = 0;
+    for (long i = 0; i < nb; i++) {
+        PendingDoc *d = &p->batch[i];
+        if (d->bad_at < d->len)
+            bad_utf8(p, d->text, d->bad_at, d->file, d->line, d->text_file);
+        else if (d->oom)
+            trd_fatal(TRD_EXIT_RUNTIME, NULL, "out of memory tokenizing %s:%llu", d->file,
+                      (unsigned long long)d->line);
+        else
+            commit_doc(p, &d->ids, d->n, &d->cap, d->len, d->file);
+        free(d->text);
+        free(d->ids);
+    }
+}
+
+/* One document: check, tokenize, append EOT, write to its split (with
+ * --workers, queue it for the next batch). */
 static void add_doc(Prep *p, const char *text, size_t len, const char *file, uint64_t line,
                     int text_file)
 {
+    if (p->workers > 1) {
+        if (p->n_batch == p->cap_batch) {
+            p->cap_batch = p->cap_batch ? 2 * p->cap_batch : 256;
+            PendingDoc *b = realloc(p->batch, p->cap_batch * sizeof *b);
+            if (!b)
+                trd_fatal(TRD_EXIT_RUNTIME, NULL, "out of memory queueing documents");
+            p->batch = b;
+        }
+        PendingDoc *d = &p->batch[p->n_batch++];
+        memset(d, 0, sizeof *d);
+        d->text = trd_malloc(len + 1, "a document");
+        memcpy(d->text, text, len);
+        d->len = len;
+        d->file = file;
+        d->line = line;
+        d->text_file = text_file;
+        p->batch_bytes += len;
+        if (p->n_batch >= BATCH_DOCS || p->batch_bytes >= BATCH_BYTES)
+            flush_batch(p);
+        return;
+    }
     if (p->check_utf8) {
         size_t at = unicode_invalid_at((const unsigned char *)text, len);
         if (at < len) {
-            uint64_t l = line;
-            for (size_t i = 0; text_file && i < at; i++)
-                l += text[i] == '\n';
-            bad_doc(p, file, l, "invalid UTF-8 (byte 0x%02X at byte %zu of the %s)",
-                    (unsigned char)text[at], at, text_file ? "file" : "text");
+            bad_utf8(p, text, at, file, line, text_file);
             return;
         }
     }
@@ -455,20 +567,7 @@ static void add_doc(Prep *p, const char *text, size_t len, const char *file, uin
         trd_fatal(TRD_EXIT_RUNTIME, NULL, "out of memory tokenizing %s:%llu", file,
                   (unsigned long long)line);
     p->t_encode += now_s() - te;
-    /* EOT after each document: grow by hand, encode never emits it. */
-    if (n == p->cap) {
-        p->cap = p->cap ? 2 * p->cap : 1024;
-        int32_t *q = realloc(p->ids, p->cap * sizeof *q);
-        if (!q)
-            trd_fatal(TRD_EXIT_RUNTIME, NULL, "out of memory tokenizing %s", file);
-        p->ids = q;
-    }
-    p->ids[n++] = tokenizer_eot(p->tok);
-    long k = p->a->val_every;
-    int to_val = k && (long)(p->docs % (uint64_t)k) == k - 1;
-    output_add(to_val ? &p->val : &p->train, p->ids, n);
-    p->docs++;
-    p->bytes_text += len;
+    commit_doc(p, &p->ids, n, &p->cap, len, file);
 }
 
 /* A text file: one document, read whole (decompressed). */
@@ -568,6 +667,11 @@ int data_prepare_main(int argc, char **argv)
     p.total_bytes = check_inputs(&a);
     TokenizerSpec ts = {a.tokenizer, a.vocab, a.merges, a.encoding, a.ranks};
     p.tok = make_tokenizer(&ts);
+    p.workers = (int)a.workers;
+    p.toks = trd_calloc((size_t)p.workers, sizeof *p.toks, "the tokenizers");
+    p.toks[0] = p.tok;
+    for (int w = 1; w < p.workers; w++)
+        p.toks[w] = make_tokenizer(&ts);
     p.check_utf8 = strcmp(a.tokenizer, "byte") != 0;
     p.tty = isatty(STDERR_FILENO);
     p.progress = a.progress || p.tty;
@@ -594,8 +698,11 @@ int data_prepare_main(int argc, char **argv)
         else
             add_text_file(&p, a.docs.paths[f]);
     }
+    if (p.n_batch)
+        flush_batch(&p);
     progress(&p, 0, 1);
     free(p.ids);
+    free(p.batch);
     output_close(&p.train, "train");
     if (a.val_every)
         output_close(&p.val, "val");
@@ -620,7 +727,9 @@ int data_prepare_main(int argc, char **argv)
            p.t_encode > 0 ? (double)tokens / p.t_encode : 0.0);
     if (p.bad)
         printf("  skipped %llu bad documents\n", (unsigned long long)p.bad);
-    tokenizer_free(p.tok);
+    for (int w = 0; w < p.workers; w++)
+        tokenizer_free(p.toks[w]);
+    free(p.toks);
     inputs_free(&a.docs);
     free(a.inputs);
     return TRD_EXIT_OK;

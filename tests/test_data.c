@@ -342,7 +342,13 @@ static void test_sampler(void)
     }
     CHECK(ok, "windows: tokens = stream[i*L + t], targets = tokens shifted by one");
     CHECK(sampler_read(&s, &ds, 0, 100, tok, tgt, err) == -1, "token >= vocab must fail");
-    CHECK(strstr(err, prefix) && strstr(err, "vocabulary size 100"), "vocab message: %s", err);
+    CHECK(strstr(err, prefix) && strstr(err, "outside model.vocab = 100"), "vocab message: %s", err);
+    /* The start-up scan: stream[i] = i, so the first id >= 1000 is at 1000. */
+    CHECK(sampler_check_vocab(&ds, 1001, SAMPLER_VOCAB_SCAN, err) == 0, "vocab scan: %s", err);
+    CHECK(sampler_check_vocab(&ds, 1000, SAMPLER_VOCAB_SCAN, err) == -1 &&
+          strstr(err, "token 1000 at stream position 1000 is outside model.vocab = 1000"),
+          "vocab scan message: %s", err);
+    CHECK(sampler_check_vocab(&ds, 1000, 1000, err) == 0, "vocab scan stops at max_tokens");
     dataset_close(&ds);
 }
 

@@ -165,48 +165,11 @@ static int encode_word(Bpe *b, const unsigned char *word, size_t len, int32_t **
     return cache_add(b, word, len, b->work, k);
 }
 
-/* The reference reads text as UTF-8 with replacement: each ill-formed
- * sequence becomes U+FFFD (EF BF BD).  Returns a repaired copy, or NULL
- * with *clean = 1 when the text is well-formed already. */
-static unsigned char *repair_utf8(const unsigned char *s, size_t len, size_t *out_len, int *clean)
-{
-    *clean = 1;
-    for (size_t i = 0; i < len;) {
-        uint32_t cp;
-        int k = unicode_decode(s + i, len - i, &cp);
-        if (cp == 0xFFFD && !(k == 3 && s[i] == 0xEF && s[i + 1] == 0xBF && s[i + 2] == 0xBD)) {
-            *clean = 0;
-            break;
-        }
-        i += (size_t)k;
-    }
-    if (*clean)
-        return NULL;
-    unsigned char *r = malloc(3 * len);
-    if (!r)
-        return NULL;
-    size_t o = 0;
-    for (size_t i = 0; i < len;) {
-        uint32_t cp;
-        int k = unicode_decode(s + i, len - i, &cp);
-        if (cp == 0xFFFD) {
-            memcpy(r + o, "\xEF\xBF\xBD", 3);
-            o += 3;
-        } else {
-            memcpy(r + o, s + i, (size_t)k);
-            o += (size_t)k;
-        }
-        i += (size_t)k;
-    }
-    *out_len = o;
-    return r;
-}
-
 int bpe_encode(Bpe *b, const char *text, size_t len, int32_t **ids, size_t *n, size_t *cap)
 {
     int clean;
     size_t rlen = len;
-    unsigned char *repaired = repair_utf8((const unsigned char *)text, len, &rlen, &clean);
+    unsigned char *repaired = unicode_repair((const unsigned char *)text, len, &rlen, &clean);
     if (!clean && !repaired)
         return -1;
     const unsigned char *s = clean ? (const unsigned char *)text : repaired;

@@ -25,16 +25,9 @@ static void add(InputList *l, const char *path)
         trd_fatal(TRD_EXIT_RUNTIME, NULL, "out of memory listing inputs");
 }
 
-/* Whether path's extension is one of the comma list exts. */
-static int ext_ok(const char *path, const char *exts)
+/* Whether ext (n bytes) is one of the comma list exts. */
+static int ext_listed(const char *ext, size_t len, const char *exts)
 {
-    if (!exts)
-        return 1;
-    const char *base = strrchr(path, '/'), *dot;
-    base = base ? base + 1 : path;
-    dot = strrchr(base, '.');
-    const char *ext = dot && dot != base ? dot + 1 : "";
-    const size_t len = strlen(ext);
     for (const char *p = exts;;) {
         const char *comma = strchr(p, ',');
         const size_t n = comma ? (size_t)(comma - p) : strlen(p);
@@ -44,6 +37,30 @@ static int ext_ok(const char *path, const char *exts)
             return 0;
         p = comma + 1;
     }
+}
+
+/* Whether path's extension is one of the comma list exts.  A compressed
+ * file (.gz, .zst) also matches by the extension under it, or both:
+ * "a.jsonl.gz" is taken by --ext gz, jsonl or jsonl.gz. */
+static int ext_ok(const char *path, const char *exts)
+{
+    if (!exts)
+        return 1;
+    const char *base = strrchr(path, '/'), *dot;
+    base = base ? base + 1 : path;
+    dot = strrchr(base, '.');
+    const char *ext = dot && dot != base ? dot + 1 : "";
+    if (ext_listed(ext, strlen(ext), exts))
+        return 1;
+    if (strcmp(ext, "gz") && strcmp(ext, "zst"))
+        return 0;
+    const char *inner = dot - 1;
+    while (inner > base && *inner != '.')
+        inner--;
+    if (inner <= base)
+        return 0;
+    return ext_listed(inner + 1, (size_t)(dot - inner - 1), exts) ||
+           ext_listed(inner + 1, strlen(inner + 1), exts);
 }
 
 static int visible(const struct dirent *e) { return e->d_name[0] != '.'; }

@@ -4,7 +4,8 @@
  * names in byte order, hidden entries skipped) or a glob pattern that the
  * shell did not expand (quoted, e.g. 'corpus/part-*').  Files found in
  * directories or by patterns are filtered by extension when --ext is given;
- * a file named explicitly is taken whatever its extension.  The list is in
+ * a file named explicitly is taken whatever its extension.  A compressed
+ * file (.gz, .zst) matches by its own extension or the one before it.  The list is in
  * a fixed order, so the same inputs give the same dataset. */
 #ifndef TRD_DATA_INPUTS_H
 #define TRD_DATA_INPUTS_H

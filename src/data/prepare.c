@@ -1,6 +1,9 @@
 #include "data/prepare.h"
 
+#include <cjson/cJSON.h>
 #include <errno.h>
+#include <omp.h>
+#include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -12,43 +15,74 @@
 #include "core/error.h"
 #include "data/dataset.h"
 #include "data/inputs.h"
+#include "data/reader.h"
 #include "data/tokenizer.h"
+#include "data/unicode.h"
 
 static const char prepare_usage[] =
     "usage: trident prepare-data --input PATH [PATH ...] [--ext EXT[,EXT]]\n"
-    "                            --tokenizer byte|gpt2 [--vocab encoder.json --merges vocab.bpe]\n"
+    "                            [--input-format auto|text|jsonl] [--json-key KEY] [--skip-bad]\n"
+    "                            --tokenizer byte|gpt2|tiktoken\n"
+    "                            [--vocab encoder.json --merges vocab.bpe]\n"
+    "                            [--encoding cl100k_base|o200k_base] [--ranks FILE.tiktoken]\n"
     "                            --out PREFIX [--format megatron|llmc] [--val-every K]\n"
+    "                            [--workers N] [--progress]\n"
     "\n"
-    "Tokenize text files into a training dataset.  Each input file is one document;\n"
-    "its tokens are followed by the EOT token.\n"
+    "Tokenize documents into a training dataset: each text file is one document,\n"
+    "each line of a JSON lines file is one ({\"text\": \"...\"}).  Each document's\n"
+    "tokens are followed by the EOT token.\n"
     "\n"
-    "  --input PATH ...   text files (UTF-8), one document each; directories (walked\n"
-    "                     recursively, in name order) and quoted glob patterns\n"
-    "                     ('corpus/*.txt') are expanded; may be repeated\n"
+    "  --input PATH ...   files, one document each (text) or one per line (JSONL);\n"
+    "                     .gz and .zst files are decompressed as they are read;\n"
+    "                     directories (walked recursively, in name order) and quoted\n"
+    "                     glob patterns ('corpus/*.txt') are expanded; may be repeated\n"
     "  --ext EXT[,EXT]    take only files with these extensions from directories and\n"
-    "                     patterns (e.g. txt,md); files named explicitly are always taken\n"
-    "  --tokenizer NAME   byte (ids 0..255 + EOT 256) or gpt2 (GPT-2 BPE, vocab 50257)\n"
+    "                     patterns (e.g. txt,md; jsonl also takes .jsonl.gz and\n"
+    "                     .jsonl.zst); files named explicitly are always taken\n"
+    "  --input-format F   auto (default: .jsonl and .json files, compressed or not, are\n"
+    "                     JSON lines, others text), text, or jsonl (every input)\n"
+    "  --json-key KEY     the string field of a JSON line that holds the text (default text)\n"
+    "  --skip-bad         skip bad documents (malformed JSON, missing key, non-string\n"
+    "                     value, invalid UTF-8, truncated compressed file), count and\n"
+    "                     report them; without it the first one is an error (exit 2)\n"
+    "  --tokenizer NAME   byte (ids 0..255 + EOT 256), gpt2 (GPT-2 BPE, vocab 50257) or\n"
+    "                     tiktoken (a .tiktoken ranks file and --encoding)\n"
     "  --vocab FILE       GPT-2 encoder.json (default " DATA_GPT2_ENCODER_DEFAULT ",\n"
     "                     from the current directory, else from trident's source tree)\n"
     "  --merges FILE      GPT-2 vocab.bpe (default " DATA_GPT2_MERGES_DEFAULT ")\n"
+    "  --encoding NAME    tiktoken: cl100k_base (default; vocab 100277, EOT 100257) or\n"
+    "                     o200k_base (vocab 200019, EOT 199999): pattern and special tokens\n"
+    "  --ranks FILE       tiktoken ranks (default .cache/tiktoken/ENCODING.tiktoken, which\n"
+    "                     scripts/get_tiktoken.sh writes)\n"
     "  --out PREFIX       megatron: writes PREFIX.bin + PREFIX.idx; llmc: writes PREFIX.bin\n"
     "  --format FMT       megatron (default) or llmc (llm.c shard, uint16 tokens)\n"
     "  --val-every K      every K-th document (index % K == K-1) goes to PREFIX_val\n"
+    "  --workers N        tokenize on N threads (default 1); the dataset is the same\n"
+    "  --progress         print progress every 2 s on stderr (the default when stderr is\n"
+    "                     a terminal)\n"
     "  --help             this text\n";
 
 static const char tokenize_usage[] =
-    "usage: trident tokenize [--tokenizer byte|gpt2] [--vocab encoder.json --merges vocab.bpe] FILE|-\n"
+    "usage: trident tokenize [--tokenizer byte|gpt2|tiktoken] [--vocab encoder.json --merges vocab.bpe]\n"
+    "                        [--encoding cl100k_base|o200k_base] [--ranks FILE.tiktoken] FILE|-\n"
     "\n"
     "Print the token ids of a file (or stdin for -), space-separated on one line.\n"
-    "The tokenizer defaults to gpt2, its files to those scripts/get_corpus.sh installs.\n";
+    "The tokenizer defaults to gpt2, its files to those scripts/get_corpus.sh installs.\n"
+    "Ill-formed UTF-8 reads as U+FFFD, as in the reference encoders.\n";
 
 typedef struct {
     const char *tokenizer, *vocab, *merges, *out, *format, *ext;
+    const char *encoding, *ranks, *input_format, *json_key;
     const char **inputs;
-    int n_inputs;
-    long val_every;
-    InputList docs;             /* the inputs expanded: one document each */
+    int n_inputs, skip_bad, progress;
+    long val_every, workers;
+    InputList docs;             /* the inputs expanded: the files */
 } PrepareArgs;
+
+/* Files and options naming a tokenizer. */
+typedef struct {
+    const char *name, *vocab, *merges, *encoding, *ranks;
+} TokenizerSpec;
 
 static double now_s(void)
 {
@@ -82,6 +116,10 @@ static int parse_prepare(int argc, char **argv, PrepareArgs *a)
     a->vocab = DATA_GPT2_ENCODER_DEFAULT;
     a->merges = DATA_GPT2_MERGES_DEFAULT;
     a->format = "megatron";
+    a->workers = 1;
+    a->encoding = "cl100k_base";
+    a->input_format = "auto";
+    a->json_key = "text";
     a->inputs = calloc((size_t)argc, sizeof *a->inputs);
     if (!a->inputs)
         trd_fatal(TRD_EXIT_RUNTIME, NULL, "out of memory parsing arguments");
@@ -99,13 +137,21 @@ static int parse_prepare(int argc, char **argv, PrepareArgs *a)
                 return usage_error(cmd, prepare_usage, "%s needs at least one file", o);
             continue;
         }
+        if (strcmp(o, "--skip-bad") == 0 || strcmp(o, "--progress") == 0) {
+            *(o[2] == 's' ? &a->skip_bad : &a->progress) = 1;
+            continue;
+        }
         if (strcmp(o, "--tokenizer") == 0) dst = &a->tokenizer;
+        else if (strcmp(o, "--encoding") == 0) dst = &a->encoding;
+        else if (strcmp(o, "--ranks") == 0) dst = &a->ranks;
+        else if (strcmp(o, "--input-format") == 0) dst = &a->input_format;
+        else if (strcmp(o, "--json-key") == 0) dst = &a->json_key;
         else if (strcmp(o, "--vocab") == 0) dst = &a->vocab;
         else if (strcmp(o, "--merges") == 0) dst = &a->merges;
         else if (strcmp(o, "--out") == 0) dst = &a->out;
         else if (strcmp(o, "--format") == 0) dst = &a->format;
         else if (strcmp(o, "--ext") == 0) dst = &a->ext;
-        else if (strcmp(o, "--val-every") != 0)
+        else if (strcmp(o, "--val-every") != 0 && strcmp(o, "--workers") != 0)
             return usage_error(cmd, prepare_usage, "unknown argument '%s'", o);
         /* --ext '' (files without an extension) is a value, not a missing one */
         if (!strcmp(o, "--ext") && i + 1 < argc && !argv[i + 1][0])
@@ -117,78 +163,100 @@ static int parse_prepare(int argc, char **argv, PrepareArgs *a)
             continue;
         }
         char *end;
+        long *num = strcmp(o, "--workers") == 0 ? &a->workers : &a->val_every;
         errno = 0;
-        a->val_every = strtol(v, &end, 10);
-        if (*end || errno || a->val_every < 1)
-            return usage_error(cmd, prepare_usage, "--val-every needs a positive integer, got '%s'", v);
+        *num = strtol(v, &end, 10);
+        if (*end || errno || *num < 1 || (num == &a->workers && *num > 256))
+            return usage_error(cmd, prepare_usage, num == &a->workers ?
+                               "--workers needs an integer from 1 to 256, got '%s'" :
+                               "--val-every needs a positive integer, got '%s'", v);
     }
     if (a->n_inputs == 0)
         return usage_error(cmd, prepare_usage, "%s", "no --input files");
     if (!a->out)
         return usage_error(cmd, prepare_usage, "%s", "no --out PREFIX");
     if (!a->tokenizer)
-        return usage_error(cmd, prepare_usage, "%s", "no --tokenizer (byte or gpt2)");
-    if (strcmp(a->tokenizer, "byte") != 0 && strcmp(a->tokenizer, "gpt2") != 0)
-        return usage_error(cmd, prepare_usage, "unknown tokenizer '%s' (byte or gpt2)", a->tokenizer);
+        return usage_error(cmd, prepare_usage, "%s", "no --tokenizer (byte, gpt2 or tiktoken)");
+    if (strcmp(a->tokenizer, "byte") && strcmp(a->tokenizer, "gpt2") && strcmp(a->tokenizer, "tiktoken"))
+        return usage_error(cmd, prepare_usage, "unknown tokenizer '%s' (byte, gpt2 or tiktoken)",
+                           a->tokenizer);
+    if (strcmp(a->input_format, "auto") && strcmp(a->input_format, "text") &&
+        strcmp(a->input_format, "jsonl"))
+        return usage_error(cmd, prepare_usage, "unknown --input-format '%s' (auto, text or jsonl)",
+                           a->input_format);
+    if (!a->json_key[0])
+        return usage_error(cmd, prepare_usage, "%s", "--json-key needs a non-empty key");
     if (strcmp(a->format, "megatron") != 0 && strcmp(a->format, "llmc") != 0)
         return usage_error(cmd, prepare_usage, "unknown format '%s' (megatron or llmc)", a->format);
     return 0;
 }
 
-static Tokenizer *make_tokenizer(const char *name, const char *vocab, const char *merges)
+static Tokenizer *make_tokenizer(const TokenizerSpec *ts)
 {
     char err[CFG_ERR];
-    if (strcmp(name, "byte") == 0)
+    if (strcmp(ts->name, "byte") == 0)
         return tokenizer_byte();
-    char vbuf[4096], mbuf[4096];
-    vocab = inputs_repo_file(vocab, vbuf, sizeof vbuf);
-    merges = inputs_repo_file(merges, mbuf, sizeof mbuf);
-    Tokenizer *t = tokenizer_gpt2(vocab, merges, err);
+    Tokenizer *t;
+    if (strcmp(ts->name, "tiktoken") == 0) {
+        char rel[512], rbuf[4096];
+        const char *ranks = ts->ranks;
+        if (!ranks) {
+            snprintf(rel, sizeof rel, DATA_TIKTOKEN_DIR_DEFAULT "/%s.tiktoken", ts->encoding);
+            ranks = inputs_repo_file(rel, rbuf, sizeof rbuf);
+        }
+        t = tokenizer_tiktoken(ranks, ts->encoding, err);
+    } else {
+        char vbuf[4096], mbuf[4096];
+        const char *vocab = inputs_repo_file(ts->vocab, vbuf, sizeof vbuf);
+        const char *merges = inputs_repo_file(ts->merges, mbuf, sizeof mbuf);
+        t = tokenizer_gpt2(vocab, merges, err);
+    }
     if (!t)
         trd_fatal(TRD_EXIT_INPUT, NULL, "%s", err);
     return t;
 }
 
-/* Whole file (or stdin for "-") into memory; exits with a message on error. */
-static char *read_input(const char *path, size_t *len)
+/* Refuse a directory given as a file (stdin "-" is fine). */
+static void check_not_dir(const char *path)
 {
-    FILE *f = strcmp(path, "-") == 0 ? stdin : fopen(path, "rb");
     struct stat st;
-    if (!f)
-        trd_fatal(TRD_EXIT_INPUT, "check the --input paths", "cannot open %s: %s", path,
-                  strerror(errno));
-    if (fstat(fileno(f), &st) == 0 && S_ISDIR(st.st_mode))
+    if (strcmp(path, "-") && stat(path, &st) == 0 && S_ISDIR(st.st_mode))
         trd_fatal(TRD_EXIT_INPUT, "pass the files, e.g. DIR/*", "%s is a directory", path);
-    size_t cap = 1 << 16, n = 0;
-    char *buf = trd_malloc(cap, "an input file");
-    for (;;) {
-        n += fread(buf + n, 1, cap - n, f);
-        if (n < cap)
-            break;
-        cap *= 2;
-        char *nb = realloc(buf, cap);
-        if (!nb)
-            trd_fatal(TRD_EXIT_RUNTIME, NULL, "out of memory reading %s", path);
-        buf = nb;
-    }
-    if (ferror(f))
-        trd_fatal(TRD_EXIT_INPUT, NULL, "cannot read %s: %s", path, strerror(errno));
-    if (f != stdin)
-        fclose(f);
-    *len = n;
-    return buf;
 }
 
-/* Every input must be a readable file before any output is created. */
-static void check_inputs(PrepareArgs *a)
+/* Whole file (or stdin for "-"), decompressed, into memory; exits with a
+ * message on error. */
+static char *read_input(const char *path, size_t *len)
 {
+    char err[TRD_ERR];
+    check_not_dir(path);
+    DataReader *r = reader_open(path, err);
+    if (!r)
+        trd_fatal(TRD_EXIT_INPUT, "check the --input paths", "%s", err);
+    char *text = reader_slurp(r, len, err);
+    if (!text)
+        trd_fatal(TRD_EXIT_INPUT, NULL, "%s: %s", path, err);
+    reader_close(r);
+    return text;
+}
+
+/* Every input must be a readable file before any output is created; the
+ * total of their sizes is what the progress line's ETA counts down. */
+static uint64_t check_inputs(PrepareArgs *a)
+{
+    uint64_t total = 0;
     inputs_expand(&a->docs, a->inputs, a->n_inputs, a->ext);
     for (size_t d = 0; d < a->docs.n; d++) {
         const char *p = a->docs.paths[d];
+        struct stat st;
         if (strcmp(p, "-") && access(p, R_OK) != 0)
             trd_fatal(TRD_EXIT_INPUT, "check the --input paths", "cannot read %s: %s", p,
                       strerror(errno));
+        check_not_dir(p);
+        if (strcmp(p, "-") && stat(p, &st) == 0)
+            total += (uint64_t)st.st_size;
     }
+    return total;
 }
 
 /* mkdir -p of the directory part of a prefix. */
@@ -266,6 +334,325 @@ static void output_close(Output *o, const char *label)
            (unsigned long long)o->tokens);
 }
 
+/* Whether a file is JSON lines: by its name (.jsonl or .json, before a
+ * .gz or .zst) unless --input-format says. */
+static int is_jsonl(const char *path, const char *input_format)
+{
+    if (strcmp(input_format, "auto"))
+        return strcmp(input_format, "jsonl") == 0;
+    size_t n = strlen(path);
+    if (reader_codec(path) == READER_GZIP)
+        n -= 3;
+    else if (reader_codec(path) == READER_ZSTD)
+        n -= 4;
+    return (n > 6 && !strncmp(path + n - 6, ".jsonl", 6)) || (n > 5 && !strncmp(path + n - 5, ".json", 5));
+}
+
+enum { BAD_SHOWN = 5 };
+
+/* The state of one prepare-data run. */
+typedef struct {
+    const PrepareArgs *a;
+    Tokenizer *tok;
+    int check_utf8;             /* BPE tokenizers: text must be UTF-8 */
+    Output train, val;
+    uint64_t docs, bytes_text;  /* documents taken; their text bytes */
+    uint64_t bad;               /* bad documents skipped (--skip-bad) */
+    char bad_first[BAD_SHOWN][TRD_ERR];
+    int32_t *ids;
+    size_t cap;
+    double t0, t_encode, t_last;
+    uint64_t total_bytes, done_bytes;   /* file bytes (compressed) of all / finished inputs */
+    int progress, tty;
+    /* --workers N > 1: documents are collected into a batch, checked and
+     * tokenized by N threads (a tokenizer each: the BPE word caches are
+     * not shared), then written in input order, so the dataset and the
+     * first error are those of one worker. */
+    int workers;
+    Tokenizer **toks;
+    struct PendingDoc *batch;
+    size_t n_batch, cap_batch, batch_bytes;
+} Prep;
+
+typedef struct PendingDoc {
+    char *text;                 /* owned copy */
+    size_t len;
+    const char *file;
+    uint64_t line;
+    int text_file, oom;
+    size_t bad_at;              /* first ill-formed UTF-8 byte, or len */
+    int32_t *ids;
+    size_t n, cap;
+} PendingDoc;
+
+enum { BATCH_DOCS = 4096, BATCH_BYTES = 32 << 20 };
+
+/* A run that stops on bad input leaves no partial file behind: the
+ * megatron writers' PREFIX.bin.tmp (the .idx is written at the end). */
+static void discard_outputs(const Prep *p)
+{
+    char path[CFG_STR + 16];
+    const Output *o[2] = {&p->train, &p->val};
+    for (int i = 0; i < 2; i++) {
+        if (!o[i]->prefix[0] || o[i]->llmc)
+            continue;
+        snprintf(path, sizeof path, "%s.bin.tmp", o[i]->prefix);
+        unlink(path);
+    }
+}
+
+static void flush_batch(Prep *p);
+
+/* A bad document at file:line: an error (exit 2), or with --skip-bad one
+ * more to count and maybe show.  Queued documents (--workers) come first,
+ * so errors and counts are in input order. */
+__attribute__((format(printf, 4, 5)))
+static void bad_doc(Prep *p, const char *file, uint64_t line, const char *fmt, ...)
+{
+    char what[TRD_ERR / 2];
+    if (p->n_batch)
+        flush_batch(p);
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(what, sizeof what, fmt, ap);
+    va_end(ap);
+    if (!p->a->skip_bad) {
+        discard_outputs(p);
+        trd_fatal(TRD_EXIT_INPUT, "fix the input, or pass --skip-bad to skip bad documents",
+                  "%s:%llu: %s", file, (unsigned long long)line, what);
+    }
+    if (p->bad < BAD_SHOWN)
+        snprintf(p->bad_first[p->bad], TRD_ERR, "%s:%llu: %s", file, (unsigned long long)line, what);
+    p->bad++;
+}
+
+static void format_duration(double s, char *out, size_t n)
+{
+    long t = (long)(s + 0.5);
+    if (t >= 3600)
+        snprintf(out, n, "%ldh%02ldm", t / 3600, t / 60 % 60);
+    else if (t >= 60)
+        snprintf(out, n, "%ldm%02lds", t / 60, t % 60);
+    else
+        snprintf(out, n, "%lds", t);
+}
+
+/* "documents, MiB, throughput, ETA" at most every 2 s and once at the end;
+ * on a terminal one line, rewritten. */
+static void progress(Prep *p, uint64_t file_bytes_now, int last)
+{
+    double t = now_s();
+    if (!p->progress || (!last && t - p->t_last < 2.0))
+        return;
+    p->t_last = t;
+    double el = t - p->t0, done = (double)(p->done_bytes + file_bytes_now);
+    uint64_t tokens = p->train.tokens + p->val.tokens;
+    char eta[32] = "";
+    if (p->total_bytes && done > 0 && !last) {
+        char d[24];
+        format_duration(el * ((double)p->total_bytes - done) / done, d, sizeof d);
+        snprintf(eta, sizeof eta, ", ETA %s", d);
+    }
+    fprintf(stderr, "%sprepare-data: %llu documents, %.1f", p->tty ? "\r" : "",
+            (unsigned long long)p->docs, trd_mib((size_t)done));
+    if (p->total_bytes)
+        fprintf(stderr, " / %.1f MiB (%.0f%%)", trd_mib(p->total_bytes),
+                100.0 * done / (double)p->total_bytes);
+    else
+        fprintf(stderr, " MiB");
+    fprintf(stderr, ", %.1f MiB/s, %.0f tokens/s%s%s", el > 0 ? trd_mib((size_t)done) / el : 0.0,
+            el > 0 ? (double)tokens / el : 0.0, eta, p->tty && !last ? "\033[K" : "\n");
+    if (last && p->tty)
+        fputc('\n', stderr);
+    fflush(stderr);
+}
+
+/* Invalid UTF-8 in a document (the position of the first bad byte). */
+static void bad_utf8(Prep *p, const char *text, size_t at, const char *file, uint64_t line,
+                     int text_file)
+{
+    for (size_t i = 0; text_file && i < at; i++)
+        line += text[i] == '\n';
+    bad_doc(p, file, line, "invalid UTF-8 (byte 0x%02X at byte %zu of the %s)",
+            (unsigned char)text[at], at, text_file ? "file" : "text");
+}
+
+/* Append EOT to a document's ids and write them to its split. */
+static void commit_doc(Prep *p, int32_t **ids, size_t n, size_t *cap, size_t len, const char *file)
+{
+    /* EOT after each document: grow by hand, encode never emits it. */
+    if (n == *cap) {
+        *cap = *cap ? 2 * *cap : 1024;
+        int32_t *q = realloc(*ids, *cap * sizeof *q);
+        if (!q)
+            trd_fatal(TRD_EXIT_RUNTIME, NULL, "out of memory tokenizing %s", file);
+        *ids = q;
+    }
+    (*ids)[n++] = tokenizer_eot(p->tok);
+    long k = p->a->val_every;
+    int to_val = k && (long)(p->docs % (uint64_t)k) == k - 1;
+    output_add(to_val ? &p->val : &p->train, *ids, n);
+    p->docs++;
+    p->bytes_text += len;
+}
+
+/* Check and tokenize the batch on the workers, then write it in order. */
+static void flush_batch(Prep *p)
+{
+    const int check = p->check_utf8;
+    const long nb = (long)p->n_batch;
+    double te = now_s();
+#pragma omp parallel for schedule(dynamic, 1) num_threads(p->workers)
+    for (long i = 0; i < nb; i++) {
+        PendingDoc *d = &p->batch[i];
+        Tokenizer *t = p->toks[omp_get_thread_num()];
+        d->bad_at = check ? unicode_invalid_at((const unsigned char *)d->text, d->len) : d->len;
+        if (d->bad_at == d->len)
+            d->oom = tokenizer_encode(t, d->text, d->len, &d->ids, &d->n, &d->cap) != 0;
+    }
+    p->t_encode += now_s() - te;
+    /* Emptied first: a bad document below calls bad_doc, which flushes. */
+    p->n_batch = 0;
+    p->batch_bytes = 0;
+    for (long i = 0; i < nb; i++) {
+        PendingDoc *d = &p->batch[i];
+        if (d->bad_at < d->len)
+            bad_utf8(p, d->text, d->bad_at, d->file, d->line, d->text_file);
+        else if (d->oom)
+            trd_fatal(TRD_EXIT_RUNTIME, NULL, "out of memory tokenizing %s:%llu", d->file,
+                      (unsigned long long)d->line);
+        else
+            commit_doc(p, &d->ids, d->n, &d->cap, d->len, d->file);
+        free(d->text);
+        free(d->ids);
+    }
+}
+
+/* One document: check, tokenize, append EOT, write to its split (with
+ * --workers, queue it for the next batch). */
+static void add_doc(Prep *p, const char *text, size_t len, const char *file, uint64_t line,
+                    int text_file)
+{
+    if (p->workers > 1) {
+        if (p->n_batch == p->cap_batch) {
+            p->cap_batch = p->cap_batch ? 2 * p->cap_batch : 256;
+            PendingDoc *b = realloc(p->batch, p->cap_batch * sizeof *b);
+            if (!b)
+                trd_fatal(TRD_EXIT_RUNTIME, NULL, "out of memory queueing documents");
+            p->batch = b;
+        }
+        PendingDoc *d = &p->batch[p->n_batch++];
+        memset(d, 0, sizeof *d);
+        d->text = trd_malloc(len + 1, "a document");
+        memcpy(d->text, text, len);
+        d->len = len;
+        d->file = file;
+        d->line = line;
+        d->text_file = text_file;
+        p->batch_bytes += len;
+        if (p->n_batch >= BATCH_DOCS || p->batch_bytes >= BATCH_BYTES)
+            flush_batch(p);
+        return;
+    }
+    if (p->check_utf8) {
+        size_t at = unicode_invalid_at((const unsigned char *)text, len);
+        if (at < len) {
+            bad_utf8(p, text, at, file, line, text_file);
+            return;
+        }
+    }
+    size_t n = 0;
+    double te = now_s();
+    if (tokenizer_encode(p->tok, text, len, &p->ids, &n, &p->cap) != 0)
+        trd_fatal(TRD_EXIT_RUNTIME, NULL, "out of memory tokenizing %s:%llu", file,
+                  (unsigned long long)line);
+    p->t_encode += now_s() - te;
+    commit_doc(p, &p->ids, n, &p->cap, len, file);
+}
+
+/* A text file: one document, read whole (decompressed). */
+static void add_text_file(Prep *p, const char *path)
+{
+    char err[TRD_ERR];
+    size_t len;
+    DataReader *r = reader_open(path, err);
+    if (!r) {
+        discard_outputs(p);
+        trd_fatal(TRD_EXIT_INPUT, "check the --input paths", "%s", err);
+    }
+    char *text = reader_slurp(r, &len, err);
+    if (text)
+        add_doc(p, text, len, path, 1, 1);
+    else    /* a corrupt or truncated compressed file: no partial document */
+        bad_doc(p, path, 1, "%s", err);
+    p->done_bytes += reader_file_bytes(r);
+    reader_close(r);
+    free(text);
+    progress(p, 0, 0);
+}
+
+/* Whether s[0..n) is only spaces, tabs and CRs (lines are not NUL-terminated). */
+static int blank(const char *s, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (s[i] != ' ' && s[i] != '\t' && s[i] != '\r')
+            return 0;
+    return 1;
+}
+
+static const char *json_type(const cJSON *v)
+{
+    return cJSON_IsNumber(v) ? "a number" : cJSON_IsBool(v) ? "a boolean" : cJSON_IsNull(v) ? "null"
+         : cJSON_IsArray(v) ? "an array" : cJSON_IsObject(v) ? "an object" : "not a string";
+}
+
+/* A JSON lines file: one document per line, the string at --json-key;
+ * blank lines are skipped.  Streamed: one line in memory at a time. */
+static void add_jsonl_file(Prep *p, const char *path)
+{
+    char err[TRD_ERR];
+    const char *key = p->a->json_key, *line;
+    size_t len;
+    uint64_t lineno = 0;
+    int rc;
+    DataReader *r = reader_open(path, err);
+    if (!r) {
+        discard_outputs(p);
+        trd_fatal(TRD_EXIT_INPUT, "check the --input paths", "%s", err);
+    }
+    while ((rc = reader_line(r, &line, &len, err)) > 0) {
+        lineno++;
+        if (blank(line, len))
+            continue;
+        const char *end = NULL;
+        cJSON *j = cJSON_ParseWithLengthOpts(line, len, &end, 0);
+        if (!j) {
+            const char *at = cJSON_GetErrorPtr();
+            size_t col = at && at >= line && at <= line + len ? (size_t)(at - line) : 0;
+            bad_doc(p, path, lineno, "malformed JSON (at byte %zu of the line)", col);
+        } else if (end && !blank(end, (size_t)(line + len - end))) {
+            bad_doc(p, path, lineno, "text after the JSON value (at byte %zu of the line)",
+                    (size_t)(end - line));
+        } else if (!cJSON_IsObject(j)) {
+            bad_doc(p, path, lineno, "not a JSON object (%s)", json_type(j));
+        } else {
+            const cJSON *v = cJSON_GetObjectItemCaseSensitive(j, key);
+            if (!v)
+                bad_doc(p, path, lineno, "no key \"%s\"", key);
+            else if (!cJSON_IsString(v) || !v->valuestring)
+                bad_doc(p, path, lineno, "\"%s\" is %s, not a string", key, json_type(v));
+            else
+                add_doc(p, v->valuestring, strlen(v->valuestring), path, lineno, 0);
+        }
+        cJSON_Delete(j);
+        progress(p, reader_file_bytes(r), 0);
+    }
+    if (rc < 0)     /* read error, corrupt or truncated stream: the rest is lost */
+        bad_doc(p, path, lineno + 1, "%s", err);
+    p->done_bytes += reader_file_bytes(r);
+    reader_close(r);
+}
+
 int data_prepare_main(int argc, char **argv)
 {
     PrepareArgs a;
@@ -274,67 +661,75 @@ int data_prepare_main(int argc, char **argv)
         free(a.inputs);
         return rc < 0 ? 0 : rc;
     }
-    check_inputs(&a);
-    Tokenizer *tok = make_tokenizer(a.tokenizer, a.vocab, a.merges);
+    Prep p;
+    memset(&p, 0, sizeof p);
+    p.a = &a;
+    p.total_bytes = check_inputs(&a);
+    TokenizerSpec ts = {a.tokenizer, a.vocab, a.merges, a.encoding, a.ranks};
+    p.tok = make_tokenizer(&ts);
+    p.workers = (int)a.workers;
+    p.toks = trd_calloc((size_t)p.workers, sizeof *p.toks, "the tokenizers");
+    p.toks[0] = p.tok;
+    for (int w = 1; w < p.workers; w++)
+        p.toks[w] = make_tokenizer(&ts);
+    p.check_utf8 = strcmp(a.tokenizer, "byte") != 0;
+    p.tty = isatty(STDERR_FILENO);
+    p.progress = a.progress || p.tty;
     int llmc = strcmp(a.format, "llmc") == 0;
-    int token_bytes = dataset_token_bytes_for_vocab(tokenizer_vocab(tok));
+    int token_bytes = dataset_token_bytes_for_vocab(tokenizer_vocab(p.tok));
     if (llmc && token_bytes != 2)
         trd_fatal(TRD_EXIT_INPUT, "use --format megatron", "llm.c shards hold uint16 tokens; vocabulary %d does not fit",
-                  tokenizer_vocab(tok));
+                  tokenizer_vocab(p.tok));
     printf("prepare-data: %s tokenizer (vocab %d, EOT %d), %s format, %s tokens\n",
-           tokenizer_name(tok), tokenizer_vocab(tok), tokenizer_eot(tok), a.format,
+           tokenizer_name(p.tok), tokenizer_vocab(p.tok), tokenizer_eot(p.tok), a.format,
            token_bytes == 2 ? "uint16" : "int32");
+    fflush(stdout);
     make_parent_dirs(a.out);
     char val_prefix[CFG_STR + 8];
     snprintf(val_prefix, sizeof val_prefix, "%s_val", a.out);
-    Output train, val;
-    output_open(&train, a.out, llmc, token_bytes);
+    output_open(&p.train, a.out, llmc, token_bytes);
     if (a.val_every)
-        output_open(&val, val_prefix, llmc, token_bytes);
+        output_open(&p.val, val_prefix, llmc, token_bytes);
 
-    double t0 = now_s(), t_encode = 0;
-    uint64_t bytes = 0;
-    int32_t *ids = NULL;
-    size_t cap = 0;
-    for (size_t d = 0; d < a.docs.n; d++) {
-        size_t len, n = 0;
-        const char *doc = a.docs.paths[d];
-        char *text = read_input(doc, &len);
-        double te = now_s();
-        if (tokenizer_encode(tok, text, len, &ids, &n, &cap) != 0)
-            trd_fatal(TRD_EXIT_RUNTIME, NULL, "out of memory tokenizing %s", doc);
-        t_encode += now_s() - te;
-        /* EOT after each document: grow by hand, encode never emits it. */
-        if (n == cap) {
-            cap = cap ? 2 * cap : 1024;
-            int32_t *p = realloc(ids, cap * sizeof *ids);
-            if (!p)
-                trd_fatal(TRD_EXIT_RUNTIME, NULL, "out of memory tokenizing %s", doc);
-            ids = p;
-        }
-        ids[n++] = tokenizer_eot(tok);
-        int to_val = a.val_every && (long)(d % (size_t)a.val_every) == a.val_every - 1;
-        output_add(to_val ? &val : &train, ids, n);
-        bytes += len;
-        free(text);
+    p.t0 = p.t_last = now_s();
+    for (size_t f = 0; f < a.docs.n; f++) {
+        if (is_jsonl(a.docs.paths[f], a.input_format))
+            add_jsonl_file(&p, a.docs.paths[f]);
+        else
+            add_text_file(&p, a.docs.paths[f]);
     }
-    free(ids);
-    output_close(&train, "train");
+    if (p.n_batch)
+        flush_batch(&p);
+    progress(&p, 0, 1);
+    free(p.ids);
+    free(p.batch);
+    output_close(&p.train, "train");
     if (a.val_every)
-        output_close(&val, "val");
-    if (a.val_every && val.docs == 0)
+        output_close(&p.val, "val");
+    if (a.val_every && p.val.docs == 0)
         fprintf(stderr, "prepare-data: warning: the validation split %s is empty: --val-every "
-                "%ld puts every %ld-th document there, and there are %zu; use a smaller "
-                "--val-every\n", val_prefix, a.val_every, a.val_every, a.docs.n);
-    if (train.docs == 0)
+                "%ld puts every %ld-th document there, and there are %llu; use a smaller "
+                "--val-every\n", val_prefix, a.val_every, a.val_every, (unsigned long long)p.docs);
+    if (p.train.docs == 0)
         fprintf(stderr, "prepare-data: warning: the training split %s is empty\n", a.out);
-    double dt = now_s() - t0;
-    uint64_t tokens = train.tokens + (a.val_every ? val.tokens : 0);
-    printf("  read %zu files, %.2f MiB; %llu tokens in %.2f s (encoding %.2f s: %.2f MiB/s, %.0f tokens/s)\n",
-           a.docs.n, trd_mib(bytes), (unsigned long long)tokens, dt, t_encode,
-           t_encode > 0 ? trd_mib(bytes) / t_encode : 0.0,
-           t_encode > 0 ? (double)tokens / t_encode : 0.0);
-    tokenizer_free(tok);
+    if (p.bad) {
+        fprintf(stderr, "prepare-data: skipped %llu bad document%s (--skip-bad)%s\n",
+                (unsigned long long)p.bad, p.bad == 1 ? "" : "s", p.bad > BAD_SHOWN ? "; the first:" : ":");
+        for (uint64_t i = 0; i < p.bad && i < BAD_SHOWN; i++)
+            fprintf(stderr, "  %s\n", p.bad_first[i]);
+    }
+    double dt = now_s() - p.t0;
+    uint64_t tokens = p.train.tokens + (a.val_every ? p.val.tokens : 0);
+    printf("  read %zu files, %llu documents, %.2f MiB of text; %llu tokens in %.2f s "
+           "(encoding %.2f s: %.2f MiB/s, %.0f tokens/s)\n",
+           a.docs.n, (unsigned long long)p.docs, trd_mib(p.bytes_text), (unsigned long long)tokens,
+           dt, p.t_encode, p.t_encode > 0 ? trd_mib(p.bytes_text) / p.t_encode : 0.0,
+           p.t_encode > 0 ? (double)tokens / p.t_encode : 0.0);
+    if (p.bad)
+        printf("  skipped %llu bad documents\n", (unsigned long long)p.bad);
+    for (int w = 0; w < p.workers; w++)
+        tokenizer_free(p.toks[w]);
+    free(p.toks);
     inputs_free(&a.docs);
     free(a.inputs);
     return TRD_EXIT_OK;
@@ -343,7 +738,8 @@ int data_prepare_main(int argc, char **argv)
 int data_tokenize_main(int argc, char **argv)
 {
     const char *cmd = "tokenize", *name = "gpt2", *vocab = DATA_GPT2_ENCODER_DEFAULT,
-               *merges = DATA_GPT2_MERGES_DEFAULT, *file = NULL;
+               *merges = DATA_GPT2_MERGES_DEFAULT, *encoding = "cl100k_base", *ranks = NULL,
+               *file = NULL;
     for (int i = 1; i < argc; i++) {
         const char *o = argv[i], **dst = NULL, *v;
         if (strcmp(o, "--help") == 0 || strcmp(o, "-h") == 0) {
@@ -353,6 +749,8 @@ int data_tokenize_main(int argc, char **argv)
         if (strcmp(o, "--tokenizer") == 0) dst = &name;
         else if (strcmp(o, "--vocab") == 0) dst = &vocab;
         else if (strcmp(o, "--merges") == 0) dst = &merges;
+        else if (strcmp(o, "--encoding") == 0) dst = &encoding;
+        else if (strcmp(o, "--ranks") == 0) dst = &ranks;
         else if (strncmp(o, "--", 2) == 0)
             return usage_error(cmd, tokenize_usage, "unknown argument '%s'", o);
         else if (file)
@@ -367,9 +765,10 @@ int data_tokenize_main(int argc, char **argv)
     }
     if (!file)
         return usage_error(cmd, tokenize_usage, "%s", "no FILE (use - for stdin)");
-    if (strcmp(name, "byte") != 0 && strcmp(name, "gpt2") != 0)
-        return usage_error(cmd, tokenize_usage, "unknown tokenizer '%s' (byte or gpt2)", name);
-    Tokenizer *tok = make_tokenizer(name, vocab, merges);
+    if (strcmp(name, "byte") && strcmp(name, "gpt2") && strcmp(name, "tiktoken"))
+        return usage_error(cmd, tokenize_usage, "unknown tokenizer '%s' (byte, gpt2 or tiktoken)", name);
+    TokenizerSpec ts = {name, vocab, merges, encoding, ranks};
+    Tokenizer *tok = make_tokenizer(&ts);
     size_t len, n = 0, cap = 0;
     char *text = read_input(file, &len);
     int32_t *ids = NULL;

@@ -76,6 +76,32 @@ uint64_t sampler_index(const Sampler *s, uint64_t position)
     return sampler_permute(slot, s->n_samples, rng_mix(s->seed, epoch));
 }
 
+/* The message for token v at stream position pos, for both checks. */
+static void vocab_error(const TokenDataset *ds, uint32_t v, uint64_t pos, int vocab, char err[CFG_ERR])
+{
+    long long id = ds->token_bytes == 4 ? (long long)(int32_t)v : (long long)v;
+    snprintf(err, CFG_ERR,
+             "%s: token %lld at stream position %llu is outside model.vocab = %d (ids 0..%d; "
+             "the dataset holds %s tokens)\n---> the dataset was made with another tokenizer: "
+             "set model.vocab to that tokenizer's vocabulary (gpt2 50257, cl100k_base 100277, "
+             "o200k_base 200019; at least %lld here), or prepare the data with the model's tokenizer",
+             ds->path, id, (unsigned long long)pos, vocab, vocab - 1,
+             ds->token_bytes == 4 ? "int32" : "uint16", id < 0 ? 0LL : id + 1);
+}
+
+int sampler_check_vocab(const TokenDataset *ds, int vocab, uint64_t max_tokens, char err[CFG_ERR])
+{
+    uint64_t n = ds->n_tokens < max_tokens ? ds->n_tokens : max_tokens;
+    for (uint64_t i = 0; i < n; i++) {
+        uint32_t v = dataset_token(ds, i);
+        if (v >= (uint32_t)vocab) {
+            vocab_error(ds, v, i, vocab, err);
+            return -1;
+        }
+    }
+    return 0;
+}
+
 int sampler_read(const Sampler *s, const TokenDataset *ds, uint64_t position, int vocab,
                  int32_t *tokens, int32_t *targets, char err[CFG_ERR])
 {
@@ -83,13 +109,7 @@ int sampler_read(const Sampler *s, const TokenDataset *ds, uint64_t position, in
     for (int t = 0; t <= s->seq_len; t++) {
         uint32_t v = dataset_token(ds, start + (uint64_t)t);
         if (v >= (uint32_t)vocab) {
-            snprintf(err, CFG_ERR,
-                     "%s: token %lld at stream position %llu (sample position %llu) is >= the "
-                     "vocabulary size %d\n---> the dataset was made with another tokenizer, or "
-                     "model.vocab is too small",
-                     ds->path, ds->token_bytes == 4 ? (long long)(int32_t)v : (long long)v,
-                     (unsigned long long)(start + (uint64_t)t), (unsigned long long)position,
-                     vocab);
+            vocab_error(ds, v, start + (uint64_t)t, vocab, err);
             return -1;
         }
         if (t < s->seq_len)

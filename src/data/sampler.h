@@ -40,4 +40,13 @@ uint64_t sampler_permute(uint64_t slot, uint64_t n, uint64_t key);
 int sampler_read(const Sampler *s, const TokenDataset *ds, uint64_t position, int vocab,
                  int32_t *tokens, int32_t *targets, char err[CFG_ERR]);
 
+/* At start-up: -1 with err (the dataset, the first token >= vocab, its
+ * position, what to do) when one of the first max_tokens tokens is outside
+ * the vocabulary, so data made with a larger tokenizer (cl100k_base,
+ * o200k_base: int32 tokens) is refused before training, not at the first
+ * sample that happens to hold such a token.  sampler_read still checks
+ * every token it reads. */
+int sampler_check_vocab(const TokenDataset *ds, int vocab, uint64_t max_tokens, char err[CFG_ERR]);
+#define SAMPLER_VOCAB_SCAN ((uint64_t)1 << 26)   /* 64 Mi tokens: ~0.1 s from the page cache */
+
 #endif

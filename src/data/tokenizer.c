@@ -5,13 +5,15 @@
 #include <string.h>
 
 #include "data/bpe.h"
+#include "data/tiktoken.h"
 
-typedef enum { TOK_BYTE, TOK_GPT2 } TokKind;
+typedef enum { TOK_BYTE, TOK_GPT2, TOK_TIKTOKEN } TokKind;
 
 struct Tokenizer {
     TokKind kind;
     int vocab, eot;
     Bpe bpe;                  /* gpt2 only */
+    Tiktoken tik;             /* tiktoken only */
 };
 
 static const char eot_text[] = "<|endoftext|>";
@@ -44,23 +46,47 @@ Tokenizer *tokenizer_gpt2(const char *encoder_json, const char *vocab_bpe, char 
     return t;
 }
 
+Tokenizer *tokenizer_tiktoken(const char *ranks, const char *encoding, char err[CFG_ERR])
+{
+    Tokenizer *t = calloc(1, sizeof *t);
+    if (!t) {
+        snprintf(err, CFG_ERR, "out of memory for the tokenizer");
+        return NULL;
+    }
+    if (tiktoken_load(&t->tik, ranks, encoding, err) != 0) {
+        free(t);
+        return NULL;
+    }
+    t->kind = TOK_TIKTOKEN;
+    t->vocab = t->tik.vocab;
+    t->eot = t->tik.eot;
+    return t;
+}
+
 void tokenizer_free(Tokenizer *t)
 {
     if (!t)
         return;
     if (t->kind == TOK_GPT2)
         bpe_free(&t->bpe);
+    if (t->kind == TOK_TIKTOKEN)
+        tiktoken_free(&t->tik);
     free(t);
 }
 
 int tokenizer_vocab(const Tokenizer *t) { return t->vocab; }
 int tokenizer_eot(const Tokenizer *t) { return t->eot; }
-const char *tokenizer_name(const Tokenizer *t) { return t->kind == TOK_GPT2 ? "gpt2" : "byte"; }
+const char *tokenizer_name(const Tokenizer *t)
+{
+    return t->kind == TOK_GPT2 ? "gpt2" : t->kind == TOK_TIKTOKEN ? t->tik.name : "byte";
+}
 
 int tokenizer_encode(Tokenizer *t, const char *text, size_t len, int32_t **ids, size_t *n, size_t *cap)
 {
     if (t->kind == TOK_GPT2)
         return bpe_encode(&t->bpe, text, len, ids, n, cap);
+    if (t->kind == TOK_TIKTOKEN)
+        return tiktoken_encode(&t->tik, text, len, ids, n, cap);
     if (*n + len > *cap) {
         size_t c = *cap ? *cap : 1024;
         while (c < *n + len)
@@ -87,6 +113,10 @@ static const unsigned char *token_bytes(const Tokenizer *t, int32_t id, size_t *
     if (t->kind == TOK_GPT2) {
         *len = t->bpe.tok_off[id + 1] - t->bpe.tok_off[id];
         return t->bpe.tok_bytes + t->bpe.tok_off[id];
+    }
+    if (t->kind == TOK_TIKTOKEN) {
+        *len = t->tik.tok_off[id + 1] - t->tik.tok_off[id];
+        return t->tik.tok_bytes + t->tik.tok_off[id];
     }
     if (id == t->eot) {
         *len = sizeof eot_text - 1;

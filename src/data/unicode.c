@@ -1,5 +1,8 @@
 #include "data/unicode.h"
 
+#include <stdlib.h>
+#include <string.h>
+
 int unicode_decode(const unsigned char *s, size_t len, uint32_t *cp)
 {
     unsigned b = s[0];
@@ -78,4 +81,81 @@ UnicodeClass unicode_class(uint32_t cp)
     if (in_ranges(unicode_number_ranges, unicode_number_ranges_count, cp))
         return UCLASS_NUMBER;
     return UCLASS_OTHER;
+}
+
+UnicodeCategory unicode_category(uint32_t cp)
+{
+    if (cp < 0x80) {
+        if (cp >= 'a' && cp <= 'z')
+            return UCAT_LL;
+        if (cp >= 'A' && cp <= 'Z')
+            return UCAT_LU;
+        if (cp >= '0' && cp <= '9')
+            return UCAT_N;
+        if (cp == ' ' || (cp >= 0x09 && cp <= 0x0D))
+            return UCAT_SPACE;
+        return UCAT_OTHER;
+    }
+    if (unicode_class(cp) == UCLASS_SPACE)
+        return UCAT_SPACE;
+    int a = 0, b = unicode_category_ranges_count - 1;
+    while (a <= b) {
+        int m = (a + b) / 2;
+        if (cp < unicode_category_ranges[m].first)
+            b = m - 1;
+        else if (cp > unicode_category_ranges[m].last)
+            a = m + 1;
+        else
+            return unicode_category_ranges[m].cat;
+    }
+    return UCAT_OTHER;
+}
+
+/* U+FFFD from the decoder is ill-formed input unless the text spells it. */
+static int is_replacement(const unsigned char *s, int k, uint32_t cp)
+{
+    return cp == 0xFFFD && !(k == 3 && s[0] == 0xEF && s[1] == 0xBF && s[2] == 0xBD);
+}
+
+size_t unicode_invalid_at(const unsigned char *s, size_t len)
+{
+    for (size_t i = 0; i < len;) {
+        if (s[i] < 0x80) {     /* ASCII runs: the common case, byte by byte */
+            i++;
+            continue;
+        }
+        uint32_t cp;
+        int k = unicode_decode(s + i, len - i, &cp);
+        if (is_replacement(s + i, k, cp))
+            return i;
+        i += (size_t)k;
+    }
+    return len;
+}
+
+unsigned char *unicode_repair(const unsigned char *s, size_t len, size_t *out_len, int *clean)
+{
+    size_t bad = unicode_invalid_at(s, len);
+    *clean = bad == len;
+    if (*clean)
+        return NULL;
+    unsigned char *r = malloc(3 * len);
+    if (!r)
+        return NULL;
+    memcpy(r, s, bad);
+    size_t o = bad;
+    for (size_t i = bad; i < len;) {
+        uint32_t cp;
+        int k = unicode_decode(s + i, len - i, &cp);
+        if (cp == 0xFFFD) {
+            memcpy(r + o, "\xEF\xBF\xBD", 3);
+            o += 3;
+        } else {
+            memcpy(r + o, s + i, (size_t)k);
+            o += (size_t)k;
+        }
+        i += (size_t)k;
+    }
+    *out_len = o;
+    return r;
 }

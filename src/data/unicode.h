@@ -25,4 +25,30 @@ extern const int unicode_letter_ranges_count;
 extern const uint32_t unicode_number_ranges[][2];
 extern const int unicode_number_ranges_count;
 
+/* General categories for the tiktoken patterns (cl100k_base, o200k_base),
+ * which also need letters by subcategory and marks.  JavaScript's \s is
+ * UCAT_SPACE (no such code point is a letter, mark or number). */
+typedef enum {
+    UCAT_OTHER = 0, UCAT_SPACE, UCAT_LU, UCAT_LL, UCAT_LT, UCAT_LM, UCAT_LO, UCAT_M, UCAT_N
+} UnicodeCategory;
+UnicodeCategory unicode_category(uint32_t cp);
+
+typedef struct {
+    uint32_t first, last;
+    UnicodeCategory cat;
+} UnicodeRange;
+/* Generated (unicode_categories.c): non-ASCII code points by category. */
+extern const UnicodeRange unicode_category_ranges[];
+extern const int unicode_category_ranges_count;
+
+/* Offset of the first ill-formed UTF-8 sequence in s[0..len), or len when
+ * the text is well-formed. */
+size_t unicode_invalid_at(const unsigned char *s, size_t len);
+
+/* The text as the reference encoders read a file: each ill-formed
+ * sequence becomes U+FFFD (EF BF BD).  Returns a malloc'd repaired copy
+ * with its length in *out_len, or NULL with *clean = 1 when the text is
+ * well-formed already (NULL with *clean = 0: out of memory). */
+unsigned char *unicode_repair(const unsigned char *s, size_t len, size_t *out_len, int *clean);
+
 #endif

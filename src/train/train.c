@@ -223,11 +223,13 @@ static void open_data(Trainer *tr, Comm *world)
     tr->has_val = cfg->data.val_path[0] != '\0';
     int bad = dataset_open(&tr->train_data, cfg->data.path, cfg->data.format, err) != 0 ||
               sampler_init(&tr->train_sampler, &tr->train_data, cfg->model.seq_len,
-                           cfg->run.seed, err) != 0;
+                           cfg->run.seed, err) != 0 ||
+              sampler_check_vocab(&tr->train_data, cfg->model.vocab, SAMPLER_VOCAB_SCAN, err) != 0;
     if (!bad && tr->has_val)
         bad = dataset_open(&tr->val_data, cfg->data.val_path, cfg->data.format, err) != 0 ||
               sampler_init(&tr->val_sampler, &tr->val_data, cfg->model.seq_len, cfg->run.seed,
-                           err) != 0;
+                           err) != 0 ||
+              sampler_check_vocab(&tr->val_data, cfg->model.vocab, SAMPLER_VOCAB_SCAN, err) != 0;
     int first_bad = bad ? world->size - world->rank : 0; /* max = the lowest failing rank */
     comm_allreduce_max_i32(world, &first_bad, 1);
     if (first_bad)
@@ -246,8 +248,7 @@ static void read_batch(Trainer *tr, const Sampler *s, const TokenDataset *ds, ui
     for (int b = 0; b < B; b++)
         if (sampler_read(s, ds, first + (uint64_t)b, tr->cfg->model.vocab, tok + b * T,
                          tgt + b * T, err) != 0)
-            trd_fatal(TRD_EXIT_INPUT, "check that model.vocab matches the tokenizer of the data",
-                      "%s", err);
+            trd_fatal(TRD_EXIT_INPUT, NULL, "%s", err);
 }
 
 /* PP_REDUCE of a pipeline step: a tied embedding's gradient is summed over

@@ -58,7 +58,8 @@ static void usage_train(FILE *f)
             "Trains the model described by the YAML CONFIG (see docs/config.md).\n"
             "  --set key.path=value   override one config key (repeatable),\n"
             "                         e.g. --set training.steps=100 --set model.arch=llama\n"
-            "Writes <run.dir>/metrics.jsonl and <run.dir>/config.yaml.\n"
+            "Writes <run.dir>/metrics.jsonl, <run.dir>/config.yaml and TensorBoard events in\n"
+            "<run.dir>/tb/ (docs/monitoring.md; `trident report RUN_DIR` makes an HTML page).\n"
             "Exit codes: 0 success, 2 bad input, 1 runtime failure.\n");
 }
 

@@ -168,6 +168,13 @@ for b in bad:
 print(f"report: {len(paths)} curves with a point per step, memory table, trace table and config")
 sys.exit(1 if bad else 0)
 PY
+# The resumed run's metrics.jsonl repeats no step here (it resumed from the
+# last one); with a step recorded twice, the later record is plotted once.
+tail -1 "$out/res/metrics.jsonl" >> "$out/res/metrics.jsonl"
+"$TRIDENT" report "$out/res" > "$out/report_res.log" 2>&1 &&
+    grep -q 'data-series="loss" data-points="6"' "$out/res/report.html" ||
+    { echo "FAIL: report of the resumed run"; cat "$out/report_res.log"; fails=$((fails + 1)); }
+
 # The same page without its curves: what the screenshot must differ by.
 sed -e '/<path class="series"/d' -e '/<circle /d' "$html" > "$out/r/empty.html"
 shot() { # html, png

@@ -205,28 +205,24 @@ static void chart(FILE *f, const Run *run, const char *title, const Series *ser,
             points += isfinite(run->rec[i].v[fld]) != 0;
         fprintf(f, "<path class=\"series\" data-series=\"%s\" data-points=\"%d\" stroke=\"%s\" d=\"",
                 FIELD_KEYS[fld], points, ser[s].color);
-        char dots[64];
-        int k = 0;
-        for (int i = 0; i < run->n; i++) {
-            const double v = run->rec[i].v[fld];
-            if (!isfinite(v))
-                continue;
-            const double x = PAD_L + (x1 > x0 ? (run->rec[i].step - x0) / (x1 - x0) : 0.5) * pw;
-            const double y = PAD_T + (hi - v) / (hi - lo) * ph;
-            fprintf(f, "%s%.1f,%.1f", k++ ? " L" : "M", x, y);
-        }
-        fputs("\"/>\n", f);
-        if (points <= 32)
+        /* Two passes over the points: the path, then its dots. */
+        for (int pass = 0; pass < (points <= 32 ? 2 : 1); pass++) {
+            int k = 0;
             for (int i = 0; i < run->n; i++) {
                 const double v = run->rec[i].v[fld];
                 if (!isfinite(v))
                     continue;
                 const double x = PAD_L + (x1 > x0 ? (run->rec[i].step - x0) / (x1 - x0) : 0.5) * pw;
                 const double y = PAD_T + (hi - v) / (hi - lo) * ph;
-                snprintf(dots, sizeof dots, "%.1f", x);
-                fprintf(f, "<circle cx=\"%s\" cy=\"%.1f\" r=\"3\" fill=\"%s\"/>\n", dots, y,
-                        ser[s].color);
+                if (pass == 0)
+                    fprintf(f, "%s%.1f,%.1f", k++ ? " L" : "M", x, y);
+                else
+                    fprintf(f, "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"3\" fill=\"%s\"/>\n", x, y,
+                            ser[s].color);
             }
+            if (pass == 0)
+                fputs("\"/>\n", f);
+        }
         fprintf(f, "<text x=\"%d\" y=\"18\" class=\"legend\" fill=\"%s\">%s</text>\n",
                 CHART_W - PAD_R - 110 * (n_ser - s), ser[s].color, FIELD_KEYS[fld]);
     }
@@ -429,7 +425,7 @@ int report_main(int argc, char **argv)
     chart(f, &run, "learning rate", (Series[]){{F_LR, "#2ca02c"}}, 1);
     chart(f, &run, "gradient norm (before clipping)", (Series[]){{F_GRAD_NORM, "#9467bd"}}, 1);
     chart(f, &run, "throughput (tokens/s)", (Series[]){{F_TOKENS_PER_S, "#ff7f0e"}}, 1);
-    chart(f, &run, "MFU", (Series[]){{F_MFU, "#8c564b"}}, 1);
+    chart(f, &run, "MFU (fraction of peak FLOP/s)", (Series[]){{F_MFU, "#8c564b"}}, 1);
     fputs("</div>\n", f);
     memory_table(f, run.memory);
     trace_table(f, trace);

@@ -8,6 +8,7 @@
 #include "data/prepare.h"
 #include "plan/plan.h"
 #include "topology/topology.h"
+#include "train/report.h"
 #include "train/train.h"
 
 typedef struct {
@@ -24,6 +25,7 @@ static const Command commands[] = {
     {"ckpt", ckpt_main, "inspect or export a checkpoint (trident ckpt --help)"},
     {"topology", topology_main, "print the rank map of a config for a world size, without launching"},
     {"plan", plan_main, "memory, communication and time of a config on a cluster, without running"},
+    {"report", report_main, "one HTML page of a run's curves, memory and config (trident report --help)"},
 };
 
 static void usage(FILE *f)

@@ -75,6 +75,7 @@ static const KeyDesc KEYS[] = {
     STR(run, dir, false),
     KEY(run, seed, K_U64),
     KEY(run, log_every, K_INT),
+    KEY(run, tensorboard, K_BOOL),
 
     ENUM(model, arch, ARCH_NAMES),
     REQ(model, layers, K_INT),
@@ -543,6 +544,7 @@ void config_defaults(Config *cfg)
     strcpy(cfg->run.dir, "runs/trident");
     cfg->run.seed = 1234;
     cfg->run.log_every = 10;
+    cfg->run.tensorboard = 1;
 
     ModelConfig *m = &cfg->model;
     m->arch = ARCH_GPT2;

@@ -34,6 +34,7 @@ typedef struct {
     char dir[CFG_STR];      /* output directory: metrics.jsonl, logs */
     uint64_t seed;
     int log_every;          /* readable log line every N steps (>= 1) */
+    int tensorboard;        /* write TensorBoard event files under dir/tb (rank 0) */
 } RunConfig;
 
 typedef struct {

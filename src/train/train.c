@@ -31,6 +31,7 @@
 #include "train/pipeline.h"
 #include "train/preempt.h"
 #include "train/schedule.h"
+#include "train/tensorboard.h"
 #include "zero/zero.h"
 
 #define MAX_SETS 64
@@ -57,7 +58,8 @@ static void usage_train(FILE *f)
             "Trains the model described by the YAML CONFIG (see docs/config.md).\n"
             "  --set key.path=value   override one config key (repeatable),\n"
             "                         e.g. --set training.steps=100 --set model.arch=llama\n"
-            "Writes <run.dir>/metrics.jsonl and <run.dir>/config.yaml.\n"
+            "Writes <run.dir>/metrics.jsonl, <run.dir>/config.yaml and TensorBoard events in\n"
+            "<run.dir>/tb/ (docs/monitoring.md; `trident report RUN_DIR` makes an HTML page).\n"
             "Exit codes: 0 success, 2 bad input, 1 runtime failure.\n");
 }
 
@@ -445,6 +447,18 @@ static void memory_json(Trainer *tr, char *buf, size_t cap)
     free(acts);
 }
 
+/* The memory table in TensorBoard, once, at the run's first step (the same
+ * categories as metrics.jsonl's memory_bytes). */
+static void tb_memory(TbWriter *tb, const Trainer *tr, int step)
+{
+    const MemoryReport m = memory_report(tr);
+    static const char *const names[] = {"params", "grads", "optimizer", "zero_buffers",
+                                        "activations", "scratch"};
+    const double bytes[] = {(double)m.params, (double)m.grads, (double)m.optimizer,
+                            (double)m.buffers, (double)m.activations, (double)m.scratch};
+    tb_record_values(tb, step, "memory_bytes", names, bytes, 6);
+}
+
 /* Point the checkpoint view at the engine's buffers. */
 static void ckpt_setup(Trainer *tr)
 {
@@ -759,6 +773,8 @@ static void print_outputs(const Config *cfg)
     printf("output: %s/metrics.jsonl, %s/config.yaml", cfg->run.dir, cfg->run.dir);
     if (cfg->training.trace)
         printf(", %s/trace.json", cfg->run.dir);
+    if (cfg->run.tensorboard)
+        printf(", %s/tb/", cfg->run.dir);
     if (!ck->dir[0])
         printf(" | checkpoints: none (set checkpoint.dir to keep the run)\n");
     else if (ck->every > 0)
@@ -838,6 +854,7 @@ static int train(const Config *cfg, Comm world)
     const long long tokens_per_step = (long long)cfg->training.global_batch * cfg->model.seq_len;
 
     Metrics metrics = {0};
+    TbWriter tb = {0};
     char memory[2048];
     if (rank0) {
         mkdir_p(cfg->run.dir);
@@ -848,6 +865,8 @@ static int train(const Config *cfg, Comm world)
         print_start(&tr, peak / world.size);
         print_outputs(cfg);
         metrics_open(&metrics, cfg->run.dir, cfg->training.steps, cfg->run.log_every, resumed);
+        if (cfg->run.tensorboard) /* a new events file per run, resumed too */
+            tb_open(&tb, cfg->run.dir);
     }
     memory_json(&tr, memory, sizeof memory);
     int exit_code = TRD_EXIT_OK;
@@ -876,8 +895,12 @@ static int train(const Config *cfg, Comm world)
         s.eta_s = s.elapsed_s / (step + 1 - tr.start_step) * (cfg->training.steps - step - 1);
         if (step == tr.start_step)
             tr.staged_first = comm_staging().allocations;
-        if (rank0)
+        if (rank0) {
             metrics_record(&metrics, &s);
+            tb_record(&tb, &s);
+            if (step == tr.start_step)
+                tb_memory(&tb, &tr, step + 1);
+        }
         const CheckpointConfig *ck = &cfg->checkpoint;
         const int saved = ck->dir[0] && (last || (ck->every > 0 && (step + 1) % ck->every == 0));
         if (saved)
@@ -899,8 +922,10 @@ static int train(const Config *cfg, Comm world)
     report_device_memory(&tr);
     dump_weights(&tr);
     finish_trace(&tr);
-    if (rank0)
+    if (rank0) {
         metrics_close(&metrics);
+        tb_close(&tb);
+    }
 
     free(tr.tokens);
     free(tr.targets);

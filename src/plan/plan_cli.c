@@ -270,12 +270,15 @@ int plan_main(int argc, char **argv)
         trd_fatal(TRD_EXIT_INPUT, "see docs/plan.md for the cluster keys and presets", "%s", err);
     const TopologyConfig *t = &cfg.topology;
     int world = t->dp > 0 ? t->tp * t->pp * t->dp : 0;
-    if (a.search || !world) {
-        if (!a.cluster)
-            trd_fatal(TRD_EXIT_INPUT, "e.g. --cluster a100-80gb:16x8",
-                      a.search ? "--search needs --cluster: it lays out the whole cluster"
-                               : "topology.dp is auto: give --cluster so the world is known");
+    if (a.search && !a.cluster)
+        trd_fatal(TRD_EXIT_INPUT, "e.g. --cluster a100-80gb:16x8",
+                  "--search needs --cluster: it lays out the whole cluster");
+    if (a.search || (!world && a.cluster))
         world = cluster_gpus(&c);
+    if (!world) { /* dp auto and no cluster: the one data-parallel replica of tp x pp */
+        world = t->tp * t->pp;
+        fprintf(stderr, "plan: topology.dp is auto and no --cluster: planning dp 1 (%d ranks); "
+                "give --cluster or --set topology.dp=N for another world\n", world);
     }
     if (!a.cluster)
         default_cluster(&cfg, world, &c);

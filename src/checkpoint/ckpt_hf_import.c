@@ -670,7 +670,7 @@ static int dir_exists(const char *p)
 }
 
 int ckpt_hf_import(const char *hf_dir, const char *out_dir, char *const *sets, int n_sets,
-                   int quiet, char err[CFG_ERR])
+                   int replace, char err[CFG_ERR])
 {
     ckpt_h5_quiet();
     err[0] = '\0';
@@ -700,7 +700,7 @@ int ckpt_hf_import(const char *hf_dir, const char *out_dir, char *const *sets, i
     ckpt_step_name(name, sizeof name, 0);
     snprintf(final, sizeof final, "%s/%s", out_dir, name);
     snprintf(tmp, sizeof tmp, "%s.tmp", final);
-    if (dir_exists(final)) {
+    if (!replace && dir_exists(final)) {
         ckpt_err(err, "--out %s: already holds %s: not overwritten (choose another --out)",
                  out_dir, name);
         return TRD_EXIT_INPUT;
@@ -810,7 +810,7 @@ int ckpt_hf_import(const char *hf_dir, const char *out_dir, char *const *sets, i
     if (code == 0 && (ckpt_publish_dir(out_dir, 0, tmp, final, err) != 0 ||
                       ckpt_write_latest(out_dir, name, err) != 0))
         code = TRD_EXIT_RUNTIME;
-    if (code == 0 && !quiet)
+    if (code == 0)
         printf("imported %d tensors (%s, %d layers, hidden %d, heads %d, kv_heads %d, vocab %d, "
                "%s) from %s to %s (step 0, weights only)\n", t.n, config_arch_name(m->arch),
                m->layers, m->hidden, m->heads, m->kv_heads, m->vocab,

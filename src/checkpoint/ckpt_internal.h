@@ -205,17 +205,6 @@ enum { QKV_Q = 0, QKV_K = 1, QKV_V = 2, QKV_ALL = 3 };
  * pairs to HF's half split). */
 int64_t ckpt_hf_qkv_src_row(int64_t heads, int64_t kv_heads, int64_t hs, int part, int64_t j);
 
-/* ---- Hugging Face import (ckpt_hf_import.c) ---- */
-
-/* Write the Hugging Face directory hf_dir (config.json + model.safetensors
- * or shards with model.safetensors.index.json; GPT2LMHeadModel or
- * LlamaForCausalLM as the export writes them) as a weights-only trident
- * checkpoint at step 0 in out_dir (step_00000000 and latest; out_dir must
- * not hold a step 0).  sets: n_sets "key=value" config overrides recorded
- * with it (not model.*).  Serial, no MPI; memory about two tensors.
- * Returns 0, or the exit code (2 bad input, 1 I/O failure) with err naming
- * the file and the tensor. */
-int ckpt_hf_import(const char *hf_dir, const char *out_dir, char *const *sets, int n_sets,
-                   int quiet, char err[CFG_ERR]);
+/* ---- Hugging Face import (ckpt_hf_import.c): ckpt_hf_import, in ckpt.h ---- */
 
 #endif

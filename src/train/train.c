@@ -555,6 +555,10 @@ static void ckpt_init_from(Trainer *tr, int resumed)
     struct stat st;
     int code = TRD_EXIT_OK;
     const int hf = stat(json, &st) == 0;
+    if (stat(src, &st) != 0 || !S_ISDIR(st.st_mode))
+        guard_exit_agreed(rank, TRD_EXIT_INPUT, "checkpoint.init_from: a Hugging Face "
+                          "directory (with config.json) or a trident checkpoint",
+                          "checkpoint.init_from: %s: no such directory", src);
     if (hf) {
         snprintf(imp, sizeof imp, "%s/init_from", tr->cfg->run.dir);
         if (rank == 0)

@@ -85,6 +85,8 @@ echo "     first-step losses: hf 1 rank $(loss1 ih1), checkpoint $(loss1 ic1), h
      "hf dp2 zero3 $(loss1 ihz), fresh $(loss1 fresh)"
 ok "gpt2 init_from HF = init_from the trident checkpoint (same weights), exactly" \
     test "$(loss1 ih1)" = "$(loss1 ic1)"
+ok "gpt2 init_from HF = init_from the checkpoint: weights after the step bit-identical" \
+    cmp -s "$out/ih1.weights" "$out/ic1.weights"
 ok "gpt2 init_from HF: tp2 = 1 rank (1e-5)" close "$(loss1 ih2)" "$(loss1 ih1)"
 ok "gpt2 init_from HF: dp2 ZeRO-3 = 1 rank (1e-5)" close "$(loss1 ihz)" "$(loss1 ih1)"
 ok "gpt2 init_from: the weights were taken (a fresh run's loss differs)" \
@@ -99,7 +101,23 @@ run lhp 2 "${lsmall[@]}" --set checkpoint.init_from="$out/l.hf" --set topology.p
 echo "     llama first-step losses: hf $(loss1 lh1), checkpoint $(loss1 lc1), hf pp2 $(loss1 lhp)"
 ok "llama GQA init_from HF (sharded) = init_from the checkpoint, exactly" \
     test "$(loss1 lh1)" = "$(loss1 lc1)"
+ok "llama GQA init_from HF = init_from the checkpoint: weights after the step bit-identical" \
+    cmp -s "$out/lh1.weights" "$out/lc1.weights"
 ok "llama GQA init_from HF: pp2 = 1 rank (1e-5)" close "$(loss1 lhp)" "$(loss1 lh1)"
+
+# bf16 training from the fp32 export of a bf16 run's master weights: the
+# same start (master = the values, weights = their bf16 rounding) as from
+# the run's own checkpoint (its master weights and rounded weights).
+bsmall=(--set model.arch=llama --set model.kv_heads=1 --set training.precision=bf16)
+run bh1 1 "${bsmall[@]}" --set checkpoint.init_from="$out/lb.hf"
+run bc1 1 "${bsmall[@]}" --set checkpoint.init_from="$out/lb/ckpt"
+run bh2 2 "${bsmall[@]}" --set checkpoint.init_from="$out/lb.hf" --set topology.dp=2 --set topology.zero=1
+echo "     bf16 first-step losses: hf $(loss1 bh1), checkpoint $(loss1 bc1), hf dp2 zero1 $(loss1 bh2)"
+ok "bf16 run init_from HF (fp32 master) = init_from the bf16 checkpoint, exactly" \
+    test "$(loss1 bh1)" = "$(loss1 bc1)"
+ok "bf16 run init_from HF = init_from the checkpoint: weights after the step bit-identical" \
+    cmp -s "$out/bh1.weights" "$out/bc1.weights"
+ok "bf16 run init_from HF: dp2 ZeRO-1 = 1 rank (1e-5)" close "$(loss1 bh2)" "$(loss1 bh1)"
 
 # A resumed run ignores init_from (its own checkpoint wins).
 run res 1 --set checkpoint.init_from="$out/g.hf" --set checkpoint.dir="$out/res/ckpt"

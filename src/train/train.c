@@ -578,6 +578,13 @@ static void ckpt_init_from(Trainer *tr, int resumed)
     if (ckpt_load_weights(dir, &tr->ckpt, tr->cfg, err) != 0)
         guard_exit_agreed(rank, TRD_EXIT_INPUT, "the model section must describe the model "
                           "checkpoint.init_from holds", "checkpoint.init_from: %s", err);
+    if (tr->cfg->training.precision == PREC_BF16) {
+        /* The weights are the bf16 rounding of the master weights, as
+         * optimizer_init makes them; an fp32 source's were not rounded. */
+        CkptRange *r = &tr->ckpt.part[CKPT_PARAMS];
+        for (size_t i = 0; r->data && i < r->hi - r->lo; i++)
+            r->data[i] = bf16_round(r->data[i]);
+    }
     ckpt_sync(tr, 0);
     if (rank == 0)
         printf("initialised from %s: weights of %s, step 0, fresh optimizer and data\n", src,

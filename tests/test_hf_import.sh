@@ -69,6 +69,16 @@ import "$out/g.hf" "$out/g.imp"
 ok "import into a directory that holds a step 0: exit 2, not overwritten" \
     bash -c "[ $rc -eq 2 ] && grep -q 'not overwritten' '$out/i.log'"
 
+for args in "--out $out/x $out/g.hf:--from hf is required" "--from onnx --out $out/x $out/g.hf:--from hf is required" \
+            "--from hf $out/g.hf:--out is required" "--from hf --out $out/x:HF_DIR) is required" \
+            "--from hf --out $out/x --set model.hidden=8 $out/g.hf:the model comes from" \
+            "--from hf --out $out/x $out/g:config.json: cannot open"; do
+    timeout 60 "$TRIDENT" ckpt import ${args%%:*} > "$out/i.log" 2>&1
+    r=$?
+    ok "ckpt import ${args%%:*}: exit $r (want 2), '${args#*:}'" \
+        bash -c "[ $r -eq 2 ] && grep -q -- '${args#*:}' '$out/i.log'"
+done
+
 # ---- init_from ----
 small=(--set model.layers=2 --set model.hidden=64 --set model.heads=4 --set model.seq_len=32
        --set training.steps=1 --set run.log_every=1 --set checkpoint.dir=)

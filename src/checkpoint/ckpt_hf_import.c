@@ -167,9 +167,12 @@ static int st_open(StFile *f, const char *path, char err[CFG_ERR])
         t->shape[1] = 1;
         for (int d = 0; d < t->ndim && ok; d++)
             t->shape[d] = json_int(cJSON_GetArrayItem(sh, d), 0, 1LL << 40, &ok);
+        /* Bounded by the file, so the byte count below cannot overflow. */
+        if (ok && t->shape[1] > 0 && t->shape[0] > f->size / t->shape[1])
+            ok = 0;
         if (!ok) {
-            ckpt_err(err, "%s: tensor '%s': shape must be 1 or 2 non-negative integers", path,
-                     t->name);
+            ckpt_err(err, "%s: tensor '%s': shape must be 1 or 2 non-negative integers whose "
+                          "product fits in the file", path, t->name);
             code = TRD_EXIT_INPUT;
             break;
         }
@@ -200,17 +203,27 @@ static int st_open(StFile *f, const char *path, char err[CFG_ERR])
     }
     cJSON_Delete(doc);
     if (code == TRD_EXIT_OK && f->n > 1) {
-        /* Overlaps: sorted by begin, each must start at or after the
-         * previous one's end. */
+        /* Overlaps: sorted by begin, each non-empty tensor must start at or
+         * after the furthest end so far (an empty one between two others
+         * must not hide their overlap). */
         StTensor *s = trd_malloc((size_t)f->n * sizeof *s, "safetensors header");
         memcpy(s, f->t, (size_t)f->n * sizeof *s);
         qsort(s, (size_t)f->n, sizeof *s, tensor_cmp);
-        for (int i = 1; i < f->n && code == TRD_EXIT_OK; i++)
-            if (s[i].begin < s[i - 1].end && s[i].end > s[i].begin) {
+        int64_t reach = 0;
+        int last = -1;
+        for (int i = 0; i < f->n && code == TRD_EXIT_OK; i++) {
+            if (s[i].end == s[i].begin)
+                continue;
+            if (last >= 0 && s[i].begin < reach) {
                 ckpt_err(err, "%s: tensor '%s': data_offsets overlap those of tensor '%s'", path,
-                         s[i].name, s[i - 1].name);
+                         s[i].name, s[last].name);
                 code = TRD_EXIT_INPUT;
             }
+            if (s[i].end > reach) {
+                reach = s[i].end;
+                last = i;
+            }
+        }
         free(s);
     }
     return code;

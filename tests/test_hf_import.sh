@@ -129,6 +129,19 @@ ok "bf16 run init_from HF = init_from the checkpoint: weights after the step bit
     cmp -s "$out/bh1.weights" "$out/bc1.weights"
 ok "bf16 run init_from HF: dp2 ZeRO-1 = 1 rank (1e-5)" close "$(loss1 bh2)" "$(loss1 bh1)"
 
+# A shorter context: gpt2 keeps the first seq_len rows of wpe (n_positions is
+# an upper bound); llama has no position table.
+run is16 1 --set checkpoint.init_from="$out/g.hf" --set model.seq_len=16
+ok "gpt2 init_from with seq_len 16 < n_positions 32: wpe = the first 16 rows" \
+    "$py" -c "
+import sys, h5py, numpy as np
+src = h5py.File('$(step_of g)/stage_0.h5', 'r')['params/embed.wpe.weight'][()]
+got = h5py.File('$out/is16/init_from/step_00000000/stage_0.h5', 'r')['params/embed.wpe.weight'][()]
+sys.exit(not (got.shape == (16, 64) and np.array_equal(got.view(np.uint32), src[:16].view(np.uint32))))"
+run ls16 1 "${lsmall[@]}" --set checkpoint.init_from="$out/l.hf" --set model.seq_len=16
+ok "llama init_from with seq_len 16 != max_position_embeddings 32 runs" \
+    grep -q "initialised from" "$out/ls16.log"
+
 # A resumed run ignores init_from (its own checkpoint wins).
 run res 1 --set checkpoint.init_from="$out/g.hf" --set checkpoint.dir="$out/res/ckpt"
 run res 1 --set checkpoint.init_from="$out/g.hf" --set checkpoint.dir="$out/res/ckpt" \
@@ -151,6 +164,8 @@ bad_run "init_from checkpoint with model.kv_heads 1" "model.kv_heads is 2 in the
     "${lsmall[@]}" --set model.kv_heads=1 --set checkpoint.init_from="$out/l/ckpt"
 bad_run "init_from a llama into a gpt2" "model.arch is llama in the checkpoint, gpt2 in the config" \
     --set checkpoint.init_from="$out/l.hf"
+bad_run "gpt2 init_from with seq_len 64 > n_positions 32" "model.seq_len 64 > n_positions 32 of $out/g.hf/config.json" \
+    --set model.seq_len=64 --set checkpoint.init_from="$out/g.hf"
 bad_run "init_from nothing" "checkpoint.init_from: $out/nowhere: no such directory" --set checkpoint.init_from="$out/nowhere"
 
 # ---- bad safetensors: one broken copy per case ----

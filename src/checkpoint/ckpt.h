@@ -116,7 +116,8 @@ int ckpt_load_weights(const char *step_dir, const CkptShardView *v, const Config
  * export writes them) as a weights-only trident checkpoint at step 0 in
  * out_dir (step_00000000 and latest; an existing step 0 there is refused,
  * or with `replace` replaced: init_from's temporary copy).
- * sets: n_sets "key=value" config overrides recorded with it (not model.*).
+ * sets: n_sets "key=value" config overrides recorded with it; of the model
+ * only model.seq_len (a gpt2 keeps that many position rows, <= n_positions).
  * Serial, no MPI; memory about two tensors.  Returns 0, or the exit code
  * (2 bad input, 1 an I/O failure) with err naming the file and tensor. */
 int ckpt_hf_import(const char *hf_dir, const char *out_dir, char *const *sets, int n_sets,

@@ -530,6 +530,7 @@ typedef struct {
     StSet st;
     const ModelConfig *m;
     int64_t hs;
+    int64_t n_positions;  /* config.json's (gpt2 wpe rows); m->seq_len may be fewer */
     float *scratch;       /* one HF tensor */
     size_t scratch_cap;
     char err[CFG_ERR];
@@ -603,8 +604,14 @@ static int fill(Imp *im, const ParamSpec *p, int64_t rows, float *out)
     if (!strcmp(p->name, "embed.wte.weight"))
         return st_read(&im->st, g ? "transformer.wte.weight" : "model.embed_tokens.weight",
                        rows, cols, out, im->err);
-    if (!strcmp(p->name, "embed.wpe.weight"))
-        return st_read(&im->st, "transformer.wpe.weight", rows, cols, out, im->err);
+    if (!strcmp(p->name, "embed.wpe.weight")) {
+        float *w = scratch(im, im->n_positions * cols);
+        const int code = st_read(&im->st, "transformer.wpe.weight", im->n_positions, cols, w,
+                                 im->err);
+        if (code == 0)
+            memcpy(out, w, (size_t)(rows * cols) * sizeof(float));
+        return code;
+    }
     if (!strcmp(p->name, "head.weight"))
         return st_read(&im->st, "lm_head.weight", rows, cols, out, im->err);
     if (!strncmp(p->name, "final_norm.", 11)) {
@@ -689,13 +696,18 @@ int ckpt_hf_import(const char *hf_dir, const char *out_dir, char *const *sets, i
     err[0] = '\0';
     Config cfg;
     config_defaults(&cfg);
+    int seq_len = 0;
     for (int i = 0; i < n_sets; i++) {
-        if (!strncmp(sets[i], "model.", 6)) {
-            ckpt_err(err, "--set %s: the model comes from %s/config.json", sets[i], hf_dir);
+        const int seq = !strncmp(sets[i], "model.seq_len=", 14);
+        if (!strncmp(sets[i], "model.", 6) && !seq) {
+            ckpt_err(err, "--set %s: the model comes from %s/config.json (only model.seq_len "
+                          "may be set)", sets[i], hf_dir);
             return TRD_EXIT_INPUT;
         }
         if (config_set(&cfg, sets[i], err) != 0)
             return TRD_EXIT_INPUT;
+        if (seq)
+            seq_len = cfg.model.seq_len;
     }
     Imp im;
     memset(&im, 0, sizeof im);
@@ -703,6 +715,17 @@ int ckpt_hf_import(const char *hf_dir, const char *out_dir, char *const *sets, i
     int code = read_model(hf_dir, m, &im.st.want_bf16, err);
     if (code)
         return code;
+    /* A shorter context than the model's: gpt2 keeps the first seq_len rows
+     * of its position embedding (n_positions is an upper bound); llama's
+     * RoPE has no such table. */
+    im.n_positions = m->seq_len;
+    if (seq_len > 0 && m->arch == ARCH_GPT2 && seq_len > m->seq_len) {
+        ckpt_err(err, "model.seq_len %d > n_positions %d of %s/config.json: gpt2 has no "
+                      "position embedding beyond it", seq_len, m->seq_len, hf_dir);
+        return TRD_EXIT_INPUT;
+    }
+    if (seq_len > 0)
+        m->seq_len = seq_len;
     im.m = m;
     im.hs = m->hidden / m->heads;
     if (strlen(out_dir) >= CFG_STR) {

@@ -561,8 +561,11 @@ static void ckpt_init_from(Trainer *tr, int resumed)
                           "checkpoint.init_from: %s: no such directory", src);
     if (hf) {
         snprintf(imp, sizeof imp, "%s/init_from", tr->cfg->run.dir);
+        /* The run's context: a gpt2 keeps the first seq_len position rows. */
+        char seq[48], *sets[1] = {seq};
+        snprintf(seq, sizeof seq, "model.seq_len=%d", tr->cfg->model.seq_len);
         if (rank == 0)
-            code = ckpt_hf_import(src, imp, NULL, 0, 1, err);
+            code = ckpt_hf_import(src, imp, sets, 1, 1, err);
         TRD_ASSERT(MPI_Bcast(&code, 1, MPI_INT, 0, MPI_COMM_WORLD) == MPI_SUCCESS);
         TRD_ASSERT(MPI_Bcast(err, CFG_ERR, MPI_CHAR, 0, MPI_COMM_WORLD) == MPI_SUCCESS);
         if (code != TRD_EXIT_OK)

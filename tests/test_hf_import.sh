@@ -6,9 +6,13 @@
 #     grouped-query attention (sharded export); a bf16 run's master weights
 #     through a bf16 export: imported exactly, re-exported byte for byte;
 #   - init_from: the first-step loss from an HF directory on 1 rank equals
-#     the one from the source trident checkpoint exactly, and on tp 2,
-#     dp 2 with ZeRO-3 and pp 2 within 1e-5; a fresh run's differs; a
-#     mismatched model exits 2 naming both values; a resumed run ignores it;
+#     the one from the source trident checkpoint exactly (and the weights
+#     after the step bit for bit), and on tp 2, dp 2 with ZeRO-3 and pp 2
+#     within 1e-5; a fresh run's differs; bf16 training from an fp32 export
+#     of a bf16 run's master weights = from its checkpoint; a gpt2 with a
+#     shorter seq_len takes the first rows of wpe; a mismatched model exits
+#     2 naming both values; a resumed run ignores init_from;
+#   - ckpt import's argument errors (exit 2);
 #   - bad safetensors (crafted by a short python script): exit 2 naming the
 #     file and the tensor, never a crash.
 . "$(dirname "$0")/e2e.sh"

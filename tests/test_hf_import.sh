@@ -196,6 +196,10 @@ def config(**kv):
 if case == "absurd":          # header length past the file (and 100 MB)
     with open(st, "r+b") as f:
         f.write(struct.pack("<Q", 1 << 40))
+elif case == "absurd100":     # within a (sparse) 300 MB file, but over 100 MB
+    with open(st, "r+b") as f:
+        f.write(struct.pack("<Q", 200_000_000))
+    os.truncate(st, 300_000_000)
 elif case == "json":          # the header's first byte
     with open(st, "r+b") as f:
         f.seek(8); f.write(b"x")
@@ -242,6 +246,7 @@ bad_st() {
 }
 f=model.safetensors
 bad_st absurd "$out/g.hf" "bad_absurd.hf/$f: header length 1099511627776 is absurd"
+bad_st absurd100 "$out/g.hf" "bad_absurd100.hf/$f: header length 200000000 is absurd (file 300000000 bytes, limit 100000000)"
 bad_st json "$out/g.hf" "bad_json.hf/$f: the header is not a JSON object (malformed JSON)"
 bad_st overlap "$out/g.hf" "bad_overlap.hf/$f: tensor 'transformer.h.0.ln_1.*data_offsets overlap"
 bad_st past_end "$out/g.hf" "bad_past_end.hf/$f: tensor 'transformer.ln_f.bias': data_offsets .* past the end"

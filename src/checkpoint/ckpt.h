@@ -100,6 +100,29 @@ int ckpt_save(const char *dir, const CkptShardView *v, const CkptState *st, cons
 int ckpt_load(const char *step_dir, const CkptShardView *v, CkptState *st, const Config *cfg,
               char err[CFG_ERR]);
 
+/* The weights only of a step directory into the view (part[CKPT_PARAMS],
+ * and part[CKPT_MASTER] where its data is set; the Adam parts are left as
+ * they are), for checkpoint.init_from.  Any topology, as ckpt_load; the
+ * model hyper-parameters must be cfg's (a mismatch names both values; the
+ * sequence length only where a shape depends on it, gpt2's wpe), run.seed
+ * and data.path may differ.  Collective over v->world.  Returns 0 or -1
+ * with the same message on every rank. */
+int ckpt_load_weights(const char *step_dir, const CkptShardView *v, const Config *cfg,
+                      char err[CFG_ERR]);
+
+/* `trident ckpt import --from hf`: the Hugging Face directory hf_dir
+ * (config.json + model.safetensors, or shards and
+ * model.safetensors.index.json; GPT2LMHeadModel or LlamaForCausalLM as the
+ * export writes them) as a weights-only trident checkpoint at step 0 in
+ * out_dir (step_00000000 and latest; an existing step 0 there is refused,
+ * or with `replace` replaced: init_from's temporary copy).
+ * sets: n_sets "key=value" config overrides recorded with it; of the model
+ * only model.seq_len (a gpt2 keeps that many position rows, <= n_positions).
+ * Serial, no MPI; memory about two tensors.  Returns 0, or the exit code
+ * (2 bad input, 1 an I/O failure) with err naming the file and tensor. */
+int ckpt_hf_import(const char *hf_dir, const char *out_dir, char *const *sets, int n_sets,
+                   int replace, char err[CFG_ERR]);
+
 /* The step directory to resume from: kind AUTO -> <dir>/latest if it exists,
  * else the newest complete step_<N> whose index verifies (err then holds a
  * note saying which, to print), else none; NEVER -> none; PATH -> `path`

@@ -19,7 +19,8 @@ static void usage(FILE *f)
             "       trident ckpt verify DIR\n"
             "       trident ckpt export DIR --out FILE [--master]\n"
             "       trident ckpt export --format hf --out OUTDIR [--dtype fp32|bf16]\n"
-            "                           [--max-shard-size SIZE] DIR\n\n"
+            "                           [--max-shard-size SIZE] DIR\n"
+            "       trident ckpt import --from hf HF_DIR --out CKPTDIR [--set key=value ...]\n\n"
             "DIR is a checkpoint step directory (DIR/step_00000100) or a checkpoint.dir,\n"
             "whose `latest` is taken.\n"
             "  inspect   saved step, training state, model, topology, config, and every\n"
@@ -35,6 +36,10 @@ static void usage(FILE *f)
             "            GPT-2 tokenizer files) for transformers' from_pretrained: gpt2 ->\n"
             "            GPT2LMHeadModel, llama -> LlamaForCausalLM; --dtype (default fp32),\n"
             "            --max-shard-size (default 5GB; e.g. 500MB, 100KiB, bytes)\n"
+            "  import --from hf\n"
+            "            a Hugging Face directory (GPT2LMHeadModel or LlamaForCausalLM, as\n"
+            "            export writes them) as a weights-only checkpoint at step 0 in\n"
+            "            CKPTDIR, for checkpoint.init_from; --set records run/data keys\n"
             "Layout: docs/checkpoint.md.  Exit codes: 0 success, 2 bad input (not a\n"
             "checkpoint), 1 failure (a damaged checkpoint, for verify).\n");
 }
@@ -337,6 +342,44 @@ static int export_weights(const char *arg, const char *out, int master)
     return TRD_EXIT_OK;
 }
 
+/* `ckpt import --from hf HF_DIR --out CKPTDIR [--set k=v ...]`. */
+static int import(int argc, char **argv)
+{
+    const char *from = NULL, *src = NULL, *out = NULL;
+    char **sets = trd_calloc((size_t)argc, sizeof(char *), "--set list");
+    int n_sets = 0;
+    for (int i = 2; i < argc; i++) {
+        const char *a = argv[i];
+        const int val = i + 1 < argc;
+        if (!strcmp(a, "--from") && val)
+            from = argv[++i];
+        else if (!strcmp(a, "--out") && val)
+            out = argv[++i];
+        else if (!strcmp(a, "--set") && val)
+            sets[n_sets++] = argv[++i];
+        else if (a[0] != '-' && !src)
+            src = a;
+        else {
+            free(sets);
+            usage(stderr);
+            char msg[CFG_ERR];
+            snprintf(msg, sizeof msg, "ckpt import: unknown or incomplete argument '%s'", a);
+            return fail(TRD_EXIT_INPUT, msg);
+        }
+    }
+    int code = TRD_EXIT_INPUT;
+    char err[CFG_ERR];
+    if (!from || strcmp(from, "hf"))
+        snprintf(err, sizeof err, "ckpt import: --from hf is required (the only source format)");
+    else if (!src || !out)
+        snprintf(err, sizeof err, "ckpt import: %s is required",
+                 !src ? "the Hugging Face directory (HF_DIR)" : "--out");
+    else
+        code = ckpt_hf_import(src, out, sets, n_sets, 0, err);
+    free(sets);
+    return code ? fail(code, err) : TRD_EXIT_OK;
+}
+
 int ckpt_main(int argc, char **argv)
 {
     ckpt_h5_quiet();
@@ -403,6 +446,8 @@ int ckpt_main(int argc, char **argv)
                                         "--format hf");
         return export_weights(src, out, master);
     }
+    if (argc >= 2 && !strcmp(argv[1], "import"))
+        return import(argc, argv);
     usage(stderr);
     return TRD_EXIT_INPUT;
 }

@@ -43,8 +43,6 @@ typedef enum {
     HF_QKV,        /* rows picked out of the fused per-kv-group qkv (below) */
 } HfOp;
 
-/* HF_QKV parts: Llama's q_proj, k_proj, v_proj, or GPT-2's c_attn [Q|K|V]. */
-enum { QKV_Q = 0, QKV_K = 1, QKV_V = 2, QKV_ALL = 3 };
 
 typedef struct {
     char name[HF_NAME];          /* HF name */
@@ -376,9 +374,10 @@ static int64_t rope_src(int64_t d, int64_t hs)
 /* Row of trident's fused qkv (per kv group g: its Q = heads/kv_heads query
  * heads, then k, then v; backend.h) holding dimension d of query head h
  * (part QKV_Q), of kv head h (QKV_K, QKV_V). */
-static int64_t qkv_row(const Hf *h, int part, int64_t head, int64_t d)
+static int64_t qkv_row(int64_t heads, int64_t kv_heads, int64_t hs, int part, int64_t head,
+                       int64_t d)
 {
-    const int64_t Q = h->heads / h->kv_heads, hs = h->hs;
+    const int64_t Q = heads / kv_heads;
     if (part == QKV_Q)
         return (head / Q) * (Q + 2) * hs + (head % Q) * hs + d;
     return head * (Q + 2) * hs + (Q + (part == QKV_V)) * hs + d;
@@ -387,16 +386,20 @@ static int64_t qkv_row(const Hf *h, int part, int64_t head, int64_t d)
 /* Output row j of a qkv part: the source row it comes from.  GPT-2's
  * c_attn columns are [Q | K | V], each heads x hs in head order; Llama's
  * q_proj / k_proj rows are permuted per head for RoPE (rope_src), v_proj's
- * are not. */
-static int64_t qkv_src_row(const Hf *h, int part, int64_t j)
+ * are not.  Also the import's map (ckpt_hf_import.c), read the other way. */
+int64_t ckpt_hf_qkv_src_row(int64_t heads, int64_t kv_heads, int64_t hs, int part, int64_t j)
 {
-    const int64_t hs = h->hs;
     if (part == QKV_ALL) {
-        const int64_t A = h->heads * hs, which = j / A, in = j % A;
-        return qkv_row(h, (int)which, in / hs, in % hs);
+        const int64_t A = heads * hs, which = j / A, in = j % A;
+        return qkv_row(heads, kv_heads, hs, (int)which, in / hs, in % hs);
     }
     const int64_t head = j / hs, d = j % hs;
-    return qkv_row(h, part, head, part == QKV_V ? d : rope_src(d, hs));
+    return qkv_row(heads, kv_heads, hs, part, head, part == QKV_V ? d : rope_src(d, hs));
+}
+
+static int64_t qkv_src_row(const Hf *h, int part, int64_t j)
+{
+    return ckpt_hf_qkv_src_row(h->heads, h->kv_heads, h->hs, part, j);
 }
 
 static int hf_write_tensor(Hf *h, const HfTensor *t, Sink *s)

@@ -7,7 +7,8 @@
  *   ckpt_publish.c rank 0's file-system steps: .tmp, rename, latest, keep
  *   ckpt_load.c    resolve and load for any topology
  *   ckpt_cli.c     trident ckpt inspect / verify / export
- *   ckpt_hf.c      trident ckpt export --format hf (Hugging Face directory) */
+ *   ckpt_hf.c      trident ckpt export --format hf (Hugging Face directory)
+ *   ckpt_hf_import.c  safetensors reader; trident ckpt import --from hf */
 #ifndef TRD_CKPT_INTERNAL_H
 #define TRD_CKPT_INTERNAL_H
 
@@ -195,5 +196,15 @@ int ckpt_hf_export(const char *arg, const char *out_dir, int bf16, int64_t max_s
 /* "5GB", "1MB", "100KiB", "12345": bytes (decimal units as HF, binary with
  * "iB"); -1 when it is not a positive size. */
 int ckpt_hf_parse_size(const char *s, int64_t *out);
+
+/* Parts of the fused qkv in Hugging Face's layout: Llama's q_proj, k_proj,
+ * v_proj, or GPT-2's c_attn [Q|K|V]. */
+enum { QKV_Q = 0, QKV_K = 1, QKV_V = 2, QKV_ALL = 3 };
+/* Row j of HF tensor `part` is row ckpt_hf_qkv_src_row(...) of trident's
+ * fused per-kv-group qkv (RoPE rows of q and k reordered from interleaved
+ * pairs to HF's half split). */
+int64_t ckpt_hf_qkv_src_row(int64_t heads, int64_t kv_heads, int64_t hs, int part, int64_t j);
+
+/* ---- Hugging Face import (ckpt_hf_import.c): ckpt_hf_import, in ckpt.h ---- */
 
 #endif

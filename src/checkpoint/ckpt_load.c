@@ -286,10 +286,9 @@ static int allowed(const char *list, const char *name)
  * silently train another model); run.seed and data.path only with
  * checkpoint.allow_changes, and then rank 0 warns.  Older indexes lack
  * some records: rank 0 says which were not compared. */
-static int check_run(const char *dir, const CkptIndex *ix, const Config *cfg, int rank,
-                     char err[CFG_ERR])
+static int check_hparams(const char *dir, const CkptIndex *ix, const ModelConfig *m,
+                         int with_seq_len, char err[CFG_ERR])
 {
-    const ModelConfig *m = &cfg->model;
     const char *arch = config_arch_name(m->arch);
     if (strcmp(ix->arch, arch)) {
         ckpt_err(err, "%s/index.h5: model.arch is %s in the checkpoint, %s in the config", dir,
@@ -300,9 +299,10 @@ static int check_run(const char *dir, const CkptIndex *ix, const Config *cfg, in
         {"layers", ix->layers, m->layers}, {"hidden", ix->hidden, m->hidden},
         {"heads", ix->heads, m->heads}, {"kv_heads", ix->kv_heads, m->kv_heads},
         {"ffn_hidden", ix->ffn_hidden, m->ffn_hidden}, {"vocab", ix->vocab, m->vocab},
-        {"seq_len", ix->seq_len, m->seq_len},
-        {"tie_embeddings", ix->tie_embeddings, m->tie_embeddings}};
-    for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++)
+        {"tie_embeddings", ix->tie_embeddings, m->tie_embeddings},
+        {"seq_len", ix->seq_len, m->seq_len}};
+    const size_t n_ints = sizeof ints / sizeof ints[0] - !with_seq_len;
+    for (size_t i = 0; i < n_ints; i++)
         if (ints[i].saved != ints[i].ours) {
             ckpt_err(err, "%s/index.h5: model.%s is %d in the checkpoint, %d in the config",
                      dir, ints[i].key, ints[i].saved, ints[i].ours);
@@ -326,6 +326,14 @@ static int check_run(const char *dir, const CkptIndex *ix, const Config *cfg, in
                  eps ? "norm_eps" : "rope_theta", sa, sb);
         return -1;
     }
+    return 0;
+}
+
+static int check_run(const char *dir, const CkptIndex *ix, const Config *cfg, int rank,
+                     char err[CFG_ERR])
+{
+    if (check_hparams(dir, ix, &cfg->model, 1, err) != 0)
+        return -1;
     const char *allow = cfg->checkpoint.allow_changes;
     const int seed_changed = ix->seed != cfg->run.seed;
     const int data_changed = ix->has_run && strcmp(ix->data_path, cfg->data.path);
@@ -575,8 +583,8 @@ static void gather_kinds(const CkptShardView *v)
     MPI_Comm_free(&dp);
 }
 
-int ckpt_load(const char *step_dir, const CkptShardView *v, CkptState *st, const Config *cfg,
-              char err[CFG_ERR])
+static int load(const char *step_dir, const CkptShardView *v, CkptState *st, const Config *cfg,
+                int weights_only, char err[CFG_ERR])
 {
     err[0] = '\0';
     ckpt_h5_quiet();
@@ -586,9 +594,19 @@ int ckpt_load(const char *step_dir, const CkptShardView *v, CkptState *st, const
         return -1;
     int rank = 0;
     MPI_Comm_rank(v->world, &rank);
-    int rc = check_model(step_dir, &ix, v->table, &cfg->model, err);
-    if (rc == 0)
-        rc = check_run(step_dir, &ix, cfg, rank, err);
+    int rc;
+    if (weights_only) {
+        /* The hyper-parameters first, so a mismatch names both values; the
+         * sequence length only through the shapes (gpt2's wpe); run.seed
+         * and data.path are the new run's own. */
+        rc = check_hparams(step_dir, &ix, &cfg->model, 0, err);
+        if (rc == 0)
+            rc = check_model(step_dir, &ix, v->table, &cfg->model, err);
+    } else {
+        rc = check_model(step_dir, &ix, v->table, &cfg->model, err);
+        if (rc == 0)
+            rc = check_run(step_dir, &ix, cfg, rank, err);
+    }
     if (rc == 0) {
         Reader r = {.dir = step_dir, .n_files = 0, .fapl = H5Pcreate(H5P_FILE_ACCESS)};
         TRD_ASSERT(r.fapl >= 0 && H5Pset_fapl_mpio(r.fapl, MPI_COMM_SELF, MPI_INFO_NULL) >= 0);
@@ -611,4 +629,19 @@ int ckpt_load(const char *step_dir, const CkptShardView *v, CkptState *st, const
     if (v->dp > 1)
         gather_kinds(v);
     return 0;
+}
+
+int ckpt_load(const char *step_dir, const CkptShardView *v, CkptState *st, const Config *cfg,
+              char err[CFG_ERR])
+{
+    return load(step_dir, v, st, cfg, 0, err);
+}
+
+int ckpt_load_weights(const char *step_dir, const CkptShardView *v, const Config *cfg,
+                      char err[CFG_ERR])
+{
+    CkptShardView w = *v;
+    w.part[CKPT_ADAM_M].data = NULL;
+    w.part[CKPT_ADAM_V].data = NULL;
+    return load(step_dir, &w, NULL, cfg, 1, err);
 }

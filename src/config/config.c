@@ -137,6 +137,7 @@ static const KeyDesc KEYS[] = {
      NULL, false},
     {"checkpoint", "allow_changes", K_NAMES, OFF(checkpoint, allow_changes),
      sizeof(((Config *)0)->checkpoint.allow_changes), NULL, false},
+    STR(checkpoint, init_from, false),
 
     {"", "backend", K_ENUM, offsetof(Config, backend), 0, BACKEND_NAMES, false},
 };

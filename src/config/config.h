@@ -102,6 +102,8 @@ typedef struct {
     ResumeKind resume;
     char resume_path[CFG_STR];
     char allow_changes[CFG_STR]; /* "seed,data": what a resume may change (comma list) */
+    char init_from[CFG_STR];     /* empty: none; a Hugging Face directory or a trident
+                                  * checkpoint whose weights start a fresh run */
 } CheckpointConfig;
 
 /* Where each key's value came from, for messages about values: the YAML

@@ -1,0 +1,867 @@
+/* ckpt_hf_import.c — `trident ckpt import --from hf HF_DIR --out CKPTDIR`:
+ * a Hugging Face model directory (as our export writes it) read back into a
+ * weights-only trident checkpoint at step 0, the inverse of ckpt_hf.c.
+ *
+ * The safetensors reader trusts nothing in the files: the header length is
+ * bounded by the file and by 100 MB before anything is allocated, the JSON
+ * goes through cJSON, every tensor's dtype and shape must be what
+ * config.json implies, its data_offsets must lie inside the file and not
+ * overlap another's, and the data is read with pread at checked offsets
+ * (a short read is a truncated file).  Bad input is exit 2 naming the file
+ * and the tensor.
+ *
+ * Driven by trident's parameter table for the model config.json describes
+ * (params_build, one rank): each trident tensor is made from its HF
+ * source(s) in memory (one tensor, plus the HF tensor being read), checked
+ * finite, and written with its checksum blocks into stage_0.h5.  Layout:
+ * docs/checkpoint.md, "Import from Hugging Face". */
+#include "checkpoint/ckpt_internal.h"
+
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "core/error.h"
+
+#if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "safetensors is little-endian: the reader takes the bytes as host floats"
+#endif
+
+#define ST_MAX_HEADER (100LL * 1000 * 1000)
+#define ST_MAX_SHARDS 256
+#define HF_NAME_IMPORT 128
+
+/* ---- safetensors ------------------------------------------------------ */
+
+typedef struct {
+    char *name;
+    int bf16;             /* BF16, else F32 */
+    int ndim;
+    int64_t shape[2];     /* shape[1] == 1 when ndim == 1 */
+    int64_t begin, end;   /* absolute file offsets */
+} StTensor;
+
+typedef struct {
+    char path[CKPT_FILE_PATH];
+    int fd;
+    int64_t size;
+    StTensor *t;
+    int n;
+} StFile;
+
+typedef struct {
+    char dir[CKPT_FILE_PATH];
+    StFile f[ST_MAX_SHARDS];
+    int n_files;
+    cJSON *weight_map;    /* NULL: one model.safetensors */
+    cJSON *index_doc;
+    int want_bf16;        /* -1: config.json does not say */
+} StSet;
+
+static int tensor_cmp(const void *a, const void *b)
+{
+    const StTensor *x = a, *y = b;
+    return x->begin < y->begin ? -1 : x->begin > y->begin ? 1 : (x->end > y->end) - (x->end < y->end);
+}
+
+/* An integer JSON number in [lo, hi], or -1 into *ok. */
+static int64_t json_int(const cJSON *v, int64_t lo, int64_t hi, int *ok)
+{
+    if (!cJSON_IsNumber(v) || v->valuedouble != floor(v->valuedouble) ||
+        v->valuedouble < (double)lo || v->valuedouble > (double)hi) {
+        *ok = 0;
+        return 0;
+    }
+    return (int64_t)v->valuedouble;
+}
+
+static void st_close(StFile *f)
+{
+    for (int i = 0; i < f->n; i++)
+        free(f->t[i].name);
+    free(f->t);
+    if (f->fd >= 0)
+        close(f->fd);
+    f->fd = -1;
+    f->t = NULL;
+    f->n = 0;
+}
+
+/* Open and validate one safetensors file (header and offsets; the data is
+ * read later).  Returns 0, or an exit code with err. */
+static int st_open(StFile *f, const char *path, char err[CFG_ERR])
+{
+    memset(f, 0, sizeof *f);
+    f->fd = -1;
+    snprintf(f->path, sizeof f->path, "%s", path);
+    f->fd = open(path, O_RDONLY | O_CLOEXEC);
+    struct stat st;
+    if (f->fd < 0 || fstat(f->fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        ckpt_err(err, "%s: cannot open: %s", path, f->fd < 0 ? strerror(errno) : "not a file");
+        return TRD_EXIT_INPUT;
+    }
+    f->size = st.st_size;
+    uint64_t hlen = 0;
+    if (f->size < 8 || pread(f->fd, &hlen, 8, 0) != 8) {
+        ckpt_err(err, "%s: truncated: %lld bytes, shorter than the 8-byte header length", path,
+                 (long long)f->size);
+        return TRD_EXIT_INPUT;
+    }
+    if (hlen > (uint64_t)ST_MAX_HEADER || hlen > (uint64_t)(f->size - 8)) {
+        ckpt_err(err, "%s: header length %llu is absurd (file %lld bytes, limit %lld): not a "
+                      "safetensors file, or truncated", path, (unsigned long long)hlen,
+                 (long long)f->size, ST_MAX_HEADER);
+        return TRD_EXIT_INPUT;
+    }
+    char *text = trd_malloc(hlen + 1, "safetensors header");
+    if (pread(f->fd, text, hlen, 8) != (ssize_t)hlen) {
+        free(text);
+        ckpt_err(err, "%s: cannot read the %llu-byte header: %s", path,
+                 (unsigned long long)hlen, strerror(errno));
+        return TRD_EXIT_INPUT;
+    }
+    text[hlen] = '\0';
+    cJSON *doc = cJSON_ParseWithLength(text, hlen);
+    free(text);
+    if (!cJSON_IsObject(doc)) {
+        cJSON_Delete(doc);
+        ckpt_err(err, "%s: the header is not a JSON object (malformed JSON)", path);
+        return TRD_EXIT_INPUT;
+    }
+    const int64_t data0 = 8 + (int64_t)hlen, data_len = f->size - data0;
+    int n = cJSON_GetArraySize(doc), code = TRD_EXIT_OK;
+    f->t = trd_calloc((size_t)(n ? n : 1), sizeof(StTensor), "safetensors header");
+    const cJSON *o;
+    cJSON_ArrayForEach(o, doc)
+    {
+        if (!strcmp(o->string, "__metadata__"))
+            continue;
+        StTensor *t = &f->t[f->n++];
+        t->name = strdup(o->string);
+        TRD_ASSERT(t->name);
+        const cJSON *dt = cJSON_GetObjectItemCaseSensitive(o, "dtype");
+        const cJSON *sh = cJSON_GetObjectItemCaseSensitive(o, "shape");
+        const cJSON *off = cJSON_GetObjectItemCaseSensitive(o, "data_offsets");
+        if (!cJSON_IsString(dt) || !cJSON_IsArray(sh) || !cJSON_IsArray(off) ||
+            cJSON_GetArraySize(off) != 2) {
+            ckpt_err(err, "%s: tensor '%s': header entry lacks dtype, shape or a "
+                          "[begin, end] data_offsets", path, t->name);
+            code = TRD_EXIT_INPUT;
+            break;
+        }
+        if (strcmp(dt->valuestring, "F32") && strcmp(dt->valuestring, "BF16")) {
+            ckpt_err(err, "%s: tensor '%s': dtype %s (trident reads F32 and BF16)", path,
+                     t->name, dt->valuestring);
+            code = TRD_EXIT_INPUT;
+            break;
+        }
+        t->bf16 = !strcmp(dt->valuestring, "BF16");
+        t->ndim = cJSON_GetArraySize(sh);
+        int ok = t->ndim == 1 || t->ndim == 2;
+        t->shape[1] = 1;
+        for (int d = 0; d < t->ndim && ok; d++)
+            t->shape[d] = json_int(cJSON_GetArrayItem(sh, d), 0, 1LL << 40, &ok);
+        /* Bounded by the file, so the byte count below cannot overflow. */
+        if (ok && t->shape[1] > 0 && t->shape[0] > f->size / t->shape[1])
+            ok = 0;
+        if (!ok) {
+            ckpt_err(err, "%s: tensor '%s': shape must be 1 or 2 non-negative integers whose "
+                          "product fits in the file", path, t->name);
+            code = TRD_EXIT_INPUT;
+            break;
+        }
+        const int64_t b = json_int(cJSON_GetArrayItem(off, 0), 0, INT64_MAX / 2, &ok);
+        const int64_t e = json_int(cJSON_GetArrayItem(off, 1), 0, INT64_MAX / 2, &ok);
+        const int64_t want = t->shape[0] * t->shape[1] * (t->bf16 ? 2 : 4);
+        if (!ok || e < b) {
+            ckpt_err(err, "%s: tensor '%s': data_offsets are not integers 0 <= begin <= end",
+                     path, t->name);
+            code = TRD_EXIT_INPUT;
+            break;
+        }
+        if (e > data_len) {
+            ckpt_err(err, "%s: tensor '%s': data_offsets [%lld, %lld] past the end of the file "
+                          "(data section %lld bytes): truncated?", path, t->name, (long long)b,
+                     (long long)e, (long long)data_len);
+            code = TRD_EXIT_INPUT;
+            break;
+        }
+        if (e - b != want) {
+            ckpt_err(err, "%s: tensor '%s': data_offsets span %lld bytes, its shape and dtype "
+                          "need %lld", path, t->name, (long long)(e - b), (long long)want);
+            code = TRD_EXIT_INPUT;
+            break;
+        }
+        t->begin = data0 + b;
+        t->end = data0 + e;
+    }
+    cJSON_Delete(doc);
+    if (code == TRD_EXIT_OK && f->n > 1) {
+        /* Overlaps: sorted by begin, each non-empty tensor must start at or
+         * after the furthest end so far (an empty one between two others
+         * must not hide their overlap). */
+        StTensor *s = trd_malloc((size_t)f->n * sizeof *s, "safetensors header");
+        memcpy(s, f->t, (size_t)f->n * sizeof *s);
+        qsort(s, (size_t)f->n, sizeof *s, tensor_cmp);
+        int64_t reach = 0;
+        int last = -1;
+        for (int i = 0; i < f->n && code == TRD_EXIT_OK; i++) {
+            if (s[i].end == s[i].begin)
+                continue;
+            if (last >= 0 && s[i].begin < reach) {
+                ckpt_err(err, "%s: tensor '%s': data_offsets overlap those of tensor '%s'", path,
+                         s[i].name, s[last].name);
+                code = TRD_EXIT_INPUT;
+            }
+            if (s[i].end > reach) {
+                reach = s[i].end;
+                last = i;
+            }
+        }
+        free(s);
+    }
+    return code;
+}
+
+static const StTensor *st_find_in(const StFile *f, const char *name)
+{
+    for (int i = 0; i < f->n; i++)
+        if (!strcmp(f->t[i].name, name))
+            return &f->t[i];
+    return NULL;
+}
+
+/* A plain file name in the HF directory (no path: an index cannot send the
+ * reader elsewhere). */
+static int plain_name(const char *s)
+{
+    return s[0] && !strchr(s, '/') && strcmp(s, ".") && strcmp(s, "..");
+}
+
+static int read_json(const char *path, cJSON **doc, char err[CFG_ERR])
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        ckpt_err(err, "%s: cannot open: %s", path, strerror(errno));
+        return TRD_EXIT_INPUT;
+    }
+    char *buf = NULL;
+    size_t n = 0, cap = 0, got;
+    char chunk[1 << 14];
+    while ((got = fread(chunk, 1, sizeof chunk, f)) > 0 && n <= (size_t)ST_MAX_HEADER) {
+        if (n + got + 1 > cap) {
+            cap = 2 * (n + got + 1);
+            buf = realloc(buf, cap);
+            TRD_ASSERT(buf);
+        }
+        memcpy(buf + n, chunk, got);
+        n += got;
+    }
+    fclose(f);
+    *doc = buf ? cJSON_ParseWithLength(buf, n) : NULL;
+    free(buf);
+    if (!cJSON_IsObject(*doc)) {
+        cJSON_Delete(*doc);
+        *doc = NULL;
+        ckpt_err(err, "%s: not a JSON object (malformed JSON)", path);
+        return TRD_EXIT_INPUT;
+    }
+    return TRD_EXIT_OK;
+}
+
+static int st_set_open(StSet *s, const char *dir, char err[CFG_ERR])
+{
+    snprintf(s->dir, sizeof s->dir, "%s", dir);
+    char path[CKPT_FILE_PATH + 64];
+    snprintf(path, sizeof path, "%s/model.safetensors.index.json", dir);
+    struct stat st;
+    if (stat(path, &st) == 0) {
+        int code = read_json(path, &s->index_doc, err);
+        if (code)
+            return code;
+        s->weight_map = cJSON_GetObjectItemCaseSensitive(s->index_doc, "weight_map");
+        if (!cJSON_IsObject(s->weight_map)) {
+            ckpt_err(err, "%s: no \"weight_map\" object", path);
+            return TRD_EXIT_INPUT;
+        }
+        const cJSON *e;
+        cJSON_ArrayForEach(e, s->weight_map)
+        {
+            if (!cJSON_IsString(e) || !plain_name(e->valuestring)) {
+                ckpt_err(err, "%s: tensor '%s': the shard must be a file name in %s", path,
+                         e->string, dir);
+                return TRD_EXIT_INPUT;
+            }
+            int have = 0;
+            for (int i = 0; i < s->n_files && !have; i++)
+                have = !strcmp(strrchr(s->f[i].path, '/') + 1, e->valuestring);
+            if (have)
+                continue;
+            if (s->n_files == ST_MAX_SHARDS) {
+                ckpt_err(err, "%s: more than %d shards", path, ST_MAX_SHARDS);
+                return TRD_EXIT_INPUT;
+            }
+            char shard[CKPT_FILE_PATH + 64];
+            snprintf(shard, sizeof shard, "%s/%s", dir, e->valuestring);
+            if (stat(shard, &st) != 0) {
+                ckpt_err(err, "%s: shard %s (of tensor '%s') is missing", path, shard,
+                         e->string);
+                return TRD_EXIT_INPUT;
+            }
+            code = st_open(&s->f[s->n_files++], shard, err);
+            if (code)
+                return code;
+        }
+        return TRD_EXIT_OK;
+    }
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    if (stat(path, &st) != 0) {
+        ckpt_err(err, "%s: neither model.safetensors nor model.safetensors.index.json", dir);
+        return TRD_EXIT_INPUT;
+    }
+    s->n_files = 1;
+    return st_open(&s->f[0], path, err);
+}
+
+static void st_set_close(StSet *s)
+{
+    for (int i = 0; i < s->n_files; i++)
+        st_close(&s->f[i]);
+    cJSON_Delete(s->index_doc);
+}
+
+/* HF tensor `name` of shape [r, c] (c == 0: a vector of r) read whole into
+ * out as fp32 (BF16 widened exactly: its bits are the upper half). */
+static int st_read(StSet *s, const char *name, int64_t r, int64_t c, float *out,
+                   char err[CFG_ERR])
+{
+    const StFile *f = NULL;
+    const StTensor *t = NULL;
+    if (s->weight_map) {
+        const cJSON *e = cJSON_GetObjectItemCaseSensitive(s->weight_map, name);
+        for (int i = 0; e && i < s->n_files && !f; i++)
+            if (!strcmp(strrchr(s->f[i].path, '/') + 1, e->valuestring))
+                f = &s->f[i];
+        if (!f) {
+            ckpt_err(err, "%s/model.safetensors.index.json: required tensor '%s' is missing",
+                     s->dir, name);
+            return TRD_EXIT_INPUT;
+        }
+    } else {
+        f = &s->f[0];
+    }
+    t = st_find_in(f, name);
+    if (!t) {
+        ckpt_err(err, "%s: required tensor '%s' is missing", f->path, name);
+        return TRD_EXIT_INPUT;
+    }
+    const int ndim = c ? 2 : 1;
+    if (t->ndim != ndim || t->shape[0] != r || (ndim == 2 && t->shape[1] != c)) {
+        char want[64], got[64];
+        snprintf(want, sizeof want, c ? "[%lld, %lld]" : "[%lld]", (long long)r, (long long)c);
+        snprintf(got, sizeof got, t->ndim == 2 ? "[%lld, %lld]" : "[%lld]",
+                 (long long)t->shape[0], (long long)t->shape[1]);
+        ckpt_err(err, "%s: tensor '%s' has shape %s, config.json implies %s", f->path, name,
+                 got, want);
+        return TRD_EXIT_INPUT;
+    }
+    if (s->want_bf16 >= 0 && t->bf16 != s->want_bf16) {
+        ckpt_err(err, "%s: tensor '%s' is %s, config.json's torch_dtype says %s", f->path, name,
+                 t->bf16 ? "BF16" : "F32", s->want_bf16 ? "bfloat16" : "float32");
+        return TRD_EXIT_INPUT;
+    }
+    const int64_t n = r * (c ? c : 1), bytes = t->end - t->begin;
+    void *dst = t->bf16 ? trd_malloc((size_t)bytes + 1, "bf16 tensor") : (void *)out;
+    int64_t at = 0;
+    while (at < bytes) {
+        const ssize_t got = pread(f->fd, (char *)dst + at, (size_t)(bytes - at), t->begin + at);
+        if (got <= 0) {
+            if (t->bf16)
+                free(dst);
+            ckpt_err(err, "%s: tensor '%s': %s at byte %lld: truncated?", f->path, name,
+                     got < 0 ? strerror(errno) : "end of file", (long long)(t->begin + at));
+            return TRD_EXIT_INPUT;
+        }
+        at += got;
+    }
+    if (t->bf16) {
+        const uint16_t *h = dst;
+        for (int64_t i = 0; i < n; i++) {
+            const uint32_t bits = (uint32_t)h[i] << 16;
+            memcpy(&out[i], &bits, 4);
+        }
+        free(dst);
+    }
+    return TRD_EXIT_OK;
+}
+
+/* ---- config.json -> the model ---------------------------------------- */
+
+static int cfg_int(const cJSON *doc, const char *path, const char *key, int def, int *out,
+                   char err[CFG_ERR])
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(doc, key);
+    if (!v || cJSON_IsNull(v)) {
+        if (def < 0) {
+            ckpt_err(err, "%s: \"%s\" is missing", path, key);
+            return TRD_EXIT_INPUT;
+        }
+        *out = def;
+        return 0;
+    }
+    int ok = 1;
+    *out = (int)json_int(v, 1, 1 << 30, &ok);
+    if (!ok) {
+        ckpt_err(err, "%s: \"%s\" must be a positive integer", path, key);
+        return TRD_EXIT_INPUT;
+    }
+    return 0;
+}
+
+static int cfg_num(const cJSON *doc, const char *path, const char *key, double def, float *out,
+                   char err[CFG_ERR])
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(doc, key);
+    if (!v) {
+        *out = (float)def;
+        return 0;
+    }
+    if (!cJSON_IsNumber(v) || !(v->valuedouble > 0)) {
+        ckpt_err(err, "%s: \"%s\" must be a positive number", path, key);
+        return TRD_EXIT_INPUT;
+    }
+    *out = (float)v->valuedouble;
+    return 0;
+}
+
+static int cfg_bool(const cJSON *doc, const char *key, int def)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(doc, key);
+    return cJSON_IsBool(v) ? cJSON_IsTrue(v) : def;
+}
+
+/* The model of config.json into m (trident's names). */
+static int read_model(const char *dir, ModelConfig *m, int *want_bf16, char err[CFG_ERR])
+{
+    char path[CKPT_FILE_PATH + 16];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    cJSON *doc = NULL;
+    int code = read_json(path, &doc, err);
+    if (code)
+        return code;
+    const cJSON *arch = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(doc, "architectures"), 0);
+    const cJSON *type = cJSON_GetObjectItemCaseSensitive(doc, "model_type");
+    const char *a = cJSON_IsString(arch) ? arch->valuestring : "(none)";
+    const char *t = cJSON_IsString(type) ? type->valuestring : "(none)";
+    const int gpt2 = !strcmp(a, "GPT2LMHeadModel") && !strcmp(t, "gpt2");
+    const int llama = !strcmp(a, "LlamaForCausalLM") && !strcmp(t, "llama");
+    if (!gpt2 && !llama) {
+        ckpt_err(err, "%s: architectures [\"%s\"], model_type \"%s\": trident imports "
+                      "GPT2LMHeadModel (gpt2) and LlamaForCausalLM (llama)", path, a, t);
+        cJSON_Delete(doc);
+        return TRD_EXIT_INPUT;
+    }
+    m->arch = gpt2 ? ARCH_GPT2 : ARCH_LLAMA;
+    if (gpt2) {
+        code = cfg_int(doc, path, "vocab_size", -1, &m->vocab, err);
+        code = code ? code : cfg_int(doc, path, "n_positions", -1, &m->seq_len, err);
+        code = code ? code : cfg_int(doc, path, "n_embd", -1, &m->hidden, err);
+        code = code ? code : cfg_int(doc, path, "n_layer", -1, &m->layers, err);
+        code = code ? code : cfg_int(doc, path, "n_head", -1, &m->heads, err);
+        code = code ? code : cfg_int(doc, path, "n_inner", 4 * m->hidden, &m->ffn_hidden, err);
+        code = code ? code : cfg_num(doc, path, "layer_norm_epsilon", 1e-5, &m->norm_eps, err);
+        m->kv_heads = m->heads;
+        m->tie_embeddings = cfg_bool(doc, "tie_word_embeddings", 1);
+        const cJSON *act = cJSON_GetObjectItemCaseSensitive(doc, "activation_function");
+        if (!code && cJSON_IsString(act) && strcmp(act->valuestring, "gelu_new")) {
+            ckpt_err(err, "%s: activation_function \"%s\": trident's GELU is gelu_new (tanh)",
+                     path, act->valuestring);
+            code = TRD_EXIT_INPUT;
+        }
+    } else {
+        code = cfg_int(doc, path, "vocab_size", -1, &m->vocab, err);
+        code = code ? code : cfg_int(doc, path, "max_position_embeddings", -1, &m->seq_len, err);
+        code = code ? code : cfg_int(doc, path, "hidden_size", -1, &m->hidden, err);
+        code = code ? code : cfg_int(doc, path, "num_hidden_layers", -1, &m->layers, err);
+        code = code ? code : cfg_int(doc, path, "num_attention_heads", -1, &m->heads, err);
+        code = code ? code : cfg_int(doc, path, "num_key_value_heads", m->heads, &m->kv_heads, err);
+        code = code ? code : cfg_int(doc, path, "intermediate_size", -1, &m->ffn_hidden, err);
+        code = code ? code : cfg_num(doc, path, "rms_norm_eps", 1e-5, &m->norm_eps, err);
+        code = code ? code : cfg_num(doc, path, "rope_theta", 10000.0, &m->rope_theta, err);
+        m->tie_embeddings = cfg_bool(doc, "tie_word_embeddings", 0);
+        int hd = 0;
+        code = code ? code : cfg_int(doc, path, "head_dim", m->hidden / m->heads, &hd, err);
+        const cJSON *rs = cJSON_GetObjectItemCaseSensitive(doc, "rope_scaling");
+        if (!code && (hd * m->heads != m->hidden || (rs && !cJSON_IsNull(rs)) ||
+                      cfg_bool(doc, "attention_bias", 0) || cfg_bool(doc, "mlp_bias", 0))) {
+            ckpt_err(err, "%s: head_dim %d x heads %d != hidden %d, rope_scaling, "
+                          "attention_bias or mlp_bias: not a model trident has", path, hd,
+                     m->heads, m->hidden);
+            code = TRD_EXIT_INPUT;
+        }
+    }
+    if (!code && (m->hidden % m->heads || m->heads % m->kv_heads || (m->hidden / m->heads) % 2)) {
+        ckpt_err(err, "%s: hidden %d, heads %d, kv_heads %d: heads must divide hidden (an even "
+                      "head size) and kv_heads divide heads", path, m->hidden, m->heads,
+                 m->kv_heads);
+        code = TRD_EXIT_INPUT;
+    }
+    const cJSON *dt = cJSON_GetObjectItemCaseSensitive(doc, "torch_dtype");
+    *want_bf16 = !cJSON_IsString(dt) ? -1 : !strcmp(dt->valuestring, "bfloat16") ? 1
+               : !strcmp(dt->valuestring, "float32") ? 0 : 2;
+    if (!code && *want_bf16 == 2) {
+        ckpt_err(err, "%s: torch_dtype \"%s\" (trident reads float32 and bfloat16)", path,
+                 dt->valuestring);
+        code = TRD_EXIT_INPUT;
+    }
+    cJSON_Delete(doc);
+    return code;
+}
+
+/* ---- one trident tensor from its HF source(s) --------------------------- */
+
+typedef struct {
+    StSet st;
+    const ModelConfig *m;
+    int64_t hs;
+    int64_t n_positions;  /* config.json's (gpt2 wpe rows); m->seq_len may be fewer */
+    float *scratch;       /* one HF tensor */
+    size_t scratch_cap;
+    char err[CFG_ERR];
+} Imp;
+
+static float *scratch(Imp *im, int64_t n)
+{
+    if ((size_t)n > im->scratch_cap) {
+        free(im->scratch);
+        im->scratch = trd_malloc((size_t)n * sizeof(float), "import scratch");
+        im->scratch_cap = (size_t)n;
+    }
+    return im->scratch;
+}
+
+/* HF [r, c] read and stored transposed into out [c, r] (GPT-2's Conv1D). */
+static int read_t(Imp *im, const char *name, int64_t r, int64_t c, float *out)
+{
+    float *w = scratch(im, r * c);
+    int code = st_read(&im->st, name, r, c, w, im->err);
+    for (int64_t i = 0; code == 0 && i < r; i++)
+        for (int64_t j = 0; j < c; j++)
+            out[j * r + i] = w[i * c + j];
+    return code;
+}
+
+/* The fused qkv (weight, or bias when C == 0) of layer l into out. */
+static int read_qkv(Imp *im, int l, int bias, float *out)
+{
+    const ModelConfig *m = im->m;
+    const int64_t H = m->heads, KV = m->kv_heads, hs = im->hs, C = m->hidden;
+    char name[HF_NAME_IMPORT];
+    if (m->arch == ARCH_GPT2) {
+        /* c_attn: [C, 3A] weight (column j = trident row src(j)), [3A] bias. */
+        const int64_t A3 = 3 * H * hs;
+        snprintf(name, sizeof name, "transformer.h.%d.attn.c_attn.%s", l, bias ? "bias" : "weight");
+        float *w = scratch(im, bias ? A3 : C * A3);
+        int code = st_read(&im->st, name, bias ? A3 : C, bias ? 0 : A3, w, im->err);
+        for (int64_t j = 0; code == 0 && j < A3; j++) {
+            const int64_t row = ckpt_hf_qkv_src_row(H, KV, hs, QKV_ALL, j);
+            if (bias)
+                out[row] = w[j];
+            else
+                for (int64_t i = 0; i < C; i++)
+                    out[row * C + i] = w[i * A3 + j];
+        }
+        return code;
+    }
+    static const char *const proj[3] = {"q_proj", "k_proj", "v_proj"};
+    for (int part = QKV_Q; part <= QKV_V; part++) {
+        const int64_t rows = (part == QKV_Q ? H : KV) * hs;
+        snprintf(name, sizeof name, "model.layers.%d.self_attn.%s.weight", l, proj[part]);
+        float *w = scratch(im, rows * C);
+        int code = st_read(&im->st, name, rows, C, w, im->err);
+        if (code)
+            return code;
+        for (int64_t j = 0; j < rows; j++)
+            memcpy(out + ckpt_hf_qkv_src_row(H, KV, hs, part, j) * C, w + j * C,
+                   (size_t)C * sizeof(float));
+    }
+    return 0;
+}
+
+/* Trident tensor p (global shape [rows, cols], real rows only) into out. */
+static int fill(Imp *im, const ParamSpec *p, int64_t rows, float *out)
+{
+    const int g = im->m->arch == ARCH_GPT2;
+    const int64_t cols = p->ndim == 2 ? p->shape[1] : 0;
+    char hf[HF_NAME_IMPORT], rest[PARAM_NAME];
+    int l;
+    if (!strcmp(p->name, "embed.wte.weight"))
+        return st_read(&im->st, g ? "transformer.wte.weight" : "model.embed_tokens.weight",
+                       rows, cols, out, im->err);
+    if (!strcmp(p->name, "embed.wpe.weight")) {
+        float *w = scratch(im, im->n_positions * cols);
+        const int code = st_read(&im->st, "transformer.wpe.weight", im->n_positions, cols, w,
+                                 im->err);
+        if (code == 0)
+            memcpy(out, w, (size_t)(rows * cols) * sizeof(float));
+        return code;
+    }
+    if (!strcmp(p->name, "head.weight"))
+        return st_read(&im->st, "lm_head.weight", rows, cols, out, im->err);
+    if (!strncmp(p->name, "final_norm.", 11)) {
+        snprintf(hf, sizeof hf, "%s.%s", g ? "transformer.ln_f" : "model.norm", p->name + 11);
+        return st_read(&im->st, hf, rows, 0, out, im->err);
+    }
+    if (sscanf(p->name, "layers.%d.%63s", &l, rest) != 2) {
+        ckpt_err(im->err, "tensor '%s' has no Hugging Face source", p->name);
+        return TRD_EXIT_INPUT;
+    }
+    if (!strcmp(rest, "attn.qkv.weight") || !strcmp(rest, "attn.qkv.bias"))
+        return read_qkv(im, l, p->ndim == 1, out);
+    static const struct { const char *trd, *gpt2, *llama; int transpose; } map[] = {
+        {"ln1.weight", "ln_1.weight", "input_layernorm.weight", 0},
+        {"ln1.bias", "ln_1.bias", NULL, 0},
+        {"ln2.weight", "ln_2.weight", "post_attention_layernorm.weight", 0},
+        {"ln2.bias", "ln_2.bias", NULL, 0},
+        {"attn.proj.weight", "attn.c_proj.weight", "self_attn.o_proj.weight", 1},
+        {"attn.proj.bias", "attn.c_proj.bias", NULL, 0},
+        {"mlp.fc.weight", "mlp.c_fc.weight", NULL, 1},
+        {"mlp.fc.bias", "mlp.c_fc.bias", NULL, 0},
+        {"mlp.proj.weight", "mlp.c_proj.weight", NULL, 1},
+        {"mlp.proj.bias", "mlp.c_proj.bias", NULL, 0},
+        {"mlp.gate.weight", NULL, "mlp.gate_proj.weight", 0},
+        {"mlp.up.weight", NULL, "mlp.up_proj.weight", 0},
+        {"mlp.down.weight", NULL, "mlp.down_proj.weight", 0},
+    };
+    for (size_t i = 0; i < sizeof map / sizeof map[0]; i++) {
+        const char *src = g ? map[i].gpt2 : map[i].llama;
+        if (strcmp(rest, map[i].trd) || !src)
+            continue;
+        snprintf(hf, sizeof hf, g ? "transformer.h.%d.%s" : "model.layers.%d.%s", l, src);
+        if (g && map[i].transpose)   /* Conv1D: HF [in, out] = trident [out, in]^T */
+            return read_t(im, hf, cols, rows, out);
+        return st_read(&im->st, hf, rows, cols, out, im->err);
+    }
+    ckpt_err(im->err, "tensor '%s' has no Hugging Face source", p->name);
+    return TRD_EXIT_INPUT;
+}
+
+/* ---- writing the checkpoint ------------------------------------------- */
+
+static int write_tensor(Imp *im, hid_t group, const CkptEntry *e, const float *w,
+                        const char *path)
+{
+    const int64_t R = ckpt_block_rows(e->ndim, e->shape), nb = ckpt_n_blocks(e->ndim, e->shape);
+    uint64_t *sums = trd_calloc((size_t)(nb ? nb : 1), sizeof(uint64_t), "checksums");
+    for (int64_t b = 0; b < nb; b++) {
+        const int64_t r0 = b * R, n = r0 + R < e->shape[0] ? R : e->shape[0] - r0;
+        sums[b] = ckpt_checksum_rows(w + r0 * e->shape[1], r0, n, e->shape[1]);
+    }
+    hid_t dcpl = H5Pcreate(H5P_DATASET_CREATE);
+    H5Pset_layout(dcpl, H5D_CONTIGUOUS);
+    hid_t space = ckpt_space(e->ndim, e->shape);
+    hid_t d = H5Dcreate2(group, e->name, H5T_IEEE_F32LE, space, H5P_DEFAULT, dcpl, H5P_DEFAULT);
+    int ok = d >= 0 && H5Dwrite(d, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, w) >= 0 &&
+             ckpt_put_checksums(d, e, sums) == 0;
+    if (d >= 0)
+        H5Dclose(d);
+    H5Sclose(space);
+    H5Pclose(dcpl);
+    free(sums);
+    if (!ok) {
+        char why[256];
+        ckpt_h5_reason(why, sizeof why);
+        ckpt_err(im->err, "%s: cannot write tensor '%s': %s", path, e->name, why);
+        return TRD_EXIT_RUNTIME;
+    }
+    return TRD_EXIT_OK;
+}
+
+static int dir_exists(const char *p)
+{
+    struct stat st;
+    return stat(p, &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+int ckpt_hf_import(const char *hf_dir, const char *out_dir, char *const *sets, int n_sets,
+                   int replace, char err[CFG_ERR])
+{
+    ckpt_h5_quiet();
+    err[0] = '\0';
+    Config cfg;
+    config_defaults(&cfg);
+    int seq_len = 0;
+    for (int i = 0; i < n_sets; i++) {
+        const int seq = !strncmp(sets[i], "model.seq_len=", 14);
+        if (!strncmp(sets[i], "model.", 6) && !seq) {
+            ckpt_err(err, "--set %s: the model comes from %s/config.json (only model.seq_len "
+                          "may be set)", sets[i], hf_dir);
+            return TRD_EXIT_INPUT;
+        }
+        if (config_set(&cfg, sets[i], err) != 0)
+            return TRD_EXIT_INPUT;
+        if (seq)
+            seq_len = cfg.model.seq_len;
+    }
+    Imp im;
+    memset(&im, 0, sizeof im);
+    ModelConfig *m = &cfg.model;
+    int code = read_model(hf_dir, m, &im.st.want_bf16, err);
+    if (code)
+        return code;
+    /* A shorter context than the model's: gpt2 keeps the first seq_len rows
+     * of its position embedding (n_positions is an upper bound); llama's
+     * RoPE has no such table. */
+    im.n_positions = m->seq_len;
+    if (seq_len > 0 && m->arch == ARCH_GPT2 && seq_len > m->seq_len) {
+        ckpt_err(err, "model.seq_len %d > n_positions %d of %s/config.json: gpt2 has no "
+                      "position embedding beyond it", seq_len, m->seq_len, hf_dir);
+        return TRD_EXIT_INPUT;
+    }
+    if (seq_len > 0)
+        m->seq_len = seq_len;
+    im.m = m;
+    im.hs = m->hidden / m->heads;
+    if (strlen(out_dir) >= CFG_STR) {
+        ckpt_err(err, "--out %s: longer than %d characters", out_dir, CFG_STR - 1);
+        return TRD_EXIT_INPUT;
+    }
+    char name[32], final[CKPT_PATH], tmp[CKPT_PATH + 8];
+    ckpt_step_name(name, sizeof name, 0);
+    snprintf(final, sizeof final, "%s/%s", out_dir, name);
+    snprintf(tmp, sizeof tmp, "%s.tmp", final);
+    if (!replace && dir_exists(final)) {
+        ckpt_err(err, "--out %s: already holds %s: not overwritten (choose another --out)",
+                 out_dir, name);
+        return TRD_EXIT_INPUT;
+    }
+    code = st_set_open(&im.st, hf_dir, err);
+    ParamTable t = {0};
+    CkptEntry *e = NULL;
+    float *w = NULL;
+    hid_t f = -1, group = -1;
+    char path[CKPT_FILE_PATH];
+    if (code)
+        goto done;
+    if (ckpt_prepare_tmp(out_dir, tmp, err) != 0) {
+        code = TRD_EXIT_INPUT;
+        goto done;
+    }
+    ParamShard sh = params_full_shard(m);
+    params_build(&t, m, &sh);
+    e = trd_calloc((size_t)t.n, sizeof *e, "checkpoint index");
+    snprintf(path, sizeof path, "%s/stage_0.h5", tmp);
+    hid_t fapl = ckpt_serial_fapl();
+    f = H5Fcreate(path, H5F_ACC_TRUNC, H5P_DEFAULT, fapl);
+    H5Pclose(fapl);
+    group = f >= 0 ? H5Gcreate2(f, ckpt_kind_names[CKPT_PARAMS], H5P_DEFAULT, H5P_DEFAULT,
+                                H5P_DEFAULT) : -1;
+    if (group < 0) {
+        ckpt_err(err, "%s: cannot create", path);
+        code = TRD_EXIT_RUNTIME;
+        goto done;
+    }
+    for (int i = 0; i < t.n && code == TRD_EXIT_OK; i++) {
+        const ParamSpec *p = &t.p[i];
+        CkptEntry *x = &e[i];
+        snprintf(x->name, sizeof x->name, "%s", p->name);
+        snprintf(x->kind, sizeof x->kind, "%s", ckpt_kind_names[CKPT_PARAMS]);
+        snprintf(x->file, sizeof x->file, "stage_0.h5");
+        snprintf(x->dtype, sizeof x->dtype, "float32");
+        x->ndim = p->ndim;
+        x->shape[0] = ckpt_real_rows(p, m);
+        x->shape[1] = p->shape[1];
+        x->nbytes = x->shape[0] * x->shape[1] * (int64_t)sizeof(float);
+        w = trd_malloc((size_t)x->nbytes, p->name);
+        code = fill(&im, p, x->shape[0], w);
+        int64_t bad = 0;
+        for (int64_t j = 0; code == 0 && j < x->shape[0] * x->shape[1]; j++)
+            bad += !isfinite(w[j]);
+        if (bad) {
+            ckpt_err(im.err, "%s: tensor '%s' (trident '%s') has %lld non-finite values",
+                     hf_dir, p->name, p->name, (long long)bad);
+            code = TRD_EXIT_INPUT;
+        }
+        if (code)
+            snprintf(err, CFG_ERR, "%s", im.err);
+        else
+            code = write_tensor(&im, group, x, w, path);
+        if (code && !err[0])
+            snprintf(err, CFG_ERR, "%s", im.err);
+        free(w);
+        w = NULL;
+    }
+    H5Gclose(group);
+    group = -1;
+    if (H5Fclose(f) < 0 && code == 0) {
+        ckpt_err(err, "%s: cannot close", path);
+        code = TRD_EXIT_RUNTIME;
+    }
+    f = -1;
+    if (code)
+        goto done;
+    /* The index: step 0, fresh state, the model; this "run" is one rank. */
+    snprintf(path, sizeof path, "%s/config.yaml", tmp);
+    if (config_write_yaml(&cfg, path, err) != 0) {
+        code = TRD_EXIT_RUNTIME;
+        goto done;
+    }
+    CkptIndex ix;
+    memset(&ix, 0, sizeof ix);
+    ix.seed = cfg.run.seed;
+    snprintf(ix.data_path, sizeof ix.data_path, "%s", cfg.data.path);
+    snprintf(ix.arch, sizeof ix.arch, "%s", config_arch_name(m->arch));
+    snprintf(ix.precision, sizeof ix.precision, "%s", config_precision_name(PREC_FP32));
+    ix.layers = m->layers;
+    ix.hidden = m->hidden;
+    ix.heads = m->heads;
+    ix.kv_heads = m->kv_heads;
+    ix.ffn_hidden = m->ffn_hidden;
+    ix.vocab = m->vocab;
+    ix.seq_len = m->seq_len;
+    ix.tie_embeddings = m->tie_embeddings;
+    ix.norm_eps = m->norm_eps;
+    ix.rope_theta = m->rope_theta;
+    ix.tp = ix.pp = ix.dp = ix.world = 1;
+    ix.stage_layers[0] = m->layers;
+    FILE *yf = fopen(path, "rb");
+    ix.yaml = trd_calloc(1 << 16, 1, "config text");
+    if (yf) {
+        size_t got = fread(ix.yaml, 1, (1 << 16) - 1, yf);
+        ix.yaml[got] = '\0';
+        fclose(yf);
+    }
+    ix.n = t.n;
+    ix.e = e;
+    snprintf(path, sizeof path, "%s/index.h5", tmp);
+    if (ckpt_index_write(path, &ix, err) != 0)
+        code = TRD_EXIT_RUNTIME;
+    free(ix.yaml);
+    if (code == 0 && (ckpt_publish_dir(out_dir, 0, tmp, final, err) != 0 ||
+                      ckpt_write_latest(out_dir, name, err) != 0))
+        code = TRD_EXIT_RUNTIME;
+    if (code == 0)
+        printf("imported %d tensors (%s, %d layers, hidden %d, heads %d, kv_heads %d, vocab %d, "
+               "%s) from %s to %s (step 0, weights only)\n", t.n, config_arch_name(m->arch),
+               m->layers, m->hidden, m->heads, m->kv_heads, m->vocab,
+               m->tie_embeddings ? "tied" : "untied", hf_dir, final);
+done:
+    if (group >= 0)
+        H5Gclose(group);
+    if (f >= 0)
+        H5Fclose(f);
+    if (code && dir_exists(tmp))
+        ckpt_rm_tree(tmp);
+    free(e);
+    free(w);
+    free(im.scratch);
+    params_free(&t);
+    st_set_close(&im.st);
+    return code;
+}

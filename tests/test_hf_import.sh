@@ -1,0 +1,262 @@
+#!/usr/bin/env bash
+# `trident ckpt import --from hf` and `checkpoint.init_from` (issue 16):
+#   - round trip: checkpoint (saved on tp 2 x pp 2) -> export --format hf ->
+#     import -> checkpoint, every params tensor bit-identical in fp32
+#     (tests/hf_import_check.py, h5py), for gpt2 and for llama with
+#     grouped-query attention (sharded export); a bf16 run's master weights
+#     through a bf16 export: imported exactly, re-exported byte for byte;
+#   - init_from: the first-step loss from an HF directory on 1 rank equals
+#     the one from the source trident checkpoint exactly (and the weights
+#     after the step bit for bit), and on tp 2, dp 2 with ZeRO-3 and pp 2
+#     within 1e-5; a fresh run's differs; bf16 training from an fp32 export
+#     of a bf16 run's master weights = from its checkpoint; a gpt2 with a
+#     shorter seq_len takes the first rows of wpe; a mismatched model exits
+#     2 naming both values; a resumed run ignores init_from;
+#   - ckpt import's argument errors (exit 2);
+#   - bad safetensors (crafted by a short python script): exit 2 naming the
+#     file and the tensor, never a crash.
+. "$(dirname "$0")/e2e.sh"
+
+py=/usr/bin/python3   # Debian's, with numpy and h5py (scripts/install_deps.sh)
+"$py" -c 'import numpy, h5py' 2>/dev/null ||
+    { echo "skip: $py lacks numpy or h5py (scripts/install_deps.sh installs them)"; exit 77; }
+
+ok() {
+    local what=$1; shift
+    if "$@"; then echo "ok   $what"; else echo "FAIL: $what"; fails=$((fails + 1)); fi
+}
+
+small=(--set model.layers=2 --set model.hidden=64 --set model.heads=4 --set model.seq_len=32
+       --set training.steps=2 --set run.log_every=1)
+export RUN_CKPT=1
+run g 4 --set topology.tp=2 --set topology.pp=2
+run l 4 --set model.arch=llama --set model.kv_heads=2 --set topology.tp=2 --set topology.pp=2
+run lb 1 --set model.arch=llama --set model.kv_heads=1 --set training.precision=bf16
+unset RUN_CKPT
+
+step_of() { echo "$out/$1/ckpt/$(cat "$out/$1/ckpt/latest")"; }
+# import HF_DIR OUT: exit status in $rc, output in $out/i.log
+import() {
+    timeout 120 "$TRIDENT" ckpt import --from hf "$1" --out "$2" > "$out/i.log" 2>&1
+    rc=$?
+}
+same() {
+    "$py" tests/hf_import_check.py "$1" "$2" > "$out/c.log" 2>&1
+    local r=$?
+    sed 's/^/     /' "$out/c.log"
+    return $r
+}
+
+# ---- round trip ----
+"$TRIDENT" ckpt export --format hf --out "$out/g.hf" "$out/g/ckpt" > /dev/null
+import "$out/g.hf" "$out/g.imp"
+ok "gpt2 (tp2 pp2): import (exit $rc)" test $rc -eq 0
+sed 's/^/     /' "$out/i.log"
+ok "gpt2: every tensor bit-identical to the checkpoint" same "$(step_of g)" "$out/g.imp/step_00000000"
+ok "gpt2: the imported checkpoint verifies" "$TRIDENT" ckpt verify "$out/g.imp" > /dev/null
+
+"$TRIDENT" ckpt export --format hf --max-shard-size 1MB --out "$out/l.hf" "$out/l/ckpt" > /dev/null
+import "$out/l.hf" "$out/l.imp"
+ok "llama kv_heads 2 (tp2 pp2, sharded export): import (exit $rc)" test $rc -eq 0
+ok "llama: every tensor bit-identical to the checkpoint" same "$(step_of l)" "$out/l.imp/step_00000000"
+
+"$TRIDENT" ckpt export --format hf --out "$out/lb.hf" "$out/lb/ckpt" > /dev/null
+import "$out/lb.hf" "$out/lb.imp"
+ok "llama bf16 run: fp32 export imports the master weights exactly" \
+    bash -c "[ $rc -eq 0 ] && $py tests/hf_import_check.py '$(step_of lb)' '$out/lb.imp/step_00000000'"
+"$TRIDENT" ckpt export --format hf --dtype bf16 --out "$out/lb16.hf" "$out/lb/ckpt" > /dev/null
+import "$out/lb16.hf" "$out/lb16.imp"
+"$TRIDENT" ckpt export --format hf --dtype bf16 --out "$out/lb16b.hf" "$out/lb16.imp" > /dev/null
+ok "llama bf16: BF16 widened exactly (re-export as bf16 is byte-identical)" \
+    bash -c "[ $rc -eq 0 ] && cmp '$out/lb16.hf/model.safetensors' '$out/lb16b.hf/model.safetensors'"
+import "$out/g.hf" "$out/g.imp"
+ok "import into a directory that holds a step 0: exit 2, not overwritten" \
+    bash -c "[ $rc -eq 2 ] && grep -q 'not overwritten' '$out/i.log'"
+
+for args in "--out $out/x $out/g.hf:--from hf is required" "--from onnx --out $out/x $out/g.hf:--from hf is required" \
+            "--from hf $out/g.hf:--out is required" "--from hf --out $out/x:HF_DIR) is required" \
+            "--from hf --out $out/x --set model.hidden=8 $out/g.hf:the model comes from" \
+            "--from hf --out $out/x $out/g:config.json: cannot open"; do
+    timeout 60 "$TRIDENT" ckpt import ${args%%:*} > "$out/i.log" 2>&1
+    r=$?
+    ok "ckpt import ${args%%:*}: exit $r (want 2), '${args#*:}'" \
+        bash -c "[ $r -eq 2 ] && grep -q -- '${args#*:}' '$out/i.log'"
+done
+
+# ---- init_from ----
+small=(--set model.layers=2 --set model.hidden=64 --set model.heads=4 --set model.seq_len=32
+       --set training.steps=1 --set run.log_every=1 --set checkpoint.dir=)
+loss1() { grep -h '"step": 1,' "$out/$1/metrics.jsonl" | grep -o '"loss": [-0-9.e+]*' | cut -d' ' -f2; }
+close() {   # A B: equal within 1e-5 relative
+    "$py" -c "import sys; a, b = float(sys.argv[1]), float(sys.argv[2]); sys.exit(abs(a - b) > 1e-5 * abs(b))" "$1" "$2"
+}
+run ih1 1 --set checkpoint.init_from="$out/g.hf"
+run ic1 1 --set checkpoint.init_from="$(step_of g)"
+run ih2 2 --set checkpoint.init_from="$out/g.hf" --set topology.tp=2
+run ihz 2 --set checkpoint.init_from="$out/g.hf" --set topology.dp=2 --set topology.zero=3
+run fresh 1
+echo "     first-step losses: hf 1 rank $(loss1 ih1), checkpoint $(loss1 ic1), hf tp2 $(loss1 ih2)," \
+     "hf dp2 zero3 $(loss1 ihz), fresh $(loss1 fresh)"
+ok "gpt2 init_from HF = init_from the trident checkpoint (same weights), exactly" \
+    test "$(loss1 ih1)" = "$(loss1 ic1)"
+ok "gpt2 init_from HF = init_from the checkpoint: weights after the step bit-identical" \
+    cmp -s "$out/ih1.weights" "$out/ic1.weights"
+ok "gpt2 init_from HF: tp2 = 1 rank (1e-5)" close "$(loss1 ih2)" "$(loss1 ih1)"
+ok "gpt2 init_from HF: dp2 ZeRO-3 = 1 rank (1e-5)" close "$(loss1 ihz)" "$(loss1 ih1)"
+ok "gpt2 init_from: the weights were taken (a fresh run's loss differs)" \
+    test "$(loss1 fresh)" != "$(loss1 ih1)"
+ok "init_from HF: imported into run.dir/init_from, said so" \
+    bash -c "grep -q 'initialised from $out/g.hf' '$out/ih1.log' && [ -f '$out/ih1/init_from/latest' ]"
+
+lsmall=(--set model.arch=llama --set model.kv_heads=2)
+run lh1 1 "${lsmall[@]}" --set checkpoint.init_from="$out/l.hf"
+run lc1 1 "${lsmall[@]}" --set checkpoint.init_from="$out/l/ckpt"
+run lhp 2 "${lsmall[@]}" --set checkpoint.init_from="$out/l.hf" --set topology.pp=2
+echo "     llama first-step losses: hf $(loss1 lh1), checkpoint $(loss1 lc1), hf pp2 $(loss1 lhp)"
+ok "llama GQA init_from HF (sharded) = init_from the checkpoint, exactly" \
+    test "$(loss1 lh1)" = "$(loss1 lc1)"
+ok "llama GQA init_from HF = init_from the checkpoint: weights after the step bit-identical" \
+    cmp -s "$out/lh1.weights" "$out/lc1.weights"
+ok "llama GQA init_from HF: pp2 = 1 rank (1e-5)" close "$(loss1 lhp)" "$(loss1 lh1)"
+
+# bf16 training from the fp32 export of a bf16 run's master weights: the
+# same start (master = the values, weights = their bf16 rounding) as from
+# the run's own checkpoint (its master weights and rounded weights).
+bsmall=(--set model.arch=llama --set model.kv_heads=1 --set training.precision=bf16)
+run bh1 1 "${bsmall[@]}" --set checkpoint.init_from="$out/lb.hf"
+run bc1 1 "${bsmall[@]}" --set checkpoint.init_from="$out/lb/ckpt"
+run bh2 2 "${bsmall[@]}" --set checkpoint.init_from="$out/lb.hf" --set topology.dp=2 --set topology.zero=1
+echo "     bf16 first-step losses: hf $(loss1 bh1), checkpoint $(loss1 bc1), hf dp2 zero1 $(loss1 bh2)"
+ok "bf16 run init_from HF (fp32 master) = init_from the bf16 checkpoint, exactly" \
+    test "$(loss1 bh1)" = "$(loss1 bc1)"
+ok "bf16 run init_from HF = init_from the checkpoint: weights after the step bit-identical" \
+    cmp -s "$out/bh1.weights" "$out/bc1.weights"
+ok "bf16 run init_from HF: dp2 ZeRO-1 = 1 rank (1e-5)" close "$(loss1 bh2)" "$(loss1 bh1)"
+
+# A shorter context: gpt2 keeps the first seq_len rows of wpe (n_positions is
+# an upper bound); llama has no position table.
+run is16 1 --set checkpoint.init_from="$out/g.hf" --set model.seq_len=16
+ok "gpt2 init_from with seq_len 16 < n_positions 32: wpe = the first 16 rows" \
+    "$py" -c "
+import sys, h5py, numpy as np
+src = h5py.File('$(step_of g)/stage_0.h5', 'r')['params/embed.wpe.weight'][()]
+got = h5py.File('$out/is16/init_from/step_00000000/stage_0.h5', 'r')['params/embed.wpe.weight'][()]
+sys.exit(not (got.shape == (16, 64) and np.array_equal(got.view(np.uint32), src[:16].view(np.uint32))))"
+run ls16 1 "${lsmall[@]}" --set checkpoint.init_from="$out/l.hf" --set model.seq_len=16
+ok "llama init_from with seq_len 16 != max_position_embeddings 32 runs" \
+    grep -q "initialised from" "$out/ls16.log"
+
+# A resumed run ignores init_from (its own checkpoint wins).
+run res 1 --set checkpoint.init_from="$out/g.hf" --set checkpoint.dir="$out/res/ckpt"
+run res 1 --set checkpoint.init_from="$out/g.hf" --set checkpoint.dir="$out/res/ckpt" \
+    --set training.steps=2
+ok "a resumed run ignores init_from, with a note" \
+    bash -c "grep -q 'resumed from' '$out/res.log' && grep -q 'init_from .* ignored' '$out/res.log'"
+
+# Another model: exit 2 naming both values.
+bad_run() {
+    local what=$1 pattern=$2; shift 2
+    timeout 120 mpiexec -n 1 "$TRIDENT" train configs/tiny.yaml "${small[@]}" \
+        --set run.dir="$out/bad" "$@" > "$out/b.log" 2>&1
+    local r=$?
+    ok "$what: exit $r (want 2), '$pattern'" bash -c "[ $r -eq 2 ] && grep -q -- \"$pattern\" '$out/b.log'"
+    echo "     $(grep -m1 'error' "$out/b.log" | cut -c1-200)"
+}
+bad_run "init_from HF with model.hidden 128" "model.hidden is 64 in the checkpoint, 128 in the config" \
+    --set model.hidden=128 --set checkpoint.init_from="$out/g.hf"
+bad_run "init_from checkpoint with model.kv_heads 1" "model.kv_heads is 2 in the checkpoint, 1 in the config" \
+    "${lsmall[@]}" --set model.kv_heads=1 --set checkpoint.init_from="$out/l/ckpt"
+bad_run "init_from a llama into a gpt2" "model.arch is llama in the checkpoint, gpt2 in the config" \
+    --set checkpoint.init_from="$out/l.hf"
+bad_run "gpt2 init_from with seq_len 64 > n_positions 32" "model.seq_len 64 > n_positions 32 of $out/g.hf/config.json" \
+    --set model.seq_len=64 --set checkpoint.init_from="$out/g.hf"
+bad_run "init_from nothing" "checkpoint.init_from: $out/nowhere: no such directory" --set checkpoint.init_from="$out/nowhere"
+
+# ---- bad safetensors: one broken copy per case ----
+# break.py SRC DST CASE: DST = a copy of the HF directory SRC with CASE done to it.
+cat > "$out/break.py" <<'EOF'
+import json, os, shutil, struct, sys
+src, dst, case = sys.argv[1:4]
+shutil.rmtree(dst, ignore_errors=True)
+shutil.copytree(src, dst)
+st = os.path.join(dst, "model.safetensors")
+def header():
+    with open(st, "rb") as f:
+        n = struct.unpack("<Q", f.read(8))[0]
+        return json.loads(f.read(n)), f.read()
+def write(h, data):
+    text = json.dumps(h).encode()
+    with open(st, "wb") as f:
+        f.write(struct.pack("<Q", len(text)) + text + data)
+def config(**kv):
+    p = os.path.join(dst, "config.json")
+    c = json.load(open(p))
+    c.update(kv)
+    json.dump(c, open(p, "w"))
+if case == "absurd":          # header length past the file (and 100 MB)
+    with open(st, "r+b") as f:
+        f.write(struct.pack("<Q", 1 << 40))
+elif case == "absurd100":     # within a (sparse) 300 MB file, but over 100 MB
+    with open(st, "r+b") as f:
+        f.write(struct.pack("<Q", 200_000_000))
+    os.truncate(st, 300_000_000)
+elif case == "json":          # the header's first byte
+    with open(st, "r+b") as f:
+        f.seek(8); f.write(b"x")
+elif case == "overlap":       # ln_1.bias given ln_1.weight's bytes (same size)
+    h, d = header()
+    h["transformer.h.0.ln_1.bias"]["data_offsets"] = h["transformer.h.0.ln_1.weight"]["data_offsets"]
+    write(h, d)
+elif case == "past_end":      # final norm moved beyond the data
+    h, d = header()
+    b, e = h["transformer.ln_f.bias"]["data_offsets"]
+    h["transformer.ln_f.bias"]["data_offsets"] = [b + len(d), e + len(d)]
+    write(h, d)
+elif case == "shape":         # [64] -> [32, 2]: same bytes, not config.json's shape
+    h, d = header()
+    h["transformer.ln_f.weight"]["shape"] = [32, 2]
+    write(h, d)
+elif case == "dtype":         # F32 tensors, config.json says bfloat16
+    config(torch_dtype="bfloat16")
+elif case == "f16":           # a dtype trident does not read
+    h, d = header()
+    t = h["transformer.h.1.ln_2.weight"]
+    t["dtype"], t["shape"] = "F16", [128]
+    write(h, d)
+elif case == "truncated":     # the last 100 bytes gone
+    size = os.path.getsize(st)
+    os.truncate(st, size - 100)
+elif case == "missing":       # an entry removed from the header
+    h, d = header()
+    del h["transformer.h.1.mlp.c_fc.bias"]
+    write(h, d)
+elif case == "shard":         # a shard the index names removed
+    os.remove(os.path.join(dst, "model-00002-of-%05d.safetensors"
+                           % len([f for f in os.listdir(dst) if f.startswith("model-")])))
+elif case == "arch":
+    config(architectures=["BertForMaskedLM"], model_type="bert")
+EOF
+bad_st() {
+    local case=$1 src=$2 pattern=$3
+    "$py" "$out/break.py" "$src" "$out/bad_$case.hf" "$case" || { echo "FAIL: break.py $case"; fails=$((fails + 1)); return; }
+    import "$out/bad_$case.hf" "$out/bad_$case.imp"
+    ok "bad safetensors ($case): exit $rc (want 2), '$pattern'" \
+        bash -c "[ $rc -eq 2 ] && grep -q -- \"$pattern\" '$out/i.log' && [ ! -d '$out/bad_$case.imp/step_00000000' ]"
+    echo "     $(grep -m1 'error' "$out/i.log" | cut -c1-200)"
+}
+f=model.safetensors
+bad_st absurd "$out/g.hf" "bad_absurd.hf/$f: header length 1099511627776 is absurd"
+bad_st absurd100 "$out/g.hf" "bad_absurd100.hf/$f: header length 200000000 is absurd (file 300000000 bytes, limit 100000000)"
+bad_st json "$out/g.hf" "bad_json.hf/$f: the header is not a JSON object (malformed JSON)"
+bad_st overlap "$out/g.hf" "bad_overlap.hf/$f: tensor 'transformer.h.0.ln_1.*data_offsets overlap"
+bad_st past_end "$out/g.hf" "bad_past_end.hf/$f: tensor 'transformer.ln_f.bias': data_offsets .* past the end"
+bad_st shape "$out/g.hf" "bad_shape.hf/$f: tensor 'transformer.ln_f.weight' has shape \[32, 2\], config.json implies \[64\]"
+bad_st dtype "$out/g.hf" "bad_dtype.hf/$f: tensor '.*' is F32, config.json's torch_dtype says bfloat16"
+bad_st f16 "$out/g.hf" "bad_f16.hf/$f: tensor 'transformer.h.1.ln_2.weight': dtype F16"
+bad_st truncated "$out/g.hf" "bad_truncated.hf/$f: tensor '.*': data_offsets .* past the end of the file .*truncated"
+bad_st missing "$out/g.hf" "bad_missing.hf/$f: required tensor 'transformer.h.1.mlp.c_fc.bias' is missing"
+bad_st shard "$out/l.hf" "bad_shard.hf/model.safetensors.index.json: shard .*model-00002-of-.* (of tensor '.*') is missing"
+bad_st arch "$out/g.hf" "bad_arch.hf/config.json: architectures .*BertForMaskedLM.*, model_type .bert.: trident imports"
+
+echo "hf_import: $fails failed"
+[ "$fails" -eq 0 ]

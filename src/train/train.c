@@ -29,6 +29,7 @@
 #include "topology/topology.h"
 #include "train/pipeline.h"
 #include "train/preempt.h"
+#include "train/runlock.h"
 #include "train/schedule.h"
 #include "zero/zero.h"
 
@@ -721,6 +722,7 @@ static int train(const Config *cfg, Comm world)
     tr.has_val = cfg->data.val_path[0] != '\0';
     if (tr.has_val)
         open_data(&tr.val_data, &tr.val_sampler, cfg, cfg->data.val_path);
+    runlock_claim(cfg, &world); /* inputs are good: create, probe and lock the output dirs */
 
     ParamShard shard = pipe_shard(cfg, tr.comms.pp.rank, tr.comms.tp.size, tr.comms.tp.rank);
     tr.zero = zero_create(cfg, tr.be, &shard, &tr.comms.dp);
@@ -806,8 +808,10 @@ static int train(const Config *cfg, Comm world)
     report_device_memory(&tr);
     dump_weights(&tr);
     finish_trace(&tr);
-    if (rank0)
+    if (rank0) {
         metrics_close(&metrics);
+        runlock_release();
+    }
 
     free(tr.tokens);
     free(tr.targets);

@@ -18,6 +18,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 #include <yaml.h>
 
 /* Enum fields are stored through an int pointer by the table code. */
@@ -1102,8 +1104,10 @@ int config_write_yaml(const Config *cfg, const char *path, char err[CFG_ERR])
         write_value(f, cfg, k);
         fputc('\n', f);
     }
-    int bad = ferror(f);
-    int saved = errno;
+    /* Flushed and fsynced: a full disk shows here, not as a short file later. */
+    errno = 0;
+    int bad = fflush(f) != 0 || ferror(f) || fsync(fileno(f)) != 0;
+    int saved = errno ? errno : EIO;
     if (fclose(f) != 0 && !bad) {
         bad = 1;
         saved = errno;

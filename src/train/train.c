@@ -25,6 +25,7 @@
 #include "data/sampler.h"
 #include "model/model.h"
 #include "model/params.h"
+#include "train/memcheck.h"
 #include "train/metrics.h"
 #include "topology/topology.h"
 #include "train/pipeline.h"
@@ -722,6 +723,7 @@ static int train(const Config *cfg, Comm world)
     tr.has_val = cfg->data.val_path[0] != '\0';
     if (tr.has_val)
         open_data(&tr.val_data, &tr.val_sampler, cfg, cfg->data.val_path);
+    memcheck_host(cfg, tr.topo.ranks_per_node, tr.be->device, &world);
     runlock_claim(cfg, &world); /* inputs are good: create, probe and lock the output dirs */
 
     ParamShard shard = pipe_shard(cfg, tr.comms.pp.rank, tr.comms.tp.size, tr.comms.tp.rank);

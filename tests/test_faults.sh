@@ -13,7 +13,10 @@ tmp=$(mktemp -d)
 mounts=() stopped=()
 cleanup() {
     local p m
-    for p in "${stopped[@]}"; do kill -CONT "$p" 2>/dev/null; kill -KILL "$p" 2>/dev/null; done
+    for p in "${stopped[@]}"; do # still a stopped trident of ours (not a reused pid)?
+        [ "$(cat "/proc/$p/comm" 2>/dev/null)" = trident ] || continue
+        kill -CONT "$p" 2>/dev/null; kill -KILL "$p" 2>/dev/null
+    done
     for m in "${mounts[@]}"; do umount "$m" 2>/dev/null; done
     rm -rf "$tmp"
 }
@@ -164,6 +167,44 @@ expect 2 "more than this machine's" "$tmp/ram.log" \
     "$TRIDENT" train "${tiny[@]}" --set model.layers=2000 --set model.hidden=4096 --set model.heads=32 --set run.dir="$tmp/huge_run"
 check "the RAM refusal names the fix" grep -q "topology.zero" "$tmp/ram.log"
 check "nothing written for refused configs" [ ! -e "$tmp/huge_run" ]
+
+# ---- 6. the watchdog: a stalled rank ends the job, named by its peer --------
+echo "== watchdog"
+descendants() { local c; for c in $(pgrep -P "$1"); do echo "$c"; descendants "$c"; done; }
+# stall NAME PATTERN ARGS...: 2 ranks; rank 1 is stopped (SIGSTOP) once rank 0
+# logged its first step; rank 0's watchdog must end the job within the
+# timeout (5 s) + 10 s, naming rank 1's group and what it waited for.
+stall() {
+    local name=$1 want=$2; shift 2
+    local log=$tmp/$name.log
+    timeout 60 mpiexec -n 2 "$TRIDENT" train "${tiny[@]}" --set training.steps=200 \
+        --set run.log_every=1 --set training.hang_timeout=5 --set training.trace=true \
+        --set run.dir="$tmp/$name" "$@" >"$log" 2>&1 &
+    local job=$! victim="" p
+    for _ in $(seq 300); do grep -q "^step" "$log" && break; sleep 0.2; done
+    # Only this job's processes: timeout -> mpiexec -> proxy -> trident ranks.
+    for p in $(descendants "$job"); do
+        [ "$(tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | sed -n 's/^PMI_RANK=//p')" = 1 ] && victim=$p
+    done
+    if [ -z "$victim" ]; then fail "$name: rank 1 not found"; wait "$job"; return; fi
+    kill -STOP "$victim"; stopped+=("$victim")
+    local t0=$SECONDS
+    wait "$job"; local rc=$? took=$((SECONDS - t0))
+    kill -0 "$victim" 2>/dev/null && { kill -CONT "$victim"; kill -KILL "$victim"; }
+    check "$name: the job ends with an error (exit $rc; 124 = the test's timeout)" \
+        [ "$rc" -ne 0 -a "$rc" -ne 124 ]
+    check "$name: the job ends within 15 s of the stall (took $took s)" [ "$took" -le 15 ]
+    check "$name: rank 0 names what it waited for" \
+        grep -qE "rank 0: no progress for [0-9]+ s in $want" "$log"
+    check "$name: rank 0 wrote its trace so far" [ -s "$tmp/$name/trace.rank0.json" ]
+    grep -E "no progress" "$log" | head -1
+}
+stall watchdog_dp "all-reduce on group dp \(ranks 0,1\) at step [0-9]+ micro-batch 1" --set topology.dp=2 --set training.micro_batch=4
+stall watchdog_tp "[a-z-]+ on group tp \(ranks 0,1\) at step [0-9]+" --set topology.tp=2
+stall watchdog_pp "(receive from|send to) rank 1 on group pp \(ranks 0,1\) at step [0-9]+" --set topology.pp=2
+# 0 disables it; a negative timeout is bad input.
+expect 2 "training.hang_timeout (-1) must be >= 0" "$tmp/hang_neg.log" \
+    "$TRIDENT" train "${tiny[@]}" --set training.hang_timeout=-1 --set run.dir="$tmp/hang_neg"
 
 echo "faults: $checks checks, $fails failed"
 [ "$fails" -eq 0 ]

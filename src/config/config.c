@@ -121,6 +121,8 @@ static const KeyDesc KEYS[] = {
     ENUM(training, precision, PREC_NAMES),
     ENUM(training, recompute, RECOMPUTE_NAMES),
     KEY(training, trace, K_BOOL),
+    KEY(training, hang_timeout, K_INT),
+    KEY(training, straggler_threshold, K_FLOAT),
 
     STR(data, path, true),
     ENUM(data, format, FORMAT_NAMES),
@@ -549,6 +551,8 @@ void config_defaults(Config *cfg)
     tr->grad_clip = 1.0f;
     tr->precision = PREC_FP32;
     tr->recompute = RECOMPUTE_NONE;
+    tr->hang_timeout = 300;
+    tr->straggler_threshold = 1.2f;
 
     cfg->data.format = DATA_MEGATRON;
     cfg->data.val_batches = 4;

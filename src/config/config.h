@@ -75,6 +75,8 @@ typedef struct {
     Precision precision;
     Recompute recompute;
     int trace;              /* write a Chrome trace of the run */
+    int hang_timeout;       /* seconds without progress before the watchdog ends the job (0: off) */
+    float straggler_threshold; /* report the slowest rank above this x the median (default 1.2) */
 } TrainingConfig;
 
 typedef struct {

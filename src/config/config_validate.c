@@ -73,6 +73,7 @@ static int check_ranges(Checker *c)
         {"training.global_batch", tr->global_batch, 1},
         {"training.micro_batch", tr->micro_batch, 1},
         {"training.warmup_steps", tr->warmup_steps, 0},
+        {"training.hang_timeout", tr->hang_timeout, 0},
         {"data.val_every", g->data.val_every, 0},
         {"data.val_batches", g->data.val_batches, 1},
         {"checkpoint.every", g->checkpoint.every, 0},
@@ -113,6 +114,9 @@ static int check_optimizer(Checker *c)
         return verr(c, "training.eps (%g) must be > 0, e.g. 1e-8", tr->eps);
     if (!(tr->weight_decay >= 0))
         return verr(c, "training.weight_decay (%g) must be >= 0", tr->weight_decay);
+    if (!(tr->straggler_threshold >= 1))
+        return verr(c, "training.straggler_threshold (%g) must be >= 1 (1.2: report a rank "
+                       "20%% slower than the median)", tr->straggler_threshold);
     if (!(tr->grad_clip >= 0))
         return verr(c, "training.grad_clip (%g) must be >= 0 (0 disables clipping)",
                     tr->grad_clip);

@@ -20,6 +20,7 @@
 #include "comm/comm.h"
 #include "config/config.h"
 #include "core/error.h"
+#include "core/progress.h"
 #include "core/trace.h"
 #include "data/dataset.h"
 #include "data/sampler.h"
@@ -32,6 +33,7 @@
 #include "train/preempt.h"
 #include "train/runlock.h"
 #include "train/schedule.h"
+#include "train/watchdog.h"
 #include "zero/zero.h"
 
 #define MAX_SETS 64
@@ -240,6 +242,7 @@ static double train_step(Trainer *tr, int step, double *grad_norm, float *lr)
     const float loss_scale = 1.0f / (float)(tr->n_micro * tr->dp);
     const double t_step = MPI_Wtime();
 
+    progress_step(step + 1, 0);
     zero_begin_step(tr->zero);
     const size_t BT = (size_t)B * (size_t)cfg->model.seq_len;
     const int needs_data = !tr->pipe || tr->comms.pp.rank == 0 ||
@@ -259,9 +262,11 @@ static double train_step(Trainer *tr, int step, double *grad_norm, float *lr)
         loss = pipe_step(tr->pipe, tr->tokens, tr->targets, loss_scale, pipeline_reduce, tr);
         comm_allreduce_f64(&tr->comms.pp, &loss, 1); /* only the last stage has it */
     } else {
-        for (int j = 0; j < tr->n_micro; j++)
+        for (int j = 0; j < tr->n_micro; j++) {
+            progress_step(step + 1, j + 1); /* for the watchdog's message */
             loss += zero_forward_backward(tr->zero, tr->tokens + j * BT, tr->targets + j * BT,
                                           loss_scale, j == tr->n_micro - 1);
+        }
         zero_finish_grads(tr->zero);
     }
     loss /= tr->n_micro * tr->dp;
@@ -766,6 +771,7 @@ static int train(const Config *cfg, Comm world)
     }
     memory_json(&tr, memory, sizeof memory);
     int exit_code = TRD_EXIT_OK;
+    watchdog_start(cfg->training.hang_timeout, world.rank, cfg->run.dir, cfg->training.trace);
     for (int step = tr.start_step; step < cfg->training.steps; step++) {
         double t0 = now_s(), grad_norm;
         float lr;
@@ -810,6 +816,7 @@ static int train(const Config *cfg, Comm world)
     report_device_memory(&tr);
     dump_weights(&tr);
     finish_trace(&tr);
+    watchdog_stop();
     if (rank0) {
         metrics_close(&metrics);
         runlock_release();

@@ -206,5 +206,28 @@ stall watchdog_pp "(receive from|send to) rank 1 on group pp \(ranks 0,1\) at st
 expect 2 "training.hang_timeout (-1) must be >= 0" "$tmp/hang_neg.log" \
     "$TRIDENT" train "${tiny[@]}" --set training.hang_timeout=-1 --set run.dir="$tmp/hang_neg"
 
+# ---- 7. the straggler report names a slow rank ------------------------------
+echo "== straggler"
+# Rank 1 runs 40% of the time (stopped 0.6 s of every second): its compute
+# time per step is well above rank 0's, whose extra time is spent waiting.
+log=$tmp/straggler.log
+timeout 120 mpiexec -n 2 "$TRIDENT" train "${tiny[@]}" --set training.steps=8 --set run.log_every=4 \
+    --set topology.dp=2 --set training.micro_batch=4 --set run.dir="$tmp/straggler" >"$log" 2>&1 &
+job=$! victim=""
+for _ in $(seq 300); do grep -q "^step" "$log" && break; sleep 0.2; done
+for p in $(descendants "$job"); do
+    [ "$(tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | sed -n 's/^PMI_RANK=//p')" = 1 ] && victim=$p
+done
+stopped+=("$victim")
+while [ -n "$victim" ] && kill -0 "$job" 2>/dev/null; do
+    kill -STOP "$victim" 2>/dev/null; sleep 0.6; kill -CONT "$victim" 2>/dev/null; sleep 0.4
+done
+wait "$job"; rc=$?
+check "the slowed run finishes (exit $rc)" [ "$rc" -eq 0 ]
+check "rank 0 names rank 1 as the straggler" grep -qE "^straggler: rank 1 computes [0-9.]+ ms per step over steps [0-9]+-[0-9]+, [0-9.]+x the median" "$log"
+grep "^straggler" "$log" | head -2
+expect 2 "training.straggler_threshold (0.5) must be >= 1" "$tmp/strag_bad.log" \
+    "$TRIDENT" train "${tiny[@]}" --set training.straggler_threshold=0.5 --set run.dir="$tmp/strag_bad"
+
 echo "faults: $checks checks, $fails failed"
 [ "$fails" -eq 0 ]

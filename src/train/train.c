@@ -33,6 +33,7 @@
 #include "train/preempt.h"
 #include "train/runlock.h"
 #include "train/schedule.h"
+#include "train/straggler.h"
 #include "train/watchdog.h"
 #include "zero/zero.h"
 
@@ -773,10 +774,12 @@ static int train(const Config *cfg, Comm world)
     int exit_code = TRD_EXIT_OK;
     watchdog_start(cfg->training.hang_timeout, world.rank, cfg->run.dir, cfg->training.trace);
     for (int step = tr.start_step; step < cfg->training.steps; step++) {
+        straggler_begin();
         double t0 = now_s(), grad_norm;
         float lr;
         double loss = train_step(&tr, step, &grad_norm, &lr);
         double dt = now_s() - t0;
+        straggler_end(&world, step + 1, dt, cfg->run.log_every, cfg->training.straggler_threshold);
         ZeroStats zs = zero_take_stats(tr.zero);
 
         StepMetrics s = {.step = step + 1, .loss = loss, .lr = lr, .grad_norm = grad_norm,

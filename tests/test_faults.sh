@@ -208,7 +208,7 @@ expect 2 "training.hang_timeout (-1) must be >= 0" "$tmp/hang_neg.log" \
 
 # ---- 7. the straggler report names a slow rank ------------------------------
 echo "== straggler"
-# Rank 1 runs 40% of the time (stopped 0.6 s of every second): its compute
+# Rank 1 runs 25% of the time (stopped 0.75 s of every second): its compute
 # time per step is well above rank 0's, whose extra time is spent waiting.
 log=$tmp/straggler.log
 timeout 120 mpiexec -n 2 "$TRIDENT" train "${tiny[@]}" --set training.steps=8 --set run.log_every=4 \
@@ -220,7 +220,7 @@ for p in $(descendants "$job"); do
 done
 stopped+=("$victim")
 while [ -n "$victim" ] && kill -0 "$job" 2>/dev/null; do
-    kill -STOP "$victim" 2>/dev/null; sleep 0.6; kill -CONT "$victim" 2>/dev/null; sleep 0.4
+    kill -STOP "$victim" 2>/dev/null; sleep 0.75; kill -CONT "$victim" 2>/dev/null; sleep 0.25
 done
 wait "$job"; rc=$?
 check "the slowed run finishes (exit $rc)" [ "$rc" -eq 0 ]

@@ -153,18 +153,19 @@ expect 2 "$tmp/deep.yaml:1:65: nested more than 64 levels deep" "$tmp/deep.log" 
 ms=$(( ($(date +%s%N) - start) / 1000000 ))
 check "100k nested [ refused in ${ms} ms (< 1000)" [ "$ms" -lt 1000 ]
 # Values that overflow size arithmetic: refused at validation, never negative.
+# (timeout: a build without these checks would try to allocate them.)
 expect 2 "model.ffn_hidden would be 8000000000" "$tmp/huge_model.log" \
-    "$TRIDENT" train "${tiny[@]}" --set model.layers=1000000000 --set model.hidden=2000000000 --set run.dir="$tmp/huge_run"
+    timeout 20 "$TRIDENT" train "${tiny[@]}" --set model.layers=1000000000 --set model.hidden=2000000000 --set run.dir="$tmp/huge_run"
 expect 2 "more than 2^48 activation elements" "$tmp/huge_layers.log" \
-    "$TRIDENT" train "${tiny[@]}" --set model.layers=1000000000 --set run.dir="$tmp/huge_run"
+    timeout 20 "$TRIDENT" train "${tiny[@]}" --set model.layers=1000000000 --set run.dir="$tmp/huge_run"
 expect 2 "give an overflowing count of parameters" "$tmp/huge_params.log" \
-    "$TRIDENT" train "${tiny[@]}" --set model.hidden=2000000000 --set model.ffn_hidden=64 --set model.heads=1 --set run.dir="$tmp/huge_run"
+    timeout 20 "$TRIDENT" train "${tiny[@]}" --set model.hidden=2000000000 --set model.ffn_hidden=64 --set model.heads=1 --set run.dir="$tmp/huge_run"
 expect 2 "tokens per step, more than 2^31" "$tmp/huge_batch.log" \
-    "$TRIDENT" train "${tiny[@]}" --set training.global_batch=2000000000 --set training.micro_batch=1 --set model.seq_len=2 --set run.dir="$tmp/huge_run"
+    timeout 20 "$TRIDENT" train "${tiny[@]}" --set training.global_batch=2000000000 --set training.micro_batch=1 --set model.seq_len=2 --set run.dir="$tmp/huge_run"
 check "no message prints a negative count" lacks "-[0-9]" "$tmp/huge_batch.log"
 # A model whose state outgrows the machine's RAM: refused before allocating.
 expect 2 "more than this machine's" "$tmp/ram.log" \
-    "$TRIDENT" train "${tiny[@]}" --set model.layers=2000 --set model.hidden=4096 --set model.heads=32 --set run.dir="$tmp/huge_run"
+    timeout 20 "$TRIDENT" train "${tiny[@]}" --set model.layers=2000 --set model.hidden=4096 --set model.heads=32 --set run.dir="$tmp/huge_run"
 check "the RAM refusal names the fix" grep -q "topology.zero" "$tmp/ram.log"
 check "nothing written for refused configs" [ ! -e "$tmp/huge_run" ]
 

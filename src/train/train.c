@@ -772,7 +772,8 @@ static int train(const Config *cfg, Comm world)
     }
     memory_json(&tr, memory, sizeof memory);
     int exit_code = TRD_EXIT_OK;
-    watchdog_start(cfg->training.hang_timeout, world.rank, cfg->run.dir, cfg->training.trace);
+    watchdog_start(cfg->training.hang_timeout, world.rank, world.size, cfg->run.dir,
+                   cfg->training.trace);
     for (int step = tr.start_step; step < cfg->training.steps; step++) {
         straggler_begin();
         double t0 = now_s(), grad_norm;

@@ -93,9 +93,10 @@ static void *watch(void *arg)
     return NULL;
 }
 
-void watchdog_start(int timeout_s, int world_rank, const char *run_dir, int trace)
+void watchdog_start(int timeout_s, int world_rank, int world_size, const char *run_dir,
+                    int trace)
 {
-    if (timeout_s <= 0 || W.running)
+    if (timeout_s <= 0 || world_size < 2 || W.running)
         return;
     W.timeout_s = timeout_s;
     W.rank = world_rank;

@@ -14,8 +14,12 @@
 #define TRD_TRAIN_WATCHDOG_H
 
 /* Start watching (timeout_s 0: do nothing).  run_dir and trace are where
- * and whether to write this rank's trace on a hang. */
-void watchdog_start(int timeout_s, int world_rank, const char *run_dir, int trace);
+ * and whether to write this rank's trace on a hang.  A job of one rank is
+ * not watched: it waits for nobody, and without communication its only
+ * marks are micro-batches, which a big model on the CPU can take minutes
+ * to compute. */
+void watchdog_start(int timeout_s, int world_rank, int world_size, const char *run_dir,
+                    int trace);
 /* Stop and join the thread (before the communicators go away). */
 void watchdog_stop(void);
 

@@ -802,7 +802,12 @@ static unsigned char *read_file(const char *path, size_t *len, char *err)
         return NULL;
     }
     struct stat st;
-    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || (size_t)st.st_size > CFG_MAX_BYTES) {
+    if (fstat(fd, &st) != 0) {
+        put_err(err, "%s: cannot read config: %s", path, strerror(errno));
+        close(fd);
+        return NULL;
+    }
+    if (!S_ISREG(st.st_mode) || (size_t)st.st_size > CFG_MAX_BYTES) {
         const char *what = S_ISDIR(st.st_mode) ? "a directory" : S_ISFIFO(st.st_mode) ? "a FIFO"
                          : S_ISCHR(st.st_mode) || S_ISBLK(st.st_mode) ? "a device"
                          : S_ISSOCK(st.st_mode) ? "a socket" : NULL;

@@ -4,6 +4,7 @@
 #include <errno.h>
 #include <mpi.h>
 #include <pthread.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
@@ -30,29 +31,45 @@ static double mono(void)
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
+/* Straight to file descriptor 2: the main thread may be stuck holding
+ * stderr's stdio lock (a blocked write), and this message must get out. */
+static void say(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static void say(const char *fmt, ...)
+{
+    char buf[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(buf, sizeof buf, fmt, ap);
+    va_end(ap);
+    if (n > (int)sizeof buf - 1)
+        n = (int)sizeof buf - 1;
+    for (int off = 0; n > off;) {
+        ssize_t w = write(STDERR_FILENO, buf + off, (size_t)(n - off));
+        if (w <= 0)
+            break;
+        off += (int)w;
+    }
+}
+
 /* No progress for the timeout: say where, keep the trace, end the job.
  * The main thread is stuck, so this thread is the only one writing. */
 static _Noreturn void fire(double idle)
 {
     char where[256];
     progress_describe(where, sizeof where);
-    fprintf(stderr, "trident: error: rank %d: no progress for %.0f s %s\n"
-            "---> the ranks named are the ones this rank waits for: look for a rank that "
-            "died, stopped or is stuck (its own message, or none if the machine went away); "
-            "ending the job so it can be requeued.  Raise training.hang_timeout if a step "
-            "or checkpoint legitimately takes longer\n", W.rank, idle, where);
-    fflush(stderr);
+    say("trident: error: rank %d: no progress for %.0f s %s\n"
+        "---> the ranks named are the ones this rank waits for: look for a rank that died, "
+        "stopped or is stuck (its own message, or none if the machine went away); ending the "
+        "job so it can be requeued.  Raise training.hang_timeout if a step or checkpoint "
+        "legitimately takes longer\n", W.rank, idle, where);
     if (W.trace) {
         char path[CFG_STR + 32];
         snprintf(path, sizeof path, "%s/trace.rank%d.json", W.run_dir, W.rank);
         long n = trace_write_rank(path);
         if (n >= 0)
-            fprintf(stderr, "trident: rank %d: trace so far (%ld spans) in %s\n", W.rank, n,
-                    path);
+            say("trident: rank %d: trace so far (%ld spans) in %s\n", W.rank, n, path);
         else
-            fprintf(stderr, "trident: rank %d: cannot write %s: %s\n", W.rank, path,
-                    strerror(errno));
-        fflush(stderr);
+            say("trident: rank %d: cannot write %s: %s\n", W.rank, path, strerror(errno));
     }
     /* From this thread although MPI was initialized FUNNELED: the main
      * thread is blocked (inside MPI, often) and will not call again, and

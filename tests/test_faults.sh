@@ -202,7 +202,7 @@ stall() {
 }
 stall watchdog_dp "all-reduce on group dp \(ranks 0,1\) at step [0-9]+ micro-batch 1" --set topology.dp=2 --set training.micro_batch=4
 stall watchdog_tp "[a-z-]+ on group tp \(ranks 0,1\) at step [0-9]+" --set topology.tp=2
-stall watchdog_pp "(receive from|send to) rank 1 on group pp \(ranks 0,1\) at step [0-9]+" --set topology.pp=2
+stall watchdog_pp "(receive from|send to) rank 1 on group pp \(ranks 0,1\) at step [0-9]+ micro-batch [0-9]+" --set topology.pp=2
 # 0 disables it; a negative timeout is bad input.
 expect 2 "training.hang_timeout (-1) must be >= 0" "$tmp/hang_neg.log" \
     "$TRIDENT" train "${tiny[@]}" --set training.hang_timeout=-1 --set run.dir="$tmp/hang_neg"

@@ -46,6 +46,11 @@ static void describe(const char *op, const char *group, const char *members, int
     P.waiting = 1;
 }
 
+void progress_micro(int micro)
+{
+    progress_step(P.step, micro);
+}
+
 void progress_wait(const char *op, const char *group, const char *members, int peer)
 {
     /* A polling loop calls this once per poll: the wait started at the first. */

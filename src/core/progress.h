@@ -20,6 +20,9 @@
 
 /* The trainer is at step (1-based) and micro-batch (1-based; 0: none). */
 void progress_step(int step, int micro);
+/* The same step, at micro-batch `micro` (the pipeline executor's forwards
+ * and backwards). */
+void progress_micro(int micro);
 
 /* About to wait for other ranks: op ("all-reduce", or "receive from" /
  * "send to" for point-to-point, which the peer's rank follows), the group's name

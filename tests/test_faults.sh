@@ -22,7 +22,13 @@ cleanup() {
 }
 trap cleanup EXIT
 fails=0 checks=0
-tiny=(configs/tiny.yaml --set training.steps=4 --set model.layers=2)
+# No validation set: the final validation pass would only lengthen every run.
+tiny=(configs/tiny.yaml --set training.steps=4 --set model.layers=2 --set data.val_path=)
+section() { echo "== $1 (at ${SECONDS} s)"; }
+# Runs that a build without the config bounds would let read or allocate
+# without end: capped at 8 GiB of address space and 60 s (MPI's start-up
+# alone can stall for seconds on a loaded machine).
+capped() { (ulimit -v 8388608 && exec timeout 60 "$@"); }
 
 fail() { fails=$((fails + 1)); echo "FAIL: $*"; }
 lacks() { ! grep -q -- "$1" "$2"; } # pattern, file
@@ -52,7 +58,7 @@ mount_tmpfs() { # dir, options
 }
 
 # ---- 1. one run per directory ---------------------------------------------
-echo "== run.dir lock"
+section "run.dir lock"
 "$TRIDENT" train "${tiny[@]}" --set training.steps=8 --set run.dir="$tmp/shared" >"$tmp/first.log" 2>&1 &
 first=$!
 for _ in $(seq 100); do [ -s "$tmp/shared/.trident.lock" ] && break; sleep 0.1; done
@@ -77,7 +83,7 @@ expect 0 "taking over the lock of a run that is gone (host gone, pid 999999" "$t
 
 # ---- 2. every write checked: a full disk under run.dir exits 1 --------------
 if [ "$can_mount" = 1 ]; then
-    echo "== full disk"
+    section "full disk"
     # free PAGES: fill the tmpfs, then give back that many 4 KiB pages.
     full_disk() { # name, free pages, extra args...
         local d=$tmp/$1 pages=$2; shift 2
@@ -101,7 +107,7 @@ if [ "$can_mount" = 1 ]; then
 fi
 
 # ---- 3. writable directories, checked before step 1 -------------------------
-echo "== unwritable directories"
+section "unwritable directories"
 touch "$tmp/file"
 expect 2 "run.dir $tmp/file/run: cannot create" "$tmp/notdir.log" \
     "$TRIDENT" train "${tiny[@]}" --set run.dir="$tmp/file/run"
@@ -117,7 +123,7 @@ if [ "$can_mount" = 1 ]; then
 fi
 
 # ---- 4. the .idx describes the .bin exactly ---------------------------------
-echo "== dataset consistency"
+section "dataset consistency"
 "$TRIDENT" prepare-data --input data/brown/txt/ca01 --tokenizer byte --out "$tmp/small" >/dev/null &&
 "$TRIDENT" prepare-data --input data/brown/txt/ca01 data/brown/txt/ca02 --tokenizer byte --out "$tmp/big" >/dev/null ||
     fail "prepare-data"
@@ -138,39 +144,46 @@ expect 2 "token count mismatch" "$tmp/shard.log" \
     "$TRIDENT" train "${tiny[@]}" "${byte[@]}" --set data.format=llmc --set data.path="$tmp/long_shard.bin" --set run.dir="$tmp/shard_run"
 
 # ---- 5. bounded configs ------------------------------------------------------
-echo "== bounded configs"
+section "bounded configs"
 expect 2 "/dev/zero: cannot read config: a device, not a regular file" "$tmp/zero.log" \
-    timeout 10 "$TRIDENT" train /dev/zero
-expect 2 "$tmp: cannot read config: a directory" "$tmp/dir.log" timeout 10 "$TRIDENT" train "$tmp"
+    capped "$TRIDENT" train /dev/zero
+expect 2 "$tmp: cannot read config: a directory" "$tmp/dir.log" capped "$TRIDENT" train "$tmp"
 mkfifo "$tmp/fifo"
-expect 2 "$tmp/fifo: cannot read config: a FIFO" "$tmp/fifo.log" timeout 10 "$TRIDENT" train "$tmp/fifo"
+expect 2 "$tmp/fifo: cannot read config: a FIFO" "$tmp/fifo.log" capped "$TRIDENT" train "$tmp/fifo"
 { cat configs/tiny.yaml; head -c 1100000 /dev/zero | tr '\0' '#'; } >"$tmp/huge.yaml"
-expect 2 "more than a config's limit of 1048576" "$tmp/huge.log" timeout 10 "$TRIDENT" train "$tmp/huge.yaml"
+expect 2 "more than a config's limit of 1048576" "$tmp/huge.log" capped "$TRIDENT" train "$tmp/huge.yaml"
 python3 -c 'print("[" * 100000)' >"$tmp/deep.yaml"
-start=$(date +%s%N)
 expect 2 "$tmp/deep.yaml:1:65: nested more than 64 levels deep" "$tmp/deep.log" \
-    timeout 10 "$TRIDENT" train "$tmp/deep.yaml"
-ms=$(( ($(date +%s%N) - start) / 1000000 ))
-check "100k nested [ refused in ${ms} ms (< 1000)" [ "$ms" -lt 1000 ]
+    capped "$TRIDENT" train "$tmp/deep.yaml"
+# Well under a second: the best of three, since MPI's start-up alone can
+# stall for seconds on a loaded machine.
+best=999999
+for _ in 1 2 3; do
+    start=$(date +%s%N)
+    capped "$TRIDENT" train "$tmp/deep.yaml" >/dev/null 2>&1
+    ms=$(( ($(date +%s%N) - start) / 1000000 ))
+    [ "$ms" -lt "$best" ] && best=$ms
+done
+check "100k nested [ refused in ${best} ms (< 1000)" [ "$best" -lt 1000 ]
 # Values that overflow size arithmetic: refused at validation, never negative.
-# (timeout: a build without these checks would try to allocate them.)
+# A build without these checks would try to allocate them: capped (above).
 expect 2 "model.ffn_hidden would be 8000000000" "$tmp/huge_model.log" \
-    timeout 20 "$TRIDENT" train "${tiny[@]}" --set model.layers=1000000000 --set model.hidden=2000000000 --set run.dir="$tmp/huge_run"
+    capped "$TRIDENT" train "${tiny[@]}" --set model.layers=1000000000 --set model.hidden=2000000000 --set run.dir="$tmp/huge_run"
 expect 2 "more than 2^48 activation elements" "$tmp/huge_layers.log" \
-    timeout 20 "$TRIDENT" train "${tiny[@]}" --set model.layers=1000000000 --set run.dir="$tmp/huge_run"
+    capped "$TRIDENT" train "${tiny[@]}" --set model.layers=1000000000 --set run.dir="$tmp/huge_run"
 expect 2 "give an overflowing count of parameters" "$tmp/huge_params.log" \
-    timeout 20 "$TRIDENT" train "${tiny[@]}" --set model.hidden=2000000000 --set model.ffn_hidden=64 --set model.heads=1 --set run.dir="$tmp/huge_run"
+    capped "$TRIDENT" train "${tiny[@]}" --set model.hidden=2000000000 --set model.ffn_hidden=64 --set model.heads=1 --set run.dir="$tmp/huge_run"
 expect 2 "tokens per step, more than 2^31" "$tmp/huge_batch.log" \
-    timeout 20 "$TRIDENT" train "${tiny[@]}" --set training.global_batch=2000000000 --set training.micro_batch=1 --set model.seq_len=2 --set run.dir="$tmp/huge_run"
+    capped "$TRIDENT" train "${tiny[@]}" --set training.global_batch=2000000000 --set training.micro_batch=1 --set model.seq_len=2 --set run.dir="$tmp/huge_run"
 check "no message prints a negative count" lacks "-[0-9]" "$tmp/huge_batch.log"
 # A model whose state outgrows the machine's RAM: refused before allocating.
 expect 2 "more than this machine's" "$tmp/ram.log" \
-    timeout 20 "$TRIDENT" train "${tiny[@]}" --set model.layers=2000 --set model.hidden=4096 --set model.heads=32 --set run.dir="$tmp/huge_run"
+    capped "$TRIDENT" train "${tiny[@]}" --set model.layers=2000 --set model.hidden=4096 --set model.heads=32 --set run.dir="$tmp/huge_run"
 check "the RAM refusal names the fix" grep -q "topology.zero" "$tmp/ram.log"
 check "nothing written for refused configs" [ ! -e "$tmp/huge_run" ]
 
 # ---- 6. the watchdog: a stalled rank ends the job, named by its peer --------
-echo "== watchdog"
+section "watchdog"
 descendants() { local c; for c in $(pgrep -P "$1"); do echo "$c"; descendants "$c"; done; }
 # stall NAME PATTERN ARGS...: 2 ranks; rank 1 is stopped (SIGSTOP) once rank 0
 # logged its first step; rank 0's watchdog must end the job within the
@@ -208,7 +221,7 @@ expect 2 "training.hang_timeout (-1) must be >= 0" "$tmp/hang_neg.log" \
     "$TRIDENT" train "${tiny[@]}" --set training.hang_timeout=-1 --set run.dir="$tmp/hang_neg"
 
 # ---- 7. the straggler report names a slow rank ------------------------------
-echo "== straggler"
+section "straggler"
 # Rank 1 runs 25% of the time (stopped 0.75 s of every second): its compute
 # time per step is well above rank 0's, whose extra time is spent waiting.
 log=$tmp/straggler.log

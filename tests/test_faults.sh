@@ -225,7 +225,7 @@ section "straggler"
 # Rank 1 runs 25% of the time (stopped 0.75 s of every second): its compute
 # time per step is well above rank 0's, whose extra time is spent waiting.
 log=$tmp/straggler.log
-timeout 120 mpiexec -n 2 "$TRIDENT" train "${tiny[@]}" --set training.steps=8 --set run.log_every=4 \
+timeout 120 mpiexec -n 2 "$TRIDENT" train "${tiny[@]}" --set training.steps=4 --set run.log_every=2 \
     --set topology.dp=2 --set training.micro_batch=4 --set run.dir="$tmp/straggler" >"$log" 2>&1 &
 job=$! victim=""
 for _ in $(seq 300); do grep -q "^step" "$log" && break; sleep 0.2; done

@@ -47,7 +47,10 @@ timeout 300 "$TRIDENT" train configs/tiny.yaml "${small[@]}" --set run.dir="$out
     --set checkpoint.dir="$out/killed/ckpt" > "$out/killed1.log" 2>&1 &
 job=$!
 for _ in $(seq 1 600); do [ -e "$out/killed/ckpt/latest" ] && break; sleep 0.05; done
-kill -9 "$job" 2>/dev/null; wait "$job" 2>/dev/null
+# The trainer itself, not only `timeout`: an orphaned trainer would go on
+# writing run.dir and checkpoint.dir beside the resumed run (whose run lock
+# then refuses to start, docs/reliability.md).
+kill -9 $(pgrep -P "$job") "$job" 2>/dev/null; wait "$job" 2>/dev/null
 run killed 1
 grep -q "resumed from .*step_00000004" "$out/killed.log" \
     || { echo "FAIL: the killed run did not resume from step 4"; fails=$((fails + 1)); }

@@ -7,6 +7,7 @@
 
 #include "comm/nccl.h"
 #include "core/error.h"
+#include "core/progress.h"
 #include "core/trace.h"
 
 static void check(int rc, const char *what)
@@ -42,11 +43,65 @@ void comm_finalize(void)
         MPI_Finalize();
 }
 
+/* The group's world ranks, for the watchdog's messages: "1,3", "0-7",
+ * cut with ",..." past the buffer; and their progression, so a peer's
+ * group rank can be named as a world rank without an MPI call. */
+static void set_members(Comm *c)
+{
+    MPI_Group grp, world;
+    check(MPI_Comm_group(c->mpi, &grp), "group of a communicator");
+    check(MPI_Comm_group(MPI_COMM_WORLD, &world), "group of the world");
+    int *mine = trd_malloc(2 * (size_t)c->size * sizeof(int), "group ranks");
+    int *wr = mine + c->size;
+    for (int r = 0; r < c->size; r++)
+        mine[r] = r;
+    check(MPI_Group_translate_ranks(grp, c->size, mine, world, wr), "group rank translation");
+    MPI_Group_free(&grp);
+    MPI_Group_free(&world);
+    int step = c->size > 1 ? wr[1] - wr[0] : 1;
+    for (int r = 2; r < c->size && step; r++)
+        if (wr[r] - wr[r - 1] != step)
+            step = 0;
+    c->wfirst = wr[0];
+    c->wstride = step;
+    const size_t cap = sizeof c->members;
+    if (step == 1 && c->size > 2) {
+        snprintf(c->members, cap, "%d-%d", wr[0], wr[c->size - 1]);
+    } else {
+        size_t n = 0;
+        c->members[0] = '\0';
+        for (int r = 0; r < c->size; r++) {
+            char one[16];
+            int k = snprintf(one, sizeof one, "%s%d", r ? "," : "", wr[r]);
+            if (n + (size_t)k + 5 > cap) { /* room for ",..." */
+                snprintf(c->members + n, cap - n, ",...");
+                break;
+            }
+            memcpy(c->members + n, one, (size_t)k + 1);
+            n += (size_t)k;
+        }
+    }
+    free(mine);
+}
+
+/* The world rank of group rank r (for messages; -1 when unknown). */
+static int world_rank(const Comm *c, int r)
+{
+    return c->wstride || c->size == 1 ? c->wfirst + r * c->wstride : -1;
+}
+
+/* A blocking wait on other ranks of c starts (progress.h). */
+static void wait_begin(const Comm *c, const char *op, int peer)
+{
+    progress_wait(op, c->name, c->members, peer >= 0 ? world_rank(c, peer) : -1);
+}
+
 Comm comm_world(void)
 {
     Comm c = {.mpi = MPI_COMM_WORLD, .name = "world"};
     MPI_Comm_rank(c.mpi, &c.rank);
     MPI_Comm_size(c.mpi, &c.size);
+    set_members(&c);
     return c;
 }
 
@@ -238,6 +293,7 @@ Comm comm_split(const Comm *parent, int color, int key)
      * on it come back to check() as on the world. */
     MPI_Comm_rank(c.mpi, &c.rank);
     MPI_Comm_size(c.mpi, &c.size);
+    set_members(&c);
     return c;
 }
 
@@ -284,6 +340,9 @@ static void trace_blocking(const char *op, const Comm *c, double t0, uint64_t by
 /* A non-blocking collective just issued: its span ends when it completes. */
 static void trace_issue(CommHandle *h, const char *op, const Comm *c, uint64_t bytes)
 {
+    h->wait_op = op; /* also what a wait on it waits for */
+    h->group = c;
+    h->peer = -1;
     if (!trace_active())
         return;
     span_name(h->what, sizeof h->what, op, c);
@@ -305,11 +364,13 @@ static void allreduce(Comm *c, void *buf, size_t n, size_t elem, MPI_Datatype t,
         return;
     const double t0 = MPI_Wtime();
     const size_t chunk = (size_t)INT_MAX / 2;
+    wait_begin(c, "all-reduce", -1);
     for (size_t off = 0; off < n; off += chunk) {
         size_t k = n - off < chunk ? n - off : chunk;
         check(MPI_Allreduce(MPI_IN_PLACE, (char *)buf + off * elem, (int)k, t, op, c->mpi),
               "all-reduce");
     }
+    progress_done();
     count_op(c, ring_bytes(c, n * elem / sizeof(float), 2));
     trace_blocking("all-reduce", c, t0, ring_bytes(c, n * elem / sizeof(float), 2));
 }
@@ -320,7 +381,8 @@ static void allreduce_f32(Comm *c, float *buf, size_t n, MPI_Op op)
     if (c->nccl && c->size > 1 && n > 0) {
         const double t0 = MPI_Wtime();
         CommHandle h = {.req = MPI_REQUEST_NULL,
-                        .op = comm_nccl_allreduce(c->nccl, buf, n, op == MPI_MAX)};
+                        .op = comm_nccl_allreduce(c->nccl, buf, n, op == MPI_MAX),
+                        .wait_op = "all-reduce", .group = c, .peer = -1};
         comm_wait(&h);
         count_op(c, ring_bytes(c, n, 2));
         trace_blocking("all-reduce", c, t0, ring_bytes(c, n, 2));
@@ -356,13 +418,17 @@ void comm_broadcast(Comm *c, void *buf, size_t bytes, int root)
     if (c->size == 1)
         return;
     TRD_ASSERT(bytes <= (size_t)INT_MAX);
+    wait_begin(c, "broadcast", -1);
     check(MPI_Bcast(buf, (int)bytes, MPI_BYTE, root, c->mpi), "broadcast");
+    progress_done();
     c->calls++;
 }
 
 void comm_barrier(Comm *c)
 {
+    wait_begin(c, "barrier", -1);
     check(MPI_Barrier(c->mpi), "barrier");
+    progress_done();
 }
 
 void comm_shard_part(size_t lo, size_t hi, size_t S, int rank, size_t *a, size_t *b)
@@ -480,19 +546,32 @@ CommHandle comm_iallgather_range_f32(Comm *c, const float *mine, float *out, siz
     return h;
 }
 
+/* A wait on h begins: what it waits for (progress.h). */
+static void handle_wait_begin(const CommHandle *h)
+{
+    if (h->wait_op && h->group)
+        wait_begin(h->group, h->wait_op, h->peer);
+}
+
 void comm_wait(CommHandle *h)
 {
+    const int pending = h->op || h->req != MPI_REQUEST_NULL;
+    if (pending)
+        handle_wait_begin(h);
     if (h->op)
         comm_nccl_wait(h->op);
     h->op = NULL;
     if (h->req != MPI_REQUEST_NULL)
         check(MPI_Wait(&h->req, MPI_STATUS_IGNORE), "wait");
+    if (pending)
+        progress_done();
     finish(h);
     trace_complete(h);
 }
 
 int comm_test(CommHandle *h)
 {
+    const int pending = h->op || h->req != MPI_REQUEST_NULL;
     int done = !h->op || comm_nccl_test(h->op);
     if (done)
         h->op = NULL;
@@ -502,6 +581,14 @@ int comm_test(CommHandle *h)
         finish(h);
         trace_complete(h);
     }
+    /* A completion is progress; an incomplete test names what is awaited
+     * (for a polling loop's wait) but is none, and its time is not counted
+     * as blocked: a test between computations is no wait. */
+    if (pending && done)
+        progress_done();
+    else if (pending && h->wait_op && h->group)
+        progress_poll(h->wait_op, h->group->name, h->group->members,
+                      h->peer >= 0 ? world_rank(h->group, h->peer) : -1);
     return done;
 }
 
@@ -532,13 +619,16 @@ void comm_allgather_block_f32(Comm *c, float *buf, size_t n)
     const double t0 = MPI_Wtime();
     if (c->nccl) {
         CommHandle h = {.req = MPI_REQUEST_NULL,
-                        .op = comm_nccl_allgather_block(c->nccl, buf, n)};
+                        .op = comm_nccl_allgather_block(c->nccl, buf, n),
+                        .wait_op = "all-gather", .group = c, .peer = -1};
         comm_wait(&h);
     } else {
         TRD_ASSERT(n * (size_t)c->size <= (size_t)INT_MAX);
         float *x = block_stage(c, buf, n);
+        wait_begin(c, "all-gather", -1);
         check(MPI_Allgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, x, (int)n, MPI_FLOAT, c->mpi),
               "all-gather");
+        progress_done();
         block_unstage(c, buf, x, n * (size_t)c->size);
     }
     count_op(c, ring_bytes(c, n * (size_t)c->size, 1));
@@ -552,14 +642,17 @@ void comm_reduce_scatter_block_f32(Comm *c, float *buf, size_t n)
     const double t0 = MPI_Wtime();
     if (c->nccl) {
         CommHandle h = {.req = MPI_REQUEST_NULL,
-                        .op = comm_nccl_reduce_scatter_block(c->nccl, buf, n)};
+                        .op = comm_nccl_reduce_scatter_block(c->nccl, buf, n),
+                        .wait_op = "reduce-scatter", .group = c, .peer = -1};
         comm_wait(&h);
     } else {
         TRD_ASSERT(n * (size_t)c->size <= (size_t)INT_MAX);
         /* In place, MPI leaves this rank's reduced block at the start of buf. */
         float *x = block_stage(c, buf, n);
+        wait_begin(c, "reduce-scatter", -1);
         check(MPI_Reduce_scatter_block(MPI_IN_PLACE, x, (int)n, MPI_FLOAT, MPI_SUM, c->mpi),
               "reduce-scatter");
+        progress_done();
         block_unstage(c, buf, x, n);
     }
     count_op(c, ring_bytes(c, n * (size_t)c->size, 1));
@@ -582,7 +675,7 @@ static CommNccl *p2p_route(const Comm *c, int src, int dst, int tag, int *peer)
 
 CommHandle comm_isend_f32(Comm *c, const float *buf, size_t n, int dest, int tag)
 {
-    CommHandle h = {.req = MPI_REQUEST_NULL};
+    CommHandle h = {.req = MPI_REQUEST_NULL, .wait_op = "send to", .group = c, .peer = dest};
     if (c->nccl) {
         int peer;
         CommNccl *via = p2p_route(c, c->rank, dest, tag, &peer);
@@ -606,14 +699,18 @@ void comm_recv_f32(Comm *c, float *buf, size_t n, int src, int tag)
     if (c->nccl) {
         int peer;
         CommNccl *via = p2p_route(c, src, c->rank, tag, &peer);
+        wait_begin(c, "receive from", src);
         comm_nccl_wait(comm_nccl_recv(via, buf, n, peer));
+        progress_done();
         return;
     }
     TRD_ASSERT(n <= (size_t)INT_MAX);
     MPI_Status st;
     int got = 0;
     float *x = c->mem ? stage_take(c, n) : buf;
+    wait_begin(c, "receive from", src);
     check(MPI_Recv(x, (int)n, MPI_FLOAT, src, tag, c->mpi, &st), "receive");
+    progress_done();
     MPI_Get_count(&st, MPI_FLOAT, &got);
     if (got != (int)n)
         trd_fatal(TRD_EXIT_RUNTIME, "the two ranks disagree on the message size",
@@ -630,6 +727,8 @@ int comm_probe(Comm *c, int src, int tag)
         return 1;
     int flag = 0;
     check(MPI_Iprobe(src, tag, c->mpi, &flag, MPI_STATUS_IGNORE), "probe");
+    if (!flag) /* a probe loop waits for this message; the receive completes the wait */
+        wait_begin(c, "receive from", src);
     return flag;
 }
 

@@ -34,6 +34,10 @@ typedef struct {
     MPI_Comm mpi;
     int rank, size;
     char name[12];         /* "dp", "tp", ... for traces ("" unless the creator names it) */
+    char members[48];      /* its world ranks, "1,3" or "0-7" (",..." when cut), for the
+                            * watchdog's messages (core/progress.h) */
+    int wfirst, wstride;   /* world rank of group rank r: wfirst + r * wstride (wstride 0:
+                            * the group is no arithmetic progression of world ranks) */
     uint64_t bytes_sent;   /* bytes this rank sends under the ring algorithms (all-reduce
                             * 2n(p-1)/p, reduce-scatter and all-gather n(p-1)/p of the
                             * n-element whole), for reports and the benchmarks */
@@ -122,6 +126,11 @@ typedef struct {
     size_t back_off, back_n;
     const Backend *mem;
     struct CommNcclOp *op; /* NCCL: the operation in flight */
+    /* What a wait on it waits for (core/progress.h): op name, group, peer
+     * world rank of a send (-1: none); op NULL for nothing in flight. */
+    const char *wait_op;
+    const Comm *group;
+    int peer;
 } CommHandle;
 
 /* The part of [lo, hi) that `rank` owns, as [*a, *b). */

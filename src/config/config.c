@@ -10,6 +10,7 @@
 
 #include <ctype.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <math.h>
 #include <stdarg.h>
@@ -18,6 +19,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 #include <yaml.h>
 
 /* Enum fields are stored through an int pointer by the table code. */
@@ -123,6 +126,8 @@ static const KeyDesc KEYS[] = {
     KEY(training, trace, K_BOOL),
     ENUM(training, nonfinite, NONFINITE_NAMES),
     KEY(training, max_skipped, K_INT),
+    KEY(training, hang_timeout, K_INT),
+    KEY(training, straggler_threshold, K_FLOAT),
 
     STR(data, path, true),
     ENUM(data, format, FORMAT_NAMES),
@@ -575,6 +580,8 @@ void config_defaults(Config *cfg)
     tr->recompute = RECOMPUTE_NONE;
     tr->nonfinite = NONFINITE_STOP;
     tr->max_skipped = 10;
+    tr->hang_timeout = 300;
+    tr->straggler_threshold = 1.2f;
 
     cfg->data.format = DATA_MEGATRON;
     cfg->data.val_sequences = 32;
@@ -835,40 +842,95 @@ static int load_root(Loader *L, yaml_node_t *root)
     return check_required(L, section_mark, section_seen);
 }
 
-/* Read a whole file; NULL with err set on failure. */
+/* Configs are small: anything larger is not one, and reading it whole
+ * (a multi-GB file, /dev/zero) would only waste time and memory. */
+#define CFG_MAX_BYTES ((size_t)1 << 20)
+/* Mappings and sequences nested deeper than this are refused before the
+ * document is built: a real config nests 3 levels, and libyaml's loader
+ * recurses once per level. */
+#define CFG_MAX_DEPTH 64
+
+/* Read a whole regular file of at most CFG_MAX_BYTES; NULL with err set
+ * on failure.  O_NONBLOCK: opening a FIFO must not wait for a writer. */
 static unsigned char *read_file(const char *path, size_t *len, char *err)
 {
-    FILE *f = fopen(path, "rb");
-    if (!f) {
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0) {
         put_err(err, "%s: cannot read config: %s", path, strerror(errno));
         return NULL;
     }
-    size_t cap = 4096, n = 0;
-    unsigned char *buf = malloc(cap);
-    while (buf) {
-        n += fread(buf + n, 1, cap - n, f);
-        if (n < cap)
-            break;
-        unsigned char *bigger = realloc(buf, cap * 2);
-        if (!bigger) {
-            free(buf);
-            buf = NULL;
-            break;
-        }
-        buf = bigger;
-        cap *= 2;
+    struct stat st;
+    if (fstat(fd, &st) != 0) {
+        put_err(err, "%s: cannot read config: %s", path, strerror(errno));
+        close(fd);
+        return NULL;
     }
+    if (!S_ISREG(st.st_mode) || (size_t)st.st_size > CFG_MAX_BYTES) {
+        const char *what = S_ISDIR(st.st_mode) ? "a directory" : S_ISFIFO(st.st_mode) ? "a FIFO"
+                         : S_ISCHR(st.st_mode) || S_ISBLK(st.st_mode) ? "a device"
+                         : S_ISSOCK(st.st_mode) ? "a socket" : NULL;
+        if (what)
+            put_err(err, "%s: cannot read config: %s, not a regular file", path, what);
+        else
+            put_err(err, "%s: cannot read config: %lld bytes, more than a config's limit of "
+                    "%zu (1 MiB)", path, (long long)st.st_size, CFG_MAX_BYTES);
+        close(fd);
+        return NULL;
+    }
+    FILE *f = fdopen(fd, "rb");
+    if (!f) {
+        put_err(err, "%s: cannot read config: %s", path, strerror(errno));
+        close(fd);
+        return NULL;
+    }
+    /* One byte more than the limit tells a file that grew since fstat. */
+    unsigned char *buf = malloc(CFG_MAX_BYTES + 1);
+    size_t n = buf ? fread(buf, 1, CFG_MAX_BYTES + 1, f) : 0;
     int bad = !buf || ferror(f);
     int saved = errno;
     fclose(f);
-    if (bad) {
+    if (bad || n > CFG_MAX_BYTES) {
         put_err(err, "%s: cannot read config: %s", path,
-                 buf ? strerror(saved) : "out of memory");
+                !buf ? "out of memory" : bad ? strerror(saved) : "it grew past 1 MiB");
         free(buf);
         return NULL;
     }
     *len = n;
     return buf;
+}
+
+/* Refuse nesting deeper than CFG_MAX_DEPTH by streaming the events (the
+ * scanner only reads as far as the parser asks, so 100k '[' stop at the
+ * 65th).  A syntax error ends the scan quietly: the full load reports it
+ * with its usual message. */
+static int check_depth(const char *path, const unsigned char *buf, size_t len, char *err)
+{
+    yaml_parser_t p;
+    if (!yaml_parser_initialize(&p))
+        return 0;
+    yaml_parser_set_input_string(&p, buf, len);
+    int depth = 0, rc = 0;
+    for (;;) {
+        yaml_event_t ev;
+        if (!yaml_parser_parse(&p, &ev))
+            break;
+        const yaml_event_type_t type = ev.type;
+        if (type == YAML_SEQUENCE_START_EVENT || type == YAML_MAPPING_START_EVENT) {
+            if (++depth > CFG_MAX_DEPTH) {
+                put_err(err, "%s:%zu:%zu: nested more than %d levels deep; a config nests "
+                        "sections, keys and lists (3 levels)", path, ev.start_mark.line + 1,
+                        ev.start_mark.column + 1, CFG_MAX_DEPTH);
+                rc = -1;
+            }
+        } else if (type == YAML_SEQUENCE_END_EVENT || type == YAML_MAPPING_END_EVENT) {
+            depth--;
+        }
+        yaml_event_delete(&ev);
+        if (rc || type == YAML_STREAM_END_EVENT)
+            break;
+    }
+    yaml_parser_delete(&p);
+    return rc;
 }
 
 /* Byte at (line, column) of the buffer, columns counted in characters as
@@ -910,6 +972,10 @@ int config_load(Config *cfg, const char *path, char err[CFG_ERR])
     unsigned char *buf = read_file(path, &len, err);
     if (!buf)
         return -1;
+    if (check_depth(path, buf, len, err) != 0) {
+        free(buf);
+        return -1;
+    }
 
     yaml_parser_t parser;
     yaml_document_t doc;
@@ -1185,8 +1251,10 @@ int config_write_yaml(const Config *cfg, const char *path, char err[CFG_ERR])
         write_value(f, cfg, k);
         fputc('\n', f);
     }
-    int bad = ferror(f);
-    int saved = errno;
+    /* Flushed and fsynced: a full disk shows here, not as a short file later. */
+    errno = 0;
+    int bad = fflush(f) != 0 || ferror(f) || fsync(fileno(f)) != 0;
+    int saved = errno ? errno : EIO;
     if (fclose(f) != 0 && !bad) {
         bad = 1;
         saved = errno;

@@ -83,6 +83,8 @@ typedef struct {
     int trace;              /* write a Chrome trace of the run */
     NonfiniteKind nonfinite; /* a NaN/Inf loss or gradient norm: stop, or skip the update */
     int max_skipped;        /* skip: stop after this many skipped steps in a row (>= 1) */
+    int hang_timeout;       /* seconds without progress before the watchdog ends the job (0: off) */
+    float straggler_threshold; /* report the slowest rank above this x the median (default 1.2) */
 } TrainingConfig;
 
 typedef struct {

@@ -12,6 +12,7 @@
 
 #include <stdarg.h>
 #include <stdbool.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -98,6 +99,7 @@ static int check_ranges(Checker *c)
         {"training.global_batch", tr->global_batch, 1},
         {"training.micro_batch", tr->micro_batch, 0},
         {"training.warmup_steps", tr->warmup_steps, 0},
+        {"training.hang_timeout", tr->hang_timeout, 0},
         {"data.val_every", g->data.val_every, 0},
         {"data.val_sequences", g->data.val_sequences, 1},
         {"checkpoint.every", g->checkpoint.every, 0},
@@ -138,10 +140,87 @@ static int check_optimizer(Checker *c)
     if (!(tr->eps > 0))
         return verr(c, "training.eps", "training.eps (%g) must be > 0, e.g. 1e-8", tr->eps);
     if (!(tr->weight_decay >= 0))
-        return verr(c, "training.weight_decay", "training.weight_decay (%g) must be >= 0", tr->weight_decay);
+        return verr(c, "training.weight_decay", "training.weight_decay (%g) must be >= 0",
+                    tr->weight_decay);
+    if (!(tr->straggler_threshold >= 1))
+        return verr(c, "training.straggler_threshold", "training.straggler_threshold (%g) must "
+                    "be >= 1 (1.2: report a rank 20%% slower than the median)",
+                    tr->straggler_threshold);
     if (!(tr->grad_clip >= 0))
         return verr(c, "training.grad_clip", "training.grad_clip (%g) must be >= 0 (0 disables clipping)",
                     tr->grad_clip);
+    return 0;
+}
+
+/* The sizes derived from the model and batch keys, in overflow-checked
+ * 64-bit arithmetic, before anything multiplies them in int or size_t: a
+ * wrapped product would read as a negative token count or a tiny
+ * allocation.  The bounds (2^48 parameters, activation elements) are far
+ * beyond any model a machine holds, so only absurd values meet them; what
+ * fits in memory is the trainer's check (src/train/memcheck.h). */
+#define SIZE_LIMIT ((int64_t)1 << 48)
+
+static bool mul3(int64_t a, int64_t b, int64_t c, int64_t *out)
+{
+    int64_t ab;
+    return !__builtin_mul_overflow(a, b, &ab) && !__builtin_mul_overflow(ab, c, out);
+}
+
+static int check_sizes(Checker *c)
+{
+    const ModelConfig *m = &c->cfg->model;
+    const TopologyConfig *t = &c->cfg->topology;
+    const TrainingConfig *tr = &c->cfg->training;
+    /* micro_batch auto is at most the global batch */
+    const int64_t C = m->hidden, L = m->layers, T = m->seq_len,
+                  B = tr->micro_batch ? tr->micro_batch : tr->global_batch;
+    /* resolve_model's default ffn_hidden, here in 64 bits. */
+    int64_t F = m->ffn_hidden;
+    if (F == 0)
+        F = m->arch == ARCH_GPT2 ? 4 * C : ((8 * C + 2) / 3 + 63) / 64 * 64;
+    if (F > INT32_MAX)
+        return verr(c, "model.hidden", "model.ffn_hidden would be %lld (from model.hidden %d), beyond 32 bits; "
+                       "use a smaller hidden", (long long)F, m->hidden);
+    const int64_t mult = (int64_t)t->tp * m->vocab_pad_multiple;
+    const int64_t Vp = ((int64_t)m->vocab + mult - 1) / mult * mult;
+    if (Vp > INT32_MAX)
+        return verr(c, "model.vocab", "model.vocab (%d) padded to a multiple of topology.tp (%d) x "
+                       "model.vocab_pad_multiple (%d) is %lld, beyond 32 bits",
+                    m->vocab, t->tp, m->vocab_pad_multiple, (long long)Vp);
+    /* Weights: the attention and MLP matrices of every layer (kv heads
+     * counted as full heads, an upper bound), two embedding tables, the
+     * position table. */
+    int64_t attn, mlp, layer, blocks, embed, pos, total;
+    bool ok = mul3(4, C, C, &attn) && mul3(3, C, F, &mlp) &&
+              !__builtin_add_overflow(attn, mlp, &layer) &&
+              !__builtin_mul_overflow(L, layer, &blocks) && mul3(2, Vp, C, &embed) &&
+              !__builtin_mul_overflow(T, C, &pos) &&
+              !__builtin_add_overflow(blocks, embed, &total) &&
+              !__builtin_add_overflow(total, pos, &total);
+    if (!ok || total > SIZE_LIMIT)
+        return verr(c, "model.layers", "model.layers (%d) x model.hidden (%d) (ffn %lld, vocab %d) give %s "
+                       "parameters, more than 2^48 (%lld); trident's sizes are 64-bit byte "
+                       "counts, so such a model is refused; use a smaller model",
+                    m->layers, m->hidden, (long long)F, m->vocab,
+                    ok ? "about that many" : "an overflowing count of", (long long)SIZE_LIMIT);
+    /* Activations of one micro-batch: the widest row of every layer, and
+     * the attention scores (B x heads x T x T). */
+    int64_t wide = F > Vp ? F : Vp, rows, acts, scores;
+    ok = mul3(B, T, wide, &rows) && !__builtin_mul_overflow(rows, L + 1, &acts) &&
+         mul3(B, m->heads, T, &scores) && !__builtin_mul_overflow(scores, T, &scores);
+    if (!ok || acts > SIZE_LIMIT || scores > SIZE_LIMIT)
+        return verr(c, "training.micro_batch", "training.micro_batch (%d) x model.seq_len (%d) with model.layers (%d) "
+                       "and model.hidden (%d) give more than 2^48 activation elements per "
+                       "micro-batch; use a smaller micro_batch, seq_len or model",
+                    tr->micro_batch, m->seq_len, m->layers, m->hidden);
+    /* Tokens per step are reported as 32-bit counts, tokens so far as 64-bit. */
+    int64_t step_tokens, run_tokens;
+    if (__builtin_mul_overflow((int64_t)tr->global_batch, T, &step_tokens) ||
+        step_tokens > INT32_MAX || __builtin_mul_overflow(step_tokens, (int64_t)tr->steps,
+                                                          &run_tokens))
+        return verr(c, "training.global_batch", "training.global_batch (%d) x model.seq_len (%d) = %lld tokens per step, "
+                       "more than 2^31; use a smaller global_batch or seq_len",
+                    tr->global_batch, m->seq_len, (long long)tr->global_batch * T);
     return 0;
 }
 
@@ -348,7 +427,7 @@ int config_validate(Config *cfg, int world, char err[CFG_ERR])
 {
     Checker c = {.cfg = cfg, .err = err};
     if (check_ranges(&c) || check_allow_changes(&c, &cfg->checkpoint) || check_optimizer(&c) ||
-        resolve_checkpoint_dir(&c, cfg))
+        check_sizes(&c) || resolve_checkpoint_dir(&c, cfg))
         return -1;
     resolve_model(&cfg->model);
     if (check_model(&c) || check_topology(&c) || check_world(&c, cfg, world))

@@ -45,4 +45,9 @@ void trace_span(const char *name, TraceLane lane, double t0, double t1, int mb, 
  * could not write the file. */
 long trace_finish(const char *path);
 
+/* This rank's spans so far, alone, to path (not collective: for a rank that
+ * gives up on the others, src/train/watchdog.h).  Recording goes on.
+ * Returns the spans written (0 when not recording), or -1 with errno set. */
+long trace_write_rank(const char *path);
+
 #endif

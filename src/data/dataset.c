@@ -164,7 +164,9 @@ static int megatron_check_tables(const char *idx_path, const unsigned char *p, u
                         (unsigned long long)(tokens * (uint64_t)token_bytes));
         tokens += (uint64_t)len;
     }
-    if (n_doc < 1 || get_u64(docs) != 0 || get_u64(docs + 8 * (n_doc - 1)) != n_seq)
+    /* At least one document boundary past the start when there are sequences. */
+    if (n_doc < 1 || (n_seq > 0 && n_doc < 2) || get_u64(docs) != 0 ||
+        get_u64(docs + 8 * (n_doc - 1)) != n_seq)
         return trd_errorf(err, "%s: document indices must run from 0 to the sequence count %llu",
                     idx_path, (unsigned long long)n_seq);
     for (uint64_t d = 1; d < n_doc; d++)
@@ -192,11 +194,17 @@ static int open_megatron(TokenDataset *ds, const char *path, char err[CFG_ERR])
         megatron_check_tables(idx_path, p, n_seq, n_doc, ds->token_bytes, &ds->n_tokens, err) != 0 ||
         map_file(bin_path, &ds->bin_map, &ds->bin_bytes, err) != 0)
         return -1;
+    /* The .idx must describe the .bin exactly: a longer .bin is as wrong as
+     * a shorter one (an .idx of another, smaller dataset, or a .bin
+     * rewritten without its index), and training on it would silently skip
+     * or misread documents. */
     uint64_t need = ds->n_tokens * (uint64_t)ds->token_bytes;
-    if (ds->bin_bytes < need)
-        return trd_errorf(err, "%s: .bin shorter than its index says: %zu bytes, %s promises %llu tokens (%llu bytes)",
-                    bin_path, ds->bin_bytes, idx_path, (unsigned long long)ds->n_tokens,
-                    (unsigned long long)need);
+    if (ds->bin_bytes != need)
+        return trd_errorf(err, "%s does not match %s: the index describes %llu sequences of %llu tokens in all (%llu bytes of %s), the .bin has %zu bytes (%s); the pair comes from different datasets or one was cut short",
+                    bin_path, idx_path, (unsigned long long)n_seq,
+                    (unsigned long long)ds->n_tokens, (unsigned long long)need,
+                    ds->token_bytes == 2 ? "uint16" : "int32", ds->bin_bytes,
+                    ds->bin_bytes < need ? "shorter" : "longer");
     ds->tokens = ds->bin_map;
     ds->n_docs = n_doc - 1;
     return 0;

@@ -8,6 +8,7 @@
 #include <time.h>
 
 #include "core/error.h"
+#include "core/progress.h"
 
 /* One tag per direction: a channel (direction, sender, receiver) keeps its
  * order in MPI, and the schedule receives each channel in send order. */
@@ -154,10 +155,12 @@ static void run_instr(Exec *e, const PpInstr *in, float *buf, const float *last_
     void *ctx = st->ctx;
     switch (in->op) {
     case PP_FWD:
+        progress_micro(in->mb + 1); /* for the watchdog (core/progress.h) */
         st->forward(ctx, in->mb, in->chunk);
         last_out[in->chunk] = buf;
         break;
     case PP_BWD:
+        progress_micro(in->mb + 1);
         st->backward(ctx, in->mb, in->chunk);
         last_out[in->chunk] = buf;
         break;

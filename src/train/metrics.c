@@ -2,13 +2,23 @@
 
 #include <errno.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "core/error.h"
 
+/* A record that did not reach the file is lost silently unless the run
+ * stops: a full disk or a lost mount ends it (exit 1) naming the file.
+ * errno is 0 when a write failed earlier without leaving its reason. */
+static void write_failed(const Metrics *m)
+{
+    trd_fatal(TRD_EXIT_RUNTIME, "free space under run.dir (or check the mount), then resume",
+              "cannot write %s: %s", m->path, strerror(errno ? errno : EIO));
+}
+
 void metrics_open(Metrics *m, const char *dir, int steps, int log_every, int append)
 {
-    char path[1024];
-    snprintf(path, sizeof path, "%s/metrics.jsonl", dir);
+    char *path = m->path;
+    snprintf(path, sizeof m->path, "%s/metrics.jsonl", dir);
     m->jsonl = fopen(path, append ? "a+" : "w");
     if (m->jsonl && append && fseek(m->jsonl, -1, SEEK_END) == 0 && fgetc(m->jsonl) != '\n') {
         /* A run killed mid-line left a torn record: end it, so every
@@ -36,6 +46,7 @@ static const char *clock_text(double seconds, char buf[32])
 
 void metrics_record(Metrics *m, const StepMetrics *s)
 {
+    errno = 0;
     fprintf(m->jsonl,
             "{\"step\": %d, \"loss\": %.7g, \"lr\": %.6g, \"grad_norm\": %.6g, \"tokens\": %lld, "
             "\"step_ms\": %.3f, \"tokens_per_s\": %.1f, \"mfu\": %.4f, \"comm_ms\": %.3f, "
@@ -49,7 +60,9 @@ void metrics_record(Metrics *m, const StepMetrics *s)
     if (s->extra)
         fprintf(m->jsonl, ", %s", s->extra);
     fputs("}\n", m->jsonl);
-    fflush(m->jsonl);
+    /* fprintf's errors stick in ferror; fflush hands the line to the kernel. */
+    if (fflush(m->jsonl) != 0 || ferror(m->jsonl))
+        write_failed(m);
 
     if (s->step % m->log_every == 0 || s->step == 1 || s->step == m->steps || s->val_loss >= 0) {
         printf("step %5d/%d | loss %.4f | lr %.2e | norm %.3f | %.1f ms | %.0f tok/s | mfu %.1f%%",
@@ -66,7 +79,14 @@ void metrics_record(Metrics *m, const StepMetrics *s)
 
 void metrics_close(Metrics *m)
 {
-    if (m->jsonl)
-        fclose(m->jsonl);
+    if (!m->jsonl)
+        return;
+    /* fsync: the records are on disk, not only in the page cache, when the
+     * run reports success (a node crash right after would lose them). */
+    errno = 0;
+    FILE *f = m->jsonl;
     m->jsonl = NULL;
+    const int bad = fflush(f) != 0 || ferror(f) || fsync(fileno(f)) != 0;
+    if (fclose(f) != 0 || bad)
+        write_failed(m);
 }

@@ -20,12 +20,15 @@ typedef struct {
 
 typedef struct {
     FILE *jsonl;
+    char path[1024];
     int steps, log_every;
 } Metrics;
 
 /* Opens <dir>/metrics.jsonl: truncated for a fresh run, appended to when
  * resuming (the records of earlier steps stay); exits on failure. */
 void metrics_open(Metrics *m, const char *dir, int steps, int log_every, int append);
+/* Every write is checked: a failure (full disk, lost mount) exits 1 naming
+ * the file.  Close flushes and fsyncs. */
 void metrics_record(Metrics *m, const StepMetrics *s);
 void metrics_close(Metrics *m);
 

@@ -20,18 +20,23 @@
 #include "comm/comm.h"
 #include "config/config.h"
 #include "core/error.h"
+#include "core/progress.h"
 #include "core/trace.h"
 #include "data/dataset.h"
 #include "data/sampler.h"
 #include "model/model.h"
 #include "model/params.h"
+#include "train/memcheck.h"
 #include "train/metrics.h"
 #include "topology/topology.h"
 #include "train/guard.h"
 #include "train/pipeline.h"
 #include "train/preempt.h"
+#include "train/runlock.h"
 #include "train/schedule.h"
+#include "train/straggler.h"
 #include "train/tensorboard.h"
+#include "train/watchdog.h"
 #include "zero/zero.h"
 
 #define MAX_SETS 64
@@ -276,6 +281,7 @@ static double train_step(Trainer *tr, int step, double *grad_norm, float *lr)
     const float loss_scale = 1.0f / (float)(tr->n_micro * tr->dp);
     const double t_step = MPI_Wtime();
 
+    progress_step(step + 1, 0);
     zero_begin_step(tr->zero);
     const size_t BT = (size_t)B * (size_t)cfg->model.seq_len;
     const int needs_data = !tr->pipe || tr->comms.pp.rank == 0 ||
@@ -295,9 +301,11 @@ static double train_step(Trainer *tr, int step, double *grad_norm, float *lr)
         loss = pipe_step(tr->pipe, tr->tokens, tr->targets, loss_scale, pipeline_reduce, tr);
         comm_allreduce_f64(&tr->comms.pp, &loss, 1); /* only the last stage has it */
     } else {
-        for (int j = 0; j < tr->n_micro; j++)
+        for (int j = 0; j < tr->n_micro; j++) {
+            progress_step(step + 1, j + 1); /* for the watchdog's message */
             loss += zero_forward_backward(tr->zero, tr->tokens + j * BT, tr->targets + j * BT,
                                           loss_scale, j == tr->n_micro - 1);
+        }
         zero_finish_grads(tr->zero);
     }
     loss /= tr->n_micro * tr->dp;
@@ -886,6 +894,8 @@ static int train(const Config *cfg, Comm world)
     tr.n_micro = cfg->training.global_batch / (cfg->training.micro_batch * tr.dp);
 
     open_data(&tr, &world);
+    memcheck_host(cfg, tr.topo.ranks_per_node, tr.be->device, &world);
+    runlock_claim(cfg, &world); /* inputs are good: create, probe and lock the output dirs */
 
     ParamShard shard = pipe_shard(cfg, tr.comms.pp.rank, tr.comms.tp.size, tr.comms.tp.rank);
     tr.zero = zero_create(cfg, tr.be, &shard, &tr.comms.dp);
@@ -934,11 +944,15 @@ static int train(const Config *cfg, Comm world)
     memory_json(&tr, memory, sizeof memory);
     int exit_code = TRD_EXIT_OK;
     const double t_loop = now_s();
+    watchdog_start(cfg->training.hang_timeout, world.rank, world.size, cfg->run.dir,
+                   cfg->training.trace);
     for (int step = tr.start_step; step < cfg->training.steps; step++) {
+        straggler_begin();
         double t0 = now_s(), grad_norm;
         float lr;
         double loss = train_step(&tr, step, &grad_norm, &lr);
         double dt = now_s() - t0;
+        straggler_end(&world, step + 1, dt, cfg->run.log_every, cfg->training.straggler_threshold);
         ZeroStats zs = zero_take_stats(tr.zero);
 
         StepMetrics s = {.step = step + 1, .loss = loss, .lr = lr, .grad_norm = grad_norm,
@@ -985,9 +999,11 @@ static int train(const Config *cfg, Comm world)
     report_device_memory(&tr);
     dump_weights(&tr);
     finish_trace(&tr);
+    watchdog_stop();
     if (rank0) {
         metrics_close(&metrics);
         tb_close(&tb);
+        runlock_release();
     }
 
     free(tr.tokens);

@@ -1,0 +1,112 @@
+/* progress.c — the progress record the watchdog reads (progress.h). */
+#include "core/progress.h"
+
+#include <stdatomic.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+
+static struct {
+    _Atomic uint64_t ticks;
+    int step, micro;
+    int waiting;          /* a wait is described */
+    int timed;            /* ... and counts as blocked time from `since` */
+    char op[32], group[16], members[64];
+    int peer;
+    double since;         /* monotonic start of the open wait */
+    double blocked;       /* seconds in closed waits since progress_take_blocked_s */
+} P;
+
+static double mono(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static void copy(char *dst, size_t size, const char *src)
+{
+    snprintf(dst, size, "%s", src ? src : "");
+}
+
+void progress_step(int step, int micro)
+{
+    P.step = step;
+    P.micro = micro;
+    P.waiting = P.timed = 0;
+    atomic_fetch_add_explicit(&P.ticks, 1, memory_order_release);
+}
+
+static void describe(const char *op, const char *group, const char *members, int peer)
+{
+    copy(P.op, sizeof P.op, op);
+    copy(P.group, sizeof P.group, group);
+    copy(P.members, sizeof P.members, members);
+    P.peer = peer;
+    P.waiting = 1;
+}
+
+void progress_micro(int micro)
+{
+    progress_step(P.step, micro);
+}
+
+void progress_wait(const char *op, const char *group, const char *members, int peer)
+{
+    /* A polling loop calls this once per poll: the wait started at the first. */
+    if (!P.timed || strcmp(P.op, op) != 0 || P.peer != peer) {
+        P.since = mono();
+        P.timed = 1;
+    }
+    describe(op, group, members, peer);
+}
+
+void progress_poll(const char *op, const char *group, const char *members, int peer)
+{
+    describe(op, group, members, peer);
+}
+
+void progress_done(void)
+{
+    if (P.timed)
+        P.blocked += mono() - P.since;
+    P.waiting = P.timed = 0;
+    atomic_fetch_add_explicit(&P.ticks, 1, memory_order_release);
+}
+
+uint64_t progress_ticks(void)
+{
+    return atomic_load_explicit(&P.ticks, memory_order_acquire);
+}
+
+void progress_describe(char *buf, size_t len)
+{
+    int n = 0;
+    if (P.waiting && P.peer >= 0)
+        n = snprintf(buf, len, "in %s rank %d on group %s (ranks %s)", P.op, P.peer,
+                     P.group, P.members);
+    else if (P.waiting)
+        n = snprintf(buf, len, "in %s on group %s (ranks %s)", P.op, P.group, P.members);
+    else
+        n = snprintf(buf, len, "outside communication");
+    if (n < 0 || (size_t)n >= len)
+        return;
+    if (P.step > 0 && P.micro > 0)
+        snprintf(buf + n, len - (size_t)n, " at step %d micro-batch %d", P.step, P.micro);
+    else if (P.step > 0)
+        snprintf(buf + n, len - (size_t)n, " at step %d", P.step);
+    else
+        snprintf(buf + n, len - (size_t)n, " before the first step");
+}
+
+double progress_take_blocked_s(void)
+{
+    double b = P.blocked;
+    if (P.timed) { /* count an open wait up to now, the rest goes to the next period */
+        const double t = mono();
+        b += t - P.since;
+        P.since = t;
+    }
+    P.blocked = 0;
+    return b;
+}

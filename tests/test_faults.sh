@@ -91,19 +91,23 @@ if [ "$can_mount" = 1 ]; then
         dd if=/dev/zero of="$d/fill" bs=4k 2>/dev/null
         truncate -s $(( $(stat -c %s "$d/fill") - pages * 4096 )) "$d/fill"
     }
+    # Only run.dir's own files here: no checkpoint.dir (auto would put its
+    # lock under run.dir) and no TensorBoard events (tests/test_tensorboard.sh
+    # checks their writes), so the pages below fill in a known order.
+    disk=("${tiny[@]}" --set checkpoint.dir= --set run.tensorboard=false)
     # 1 page: the lock record fits, config.yaml does not.
     full_disk disk1 1
     expect 1 "$tmp/disk1/run/config.yaml: cannot write config: No space left" "$tmp/disk1.log" \
-        "$TRIDENT" train "${tiny[@]}" --set run.dir="$tmp/disk1/run"
+        "$TRIDENT" train "${disk[@]}" --set run.dir="$tmp/disk1/run"
     # 2 pages: config.yaml fits, metrics.jsonl does not.
     full_disk disk2 2
     expect 1 "cannot write $tmp/disk2/run/metrics.jsonl: No space left" "$tmp/disk2.log" \
-        "$TRIDENT" train "${tiny[@]}" --set run.dir="$tmp/disk2/run"
+        "$TRIDENT" train "${disk[@]}" --set run.dir="$tmp/disk2/run"
     check "no step reported after the failed metrics write" lacks "^step .*4/4" "$tmp/disk2.log"
     # 3 pages: metrics fit, the trace does not.
     full_disk disk3 3
     expect 1 "cannot write $tmp/disk3/run/trace.json: No space left" "$tmp/disk3.log" \
-        "$TRIDENT" train "${tiny[@]}" --set run.dir="$tmp/disk3/run" --set training.trace=true
+        "$TRIDENT" train "${disk[@]}" --set run.dir="$tmp/disk3/run" --set training.trace=true
 fi
 
 # ---- 3. writable directories, checked before step 1 -------------------------

@@ -10,7 +10,10 @@
 slurm_test_cluster train 17820
 root=$TRIDENT_SOURCE_ROOT
 
-small=(--set checkpoint.dir= --set model.layers=4 --set model.hidden=64 --set model.heads=4 --set model.seq_len=32
+# checkpoint.dir stays auto (<run.dir>/ckpt): a job that Slurm requeues
+# (a node marked failed under load) resumes instead of being refused for
+# the metrics its first attempt left, and a resume is bit-exact.
+small=(--set model.layers=4 --set model.hidden=64 --set model.heads=4 --set model.seq_len=32
        --set training.steps=10 --set training.warmup_steps=2 --set training.lr=1e-3
        --set training.global_batch=8 --set training.micro_batch=1 --set data.val_every=5
        --set data.val_sequences=2 --set run.log_every=1)

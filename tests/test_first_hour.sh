@@ -37,6 +37,15 @@ grep -q "holds the metrics of an earlier run" "$tmp/a2.log" && grep -q -- "--set
     fail "the refusal does not say why and how: $(cat "$tmp/a2.log")"
 [ "$(md5sum < "$tmp/a/metrics.jsonl")" = "$before" ] || fail "the earlier run's metrics changed"
 
+# ... unless Slurm requeued the same job before its first checkpoint: then
+# the run starts over and the earlier attempt's metrics are kept beside.
+check
+SLURM_RESTART_COUNT=1 "$TRIDENT" train configs/tiny.yaml "${small[@]}" --set training.steps=3 \
+    --set run.dir="$tmp/a" --set checkpoint.dir= > "$tmp/a3.log" 2>&1 || fail "a Slurm restart exited $?"
+[ "$(md5sum < "$tmp/a/metrics.jsonl.restart-1")" = "$before" ] ||
+    fail "the requeued run did not keep the earlier attempt's metrics: $(ls "$tmp/a")"
+grep -q "Slurm restart 1" "$tmp/a3.log" || fail "the requeued run does not say what it did"
+
 # ... while a run that resumes from its checkpoint (checkpoint.dir auto =
 # <run.dir>/ckpt) continues them: steps 1..6, each once.
 check

@@ -91,9 +91,11 @@ JobRequeue=1
 MinJobAge=600
 MailProg=/bin/true
 InactiveLimit=0
-SlurmdTimeout=30
+# Generous: 8 busy-polling MPI ranks on 2 cores can starve slurmd for tens
+# of seconds, and a node marked DOWN for that requeues a healthy job.
+SlurmdTimeout=300
 SlurmctldTimeout=30
-MessageTimeout=10
+MessageTimeout=60
 SlurmctldDebug=info
 SlurmdDebug=info
 EOF

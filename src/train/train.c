@@ -822,6 +822,19 @@ static void check_run_dir(const Trainer *tr, int resumed, Comm *world)
     snprintf(path, sizeof path, "%s/metrics.jsonl", cfg->run.dir);
     struct stat st;
     int taken = world->rank == 0 && !resumed && stat(path, &st) == 0 && st.st_size > 0;
+    /* A job Slurm requeued (node failure, preemption) before its first
+     * checkpoint is the same run starting over: its earlier attempt's
+     * metrics are kept beside, not refused and not overwritten. */
+    const char *restart = getenv("SLURM_RESTART_COUNT");
+    if (taken && restart && atoi(restart) > 0) {
+        char kept[CFG_STR + 64];
+        snprintf(kept, sizeof kept, "%s.restart-%d", path, atoi(restart));
+        if (rename(path, kept) == 0) {
+            printf("Slurm restart %d and no checkpoint to resume: the run starts over; the "
+                   "earlier attempt's metrics are kept in %s\n", atoi(restart), kept);
+            taken = 0;
+        }
+    }
     comm_allreduce_max_i32(world, &taken, 1);
     if (!taken)
         return;

@@ -27,7 +27,9 @@ root=$(pwd)
 build=$(cd "$(dirname "$TRIDENT")" && pwd)
 [ -f data/brown/gpt2.idx ] || { echo "FAIL: data/brown/gpt2 missing: run scripts/get_corpus.sh"; exit 1; }
 tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
+# docs/slurm.md starts the local cluster and stops it in its last line; a
+# block that fails before that line must not leave the daemons running.
+trap 'slurm/cluster/stop.sh >/dev/null 2>&1; rm -rf "$tmp"' EXIT
 docs=${TRIDENT_DOCS:-README.md $(ls docs/*.md)}
 
 # Split every doc into numbered block files; print "doc kind file line" rows.

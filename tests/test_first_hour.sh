@@ -4,7 +4,8 @@
 #     named); a run that resumes from its checkpoint continues them;
 #   - the quickstart, interrupted with Ctrl-C (SIGINT), saves, and run again
 #     resumes and ends with every step recorded once;
-#   - `trident run` exits 2 on bad input with only trident's message;
+#   - `trident run` exits 2 on bad input with only trident's message, and 1
+#     on a runtime failure (a rank's error, a rank killed);
 #   - a bad value in a YAML file is reported at its file:line:column;
 #   - prepare-data takes directories with --ext and quoted patterns, warns
 #     about an empty validation split, and finds the GPT-2 files from any
@@ -33,7 +34,8 @@ before=$(md5sum < "$tmp/a/metrics.jsonl")
     --set checkpoint.dir= > "$tmp/a2.log" 2>&1
 rc=$?
 [ "$rc" -eq 2 ] || fail "a fresh run into a used run.dir exited $rc, want 2"
-grep -q "holds the metrics of an earlier run" "$tmp/a2.log" && grep -q -- "--set run.dir=" "$tmp/a2.log" ||
+grep -q "holds the metrics of an earlier run" "$tmp/a2.log" && grep -q -- "--set run.dir=" "$tmp/a2.log" &&
+    grep -q -- "--set checkpoint.resume=" "$tmp/a2.log" ||
     fail "the refusal does not say why and how: $(cat "$tmp/a2.log")"
 [ "$(md5sum < "$tmp/a/metrics.jsonl")" = "$before" ] || fail "the earlier run's metrics changed"
 
@@ -60,11 +62,11 @@ steps=$(python3 -c 'import json,sys; print(" ".join(str(json.loads(l)["step"]) f
 
 # 2. The quickstart, interrupted and run again.
 check
-scripts/quickstart.sh "${small[@]}" --set training.steps=40 --set checkpoint.every=100 \
+scripts/quickstart.sh "${small[@]}" --set training.steps=200 --set checkpoint.every=1000 \
     --set run.dir="$tmp/qs" > "$tmp/qs1.log" 2>&1 &
 qs_pid=$!
 for _ in $(seq 600); do
-    grep -q "^step  *8/40" "$tmp/qs1.log" && break
+    grep -q "^step  *8/200" "$tmp/qs1.log" && break
     kill -0 "$qs_pid" 2>/dev/null || break
     sleep 0.2
 done
@@ -75,15 +77,28 @@ qs_pid=
 [ "$rc" -eq 75 ] || fail "the interrupted quickstart exited $rc, want 75 (saved and stopped)"
 grep -q "checkpoint saved" "$tmp/qs1.log" || fail "no checkpoint on Ctrl-C: $(tail -3 "$tmp/qs1.log")"
 grep -q "elapsed, eta" "$tmp/qs1.log" || fail "the step line has no elapsed time and ETA"
-grep -q "^quickstart: 4/4" "$tmp/qs1.log" || fail "the quickstart shows no progress of its phases"
+grep -q "^quickstart: 4/4 training configs/tiny.yaml (metrics in $tmp/qs/metrics.jsonl)" "$tmp/qs1.log" ||
+    fail "the quickstart shows no progress of its phases, or not its run.dir"
+grep -q "^build: " "$tmp/qs1.log" || fail "the quickstart's build step says nothing"
+grep -q "^output: $tmp/qs/metrics.jsonl.* | checkpoints: $tmp/qs/ckpt every 1000 steps" "$tmp/qs1.log" ||
+    fail "the run does not say where its metrics and checkpoints go"
 stopped=$(sed -n 's/.*stopped after step \([0-9]*\).*/\1/p' "$tmp/qs1.log")
-scripts/quickstart.sh "${small[@]}" --set training.steps=40 --set checkpoint.every=100 \
+scripts/quickstart.sh "${small[@]}" --set training.steps=200 --set checkpoint.every=1000 \
     --set run.dir="$tmp/qs" > "$tmp/qs2.log" 2>&1 || fail "the second quickstart exited $?"
 grep -q "resumed from .*step $stopped" "$tmp/qs2.log" ||
     fail "the second quickstart did not resume at step '$stopped': $(grep -m3 -i 'resum\|step ' "$tmp/qs2.log")"
-n=$(python3 -c 'import json,sys; s=[json.loads(l)["step"] for l in open(sys.argv[1])]; print(len(s) if s == list(range(1, 41)) else -1)' "$tmp/qs/metrics.jsonl")
-[ "$n" = 40 ] || fail "the quickstart's metrics are not steps 1..40 once each"
-echo "quickstart: stopped after step $stopped, resumed, 40 steps recorded"
+n=$(python3 -c 'import json,sys; s=[json.loads(l)["step"] for l in open(sys.argv[1])]; print(len(s) if s == list(range(1, 201)) else -1)' "$tmp/qs/metrics.jsonl")
+[ "$n" = 200 ] || fail "the quickstart's metrics are not steps 1..200 once each"
+echo "quickstart: stopped after step $stopped, resumed, 200 steps recorded"
+
+# A quickstart whose earlier run saved no checkpoint moves that run aside
+# (its own run.dir, not runs/tiny) instead of being refused.
+check
+mkdir -p "$tmp/qs0" && echo '{"step": 1}' > "$tmp/qs0/metrics.jsonl"
+scripts/quickstart.sh "${small[@]}" --set training.steps=2 --set run.dir="$tmp/qs0" > "$tmp/qs0.log" 2>&1 ||
+    fail "the quickstart after a run without checkpoint exited $?: $(tail -3 "$tmp/qs0.log")"
+[ "$(cat "$tmp/qs0.1/metrics.jsonl" 2>/dev/null)" = '{"step": 1}' ] && grep -q "moved it to $tmp/qs0.1" "$tmp/qs0.log" ||
+    fail "the earlier run was not moved to $tmp/qs0.1: $(ls "$tmp")"
 
 # 3. trident run: exit 2 and trident's message only.
 expect2() { # what, want_substring, cmd...
@@ -101,6 +116,28 @@ expect2 "run, world mismatch" "launch 2 ranks" \
     "$TRIDENT" run configs/tiny.yaml -n 3 --set topology.dp=2
 expect2 "run, missing data" "nodata.idx" \
     "$TRIDENT" run configs/tiny.yaml -n 2 --set data.path="$tmp/nodata" --set run.dir="$tmp/r"
+
+# ... and exit 1 for a runtime failure, whatever the launcher returns: a
+# run stopped by a non-finite loss (the ranks exit 1), and a rank killed by
+# SIGKILL (MPICH's mpiexec returns 9).
+check
+"$TRIDENT" run configs/tiny.yaml -n 2 "${small[@]}" --set training.lr=1e6 --set training.steps=20 \
+    --set checkpoint.dir= --set data.val_every=0 --set run.dir="$tmp/nan" > "$tmp/nan.log" 2>&1
+rc=$?
+[ "$rc" -eq 1 ] && grep -q "not finite" "$tmp/nan.log" || fail "run, non-finite loss: exit $rc, want 1: $(tail -2 "$tmp/nan.log")"
+check
+"$TRIDENT" run configs/tiny.yaml -n 2 "${small[@]}" --set training.steps=100000 --set checkpoint.dir= \
+    --set data.val_every=0 --set run.dir="$tmp/kill" > "$tmp/kill.log" 2>&1 &
+run_pid=$!
+for _ in $(seq 600); do grep -q "^step " "$tmp/kill.log" && break; sleep 0.2; done
+victim=$(pgrep -f "^[^ ]*trident train configs/tiny.yaml .*run.dir=$tmp/kill" | tail -1)
+[ -n "$victim" ] && kill -9 "$victim"
+timeout 60 tail --pid="$run_pid" -f /dev/null ||
+    { fail "run, a rank killed: the job did not end"; pkill -9 -f "run.dir=$tmp/kill"; }
+wait "$run_pid"
+rc=$?
+[ "$rc" -eq 1 ] && grep -q "mpiexec exited with status" "$tmp/kill.log" ||
+    fail "run, a rank killed: exit $rc, want 1: $(tail -2 "$tmp/kill.log")"
 
 # 4. A value error in a file names its place.
 sed 's/^  lr: 1.0e-3/  lr: -1/' configs/tiny.yaml > "$tmp/bad_lr.yaml"

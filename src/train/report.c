@@ -294,7 +294,7 @@ static char *slurp(const char *path)
     return buf;
 }
 
-/* Per rank from trace.json (docs/trace.md): the time inside "step N" spans
+/* Per rank from trace.json (docs/pipeline.md, "The timeline"): the time inside "step N" spans
  * (the step lane), the compute spans in them (forward, backward,
  * optimizer), and the rest, which the rank spent waiting: on collectives,
  * on pipeline neighbours, on data. */

@@ -20,6 +20,7 @@
 #include "comm/comm.h"
 #include "config/config.h"
 #include "core/error.h"
+#include "core/launch.h"
 #include "core/progress.h"
 #include "core/trace.h"
 #include "data/dataset.h"
@@ -839,10 +840,10 @@ static void check_run_dir(const Trainer *tr, int resumed, Comm *world)
     if (!taken)
         return;
     char hint[3 * CFG_STR];
-    snprintf(hint, sizeof hint, "give this run a directory of its own (--set run.dir=%s-2), "
-             "or delete %s to start over%s", cfg->run.dir, path,
-             cfg->checkpoint.dir[0] ? "" : "; with a checkpoint.dir the next run of the same "
-             "config resumes instead");
+    snprintf(hint, sizeof hint, "give this run a directory of its own (--set run.dir=%s-2); "
+             "or continue that run from its checkpoint (--set checkpoint.resume=STEP_DIR, or "
+             "checkpoint.resume: auto with the checkpoint.dir it saved to); or delete %s to "
+             "start over", cfg->run.dir, path);
     refuse(world->rank, hint, "run.dir %s holds the metrics of an earlier run, and this run "
            "starts fresh (no checkpoint to resume from in %s): it would overwrite them",
            cfg->run.dir, cfg->checkpoint.dir[0] ? cfg->checkpoint.dir : "checkpoint.dir (unset)");
@@ -1084,8 +1085,5 @@ int run_main(int argc, char **argv)
     }
     args[k] = NULL;
     printf("trident run: mpiexec -n %s %s train %s ...\n", n, self, a.config_path);
-    fflush(stdout);
-    execvp("mpiexec", args);
-    trd_fatal(TRD_EXIT_RUNTIME, "install MPICH (apt-get install mpich)", "cannot run mpiexec: %s",
-              strerror(errno));
+    return launch_wait(args, "install MPICH (apt-get install mpich)");
 }

@@ -51,7 +51,8 @@ can_mount=0
 if [ "$(id -u)" = 0 ] && mkdir -p "$tmp/probe_mnt" && mount -t tmpfs -o size=64k tmpfs "$tmp/probe_mnt" 2>/dev/null; then
     umount "$tmp/probe_mnt"; can_mount=1
 else
-    echo "SKIP: not root or no tmpfs mounts: full-disk and read-only checks skipped"
+    # Not a pass: these faults need root to mount a tmpfs.
+    fail "not root or no tmpfs mounts: the full-disk and read-only checks cannot run"
 fi
 mount_tmpfs() { # dir, options
     mkdir -p "$1" && mount -t tmpfs -o "$2" tmpfs "$1" && mounts+=("$1")
@@ -61,7 +62,7 @@ mount_tmpfs() { # dir, options
 section "run.dir lock"
 "$TRIDENT" train "${tiny[@]}" --set training.steps=8 --set run.dir="$tmp/shared" >"$tmp/first.log" 2>&1 &
 first=$!
-for _ in $(seq 100); do [ -s "$tmp/shared/.trident.lock" ] && break; sleep 0.1; done
+for _ in $(seq 600); do [ -s "$tmp/shared/.trident.lock" ] && break; sleep 0.1; done
 expect 2 "is in use by another run: host $(hostname), pid $first" "$tmp/second.log" \
     "$TRIDENT" train "${tiny[@]}" --set run.dir="$tmp/shared"
 check "the second run names the lock file" grep -qF "$tmp/shared/.trident.lock" "$tmp/second.log"
@@ -72,7 +73,7 @@ check "the lock record is cleared at the end" [ ! -s "$tmp/shared/.trident.lock"
 # checkpoint.dir is locked too (by a run with another run.dir).
 "$TRIDENT" train "${tiny[@]}" --set training.steps=8 --set run.dir="$tmp/c1" --set checkpoint.dir="$tmp/ck" >"$tmp/c1.log" 2>&1 &
 first=$!
-for _ in $(seq 100); do [ -s "$tmp/ck/.trident.lock" ] && break; sleep 0.1; done
+for _ in $(seq 600); do [ -s "$tmp/ck/.trident.lock" ] && break; sleep 0.1; done
 expect 2 "checkpoint.dir $tmp/ck is in use by another run" "$tmp/c2.log" \
     "$TRIDENT" train "${tiny[@]}" --set run.dir="$tmp/c2" --set checkpoint.dir="$tmp/ck"
 wait "$first" || fail "the run holding checkpoint.dir failed"
@@ -159,8 +160,10 @@ expect 2 "more than a config's limit of 1048576" "$tmp/huge.log" capped "$TRIDEN
 python3 -c 'print("[" * 100000)' >"$tmp/deep.yaml"
 expect 2 "$tmp/deep.yaml:1:65: nested more than 64 levels deep" "$tmp/deep.log" \
     capped "$TRIDENT" train "$tmp/deep.yaml"
-# Well under a second: the best of three, since MPI's start-up alone can
-# stall for seconds on a loaded machine.
+# It took 57 s before the depth bound; now it is about 0.1 s.  The bound
+# asserted is loose (5 s, the best of three: MPI's start-up alone can stall
+# for seconds on a loaded machine): it catches the unbounded parse, not a
+# slow machine.
 best=999999
 for _ in 1 2 3; do
     start=$(date +%s%N)
@@ -168,7 +171,7 @@ for _ in 1 2 3; do
     ms=$(( ($(date +%s%N) - start) / 1000000 ))
     [ "$ms" -lt "$best" ] && best=$ms
 done
-check "100k nested [ refused in ${best} ms (< 1000)" [ "$best" -lt 1000 ]
+check "100k nested [ refused in ${best} ms (< 5000)" [ "$best" -lt 5000 ]
 # Values that overflow size arithmetic: refused at validation, never negative.
 # A build without these checks would try to allocate them: capped (above).
 expect 2 "model.ffn_hidden would be 8000000000" "$tmp/huge_model.log" \
@@ -191,7 +194,8 @@ section "watchdog"
 descendants() { local c; for c in $(pgrep -P "$1"); do echo "$c"; descendants "$c"; done; }
 # stall NAME PATTERN ARGS...: 2 ranks; rank 1 is stopped (SIGSTOP) once rank 0
 # logged its first step; rank 0's watchdog must end the job within the
-# timeout (5 s) + 10 s, naming rank 1's group and what it waited for.
+# timeout (5 s) + 20 s (slack for a loaded machine), naming rank 1's group,
+# what it waited for, and rank 1 as the stalled one.
 stall() {
     local name=$1 want=$2; shift 2
     local log=$tmp/$name.log
@@ -211,9 +215,11 @@ stall() {
     kill -0 "$victim" 2>/dev/null && { kill -CONT "$victim"; kill -KILL "$victim"; }
     check "$name: the job ends with an error (exit $rc; 124 = the test's timeout)" \
         [ "$rc" -ne 0 -a "$rc" -ne 124 ]
-    check "$name: the job ends within 15 s of the stall (took $took s)" [ "$took" -le 15 ]
+    check "$name: the job ends within 25 s of the stall (took $took s; timeout 5 s)" [ "$took" -le 25 ]
     check "$name: rank 0 names what it waited for" \
         grep -qE "rank 0: no progress for [0-9]+ s in $want" "$log"
+    check "$name: rank 0 names the stalled rank 1 (its heartbeat stopped)" \
+        grep -qE "rank 0 waits for rank 1: no heartbeat for [0-9]+ s: STOPPED" "$log"
     check "$name: rank 0 wrote its trace so far" [ -s "$tmp/$name/trace.rank0.json" ]
     grep -E "no progress" "$log" | head -1
 }

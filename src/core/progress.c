@@ -3,6 +3,7 @@
 
 #include <stdatomic.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
@@ -97,6 +98,34 @@ void progress_describe(char *buf, size_t len)
         snprintf(buf + n, len - (size_t)n, " at step %d", P.step);
     else
         snprintf(buf + n, len - (size_t)n, " before the first step");
+}
+
+int progress_waiting_on(int *ranks, int max)
+{
+    if (!P.waiting || max <= 0)
+        return 0;
+    if (P.peer >= 0) {
+        ranks[0] = P.peer;
+        return 1;
+    }
+    /* The list as src/comm writes it: "1,3", "0-7", or cut with ",...". */
+    int n = 0;
+    for (const char *s = P.members; *s && n < max;) {
+        char *end;
+        long lo = strtol(s, &end, 10), hi = lo;
+        if (end == s)
+            break;
+        if (*end == '-') {
+            s = end + 1;
+            hi = strtol(s, &end, 10);
+            if (end == s)
+                break;
+        }
+        for (long r = lo; r <= hi && n < max; r++)
+            ranks[n++] = (int)r;
+        s = *end == ',' ? end + 1 : end;
+    }
+    return n;
 }
 
 double progress_take_blocked_s(void)

@@ -41,6 +41,11 @@ uint64_t progress_ticks(void);
 /* "in all-reduce on group dp (ranks 0,1) at step 5 micro-batch 2", or
  * "outside communication at step 5" when no wait is open. */
 void progress_describe(char *buf, size_t len);
+/* The world ranks the open wait waits for: the peer of a point-to-point
+ * operation, or the group's members (as far as the recorded list goes).
+ * Returns how many were written to ranks (at most max); 0 when no wait is
+ * open. */
+int progress_waiting_on(int *ranks, int max);
 /* Seconds spent in waits since the last call (resets the sum). */
 double progress_take_blocked_s(void);
 

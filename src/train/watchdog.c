@@ -2,6 +2,7 @@
 #include "train/watchdog.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <mpi.h>
 #include <pthread.h>
 #include <stdarg.h>
@@ -22,13 +23,87 @@ static struct {
     int running, stop;
     int timeout_s, rank, trace;
     char run_dir[CFG_STR];
-} W = {.mu = PTHREAD_MUTEX_INITIALIZER};
+    int beat_fd;          /* this rank's slot in the heartbeat file, or -1 */
+    double beat_every;    /* seconds between heartbeats */
+    double longest_gap;   /* longest time seen between two progress marks */
+} W = {.mu = PTHREAD_MUTEX_INITIALIZER, .beat_fd = -1};
 
-static double mono(void)
+/* The heartbeat file <run.dir>/.trident.heartbeat: one fixed-size text
+ * slot per world rank at offset rank * SLOT, rewritten by that rank's
+ * watchdog every beat_every seconds (about a tenth of the timeout, 0.5 to
+ * 30 s): "rank R beat T progress T' | <where>", wall-clock seconds.  A
+ * stopped, hard-hung or vanished rank stops beating, so the rank whose
+ * watchdog fires can tell the peers it waits for that are gone from the
+ * ones that are alive and waiting too, and name them.  One small write
+ * per rank and beat; slots of 512 bytes so that ranks of different nodes
+ * rarely share a file-system page.  On a run.dir that is not shared between
+ * nodes a rank sees only its own node's slots (docs/reliability.md). */
+enum { SLOT = 512 };
+
+static double clock_s(clockid_t id)
 {
     struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
+    clock_gettime(id, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+static double mono(void) { return clock_s(CLOCK_MONOTONIC); }
+static double wall(void) { return clock_s(CLOCK_REALTIME); }
+
+static void heartbeat_path(char *buf, size_t len)
+{
+    snprintf(buf, len, "%s/.trident.heartbeat", W.run_dir);
+}
+
+/* Write this rank's slot: alive now, last progress `progressed` (wall
+ * time), and where it is when it has been idle for a beat.  Best effort:
+ * a failed write only leaves the slot older. */
+static void beat(double progressed, int idle)
+{
+    if (W.beat_fd < 0)
+        return;
+    char slot[SLOT], where[256] = "making progress";
+    if (idle)
+        progress_describe(where, sizeof where);
+    int n = snprintf(slot, sizeof slot, "rank %d beat %.3f progress %.3f | %s", W.rank, wall(),
+                     progressed, where);
+    if (n < 0 || n > SLOT - 1)
+        n = SLOT - 1;
+    memset(slot + n, ' ', (size_t)(SLOT - 1 - n));
+    slot[SLOT - 1] = '\n';
+    ssize_t w = pwrite(W.beat_fd, slot, SLOT, (off_t)W.rank * SLOT);
+    (void)w;
+}
+
+/* What the heartbeat file says of world rank r, as one line. */
+static void describe_peer(int r, int fd, char *out, size_t len)
+{
+    char slot[SLOT + 1];
+    int who = -1;
+    double beat_t = 0, prog_t = 0;
+    int off = 0;
+    ssize_t got = fd >= 0 ? pread(fd, slot, SLOT, (off_t)r * SLOT) : -1;
+    if (got == SLOT) {
+        slot[SLOT] = '\0';
+        if (sscanf(slot, "rank %d beat %lf progress %lf | %n", &who, &beat_t, &prog_t, &off) < 3)
+            who = -1;
+    }
+    if (who != r) {
+        snprintf(out, len, "rank %d: no heartbeat record (a run.dir not shared with its node, "
+                 "or it never started)", r);
+        return;
+    }
+    char *end = slot + SLOT - 1;
+    while (end > slot + off && (end[-1] == ' ' || end[-1] == '\n'))
+        end--;
+    *end = '\0';
+    const double now = wall(), silent = now - beat_t;
+    if (silent > 3 * W.beat_every + 1)
+        snprintf(out, len, "rank %d: no heartbeat for %.0f s: STOPPED, hung hard or its node is "
+                 "gone (its last record: no progress for %.0f s, %s)", r, silent,
+                 beat_t - prog_t, slot + off);
+    else
+        snprintf(out, len, "rank %d: alive, no progress for %.0f s, %s", r, now - prog_t,
+                 slot + off);
 }
 
 /* Straight to file descriptor 2: the main thread may be stuck holding
@@ -51,17 +126,42 @@ static void say(const char *fmt, ...)
     }
 }
 
+/* The timeout in force: training.hang_timeout, or five times the longest
+ * gap between progress marks seen so far when that is longer (a model
+ * whose steps take minutes is not a hang). */
+static double timeout_of(void)
+{
+    const double scaled = 5 * W.longest_gap;
+    return scaled > W.timeout_s ? scaled : W.timeout_s;
+}
+
 /* No progress for the timeout: say where, keep the trace, end the job.
  * The main thread is stuck, so this thread is the only one writing. */
 static _Noreturn void fire(double idle)
 {
     char where[256];
     progress_describe(where, sizeof where);
-    say("trident: error: rank %d: no progress for %.0f s %s\n"
-        "---> the ranks named are the ones this rank waits for: look for a rank that died, "
-        "stopped or is stuck (its own message, or none if the machine went away); ending the "
-        "job so it can be requeued.  Raise training.hang_timeout if a step or checkpoint "
-        "legitimately takes longer\n", W.rank, idle, where);
+    say("trident: error: rank %d: no progress for %.0f s %s\n", W.rank, idle, where);
+    /* The ranks it waits for, as their heartbeats tell. */
+    int peers[64];
+    const int np = progress_waiting_on(peers, 64);
+    char path[CFG_STR + 32];
+    heartbeat_path(path, sizeof path);
+    const int fd = np > 0 ? open(path, O_RDONLY | O_CLOEXEC) : -1;
+    for (int i = 0; i < np; i++) {
+        if (peers[i] == W.rank)
+            continue;
+        char line[SLOT + 256];
+        describe_peer(peers[i], fd, line, sizeof line);
+        say("trident: rank %d waits for %s\n", W.rank, line);
+    }
+    if (fd >= 0)
+        close(fd);
+    say("---> a rank marked STOPPED is the one to look at (its own message, or none if the "
+        "machine went away); ending the job so it can be requeued.  The timeout was %.0f s "
+        "(training.hang_timeout %d s, or 5x the longest gap between progress marks seen, "
+        "%.1f s): raise training.hang_timeout if a step or checkpoint legitimately takes "
+        "longer\n", timeout_of(), W.timeout_s, W.longest_gap);
     if (W.trace) {
         char path[CFG_STR + 32];
         snprintf(path, sizeof path, "%s/trace.rank%d.json", W.run_dir, W.rank);
@@ -86,7 +186,7 @@ static void *watch(void *arg)
     /* Look a few times per timeout, at most once a second. */
     const double period = W.timeout_s >= 5 ? 1.0 : W.timeout_s / 5.0;
     uint64_t seen = progress_ticks();
-    double since = mono();
+    double since = mono(), progressed = wall(), last_beat = -1e30;
     pthread_mutex_lock(&W.mu);
     while (!W.stop) {
         struct timespec until;
@@ -100,10 +200,18 @@ static void *watch(void *arg)
         const uint64_t now_ticks = progress_ticks();
         const double now = mono();
         if (now_ticks != seen) {
+            if (now - since > W.longest_gap)
+                W.longest_gap = now - since;
             seen = now_ticks;
             since = now;
-        } else if (now - since >= W.timeout_s) {
+            progressed = wall();
+        } else if (now - since >= timeout_of()) {
+            beat(progressed, 1);
             fire(now - since);
+        }
+        if (now - last_beat >= W.beat_every) {
+            beat(progressed, now - since >= period);
+            last_beat = now;
         }
     }
     pthread_mutex_unlock(&W.mu);
@@ -120,6 +228,14 @@ void watchdog_start(int timeout_s, int world_rank, int world_size, const char *r
     W.trace = trace;
     W.stop = 0;
     snprintf(W.run_dir, sizeof W.run_dir, "%s", run_dir);
+    W.longest_gap = 0;
+    W.beat_every = timeout_s / 10.0 < 0.5 ? 0.5 : timeout_s / 10.0 > 30 ? 30 : timeout_s / 10.0;
+    char path[CFG_STR + 32];
+    heartbeat_path(path, sizeof path);
+    W.beat_fd = open(path, O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
+    if (W.beat_fd < 0)
+        fprintf(stderr, "trident: warning: rank %d: cannot open %s (%s): a hang will not name "
+                "stopped peers\n", world_rank, path, strerror(errno));
     /* The condition variable times out on the monotonic clock: a clock
      * step (NTP) must neither fire nor silence the watchdog. */
     pthread_condattr_t ca;
@@ -144,5 +260,8 @@ void watchdog_stop(void)
     pthread_mutex_unlock(&W.mu);
     pthread_join(W.thread, NULL);
     pthread_cond_destroy(&W.cv);
+    if (W.beat_fd >= 0)
+        close(W.beat_fd);
+    W.beat_fd = -1;
     W.running = 0;
 }

@@ -34,6 +34,13 @@ extern "C" void backend_cuda_device_name(int device, char *buf, size_t size)
              (double)prop.totalGlobalMem / (1024.0 * 1024.0 * 1024.0));
 }
 
+extern "C" size_t backend_cuda_device_memory(int device)
+{
+    cudaDeviceProp prop;
+    CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
+    return prop.totalGlobalMem;
+}
+
 /* What trident allocated on the device, for the memory report: live
  * allocations with their sizes (a few dozen: every category is one buffer),
  * the bytes they hold, and the most they ever held. */

@@ -18,7 +18,8 @@
 # a checkpoint saved by a CUDA run resumes bit for bit on CUDA and on the
 # CPU within the same tolerance; the device memory peak equals the report
 # (one rank, and rank 0 of an interleaved pipeline);
-# the pooled staging buffers are all allocated in the first step.
+# the pooled staging buffers are all allocated in the first step; a model
+# too big for the device's memory is refused before allocating.
 # With topology.comm nccl (played by MPI in the emulation): dp 2 ZeRO 3,
 # tp 2 x pp 2 with sequence parallelism, and an interleaved pp 2 whose
 # activations wrap around from the last rank to the first, each against the
@@ -104,6 +105,20 @@ if grep -q "no CUDA device is visible" "$out/gpt2_cuda.log"; then
 fi
 run gpt2 1
 compare gpt2 gpt2_cuda "$TOL"
+
+# A model whose state outgrows the device's memory is refused before any
+# allocation, naming the device and the planner's bytes (the emulated
+# device's memory is the host's RAM; an H100 has 80 GB: 2000 layers of
+# hidden 4096 need about 6 TB either way).
+timeout 120 "$TRIDENT" train configs/tiny.yaml "${small[@]}" "${cuda[@]}" --set model.layers=2000 \
+    --set model.hidden=4096 --set model.heads=32 --set run.dir="$out/too_big" > "$out/too_big.log" 2>&1
+rc=$?
+if [ "$rc" -eq 2 ] && grep -q "needs [0-9.]* GiB (parameters .*); 1 rank(s) share .*, more than its" "$out/too_big.log" &&
+   [ ! -e "$out/too_big" ]; then
+    echo "ok   too big for the device: refused, exit 2: $(grep -o 'share .*GiB$' "$out/too_big.log" | head -1)"
+else
+    echo "FAIL: too big for the device: exit $rc: $(tail -2 "$out/too_big.log")"; fails=$((fails + 1))
+fi
 grep -q "backend: cuda on" "$out/gpt2_cuda.log" ||
     { echo "FAIL: the cuda run does not report its device"; fails=$((fails + 1)); }
 # Every device buffer is one of the memory report's categories: rank 0's

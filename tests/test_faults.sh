@@ -183,10 +183,32 @@ expect 2 "give an overflowing count of parameters" "$tmp/huge_params.log" \
 expect 2 "tokens per step, more than 2^31" "$tmp/huge_batch.log" \
     capped "$TRIDENT" train "${tiny[@]}" --set training.global_batch=2000000000 --set training.micro_batch=1 --set model.seq_len=2 --set run.dir="$tmp/huge_run"
 check "no message prints a negative count" lacks "-[0-9]" "$tmp/huge_batch.log"
-# A model whose state outgrows the machine's RAM: refused before allocating.
-expect 2 "more than this machine's" "$tmp/ram.log" \
+# A model whose state outgrows the machine's RAM: refused before allocating,
+# with the planner's bytes per category.
+expect 2 "1 rank(s) share this machine's RAM" "$tmp/ram.log" \
     capped "$TRIDENT" train "${tiny[@]}" --set model.layers=2000 --set model.hidden=4096 --set model.heads=32 --set run.dir="$tmp/huge_run"
 check "the RAM refusal names the fix" grep -q "topology.zero" "$tmp/ram.log"
+# ... and one whose parameters are small but whose activations are not (a
+# micro-batch of 64 x 4096 tokens: 53 GiB of activations; capped at 8 GiB,
+# a run without the check would die allocating them).
+expect 2 "1 rank(s) share this machine's RAM" "$tmp/act.log" \
+    capped "$TRIDENT" train "${tiny[@]}" --set model.seq_len=4096 --set training.global_batch=64 \
+    --set training.micro_batch=64 --set data.val_path= --set run.dir="$tmp/huge_run"
+check "the activation refusal counts the activations (over 40 GiB)" \
+    grep -qE "parameters 0\.0, .* activations [4-9][0-9]\.[0-9], " "$tmp/act.log"
+check "the activation refusal names micro_batch and recompute" \
+    grep -q "lower training.micro_batch or model.seq_len, or set training.recompute: full" "$tmp/act.log"
+# Two ranks on the node need twice as much: a model whose state is about
+# 0.7 of the RAM (hidden 2048: 0.75 GiB of weights, gradients and Adam state
+# per layer) fits one rank, not two.
+ram=$(awk '/MemTotal/ {printf "%.0f", $2 * 1024}' /proc/meminfo)
+lim=$(cat /sys/fs/cgroup/memory.max 2>/dev/null)
+[[ "$lim" =~ ^[0-9]+$ ]] && [ "$lim" -lt "$ram" ] && ram=$lim
+layers=$(( ram * 7 / 10 / (12 * 2048 * 2048 * 16) ))
+expect 2 "2 rank(s) share this machine's RAM" "$tmp/ram2.log" \
+    capped mpiexec -n 2 "$TRIDENT" train "${tiny[@]}" --set topology.dp=2 --set model.layers=$layers \
+    --set model.hidden=2048 --set model.heads=16 --set training.micro_batch=4 --set run.dir="$tmp/huge_run"
+grep -o "needs [0-9.]* GiB" "$tmp/ram2.log" | head -1
 check "nothing written for refused configs" [ ! -e "$tmp/huge_run" ]
 
 # ---- 6. the watchdog: a stalled rank ends the job, named by its peer --------

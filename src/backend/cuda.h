@@ -32,6 +32,8 @@ int backend_cuda_devices(void);
 void backend_cuda_set_device(int device);
 /* The device's name ("NVIDIA H100 80GB HBM3") into buf. */
 void backend_cuda_device_name(int device, char *buf, size_t size);
+/* The device's total memory in bytes (the emulation: the host's RAM). */
+size_t backend_cuda_device_memory(int device);
 
 /* Device memory; `what` names the buffer in the out-of-memory message.
  * backend_cuda_calloc returns zeroed memory. */

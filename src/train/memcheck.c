@@ -1,71 +1,72 @@
-/* memcheck.c — the state a rank needs against the machine's RAM (memcheck.h). */
+/* memcheck.c — the memory a rank needs against the memory it has (memcheck.h). */
 #include "train/memcheck.h"
 
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <unistd.h>
 
 #include "core/error.h"
+#include "plan/plan.h"
 
-double memcheck_state_bytes(const Config *cfg)
-{
-    const ModelConfig *m = &cfg->model;
-    const TopologyConfig *t = &cfg->topology;
-    /* Doubles: config validation bounded the counts to 2^48, so these are
-     * exact enough and cannot wrap. */
-    const double C = m->hidden, F = m->ffn_hidden, L = m->layers;
-    const double kvd = C / m->heads * m->kv_heads;
-    const int mult = t->tp * m->vocab_pad_multiple;
-    const double Vp = (double)((m->vocab + mult - 1) / mult) * mult;
-    /* Per layer: q and output projections, k and v, the MLP matrices (two
-     * for GPT-2, three for SwiGLU); one embedding table.  Norms, biases and
-     * the position table are left out: a lower bound. */
-    const double per_layer = 2 * C * C + 2 * C * kvd + (m->arch == ARCH_GPT2 ? 2 : 3) * C * F;
-    const double params = L * per_layer + Vp * C;
-    const double dp = t->dp > 0 ? t->dp : 1;
-    const int z = t->zero;
-    const double adam = cfg->training.precision == PREC_BF16 ? 12 : 8; /* m, v [, master] */
-    const double per_param = 4 / (z >= 3 ? dp : 1) + 4 / (z >= 2 ? dp : 1) +
-                             adam / (z >= 1 ? dp : 1);
-    return params / ((double)t->tp * t->pp) * per_param;
-}
+static const double GIB = 1024.0 * 1024.0 * 1024.0;
 
-/* Physical memory, or the cgroup (v2) limit when that is lower: a job
- * step under Slurm usually has one. */
-static double machine_bytes(void)
+MemBudget memcheck_host_budget(int ranks_per_node)
 {
     double ram = (double)sysconf(_SC_PHYS_PAGES) * (double)sysconf(_SC_PAGESIZE);
     FILE *f = fopen("/sys/fs/cgroup/memory.max", "r");
-    if (f) {
+    if (f) { /* a job step under Slurm usually has one; "max" does not scan */
         double lim;
-        if (fscanf(f, "%lf", &lim) == 1 && lim > 0 && lim < ram) /* "max" does not scan */
+        if (fscanf(f, "%lf", &lim) == 1 && lim > 0 && lim < ram)
             ram = lim;
         fclose(f);
     }
-    return ram;
+    return (MemBudget){.bytes = ram, .sharers = ranks_per_node, .what = "this machine's RAM"};
 }
 
-void memcheck_host(const Config *cfg, int ranks_per_node, int device_backend, Comm *world)
+/* The planner on a cluster shaped like this job: its per-rank bytes do not
+ * depend on link speeds or peaks, only on the layout and element sizes. */
+static int plan_job(const Config *cfg, int ranks_per_node, PlanResult *r)
 {
-    if (device_backend)
-        return;
-    const double need = memcheck_state_bytes(cfg), node = need * ranks_per_node;
-    const double ram = machine_bytes();
-    /* Nodes may differ: any node short of memory stops the job. */
-    int refuse = node > ram;
+    PlanCluster c;
+    char err[CFG_ERR];
+    if (cluster_preset("cpu", &c, err) != 0)
+        return -1;
+    const int world = cfg->topology.tp * cfg->topology.pp * cfg->topology.dp;
+    c.gpus_per_node = ranks_per_node > 0 ? ranks_per_node : 1;
+    c.nodes = (world + c.gpus_per_node - 1) / c.gpus_per_node;
+    c.reserve_gib = 0;
+    return plan_evaluate(cfg, &c, r, err);
+}
+
+void memcheck(const Config *cfg, int ranks_per_node, MemBudget budget, Comm *world)
+{
+    PlanResult *r = trd_malloc(sizeof *r, "memory plan");
+    int refuse = plan_job(cfg, ranks_per_node, r) == 0 &&
+                 r->st[r->worst].total * budget.sharers > budget.bytes;
+    /* Nodes and devices may differ: any rank short of memory stops the job. */
     comm_allreduce_max_i32(world, &refuse, 1);
-    if (!refuse)
+    if (!refuse) {
+        free(r);
         return;
+    }
     if (world->rank == 0) {
-        const double gib = 1024.0 * 1024.0 * 1024.0;
-        fprintf(stderr, "trident: error: the model needs at least %.1f GiB per rank for "
-                "parameters, gradients and optimizer state (%d rank(s) per node: %.1f GiB), "
-                "more than this machine's %.1f GiB of RAM\n"
-                "---> split it over more ranks (topology.tp, topology.pp), shard the optimizer "
-                "state over data-parallel ranks (topology.zero 1-3), or train a smaller model\n",
-                need / gib, ranks_per_node, node / gib, ram / gib);
+        const PlanStage *s = &r->st[r->worst];
+        fprintf(stderr, "trident: error: a rank of pipeline stage %d needs %.1f GiB (parameters "
+                "%.1f, gradients %.1f, optimizer %.1f, buffers %.1f, activations %.1f, "
+                "scratch %.1f GiB, as `trident plan` counts them); %d rank(s) share %s: "
+                "%.1f GiB, more than its %.1f GiB\n"
+                "---> split the model over more ranks (topology.tp, topology.pp), shard the "
+                "optimizer state, gradients and weights over data-parallel ranks "
+                "(topology.zero 1-3), lower training.micro_batch or model.seq_len, or set "
+                "training.recompute: full (activations); `trident plan CONFIG --search` "
+                "finds a layout that fits\n",
+                r->worst, s->total / GIB, s->params / GIB, s->grads / GIB, s->optimizer / GIB,
+                s->buffers / GIB, s->activations / GIB, s->scratch / GIB, budget.sharers,
+                budget.what, s->total * budget.sharers / GIB, budget.bytes / GIB);
         fflush(stderr);
     }
+    free(r);
     comm_finalize();
     exit(TRD_EXIT_INPUT);
 }

@@ -1,27 +1,37 @@
-/* memcheck.h — before the trainer allocates: does the model's state fit?
+/* memcheck.h — before the trainer allocates: does the model fit the memory
+ * its ranks run in?
  *
- * On the CPU backend every rank keeps its parameters, gradients and Adam
- * state in host memory.  A model whose state cannot fit the machine would
- * otherwise get as far as its first large allocation (or the kernel's OOM
- * killer, which gives no message at all).  This check estimates the state a
- * rank holds from the config alone (a lower bound: the average rank, no
- * activations), multiplies it by the ranks sharing the node, and refuses a
- * run that needs more than the machine's RAM. */
+ * Every rank keeps its parameters, gradients, optimizer state, activations
+ * and scratch in host memory (CPU backend) or device memory (CUDA).  A run
+ * that cannot fit would otherwise get as far as its first large allocation,
+ * or the kernel's OOM killer, which gives no message at all.  The bytes are
+ * the planner's (plan_evaluate, `trident plan`): the same tables the model
+ * and the ZeRO engine allocate from, for the most loaded pipeline rank, so
+ * on the CPU backend they equal what the run allocates
+ * (tests/test_plan_runs.sh).  The ranks that share the memory (a node's
+ * ranks share its RAM; ranks beyond the GPU count share a GPU) multiply it. */
 #ifndef TRD_TRAIN_MEMCHECK_H
 #define TRD_TRAIN_MEMCHECK_H
-
-#include <stdint.h>
 
 #include "comm/comm.h"
 #include "config/config.h"
 
-/* Bytes of parameters, gradients and optimizer state on the average rank
- * (a lower bound of the busiest rank's), from a validated config. */
-double memcheck_state_bytes(const Config *cfg);
+/* The memory a rank's state lives in. */
+typedef struct {
+    double bytes;       /* capacity: RAM (or the cgroup limit), or one device's memory */
+    int sharers;        /* ranks that share it, this one included */
+    const char *what;   /* "this machine's RAM", or the device's name */
+} MemBudget;
+
+/* Host RAM of this machine, or its cgroup (v2) limit when lower, shared by
+ * ranks_per_node ranks. */
+MemBudget memcheck_host_budget(int ranks_per_node);
 
 /* Collective over world: exits 2 on every rank (rank 0 says what is needed
- * and how to fix it) when ranks_per_node ranks of this need exceed the
- * RAM.  Device backends keep the state on the device: nothing to check. */
-void memcheck_host(const Config *cfg, int ranks_per_node, int device_backend, Comm *world);
+ * per category and how to fix it) when `sharers` ranks of the planner's
+ * bytes for the most loaded rank exceed the budget on any rank.  cfg is
+ * validated, dp a number; a config the planner cannot evaluate is not
+ * refused here. */
+void memcheck(const Config *cfg, int ranks_per_node, MemBudget budget, Comm *world);
 
 #endif

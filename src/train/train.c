@@ -195,6 +195,7 @@ typedef struct {
     float *ckpt_dev[CKPT_KINDS]; /* device backends: the engine's buffers that ckpt's
                                     host copies mirror (NULL: none, or host backend) */
     char device[128];          /* device backends: the device's name */
+    MemBudget device_memory;   /* device backends: the memory the state lives in */
     int nccl;                  /* device buffers go through NCCL (topology.comm) */
     int start_step;            /* first step of this run (> 0 when resumed) */
     uint64_t start_position;   /* sample stream position at start_step */
@@ -741,6 +742,9 @@ static void use_device(Trainer *tr)
     const int dev = tr->topo.local_rank % n;
     backend_cuda_set_device(dev);
     backend_cuda_device_name(dev, tr->device, sizeof tr->device);
+    tr->device_memory = (MemBudget){.bytes = (double)backend_cuda_device_memory(dev),
+                                    .sharers = (tr->topo.ranks_per_node + n - 1) / n,
+                                    .what = tr->device};
     /* NCCL wants a GPU per rank: two ranks of a communicator on one GPU
      * fail.  Whether any rank shares is agreed by all (the choice is
      * collective). */
@@ -908,7 +912,9 @@ static int train(const Config *cfg, Comm world)
     tr.n_micro = cfg->training.global_batch / (cfg->training.micro_batch * tr.dp);
 
     open_data(&tr, &world);
-    memcheck_host(cfg, tr.topo.ranks_per_node, tr.be->device, &world);
+    memcheck(cfg, tr.topo.ranks_per_node,
+             tr.be->device ? tr.device_memory : memcheck_host_budget(tr.topo.ranks_per_node),
+             &world);
     runlock_claim(cfg, &world); /* inputs are good: create, probe and lock the output dirs */
 
     ParamShard shard = pipe_shard(cfg, tr.comms.pp.rank, tr.comms.tp.size, tr.comms.tp.rank);

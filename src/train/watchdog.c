@@ -236,6 +236,7 @@ void watchdog_start(int timeout_s, int world_rank, int world_size, const char *r
     if (W.beat_fd < 0)
         fprintf(stderr, "trident: warning: rank %d: cannot open %s (%s): a hang will not name "
                 "stopped peers\n", world_rank, path, strerror(errno));
+    beat(wall(), 0); /* the slot exists from the start: a rank stopped at once is named too */
     /* The condition variable times out on the monotonic clock: a clock
      * step (NTP) must neither fire nor silence the watchdog. */
     pthread_condattr_t ca;

@@ -615,6 +615,12 @@ static void test_reliability(const char *good, const Config *g32, const Layout *
         ix.state.adam_t = ix.state.step + 1;
         snprintf(p, sizeof p, "%s/bad/range/index.h5", g_root);
         CHECK(ckpt_index_write(p, &ix, err) == 0, "rewrite %s: %s", p, err);
+        ix.state.adam_t = ix.state.step;
+        ix.world = ix.tp * ix.pp * ix.dp + 1; /* a world no layout has */
+        path_of(p, sizeof p, "bad");
+        CHECK(sh("cp -r %s %s/world", good, p) == 0, "copy for a bad world");
+        snprintf(p, sizeof p, "%s/bad/world/index.h5", g_root);
+        CHECK(ckpt_index_write(p, &ix, err) == 0, "rewrite %s: %s", p, err);
         ckpt_index_free(&ix);
     }
     MPI_Barrier(MPI_COMM_WORLD);
@@ -631,6 +637,9 @@ static void test_reliability(const char *good, const Config *g32, const Layout *
     load_fails(p, g32, one, "flipped state bit", "flip/index.h5", "'/state/lr_step' does not match");
     path_of(p, sizeof p, "bad/range");
     load_fails(p, g32, four, "adam_t > step", "range/index.h5", "'/state/adam_t' is out of range");
+    path_of(p, sizeof p, "bad/world");
+    load_fails(p, g32, one, "world != tp x pp x dp", "world/index.h5",
+               "'/topology/world' is out of range");
 
     /* Hyper-parameters that keep every shape: still refused, both values named. */
     Config c = *g32;

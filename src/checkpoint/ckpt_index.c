@@ -490,10 +490,20 @@ static int check_state(const char *path, const CkptIndex *ix, char err[CFG_ERR])
                  "%lld x %d", (unsigned long long)s->sampler_position, (long long)s->step,
                  (long long)s->step, INT32_MAX);
     }
+    const char *group = "state";
+    if (!bad && (ix->tp < 1 || ix->pp < 1 || ix->dp < 1 || ix->zero < 0 || ix->zero > 3 ||
+                 (int64_t)ix->tp * ix->pp * ix->dp != ix->world)) {
+        /* The saving layout is only reported (a load reads the global
+         * layout), but a value no run can have is damage too. */
+        group = "topology";
+        bad = ix->zero < 0 || ix->zero > 3 ? "zero" : "world";
+        snprintf(why, sizeof why, "tp %d, pp %d, dp %d, zero %d, world %d: expected sizes >= 1, "
+                 "zero 0..3, world = tp x pp x dp", ix->tp, ix->pp, ix->dp, ix->zero, ix->world);
+    }
     if (!bad)
         return 0;
-    ckpt_err(err, "%s: attribute '/state/%s' is out of range (%s) — the index is corrupted",
-             path, bad, why);
+    ckpt_err(err, "%s: attribute '/%s/%s' is out of range (%s) — the index is corrupted",
+             path, group, bad, why);
     return -1;
 }
 

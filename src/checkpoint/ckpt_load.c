@@ -110,19 +110,31 @@ static int newest_complete(const char *dir, char out[CFG_STR], char err[CFG_ERR]
     DIR *d = opendir(dir);
     if (!d)
         return 0;
-    int64_t steps[256];
-    int n = 0;
+    /* Every step directory, however many: the newest must not hide
+     * behind readdir's order. */
+    int64_t *steps = NULL;
+    int n = 0, cap = 0;
     struct dirent *de;
-    while ((de = readdir(d)) && n < 256) {
+    while ((de = readdir(d))) {
         int64_t s = ckpt_parse_step(de->d_name);
         char path[CKPT_FILE_PATH];
         snprintf(path, sizeof path, "%s/%s", dir, de->d_name);
-        if (s >= 0 && is_dir(path))
-            steps[n++] = s;
+        if (s < 0 || !is_dir(path))
+            continue;
+        if (n == cap) {
+            cap = cap ? 2 * cap : 64;
+            int64_t *grown = realloc(steps, (size_t)cap * sizeof *steps);
+            if (!grown)
+                trd_fatal(TRD_EXIT_RUNTIME, NULL, "out of memory listing %s", dir);
+            steps = grown;
+        }
+        steps[n++] = s;
     }
     closedir(d);
-    if (n == 0)
+    if (n == 0) {
+        free(steps);
         return 0;
+    }
     qsort(steps, (size_t)n, sizeof *steps, cmp_desc);
     char skipped[CFG_ERR] = "";
     size_t used = 0;
@@ -137,6 +149,7 @@ static int newest_complete(const char *dir, char out[CFG_STR], char err[CFG_ERR]
             ckpt_err(err, "%s/latest is missing: resuming from the newest complete checkpoint "
                           "that verifies, %s%s%s", dir, name, used ? "; skipped: " : "",
                      skipped);
+            free(steps);
             return 1;
         }
         int w = snprintf(skipped + used, sizeof skipped - used, "%s%s (%s)", used ? "; " : "",
@@ -144,6 +157,7 @@ static int newest_complete(const char *dir, char out[CFG_STR], char err[CFG_ERR]
         if (w > 0)
             used = used + (size_t)w < sizeof skipped ? used + (size_t)w : sizeof skipped - 1;
     }
+    free(steps);
     ckpt_err(err, "%s/latest is missing and no step directory there is a complete checkpoint: "
                   "%s", dir, skipped);
     return -1;

@@ -99,10 +99,10 @@ int ckpt_prepare_tmp(const char *dir, const char *tmp, char err[CFG_ERR])
  * its `latest` was lost: those steps belong to someone else, or are the
  * evidence of a failure.  The first save of this process into such a
  * directory records them; they are never replaced or pruned. */
-#define CKPT_MAX_FOREIGN 256
 static char foreign_dir[CKPT_PATH];
-static int64_t foreign[CKPT_MAX_FOREIGN];
+static int64_t *foreign;   /* every one of them: a step left out would be pruned */
 static int n_foreign = -1; /* -1: foreign_dir not looked at yet */
+static int cap_foreign;
 
 void ckpt_note_foreign(const char *dir)
 {
@@ -119,10 +119,18 @@ void ckpt_note_foreign(const char *dir)
     if (!d)
         return;
     struct dirent *de;
-    while ((de = readdir(d)) && n_foreign < CKPT_MAX_FOREIGN) {
+    while ((de = readdir(d))) {
         int64_t s = ckpt_parse_step(de->d_name);
-        if (s >= 0)
-            foreign[n_foreign++] = s;
+        if (s < 0)
+            continue;
+        if (n_foreign == cap_foreign) {
+            cap_foreign = cap_foreign ? 2 * cap_foreign : 64;
+            int64_t *grown = realloc(foreign, (size_t)cap_foreign * sizeof *foreign);
+            if (!grown)
+                trd_fatal(TRD_EXIT_RUNTIME, NULL, "out of memory listing %s", dir);
+            foreign = grown;
+        }
+        foreign[n_foreign++] = s;
     }
     closedir(d);
 }

@@ -46,7 +46,7 @@ run ref3d 8 --set topology.tp=2 --set topology.pp=2 --set topology.dp=2 --set to
 timeout 300 "$TRIDENT" train configs/tiny.yaml "${small[@]}" --set run.dir="$out/killed" \
     --set checkpoint.dir="$out/killed/ckpt" > "$out/killed1.log" 2>&1 &
 job=$!
-for _ in $(seq 1 600); do [ -e "$out/killed/ckpt/latest" ] && break; sleep 0.05; done
+for _ in $(seq 1 6000); do [ -e "$out/killed/ckpt/latest" ] && break; sleep 0.05; done
 # The trainer itself, not only `timeout`: an orphaned trainer would go on
 # writing run.dir and checkpoint.dir beside the resumed run (whose run lock
 # then refuses to start, docs/reliability.md).

@@ -46,6 +46,11 @@ void cuda_swiglu_backward(float *dgate, float *dup, const float *dout, const flo
 /* rope.cu */
 void cuda_rope_forward(float *qkv, int N, int T, int H, int KVH, int hs, float theta);
 void cuda_rope_backward(float *dqkv, int N, int T, int H, int KVH, int hs, float theta);
+void cuda_rope_decode(float *qkv, int n, int pos0, int H, int KVH, int hs, float theta);
+
+/* decode.cu */
+void cuda_attention_decode(float *out, const float *qkv, float *kcache, float *vcache, int n,
+                           int pos0, int H, int KVH, int hs);
 
 /* attention.cu */
 void cuda_attention_forward(float *out, float *lse, const float *qkv, int B, int T, int H,

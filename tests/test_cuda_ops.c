@@ -435,6 +435,43 @@ static void test_attention(int B, int T, int H, int KVH, int hs)
     backend_cuda_free(d_dout), backend_cuda_free(d_dqkv);
 }
 
+/* ------------------------------------------------------------- decoding */
+
+/* A sequence fed in pieces (a prompt, single tokens, a few more) through
+ * rope_decode and attention_decode on both backends: the rotated rows,
+ * the caches and the outputs agree. */
+static void test_decode(int T, int H, int KVH, int hs)
+{
+    char what[128];
+    const int W = (H + 2 * KVH) * hs, O = H * hs;
+    const size_t nq = (size_t)T * W, no = (size_t)T * O, nc = (size_t)T * KVH * hs;
+    float *qkv = hrand(nq, 2), *d_qkv = dcopyf(qkv, nq);
+    float *out = hrand(no, 1), *d_out = dcopyf(out, no);
+    float *kc = hrand(nc, 1), *vc = hrand(nc, 1), *d_kc = dcopyf(kc, nc), *d_vc = dcopyf(vc, nc);
+    for (int pos = 0; pos < T;) {
+        const int n = pos == 0 ? (T + 1) / 2 : pos + 3 < T && pos % 2 ? 3 : 1;
+        const int m = pos + n > T ? T - pos : n;
+        cpu->rope_decode(qkv + (size_t)pos * W, m, pos, H, KVH, hs, 10000.0f);
+        gpu->rope_decode(d_qkv + (size_t)pos * W, m, pos, H, KVH, hs, 10000.0f);
+        cpu->attention_decode(out + (size_t)pos * O, qkv + (size_t)pos * W, kc, vc, m, pos, H,
+                              KVH, hs);
+        gpu->attention_decode(d_out + (size_t)pos * O, d_qkv + (size_t)pos * W, d_kc, d_vc, m,
+                              pos, H, KVH, hs);
+        pos += m;
+    }
+    snprintf(what, sizeof what, "decode T=%d H=%d KVH=%d hs=%d rope", T, H, KVH, hs);
+    compare_dev(what, d_qkv, qkv, nq, R_ELEM);
+    snprintf(what, sizeof what, "decode T=%d H=%d KVH=%d hs=%d key cache", T, H, KVH, hs);
+    compare_dev(what, d_kc, kc, nc, R_ELEM);
+    snprintf(what, sizeof what, "decode T=%d H=%d KVH=%d hs=%d value cache", T, H, KVH, hs);
+    compare_dev(what, d_vc, vc, nc, R_ELEM);
+    snprintf(what, sizeof what, "decode T=%d H=%d KVH=%d hs=%d out", T, H, KVH, hs);
+    compare_dev(what, d_out, out, no, R_RED);
+    free(qkv), free(out), free(kc), free(vc);
+    backend_cuda_free(d_qkv), backend_cuda_free(d_out), backend_cuda_free(d_kc);
+    backend_cuda_free(d_vc);
+}
+
 /* --------------------------------------------------------- crossentropy */
 
 static void test_crossentropy(int N, int V, int Vp)
@@ -892,6 +929,9 @@ int main(void)
     test_attention(1, 1, 2, 1, 4);    /* a single position */
     test_attention(1, 70, 2, 2, 128); /* the largest head size, partial last tile */
     test_attention(2, 64, 4, 2, 100); /* hs not a multiple of 8, whole tiles */
+    test_decode(9, 4, 2, 16);          /* GQA */
+    test_decode(40, 2, 2, 128);        /* MHA, the largest head size */
+    test_decode(7, 6, 1, 36);          /* MQA, hs not a multiple of 32 */
 
     test_crossentropy(37, 1000, 1024);
     test_crossentropy(8, 50257, 50304); /* GPT-2 vocabulary, padded */

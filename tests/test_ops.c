@@ -674,6 +674,55 @@ static void ref_attention(double *out, double *lse, const double *qkv)
         }
 }
 
+/* Decoding (backend.h): the sequence fed in pieces (a prompt of 5 rows,
+ * then one row at a time, then 3) through rope_decode and
+ * attention_decode gives the rows of rope_forward + attention_forward over
+ * the whole sequence (B = 1): the same products in the same order. */
+static void test_decode(int H, int KVH, int hs)
+{
+    const Backend *cpu = backend_cpu();
+    const int T = 11, W = (H + 2 * KVH) * hs, O = H * hs;
+    double *raw = rnd((size_t)T * W);
+    float *full = tof(raw, (size_t)T * W), *pieces = tof(raw, (size_t)T * W);
+    float *out_full = calloc((size_t)T * O, sizeof(float)), *lse = calloc((size_t)H * T, 4);
+    float *out = calloc((size_t)T * O, sizeof(float));
+    float *kc = calloc((size_t)T * KVH * hs, 4), *vc = calloc((size_t)T * KVH * hs, 4);
+    cpu->rope_forward(full, T, T, H, KVH, hs, 10000.0f);
+    cpu->attention_forward(out_full, lse, full, 1, T, H, KVH, hs);
+    const int cut[] = {0, 5, 6, 7, 8, T};
+    for (int i = 0; i + 1 < (int)(sizeof cut / sizeof *cut); i++) {
+        const int pos = cut[i], n = cut[i + 1] - cut[i];
+        cpu->rope_decode(pieces + (size_t)pos * W, n, pos, H, KVH, hs, 10000.0f);
+        cpu->attention_decode(out + (size_t)pos * O, pieces + (size_t)pos * W, kc, vc, n, pos,
+                              H, KVH, hs);
+    }
+    double *want = calloc((size_t)T * O, sizeof(double)), *wq = calloc((size_t)T * W, 8);
+    for (size_t i = 0; i < (size_t)T * O; i++)
+        want[i] = out_full[i];
+    for (size_t i = 0; i < (size_t)T * W; i++)
+        wq[i] = full[i];
+    char what[96];
+    snprintf(what, sizeof what, "rope_decode in pieces = rope_forward (H %d, KVH %d)", H, KVH);
+    check_f32(what, pieces, wq, (size_t)T * W, 0, 0);
+    snprintf(what, sizeof what, "attention_decode in pieces = attention_forward (H %d, KVH %d)",
+             H, KVH);
+    check_f32(what, out, want, (size_t)T * O, 0, 0);
+    /* the cache holds every position's key and value heads */
+    const int Q = H / KVH;
+    int cache_ok = 1;
+    for (int t = 0; t < T; t++)
+        for (int g = 0; g < KVH; g++)
+            for (int c = 0; c < hs; c++) {
+                const float *k = full + (size_t)t * W + ((size_t)g * (Q + 2) + Q) * hs;
+                cache_ok &= kc[((size_t)t * KVH + g) * hs + c] == k[c] &&
+                            vc[((size_t)t * KVH + g) * hs + c] == k[hs + c];
+            }
+    CHECK(cache_ok, "attention_decode: the cache holds the keys and values (H %d, KVH %d)", H,
+          KVH);
+    free(raw), free(full), free(pieces), free(out_full), free(lse), free(out), free(kc),
+        free(vc), free(want), free(wq);
+}
+
 static void test_attention(int H, int KVH)
 {
     const Backend *cpu = backend_cpu();
@@ -912,6 +961,9 @@ int main(void)
     test_attention(4, 4); /* multi-head */
     test_attention(4, 2); /* grouped-query */
     test_attention(4, 1); /* multi-query */
+    test_decode(4, 4, 8);
+    test_decode(4, 2, 6);
+    test_decode(4, 1, 4);
     test_crossentropy();
     test_vector_ops();
     test_adamw();

@@ -113,6 +113,20 @@ typedef struct {
                                const float *out, const float *lse,
                                int B, int T, int H, int KVH, int hs);
 
+    /* ---- decoding: generation with a key/value cache, one sequence ----
+     * rope_decode: rope_forward's rotation of n qkv rows at positions
+     * pos0 .. pos0 + n - 1.
+     * attention_decode: n new qkv rows at positions pos0 .. pos0 + n - 1
+     * (RoPE applied) write their key and value heads into the caches
+     * kcache, vcache [positions][KVH][hs] at their positions, then each
+     * row's query heads attend causally to cache rows 0 .. its own
+     * position: out [n, H*hs], heads in order.  For those rows this is
+     * attention_forward's output over the whole sequence, without
+     * recomputing the earlier rows' keys and values. */
+    void (*rope_decode)(float *qkv, int n, int pos0, int H, int KVH, int hs, float theta);
+    void (*attention_decode)(float *out, const float *qkv, float *kcache, float *vcache,
+                             int n, int pos0, int H, int KVH, int hs);
+
     /* Fused softmax + cross-entropy over a [N, Vp] logits buffer of which
      * only the first V columns are real (padding never counts).
      * losses[n] = -log softmax(logits[n])[targets[n]].  Targets < 0 are

@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "checkpoint/ckpt.h"
+#include "cli/generate.h"
 #include "core/error.h"
 #include "data/prepare.h"
 #include "plan/plan.h"
@@ -25,6 +26,8 @@ static const Command commands[] = {
     {"ckpt", ckpt_main, "inspect or export a checkpoint (trident ckpt --help)"},
     {"topology", topology_main, "print the rank map of a config for a world size, without launching"},
     {"plan", plan_main, "memory, communication and time of a config on a cluster, without running"},
+    {"eval", eval_main, "loss and perplexity of a trained model on a dataset (any layout)"},
+    {"generate", generate_main, "continue a prompt with a trained model (trident generate --help)"},
     {"report", report_main, "one HTML page of a run's curves, memory and config (trident report --help)"},
 };
 

@@ -216,6 +216,25 @@ static Tokenizer *make_tokenizer(const TokenizerSpec *ts)
     return t;
 }
 
+Tokenizer *data_tokenizer_named(const char *name, char *err)
+{
+    if (!strcmp(name, "byte"))
+        return tokenizer_byte();
+    if (!strcmp(name, "gpt2")) {
+        char vbuf[4096], mbuf[4096];
+        return tokenizer_gpt2(inputs_repo_file(DATA_GPT2_ENCODER_DEFAULT, vbuf, sizeof vbuf),
+                              inputs_repo_file(DATA_GPT2_MERGES_DEFAULT, mbuf, sizeof mbuf), err);
+    }
+    if (!strcmp(name, "cl100k_base") || !strcmp(name, "o200k_base")) {
+        char rel[512], rbuf[4096];
+        snprintf(rel, sizeof rel, DATA_TIKTOKEN_DIR_DEFAULT "/%s.tiktoken", name);
+        return tokenizer_tiktoken(inputs_repo_file(rel, rbuf, sizeof rbuf), name, err);
+    }
+    snprintf(err, CFG_ERR, "unknown tokenizer '%s' (byte, gpt2, cl100k_base or o200k_base)",
+             name);
+    return NULL;
+}
+
 /* Refuse a directory given as a file (stdin "-" is fine). */
 static void check_not_dir(const char *path)
 {

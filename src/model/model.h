@@ -116,6 +116,25 @@ int model_stream_rows(const Model *m);
  * halving not applied, as in the PaLM/Megatron MFU convention). */
 double model_flops_per_token(const ModelConfig *mc);
 
+/* ---- Decoding: generation with a key/value cache (decode.c) ----
+ * A Decoder runs a whole model (tp 1, one pipeline stage: model_create
+ * with the shard of pp rank 0 of 1, and its weights) over one sequence of
+ * at most max_len <= model.seq_len tokens.  decoder_step feeds n new
+ * tokens at positions decoder_pos() .. +n-1 (a prompt at once, then one
+ * token at a time) and returns the logits of the last one, [vocab] real
+ * columns in host memory (valid until the next step).  Keys and values of
+ * every layer stay in backend memory, so a token costs one pass over the
+ * weights and the cache: the earlier tokens are not recomputed. */
+typedef struct Decoder Decoder;
+Decoder *decoder_create(Model *m, int max_len);
+void decoder_free(Decoder *dc);
+const float *decoder_step(Decoder *dc, const int32_t *tokens, int n);
+int decoder_pos(const Decoder *dc);
+int decoder_max_len(const Decoder *dc);
+int decoder_vocab(const Decoder *dc);
+/* Start a new sequence (the cache is overwritten from position 0). */
+void decoder_reset(Decoder *dc);
+
 /* For the planner (src/plan): what model_create_unbound(cfg, be, sh, B)
  * followed by model_set_activation_sets(m, n_sets) allocates, computed
  * from the same size tables without allocating it.  Fills activations and

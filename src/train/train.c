@@ -341,7 +341,7 @@ static double train_step(Trainer *tr, int step, double *grad_norm, float *lr)
  * replicas in turn.  The rows of a partial last micro-batch get target -1,
  * which the loss ignores, so every layout and micro_batch sums the same
  * per-token losses (in another order). */
-static double validate(Trainer *tr)
+static double validate(Trainer *tr, double *counted_tokens)
 {
     const int B = tr->cfg->training.micro_batch, T = tr->cfg->model.seq_len;
     const int n = tr->cfg->data.val_sequences, batches = (n + B - 1) / B;
@@ -370,6 +370,8 @@ static double validate(Trainer *tr)
     double both[2] = {sum, tokens};
     comm_allreduce_f64(&tr->comms.dp, both, 2);
     trace_span("validation", TRACE_STEP, t0, MPI_Wtime(), -1, -1, 0);
+    if (counted_tokens)
+        *counted_tokens = both[1];
     return both[1] > 0 ? both[0] / both[1] : 0.0;
 }
 
@@ -873,7 +875,9 @@ static void print_outputs(const Config *cfg)
     fflush(stdout);
 }
 
-static int train(const Config *cfg, Comm world)
+/* Training, or with eval != NULL the validation pass only (train_evaluate):
+ * nothing under run.dir is locked or written then, and no step runs. */
+static int train(const Config *cfg, Comm world, EvalResult *eval)
 {
     /* bf16: GEMMs multiply bf16 operands with fp32 sums (backend.h); the
      * weights are bf16 values with fp32 masters (zero/optimizer.h). */
@@ -915,7 +919,8 @@ static int train(const Config *cfg, Comm world)
     memcheck(cfg, tr.topo.ranks_per_node,
              tr.be->device ? tr.device_memory : memcheck_host_budget(tr.topo.ranks_per_node),
              &world);
-    runlock_claim(cfg, &world); /* inputs are good: create, probe and lock the output dirs */
+    if (!eval)
+        runlock_claim(cfg, &world); /* inputs are good: create, probe and lock the output dirs */
 
     ParamShard shard = pipe_shard(cfg, tr.comms.pp.rank, tr.comms.tp.size, tr.comms.tp.rank);
     tr.zero = zero_create(cfg, tr.be, &shard, &tr.comms.dp);
@@ -934,10 +939,16 @@ static int train(const Config *cfg, Comm world)
     ckpt_setup(&tr);
     const int resumed = ckpt_resume(&tr);
     ckpt_init_from(&tr, resumed);
-    check_run_dir(&tr, resumed, &world);
+    if (!eval)
+        check_run_dir(&tr, resumed, &world);
     const size_t BT = (size_t)cfg->training.micro_batch * (size_t)cfg->model.seq_len;
     tr.tokens = trd_malloc((size_t)tr.n_micro * BT * sizeof(int32_t), "token batches");
     tr.targets = trd_malloc((size_t)tr.n_micro * BT * sizeof(int32_t), "target batches");
+    int exit_code = TRD_EXIT_OK;
+    if (eval) {
+        eval->loss = validate(&tr, &eval->tokens);
+        goto teardown;
+    }
 
     /* Every rank probes, so they share the machine the same way as in
      * training; rank 0's figure is the one reported. */
@@ -962,7 +973,6 @@ static int train(const Config *cfg, Comm world)
             tb_open(&tb, cfg->run.dir);
     }
     memory_json(&tr, memory, sizeof memory);
-    int exit_code = TRD_EXIT_OK;
     const double t_loop = now_s();
     watchdog_start(cfg->training.hang_timeout, world.rank, world.size, cfg->run.dir,
                    cfg->training.trace);
@@ -986,7 +996,7 @@ static int train(const Config *cfg, Comm world)
         int last = step + 1 == cfg->training.steps;
         int every = cfg->data.val_every > 0 && (step + 1) % cfg->data.val_every == 0;
         if (tr.has_val && (last || every))
-            s.val_loss = validate(&tr);
+            s.val_loss = validate(&tr, NULL);
         /* The ETA extrapolates this run's mean step time (validation included). */
         s.elapsed_s = now_s() - t_loop;
         s.eta_s = s.elapsed_s / (step + 1 - tr.start_step) * (cfg->training.steps - step - 1);
@@ -1026,6 +1036,7 @@ static int train(const Config *cfg, Comm world)
         runlock_release();
     }
 
+teardown:
     free(tr.tokens);
     free(tr.targets);
     ckpt_teardown(&tr);
@@ -1047,9 +1058,16 @@ int train_main(int argc, char **argv)
     Comm world = comm_world();
     Config cfg;
     load_config(&cfg, &a, world.size, world.rank);
-    int rc = train(&cfg, world);
+    int rc = train(&cfg, world, NULL);
     comm_finalize();
     return rc;
+}
+
+EvalResult train_evaluate(const Config *cfg, Comm world)
+{
+    EvalResult r = {0};
+    train(cfg, world, &r);
+    return r;
 }
 
 int run_main(int argc, char **argv)

@@ -1,0 +1,91 @@
+/* decode.cu — generation with a key/value cache (backend.h, "decoding"):
+ * rotary embedding from a position offset, and attention of a few new rows
+ * against the cache.
+ *
+ * attention_decode: one warp per (new row, head), block t * H + h.  Lane c holds channels
+ * c, c+32, c+64, c+96 of the query and of its running output; the cached
+ * keys and values stream by one position at a time: a warp-wide dot
+ * product, then the online softmax (running max m and sum l) rescales the
+ * output.  The cost per new token is one pass over the cache, nothing of
+ * the earlier rows is recomputed.  Head size up to 128. */
+#include "ops.cuh"
+
+enum { DEC_HS_MAX = 128, DEC_PER = DEC_HS_MAX / 32 };
+
+/* The caches are [position][KVH][hs]; qkv rows in the fused layout. */
+__global__ void cache_append_kernel(float *kcache, float *vcache, const float *qkv, int n,
+                                    int pos0, int H, int KVH, int hs)
+{
+    const int Q = H / KVH, width = (H + 2 * KVH) * hs;
+    const size_t total = (size_t)n * KVH * hs;
+    GRID_STRIDE(idx, total) {
+        const int i = (int)(idx % hs), g = (int)(idx / hs % KVH), t = (int)(idx / hs / KVH);
+        const float *k = qkv + (size_t)t * width + ((size_t)g * (Q + 2) + Q) * hs;
+        const size_t at = ((size_t)(pos0 + t) * KVH + g) * hs + i;
+        kcache[at] = k[i];
+        vcache[at] = k[hs + i];
+    }
+}
+
+__global__ void attention_decode_kernel(float *out, const float *qkv, const float *kcache,
+                                        const float *vcache, int pos0, int H, int KVH, int hs)
+{
+    const int h = (int)(blockIdx.x % (unsigned)H), t = (int)(blockIdx.x / (unsigned)H);
+    const int lane = threadIdx.x;
+    const int Q = H / KVH, g = h / Q, width = (H + 2 * KVH) * hs, pos = pos0 + t;
+    const float *q = qkv + (size_t)t * width + ((size_t)g * (Q + 2) + h % Q) * hs;
+    const float scale = 1.0f / sqrtf((float)hs);
+    float qr[DEC_PER], acc[DEC_PER];
+#pragma unroll
+    for (int j = 0; j < DEC_PER; j++) {
+        const int i = lane + 32 * j;
+        qr[j] = i < hs ? q[i] : 0.0f;
+        acc[j] = 0.0f;
+    }
+    float m = -INFINITY, l = 0.0f;
+    for (int u = 0; u <= pos; u++) {
+        const float *k = kcache + ((size_t)u * KVH + g) * hs;
+        const float *v = vcache + ((size_t)u * KVH + g) * hs;
+        float part = 0.0f;
+#pragma unroll
+        for (int j = 0; j < DEC_PER; j++) {
+            const int i = lane + 32 * j;
+            part += i < hs ? qr[j] * k[i] : 0.0f;
+        }
+        const float s = warp_sum(part) * scale;
+        const float m_new = fmaxf(m, s);
+        const float corr = expf(m - m_new), p = expf(s - m_new);
+        l = l * corr + p;
+#pragma unroll
+        for (int j = 0; j < DEC_PER; j++) {
+            const int i = lane + 32 * j;
+            acc[j] = acc[j] * corr + (i < hs ? p * v[i] : 0.0f);
+        }
+        m = m_new;
+    }
+    float *o = out + (size_t)t * H * hs + (size_t)h * hs;
+#pragma unroll
+    for (int j = 0; j < DEC_PER; j++) {
+        const int i = lane + 32 * j;
+        if (i < hs)
+            o[i] = acc[j] / l;
+    }
+}
+
+void cuda_attention_decode(float *out, const float *qkv, float *kcache, float *vcache, int n,
+                           int pos0, int H, int KVH, int hs)
+{
+    TRD_ASSERT(KVH > 0 && H % KVH == 0 && pos0 >= 0);
+    if (hs > DEC_HS_MAX)
+        trd_fatal(TRD_EXIT_INPUT, "use a head size (model.hidden / model.heads) of at most 128",
+                  "backend cuda: decoding supports head sizes up to %d, not %d", DEC_HS_MAX, hs);
+    if (n <= 0)
+        return;
+    cache_append_kernel<<<cuda_blocks((size_t)n * KVH * hs), CUDA_THREADS, 0, cuda_stream()>>>(
+        kcache, vcache, qkv, n, pos0, H, KVH, hs);
+    CUDA_CHECK_LAUNCH();
+    /* one block (a warp) per (new row, head): block t * H + h */
+    attention_decode_kernel<<<(unsigned)n * (unsigned)H, 32, 0, cuda_stream()>>>(
+        out, qkv, kcache, vcache, pos0, H, KVH, hs);
+    CUDA_CHECK_LAUNCH();
+}

@@ -18,7 +18,8 @@
 # a checkpoint saved by a CUDA run resumes bit for bit on CUDA and on the
 # CPU within the same tolerance; the device memory peak equals the report
 # (one rank, and rank 0 of an interleaved pipeline);
-# the pooled staging buffers are all allocated in the first step; a model
+# the pooled staging buffers are all allocated in the first step; greedy
+# generation (trident generate) gives the CPU's tokens and logits; a model
 # too big for the device's memory is refused before allocating.
 # With topology.comm nccl (played by MPI in the emulation): dp 2 ZeRO 3,
 # tp 2 x pp 2 with sequence parallelism, and an interleaved pp 2 whose
@@ -178,6 +179,35 @@ else
 fi
 run gpt2_ck_cpu_resumed 1 --set checkpoint.resume="$from"
 compare gpt2_ck_cuda gpt2_ck_cpu_resumed "$TOL"
+
+# Generation (trident generate, docs/generate.md) on the device: the key /
+# value cache in device memory, rope_decode and attention_decode kernels.
+# The same greedy tokens as the CPU and logits within the tolerance, for
+# GPT-2 and for Llama (GQA, RoPE from a position offset).
+run llama_ck 1 "${llama[@]}" --set checkpoint.dir="$out/llama_ck"
+for m in "gpt2 $out/ck" "llama $out/llama_ck"; do
+    set -- $m
+    for b in cpu cuda; do
+        timeout 300 "$TRIDENT" generate "$2" --prompt "The jury said that" --max-new-tokens 10 \
+            --greedy --ids --backend $b --dump-logits "$out/gen_$1_$b.logits" \
+            > "$out/gen_$1_$b.ids" 2> "$out/gen_$1_$b.log" ||
+            { echo "FAIL: generate $1 on $b: $(tail -2 "$out/gen_$1_$b.log")"; fails=$((fails + 1)); }
+    done
+    python3 - "$out/gen_$1" "$1" "$TOL" <<'PY' || fails=$((fails + 1))
+import struct, sys
+base, name, tol = sys.argv[1], sys.argv[2], float(sys.argv[3])
+ids = [open(f"{base}_{b}.ids").read() for b in ("cpu", "cuda")]
+def floats(b):
+    raw = open(f"{base}_{b}.logits", "rb").read()
+    return struct.unpack(f"{len(raw) // 4}f", raw)
+a, c = floats("cpu"), floats("cuda")
+rel = max(abs(x - y) for x, y in zip(a, c)) / max(abs(x) for x in a) if a and len(a) == len(c) else 1
+ok = ids[0] == ids[1] and ids[0].strip() and rel <= tol
+print(f"{'ok  ' if ok else 'FAIL'} generate {name}: cuda tokens {'=' if ids[0] == ids[1] else '!='} cpu, "
+      f"logits {rel:.2e} relative (tolerance {tol:g})")
+sys.exit(0 if ok else 1)
+PY
+done
 
 # Tensor parallelism: the vocabulary-parallel loss, the replicated biases and
 # the boundary collectives on device buffers; with sequence parallelism, and

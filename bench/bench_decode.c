@@ -1,0 +1,168 @@
+/* bench_decode — generation speed of the CPU backend (trident generate's
+ * Decoder, one sequence) against the memory-bandwidth limit measured in the
+ * same run.
+ *
+ * Decoding one token at batch 1 is memory-bound: every weight is read once
+ * (matrix-vector products), plus the key/value cache up to the position.
+ * The limit is bandwidth / bytes per token, the bandwidth the faster of a
+ * STREAM-like copy (bytes read + written per second) and a read (a sum) of
+ * a 1 GiB buffer on all threads, measured between the decode rounds.  Rounds alternate, and the best of each is
+ * reported (the machine's speed drifts).
+ *
+ *   bench_decode [--layers L --hidden C --heads H --vocab V --seq T
+ *                 --tokens N --rounds R --arch gpt2|llama]
+ * Default: GPT-2 124M, a 1-token prompt, 128 new tokens, 3 rounds. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <omp.h>
+
+#include "backend/backend.h"
+#include "config/config.h"
+#include "core/error.h"
+#include "model/model.h"
+#include "model/params.h"
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* Bytes per second of memory traffic on all threads, best of 3: a copy of
+ * n bytes (read + written, as STREAM counts it), and a read of n bytes (a
+ * sum, which is what a matrix-vector product does with its matrix). */
+static void bandwidth(size_t n, double *copy_bw, double *read_bw)
+{
+    float *a = malloc(n), *b = malloc(n);
+    TRD_ASSERT(a && b);
+    const size_t m = n / sizeof(float);
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < m; i++)
+        a[i] = 1.0f, b[i] = 2.0f;
+    double best_copy = 1e30, best_read = 1e30, sum = 0;
+    for (int r = 0; r < 3; r++) {
+        double t0 = now_s();
+#pragma omp parallel for schedule(static)
+        for (size_t i = 0; i < m; i++)
+            b[i] = a[i];
+        double dt = now_s() - t0;
+        best_copy = dt < best_copy ? dt : best_copy;
+        t0 = now_s();
+        float s = 0;
+#pragma omp parallel for simd schedule(static) reduction(+ : s)
+        for (size_t i = 0; i < m; i++)
+            s += b[i];
+        dt = now_s() - t0;
+        best_read = dt < best_read ? dt : best_read;
+        sum += s;
+    }
+    volatile double sink = sum;
+    (void)sink;
+    free(a);
+    free(b);
+    *copy_bw = 2.0 * (double)n / best_copy;
+    *read_bw = (double)n / best_read;
+}
+
+int main(int argc, char **argv)
+{
+    Config cfg;
+    config_defaults(&cfg);
+    cfg.model.arch = ARCH_GPT2;
+    cfg.model.layers = 12;
+    cfg.model.hidden = 768;
+    cfg.model.heads = 12;
+    cfg.model.vocab = 50257;
+    cfg.model.seq_len = 1024;
+    cfg.training.micro_batch = cfg.training.global_batch = cfg.training.steps = 1;
+    snprintf(cfg.data.path, sizeof cfg.data.path, "unused");
+    int tokens = 128, rounds = 3;
+    for (int i = 1; i + 1 < argc; i += 2) {
+        const int v = atoi(argv[i + 1]);
+        if (!strcmp(argv[i], "--layers")) cfg.model.layers = v;
+        else if (!strcmp(argv[i], "--hidden")) cfg.model.hidden = v;
+        else if (!strcmp(argv[i], "--heads")) cfg.model.heads = v;
+        else if (!strcmp(argv[i], "--vocab")) cfg.model.vocab = v;
+        else if (!strcmp(argv[i], "--seq")) cfg.model.seq_len = v;
+        else if (!strcmp(argv[i], "--tokens")) tokens = v;
+        else if (!strcmp(argv[i], "--rounds")) rounds = v;
+        else if (!strcmp(argv[i], "--arch"))
+            cfg.model.arch = !strcmp(argv[i + 1], "llama") ? ARCH_LLAMA : ARCH_GPT2;
+        else trd_fatal(TRD_EXIT_INPUT, NULL, "unknown option %s", argv[i]);
+    }
+    char err[CFG_ERR];
+    if (config_validate(&cfg, 1, err) != 0)
+        trd_fatal(TRD_EXIT_INPUT, NULL, "%s", err);
+    if (tokens + 1 > cfg.model.seq_len)
+        trd_fatal(TRD_EXIT_INPUT, NULL, "--tokens %d needs --seq > %d", tokens, tokens);
+
+    const Backend *be = backend_cpu();
+    ParamShard sh = params_full_shard(&cfg.model);
+    Model *m = model_create(&cfg, be, &sh, 1);
+    Decoder *dc = decoder_create(m, tokens + 1);
+    int32_t *ids = malloc((size_t)(tokens + 1) * sizeof *ids);
+    ids[0] = 0;
+
+    /* Bytes a token reads: every weight except the position table and the
+     * embedding rows not looked up (one row), the output head whole (tied:
+     * the token embedding), and the cache, 2 x layers x pos x kv width,
+     * at the mean position of the run. */
+    const ParamTable *pt = model_params(m);
+    const int hs = cfg.model.hidden / cfg.model.heads;
+    double weights = 0;
+    for (int i = 0; i < pt->n; i++) {
+        const ParamSpec *p = &pt->p[i];
+        if (strstr(p->name, "wpe"))
+            continue;
+        weights += (double)p->numel * 4;
+    }
+    if (!cfg.model.tie_embeddings) /* the input table: one row read, not all */
+        weights -= ((double)cfg.model.vocab - 1) * cfg.model.hidden * 4;
+    const double cache = 2.0 * cfg.model.layers * (tokens / 2.0) * cfg.model.kv_heads * hs * 4;
+    const double per_token = weights + cache;
+
+    double best_tps = 0, best_copy = 0, best_read = 0;
+    for (int r = 0; r < rounds; r++) {
+        decoder_reset(dc);
+        const float *logits = decoder_step(dc, ids, 1);
+        const double t0 = now_s();
+        for (int t = 1; t <= tokens; t++) {
+            int best = 0;
+            for (int v = 1; v < cfg.model.vocab; v++)
+                best = logits[v] > logits[best] ? v : best;
+            ids[t] = best;
+            logits = decoder_step(dc, ids + t, 1);
+        }
+        const double tps = tokens / (now_s() - t0);
+        double copy_bw, read_bw;
+        bandwidth((size_t)1 << 30, &copy_bw, &read_bw);
+        best_tps = tps > best_tps ? tps : best_tps;
+        best_copy = copy_bw > best_copy ? copy_bw : best_copy;
+        best_read = read_bw > best_read ? read_bw : best_read;
+        printf("round %d: %.1f tokens/s, copy %.2f GB/s, read %.2f GB/s\n", r + 1, tps,
+               1e-9 * copy_bw, 1e-9 * read_bw);
+    }
+    /* The stricter limit: the faster of the two ways to move memory. */
+    const double best_bw = best_copy > best_read ? best_copy : best_read;
+    const double limit = best_bw / per_token;
+    printf("model: %s layers %d hidden %d heads %d vocab %d | %.1f M params | %d new tokens\n",
+           config_arch_name(cfg.model.arch), cfg.model.layers, cfg.model.hidden, cfg.model.heads,
+           cfg.model.vocab, 1e-6 * (double)params_count_real(&cfg.model), tokens);
+    printf("bytes read per token     %.1f MB (weights %.1f, key/value cache %.1f on average)\n",
+           1e-6 * per_token, 1e-6 * weights, 1e-6 * cache);
+    printf("memory bandwidth         %.2f GB/s (1 GiB on %d threads: copy %.2f read + write, "
+           "read %.2f; the faster, best of the run)\n", 1e-9 * best_bw, omp_get_max_threads(),
+           1e-9 * best_copy, 1e-9 * best_read);
+    printf("decode tokens/s          %.1f (best round)\n", best_tps);
+    printf("bandwidth limit          %.1f tokens/s\n", limit);
+    printf("ratio to the limit       %.3f   (goal >= 0.7, where llama.cpp's CPU decoding runs)\n",
+           best_tps / limit);
+    free(ids);
+    decoder_free(dc);
+    model_free(m);
+    return 0;
+}

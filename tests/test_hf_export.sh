@@ -8,7 +8,8 @@
 #     with grouped-query attention on 4 ranks (tp 2 x pp 2), llama bf16
 #     training (master weights) with tied embeddings;
 #   - fp32, bf16 and sharded (--max-shard-size 1MB) exports; a re-export
-#     into the same directory leaves no stale weights;
+#     into the same directory leaves no stale weights; under mpiexec (2 and
+#     3 ranks, tensors split between them) the same files byte for byte;
 #   - the trident-convention forward is pinned to trident itself: its mean
 #     loss on a one-sequence validation set equals the val_loss trident
 #     printed (model.init_std 0.2 makes the attention sharp enough that a
@@ -88,6 +89,24 @@ ok "llama: shards + model.safetensors.index.json, no model.safetensors" \
     bash -c "ls '$out/l.hf'/model-0000*-of-0000*.safetensors > /dev/null &&
              [ -f '$out/l.hf/model.safetensors.index.json' ] && [ ! -f '$out/l.hf/model.safetensors' ]"
 ok "llama sharded: index, shards and tensors check" verify l "$out/l.hf"
+# Under mpiexec the tensors are split between the ranks, each writing its
+# own in place: the same files, byte for byte.
+timeout 300 mpiexec -n 3 "$TRIDENT" ckpt export --format hf --max-shard-size 1MB \
+    --out "$out/l3.hf" "$out/l/ckpt" > "$out/x.log" 2>&1
+rc=$?
+ok "llama sharded, 3 ranks: exit $rc, tensors split over the ranks, every file identical" \
+    bash -c "[ $rc -eq 0 ] && grep -q 'tensors split over the ranks' '$out/x.log' &&
+             for f in '$out/l.hf'/*; do cmp -s \"\$f\" '$out/l3.hf'/\"\$(basename \"\$f\")\" || exit 1; done"
+timeout 300 mpiexec -n 2 "$TRIDENT" ckpt export --format hf --dtype bf16 --out "$out/g2.hf" \
+    "$out/g/ckpt" > "$out/x.log" 2>&1
+"$TRIDENT" ckpt export --format hf --dtype bf16 --out "$out/g1.hf" "$out/g/ckpt" > /dev/null 2>&1
+ok "gpt2 bf16, 2 ranks: the same model.safetensors as 1 rank" \
+    cmp -s "$out/g1.hf/model.safetensors" "$out/g2.hf/model.safetensors"
+timeout 60 mpiexec -n 2 "$TRIDENT" ckpt export --format hf --out "$out/doc.txt" "$out/g/ckpt" \
+    > "$out/x.log" 2>&1
+rc=$?
+ok "2 ranks, OUTDIR a file: exit 2 ($rc), one message" \
+    bash -c "[ $rc -eq 2 ] && [ \$(grep -c 'trident: error' '$out/x.log') -eq 1 ]"
 touch "$out/l.hf/model-00001-of-00009.safetensors.tmp"   # as a killed export leaves it
 export_hf l "$out/l.hf"
 ok "llama: a single-file re-export into the same directory removes the old shards" \

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # `trident ckpt import --from hf` and `checkpoint.init_from` (issue 16):
-#   - round trip: checkpoint (saved on tp 2 x pp 2) -> export --format hf ->
+#   - round trip: checkpoint (saved on tp 2 x pp 2 x dp 2) -> export --format hf ->
 #     import -> checkpoint, every params tensor bit-identical in fp32
 #     (tests/hf_import_check.py, h5py), for gpt2 and for llama with
 #     grouped-query attention (sharded export); a bf16 run's master weights
@@ -29,8 +29,11 @@ ok() {
 small=(--set model.layers=2 --set model.hidden=64 --set model.heads=4 --set model.seq_len=32
        --set training.steps=2 --set run.log_every=1)
 export RUN_CKPT=1
-run g 4 --set topology.tp=2 --set topology.pp=2
-run l 4 --set model.arch=llama --set model.kv_heads=2 --set topology.tp=2 --set topology.pp=2
+# Saved on tp 2 x pp 2 x dp 2 with ZeRO-1 (8 ranks): every tensor written in
+# pieces by its TP slice and ZeRO block owners.
+run g 8 --set topology.tp=2 --set topology.pp=2 --set topology.dp=2 --set topology.zero=1
+run l 8 --set model.arch=llama --set model.kv_heads=2 --set topology.tp=2 --set topology.pp=2 \
+    --set topology.dp=2 --set topology.zero=1
 run lb 1 --set model.arch=llama --set model.kv_heads=1 --set training.precision=bf16
 unset RUN_CKPT
 
@@ -50,14 +53,14 @@ same() {
 # ---- round trip ----
 "$TRIDENT" ckpt export --format hf --out "$out/g.hf" "$out/g/ckpt" > /dev/null
 import "$out/g.hf" "$out/g.imp"
-ok "gpt2 (tp2 pp2): import (exit $rc)" test $rc -eq 0
+ok "gpt2 (tp2 pp2 dp2): import (exit $rc)" test $rc -eq 0
 sed 's/^/     /' "$out/i.log"
 ok "gpt2: every tensor bit-identical to the checkpoint" same "$(step_of g)" "$out/g.imp/step_00000000"
 ok "gpt2: the imported checkpoint verifies" "$TRIDENT" ckpt verify "$out/g.imp" > /dev/null
 
 "$TRIDENT" ckpt export --format hf --max-shard-size 1MB --out "$out/l.hf" "$out/l/ckpt" > /dev/null
 import "$out/l.hf" "$out/l.imp"
-ok "llama kv_heads 2 (tp2 pp2, sharded export): import (exit $rc)" test $rc -eq 0
+ok "llama kv_heads 2 (tp2 pp2 dp2, sharded export): import (exit $rc)" test $rc -eq 0
 ok "llama: every tensor bit-identical to the checkpoint" same "$(step_of l)" "$out/l.imp/step_00000000"
 
 "$TRIDENT" ckpt export --format hf --out "$out/lb.hf" "$out/lb/ckpt" > /dev/null

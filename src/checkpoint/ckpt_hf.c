@@ -4,9 +4,12 @@
  * transformers' from_pretrained(DIR) loads as GPT2LMHeadModel or
  * LlamaForCausalLM.
  *
- * Serial and streaming: the safetensors header is computed from the index
- * alone (every shape is known before any data is read), then each tensor is
- * read through its checksum blocks and written.  A plain copy never holds
+ * Streaming: the safetensors header is computed from the index alone
+ * (every shape is known before any data is read), then each tensor is read
+ * through its checksum blocks and written at its offset.  Under mpiexec -n
+ * N the tensors are split between the ranks (about even in bytes): rank 0
+ * creates the shard files at their full size, every rank writes its own
+ * tensors in place, rank 0 publishes.  A plain copy never holds
  * more than one checksum block (about 4 MiB); a transform that needs the
  * whole source (Conv1D transposes, the qkv split) holds that one tensor and
  * writes its output a row at a time.  Layout and conventions:
@@ -22,8 +25,10 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "backend/backend.h"
+#include "comm/comm.h"
 #include "core/error.h"
 #include "data/inputs.h"
 #include "data/prepare.h"
@@ -53,6 +58,7 @@ typedef struct {
     int64_t shape[2];            /* HF shape; shape[1] == 1 when ndim == 1 */
     int64_t bytes, offset;       /* in its shard's data section */
     int shard;
+    int owner;                   /* the rank that writes it */
 } HfTensor;
 
 typedef struct {
@@ -71,6 +77,8 @@ typedef struct {
     void *stage;
     size_t stage_cap;
     int64_t written;
+    /* Under mpiexec -n N: tensors are split between the ranks (owner). */
+    int rank, size;
     char err[CFG_ERR];
 } Hf;
 
@@ -495,30 +503,98 @@ static int hf_publish(Hf *h)
     return TRD_EXIT_OK;
 }
 
-static int hf_write_shard(Hf *h, int shard)
+/* Rank 0 creates shard .tmp files at their full size, the header in place,
+ * so every rank can then write its tensors at their offsets. */
+static int hf_create_shard(Hf *h, int shard)
 {
     char path[CKPT_FILE_PATH];
     hf_shard_path(h, shard, 1, path, sizeof path);
-    Sink s = {fopen(path, "wb"), path};
-    if (!s.f) {
+    FILE *f = fopen(path, "wb");
+    if (!f) {
         ckpt_err(h->err, "%s: cannot create: %s", path, strerror(errno));
         return TRD_EXIT_RUNTIME;
     }
     uint64_t len;
     char *head = hf_header(h, shard, &len);
-    int code = fwrite(&len, 8, 1, s.f) == 1 && fwrite(head, 1, len, s.f) == len
-                   ? TRD_EXIT_OK : TRD_EXIT_RUNTIME;
-    free(head);
-    if (code)
-        ckpt_err(h->err, "%s: cannot write: %s", path, strerror(errno));
-    for (int i = 0; i < h->n && code == TRD_EXIT_OK; i++)
+    int64_t data = 0;
+    for (int i = 0; i < h->n; i++)
         if (h->t[i].shard == shard)
-            code = hf_write_tensor(h, &h->t[i], &s);
-    if (fclose(s.f) != 0 && code == TRD_EXIT_OK) {
+            data += h->t[i].bytes;
+    int ok = fwrite(&len, 8, 1, f) == 1 && fwrite(head, 1, len, f) == len &&
+             ftruncate(fileno(f), (off_t)(8 + len + (uint64_t)data)) == 0;
+    free(head);
+    ok = fclose(f) == 0 && ok;
+    if (!ok) {
         ckpt_err(h->err, "%s: cannot write: %s", path, strerror(errno));
-        code = TRD_EXIT_RUNTIME;
+        return TRD_EXIT_RUNTIME;
+    }
+    return TRD_EXIT_OK;
+}
+
+/* This rank's tensors, each written at its place in its shard. */
+static int hf_write_mine(Hf *h)
+{
+    int code = TRD_EXIT_OK;
+    for (int shard = 0; shard < h->n_shards && code == TRD_EXIT_OK; shard++) {
+        int mine = 0;
+        for (int i = 0; i < h->n; i++)
+            mine |= h->t[i].shard == shard && h->t[i].owner == h->rank;
+        if (!mine)
+            continue;
+        char path[CKPT_FILE_PATH];
+        hf_shard_path(h, shard, 1, path, sizeof path);
+        Sink s = {fopen(path, "r+b"), path};
+        if (!s.f) {
+            ckpt_err(h->err, "%s: cannot open for writing: %s", path, strerror(errno));
+            return TRD_EXIT_RUNTIME;
+        }
+        uint64_t len;
+        free(hf_header(h, shard, &len));
+        for (int i = 0; i < h->n && code == TRD_EXIT_OK; i++) {
+            const HfTensor *t = &h->t[i];
+            if (t->shard != shard || t->owner != h->rank)
+                continue;
+            if (fseeko(s.f, (off_t)(8 + len + (uint64_t)t->offset), SEEK_SET) != 0) {
+                ckpt_err(h->err, "%s: cannot seek: %s", path, strerror(errno));
+                code = TRD_EXIT_RUNTIME;
+            } else {
+                code = hf_write_tensor(h, t, &s);
+            }
+        }
+        if (fclose(s.f) != 0 && code == TRD_EXIT_OK) {
+            ckpt_err(h->err, "%s: cannot write: %s", path, strerror(errno));
+            code = TRD_EXIT_RUNTIME;
+        }
     }
     return code;
+}
+
+/* Tensors to ranks: each to the rank with the fewest bytes so far, in
+ * order, so the split is the same on every rank and about even. */
+static void hf_assign(Hf *h)
+{
+    int64_t *load = trd_calloc((size_t)h->size, sizeof *load, "export split");
+    for (int i = 0; i < h->n; i++) {
+        int best = 0;
+        for (int r = 1; r < h->size; r++)
+            best = load[r] < load[best] ? r : best;
+        h->t[i].owner = best;
+        load[best] += h->t[i].bytes;
+    }
+    free(load);
+}
+
+/* The worst code of all ranks, and rank `from`'s message where it failed. */
+static int hf_agree(Hf *h, int code)
+{
+    if (h->size == 1)
+        return code;
+    int both[2] = {code, code ? h->rank : h->size}, worst[2];
+    MPI_Allreduce(&both[0], &worst[0], 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+    MPI_Allreduce(&both[1], &worst[1], 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+    if (worst[0] != TRD_EXIT_OK && worst[1] < h->size)
+        MPI_Bcast(h->err, CFG_ERR, MPI_CHAR, worst[1], MPI_COMM_WORLD);
+    return worst[0];
 }
 
 /* Write a cJSON document as DIR/name (pretty-printed, as HF writes them). */
@@ -771,6 +847,18 @@ int ckpt_hf_export(const char *arg, const char *out_dir, int bf16, int64_t max_s
     char step_dir[CFG_STR];
     CkptIndex ix;
     const double t0 = now_s();
+    /* Under an MPI launcher with several ranks, the tensors are split
+     * between them; otherwise serial, without MPI. */
+    const char *pmi = getenv("PMI_SIZE");
+    if (pmi && atoi(pmi) > 1) {
+        int argc0 = 0;
+        char **argv0 = NULL;
+        comm_init(&argc0, &argv0);
+        MPI_Comm_rank(MPI_COMM_WORLD, &h.rank);
+        MPI_Comm_size(MPI_COMM_WORLD, &h.size);
+    } else {
+        h.size = 1;
+    }
     if (ckpt_resolve(NULL, RESUME_PATH, arg, step_dir, h.err) != 1)
         goto input;
     char path[CKPT_FILE_PATH];
@@ -800,42 +888,65 @@ int ckpt_hf_export(const char *arg, const char *out_dir, int bf16, int64_t max_s
     h.kind = ix.n && ckpt_index_find(&ix, ix.e[0].name, CKPT_MASTER) ? CKPT_MASTER : CKPT_PARAMS;
     if (hf_plan(&h) != 0)
         goto fail;
-    if (hf_prepare_dir(out_dir, h.err) != 0)
+    if (hf_agree(&h, h.rank == 0 && hf_prepare_dir(out_dir, h.err) != 0 ? TRD_EXIT_INPUT
+                                                                         : TRD_EXIT_OK))
         goto fail;
     hf_shard(&h, max_shard);
-    hf_remove_stale(out_dir);
+    hf_assign(&h);
     code = TRD_EXIT_OK;
-    for (int s = 0; s < h.n_shards && code == TRD_EXIT_OK; s++)
-        code = hf_write_shard(&h, s);
+    if (h.rank == 0) {
+        hf_remove_stale(out_dir);
+        for (int s = 0; s < h.n_shards && code == TRD_EXIT_OK; s++)
+            code = hf_create_shard(&h, s);
+    }
+    code = hf_agree(&h, code);
     if (code == TRD_EXIT_OK)
-        code = hf_publish(&h);
-    if (code == TRD_EXIT_OK && h.n_shards > 1)
-        code = hf_write_index(&h);
-    if (code == TRD_EXIT_OK)
-        code = hf_write_configs(&h);
+        code = hf_agree(&h, hf_write_mine(&h));
     int tok = 0;
-    if (code == TRD_EXIT_OK)
-        code = hf_write_tokenizer(&h, &tok);
+    if (h.rank == 0 && code == TRD_EXIT_OK) {
+        code = hf_publish(&h);
+        if (code == TRD_EXIT_OK && h.n_shards > 1)
+            code = hf_write_index(&h);
+        if (code == TRD_EXIT_OK)
+            code = hf_write_configs(&h);
+        if (code == TRD_EXIT_OK)
+            code = hf_write_tokenizer(&h, &tok);
+    }
+    code = hf_agree(&h, code);
     if (code != TRD_EXIT_OK) {
         /* No half-written weights that from_pretrained would pick up. */
-        hf_remove_stale(out_dir);
+        if (h.rank == 0)
+            hf_remove_stale(out_dir);
         goto fail;
     }
+    if (h.size > 1) {
+        long long w = h.written;
+        MPI_Allreduce(MPI_IN_PLACE, &w, 1, MPI_LONG_LONG, MPI_SUM, MPI_COMM_WORLD);
+        h.written = w;
+    }
     const double dt = now_s() - t0;
-    printf("exported %d tensors of step %lld (%s, %s) to %s: %s, %.1f MiB in %d file%s%s, "
-           "%.2f s (%.0f MB/s)\n", h.n, (long long)ix.state.step, ix.arch,
-           ckpt_kind_names[h.kind], out_dir, bf16 ? "bf16" : "fp32", trd_mib((size_t)h.written),
-           h.n_shards, h.n_shards > 1 ? "s + model.safetensors.index.json" : "",
-           tok ? ", tokenizer files" : "", dt, dt > 0 ? 1e-6 * (double)h.written / dt : 0.0);
+    if (h.rank == 0)
+        printf("exported %d tensors of step %lld (%s, %s) to %s: %s, %.1f MiB in %d file%s%s, "
+               "%.2f s (%.0f MB/s%s)\n", h.n, (long long)ix.state.step, ix.arch,
+               ckpt_kind_names[h.kind], out_dir, bf16 ? "bf16" : "fp32",
+               trd_mib((size_t)h.written), h.n_shards,
+               h.n_shards > 1 ? "s + model.safetensors.index.json" : "",
+               tok ? ", tokenizer files" : "", dt, dt > 0 ? 1e-6 * (double)h.written / dt : 0.0,
+               h.size > 1 ? ", tensors split over the ranks" : "");
 fail:
     free(h.t);
     free(h.cache);
     free(h.stage);
     ckpt_index_free(&ix);
-    if (code != TRD_EXIT_OK)
+    if (code != TRD_EXIT_OK && h.rank == 0)
         fprintf(stderr, "trident: error: %s\n", h.err);
+    if (h.size > 1)
+        comm_finalize();
     return code;
 input:
-    fprintf(stderr, "trident: error: %s\n", h.err);
+    if (h.rank == 0)
+        fprintf(stderr, "trident: error: %s\n", h.err);
+    if (h.size > 1)
+        comm_finalize();
     return TRD_EXIT_INPUT;
 }

@@ -164,7 +164,7 @@ int eval_main(int argc, char **argv)
             comm_finalize();
             return code;
         }
-        snprintf(step, sizeof step, "%s/model/step_00000000", tmp);
+        snprintf(step, sizeof step, "%.200s/model/step_00000000", tmp);
     } else if (ckpt_resolve(NULL, RESUME_PATH, a.source, step, err) != 1) {
         refuse(world.rank, err);
     }

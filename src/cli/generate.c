@@ -177,7 +177,7 @@ static void resolve_source(const GenArgs *a, char step[CFG_STR], char tmp[CFG_ST
         close(saved);
         if (rc != 0)
             trd_fatal(rc, NULL, "%s", err);
-        snprintf(step, CFG_STR, "%s/step_00000000", tmp);
+        snprintf(step, CFG_STR, "%.200s/step_00000000", tmp);
         return;
     }
     if (ckpt_resolve(NULL, RESUME_PATH, a->source, step, err) != 1)

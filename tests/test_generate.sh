@@ -9,6 +9,8 @@
 #   gives the logits of --no-cache (recompute everything) within 1e-5;
 #   sampling: the same seed gives the same text, another seed another,
 #   top-k 1 is greedy; bad arguments exit 2 with a message.
+#   training.sample_every prints reproducible samples during training, and
+#   is refused where rank 0 does not hold the whole model;
 #   trident eval: the same loss on 1, 2 and 4 ranks (dp 4, and tp 2 x pp 2
 #   for the Llama) within fp32 1e-5, N sequences x seq_len tokens counted,
 #   the HF directory's loss equal to the checkpoint's.
@@ -91,6 +93,25 @@ bad "a prompt longer than the context" "leaves no room to generate" "$out/gpt2/c
 bad "top-p 0" "--top-p needs a number" "$out/gpt2/ckpt" --prompt hi --top-p 0
 bad "a tokenizer bigger than the model" "more than the model's vocabulary" "$out/gpt2/ckpt" \
     --prompt hi --tokenizer cl100k_base
+
+# training.sample_every: a sample printed at steps 4 and 8 (dp 2, ZeRO 2:
+# rank 0 holds the whole model), the same text when the run is repeated;
+# a layout that splits the model is refused before training.
+for r in a b; do
+    timeout 300 mpiexec -n 2 "$TRIDENT" train configs/tiny.yaml "${small[@]}" --set training.steps=8 \
+        --set training.sample_every=4 --set topology.dp=2 --set topology.zero=2 \
+        --set checkpoint.dir= --set run.dir="$out/sample_$r" > "$out/sample_$r.log" 2>&1 ||
+        { echo "FAIL: sample_every run $r: $(tail -2 "$out/sample_$r.log")"; fails=$((fails + 1)); }
+done
+ok "sample_every 4 over 8 steps: samples at steps 4 and 8, once each" \
+    bash -c "[ \"\$(grep -ao '^sample at step [0-9]*' '$out/sample_a.log' | tr '\n' ,)\" = 'sample at step 4,sample at step 8,' ]"
+ok "sample_every: the same samples when the run is repeated" \
+    bash -c "[ -n \"\$(grep -a '^sample at' '$out/sample_a.log')\" ] && [ \"\$(grep -a '^sample at' '$out/sample_a.log')\" = \"\$(grep -a '^sample at' '$out/sample_b.log')\" ]"
+timeout 120 mpiexec -n 2 "$TRIDENT" train configs/tiny.yaml "${small[@]}" --set training.sample_every=4 \
+    --set topology.pp=2 --set run.dir="$out/sample_pp" > "$out/sample_pp.log" 2>&1
+rc=$?
+ok "sample_every with pp 2: exit 2 ($rc) naming the rule" \
+    bash -c "[ $rc -eq 2 ] && grep -q 'training.sample_every needs the whole model on rank 0' '$out/sample_pp.log'"
 
 # eval: the same loss on every layout.
 ev() { # name, ranks, source, args...

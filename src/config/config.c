@@ -128,6 +128,7 @@ static const KeyDesc KEYS[] = {
     KEY(training, max_skipped, K_INT),
     KEY(training, hang_timeout, K_INT),
     KEY(training, straggler_threshold, K_FLOAT),
+    KEY(training, sample_every, K_INT),
 
     STR(data, path, true),
     ENUM(data, format, FORMAT_NAMES),

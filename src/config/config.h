@@ -85,6 +85,7 @@ typedef struct {
     int max_skipped;        /* skip: stop after this many skipped steps in a row (>= 1) */
     int hang_timeout;       /* seconds without progress before the watchdog ends the job (0: off) */
     float straggler_threshold; /* report the slowest rank above this x the median (default 1.2) */
+    int sample_every;       /* print a sampled continuation every N steps (0: off) */
 } TrainingConfig;
 
 typedef struct {

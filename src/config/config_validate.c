@@ -100,6 +100,7 @@ static int check_ranges(Checker *c)
         {"training.micro_batch", tr->micro_batch, 0},
         {"training.warmup_steps", tr->warmup_steps, 0},
         {"training.hang_timeout", tr->hang_timeout, 0},
+        {"training.sample_every", tr->sample_every, 0},
         {"data.val_every", g->data.val_every, 0},
         {"data.val_sequences", g->data.val_sequences, 1},
         {"checkpoint.every", g->checkpoint.every, 0},
@@ -142,6 +143,16 @@ static int check_optimizer(Checker *c)
     if (!(tr->weight_decay >= 0))
         return verr(c, "training.weight_decay", "training.weight_decay (%g) must be >= 0",
                     tr->weight_decay);
+    const TopologyConfig *t = &c->cfg->topology;
+    if (tr->sample_every > 0 && (t->tp > 1 || t->pp > 1 || t->zero == 3))
+        return verr(c, "training.sample_every", "training.sample_every needs the whole model on "
+                    "rank 0 (topology.tp 1, topology.pp 1, topology.zero 0-2); here tp %d, pp %d, "
+                    "zero %d: sample from a checkpoint with `trident generate` instead", t->tp,
+                    t->pp, t->zero);
+    if (tr->sample_every > 0 && c->cfg->model.vocab != 50257 && c->cfg->model.vocab != 257)
+        return verr(c, "training.sample_every", "training.sample_every decodes with the GPT-2 "
+                    "(vocab 50257) or byte (257) tokenizer; model.vocab is %d",
+                    c->cfg->model.vocab);
     if (!(tr->straggler_threshold >= 1))
         return verr(c, "training.straggler_threshold", "training.straggler_threshold (%g) must "
                     "be >= 1 (1.2: report a rank 20%% slower than the median)",

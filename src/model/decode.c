@@ -10,6 +10,7 @@
  * allocates nothing. */
 #include "model/model_internal.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -144,3 +145,24 @@ const float *decoder_step(Decoder *dc, const int32_t *tokens, int n)
 }
 
 int decoder_vocab(const Decoder *dc) { return dc->m->d.V; }
+
+int decoder_sample(const float *logits, int V, float temperature, double u)
+{
+    int best = 0;
+    for (int v = 1; v < V; v++)
+        if (logits[v] > logits[best])
+            best = v;
+    if (temperature <= 0)
+        return best;
+    double sum = 0;
+    for (int v = 0; v < V; v++)
+        sum += exp((logits[v] - logits[best]) / temperature);
+    double acc = 0;
+    const double target = u * sum;
+    for (int v = 0; v < V; v++) {
+        acc += exp((logits[v] - logits[best]) / temperature);
+        if (target < acc)
+            return v;
+    }
+    return best;
+}

@@ -134,6 +134,9 @@ int decoder_max_len(const Decoder *dc);
 int decoder_vocab(const Decoder *dc);
 /* Start a new sequence (the cache is overwritten from position 0). */
 void decoder_reset(Decoder *dc);
+/* A token drawn from softmax(logits / temperature) over [0, V) with the
+ * uniform number u in [0, 1) (the argmax when temperature is 0). */
+int decoder_sample(const float *logits, int V, float temperature, double u);
 
 /* For the planner (src/plan): what model_create_unbound(cfg, be, sh, B)
  * followed by model_set_activation_sets(m, n_sets) allocates, computed

@@ -22,8 +22,11 @@
 #include "core/error.h"
 #include "core/launch.h"
 #include "core/progress.h"
+#include "core/rng.h"
 #include "core/trace.h"
 #include "data/dataset.h"
+#include "data/prepare.h"
+#include "data/tokenizer.h"
 #include "data/sampler.h"
 #include "model/model.h"
 #include "model/params.h"
@@ -621,6 +624,33 @@ static void ckpt_init_from(Trainer *tr, int resumed)
                dir);
 }
 
+/* training.sample_every: a continuation of end-of-text by the model as it
+ * is now, as llm.c prints during training.  Rank 0 alone: with tp 1, pp 1
+ * and ZeRO 0-2 (config validation) its model holds every weight.  Up to 64
+ * tokens, temperature 1, drawn with the RNG keyed by (seed, step). */
+static void print_sample(Trainer *tr, Tokenizer *tok, int step)
+{
+    Model *m = zero_chunk_model(tr->zero, 0);
+    const int n = tr->cfg->model.seq_len < 64 ? tr->cfg->model.seq_len : 64;
+    Decoder *dc = decoder_create(m, n);
+    int32_t ids[64];
+    ids[0] = tokenizer_eot(tok);
+    const float *logits = decoder_step(dc, ids, 1);
+    int len = 1;
+    while (len < n) {
+        const uint64_t r = rng_u64(rng_mix(tr->cfg->run.seed, (uint64_t)step), (uint64_t)len);
+        ids[len] = decoder_sample(logits, decoder_vocab(dc), 1.0f, (double)(r >> 11) * 0x1.0p-53);
+        if (ids[len++] == tokenizer_eot(tok) || len == n)
+            break;
+        logits = decoder_step(dc, ids + len - 1, 1);
+    }
+    decoder_free(dc);
+    char *text = tokenizer_decode(tok, ids + 1, (size_t)(len - 1));
+    printf("sample at step %d: %s\n", step, text ? text : "(out of memory)");
+    fflush(stdout);
+    free(text);
+}
+
 static void ckpt_save_step(Trainer *tr, int steps_done)
 {
     const Config *cfg = tr->cfg;
@@ -973,6 +1003,14 @@ static int train(const Config *cfg, Comm world, EvalResult *eval)
             tb_open(&tb, cfg->run.dir);
     }
     memory_json(&tr, memory, sizeof memory);
+    Tokenizer *sample_tok = NULL;
+    if (rank0 && cfg->training.sample_every > 0) {
+        char err[CFG_ERR];
+        sample_tok = data_tokenizer_named(cfg->model.vocab == 257 ? "byte" : "gpt2", err);
+        if (!sample_tok)
+            trd_fatal(TRD_EXIT_INPUT, "fetch the GPT-2 vocabulary (scripts/get_corpus.sh), or "
+                      "set training.sample_every: 0", "training.sample_every: %s", err);
+    }
     const double t_loop = now_s();
     watchdog_start(cfg->training.hang_timeout, world.rank, world.size, cfg->run.dir,
                    cfg->training.trace);
@@ -1008,6 +1046,8 @@ static int train(const Config *cfg, Comm world, EvalResult *eval)
             if (step == tr.start_step)
                 tb_memory(&tb, &tr, step + 1);
         }
+        if (sample_tok && (step + 1) % cfg->training.sample_every == 0)
+            print_sample(&tr, sample_tok, step + 1);
         const CheckpointConfig *ck = &cfg->checkpoint;
         const int saved = ck->dir[0] && (last || (ck->every > 0 && (step + 1) % ck->every == 0));
         if (saved)
@@ -1030,6 +1070,8 @@ static int train(const Config *cfg, Comm world, EvalResult *eval)
     dump_weights(&tr);
     finish_trace(&tr);
     watchdog_stop();
+    if (sample_tok)
+        tokenizer_free(sample_tok);
     if (rank0) {
         metrics_close(&metrics);
         tb_close(&tb);

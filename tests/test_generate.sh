@@ -91,8 +91,18 @@ bad "no such checkpoint" "$out/nothing" "$out/nothing" --prompt hi
 bad "a prompt longer than the context" "leaves no room to generate" "$out/gpt2/ckpt" \
     --prompt "$(head -c 2000 data/brown/txt/ca01)"
 bad "top-p 0" "--top-p needs a number" "$out/gpt2/ckpt" --prompt hi --top-p 0
-bad "a tokenizer bigger than the model" "more than the model's vocabulary" "$out/gpt2/ckpt" \
-    --prompt hi --tokenizer cl100k_base
+# A byte-level model (vocabulary 257): the byte tokenizer by default, and
+# GPT-2's (50257 ids) refused.
+"$TRIDENT" prepare-data --input data/brown/txt/ca01 --tokenizer byte --out "$out/bytes" > /dev/null ||
+    { echo "FAIL: prepare-data byte"; fails=$((fails + 1)); }
+timeout 300 "$TRIDENT" train configs/tiny.yaml "${small[@]}" --set model.vocab=257 --set training.steps=2 \
+    --set data.path="$out/bytes" --set data.val_path= --set run.dir="$out/byte" > "$out/byte.log" 2>&1 ||
+    { echo "FAIL: byte model: $(tail -2 "$out/byte.log")"; fails=$((fails + 1)); }
+"$TRIDENT" generate "$out/byte/ckpt" --prompt "The jury" --max-new-tokens 8 --ids > "$out/byte.ids" 2>/dev/null
+ok "a byte-level model generates with the byte tokenizer (prompt = its 8 bytes)" \
+    bash -c "[ \"\$(cut -d'|' -f1 '$out/byte.ids' | xargs)\" = '84 104 101 32 106 117 114 121' ]"
+bad "a tokenizer bigger than the model" "more than the model's vocabulary" "$out/byte/ckpt" \
+    --prompt hi --tokenizer gpt2
 
 # training.sample_every: a sample printed at steps 4 and 8 (dp 2, ZeRO 2:
 # rank 0 holds the whole model), the same text when the run is repeated;

@@ -426,6 +426,26 @@ static int hf_write_tensor(Hf *h, const HfTensor *t, Sink *s)
      * one row of its length). */
     const int64_t orows = t->ndim == 2 ? t->shape[0] : 1;
     const int64_t ocols = t->ndim == 2 ? t->shape[1] : t->shape[0];
+    if (t->ndim == 2 && (t->op == HF_TRANSPOSE || t->part == QKV_ALL)) {
+        /* Output column j is source row src[j] (Conv1D: j itself; c_attn:
+         * the qkv row it comes from), read down its length: the whole
+         * tensor at once, in 32 x 32 tiles.  A column walk per output row
+         * misses the cache on every element (a GPT-2 MLP matrix's rows are
+         * 4096 floats apart), which was most of the export's time. */
+        int64_t *src = trd_malloc((size_t)ocols * sizeof *src, "export column map");
+        for (int64_t j = 0; j < ocols; j++)
+            src[j] = t->op == HF_TRANSPOSE ? j : qkv_src_row(h, QKV_ALL, j);
+        float *o = trd_malloc((size_t)(orows * ocols) * sizeof(float), "export transpose");
+        for (int64_t i0 = 0; i0 < orows; i0 += 32)
+            for (int64_t j0 = 0; j0 < ocols; j0 += 32)
+                for (int64_t j = j0; j < j0 + 32 && j < ocols; j++)
+                    for (int64_t i = i0; i < i0 + 32 && i < orows; i++)
+                        o[i * ocols + j] = w[src[j] * cols + i];
+        code = hf_emit(h, s, o, (size_t)(orows * ocols));
+        free(o);
+        free(src);
+        return code;
+    }
     float *row = trd_malloc((size_t)ocols * sizeof(float), "export row");
     for (int64_t i = 0; i < orows && code == TRD_EXIT_OK; i++) {
         if (t->op == HF_TRANSPOSE) {

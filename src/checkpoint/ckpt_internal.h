@@ -145,6 +145,9 @@ int ckpt_fsync_path(const char *path, int dir);
 int ckpt_prepare_tmp(const char *dir, const char *tmp, char err[CFG_ERR]);
 /* "step_<digits>" -> the step; -1 for any other name (.tmp, .kept, files). */
 int64_t ckpt_parse_step(const char *name);
+/* Append a step to a growing list (*steps with *n of *cap used): every
+ * step of a directory is listed, however many. */
+void ckpt_push_step(int64_t **steps, int *n, int *cap, int64_t step);
 /* Before the first save into dir: with no <dir>/latest, its step_X are not
  * this job's; publish and prune then never replace or remove them. */
 void ckpt_note_foreign(const char *dir);

@@ -119,16 +119,8 @@ static int newest_complete(const char *dir, char out[CFG_STR], char err[CFG_ERR]
         int64_t s = ckpt_parse_step(de->d_name);
         char path[CKPT_FILE_PATH];
         snprintf(path, sizeof path, "%s/%s", dir, de->d_name);
-        if (s < 0 || !is_dir(path))
-            continue;
-        if (n == cap) {
-            cap = cap ? 2 * cap : 64;
-            int64_t *grown = realloc(steps, (size_t)cap * sizeof *steps);
-            if (!grown)
-                trd_fatal(TRD_EXIT_RUNTIME, NULL, "out of memory listing %s", dir);
-            steps = grown;
-        }
-        steps[n++] = s;
+        if (s >= 0 && is_dir(path))
+            ckpt_push_step(&steps, &n, &cap, s);
     }
     closedir(d);
     if (n == 0) {

@@ -121,16 +121,8 @@ void ckpt_note_foreign(const char *dir)
     struct dirent *de;
     while ((de = readdir(d))) {
         int64_t s = ckpt_parse_step(de->d_name);
-        if (s < 0)
-            continue;
-        if (n_foreign == cap_foreign) {
-            cap_foreign = cap_foreign ? 2 * cap_foreign : 64;
-            int64_t *grown = realloc(foreign, (size_t)cap_foreign * sizeof *foreign);
-            if (!grown)
-                trd_fatal(TRD_EXIT_RUNTIME, NULL, "out of memory listing %s", dir);
-            foreign = grown;
-        }
-        foreign[n_foreign++] = s;
+        if (s >= 0)
+            ckpt_push_step(&foreign, &n_foreign, &cap_foreign, s);
     }
     closedir(d);
 }
@@ -224,6 +216,18 @@ int64_t ckpt_parse_step(const char *name)
     return s;
 }
 
+void ckpt_push_step(int64_t **steps, int *n, int *cap, int64_t step)
+{
+    if (*n == *cap) {
+        *cap = *cap ? 2 * *cap : 64;
+        int64_t *grown = realloc(*steps, (size_t)*cap * sizeof **steps);
+        if (!grown)
+            trd_fatal(TRD_EXIT_RUNTIME, NULL, "out of memory listing checkpoint steps");
+        *steps = grown;
+    }
+    (*steps)[(*n)++] = step;
+}
+
 static int cmp_i64(const void *a, const void *b)
 {
     int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
@@ -255,14 +259,8 @@ void ckpt_prune(const char *dir, int keep, int64_t current)
             continue;
         }
         int64_t s = ckpt_parse_step(de->d_name);
-        if (s < 0)
-            continue;
-        if (n == cap) {
-            cap = cap ? 2 * cap : 16;
-            steps = realloc(steps, (size_t)cap * sizeof *steps);
-            TRD_ASSERT(steps);
-        }
-        steps[n++] = s;
+        if (s >= 0)
+            ckpt_push_step(&steps, &n, &cap, s);
     }
     closedir(d);
     qsort(steps, (size_t)n, sizeof *steps, cmp_i64);

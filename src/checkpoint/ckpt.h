@@ -83,6 +83,45 @@ typedef struct {
 int ckpt_save(const char *dir, const CkptShardView *v, const CkptState *st, const Config *cfg,
               int keep, char err[CFG_ERR]);
 
+/* ---- checkpoint.async: the same save, written by a thread from a host
+ * snapshot while training goes on (ckpt_async.c) ---- */
+typedef struct CkptAsync CkptAsync;
+
+/* What a finished background write took (MPI_Wtime seconds). */
+typedef struct {
+    int64_t step;
+    double t_start, t_end;  /* ckpt_save on the writer thread */
+    double waited_s;        /* the caller blocked in ckpt_async_wait */
+} CkptAsyncDone;
+
+/* Host bytes of a snapshot of v: every part with data, fp32. */
+size_t ckpt_async_bytes(const CkptShardView *v);
+/* A snapshot shaped like v and a duplicate of v->world for the writer.
+ * own: its buffers are allocated here (ckpt_async_bytes); else v's own
+ * buffers are the snapshot (a device backend's host copies, which nothing
+ * else touches between saves).  Needs MPI_THREAD_MULTIPLE (comm_threads).
+ * Collective over v->world. */
+CkptAsync *ckpt_async_create(const CkptShardView *v, int own);
+/* The snapshot's buffer of kind k, [part.lo, part.hi) (NULL where v has
+ * none): the caller copies its state in, with no write in flight. */
+float *ckpt_async_buffer(CkptAsync *a, int kind);
+/* Write the snapshot as step st->step into dir (ckpt_save's rules, keep)
+ * on a thread and return at once.  No write may be in flight; cfg must
+ * stay valid until the write is waited for.  Every rank calls it. */
+void ckpt_async_start(CkptAsync *a, const char *dir, const CkptState *st, const Config *cfg,
+                      int keep);
+/* Whether a write was started and not yet waited for (a may be NULL). */
+int ckpt_async_in_flight(const CkptAsync *a);
+/* Whether this rank's writer has returned (or none is in flight); no MPI. */
+int ckpt_async_finished(const CkptAsync *a);
+/* Block until the write in flight has published its step or failed;
+ * done gets its timings (step 0 when none was in flight).  Returns 0, or
+ * -1 with ckpt_save's message, the same on every rank (nothing published,
+ * `latest` unchanged).  Every rank calls it at the same point. */
+int ckpt_async_wait(CkptAsync *a, CkptAsyncDone *done, char err[CFG_ERR]);
+/* Wait for a write in flight, then free.  Collective over the world. */
+void ckpt_async_free(CkptAsync *a);
+
 /* Load a step directory into the view (any topology).  Reads part[k] where
  * data != NULL; padded vocabulary rows are not read.  A part that every DP
  * rank holds whole ([0, P), dp > 1) is read in ZeRO blocks, one per DP rank,

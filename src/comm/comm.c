@@ -21,12 +21,16 @@ static void check(int rc, const char *what)
               "MPI %s failed: %s", what, msg);
 }
 
+static void (*before_finalize)(void);
+
 void comm_init(int *argc, char ***argv)
 {
     int initialized = 0, provided = 0;
     MPI_Initialized(&initialized);
+    /* MULTIPLE: an asynchronous checkpoint writes from its own thread
+     * while training goes on (src/checkpoint/ckpt_async.c). */
     if (!initialized)
-        check(MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided), "init");
+        check(MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided), "init");
     /* Errors come back to check(), which aborts the job with a message
      * instead of MPI's default silent abort. */
     MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
@@ -39,8 +43,27 @@ void comm_finalize(void)
     int initialized = 0, finalized = 0;
     MPI_Initialized(&initialized);
     MPI_Finalized(&finalized);
-    if (initialized && !finalized)
+    if (initialized && !finalized) {
+        void (*fn)(void) = before_finalize;
+        before_finalize = NULL;
+        if (fn)
+            fn();
         MPI_Finalize();
+    }
+}
+
+void comm_before_finalize(void (*fn)(void))
+{
+    before_finalize = fn;
+}
+
+int comm_threads(void)
+{
+    int initialized = 0, level = MPI_THREAD_SINGLE;
+    MPI_Initialized(&initialized);
+    if (initialized)
+        MPI_Query_thread(&level);
+    return level >= MPI_THREAD_MULTIPLE;
 }
 
 /* The group's world ranks, for the watchdog's messages: "1,3", "0-7",

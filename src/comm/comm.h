@@ -52,10 +52,16 @@ typedef struct {
     int n_chan;
 } Comm;
 
-/* MPI_Init (with MPI_THREAD_FUNNELED) unless already done; error handlers
- * set so that a failure returns to us and we abort with a message. */
+/* MPI_Init (asking for MPI_THREAD_MULTIPLE) unless already done; error
+ * handlers set so that a failure returns to us and we abort with a message. */
 void comm_init(int *argc, char ***argv);
+/* MPI_Finalize, once, after the function given to comm_before_finalize
+ * (one at a time; NULL: none), which every exit path that finalizes runs:
+ * the asynchronous checkpoint writer finishes there. */
 void comm_finalize(void);
+void comm_before_finalize(void (*fn)(void));
+/* Whether MPI runs calls from several threads at once (MPI_THREAD_MULTIPLE). */
+int comm_threads(void);
 Comm comm_world(void);
 
 /* The sub-group of parent's ranks that pass the same color (MPI_Comm_split),

@@ -65,6 +65,7 @@ static const char *const FORMAT_NAMES[] = {"megatron", "llmc", NULL};
 static const char *const BACKEND_NAMES[] = {"cpu", "cuda", NULL};
 static const char *const COMM_NAMES[] = {"auto", "mpi", "nccl", NULL};
 static const char *const NONFINITE_NAMES[] = {"stop", "skip", NULL};
+static const char *const ASYNC_NAMES[] = {"auto", "true", "false", NULL};
 
 #define OFF(sec, field) offsetof(Config, sec.field)
 #define KEY(sec, field, kind) {#sec, #field, kind, OFF(sec, field), 0, NULL, false}
@@ -139,6 +140,7 @@ static const KeyDesc KEYS[] = {
     STR(checkpoint, dir, false),
     KEY(checkpoint, every, K_INT),
     KEY(checkpoint, keep, K_INT),
+    ENUM(checkpoint, async, ASYNC_NAMES),
     {"checkpoint", "resume", K_RESUME, OFF(checkpoint, resume), OFF(checkpoint, resume_path),
      NULL, false},
     {"checkpoint", "allow_changes", K_NAMES, OFF(checkpoint, allow_changes),

@@ -28,6 +28,9 @@ typedef enum { BACKEND_CPU = 0, BACKEND_CUDA = 1 } BackendKind;
 typedef enum { RESUME_AUTO = 0, RESUME_NEVER = 1, RESUME_PATH = 2 } ResumeKind;
 typedef enum { COMM_AUTO = 0, COMM_MPI = 1, COMM_NCCL = 2 } CommKind;
 typedef enum { NONFINITE_STOP = 0, NONFINITE_SKIP = 1 } NonfiniteKind;
+/* checkpoint.async: auto is on where the MPI library runs threads and the
+ * host snapshot fits beside the rest (docs/checkpoint.md). */
+typedef enum { ASYNC_AUTO = 0, ASYNC_ON = 1, ASYNC_OFF = 2 } AsyncKind;
 
 typedef struct {
     char name[CFG_STR];     /* run name (log and metrics naming) */
@@ -102,6 +105,7 @@ typedef struct {
                              * resolved by validation */
     int every;              /* 0: only at the end */
     int keep;               /* checkpoints kept (>= 1) */
+    AsyncKind async;        /* write in the background from a host snapshot */
     ResumeKind resume;
     char resume_path[CFG_STR];
     char allow_changes[CFG_STR]; /* "seed,data": what a resume may change (comma list) */

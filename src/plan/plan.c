@@ -225,6 +225,9 @@ static int stage_memory(const Config *cfg, const PlanCluster *c, const PlanResul
     st->activations = acts * r->elem_act / 4;
     st->scratch = scratch * r->elem_act / 4;
     st->reserve = c->reserve_gib * GIB;
+    const CheckpointConfig *ck = &cfg->checkpoint;
+    const int host_copy = cfg->backend == BACKEND_CUDA || ck->async != ASYNC_OFF;
+    st->host_ckpt = ck->dir[0] && host_copy ? (double)zm.params + (double)zm.optimizer : 0;
     st->total = st->params + st->grads + st->optimizer + st->buffers + st->activations +
                 st->scratch + st->reserve;
     return 0;

@@ -30,6 +30,10 @@ typedef struct {
     int inflight;             /* micro-batches whose activations are held at peak */
     /* bytes on the device */
     double params, grads, optimizer, buffers, activations, scratch, reserve, total;
+    /* host bytes, beside total: the checkpoint's host snapshot (fp32 weights
+     * and optimizer state this rank holds) where checkpoint.async is not
+     * false on the CPU, and a device backend's host copies of its state */
+    double host_ckpt;
     /* per micro-batch, this rank */
     double flops;             /* forward + backward, recomputation included */
     double gemm_flops;        /* of which weight GEMMs without recomputation (the

@@ -136,6 +136,9 @@ static void print_memory(FILE *f, const PlanResult *r)
                 s->total / GIB, k == r->worst ? "  <- most" : "");
     }
     const PlanStage *w = &r->st[r->worst];
+    if (w->host_ckpt > 0)
+        fprintf(f, "host memory per rank, beside the table: checkpoint snapshot %.2f GiB "
+                   "(checkpoint.async, or a GPU's host copies)\n", w->host_ckpt / GIB);
     if (r->fits)
         fprintf(f, "fits: the most loaded GPU (stage %d) needs %.2f of %.2f GiB (%.2f GiB free)\n\n",
                 r->worst, w->total / GIB, r->capacity / GIB, (r->capacity - w->total) / GIB);
@@ -198,11 +201,12 @@ static void print_json(FILE *f, const PlanResult *r)
         const PlanStage *s = &r->st[k];
         fprintf(f, "%s{\"layers\": %d, \"inflight\": %d, \"params\": %.0f, \"grads\": %.0f, "
                    "\"optimizer\": %.0f, \"buffers\": %.0f, \"activations\": %.0f, "
-                   "\"scratch\": %.0f, \"total\": %.0f, \"flops_mb\": %.17g, "
+                   "\"scratch\": %.0f, \"total\": %.0f, \"host_ckpt\": %.0f, \"flops_mb\": %.17g, "
                    "\"gemm_flops_mb\": %.17g, \"tp_bytes_mb\": %llu, \"kv_bytes_mb\": %llu, "
                    "\"pp_bytes_step\": %llu, \"dp_bytes_step\": %llu, \"embed_bytes_step\": %llu}",
                 k ? ", " : "", s->layers, s->inflight, s->params, s->grads, s->optimizer,
-                s->buffers, s->activations, s->scratch, s->total, s->flops, s->gemm_flops,
+                s->buffers, s->activations, s->scratch, s->total, s->host_ckpt, s->flops,
+                s->gemm_flops,
                 (unsigned long long)s->tp_bytes_mb, (unsigned long long)s->kv_bytes_mb,
                 (unsigned long long)s->pp_bytes_step, (unsigned long long)s->dp_bytes_step,
                 (unsigned long long)s->embed_bytes_step);

@@ -39,6 +39,16 @@ static int plan_job(const Config *cfg, int ranks_per_node, PlanResult *r)
     return plan_evaluate(cfg, &c, r, err);
 }
 
+int memcheck_plan(const Config *cfg, int ranks_per_node, double *total, double *host_ckpt)
+{
+    PlanResult *r = trd_malloc(sizeof *r, "memory plan");
+    const int rc = plan_job(cfg, ranks_per_node, r);
+    *total = rc == 0 ? r->st[r->worst].total : 0;
+    *host_ckpt = rc == 0 ? r->st[r->worst].host_ckpt : 0;
+    free(r);
+    return rc;
+}
+
 void memcheck(const Config *cfg, int ranks_per_node, MemBudget budget, Comm *world)
 {
     PlanResult *r = trd_malloc(sizeof *r, "memory plan");

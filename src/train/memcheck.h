@@ -27,6 +27,11 @@ typedef struct {
  * ranks_per_node ranks. */
 MemBudget memcheck_host_budget(int ranks_per_node);
 
+/* The planner's bytes for the most loaded rank: total (what memcheck
+ * compares) and host_ckpt (the checkpoint's host snapshot).  Returns 0, or
+ * -1 (both 0) where it cannot evaluate cfg. */
+int memcheck_plan(const Config *cfg, int ranks_per_node, double *total, double *host_ckpt);
+
 /* Collective over world: exits 2 on every rank (rank 0 says what is needed
  * per category and how to fix it) when `sharers` ranks of the planner's
  * bytes for the most loaded rank exceed the budget on any rank.  cfg is

@@ -195,6 +195,8 @@ typedef struct {
     int dp, dp_rank, n_micro;
     PipeStage *pipe;           /* pp > 1 */
     CkptShardView ckpt;        /* what this rank saves and loads (host memory) */
+    CkptAsync *async;          /* checkpoint.async on: the background writer */
+    double async_blocked_s;    /* the write in flight: what its save step blocked */
     float *ckpt_dev[CKPT_KINDS]; /* device backends: the engine's buffers that ckpt's
                                     host copies mirror (NULL: none, or host backend) */
     char device[128];          /* device backends: the device's name */
@@ -396,6 +398,13 @@ static MemoryReport memory_report(const Trainer *tr)
     return mem;
 }
 
+/* Host bytes of the asynchronous checkpoint's snapshot (0: none, or a
+ * device backend's host copies serve). */
+static size_t snapshot_bytes(const Trainer *tr)
+{
+    return tr->async && !tr->be->device ? ckpt_async_bytes(&tr->ckpt) : 0;
+}
+
 static void print_start(const Trainer *tr, double peak)
 {
     const Config *cfg = tr->cfg;
@@ -414,9 +423,9 @@ static void print_start(const Trainer *tr, double peak)
         trd_fatal(TRD_EXIT_INPUT, NULL, "%s", err);
     printf("parameters: %zu (%.2f M)\n", params_count_real(mc), 1e-6 * (double)params_count_real(mc));
     printf("memory per rank (MiB): params %.1f | grads %.1f | optimizer %.1f | zero buffers %.1f "
-           "| activations %.1f | scratch %.1f\n",
+           "| activations %.1f | scratch %.1f | checkpoint snapshot %.1f\n",
            trd_mib(mem.params), trd_mib(mem.grads), trd_mib(mem.optimizer), trd_mib(mem.buffers),
-           trd_mib(mem.activations), trd_mib(mem.scratch));
+           trd_mib(mem.activations), trd_mib(mem.scratch), trd_mib(snapshot_bytes(tr)));
     printf("batch: global %d sequences = %d micro-steps x micro_batch %d x dp %d | %d tokens/step "
            "| zero %d\n",
            cfg->training.global_batch, tr->n_micro, cfg->training.micro_batch, tr->dp,
@@ -445,9 +454,10 @@ static void memory_json(Trainer *tr, char *buf, size_t cap)
     MemoryReport mem = memory_report(tr);
     int n = snprintf(buf, cap,
                      "\"memory_bytes\": {\"params\": %zu, \"grads\": %zu, \"optimizer\": %zu, "
-                     "\"zero_buffers\": %zu, \"activations\": %zu, \"scratch\": %zu}",
+                     "\"zero_buffers\": %zu, \"activations\": %zu, \"scratch\": %zu, "
+                     "\"checkpoint_snapshot\": %zu}",
                      mem.params, mem.grads, mem.optimizer, mem.buffers, mem.activations,
-                     mem.scratch);
+                     mem.scratch, snapshot_bytes(tr));
     if (!tr->pipe)
         return;
     const int pp = tr->comms.pp.size;
@@ -468,10 +478,11 @@ static void tb_memory(TbWriter *tb, const Trainer *tr, int step)
 {
     const MemoryReport m = memory_report(tr);
     static const char *const names[] = {"params", "grads", "optimizer", "zero_buffers",
-                                        "activations", "scratch"};
+                                        "activations", "scratch", "checkpoint_snapshot"};
     const double bytes[] = {(double)m.params, (double)m.grads, (double)m.optimizer,
-                            (double)m.buffers, (double)m.activations, (double)m.scratch};
-    tb_record_values(tb, step, "memory_bytes", names, bytes, 6);
+                            (double)m.buffers, (double)m.activations, (double)m.scratch,
+                            (double)snapshot_bytes(tr)};
+    tb_record_values(tb, step, "memory_bytes", names, bytes, 7);
 }
 
 /* Point the checkpoint view at the engine's buffers. */
@@ -651,7 +662,67 @@ static void print_sample(Trainer *tr, Tokenizer *tok, int step)
     free(text);
 }
 
-static void ckpt_save_step(Trainer *tr, int steps_done)
+/* checkpoint.async (docs/checkpoint.md): auto is on where MPI runs calls
+ * from threads and the planner's snapshot fits in RAM beside the state
+ * memcheck counted (device backends: their host copies are the snapshot,
+ * and nothing more is allocated).  Decided before anything is allocated. */
+static int async_decide(const Trainer *tr, Comm *world)
+{
+    const CheckpointConfig *ck = &tr->cfg->checkpoint;
+    if (!ck->dir[0] || ck->async == ASYNC_OFF)
+        return 0;
+    double state = 0, snap = 0;
+    if (!tr->be->device)
+        memcheck_plan(tr->cfg, tr->topo.ranks_per_node, &state, &snap);
+    const MemBudget ram = memcheck_host_budget(tr->topo.ranks_per_node);
+    int why = !comm_threads() ? 1 : (state + snap) * ram.sharers > ram.bytes ? 2 : 0;
+    comm_allreduce_max_i32(world, &why, 1);
+    const char *reason = why == 1 ? "the MPI library does not run calls from several threads "
+                                    "(MPI_THREAD_MULTIPLE)"
+                                  : "the snapshot does not fit in RAM beside the training state";
+    if (why && ck->async == ASYNC_ON)
+        refuse(world->rank, "set checkpoint.async: auto (synchronous where it cannot be "
+               "asynchronous) or false", "checkpoint.async: true: %s (per rank %.2f GiB of "
+               "state and %.2f GiB of snapshot, as `trident plan` counts them; %d rank(s) "
+               "share %s, %.2f GiB)", reason, state / (1 << 30), snap / (1 << 30), ram.sharers,
+               ram.what, ram.bytes / (1 << 30));
+    if (why && world->rank == 0)
+        printf("checkpoint: saves are synchronous (checkpoint.async: auto): %s\n", reason);
+    return !why;
+}
+
+/* The background write in flight, once every rank's writer has returned
+ * (block: wait for it; else only if all have, one all-reduce).  A failed
+ * write stops the job as a failed synchronous save does. */
+static void async_finish(Trainer *tr, Comm *world, int block)
+{
+    if (!ckpt_async_in_flight(tr->async))
+        return;
+    if (!block) {
+        int pending = !ckpt_async_finished(tr->async);
+        comm_allreduce_max_i32(world, &pending, 1);
+        if (pending)
+            return;
+    }
+    CkptAsyncDone d;
+    char err[CFG_ERR];
+    if (ckpt_async_wait(tr->async, &d, err) != 0)
+        guard_exit_agreed(tr->topo.rank, TRD_EXIT_RUNTIME,
+                          "nothing was published, the previous checkpoint and latest are "
+                          "unchanged; check free space and permissions of checkpoint.dir, or "
+                          "for non-finite values training.lr and weight_decay", "%s", err);
+    tr->async_blocked_s += d.waited_s;
+    trace_span("checkpoint write", TRACE_STEP, d.t_start, d.t_end, -1, -1, 0);
+    if (tr->topo.rank == 0)
+        printf("checkpoint: step %lld saved to %s in %.2f s (in the background; training "
+               "blocked %.3f s)\n", (long long)d.step, tr->cfg->checkpoint.dir,
+               d.t_end - d.t_start, tr->async_blocked_s);
+}
+
+/* Save steps_done: synchronously, or (checkpoint.async) wait for the
+ * previous write, copy the state into the snapshot and go on; `wait`
+ * (the run ends) waits for this write too. */
+static void ckpt_save_step(Trainer *tr, Comm *world, int steps_done, int wait)
 {
     const Config *cfg = tr->cfg;
     CkptState st = {.step = steps_done,
@@ -660,18 +731,33 @@ static void ckpt_save_step(Trainer *tr, int steps_done)
                                             (uint64_t)cfg->training.global_batch,
                     .lr_step = steps_done, .adam_t = *zero_state(tr->zero).adam_t};
     char err[CFG_ERR];
-    double t0 = now_s();
-    const double t_span = MPI_Wtime();
+    const double t0 = MPI_Wtime();
+    if (tr->async) {
+        async_finish(tr, world, 1);
+        const double t_copy = MPI_Wtime();
+        ckpt_sync(tr, 1); /* device backends: the host copies are the snapshot */
+        for (int k = 0; !tr->be->device && k < CKPT_KINDS; k++) {
+            const CkptRange *r = &tr->ckpt.part[k];
+            if (r->data)
+                memcpy(ckpt_async_buffer(tr->async, k), r->data, (r->hi - r->lo) * sizeof(float));
+        }
+        ckpt_async_start(tr->async, cfg->checkpoint.dir, &st, cfg, cfg->checkpoint.keep);
+        tr->async_blocked_s = MPI_Wtime() - t0;
+        trace_span("checkpoint snapshot", TRACE_STEP, t_copy, MPI_Wtime(), -1, -1, 0);
+        if (wait)
+            async_finish(tr, world, 1);
+        return;
+    }
     ckpt_sync(tr, 1);
     if (ckpt_save(cfg->checkpoint.dir, &tr->ckpt, &st, cfg, cfg->checkpoint.keep, err) != 0)
         guard_exit_agreed(tr->topo.rank, TRD_EXIT_RUNTIME,
                           "nothing was published, the previous checkpoint and latest are "
                           "unchanged; check free space and permissions of checkpoint.dir, or "
                           "for non-finite values training.lr and weight_decay", "%s", err);
-    trace_span("checkpoint save", TRACE_STEP, t_span, MPI_Wtime(), -1, -1, 0);
+    trace_span("checkpoint save", TRACE_STEP, t0, MPI_Wtime(), -1, -1, 0);
     if (tr->topo.rank == 0)
         printf("checkpoint: step %d saved to %s in %.2f s\n", steps_done, cfg->checkpoint.dir,
-               now_s() - t0);
+               MPI_Wtime() - t0);
 }
 
 /* TRIDENT_DUMP_WEIGHTS=FILE: rank 0 writes the final flat parameter buffer
@@ -949,6 +1035,7 @@ static int train(const Config *cfg, Comm world, EvalResult *eval)
     memcheck(cfg, tr.topo.ranks_per_node,
              tr.be->device ? tr.device_memory : memcheck_host_budget(tr.topo.ranks_per_node),
              &world);
+    const int async = !eval && async_decide(&tr, &world);
     if (!eval)
         runlock_claim(cfg, &world); /* inputs are good: create, probe and lock the output dirs */
 
@@ -969,6 +1056,8 @@ static int train(const Config *cfg, Comm world, EvalResult *eval)
     ckpt_setup(&tr);
     const int resumed = ckpt_resume(&tr);
     ckpt_init_from(&tr, resumed);
+    if (async)
+        tr.async = ckpt_async_create(&tr.ckpt, !tr.be->device);
     if (!eval)
         check_run_dir(&tr, resumed, &world);
     const size_t BT = (size_t)cfg->training.micro_batch * (size_t)cfg->model.seq_len;
@@ -1051,12 +1140,15 @@ static int train(const Config *cfg, Comm world, EvalResult *eval)
         const CheckpointConfig *ck = &cfg->checkpoint;
         const int saved = ck->dir[0] && (last || (ck->every > 0 && (step + 1) % ck->every == 0));
         if (saved)
-            ckpt_save_step(&tr, step + 1);
+            ckpt_save_step(&tr, &world, step + 1, last);
+        else
+            async_finish(&tr, &world, 0); /* a finished background write: report it */
         /* A signal reaches the ranks at different moments; the all-reduced
          * flag makes them all stop after this same step (src/train/preempt.h). */
         if (!last && preempt_agree(&world)) {
             if (ck->dir[0] && !saved)
-                ckpt_save_step(&tr, step + 1);
+                ckpt_save_step(&tr, &world, step + 1, 1);
+            async_finish(&tr, &world, 1); /* the write in flight ends before the job */
             if (rank0)
                 printf("preempted: a rank got a signal (SIGUSR1/SIGTERM/SIGINT); stopped after step %d "
                        "of %d, %s; exit %d\n", step + 1, cfg->training.steps,
@@ -1079,6 +1171,7 @@ static int train(const Config *cfg, Comm world, EvalResult *eval)
     }
 
 teardown:
+    ckpt_async_free(tr.async);
     free(tr.tokens);
     free(tr.targets);
     ckpt_teardown(&tr);

@@ -1,0 +1,156 @@
+/* ckpt_async.c — checkpoint.async: write a host snapshot in the background.
+ *
+ * At a save step the trainer waits for the write in flight (one at a
+ * time), copies its state into the snapshot (ckpt_async_buffer) and calls
+ * ckpt_async_start; a thread of each rank then runs ckpt_save over the
+ * snapshot, exactly as a synchronous save would, on a duplicate of the
+ * world communicator (MPI_THREAD_MULTIPLE), so its collectives never match
+ * the training's.  The step is published by ckpt_save's own rules: a kill
+ * during the write leaves `latest` where it was.
+ *
+ * HDF5 here is not built thread-safe: while a write is in flight no other
+ * thread may call it.  The trainer calls HDF5 only before its loop (resume,
+ * init_from) and at the saves, after ckpt_async_wait. */
+#include "checkpoint/ckpt.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "comm/comm.h"
+#include "core/error.h"
+
+struct CkptAsync {
+    CkptShardView view;        /* the live view, data pointing at the snapshot */
+    MPI_Comm comm;             /* the writer's duplicate of view.world */
+    pthread_t thread;
+    int own;                   /* the snapshot buffers are ours (else the caller's) */
+    int in_flight;             /* started and not yet waited for */
+    atomic_int finished;       /* the thread's ckpt_save returned */
+    /* the write in flight */
+    char dir[CFG_STR];
+    CkptState st;
+    const Config *cfg;
+    int keep, rc;
+    double t_start, t_end;     /* MPI_Wtime around ckpt_save, on the thread */
+    char err[CFG_ERR];
+};
+
+/* The one writer whose write comm_finalize finishes first (an agreed exit
+ * during a write: every rank's writer completes, then MPI ends). */
+static CkptAsync *active;
+
+size_t ckpt_async_bytes(const CkptShardView *v)
+{
+    size_t n = 0;
+    for (int k = 0; k < CKPT_KINDS; k++)
+        if (v->part[k].data)
+            n += (v->part[k].hi - v->part[k].lo) * sizeof(float);
+    return n;
+}
+
+static void drain_at_exit(void)
+{
+    if (!active || !active->in_flight)
+        return;
+    char err[CFG_ERR];
+    CkptAsyncDone d;
+    ckpt_async_wait(active, &d, err);
+}
+
+CkptAsync *ckpt_async_create(const CkptShardView *v, int own)
+{
+    CkptAsync *a = trd_calloc(1, sizeof *a, "asynchronous checkpoint");
+    a->view = *v;
+    a->own = own;
+    for (int k = 0; own && k < CKPT_KINDS; k++) {
+        CkptRange *r = &a->view.part[k];
+        if (r->data) /* malloc'd, not touched: pages arrive at the first copy */
+            r->data = trd_malloc((r->hi - r->lo ? r->hi - r->lo : 1) * sizeof(float),
+                                 "checkpoint snapshot");
+    }
+    TRD_ASSERT(MPI_Comm_dup(v->world, &a->comm) == MPI_SUCCESS);
+    a->view.world = a->comm;
+    active = a;
+    comm_before_finalize(drain_at_exit);
+    return a;
+}
+
+float *ckpt_async_buffer(CkptAsync *a, int kind)
+{
+    return a->view.part[kind].data;
+}
+
+static void *writer(void *arg)
+{
+    CkptAsync *a = arg;
+    a->t_start = MPI_Wtime();
+    a->rc = ckpt_save(a->dir, &a->view, &a->st, a->cfg, a->keep, a->err);
+    a->t_end = MPI_Wtime();
+    atomic_store(&a->finished, 1);
+    return NULL;
+}
+
+void ckpt_async_start(CkptAsync *a, const char *dir, const CkptState *st, const Config *cfg,
+                      int keep)
+{
+    TRD_ASSERT(!a->in_flight);
+    snprintf(a->dir, sizeof a->dir, "%s", dir);
+    a->st = *st;
+    a->cfg = cfg;
+    a->keep = keep;
+    a->rc = 0;
+    a->err[0] = '\0';
+    atomic_store(&a->finished, 0);
+    if (pthread_create(&a->thread, NULL, writer, a) != 0)
+        trd_fatal(TRD_EXIT_RUNTIME, "set checkpoint.async: false",
+                  "checkpoint: cannot start the writer thread");
+    a->in_flight = 1;
+}
+
+int ckpt_async_in_flight(const CkptAsync *a)
+{
+    return a && a->in_flight;
+}
+
+int ckpt_async_finished(const CkptAsync *a)
+{
+    return !a->in_flight || atomic_load(&a->finished);
+}
+
+int ckpt_async_wait(CkptAsync *a, CkptAsyncDone *done, char err[CFG_ERR])
+{
+    memset(done, 0, sizeof *done);
+    err[0] = '\0';
+    if (!a || !a->in_flight)
+        return 0;
+    const double t0 = MPI_Wtime();
+    TRD_ASSERT(pthread_join(a->thread, NULL) == 0);
+    a->in_flight = 0;
+    done->step = a->st.step;
+    done->t_start = a->t_start;
+    done->t_end = a->t_end;
+    done->waited_s = MPI_Wtime() - t0;
+    if (a->rc != 0)
+        snprintf(err, CFG_ERR, "%s", a->err);
+    return a->rc;
+}
+
+void ckpt_async_free(CkptAsync *a)
+{
+    if (!a)
+        return;
+    char err[CFG_ERR];
+    CkptAsyncDone d;
+    ckpt_async_wait(a, &d, err);
+    if (active == a) {
+        active = NULL;
+        comm_before_finalize(NULL);
+    }
+    MPI_Comm_free(&a->comm);
+    for (int k = 0; a->own && k < CKPT_KINDS; k++)
+        free(a->view.part[k].data);
+    free(a);
+}

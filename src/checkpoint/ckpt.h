@@ -5,8 +5,8 @@
  *                 model, topology and the config (YAML text) of the run
  *   config.yaml   the same config, for people
  *   stage_<k>.h5  the tensors of pipeline stage k of the saving run
- * Every tensor (weights, fp32 master weights when training in bf16, Adam m
- * and v) is stored once with its GLOBAL shape and the real (unpadded)
+ * Every tensor (weights, or in bf16 training the fp32 master weights, whose
+ * bf16 rounding the weights are; Adam m and v) is stored once with its GLOBAL shape and the real (unpadded)
  * vocabulary rows, so a checkpoint does not depend on the topology that wrote
  * it: any (tp, pp, dp, zero, stage_layers) reads exactly the hyperslabs it
  * needs.  Every dataset carries checksums of its row blocks (attributes,
@@ -102,9 +102,14 @@ size_t ckpt_async_bytes(const CkptShardView *v);
  * else touches between saves).  Needs MPI_THREAD_MULTIPLE (comm_threads).
  * Collective over v->world. */
 CkptAsync *ckpt_async_create(const CkptShardView *v, int own);
-/* The snapshot's buffer of kind k, [part.lo, part.hi) (NULL where v has
- * none): the caller copies its state in, with no write in flight. */
-float *ckpt_async_buffer(CkptAsync *a, int kind);
+/* Fill the snapshot, with no write in flight: src[k] over [part.lo,
+ * part.hi) is copied in (NULL: the buffer holds it already, a device's host
+ * copy), counting non-finite values on the way.  Returns 0, or -1 with the
+ * same message on every rank naming the step and the first tensor holding
+ * one (nothing is then to be written: a synchronous save refuses the same
+ * step).  Collective over the world. */
+int ckpt_async_snapshot(CkptAsync *a, const float *const src[CKPT_KINDS], int64_t step,
+                        char err[CFG_ERR]);
 /* Write the snapshot as step st->step into dir (ckpt_save's rules, keep)
  * on a thread and return at once.  No write may be in flight; cfg must
  * stay valid until the write is waited for.  Every rank calls it. */
@@ -128,8 +133,9 @@ void ckpt_async_free(CkptAsync *a);
  * and all-gathered over the DP group (ranks with this pp_rank and tp rank),
  * so the files are read once, not dp times.  Fallbacks
  * across precisions: master wanted but not saved (fp32 run) -> the weights;
- * weights wanted without master but master saved (bf16 run) -> the master
- * weights.  Collective over v->world; st may be NULL.  Returns 0, or -1 with
+ * weights wanted without master but master saved, or weights not saved
+ * (a bf16 run) -> the master weights, unrounded: a bf16 caller rounds
+ * them (bf16_round), which gives its weights exactly.  Collective over v->world; st may be NULL.  Returns 0, or -1 with
  * the same message on every rank, naming the file and the tensor (missing
  * file, corrupted or truncated file, missing tensor, wrong shape), or the
  * index (training state failing its checksums or ranges, a model

@@ -1,7 +1,8 @@
 /* ckpt_async.c — checkpoint.async: write a host snapshot in the background.
  *
  * At a save step the trainer waits for the write in flight (one at a
- * time), copies its state into the snapshot (ckpt_async_buffer) and calls
+ * time), copies its state into the snapshot (ckpt_async_snapshot, which
+ * refuses non-finite values at once, as a synchronous save would) and calls
  * ckpt_async_start; a thread of each rank then runs ckpt_save over the
  * snapshot, exactly as a synchronous save would, on a duplicate of the
  * world communicator (MPI_THREAD_MULTIPLE), so its collectives never match
@@ -11,8 +12,9 @@
  * HDF5 here is not built thread-safe: while a write is in flight no other
  * thread may call it.  The trainer calls HDF5 only before its loop (resume,
  * init_from) and at the saves, after ckpt_async_wait. */
-#include "checkpoint/ckpt.h"
+#include "checkpoint/ckpt_internal.h"
 
+#include <math.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -78,9 +80,62 @@ CkptAsync *ckpt_async_create(const CkptShardView *v, int own)
     return a;
 }
 
-float *ckpt_async_buffer(CkptAsync *a, int kind)
+/* Copy n floats (src NULL: they are in place) and count the non-finite
+ * ones, in one pass: NaN and Inf have all exponent bits set, so the
+ * largest magnitude bit pattern of a block says whether to look closer. */
+static int64_t copy_counting(float *dst, const float *src, size_t n, size_t *first)
 {
-    return a->view.part[kind].data;
+    int64_t bad = 0;
+    const size_t B = 4096;
+    for (size_t lo = 0; lo < n; lo += B) {
+        const size_t m = n - lo < B ? n - lo : B;
+        if (src)
+            memcpy(dst + lo, src + lo, m * sizeof(float));
+        uint32_t top = 0;
+        for (size_t i = 0; i < m; i++) {
+            uint32_t bits;
+            memcpy(&bits, &dst[lo + i], sizeof bits);
+            bits &= 0x7fffffffu;
+            top = bits > top ? bits : top;
+        }
+        for (size_t i = 0; top >= 0x7f800000u && i < m; i++)
+            if (!isfinite(dst[lo + i])) {
+                if (!bad)
+                    *first = lo + i;
+                bad++;
+            }
+    }
+    return bad;
+}
+
+int ckpt_async_snapshot(CkptAsync *a, const float *const src[CKPT_KINDS], int64_t step,
+                        char err[CFG_ERR])
+{
+    TRD_ASSERT(!a->in_flight);
+    err[0] = '\0';
+    int rc = 0;
+    for (int k = 0; k < CKPT_KINDS; k++) {
+        CkptRange *r = &a->view.part[k];
+        if (!r->data)
+            continue;
+        size_t first = 0;
+        const int64_t bad = copy_counting(r->data, src[k], r->hi - r->lo, &first);
+        if (!bad || rc)
+            continue;
+        /* The tensor of the first one: its flat element r->lo + first. */
+        const ParamTable *t = a->view.table;
+        const size_t at = r->lo + first;
+        const char *name = "?";
+        for (int i = 0; i < t->n; i++)
+            if (at >= t->p[i].offset && at < t->p[i].offset + t->p[i].numel)
+                name = t->p[i].name;
+        ckpt_err(err, "step %lld: tensor '%s' (%s) holds %lld non-finite value%s (NaN or Inf) "
+                      "on this rank: checkpoint not published", (long long)step, name,
+                 ckpt_kind_names[k], (long long)bad, bad == 1 ? "" : "s");
+        rc = -1;
+    }
+    /* No write is in flight: the writer's communicator is free to use. */
+    return ckpt_agree(a->comm, rc, err);
 }
 
 static void *writer(void *arg)

@@ -30,7 +30,8 @@ static void usage(FILE *f)
             "            exit 1 naming the file and tensor that is wrong, 0 and \"verified\"\n"
             "  export    the model weights (fp32, global shapes, unpadded vocabulary) as\n"
             "            one HDF5 file with a dataset per tensor, e.g. /embed.wte.weight;\n"
-            "            --master takes the fp32 master weights of a bf16 run instead\n"
+            "            (a bf16 run: the bf16 rounding of its master weights); --master\n"
+            "            takes the fp32 master weights of a bf16 run instead\n"
             "  export --format hf\n"
             "            a Hugging Face model directory (config.json, safetensors weights,\n"
             "            GPT-2 tokenizer files) for transformers' from_pretrained: gpt2 ->\n"
@@ -281,8 +282,12 @@ static int export_weights(const char *arg, const char *out, int master)
     CkptIndex ix;
     if (open_index(arg, step_dir, &ix, err) != 0)
         return fail(TRD_EXIT_INPUT, err);
-    const CkptKind kind = master ? CKPT_MASTER : CKPT_PARAMS;
-    if (master && (!ix.n || !ckpt_index_find(&ix, ix.e[0].name, CKPT_MASTER))) {
+    const int has_master = ix.n && ckpt_index_find(&ix, ix.e[0].name, CKPT_MASTER);
+    /* A bf16 checkpoint stores the master weights only: its weights are
+     * their bf16 rounding. */
+    const int derive = !master && has_master && !ckpt_index_find(&ix, ix.e[0].name, CKPT_PARAMS);
+    const CkptKind kind = master || derive ? CKPT_MASTER : CKPT_PARAMS;
+    if (master && !has_master) {
         ckpt_err(err, "%s: --master: this checkpoint has no master weights (precision %s)",
                  step_dir, ix.precision);
         ckpt_index_free(&ix);
@@ -314,6 +319,9 @@ static int export_weights(const char *arg, const char *out, int master)
             code = TRD_EXIT_INPUT;
             break;
         }
+        const size_t n = (size_t)(e->shape[0] * e->shape[1]);
+        for (size_t j = 0; derive && j < n; j++)
+            buf[j] = bf16_round(buf[j]);
         hid_t sp = ckpt_space(e->ndim, e->shape);
         hid_t d = H5Dcreate2(f, e->name, H5T_IEEE_F32LE, sp, H5P_DEFAULT, H5P_DEFAULT,
                              H5P_DEFAULT);

@@ -247,6 +247,8 @@ static int check_model(const char *dir, const CkptIndex *ix, const ParamTable *t
     for (int i = 0; i < t->n; i++) {
         const ParamSpec *p = &t->p[i];
         const CkptEntry *e = ckpt_index_find(ix, p->name, CKPT_PARAMS);
+        if (!e) /* bf16: the master weights only */
+            e = ckpt_index_find(ix, p->name, CKPT_MASTER);
         if (!e) {
             ckpt_err(err, "%s/index.h5: checkpoint has no tensor '%s' that this model needs "
                           "(saved model: %s; this model: %s)", dir, p->name, saved, ours);
@@ -523,10 +525,13 @@ static CkptKind source_kind(const CkptIndex *ix, const CkptShardView *v, CkptKin
 {
     const char *probe = ix->n ? ix->e[0].name : "";
     const int saved_master = ckpt_index_find(ix, probe, CKPT_MASTER) != NULL;
+    const int saved_params = ckpt_index_find(ix, probe, CKPT_PARAMS) != NULL;
     if (k == CKPT_MASTER && !saved_master)
         return CKPT_PARAMS;                 /* an fp32 run: the weights are the master */
-    if (k == CKPT_PARAMS && saved_master && !v->part[CKPT_MASTER].data)
-        return CKPT_MASTER;                 /* a bf16 run read by an fp32 one */
+    /* A bf16 run read by an fp32 one; or any bf16 checkpoint since the
+     * weights are no longer stored beside the master weights. */
+    if (k == CKPT_PARAMS && saved_master && (!v->part[CKPT_MASTER].data || !saved_params))
+        return CKPT_MASTER;
     return k;
 }
 

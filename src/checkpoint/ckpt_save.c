@@ -510,10 +510,11 @@ int ckpt_save(const char *dir, const CkptShardView *v, const CkptState *st, cons
     Catalog c;
     gather_catalog(&c, v, &cfg->model, stage_rank);
 
+    /* bf16: the weights are the bf16 rounding of the master weights
+     * (optimizer.h), so only the master weights are stored; a load derives
+     * the weights from them (ckpt.h). */
     int kinds[CKPT_KINDS], n_kinds = 0;
-    kinds[n_kinds++] = CKPT_PARAMS;
-    if (cfg->training.precision == PREC_BF16)
-        kinds[n_kinds++] = CKPT_MASTER;
+    kinds[n_kinds++] = cfg->training.precision == PREC_BF16 ? CKPT_MASTER : CKPT_PARAMS;
     kinds[n_kinds++] = CKPT_ADAM_M;
     kinds[n_kinds++] = CKPT_ADAM_V;
 

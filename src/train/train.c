@@ -529,6 +529,19 @@ static void ckpt_teardown(Trainer *tr)
             free(tr->ckpt.part[k].data);
 }
 
+/* bf16: the weights are the bf16 rounding of the master weights, as
+ * optimizer_init and every update make them.  A bf16 checkpoint stores the
+ * master weights only, and an fp32 source's weights were never rounded:
+ * after a load they are rounded here (a no-op on values already bf16). */
+static void round_weights(Trainer *tr)
+{
+    if (tr->cfg->training.precision != PREC_BF16)
+        return;
+    CkptRange *r = &tr->ckpt.part[CKPT_PARAMS];
+    for (size_t i = 0; r->data && i < r->hi - r->lo; i++)
+        r->data[i] = bf16_round(r->data[i]);
+}
+
 /* checkpoint.resume: auto (latest if any), never, or a step directory.
  * Returns whether the run continues from a checkpoint. */
 static int ckpt_resume(Trainer *tr)
@@ -561,6 +574,7 @@ static int ckpt_resume(Trainer *tr)
         comm_finalize();
         exit(TRD_EXIT_OK);
     }
+    round_weights(tr);
     ckpt_sync(tr, 0);
     *zero_state(tr->zero).adam_t = (int)st.adam_t;
     tr->start_step = (int)st.step;
@@ -622,13 +636,7 @@ static void ckpt_init_from(Trainer *tr, int resumed)
     if (ckpt_load_weights(dir, &tr->ckpt, tr->cfg, err) != 0)
         guard_exit_agreed(rank, TRD_EXIT_INPUT, "the model section must describe the model "
                           "checkpoint.init_from holds", "checkpoint.init_from: %s", err);
-    if (tr->cfg->training.precision == PREC_BF16) {
-        /* The weights are the bf16 rounding of the master weights, as
-         * optimizer_init makes them; an fp32 source's were not rounded. */
-        CkptRange *r = &tr->ckpt.part[CKPT_PARAMS];
-        for (size_t i = 0; r->data && i < r->hi - r->lo; i++)
-            r->data[i] = bf16_round(r->data[i]);
-    }
+    round_weights(tr);
     ckpt_sync(tr, 0);
     if (rank == 0)
         printf("initialised from %s: weights of %s, step 0, fresh optimizer and data\n", src,
@@ -736,11 +744,12 @@ static void ckpt_save_step(Trainer *tr, Comm *world, int steps_done, int wait)
         async_finish(tr, world, 1);
         const double t_copy = MPI_Wtime();
         ckpt_sync(tr, 1); /* device backends: the host copies are the snapshot */
-        for (int k = 0; !tr->be->device && k < CKPT_KINDS; k++) {
-            const CkptRange *r = &tr->ckpt.part[k];
-            if (r->data)
-                memcpy(ckpt_async_buffer(tr->async, k), r->data, (r->hi - r->lo) * sizeof(float));
-        }
+        const float *src[CKPT_KINDS];
+        for (int k = 0; k < CKPT_KINDS; k++)
+            src[k] = tr->be->device ? NULL : tr->ckpt.part[k].data;
+        if (ckpt_async_snapshot(tr->async, src, steps_done, err) != 0)
+            guard_exit_agreed(tr->topo.rank, TRD_EXIT_RUNTIME, "lower training.lr or "
+                              "weight_decay: an update made the state non-finite", "%s", err);
         ckpt_async_start(tr->async, cfg->checkpoint.dir, &st, cfg, cfg->checkpoint.keep);
         tr->async_blocked_s = MPI_Wtime() - t0;
         trace_span("checkpoint snapshot", TRACE_STEP, t_copy, MPI_Wtime(), -1, -1, 0);

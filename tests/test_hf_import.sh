@@ -108,8 +108,8 @@ ok "gpt2 init_from HF: tp2 = 1 rank (1e-5)" close "$(loss1 ih2)" "$(loss1 ih1)"
 ok "gpt2 init_from HF: dp2 ZeRO-3 = 1 rank (1e-5)" close "$(loss1 ihz)" "$(loss1 ih1)"
 ok "gpt2 init_from: the weights were taken (a fresh run's loss differs)" \
     test "$(loss1 fresh)" != "$(loss1 ih1)"
-ok "init_from HF: imported into run.dir/init_from, said so" \
-    bash -c "grep -q 'initialised from $out/g.hf' '$out/ih1.log' && [ -f '$out/ih1/init_from/latest' ]"
+ok "init_from HF: read by each rank from the safetensors, said so, nothing converted on disk" \
+    bash -c "grep -q 'initialised from $out/g.hf: weights of its safetensors' '$out/ih1.log' && [ ! -e '$out/ih1/init_from' ]"
 
 lsmall=(--set model.arch=llama --set model.kv_heads=2)
 run lh1 1 "${lsmall[@]}" --set checkpoint.init_from="$out/l.hf"
@@ -138,12 +138,15 @@ ok "bf16 run init_from HF: dp2 ZeRO-1 = 1 rank (1e-5)" close "$(loss1 bh2)" "$(l
 
 # A shorter context: gpt2 keeps the first seq_len rows of wpe (n_positions is
 # an upper bound); llama has no position table.
-run is16 1 --set checkpoint.init_from="$out/g.hf" --set model.seq_len=16
+# With lr 1e-30 the step leaves the weights as init_from made them (each
+# update is far below half an ulp), and the run's own checkpoint shows them.
+run is16 1 --set checkpoint.init_from="$out/g.hf" --set model.seq_len=16 --set training.lr=1e-30 \
+    --set training.min_lr=0 --set checkpoint.dir="$out/is16/ckpt"
 ok "gpt2 init_from with seq_len 16 < n_positions 32: wpe = the first 16 rows" \
     "$py" -c "
 import sys, h5py, numpy as np
 src = h5py.File('$(step_of g)/stage_0.h5', 'r')['params/embed.wpe.weight'][()]
-got = h5py.File('$out/is16/init_from/step_00000000/stage_0.h5', 'r')['params/embed.wpe.weight'][()]
+got = h5py.File('$(step_of is16)/stage_0.h5', 'r')['params/embed.wpe.weight'][()]
 sys.exit(not (got.shape == (16, 64) and np.array_equal(got.view(np.uint32), src[:16].view(np.uint32))))"
 run ls16 1 "${lsmall[@]}" --set checkpoint.init_from="$out/l.hf" --set model.seq_len=16
 ok "llama init_from with seq_len 16 != max_position_embeddings 32 runs" \
@@ -165,11 +168,11 @@ bad_run() {
     ok "$what: exit $r (want 2), '$pattern'" bash -c "[ $r -eq 2 ] && grep -q -- \"$pattern\" '$out/b.log'"
     echo "     $(grep -m1 'error' "$out/b.log" | cut -c1-200)"
 }
-bad_run "init_from HF with model.hidden 128" "model.hidden is 64 in the checkpoint, 128 in the config" \
+bad_run "init_from HF with model.hidden 128" "model.hidden is 64 in $out/g.hf/config.json, 128 in the config" \
     --set model.hidden=128 --set checkpoint.init_from="$out/g.hf"
 bad_run "init_from checkpoint with model.kv_heads 1" "model.kv_heads is 2 in the checkpoint, 1 in the config" \
     "${lsmall[@]}" --set model.kv_heads=1 --set checkpoint.init_from="$out/l/ckpt"
-bad_run "init_from a llama into a gpt2" "model.arch is llama in the checkpoint, gpt2 in the config" \
+bad_run "init_from a llama into a gpt2" "model.arch is llama in $out/l.hf/config.json, gpt2 in the config" \
     --set checkpoint.init_from="$out/l.hf"
 bad_run "gpt2 init_from with seq_len 64 > n_positions 32" "model.seq_len 64 > n_positions 32 of $out/g.hf/config.json" \
     --set model.seq_len=64 --set checkpoint.init_from="$out/g.hf"
@@ -260,6 +263,17 @@ bad_st truncated "$out/g.hf" "bad_truncated.hf/$f: tensor '.*': data_offsets .* 
 bad_st missing "$out/g.hf" "bad_missing.hf/$f: required tensor 'transformer.h.1.mlp.c_fc.bias' is missing"
 bad_st shard "$out/l.hf" "bad_shard.hf/model.safetensors.index.json: shard .*model-00002-of-.* (of tensor '.*') is missing"
 bad_st arch "$out/g.hf" "bad_arch.hf/config.json: architectures .*BertForMaskedLM.*, model_type .bert.: trident imports"
+
+# The same files through checkpoint.init_from on 2 ranks (tp 2: each reads
+# its pieces): exit 2, the reader's message once.
+for case in truncated missing; do
+    timeout 120 mpiexec -n 2 "$TRIDENT" train configs/tiny.yaml "${small[@]}" --set topology.tp=2 \
+        --set run.dir="$out/bi_$case" --set checkpoint.init_from="$out/bad_$case.hf" > "$out/b.log" 2>&1
+    r=$?
+    ok "init_from a bad safetensors ($case) on 2 ranks: exit $r (want 2), named once" \
+        bash -c "[ $r -eq 2 ] && [ \$(grep -o 'bad_$case.hf/$f: ' '$out/b.log' | wc -l) -eq 1 ]"
+    echo "     $(grep -m1 'error' "$out/b.log" | cut -c1-200)"
+done
 
 echo "hf_import: $fails failed"
 [ "$fails" -eq 0 ]

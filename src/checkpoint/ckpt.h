@@ -160,13 +160,26 @@ int ckpt_load_weights(const char *step_dir, const CkptShardView *v, const Config
  * model.safetensors.index.json; GPT2LMHeadModel or LlamaForCausalLM as the
  * export writes them) as a weights-only trident checkpoint at step 0 in
  * out_dir (step_00000000 and latest; an existing step 0 there is refused,
- * or with `replace` replaced: init_from's temporary copy).
+ * or with `replace` replaced: the temporary copies of generate and eval).
  * sets: n_sets "key=value" config overrides recorded with it; of the model
  * only model.seq_len (a gpt2 keeps that many position rows, <= n_positions).
  * Serial, no MPI; memory about two tensors.  Returns 0, or the exit code
  * (2 bad input, 1 an I/O failure) with err naming the file and tensor. */
 int ckpt_hf_import(const char *hf_dir, const char *out_dir, char *const *sets, int n_sets,
                    int replace, char err[CFG_ERR]);
+
+/* checkpoint.init_from of a Hugging Face directory (as ckpt_hf_import
+ * reads it), without a converted copy: every rank reads, from the mapped
+ * safetensors files, the tensors its view holds any of, converts each to
+ * trident's global layout and keeps its pieces of part[CKPT_PARAMS] and
+ * part[CKPT_MASTER] (where data is set; the weights unrounded: a bf16
+ * caller rounds them).  Memory: one tensor beside the view.  The model
+ * section of cfg must be config.json's (a difference names both values);
+ * model.seq_len may be below a gpt2's n_positions.  Collective over
+ * v->world.  Returns 0, or the exit code (2 bad input) with the same
+ * message on every rank, naming the file and tensor. */
+int ckpt_hf_load_weights(const char *hf_dir, const CkptShardView *v, const Config *cfg,
+                         char err[CFG_ERR]);
 
 /* The step directory to resume from: kind AUTO -> <dir>/latest if it exists,
  * else the newest complete step_<N> whose index verifies (err then holds a

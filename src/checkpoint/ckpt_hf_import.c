@@ -865,3 +865,124 @@ done:
     st_set_close(&im.st);
     return code;
 }
+
+/* ---- checkpoint.init_from: each rank reads its own pieces --------------- */
+
+/* The run's model against config.json's: a difference names both values. */
+static int same_model(const char *dir, const ModelConfig *hf, const ModelConfig *m,
+                      char err[CFG_ERR])
+{
+    if (hf->arch != m->arch) {
+        ckpt_err(err, "model.arch is %s in %s/config.json, %s in the config",
+                 config_arch_name(hf->arch), dir, config_arch_name(m->arch));
+        return TRD_EXIT_INPUT;
+    }
+    const struct { const char *key; int hf, ours; } ints[] = {
+        {"layers", hf->layers, m->layers}, {"hidden", hf->hidden, m->hidden},
+        {"heads", hf->heads, m->heads}, {"kv_heads", hf->kv_heads, m->kv_heads},
+        {"ffn_hidden", hf->ffn_hidden, m->ffn_hidden}, {"vocab", hf->vocab, m->vocab},
+        {"tie_embeddings", hf->tie_embeddings, m->tie_embeddings}};
+    for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++)
+        if (ints[i].hf != ints[i].ours) {
+            ckpt_err(err, "model.%s is %d in %s/config.json, %d in the config", ints[i].key,
+                     ints[i].hf, dir, ints[i].ours);
+            return TRD_EXIT_INPUT;
+        }
+    const int eps = hf->norm_eps != m->norm_eps;
+    if (eps || hf->rope_theta != m->rope_theta) {
+        ckpt_err(err, "model.%s is %.9g in %s/config.json, %.9g in the config",
+                 eps ? "norm_eps" : "rope_theta", eps ? hf->norm_eps : hf->rope_theta, dir,
+                 eps ? m->norm_eps : m->rope_theta);
+        return TRD_EXIT_INPUT;
+    }
+    return TRD_EXIT_OK;
+}
+
+/* Copy the slab s of the global tensor g ([rows, cols]) to dst, in slab
+ * order. */
+static void copy_slab(const CkptSlab *s, const float *g, int64_t cols, float *dst)
+{
+    for (int i = 0; i < s->n; i++) {
+        const CkptBlock *b = &s->b[i];
+        for (int64_t r = b->r; r < b->r + b->nr; r++, dst += b->nc)
+            memcpy(dst, g + r * cols + b->c, (size_t)b->nc * sizeof(float));
+    }
+}
+
+/* This rank's pieces of part[PARAMS] and part[MASTER] (where set), one
+ * global tensor at a time. */
+static int read_pieces(Imp *im, const CkptShardView *v, const char *dir, char err[CFG_ERR])
+{
+    float *g = NULL;
+    int code = TRD_EXIT_OK;
+    for (int i = 0; i < v->table->n && code == TRD_EXIT_OK; i++) {
+        const ParamSpec *p = &v->table->p[i];
+        const int64_t rows = ckpt_real_rows(p, im->m), cols = p->shape[1];
+        CkptSlab slabs[2][2];
+        int64_t first_row[2];
+        int ns[2] = {0, 0}, any = 0;
+        for (int k = 0; k < 2; k++) {
+            const CkptRange *r = &v->part[k == 0 ? CKPT_PARAMS : CKPT_MASTER];
+            if (r->data)
+                ns[k] = ckpt_slabs(p, rows, r->lo, r->hi, slabs[k], first_row);
+            any |= ns[k];
+        }
+        if (!any)
+            continue;
+        free(g);
+        g = trd_malloc((size_t)(rows * cols) * sizeof(float), p->name);
+        code = fill(im, p, rows, g);
+        int64_t bad = 0;
+        for (int64_t j = 0; code == 0 && j < rows * cols; j++)
+            bad += !isfinite(g[j]);
+        if (bad) {
+            ckpt_err(im->err, "%s: tensor '%s' has %lld non-finite values", dir, p->name,
+                     (long long)bad);
+            code = TRD_EXIT_INPUT;
+        }
+        for (int k = 0; code == 0 && k < 2; k++) {
+            const CkptRange *r = &v->part[k == 0 ? CKPT_PARAMS : CKPT_MASTER];
+            for (int j = 0; j < ns[k]; j++)
+                copy_slab(&slabs[k][j], g, cols, r->data + (slabs[k][j].first - r->lo));
+        }
+    }
+    free(g);
+    if (code)
+        snprintf(err, CFG_ERR, "%s", im->err);
+    return code;
+}
+
+int ckpt_hf_load_weights(const char *hf_dir, const CkptShardView *v, const Config *cfg,
+                         char err[CFG_ERR])
+{
+    err[0] = '\0';
+    Config hf;
+    config_defaults(&hf);
+    Imp im;
+    memset(&im, 0, sizeof im);
+    ModelConfig *m = &hf.model;
+    int code = read_model(hf_dir, m, &im.st.want_bf16, err);
+    /* gpt2 keeps the first seq_len rows of its position embedding
+     * (n_positions is an upper bound); llama's RoPE has no such table. */
+    im.n_positions = m->seq_len;
+    if (!code && m->arch == ARCH_GPT2 && cfg->model.seq_len > m->seq_len) {
+        ckpt_err(err, "model.seq_len %d > n_positions %d of %s/config.json: gpt2 has no "
+                      "position embedding beyond it", cfg->model.seq_len, m->seq_len, hf_dir);
+        code = TRD_EXIT_INPUT;
+    }
+    m->seq_len = cfg->model.seq_len;
+    im.m = m;
+    im.hs = m->heads ? m->hidden / m->heads : 0;
+    if (!code)
+        code = same_model(hf_dir, m, &cfg->model, err);
+    if (!code)
+        code = st_set_open(&im.st, hf_dir, err);
+    if (!code)
+        code = read_pieces(&im, v, hf_dir, err);
+    free(im.scratch);
+    st_set_close(&im.st);
+    /* Every rank reads: the lowest failing rank's message for all. */
+    int worst = code;
+    TRD_ASSERT(MPI_Allreduce(MPI_IN_PLACE, &worst, 1, MPI_INT, MPI_MAX, v->world) == MPI_SUCCESS);
+    return ckpt_agree(v->world, code, err) != 0 ? worst : TRD_EXIT_OK;
+}

@@ -589,9 +589,8 @@ static int ckpt_resume(Trainer *tr)
 
 /* checkpoint.init_from: the weights of a Hugging Face directory (it has a
  * config.json) or of a trident checkpoint start this run at step 0, with a
- * fresh optimizer, schedule and sampler.  A Hugging Face directory is first
- * imported by rank 0 into <run.dir>/init_from (a weights-only checkpoint,
- * replaced at every start), so every layout then reads its own slices the
+ * fresh optimizer, schedule and sampler.  Every rank reads its own pieces:
+ * of the safetensors files (ckpt_hf_load_weights), or of the checkpoint the
  * way a resume does.  Ignored, with a note, when the run resumed. */
 static void ckpt_init_from(Trainer *tr, int resumed)
 {
@@ -605,42 +604,34 @@ static void ckpt_init_from(Trainer *tr, int resumed)
                    "checkpoint\n", src);
         return;
     }
-    char dir[CFG_STR], imp[CFG_STR + 16], err[CFG_ERR] = "", json[CFG_STR + 16];
+    char dir[CFG_STR], err[CFG_ERR] = "", json[CFG_STR + 16];
     snprintf(json, sizeof json, "%s/config.json", src);
     struct stat st;
-    int code = TRD_EXIT_OK;
     const int hf = stat(json, &st) == 0;
     if (stat(src, &st) != 0 || !S_ISDIR(st.st_mode))
         guard_exit_agreed(rank, TRD_EXIT_INPUT, "checkpoint.init_from: a Hugging Face "
                           "directory (with config.json) or a trident checkpoint",
                           "checkpoint.init_from: %s: no such directory", src);
-    if (hf) {
-        snprintf(imp, sizeof imp, "%s/init_from", tr->cfg->run.dir);
-        /* The run's context: a gpt2 keeps the first seq_len position rows. */
-        char seq[48], *sets[1] = {seq};
-        snprintf(seq, sizeof seq, "model.seq_len=%d", tr->cfg->model.seq_len);
-        if (rank == 0)
-            code = ckpt_hf_import(src, imp, sets, 1, 1, err);
-        TRD_ASSERT(MPI_Bcast(&code, 1, MPI_INT, 0, MPI_COMM_WORLD) == MPI_SUCCESS);
-        TRD_ASSERT(MPI_Bcast(err, CFG_ERR, MPI_CHAR, 0, MPI_COMM_WORLD) == MPI_SUCCESS);
-        if (code != TRD_EXIT_OK)
-            guard_exit_agreed(rank, code, "checkpoint.init_from: a directory written by "
-                              "`trident ckpt export --format hf`, or a trident checkpoint",
-                              "checkpoint.init_from: %s", err);
-    }
-    if (ckpt_resolve(NULL, RESUME_PATH, hf ? imp : src, dir, err) != 1)
+    if (!hf && ckpt_resolve(NULL, RESUME_PATH, src, dir, err) != 1)
         guard_exit_agreed(rank, TRD_EXIT_INPUT, "checkpoint.init_from: a Hugging Face "
                           "directory (with config.json) or a trident checkpoint",
                           "checkpoint.init_from: %s", err);
     ckpt_sync(tr, 1); /* the optimizer state stays as initialised */
-    if (ckpt_load_weights(dir, &tr->ckpt, tr->cfg, err) != 0)
-        guard_exit_agreed(rank, TRD_EXIT_INPUT, "the model section must describe the model "
-                          "checkpoint.init_from holds", "checkpoint.init_from: %s", err);
+    /* A Hugging Face directory: each rank reads its pieces of the
+     * safetensors files, nothing is converted on disk. */
+    const int code = hf ? ckpt_hf_load_weights(src, &tr->ckpt, tr->cfg, err)
+                        : ckpt_load_weights(dir, &tr->ckpt, tr->cfg, err) != 0 ? TRD_EXIT_INPUT
+                                                                                : TRD_EXIT_OK;
+    if (code != TRD_EXIT_OK)
+        guard_exit_agreed(rank, code, "the model section must describe the model "
+                          "checkpoint.init_from holds (a directory written by `trident ckpt "
+                          "export --format hf`, or a trident checkpoint)",
+                          "checkpoint.init_from: %s", err);
     round_weights(tr);
     ckpt_sync(tr, 0);
     if (rank == 0)
         printf("initialised from %s: weights of %s, step 0, fresh optimizer and data\n", src,
-               dir);
+               hf ? "its safetensors (each rank read its own pieces)" : dir);
 }
 
 /* training.sample_every: a continuation of end-of-text by the model as it

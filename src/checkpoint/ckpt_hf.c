@@ -73,6 +73,9 @@ typedef struct {
     /* The last whole source tensor read (the qkv feeds three outputs). */
     const CkptEntry *cached;
     float *cache;
+    size_t cache_cap;            /* floats; kept across tensors (no page faults anew) */
+    float *tbuf;                 /* a transposed tensor */
+    size_t tbuf_cap;
     /* Output staging for one row (converted) and file accounting. */
     void *stage;
     size_t stage_cap;
@@ -304,14 +307,25 @@ static int gather_block(Hf *h, const float *rows, int64_t r0, int64_t n, void *c
     return TRD_EXIT_OK;
 }
 
+/* buf with room for n floats: reallocated only to grow, so the pages of
+ * one tensor are reused by the next instead of faulted in and zeroed anew
+ * (a fresh buffer per tensor was a third of an export's system time). */
+static float *grow(float *buf, size_t *cap, size_t n, const char *what)
+{
+    if (n <= *cap)
+        return buf;
+    free(buf);
+    *cap = n;
+    return trd_malloc(n * sizeof(float), what);
+}
+
 /* The whole tensor e (kept until another one is asked for). */
 static int hf_whole(Hf *h, const CkptEntry *e)
 {
     if (h->cached == e)
         return TRD_EXIT_OK;
-    free(h->cache);
     h->cached = NULL;
-    h->cache = trd_malloc((size_t)(e->shape[0] * e->shape[1]) * sizeof(float), e->name);
+    h->cache = grow(h->cache, &h->cache_cap, (size_t)(e->shape[0] * e->shape[1]), e->name);
     const int code = hf_read_blocks(h, e, gather_block, (void *)e);
     if (code == TRD_EXIT_OK)
         h->cached = e;
@@ -435,14 +449,11 @@ static int hf_write_tensor(Hf *h, const HfTensor *t, Sink *s)
         int64_t *src = trd_malloc((size_t)ocols * sizeof *src, "export column map");
         for (int64_t j = 0; j < ocols; j++)
             src[j] = t->op == HF_TRANSPOSE ? j : qkv_src_row(h, QKV_ALL, j);
-        float *o = trd_malloc((size_t)(orows * ocols) * sizeof(float), "export transpose");
-        for (int64_t i0 = 0; i0 < orows; i0 += 32)
-            for (int64_t j0 = 0; j0 < ocols; j0 += 32)
-                for (int64_t j = j0; j < j0 + 32 && j < ocols; j++)
-                    for (int64_t i = i0; i < i0 + 32 && i < orows; i++)
-                        o[i * ocols + j] = w[src[j] * cols + i];
+        h->tbuf = grow(h->tbuf, &h->tbuf_cap, (size_t)(orows * ocols), "export transpose");
+        float *o = h->tbuf;
+        TRD_ASSERT(orows == cols); /* o[i * ocols + j] = w[src[j] * cols + i] */
+        ckpt_transpose(w, ocols, cols, src, NULL, o);
         code = hf_emit(h, s, o, (size_t)(orows * ocols));
-        free(o);
         free(src);
         return code;
     }
@@ -956,6 +967,7 @@ int ckpt_hf_export(const char *arg, const char *out_dir, int bf16, int64_t max_s
 fail:
     free(h.t);
     free(h.cache);
+    free(h.tbuf);
     free(h.stage);
     ckpt_index_free(&ix);
     if (code != TRD_EXIT_OK && h.rank == 0)

@@ -551,9 +551,8 @@ static int read_t(Imp *im, const char *name, int64_t r, int64_t c, float *out)
 {
     float *w = scratch(im, r * c);
     int code = st_read(&im->st, name, r, c, w, im->err);
-    for (int64_t i = 0; code == 0 && i < r; i++)
-        for (int64_t j = 0; j < c; j++)
-            out[j * r + i] = w[i * c + j];
+    if (code == 0)
+        ckpt_transpose(w, r, c, NULL, NULL, out);
     return code;
 }
 
@@ -569,14 +568,14 @@ static int read_qkv(Imp *im, int l, int bias, float *out)
         snprintf(name, sizeof name, "transformer.h.%d.attn.c_attn.%s", l, bias ? "bias" : "weight");
         float *w = scratch(im, bias ? A3 : C * A3);
         int code = st_read(&im->st, name, bias ? A3 : C, bias ? 0 : A3, w, im->err);
-        for (int64_t j = 0; code == 0 && j < A3; j++) {
-            const int64_t row = ckpt_hf_qkv_src_row(H, KV, hs, QKV_ALL, j);
-            if (bias)
-                out[row] = w[j];
-            else
-                for (int64_t i = 0; i < C; i++)
-                    out[row * C + i] = w[i * A3 + j];
-        }
+        int64_t *row = trd_malloc((size_t)A3 * sizeof *row, "c_attn row map");
+        for (int64_t j = 0; j < A3; j++)
+            row[j] = ckpt_hf_qkv_src_row(H, KV, hs, QKV_ALL, j);
+        for (int64_t j = 0; code == 0 && bias && j < A3; j++)
+            out[row[j]] = w[j];
+        if (code == 0 && !bias)   /* [C, 3A]: column j is trident row row[j] */
+            ckpt_transpose(w, C, A3, NULL, row, out);
+        free(row);
         return code;
     }
     static const char *const proj[3] = {"q_proj", "k_proj", "v_proj"};
@@ -654,8 +653,8 @@ static int fill(Imp *im, const ParamSpec *p, int64_t rows, float *out)
 
 /* ---- writing the checkpoint ------------------------------------------- */
 
-static int write_tensor(Imp *im, hid_t group, const CkptEntry *e, const float *w,
-                        const char *path)
+static int write_tensor(Imp *im, hid_t group, CkptRaw *raw, const CkptEntry *e,
+                        const float *w, const char *path)
 {
     const int64_t R = ckpt_block_rows(e->ndim, e->shape), nb = ckpt_n_blocks(e->ndim, e->shape);
     uint64_t *sums = trd_calloc((size_t)(nb ? nb : 1), sizeof(uint64_t), "checksums");
@@ -663,12 +662,19 @@ static int write_tensor(Imp *im, hid_t group, const CkptEntry *e, const float *w
         const int64_t r0 = b * R, n = r0 + R < e->shape[0] ? R : e->shape[0] - r0;
         sums[b] = ckpt_checksum_rows(w + r0 * e->shape[1], r0, n, e->shape[1]);
     }
+    /* Allocated now and never filled: the values go straight to the
+     * dataset's bytes in the file (ckpt_raw.c), as a save writes them. */
     hid_t dcpl = H5Pcreate(H5P_DATASET_CREATE);
     H5Pset_layout(dcpl, H5D_CONTIGUOUS);
+    H5Pset_alloc_time(dcpl, H5D_ALLOC_TIME_EARLY);
+    H5Pset_fill_time(dcpl, H5D_FILL_TIME_NEVER);
     hid_t space = ckpt_space(e->ndim, e->shape);
     hid_t d = H5Dcreate2(group, e->name, H5T_IEEE_F32LE, space, H5P_DEFAULT, dcpl, H5P_DEFAULT);
-    int ok = d >= 0 && H5Dwrite(d, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, w) >= 0 &&
+    const haddr_t at = d >= 0 ? H5Dget_offset(d) : HADDR_UNDEF;
+    int ok = at != HADDR_UNDEF &&
+             ckpt_raw_write(raw, (const char *)w, (size_t)e->nbytes, (off_t)at) == 0 &&
              ckpt_put_checksums(d, e, sums) == 0;
+    const int saved = errno;
     if (d >= 0)
         H5Dclose(d);
     H5Sclose(space);
@@ -677,7 +683,8 @@ static int write_tensor(Imp *im, hid_t group, const CkptEntry *e, const float *w
     if (!ok) {
         char why[256];
         ckpt_h5_reason(why, sizeof why);
-        ckpt_err(im->err, "%s: cannot write tensor '%s': %s", path, e->name, why);
+        ckpt_err(im->err, "%s: cannot write tensor '%s': %s", path, e->name,
+                 why[0] ? why : strerror(saved));
         return TRD_EXIT_RUNTIME;
     }
     return TRD_EXIT_OK;
@@ -745,6 +752,9 @@ int ckpt_hf_import(const char *hf_dir, const char *out_dir, char *const *sets, i
     ParamTable t = {0};
     CkptEntry *e = NULL;
     float *w = NULL;
+    size_t w_cap = 0;
+    CkptRaw raw;
+    int raw_open = 0;
     hid_t f = -1, group = -1;
     char path[CKPT_FILE_PATH];
     if (code)
@@ -762,11 +772,12 @@ int ckpt_hf_import(const char *hf_dir, const char *out_dir, char *const *sets, i
     H5Pclose(fapl);
     group = f >= 0 ? H5Gcreate2(f, ckpt_kind_names[CKPT_PARAMS], H5P_DEFAULT, H5P_DEFAULT,
                                 H5P_DEFAULT) : -1;
-    if (group < 0) {
+    if (group < 0 || ckpt_raw_open(&raw, path) != 0) {
         ckpt_err(err, "%s: cannot create", path);
         code = TRD_EXIT_RUNTIME;
         goto done;
     }
+    raw_open = 1;
     for (int i = 0; i < t.n && code == TRD_EXIT_OK; i++) {
         const ParamSpec *p = &t.p[i];
         CkptEntry *x = &e[i];
@@ -778,7 +789,13 @@ int ckpt_hf_import(const char *hf_dir, const char *out_dir, char *const *sets, i
         x->shape[0] = ckpt_real_rows(p, m);
         x->shape[1] = p->shape[1];
         x->nbytes = x->shape[0] * x->shape[1] * (int64_t)sizeof(float);
-        w = trd_malloc((size_t)x->nbytes, p->name);
+        /* One buffer for every tensor: a fresh one each time (freed back
+         * to the kernel) was page faults and zeroing of the whole model. */
+        if ((size_t)x->nbytes > w_cap) {
+            free(w);
+            w_cap = (size_t)x->nbytes;
+            w = trd_malloc(w_cap, "import tensor");
+        }
         code = fill(&im, p, x->shape[0], w);
         int64_t bad = 0;
         for (int64_t j = 0; code == 0 && j < x->shape[0] * x->shape[1]; j++)
@@ -791,14 +808,17 @@ int ckpt_hf_import(const char *hf_dir, const char *out_dir, char *const *sets, i
         if (code)
             snprintf(err, CFG_ERR, "%s", im.err);
         else
-            code = write_tensor(&im, group, x, w, path);
+            code = write_tensor(&im, group, &raw, x, w, path);
         if (code && !err[0])
             snprintf(err, CFG_ERR, "%s", im.err);
-        free(w);
-        w = NULL;
     }
     H5Gclose(group);
     group = -1;
+    raw_open = 0;
+    if (ckpt_raw_close(&raw, code == 0) != 0 && code == 0) {
+        ckpt_err(err, "%s: cannot sync: %s", path, strerror(errno));
+        code = TRD_EXIT_RUNTIME;
+    }
     if (H5Fclose(f) < 0 && code == 0) {
         ckpt_err(err, "%s: cannot close", path);
         code = TRD_EXIT_RUNTIME;
@@ -852,6 +872,8 @@ int ckpt_hf_import(const char *hf_dir, const char *out_dir, char *const *sets, i
                m->layers, m->hidden, m->heads, m->kv_heads, m->vocab,
                m->tie_embeddings ? "tied" : "untied", hf_dir, final);
 done:
+    if (raw_open)
+        ckpt_raw_close(&raw, 0);
     if (group >= 0)
         H5Gclose(group);
     if (f >= 0)
@@ -914,6 +936,7 @@ static void copy_slab(const CkptSlab *s, const float *g, int64_t cols, float *ds
 static int read_pieces(Imp *im, const CkptShardView *v, const char *dir, char err[CFG_ERR])
 {
     float *g = NULL;
+    size_t g_cap = 0;
     int code = TRD_EXIT_OK;
     for (int i = 0; i < v->table->n && code == TRD_EXIT_OK; i++) {
         const ParamSpec *p = &v->table->p[i];
@@ -929,8 +952,11 @@ static int read_pieces(Imp *im, const CkptShardView *v, const char *dir, char er
         }
         if (!any)
             continue;
-        free(g);
-        g = trd_malloc((size_t)(rows * cols) * sizeof(float), p->name);
+        if ((size_t)(rows * cols) > g_cap) {
+            free(g);
+            g_cap = (size_t)(rows * cols);
+            g = trd_malloc(g_cap * sizeof(float), p->name);
+        }
         code = fill(im, p, rows, g);
         int64_t bad = 0;
         for (int64_t j = 0; code == 0 && j < rows * cols; j++)

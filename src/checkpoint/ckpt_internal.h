@@ -14,6 +14,7 @@
 
 #include <hdf5.h>
 #include <stdarg.h>
+#include <sys/types.h>
 
 #include "checkpoint/ckpt.h"
 
@@ -68,6 +69,31 @@ CkptSlab ckpt_slab(const ParamSpec *p, int64_t real_rows, size_t lo, size_t hi);
  * first local row of slab i (for params_row_owned). */
 int ckpt_slabs(const ParamSpec *p, int64_t real_rows, size_t lo, size_t hi, CkptSlab out[2],
                int64_t first_row[2]);
+
+/* The tensors' bytes, written by trident beside HDF5 at a contiguous,
+ * early-allocated, never-filled dataset's H5Dget_offset (ckpt_raw.c):
+ * whole 4 KiB blocks with O_DIRECT through an aligned staging buffer, the
+ * rest through the page cache; all of it through the page cache where the
+ * file system refuses O_DIRECT. */
+enum { CKPT_RAW_ALIGN = 4096, CKPT_RAW_STAGE = 8 << 20 };
+typedef struct {
+    int fd;            /* buffered */
+    int fd_direct;     /* O_DIRECT, or -1 */
+    char *stage;       /* CKPT_RAW_STAGE bytes aligned to CKPT_RAW_ALIGN (with fd_direct) */
+} CkptRaw;
+/* 0, or -1 with errno (the file must exist: HDF5 created it). */
+int ckpt_raw_open(CkptRaw *w, const char *path);
+/* n bytes of src at file offset at: 0, or -1 with errno (ENOSPC for a
+ * short write of a full disk). */
+int ckpt_raw_write(CkptRaw *w, const char *src, size_t n, off_t at);
+/* fsync (when sync) and close: 0, or -1 with errno. */
+int ckpt_raw_close(CkptRaw *w, int sync);
+
+/* out[(omap ? omap[j] : j) * r + i] = in[(imap ? imap[i] : i) * c + j] for
+ * i < r, j < c: a transpose with optional row maps (the Hugging Face
+ * layouts: Conv1D weights, c_attn's [Q|K|V] columns), in 32 x 32 tiles. */
+void ckpt_transpose(const float *in, int64_t r, int64_t c, const int64_t *imap,
+                    const int64_t *omap, float *out);
 
 /* Checksums.  A stored tensor is cut into blocks of ckpt_block_rows() whole
  * rows (about 4 MiB, the same for any topology); block b's checksum is

@@ -187,3 +187,25 @@ hid_t ckpt_space(int ndim, const int64_t shape[2])
     TRD_ASSERT(s >= 0);
     return s;
 }
+
+void ckpt_transpose(const float *in, int64_t r, int64_t c, const int64_t *imap,
+                    const int64_t *omap, float *out)
+{
+    /* Through a transposed tile on the stack: each output row piece then
+     * goes out as up to 32 consecutive floats.  Stored straight from the
+     * source, 32 stores 4 KiB apart (r = 1024) fall into one L1 set and
+     * evict each other: an import's transposes took twice the time. */
+    float tile[32][32];
+    for (int64_t i0 = 0; i0 < r; i0 += 32)
+        for (int64_t j0 = 0; j0 < c; j0 += 32) {
+            const int64_t ni = r - i0 < 32 ? r - i0 : 32, nj = c - j0 < 32 ? c - j0 : 32;
+            for (int64_t i = 0; i < ni; i++) {
+                const float *row = in + (imap ? imap[i0 + i] : i0 + i) * c + j0;
+                for (int64_t j = 0; j < nj; j++)
+                    tile[j][i] = row[j];
+            }
+            for (int64_t j = 0; j < nj; j++)
+                memcpy(out + (omap ? omap[j0 + j] : j0 + j) * r + i0, tile[j],
+                       (size_t)ni * sizeof(float));
+        }
+}

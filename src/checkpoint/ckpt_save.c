@@ -18,7 +18,6 @@
 #include "checkpoint/ckpt_internal.h"
 
 #include <errno.h>
-#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -204,99 +203,11 @@ static hid_t create_dataset(hid_t group, const CkptEntry *e, StageIo *io)
     return d;
 }
 
-/* ---- the tensors' bytes ----
- * The datasets are contiguous and allocated when created, never filled
- * (create_dataset): HDF5 writes no raw data of its own, and a dataset's
- * bytes are its row-major float32 values at H5Dget_offset in the file.  Each
- * rank writes its pieces there itself, beside HDF5 (which writes only the
- * metadata): whole 4 KiB blocks with O_DIRECT through an aligned staging
- * buffer, the unaligned ends of a piece through the page cache.  Buffered
- * writes of the same bytes cost about 8x the kernel time of direct ones
- * (1.0 s against 0.13 s of system time for 840 MB on the development VM),
- * CPU an asynchronous save takes from training.  A file system that refuses
- * O_DIRECT (tmpfs) gets every byte through the page cache.  No block is
- * written both ways: direct writes cover whole blocks inside one piece,
- * buffered ones the blocks a piece shares with its neighbours. */
-enum { RAW_ALIGN = 4096, RAW_STAGE = 8 << 20 };
-
-typedef struct {
-    int fd;            /* buffered */
-    int fd_direct;     /* O_DIRECT, or -1 */
-    char *stage;       /* RAW_STAGE bytes aligned to RAW_ALIGN (with fd_direct) */
-} RawFile;
-
-static int raw_open(RawFile *w, const char *path)
-{
-    w->fd = open(path, O_WRONLY | O_CLOEXEC);
-    w->fd_direct = w->fd >= 0 ? open(path, O_WRONLY | O_CLOEXEC | O_DIRECT) : -1;
-    w->stage = NULL;
-    if (w->fd_direct >= 0 && posix_memalign((void **)&w->stage, RAW_ALIGN, RAW_STAGE) != 0) {
-        close(w->fd_direct);
-        w->fd_direct = -1;
-        w->stage = NULL;
-    }
-    return w->fd >= 0 ? 0 : -1;
-}
-
-/* pwrite all n bytes (errno set on failure; a short write of a full disk
- * is ENOSPC). */
-static int pwrite_all(int fd, const char *src, size_t n, off_t at)
-{
-    while (n > 0) {
-        const ssize_t k = pwrite(fd, src, n, at);
-        if (k < 0 && errno == EINTR)
-            continue;
-        if (k <= 0) {
-            if (k == 0)
-                errno = ENOSPC;
-            return -1;
-        }
-        src += k;
-        at += k;
-        n -= (size_t)k;
-    }
-    return 0;
-}
-
-static int raw_write(RawFile *w, const char *src, size_t n, off_t at)
-{
-    if (w->fd_direct < 0)
-        return pwrite_all(w->fd, src, n, at);
-    size_t head = (size_t)((RAW_ALIGN - at % RAW_ALIGN) % RAW_ALIGN);
-    head = head < n ? head : n;
-    if (head && pwrite_all(w->fd, src, head, at) != 0)
-        return -1;
-    src += head, at += (off_t)head, n -= head;
-    for (size_t mid = n / RAW_ALIGN * RAW_ALIGN; mid > 0;) {
-        const size_t m = mid < RAW_STAGE ? mid : RAW_STAGE;
-        memcpy(w->stage, src, m);
-        if (pwrite_all(w->fd_direct, w->stage, m, at) != 0)
-            return -1;
-        src += m, at += (off_t)m, n -= m, mid -= m;
-    }
-    return n ? pwrite_all(w->fd, src, n, at) : 0;
-}
-
-/* Sync what went through the page cache (direct writes are on the device
- * when pwrite returns; fsync also flushes its cache) and close. */
-static int raw_close(RawFile *w, int sync)
-{
-    int rc = 0;
-    if (w->fd >= 0 && sync && fsync(w->fd) != 0)
-        rc = -1;
-    const int saved = errno;
-    if (w->fd_direct >= 0)
-        close(w->fd_direct);
-    if (w->fd >= 0)
-        close(w->fd);
-    free(w->stage);
-    errno = saved;
-    return rc;
-}
+/* ---- the tensors' bytes (ckpt_raw.c) ---- */
 
 /* This rank's slab of dataset d (nothing when it is empty, or after an I/O
  * error of this rank). */
-static void write_slab(RawFile *w, hid_t d, const CkptEntry *e, const CkptSlab *s,
+static void write_slab(CkptRaw *w, hid_t d, const CkptEntry *e, const CkptSlab *s,
                        const float *src, const char *kind, StageIo *io)
 {
     if (!s->count || io->failed || d < 0)
@@ -314,7 +225,7 @@ static void write_slab(RawFile *w, hid_t d, const CkptEntry *e, const CkptSlab *
         for (int64_t r = 0; ok && r < runs; r++) {
             const off_t at = (off_t)(base + (haddr_t)(((b->r + r) * cols + b->c) *
                                                       (int64_t)sizeof(float)));
-            ok = raw_write(w, (const char *)src, (size_t)per * sizeof(float), at) == 0;
+            ok = ckpt_raw_write(w, (const char *)src, (size_t)per * sizeof(float), at) == 0;
             src += per;
         }
     }
@@ -435,8 +346,8 @@ static int write_stage(const char *path, const CkptShardView *v, const Catalog *
         if (g >= 0)
             H5Gclose(g);
     }
-    RawFile raw;
-    io_ok(&io, raw_open(&raw, path) == 0, NULL, "cannot open for the tensors' data");
+    CkptRaw raw;
+    io_ok(&io, ckpt_raw_open(&raw, path) == 0, NULL, "cannot open for the tensors' data");
     for (int i = 0; i < n; i++) {
         StageSet *x = &sets[i];
         const ParamSpec *p = &v->table->p[x->param];
@@ -455,7 +366,7 @@ static int write_stage(const char *path, const CkptShardView *v, const Catalog *
                          x->e.kind, (long long)bad, bad == 1 ? "" : "s");
         }
     }
-    if (raw_close(&raw, !io.failed) != 0 && !io.failed) {
+    if (ckpt_raw_close(&raw, !io.failed) != 0 && !io.failed) {
         ckpt_err(io.err, "%s: cannot sync the tensors' data: %s", path, strerror(errno));
         io.failed = 1;
     }

@@ -16,6 +16,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -65,8 +66,13 @@ int ckpt_raw_write(CkptRaw *w, const char *src, size_t n, off_t at)
     src += head, at += (off_t)head, n -= head;
     for (size_t mid = n / CKPT_RAW_ALIGN * CKPT_RAW_ALIGN; mid > 0;) {
         const size_t m = mid < CKPT_RAW_STAGE ? mid : CKPT_RAW_STAGE;
-        memcpy(w->stage, src, m);
-        if (pwrite_all(w->fd_direct, w->stage, m, at) != 0)
+        /* Memory aligned like the file goes out as it is. */
+        const char *p = src;
+        if ((uintptr_t)src % CKPT_RAW_ALIGN) {
+            memcpy(w->stage, src, m);
+            p = w->stage;
+        }
+        if (pwrite_all(w->fd_direct, p, m, at) != 0)
             return -1;
         src += m, at += (off_t)m, n -= m, mid -= m;
     }

@@ -16,12 +16,12 @@
 
 #include <math.h>
 #include <pthread.h>
-#include <sys/resource.h>
-#include <unistd.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
+#include <unistd.h>
 
 #include "comm/comm.h"
 #include "core/error.h"

@@ -651,6 +651,21 @@ static int fill(Imp *im, const ParamSpec *p, int64_t rows, float *out)
     return TRD_EXIT_INPUT;
 }
 
+/* fill, then refuse a tensor holding NaN or Inf (exit 2, named). */
+static int fill_finite(Imp *im, const ParamSpec *p, int64_t rows, float *out, const char *dir)
+{
+    int code = fill(im, p, rows, out);
+    int64_t bad = 0;
+    for (int64_t j = 0; code == 0 && j < rows * p->shape[1]; j++)
+        bad += !isfinite(out[j]);
+    if (bad) {
+        ckpt_err(im->err, "%s: tensor '%s' has %lld non-finite values", dir, p->name,
+                 (long long)bad);
+        code = TRD_EXIT_INPUT;
+    }
+    return code;
+}
+
 /* ---- writing the checkpoint ------------------------------------------- */
 
 static int write_tensor(Imp *im, hid_t group, CkptRaw *raw, const CkptEntry *e,
@@ -796,15 +811,7 @@ int ckpt_hf_import(const char *hf_dir, const char *out_dir, char *const *sets, i
             w_cap = (size_t)x->nbytes;
             w = trd_malloc(w_cap, "import tensor");
         }
-        code = fill(&im, p, x->shape[0], w);
-        int64_t bad = 0;
-        for (int64_t j = 0; code == 0 && j < x->shape[0] * x->shape[1]; j++)
-            bad += !isfinite(w[j]);
-        if (bad) {
-            ckpt_err(im.err, "%s: tensor '%s' (trident '%s') has %lld non-finite values",
-                     hf_dir, p->name, p->name, (long long)bad);
-            code = TRD_EXIT_INPUT;
-        }
+        code = fill_finite(&im, p, x->shape[0], w, hf_dir);
         if (code)
             snprintf(err, CFG_ERR, "%s", im.err);
         else
@@ -957,15 +964,7 @@ static int read_pieces(Imp *im, const CkptShardView *v, const char *dir, char er
             g_cap = (size_t)(rows * cols);
             g = trd_malloc(g_cap * sizeof(float), p->name);
         }
-        code = fill(im, p, rows, g);
-        int64_t bad = 0;
-        for (int64_t j = 0; code == 0 && j < rows * cols; j++)
-            bad += !isfinite(g[j]);
-        if (bad) {
-            ckpt_err(im->err, "%s: tensor '%s' has %lld non-finite values", dir, p->name,
-                     (long long)bad);
-            code = TRD_EXIT_INPUT;
-        }
+        code = fill_finite(im, p, rows, g, dir);
         for (int k = 0; code == 0 && k < 2; k++) {
             const CkptRange *r = &v->part[k == 0 ? CKPT_PARAMS : CKPT_MASTER];
             for (int j = 0; j < ns[k]; j++)

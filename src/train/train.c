@@ -619,9 +619,11 @@ static void ckpt_init_from(Trainer *tr, int resumed)
     ckpt_sync(tr, 1); /* the optimizer state stays as initialised */
     /* A Hugging Face directory: each rank reads its pieces of the
      * safetensors files, nothing is converted on disk. */
-    const int code = hf ? ckpt_hf_load_weights(src, &tr->ckpt, tr->cfg, err)
-                        : ckpt_load_weights(dir, &tr->ckpt, tr->cfg, err) != 0 ? TRD_EXIT_INPUT
-                                                                                : TRD_EXIT_OK;
+    int code = TRD_EXIT_OK;
+    if (hf)
+        code = ckpt_hf_load_weights(src, &tr->ckpt, tr->cfg, err);
+    else if (ckpt_load_weights(dir, &tr->ckpt, tr->cfg, err) != 0)
+        code = TRD_EXIT_INPUT;
     if (code != TRD_EXIT_OK)
         guard_exit_agreed(rank, code, "the model section must describe the model "
                           "checkpoint.init_from holds (a directory written by `trident ckpt "

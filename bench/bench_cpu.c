@@ -17,7 +17,7 @@
 #include "core/error.h"
 #include "core/rng.h"
 #include "model/model.h"
-#include "train/train.h"
+#include "train/trainer.h"
 #include "zero/optimizer.h"
 
 static double now_s(void)

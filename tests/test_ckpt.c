@@ -21,6 +21,7 @@
 #include "check.h"
 #include "mpi_test.h"
 #include "checkpoint/ckpt.h"
+#include "cli/commands.h"
 #include "checkpoint/ckpt_internal.h"
 #include "comm/comm.h"
 #include "core/error.h"

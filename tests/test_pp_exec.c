@@ -257,9 +257,9 @@ static void toy_free(Toy *t)
     free(t->x_mb);
 }
 
-static PpStage toy_stage(Toy *t)
+static PpChunkOps toy_stage(Toy *t)
 {
-    return (PpStage){.ctx = t, .act_elems = t->msg, .forward = toy_forward,
+    return (PpChunkOps){.ctx = t, .act_elems = t->msg, .forward = toy_forward,
                      .backward = toy_backward, .act_in = toy_act_in, .act_out = toy_act_out,
                      .grad_in = toy_grad_in, .grad_out = toy_grad_out};
 }
@@ -309,7 +309,7 @@ static int run_case(Comm *pp, ScheduleKind kind, int v, int m, Variant var)
     Toy t;
     toy_init(&t, pp->size, pp->rank, v, m, var.n, slots, var.out1 ? 1 : slots);
     t.alias = var.alias;
-    PpStage st = toy_stage(&t);
+    PpChunkOps st = toy_stage(&t);
     PpSpan spans[128];
     PpExecStats stats = {.spans = spans, .span_cap = 128};
     rc = pp_execute(&s, &st, pp, &stats, err);
@@ -431,7 +431,7 @@ static void bubble(Comm *world, ScheduleKind kind, int v, int m, long fwd_us, lo
         toy_init(&t, world->size, world->rank, v, m, 8, slots, slots);
         t.sleep_fwd_us = fwd_us / v;
         t.sleep_bwd_us = bwd_us / v;
-        PpStage st = toy_stage(&t);
+        PpChunkOps st = toy_stage(&t);
         PpExecStats stats = {0};
         start_together(world);
         CHECK(pp_execute(&s, &st, world, &stats, err) == 0, "%s", err);
@@ -471,7 +471,7 @@ static void errors(Comm *world)
     pp_schedule_build(&s, SCHED_1F1B, 2, 0, 3, 1, err);
     Toy t;
     toy_init(&t, 2, 0, 1, 3, 4, 2, 2);
-    PpStage st = toy_stage(&t);
+    PpChunkOps st = toy_stage(&t);
     CHECK(pp_execute(&s, &st, world, NULL, err) == -1 && strstr(err, "group of 4"),
           "a schedule for pp 2 on a group of 4 must be refused: '%s'", err);
     /* Interleaved with pp 1 sends to itself, so it needs the buffers. */

@@ -190,8 +190,26 @@ int ckpt_hf_load_weights(const char *hf_dir, const CkptShardView *v, const Confi
 int ckpt_resolve(const char *dir, ResumeKind kind, const char *path, char out[CFG_STR],
                  char err[CFG_ERR]);
 
-/* `trident ckpt inspect DIR` and `trident ckpt export DIR --out FILE`
- * (argv[0] is "ckpt").  Serial, needs no MPI launcher. */
-int ckpt_main(int argc, char **argv);
+/* ---- The `trident ckpt` tools (src/cli/ckpt_cli.c parses their
+ * arguments).  `arg` is a step directory or a checkpoint.dir (its latest).
+ * Serial, no MPI launcher needed; each prints its outcome (errors on
+ * stderr) and returns the exit code: 0, 2 bad input, 1 a damaged
+ * checkpoint or a failed write. ---- */
+
+/* The saved step, state, model, topology, config and every dataset; with
+ * verify also ckpt_verify's check. */
+int ckpt_inspect(const char *arg, int verify);
+/* Every block of every tensor read: checksums and finite values. */
+int ckpt_verify(const char *arg);
+/* The weights (fp32, global shapes, real vocabulary rows) as one HDF5 file
+ * with a dataset per tensor; master: a bf16 run's fp32 master weights
+ * (else their bf16 rounding). */
+int ckpt_export_h5(const char *arg, const char *out, int master);
+/* A Hugging Face model directory out_dir: fp32 or bf16 safetensors, in
+ * shards of at most max_shard bytes (ckpt_hf.c). */
+int ckpt_hf_export(const char *arg, const char *out_dir, int bf16, int64_t max_shard);
+/* "5GB", "1MB", "100KiB", "12345": bytes (decimal units as HF, binary with
+ * "iB"); -1 when it is not a positive size. */
+int ckpt_hf_parse_size(const char *s, int64_t *out);
 
 #endif

@@ -919,6 +919,7 @@ static double now_s(void)
 
 int ckpt_hf_export(const char *arg, const char *out_dir, int bf16, int64_t max_shard)
 {
+    ckpt_h5_quiet();
     Hf h = {.out_dir = out_dir, .bf16 = bf16};
     char step_dir[CFG_STR];
     CkptIndex ix;

@@ -215,16 +215,7 @@ int ckpt_put_checksums(hid_t d, const CkptEntry *e, const uint64_t *sums);
 int ckpt_set_checksums(hid_t d, const uint64_t *sums);
 int ckpt_get_checksums(hid_t d, const CkptEntry *e, uint64_t **sums);
 
-/* ---- Hugging Face export (ckpt_hf.c) ---- */
-
-/* Write the checkpoint `arg` (step directory or checkpoint.dir) as a
- * Hugging Face model directory out_dir: fp32 or bf16 safetensors, in shards
- * of at most max_shard bytes.  Prints the outcome or the error; returns the
- * exit code (2 bad input, 1 a damaged checkpoint or a failed write). */
-int ckpt_hf_export(const char *arg, const char *out_dir, int bf16, int64_t max_shard);
-/* "5GB", "1MB", "100KiB", "12345": bytes (decimal units as HF, binary with
- * "iB"); -1 when it is not a positive size. */
-int ckpt_hf_parse_size(const char *s, int64_t *out);
+/* ---- Hugging Face export (ckpt_hf.c): ckpt_hf_export, in ckpt.h ---- */
 
 /* Parts of the fused qkv in Hugging Face's layout: Llama's q_proj, k_proj,
  * v_proj, or GPT-2's c_attn [Q|K|V]. */

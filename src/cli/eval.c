@@ -4,10 +4,10 @@
  * The model and its weights come from a trident checkpoint (any layout)
  * or a Hugging Face directory; the job runs on whatever ranks it was
  * launched with (mpiexec / srun, any tp x pp x dp set with --set), through
- * the trainer's validation pass (train_evaluate): the first N sequences of
+ * the trainer's validation pass (trainer_validate): the first N sequences of
  * the dataset in the sampler's order, so every layout reads the same
  * tokens and prints the same loss. */
-#include "cli/generate.h"
+#include "cli/commands.h"
 
 #include <errno.h>
 #include <math.h>
@@ -23,7 +23,8 @@
 #include "core/error.h"
 #include "data/dataset.h"
 #include "data/sampler.h"
-#include "train/train.h"
+#include "cli/cli_config.h"
+#include "train/trainer.h"
 
 static const char usage[] =
     "usage: trident eval CKPT|HF_DIR --data PREFIX [--sequences N] [--micro-batch B]\n"
@@ -42,8 +43,7 @@ static const char usage[] =
 typedef struct {
     const char *source, *data, *format;
     long sequences, micro;
-    const char *sets[64];
-    int n_sets;
+    CliConfig sets;             /* --set only: the model comes from the checkpoint */
 } EvalArgs;
 
 static int bad(int rank, const char *fmt, const char *arg)
@@ -66,6 +66,8 @@ static int parse(int argc, char **argv, EvalArgs *a, int rank)
                 fputs(usage, stdout);
             return -1;
         }
+        if (cli_take_set(&a->sets, argc, argv, &i))
+            continue;
         if (strncmp(o, "--", 2)) {
             if (a->source)
                 return bad(rank, "one model source only, got '%s' too", o);
@@ -77,11 +79,7 @@ static int parse(int argc, char **argv, EvalArgs *a, int rank)
         const char *v = argv[++i];
         if (!strcmp(o, "--data")) a->data = v;
         else if (!strcmp(o, "--format")) a->format = v;
-        else if (!strcmp(o, "--set")) {
-            if (a->n_sets == 64)
-                return bad(rank, "more than 64 --set options%s", "");
-            a->sets[a->n_sets++] = v;
-        } else if (!strcmp(o, "--sequences") || !strcmp(o, "--micro-batch")) {
+        else if (!strcmp(o, "--sequences") || !strcmp(o, "--micro-batch")) {
             char *end;
             errno = 0;
             long x = strtol(v, &end, 10);
@@ -187,9 +185,8 @@ int eval_main(int argc, char **argv)
         snprintf(cfg.run.dir, sizeof cfg.run.dir, "%s", tmp);
     cfg.run.tensorboard = 0;
     cfg.training.trace = 0;
-    for (int i = 0; i < a.n_sets; i++)
-        if (config_set(&cfg, a.sets[i], err) != 0)
-            refuse(world.rank, err);
+    if (cli_apply_sets(&cfg, &a.sets, err) != 0)
+        refuse(world.rank, err);
     if (strcmp(a.format, "megatron") && strcmp(a.format, "llmc"))
         refuse(world.rank, "--format is megatron or llmc");
     cfg.data.format = strcmp(a.format, "llmc") ? DATA_MEGATRON : DATA_LLMC;
@@ -206,11 +203,16 @@ int eval_main(int argc, char **argv)
     if (config_validate(&cfg, world.size, err) != 0)
         refuse(world.rank, err);
 
-    const EvalResult r = train_evaluate(&cfg, world);
+    /* The trainer of this layout, its weights from init_from; the
+     * validation pass alone (no step, nothing locked or written). */
+    Trainer *tr = trainer_create(&cfg, world, TRAINER_EVAL);
+    double tokens;
+    const double loss = trainer_validate(tr, &tokens);
+    trainer_destroy(tr);
     if (world.rank == 0) {
         printf("eval: %s on %s: %d sequences, %.0f tokens | loss %.6f | perplexity %.4f | "
-               "tp %d pp %d dp %d\n", a.source, a.data, cfg.data.val_sequences, r.tokens,
-               r.loss, exp(r.loss), cfg.topology.tp, cfg.topology.pp, cfg.topology.dp);
+               "tp %d pp %d dp %d\n", a.source, a.data, cfg.data.val_sequences, tokens,
+               loss, exp(loss), cfg.topology.tp, cfg.topology.pp, cfg.topology.dp);
         if (tmp[0]) {
             char cmd[CFG_STR + 16];
             snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmp);

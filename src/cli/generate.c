@@ -10,7 +10,7 @@
  * the top p of the probability mass, with a counter-based RNG keyed by
  * --seed (the same seed gives the same text, on any backend that gives
  * the same logits). */
-#include "cli/generate.h"
+#include "cli/commands.h"
 
 #include <errno.h>
 #include <math.h>
@@ -33,7 +33,7 @@
 #include "data/prepare.h"
 #include "data/tokenizer.h"
 #include "model/model.h"
-#include "train/pipeline.h"
+#include "train/trainer.h"
 
 static const char usage[] =
     "usage: trident generate CKPT|HF_DIR --prompt TEXT [--max-new-tokens N]\n"
@@ -253,21 +253,7 @@ static Model *load_model(const char *step, const GenArgs *a, Config *cfg, const 
     } else {
         *be = backend_cpu();
     }
-    ParamShard sh = pipe_shard(cfg, 0, 1, 0);
-    Model *m = model_create(cfg, *be, &sh, 1);
-    const ParamTable *t = model_params(m);
-    CkptShardView v;
-    ckpt_view_init(&v, t, 0, 0, 1, 0, MPI_COMM_WORLD);
-    float *host = (*be)->device ? trd_malloc(t->numel * sizeof(float), "weights")
-                                : model_param_buffer(m);
-    v.part[CKPT_PARAMS].data = host;
-    if (ckpt_load_weights(step, &v, cfg, err) != 0)
-        trd_fatal(TRD_EXIT_INPUT, NULL, "%s", err);
-    if ((*be)->device) {
-        (*be)->to_backend(model_param_buffer(m), host, t->numel * sizeof(float));
-        free(host);
-    }
-    return m;
+    return trainer_load_model(cfg, *be, step);
 }
 
 typedef struct {

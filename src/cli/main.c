@@ -3,14 +3,8 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "checkpoint/ckpt.h"
-#include "cli/generate.h"
+#include "cli/commands.h"
 #include "core/error.h"
-#include "data/prepare.h"
-#include "plan/plan.h"
-#include "topology/topology.h"
-#include "train/report.h"
-#include "train/train.h"
 
 typedef struct {
     const char *name;

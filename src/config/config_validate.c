@@ -9,6 +9,7 @@
  * to cross-key rules, so the first message is about the root cause. */
 #include "core/error.h"
 #include "config/config.h"
+#include "config/layout.h"
 
 #include <stdarg.h>
 #include <stdbool.h>
@@ -254,34 +255,6 @@ static void resolve_model(ModelConfig *m)
         m->tie_embeddings = m->arch == ARCH_GPT2;
 }
 
-static int check_model(Checker *c)
-{
-    const ModelConfig *m = &c->cfg->model;
-    if (m->hidden % m->heads) {
-        int lo = m->hidden / m->heads * m->heads, hi = lo + m->heads;
-        return verr(c, "model.hidden", "model.hidden (%d) must be divisible by model.heads (%d); use e.g. "
-                       "hidden %d or %d", m->hidden, m->heads, lo > 0 ? lo : hi, hi);
-    }
-    if (m->heads % m->kv_heads) {
-        char d[256];
-        trd_divisors(m->heads, d, sizeof d);
-        return verr(c, "model.heads", "model.heads (%d) must be divisible by model.kv_heads (%d); use "
-                       "kv_heads one of %s", m->heads, m->kv_heads, d);
-    }
-    if (m->arch == ARCH_LLAMA) {
-        int hs = m->hidden / m->heads;
-        if (hs % 2)
-            return verr(c, "model.hidden", "model.hidden / model.heads = %d must be even for arch llama "
-                           "(RoPE rotates pairs of dimensions); change hidden or heads", hs);
-        /* Llama has no learned position table: RoPE is its only position
-         * information, so a usable base frequency is required. */
-        if (!(m->rope_theta > 0))
-            return verr(c, "model.rope_theta", "model.rope_theta (%g) must be > 0 for arch llama (RoPE is its "
-                           "only position encoding)", m->rope_theta);
-    }
-    return 0;
-}
-
 static bool valid_order(const char *o)
 {
     static const char *const perms[] = {"tp-dp-pp", "tp-pp-dp", "dp-tp-pp",
@@ -292,63 +265,20 @@ static bool valid_order(const char *o)
     return false;
 }
 
+/* The topology's own keys, then the layout rules (layout.h) of the model
+ * over it. */
 static int check_topology(Checker *c)
 {
-    const ModelConfig *m = &c->cfg->model;
     const TopologyConfig *t = &c->cfg->topology;
-    char d[256];
     if (!valid_order(t->order))
-        return verr(c, "topology.order", "topology.order '%s' must name tp, dp and pp once each, fastest first "
-                       "(e.g. tp-dp-pp)", t->order);
-    if (t->virtual_stages > 1 && t->schedule != SCHED_INTERLEAVED)
-        return verr(c, "topology.virtual_stages", "topology.virtual_stages (%d) > 1 needs topology.schedule interleaved; "
-                       "set schedule: interleaved or virtual_stages: 1", t->virtual_stages);
-    if (t->virtual_stages > CFG_MAX_VIRTUAL)
-        return verr(c, "topology.virtual_stages", "topology.virtual_stages (%d) is above %d; each chunk adds a pipeline "
-                       "round trip, so a few (2-4) are what pays", t->virtual_stages,
-                    CFG_MAX_VIRTUAL);
-    if (t->n_stage_layers > 0) {
-        /* One entry per model stage: pp of them, or pp x virtual_stages
-         * with interleaving (stage c * pp + r is chunk c of rank r). */
-        if (t->n_stage_layers != t->pp * t->virtual_stages)
-            return verr(c, "topology.stage_layers", "topology.stage_layers has %d entries but topology.pp (%d) x "
-                           "topology.virtual_stages (%d) is %d; give one layer count per "
-                           "model stage", t->n_stage_layers, t->pp, t->virtual_stages,
-                        t->pp * t->virtual_stages);
-        int sum = 0;
-        for (int i = 0; i < t->n_stage_layers; i++) {
-            if (t->stage_layers[i] < 1)
-                return verr(c, "topology.stage_layers", "topology.stage_layers[%d] (%d) must be >= 1", i,
-                            t->stage_layers[i]);
-            sum += t->stage_layers[i];
-        }
-        if (sum != m->layers)
-            return verr(c, "topology.stage_layers", "topology.stage_layers sums to %d but model.layers is %d; the "
-                           "stages must hold every layer exactly once", sum, m->layers);
-    } else if (m->layers < t->pp * t->virtual_stages) {
-        return verr(c, "model.layers", "model.layers (%d) is less than topology.pp (%d) x "
-                       "topology.virtual_stages (%d); every model chunk needs a layer",
-                    m->layers, t->pp, t->virtual_stages);
-    }
-    if (m->heads % t->tp) {
-        trd_divisors(m->heads, d, sizeof d);
-        return verr(c, "topology.tp", "model.heads (%d) must be divisible by topology.tp (%d); use tp one "
-                       "of %s", m->heads, t->tp, d);
-    }
-    if (m->kv_heads % t->tp && t->tp % m->kv_heads)
-        return verr(c, "topology.tp", "model.kv_heads (%d) and topology.tp (%d): one must divide the other "
-                       "(kv heads are split over, or replicated across, the tp ranks)",
-                    m->kv_heads, t->tp);
-    if (m->ffn_hidden % t->tp)
-        return verr(c, "topology.tp", "model.ffn_hidden (%d) must be divisible by topology.tp (%d)",
-                    m->ffn_hidden, t->tp);
+        return verr(c, "topology.order", "topology.order '%s' must name tp, dp and pp once "
+                    "each, fastest first (e.g. tp-dp-pp)", t->order);
+    LayoutError e;
+    if (layout_check(&c->cfg->model, t, &e) != 0)
+        return verr(c, e.key, "%s", e.msg);
     if (t->comm == COMM_NCCL && c->cfg->backend != BACKEND_CUDA)
-        return verr(c, "topology.comm", "topology.comm nccl moves device buffers and needs backend: cuda; "
-                       "use comm: auto or mpi with backend: cpu");
-    if (t->sequence_parallel && m->seq_len % t->tp)
-        return verr(c, "model.seq_len", "model.seq_len (%d) must be divisible by topology.tp (%d) with "
-                       "topology.sequence_parallel; change seq_len or turn it off",
-                    m->seq_len, t->tp);
+        return verr(c, "topology.comm", "topology.comm nccl moves device buffers and needs "
+                    "backend: cuda; use comm: auto or mpi with backend: cpu");
     return 0;
 }
 
@@ -441,7 +371,7 @@ int config_validate(Config *cfg, int world, char err[CFG_ERR])
         check_sizes(&c) || resolve_checkpoint_dir(&c, cfg))
         return -1;
     resolve_model(&cfg->model);
-    if (check_model(&c) || check_topology(&c) || check_world(&c, cfg, world))
+    if (check_topology(&c) || check_world(&c, cfg, world))
         return -1;
     return 0;
 }

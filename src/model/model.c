@@ -49,6 +49,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "config/layout.h"
 #include "core/error.h"
 #include "tensor_par/tensor_par.h"
 
@@ -277,30 +278,21 @@ static void check_config(const ModelConfig *mc, int B)
                   "model: sizes must be positive (B=%d seq_len=%d layers=%d hidden=%d "
                   "heads=%d vocab=%d ffn_hidden=%d)",
                   B, mc->seq_len, mc->layers, mc->hidden, mc->heads, mc->vocab, mc->ffn_hidden);
-    if (mc->hidden % mc->heads != 0)
-        trd_fatal(TRD_EXIT_INPUT, hint, "model: hidden %d is not a multiple of heads %d",
-                  mc->hidden, mc->heads);
-    if (mc->kv_heads < 1 || mc->heads % mc->kv_heads != 0)
-        trd_fatal(TRD_EXIT_INPUT, hint, "model: heads %d is not a multiple of kv_heads %d",
-                  mc->heads, mc->kv_heads);
+    LayoutError e;
+    if (layout_check_model(mc, &e) != 0)
+        trd_fatal(TRD_EXIT_INPUT, hint, "%s", e.msg);
 }
 
-/* The same rules as config validation, for models built without it. */
+/* The layout rules (config/layout.h), for models built without a
+ * validated config. */
 static void check_tp(const ModelConfig *mc, const ParamShard *sh, int sp, int B)
 {
     const char *hint = "check model and topology.tp (see docs/config.md)";
-    const int tp = sh->tp;
-    if (tp < 1 || sh->tp_rank < 0 || sh->tp_rank >= tp)
-        trd_fatal(TRD_EXIT_INPUT, hint, "model: tp rank %d of %d", sh->tp_rank, tp);
-    if (mc->heads % tp || mc->ffn_hidden % tp)
-        trd_fatal(TRD_EXIT_INPUT, hint, "model: heads %d and ffn_hidden %d must be divisible "
-                  "by tp %d", mc->heads, mc->ffn_hidden, tp);
-    if (mc->kv_heads % tp && tp % mc->kv_heads)
-        trd_fatal(TRD_EXIT_INPUT, hint, "model: kv_heads %d and tp %d: one must divide the "
-                  "other", mc->kv_heads, tp);
-    if (sp && tp > 1 && (B * mc->seq_len) % tp)
-        trd_fatal(TRD_EXIT_INPUT, hint, "model: sequence parallelism needs the %d token rows "
-                  "of a micro-batch divisible by tp %d", B * mc->seq_len, tp);
+    LayoutError e;
+    if (sh->tp_rank < 0 || sh->tp_rank >= sh->tp)
+        trd_fatal(TRD_EXIT_INPUT, hint, "model: tp rank %d of %d", sh->tp_rank, sh->tp);
+    if (layout_check_tp(mc, sh->tp, sp, B, &e) != 0)
+        trd_fatal(TRD_EXIT_INPUT, hint, "%s", e.msg);
 }
 
 static void free_activation_sets(Model *m)

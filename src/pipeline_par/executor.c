@@ -22,7 +22,7 @@ typedef struct {
 
 typedef struct {
     const PpSchedule *s;
-    const PpStage *st;
+    const PpChunkOps *st;
     Comm *pp;
     PpExecStats *stats;
     PendingSend *pending;   /* room for every send of the list */
@@ -128,7 +128,7 @@ static int is_last(const Exec *e, int chunk)
  * completed first.  REDUCE writes no buffer but needs every send complete. */
 static float *claim_buffer(Exec *e, const PpInstr *in)
 {
-    const PpStage *st = e->st;
+    const PpChunkOps *st = e->st;
     void *ctx = st->ctx;
     float *buf = NULL;
     if (in->op == PP_FWD && !is_last(e, in->chunk))
@@ -151,7 +151,7 @@ static float *claim_buffer(Exec *e, const PpInstr *in)
  * after that compute sends it (check_fit makes sure one follows the other). */
 static void run_instr(Exec *e, const PpInstr *in, float *buf, const float *last_out[])
 {
-    const PpStage *st = e->st;
+    const PpChunkOps *st = e->st;
     void *ctx = st->ctx;
     switch (in->op) {
     case PP_FWD:
@@ -192,7 +192,7 @@ static void run_instr(Exec *e, const PpInstr *in, float *buf, const float *last_
 
 /* A send's chunk must be the one whose compute ran just before it (the
  * builder's rule; the executor relies on it to find the buffer). */
-static int check_fit(const PpSchedule *s, const PpStage *st, const Comm *pp, char err[CFG_ERR])
+static int check_fit(const PpSchedule *s, const PpChunkOps *st, const Comm *pp, char err[CFG_ERR])
 {
     if (s->pp != pp->size || s->rank != pp->rank)
         return trd_errorf(err, "schedule for pipeline rank %d of %d run on rank %d of a group of %d",
@@ -249,7 +249,7 @@ static void open_channels(const PpSchedule *s, Comm *pp)
     }
 }
 
-int pp_execute(const PpSchedule *s, const PpStage *st, Comm *pp, PpExecStats *stats,
+int pp_execute(const PpSchedule *s, const PpChunkOps *st, Comm *pp, PpExecStats *stats,
                char err[CFG_ERR])
 {
     if (check_fit(s, st, pp, err))
@@ -295,41 +295,4 @@ double pp_exec_idle_fraction(const PpExecStats *stats, Comm *pp)
     double T = stats->elapsed_s;
     comm_allreduce_max_f64(pp, &T, 1);
     return T > 0 ? (T - stats->busy_s) / T : 0.0;
-}
-
-int pp_schedule_chunk_slots(const PpSchedule *s, int chunk)
-{
-    /* open: micro-batches of the chunk that have arrived or been forwarded;
-     * closed: those whose backward ran.  Live: [closed, open). */
-    int open = 0, closed = 0, widest = 0;
-    for (int i = 0; i < s->n; i++) {
-        const PpInstr *in = &s->ins[i];
-        if (in->chunk != chunk)
-            continue;
-        if (in->op == PP_RECV_ACT || in->op == PP_FWD) {
-            if (in->mb == open)
-                open++;                                        /* a new live micro-batch */
-            else if (in->mb < closed || in->mb >= open)
-                return -1;                                     /* not forward-after-receive */
-            if (open - closed > widest)
-                widest = open - closed;
-        } else if (in->op == PP_BWD) {
-            if (in->mb != closed || closed >= open)
-                return -1;
-            closed++;
-        }
-    }
-    return widest;
-}
-
-int pp_schedule_slots(const PpSchedule *s)
-{
-    int widest = 0;
-    for (int c = 0; c < s->v; c++) {
-        int n = pp_schedule_chunk_slots(s, c);
-        if (n < 0)
-            return -1;
-        widest = n > widest ? n : widest;
-    }
-    return widest;
 }

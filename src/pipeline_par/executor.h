@@ -3,7 +3,7 @@
  * point-to-point messages on the pipeline group, timing per instruction.
  *
  * The executor knows micro-batches, chunks and buffers, never layers: a
- * PpStage is whatever computes a model chunk (the model, a test's toy).
+ * PpChunkOps is whatever computes a model chunk (the model, a test's toy).
  *
  * Buffer contract.  Every activation or gradient message is act_elems
  * floats.  The stage hands out its buffers through four accessors; the
@@ -59,7 +59,7 @@
 #include <stddef.h>
 
 #include "comm/comm.h"
-#include "pipeline_par/schedule.h"
+#include "pipeline_par/pp_schedule.h"
 
 /* One model chunk per local chunk index c (global stage c * pp + rank). */
 typedef struct {
@@ -79,7 +79,7 @@ typedef struct {
      * pp_execute returns).  Every send has completed before reduce runs. */
     void (*reduce)(void *ctx);
     void (*step)(void *ctx);
-} PpStage;
+} PpChunkOps;
 
 /* One executed instruction, for a timeline (Chrome trace): seconds since
  * PpExecStats.t0.  A receive's span is the time blocked in it; a wait for a
@@ -111,7 +111,7 @@ typedef struct {
  * stats filled when not NULL, or -1 with the reason in err when s does not
  * fit pp or st (nothing ran).  Collective over pp in the sense that every
  * rank of the group must run its own list of the same (kind, m, v). */
-int pp_execute(const PpSchedule *s, const PpStage *st, Comm *pp, PpExecStats *stats,
+int pp_execute(const PpSchedule *s, const PpChunkOps *st, Comm *pp, PpExecStats *stats,
                char err[CFG_ERR]);
 
 /* The idle share of the step on this rank, (T - busy_s) / T, where T is the
@@ -119,16 +119,5 @@ int pp_execute(const PpSchedule *s, const PpStage *st, Comm *pp, PpExecStats *st
  * pp_bubble_fraction when the ranks start together (a barrier before
  * pp_execute) and REDUCE / STEP are short.  Collective over pp. */
 double pp_exec_idle_fraction(const PpExecStats *stats, Comm *pp);
-
-/* Activation slots per chunk for buffers assigned slot = mb % n: n is the
- * widest window of live micro-batches of one chunk (received or forwarded,
- * backward not yet run) over the list.  Live micro-batches of a chunk are
- * consecutive when forwards and backwards of each chunk go in mb order; if a
- * list breaks that, returns -1 (no slot rule of this form is safe).
- * 1F1B: min(pp - rank, m); GPipe: m. */
-int pp_schedule_slots(const PpSchedule *s);
-/* The same for one chunk (the widest window of that chunk alone): with
- * v > 1 the first chunk holds more micro-batches than the last. */
-int pp_schedule_chunk_slots(const PpSchedule *s, int chunk);
 
 #endif

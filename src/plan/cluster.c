@@ -34,6 +34,19 @@ const char *cluster_preset_names(void)
     return "a100-40gb, a100-80gb, h100-sxm, h200, rtx3090, cpu";
 }
 
+double cluster_device_peak_tflops(const char *device)
+{
+    /* A device name (CUDA's: "NVIDIA H100 80GB HBM3") and its preset. */
+    static const struct { const char *key, *preset; } known[] = {
+        {"H200", "h200"}, {"H100", "h100-sxm"}, {"A100", "a100-80gb"}, {"RTX 3090", "rtx3090"}};
+    for (size_t i = 0; i < sizeof known / sizeof *known; i++)
+        if (strstr(device, known[i].key))
+            for (int j = 0; j < N_PRESETS; j++)
+                if (!strcmp(PRESETS[j].name, known[i].preset))
+                    return PRESETS[j].peak_tflops;
+    return 0;
+}
+
 int cluster_preset(const char *name, PlanCluster *c, char err[CFG_ERR])
 {
     for (int i = 0; i < N_PRESETS; i++)

@@ -38,6 +38,10 @@ int cluster_preset(const char *name, PlanCluster *c, char err[CFG_ERR]);
  * Errors name file:line:column and the key.  Returns 0 or -1. */
 int cluster_load(const char *spec, PlanCluster *c, char err[CFG_ERR]);
 
+/* The dense bf16 peak (TFLOP/s) of the preset a device name belongs to
+ * ("NVIDIA H100 80GB HBM3": h100-sxm's); 0 for a device of no preset. */
+double cluster_device_peak_tflops(const char *device);
+
 /* "a100-40gb, a100-80gb, ..." */
 const char *cluster_preset_names(void);
 

@@ -1,7 +1,7 @@
 /* plan.c — memory, communication and time of one layout (plan.h).
  *
  * Per pipeline rank: build the rank's shard as the trainer does
- * (pipe_shard), ask the ZeRO engine and the model what they would allocate
+ * (pp_rank_shard), ask the ZeRO engine and the model what they would allocate
  * and send, the schedule how many micro-batches are in flight, then turn
  * element counts into device bytes and bytes into seconds with the
  * cluster's figures.  The time model (docs/plan.md) is deliberately simple:
@@ -14,12 +14,12 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "config/layout.h"
 #include "core/error.h"
 #include "model/model.h"
 #include "model/params.h"
 #include "pipeline_par/executor.h"
-#include "pipeline_par/schedule.h"
-#include "train/pipeline.h"
+#include "pipeline_par/pp_schedule.h"
 #include "zero/zero.h"
 
 #define GIB (1024.0 * 1024.0 * 1024.0)
@@ -215,7 +215,7 @@ static int stage_memory(const Config *cfg, const PlanCluster *c, const PlanResul
         const MemoryReport mm = model_plan_memory(cfg, &one, cfg->training.micro_batch, sets);
         acts += (double)mm.activations;
         if (cfg->topology.pp > 1 && pp_stage(cfg->topology.pp, rank, k) > 0)
-            acts += (double)sets * (double)stream_elems(cfg) * 4; /* pipe_memory's messages */
+            acts += (double)sets * (double)stream_elems(cfg) * 4; /* pp_stage_memory's messages */
         scratch += (double)mm.scratch;
     }
     st->params = (double)zm.params * r->elem_param / 4;
@@ -317,12 +317,12 @@ static void stage_step_time(const Config *cfg, const PlanCluster *c, const PlanR
                       (c->hbm_gbps * 1e9);
 }
 
-/* Pipeline rank `rank`: the shard the trainer builds for it (pipe_shard). */
+/* Pipeline rank `rank`: the shard the trainer builds for it (pp_rank_shard). */
 static int plan_stage(const Config *cfg, const PlanCluster *c, PlanResult *r, int rank,
                       char err[CFG_ERR])
 {
     PlanStage *st = &r->st[rank];
-    const ParamShard sh = pipe_shard(cfg, rank, cfg->topology.tp, 0);
+    const ParamShard sh = pp_rank_shard(cfg, rank, cfg->topology.tp, 0);
     memset(st, 0, sizeof *st);
     st->layers = params_shard_layers(&sh);
     st->has_embed = sh.has_embed;
@@ -345,16 +345,11 @@ static int check_layout(const Config *cfg, char err[CFG_ERR])
     if (t->pp > CFG_MAX_STAGES)
         return trd_errorf(err, "topology.pp %d: the planner reports at most %d stages", t->pp,
                           CFG_MAX_STAGES);
-    /* The trainer's refusals (train.c). */
-    if (t->pp > 1 && t->zero == 3)
-        return trd_errorf(err, "topology.zero 3 with topology.pp %d: the trainer refuses it "
-                               "(use zero 0, 1 or 2 with pipeline parallelism)", t->pp);
-    if (t->pp > 1 && t->zero == 2 && cfg->model.tie_embeddings)
-        return trd_errorf(err, "topology.zero 2 with pp > 1 and tied embeddings: the trainer "
-                               "refuses it (use zero 1 or untied embeddings)");
-    if (t->sequence_parallel && t->tp > 1 &&
-        (cfg->training.micro_batch * cfg->model.seq_len) % t->tp)
-        return trd_errorf(err, "sequence parallelism needs micro_batch x seq_len divisible by tp");
+    /* The layout rules config validation applied (config/layout.h), for
+     * a Config a caller built or changed without it (plan_search). */
+    LayoutError e;
+    if (layout_check(&cfg->model, t, &e) != 0)
+        return trd_errorf(err, "%s", e.msg);
     return 0;
 }
 

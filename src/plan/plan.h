@@ -7,7 +7,7 @@
  * (model_plan_memory), the ZeRO engine's allocation and collective rules
  * (zero_plan_memory, zero_plan_step_bytes), the pipeline schedules
  * (pp_schedule_slots, pp_bubble_fraction) and the stage split
- * (pipe_stage_layers).  The planner adds only what a CPU run cannot
+ * (pp_stage_layers).  The planner adds only what a CPU run cannot
  * measure: element sizes on an accelerator, link speeds and a time model.
  *
  * Byte counts of collectives follow src/comm's rule (what one rank sends
@@ -105,8 +105,5 @@ void plan_apply_layout(Config *cfg, int tp, int pp, int dp, int zero, int micro_
 int plan_suggest(const Config *cfg, const PlanCluster *c, char *buf, size_t len);
 
 const char *plan_link_name(PlanLink l);
-
-/* `trident plan CONFIG [--cluster C] [--search] [--set k=v ...]` */
-int plan_main(int argc, char **argv);
 
 #endif

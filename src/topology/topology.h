@@ -133,8 +133,4 @@ void topology_set_live(int world, int ranks_per_node, const char *source, const 
 void topology_init(Topology *t, TopologyComms *c, const Config *cfg, Comm world);
 void topology_comms_free(TopologyComms *c);
 
-/* `trident topology CONFIG --world N [--ranks-per-node G] [--json]
- * [--set k=v ...]`: print the rank map without launching anything. */
-int topology_main(int argc, char **argv);
-
 #endif

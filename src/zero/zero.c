@@ -424,16 +424,16 @@ static void layer_grads_ready(Zero *z, int l, int last_micro)
 }
 
 /* ---- the parts of a micro-batch ----------------------------------------------
- * zero_forward_backward runs them in order for a whole model; a pipeline
- * stage calls them around the model parts it runs itself. */
+ * zero_chunk_forward and zero_chunk_backward run them around the model's
+ * parts, for the plain path and for a pipeline stage alike. */
 
-void zero_before_block_forward(Zero *z, int l)
+static void zero_before_block_forward(Zero *z, int l)
 {
     gather_outer(z);
     use_layer_params(z, l, l + 1);
 }
 
-void zero_before_block_backward(Zero *z, int l)
+static void zero_before_block_backward(Zero *z, int l)
 {
     use_layer_params(z, l, l - 1);
     if (z->stage < 2)
@@ -446,12 +446,12 @@ void zero_before_block_backward(Zero *z, int l)
     model_bind(model_of(z, l), l, NULL, z->gslot[k]);
 }
 
-void zero_after_block_backward(Zero *z, int l, int last_micro)
+static void zero_after_block_backward(Zero *z, int l, int last_micro)
 {
     layer_grads_ready(z, l, last_micro);
 }
 
-void zero_before_outer_backward(Zero *z)
+static void zero_before_outer_backward(Zero *z)
 {
     if (z->stage < 2)
         return;
@@ -461,7 +461,7 @@ void zero_before_outer_backward(Zero *z)
     zero_floats(z, z->outer_g, z->outer_hi - z->outer_lo);
 }
 
-void zero_after_outer_backward(Zero *z, int last_micro)
+static void zero_after_outer_backward(Zero *z, int last_micro)
 {
     if (z->stage >= 2) {
         z->outer_red = comm_ireduce_scatter_range_f32(z->dp, z->outer_g, z->outer_recv,
@@ -485,39 +485,53 @@ void zero_start_outer(Zero *z)
 
 float *zero_full_grads(Zero *z) { return z->grads; }
 
+float zero_chunk_forward(Zero *z, Model *m, LayerRange layers, const int32_t *tokens,
+                         const int32_t *targets)
+{
+    gather_outer(z);
+    if (tokens)
+        model_embed_forward(m, tokens);
+    for (int l = layers.begin; l < layers.end; l++) {
+        zero_before_block_forward(z, l);
+        model_block_forward(m, l);
+    }
+    return targets ? model_head_forward(m, targets) : 0.0f;
+}
+
+void zero_chunk_backward(Zero *z, Model *m, LayerRange layers, int head, int embed,
+                         float loss_scale, int last_micro)
+{
+    /* The outer tensors' hooks go around the chunk that holds them. */
+    if (head || embed)
+        zero_before_outer_backward(z);
+    if (head)
+        model_head_backward(m, loss_scale);
+    for (int l = layers.end - 1; l >= layers.begin; l--) {
+        zero_before_block_backward(z, l);
+        model_block_backward(m, l);
+        zero_after_block_backward(z, l, last_micro);
+    }
+    if (embed)
+        model_embed_backward(m);
+    if (head || embed)
+        zero_after_outer_backward(z, last_micro);
+}
+
 float zero_forward(Zero *z, const int32_t *tokens, const int32_t *targets)
 {
     TRD_ASSERT(z->sh.n_chunks == 1); /* an interleaved stage runs its chunks itself */
-    Model *m = z->model[0];
-    gather_outer(z);
-    if (z->has_embed)
-        model_embed_forward(m, tokens);
-    for (int i = 0; i < z->nl; i++) {
-        zero_before_block_forward(z, z->layers[i]);
-        model_block_forward(m, z->layers[i]);
-    }
-    return z->has_head ? model_head_forward(m, targets) : 0.0f;
+    return zero_chunk_forward(z, z->model[0], z->sh.chunk[0], z->has_embed ? tokens : NULL,
+                              z->has_head ? targets : NULL);
 }
 
 float zero_forward_backward(Zero *z, const int32_t *tokens, const int32_t *targets,
                             float loss_scale, int last_micro)
 {
-    Model *m = z->model[0];
     const double t0 = MPI_Wtime();
     const float loss = zero_forward(z, tokens, targets);
     const double t1 = MPI_Wtime();
-    zero_before_outer_backward(z);
-    if (z->has_head)
-        model_head_backward(m, loss_scale);
-    for (int i = z->nl - 1; i >= 0; i--) {
-        const int l = z->layers[i];
-        zero_before_block_backward(z, l);
-        model_block_backward(m, l);
-        zero_after_block_backward(z, l, last_micro);
-    }
-    if (z->has_embed)
-        model_embed_backward(m);
-    zero_after_outer_backward(z, last_micro);
+    zero_chunk_backward(z, z->model[0], z->sh.chunk[0], z->has_head, z->has_embed, loss_scale,
+                        last_micro);
     trace_span("fwd", TRACE_COMPUTE, t0, t1, -1, -1, 0);
     trace_span("bwd", TRACE_COMPUTE, t1, MPI_Wtime(), -1, -1, 0);
     return loss;

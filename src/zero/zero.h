@@ -70,14 +70,17 @@ void zero_begin_step(Zero *z);
  * last_micro tells stages 0-1 that gradients are final after this one. */
 float zero_forward_backward(Zero *z, const int32_t *tokens, const int32_t *targets,
                             float loss_scale, int last_micro);
-/* The same, part by part, for a caller that runs the model's parts itself
- * (a pipeline stage): around each block's forward and backward, and around
- * the outer parts' backward (head, then embedding) of each micro-batch. */
-void zero_before_block_forward(Zero *z, int l);
-void zero_before_block_backward(Zero *z, int l);
-void zero_after_block_backward(Zero *z, int l, int last_micro);
-void zero_before_outer_backward(Zero *z);
-void zero_after_outer_backward(Zero *z, int last_micro);
+/* One micro-batch's pass over one model chunk (layers of model m) with the
+ * engine's hooks around each part: the one protocol of the plain path
+ * above and of a pipeline stage, which runs its chunks in the schedule's
+ * order.  Forward: the embedding when tokens is given, the layers, the head
+ * when targets is given (returns its mean loss, else 0).  Backward: the
+ * head (head), the layers in reverse, the embedding (embed); the outer
+ * tensors' reductions around them when the chunk holds either. */
+float zero_chunk_forward(Zero *z, Model *m, LayerRange layers, const int32_t *tokens,
+                         const int32_t *targets);
+void zero_chunk_backward(Zero *z, Model *m, LayerRange layers, int head, int embed,
+                         float loss_scale, int last_micro);
 
 /* Stages 0-1: hold back the reduction of the bucket holding the outer
  * tensors until zero_start_outer (the trainer first sums a tied embedding's

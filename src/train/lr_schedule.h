@@ -1,7 +1,7 @@
-/* schedule.h — the learning-rate schedule: linear warm-up, then cosine,
+/* lr_schedule.h — the learning-rate schedule: linear warm-up, then cosine,
  * linear or constant decay from training.lr to training.min_lr. */
-#ifndef TRD_SCHEDULE_H
-#define TRD_SCHEDULE_H
+#ifndef TRD_LR_SCHEDULE_H
+#define TRD_LR_SCHEDULE_H
 
 #include "config/config.h"
 

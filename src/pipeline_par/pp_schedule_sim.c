@@ -1,12 +1,12 @@
-/* schedule_sim.c — run every rank's instruction list together, under the
- * executor contract of schedule.h, to check the lists and time the step.
+/* pp_schedule_sim.c — run every rank's instruction list together, under the
+ * executor contract of pp_schedule.h, to check the lists and time the step.
  *
  * Each rank advances through its list as far as it can; only a receive whose
  * send has not been posted yet stops it.  Sweeping the ranks until none moves
  * either finishes every list or leaves some rank waiting forever: a deadlock.
  * Times are exact whatever the sweep order: a rank's clock depends only on its
  * own list and on when the sends it receives were posted. */
-#include "pipeline_par/schedule.h"
+#include "pipeline_par/pp_schedule.h"
 
 #include <stdarg.h>
 #include <stdlib.h>

@@ -1,4 +1,4 @@
-/* schedule.h — pipeline schedules as data: the instruction list each pipeline
+/* pp_schedule.h — pipeline schedules as data: the instruction list each pipeline
  * rank runs in one optimizer step, a checker that runs all ranks' lists
  * together, and a timing model of the bubble.
  *
@@ -36,6 +36,7 @@
 #include <stdio.h>
 
 #include "config/config.h"
+#include "model/params.h"
 
 typedef enum {
     PP_FWD = 0,       /* forward of (mb, chunk) */
@@ -149,5 +150,27 @@ void pp_schedule_format(const PpSchedule *s, int with_comm, char *buf, size_t le
  * formula and the peak in-flight micro-batches per rank. */
 void pp_schedule_print(FILE *f, const PpSchedule *ranks, int pp, const PpSimResult *sim,
                        int with_comm);
+
+/* ---- slots and stages ---- */
+
+/* Activation slots per chunk for buffers assigned slot = mb % n: n is the
+ * widest window of live micro-batches of one chunk (received or forwarded,
+ * backward not yet run) over the list.  Live micro-batches of a chunk are
+ * consecutive when forwards and backwards of each chunk go in mb order; if a
+ * list breaks that, returns -1 (no slot rule of this form is safe).
+ * 1F1B: min(pp - rank, m); GPipe: m. */
+int pp_schedule_slots(const PpSchedule *s);
+/* The same for one chunk (the widest window of that chunk alone): with
+ * v > 1 the first chunk holds more micro-batches than the last. */
+int pp_schedule_chunk_slots(const PpSchedule *s, int chunk);
+
+/* Layers [*begin, *end) of model stage `stage` (0 .. pp * virtual_stages - 1):
+ * topology.stage_layers, or an even split with the first stages taking one
+ * more when it is uneven. */
+void pp_stage_layers(const Config *cfg, int stage, int *begin, int *end);
+
+/* What pipeline rank pp_rank holds: chunk c is model stage c * pp + pp_rank
+ * (above), the embeddings on rank 0, the head on the last rank. */
+ParamShard pp_rank_shard(const Config *cfg, int pp_rank, int tp, int tp_rank);
 
 #endif

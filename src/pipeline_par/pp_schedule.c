@@ -1,11 +1,11 @@
-/* schedule.c — the instruction lists of 1F1B, interleaved 1F1B and GPipe.
+/* pp_schedule.c — the instruction lists of 1F1B, interleaved 1F1B and GPipe.
  *
  * All three are built the same way.  A rank's forwards form one sequence
  * fwd[0..mv-1] of (mb, chunk) pairs and its backwards another, bwd[0..mv-1];
  * the rank runs `warm-up` forwards, then alternates one forward and one
  * backward (steady state), then runs the backwards that are left (cool-down).
  * The kinds differ only in the two sequences and the warm-up length. */
-#include "pipeline_par/schedule.h"
+#include "pipeline_par/pp_schedule.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -170,4 +170,73 @@ double pp_bubble_fraction(int pp, int m, int v)
 double pp_bubble_ratio(int pp, int m, int v)
 {
     return (double)(pp - 1) / ((double)v * m);
+}
+
+/* ---- slots and stages ---- */
+
+int pp_schedule_chunk_slots(const PpSchedule *s, int chunk)
+{
+    /* open: micro-batches of the chunk that have arrived or been forwarded;
+     * closed: those whose backward ran.  Live: [closed, open). */
+    int open = 0, closed = 0, widest = 0;
+    for (int i = 0; i < s->n; i++) {
+        const PpInstr *in = &s->ins[i];
+        if (in->chunk != chunk)
+            continue;
+        if (in->op == PP_RECV_ACT || in->op == PP_FWD) {
+            if (in->mb == open)
+                open++;                                        /* a new live micro-batch */
+            else if (in->mb < closed || in->mb >= open)
+                return -1;                                     /* not forward-after-receive */
+            if (open - closed > widest)
+                widest = open - closed;
+        } else if (in->op == PP_BWD) {
+            if (in->mb != closed || closed >= open)
+                return -1;
+            closed++;
+        }
+    }
+    return widest;
+}
+
+int pp_schedule_slots(const PpSchedule *s)
+{
+    int widest = 0;
+    for (int c = 0; c < s->v; c++) {
+        int n = pp_schedule_chunk_slots(s, c);
+        if (n < 0)
+            return -1;
+        widest = n > widest ? n : widest;
+    }
+    return widest;
+}
+
+void pp_stage_layers(const Config *cfg, int stage, int *begin, int *end)
+{
+    const TopologyConfig *t = &cfg->topology;
+    if (t->n_stage_layers > 0) {
+        *begin = 0;
+        for (int s = 0; s < stage; s++)
+            *begin += t->stage_layers[s];
+        *end = *begin + t->stage_layers[stage];
+        return;
+    }
+    const int n = t->pp * t->virtual_stages;
+    const int L = cfg->model.layers, base = L / n, extra = L % n;
+    *begin = stage * base + (stage < extra ? stage : extra);
+    *end = *begin + base + (stage < extra ? 1 : 0);
+}
+
+ParamShard pp_rank_shard(const Config *cfg, int pp_rank, int tp, int tp_rank)
+{
+    const int pp = cfg->topology.pp, v = cfg->topology.virtual_stages;
+    ParamShard sh = params_full_shard(&cfg->model);
+    sh.tp = tp;
+    sh.tp_rank = tp_rank;
+    sh.n_chunks = v;
+    for (int c = 0; c < v; c++)
+        pp_stage_layers(cfg, pp_stage(pp, pp_rank, c), &sh.chunk[c].begin, &sh.chunk[c].end);
+    sh.has_embed = pp_rank == 0;
+    sh.has_head = pp_rank == pp - 1;
+    return sh;
 }

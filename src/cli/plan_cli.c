@@ -4,19 +4,20 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cli/cli_config.h"
+#include "cli/commands.h"
 #include "core/error.h"
 #include "model/params.h"
-#include "pipeline_par/schedule.h"
+#include "pipeline_par/pp_schedule.h"
 #include "plan/plan.h"
 
 #define GIB (1024.0 * 1024.0 * 1024.0)
-#define MAX_SETS 64
 #define MAX_TOP 50
 
 typedef struct {
-    const char *config_path, *cluster;
-    const char *sets[MAX_SETS];
-    int n_sets, search, top, json;
+    CliConfig cli; /* CONFIG and --set */
+    const char *cluster;
+    int search, top, json;
 } Args;
 
 static void usage(FILE *f)
@@ -42,44 +43,37 @@ static void usage(FILE *f)
             cluster_preset_names());
 }
 
+/* This command's options (CliOption). */
+static int option(void *ctx, int argc, char **argv, int *i)
+{
+    Args *a = ctx;
+    const char *s = argv[*i];
+    const int has_value = *i + 1 < argc;
+    if (!strcmp(s, "--cluster") && has_value) {
+        a->cluster = argv[++*i];
+    } else if (!strcmp(s, "--search")) {
+        a->search = 1;
+    } else if (!strcmp(s, "--json")) {
+        a->json = 1;
+    } else if (!strcmp(s, "--top") && has_value) {
+        char *end = NULL;
+        errno = 0;
+        long v = strtol(argv[++*i], &end, 10);
+        if (errno || *end || v < 1 || v > MAX_TOP)
+            trd_fatal(TRD_EXIT_INPUT, NULL, "--top '%s': expected 1 to %d", argv[*i], MAX_TOP);
+        a->top = (int)v;
+    } else {
+        return 0;
+    }
+    return 1;
+}
+
 static int parse_args(int argc, char **argv, Args *a)
 {
     memset(a, 0, sizeof *a);
     a->top = 5;
-    for (int i = 1; i < argc; i++) {
-        const char *s = argv[i];
-        const int has_value = i + 1 < argc;
-        if (!strcmp(s, "--help") || !strcmp(s, "-h")) {
-            usage(stdout);
-            return 1;
-        } else if (!strcmp(s, "--cluster") && has_value) {
-            a->cluster = argv[++i];
-        } else if (!strcmp(s, "--search")) {
-            a->search = 1;
-        } else if (!strcmp(s, "--json")) {
-            a->json = 1;
-        } else if (!strcmp(s, "--top") && has_value) {
-            char *end = NULL;
-            errno = 0;
-            long v = strtol(argv[++i], &end, 10);
-            if (errno || *end || v < 1 || v > MAX_TOP)
-                trd_fatal(TRD_EXIT_INPUT, NULL, "--top '%s': expected 1 to %d", argv[i], MAX_TOP);
-            a->top = (int)v;
-        } else if ((!strcmp(s, "--set") && has_value) || !strncmp(s, "--set=", 6)) {
-            if (a->n_sets == MAX_SETS)
-                trd_fatal(TRD_EXIT_INPUT, NULL, "more than %d --set options", MAX_SETS);
-            a->sets[a->n_sets++] = s[5] == '=' ? s + 6 : argv[++i];
-        } else if (s[0] == '-' || a->config_path) {
-            usage(stderr);
-            trd_fatal(TRD_EXIT_INPUT, NULL, "unexpected argument '%s'", s);
-        } else {
-            a->config_path = s;
-        }
-    }
-    if (!a->config_path) {
-        usage(stderr);
-        trd_fatal(TRD_EXIT_INPUT, NULL, "missing CONFIG");
-    }
+    if (cli_parse(argc, argv, &a->cli, usage, option, a))
+        return 1;
     if (a->json && a->search)
         trd_fatal(TRD_EXIT_INPUT, "drop one of them", "--json and --search do not combine");
     return 0;
@@ -263,11 +257,8 @@ int plan_main(int argc, char **argv)
         return TRD_EXIT_OK;
     Config cfg;
     char err[CFG_ERR];
-    if (config_load(&cfg, a.config_path, err) != 0)
+    if (cli_read_config(&cfg, &a.cli, -1, err) != 0)
         trd_fatal(TRD_EXIT_INPUT, NULL, "%s", err);
-    for (int i = 0; i < a.n_sets; i++)
-        if (config_set(&cfg, a.sets[i], err) != 0)
-            trd_fatal(TRD_EXIT_INPUT, NULL, "%s", err);
 
     PlanCluster c;
     if (a.cluster && cluster_load(a.cluster, &c, err) != 0)
@@ -305,7 +296,7 @@ int plan_main(int argc, char **argv)
         print_json(stdout, &r);
         return TRD_EXIT_OK;
     }
-    printf("trident plan: %s\n", a.config_path);
+    printf("trident plan: %s\n", a.cli.config_path);
     plan_print(stdout, &cfg, &c, &r);
     if (!r.fits) {
         PlanCluster same = c;

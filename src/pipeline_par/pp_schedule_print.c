@@ -1,6 +1,6 @@
-/* schedule_print.c — schedules in words: one line per rank, and the bubble
+/* pp_schedule_print.c — schedules in words: one line per rank, and the bubble
  * and activation memory a simulation measured next to the formulas. */
-#include "pipeline_par/schedule.h"
+#include "pipeline_par/pp_schedule.h"
 
 #include <stdarg.h>
 #include <stdlib.h>

@@ -1,4 +1,4 @@
-#include "train/pipeline.h"
+#include "pipeline_par/pp_stage.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -6,16 +6,16 @@
 #include "core/error.h"
 #include "core/trace.h"
 #include "model/model.h"
-#include "pipeline_par/schedule.h"
+#include "pipeline_par/pp_schedule.h"
 
 #define ACT_TAG 0x7101 /* validation forwards; the executor uses its own tags */
 
-struct PipeStage {
+struct PpStage {
     const Config *cfg;
     Zero *z;
     Comm *pp;
     PpSchedule sched;
-    PpStage ops;
+    PpChunkOps ops;
     PpExecStats stats;
     int n_micro, BT;
     int v;                       /* model chunks on this rank (virtual stages) */
@@ -30,49 +30,19 @@ struct PipeStage {
     void *reduce_ctx;
 };
 
-void pipe_stage_layers(const Config *cfg, int stage, int *begin, int *end)
-{
-    const TopologyConfig *t = &cfg->topology;
-    if (t->n_stage_layers > 0) {
-        *begin = 0;
-        for (int s = 0; s < stage; s++)
-            *begin += t->stage_layers[s];
-        *end = *begin + t->stage_layers[stage];
-        return;
-    }
-    const int n = t->pp * t->virtual_stages;
-    const int L = cfg->model.layers, base = L / n, extra = L % n;
-    *begin = stage * base + (stage < extra ? stage : extra);
-    *end = *begin + base + (stage < extra ? 1 : 0);
-}
-
-ParamShard pipe_shard(const Config *cfg, int pp_rank, int tp, int tp_rank)
-{
-    const int pp = cfg->topology.pp, v = cfg->topology.virtual_stages;
-    ParamShard sh = params_full_shard(&cfg->model);
-    sh.tp = tp;
-    sh.tp_rank = tp_rank;
-    sh.n_chunks = v;
-    for (int c = 0; c < v; c++)
-        pipe_stage_layers(cfg, pp_stage(pp, pp_rank, c), &sh.chunk[c].begin, &sh.chunk[c].end);
-    sh.has_embed = pp_rank == 0;
-    sh.has_head = pp_rank == pp - 1;
-    return sh;
-}
-
 /* Model stage c * pp + rank is the first / the last of the whole model. */
-static int first_stage(const PipeStage *p, int c)
+static int first_stage(const PpStage *p, int c)
 {
     return pp_stage(p->pp->size, p->pp->rank, c) == 0;
 }
 
-static int last_stage(const PipeStage *p, int c)
+static int last_stage(const PpStage *p, int c)
 {
     return pp_stage(p->pp->size, p->pp->rank, c) == p->pp->size * p->v - 1;
 }
 
 /* Chunk c's model, with micro-batch mb's activation set selected. */
-static Model *use_set(PipeStage *p, int mb, int c)
+static Model *use_set(PpStage *p, int mb, int c)
 {
     model_use_activation_set(p->m[c], mb % p->slots[c]);
     return p->m[c];
@@ -83,7 +53,7 @@ static Model *use_set(PipeStage *p, int mb, int c)
 static float *grad_in(void *ctx, int mb, int chunk)
 {
     (void)mb;
-    return model_grad_stream(((PipeStage *)ctx)->m[chunk]);
+    return model_grad_stream(((PpStage *)ctx)->m[chunk]);
 }
 
 /* A sent gradient leaves from a buffer of its own per micro-batch slot,
@@ -93,54 +63,31 @@ static float *grad_in(void *ctx, int mb, int chunk)
  * for the send to complete before reusing one shared buffer. */
 static float *grad_out_of(void *ctx, int mb, int chunk)
 {
-    PipeStage *p = ctx;
+    PpStage *p = ctx;
     return p->gsend[chunk] + (size_t)(mb % p->slots[chunk]) * p->ops.act_elems;
-}
-
-static void chunk_forward(PipeStage *p, Model *m, int c)
-{
-    for (int l = p->layers[c].begin; l < p->layers[c].end; l++) {
-        zero_before_block_forward(p->z, l);
-        model_block_forward(m, l);
-    }
 }
 
 static void stage_forward(void *ctx, int mb, int chunk)
 {
-    PipeStage *p = ctx;
-    Model *m = use_set(p, mb, chunk);
-    if (first_stage(p, chunk))
-        model_embed_forward(m, p->tokens + (size_t)mb * (size_t)p->BT);
-    chunk_forward(p, m, chunk);
-    if (last_stage(p, chunk))
-        p->loss_sum += model_head_forward(m, p->targets + (size_t)mb * (size_t)p->BT);
+    PpStage *p = ctx;
+    const size_t at = (size_t)mb * (size_t)p->BT;
+    p->loss_sum += zero_chunk_forward(p->z, use_set(p, mb, chunk), p->layers[chunk],
+                                      first_stage(p, chunk) ? p->tokens + at : NULL,
+                                      last_stage(p, chunk) ? p->targets + at : NULL);
 }
 
 static void stage_backward(void *ctx, int mb, int chunk)
 {
-    PipeStage *p = ctx;
-    const int last_micro = mb == p->n_micro - 1;
-    const int first = first_stage(p, chunk), last = last_stage(p, chunk);
+    PpStage *p = ctx;
+    const int first = first_stage(p, chunk);
     Model *m = use_set(p, mb, chunk);
-    /* The outer tensors' hooks go around the chunk that holds them. */
-    if (first || last)
-        zero_before_outer_backward(p->z);
     /* Not the last stage: the received gradient already sits in the
      * model's gradient stream, where the last block's backward reads it. */
-    if (last)
-        model_head_backward(m, p->loss_scale);
-    for (int l = p->layers[chunk].end - 1; l >= p->layers[chunk].begin; l--) {
-        zero_before_block_backward(p->z, l);
-        model_block_backward(m, l);
-        zero_after_block_backward(p->z, l, last_micro);
-    }
-    if (first)
-        model_embed_backward(m);
-    else /* the input gradient leaves from the micro-batch's own slot */
+    zero_chunk_backward(p->z, m, p->layers[chunk], last_stage(p, chunk), first, p->loss_scale,
+                        mb == p->n_micro - 1);
+    if (!first) /* the input gradient leaves from the micro-batch's own slot */
         zero_backend(p->z)->copy(grad_out_of(p, mb, chunk), model_grad_stream(m),
                                  p->ops.act_elems * sizeof(float));
-    if (first || last)
-        zero_after_outer_backward(p->z, last_micro);
 }
 
 static float *act_in(void *ctx, int mb, int chunk)
@@ -155,12 +102,12 @@ static float *act_out(void *ctx, int mb, int chunk)
 
 static void stage_reduce(void *ctx)
 {
-    PipeStage *p = ctx;
+    PpStage *p = ctx;
     if (p->reduce)
         p->reduce(p->reduce_ctx);
 }
 
-PipeStage *pipe_create(const Config *cfg, Zero *z, Comm *pp, int n_micro, char err[CFG_ERR])
+PpStage *pp_stage_create(const Config *cfg, Zero *z, Comm *pp, int n_micro, char err[CFG_ERR])
 {
     const int v = cfg->topology.virtual_stages;
     if (zero_chunks(z) != v) {
@@ -168,7 +115,7 @@ PipeStage *pipe_create(const Config *cfg, Zero *z, Comm *pp, int n_micro, char e
                    zero_chunks(z), v);
         return NULL;
     }
-    PipeStage *p = trd_calloc(1, sizeof *p, "pipeline stage");
+    PpStage *p = trd_calloc(1, sizeof *p, "pipeline stage");
     p->cfg = cfg;
     p->z = z;
     p->pp = pp;
@@ -182,7 +129,7 @@ PipeStage *pipe_create(const Config *cfg, Zero *z, Comm *pp, int n_micro, char e
     }
     for (int c = 0; c < v; c++) {
         p->m[c] = zero_chunk_model(z, c);
-        pipe_stage_layers(cfg, pp_stage(pp->size, pp->rank, c), &p->layers[c].begin,
+        pp_stage_layers(cfg, pp_stage(pp->size, pp->rank, c), &p->layers[c].begin,
                           &p->layers[c].end);
         /* A chunk keeps one activation set per micro-batch it holds between
          * forward and backward: pp - rank for 1F1B, m for GPipe, more for
@@ -191,7 +138,7 @@ PipeStage *pipe_create(const Config *cfg, Zero *z, Comm *pp, int n_micro, char e
         TRD_ASSERT(p->slots[c] >= 1);
         model_set_activation_sets(p->m[c], p->slots[c]);
     }
-    p->ops = (PpStage){.ctx = p,
+    p->ops = (PpChunkOps){.ctx = p,
                        .act_elems = (size_t)model_stream_rows(p->m[0]) * (size_t)cfg->model.hidden,
                        .forward = stage_forward, .backward = stage_backward,
                        .act_in = act_in, .act_out = act_out, .grad_in = grad_in,
@@ -208,7 +155,7 @@ PipeStage *pipe_create(const Config *cfg, Zero *z, Comm *pp, int n_micro, char e
     return p;
 }
 
-void pipe_free(PipeStage *p)
+void pp_stage_free(PpStage *p)
 {
     if (!p)
         return;
@@ -221,7 +168,7 @@ void pipe_free(PipeStage *p)
 
 /* The executor's spans of the last step into the trace: compute on one
  * lane, the pipeline's sends and receives on another. */
-static void trace_step(const PipeStage *p)
+static void trace_step(const PpStage *p)
 {
     const PpExecStats *x = &p->stats;
     const uint64_t bytes = (uint64_t)p->ops.act_elems * sizeof(float);
@@ -236,7 +183,7 @@ static void trace_step(const PipeStage *p)
     }
 }
 
-double pipe_step(PipeStage *p, const int32_t *tokens, const int32_t *targets, float loss_scale,
+double pp_stage_step(PpStage *p, const int32_t *tokens, const int32_t *targets, float loss_scale,
                  void (*reduce)(void *), void *reduce_ctx)
 {
     p->tokens = tokens;
@@ -252,7 +199,7 @@ double pipe_step(PipeStage *p, const int32_t *tokens, const int32_t *targets, fl
     return p->loss_sum;
 }
 
-double pipe_forward(PipeStage *p, const int32_t *tokens, const int32_t *targets)
+double pp_stage_forward(PpStage *p, const int32_t *tokens, const int32_t *targets)
 {
     /* Through the model stages in order: chunk c of this rank takes its
      * input from the rank before (the last rank, for c > 0 on rank 0). */
@@ -261,22 +208,22 @@ double pipe_forward(PipeStage *p, const int32_t *tokens, const int32_t *targets)
     const size_t n = p->ops.act_elems;
     for (int c = 0; c < p->v; c++) {
         Model *m = use_set(p, 0, c);
-        if (first_stage(p, c))
-            model_embed_forward(m, tokens);
-        else
+        const int first = first_stage(p, c), last = last_stage(p, c);
+        if (!first)
             comm_recv_f32(p->pp, model_stage_input(m), n, prev, ACT_TAG);
-        chunk_forward(p, m, c);
-        if (last_stage(p, c))
-            return model_head_forward(m, targets);
+        const float loss = zero_chunk_forward(p->z, m, p->layers[c], first ? tokens : NULL,
+                                              last ? targets : NULL);
+        if (last)
+            return loss;
         CommHandle h = comm_isend_f32(p->pp, model_stage_output(m), n, next, ACT_TAG);
         comm_wait(&h);
     }
     return 0.0;
 }
 
-const PpExecStats *pipe_stats(const PipeStage *p) { return &p->stats; }
+const PpExecStats *pp_stage_stats(const PpStage *p) { return &p->stats; }
 
-size_t pipe_memory(const PipeStage *p)
+size_t pp_stage_memory(const PpStage *p)
 {
     size_t bytes = 0;
     for (int c = 0; c < p->v; c++)

@@ -1,4 +1,4 @@
-/* test_schedule_pp.c — pipeline schedules as data, checked without a model.
+/* test_pp_schedule.c — pipeline schedules as data, checked without a model.
  *
  *  - small schedules written out by hand from the published rules (1F1B:
  *    pp - rank - 1 warm-up forwards, then one forward one backward, then the
@@ -15,7 +15,7 @@
 #include <string.h>
 
 #include "check.h"
-#include "pipeline_par/schedule.h"
+#include "pipeline_par/pp_schedule.h"
 
 #define MAX_PP 16
 

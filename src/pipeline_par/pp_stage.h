@@ -1,6 +1,8 @@
-/* pipeline.h — one pipeline stage of the trainer: the model's parts for
- * this stage's layers, driven by a schedule (src/pipeline_par) and the
- * ZeRO engine's per-part hooks.
+/* pp_stage.h — one pipeline rank of the trainer: the model chunks of its
+ * stages as the executor's PpChunkOps (executor.h), run in the schedule's
+ * order (pp_schedule.h) with the ZeRO engine's hooks around each chunk
+ * (zero_chunk_forward / zero_chunk_backward, the same protocol as the plain
+ * path's).
  *
  * The schedule knows micro-batches and stages; this file knows which model
  * part runs for an instruction and where its activations live.  Chunk c of
@@ -9,8 +11,8 @@
  * c uses that model's activation set mb % slots[c], where slots[c] is what
  * the schedule needs (pp_schedule_chunk_slots: pp - rank for 1F1B, m for
  * GPipe). */
-#ifndef TRD_PIPELINE_H
-#define TRD_PIPELINE_H
+#ifndef TRD_PP_STAGE_H
+#define TRD_PP_STAGE_H
 
 #include <stdint.h>
 
@@ -20,39 +22,30 @@
 #include "pipeline_par/executor.h"
 #include "zero/zero.h"
 
-typedef struct PipeStage PipeStage;
+typedef struct PpStage PpStage;
 
 /* The stage of pipeline rank pp->rank for n_micro micro-batches per step.
  * Returns NULL with a message in err for a schedule it cannot run. */
-PipeStage *pipe_create(const Config *cfg, Zero *z, Comm *pp, int n_micro, char err[CFG_ERR]);
-void pipe_free(PipeStage *p);
-
-/* Layers [*begin, *end) of model stage `stage` (0 .. pp * virtual_stages - 1):
- * topology.stage_layers, or an even split with the first stages taking one
- * more when it is uneven. */
-void pipe_stage_layers(const Config *cfg, int stage, int *begin, int *end);
-
-/* What pipeline rank pp_rank holds: chunk c is model stage c * pp + pp_rank
- * (schedule.h), the embeddings on rank 0, the head on the last rank. */
-ParamShard pipe_shard(const Config *cfg, int pp_rank, int tp, int tp_rank);
+PpStage *pp_stage_create(const Config *cfg, Zero *z, Comm *pp, int n_micro, char err[CFG_ERR]);
+void pp_stage_free(PpStage *p);
 
 /* Forward and backward of every micro-batch of a step, as the schedule
  * orders them.  tokens/targets hold n_micro micro-batches of B*T each (read
  * by the first and the last stage).  `reduce` runs once every backward and
  * send is done.  Returns the sum over micro-batches of their mean loss on
  * the last stage, 0 on the others. */
-double pipe_step(PipeStage *p, const int32_t *tokens, const int32_t *targets, float loss_scale,
+double pp_stage_step(PpStage *p, const int32_t *tokens, const int32_t *targets, float loss_scale,
                  void (*reduce)(void *), void *reduce_ctx);
 
 /* Forward only, one micro-batch through all stages in turn (validation).
  * Returns its mean loss on the last stage, 0 elsewhere. */
-double pipe_forward(PipeStage *p, const int32_t *tokens, const int32_t *targets);
+double pp_stage_forward(PpStage *p, const int32_t *tokens, const int32_t *targets);
 
-/* Timing of the last pipe_step: compute and waiting per rank, and spans. */
-const PpExecStats *pipe_stats(const PipeStage *p);
+/* Timing of the last pp_stage_step: compute and waiting per rank, and spans. */
+const PpExecStats *pp_stage_stats(const PpStage *p);
 /* Bytes of the buffers the stage holds for gradients it sends back (one
  * message a micro-batch in flight, for every chunk but the first model
  * stage): activation memory beside the model's (memory report). */
-size_t pipe_memory(const PipeStage *p);
+size_t pp_stage_memory(const PpStage *p);
 
 #endif

@@ -1,4 +1,4 @@
-#include "train/report.h"
+#include "cli/commands.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>

@@ -1,21 +1,18 @@
 /* topology_cli.c — `trident topology`: the rank map of a config for a given
  * world size, printed without launching anything (no MPI). */
-#include "topology/topology.h"
-
 #include <errno.h>
 #include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "cli/cli_config.h"
+#include "cli/commands.h"
 #include "core/error.h"
-#include "pipeline_par/schedule.h"
-
-#define MAX_SETS 64
+#include "pipeline_par/pp_schedule.h"
+#include "topology/topology.h"
 
 typedef struct {
-    const char *config_path;
-    const char *sets[MAX_SETS];
-    int n_sets;
+    CliConfig cli;       /* CONFIG and --set */
     int world;           /* 0: from the config (tp * pp * dp) */
     int ranks_per_node;  /* 0: from the config, else one node */
     TopoMapFormat format;
@@ -56,52 +53,37 @@ static int parse_count(const char *opt, const char *s)
     return (int)v;
 }
 
-static void add_set(Args *a, const char *assignment)
+/* This command's options (CliOption). */
+static int option(void *ctx, int argc, char **argv, int *i)
 {
-    if (a->n_sets == MAX_SETS)
-        trd_fatal(TRD_EXIT_INPUT, NULL, "more than %d --set options", MAX_SETS);
-    a->sets[a->n_sets++] = assignment;
+    Args *a = ctx;
+    const char *s = argv[*i];
+    const int has_value = *i + 1 < argc;
+    if (!strcmp(s, "--world") && has_value)
+        a->world = parse_count(s, argv[++*i]);
+    else if (!strcmp(s, "--ranks-per-node") && has_value)
+        a->ranks_per_node = parse_count(s, argv[++*i]);
+    else if (!strcmp(s, "--json"))
+        a->format = TOPO_MAP_JSON;
+    else if (!strcmp(s, "--summary"))
+        a->format = TOPO_MAP_SUMMARY;
+    else if (!strcmp(s, "--schedule"))
+        a->schedule = 1;
+    else if (!strcmp(s, "--schedule-comm"))
+        a->schedule = 2;
+    else if (!strcmp(s, "--micro-batches") && has_value)
+        a->micro_batches = parse_count(s, argv[++*i]);
+    else
+        return 0;
+    return 1;
 }
 
 /* Returns 1 after --help, 0 otherwise; bad arguments exit with code 2. */
 static int parse_args(int argc, char **argv, Args *a)
 {
     memset(a, 0, sizeof *a);
-    for (int i = 1; i < argc; i++) {
-        const char *s = argv[i];
-        int has_value = i + 1 < argc;
-        if (!strcmp(s, "--help") || !strcmp(s, "-h")) {
-            usage(stdout);
-            return 1;
-        } else if (!strcmp(s, "--world") && has_value) {
-            a->world = parse_count(s, argv[++i]);
-        } else if (!strcmp(s, "--ranks-per-node") && has_value) {
-            a->ranks_per_node = parse_count(s, argv[++i]);
-        } else if (!strcmp(s, "--json")) {
-            a->format = TOPO_MAP_JSON;
-        } else if (!strcmp(s, "--summary")) {
-            a->format = TOPO_MAP_SUMMARY;
-        } else if (!strcmp(s, "--schedule")) {
-            a->schedule = 1;
-        } else if (!strcmp(s, "--schedule-comm")) {
-            a->schedule = 2;
-        } else if (!strcmp(s, "--micro-batches") && has_value) {
-            a->micro_batches = parse_count(s, argv[++i]);
-        } else if (!strcmp(s, "--set") && has_value) {
-            add_set(a, argv[++i]);
-        } else if (!strncmp(s, "--set=", 6)) {
-            add_set(a, s + 6);
-        } else if (s[0] == '-' || a->config_path) {
-            usage(stderr);
-            trd_fatal(TRD_EXIT_INPUT, NULL, "unexpected argument '%s'", s);
-        } else {
-            a->config_path = s;
-        }
-    }
-    if (!a->config_path) {
-        usage(stderr);
-        trd_fatal(TRD_EXIT_INPUT, NULL, "missing CONFIG");
-    }
+    if (cli_parse(argc, argv, &a->cli, usage, option, a))
+        return 1;
     if (a->micro_batches && !a->schedule)
         trd_fatal(TRD_EXIT_INPUT, "add --schedule", "--micro-batches only applies to --schedule");
     if (a->schedule && a->format == TOPO_MAP_JSON)
@@ -150,11 +132,8 @@ int topology_main(int argc, char **argv)
         return TRD_EXIT_OK;
     Config cfg;
     char err[CFG_ERR];
-    if (config_load(&cfg, a.config_path, err))
+    if (cli_read_config(&cfg, &a.cli, -1, err))
         trd_fatal(TRD_EXIT_INPUT, NULL, "%s", err);
-    for (int i = 0; i < a.n_sets; i++)
-        if (config_set(&cfg, a.sets[i], err))
-            trd_fatal(TRD_EXIT_INPUT, NULL, "%s", err);
     int world = world_of(&a, &cfg);
     if (config_validate(&cfg, world, err))
         trd_fatal(TRD_EXIT_INPUT, NULL, "%s", err);

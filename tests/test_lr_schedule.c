@@ -1,6 +1,6 @@
 /* The learning-rate schedule at hand-computed points. */
 #include "check.h"
-#include "train/schedule.h"
+#include "train/lr_schedule.h"
 
 int main(void)
 {

@@ -1,0 +1,220 @@
+/* prepare_cli.c — `trident prepare-data` and `trident tokenize`: their
+ * arguments; the work is src/data/prepare.c's (docs/data.md). */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli/commands.h"
+#include "core/error.h"
+#include "data/prepare.h"
+#include "data/tokenizer.h"
+
+static const char prepare_usage[] =
+    "usage: trident prepare-data --input PATH [PATH ...] [--ext EXT[,EXT]]\n"
+    "                            [--input-format auto|text|jsonl] [--json-key KEY] [--skip-bad]\n"
+    "                            --tokenizer byte|gpt2|tiktoken\n"
+    "                            [--vocab encoder.json --merges vocab.bpe]\n"
+    "                            [--encoding cl100k_base|o200k_base] [--ranks FILE.tiktoken]\n"
+    "                            --out PREFIX [--format megatron|llmc] [--val-every K]\n"
+    "                            [--workers N] [--progress]\n"
+    "\n"
+    "Tokenize documents into a training dataset: each text file is one document,\n"
+    "each line of a JSON lines file is one ({\"text\": \"...\"}).  Each document's\n"
+    "tokens are followed by the EOT token.\n"
+    "\n"
+    "  --input PATH ...   files, one document each (text) or one per line (JSONL);\n"
+    "                     .gz and .zst files are decompressed as they are read;\n"
+    "                     directories (walked recursively, in name order) and quoted\n"
+    "                     glob patterns ('corpus/*.txt') are expanded; may be repeated\n"
+    "  --ext EXT[,EXT]    take only files with these extensions from directories and\n"
+    "                     patterns (e.g. txt,md; jsonl also takes .jsonl.gz and\n"
+    "                     .jsonl.zst); files named explicitly are always taken\n"
+    "  --input-format F   auto (default: .jsonl and .json files, compressed or not, are\n"
+    "                     JSON lines, others text), text, or jsonl (every input)\n"
+    "  --json-key KEY     the string field of a JSON line that holds the text (default text)\n"
+    "  --skip-bad         skip bad documents (malformed JSON, missing key, non-string\n"
+    "                     value, invalid UTF-8, truncated compressed file), count and\n"
+    "                     report them; without it the first one is an error (exit 2)\n"
+    "  --tokenizer NAME   byte (ids 0..255 + EOT 256), gpt2 (GPT-2 BPE, vocab 50257) or\n"
+    "                     tiktoken (a .tiktoken ranks file and --encoding)\n"
+    "  --vocab FILE       GPT-2 encoder.json (default " DATA_GPT2_ENCODER_DEFAULT ",\n"
+    "                     from the current directory, else from trident's source tree)\n"
+    "  --merges FILE      GPT-2 vocab.bpe (default " DATA_GPT2_MERGES_DEFAULT ")\n"
+    "  --encoding NAME    tiktoken: cl100k_base (default; vocab 100277, EOT 100257) or\n"
+    "                     o200k_base (vocab 200019, EOT 199999): pattern and special tokens\n"
+    "  --ranks FILE       tiktoken ranks (default .cache/tiktoken/ENCODING.tiktoken, which\n"
+    "                     scripts/get_tiktoken.sh writes)\n"
+    "  --out PREFIX       megatron: writes PREFIX.bin + PREFIX.idx; llmc: writes PREFIX.bin\n"
+    "  --format FMT       megatron (default) or llmc (llm.c shard, uint16 tokens)\n"
+    "  --val-every K      every K-th document (index % K == K-1) goes to PREFIX_val\n"
+    "  --workers N        tokenize on N threads (default 1); the dataset is the same\n"
+    "  --progress         print progress every 2 s on stderr (the default when stderr is\n"
+    "                     a terminal)\n"
+    "  --help             this text\n";
+
+static const char tokenize_usage[] =
+    "usage: trident tokenize [--tokenizer byte|gpt2|tiktoken] [--vocab encoder.json --merges vocab.bpe]\n"
+    "                        [--encoding cl100k_base|o200k_base] [--ranks FILE.tiktoken] FILE|-\n"
+    "\n"
+    "Print the token ids of a file (or stdin for -), space-separated on one line.\n"
+    "The tokenizer defaults to gpt2, its files to those scripts/get_corpus.sh installs.\n"
+    "Ill-formed UTF-8 reads as U+FFFD, as in the reference encoders.\n";
+
+static int usage_error(const char *cmd, const char *usage, const char *fmt, const char *arg)
+{
+    fprintf(stderr, "trident %s: ", cmd);
+    fprintf(stderr, fmt, arg);
+    fprintf(stderr, "\n---> see `trident %s --help`\n\n%s", cmd, usage);
+    return TRD_EXIT_INPUT;
+}
+
+/* Value of an option that takes one; NULL when it is missing. */
+static const char *option_value(int argc, char **argv, int *i)
+{
+    if (*i + 1 >= argc || strncmp(argv[*i + 1], "--", 2) == 0)
+        return NULL;
+    return argv[++*i];
+}
+
+/* Parse prepare-data's arguments; returns -1 after --help, else an exit
+ * code (0 when args is filled). */
+static int parse_prepare(int argc, char **argv, PrepareArgs *a)
+{
+    const char *cmd = "prepare-data";
+    memset(a, 0, sizeof *a);
+    a->vocab = DATA_GPT2_ENCODER_DEFAULT;
+    a->merges = DATA_GPT2_MERGES_DEFAULT;
+    a->format = "megatron";
+    a->workers = 1;
+    a->encoding = "cl100k_base";
+    a->input_format = "auto";
+    a->json_key = "text";
+    a->inputs = calloc((size_t)argc, sizeof *a->inputs);
+    if (!a->inputs)
+        trd_fatal(TRD_EXIT_RUNTIME, NULL, "out of memory parsing arguments");
+    for (int i = 1; i < argc; i++) {
+        const char *o = argv[i], **dst = NULL, *v;
+        if (strcmp(o, "--help") == 0 || strcmp(o, "-h") == 0) {
+            fputs(prepare_usage, stdout);
+            return -1;
+        }
+        if (strcmp(o, "--input") == 0) {
+            int before = a->n_inputs;
+            while (i + 1 < argc && strncmp(argv[i + 1], "--", 2) != 0)
+                a->inputs[a->n_inputs++] = argv[++i];
+            if (a->n_inputs == before)
+                return usage_error(cmd, prepare_usage, "%s needs at least one file", o);
+            continue;
+        }
+        if (strcmp(o, "--skip-bad") == 0 || strcmp(o, "--progress") == 0) {
+            *(o[2] == 's' ? &a->skip_bad : &a->progress) = 1;
+            continue;
+        }
+        if (strcmp(o, "--tokenizer") == 0) dst = &a->tokenizer;
+        else if (strcmp(o, "--encoding") == 0) dst = &a->encoding;
+        else if (strcmp(o, "--ranks") == 0) dst = &a->ranks;
+        else if (strcmp(o, "--input-format") == 0) dst = &a->input_format;
+        else if (strcmp(o, "--json-key") == 0) dst = &a->json_key;
+        else if (strcmp(o, "--vocab") == 0) dst = &a->vocab;
+        else if (strcmp(o, "--merges") == 0) dst = &a->merges;
+        else if (strcmp(o, "--out") == 0) dst = &a->out;
+        else if (strcmp(o, "--format") == 0) dst = &a->format;
+        else if (strcmp(o, "--ext") == 0) dst = &a->ext;
+        else if (strcmp(o, "--val-every") != 0 && strcmp(o, "--workers") != 0)
+            return usage_error(cmd, prepare_usage, "unknown argument '%s'", o);
+        /* --ext '' (files without an extension) is a value, not a missing one */
+        if (!strcmp(o, "--ext") && i + 1 < argc && !argv[i + 1][0])
+            v = argv[++i];
+        else if (!(v = option_value(argc, argv, &i)))
+            return usage_error(cmd, prepare_usage, "%s needs a value", o);
+        if (dst) {
+            *dst = v;
+            continue;
+        }
+        char *end;
+        long *num = strcmp(o, "--workers") == 0 ? &a->workers : &a->val_every;
+        errno = 0;
+        *num = strtol(v, &end, 10);
+        if (*end || errno || *num < 1 || (num == &a->workers && *num > 256))
+            return usage_error(cmd, prepare_usage, num == &a->workers ?
+                               "--workers needs an integer from 1 to 256, got '%s'" :
+                               "--val-every needs a positive integer, got '%s'", v);
+    }
+    if (a->n_inputs == 0)
+        return usage_error(cmd, prepare_usage, "%s", "no --input files");
+    if (!a->out)
+        return usage_error(cmd, prepare_usage, "%s", "no --out PREFIX");
+    if (!a->tokenizer)
+        return usage_error(cmd, prepare_usage, "%s", "no --tokenizer (byte, gpt2 or tiktoken)");
+    if (strcmp(a->tokenizer, "byte") && strcmp(a->tokenizer, "gpt2") && strcmp(a->tokenizer, "tiktoken"))
+        return usage_error(cmd, prepare_usage, "unknown tokenizer '%s' (byte, gpt2 or tiktoken)",
+                           a->tokenizer);
+    if (strcmp(a->input_format, "auto") && strcmp(a->input_format, "text") &&
+        strcmp(a->input_format, "jsonl"))
+        return usage_error(cmd, prepare_usage, "unknown --input-format '%s' (auto, text or jsonl)",
+                           a->input_format);
+    if (!a->json_key[0])
+        return usage_error(cmd, prepare_usage, "%s", "--json-key needs a non-empty key");
+    if (strcmp(a->format, "megatron") != 0 && strcmp(a->format, "llmc") != 0)
+        return usage_error(cmd, prepare_usage, "unknown format '%s' (megatron or llmc)", a->format);
+    return 0;
+}
+
+int data_prepare_main(int argc, char **argv)
+{
+    PrepareArgs a;
+    int rc = parse_prepare(argc, argv, &a);
+    if (rc == 0)
+        rc = data_prepare(&a);
+    free(a.inputs);
+    return rc < 0 ? TRD_EXIT_OK : rc;
+}
+
+int data_tokenize_main(int argc, char **argv)
+{
+    const char *cmd = "tokenize", *name = "gpt2", *vocab = DATA_GPT2_ENCODER_DEFAULT,
+               *merges = DATA_GPT2_MERGES_DEFAULT, *encoding = "cl100k_base", *ranks = NULL,
+               *file = NULL;
+    for (int i = 1; i < argc; i++) {
+        const char *o = argv[i], **dst = NULL, *v;
+        if (strcmp(o, "--help") == 0 || strcmp(o, "-h") == 0) {
+            fputs(tokenize_usage, stdout);
+            return TRD_EXIT_OK;
+        }
+        if (strcmp(o, "--tokenizer") == 0) dst = &name;
+        else if (strcmp(o, "--vocab") == 0) dst = &vocab;
+        else if (strcmp(o, "--merges") == 0) dst = &merges;
+        else if (strcmp(o, "--encoding") == 0) dst = &encoding;
+        else if (strcmp(o, "--ranks") == 0) dst = &ranks;
+        else if (strncmp(o, "--", 2) == 0)
+            return usage_error(cmd, tokenize_usage, "unknown argument '%s'", o);
+        else if (file)
+            return usage_error(cmd, tokenize_usage, "more than one FILE ('%s')", o);
+        else {
+            file = o;
+            continue;
+        }
+        if (!(v = option_value(argc, argv, &i)))
+            return usage_error(cmd, tokenize_usage, "%s needs a value", o);
+        *dst = v;
+    }
+    if (!file)
+        return usage_error(cmd, tokenize_usage, "%s", "no FILE (use - for stdin)");
+    if (strcmp(name, "byte") && strcmp(name, "gpt2") && strcmp(name, "tiktoken"))
+        return usage_error(cmd, tokenize_usage, "unknown tokenizer '%s' (byte, gpt2 or tiktoken)", name);
+    TokenizerSpec ts = {name, vocab, merges, encoding, ranks};
+    Tokenizer *tok = data_tokenizer_make(&ts);
+    size_t len, n = 0, cap = 0;
+    char *text = data_read_input(file, &len);
+    int32_t *ids = NULL;
+    if (tokenizer_encode(tok, text, len, &ids, &n, &cap) != 0)
+        trd_fatal(TRD_EXIT_RUNTIME, NULL, "out of memory tokenizing %s", file);
+    for (size_t i = 0; i < n; i++)
+        printf(i ? " %d" : "%d", ids[i]);
+    putchar('\n');
+    free(ids);
+    free(text);
+    tokenizer_free(tok);
+    return fflush(stdout) == 0 ? TRD_EXIT_OK : TRD_EXIT_RUNTIME;
+}

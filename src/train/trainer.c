@@ -1,0 +1,368 @@
+/* trainer.c — building a rank's trainer, the optimizer step and the
+ * validation pass (trainer.h).  Checkpoints: trainer_ckpt.c; threads,
+ * GPUs and peak FLOP/s: trainer_device.c. */
+#include "train/trainer.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/backend.h"
+#ifdef TRD_HAVE_CUDA
+#include "backend/cuda.h"
+#endif
+#include "config/layout.h"
+#include "core/error.h"
+#include "core/progress.h"
+#include "core/trace.h"
+#include "model/params.h"
+#include "train/runlock.h"
+#include "train/lr_schedule.h"
+#include "train/trainer_internal.h"
+
+/* Open the training and validation data.  Every rank reads the same paths:
+ * a bad one is bad input, and the ranks agree on it first, so the job ends
+ * with exit 2 and one message (from the lowest failing rank) instead of an
+ * abort of the whole job with the launcher's noise. */
+static void open_data(Trainer *tr, Comm *world)
+{
+    const Config *cfg = tr->cfg;
+    char err[CFG_ERR] = "";
+    tr->info.has_val = cfg->data.val_path[0] != '\0';
+    int bad = dataset_open(&tr->train_data, cfg->data.path, cfg->data.format, err) != 0 ||
+              sampler_init(&tr->train_sampler, &tr->train_data, cfg->model.seq_len,
+                           cfg->run.seed, err) != 0 ||
+              sampler_check_vocab(&tr->train_data, cfg->model.vocab, SAMPLER_VOCAB_SCAN, err) != 0;
+    if (!bad && tr->info.has_val)
+        bad = dataset_open(&tr->val_data, cfg->data.val_path, cfg->data.format, err) != 0 ||
+              sampler_init(&tr->val_sampler, &tr->val_data, cfg->model.seq_len, cfg->run.seed,
+                           err) != 0 ||
+              sampler_check_vocab(&tr->val_data, cfg->model.vocab, SAMPLER_VOCAB_SCAN, err) != 0;
+    int first_bad = bad ? world->size - world->rank : 0; /* max = the lowest failing rank */
+    comm_allreduce_max_i32(world, &first_bad, 1);
+    if (first_bad)
+        guard_exit_agreed(world->rank == world->size - first_bad ? 0 : 1, TRD_EXIT_INPUT,
+               strstr(err, "--->") ? NULL : "make a dataset with `trident prepare-data`, or "
+               "fetch the default one with scripts/get_corpus.sh (docs/data.md)", "%s", err);
+}
+
+/* Fill one micro-batch (tok, tgt: [B*T]) with the sequences at global
+ * stream positions first, first+1, ... */
+static void read_batch(Trainer *tr, const Sampler *s, const TokenDataset *ds, uint64_t first,
+                       int32_t *tok, int32_t *tgt)
+{
+    const int B = tr->cfg->training.micro_batch, T = tr->cfg->model.seq_len;
+    char err[CFG_ERR];
+    for (int b = 0; b < B; b++)
+        if (sampler_read(s, ds, first + (uint64_t)b, tr->cfg->model.vocab, tok + b * T,
+                         tgt + b * T, err) != 0)
+            trd_fatal(TRD_EXIT_INPUT, NULL, "%s", err);
+}
+
+/* PP_REDUCE of a pipeline step: a tied embedding's gradient is summed over
+ * the first and last stage before its data-parallel bucket goes out. */
+static void pipeline_reduce(void *ctx)
+{
+    Trainer *tr = ctx;
+    if (tr->tied_embed_group) {
+        const ParamSpec *w = params_find(zero_params(tr->zero), "embed.wte.weight");
+        comm_allreduce_f32(&tr->comms.embed, zero_full_grads(tr->zero) + w->offset, w->numel);
+        zero_start_outer(tr->zero);
+    }
+    zero_finish_grads(tr->zero);
+}
+
+/* One optimizer step; returns the mean loss over the global batch. */
+static double one_step(Trainer *tr, int step, double *grad_norm, float *lr, int *skipped)
+{
+    const Config *cfg = tr->cfg;
+    const int B = cfg->training.micro_batch;
+    /* Pre-scaled so that the sum over DP ranks of the accumulated gradients
+     * is the mean over the global batch. */
+    const float loss_scale = 1.0f / (float)(tr->n_micro * tr->dp);
+    const double t_step = MPI_Wtime();
+
+    progress_step(step + 1, 0);
+    zero_begin_step(tr->zero);
+    const size_t BT = (size_t)B * (size_t)cfg->model.seq_len;
+    const int needs_data = !tr->pipe || tr->comms.pp.rank == 0 ||
+                           tr->comms.pp.rank == tr->comms.pp.size - 1;
+    for (int j = 0; needs_data && j < tr->n_micro; j++) {
+        /* The global batch is positions [step*GB, (step+1)*GB) of the sample
+         * stream whatever the topology; micro-step j of DP rank d takes its
+         * B consecutive positions from there. */
+        uint64_t first = tr->start_position +
+                         (uint64_t)(step - tr->start_step) * (uint64_t)cfg->training.global_batch +
+                         (uint64_t)(j * tr->dp + tr->dp_rank) * (uint64_t)B;
+        read_batch(tr, &tr->train_sampler, &tr->train_data, first, tr->tokens + j * BT,
+                   tr->targets + j * BT);
+    }
+    double loss = 0;
+    if (tr->pipe) {
+        loss = pp_stage_step(tr->pipe, tr->tokens, tr->targets, loss_scale, pipeline_reduce, tr);
+        comm_allreduce_f64(&tr->comms.pp, &loss, 1); /* only the last stage has it */
+    } else {
+        for (int j = 0; j < tr->n_micro; j++) {
+            progress_step(step + 1, j + 1); /* for the watchdog's message */
+            loss += zero_forward_backward(tr->zero, tr->tokens + j * BT, tr->targets + j * BT,
+                                          loss_scale, j == tr->n_micro - 1);
+        }
+        zero_finish_grads(tr->zero);
+    }
+    loss /= tr->n_micro * tr->dp;
+    comm_allreduce_f64(&tr->comms.dp, &loss, 1);
+
+    double sumsq = zero_grad_sumsq(tr->zero);
+    comm_allreduce_f64(&tr->comms.mp, &sumsq, 1);
+    *grad_norm = sqrt(sumsq);
+    *lr = schedule_lr(&cfg->training, step);
+    /* Both values are all-reduced: every rank decides alike (guard.h). */
+    *skipped = guard_nonfinite(&tr->guard, &cfg->training, step + 1, loss, *grad_norm,
+                               tr->topo.rank);
+    if (*skipped)
+        return loss; /* no optimizer step */
+    const float clip = cfg->training.grad_clip;
+    if (clip > 0 && *grad_norm > clip)
+        zero_scale_grads(tr->zero, clip / (float)(*grad_norm + 1e-6));
+
+    const double t_opt = MPI_Wtime();
+    zero_optimizer_step(tr->zero, *lr, &cfg->training);
+    if (trace_active()) {
+        char name[32];
+        snprintf(name, sizeof name, "step %d", step + 1);
+        trace_span("optimizer", TRACE_COMPUTE, t_opt, MPI_Wtime(), -1, -1, 0);
+        trace_span(name, TRACE_STEP, t_step, MPI_Wtime(), -1, -1, 0);
+    }
+    return loss;
+}
+
+TrainerStep trainer_step(Trainer *tr, int step)
+{
+    TrainerStep r = {0};
+    r.loss = one_step(tr, step, &r.grad_norm, &r.lr, &r.skipped);
+    if (++tr->steps_taken == 1) /* staging buffers pooled by the first step */
+        tr->staged_first = comm_staging().allocations;
+    const ZeroStats zs = zero_take_stats(tr->zero);
+    r.comm_ms = 1e3 * zs.exposed_comm_s;
+    r.comm_bytes = zs.bytes;
+    r.pp_idle = tr->pipe ? pp_exec_idle_fraction(pp_stage_stats(tr->pipe), &tr->comms.pp) : -1;
+    return r;
+}
+
+/* The mean loss per token of a fixed validation set, whatever the layout:
+ * the first data.val_sequences sequences of the validation stream, cut into
+ * micro-batches of micro_batch sequences that are dealt out to the DP
+ * replicas in turn.  The rows of a partial last micro-batch get target -1,
+ * which the loss ignores, so every layout and micro_batch sums the same
+ * per-token losses (in another order). */
+double trainer_validate(Trainer *tr, double *counted_tokens)
+{
+    const int B = tr->cfg->training.micro_batch, T = tr->cfg->model.seq_len;
+    const int n = tr->cfg->data.val_sequences, batches = (n + B - 1) / B;
+    /* Every DP rank runs the same number of forwards (ZeRO-3 gathers inside
+     * them are collective); a rank past the end runs one with no target. */
+    const int rounds = (batches + tr->dp - 1) / tr->dp;
+    const double t0 = MPI_Wtime();
+    double sum = 0, tokens = 0;
+    for (int r = 0; r < rounds; r++) {
+        const int j = r * tr->dp + tr->dp_rank;
+        const int rows = j < batches ? (n - j * B < B ? n - j * B : B) : 0;
+        read_batch(tr, &tr->val_sampler, &tr->val_data, (uint64_t)(rows ? j : 0) * (uint64_t)B,
+                   tr->tokens, tr->targets);
+        for (size_t i = (size_t)rows * (size_t)T; i < (size_t)B * (size_t)T; i++)
+            tr->targets[i] = -1;
+        double counted = 0;
+        for (size_t i = 0; i < (size_t)rows * (size_t)T; i++)
+            counted += tr->targets[i] >= 0;
+        double loss = tr->pipe ? pp_stage_forward(tr->pipe, tr->tokens, tr->targets)
+                               : zero_forward(tr->zero, tr->tokens, tr->targets);
+        sum += loss * counted; /* the model's loss is the mean over counted rows */
+        tokens += counted;
+    }
+    if (tr->pipe)
+        comm_allreduce_f64(&tr->comms.pp, &sum, 1); /* only the last stage has it */
+    double both[2] = {sum, tokens};
+    comm_allreduce_f64(&tr->comms.dp, both, 2);
+    trace_span("validation", TRACE_STEP, t0, MPI_Wtime(), -1, -1, 0);
+    if (tr->steps_taken == 1) /* the first step's validation pools its buffers too */
+        tr->staged_first = comm_staging().allocations;
+    if (counted_tokens)
+        *counted_tokens = both[1];
+    return both[1] > 0 ? both[0] / both[1] : 0.0;
+}
+
+MemoryReport trainer_memory(const Trainer *tr, size_t *snapshot)
+{
+    MemoryReport mem = {0};
+    for (int c = 0; c < zero_chunks(tr->zero); c++) {
+        MemoryReport cm = model_memory(zero_chunk_model(tr->zero, c));
+        mem.activations += cm.activations;
+        mem.scratch += cm.scratch;
+    }
+    if (tr->pipe) /* the gradient messages of micro-batches in flight */
+        mem.activations += pp_stage_memory(tr->pipe);
+    ZeroMemory zm = zero_memory(tr->zero);
+    mem.params = zm.params;
+    mem.grads = zm.grads;
+    mem.optimizer = zm.optimizer;
+    mem.buffers = zm.buffers;
+    if (snapshot) /* a device backend's host copies are its snapshot: nothing more */
+        *snapshot = tr->async && !tr->be->device ? ckpt_async_bytes(&tr->ckpt) : 0;
+    return mem;
+}
+
+/* training.trace: every rank records its spans from here on (core/trace.h);
+ * its row is named by its mesh coordinates.  2^18 spans (18 MiB) a rank
+ * hold hundreds of pipeline steps; later ones are counted, not kept. */
+#define TRACE_MAX_SPANS ((size_t)1 << 18)
+static void start_trace(Trainer *tr)
+{
+    if (!tr->cfg->training.trace)
+        return;
+    char label[64];
+    snprintf(label, sizeof label, "rank %d (tp %d, pp %d, dp %d)", tr->topo.rank,
+             tr->comms.tp.rank, tr->comms.pp.rank, tr->comms.dp.rank);
+    trace_start(tr->comms.world.mpi, label, TRACE_MAX_SPANS);
+}
+
+static void finish_trace(Trainer *tr)
+{
+    if (!trace_active())
+        return;
+    char path[CFG_STR + 16];
+    snprintf(path, sizeof path, "%s/trace.json", tr->cfg->run.dir);
+    long n = trace_finish(path);
+    if (tr->topo.rank == 0 && n < 0)
+        trd_fatal(TRD_EXIT_RUNTIME, "check that run.dir is writable", "cannot write %s: %s",
+                  path, strerror(errno));
+    if (tr->topo.rank == 0)
+        printf("trace: %ld spans of %d ranks in %s (open in ui.perfetto.dev)\n", n,
+               tr->comms.world.size, path);
+}
+
+
+/* The layout rules (config/layout.h): config validation applied them;
+ * a Config built or changed without it is refused here the same way. */
+static void check_layout(const Config *cfg, int rank)
+{
+    LayoutError e;
+    if (layout_check(&cfg->model, &cfg->topology, &e) != 0)
+        guard_exit_agreed(rank, TRD_EXIT_INPUT, NULL, "%s", e.msg);
+}
+
+/* The backend of cfg: cpu or cuda, fp32 or bf16 (bf16: GEMMs multiply bf16
+ * operands with fp32 sums, backend.h; the weights are bf16 values with fp32
+ * masters, zero/optimizer.h). */
+static const Backend *pick_backend(const Config *cfg, int rank)
+{
+    const int bf16 = cfg->training.precision == PREC_BF16;
+    if (cfg->backend != BACKEND_CUDA)
+        return bf16 ? backend_cpu_bf16() : backend_cpu();
+#ifdef TRD_HAVE_CUDA
+    (void)rank;
+    return bf16 ? backend_cuda_bf16() : backend_cuda();
+#else
+    guard_exit_agreed(rank, TRD_EXIT_INPUT, "set backend: cpu, or rebuild with -Dcuda=enabled (docs/cuda.md)",
+                   "backend cuda: this trident was built without the CUDA backend");
+#endif
+}
+
+Trainer *trainer_create(const Config *cfg, Comm world, TrainerMode mode)
+{
+    Trainer *tr = trd_calloc(1, sizeof *tr, "trainer");
+    tr->cfg = cfg;
+    tr->mode = mode;
+    tr->be = pick_backend(cfg, world.rank);
+    check_layout(cfg, world.rank);
+    topology_init(&tr->topo, &tr->comms, cfg, world);
+    trainer_set_threads(world);
+    trainer_use_device(tr);
+    tr->dp = tr->comms.dp.size;
+    tr->dp_rank = tr->comms.dp.rank;
+    tr->n_micro = cfg->training.global_batch / (cfg->training.micro_batch * tr->dp);
+
+    open_data(tr, &world);
+    memcheck(cfg, tr->topo.ranks_per_node,
+             tr->be->device ? tr->device_memory : memcheck_host_budget(tr->topo.ranks_per_node),
+             &world);
+    const int async = mode == TRAINER_TRAIN && trainer_async_decide(tr, &world);
+    if (mode == TRAINER_TRAIN) /* inputs are good: create, probe and lock the output dirs */
+        runlock_claim(cfg, &world);
+
+    ParamShard shard = pp_rank_shard(cfg, tr->comms.pp.rank, tr->comms.tp.size, tr->comms.tp.rank);
+    tr->zero = zero_create(cfg, tr->be, &shard, &tr->comms.dp);
+    for (int c = 0; c < zero_chunks(tr->zero); c++)
+        model_set_tensor_parallel(zero_chunk_model(tr->zero, c), &tr->comms.tp);
+    start_trace(tr);
+    if (tr->comms.pp.size > 1) {
+        char err[CFG_ERR];
+        tr->pipe = pp_stage_create(cfg, tr->zero, &tr->comms.pp, tr->n_micro, err);
+        if (!tr->pipe)
+            guard_exit_agreed(world.rank, TRD_EXIT_INPUT, NULL, "%s", err);
+        tr->tied_embed_group = cfg->model.tie_embeddings && tr->comms.embed.size > 1;
+        if (tr->tied_embed_group)
+            zero_defer_outer(tr->zero);
+    }
+    trainer_ckpt_setup(tr);
+    tr->resumed = mode == TRAINER_TRAIN && trainer_resume(tr);
+    trainer_init_from(tr, tr->resumed);
+    if (async)
+        tr->async = ckpt_async_create(&tr->ckpt, !tr->be->device);
+    const size_t BT = (size_t)cfg->training.micro_batch * (size_t)cfg->model.seq_len;
+    tr->tokens = trd_malloc((size_t)tr->n_micro * BT * sizeof(int32_t), "token batches");
+    tr->targets = trd_malloc((size_t)tr->n_micro * BT * sizeof(int32_t), "target batches");
+    tr->info = (TrainerInfo){.be = tr->be, .topo = &tr->topo, .comms = &tr->comms,
+                             .dp = tr->dp, .n_micro = tr->n_micro,
+                             .start_step = tr->start_step, .resumed = tr->resumed,
+                             .has_val = tr->info.has_val,
+                             .train_tokens = tr->train_data.n_tokens,
+                             .train_samples = tr->train_sampler.n_samples,
+                             .device = tr->device, .nccl = tr->nccl};
+    return tr;
+}
+
+void trainer_destroy(Trainer *tr)
+{
+    if (!tr)
+        return;
+    if (tr->mode == TRAINER_TRAIN) {
+        trainer_poll_save(tr, 1); /* the write in flight ends before the trainer */
+        finish_trace(tr);
+        if (tr->topo.rank == 0)
+            runlock_release();
+    }
+    ckpt_async_free(tr->async);
+    free(tr->tokens);
+    free(tr->targets);
+    trainer_ckpt_teardown(tr);
+    pp_stage_free(tr->pipe);
+    zero_free(tr->zero);
+    dataset_close(&tr->train_data);
+    if (tr->info.has_val)
+        dataset_close(&tr->val_data);
+    topology_comms_free(&tr->comms);
+    free(tr);
+}
+
+const TrainerInfo *trainer_info(const Trainer *tr)
+{
+    return &tr->info;
+}
+
+Model *trainer_model(Trainer *tr, int c)
+{
+    return zero_chunk_model(tr->zero, c);
+}
+
+int trainer_gather_weights(Trainer *tr, float *buf, size_t *numel)
+{
+    if (tr->comms.mp.size > 1) /* the flat buffer is a piece of the model */
+        return -1;
+    const ParamTable *pt = zero_params(tr->zero);
+    if (buf)
+        zero_gather_params(tr->zero, buf);
+    *numel = pt->numel;
+    return 0;
+}

@@ -1,0 +1,58 @@
+/* trainer_internal.h — the Trainer's state, shared by trainer.c (building,
+ * the step, validation), trainer_ckpt.c (resume, init_from, saves) and
+ * trainer_device.c (threads, GPUs, NCCL, peak FLOP/s).  Not for callers:
+ * they use trainer.h. */
+#ifndef TRD_TRAINER_INTERNAL_H
+#define TRD_TRAINER_INTERNAL_H
+
+#include "checkpoint/ckpt.h"
+#include "data/dataset.h"
+#include "data/sampler.h"
+#include "train/guard.h"
+#include "train/memcheck.h"
+#include "pipeline_par/pp_stage.h"
+#include "train/trainer.h"
+#include "zero/zero.h"
+
+struct Trainer {
+    const Config *cfg;
+    TrainerMode mode;
+    TrainerInfo info;          /* what callers read; points into the fields below */
+    const Backend *be;
+    Topology topo;
+    TopologyComms comms;
+    Zero *zero;
+    TokenDataset train_data, val_data;
+    Sampler train_sampler, val_sampler;
+    int32_t *tokens, *targets; /* the step's micro-batches: [n_micro][B*T] */
+    int dp, dp_rank, n_micro;
+    PpStage *pipe;           /* pp > 1 */
+    CkptShardView ckpt;        /* what this rank saves and loads (host memory) */
+    CkptAsync *async;          /* checkpoint.async on: the background writer */
+    double async_blocked_s;    /* the write in flight: what its save step blocked */
+    float *ckpt_dev[CKPT_KINDS]; /* device backends: the engine's buffers that ckpt's
+                                    host copies mirror (NULL: none, or host backend) */
+    char device[128];          /* device backends: the device's name */
+    MemBudget device_memory;   /* device backends: the memory the state lives in */
+    int nccl;                  /* device buffers go through NCCL (topology.comm) */
+    int start_step;            /* first step of this run (> 0 when resumed) */
+    uint64_t start_position;   /* sample stream position at start_step */
+    int resumed;
+    int steps_taken;           /* trainer_step calls so far */
+    int tied_embed_group;      /* first/last stage summing a tied embedding's gradient */
+    uint64_t staged_first;     /* staging buffers allocated by the end of the first step */
+    NonfiniteGuard guard;      /* training.nonfinite: skipped steps */
+};
+
+/* trainer_device.c */
+void trainer_set_threads(Comm world);
+void trainer_use_device(Trainer *tr);
+
+/* trainer_ckpt.c */
+int trainer_async_decide(const Trainer *tr, Comm *world);
+void trainer_ckpt_setup(Trainer *tr);
+void trainer_ckpt_teardown(Trainer *tr);
+int trainer_resume(Trainer *tr);
+void trainer_init_from(Trainer *tr, int resumed);
+
+#endif

@@ -105,7 +105,7 @@ static void layer_range(const Layout *L, int layers, int stage, int *b, int *e)
 
 /* For each element of part k: the value it must hold (or SENTINEL for
  * padding rows), from kind `src`. */
-static float expect_at(const Shard *s, const ModelConfig *m, int k, size_t i, int src, int salt,
+static float expect_at(const Shard *s, int k, size_t i, int src, int salt,
                        int *pad)
 {
     (void)k;
@@ -117,7 +117,7 @@ static float expect_at(const Shard *s, const ModelConfig *m, int k, size_t i, in
         int64_t lc = p->local_shape[1];
         int64_t gr = params_global_row(p, (int64_t)li / lc);
         int64_t gc = p->local_start[1] + (int64_t)li % lc;
-        *pad = gr >= ckpt_real_rows(p, m);
+        *pad = gr >= p->real_rows;
         return *pad ? SENTINEL : value_of(src, p->name, (uint64_t)(gr * p->shape[1] + gc), salt);
     }
     TRD_ASSERT(0);
@@ -151,7 +151,7 @@ static void shard_make(Shard *s, const Config *cfg, const Layout *L, int master,
         r->data = s->buf[k];
         for (size_t i = 0; i < len; i++) {
             int pad = 0;
-            float x = expect_at(s, &cfg->model, k, r->lo + i, k, salt, &pad);
+            float x = expect_at(s, k, r->lo + i, k, salt, &pad);
             r->data[i] = fill && !pad ? x : SENTINEL;
         }
     }
@@ -169,7 +169,7 @@ static void shard_free(Shard *s)
 }
 
 /* Every element of the loaded parts: the function of kind src[k]. */
-static void shard_verify(const Shard *s, const Config *cfg, const int src[CKPT_KINDS], int salt,
+static void shard_verify(const Shard *s, const int src[CKPT_KINDS], int salt,
                          const char *what)
 {
     if (!s->active)
@@ -181,7 +181,7 @@ static void shard_verify(const Shard *s, const Config *cfg, const int src[CKPT_K
         size_t bad = 0, pads = 0, first = 0;
         for (size_t i = r->lo; i < r->hi; i++) {
             int pad = 0;
-            float want = expect_at(s, &cfg->model, k, i, src[k], salt, &pad);
+            float want = expect_at(s, k, i, src[k], salt, &pad);
             pads += pad;
             if (r->data[i - r->lo] != want && bad++ == 0)
                 first = i;
@@ -230,7 +230,7 @@ static void load_verify(const char *step_dir, const Config *cfg, const Layout *L
         int rc = ckpt_load(step_dir, &s.v, &st, cfg, err);
         CHECK(rc == 0, "%s: load: %s", what, err);
         if (rc == 0) {
-            shard_verify(&s, cfg, src, salt, what);
+            shard_verify(&s, src, salt, what);
             CHECK(st.step == step && st.sampler_position == 1000 + (uint64_t)step &&
                       st.lr_step == step && st.adam_t == step - 1,
                   "%s: state step %lld pos %llu adam_t %lld", what, (long long)st.step,
@@ -510,7 +510,7 @@ static void test_cli(const char *step_dir, const Config *cfg)
         if (d < 0)
             continue;
         tensors++;
-        int64_t rows = ckpt_real_rows(p, &cfg->model);
+        int64_t rows = p->real_rows;
         size_t n = (size_t)(rows * p->shape[1]);
         float *buf = malloc(n * sizeof(float));
         hid_t sp = H5Dget_space(d);

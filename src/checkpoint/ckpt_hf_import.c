@@ -801,7 +801,7 @@ int ckpt_hf_import(const char *hf_dir, const char *out_dir, char *const *sets, i
         snprintf(x->file, sizeof x->file, "stage_0.h5");
         snprintf(x->dtype, sizeof x->dtype, "float32");
         x->ndim = p->ndim;
-        x->shape[0] = ckpt_real_rows(p, m);
+        x->shape[0] = p->real_rows;
         x->shape[1] = p->shape[1];
         x->nbytes = x->shape[0] * x->shape[1] * (int64_t)sizeof(float);
         /* One buffer for every tensor: a fresh one each time (freed back
@@ -947,7 +947,7 @@ static int read_pieces(Imp *im, const CkptShardView *v, const char *dir, char er
     int code = TRD_EXIT_OK;
     for (int i = 0; i < v->table->n && code == TRD_EXIT_OK; i++) {
         const ParamSpec *p = &v->table->p[i];
-        const int64_t rows = ckpt_real_rows(p, im->m), cols = p->shape[1];
+        const int64_t rows = p->real_rows, cols = p->shape[1];
         CkptSlab slabs[2][2];
         int64_t first_row[2];
         int ns[2] = {0, 0}, any = 0;

@@ -54,10 +54,6 @@ typedef struct {
     int64_t gfirst;
 } CkptSlab;
 
-/* Global rows stored for p: the unpadded vocabulary for the vocabulary
- * tensors (embeddings, untied head), else shape[0]. */
-int64_t ckpt_real_rows(const ParamSpec *p, const ModelConfig *m);
-
 /* The slab of p covered by the flat range [lo, hi) of the local table
  * (n == 0 when they do not meet). */
 CkptSlab ckpt_slab(const ParamSpec *p, int64_t real_rows, size_t lo, size_t hi);

@@ -10,15 +10,6 @@
 
 const char *const ckpt_kind_names[CKPT_KINDS] = {"params", "master", "adam_m", "adam_v"};
 
-int64_t ckpt_real_rows(const ParamSpec *p, const ModelConfig *m)
-{
-    /* The vocabulary tensors are the outer ones split by rows (embedding and
-     * untied head); their padding rows depend on tp and are not stored. */
-    if (p->role != ROLE_BLOCK && p->split_dim == 0 && p->shape[0] >= m->vocab)
-        return m->vocab;
-    return p->shape[0];
-}
-
 static void add_block(CkptSlab *s, int64_t r, int64_t c, int64_t nr, int64_t nc)
 {
     if (nr > 0 && nc > 0)

@@ -254,7 +254,7 @@ static int check_model(const char *dir, const CkptIndex *ix, const ParamTable *t
                           "(saved model: %s; this model: %s)", dir, p->name, saved, ours);
             return -1;
         }
-        int64_t want[2] = {ckpt_real_rows(p, m), p->shape[1]};
+        int64_t want[2] = {p->real_rows, p->shape[1]};
         if (e->ndim != p->ndim || e->shape[0] != want[0] || e->shape[1] != want[1]) {
             char a[64], b[64];
             shape_str(a, sizeof a, e->ndim, e->shape);
@@ -536,8 +536,8 @@ static CkptKind source_kind(const CkptIndex *ix, const CkptShardView *v, CkptKin
 }
 
 /* Read kind k over the flat range [lo, hi) of its part. */
-static int read_kind(Reader *r, const CkptIndex *ix, const CkptShardView *v,
-                     const ModelConfig *m, CkptKind k, size_t lo, size_t hi, char err[CFG_ERR])
+static int read_kind(Reader *r, const CkptIndex *ix, const CkptShardView *v, CkptKind k,
+                     size_t lo, size_t hi, char err[CFG_ERR])
 {
     const CkptRange *part = &v->part[k];
     if (lo >= hi)
@@ -547,7 +547,7 @@ static int read_kind(Reader *r, const CkptIndex *ix, const CkptShardView *v,
         const ParamSpec *p = &v->table->p[i];
         CkptSlab slabs[2];
         int64_t first_row[2];
-        const int ns = ckpt_slabs(p, ckpt_real_rows(p, m), lo, hi, slabs, first_row);
+        const int ns = ckpt_slabs(p, p->real_rows, lo, hi, slabs, first_row);
         if (!ns)
             continue;
         const CkptEntry *e = ckpt_index_find(ix, p->name, src);
@@ -626,7 +626,7 @@ static int load(const char *step_dir, const CkptShardView *v, CkptState *st, con
             if (!part->data)
                 continue;
             const int g = gathered(v, (CkptKind)k);
-            rc = read_kind(&r, &ix, v, &cfg->model, (CkptKind)k, g ? v->block_lo : part->lo,
+            rc = read_kind(&r, &ix, v, (CkptKind)k, g ? v->block_lo : part->lo,
                            g ? v->block_hi : part->hi, err);
         }
         reader_close(&r);

@@ -24,6 +24,7 @@
 #include <unistd.h>
 
 #include "core/error.h"
+#include "zero/zero.h"
 
 /* ---- the view ---- */
 
@@ -31,15 +32,14 @@ void ckpt_view_init(CkptShardView *v, const ParamTable *t, int zero, int dp_rank
                     int pp_rank, MPI_Comm world)
 {
     memset(v, 0, sizeof *v);
-    const size_t P = t->numel, S = (P + (size_t)dp - 1) / (size_t)dp;
-    size_t lo = (size_t)dp_rank * S, hi = lo + S;
-    v->block_lo = lo < P ? lo : P;
-    v->block_hi = hi < P ? hi : P;
+    /* ZeRO's rule (zero.h): what stage `zero` keeps whole, what in blocks. */
+    const size_t P = t->numel;
+    zero_block(P, dp, dp_rank, &v->block_lo, &v->block_hi);
+    const ZeroWhole whole = zero_stage_whole(zero);
     for (int k = 0; k < CKPT_KINDS; k++) {
-        /* zero.h: weights whole for stages 0-2, optimizer state whole for 0. */
-        int whole = k == CKPT_PARAMS ? zero <= 2 : zero == 0;
-        v->part[k] = (CkptRange){.data = NULL, .lo = whole ? 0 : v->block_lo,
-                                 .hi = whole ? P : v->block_hi};
+        const int w = k == CKPT_PARAMS ? whole.params : whole.optimizer;
+        v->part[k] = (CkptRange){.data = NULL, .lo = w ? 0 : v->block_lo,
+                                 .hi = w ? P : v->block_hi};
     }
     v->table = t;
     v->pp_rank = pp_rank;
@@ -69,7 +69,7 @@ static int layers_of(const ParamTable *t)
     return hi < 0 ? 0 : hi - lo + 1;
 }
 
-static CkptEntry entry_of(const ParamSpec *p, const ModelConfig *m, int stage)
+static CkptEntry entry_of(const ParamSpec *p, int stage)
 {
     CkptEntry e;
     memset(&e, 0, sizeof e);
@@ -79,7 +79,7 @@ static CkptEntry entry_of(const ParamSpec *p, const ModelConfig *m, int stage)
     snprintf(e.dtype, sizeof e.dtype, "float32");
     e.ndim = p->ndim;
     e.stage = stage;
-    e.shape[0] = ckpt_real_rows(p, m);
+    e.shape[0] = p->real_rows;
     e.shape[1] = p->shape[1];
     e.nbytes = e.shape[0] * e.shape[1] * (int64_t)sizeof(float);
     return e;
@@ -87,15 +87,14 @@ static CkptEntry entry_of(const ParamSpec *p, const ModelConfig *m, int stage)
 
 /* Gather the tensor lists of the stage leaders (stage rank 0) onto every
  * rank; a name held by several stages belongs to the first. */
-static void gather_catalog(Catalog *c, const CkptShardView *v, const ModelConfig *m,
-                           int stage_rank)
+static void gather_catalog(Catalog *c, const CkptShardView *v, int stage_rank)
 {
     int world = 0;
     MPI_Comm_size(v->world, &world);
     const int mine = stage_rank == 0 ? v->table->n : 0;
     CkptEntry *local = trd_calloc((size_t)(mine ? mine : 1), sizeof(CkptEntry), "catalog");
     for (int i = 0; i < mine; i++)
-        local[i] = entry_of(&v->table->p[i], m, v->pp_rank);
+        local[i] = entry_of(&v->table->p[i], v->pp_rank);
 
     int *counts = trd_calloc((size_t)world, sizeof(int), "catalog");
     int *displs = trd_calloc((size_t)world, sizeof(int), "catalog");
@@ -269,8 +268,7 @@ typedef struct {
     hid_t d;
 } StageSet;
 
-static StageSet *stage_sets(const CkptShardView *v, const Catalog *c, const ModelConfig *m,
-                            const int *kinds, int n_kinds, int *n_out, size_t *n_sums)
+static StageSet *stage_sets(const CkptShardView *v, const Catalog *c, const int *kinds, int n_kinds, int *n_out, size_t *n_sums)
 {
     StageSet *sets = trd_calloc((size_t)(n_kinds * v->table->n + 1), sizeof *sets, "datasets");
     int n = 0;
@@ -281,7 +279,7 @@ static StageSet *stage_sets(const CkptShardView *v, const Catalog *c, const Mode
             if (catalog_owner(c, p->name) != v->pp_rank)
                 continue;   /* a copy held by a later stage (tied embedding) */
             StageSet *x = &sets[n++];
-            x->e = entry_of(p, m, v->pp_rank);
+            x->e = entry_of(p, v->pp_rank);
             snprintf(x->e.kind, sizeof x->e.kind, "%s", ckpt_kind_names[kinds[kk]]);
             x->kind = kinds[kk];
             x->param = i;
@@ -298,7 +296,7 @@ static StageSet *stage_sets(const CkptShardView *v, const Catalog *c, const Mode
  * and every rank of the stage made the same collective calls; the caller
  * agrees with the other ranks and does not publish. */
 static int write_stage(const char *path, const CkptShardView *v, const Catalog *c,
-                       const ModelConfig *m, const int *kinds, int n_kinds, MPI_Comm stage,
+                       const int *kinds, int n_kinds, MPI_Comm stage,
                        char err[CFG_ERR])
 {
     StageIo io = {.path = path, .failed = 0, .err = ""};
@@ -327,7 +325,7 @@ static int write_stage(const char *path, const CkptShardView *v, const Catalog *
 
     int n = 0;
     size_t n_sums = 0;
-    StageSet *sets = stage_sets(v, c, m, kinds, n_kinds, &n, &n_sums);
+    StageSet *sets = stage_sets(v, c, kinds, n_kinds, &n, &n_sums);
     uint64_t *sums = trd_calloc(n_sums + 1, sizeof(uint64_t), "checksums");
     for (int kk = 0; kk < n_kinds; kk++) {
         /* Creating groups and datasets changes metadata: every rank of the
@@ -529,7 +527,7 @@ int ckpt_save(const char *dir, const CkptShardView *v, const CkptState *st, cons
     int stage_rank = 0;
     MPI_Comm_rank(stage, &stage_rank);
     Catalog c;
-    gather_catalog(&c, v, &cfg->model, stage_rank);
+    gather_catalog(&c, v, stage_rank);
 
     /* bf16: the weights are the bf16 rounding of the master weights
      * (optimizer.h), so only the master weights are stored; a load derives
@@ -541,7 +539,7 @@ int ckpt_save(const char *dir, const CkptShardView *v, const CkptState *st, cons
 
     char path[CKPT_FILE_PATH];
     snprintf(path, sizeof path, "%s/stage_%d.h5", tmp, v->pp_rank);
-    rc = write_stage(path, v, &c, &cfg->model, kinds, n_kinds, stage, err);
+    rc = write_stage(path, v, &c, kinds, n_kinds, stage, err);
     MPI_Comm_free(&stage);
     /* An I/O error or a non-finite value on any rank: nothing is published,
      * and the unfinished step_X.tmp goes (freeing the space of a full disk). */

@@ -331,10 +331,14 @@ void comm_free(Comm *c)
     *c = (Comm){.mpi = MPI_COMM_NULL, .rank = -1, .size = 0};
 }
 
-/* What one rank sends for `passes` ring passes over n floats. */
+uint64_t comm_ring_bytes(size_t n, int passes, int p)
+{
+    return p <= 1 ? 0 : (uint64_t)passes * n * sizeof(float) * (uint64_t)(p - 1) / (uint64_t)p;
+}
+
 static uint64_t ring_bytes(const Comm *c, size_t n, int passes)
 {
-    return (uint64_t)passes * n * sizeof(float) * (uint64_t)(c->size - 1) / (uint64_t)c->size;
+    return comm_ring_bytes(n, passes, c->size);
 }
 
 /* One data-moving operation of `bytes` (ring model) started on c. */

@@ -142,6 +142,11 @@ typedef struct {
 /* The part of [lo, hi) that `rank` owns, as [*a, *b). */
 void comm_shard_part(size_t lo, size_t hi, size_t S, int rank, size_t *a, size_t *b);
 
+/* The bytes one of p ranks sends for `passes` ring passes over n floats
+ * (all-reduce 2, reduce-scatter and all-gather 1): what bytes_sent counts,
+ * and what the planner predicts. */
+uint64_t comm_ring_bytes(size_t n, int passes, int p);
+
 /* Sum all-reduce of buf[0..n) in place. */
 CommHandle comm_iallreduce_f32(Comm *c, float *buf, size_t n);
 /* Reduce-scatter: send holds [lo, hi) of every rank's buffer; this rank

@@ -26,8 +26,6 @@ struct PpStage {
     const int32_t *tokens, *targets;
     float loss_scale;
     double loss_sum;
-    void (*reduce)(void *);
-    void *reduce_ctx;
 };
 
 /* Model stage c * pp + rank is the first / the last of the whole model. */
@@ -103,8 +101,7 @@ static float *act_out(void *ctx, int mb, int chunk)
 static void stage_reduce(void *ctx)
 {
     PpStage *p = ctx;
-    if (p->reduce)
-        p->reduce(p->reduce_ctx);
+    zero_finish_grads(p->z); /* the DP reduction, a tied embedding summed first */
 }
 
 PpStage *pp_stage_create(const Config *cfg, Zero *z, Comm *pp, int n_micro, char err[CFG_ERR])
@@ -183,15 +180,12 @@ static void trace_step(const PpStage *p)
     }
 }
 
-double pp_stage_step(PpStage *p, const int32_t *tokens, const int32_t *targets, float loss_scale,
-                 void (*reduce)(void *), void *reduce_ctx)
+double pp_stage_step(PpStage *p, const int32_t *tokens, const int32_t *targets, float loss_scale)
 {
     p->tokens = tokens;
     p->targets = targets;
     p->loss_scale = loss_scale;
     p->loss_sum = 0;
-    p->reduce = reduce;
-    p->reduce_ctx = reduce_ctx;
     char err[CFG_ERR];
     if (pp_execute(&p->sched, &p->ops, p->pp, &p->stats, err) != 0)
         trd_fatal(TRD_EXIT_RUNTIME, NULL, "pipeline: %s", err);

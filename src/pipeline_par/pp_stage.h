@@ -31,11 +31,11 @@ void pp_stage_free(PpStage *p);
 
 /* Forward and backward of every micro-batch of a step, as the schedule
  * orders them.  tokens/targets hold n_micro micro-batches of B*T each (read
- * by the first and the last stage).  `reduce` runs once every backward and
- * send is done.  Returns the sum over micro-batches of their mean loss on
- * the last stage, 0 on the others. */
-double pp_stage_step(PpStage *p, const int32_t *tokens, const int32_t *targets, float loss_scale,
-                 void (*reduce)(void *), void *reduce_ctx);
+ * by the first and the last stage).  Once every backward and send is done
+ * (PP_REDUCE) the engine finishes the gradients' reduction
+ * (zero_finish_grads).  Returns the sum over micro-batches of their mean
+ * loss on the last stage, 0 on the others. */
+double pp_stage_step(PpStage *p, const int32_t *tokens, const int32_t *targets, float loss_scale);
 
 /* Forward only, one micro-batch through all stages in turn (validation).
  * Returns its mean loss on the last stage, 0 elsewhere. */

@@ -61,19 +61,6 @@ static void read_batch(Trainer *tr, const Sampler *s, const TokenDataset *ds, ui
             trd_fatal(TRD_EXIT_INPUT, NULL, "%s", err);
 }
 
-/* PP_REDUCE of a pipeline step: a tied embedding's gradient is summed over
- * the first and last stage before its data-parallel bucket goes out. */
-static void pipeline_reduce(void *ctx)
-{
-    Trainer *tr = ctx;
-    if (tr->tied_embed_group) {
-        const ParamSpec *w = params_find(zero_params(tr->zero), "embed.wte.weight");
-        comm_allreduce_f32(&tr->comms.embed, zero_full_grads(tr->zero) + w->offset, w->numel);
-        zero_start_outer(tr->zero);
-    }
-    zero_finish_grads(tr->zero);
-}
-
 /* One optimizer step; returns the mean loss over the global batch. */
 static double one_step(Trainer *tr, int step, double *grad_norm, float *lr, int *skipped)
 {
@@ -101,7 +88,7 @@ static double one_step(Trainer *tr, int step, double *grad_norm, float *lr, int 
     }
     double loss = 0;
     if (tr->pipe) {
-        loss = pp_stage_step(tr->pipe, tr->tokens, tr->targets, loss_scale, pipeline_reduce, tr);
+        loss = pp_stage_step(tr->pipe, tr->tokens, tr->targets, loss_scale);
         comm_allreduce_f64(&tr->comms.pp, &loss, 1); /* only the last stage has it */
     } else {
         for (int j = 0; j < tr->n_micro; j++) {
@@ -292,18 +279,23 @@ Trainer *trainer_create(const Config *cfg, Comm world, TrainerMode mode)
         runlock_claim(cfg, &world);
 
     ParamShard shard = pp_rank_shard(cfg, tr->comms.pp.rank, tr->comms.tp.size, tr->comms.tp.rank);
-    tr->zero = zero_create(cfg, tr->be, &shard, &tr->comms.dp);
-    for (int c = 0; c < zero_chunks(tr->zero); c++)
-        model_set_tensor_parallel(zero_chunk_model(tr->zero, c), &tr->comms.tp);
+    for (int c = 0; c < shard.n_chunks; c++) {
+        const ParamShard chunk = params_chunk_shard(&shard, c);
+        tr->models[c] = model_create_unbound(cfg, tr->be, &chunk, cfg->training.micro_batch);
+        model_set_tensor_parallel(tr->models[c], &tr->comms.tp);
+    }
+    /* A tied embedding split over the first and last stage: its gradient
+     * is summed over the embedding group before its DP bucket goes out. */
+    const int tied = tr->comms.pp.size > 1 && cfg->model.tie_embeddings &&
+                     tr->comms.embed.size > 1;
+    tr->zero = zero_create(cfg, tr->be, &shard, tr->models, &tr->comms.dp,
+                           tied ? &tr->comms.embed : NULL);
     start_trace(tr);
     if (tr->comms.pp.size > 1) {
         char err[CFG_ERR];
         tr->pipe = pp_stage_create(cfg, tr->zero, &tr->comms.pp, tr->n_micro, err);
         if (!tr->pipe)
             guard_exit_agreed(world.rank, TRD_EXIT_INPUT, NULL, "%s", err);
-        tr->tied_embed_group = cfg->model.tie_embeddings && tr->comms.embed.size > 1;
-        if (tr->tied_embed_group)
-            zero_defer_outer(tr->zero);
     }
     trainer_ckpt_setup(tr);
     tr->resumed = mode == TRAINER_TRAIN && trainer_resume(tr);
@@ -339,6 +331,8 @@ void trainer_destroy(Trainer *tr)
     trainer_ckpt_teardown(tr);
     pp_stage_free(tr->pipe);
     zero_free(tr->zero);
+    for (int c = 0; c < CFG_MAX_VIRTUAL; c++)
+        model_free(tr->models[c]);
     dataset_close(&tr->train_data);
     if (tr->info.has_val)
         dataset_close(&tr->val_data);

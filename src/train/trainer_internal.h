@@ -21,6 +21,7 @@ struct Trainer {
     const Backend *be;
     Topology topo;
     TopologyComms comms;
+    Model *models[CFG_MAX_VIRTUAL]; /* this rank's model chunks (bound by the engine) */
     Zero *zero;
     TokenDataset train_data, val_data;
     Sampler train_sampler, val_sampler;
@@ -39,7 +40,6 @@ struct Trainer {
     uint64_t start_position;   /* sample stream position at start_step */
     int resumed;
     int steps_taken;           /* trainer_step calls so far */
-    int tied_embed_group;      /* first/last stage summing a tied embedding's gradient */
     uint64_t staged_first;     /* staging buffers allocated by the end of the first step */
     NonfiniteGuard guard;      /* training.nonfinite: skipped steps */
 };

@@ -6,7 +6,7 @@
 
 #include "core/error.h"
 #include "core/trace.h"
-#include "data_par/buckets.h"
+#include "data_par/grads.h"
 
 struct Zero {
     const Config *cfg;
@@ -40,17 +40,34 @@ struct Zero {
     CommHandle pgather[2], gred[2], outer_red;
     int gred_layer[2];           /* layer whose reduction is in flight (-1: none) */
     int outer_pending;
-    int defer_outer;             /* stages 0-1: the outer bucket waits for zero_start_outer */
 
-    DpBucket *buckets;           /* stages 0-1 (data_par/buckets.h) */
-    int n_buckets;
-    int *bucket_of;              /* [nl + 1]: bucket of the group at each backward
-                                    position (layers last to first, then outer), or -1 */
+    DpGrads *dpg;                /* stages 0-1: the bucketed reduction (data_par/grads.h) */
 
     Optimizer opt;
     ZeroStats stats;
     size_t buffer_bytes;
 };
+
+/* What each stage shards (zero.h's table). */
+static const ZeroWhole STAGES[4] = {
+    /*  params grads optimizer */
+    {1, 1, 1}, /* 0: plain data parallelism */
+    {1, 1, 0}, /* 1: the optimizer state */
+    {1, 0, 0}, /* 2: and the gradients, per layer */
+    {0, 0, 0}, /* 3: and the weights, gathered per layer */
+};
+
+ZeroWhole zero_stage_whole(int stage)
+{
+    TRD_ASSERT(stage >= 0 && stage <= 3);
+    return STAGES[stage];
+}
+
+void zero_block(size_t P, int dp, int r, size_t *lo, size_t *hi)
+{
+    const size_t S = (P + (size_t)dp - 1) / (size_t)dp;
+    comm_shard_part(0, P, S, r, lo, hi);
+}
 
 static double now_s(void)
 {
@@ -90,29 +107,6 @@ static Model *model_of(const Zero *z, int l)
 static void group_range(const Zero *z, int group, size_t *lo, size_t *hi)
 {
     params_group_range(z->t, group, lo, hi);
-}
-
-/* ---- buckets (stages 0-1) ------------------------------------------------ */
-
-static void build_buckets(Zero *z)
-{
-    z->buckets = trd_calloc((size_t)z->nl + 1, sizeof(DpBucket), "gradient buckets");
-    z->bucket_of = trd_malloc(((size_t)z->nl + 1) * sizeof(int), "gradient bucket map");
-    z->n_buckets = dp_make_buckets(z->t, z->layers, z->nl,
-                                   dp_bucket_target(z->cfg->topology.bucket_mb), z->buckets,
-                                   z->bucket_of);
-}
-
-static void start_bucket(Zero *z, DpBucket *b)
-{
-    if (z->stage == 0) {
-        b->h = comm_iallreduce_f32(z->dp, z->grads + b->lo, b->hi - b->lo);
-    } else {
-        size_t a, e;
-        comm_shard_part(b->lo, b->hi, z->S, z->dp->rank, &a, &e);
-        float *recv = e > a ? z->gshard + (a - z->own_lo) : z->gshard;
-        b->h = comm_ireduce_scatter_range_f32(z->dp, z->grads + b->lo, recv, b->lo, b->hi, z->S);
-    }
 }
 
 /* ---- slots (stages 2-3) ---------------------------------------------------- */
@@ -240,9 +234,9 @@ static void bind_full(Zero *z, float *params, float *grads)
     }
 }
 
-/* One model per chunk, each over its own contiguous layers; the rank's
- * table (every chunk) lays out the flat buffers the engine owns. */
-static void create_models(Zero *z, const Config *cfg, const Backend *be, const ParamShard *sh)
+/* The caller's models, one per chunk over its own contiguous layers; the
+ * rank's table (every chunk) lays out the flat buffers the engine owns. */
+static void take_models(Zero *z, const Config *cfg, const ParamShard *sh, Model *const *models)
 {
     TRD_ASSERT(sh->n_chunks >= 1 && sh->n_chunks <= CFG_MAX_VIRTUAL);
     z->sh = *sh;
@@ -262,15 +256,15 @@ static void create_models(Zero *z, const Config *cfg, const Backend *be, const P
     size_t olo, ohi;
     params_group_range(z->t, PARAMS_OUTER, &olo, &ohi);
     for (int c = 0; c < sh->n_chunks; c++) {
-        ParamShard one = params_chunk_shard(sh, c);
-        z->model[c] = model_create_unbound(cfg, be, &one, cfg->training.micro_batch);
+        z->model[c] = models[c];
         size_t lo, hi;
         params_group_range(model_params(z->model[c]), PARAMS_OUTER, &lo, &hi);
         TRD_ASSERT(hi == lo || hi - lo == ohi - olo);
     }
 }
 
-Zero *zero_create(const Config *cfg, const Backend *be, const ParamShard *sh, Comm *dp)
+Zero *zero_create(const Config *cfg, const Backend *be, const ParamShard *sh,
+                  Model *const *models, Comm *dp, Comm *embed)
 {
     Zero *z = trd_calloc(1, sizeof *z, "ZeRO engine");
     z->cfg = cfg;
@@ -279,7 +273,7 @@ Zero *zero_create(const Config *cfg, const Backend *be, const ParamShard *sh, Co
     z->stage = cfg->topology.zero;
     z->has_embed = sh->has_embed;
     z->has_head = sh->has_head;
-    create_models(z, cfg, be, sh);
+    take_models(z, cfg, sh, models);
     z->P = z->t->numel;
     z->S = (z->P + (size_t)dp->size - 1) / (size_t)dp->size;
     comm_shard_part(0, z->P, z->S, dp->rank, &z->own_lo, &z->own_hi);
@@ -298,14 +292,14 @@ Zero *zero_create(const Config *cfg, const Backend *be, const ParamShard *sh, Co
     const Precision prec = cfg->training.precision;
     const size_t outer_n = z->outer_hi - z->outer_lo;
 
-    if (z->stage <= 2) {
+    const ZeroWhole whole = STAGES[z->stage];
+    if (whole.params) {
         z->params = alloc_floats(z, z->P, "parameters");
         init_params(z, z->params, 0, z->P);
     }
-    if (z->stage <= 1) {
+    if (whole.grads) {
         z->grads = alloc_floats(z, z->P, "gradients");
         bind_full(z, z->params, z->grads);
-        build_buckets(z);
     } else {
         bind_full(z, z->params, NULL); /* stage 3: params is NULL, nothing bound */
         z->outer_g = alloc_buffer(z, outer_n, "outer gradient slot");
@@ -317,9 +311,14 @@ Zero *zero_create(const Config *cfg, const Backend *be, const ParamShard *sh, Co
         }
         bind_outer_all(z, NULL, z->outer_g);
     }
-    if (z->stage >= 1)
+    if (!whole.optimizer) /* a sharded optimizer steps on the reduced gradient's shard */
         z->gshard = alloc_floats(z, own_n(z) ? own_n(z) : 1, "gradient shard");
-    if (z->stage == 3) {
+    if (whole.grads) /* ZeRO 0 all-reduces, ZeRO 1 reduce-scatters into the shard */
+        z->dpg = dp_grads_create(z->t, z->layers, z->nl, cfg->topology.bucket_mb, dp, z->grads,
+                                 z->gshard, z->own_lo, z->S, embed);
+    else
+        TRD_ASSERT(!embed); /* layout_check: no tied embedding over stages with ZeRO 2-3 */
+    if (!whole.params) {
         z->pshard = alloc_floats(z, own_n(z) ? own_n(z) : 1, "parameter shard");
         init_params(z, z->pshard, z->own_lo, z->own_hi);
         z->outer_p = alloc_buffer(z, outer_n, "outer parameter slot");
@@ -347,12 +346,10 @@ void zero_free(Zero *z)
     if (!z)
         return;
     optimizer_free(&z->opt);
-    for (int c = 0; c < z->sh.n_chunks; c++)
-        model_free(z->model[c]);
     params_free(&z->table);
     free(z->layers);
     free(z->local);
-    free(z->bucket_of);
+    dp_grads_free(z->dpg);
     const Backend *be = z->be;
     be->release(z->params);
     be->release(z->grads);
@@ -366,7 +363,6 @@ void zero_free(Zero *z)
         be->release(z->gslot[k]);
         be->release(z->recv[k]);
     }
-    free(z->buckets);
     free(z);
 }
 
@@ -388,24 +384,9 @@ void zero_begin_step(Zero *z)
         zero_floats(z, z->grads, z->P);
     if (z->gshard)
         zero_floats(z, z->gshard, own_n(z));
-    for (int i = 0; i < z->n_buckets; i++)
-        z->buckets[i].left = z->buckets[i].groups;
+    if (z->dpg)
+        dp_grads_begin_step(z->dpg);
     gather_outer(z);
-}
-
-/* Stages 0-1, last micro-batch: the group at backward position pos has its
- * final gradient; start its bucket when that was the bucket's last group. */
-static void group_final(Zero *z, int pos)
-{
-    int b = z->bucket_of[pos];
-    for (int i = 0; i < z->n_buckets; i++)
-        if (i != b)
-            comm_test(&z->buckets[i].h); /* drive progress of those in flight */
-    if (b < 0)
-        return;
-    TRD_ASSERT(z->buckets[b].left > 0);
-    if (--z->buckets[b].left == 0)
-        start_bucket(z, &z->buckets[b]);
 }
 
 /* Backward of layer l is done: start what can start. */
@@ -420,7 +401,7 @@ static void layer_grads_ready(Zero *z, int l, int last_micro)
         return;
     }
     if (last_micro) /* else accumulate locally; reduce once on the last micro-batch */
-        group_final(z, backward_pos(z, l));
+        dp_grads_ready(z->dpg, backward_pos(z, l));
 }
 
 /* ---- the parts of a micro-batch ----------------------------------------------
@@ -467,23 +448,10 @@ static void zero_after_outer_backward(Zero *z, int last_micro)
         z->outer_red = comm_ireduce_scatter_range_f32(z->dp, z->outer_g, z->outer_recv,
                                                       z->outer_lo, z->outer_hi, z->S);
         z->outer_pending = 1;
-    } else if (last_micro && !z->defer_outer) {
-        zero_start_outer(z);
+    } else if (last_micro) {
+        dp_grads_ready(z->dpg, z->nl);
     }
 }
-
-void zero_defer_outer(Zero *z)
-{
-    TRD_ASSERT(z->stage <= 1);
-    z->defer_outer = 1;
-}
-
-void zero_start_outer(Zero *z)
-{
-    group_final(z, z->nl);
-}
-
-float *zero_full_grads(Zero *z) { return z->grads; }
 
 float zero_chunk_forward(Zero *z, Model *m, LayerRange layers, const int32_t *tokens,
                          const int32_t *targets)
@@ -545,8 +513,7 @@ void zero_finish_grads(Zero *z)
         finish_outer_reduction(z);
         return;
     }
-    for (int i = 0; i < z->n_buckets; i++)
-        wait_timed(z, &z->buckets[i].h);
+    z->stats.exposed_comm_s += dp_grads_finish(z->dpg);
 }
 
 double zero_grad_sumsq(Zero *z)
@@ -675,15 +642,16 @@ ZeroMemory zero_plan_memory(const Config *cfg, const ParamShard *sh, int dp, int
     PlanShard ps;
     plan_shard_open(&ps, cfg, sh, dp);
     const int stage = cfg->topology.zero;
+    const ZeroWhole whole = STAGES[stage];
     size_t own_lo, own_hi;
-    comm_shard_part(0, ps.P, ps.S, dp_rank, &own_lo, &own_hi);
+    zero_block(ps.P, dp, dp_rank, &own_lo, &own_hi);
     const size_t own = own_hi - own_lo, F = sizeof(float);
     const size_t outer_recv = ps.outer_n < ps.S ? ps.outer_n : ps.S;
     const size_t layer_recv = ps.max_layer < ps.S ? ps.max_layer : ps.S;
     ZeroMemory r = {0};
-    r.params = (stage <= 2 ? ps.P : own) * F;
-    r.grads = ((stage <= 1 ? ps.P : 0) + (stage >= 1 ? own : 0)) * F;
-    r.optimizer = (stage == 0 ? ps.P : own) * F *
+    r.params = (whole.params ? ps.P : own) * F;
+    r.grads = ((whole.grads ? ps.P : 0) + (whole.optimizer ? 0 : own)) * F;
+    r.optimizer = (whole.optimizer ? ps.P : own) * F *
                   (cfg->training.precision == PREC_BF16 ? 3 : 2); /* m, v [, master] */
     if (stage >= 2) /* gradient slots and receive space (zero_create) */
         r.buffers = (ps.outer_n + outer_recv + 2 * (ps.max_layer + layer_recv)) * F;
@@ -691,28 +659,6 @@ ZeroMemory zero_plan_memory(const Config *cfg, const ParamShard *sh, int dp, int
         r.buffers += (ps.outer_n + 2 * ps.max_layer) * F;
     plan_shard_close(&ps);
     return r;
-}
-
-/* comm.c's rule: bytes one rank sends for `passes` ring passes over n floats. */
-static uint64_t plan_ring(size_t n, int passes, int p)
-{
-    return p <= 1 ? 0 : (uint64_t)passes * n * sizeof(float) * (uint64_t)(p - 1) / (uint64_t)p;
-}
-
-/* Stages 0-1: one collective per bucket, the engine's buckets. */
-static uint64_t plan_bucket_bytes(const PlanShard *ps, const Config *cfg, int dp)
-{
-    const int passes = cfg->topology.zero == 0 ? 2 : 1; /* all-reduce or reduce-scatter */
-    DpBucket *b = trd_calloc((size_t)ps->nl + 1, sizeof(DpBucket), "planned buckets");
-    int *bucket_of = trd_malloc(((size_t)ps->nl + 1) * sizeof(int), "planned bucket map");
-    const int n = dp_make_buckets(&ps->t, ps->layers, ps->nl,
-                                  dp_bucket_target(cfg->topology.bucket_mb), b, bucket_of);
-    uint64_t bytes = 0;
-    for (int i = 0; i < n; i++)
-        bytes += plan_ring(b[i].hi - b[i].lo, passes, dp);
-    free(b);
-    free(bucket_of);
-    return bytes;
 }
 
 /* Stage 3: the layer gathers of one micro-batch, following the two slots
@@ -728,7 +674,7 @@ static uint64_t plan_gather_bytes(const PlanShard *ps, int slot_layer[2], int dp
                 const int g = j == 0 ? i : next;
                 if (g < 0 || g >= ps->nl || slot_layer[g & 1] == ps->layers[g])
                     continue;
-                bytes += plan_ring(layer_n(ps, ps->layers[g]), 1, dp);
+                bytes += comm_ring_bytes(layer_n(ps, ps->layers[g]), 1, dp);
                 slot_layer[g & 1] = ps->layers[g];
             }
         }
@@ -744,23 +690,24 @@ uint64_t zero_plan_step_bytes(const Config *cfg, const ParamShard *sh, int dp, i
     const int stage = cfg->topology.zero;
     uint64_t bytes = 0;
     if (stage <= 1) {
-        bytes += plan_bucket_bytes(&ps, cfg, dp);
+        bytes += dp_grads_plan_bytes(&ps.t, ps.layers, ps.nl, cfg->topology.bucket_mb, dp,
+                                     stage == 1);
     } else { /* every micro-batch: each layer's and the outer gradient reduce-scattered */
-        uint64_t per_micro = plan_ring(ps.outer_n, 1, dp);
+        uint64_t per_micro = comm_ring_bytes(ps.outer_n, 1, dp);
         for (int i = 0; i < ps.nl; i++)
-            per_micro += plan_ring(layer_n(&ps, ps.layers[i]), 1, dp);
+            per_micro += comm_ring_bytes(layer_n(&ps, ps.layers[i]), 1, dp);
         bytes += (uint64_t)n_micro * per_micro;
     }
     if (stage == 1 || stage == 2) /* parameters made whole after the step */
-        bytes += plan_ring(ps.P, 1, dp);
+        bytes += comm_ring_bytes(ps.P, 1, dp);
     if (stage == 3) {
         int slot_layer[2] = {-1, -1}; /* the optimizer step invalidates both */
-        bytes += plan_ring(ps.outer_n, 1, dp); /* outer tensors, once a step */
+        bytes += comm_ring_bytes(ps.outer_n, 1, dp); /* outer tensors, once a step */
         for (int j = 0; j < n_micro; j++)
             bytes += plan_gather_bytes(&ps, slot_layer, dp);
     }
     if (stage >= 1) /* zero_grad_sumsq: one double */
-        bytes += plan_ring(sizeof(double) / sizeof(float), 2, dp);
+        bytes += comm_ring_bytes(sizeof(double) / sizeof(float), 2, dp);
     plan_shard_close(&ps);
     return bytes;
 }

@@ -38,6 +38,20 @@
 
 typedef struct Zero Zero;
 
+/* What a stage keeps whole ([0, P) on every DP rank) and what it shards
+ * (this rank's block only): the table above, as data.  The checkpoint's
+ * view, the planner's memory and the engine itself all read it here. */
+typedef struct {
+    int params;     /* the weights */
+    int grads;      /* a full gradient buffer (stages 0-1; stage 1 also keeps a shard) */
+    int optimizer;  /* m, v and the fp32 master weights */
+} ZeroWhole;
+ZeroWhole zero_stage_whole(int stage);
+
+/* DP rank r's block of a P-element buffer over dp ranks: [r*S, (r+1)*S)
+ * cut to [0, P), S = ceil(P / dp). */
+void zero_block(size_t P, int dp, int r, size_t *lo, size_t *hi);
+
 /* Byte counts of what the engine allocated. */
 typedef struct {
     size_t params, grads, optimizer, buffers;   /* buffers: slots and receive space */
@@ -50,10 +64,15 @@ typedef struct {
     uint64_t bytes;
 } ZeroStats;
 
-/* Build the model for this rank (one model per chunk of sh, all bound to
- * the engine's buffers) and the optimizer state of the shard.  dp is the
- * data-parallel group. */
-Zero *zero_create(const Config *cfg, const Backend *be, const ParamShard *sh, Comm *dp);
+/* The engine for this rank's shard sh: models[c] is chunk c's model, made
+ * with model_create_unbound over params_chunk_shard(sh, c) (the caller
+ * owns them and frees them after zero_free); the engine binds them to its
+ * flat buffers, initialises the weights from the seed and makes the
+ * optimizer state of its part.  dp is the data-parallel group; embed the
+ * embedding group when this rank holds a tied embedding split over
+ * pipeline stages (stages 0-1 only), else NULL. */
+Zero *zero_create(const Config *cfg, const Backend *be, const ParamShard *sh,
+                  Model *const *models, Comm *dp, Comm *embed);
 void zero_free(Zero *z);
 /* The model of the first chunk (the only one unless interleaved). */
 Model *zero_model(Zero *z);
@@ -82,15 +101,8 @@ float zero_chunk_forward(Zero *z, Model *m, LayerRange layers, const int32_t *to
 void zero_chunk_backward(Zero *z, Model *m, LayerRange layers, int head, int embed,
                          float loss_scale, int last_micro);
 
-/* Stages 0-1: hold back the reduction of the bucket holding the outer
- * tensors until zero_start_outer (the trainer first sums a tied embedding's
- * gradient over the embedding group), and the full gradient buffer [P]
- * (NULL for stages 2-3). */
-void zero_defer_outer(Zero *z);
-void zero_start_outer(Zero *z);
-float *zero_full_grads(Zero *z);
-
-/* Finish every gradient reduction. */
+/* Finish every gradient reduction (stages 0-1: data_par's finalize, with a
+ * tied embedding summed over the embedding group first). */
 void zero_finish_grads(Zero *z);
 /* Squared L2 norm of this model-parallel rank's part of the gradient
  * (reduced over DP when sharded; replicated TP elements counted on their

@@ -1,0 +1,52 @@
+/* grads.h — data parallelism proper: the reduction of a rank's gradients
+ * over its data-parallel replicas, overlapped with backward, and the
+ * finalize step of a pipelined step (Megatron-LM's DistributedDataParallel
+ * plus finalize_model_grads, for ZeRO stages 0 and 1).
+ *
+ * The flat gradient buffer [P] is cut into buckets (buckets.h).  On the
+ * last micro-batch of a step, backward tells dp_grads_ready which group
+ * (layer, or the outer tensors) has its final gradient; a bucket's
+ * reduction starts as soon as all its groups are final, so the reduction
+ * of late layers overlaps the backward of early ones.  ZeRO 0 all-reduces
+ * each bucket in place; ZeRO 1 reduce-scatters it into this rank's shard.
+ *
+ * A tied embedding split over pipeline stages (the first stage's input
+ * embedding and the last stage's copy as head) has its gradient summed over
+ * the embedding group first: its bucket waits for dp_grads_finish, which
+ * does that sum and then starts it. */
+#ifndef TRD_DATA_PAR_GRADS_H
+#define TRD_DATA_PAR_GRADS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "comm/comm.h"
+#include "model/params.h"
+
+typedef struct DpGrads DpGrads;
+
+/* layers: the held layers ascending (nl of them), as dp_make_buckets takes
+ * them.  grads: the [t->numel] gradient buffer.  shard: NULL to all-reduce;
+ * else the reduce-scattered block [own_lo, own_lo + its length) of blocks of
+ * S elements lands there.  embed: the embedding group when this rank holds
+ * a tied embedding split over pipeline stages, else NULL. */
+DpGrads *dp_grads_create(const ParamTable *t, const int *layers, int nl, int bucket_mb, Comm *dp,
+                         float *grads, float *shard, size_t own_lo, size_t S, Comm *embed);
+void dp_grads_free(DpGrads *g);
+
+/* A new step: every bucket waits for all its groups again. */
+void dp_grads_begin_step(DpGrads *g);
+/* The group at backward position pos (0: the last held layer, ..., nl - 1:
+ * the first, nl: the outer tensors) has its final gradient. */
+void dp_grads_ready(DpGrads *g, int pos);
+/* Sum the tied embedding over its group (then start its bucket) and wait
+ * for every bucket.  Returns the seconds spent waiting for buckets. */
+double dp_grads_finish(DpGrads *g);
+
+/* The planner's count: bytes this rank sends for one step's reduction, the
+ * buckets dp_grads_create would make, each all-reduced (shard: reduce-
+ * scattered) over dp ranks (comm_ring_bytes). */
+uint64_t dp_grads_plan_bytes(const ParamTable *t, const int *layers, int nl, int bucket_mb, int dp,
+                             int shard);
+
+#endif

@@ -8,7 +8,8 @@ pkgs=(build-essential pkg-config meson ninja-build libyaml-dev mpich libmpich-de
       zlib1g-dev libzstd-dev zstd gzip  # prepare-data's .gz and .zst inputs; zstd and gzip for docs/data.md
       python3-h5py hdf5-tools   # the docs' h5py snippet and h5dump (docs/checkpoint.md)
       libprotobuf-c-dev protobuf-c-compiler  # TensorBoard event files (src/train/tensorboard.c)
-      chromium python3-pil)     # tests/test_tensorboard.sh renders the report
+      chromium python3-pil      # tests/test_tensorboard.sh renders the report
+      clang-format)             # scripts/check_format.sh: the C style (.clang-format)
 # Tools that may come from elsewhere than Debian (a nodesource node, say):
 # a working command is enough, and installing Debian's package beside it
 # can conflict.

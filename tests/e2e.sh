@@ -5,7 +5,10 @@
 #                                $out/NAME.log, final weights of one-piece
 #                                models in $out/NAME.weights; with
 #                                RUN_CKPT=1 checkpoints in $out/NAME/ckpt),
-#                                counting a failed run in $fails.
+#                                counting a failed run in $fails;
+#   curves REF NAME [options]    compares $out/NAME's loss curve with
+#                                $out/REF's (tests/curves.py), counting a
+#                                difference in $fails.
 set -uo pipefail
 : "${TRIDENT:?TRIDENT must point at the built binary}"
 cd "${TRIDENT_SOURCE_ROOT:-.}" || exit 1
@@ -23,4 +26,8 @@ run() {
         configs/tiny.yaml "${small[@]}" --set run.dir="$out/$name" "${ckpt[@]}" "$@" \
         > "$out/$name.log" 2>&1 \
         || { echo "FAIL: $name exited $?"; tail -20 "$out/$name.log"; fails=$((fails + 1)); }
+}
+
+curves() {
+    python3 tests/curves.py "$out/$1" "$out/$2" "${@:3}" || fails=$((fails + 1))
 }

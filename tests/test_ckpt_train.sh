@@ -15,28 +15,7 @@ small=(--set model.layers=4 --set model.hidden=64 --set model.heads=4 --set mode
        --set data.val_sequences=1 --set run.log_every=100 --set checkpoint.every=4)
 
 
-compare() { # reference, name, tolerance
-    python3 - "$out" "$1" "$2" "$3" <<'PY' || fails=$((fails + 1))
-import json, sys
-out, ref, name, tol = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4])
-def losses(d):
-    by_step = {}
-    for l in open(f"{out}/{d}/metrics.jsonl"):
-        try:
-            r = json.loads(l)
-        except json.JSONDecodeError:
-            continue          # a record torn by the kill
-        by_step[r["step"]] = r["loss"]   # the last record of a step wins
-    return by_step
-r, g = losses(ref), losses(name)
-steps = [s for s in range(5, 9)]
-assert all(s in g for s in steps), f"{name}: steps {sorted(g)}"
-rel = max(abs(g[s] - r[s]) / abs(r[s]) for s in steps)
-ok = rel <= tol
-print(f"{'ok  ' if ok else 'FAIL'} {name}: steps 5-8 loss max rel diff {rel:.2e} (tolerance {tol:g})")
-sys.exit(0 if ok else 1)
-PY
-}
+compare() { curves "$1" "$2" --from 5 --to 8 --rtol "$3"; } # reference, name, tolerance
 
 # Uninterrupted references; every=4 keeps step 4 and step 8.
 run ref 1

@@ -44,27 +44,7 @@ TOL=${TRIDENT_CUDA_TOL:-2e-5}
 BF16_TOL=${TRIDENT_CUDA_BF16_TOL:-1e-4}
 
 compare() { # reference, name, tolerance
-    python3 - "$out" "$1" "$2" "$3" <<'PY' || fails=$((fails + 1))
-import json, sys
-out, ref, name, tol = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4])
-def rows(d):
-    by_step = {}
-    for l in open(f"{out}/{d}/metrics.jsonl"):
-        r = json.loads(l)
-        by_step[r["step"]] = r
-    return by_step
-r, g = rows(ref), rows(name)
-steps = sorted(s for s in g if s in r)
-assert steps and steps[-1] == 8, f"{name}: steps {sorted(g)}"
-rel = max(abs(g[s]["loss"] - r[s]["loss"]) / abs(r[s]["loss"]) for s in steps)
-nrel = max(abs(g[s]["grad_norm"] - r[s]["grad_norm"]) / r[s]["grad_norm"] for s in steps)
-val = [(g[s]["val_loss"], r[s]["val_loss"]) for s in steps if "val_loss" in g[s]]
-vrel = max([abs(a - b) / abs(b) for a, b in val] or [0.0])
-ok = rel <= tol and vrel <= tol and nrel <= 100 * tol and len(val) >= 1
-print(f"{'ok  ' if ok else 'FAIL'} {name} vs {ref}: {len(steps)} steps, loss max rel diff "
-      f"{rel:.2e}, val {vrel:.2e}, grad norm {nrel:.2e} (tolerance {tol:g})")
-sys.exit(0 if ok else 1)
-PY
+    curves "$1" "$2" --to 8 --rtol "$3" --norm-rtol "$(python3 -c "print(100 * $3)")" --val-min 1
 }
 
 same() { # name1, name2: identical losses and final weights

@@ -17,24 +17,7 @@ small=(--set checkpoint.dir= --set model.layers=2 --set model.hidden=64 --set mo
        --set data.val_sequences=2 --set run.log_every=100 --set topology.bucket_mb=1)
 
 
-compare() { # name
-    python3 - "$out" "$1" <<'PY' || fails=$((fails + 1))
-import array, json, sys
-out, name = sys.argv[1], sys.argv[2]
-def losses(d): return [json.loads(l)["loss"] for l in open(f"{out}/{d}/metrics.jsonl")]
-def weights(d):
-    a = array.array("f"); a.frombytes(open(f"{out}/{d}.weights", "rb").read()); return a
-ref, got = losses("ref"), losses(name)
-assert len(got) == len(ref) == 12, f"{name}: {len(got)} steps"
-rel = max(abs(a - b) / abs(b) for a, b in zip(got, ref))
-rw, gw = weights("ref"), weights(name)
-assert len(rw) == len(gw), f"{name}: weight count {len(gw)} vs {len(rw)}"
-wd = max(abs(a - b) for a, b in zip(gw, rw))
-ok = rel <= 1e-5 and wd <= 1e-5
-print(f"{'ok  ' if ok else 'FAIL'} {name}: loss max rel diff {rel:.2e}, weights max abs diff {wd:.2e}")
-sys.exit(0 if ok else 1)
-PY
-}
+compare() { curves ref "$1" --steps 12 --weights-atol 1e-5; } # name
 
 run ref 1
 for n in 2 4; do

@@ -15,23 +15,7 @@ small=(--set checkpoint.dir= --set model.layers=4 --set model.hidden=64 --set mo
        --set data.val_sequences=2 --set run.log_every=100)
 
 
-compare() { # reference, name
-    python3 - "$out" "$1" "$2" <<'PY' || fails=$((fails + 1))
-import json, sys
-out, ref, name = sys.argv[1:]
-def rows(d): return [json.loads(l) for l in open(f"{out}/{d}/metrics.jsonl")]
-r, g = rows(ref), rows(name)
-assert len(g) == len(r) == 10, f"{name}: {len(g)} steps"
-rel = max(abs(a["loss"] - b["loss"]) / abs(b["loss"]) for a, b in zip(g, r))
-nrel = max(abs(a["grad_norm"] - b["grad_norm"]) / abs(b["grad_norm"]) for a, b in zip(g, r))
-vr = [x["val_loss"] for x in r if "val_loss" in x]
-vg = [x["val_loss"] for x in g if "val_loss" in x]
-vrel = max(abs(a - b) / abs(b) for a, b in zip(vg, vr)) if len(vg) == len(vr) == 2 else 1.0
-ok = rel <= 1e-5 and nrel <= 1e-4 and vrel <= 1e-5
-print(f"{'ok  ' if ok else 'FAIL'} {name}: loss max rel diff {rel:.2e}, grad norm {nrel:.2e}, val {vrel:.2e}")
-sys.exit(0 if ok else 1)
-PY
-}
+compare() { curves "$1" "$2" --steps 10 --norm-rtol 1e-4 --val 2; } # reference, name
 
 llama=(--set model.arch=llama --set model.kv_heads=2)
 run gpt2 1

@@ -16,6 +16,7 @@
 
 #include "core/error.h"
 
+/* clang-format off */
 static const PlanCluster PRESETS[] = {
     /* name          nodes gpn  mem   rsv  peak   hbm   nvlink lat  net  lat   gemm  comm */
     {"a100-40gb",    1, 8,  40.0, 2.0, 312.0, 1555.0, 300.0, 5.0, 25.0, 10.0, 0.62, 0.80},
@@ -27,6 +28,7 @@ static const PlanCluster PRESETS[] = {
     /* The CPU reference backend (this machine's class): fp32, memory as RAM. */
     {"cpu",          1, 1,  24.0, 0.0,   0.1,   20.0,  10.0, 2.0, 10.0,  5.0, 0.50, 0.50},
 };
+/* clang-format on */
 enum { N_PRESETS = sizeof PRESETS / sizeof PRESETS[0] };
 
 const char *cluster_preset_names(void)

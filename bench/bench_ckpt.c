@@ -17,14 +17,17 @@
 #include "comm/comm.h"
 #include "core/error.h"
 
-static float value(size_t i, int k) { return (float)((i * 2654435761u + (size_t)k) % 1000) * 1e-3f; }
+static float value(size_t i, int k)
+{
+    return (float)((i * 2654435761u + (size_t)k) % 1000) * 1e-3f;
+}
 
 int main(int argc, char **argv)
 {
     comm_init(&argc, &argv);
     Comm world = comm_world();
-    if (argc < 3 || (strcmp(argv[1], "save") && strcmp(argv[1], "load") &&
-                     strcmp(argv[1], "size"))) {
+    if (argc < 3 ||
+        (strcmp(argv[1], "save") && strcmp(argv[1], "load") && strcmp(argv[1], "size"))) {
         if (world.rank == 0)
             fprintf(stderr,
                     "usage: bench_ckpt save|load|size DIR [--layers L] [--hidden C] [--bf16]\n");

@@ -45,15 +45,24 @@ int main(int argc, char **argv)
     int steps = 5;
     for (int i = 1; i + 1 < argc; i += 2) {
         int v = atoi(argv[i + 1]);
-        if (!strcmp(argv[i], "--layers")) cfg.model.layers = v;
-        else if (!strcmp(argv[i], "--hidden")) cfg.model.hidden = v;
-        else if (!strcmp(argv[i], "--heads")) cfg.model.heads = v;
-        else if (!strcmp(argv[i], "--vocab")) cfg.model.vocab = v;
-        else if (!strcmp(argv[i], "--seq")) cfg.model.seq_len = v;
-        else if (!strcmp(argv[i], "--batch")) cfg.training.micro_batch = cfg.training.global_batch = v;
-        else if (!strcmp(argv[i], "--steps")) steps = v;
-        else if (!strcmp(argv[i], "--arch")) cfg.model.arch = !strcmp(argv[i + 1], "llama") ? ARCH_LLAMA : ARCH_GPT2;
-        else trd_fatal(TRD_EXIT_INPUT, NULL, "unknown option %s", argv[i]);
+        if (!strcmp(argv[i], "--layers"))
+            cfg.model.layers = v;
+        else if (!strcmp(argv[i], "--hidden"))
+            cfg.model.hidden = v;
+        else if (!strcmp(argv[i], "--heads"))
+            cfg.model.heads = v;
+        else if (!strcmp(argv[i], "--vocab"))
+            cfg.model.vocab = v;
+        else if (!strcmp(argv[i], "--seq"))
+            cfg.model.seq_len = v;
+        else if (!strcmp(argv[i], "--batch"))
+            cfg.training.micro_batch = cfg.training.global_batch = v;
+        else if (!strcmp(argv[i], "--steps"))
+            steps = v;
+        else if (!strcmp(argv[i], "--arch"))
+            cfg.model.arch = !strcmp(argv[i + 1], "llama") ? ARCH_LLAMA : ARCH_GPT2;
+        else
+            trd_fatal(TRD_EXIT_INPUT, NULL, "unknown option %s", argv[i]);
     }
     char err[CFG_ERR];
     if (config_validate(&cfg, 1, err) != 0)
@@ -67,7 +76,8 @@ int main(int argc, char **argv)
     Optimizer opt;
     optimizer_init(&opt, pt, be, model_param_buffer(m), 0, pt->numel, PREC_FP32);
 
-    int32_t *tok = malloc((size_t)B * T * sizeof(int32_t)), *tgt = malloc((size_t)B * T * sizeof(int32_t));
+    int32_t *tok = malloc((size_t)B * T * sizeof(int32_t)),
+            *tgt = malloc((size_t)B * T * sizeof(int32_t));
     for (int i = 0; i < B * T; i++) {
         tok[i] = (int32_t)(rng_u64(1, (uint64_t)i) % (uint64_t)cfg.model.vocab);
         tgt[i] = (int32_t)(rng_u64(2, (uint64_t)i) % (uint64_t)cfg.model.vocab);

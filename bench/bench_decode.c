@@ -83,16 +83,24 @@ int main(int argc, char **argv)
     int tokens = 128, rounds = 3;
     for (int i = 1; i + 1 < argc; i += 2) {
         const int v = atoi(argv[i + 1]);
-        if (!strcmp(argv[i], "--layers")) cfg.model.layers = v;
-        else if (!strcmp(argv[i], "--hidden")) cfg.model.hidden = v;
-        else if (!strcmp(argv[i], "--heads")) cfg.model.heads = v;
-        else if (!strcmp(argv[i], "--vocab")) cfg.model.vocab = v;
-        else if (!strcmp(argv[i], "--seq")) cfg.model.seq_len = v;
-        else if (!strcmp(argv[i], "--tokens")) tokens = v;
-        else if (!strcmp(argv[i], "--rounds")) rounds = v;
+        if (!strcmp(argv[i], "--layers"))
+            cfg.model.layers = v;
+        else if (!strcmp(argv[i], "--hidden"))
+            cfg.model.hidden = v;
+        else if (!strcmp(argv[i], "--heads"))
+            cfg.model.heads = v;
+        else if (!strcmp(argv[i], "--vocab"))
+            cfg.model.vocab = v;
+        else if (!strcmp(argv[i], "--seq"))
+            cfg.model.seq_len = v;
+        else if (!strcmp(argv[i], "--tokens"))
+            tokens = v;
+        else if (!strcmp(argv[i], "--rounds"))
+            rounds = v;
         else if (!strcmp(argv[i], "--arch"))
             cfg.model.arch = !strcmp(argv[i + 1], "llama") ? ARCH_LLAMA : ARCH_GPT2;
-        else trd_fatal(TRD_EXIT_INPUT, NULL, "unknown option %s", argv[i]);
+        else
+            trd_fatal(TRD_EXIT_INPUT, NULL, "unknown option %s", argv[i]);
     }
     char err[CFG_ERR];
     if (config_validate(&cfg, 1, err) != 0)
@@ -155,8 +163,8 @@ int main(int argc, char **argv)
     printf("bytes read per token     %.1f MB (weights %.1f, key/value cache %.1f on average)\n",
            1e-6 * per_token, 1e-6 * weights, 1e-6 * cache);
     printf("memory bandwidth         %.2f GB/s (1 GiB on %d threads: copy %.2f read + write, "
-           "read %.2f; the faster, best of the run)\n", 1e-9 * best_bw, omp_get_max_threads(),
-           1e-9 * best_copy, 1e-9 * best_read);
+           "read %.2f; the faster, best of the run)\n",
+           1e-9 * best_bw, omp_get_max_threads(), 1e-9 * best_copy, 1e-9 * best_read);
     printf("decode tokens/s          %.1f (best round)\n", best_tps);
     printf("bandwidth limit          %.1f tokens/s\n", limit);
     printf("ratio to the limit       %.3f   (goal >= 0.7, where llama.cpp's CPU decoding runs)\n",

@@ -48,8 +48,8 @@ static uint64_t g_kv_calls, g_kv_bytes;
  * the program (the profiling interface); the real one is PMPI_Allreduce.
  * Those on a communicator other than the TP group's are the kv group's;
  * their bytes are counted as src/comm counts an all-reduce: 2n(p-1)/p. */
-int MPI_Allreduce(const void *sendbuf, void *recvbuf, int count, MPI_Datatype datatype,
-                  MPI_Op op, MPI_Comm comm)
+int MPI_Allreduce(const void *sendbuf, void *recvbuf, int count, MPI_Datatype datatype, MPI_Op op,
+                  MPI_Comm comm)
 {
     if (g_tp_mpi != MPI_COMM_NULL && comm != g_tp_mpi) {
         int p = 1, elem = 0;
@@ -64,8 +64,8 @@ int MPI_Allreduce(const void *sendbuf, void *recvbuf, int count, MPI_Datatype da
 /* ---- counters ------------------------------------------------------------- */
 
 typedef struct {
-    uint64_t calls, bytes;        /* on the TP communicator */
-    uint64_t kv_calls, kv_bytes;  /* on the kv-sharing sub-communicator */
+    uint64_t calls, bytes;       /* on the TP communicator */
+    uint64_t kv_calls, kv_bytes; /* on the kv-sharing sub-communicator */
     double secs;
 } Counts;
 
@@ -83,8 +83,11 @@ typedef struct {
 
 static Counts now_counts(const Comm *tp)
 {
-    return (Counts){.calls = tp->calls, .bytes = tp->bytes_sent, .kv_calls = g_kv_calls,
-                    .kv_bytes = g_kv_bytes, .secs = MPI_Wtime()};
+    return (Counts){.calls = tp->calls,
+                    .bytes = tp->bytes_sent,
+                    .kv_calls = g_kv_calls,
+                    .kv_bytes = g_kv_bytes,
+                    .secs = MPI_Wtime()};
 }
 
 static void mark(Meter *mt, int part)
@@ -136,8 +139,8 @@ typedef struct {
     char note[160];
 } Expect;
 
-static double ar(double n, int p) { return 2.0 * n * (p - 1) / p; }   /* ring all-reduce */
-static double half(double n, int p) { return n * (p - 1) / p; }       /* AG or RS of whole n */
+static double ar(double n, int p) { return 2.0 * n * (p - 1) / p; } /* ring all-reduce */
+static double half(double n, int p) { return n * (p - 1) / p; }     /* AG or RS of whole n */
 
 static void add_note(Expect *e, const char *what)
 {
@@ -225,8 +228,8 @@ static Expect expect_part(int part, const Config *cfg, int B)
 
 static void print_header(void)
 {
-    printf("%-5s %2s %-3s %-9s %13s %21s %7s %9s  %s\n", "arch", "tp", "sp", "part",
-           "calls (thy)", "elements/rank (thy)", "ratio", "ms", "check; extras beyond theory");
+    printf("%-5s %2s %-3s %-9s %13s %21s %7s %9s  %s\n", "arch", "tp", "sp", "part", "calls (thy)",
+           "elements/rank (thy)", "ratio", "ms", "check; extras beyond theory");
 }
 
 /* One row; per layer for the layer parts.  Returns 1 when the measurement
@@ -252,8 +255,8 @@ static int print_row(const Config *cfg, int part, const Counts *c, double secs, 
         snprintf(ratio, sizeof ratio, "-");
     char elem_s[48];
     snprintf(elem_s, sizeof elem_s, "%.0f (%.0f)", elems, e.elems);
-    printf("%-5s %2d %-3s %-9s %13s %21s %7s %9.2f  %s%s%s", config_arch_name(cfg->model.arch),
-           p, sp ? "on" : "off", part_name[part], thy_calls, elem_s, ratio, 1e3 * secs / div,
+    printf("%-5s %2d %-3s %-9s %13s %21s %7s %9.2f  %s%s%s", config_arch_name(cfg->model.arch), p,
+           sp ? "on" : "off", part_name[part], thy_calls, elem_s, ratio, 1e3 * secs / div,
            ok ? "exact" : "DIFFERS", e.note[0] ? "; " : "", e.note);
     if (c->kv_calls)
         printf(" (measured %g calls, %.0f elements/rank)", kv_calls, kv_elems);
@@ -265,19 +268,21 @@ static int print_row(const Config *cfg, int part, const Counts *c, double secs, 
 
 static void usage_fatal(const char *arg)
 {
-    trd_fatal(TRD_EXIT_INPUT, "usage: mpiexec -n TP bench_tp [--set key=value ...] "
-              "[--reps R] [--header]", "bench_tp: unknown or incomplete option '%s'", arg);
+    trd_fatal(TRD_EXIT_INPUT,
+              "usage: mpiexec -n TP bench_tp [--set key=value ...] "
+              "[--reps R] [--header]",
+              "bench_tp: unknown or incomplete option '%s'", arg);
 }
 
 /* Defaults, then the command line; tp is the world size. */
 static void parse_args(Config *cfg, int argc, char **argv, int world, int *reps, int *header)
 {
     config_defaults(cfg);
-    const char *defaults[] = {"model.arch=gpt2", "model.layers=4", "model.hidden=256",
-                              "model.heads=8", "model.seq_len=64", "model.vocab=50257",
-                              "training.micro_batch=4", "training.global_batch=4",
-                              "training.recompute=none",
-                              "training.steps=1", "training.lr=3e-4"};
+    const char *defaults[] = {
+        "model.arch=gpt2",        "model.layers=4",          "model.hidden=256",
+        "model.heads=8",          "model.seq_len=64",        "model.vocab=50257",
+        "training.micro_batch=4", "training.global_batch=4", "training.recompute=none",
+        "training.steps=1",       "training.lr=3e-4"};
     char err[CFG_ERR];
     for (size_t i = 0; i < sizeof defaults / sizeof defaults[0]; i++)
         if (config_set(cfg, defaults[i], err))

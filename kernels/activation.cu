@@ -8,7 +8,8 @@
 
 __global__ void gelu_forward_kernel(float *out, const float *inp, size_t n)
 {
-    GRID_STRIDE(i, n) {
+    GRID_STRIDE(i, n)
+    {
         float x = inp[i];
         float u = GELU_K * (x + GELU_A * x * x * x);
         out[i] = x / (1 + expf(-2 * u));
@@ -16,10 +17,10 @@ __global__ void gelu_forward_kernel(float *out, const float *inp, size_t n)
 }
 
 /* d/dx [x s(2u)] = s + 2 x s (1 - s) du/dx */
-__global__ void gelu_backward_kernel(float *dinp, const float *inp, const float *dout,
-                                     size_t n)
+__global__ void gelu_backward_kernel(float *dinp, const float *inp, const float *dout, size_t n)
 {
-    GRID_STRIDE(i, n) {
+    GRID_STRIDE(i, n)
+    {
         float x = inp[i];
         float u = GELU_K * (x + GELU_A * x * x * x);
         float s = 1 / (1 + expf(-2 * u));
@@ -29,10 +30,10 @@ __global__ void gelu_backward_kernel(float *dinp, const float *inp, const float 
 }
 
 /* silu(a) * up, silu(a) = a * sigmoid(a) */
-__global__ void swiglu_forward_kernel(float *out, const float *gate, const float *up,
-                                      size_t n)
+__global__ void swiglu_forward_kernel(float *out, const float *gate, const float *up, size_t n)
 {
-    GRID_STRIDE(i, n) {
+    GRID_STRIDE(i, n)
+    {
         float a = gate[i];
         out[i] = a / (1 + expf(-a)) * up[i];
     }
@@ -42,7 +43,8 @@ __global__ void swiglu_forward_kernel(float *out, const float *gate, const float
 __global__ void swiglu_backward_kernel(float *dgate, float *dup, const float *dout,
                                        const float *gate, const float *up, size_t n)
 {
-    GRID_STRIDE(i, n) {
+    GRID_STRIDE(i, n)
+    {
         float a = gate[i], s = 1 / (1 + expf(-a));
         if (dgate)
             dgate[i] += dout[i] * up[i] * (s + a * s * (1 - s));
@@ -63,8 +65,7 @@ void cuda_gelu_backward(float *dinp, const float *inp, const float *dout, size_t
 {
     if (!n)
         return;
-    gelu_backward_kernel<<<cuda_blocks(n), CUDA_THREADS, 0, cuda_stream()>>>(dinp, inp, dout,
-                                                                           n);
+    gelu_backward_kernel<<<cuda_blocks(n), CUDA_THREADS, 0, cuda_stream()>>>(dinp, inp, dout, n);
     CUDA_CHECK_LAUNCH();
 }
 
@@ -72,8 +73,7 @@ void cuda_swiglu_forward(float *out, const float *gate, const float *up, size_t 
 {
     if (!n)
         return;
-    swiglu_forward_kernel<<<cuda_blocks(n), CUDA_THREADS, 0, cuda_stream()>>>(out, gate, up,
-                                                                            n);
+    swiglu_forward_kernel<<<cuda_blocks(n), CUDA_THREADS, 0, cuda_stream()>>>(out, gate, up, n);
     CUDA_CHECK_LAUNCH();
 }
 
@@ -82,7 +82,7 @@ void cuda_swiglu_backward(float *dgate, float *dup, const float *dout, const flo
 {
     if (!n || (!dgate && !dup))
         return;
-    swiglu_backward_kernel<<<cuda_blocks(n), CUDA_THREADS, 0, cuda_stream()>>>(
-        dgate, dup, dout, gate, up, n);
+    swiglu_backward_kernel<<<cuda_blocks(n), CUDA_THREADS, 0, cuda_stream()>>>(dgate, dup, dout,
+                                                                               gate, up, n);
     CUDA_CHECK_LAUNCH();
 }

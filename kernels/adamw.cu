@@ -16,11 +16,12 @@ __device__ inline float bf16_round_dev(float x)
     return __uint_as_float(u);
 }
 
-__global__ void adamw_kernel(float *param, float *master, const float *grad, float *m,
-                             float *v, size_t n, float lr, float b1, float b2, float eps,
-                             float wd, float bc1, float bc2, int round_bf16)
+__global__ void adamw_kernel(float *param, float *master, const float *grad, float *m, float *v,
+                             size_t n, float lr, float b1, float b2, float eps, float wd, float bc1,
+                             float bc2, int round_bf16)
 {
-    GRID_STRIDE(i, n) {
+    GRID_STRIDE(i, n)
+    {
         float g = grad[i];
         float mi = b1 * m[i] + (1 - b1) * g;
         float vi = b2 * v[i] + (1 - b2) * g * g;
@@ -34,9 +35,9 @@ __global__ void adamw_kernel(float *param, float *master, const float *grad, flo
     }
 }
 
-void cuda_adamw(float *param, float *master, const float *grad, float *m, float *v,
-                size_t n, float lr, float beta1, float beta2, float eps, float weight_decay,
-                int t, int round_bf16)
+void cuda_adamw(float *param, float *master, const float *grad, float *m, float *v, size_t n,
+                float lr, float beta1, float beta2, float eps, float weight_decay, int t,
+                int round_bf16)
 {
     if (!n)
         return;
@@ -44,7 +45,6 @@ void cuda_adamw(float *param, float *master, const float *grad, float *m, float 
     float bc1 = (float)(1.0 - pow((double)beta1, t));
     float bc2 = (float)(1.0 - pow((double)beta2, t));
     adamw_kernel<<<cuda_blocks(n), CUDA_THREADS, 0, cuda_stream()>>>(
-        param, master, grad, m, v, n, lr, beta1, beta2, eps, weight_decay, bc1, bc2,
-        round_bf16);
+        param, master, grad, m, v, n, lr, beta1, beta2, eps, weight_decay, bc1, bc2, round_bf16);
     CUDA_CHECK_LAUNCH();
 }

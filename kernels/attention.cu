@@ -24,12 +24,12 @@
 #include "ops.cuh"
 
 enum {
-    ROWS = 32,                  /* rows of a tile (queries or keys) */
-    GROUP = 8,                  /* threads per row */
-    ATT_BLOCK = ROWS * GROUP,   /* 256 threads */
+    ROWS = 32,                /* rows of a tile (queries or keys) */
+    GROUP = 8,                /* threads per row */
+    ATT_BLOCK = ROWS * GROUP, /* 256 threads */
     HS_MAX = 128,
-    PER = HS_MAX / GROUP,       /* channels per thread, at most */
-    STRIDE = HS_MAX + GROUP     /* shared row stride: a warp's 4 rows x 8 lanes
+    PER = HS_MAX / GROUP,   /* channels per thread, at most */
+    STRIDE = HS_MAX + GROUP /* shared row stride: a warp's 4 rows x 8 lanes
                                  * land in 32 different banks */
 };
 
@@ -40,10 +40,7 @@ __device__ inline size_t q_off(int h, int Q, int hs)
     return ((size_t)(h / Q) * (Q + 2) + h % Q) * hs;
 }
 
-__device__ inline size_t k_off(int g, int Q, int hs)
-{
-    return ((size_t)g * (Q + 2) + Q) * hs;
-}
+__device__ inline size_t k_off(int g, int Q, int hs) { return ((size_t)g * (Q + 2) + Q) * hs; }
 
 __device__ inline int imin(int a, int b) { return a < b ? a : b; }
 
@@ -103,8 +100,7 @@ struct Shape {
 
 /* The key and value rows k0 .. k0+ROWS-1 of the kv head at kh into ks, vs
  * (zeros past T), between barriers: the previous tile is consumed first. */
-__device__ inline void stage_kv_tile(float *ks, float *vs, const float *kh, int k0,
-                                     const Shape &s)
+__device__ inline void stage_kv_tile(float *ks, float *vs, const float *kh, int k0, const Shape &s)
 {
     const int r = threadIdx.x / GROUP, c = threadIdx.x % GROUP, u = k0 + r;
     const float *krow = u < s.T ? kh + (size_t)u * s.width : NULL;
@@ -316,30 +312,29 @@ static void check_shape(int H, int KVH, int hs)
                   (int)HS_MAX);
 }
 
-void cuda_attention_forward(float *out, float *lse, const float *qkv, int B, int T, int H,
-                            int KVH, int hs)
+void cuda_attention_forward(float *out, float *lse, const float *qkv, int B, int T, int H, int KVH,
+                            int hs)
 {
     check_shape(H, KVH, hs);
     if (B <= 0 || T <= 0 || H <= 0 || hs <= 0)
         return;
     const Shape s = shape_of(T, H, KVH, hs);
-    attention_forward_kernel<<<tile_blocks(B, H, s), ATT_BLOCK, 0, cuda_stream()>>>(out, lse,
-                                                                                   qkv, s);
+    attention_forward_kernel<<<tile_blocks(B, H, s), ATT_BLOCK, 0, cuda_stream()>>>(out, lse, qkv,
+                                                                                    s);
     CUDA_CHECK_LAUNCH();
 }
 
-void cuda_attention_backward(float *dqkv, const float *dout, const float *qkv,
-                             const float *out, const float *lse, int B, int T, int H, int KVH,
-                             int hs)
+void cuda_attention_backward(float *dqkv, const float *dout, const float *qkv, const float *out,
+                             const float *lse, int B, int T, int H, int KVH, int hs)
 {
     check_shape(H, KVH, hs);
     if (B <= 0 || T <= 0 || H <= 0 || hs <= 0)
         return;
     const Shape s = shape_of(T, H, KVH, hs);
-    attention_dq_kernel<<<tile_blocks(B, H, s), ATT_BLOCK, 0, cuda_stream()>>>(dqkv, dout, qkv,
-                                                                              out, lse, s);
+    attention_dq_kernel<<<tile_blocks(B, H, s), ATT_BLOCK, 0, cuda_stream()>>>(dqkv, dout, qkv, out,
+                                                                               lse, s);
     CUDA_CHECK_LAUNCH();
-    attention_dkv_kernel<<<tile_blocks(B, KVH, s), ATT_BLOCK, 0, cuda_stream()>>>(
-        dqkv, dout, qkv, out, lse, s);
+    attention_dkv_kernel<<<tile_blocks(B, KVH, s), ATT_BLOCK, 0, cuda_stream()>>>(dqkv, dout, qkv,
+                                                                                  out, lse, s);
     CUDA_CHECK_LAUNCH();
 }

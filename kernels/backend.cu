@@ -21,10 +21,7 @@ extern "C" int backend_cuda_devices(void)
     return n;
 }
 
-extern "C" void backend_cuda_set_device(int device)
-{
-    CUDA_CHECK(cudaSetDevice(device));
-}
+extern "C" void backend_cuda_set_device(int device) { CUDA_CHECK(cudaSetDevice(device)); }
 
 extern "C" void backend_cuda_device_name(int device, char *buf, size_t size)
 {
@@ -107,8 +104,8 @@ void *cuda_malloc_async(size_t bytes, const char *what)
     if (err != cudaSuccess)
         trd_fatal(TRD_EXIT_RUNTIME,
                   "reduce model size or batch, use more ranks, or free the GPU (nvidia-smi)",
-                  "cudaMallocAsync of %.1f MiB for %s: %s (trident holds %.1f MiB)",
-                  trd_mib(bytes), what, cudaGetErrorString(err), trd_mib(allocs.live));
+                  "cudaMallocAsync of %.1f MiB for %s: %s (trident holds %.1f MiB)", trd_mib(bytes),
+                  what, cudaGetErrorString(err), trd_mib(allocs.live));
     track(p, bytes);
     return p;
 }

@@ -22,15 +22,14 @@ extern "C" {
 
 /* Every CUDA runtime call goes through CUDA_CHECK: a failure ends the run
  * with file:line, the call as written and CUDA's own words. */
-#define CUDA_CHECK(call)                                                        \
-    do {                                                                        \
-        cudaError_t err_ = (call);                                              \
-        if (err_ != cudaSuccess)                                                \
-            trd_fatal(TRD_EXIT_RUNTIME,                                         \
-                      "check the GPU (nvidia-smi), the driver and free memory; " \
-                      "CUDA_LAUNCH_BLOCKING=1 pins the failing kernel",         \
-                      "%s:%d: %s: %s", __FILE__, __LINE__, #call,               \
-                      cudaGetErrorString(err_));                                \
+#define CUDA_CHECK(call)                                                                           \
+    do {                                                                                           \
+        cudaError_t err_ = (call);                                                                 \
+        if (err_ != cudaSuccess)                                                                   \
+            trd_fatal(TRD_EXIT_RUNTIME,                                                            \
+                      "check the GPU (nvidia-smi), the driver and free memory; "                   \
+                      "CUDA_LAUNCH_BLOCKING=1 pins the failing kernel",                            \
+                      "%s:%d: %s: %s", __FILE__, __LINE__, #call, cudaGetErrorString(err_));       \
     } while (0)
 
 /* After each launch: a bad configuration (too many threads, too much
@@ -59,8 +58,8 @@ static inline unsigned cuda_blocks(size_t n)
 }
 
 /* for (size_t i over [0, n)) spread over the whole grid */
-#define GRID_STRIDE(i, n)                                                       \
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < (n);     \
+#define GRID_STRIDE(i, n)                                                                          \
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < (n);                        \
          i += (size_t)gridDim.x * blockDim.x)
 
 /* Sum / max of one value per thread over the whole block (blockDim.x a

@@ -62,8 +62,8 @@ __global__ void crossentropy_forward_kernel(float *losses, const float *logits,
 }
 
 /* dlogits = (softmax - onehot(target)) * dloss, in place */
-__global__ void crossentropy_backward_kernel(float *logits, const int32_t *targets,
-                                             float dloss, int V, int Vp)
+__global__ void crossentropy_backward_kernel(float *logits, const int32_t *targets, float dloss,
+                                             int V, int Vp)
 {
     int n = blockIdx.x, tgt = targets[n];
     float *x = logits + (size_t)n * Vp;
@@ -91,23 +91,23 @@ __global__ void crossentropy_backward_kernel(float *logits, const int32_t *targe
         x[v] = 0; /* padded columns are not part of the model */
 }
 
-void cuda_crossentropy_forward(float *losses, const float *logits, const int32_t *targets,
-                               int N, int V, int Vp)
+void cuda_crossentropy_forward(float *losses, const float *logits, const int32_t *targets, int N,
+                               int V, int Vp)
 {
     if (N <= 0)
         return;
-    crossentropy_forward_kernel<<<N, CE_THREADS, 0, cuda_stream()>>>(losses, logits, targets,
-                                                                     V, Vp);
+    crossentropy_forward_kernel<<<N, CE_THREADS, 0, cuda_stream()>>>(losses, logits, targets, V,
+                                                                     Vp);
     CUDA_CHECK_LAUNCH();
 }
 
-void cuda_crossentropy_backward(float *logits, const int32_t *targets, float dloss, int N,
-                                int V, int Vp)
+void cuda_crossentropy_backward(float *logits, const int32_t *targets, float dloss, int N, int V,
+                                int Vp)
 {
     if (N <= 0)
         return;
-    crossentropy_backward_kernel<<<N, CE_THREADS, 0, cuda_stream()>>>(logits, targets, dloss,
-                                                                      V, Vp);
+    crossentropy_backward_kernel<<<N, CE_THREADS, 0, cuda_stream()>>>(logits, targets, dloss, V,
+                                                                      Vp);
     CUDA_CHECK_LAUNCH();
 }
 
@@ -154,19 +154,17 @@ __global__ void vocab_sumexp_kernel(float *stats, const float *logits, const int
 }
 
 /* loss = log(sum) + mx - tgt from the all-reduced statistics: one thread per row */
-__global__ void vocab_loss_kernel(float *losses, const float *stats, const int32_t *targets,
-                                  int N)
+__global__ void vocab_loss_kernel(float *losses, const float *stats, const int32_t *targets, int N)
 {
     const float *mx = stats, *sum = stats + N, *tgt = stats + 2 * (size_t)N;
     GRID_STRIDE(n, (size_t)N)
-        losses[n] = targets[n] < 0 ? 0.0f : logf(sum[n]) + mx[n] - tgt[n];
+    losses[n] = targets[n] < 0 ? 0.0f : logf(sum[n]) + mx[n] - tgt[n];
 }
 
 /* dlogits = (softmax - onehot(target)) * dloss over this rank's columns, in
  * place, with the global mx and sum: one block per row, no reduction */
-__global__ void vocab_backward_kernel(float *logits, const float *stats,
-                                      const int32_t *targets, float dloss, int N, int V,
-                                      int Vp, int vocab_start)
+__global__ void vocab_backward_kernel(float *logits, const float *stats, const int32_t *targets,
+                                      float dloss, int N, int V, int Vp, int vocab_start)
 {
     int n = blockIdx.x, tgt = targets[n];
     float *x = logits + (size_t)n * Vp;
@@ -195,13 +193,13 @@ void cuda_vocab_max(float *stats, const float *logits, int N, int V, int Vp)
     CUDA_CHECK_LAUNCH();
 }
 
-void cuda_vocab_sumexp(float *stats, const float *logits, const int32_t *targets, int N,
-                       int V, int Vp, int vocab_start)
+void cuda_vocab_sumexp(float *stats, const float *logits, const int32_t *targets, int N, int V,
+                       int Vp, int vocab_start)
 {
     if (N <= 0)
         return;
-    vocab_sumexp_kernel<<<N, CE_THREADS, 0, cuda_stream()>>>(stats, logits, targets, N, V,
-                                                             Vp, vocab_start);
+    vocab_sumexp_kernel<<<N, CE_THREADS, 0, cuda_stream()>>>(stats, logits, targets, N, V, Vp,
+                                                             vocab_start);
     CUDA_CHECK_LAUNCH();
 }
 
@@ -209,18 +207,18 @@ void cuda_vocab_loss(float *losses, const float *stats, const int32_t *targets, 
 {
     if (N <= 0)
         return;
-    vocab_loss_kernel<<<cuda_blocks((size_t)N), CUDA_THREADS, 0, cuda_stream()>>>(
-        losses, stats, targets, N);
+    vocab_loss_kernel<<<cuda_blocks((size_t)N), CUDA_THREADS, 0, cuda_stream()>>>(losses, stats,
+                                                                                  targets, N);
     CUDA_CHECK_LAUNCH();
 }
 
-void cuda_vocab_backward(float *logits, const float *stats, const int32_t *targets,
-                         float dloss, int N, int V, int Vp, int vocab_start)
+void cuda_vocab_backward(float *logits, const float *stats, const int32_t *targets, float dloss,
+                         int N, int V, int Vp, int vocab_start)
 {
     if (N <= 0)
         return;
-    vocab_backward_kernel<<<N, CE_THREADS, 0, cuda_stream()>>>(logits, stats, targets, dloss,
-                                                               N, V, Vp, vocab_start);
+    vocab_backward_kernel<<<N, CE_THREADS, 0, cuda_stream()>>>(logits, stats, targets, dloss, N, V,
+                                                               Vp, vocab_start);
     CUDA_CHECK_LAUNCH();
 }
 
@@ -228,8 +226,8 @@ void cuda_crossentropy_check_targets(void)
 {
     int row = -1, target = 0, vocab = 0;
     /* on the ops' stream, after every op issued so far */
-    CUDA_CHECK(cudaMemcpyFromSymbolAsync(&row, ce_bad_row, sizeof row, 0,
-                                         cudaMemcpyDeviceToHost, cuda_stream()));
+    CUDA_CHECK(cudaMemcpyFromSymbolAsync(&row, ce_bad_row, sizeof row, 0, cudaMemcpyDeviceToHost,
+                                         cuda_stream()));
     CUDA_CHECK(cudaMemcpyFromSymbolAsync(&target, ce_bad_target, sizeof target, 0,
                                          cudaMemcpyDeviceToHost, cuda_stream()));
     CUDA_CHECK(cudaMemcpyFromSymbolAsync(&vocab, ce_bad_vocab, sizeof vocab, 0,
@@ -238,6 +236,5 @@ void cuda_crossentropy_check_targets(void)
     if (row < 0)
         return;
     trd_fatal(TRD_EXIT_RUNTIME, "the tokenizer's vocabulary must fit model.vocab_size",
-              "target token %d at row %d is outside the vocabulary [0, %d)", target, row,
-              vocab);
+              "target token %d at row %d is outside the vocabulary [0, %d)", target, row, vocab);
 }

@@ -13,12 +13,13 @@
 enum { DEC_HS_MAX = 128, DEC_PER = DEC_HS_MAX / 32 };
 
 /* The caches are [position][KVH][hs]; qkv rows in the fused layout. */
-__global__ void cache_append_kernel(float *kcache, float *vcache, const float *qkv, int n,
-                                    int pos0, int H, int KVH, int hs)
+__global__ void cache_append_kernel(float *kcache, float *vcache, const float *qkv, int n, int pos0,
+                                    int H, int KVH, int hs)
 {
     const int Q = H / KVH, width = (H + 2 * KVH) * hs;
     const size_t total = (size_t)n * KVH * hs;
-    GRID_STRIDE(idx, total) {
+    GRID_STRIDE(idx, total)
+    {
         const int i = (int)(idx % hs), g = (int)(idx / hs % KVH), t = (int)(idx / hs / KVH);
         const float *k = qkv + (size_t)t * width + ((size_t)g * (Q + 2) + Q) * hs;
         const size_t at = ((size_t)(pos0 + t) * KVH + g) * hs + i;
@@ -85,7 +86,7 @@ void cuda_attention_decode(float *out, const float *qkv, float *kcache, float *v
         kcache, vcache, qkv, n, pos0, H, KVH, hs);
     CUDA_CHECK_LAUNCH();
     /* one block (a warp) per (new row, head): block t * H + h */
-    attention_decode_kernel<<<(unsigned)n * (unsigned)H, 32, 0, cuda_stream()>>>(
+    attention_decode_kernel<<<(unsigned)n *(unsigned)H, 32, 0, cuda_stream()>>>(
         out, qkv, kcache, vcache, pos0, H, KVH, hs);
     CUDA_CHECK_LAUNCH();
 }

@@ -11,12 +11,13 @@ __device__ inline int emb_row(int32_t token, int vocab_start, int V)
 }
 
 /* One thread per output element. */
-__global__ void embedding_forward_kernel(float *out, const int32_t *tokens,
-                                         const float *wte, const float *wpe, int N, int T,
-                                         int C, int vocab_start, int V)
+__global__ void embedding_forward_kernel(float *out, const int32_t *tokens, const float *wte,
+                                         const float *wpe, int N, int T, int C, int vocab_start,
+                                         int V)
 {
     size_t total = (size_t)N * C;
-    GRID_STRIDE(i, total) {
+    GRID_STRIDE(i, total)
+    {
         int n = (int)(i / C), c = (int)(i % C);
         int r = emb_row(tokens[n], vocab_start, V);
         if (r < 0)
@@ -52,8 +53,8 @@ __global__ void embedding_backward_kernel(float *dwte, float *dwpe, const float 
     }
 }
 
-void cuda_embedding_forward(float *out, const int32_t *tokens, const float *wte,
-                            const float *wpe, int N, int T, int C, int vocab_start, int V)
+void cuda_embedding_forward(float *out, const int32_t *tokens, const float *wte, const float *wpe,
+                            int N, int T, int C, int vocab_start, int V)
 {
     if (N <= 0 || C <= 0)
         return;
@@ -62,14 +63,12 @@ void cuda_embedding_forward(float *out, const int32_t *tokens, const float *wte,
     CUDA_CHECK_LAUNCH();
 }
 
-void cuda_embedding_backward(float *dwte, float *dwpe, const float *dout,
-                             const int32_t *tokens, int N, int T, int C, int vocab_start,
-                             int V)
+void cuda_embedding_backward(float *dwte, float *dwpe, const float *dout, const int32_t *tokens,
+                             int N, int T, int C, int vocab_start, int V)
 {
     if (N <= 0 || C <= 0 || (!dwte && !dwpe))
         return;
     embedding_backward_kernel<<<(C + CUDA_THREADS - 1) / CUDA_THREADS, CUDA_THREADS, 0,
-                                cuda_stream()>>>(dwte, dwpe, dout, tokens, N, T, C,
-                                                 vocab_start, V);
+                                cuda_stream()>>>(dwte, dwpe, dout, tokens, N, T, C, vocab_start, V);
     CUDA_CHECK_LAUNCH();
 }

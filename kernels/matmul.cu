@@ -23,14 +23,12 @@
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 
-#define CUBLAS_CHECK(call)                                                      \
-    do {                                                                        \
-        cublasStatus_t st_ = (call);                                            \
-        if (st_ != CUBLAS_STATUS_SUCCESS)                                       \
-            trd_fatal(TRD_EXIT_RUNTIME,                                         \
-                      "check the GPU (nvidia-smi), free memory and the shapes", \
-                      "%s:%d: %s: %s", __FILE__, __LINE__, #call,               \
-                      cublasGetStatusString(st_));                              \
+#define CUBLAS_CHECK(call)                                                                         \
+    do {                                                                                           \
+        cublasStatus_t st_ = (call);                                                               \
+        if (st_ != CUBLAS_STATUS_SUCCESS)                                                          \
+            trd_fatal(TRD_EXIT_RUNTIME, "check the GPU (nvidia-smi), free memory and the shapes",  \
+                      "%s:%d: %s: %s", __FILE__, __LINE__, #call, cublasGetStatusString(st_));     \
     } while (0)
 
 /* One handle per process, made on first use, bound to the ops' stream. */
@@ -62,7 +60,7 @@ __global__ void bias_broadcast_kernel(float *out, const float *bias, int N, int 
 {
     size_t total = (size_t)N * OC;
     GRID_STRIDE(i, total)
-        out[i] = bias[i % OC];
+    out[i] = bias[i % OC];
 }
 
 /* dbias[o] += sum_n dout[n, o]: one thread per column, rows in order, the
@@ -80,22 +78,22 @@ __global__ void col_sum_acc_kernel(float *acc, const float *x, int N, int W)
     acc[c] += s;
 }
 
-void cuda_matmul_forward(float *out, const float *inp, const float *weight,
-                         const float *bias, int N, int C, int OC)
+void cuda_matmul_forward(float *out, const float *inp, const float *weight, const float *bias,
+                         int N, int C, int OC)
 {
     if (N <= 0 || OC <= 0)
         return;
     float alpha = 1, beta = 0;
     if (bias) {
-        bias_broadcast_kernel<<<cuda_blocks((size_t)N * OC), CUDA_THREADS, 0,
-                                cuda_stream()>>>(out, bias, N, OC);
+        bias_broadcast_kernel<<<cuda_blocks((size_t)N * OC), CUDA_THREADS, 0, cuda_stream()>>>(
+            out, bias, N, OC);
         CUDA_CHECK_LAUNCH();
         beta = 1;
     }
     /* out^T[OC, N] = weight[OC, C] . inp^T[C, N]; weight is col-major
      * [C, OC] (op T), inp col-major [C, N] (op N). */
-    CUBLAS_CHECK(cublasSgemm(blas_handle(), CUBLAS_OP_T, CUBLAS_OP_N, OC, N, C, &alpha,
-                             weight, C, inp, C, &beta, out, OC));
+    CUBLAS_CHECK(cublasSgemm(blas_handle(), CUBLAS_OP_T, CUBLAS_OP_N, OC, N, C, &alpha, weight, C,
+                             inp, C, &beta, out, OC));
 }
 
 void cuda_matmul_backward(float *dinp, float *dweight, float *dbias, const float *dout,
@@ -106,11 +104,11 @@ void cuda_matmul_backward(float *dinp, float *dweight, float *dbias, const float
     if (N <= 0 || C <= 0 || OC <= 0)
         return;
     if (dinp) /* dinp^T[C, N] += weight^T[C, OC] . dout^T[OC, N] */
-        CUBLAS_CHECK(cublasSgemm(blas_handle(), CUBLAS_OP_N, CUBLAS_OP_N, C, N, OC, &alpha,
-                                 weight, C, dout, OC, &beta, dinp, C));
+        CUBLAS_CHECK(cublasSgemm(blas_handle(), CUBLAS_OP_N, CUBLAS_OP_N, C, N, OC, &alpha, weight,
+                                 C, dout, OC, &beta, dinp, C));
     if (dweight) /* dweight^T[C, OC] += inp^T[C, N] . dout[N, OC] */
-        CUBLAS_CHECK(cublasSgemm(blas_handle(), CUBLAS_OP_N, CUBLAS_OP_T, C, OC, N, &alpha,
-                                 inp, C, dout, OC, &beta, dweight, C));
+        CUBLAS_CHECK(cublasSgemm(blas_handle(), CUBLAS_OP_N, CUBLAS_OP_T, C, OC, N, &alpha, inp, C,
+                                 dout, OC, &beta, dweight, C));
     if (dbias) {
         col_sum_acc_kernel<<<(OC + CUDA_THREADS - 1) / CUDA_THREADS, CUDA_THREADS, 0,
                              cuda_stream()>>>(dbias, dout, N, OC);
@@ -123,7 +121,7 @@ void cuda_matmul_backward(float *dinp, float *dweight, float *dbias, const float
 __global__ void to_bf16_kernel(__nv_bfloat16 *dst, const float *src, size_t n)
 {
     GRID_STRIDE(i, n)
-        dst[i] = __float2bfloat16(src[i]);
+    dst[i] = __float2bfloat16(src[i]);
 }
 
 /* The bf16 copy of n floats of src in workspace slot k (0 or 1: a GEMM reads
@@ -137,8 +135,8 @@ static __nv_bfloat16 *to_bf16(int k, const float *src, size_t n)
     static size_t cap[2];
     if (n > cap[k]) {
         cuda_free_async(slot[k]);
-        slot[k] = (__nv_bfloat16 *)cuda_malloc_async(n * sizeof(__nv_bfloat16),
-                                                     "bf16 GEMM operand");
+        slot[k] =
+            (__nv_bfloat16 *)cuda_malloc_async(n * sizeof(__nv_bfloat16), "bf16 GEMM operand");
         cap[k] = n;
     }
     to_bf16_kernel<<<cuda_blocks(n), CUDA_THREADS, 0, cuda_stream()>>>(slot[k], src, n);
@@ -148,24 +146,24 @@ static __nv_bfloat16 *to_bf16(int k, const float *src, size_t n)
 
 /* The column-major product of matmul.cu's comment, bf16 A and B, fp32 C. */
 static void gemm_bf16(cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k,
-                      const __nv_bfloat16 *A, int lda, const __nv_bfloat16 *B, int ldb,
-                      float beta, float *C, int ldc)
+                      const __nv_bfloat16 *A, int lda, const __nv_bfloat16 *B, int ldb, float beta,
+                      float *C, int ldc)
 {
     const float alpha = 1;
-    CUBLAS_CHECK(cublasGemmEx(blas_handle_bf16(), ta, tb, m, n, k, &alpha, A, CUDA_R_16BF, lda,
-                              B, CUDA_R_16BF, ldb, &beta, C, CUDA_R_32F, ldc,
-                              CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    CUBLAS_CHECK(cublasGemmEx(blas_handle_bf16(), ta, tb, m, n, k, &alpha, A, CUDA_R_16BF, lda, B,
+                              CUDA_R_16BF, ldb, &beta, C, CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F,
+                              CUBLAS_GEMM_DEFAULT));
 }
 
-void cuda_matmul_forward_bf16(float *out, const float *inp, const float *weight,
-                              const float *bias, int N, int C, int OC)
+void cuda_matmul_forward_bf16(float *out, const float *inp, const float *weight, const float *bias,
+                              int N, int C, int OC)
 {
     if (N <= 0 || OC <= 0)
         return;
     float beta = 0;
     if (bias) {
-        bias_broadcast_kernel<<<cuda_blocks((size_t)N * OC), CUDA_THREADS, 0,
-                                cuda_stream()>>>(out, bias, N, OC);
+        bias_broadcast_kernel<<<cuda_blocks((size_t)N * OC), CUDA_THREADS, 0, cuda_stream()>>>(
+            out, bias, N, OC);
         CUDA_CHECK_LAUNCH();
         beta = 1;
     }
@@ -187,11 +185,11 @@ void cuda_matmul_backward_bf16(float *dinp, float *dweight, float *dbias, const 
     if (dinp || dweight) {
         const __nv_bfloat16 *d = to_bf16(0, dout, (size_t)N * OC);
         if (dinp) /* dinp^T[C, N] += weight^T[C, OC] . dout^T[OC, N] */
-            gemm_bf16(CUBLAS_OP_N, CUBLAS_OP_N, C, N, OC, to_bf16(1, weight, (size_t)OC * C),
-                      C, d, OC, 1, dinp, C);
+            gemm_bf16(CUBLAS_OP_N, CUBLAS_OP_N, C, N, OC, to_bf16(1, weight, (size_t)OC * C), C, d,
+                      OC, 1, dinp, C);
         if (dweight) /* dweight^T[C, OC] += inp^T[C, N] . dout[N, OC] */
-            gemm_bf16(CUBLAS_OP_N, CUBLAS_OP_T, C, OC, N, to_bf16(1, inp, (size_t)N * C), C, d,
-                      OC, 1, dweight, C);
+            gemm_bf16(CUBLAS_OP_N, CUBLAS_OP_T, C, OC, N, to_bf16(1, inp, (size_t)N * C), C, d, OC,
+                      1, dweight, C);
     }
     if (dbias) { /* the fp32 sum of dout, as backend_cpu_bf16 */
         col_sum_acc_kernel<<<(OC + CUDA_THREADS - 1) / CUDA_THREADS, CUDA_THREADS, 0,

@@ -15,19 +15,19 @@ extern "C" {
 
 static_assert(sizeof(ncclUniqueId) == COMM_NCCL_ID_BYTES, "ncclUniqueId size changed");
 
-#define NCCL_CHECK(call)                                                                \
-    do {                                                                                \
-        ncclResult_t r_ = (call);                                                       \
-        if (r_ != ncclSuccess)                                                          \
-            trd_fatal(TRD_EXIT_RUNTIME,                                                 \
-                      "NCCL_DEBUG=WARN says more; another rank may have failed first",  \
-                      "%s:%d: %s: %s", __FILE__, __LINE__, #call, ncclGetErrorString(r_)); \
+#define NCCL_CHECK(call)                                                                           \
+    do {                                                                                           \
+        ncclResult_t r_ = (call);                                                                  \
+        if (r_ != ncclSuccess)                                                                     \
+            trd_fatal(TRD_EXIT_RUNTIME,                                                            \
+                      "NCCL_DEBUG=WARN says more; another rank may have failed first",             \
+                      "%s:%d: %s: %s", __FILE__, __LINE__, #call, ncclGetErrorString(r_));         \
     } while (0)
 
 struct CommNccl {
     ncclComm_t comm;
     cudaStream_t stream;
-    cudaEvent_t ready;   /* the compute stream's position when an op is issued */
+    cudaEvent_t ready; /* the compute stream's position when an op is issued */
     int rank, size;
 };
 
@@ -79,8 +79,8 @@ extern "C" CommNccl *comm_nccl_init(const unsigned char id[COMM_NCCL_ID_BYTES], 
 extern "C" CommNccl *comm_nccl_split(CommNccl *parent, int color, int key)
 {
     ncclComm_t comm = NULL;
-    NCCL_CHECK(ncclCommSplit(parent->comm, color < 0 ? NCCL_SPLIT_NOCOLOR : color, key, &comm,
-                             NULL));
+    NCCL_CHECK(
+        ncclCommSplit(parent->comm, color < 0 ? NCCL_SPLIT_NOCOLOR : color, key, &comm, NULL));
     return comm ? wrap(comm) : NULL;
 }
 
@@ -141,8 +141,8 @@ extern "C" int comm_nccl_test(CommNcclOp *op)
 extern "C" CommNcclOp *comm_nccl_allreduce(CommNccl *c, float *buf, size_t n, int max)
 {
     begin(c);
-    NCCL_CHECK(ncclAllReduce(buf, buf, n, ncclFloat32, max ? ncclMax : ncclSum, c->comm,
-                             c->stream));
+    NCCL_CHECK(
+        ncclAllReduce(buf, buf, n, ncclFloat32, max ? ncclMax : ncclSum, c->comm, c->stream));
     return end(c);
 }
 
@@ -150,8 +150,7 @@ extern "C" CommNcclOp *comm_nccl_allgather_block(CommNccl *c, float *buf, size_t
 {
     begin(c);
     /* In place: NCCL's send buffer is this rank's block of the result. */
-    NCCL_CHECK(ncclAllGather(buf + (size_t)c->rank * n, buf, n, ncclFloat32, c->comm,
-                             c->stream));
+    NCCL_CHECK(ncclAllGather(buf + (size_t)c->rank * n, buf, n, ncclFloat32, c->comm, c->stream));
     return end(c);
 }
 
@@ -162,8 +161,8 @@ extern "C" CommNcclOp *comm_nccl_reduce_scatter_block(CommNccl *c, float *buf, s
     float *mine = buf + (size_t)c->rank * n;
     NCCL_CHECK(ncclReduceScatter(buf, mine, n, ncclFloat32, ncclSum, c->comm, c->stream));
     if (c->rank > 0) /* the ranges do not overlap: mine starts at n or later */
-        CUDA_CHECK(cudaMemcpyAsync(buf, mine, n * sizeof(float), cudaMemcpyDeviceToDevice,
-                                   c->stream));
+        CUDA_CHECK(
+            cudaMemcpyAsync(buf, mine, n * sizeof(float), cudaMemcpyDeviceToDevice, c->stream));
     return end(c);
 }
 
@@ -177,8 +176,8 @@ extern "C" CommNcclOp *comm_nccl_reduce_parts(CommNccl *c, const float *send, fl
     NCCL_CHECK(ncclGroupStart());
     for (int r = 0; r < c->size; r++)
         if (counts[r] > 0)
-            NCCL_CHECK(ncclReduce(send + displs[r], recv, (size_t)counts[r], ncclFloat32,
-                                  ncclSum, r, c->comm, c->stream));
+            NCCL_CHECK(ncclReduce(send + displs[r], recv, (size_t)counts[r], ncclFloat32, ncclSum,
+                                  r, c->comm, c->stream));
     NCCL_CHECK(ncclGroupEnd());
     return end(c);
 }

@@ -33,13 +33,13 @@ CommNcclOp *comm_nccl_reduce_scatter_block(CommNccl *c, float *buf, size_t n)
 {
     (void)c, (void)buf, (void)n, none();
 }
-CommNcclOp *comm_nccl_reduce_parts(CommNccl *c, const float *send, float *recv,
-                                   const int *counts, const int *displs)
+CommNcclOp *comm_nccl_reduce_parts(CommNccl *c, const float *send, float *recv, const int *counts,
+                                   const int *displs)
 {
     (void)c, (void)send, (void)recv, (void)counts, (void)displs, none();
 }
-CommNcclOp *comm_nccl_gather_parts(CommNccl *c, const float *mine, float *out,
-                                   const int *counts, const int *displs)
+CommNcclOp *comm_nccl_gather_parts(CommNccl *c, const float *mine, float *out, const int *counts,
+                                   const int *displs)
 {
     (void)c, (void)mine, (void)out, (void)counts, (void)displs, none();
 }

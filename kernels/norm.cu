@@ -10,9 +10,8 @@ enum { NORM_THREADS = 256 };
 
 /* --------------------------------------------------------------- layernorm */
 
-__global__ void layernorm_forward_kernel(float *out, float *mean, float *rstd,
-                                         const float *inp, const float *weight,
-                                         const float *bias, int C, float eps)
+__global__ void layernorm_forward_kernel(float *out, float *mean, float *rstd, const float *inp,
+                                         const float *weight, const float *bias, int C, float eps)
 {
     int n = blockIdx.x;
     const float *x = inp + (size_t)n * C;
@@ -37,9 +36,9 @@ __global__ void layernorm_forward_kernel(float *out, float *mean, float *rstd,
 }
 
 /* dx += rstd * (g - mean(g) - xh * mean(g*xh)), g = dout*w, xh = (x-mu)*rstd */
-__global__ void layernorm_backward_dinp_kernel(float *dinp, const float *dout,
-                                               const float *inp, const float *weight,
-                                               const float *mean, const float *rstd, int C)
+__global__ void layernorm_backward_dinp_kernel(float *dinp, const float *dout, const float *inp,
+                                               const float *weight, const float *mean,
+                                               const float *rstd, int C)
 {
     int n = blockIdx.x;
     const float *x = inp + (size_t)n * C, *d = dout + (size_t)n * C;
@@ -57,10 +56,9 @@ __global__ void layernorm_backward_dinp_kernel(float *dinp, const float *dout,
 }
 
 /* dweight[c] += sum_n dout*xh, dbias[c] += sum_n dout (either may be NULL) */
-__global__ void layernorm_backward_params_kernel(float *dweight, float *dbias,
-                                                 const float *dout, const float *inp,
-                                                 const float *mean, const float *rstd, int N,
-                                                 int C)
+__global__ void layernorm_backward_params_kernel(float *dweight, float *dbias, const float *dout,
+                                                 const float *inp, const float *mean,
+                                                 const float *rstd, int N, int C)
 {
     int c = blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= C)
@@ -82,8 +80,8 @@ void cuda_layernorm_forward(float *out, float *mean, float *rstd, const float *i
 {
     if (N <= 0 || C <= 0)
         return;
-    layernorm_forward_kernel<<<N, NORM_THREADS, 0, cuda_stream()>>>(out, mean, rstd, inp,
-                                                                   weight, bias, C, eps);
+    layernorm_forward_kernel<<<N, NORM_THREADS, 0, cuda_stream()>>>(out, mean, rstd, inp, weight,
+                                                                    bias, C, eps);
     CUDA_CHECK_LAUNCH();
 }
 
@@ -99,9 +97,9 @@ void cuda_layernorm_backward(float *dinp, float *dweight, float *dbias, const fl
         CUDA_CHECK_LAUNCH();
     }
     if (dweight || dbias) {
-        layernorm_backward_params_kernel<<<(C + CUDA_THREADS - 1) / CUDA_THREADS,
-                                           CUDA_THREADS, 0, cuda_stream()>>>(
-            dweight, dbias, dout, inp, mean, rstd, N, C);
+        layernorm_backward_params_kernel<<<(C + CUDA_THREADS - 1) / CUDA_THREADS, CUDA_THREADS, 0,
+                                           cuda_stream()>>>(dweight, dbias, dout, inp, mean, rstd,
+                                                            N, C);
         CUDA_CHECK_LAUNCH();
     }
 }
@@ -126,9 +124,8 @@ __global__ void rmsnorm_forward_kernel(float *out, float *rstd, const float *inp
 
 /* y = x*r*w, r = (mean(x^2)+eps)^(-1/2):
  * dx += r*w*dout - x * r^3/C * sum(dout*w*x) */
-__global__ void rmsnorm_backward_dinp_kernel(float *dinp, const float *dout,
-                                             const float *inp, const float *weight,
-                                             const float *rstd, int C)
+__global__ void rmsnorm_backward_dinp_kernel(float *dinp, const float *dout, const float *inp,
+                                             const float *weight, const float *rstd, int C)
 {
     int n = blockIdx.x;
     const float *x = inp + (size_t)n * C, *d = dout + (size_t)n * C;
@@ -141,9 +138,8 @@ __global__ void rmsnorm_backward_dinp_kernel(float *dinp, const float *dout,
         dx[c] += rs * weight[c] * d[c] - x[c] * k;
 }
 
-__global__ void rmsnorm_backward_dweight_kernel(float *dweight, const float *dout,
-                                                const float *inp, const float *rstd, int N,
-                                                int C)
+__global__ void rmsnorm_backward_dweight_kernel(float *dweight, const float *dout, const float *inp,
+                                                const float *rstd, int N, int C)
 {
     int c = blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= C)
@@ -154,13 +150,12 @@ __global__ void rmsnorm_backward_dweight_kernel(float *dweight, const float *dou
     dweight[c] += sw;
 }
 
-void cuda_rmsnorm_forward(float *out, float *rstd, const float *inp, const float *weight,
-                          int N, int C, float eps)
+void cuda_rmsnorm_forward(float *out, float *rstd, const float *inp, const float *weight, int N,
+                          int C, float eps)
 {
     if (N <= 0 || C <= 0)
         return;
-    rmsnorm_forward_kernel<<<N, NORM_THREADS, 0, cuda_stream()>>>(out, rstd, inp, weight, C,
-                                                                 eps);
+    rmsnorm_forward_kernel<<<N, NORM_THREADS, 0, cuda_stream()>>>(out, rstd, inp, weight, C, eps);
     CUDA_CHECK_LAUNCH();
 }
 
@@ -170,14 +165,13 @@ void cuda_rmsnorm_backward(float *dinp, float *dweight, const float *dout, const
     if (N <= 0 || C <= 0)
         return;
     if (dinp) {
-        rmsnorm_backward_dinp_kernel<<<N, NORM_THREADS, 0, cuda_stream()>>>(
-            dinp, dout, inp, weight, rstd, C);
+        rmsnorm_backward_dinp_kernel<<<N, NORM_THREADS, 0, cuda_stream()>>>(dinp, dout, inp, weight,
+                                                                            rstd, C);
         CUDA_CHECK_LAUNCH();
     }
     if (dweight) {
-        rmsnorm_backward_dweight_kernel<<<(C + CUDA_THREADS - 1) / CUDA_THREADS,
-                                          CUDA_THREADS, 0, cuda_stream()>>>(dweight, dout,
-                                                                            inp, rstd, N, C);
+        rmsnorm_backward_dweight_kernel<<<(C + CUDA_THREADS - 1) / CUDA_THREADS, CUDA_THREADS, 0,
+                                          cuda_stream()>>>(dweight, dout, inp, rstd, N, C);
         CUDA_CHECK_LAUNCH();
     }
 }

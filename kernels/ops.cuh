@@ -8,22 +8,21 @@
 #include "common.cuh"
 
 /* matmul.cu (cuBLAS, strict fp32) */
-void cuda_matmul_forward(float *out, const float *inp, const float *weight,
-                         const float *bias, int N, int C, int OC);
+void cuda_matmul_forward(float *out, const float *inp, const float *weight, const float *bias,
+                         int N, int C, int OC);
 void cuda_matmul_backward(float *dinp, float *dweight, float *dbias, const float *dout,
                           const float *inp, const float *weight, int N, int C, int OC);
 /* matmul.cu, bf16 operands on tensor cores (backend_cuda_bf16) */
-void cuda_matmul_forward_bf16(float *out, const float *inp, const float *weight,
-                              const float *bias, int N, int C, int OC);
+void cuda_matmul_forward_bf16(float *out, const float *inp, const float *weight, const float *bias,
+                              int N, int C, int OC);
 void cuda_matmul_backward_bf16(float *dinp, float *dweight, float *dbias, const float *dout,
                                const float *inp, const float *weight, int N, int C, int OC);
 
 /* embedding.cu */
-void cuda_embedding_forward(float *out, const int32_t *tokens, const float *wte,
-                            const float *wpe, int N, int T, int C, int vocab_start, int V);
-void cuda_embedding_backward(float *dwte, float *dwpe, const float *dout,
-                             const int32_t *tokens, int N, int T, int C, int vocab_start,
-                             int V);
+void cuda_embedding_forward(float *out, const int32_t *tokens, const float *wte, const float *wpe,
+                            int N, int T, int C, int vocab_start, int V);
+void cuda_embedding_backward(float *dwte, float *dwpe, const float *dout, const int32_t *tokens,
+                             int N, int T, int C, int vocab_start, int V);
 
 /* norm.cu */
 void cuda_layernorm_forward(float *out, float *mean, float *rstd, const float *inp,
@@ -31,8 +30,8 @@ void cuda_layernorm_forward(float *out, float *mean, float *rstd, const float *i
 void cuda_layernorm_backward(float *dinp, float *dweight, float *dbias, const float *dout,
                              const float *inp, const float *weight, const float *mean,
                              const float *rstd, int N, int C);
-void cuda_rmsnorm_forward(float *out, float *rstd, const float *inp, const float *weight,
-                          int N, int C, float eps);
+void cuda_rmsnorm_forward(float *out, float *rstd, const float *inp, const float *weight, int N,
+                          int C, float eps);
 void cuda_rmsnorm_backward(float *dinp, float *dweight, const float *dout, const float *inp,
                            const float *weight, const float *rstd, int N, int C);
 
@@ -53,27 +52,26 @@ void cuda_attention_decode(float *out, const float *qkv, float *kcache, float *v
                            int pos0, int H, int KVH, int hs);
 
 /* attention.cu */
-void cuda_attention_forward(float *out, float *lse, const float *qkv, int B, int T, int H,
-                            int KVH, int hs);
-void cuda_attention_backward(float *dqkv, const float *dout, const float *qkv,
-                             const float *out, const float *lse, int B, int T, int H, int KVH,
-                             int hs);
+void cuda_attention_forward(float *out, float *lse, const float *qkv, int B, int T, int H, int KVH,
+                            int hs);
+void cuda_attention_backward(float *dqkv, const float *dout, const float *qkv, const float *out,
+                             const float *lse, int B, int T, int H, int KVH, int hs);
 
 /* crossentropy.cu */
-void cuda_crossentropy_forward(float *losses, const float *logits, const int32_t *targets,
-                               int N, int V, int Vp);
-void cuda_crossentropy_backward(float *logits, const int32_t *targets, float dloss, int N,
-                                int V, int Vp);
+void cuda_crossentropy_forward(float *losses, const float *logits, const int32_t *targets, int N,
+                               int V, int Vp);
+void cuda_crossentropy_backward(float *logits, const int32_t *targets, float dloss, int N, int V,
+                                int Vp);
 /* Ends the run when a kernel since the last call met a target >= V (the
  * CPU backend checks before computing; the GPU can only flag it).
  * Synchronizes. */
 void cuda_crossentropy_check_targets(void);
 void cuda_vocab_max(float *stats, const float *logits, int N, int V, int Vp);
-void cuda_vocab_sumexp(float *stats, const float *logits, const int32_t *targets, int N,
-                       int V, int Vp, int vocab_start);
+void cuda_vocab_sumexp(float *stats, const float *logits, const int32_t *targets, int N, int V,
+                       int Vp, int vocab_start);
 void cuda_vocab_loss(float *losses, const float *stats, const int32_t *targets, int N);
-void cuda_vocab_backward(float *logits, const float *stats, const int32_t *targets,
-                         float dloss, int N, int V, int Vp, int vocab_start);
+void cuda_vocab_backward(float *logits, const float *stats, const int32_t *targets, float dloss,
+                         int N, int V, int Vp, int vocab_start);
 
 /* vector.cu */
 void cuda_add_bias(float *y, const float *bias, int rows, int C);
@@ -83,8 +81,8 @@ double cuda_sumsq(const float *x, size_t n);
 void cuda_scale(float *x, float s, size_t n);
 
 /* adamw.cu */
-void cuda_adamw(float *param, float *master, const float *grad, float *m, float *v,
-                size_t n, float lr, float beta1, float beta2, float eps, float weight_decay,
-                int t, int round_bf16);
+void cuda_adamw(float *param, float *master, const float *grad, float *m, float *v, size_t n,
+                float lr, float beta1, float beta2, float eps, float weight_decay, int t,
+                int round_bf16);
 
 #endif

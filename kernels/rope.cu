@@ -8,12 +8,13 @@
 /* One thread per (row n, pair i): one angle, applied to the pair i of the
  * Q query heads and the key head of every kv group (they are adjacent;
  * the value head after them is left alone). */
-__global__ void rope_kernel(float *qkv, int N, int T, int pos0, int H, int KVH, int hs,
-                            float theta, double sign)
+__global__ void rope_kernel(float *qkv, int N, int T, int pos0, int H, int KVH, int hs, float theta,
+                            double sign)
 {
     int half = hs / 2, Q = H / KVH, width = (H + 2 * KVH) * hs;
     size_t total = (size_t)N * half;
-    GRID_STRIDE(idx, total) {
+    GRID_STRIDE(idx, total)
+    {
         int n = (int)(idx / half), i = (int)(idx % half);
         double ang = sign * (double)(pos0 + n % T) * pow((double)theta, -2.0 * i / hs);
         float c = (float)cos(ang), s = (float)sin(ang);

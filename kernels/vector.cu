@@ -6,25 +6,25 @@
 __global__ void add_bias_kernel(float *y, const float *bias, size_t n, int C)
 {
     GRID_STRIDE(i, n)
-        y[i] += bias[i % (size_t)C];
+    y[i] += bias[i % (size_t)C];
 }
 
 __global__ void add_kernel(float *out, const float *a, const float *b, size_t n)
 {
     GRID_STRIDE(i, n)
-        out[i] = a[i] + b[i];
+    out[i] = a[i] + b[i];
 }
 
 __global__ void accumulate_kernel(float *y, const float *x, size_t n)
 {
     GRID_STRIDE(i, n)
-        y[i] += x[i];
+    y[i] += x[i];
 }
 
 __global__ void scale_kernel(float *x, float s, size_t n)
 {
     GRID_STRIDE(i, n)
-        x[i] *= s;
+    x[i] *= s;
 }
 
 void cuda_add_bias(float *y, const float *bias, int rows, int C)
@@ -74,7 +74,7 @@ __global__ void sumsq_blocks_kernel(const float *x, size_t n)
 {
     double s = 0;
     GRID_STRIDE(i, n)
-        s += (double)x[i] * (double)x[i];
+    s += (double)x[i] * (double)x[i];
     s = block_sum(s);
     if (threadIdx.x == 0)
         sumsq_part[blockIdx.x] = s;

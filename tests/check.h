@@ -9,24 +9,23 @@
 
 static int check_count, check_failures;
 
-#define CHECK(cond, ...)                                                     \
-    do {                                                                     \
-        check_count++;                                                       \
-        if (!(cond)) {                                                       \
-            check_failures++;                                                \
-            fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond);  \
-            fprintf(stderr, __VA_ARGS__);                                    \
-            fputc('\n', stderr);                                             \
-        }                                                                    \
+#define CHECK(cond, ...)                                                                           \
+    do {                                                                                           \
+        check_count++;                                                                             \
+        if (!(cond)) {                                                                             \
+            check_failures++;                                                                      \
+            fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond);                        \
+            fprintf(stderr, __VA_ARGS__);                                                          \
+            fputc('\n', stderr);                                                                   \
+        }                                                                                          \
     } while (0)
 
 /* |a - b| <= atol + rtol * |b| */
-#define CHECK_CLOSE(a, b, rtol, atol, what)                                  \
-    do {                                                                     \
-        double a_ = (double)(a), b_ = (double)(b);                           \
-        CHECK(fabs(a_ - b_) <= (atol) + (rtol) * fabs(b_),                   \
-              "%s: got %.9g, expected %.9g (diff %.3g)", what, a_, b_,       \
-              fabs(a_ - b_));                                                \
+#define CHECK_CLOSE(a, b, rtol, atol, what)                                                        \
+    do {                                                                                           \
+        double a_ = (double)(a), b_ = (double)(b);                                                 \
+        CHECK(fabs(a_ - b_) <= (atol) + (rtol)*fabs(b_),                                           \
+              "%s: got %.9g, expected %.9g (diff %.3g)", what, a_, b_, fabs(a_ - b_));             \
     } while (0)
 
 static inline int check_summary(const char *name)

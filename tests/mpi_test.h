@@ -35,8 +35,8 @@ static inline int mpi_test_relaunch(const char *name, int ranks)
     setenv("TRD_MPI_TEST_CHILD", "1", 1);
     char *args[] = {"mpiexec", "-n", n_ranks, self, NULL};
     execvp("mpiexec", args);
-    fprintf(stderr, "%s: cannot run mpiexec: %s (this test needs MPICH's mpiexec on PATH)\n",
-            name, strerror(errno));
+    fprintf(stderr, "%s: cannot run mpiexec: %s (this test needs MPICH's mpiexec on PATH)\n", name,
+            strerror(errno));
     return 1;
 }
 

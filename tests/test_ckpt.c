@@ -27,7 +27,7 @@
 #include "core/error.h"
 #include "core/rng.h"
 
-#define WORLD 4
+#define WORLD    4
 #define SENTINEL (-12345.0f)
 
 static int g_rank;
@@ -56,7 +56,7 @@ static Config model_config_kv(ModelArch arch, int hidden, Precision prec, int kv
     m->heads = 4;
     m->kv_heads = kv_heads;
     m->ffn_hidden = arch == ARCH_LLAMA ? 48 : 4 * hidden;
-    m->vocab = 97;             /* padded to 104 (tp 1) or 112 (tp 2) */
+    m->vocab = 97; /* padded to 104 (tp 1) or 112 (tp 2) */
     m->vocab_pad_multiple = 8;
     m->seq_len = 16;
     m->tie_embeddings = arch == ARCH_GPT2;
@@ -73,14 +73,14 @@ static Config model_config(ModelArch arch, int hidden, Precision prec)
 static float value_of(int k, const char *name, uint64_t gidx, int salt)
 {
     uint64_t h = rng_mix(rng_hash_str(name), (uint64_t)(k + 8 * salt) * 1000003u + gidx);
-    return (float)(h >> 40) / 16777216.0f - 0.5f;   /* exact: 24 bits */
+    return (float)(h >> 40) / 16777216.0f - 0.5f; /* exact: 24 bits */
 }
 
 /* ---- one rank of a layout ---- */
 
 typedef struct {
     int tp, pp, dp, zero;
-    int stage_layers[4];   /* {0}: even split */
+    int stage_layers[4]; /* {0}: even split */
 } Layout;
 
 typedef struct {
@@ -95,8 +95,8 @@ static void layer_range(const Layout *L, int layers, int stage, int *b, int *e)
 {
     int at = 0;
     for (int s = 0; s <= stage; s++) {
-        int n = L->stage_layers[0] ? L->stage_layers[s]
-                                   : layers / L->pp + (s < layers % L->pp ? 1 : 0);
+        int n =
+            L->stage_layers[0] ? L->stage_layers[s] : layers / L->pp + (s < layers % L->pp ? 1 : 0);
         *b = at;
         at += n;
         *e = at;
@@ -105,8 +105,7 @@ static void layer_range(const Layout *L, int layers, int stage, int *b, int *e)
 
 /* For each element of part k: the value it must hold (or SENTINEL for
  * padding rows), from kind `src`. */
-static float expect_at(const Shard *s, int k, size_t i, int src, int salt,
-                       int *pad)
+static float expect_at(const Shard *s, int k, size_t i, int src, int salt, int *pad)
 {
     (void)k;
     for (int j = 0; j < s->t.n; j++) {
@@ -126,8 +125,7 @@ static float expect_at(const Shard *s, int k, size_t i, int src, int salt,
 
 /* Build the shard of world rank `rank` in layout L (inactive when the layout
  * has fewer ranks).  fill: values of the function (save) or SENTINEL (load). */
-static void shard_make(Shard *s, const Config *cfg, const Layout *L, int master, int fill,
-                       int salt)
+static void shard_make(Shard *s, const Config *cfg, const Layout *L, int master, int fill, int salt)
 {
     memset(s, 0, sizeof *s);
     const int n = L->tp * L->pp * L->dp;
@@ -137,7 +135,10 @@ static void shard_make(Shard *s, const Config *cfg, const Layout *L, int master,
         return;
     const int tp_r = g_rank % L->tp, dp_r = g_rank / L->tp % L->dp;
     const int pp_r = g_rank / (L->tp * L->dp);
-    ParamShard sh = {.tp = L->tp, .tp_rank = tp_r, .n_chunks = 1, .has_embed = pp_r == 0,
+    ParamShard sh = {.tp = L->tp,
+                     .tp_rank = tp_r,
+                     .n_chunks = 1,
+                     .has_embed = pp_r == 0,
                      .has_head = pp_r == L->pp - 1};
     layer_range(L, cfg->model.layers, pp_r, &sh.chunk[0].begin, &sh.chunk[0].end);
     params_build(&s->t, &cfg->model, &sh);
@@ -169,8 +170,7 @@ static void shard_free(Shard *s)
 }
 
 /* Every element of the loaded parts: the function of kind src[k]. */
-static void shard_verify(const Shard *s, const int src[CKPT_KINDS], int salt,
-                         const char *what)
+static void shard_verify(const Shard *s, const int src[CKPT_KINDS], int salt, const char *what)
 {
     if (!s->active)
         return;
@@ -186,8 +186,8 @@ static void shard_verify(const Shard *s, const int src[CKPT_KINDS], int salt,
             if (r->data[i - r->lo] != want && bad++ == 0)
                 first = i;
         }
-        CHECK(bad == 0, "%s: rank %d %s: %zu of %zu elements wrong (first flat %zu)", what,
-              g_rank, ckpt_kind_names[k], bad, r->hi - r->lo, first);
+        CHECK(bad == 0, "%s: rank %d %s: %zu of %zu elements wrong (first flat %zu)", what, g_rank,
+              ckpt_kind_names[k], bad, r->hi - r->lo, first);
         (void)pads;
     }
 }
@@ -199,8 +199,8 @@ static void path_of(char *out, size_t n, const char *sub)
     snprintf(out, n, "%s/%s", g_root, sub);
 }
 
-static int save_layout(const char *sub, const Config *cfg, const Layout *L, int64_t step,
-                       int keep, int salt)
+static int save_layout(const char *sub, const Config *cfg, const Layout *L, int64_t step, int keep,
+                       int salt)
 {
     Shard s;
     shard_make(&s, cfg, L, cfg->training.precision == PREC_BF16, 1, salt);
@@ -208,8 +208,10 @@ static int save_layout(const char *sub, const Config *cfg, const Layout *L, int6
     if (s.active) {
         char dir[512], err[CFG_ERR];
         path_of(dir, sizeof dir, sub);
-        CkptState st = {.step = step, .sampler_position = 1000 + (uint64_t)step,
-                        .lr_step = step, .adam_t = step - 1};
+        CkptState st = {.step = step,
+                        .sampler_position = 1000 + (uint64_t)step,
+                        .lr_step = step,
+                        .adam_t = step - 1};
         rc = ckpt_save(dir, &s.v, &st, cfg, keep, err);
         CHECK(rc == 0, "save %s step %lld: %s", sub, (long long)step, err);
     }
@@ -243,8 +245,8 @@ static void load_verify(const char *step_dir, const Config *cfg, const Layout *L
 
 /* Load expecting failure; every rank gets the same message, which must
  * contain each of the `needles`. */
-static void load_fails(const char *step_dir, const Config *cfg, const Layout *L,
-                       const char *what, const char *n1, const char *n2)
+static void load_fails(const char *step_dir, const Config *cfg, const Layout *L, const char *what,
+                       const char *n1, const char *n2)
 {
     Shard s;
     shard_make(&s, cfg, L, 0, 0, 0);
@@ -269,8 +271,14 @@ static void load_fails(const char *step_dir, const Config *cfg, const Layout *L,
 static void test_slab(void)
 {
     /* A 5 x 4 tensor held whole, at flat offset 10 of a table. */
-    ParamSpec p = {.ndim = 2, .shape = {5, 4}, .split_dim = 0, .role = ROLE_BLOCK,
-                   .local_shape = {5, 4}, .local_start = {0, 0}, .numel = 20, .offset = 10};
+    ParamSpec p = {.ndim = 2,
+                   .shape = {5, 4},
+                   .split_dim = 0,
+                   .role = ROLE_BLOCK,
+                   .local_shape = {5, 4},
+                   .local_start = {0, 0},
+                   .numel = 20,
+                   .offset = 10};
     /* Flat [10+2, 10+15): partial row 0 (cols 2-3), rows 1-2, partial row 3 (cols 0-2). */
     CkptSlab s = ckpt_slab(&p, 5, 12, 25);
     CHECK(s.n == 3 && s.first == 12 && s.count == 13, "slab: n %d first %zu count %zu", s.n,
@@ -283,8 +291,14 @@ static void test_slab(void)
     CHECK(s.n == 1 && s.b[0].r == 1 && s.b[0].c == 1 && s.b[0].nc == 2, "slab within a row");
     /* Column slice of TP rank 1 (columns 4-7 of an 5 x 8 tensor), padded
      * rows 3-4 cut off: real_rows 3. */
-    ParamSpec q = {.ndim = 2, .shape = {5, 8}, .split_dim = 1, .role = ROLE_BLOCK,
-                   .local_shape = {5, 4}, .local_start = {0, 4}, .numel = 20, .offset = 0};
+    ParamSpec q = {.ndim = 2,
+                   .shape = {5, 8},
+                   .split_dim = 1,
+                   .role = ROLE_BLOCK,
+                   .local_shape = {5, 4},
+                   .local_start = {0, 4},
+                   .numel = 20,
+                   .offset = 0};
     s = ckpt_slab(&q, 3, 6, 20);
     CHECK(s.n == 2 && s.count == 6 && s.first == 6, "slab cut: n %d count %zu", s.n, s.count);
     CHECK(s.b[0].r == 1 && s.b[0].c == 6 && s.b[0].nc == 2, "slab cut first row at col 6");
@@ -341,8 +355,7 @@ static void test_index(const char *step_dir)
           (long long)attr_i64(g, "zero"));
     H5Gclose(g);
     g = H5Gopen2(f, "state", H5P_DEFAULT);
-    CHECK(attr_i64(g, "sampler_position") == 1005 && attr_i64(g, "adam_t") == 4,
-          "index: state");
+    CHECK(attr_i64(g, "sampler_position") == 1005 && attr_i64(g, "adam_t") == 4, "index: state");
     H5Gclose(g);
     g = H5Gopen2(f, "model", H5P_DEFAULT);
     CHECK(attr_i64(g, "vocab") == 97 && attr_i64(g, "hidden") == 32, "index: model");
@@ -378,7 +391,7 @@ static void test_index(const char *step_dir)
     CHECK(a >= 0 && H5Aread(a, H5T_NATIVE_UINT64, &stored) >= 0, "checksum attribute");
     H5Aclose(a);
     uint64_t sum = 0;
-    for (uint64_t i = 0; i < 96 * 32; i++) {   /* one block: the whole [96, 32] tensor */
+    for (uint64_t i = 0; i < 96 * 32; i++) { /* one block: the whole [96, 32] tensor */
         float x = value_of(CKPT_ADAM_V, "layers.1.attn.qkv.weight", i, 0);
         uint32_t bits;
         memcpy(&bits, &x, 4);
@@ -488,8 +501,8 @@ static void test_cli(const char *step_dir, const Config *cfg)
     char *text = slurp(out);
     CHECK(text && strstr(text, "embed.wte.weight") && strstr(text, "[97, 32]") &&
               strstr(text, "stage_0.h5") && strstr(text, "tp 2, pp 1, dp 2, zero 1") &&
-              strstr(text, "step 5") && strstr(text, "hidden: 32") &&
-              strstr(text, "adam_v") && strstr(text, "[128]"),
+              strstr(text, "step 5") && strstr(text, "hidden: 32") && strstr(text, "adam_v") &&
+              strstr(text, "[128]"),
           "inspect output:\n%s", text ? text : "(none)");
 
     snprintf(model, sizeof model, "%s/model.h5", g_root);
@@ -514,8 +527,9 @@ static void test_cli(const char *step_dir, const Config *cfg)
         size_t n = (size_t)(rows * p->shape[1]);
         float *buf = malloc(n * sizeof(float));
         hid_t sp = H5Dget_space(d);
-        CHECK(H5Sget_simple_extent_npoints(sp) == (hssize_t)n && H5Sget_simple_extent_ndims(sp) ==
-                  p->ndim, "export: %s has the global unpadded shape", p->name);
+        CHECK(H5Sget_simple_extent_npoints(sp) == (hssize_t)n &&
+                  H5Sget_simple_extent_ndims(sp) == p->ndim,
+              "export: %s has the global unpadded shape", p->name);
         if (H5Sget_simple_extent_npoints(sp) == (hssize_t)n &&
             H5Dread(d, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, buf) >= 0)
             for (size_t j = 0; j < n; j++)
@@ -577,7 +591,8 @@ static void test_reliability(const char *good, const Config *g32, const Layout *
         path_of(dir, sizeof dir, "g");
         int rc = ckpt_save(dir, &s.v, &st, g32, 2, err);
         CHECK(rc == -1 && strstr(err, "non-finite") && strstr(err, "adam_v") &&
-                  strstr(err, "stage_0.h5"), "NaN save refused: rc %d: %s", rc, err);
+                  strstr(err, "stage_0.h5"),
+              "NaN save refused: rc %d: %s", rc, err);
         if (g_rank == 0)
             printf("  NaN in adam_v -> %s\n", err);
     }
@@ -632,12 +647,15 @@ static void test_reliability(const char *good, const Config *g32, const Layout *
     if (g_rank == 0) {
         CkptIndex ix;
         read_index(p, &ix);
-        CHECK(!ix.state_checked && !ix.has_run && !ix.has_norms, "older index: nothing new "
-              "recorded: %d %d %d", ix.state_checked, ix.has_run, ix.has_norms);
+        CHECK(!ix.state_checked && !ix.has_run && !ix.has_norms,
+              "older index: nothing new "
+              "recorded: %d %d %d",
+              ix.state_checked, ix.has_run, ix.has_norms);
         ckpt_index_free(&ix);
     }
     path_of(p, sizeof p, "bad/flip");
-    load_fails(p, g32, one, "flipped state bit", "flip/index.h5", "'/state/lr_step' does not match");
+    load_fails(p, g32, one, "flipped state bit", "flip/index.h5",
+               "'/state/lr_step' does not match");
     path_of(p, sizeof p, "bad/range");
     load_fails(p, g32, four, "adam_t > step", "range/index.h5", "'/state/adam_t' is out of range");
     path_of(p, sizeof p, "bad/world");
@@ -674,16 +692,19 @@ static void test_reliability(const char *good, const Config *g32, const Layout *
         snprintf(p, sizeof p, "%s/latest", dir);
         CHECK(remove(p) == 0, "remove %s", p);
         CHECK(ckpt_resolve(dir, RESUME_AUTO, "", out, err) == 1 && strstr(out, "step_00000004") &&
-                  strstr(err, "latest is missing"), "no latest: %s (%s)", out, err);
+                  strstr(err, "latest is missing"),
+              "no latest: %s (%s)", out, err);
         snprintf(p, sizeof p, "%s/step_00000004/stage_0.h5", dir);
         CHECK(remove(p) == 0, "remove %s", p);
         CHECK(ckpt_resolve(dir, RESUME_AUTO, "", out, err) == 1 && strstr(out, "step_00000003") &&
-                  strstr(err, "skipped: step_00000004"), "incomplete newest: %s (%s)", out, err);
+                  strstr(err, "skipped: step_00000004"),
+              "incomplete newest: %s (%s)", out, err);
         printf("  %s\n", err);
         snprintf(p, sizeof p, "%s/step_00000003/index.h5", dir);
         poke_state(p, "step", 5);
         CHECK(ckpt_resolve(dir, RESUME_AUTO, "", out, err) == -1 && strstr(err, "step_00000003") &&
-                  strstr(err, "step_00000004"), "none verifies: %s", err);
+                  strstr(err, "step_00000004"),
+              "none verifies: %s", err);
         printf("  %s\n", err);
     }
     MPI_Barrier(MPI_COMM_WORLD);
@@ -743,8 +764,7 @@ int main(int argc, char **argv)
      * trainer rounds them), into a bf16 run and into an fp32 one. */
     const int from_master[CKPT_KINDS] = {CKPT_MASTER, CKPT_MASTER, CKPT_ADAM_M, CKPT_ADAM_V};
     load_verify(dir, &gbf, &one, 1, from_master, 0, 5, "A tp2 dp2 zero1 -> 1 rank");
-    load_verify(dir, &g32, &(Layout){1, 1, 4, 3, {0}}, 0, from_master, 0, 5,
-                "A -> fp32 dp4 zero3");
+    load_verify(dir, &g32, &(Layout){1, 1, 4, 3, {0}}, 0, from_master, 0, 5, "A -> fp32 dp4 zero3");
     if (g_rank == 0) {
         test_index(dir);
         test_cli(dir, &gbf);
@@ -773,8 +793,7 @@ int main(int argc, char **argv)
     path_of(dir, sizeof dir, "d/step_00000011");
     load_verify(dir, &lbf, &(Layout){1, 2, 2, 3, {1, 2}}, 1, from_master, 0, 11,
                 "D llama -> pp2 dp2");
-    load_verify(dir, &lbf, &(Layout){2, 1, 2, 1, {0}}, 1, from_master, 0, 11,
-                "D llama -> tp2 dp2");
+    load_verify(dir, &lbf, &(Layout){2, 1, 2, 1, {0}}, 1, from_master, 0, 11, "D llama -> tp2 dp2");
 
     mark("D done");
     /* D2: one kv head (MQA) over tp 2: both TP ranks hold the k and v rows

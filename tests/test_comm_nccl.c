@@ -169,7 +169,7 @@ static void check_group(Comm *c)
     check_blocks(c);
     check_range(c, 23, 0, 23);
     check_range(c, 23, 3, 17);
-    check_range(c, 23, 5, 7);   /* inside one or two parts; the others empty */
+    check_range(c, 23, 5, 7); /* inside one or two parts; the others empty */
     check_range(c, 40, 10, 40);
 }
 

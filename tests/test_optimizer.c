@@ -9,9 +9,17 @@
 
 static ModelConfig tiny(void)
 {
-    ModelConfig m = {.arch = ARCH_GPT2, .layers = 1, .hidden = 4, .heads = 2, .kv_heads = 2,
-                     .ffn_hidden = 8, .vocab = 8, .vocab_pad_multiple = 1, .seq_len = 4,
-                     .tie_embeddings = 1, .init_std = 0.02f};
+    ModelConfig m = {.arch = ARCH_GPT2,
+                     .layers = 1,
+                     .hidden = 4,
+                     .heads = 2,
+                     .kv_heads = 2,
+                     .ffn_hidden = 8,
+                     .vocab = 8,
+                     .vocab_pad_multiple = 1,
+                     .seq_len = 4,
+                     .tie_embeddings = 1,
+                     .init_std = 0.02f};
     return m;
 }
 
@@ -53,8 +61,8 @@ int main(void)
     }
     CHECK(bad == 0, "%d elements differ from the hand-computed AdamW step", bad);
     const ParamSpec *ln = params_find(&t, "layers.0.ln1.weight");
-    CHECK_CLOSE(p[ln->offset], adamw_once(p0[ln->offset], g[ln->offset], &tc, 0.01, 0.0), 0,
-                1e-7, "norm weight: no decay");
+    CHECK_CLOSE(p[ln->offset], adamw_once(p0[ln->offset], g[ln->offset], &tc, 0.01, 0.0), 0, 1e-7,
+                "norm weight: no decay");
     CHECK(o.t == 1, "step counter");
     optimizer_free(&o);
 

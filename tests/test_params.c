@@ -93,8 +93,10 @@ static void check_shards_match_full(ModelArch arch, int tp, int kv_heads)
     }
     CHECK(mismatches == 0, "arch %d tp %d kv %d: %d shard elements differ from the full tensor",
           arch, tp, kv_heads, mismatches);
-    CHECK((size_t)owned_total == full.numel, "arch %d tp %d kv %d: each element owned once "
-          "(%d owned of %zu)", arch, tp, kv_heads, owned_total, full.numel);
+    CHECK((size_t)owned_total == full.numel,
+          "arch %d tp %d kv %d: each element owned once "
+          "(%d owned of %zu)",
+          arch, tp, kv_heads, owned_total, full.numel);
     /* Replicated tensors are counted tp times, split ones once. */
     size_t replicated = 0;
     for (int i = 0; i < full.n; i++)
@@ -220,7 +222,8 @@ int main(void)
         const ParamSpec *q = params_find(&t, "layers.0.attn.qkv.weight");
         CHECK(q->local_shape[0] == 12 && q->kv_share == 2 && q->kv_row == 4,
               "replicated kv: 3 heads of 4 rows, kv from row 4 (got %lld rows, share %d, "
-              "kv_row %lld)", (long long)q->local_shape[0], q->kv_share, (long long)q->kv_row);
+              "kv_row %lld)",
+              (long long)q->local_shape[0], q->kv_share, (long long)q->kv_row);
         CHECK(params_global_row(q, 0) == 20 && params_global_row(q, 3) == 23 &&
                   params_global_row(q, 4) == 24 && params_global_row(q, 11) == 31,
               "replicated kv: rows 20..23 then 24..31");

@@ -78,8 +78,8 @@ static void check_flops(ModelArch arch)
      * and token (forward 2, backward 4). */
     const double C = mc->hidden, F = mc->ffn_hidden, hs = C / mc->heads, N = B * T;
     const double Vp = params_padded_vocab(mc, 1);
-    const double layer = (mc->heads + 2.0 * mc->kv_heads) * hs * C + C * C +
-                         (arch == ARCH_GPT2 ? 2 : 3) * C * F;
+    const double layer =
+        (mc->heads + 2.0 * mc->kv_heads) * hs * C + C * C + (arch == ARCH_GPT2 ? 2 : 3) * C * F;
     const double by_hand = 6 * N * (mc->layers * layer + Vp * C);
     CHECK_CLOSE(counted, by_hand, 0, 0.5, "GEMM FLOPs from the shapes by hand");
     const double model = model_flops_per_token(mc) * N - 12.0 * mc->layers * T * C * N +
@@ -148,8 +148,8 @@ static void check_cluster(void)
     CHECK(cluster_load(path, &c, err) != 0 && strstr(err, "preset"), "no preset: %s", err);
     snprintf(path, sizeof path, "%s/bad_preset.yaml", dir);
     write_file(path, "preset: v100\n");
-    CHECK(cluster_load(path, &c, err) != 0 && strstr(err, "bad_preset.yaml:1:9"),
-          "bad preset: %s", err);
+    CHECK(cluster_load(path, &c, err) != 0 && strstr(err, "bad_preset.yaml:1:9"), "bad preset: %s",
+          err);
     printf("cluster error: %s\n", err);
     const char *names[] = {"ok", "bad_key", "bad_value", "no_preset", "bad_preset"};
     for (size_t i = 0; i < sizeof names / sizeof *names; i++) {

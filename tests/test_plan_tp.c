@@ -76,9 +76,8 @@ static void check_case(Comm *tpc, ModelArch arch, int sp, Recompute rc)
     cl.gpus_per_node = tpc->size;
     CHECK(plan_evaluate(&c, &cl, &r, err) == 0, "%s", err);
     CHECK(r.st[0].tp_bytes_mb == measured,
-          "%s tp %d sp %d recompute %d: planned %llu bytes, measured %llu",
-          config_arch_name(arch), tpc->size, sp, rc, (unsigned long long)r.st[0].tp_bytes_mb,
-          (unsigned long long)measured);
+          "%s tp %d sp %d recompute %d: planned %llu bytes, measured %llu", config_arch_name(arch),
+          tpc->size, sp, rc, (unsigned long long)r.st[0].tp_bytes_mb, (unsigned long long)measured);
     if (tpc->rank == 0 && getenv("PLAN_TP_VERBOSE"))
         printf("%s tp %d sp %d recompute %d: %llu bytes per micro-batch, plan %llu\n",
                config_arch_name(arch), tpc->size, sp, rc, (unsigned long long)measured,

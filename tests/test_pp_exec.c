@@ -102,7 +102,7 @@ static double reference(int G, int m, int n, float *dw, float *db)
 
 typedef struct {
     int pp, rank, v, G, m, n, slots, out_slots;
-    int alias;              /* grad_out(mb, c) is act_in's slot of (mb, c): in place */
+    int alias; /* grad_out(mb, c) is act_in's slot of (mb, c): in place */
     long sleep_fwd_us, sleep_bwd_us;
     size_t msg;             /* n + 1 floats: values and the identity */
     float *w, *b, *dw, *db; /* [v][n] */
@@ -177,8 +177,8 @@ static void toy_forward(void *ctx, int mb, int c)
     } else {
         CHECK(t->x_mb[slot(t, mb, c)] == mb, "forward mb %d chunk %d: slot holds mb %d", mb, c,
               t->x_mb[slot(t, mb, c)]);
-        CHECK(x[n] == ident(mb, g - 1), "stage %d got activation %g, want mb %d from stage %d",
-              g, (double)x[n], mb, g - 1);
+        CHECK(x[n] == ident(mb, g - 1), "stage %d got activation %g, want mb %d from stage %d", g,
+              (double)x[n], mb, g - 1);
     }
     const float *w = t->w + (size_t)c * n, *b = t->b + (size_t)c * n;
     if (g == t->G - 1) {
@@ -226,8 +226,15 @@ static void toy_backward(void *ctx, int mb, int c)
 
 static void toy_init(Toy *t, int pp, int rank, int v, int m, int n, int slots, int out_slots)
 {
-    *t = (Toy){.pp = pp, .rank = rank, .v = v, .G = pp * v, .m = m, .n = n, .slots = slots,
-               .out_slots = out_slots, .msg = (size_t)n + 1};
+    *t = (Toy){.pp = pp,
+               .rank = rank,
+               .v = v,
+               .G = pp * v,
+               .m = m,
+               .n = n,
+               .slots = slots,
+               .out_slots = out_slots,
+               .msg = (size_t)n + 1};
     size_t vn = (size_t)v * n;
     t->w = trd_malloc(4 * vn * sizeof(float), "toy params");
     t->b = t->w + vn;
@@ -259,17 +266,22 @@ static void toy_free(Toy *t)
 
 static PpChunkOps toy_stage(Toy *t)
 {
-    return (PpChunkOps){.ctx = t, .act_elems = t->msg, .forward = toy_forward,
-                     .backward = toy_backward, .act_in = toy_act_in, .act_out = toy_act_out,
-                     .grad_in = toy_grad_in, .grad_out = toy_grad_out};
+    return (PpChunkOps){.ctx = t,
+                        .act_elems = t->msg,
+                        .forward = toy_forward,
+                        .backward = toy_backward,
+                        .act_in = toy_act_in,
+                        .act_out = toy_act_out,
+                        .grad_in = toy_grad_in,
+                        .grad_out = toy_grad_out};
 }
 
 /* ---- equivalence runs ---- */
 
 typedef struct {
-    int n;          /* floats per vector */
-    int out1;       /* one act_out / grad_out buffer per chunk instead of slots */
-    int alias;      /* gradients written over the inputs */
+    int n;     /* floats per vector */
+    int out1;  /* one act_out / grad_out buffer per chunk instead of slots */
+    int alias; /* gradients written over the inputs */
 } Variant;
 
 static int exact(const float *a, const float *b, int n, double *maxdiff)
@@ -314,15 +326,15 @@ static int run_case(Comm *pp, ScheduleKind kind, int v, int m, Variant var)
     PpExecStats stats = {.spans = spans, .span_cap = 128};
     rc = pp_execute(&s, &st, pp, &stats, err);
     CHECK(rc == 0, "%s: execute: %s", what, err);
-    CHECK(t.fwds == m * v && t.bwds == m * v, "%s: %d forwards %d backwards", what, t.fwds,
-          t.bwds);
+    CHECK(t.fwds == m * v && t.bwds == m * v, "%s: %d forwards %d backwards", what, t.fwds, t.bwds);
     CHECK(stats.n_spans == (s.n < 128 ? s.n : 128), "%s: %d spans for %d instructions", what,
           stats.n_spans, s.n);
     for (int i = 0; i < stats.n_spans; i++) {
         CHECK(spans[i].op == s.ins[i].op && spans[i].mb == s.ins[i].mb &&
-              spans[i].chunk == s.ins[i].chunk, "%s: span %d is not instruction %d", what, i, i);
-        CHECK(spans[i].start <= spans[i].end &&
-              (i == 0 || spans[i - 1].end <= spans[i].start), "%s: span %d out of order", what, i);
+                  spans[i].chunk == s.ins[i].chunk,
+              "%s: span %d is not instruction %d", what, i, i);
+        CHECK(spans[i].start <= spans[i].end && (i == 0 || spans[i - 1].end <= spans[i].start),
+              "%s: span %d out of order", what, i);
     }
     for (int i = 0; i < 2 * v * slots; i++)
         CHECK(t.x_mb[i] == -1, "%s: slot %d still holds mb %d", what, i, t.x_mb[i]);
@@ -332,10 +344,14 @@ static int run_case(Comm *pp, ScheduleKind kind, int v, int m, Variant var)
     double loss = reference(G, m, n, dw, db), d;
     for (int c = 0; c < v; c++) {
         int g = stage_of(&t, c);
-        CHECK(exact(t.dw + (size_t)c * n, dw + (size_t)g * n, n, &d), "%s: dw of stage %d differs "
-              "(max %.3g)", what, g, d);
-        CHECK(exact(t.db + (size_t)c * n, db + (size_t)g * n, n, &d), "%s: db of stage %d differs "
-              "(max %.3g)", what, g, d);
+        CHECK(exact(t.dw + (size_t)c * n, dw + (size_t)g * n, n, &d),
+              "%s: dw of stage %d differs "
+              "(max %.3g)",
+              what, g, d);
+        CHECK(exact(t.db + (size_t)c * n, db + (size_t)g * n, n, &d),
+              "%s: db of stage %d differs "
+              "(max %.3g)",
+              what, g, d);
         if (g == G - 1)
             CHECK(t.loss == loss, "%s: loss %.17g, sequential %.17g", what, t.loss, loss);
     }
@@ -389,9 +405,10 @@ static void tight_buffers(Comm *world)
     comm_allreduce_f64(world, &waits, 1);
     if (world->rank == 0)
         printf("pp_exec: large messages, one out buffer: %.0f computes or receives waited "
-               "for a send on their buffer\n", waits);
+               "for a send on their buffer\n",
+               waits);
     CHECK(waits > 0, "the one-buffer runs never found a buffer in flight: the test did not "
-          "exercise the executor's send waits");
+                     "exercise the executor's send waits");
 }
 
 /* ---- the bubble, measured ---- */

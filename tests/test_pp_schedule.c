@@ -166,8 +166,7 @@ static int check_rank_list(const PpSchedule *s)
  * 1F1B and GPipe take (m + p - 1)(f + b) for any f, b, so the idle share is
  * (p-1)/(m+p-1) on every rank; interleaved with pp | m takes
  * m (f + b) + (p - 1)(f + b)/v, so (p-1)/(v m + p-1); otherwise no better. */
-static void check_bubble(ScheduleKind kind, int pp, int m, int v, PpCost c,
-                         const PpSimResult *res)
+static void check_bubble(ScheduleKind kind, int pp, int m, int v, PpCost c, const PpSimResult *res)
 {
     double f = pp_bubble_fraction(pp, m, v), ratio = pp_bubble_ratio(pp, m, v);
     double want_t = m * (c.fwd + c.bwd) + (pp - 1) * (c.fwd + c.bwd) / v;
@@ -193,15 +192,17 @@ static void check_memory(ScheduleKind kind, int pp, int m, int v, const PpSimRes
     for (int r = 0; r < pp; r++) {
         int peak = res->peak_inflight[r];
         if (kind == SCHED_1F1B)
-            CHECK(peak == (pp - r < m ? pp - r : m), "1f1b pp %d m %d rank %d: peak %d", pp,
-                  m, r, peak);
+            CHECK(peak == (pp - r < m ? pp - r : m), "1f1b pp %d m %d rank %d: peak %d", pp, m, r,
+                  peak);
         else if (kind == SCHED_GPIPE)
             CHECK(peak == m, "gpipe pp %d m %d rank %d: peak %d", pp, m, r, peak);
         else
-            CHECK(peak <= v * pp - r && peak <= m * v, "interleaved pp %d m %d v %d rank %d: "
-                  "peak %d passes", pp, m, v, r, peak);
-        CHECK(peak <= res->peak_inflight[0], "rank 0 holds the most (rank %d: %d > %d)", r,
-              peak, res->peak_inflight[0]);
+            CHECK(peak <= v * pp - r && peak <= m * v,
+                  "interleaved pp %d m %d v %d rank %d: "
+                  "peak %d passes",
+                  pp, m, v, r, peak);
+        CHECK(peak <= res->peak_inflight[0], "rank 0 holds the most (rank %d: %d > %d)", r, peak,
+              res->peak_inflight[0]);
     }
 }
 
@@ -227,8 +228,8 @@ static void test_grid(void)
                     for (int ci = 0; ci < 4; ci++) {
                         PpSimResult res;
                         int rc = pp_simulate(r, pp, costs[ci], &res, err);
-                        CHECK(rc == 0, "%s pp %d m %d v %d: %s", pp_schedule_name(kind), pp, m,
-                              v, err);
+                        CHECK(rc == 0, "%s pp %d m %d v %d: %s", pp_schedule_name(kind), pp, m, v,
+                              err);
                         if (rc)
                             continue;
                         check_bubble(kind, pp, m, v, costs[ci], &res);
@@ -251,8 +252,7 @@ static void test_timeline_by_hand(void)
     PpSchedule r[2];
     char err[CFG_ERR];
     PpSimResult res;
-    if (pp_schedule_build_all(r, SCHED_1F1B, 2, 2, 1, err) ||
-        pp_simulate(r, 2, UNIT, &res, err)) {
+    if (pp_schedule_build_all(r, SCHED_1F1B, 2, 2, 1, err) || pp_simulate(r, 2, UNIT, &res, err)) {
         CHECK(0, "%s", err);
         return;
     }
@@ -298,8 +298,8 @@ static void swap(PpSchedule *s, int i, int j)
 typedef void (*Breaker)(PpSchedule *r);
 
 /* Build, break, simulate: the checker must fail and say `want`. */
-static void expect_broken(const char *what, ScheduleKind kind, int pp, int m, int v,
-                          Breaker brk, const char *want)
+static void expect_broken(const char *what, ScheduleKind kind, int pp, int m, int v, Breaker brk,
+                          const char *want)
 {
     PpSchedule r[MAX_PP];
     char err[CFG_ERR] = "";
@@ -344,10 +344,7 @@ static void twice(PpSchedule *r)
 }
 static void no_step(PpSchedule *r) { r[1].n--; }
 static void step_first(PpSchedule *r) { swap(&r[2], r[2].n - 1, r[2].n - 2); }
-static void early_reduce(PpSchedule *r)
-{
-    swap(&r[0], r[0].n - 2, find(&r[0], PP_BWD, 3, 0));
-}
+static void early_reduce(PpSchedule *r) { swap(&r[0], r[0].n - 2, find(&r[0], PP_BWD, 3, 0)); }
 static void bad_chunk(PpSchedule *r) { r[1].ins[0].chunk = 2; }
 /* MPI keeps the order of one channel; taking activation 1 before 0 is a bug. */
 static void out_of_order(PpSchedule *r)
@@ -387,19 +384,20 @@ static void test_broken(void)
     PpSimResult res;
     CHECK(pp_schedule_build(&r[0], SCHED_1F1B, 2, 0, 4, 1, err) == 0, "%s", err);
     CHECK(pp_schedule_build(&r[1], SCHED_1F1B, 2, 1, 5, 1, err) == 0, "%s", err);
-    CHECK(pp_simulate(r, 2, UNIT, &res, err) == -1 && strstr(err, "list 1"),
-          "mixed m accepted: %s", err);
+    CHECK(pp_simulate(r, 2, UNIT, &res, err) == -1 && strstr(err, "list 1"), "mixed m accepted: %s",
+          err);
     pp_schedule_free_all(r, 2);
 }
 
-static void expect_build_error(ScheduleKind kind, int pp, int rank, int m, int v,
-                               const char *want)
+static void expect_build_error(ScheduleKind kind, int pp, int rank, int m, int v, const char *want)
 {
     PpSchedule s;
     char err[CFG_ERR] = "";
     int rc = pp_schedule_build(&s, kind, pp, rank, m, v, err);
-    CHECK(rc == -1 && strstr(err, want), "build(%d, pp %d, rank %d, m %d, v %d): rc %d '%s', "
-          "want '%s'", (int)kind, pp, rank, m, v, rc, err, want);
+    CHECK(rc == -1 && strstr(err, want),
+          "build(%d, pp %d, rank %d, m %d, v %d): rc %d '%s', "
+          "want '%s'",
+          (int)kind, pp, rank, m, v, rc, err, want);
     CHECK(s.ins == NULL && s.n == 0, "a failed build leaves the schedule empty");
     if (!rc)
         pp_schedule_free(&s);

@@ -114,8 +114,8 @@ static void test_megatron_16(void)
     Topology t = built(&tc, 16, 8, 5);
     CHECK(t.coord[TOPO_TP] == 1 && t.coord[TOPO_DP] == 0 && t.coord[TOPO_PP] == 1,
           "rank 5 at (%d,%d,%d), want (1,0,1)", t.coord[0], t.coord[1], t.coord[2]);
-    CHECK(t.size[TOPO_DP] == 2 && t.nodes == 2 && t.ranks_per_node == 8,
-          "dp %d nodes %d rpn %d", t.size[TOPO_DP], t.nodes, t.ranks_per_node);
+    CHECK(t.size[TOPO_DP] == 2 && t.nodes == 2 && t.ranks_per_node == 8, "dp %d nodes %d rpn %d",
+          t.size[TOPO_DP], t.nodes, t.ranks_per_node);
     t = built(&tc, 16, 8, 14);
     CHECK(t.coord[TOPO_TP] == 0 && t.coord[TOPO_DP] == 1 && t.coord[TOPO_PP] == 3,
           "rank 14 at (%d,%d,%d), want (0,1,3)", t.coord[0], t.coord[1], t.coord[2]);
@@ -125,17 +125,15 @@ static void test_megatron_16(void)
     /* Stages 0, 1 on node 0 and 2, 3 on node 1: fewer nodes than stages, so
      * sharing is expected and no error; TP pairs never straddle the nodes. */
     CHECK(t.tp_inside_node == 1 && t.stages_share_nodes == 1 && t.warning[0] == '\0',
-          "tp inside %d share %d warning '%s'", t.tp_inside_node, t.stages_share_nodes,
-          t.warning);
+          "tp inside %d share %d warning '%s'", t.tp_inside_node, t.stages_share_nodes, t.warning);
     for (int s = 0; s < 4; s++)
         for (int r = 4 * s; r < 4 * s + 4; r++)
-            CHECK(topology_node_of(&t, r) == s / 2 && r / 4 == s,
-                  "rank %d of stage %d on node %d", r, s, topology_node_of(&t, r));
+            CHECK(topology_node_of(&t, r) == s / 2 && r / 4 == s, "rank %d of stage %d on node %d",
+                  r, s, topology_node_of(&t, r));
 
     /* The same mesh on 4 nodes of 4: one node per stage. */
     t = built(&tc, 16, 4, 0);
-    CHECK(t.nodes == 4 && t.stages_share_nodes == 0, "4 nodes: share %d",
-          t.stages_share_nodes);
+    CHECK(t.nodes == 4 && t.stages_share_nodes == 0, "4 nodes: share %d", t.stages_share_nodes);
 }
 
 /* 8 ranks, tp 2, pp 2, dp 2 on 2 nodes of 4. */
@@ -150,8 +148,8 @@ static void test_8_ranks(void)
     check_groups("8r", &tc, 8, 4, TOPO_PP, pp, 4, 2);
     check_structure("8r", &tc, 8, 4);
     Topology t = built(&tc, 8, 4, 6);
-    CHECK(t.coord[TOPO_TP] == 0 && t.coord[TOPO_DP] == 1 && t.coord[TOPO_PP] == 1 &&
-              t.node == 1 && t.local_rank == 2,
+    CHECK(t.coord[TOPO_TP] == 0 && t.coord[TOPO_DP] == 1 && t.coord[TOPO_PP] == 1 && t.node == 1 &&
+              t.local_rank == 2,
           "rank 6 at (%d,%d,%d) node %d local %d", t.coord[0], t.coord[1], t.coord[2], t.node,
           t.local_rank);
     CHECK(t.stages_share_nodes == 0 && t.warning[0] == '\0', "stage 0 on node 0, 1 on node 1");
@@ -170,8 +168,7 @@ static void test_custom_orders(void)
     check_structure("dp-tp-pp", &tc, 8, 8);
     Topology t = built(&tc, 8, 8, 6);
     CHECK(t.coord[TOPO_DP] == 0 && t.coord[TOPO_TP] == 1 && t.coord[TOPO_PP] == 1,
-          "dp-tp-pp rank 6 at (%d,%d,%d), want tp 1 dp 0 pp 1", t.coord[0], t.coord[1],
-          t.coord[2]);
+          "dp-tp-pp rank 6 at (%d,%d,%d), want tp 1 dp 0 pp 1", t.coord[0], t.coord[1], t.coord[2]);
 
     tc = mesh(2, 2, 2, "tp-pp-dp");
     static const int tp2[] = {0, 1, 2, 3, 4, 5, 6, 7};
@@ -268,8 +265,7 @@ static void test_errors(void)
 static void test_stage_placement(void)
 {
     TopologyConfig tc = mesh(1, 4, 0, "tp-dp-pp");
-    const char *want[] = {"pipeline stages 0 and 1 share node 1", "tp x dp = 3",
-                          "multiple of 2"};
+    const char *want[] = {"pipeline stages 0 and 1 share node 1", "tp x dp = 3", "multiple of 2"};
     expect_error("stages", &tc, 12, 2, want, 3);
 
     /* The same mesh with a custom order (identical here since tp is 1): a
@@ -289,15 +285,15 @@ static void test_node_keys(void)
 {
     char err[CFG_ERR] = "";
     static const int blocks[] = {0, 0, 2, 2}, one[] = {0, 0, 0, 0}, solo[] = {0};
-    static const int cyclic[] = {0, 1, 0, 1}, uneven[] = {0, 0, 0, 3},
-                     back[] = {0, 0, 2, 2, 0, 0};
+    static const int cyclic[] = {0, 1, 0, 1}, uneven[] = {0, 0, 0, 3}, back[] = {0, 0, 2, 2, 0, 0};
     CHECK(topology_nodes_from_keys(blocks, 4, err) == 2, "2 nodes of 2: %s", err);
     CHECK(topology_nodes_from_keys(one, 4, err) == 4, "1 node of 4: %s", err);
     CHECK(topology_nodes_from_keys(solo, 1, err) == 1, "1 rank: %s", err);
     CHECK(topology_nodes_from_keys(cyclic, 4, err) == -1 &&
               strstr(err, "not placed on nodes in blocks") && strstr(err, "rank 2 does not fit"),
           "round robin: '%s'", err);
-    CHECK(topology_nodes_from_keys(uneven, 4, err) == -1 && strstr(err, "the first node holds 3, the last 1"),
+    CHECK(topology_nodes_from_keys(uneven, 4, err) == -1 &&
+              strstr(err, "the first node holds 3, the last 1"),
           "uneven: '%s'", err);
     CHECK(topology_nodes_from_keys(back, 6, err) == -1 && strstr(err, "rank 4 does not fit"),
           "node met twice: '%s'", err);
@@ -318,7 +314,8 @@ static void test_print_map(void)
     fclose(f);
     CHECK(strstr(text, "TP groups inside one node: yes") != NULL, "summary: %s", text);
     CHECK(strstr(text, "stage 0 on node 0; stage 1 on node 0; stage 2 on node 1; stage 3 on "
-                       "node 1") != NULL, "summary: %s", text);
+                       "node 1") != NULL,
+          "summary: %s", text);
     tc.tp = 3;
     CHECK(topology_print_map(stdout, &tc, 16, 8, TOPO_MAP_TABLE, err) == -1, "tp 3 of 16");
 }

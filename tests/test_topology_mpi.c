@@ -37,19 +37,59 @@ typedef struct {
 
 static const Case CASES[] = {
     /* tp pairs {0,1},{2,3}; pp pairs {0,2},{1,3}; dp singletons; one replica. */
-    {"tp2 pp2 dp1, 2 per node", 2, 2, 1, 2, "tp-dp-pp",
-     {1, 1, 5, 5}, {0, 1, 2, 3}, {2, 4, 2, 4}, {6, 6, 6, 6}, {2, 4, 2, 4}, {0, 0, 1, 1}},
+    {"tp2 pp2 dp1, 2 per node",
+     2,
+     2,
+     1,
+     2,
+     "tp-dp-pp",
+     {1, 1, 5, 5},
+     {0, 1, 2, 3},
+     {2, 4, 2, 4},
+     {6, 6, 6, 6},
+     {2, 4, 2, 4},
+     {0, 0, 1, 1}},
     /* dp pairs {0,1},{2,3}; pp pairs {0,2},{1,3}; replicas {0,2} and {1,3};
      * ranks per node detected: all four on this machine. */
-    {"tp1 pp2 dp2, detected", 1, 2, 2, 0, "tp-dp-pp",
-     {0, 1, 2, 3}, {1, 1, 5, 5}, {2, 4, 2, 4}, {2, 4, 2, 4}, {2, 4, 2, 4}, {0, 0, 0, 0}},
+    {"tp1 pp2 dp2, detected",
+     1,
+     2,
+     2,
+     0,
+     "tp-dp-pp",
+     {0, 1, 2, 3},
+     {1, 1, 5, 5},
+     {2, 4, 2, 4},
+     {2, 4, 2, 4},
+     {2, 4, 2, 4},
+     {0, 0, 0, 0}},
     /* One pipeline of 4 stages, one rank per node: the embedding group is
      * the first and the last stage, {0, 3}. */
-    {"pp4, 1 per node", 1, 4, 1, 1, "tp-dp-pp",
-     {0, 1, 2, 3}, {0, 1, 2, 3}, {6, 6, 6, 6}, {6, 6, 6, 6}, {3, -1, -1, 3}, {0, 1, 2, 3}},
+    {"pp4, 1 per node",
+     1,
+     4,
+     1,
+     1,
+     "tp-dp-pp",
+     {0, 1, 2, 3},
+     {0, 1, 2, 3},
+     {6, 6, 6, 6},
+     {6, 6, 6, 6},
+     {3, -1, -1, 3},
+     {0, 1, 2, 3}},
     /* dp fastest: dp pairs {0,1},{2,3}, tp pairs {0,2},{1,3}; no pipeline. */
-    {"tp2 dp2 order dp-tp-pp", 2, 1, 2, 4, "dp-tp-pp",
-     {2, 4, 2, 4}, {1, 1, 5, 5}, {0, 1, 2, 3}, {2, 4, 2, 4}, {-1, -1, -1, -1}, {0, 0, 0, 0}},
+    {"tp2 dp2 order dp-tp-pp",
+     2,
+     1,
+     2,
+     4,
+     "dp-tp-pp",
+     {2, 4, 2, 4},
+     {1, 1, 5, 5},
+     {0, 1, 2, 3},
+     {2, 4, 2, 4},
+     {-1, -1, -1, -1},
+     {0, 0, 0, 0}},
 };
 
 static void run_case(const Case *k, Comm world)
@@ -67,8 +107,7 @@ static void run_case(const Case *k, Comm world)
     TopologyComms c;
     topology_init(&t, &c, &cfg, world);
     int r = world.rank;
-    CHECK(t.node == k->node[r], "%s: rank %d on node %d, want %d", k->name, r, t.node,
-          k->node[r]);
+    CHECK(t.node == k->node[r], "%s: rank %d on node %d, want %d", k->name, r, t.node, k->node[r]);
     CHECK(c.world.size == WORLD, "%s: world comm of %d", k->name, c.world.size);
     CHECK(group_sum(&c.tp, r) == k->tp_sum[r], "%s: rank %d tp sum", k->name, r);
     CHECK(group_sum(&c.dp, r) == k->dp_sum[r], "%s: rank %d dp sum", k->name, r);
@@ -78,13 +117,11 @@ static void run_case(const Case *k, Comm world)
         CHECK(c.embed.mpi == MPI_COMM_NULL && c.embed.size == 0 && c.embed.rank == -1,
               "%s: rank %d should have no embedding group", k->name, r);
     } else {
-        CHECK(c.embed.size == 2, "%s: rank %d embedding group of %d", k->name, r,
-              c.embed.size);
+        CHECK(c.embed.size == 2, "%s: rank %d embedding group of %d", k->name, r, c.embed.size);
         if (c.embed.size == 2) {
-            CHECK(c.embed.rank == (t.coord[TOPO_PP] == 0 ? 0 : 1),
-                  "%s: rank %d embedding rank %d", k->name, r, c.embed.rank);
-            CHECK(group_sum(&c.embed, r) == k->embed_sum[r], "%s: rank %d embed sum",
-                  k->name, r);
+            CHECK(c.embed.rank == (t.coord[TOPO_PP] == 0 ? 0 : 1), "%s: rank %d embedding rank %d",
+                  k->name, r, c.embed.rank);
+            CHECK(group_sum(&c.embed, r) == k->embed_sum[r], "%s: rank %d embed sum", k->name, r);
         }
     }
     topology_comms_free(&c);

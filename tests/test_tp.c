@@ -124,8 +124,7 @@ static void check_linear_pair(Comm *tpc, int sp)
           "%s: input gradient rows", what);
     CHECK(worst(dw1l, dw1 + (size_t)r * Fl * C, (size_t)Fl * C, 1e-5, 1e-6) <= 1,
           "%s: column weight gradient", what);
-    CHECK(worst(db1l, db1 + r * Fl, (size_t)Fl, 1e-5, 1e-6) <= 1, "%s: column bias gradient",
-          what);
+    CHECK(worst(db1l, db1 + r * Fl, (size_t)Fl, 1e-5, 1e-6) <= 1, "%s: column bias gradient", what);
     float want[C * F];
     for (int o = 0; o < C; o++)
         memcpy(want + o * Fl, dw2 + o * F + r * Fl, (size_t)Fl * sizeof(float));
@@ -160,16 +159,15 @@ static void check_embedding(Comm *tpc, int sp)
     be->embedding_backward(dwte, dwpe, dout, tok, N, T, C, 0, Vp);
 
     float outl[N * C], full[N * C], dwtel[Vp * C] = {0}, dwpel[T * C] = {0}, scratch[T * C];
-    tp_embedding_forward(be, &g, outl, full, tok, wte + (size_t)r * Vl * C, wpe, N, T, C,
-                         r * Vl, Vl);
-    CHECK(worst(outl, tp_my_rows(&g, out, N, C), (size_t)n * C, 1e-6, 1e-7) <= 1,
-          "%s: output rows", what);
+    tp_embedding_forward(be, &g, outl, full, tok, wte + (size_t)r * Vl * C, wpe, N, T, C, r * Vl,
+                         Vl);
+    CHECK(worst(outl, tp_my_rows(&g, out, N, C), (size_t)n * C, 1e-6, 1e-7) <= 1, "%s: output rows",
+          what);
     float doutl[N * C];
     memcpy(doutl, tp_my_rows(&g, dout, N, C), (size_t)n * C * sizeof(float));
     /* Twice: the second adds to the first, as micro-batches do. */
     for (int k = 0; k < 2; k++)
-        tp_embedding_backward(be, &g, dwtel, dwpel, scratch, doutl, full, tok, N, T, C,
-                              r * Vl, Vl);
+        tp_embedding_backward(be, &g, dwtel, dwpel, scratch, doutl, full, tok, N, T, C, r * Vl, Vl);
     for (size_t i = 0; i < (size_t)Vp * C; i++)
         dwte[i] *= 2;
     for (size_t i = 0; i < (size_t)T * C; i++)
@@ -264,7 +262,7 @@ static void make_batch(int32_t *tok, int32_t *tgt, uint64_t seed)
     }
     tok[5] = V - 1; /* the last real row: on the last rank holding any */
     tgt[6] = V - 1;
-    tgt[9] = -1;    /* ignored */
+    tgt[9] = -1; /* ignored */
 }
 
 /* Move every parameter off its initial value by a pure function of (name,
@@ -315,8 +313,10 @@ static void compare_grads(Model *tm, Model *fm, const char *what)
                     wc = gc;
                 }
             }
-        CHECK(w <= 1, "%s: %s gradient differs from the full model's at (%lld, %lld) "
-              "(%.3g of the tolerance)", what, p->name, (long long)wr, (long long)wc, w);
+        CHECK(w <= 1,
+              "%s: %s gradient differs from the full model's at (%lld, %lld) "
+              "(%.3g of the tolerance)",
+              what, p->name, (long long)wr, (long long)wc, w);
     }
 }
 
@@ -393,8 +393,9 @@ static void check_model(Comm *tpc, const ModelCase *k, int sp)
     CHECK_CLOSE(st, sf, 1e-5, 0, "gradient sum of squares over TP");
     /* A range that starts and ends inside tensors: split in two, same sum. */
     const size_t cut = tt->numel / 3 + 1;
-    double parts = params_grad_sumsq(tt, backend_cpu(), model_grad_buffer(tm), 0, cut) +
-                   params_grad_sumsq(tt, backend_cpu(), model_grad_buffer(tm) + cut, cut, tt->numel);
+    double parts =
+        params_grad_sumsq(tt, backend_cpu(), model_grad_buffer(tm), 0, cut) +
+        params_grad_sumsq(tt, backend_cpu(), model_grad_buffer(tm) + cut, cut, tt->numel);
     comm_allreduce_f64(tpc, &parts, 1);
     CHECK_CLOSE(parts, st, 1e-12, 0, "gradient sum of squares over split ranges");
 
@@ -407,7 +408,7 @@ int main(int argc, char **argv)
     if (!mpi_test_child())
         return mpi_test_relaunch("tp", 4);
     comm_init(&argc, &argv);
-    alarm(120); /* a hung collective fails the test instead of stalling it */
+    alarm(120);             /* a hung collective fails the test instead of stalling it */
     omp_set_num_threads(1); /* four ranks share the machine */
     Comm world = comm_world();
     if (world.size != WORLD) {

@@ -23,10 +23,11 @@
 static void configure(Config *cfg, const char *run_dir, const char *ckpt_dir, int dp, int world)
 {
     char err[CFG_ERR], set[CFG_STR + 32];
-    const char *sets[] = {"model.layers=2", "model.hidden=64", "model.heads=4",
-                          "model.seq_len=32", "training.warmup_steps=1", "training.lr=1e-3",
-                          "training.global_batch=4", "training.micro_batch=1",
-                          "data.val_sequences=3", "topology.zero=1", "checkpoint.async=false"};
+    const char *sets[] = {
+        "model.layers=2",          "model.hidden=64",         "model.heads=4",
+        "model.seq_len=32",        "training.warmup_steps=1", "training.lr=1e-3",
+        "training.global_batch=4", "training.micro_batch=1",  "data.val_sequences=3",
+        "topology.zero=1",         "checkpoint.async=false"};
     if (config_load(cfg, "configs/tiny.yaml", err) != 0) {
         fprintf(stderr, "test_trainer: %s\n", err);
         exit(1);

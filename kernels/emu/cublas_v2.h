@@ -27,9 +27,9 @@ typedef enum { CUBLAS_COMPUTE_32F = 68 } cublasComputeType_t;
 typedef enum { CUBLAS_GEMM_DEFAULT = -1 } cublasGemmAlgo_t;
 cublasStatus_t cublasGemmEx(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m,
                             int n, int k, const void *alpha, const void *A, cudaDataType Atype,
-                            int lda, const void *B, cudaDataType Btype, int ldb,
-                            const void *beta, void *C, cudaDataType Ctype, int ldc,
-                            cublasComputeType_t compute, cublasGemmAlgo_t algo);
-cublasStatus_t cublasSgemm(cublasHandle_t, cublasOperation_t ta, cublasOperation_t tb, int m,
-                           int n, int k, const float *alpha, const float *A, int lda,
-                           const float *B, int ldb, const float *beta, float *C, int ldc);
+                            int lda, const void *B, cudaDataType Btype, int ldb, const void *beta,
+                            void *C, cudaDataType Ctype, int ldc, cublasComputeType_t compute,
+                            cublasGemmAlgo_t algo);
+cublasStatus_t cublasSgemm(cublasHandle_t, cublasOperation_t ta, cublasOperation_t tb, int m, int n,
+                           int k, const float *alpha, const float *A, int lda, const float *B,
+                           int ldb, const float *beta, float *C, int ldc);

@@ -29,29 +29,44 @@
 #define __launch_bounds__(...)
 /* blocks run one at a time: a static is the block's shared memory */
 #define __shared__ static
-struct dim3 { unsigned x = 1, y = 1, z = 1; };
+struct dim3 {
+    unsigned x = 1, y = 1, z = 1;
+};
 extern dim3 threadIdx, blockIdx, blockDim, gridDim;
 
 /* Error codes: the values of the real runtime. */
 typedef int cudaError_t;
 enum {
-    cudaSuccess = 0, cudaErrorInvalidValue = 1, cudaErrorMemoryAllocation = 2,
-    cudaErrorInvalidDevice = 101, cudaErrorNotReady = 600
+    cudaSuccess = 0,
+    cudaErrorInvalidValue = 1,
+    cudaErrorMemoryAllocation = 2,
+    cudaErrorInvalidDevice = 101,
+    cudaErrorNotReady = 600
 };
 enum { cudaStreamNonBlocking = 1, cudaEventDisableTiming = 2 };
 typedef struct emu_stream *cudaStream_t;
 typedef struct emu_event *cudaEvent_t;
 enum cudaMemcpyKind {
-    cudaMemcpyHostToHost = 0, cudaMemcpyHostToDevice = 1, cudaMemcpyDeviceToHost = 2,
+    cudaMemcpyHostToHost = 0,
+    cudaMemcpyHostToDevice = 1,
+    cudaMemcpyDeviceToHost = 2,
     cudaMemcpyDeviceToDevice = 3
 };
-struct cudaDeviceProp { char name[256]; int major, minor; size_t totalGlobalMem; };
+struct cudaDeviceProp {
+    char name[256];
+    int major, minor;
+    size_t totalGlobalMem;
+};
 
 /* One device, 0, whose memory is the host's RAM; launch errors abort at
  * once, so there is never a pending error to fetch. */
 const char *cudaGetErrorString(cudaError_t err);
 inline cudaError_t cudaGetLastError() { return cudaSuccess; }
-inline cudaError_t cudaGetDeviceCount(int *n) { *n = 1; return cudaSuccess; }
+inline cudaError_t cudaGetDeviceCount(int *n)
+{
+    *n = 1;
+    return cudaSuccess;
+}
 inline cudaError_t cudaSetDevice(int d) { return d == 0 ? cudaSuccess : cudaErrorInvalidDevice; }
 cudaError_t cudaGetDeviceProperties(cudaDeviceProp *p, int d);
 
@@ -88,8 +103,8 @@ void emu_check_device(const char *call, const char *what, const void *p, size_t 
 void emu_check_host(const char *call, const char *what, const void *p, size_t n);
 
 /* A __device__ variable is an ordinary global here (host memory). */
-void emu_copy_from_symbol(const char *call, void *dst, const void *sym, size_t sym_size,
-                          size_t n, size_t off, cudaMemcpyKind kind);
+void emu_copy_from_symbol(const char *call, void *dst, const void *sym, size_t sym_size, size_t n,
+                          size_t off, cudaMemcpyKind kind);
 template <class T>
 cudaError_t cudaMemcpyFromSymbolAsync(void *dst, const T &sym, size_t n, size_t off = 0,
                                       cudaMemcpyKind kind = cudaMemcpyDeviceToHost,
@@ -108,7 +123,11 @@ cudaError_t cudaMemcpyFromSymbol(void *dst, const T &sym, size_t n, size_t off =
 
 /* ----------------------------- streams and events: all work is synchronous */
 
-inline cudaError_t cudaStreamCreate(cudaStream_t *s) { *s = 0; return cudaSuccess; }
+inline cudaError_t cudaStreamCreate(cudaStream_t *s)
+{
+    *s = 0;
+    return cudaSuccess;
+}
 inline cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned)
 {
     *s = 0;
@@ -117,7 +136,11 @@ inline cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned)
 inline cudaError_t cudaStreamDestroy(cudaStream_t) { return cudaSuccess; }
 inline cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaSuccess; }
 inline cudaError_t cudaDeviceSynchronize() { return cudaSuccess; }
-inline cudaError_t cudaEventCreate(cudaEvent_t *e) { *e = 0; return cudaSuccess; }
+inline cudaError_t cudaEventCreate(cudaEvent_t *e)
+{
+    *e = 0;
+    return cudaSuccess;
+}
 inline cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned)
 {
     *e = 0;
@@ -134,8 +157,18 @@ inline cudaError_t cudaStreamWaitEvent(cudaStream_t, cudaEvent_t, unsigned = 0)
 
 /* ------------------------------------------------------- device code */
 
-inline uint32_t __float_as_uint(float x) { uint32_t u; memcpy(&u, &x, 4); return u; }
-inline float __uint_as_float(uint32_t u) { float x; memcpy(&x, &u, 4); return x; }
+inline uint32_t __float_as_uint(float x)
+{
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    return u;
+}
+inline float __uint_as_float(uint32_t u)
+{
+    float x;
+    memcpy(&x, &u, 4);
+    return x;
+}
 inline int atomicCAS(int *a, int cmp, int val)
 {
     int old = *a;
@@ -180,5 +213,6 @@ void emu_launch(unsigned grid, unsigned block, size_t shmem, void (*k)(P...), co
     static_assert(sizeof...(P) == sizeof...(A), "kernel launched with a wrong argument count");
     int index = 0;
     (emu_check_kernel_arg<P>(name, index++, args), ...);
-    emu_run(grid, block, shmem, [=] { k(args...); }, name);
+    emu_run(
+        grid, block, shmem, [=] { k(args...); }, name);
 }

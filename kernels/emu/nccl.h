@@ -19,12 +19,18 @@
 #include <cuda_runtime.h>
 
 typedef enum {
-    ncclSuccess = 0, ncclUnhandledCudaError = 1, ncclSystemError = 2, ncclInternalError = 3,
-    ncclInvalidArgument = 4, ncclInvalidUsage = 5
+    ncclSuccess = 0,
+    ncclUnhandledCudaError = 1,
+    ncclSystemError = 2,
+    ncclInternalError = 3,
+    ncclInvalidArgument = 4,
+    ncclInvalidUsage = 5
 } ncclResult_t;
 typedef enum { ncclFloat32 = 7, ncclFloat = 7 } ncclDataType_t;
 typedef enum { ncclSum = 0, ncclMax = 2 } ncclRedOp_t;
-typedef struct { char internal[128]; } ncclUniqueId;
+typedef struct {
+    char internal[128];
+} ncclUniqueId;
 typedef struct emu_nccl *ncclComm_t;
 typedef struct ncclConfig ncclConfig_t;
 #define NCCL_SPLIT_NOCOLOR -1

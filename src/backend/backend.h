@@ -34,7 +34,7 @@ typedef struct {
     int device;
     /* `bytes` of zeroed memory; `what` names the buffer when it fails (fatal). */
     void *(*alloc)(size_t bytes, const char *what);
-    void (*release)(void *p);                 /* NULL is a no-op */
+    void (*release)(void *p); /* NULL is a no-op */
     void (*zero)(void *p, size_t bytes);
     /* dst = src, both backend memory (they may not overlap). */
     void (*copy)(void *dst, const void *src, size_t bytes);
@@ -52,37 +52,32 @@ typedef struct {
     /* ---- ops ---- */
 
     /* out[N,OC] = inp[N,C] @ weight[OC,C]^T (+ bias[OC] when not NULL) */
-    void (*matmul_forward)(float *out, const float *inp, const float *weight,
-                           const float *bias, int N, int C, int OC);
+    void (*matmul_forward)(float *out, const float *inp, const float *weight, const float *bias,
+                           int N, int C, int OC);
     /* dinp[N,C] += dout @ weight; dweight[OC,C] += dout^T @ inp;
      * dbias[OC] += sum_n dout.  Any of dinp, dweight, dbias may be NULL. */
-    void (*matmul_backward)(float *dinp, float *dweight, float *dbias,
-                            const float *dout, const float *inp,
-                            const float *weight, int N, int C, int OC);
+    void (*matmul_backward)(float *dinp, float *dweight, float *dbias, const float *dout,
+                            const float *inp, const float *weight, int N, int C, int OC);
 
     /* out[n,c] = wte[tokens[n]-vocab_start, c] (+ wpe[n % T, c] when wpe != NULL).
      * Tokens outside [vocab_start, vocab_start+V) give zeros (vocab-parallel). */
-    void (*embedding_forward)(float *out, const int32_t *tokens, const float *wte,
-                              const float *wpe, int N, int T, int C,
-                              int vocab_start, int V);
-    void (*embedding_backward)(float *dwte, float *dwpe, const float *dout,
-                               const int32_t *tokens, int N, int T, int C,
-                               int vocab_start, int V);
+    void (*embedding_forward)(float *out, const int32_t *tokens, const float *wte, const float *wpe,
+                              int N, int T, int C, int vocab_start, int V);
+    void (*embedding_backward)(float *dwte, float *dwpe, const float *dout, const int32_t *tokens,
+                               int N, int T, int C, int vocab_start, int V);
 
     /* LayerNorm over C: out = (x-mean)*rstd*w + b; saves mean[N], rstd[N]. */
     void (*layernorm_forward)(float *out, float *mean, float *rstd, const float *inp,
-                              const float *weight, const float *bias, int N, int C,
-                              float eps);
-    void (*layernorm_backward)(float *dinp, float *dweight, float *dbias,
-                               const float *dout, const float *inp, const float *weight,
-                               const float *mean, const float *rstd, int N, int C);
+                              const float *weight, const float *bias, int N, int C, float eps);
+    void (*layernorm_backward)(float *dinp, float *dweight, float *dbias, const float *dout,
+                               const float *inp, const float *weight, const float *mean,
+                               const float *rstd, int N, int C);
 
     /* RMSNorm over C: out = x*rstd*w; saves rstd[N]. */
-    void (*rmsnorm_forward)(float *out, float *rstd, const float *inp,
-                            const float *weight, int N, int C, float eps);
-    void (*rmsnorm_backward)(float *dinp, float *dweight, const float *dout,
-                             const float *inp, const float *weight, const float *rstd,
-                             int N, int C);
+    void (*rmsnorm_forward)(float *out, float *rstd, const float *inp, const float *weight, int N,
+                            int C, float eps);
+    void (*rmsnorm_backward)(float *dinp, float *dweight, const float *dout, const float *inp,
+                             const float *weight, const float *rstd, int N, int C);
 
     /* GELU, tanh approximation (GPT-2). */
     void (*gelu_forward)(float *out, const float *inp, size_t n);
@@ -90,8 +85,8 @@ typedef struct {
 
     /* SwiGLU: out = silu(gate) * up, elementwise over n. */
     void (*swiglu_forward)(float *out, const float *gate, const float *up, size_t n);
-    void (*swiglu_backward)(float *dgate, float *dup, const float *dout,
-                            const float *gate, const float *up, size_t n);
+    void (*swiglu_backward)(float *dgate, float *dup, const float *dout, const float *gate,
+                            const float *up, size_t n);
 
     /* Rotary embedding, in place on the q and k heads of a qkv buffer
      * [N, (H + 2*KVH)*hs] (layout above); position of row n is n % T.
@@ -105,13 +100,12 @@ typedef struct {
      * log-sum-exp of its scaled scores, log sum_{u<=t} exp(q_t.k_u * scale),
      * from which backward recomputes the probabilities
      * p[t,u] = exp(q_t.k_u * scale - lse[t]). */
-    void (*attention_forward)(float *out, float *lse, const float *qkv,
-                              int B, int T, int H, int KVH, int hs);
+    void (*attention_forward)(float *out, float *lse, const float *qkv, int B, int T, int H,
+                              int KVH, int hs);
     /* dqkv += the gradient through the attention, given dout and forward's
      * out and lse (out gives D_t = dout_t . out_t = sum_u p dp). */
-    void (*attention_backward)(float *dqkv, const float *dout, const float *qkv,
-                               const float *out, const float *lse,
-                               int B, int T, int H, int KVH, int hs);
+    void (*attention_backward)(float *dqkv, const float *dout, const float *qkv, const float *out,
+                               const float *lse, int B, int T, int H, int KVH, int hs);
 
     /* ---- decoding: generation with a key/value cache, one sequence ----
      * rope_decode: rope_forward's rotation of n qkv rows at positions
@@ -124,8 +118,8 @@ typedef struct {
      * attention_forward's output over the whole sequence, without
      * recomputing the earlier rows' keys and values. */
     void (*rope_decode)(float *qkv, int n, int pos0, int H, int KVH, int hs, float theta);
-    void (*attention_decode)(float *out, const float *qkv, float *kcache, float *vcache,
-                             int n, int pos0, int H, int KVH, int hs);
+    void (*attention_decode)(float *out, const float *qkv, float *kcache, float *vcache, int n,
+                             int pos0, int H, int KVH, int hs);
 
     /* Fused softmax + cross-entropy over a [N, Vp] logits buffer of which
      * only the first V columns are real (padding never counts).
@@ -133,10 +127,10 @@ typedef struct {
      * ignored (loss 0, no gradient).  Backward OVERWRITES logits with
      * dlogits = (softmax - onehot) * dloss, so probabilities are never
      * stored separately. */
-    void (*crossentropy_forward)(float *losses, const float *logits,
-                                 const int32_t *targets, int N, int V, int Vp);
-    void (*crossentropy_backward)(float *logits, const int32_t *targets,
-                                  float dloss, int N, int V, int Vp);
+    void (*crossentropy_forward)(float *losses, const float *logits, const int32_t *targets, int N,
+                                 int V, int Vp);
+    void (*crossentropy_backward)(float *logits, const int32_t *targets, float dloss, int N, int V,
+                                  int Vp);
 
     /* Vocabulary-parallel cross-entropy (src/tensor_par/vocab_parallel.c):
      * the loss over a vocabulary split across TP ranks, in passes around
@@ -156,11 +150,11 @@ typedef struct {
      *                   target's column when it is here; 0 for v >= V; the
      *                   whole row 0 when targets[n] < 0. */
     void (*vocab_max)(float *stats, const float *logits, int N, int V, int Vp);
-    void (*vocab_sumexp)(float *stats, const float *logits, const int32_t *targets, int N,
-                         int V, int Vp, int vocab_start);
+    void (*vocab_sumexp)(float *stats, const float *logits, const int32_t *targets, int N, int V,
+                         int Vp, int vocab_start);
     void (*vocab_loss)(float *losses, const float *stats, const int32_t *targets, int N);
-    void (*vocab_backward)(float *logits, const float *stats, const int32_t *targets,
-                           float dloss, int N, int V, int Vp, int vocab_start);
+    void (*vocab_backward)(float *logits, const float *stats, const int32_t *targets, float dloss,
+                           int N, int V, int Vp, int vocab_start);
 
     /* y[r, c] += bias[c] for r < rows: a replicated bias added once, after
      * the sum of a row-parallel layer. */
@@ -180,9 +174,9 @@ typedef struct {
      * with bias corrections for step t (1-based).  `master` holds fp32
      * master weights; `param` receives the updated weights (rounded to bf16
      * when round_bf16).  param may equal master (fp32 training). */
-    void (*adamw)(float *param, float *master, const float *grad, float *m, float *v,
-                  size_t n, float lr, float beta1, float beta2, float eps,
-                  float weight_decay, int t, int round_bf16);
+    void (*adamw)(float *param, float *master, const float *grad, float *m, float *v, size_t n,
+                  float lr, float beta1, float beta2, float eps, float weight_decay, int t,
+                  int round_bf16);
 } Backend;
 
 /* The CPU reference backend. */

@@ -12,9 +12,9 @@
 typedef float real;
 #define NAME(x) cpu_##x
 #define OPS_API static
-#define RM(fn) fn##f
-#define GEMM cblas_sgemm
-#define GEMV cblas_sgemv
+#define RM(fn)  fn##f
+#define GEMM    cblas_sgemm
+#define GEMV    cblas_sgemv
 #include "backend/cpu_ops.inc"
 
 /* Round to nearest, ties to even, on the bits: adding 0x7fff plus the lowest
@@ -76,8 +76,8 @@ static float *rounded(int k, const float *x, size_t n)
 static void bf16_matmul_forward(float *out, const float *inp, const float *weight,
                                 const float *bias, int N, int C, int OC)
 {
-    counted_matmul_forward(out, rounded(0, inp, (size_t)N * C),
-                           rounded(1, weight, (size_t)OC * C), bias, N, C, OC);
+    counted_matmul_forward(out, rounded(0, inp, (size_t)N * C), rounded(1, weight, (size_t)OC * C),
+                           bias, N, C, OC);
 }
 
 static void bf16_matmul_backward(float *dinp, float *dweight, float *dbias, const float *dout,
@@ -86,11 +86,11 @@ static void bf16_matmul_backward(float *dinp, float *dweight, float *dbias, cons
     if (dinp || dweight) {
         const float *d = rounded(0, dout, (size_t)N * OC);
         if (dinp)
-            counted_matmul_backward(dinp, NULL, NULL, d, NULL,
-                                    rounded(1, weight, (size_t)OC * C), N, C, OC);
+            counted_matmul_backward(dinp, NULL, NULL, d, NULL, rounded(1, weight, (size_t)OC * C),
+                                    N, C, OC);
         if (dweight)
-            counted_matmul_backward(NULL, dweight, NULL, d, rounded(1, inp, (size_t)N * C),
-                                    NULL, N, C, OC);
+            counted_matmul_backward(NULL, dweight, NULL, d, rounded(1, inp, (size_t)N * C), NULL, N,
+                                    C, OC);
     }
     if (dbias) /* from the fp32 gradient: a sum, not a tensor-core product */
         counted_matmul_backward(NULL, NULL, dbias, dout, NULL, NULL, N, C, OC);
@@ -188,8 +188,16 @@ static void *cpu_host_alloc(size_t bytes, const char *what)
 {
     return trd_malloc(bytes ? bytes : 1, what);
 }
-static void cpu_zero(void *p, size_t bytes) { if (bytes) memset(p, 0, bytes); }
-static void cpu_copy(void *dst, const void *src, size_t bytes) { if (bytes) memcpy(dst, src, bytes); }
+static void cpu_zero(void *p, size_t bytes)
+{
+    if (bytes)
+        memset(p, 0, bytes);
+}
+static void cpu_copy(void *dst, const void *src, size_t bytes)
+{
+    if (bytes)
+        memcpy(dst, src, bytes);
+}
 
 static const Backend cpu_backend = {
     .name = "cpu",

@@ -10,6 +10,6 @@ typedef double real;
 #define NAME(x) cpu_##x##_f64
 #define OPS_API
 #define RM(fn) fn
-#define GEMM cblas_dgemm
-#define GEMV cblas_dgemv
+#define GEMM   cblas_dgemm
+#define GEMV   cblas_dgemv
 #include "backend/cpu_ops.inc"

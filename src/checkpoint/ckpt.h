@@ -29,8 +29,13 @@
 #include "model/params.h"
 
 /* What a checkpoint stores per parameter; also the index of CkptShardView.part. */
-typedef enum { CKPT_PARAMS = 0, CKPT_MASTER = 1, CKPT_ADAM_M = 2, CKPT_ADAM_V = 3,
-               CKPT_KINDS = 4 } CkptKind;
+typedef enum {
+    CKPT_PARAMS = 0,
+    CKPT_MASTER = 1,
+    CKPT_ADAM_M = 2,
+    CKPT_ADAM_V = 3,
+    CKPT_KINDS = 4
+} CkptKind;
 
 /* One buffer over the flat range [lo, hi) of the local parameter table:
  * data[0] is flat element lo.  data == NULL: this rank has none of it (e.g.
@@ -42,7 +47,7 @@ typedef struct {
 
 /* A rank's view of the state it holds, for save and load. */
 typedef struct {
-    const ParamTable *table;   /* local table: TP slice, this stage's layers; rows
+    const ParamTable *table; /* local table: TP slice, this stage's layers; rows
                                   a TP rank does not own (params_row_owned) are
                                   written by their owner */
     CkptRange part[CKPT_KINDS];
@@ -51,9 +56,9 @@ typedef struct {
      * under ZeRO 0-2, optimizer state under ZeRO 0) is written once, in
      * parallel, in dp pieces. */
     size_t block_lo, block_hi;
-    int pp_rank;               /* the stage file this rank writes */
-    int dp_rank, dp, zero;     /* dp, zero recorded in the index (tp: from the table) */
-    MPI_Comm world;            /* every rank of the job (all take part in save/load) */
+    int pp_rank;           /* the stage file this rank writes */
+    int dp_rank, dp, zero; /* dp, zero recorded in the index (tp: from the table) */
+    MPI_Comm world;        /* every rank of the job (all take part in save/load) */
 } CkptShardView;
 
 /* The usual layouts of src/zero (zero.h): sets block from (dp_rank, dp),
@@ -65,11 +70,11 @@ void ckpt_view_init(CkptShardView *v, const ParamTable *t, int zero, int dp_rank
 
 /* Training state saved with the tensors. */
 typedef struct {
-    int64_t step;               /* optimizer steps completed */
-    uint64_t sampler_position;  /* next position of the global sample stream */
-    int64_t lr_step;            /* LR schedule position */
-    int64_t adam_t;             /* Adam bias-correction count (Optimizer.t) */
-    uint64_t rng[4];            /* reserved for RNG states (none beyond seed+step today) */
+    int64_t step;              /* optimizer steps completed */
+    uint64_t sampler_position; /* next position of the global sample stream */
+    int64_t lr_step;           /* LR schedule position */
+    int64_t adam_t;            /* Adam bias-correction count (Optimizer.t) */
+    uint64_t rng[4];           /* reserved for RNG states (none beyond seed+step today) */
 } CkptState;
 
 /* Save step st->step into <dir>/step_<8 digits>/, publish it and keep the
@@ -90,8 +95,8 @@ typedef struct CkptAsync CkptAsync;
 /* What a finished background write took (MPI_Wtime seconds). */
 typedef struct {
     int64_t step;
-    double t_start, t_end;  /* ckpt_save on the writer thread */
-    double waited_s;        /* the caller blocked in ckpt_async_wait */
+    double t_start, t_end; /* ckpt_save on the writer thread */
+    double waited_s;       /* the caller blocked in ckpt_async_wait */
 } CkptAsyncDone;
 
 /* Host bytes of a snapshot of v: every part with data, fp32. */

@@ -27,18 +27,18 @@
 #include "core/error.h"
 
 struct CkptAsync {
-    CkptShardView view;        /* the live view, data pointing at the snapshot */
-    MPI_Comm comm;             /* the writer's duplicate of view.world */
+    CkptShardView view; /* the live view, data pointing at the snapshot */
+    MPI_Comm comm;      /* the writer's duplicate of view.world */
     pthread_t thread;
-    int own;                   /* the snapshot buffers are ours (else the caller's) */
-    int in_flight;             /* started and not yet waited for */
-    atomic_int finished;       /* the thread's ckpt_save returned */
+    int own;             /* the snapshot buffers are ours (else the caller's) */
+    int in_flight;       /* started and not yet waited for */
+    atomic_int finished; /* the thread's ckpt_save returned */
     /* the write in flight */
     char dir[CFG_STR];
     CkptState st;
     const Config *cfg;
     int keep, rc;
-    double t_start, t_end;     /* MPI_Wtime around ckpt_save, on the thread */
+    double t_start, t_end; /* MPI_Wtime around ckpt_save, on the thread */
     char err[CFG_ERR];
 };
 
@@ -144,9 +144,10 @@ int ckpt_async_snapshot(CkptAsync *a, const float *const src[CKPT_KINDS], int64_
         for (int i = 0; i < t->n; i++)
             if (at >= t->p[i].offset && at < t->p[i].offset + t->p[i].numel)
                 name = t->p[i].name;
-        ckpt_err(err, "step %lld: tensor '%s' (%s) holds %lld non-finite value%s (NaN or Inf) "
-                      "on this rank: checkpoint not published", (long long)step, name,
-                 ckpt_kind_names[k], (long long)bad, bad == 1 ? "" : "s");
+        ckpt_err(err,
+                 "step %lld: tensor '%s' (%s) holds %lld non-finite value%s (NaN or Inf) "
+                 "on this rank: checkpoint not published",
+                 (long long)step, name, ckpt_kind_names[k], (long long)bad, bad == 1 ? "" : "s");
         rc = -1;
     }
     /* No write is in flight: the writer's communicator is free to use. */
@@ -189,15 +190,9 @@ void ckpt_async_start(CkptAsync *a, const char *dir, const CkptState *st, const 
     a->in_flight = 1;
 }
 
-int ckpt_async_in_flight(const CkptAsync *a)
-{
-    return a && a->in_flight;
-}
+int ckpt_async_in_flight(const CkptAsync *a) { return a && a->in_flight; }
 
-int ckpt_async_finished(const CkptAsync *a)
-{
-    return !a->in_flight || atomic_load(&a->finished);
-}
+int ckpt_async_finished(const CkptAsync *a) { return !a->in_flight || atomic_load(&a->finished); }
 
 int ckpt_async_wait(CkptAsync *a, CkptAsyncDone *done, char err[CFG_ERR])
 {

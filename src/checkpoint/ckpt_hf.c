@@ -37,34 +37,33 @@
 #error "safetensors is little-endian: the exporter writes host floats as they are"
 #endif
 
-#define HF_NAME 128
+#define HF_NAME    128
 #define GPT2_VOCAB 50257
-#define GPT2_EOT 50256
+#define GPT2_EOT   50256
 
 /* How an output tensor is made from its trident source. */
 typedef enum {
-    HF_COPY,       /* the same values, row by row (streamed per checksum block) */
-    HF_TRANSPOSE,  /* GPT-2 Conv1D: HF stores [in, out], trident [out, in] */
-    HF_QKV,        /* rows picked out of the fused per-kv-group qkv (below) */
+    HF_COPY,      /* the same values, row by row (streamed per checksum block) */
+    HF_TRANSPOSE, /* GPT-2 Conv1D: HF stores [in, out], trident [out, in] */
+    HF_QKV,       /* rows picked out of the fused per-kv-group qkv (below) */
 } HfOp;
 
-
 typedef struct {
-    char name[HF_NAME];          /* HF name */
+    char name[HF_NAME]; /* HF name */
     const CkptEntry *src;
     HfOp op;
-    int part;                    /* HF_QKV */
+    int part; /* HF_QKV */
     int ndim;
-    int64_t shape[2];            /* HF shape; shape[1] == 1 when ndim == 1 */
-    int64_t bytes, offset;       /* in its shard's data section */
+    int64_t shape[2];      /* HF shape; shape[1] == 1 when ndim == 1 */
+    int64_t bytes, offset; /* in its shard's data section */
     int shard;
-    int owner;                   /* the rank that writes it */
+    int owner; /* the rank that writes it */
 } HfTensor;
 
 typedef struct {
     const CkptIndex *ix;
     const char *step_dir, *out_dir;
-    CkptKind kind;               /* master weights when saved, else params */
+    CkptKind kind; /* master weights when saved, else params */
     int bf16, gpt2;
     int64_t hs, heads, kv_heads;
     HfTensor *t;
@@ -73,8 +72,8 @@ typedef struct {
     /* The last whole source tensor read (the qkv feeds three outputs). */
     const CkptEntry *cached;
     float *cache;
-    size_t cache_cap;            /* floats; kept across tensors (no page faults anew) */
-    float *tbuf;                 /* a transposed tensor */
+    size_t cache_cap; /* floats; kept across tensors (no page faults anew) */
+    float *tbuf;      /* a transposed tensor */
     size_t tbuf_cap;
     /* Output staging for one row (converted) and file accounting. */
     void *stage;
@@ -95,9 +94,10 @@ static int hf_add(Hf *h, const char *src, HfOp op, int part, int ndim, int64_t r
 {
     const CkptEntry *e = ckpt_index_find(h->ix, src, h->kind);
     if (!e) {
-        ckpt_err(h->err, "%s: tensor '%s' (%s) is not in the checkpoint: not a %s model as "
-                         "trident writes it", h->step_dir, src, ckpt_kind_names[h->kind],
-                 h->ix->arch);
+        ckpt_err(h->err,
+                 "%s: tensor '%s' (%s) is not in the checkpoint: not a %s model as "
+                 "trident writes it",
+                 h->step_dir, src, ckpt_kind_names[h->kind], h->ix->arch);
         return -1;
     }
     if (h->n == h->cap) {
@@ -129,9 +129,10 @@ static int hf_add(Hf *h, const char *src, HfOp op, int part, int ndim, int64_t r
         want1 = ndim == 2 ? (part == QKV_ALL ? r : c) : 1;
     }
     if (e->ndim != ndim || e->shape[0] != want0 || e->shape[1] != want1) {
-        ckpt_err(h->err, "%s: tensor '%s' has shape [%lld, %lld], expected [%lld, %lld] for "
-                         "the model the index describes", h->step_dir, src,
-                 (long long)e->shape[0], (long long)e->shape[1], (long long)want0,
+        ckpt_err(h->err,
+                 "%s: tensor '%s' has shape [%lld, %lld], expected [%lld, %lld] for "
+                 "the model the index describes",
+                 h->step_dir, src, (long long)e->shape[0], (long long)e->shape[1], (long long)want0,
                  (long long)want1);
         return -1;
     }
@@ -146,12 +147,13 @@ static int hf_plan(Hf *h)
     int rc = 0;
     if (h->gpt2) {
         rc |= hf_add(h, "embed.wte.weight", HF_COPY, 0, 2, V, C, "transformer.wte.weight");
-        rc |= hf_add(h, "embed.wpe.weight", HF_COPY, 0, 2, ix->seq_len, C,
-                     "transformer.wpe.weight");
+        rc |=
+            hf_add(h, "embed.wpe.weight", HF_COPY, 0, 2, ix->seq_len, C, "transformer.wpe.weight");
         for (int l = 0; l < ix->layers && rc == 0; l++) {
             char s[PARAM_NAME];
 #define SRC(x) (snprintf(s, sizeof s, "layers.%d." x, l), s)
-            rc |= hf_add(h, SRC("ln1.weight"), HF_COPY, 0, 1, C, 0, "transformer.h.%d.ln_1.weight", l);
+            rc |= hf_add(h, SRC("ln1.weight"), HF_COPY, 0, 1, C, 0, "transformer.h.%d.ln_1.weight",
+                         l);
             rc |= hf_add(h, SRC("ln1.bias"), HF_COPY, 0, 1, C, 0, "transformer.h.%d.ln_1.bias", l);
             rc |= hf_add(h, SRC("attn.qkv.weight"), HF_QKV, QKV_ALL, 2, C, 3 * A,
                          "transformer.h.%d.attn.c_attn.weight", l);
@@ -161,11 +163,13 @@ static int hf_plan(Hf *h)
                          "transformer.h.%d.attn.c_proj.weight", l);
             rc |= hf_add(h, SRC("attn.proj.bias"), HF_COPY, 0, 1, C, 0,
                          "transformer.h.%d.attn.c_proj.bias", l);
-            rc |= hf_add(h, SRC("ln2.weight"), HF_COPY, 0, 1, C, 0, "transformer.h.%d.ln_2.weight", l);
+            rc |= hf_add(h, SRC("ln2.weight"), HF_COPY, 0, 1, C, 0, "transformer.h.%d.ln_2.weight",
+                         l);
             rc |= hf_add(h, SRC("ln2.bias"), HF_COPY, 0, 1, C, 0, "transformer.h.%d.ln_2.bias", l);
             rc |= hf_add(h, SRC("mlp.fc.weight"), HF_TRANSPOSE, 0, 2, C, F,
                          "transformer.h.%d.mlp.c_fc.weight", l);
-            rc |= hf_add(h, SRC("mlp.fc.bias"), HF_COPY, 0, 1, F, 0, "transformer.h.%d.mlp.c_fc.bias", l);
+            rc |= hf_add(h, SRC("mlp.fc.bias"), HF_COPY, 0, 1, F, 0,
+                         "transformer.h.%d.mlp.c_fc.bias", l);
             rc |= hf_add(h, SRC("mlp.proj.weight"), HF_TRANSPOSE, 0, 2, F, C,
                          "transformer.h.%d.mlp.c_proj.weight", l);
             rc |= hf_add(h, SRC("mlp.proj.bias"), HF_COPY, 0, 1, C, 0,
@@ -262,8 +266,8 @@ static int hf_read_blocks(Hf *h, const CkptEntry *e, BlockFn fn, void *ctx)
         ckpt_err(h->err, "%s: tensor '%s': no dataset '/%s'", path, e->name, dset);
         code = TRD_EXIT_RUNTIME;
     } else if (ckpt_get_checksums(d, e, &sums) != 0) {
-        ckpt_err(h->err, "%s: tensor '%s' (dataset '/%s') has no valid checksum attributes",
-                 path, e->name, dset);
+        ckpt_err(h->err, "%s: tensor '%s' (dataset '/%s') has no valid checksum attributes", path,
+                 e->name, dset);
         code = TRD_EXIT_RUNTIME;
     }
     const int64_t R = ckpt_block_rows(e->ndim, e->shape), cols = e->shape[1];
@@ -282,9 +286,10 @@ static int hf_read_blocks(Hf *h, const CkptEntry *e, BlockFn fn, void *ctx)
                      path, e->name, dset, (long long)r0, (long long)(r0 + n), why);
             code = TRD_EXIT_RUNTIME;
         } else if (ckpt_checksum_rows(buf, r0, n, cols) != sums[r0 / R]) {
-            ckpt_err(h->err, "%s: tensor '%s' (dataset '/%s'): checksum mismatch in the block "
-                             "at row %lld — the file is corrupted", path, e->name, dset,
-                     (long long)r0);
+            ckpt_err(h->err,
+                     "%s: tensor '%s' (dataset '/%s'): checksum mismatch in the block "
+                     "at row %lld — the file is corrupted",
+                     path, e->name, dset, (long long)r0);
             code = TRD_EXIT_RUNTIME;
         } else {
             code = fn(h, buf, r0, n, ctx);
@@ -342,7 +347,7 @@ static int hf_whole(Hf *h, const CkptEntry *e)
 typedef struct {
     CkptRaw raw;
     const char *path;
-    char *buf;            /* CKPT_RAW_STAGE + CKPT_RAW_ALIGN bytes, aligned */
+    char *buf; /* CKPT_RAW_STAGE + CKPT_RAW_ALIGN bytes, aligned */
     size_t lead, n;
     off_t at;
 } Sink;
@@ -430,10 +435,7 @@ static int emit_block(Hf *h, const float *rows, int64_t r0, int64_t n, void *ctx
  * 2i and HF's i + hs/2 is trident's 2i + 1: with the q and k rows of every
  * head reordered that way, HF's rotation of the reordered vectors is
  * trident's rotation reordered, and the scores q.k are unchanged. */
-static int64_t rope_src(int64_t d, int64_t hs)
-{
-    return d < hs / 2 ? 2 * d : 2 * (d - hs / 2) + 1;
-}
+static int64_t rope_src(int64_t d, int64_t hs) { return d < hs / 2 ? 2 * d : 2 * (d - hs / 2) + 1; }
 
 /* Row of trident's fused qkv (per kv group g: its Q = heads/kv_heads query
  * heads, then k, then v; backend.h) holding dimension d of query head h
@@ -504,13 +506,13 @@ static int hf_write_tensor(Hf *h, const HfTensor *t, Sink *s)
         if (t->op == HF_TRANSPOSE) {
             for (int64_t j = 0; j < ocols; j++)
                 row[j] = w[j * cols + i];
-        } else if (t->ndim == 1) {            /* the c_attn bias */
+        } else if (t->ndim == 1) { /* the c_attn bias */
             for (int64_t j = 0; j < ocols; j++)
                 row[j] = w[qkv_src_row(h, t->part, j)];
-        } else if (t->part == QKV_ALL) {      /* c_attn: [C, 3A], column j = qkv row */
+        } else if (t->part == QKV_ALL) { /* c_attn: [C, 3A], column j = qkv row */
             for (int64_t j = 0; j < ocols; j++)
                 row[j] = w[qkv_src_row(h, QKV_ALL, j) * cols + i];
-        } else {                              /* q/k/v_proj: whole rows */
+        } else { /* q/k/v_proj: whole rows */
             memcpy(row, w + qkv_src_row(h, t->part, i) * cols, (size_t)cols * sizeof(float));
         }
         code = hf_emit(h, s, row, (size_t)ocols);
@@ -810,7 +812,8 @@ static int hf_write_tokenizer(Hf *h, int *wrote)
     struct stat st;
     if (stat(vocab, &st) != 0 || stat(merges, &st) != 0) {
         printf("note: %s not found: no tokenizer files written (scripts/get_corpus.sh "
-               "installs them)\n", vocab);
+               "installs them)\n",
+               vocab);
         return TRD_EXIT_OK;
     }
     int code = copy_file(h, vocab, "vocab.json");
@@ -843,8 +846,9 @@ static void hf_remove_stale(const char *dir)
     while ((de = readdir(d))) {
         int a, b;
         char tail[32];
-        const int shard = sscanf(de->d_name, "model-%5d-of-%5d.safetensor%31s", &a, &b, tail) == 3 &&
-                          (!strcmp(tail, "s") || !strcmp(tail, "s.tmp"));
+        const int shard =
+            sscanf(de->d_name, "model-%5d-of-%5d.safetensor%31s", &a, &b, tail) == 3 &&
+            (!strcmp(tail, "s") || !strcmp(tail, "s.tmp"));
         if (shard || !strcmp(de->d_name, "model.safetensors") ||
             !strcmp(de->d_name, "model.safetensors.tmp") ||
             !strcmp(de->d_name, "model.safetensors.index.json")) {
@@ -890,8 +894,15 @@ int ckpt_hf_parse_size(const char *s, int64_t *out)
     static const struct {
         const char *suffix;
         double mult;
-    } units[] = {{"", 1}, {"B", 1}, {"KB", 1e3}, {"MB", 1e6}, {"GB", 1e9}, {"TB", 1e12},
-                 {"KIB", 1024.0}, {"MIB", 1048576.0}, {"GIB", 1073741824.0},
+    } units[] = {{"", 1},
+                 {"B", 1},
+                 {"KB", 1e3},
+                 {"MB", 1e6},
+                 {"GB", 1e9},
+                 {"TB", 1e12},
+                 {"KIB", 1024.0},
+                 {"MIB", 1048576.0},
+                 {"GIB", 1073741824.0},
                  {"TIB", 1099511627776.0}};
     char suf[8] = {0};
     size_t n = strlen(end);
@@ -955,8 +966,9 @@ int ckpt_hf_export(const char *arg, const char *out_dir, int bf16, int64_t max_s
         goto fail;
     }
     if (h.gpt2 && ix.kv_heads != ix.heads) {
-        ckpt_err(h.err, "%s: a gpt2 model with kv_heads %d < heads %d (grouped-query "
-                        "attention) has no GPT2LMHeadModel equivalent; use arch llama",
+        ckpt_err(h.err,
+                 "%s: a gpt2 model with kv_heads %d < heads %d (grouped-query "
+                 "attention) has no GPT2LMHeadModel equivalent; use arch llama",
                  step_dir, ix.kv_heads, ix.heads);
         goto fail;
     }
@@ -965,8 +977,8 @@ int ckpt_hf_export(const char *arg, const char *out_dir, int bf16, int64_t max_s
     h.kind = ix.n && ckpt_index_find(&ix, ix.e[0].name, CKPT_MASTER) ? CKPT_MASTER : CKPT_PARAMS;
     if (hf_plan(&h) != 0)
         goto fail;
-    if (hf_agree(&h, h.rank == 0 && hf_prepare_dir(out_dir, h.err) != 0 ? TRD_EXIT_INPUT
-                                                                         : TRD_EXIT_OK))
+    if (hf_agree(&h,
+                 h.rank == 0 && hf_prepare_dir(out_dir, h.err) != 0 ? TRD_EXIT_INPUT : TRD_EXIT_OK))
         goto fail;
     hf_shard(&h, max_shard);
     hf_assign(&h);
@@ -1004,9 +1016,9 @@ int ckpt_hf_export(const char *arg, const char *out_dir, int bf16, int64_t max_s
     const double dt = now_s() - t0;
     if (h.rank == 0)
         printf("exported %d tensors of step %lld (%s, %s) to %s: %s, %.1f MiB in %d file%s%s, "
-               "%.2f s (%.0f MB/s%s)\n", h.n, (long long)ix.state.step, ix.arch,
-               ckpt_kind_names[h.kind], out_dir, bf16 ? "bf16" : "fp32",
-               trd_mib((size_t)h.written), h.n_shards,
+               "%.2f s (%.0f MB/s%s)\n",
+               h.n, (long long)ix.state.step, ix.arch, ckpt_kind_names[h.kind], out_dir,
+               bf16 ? "bf16" : "fp32", trd_mib((size_t)h.written), h.n_shards,
                h.n_shards > 1 ? "s + model.safetensors.index.json" : "",
                tok ? ", tokenizer files" : "", dt, dt > 0 ? 1e-6 * (double)h.written / dt : 0.0,
                h.size > 1 ? ", tensors split over the ranks" : "");

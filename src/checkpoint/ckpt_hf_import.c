@@ -33,18 +33,18 @@
 #error "safetensors is little-endian: the reader takes the bytes as host floats"
 #endif
 
-#define ST_MAX_HEADER (100LL * 1000 * 1000)
-#define ST_MAX_SHARDS 256
+#define ST_MAX_HEADER  (100LL * 1000 * 1000)
+#define ST_MAX_SHARDS  256
 #define HF_NAME_IMPORT 128
 
 /* ---- safetensors ------------------------------------------------------ */
 
 typedef struct {
     char *name;
-    int bf16;             /* BF16, else F32 */
+    int bf16; /* BF16, else F32 */
     int ndim;
-    int64_t shape[2];     /* shape[1] == 1 when ndim == 1 */
-    int64_t begin, end;   /* absolute file offsets */
+    int64_t shape[2];   /* shape[1] == 1 when ndim == 1 */
+    int64_t begin, end; /* absolute file offsets */
 } StTensor;
 
 typedef struct {
@@ -59,15 +59,17 @@ typedef struct {
     char dir[CKPT_FILE_PATH];
     StFile f[ST_MAX_SHARDS];
     int n_files;
-    cJSON *weight_map;    /* NULL: one model.safetensors */
+    cJSON *weight_map; /* NULL: one model.safetensors */
     cJSON *index_doc;
-    int want_bf16;        /* -1: config.json does not say */
+    int want_bf16; /* -1: config.json does not say */
 } StSet;
 
 static int tensor_cmp(const void *a, const void *b)
 {
     const StTensor *x = a, *y = b;
-    return x->begin < y->begin ? -1 : x->begin > y->begin ? 1 : (x->end > y->end) - (x->end < y->end);
+    return x->begin < y->begin   ? -1
+           : x->begin > y->begin ? 1
+                                 : (x->end > y->end) - (x->end < y->end);
 }
 
 /* An integer JSON number in [lo, hi], or -1 into *ok. */
@@ -114,16 +116,17 @@ static int st_open(StFile *f, const char *path, char err[CFG_ERR])
         return TRD_EXIT_INPUT;
     }
     if (hlen > (uint64_t)ST_MAX_HEADER || hlen > (uint64_t)(f->size - 8)) {
-        ckpt_err(err, "%s: header length %llu is absurd (file %lld bytes, limit %lld): not a "
-                      "safetensors file, or truncated", path, (unsigned long long)hlen,
-                 (long long)f->size, ST_MAX_HEADER);
+        ckpt_err(err,
+                 "%s: header length %llu is absurd (file %lld bytes, limit %lld): not a "
+                 "safetensors file, or truncated",
+                 path, (unsigned long long)hlen, (long long)f->size, ST_MAX_HEADER);
         return TRD_EXIT_INPUT;
     }
     char *text = trd_malloc(hlen + 1, "safetensors header");
     if (pread(f->fd, text, hlen, 8) != (ssize_t)hlen) {
         free(text);
-        ckpt_err(err, "%s: cannot read the %llu-byte header: %s", path,
-                 (unsigned long long)hlen, strerror(errno));
+        ckpt_err(err, "%s: cannot read the %llu-byte header: %s", path, (unsigned long long)hlen,
+                 strerror(errno));
         return TRD_EXIT_INPUT;
     }
     text[hlen] = '\0';
@@ -150,14 +153,16 @@ static int st_open(StFile *f, const char *path, char err[CFG_ERR])
         const cJSON *off = cJSON_GetObjectItemCaseSensitive(o, "data_offsets");
         if (!cJSON_IsString(dt) || !cJSON_IsArray(sh) || !cJSON_IsArray(off) ||
             cJSON_GetArraySize(off) != 2) {
-            ckpt_err(err, "%s: tensor '%s': header entry lacks dtype, shape or a "
-                          "[begin, end] data_offsets", path, t->name);
+            ckpt_err(err,
+                     "%s: tensor '%s': header entry lacks dtype, shape or a "
+                     "[begin, end] data_offsets",
+                     path, t->name);
             code = TRD_EXIT_INPUT;
             break;
         }
         if (strcmp(dt->valuestring, "F32") && strcmp(dt->valuestring, "BF16")) {
-            ckpt_err(err, "%s: tensor '%s': dtype %s (trident reads F32 and BF16)", path,
-                     t->name, dt->valuestring);
+            ckpt_err(err, "%s: tensor '%s': dtype %s (trident reads F32 and BF16)", path, t->name,
+                     dt->valuestring);
             code = TRD_EXIT_INPUT;
             break;
         }
@@ -171,8 +176,10 @@ static int st_open(StFile *f, const char *path, char err[CFG_ERR])
         if (ok && t->shape[1] > 0 && t->shape[0] > f->size / t->shape[1])
             ok = 0;
         if (!ok) {
-            ckpt_err(err, "%s: tensor '%s': shape must be 1 or 2 non-negative integers whose "
-                          "product fits in the file", path, t->name);
+            ckpt_err(err,
+                     "%s: tensor '%s': shape must be 1 or 2 non-negative integers whose "
+                     "product fits in the file",
+                     path, t->name);
             code = TRD_EXIT_INPUT;
             break;
         }
@@ -180,21 +187,24 @@ static int st_open(StFile *f, const char *path, char err[CFG_ERR])
         const int64_t e = json_int(cJSON_GetArrayItem(off, 1), 0, INT64_MAX / 2, &ok);
         const int64_t want = t->shape[0] * t->shape[1] * (t->bf16 ? 2 : 4);
         if (!ok || e < b) {
-            ckpt_err(err, "%s: tensor '%s': data_offsets are not integers 0 <= begin <= end",
-                     path, t->name);
+            ckpt_err(err, "%s: tensor '%s': data_offsets are not integers 0 <= begin <= end", path,
+                     t->name);
             code = TRD_EXIT_INPUT;
             break;
         }
         if (e > data_len) {
-            ckpt_err(err, "%s: tensor '%s': data_offsets [%lld, %lld] past the end of the file "
-                          "(data section %lld bytes): truncated?", path, t->name, (long long)b,
-                     (long long)e, (long long)data_len);
+            ckpt_err(err,
+                     "%s: tensor '%s': data_offsets [%lld, %lld] past the end of the file "
+                     "(data section %lld bytes): truncated?",
+                     path, t->name, (long long)b, (long long)e, (long long)data_len);
             code = TRD_EXIT_INPUT;
             break;
         }
         if (e - b != want) {
-            ckpt_err(err, "%s: tensor '%s': data_offsets span %lld bytes, its shape and dtype "
-                          "need %lld", path, t->name, (long long)(e - b), (long long)want);
+            ckpt_err(err,
+                     "%s: tensor '%s': data_offsets span %lld bytes, its shape and dtype "
+                     "need %lld",
+                     path, t->name, (long long)(e - b), (long long)want);
             code = TRD_EXIT_INPUT;
             break;
         }
@@ -310,8 +320,7 @@ static int st_set_open(StSet *s, const char *dir, char err[CFG_ERR])
             char shard[CKPT_FILE_PATH + 64];
             snprintf(shard, sizeof shard, "%s/%s", dir, e->valuestring);
             if (stat(shard, &st) != 0) {
-                ckpt_err(err, "%s: shard %s (of tensor '%s') is missing", path, shard,
-                         e->string);
+                ckpt_err(err, "%s: shard %s (of tensor '%s') is missing", path, shard, e->string);
                 return TRD_EXIT_INPUT;
             }
             code = st_open(&s->f[s->n_files++], shard, err);
@@ -338,8 +347,7 @@ static void st_set_close(StSet *s)
 
 /* HF tensor `name` of shape [r, c] (c == 0: a vector of r) read whole into
  * out as fp32 (BF16 widened exactly: its bits are the upper half). */
-static int st_read(StSet *s, const char *name, int64_t r, int64_t c, float *out,
-                   char err[CFG_ERR])
+static int st_read(StSet *s, const char *name, int64_t r, int64_t c, float *out, char err[CFG_ERR])
 {
     const StFile *f = NULL;
     const StTensor *t = NULL;
@@ -365,10 +373,10 @@ static int st_read(StSet *s, const char *name, int64_t r, int64_t c, float *out,
     if (t->ndim != ndim || t->shape[0] != r || (ndim == 2 && t->shape[1] != c)) {
         char want[64], got[64];
         snprintf(want, sizeof want, c ? "[%lld, %lld]" : "[%lld]", (long long)r, (long long)c);
-        snprintf(got, sizeof got, t->ndim == 2 ? "[%lld, %lld]" : "[%lld]",
-                 (long long)t->shape[0], (long long)t->shape[1]);
-        ckpt_err(err, "%s: tensor '%s' has shape %s, config.json implies %s", f->path, name,
-                 got, want);
+        snprintf(got, sizeof got, t->ndim == 2 ? "[%lld, %lld]" : "[%lld]", (long long)t->shape[0],
+                 (long long)t->shape[1]);
+        ckpt_err(err, "%s: tensor '%s' has shape %s, config.json implies %s", f->path, name, got,
+                 want);
         return TRD_EXIT_INPUT;
     }
     if (s->want_bf16 >= 0 && t->bf16 != s->want_bf16) {
@@ -455,15 +463,18 @@ static int read_model(const char *dir, ModelConfig *m, int *want_bf16, char err[
     int code = read_json(path, &doc, err);
     if (code)
         return code;
-    const cJSON *arch = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(doc, "architectures"), 0);
+    const cJSON *arch =
+        cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(doc, "architectures"), 0);
     const cJSON *type = cJSON_GetObjectItemCaseSensitive(doc, "model_type");
     const char *a = cJSON_IsString(arch) ? arch->valuestring : "(none)";
     const char *t = cJSON_IsString(type) ? type->valuestring : "(none)";
     const int gpt2 = !strcmp(a, "GPT2LMHeadModel") && !strcmp(t, "gpt2");
     const int llama = !strcmp(a, "LlamaForCausalLM") && !strcmp(t, "llama");
     if (!gpt2 && !llama) {
-        ckpt_err(err, "%s: architectures [\"%s\"], model_type \"%s\": trident imports "
-                      "GPT2LMHeadModel (gpt2) and LlamaForCausalLM (llama)", path, a, t);
+        ckpt_err(err,
+                 "%s: architectures [\"%s\"], model_type \"%s\": trident imports "
+                 "GPT2LMHeadModel (gpt2) and LlamaForCausalLM (llama)",
+                 path, a, t);
         cJSON_Delete(doc);
         return TRD_EXIT_INPUT;
     }
@@ -480,8 +491,8 @@ static int read_model(const char *dir, ModelConfig *m, int *want_bf16, char err[
         m->tie_embeddings = cfg_bool(doc, "tie_word_embeddings", 1);
         const cJSON *act = cJSON_GetObjectItemCaseSensitive(doc, "activation_function");
         if (!code && cJSON_IsString(act) && strcmp(act->valuestring, "gelu_new")) {
-            ckpt_err(err, "%s: activation_function \"%s\": trident's GELU is gelu_new (tanh)",
-                     path, act->valuestring);
+            ckpt_err(err, "%s: activation_function \"%s\": trident's GELU is gelu_new (tanh)", path,
+                     act->valuestring);
             code = TRD_EXIT_INPUT;
         }
     } else {
@@ -500,21 +511,25 @@ static int read_model(const char *dir, ModelConfig *m, int *want_bf16, char err[
         const cJSON *rs = cJSON_GetObjectItemCaseSensitive(doc, "rope_scaling");
         if (!code && (hd * m->heads != m->hidden || (rs && !cJSON_IsNull(rs)) ||
                       cfg_bool(doc, "attention_bias", 0) || cfg_bool(doc, "mlp_bias", 0))) {
-            ckpt_err(err, "%s: head_dim %d x heads %d != hidden %d, rope_scaling, "
-                          "attention_bias or mlp_bias: not a model trident has", path, hd,
-                     m->heads, m->hidden);
+            ckpt_err(err,
+                     "%s: head_dim %d x heads %d != hidden %d, rope_scaling, "
+                     "attention_bias or mlp_bias: not a model trident has",
+                     path, hd, m->heads, m->hidden);
             code = TRD_EXIT_INPUT;
         }
     }
     if (!code && (m->hidden % m->heads || m->heads % m->kv_heads || (m->hidden / m->heads) % 2)) {
-        ckpt_err(err, "%s: hidden %d, heads %d, kv_heads %d: heads must divide hidden (an even "
-                      "head size) and kv_heads divide heads", path, m->hidden, m->heads,
-                 m->kv_heads);
+        ckpt_err(err,
+                 "%s: hidden %d, heads %d, kv_heads %d: heads must divide hidden (an even "
+                 "head size) and kv_heads divide heads",
+                 path, m->hidden, m->heads, m->kv_heads);
         code = TRD_EXIT_INPUT;
     }
     const cJSON *dt = cJSON_GetObjectItemCaseSensitive(doc, "torch_dtype");
-    *want_bf16 = !cJSON_IsString(dt) ? -1 : !strcmp(dt->valuestring, "bfloat16") ? 1
-               : !strcmp(dt->valuestring, "float32") ? 0 : 2;
+    *want_bf16 = !cJSON_IsString(dt)                    ? -1
+                 : !strcmp(dt->valuestring, "bfloat16") ? 1
+                 : !strcmp(dt->valuestring, "float32")  ? 0
+                                                        : 2;
     if (!code && *want_bf16 == 2) {
         ckpt_err(err, "%s: torch_dtype \"%s\" (trident reads float32 and bfloat16)", path,
                  dt->valuestring);
@@ -530,8 +545,8 @@ typedef struct {
     StSet st;
     const ModelConfig *m;
     int64_t hs;
-    int64_t n_positions;  /* config.json's (gpt2 wpe rows); m->seq_len may be fewer */
-    float *scratch;       /* one HF tensor */
+    int64_t n_positions; /* config.json's (gpt2 wpe rows); m->seq_len may be fewer */
+    float *scratch;      /* one HF tensor */
     size_t scratch_cap;
     char err[CFG_ERR];
 } Imp;
@@ -573,7 +588,7 @@ static int read_qkv(Imp *im, int l, int bias, float *out)
             row[j] = ckpt_hf_qkv_src_row(H, KV, hs, QKV_ALL, j);
         for (int64_t j = 0; code == 0 && bias && j < A3; j++)
             out[row[j]] = w[j];
-        if (code == 0 && !bias)   /* [C, 3A]: column j is trident row row[j] */
+        if (code == 0 && !bias) /* [C, 3A]: column j is trident row row[j] */
             ckpt_transpose(w, C, A3, NULL, row, out);
         free(row);
         return code;
@@ -601,12 +616,12 @@ static int fill(Imp *im, const ParamSpec *p, int64_t rows, float *out)
     char hf[HF_NAME_IMPORT], rest[PARAM_NAME];
     int l;
     if (!strcmp(p->name, "embed.wte.weight"))
-        return st_read(&im->st, g ? "transformer.wte.weight" : "model.embed_tokens.weight",
-                       rows, cols, out, im->err);
+        return st_read(&im->st, g ? "transformer.wte.weight" : "model.embed_tokens.weight", rows,
+                       cols, out, im->err);
     if (!strcmp(p->name, "embed.wpe.weight")) {
         float *w = scratch(im, im->n_positions * cols);
-        const int code = st_read(&im->st, "transformer.wpe.weight", im->n_positions, cols, w,
-                                 im->err);
+        const int code =
+            st_read(&im->st, "transformer.wpe.weight", im->n_positions, cols, w, im->err);
         if (code == 0)
             memcpy(out, w, (size_t)(rows * cols) * sizeof(float));
         return code;
@@ -623,7 +638,10 @@ static int fill(Imp *im, const ParamSpec *p, int64_t rows, float *out)
     }
     if (!strcmp(rest, "attn.qkv.weight") || !strcmp(rest, "attn.qkv.bias"))
         return read_qkv(im, l, p->ndim == 1, out);
-    static const struct { const char *trd, *gpt2, *llama; int transpose; } map[] = {
+    static const struct {
+        const char *trd, *gpt2, *llama;
+        int transpose;
+    } map[] = {
         {"ln1.weight", "ln_1.weight", "input_layernorm.weight", 0},
         {"ln1.bias", "ln_1.bias", NULL, 0},
         {"ln2.weight", "ln_2.weight", "post_attention_layernorm.weight", 0},
@@ -643,7 +661,7 @@ static int fill(Imp *im, const ParamSpec *p, int64_t rows, float *out)
         if (strcmp(rest, map[i].trd) || !src)
             continue;
         snprintf(hf, sizeof hf, g ? "transformer.h.%d.%s" : "model.layers.%d.%s", l, src);
-        if (g && map[i].transpose)   /* Conv1D: HF [in, out] = trident [out, in]^T */
+        if (g && map[i].transpose) /* Conv1D: HF [in, out] = trident [out, in]^T */
             return read_t(im, hf, cols, rows, out);
         return st_read(&im->st, hf, rows, cols, out, im->err);
     }
@@ -668,8 +686,8 @@ static int fill_finite(Imp *im, const ParamSpec *p, int64_t rows, float *out, co
 
 /* ---- writing the checkpoint ------------------------------------------- */
 
-static int write_tensor(Imp *im, hid_t group, CkptRaw *raw, const CkptEntry *e,
-                        const float *w, const char *path)
+static int write_tensor(Imp *im, hid_t group, CkptRaw *raw, const CkptEntry *e, const float *w,
+                        const char *path)
 {
     const int64_t R = ckpt_block_rows(e->ndim, e->shape), nb = ckpt_n_blocks(e->ndim, e->shape);
     uint64_t *sums = trd_calloc((size_t)(nb ? nb : 1), sizeof(uint64_t), "checksums");
@@ -722,8 +740,10 @@ int ckpt_hf_import(const char *hf_dir, const char *out_dir, char *const *sets, i
     for (int i = 0; i < n_sets; i++) {
         const int seq = !strncmp(sets[i], "model.seq_len=", 14);
         if (!strncmp(sets[i], "model.", 6) && !seq) {
-            ckpt_err(err, "--set %s: the model comes from %s/config.json (only model.seq_len "
-                          "may be set)", sets[i], hf_dir);
+            ckpt_err(err,
+                     "--set %s: the model comes from %s/config.json (only model.seq_len "
+                     "may be set)",
+                     sets[i], hf_dir);
             return TRD_EXIT_INPUT;
         }
         if (config_set(&cfg, sets[i], err) != 0)
@@ -742,8 +762,10 @@ int ckpt_hf_import(const char *hf_dir, const char *out_dir, char *const *sets, i
      * RoPE has no such table. */
     im.n_positions = m->seq_len;
     if (seq_len > 0 && m->arch == ARCH_GPT2 && seq_len > m->seq_len) {
-        ckpt_err(err, "model.seq_len %d > n_positions %d of %s/config.json: gpt2 has no "
-                      "position embedding beyond it", seq_len, m->seq_len, hf_dir);
+        ckpt_err(err,
+                 "model.seq_len %d > n_positions %d of %s/config.json: gpt2 has no "
+                 "position embedding beyond it",
+                 seq_len, m->seq_len, hf_dir);
         return TRD_EXIT_INPUT;
     }
     if (seq_len > 0)
@@ -759,8 +781,8 @@ int ckpt_hf_import(const char *hf_dir, const char *out_dir, char *const *sets, i
     snprintf(final, sizeof final, "%s/%s", out_dir, name);
     snprintf(tmp, sizeof tmp, "%s.tmp", final);
     if (!replace && dir_exists(final)) {
-        ckpt_err(err, "--out %s: already holds %s: not overwritten (choose another --out)",
-                 out_dir, name);
+        ckpt_err(err, "--out %s: already holds %s: not overwritten (choose another --out)", out_dir,
+                 name);
         return TRD_EXIT_INPUT;
     }
     code = st_set_open(&im.st, hf_dir, err);
@@ -785,8 +807,9 @@ int ckpt_hf_import(const char *hf_dir, const char *out_dir, char *const *sets, i
     hid_t fapl = ckpt_serial_fapl();
     f = H5Fcreate(path, H5F_ACC_TRUNC, H5P_DEFAULT, fapl);
     H5Pclose(fapl);
-    group = f >= 0 ? H5Gcreate2(f, ckpt_kind_names[CKPT_PARAMS], H5P_DEFAULT, H5P_DEFAULT,
-                                H5P_DEFAULT) : -1;
+    group = f >= 0
+                ? H5Gcreate2(f, ckpt_kind_names[CKPT_PARAMS], H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT)
+                : -1;
     if (group < 0 || ckpt_raw_open(&raw, path) != 0) {
         ckpt_err(err, "%s: cannot create", path);
         code = TRD_EXIT_RUNTIME;
@@ -875,9 +898,9 @@ int ckpt_hf_import(const char *hf_dir, const char *out_dir, char *const *sets, i
         code = TRD_EXIT_RUNTIME;
     if (code == 0)
         printf("imported %d tensors (%s, %d layers, hidden %d, heads %d, kv_heads %d, vocab %d, "
-               "%s) from %s to %s (step 0, weights only)\n", t.n, config_arch_name(m->arch),
-               m->layers, m->hidden, m->heads, m->kv_heads, m->vocab,
-               m->tie_embeddings ? "tied" : "untied", hf_dir, final);
+               "%s) from %s to %s (step 0, weights only)\n",
+               t.n, config_arch_name(m->arch), m->layers, m->hidden, m->heads, m->kv_heads,
+               m->vocab, m->tie_embeddings ? "tied" : "untied", hf_dir, final);
 done:
     if (raw_open)
         ckpt_raw_close(&raw, 0);
@@ -906,11 +929,16 @@ static int same_model(const char *dir, const ModelConfig *hf, const ModelConfig 
                  config_arch_name(hf->arch), dir, config_arch_name(m->arch));
         return TRD_EXIT_INPUT;
     }
-    const struct { const char *key; int hf, ours; } ints[] = {
-        {"layers", hf->layers, m->layers}, {"hidden", hf->hidden, m->hidden},
-        {"heads", hf->heads, m->heads}, {"kv_heads", hf->kv_heads, m->kv_heads},
-        {"ffn_hidden", hf->ffn_hidden, m->ffn_hidden}, {"vocab", hf->vocab, m->vocab},
-        {"tie_embeddings", hf->tie_embeddings, m->tie_embeddings}};
+    const struct {
+        const char *key;
+        int hf, ours;
+    } ints[] = {{"layers", hf->layers, m->layers},
+                {"hidden", hf->hidden, m->hidden},
+                {"heads", hf->heads, m->heads},
+                {"kv_heads", hf->kv_heads, m->kv_heads},
+                {"ffn_hidden", hf->ffn_hidden, m->ffn_hidden},
+                {"vocab", hf->vocab, m->vocab},
+                {"tie_embeddings", hf->tie_embeddings, m->tie_embeddings}};
     for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++)
         if (ints[i].hf != ints[i].ours) {
             ckpt_err(err, "model.%s is %d in %s/config.json, %d in the config", ints[i].key,
@@ -991,8 +1019,10 @@ int ckpt_hf_load_weights(const char *hf_dir, const CkptShardView *v, const Confi
      * (n_positions is an upper bound); llama's RoPE has no such table. */
     im.n_positions = m->seq_len;
     if (!code && m->arch == ARCH_GPT2 && cfg->model.seq_len > m->seq_len) {
-        ckpt_err(err, "model.seq_len %d > n_positions %d of %s/config.json: gpt2 has no "
-                      "position embedding beyond it", cfg->model.seq_len, m->seq_len, hf_dir);
+        ckpt_err(err,
+                 "model.seq_len %d > n_positions %d of %s/config.json: gpt2 has no "
+                 "position embedding beyond it",
+                 cfg->model.seq_len, m->seq_len, hf_dir);
         code = TRD_EXIT_INPUT;
     }
     m->seq_len = cfg->model.seq_len;

@@ -39,10 +39,7 @@ hid_t ckpt_serial_fapl(void)
     return fapl;
 }
 
-void ckpt_h5_quiet(void)
-{
-    H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
-}
+void ckpt_h5_quiet(void) { H5Eset_auto2(H5E_DEFAULT, NULL, NULL); }
 
 typedef struct {
     char *out;
@@ -271,10 +268,13 @@ static int write_groups(hid_t f, const CkptIndex *ix)
     bad |= g < 0;
     bad |= put_str(g, "arch", ix->arch);
     bad |= put_str(g, "precision", ix->precision);
-    const struct { const char *k; int v; } mi[] = {
-        {"layers", ix->layers}, {"hidden", ix->hidden}, {"heads", ix->heads},
-        {"kv_heads", ix->kv_heads}, {"ffn_hidden", ix->ffn_hidden}, {"vocab", ix->vocab},
-        {"seq_len", ix->seq_len}, {"tie_embeddings", ix->tie_embeddings}};
+    const struct {
+        const char *k;
+        int v;
+    } mi[] = {{"layers", ix->layers},         {"hidden", ix->hidden},
+              {"heads", ix->heads},           {"kv_heads", ix->kv_heads},
+              {"ffn_hidden", ix->ffn_hidden}, {"vocab", ix->vocab},
+              {"seq_len", ix->seq_len},       {"tie_embeddings", ix->tie_embeddings}};
     for (size_t i = 0; i < sizeof mi / sizeof mi[0]; i++)
         bad |= put_i64(g, mi[i].k, mi[i].v);
     bad |= put_attr(g, "norm_eps", H5T_NATIVE_DOUBLE, 0, &ix->norm_eps);
@@ -283,7 +283,10 @@ static int write_groups(hid_t f, const CkptIndex *ix)
 
     g = H5Gcreate2(f, "topology", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
     bad |= g < 0;
-    const struct { const char *k; int v; } ti[] = {
+    const struct {
+        const char *k;
+        int v;
+    } ti[] = {
         {"tp", ix->tp}, {"pp", ix->pp}, {"dp", ix->dp}, {"zero", ix->zero}, {"world", ix->world}};
     for (size_t i = 0; i < sizeof ti / sizeof ti[0]; i++)
         bad |= put_i64(g, ti[i].k, ti[i].v);
@@ -321,8 +324,10 @@ int ckpt_index_write(const char *path, const CkptIndex *ix, char err[CFG_ERR])
         ckpt_err(err, "%s: cannot create the checkpoint index: %s", path, why);
         return -1;
     }
-    int rc = write_groups(f, ix) == 0 && write_tensors(f, ix) == 0 &&
-                     H5Fflush(f, H5F_SCOPE_LOCAL) >= 0 ? 0 : -1;
+    int rc =
+        write_groups(f, ix) == 0 && write_tensors(f, ix) == 0 && H5Fflush(f, H5F_SCOPE_LOCAL) >= 0
+            ? 0
+            : -1;
     /* A full disk: free the file's space so that the close (which writes
      * metadata) succeeds; HDF5 crashes in MPI_Finalize on a file it failed
      * to close.  The file is never published. */
@@ -344,8 +349,10 @@ static int get_u64s(hid_t loc, const char *name, uint64_t *v, hssize_t n)
     if (a < 0)
         return -1;
     hid_t sp = H5Aget_space(a);
-    int rc = sp >= 0 && H5Sget_simple_extent_npoints(sp) == n &&
-                     H5Aread(a, H5T_NATIVE_UINT64, v) >= 0 ? 0 : -1;
+    int rc =
+        sp >= 0 && H5Sget_simple_extent_npoints(sp) == n && H5Aread(a, H5T_NATIVE_UINT64, v) >= 0
+            ? 0
+            : -1;
     if (sp >= 0)
         H5Sclose(sp);
     H5Aclose(a);
@@ -441,7 +448,9 @@ static int read_tensors(hid_t f, CkptIndex *ix)
     hid_t sp = H5Dget_space(d);
     hsize_t n = 0;
     int rc = sp >= 0 && H5Sget_simple_extent_ndims(sp) == 1 &&
-                     H5Sget_simple_extent_dims(sp, &n, NULL) == 1 ? 0 : -1;
+                     H5Sget_simple_extent_dims(sp, &n, NULL) == 1
+                 ? 0
+                 : -1;
     if (rc == 0) {
         ix->n = (int)n;
         ix->e = trd_calloc(n, sizeof(CkptEntry), "checkpoint index");
@@ -486,9 +495,11 @@ static int check_state(const char *path, const CkptIndex *ix, char err[CFG_ERR])
                s->sampler_position > (uint64_t)s->step * (uint64_t)INT32_MAX) {
         /* Each step consumes global_batch (1..INT32_MAX) samples. */
         bad = "sampler_position";
-        snprintf(why, sizeof why, "%llu, expected step x global_batch, between %lld and "
-                 "%lld x %d", (unsigned long long)s->sampler_position, (long long)s->step,
-                 (long long)s->step, INT32_MAX);
+        snprintf(why, sizeof why,
+                 "%llu, expected step x global_batch, between %lld and "
+                 "%lld x %d",
+                 (unsigned long long)s->sampler_position, (long long)s->step, (long long)s->step,
+                 INT32_MAX);
     }
     const char *group = "state";
     if (!bad && (ix->tp < 1 || ix->pp < 1 || ix->dp < 1 || ix->zero < 0 || ix->zero > 3 ||
@@ -497,13 +508,15 @@ static int check_state(const char *path, const CkptIndex *ix, char err[CFG_ERR])
          * layout), but a value no run can have is damage too. */
         group = "topology";
         bad = ix->zero < 0 || ix->zero > 3 ? "zero" : "world";
-        snprintf(why, sizeof why, "tp %d, pp %d, dp %d, zero %d, world %d: expected sizes >= 1, "
-                 "zero 0..3, world = tp x pp x dp", ix->tp, ix->pp, ix->dp, ix->zero, ix->world);
+        snprintf(why, sizeof why,
+                 "tp %d, pp %d, dp %d, zero %d, world %d: expected sizes >= 1, "
+                 "zero 0..3, world = tp x pp x dp",
+                 ix->tp, ix->pp, ix->dp, ix->zero, ix->world);
     }
     if (!bad)
         return 0;
-    ckpt_err(err, "%s: attribute '/%s/%s' is out of range (%s) — the index is corrupted",
-             path, group, bad, why);
+    ckpt_err(err, "%s: attribute '/%s/%s' is out of range (%s) — the index is corrupted", path,
+             group, bad, why);
     return -1;
 }
 
@@ -513,8 +526,10 @@ int ckpt_index_read(const char *path, CkptIndex *ix, char err[CFG_ERR])
     ckpt_h5_quiet();
     FILE *probe = fopen(path, "rb");
     if (!probe) {
-        ckpt_err(err, "%s: cannot open the checkpoint index (missing: is this a checkpoint "
-                      "directory step_<N>?)", path);
+        ckpt_err(err,
+                 "%s: cannot open the checkpoint index (missing: is this a checkpoint "
+                 "directory step_<N>?)",
+                 path);
         return -1;
     }
     fclose(probe);
@@ -530,8 +545,10 @@ int ckpt_index_read(const char *path, CkptIndex *ix, char err[CFG_ERR])
     const char *what = "", *bad_attr = "";
     int rc = read_groups(f, ix, &what, &bad_attr);
     if (rc == -2) {
-        ckpt_err(err, "%s: attribute '/state/%s' does not match its checksum — the index is "
-                      "corrupted", path, bad_attr);
+        ckpt_err(err,
+                 "%s: attribute '/state/%s' does not match its checksum — the index is "
+                 "corrupted",
+                 path, bad_attr);
         rc = -1;
     } else if (rc != 0)
         ckpt_err(err, "%s: bad checkpoint index: missing or unreadable %s", path, what);
@@ -598,8 +615,8 @@ void ckpt_index_model_line(const CkptIndex *ix, char *out, size_t n)
     snprintf(out, n,
              "arch %s, layers %d, hidden %d, heads %d, kv_heads %d, ffn_hidden %d, vocab %d, "
              "tie_embeddings %d",
-             ix->arch, ix->layers, ix->hidden, ix->heads, ix->kv_heads, ix->ffn_hidden,
-             ix->vocab, ix->tie_embeddings);
+             ix->arch, ix->layers, ix->hidden, ix->heads, ix->kv_heads, ix->ffn_hidden, ix->vocab,
+             ix->tie_embeddings);
 }
 
 /* ---- per-dataset checksums ---- */

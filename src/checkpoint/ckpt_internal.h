@@ -18,15 +18,15 @@
 
 #include "checkpoint/ckpt.h"
 
-#define CKPT_FORMAT "trident-checkpoint"
-#define CKPT_VERSION 1
-#define CKPT_KIND_NAME 8
-#define CKPT_FILE_NAME 16
+#define CKPT_FORMAT     "trident-checkpoint"
+#define CKPT_VERSION    1
+#define CKPT_KIND_NAME  8
+#define CKPT_FILE_NAME  16
 #define CKPT_DTYPE_NAME 8
-#define CKPT_PATH_NAME (PARAM_NAME + 16)
+#define CKPT_PATH_NAME  (PARAM_NAME + 16)
 /* Paths: a directory given by the user is < CFG_STR; a step directory adds
  * "/step_XXXXXXXX.tmp", a file in it "/index.h5" and the like. */
-#define CKPT_PATH (CFG_STR + 64)
+#define CKPT_PATH      (CFG_STR + 64)
 #define CKPT_FILE_PATH (CKPT_PATH + 64)
 
 /* HDF5 group of each kind inside a stage file: "/params/<tensor name>". */
@@ -49,8 +49,8 @@ typedef struct {
 typedef struct {
     CkptBlock b[3];
     int n;
-    size_t first, count;   /* flat elements of the local table */
-    int contiguous;        /* whole rows held: global elements [gfirst, gfirst + count) */
+    size_t first, count; /* flat elements of the local table */
+    int contiguous;      /* whole rows held: global elements [gfirst, gfirst + count) */
     int64_t gfirst;
 } CkptSlab;
 
@@ -73,9 +73,9 @@ int ckpt_slabs(const ParamSpec *p, int64_t real_rows, size_t lo, size_t hi, Ckpt
  * file system refuses O_DIRECT. */
 enum { CKPT_RAW_ALIGN = 4096, CKPT_RAW_STAGE = 8 << 20 };
 typedef struct {
-    int fd;            /* buffered */
-    int fd_direct;     /* O_DIRECT, or -1 */
-    char *stage;       /* CKPT_RAW_STAGE bytes aligned to CKPT_RAW_ALIGN (with fd_direct) */
+    int fd;        /* buffered */
+    int fd_direct; /* O_DIRECT, or -1 */
+    char *stage;   /* CKPT_RAW_STAGE bytes aligned to CKPT_RAW_ALIGN (with fd_direct) */
 } CkptRaw;
 /* 0, or -1 with errno (the file must exist: HDF5 created it). */
 int ckpt_raw_open(CkptRaw *w, const char *path);
@@ -88,8 +88,8 @@ int ckpt_raw_close(CkptRaw *w, int sync);
 /* out[(omap ? omap[j] : j) * r + i] = in[(imap ? imap[i] : i) * c + j] for
  * i < r, j < c: a transpose with optional row maps (the Hugging Face
  * layouts: Conv1D weights, c_attn's [Q|K|V] columns), in 32 x 32 tiles. */
-void ckpt_transpose(const float *in, int64_t r, int64_t c, const int64_t *imap,
-                    const int64_t *omap, float *out);
+void ckpt_transpose(const float *in, int64_t r, int64_t c, const int64_t *imap, const int64_t *omap,
+                    float *out);
 
 /* Checksums.  A stored tensor is cut into blocks of ckpt_block_rows() whole
  * rows (about 4 MiB, the same for any topology); block b's checksum is
@@ -103,8 +103,8 @@ int64_t ckpt_n_blocks(int ndim, const int64_t shape[2]);
 /* Add the hashes of a slab's elements (src in slab order) into sums[block]
  * (cols: global columns, 1 for a vector).  Returns how many of them are
  * not finite (NaN, Inf): a save refuses to publish those. */
-int64_t ckpt_checksum_slab(const CkptSlab *s, int64_t cols, int64_t block_rows,
-                           const float *src, uint64_t *sums);
+int64_t ckpt_checksum_slab(const CkptSlab *s, int64_t cols, int64_t block_rows, const float *src,
+                           uint64_t *sums);
 /* The checksum of nrows whole rows starting at row0, held in buf. */
 uint64_t ckpt_checksum_rows(const float *buf, int64_t row0, int64_t nrows, int64_t cols);
 
@@ -113,11 +113,11 @@ uint64_t ckpt_checksum_rows(const float *buf, int64_t row0, int64_t nrows, int64
 /* One dataset of the checkpoint; also the compound record of /tensors. */
 typedef struct {
     char name[PARAM_NAME];
-    char kind[CKPT_KIND_NAME];     /* "params", "master", "adam_m", "adam_v" */
-    char file[CKPT_FILE_NAME];     /* "stage_0.h5" */
-    char dtype[CKPT_DTYPE_NAME];   /* "float32" */
+    char kind[CKPT_KIND_NAME];   /* "params", "master", "adam_m", "adam_v" */
+    char file[CKPT_FILE_NAME];   /* "stage_0.h5" */
+    char dtype[CKPT_DTYPE_NAME]; /* "float32" */
     int32_t ndim, stage;
-    int64_t shape[2];              /* global; shape[1] == 1 when ndim == 1 */
+    int64_t shape[2]; /* global; shape[1] == 1 when ndim == 1 */
     int64_t nbytes;
 } CkptEntry;
 
@@ -129,18 +129,18 @@ extern const char *const ckpt_state_attr_names[CKPT_STATE_ATTRS];
 typedef struct {
     CkptState state;
     uint64_t seed;
-    char data_path[CFG_STR];       /* data.path of the saving run */
-    int has_run;                   /* data_path recorded (older checkpoints: 0) */
-    int state_checked;             /* /state had checksums and they matched */
+    char data_path[CFG_STR]; /* data.path of the saving run */
+    int has_run;             /* data_path recorded (older checkpoints: 0) */
+    int state_checked;       /* /state had checksums and they matched */
     char arch[16], precision[16];
     int layers, hidden, heads, kv_heads, ffn_hidden, vocab, seq_len, tie_embeddings;
     double norm_eps, rope_theta;
-    int has_norms;                 /* norm_eps, rope_theta recorded (older: 0) */
+    int has_norms; /* norm_eps, rope_theta recorded (older: 0) */
     int tp, pp, dp, zero, world;
     int stage_layers[CFG_MAX_STAGES];
     int n;
     CkptEntry *e;
-    char *yaml;                    /* the config, NUL-terminated */
+    char *yaml; /* the config, NUL-terminated */
 } CkptIndex;
 
 /* Write index.h5 (serial; rank 0). Returns 0 or -1 with err. */

@@ -42,7 +42,7 @@ CkptSlab ckpt_slab(const ParamSpec *p, int64_t real_rows, size_t lo, size_t hi)
     s.gfirst = (r0 + (int64_t)a / lc) * p->shape[1] + c0 + (int64_t)a % lc;
 
     int64_t ra = (int64_t)a / lc, ca = (int64_t)a % lc;
-    const int64_t rb = (int64_t)b / lc, cb = (int64_t)b % lc;   /* b exclusive */
+    const int64_t rb = (int64_t)b / lc, cb = (int64_t)b % lc; /* b exclusive */
     if (ra == rb) {
         add_block(&s, r0 + ra, c0 + ca, 1, cb - ca);
         return s;
@@ -62,8 +62,8 @@ int ckpt_slabs(const ParamSpec *p, int64_t real_rows, size_t lo, size_t hi, Ckpt
     /* Runs of local rows that are consecutive global rows: all of them, or
      * (replicated kv heads, params.h) the query rows then the k, v rows. */
     const int64_t lc = p->local_shape[1];
-    const int64_t split = p->kv_row > 0 && p->kv_row < p->local_shape[0] ? p->kv_row
-                                                                         : p->local_shape[0];
+    const int64_t split =
+        p->kv_row > 0 && p->kv_row < p->local_shape[0] ? p->kv_row : p->local_shape[0];
     const int64_t run_lo[2] = {0, split}, run_hi[2] = {split, p->local_shape[0]};
     const int64_t run_g0[2] = {p->local_start[0], p->kv_start};
     int n = 0;
@@ -117,8 +117,8 @@ static inline uint64_t elem_hash(uint64_t gidx, float v)
     return h;
 }
 
-int64_t ckpt_checksum_slab(const CkptSlab *s, int64_t cols, int64_t block_rows,
-                           const float *src, uint64_t *sums)
+int64_t ckpt_checksum_slab(const CkptSlab *s, int64_t cols, int64_t block_rows, const float *src,
+                           uint64_t *sums)
 {
     /* The save touches every element here anyway: NaN and Inf (exponent
      * all ones) are found on the way, as the largest magnitude bit pattern
@@ -166,8 +166,8 @@ void ckpt_select(hid_t space, const CkptSlab *s)
         hsize_t start[2] = {(hsize_t)s->b[i].r, (hsize_t)s->b[i].c};
         hsize_t count[2] = {(hsize_t)s->b[i].nr, (hsize_t)s->b[i].nc};
         /* A 1-D tensor is a column: its blocks all have c == 0, nc == 1. */
-        TRD_ASSERT(H5Sselect_hyperslab(space, i == 0 ? H5S_SELECT_SET : H5S_SELECT_OR, start,
-                                       NULL, count, NULL) >= 0);
+        TRD_ASSERT(H5Sselect_hyperslab(space, i == 0 ? H5S_SELECT_SET : H5S_SELECT_OR, start, NULL,
+                                       count, NULL) >= 0);
     }
 }
 
@@ -179,8 +179,8 @@ hid_t ckpt_space(int ndim, const int64_t shape[2])
     return s;
 }
 
-void ckpt_transpose(const float *in, int64_t r, int64_t c, const int64_t *imap,
-                    const int64_t *omap, float *out)
+void ckpt_transpose(const float *in, int64_t r, int64_t c, const int64_t *imap, const int64_t *omap,
+                    float *out)
 {
     /* Through a transposed tile on the stack: each output row piece then
      * goes out as up to 32 consecutive floats.  Stored straight from the

@@ -57,8 +57,7 @@ static int follow_latest(const char *dir, char out[CFG_STR], char err[CFG_ERR])
     char index[CKPT_FILE_PATH];
     snprintf(index, sizeof index, "%s/index.h5", out);
     if (!is_file(index)) {
-        ckpt_err(err, "%s names %s, which is not a complete checkpoint (no index.h5)", path,
-                 out);
+        ckpt_err(err, "%s names %s, which is not a complete checkpoint (no index.h5)", path, out);
         return -1;
     }
     return 1;
@@ -138,20 +137,23 @@ static int newest_complete(const char *dir, char out[CFG_STR], char err[CFG_ERR]
             snprintf(why, sizeof why, "path too long");
         else if (step_complete(path, steps[i], why) == 0) {
             snprintf(out, CFG_STR, "%s", path);
-            ckpt_err(err, "%s/latest is missing: resuming from the newest complete checkpoint "
-                          "that verifies, %s%s%s", dir, name, used ? "; skipped: " : "",
-                     skipped);
+            ckpt_err(err,
+                     "%s/latest is missing: resuming from the newest complete checkpoint "
+                     "that verifies, %s%s%s",
+                     dir, name, used ? "; skipped: " : "", skipped);
             free(steps);
             return 1;
         }
-        int w = snprintf(skipped + used, sizeof skipped - used, "%s%s (%s)", used ? "; " : "",
-                         name, why);
+        int w = snprintf(skipped + used, sizeof skipped - used, "%s%s (%s)", used ? "; " : "", name,
+                         why);
         if (w > 0)
             used = used + (size_t)w < sizeof skipped ? used + (size_t)w : sizeof skipped - 1;
     }
     free(steps);
-    ckpt_err(err, "%s/latest is missing and no step directory there is a complete checkpoint: "
-                  "%s", dir, skipped);
+    ckpt_err(err,
+             "%s/latest is missing and no step directory there is a complete checkpoint: "
+             "%s",
+             dir, skipped);
     return -1;
 }
 
@@ -224,8 +226,8 @@ static void model_line(const ModelConfig *m, char *out, size_t n)
     snprintf(out, n,
              "arch %s, layers %d, hidden %d, heads %d, kv_heads %d, ffn_hidden %d, vocab %d, "
              "tie_embeddings %d",
-             config_arch_name(m->arch), m->layers, m->hidden, m->heads, m->kv_heads,
-             m->ffn_hidden, m->vocab, m->tie_embeddings);
+             config_arch_name(m->arch), m->layers, m->hidden, m->heads, m->kv_heads, m->ffn_hidden,
+             m->vocab, m->tie_embeddings);
 }
 
 static void shape_str(char *out, size_t n, int ndim, const int64_t shape[2])
@@ -250,8 +252,10 @@ static int check_model(const char *dir, const CkptIndex *ix, const ParamTable *t
         if (!e) /* bf16: the master weights only */
             e = ckpt_index_find(ix, p->name, CKPT_MASTER);
         if (!e) {
-            ckpt_err(err, "%s/index.h5: checkpoint has no tensor '%s' that this model needs "
-                          "(saved model: %s; this model: %s)", dir, p->name, saved, ours);
+            ckpt_err(err,
+                     "%s/index.h5: checkpoint has no tensor '%s' that this model needs "
+                     "(saved model: %s; this model: %s)",
+                     dir, p->name, saved, ours);
             return -1;
         }
         int64_t want[2] = {p->real_rows, p->shape[1]};
@@ -259,8 +263,9 @@ static int check_model(const char *dir, const CkptIndex *ix, const ParamTable *t
             char a[64], b[64];
             shape_str(a, sizeof a, e->ndim, e->shape);
             shape_str(b, sizeof b, p->ndim, want);
-            ckpt_err(err, "%s/%s: tensor '%s' has shape %s in the checkpoint, this model needs "
-                          "%s (saved model: %s; this model: %s)",
+            ckpt_err(err,
+                     "%s/%s: tensor '%s' has shape %s in the checkpoint, this model needs "
+                     "%s (saved model: %s; this model: %s)",
                      dir, e->file, p->name, a, b, saved, ours);
             return -1;
         }
@@ -269,8 +274,10 @@ static int check_model(const char *dir, const CkptIndex *ix, const ParamTable *t
      * left over from an untied model): refuse those too. */
     if (strcmp(ix->arch, config_arch_name(m->arch)) || ix->layers != m->layers ||
         ix->tie_embeddings != m->tie_embeddings) {
-        ckpt_err(err, "%s/index.h5: checkpoint of another model (saved model: %s; this "
-                      "model: %s)", dir, saved, ours);
+        ckpt_err(err,
+                 "%s/index.h5: checkpoint of another model (saved model: %s; this "
+                 "model: %s)",
+                 dir, saved, ours);
         return -1;
     }
     return 0;
@@ -303,22 +310,27 @@ static int check_hparams(const char *dir, const CkptIndex *ix, const ModelConfig
                  ix->arch, arch);
         return -1;
     }
-    const struct { const char *key; int saved, ours; } ints[] = {
-        {"layers", ix->layers, m->layers}, {"hidden", ix->hidden, m->hidden},
-        {"heads", ix->heads, m->heads}, {"kv_heads", ix->kv_heads, m->kv_heads},
-        {"ffn_hidden", ix->ffn_hidden, m->ffn_hidden}, {"vocab", ix->vocab, m->vocab},
-        {"tie_embeddings", ix->tie_embeddings, m->tie_embeddings},
-        {"seq_len", ix->seq_len, m->seq_len}};
+    const struct {
+        const char *key;
+        int saved, ours;
+    } ints[] = {{"layers", ix->layers, m->layers},
+                {"hidden", ix->hidden, m->hidden},
+                {"heads", ix->heads, m->heads},
+                {"kv_heads", ix->kv_heads, m->kv_heads},
+                {"ffn_hidden", ix->ffn_hidden, m->ffn_hidden},
+                {"vocab", ix->vocab, m->vocab},
+                {"tie_embeddings", ix->tie_embeddings, m->tie_embeddings},
+                {"seq_len", ix->seq_len, m->seq_len}};
     const size_t n_ints = sizeof ints / sizeof ints[0] - !with_seq_len;
     for (size_t i = 0; i < n_ints; i++)
         if (ints[i].saved != ints[i].ours) {
-            ckpt_err(err, "%s/index.h5: model.%s is %d in the checkpoint, %d in the config",
-                     dir, ints[i].key, ints[i].saved, ints[i].ours);
+            ckpt_err(err, "%s/index.h5: model.%s is %d in the checkpoint, %d in the config", dir,
+                     ints[i].key, ints[i].saved, ints[i].ours);
             return -1;
         }
     /* Stored as the double of the config's float: equal means identical. */
-    if (ix->has_norms && ((float)ix->norm_eps != m->norm_eps ||
-                          (float)ix->rope_theta != m->rope_theta)) {
+    if (ix->has_norms &&
+        ((float)ix->norm_eps != m->norm_eps || (float)ix->rope_theta != m->rope_theta)) {
         const int eps = (float)ix->norm_eps != m->norm_eps;
         const double a = eps ? ix->norm_eps : ix->rope_theta;
         const double b = eps ? (double)m->norm_eps : (double)m->rope_theta;
@@ -347,26 +359,31 @@ static int check_run(const char *dir, const CkptIndex *ix, const Config *cfg, in
     const int data_changed = ix->has_run && strcmp(ix->data_path, cfg->data.path);
     if ((seed_changed && !allowed(allow, "seed")) || (data_changed && !allowed(allow, "data"))) {
         if (seed_changed && !allowed(allow, "seed"))
-            ckpt_err(err, "%s/index.h5: run.seed is %llu in the checkpoint, %llu in the config; "
-                          "resuming would draw another sample order (allow it with "
-                          "checkpoint.allow_changes: seed)", dir, (unsigned long long)ix->seed,
-                     (unsigned long long)cfg->run.seed);
+            ckpt_err(err,
+                     "%s/index.h5: run.seed is %llu in the checkpoint, %llu in the config; "
+                     "resuming would draw another sample order (allow it with "
+                     "checkpoint.allow_changes: seed)",
+                     dir, (unsigned long long)ix->seed, (unsigned long long)cfg->run.seed);
         else
-            ckpt_err(err, "%s/index.h5: data.path is '%s' in the checkpoint, '%s' in the config; "
-                          "the sample position would index another dataset (allow it with "
-                          "checkpoint.allow_changes: data)", dir, ix->data_path, cfg->data.path);
+            ckpt_err(err,
+                     "%s/index.h5: data.path is '%s' in the checkpoint, '%s' in the config; "
+                     "the sample position would index another dataset (allow it with "
+                     "checkpoint.allow_changes: data)",
+                     dir, ix->data_path, cfg->data.path);
         return -1;
     }
     if (rank != 0)
         return 0;
     if (seed_changed)
-        fprintf(stderr, "trident: warning: run.seed changed from %llu (checkpoint) to %llu "
-                        "(allowed by checkpoint.allow_changes)\n",
+        fprintf(stderr,
+                "trident: warning: run.seed changed from %llu (checkpoint) to %llu "
+                "(allowed by checkpoint.allow_changes)\n",
                 (unsigned long long)ix->seed, (unsigned long long)cfg->run.seed);
     if (data_changed)
-        fprintf(stderr, "trident: warning: data.path changed from '%s' (checkpoint) to '%s' "
-                        "(allowed by checkpoint.allow_changes)\n", ix->data_path,
-                cfg->data.path);
+        fprintf(stderr,
+                "trident: warning: data.path changed from '%s' (checkpoint) to '%s' "
+                "(allowed by checkpoint.allow_changes)\n",
+                ix->data_path, cfg->data.path);
     if (!ix->has_norms || !ix->has_run || !ix->state_checked) {
         char missing[160] = "";
         if (!ix->has_norms)
@@ -470,8 +487,8 @@ static int read_slab(Reader *r, const CkptEntry *e, const CkptSlab *s, float *ds
     hid_t d = H5Dopen2(f, dset, H5P_DEFAULT);
     if (d < 0) {
         ckpt_h5_reason(why, sizeof why);
-        ckpt_err(err, "%s/%s: cannot open dataset '/%s' of tensor '%s': %s", r->dir, e->file,
-                 dset, e->name, why);
+        ckpt_err(err, "%s/%s: cannot open dataset '/%s' of tensor '%s': %s", r->dir, e->file, dset,
+                 e->name, why);
         return -1;
     }
     hid_t fspace = H5Dget_space(d);
@@ -483,11 +500,15 @@ static int read_slab(Reader *r, const CkptEntry *e, const CkptSlab *s, float *ds
     int rc = -1;
     if (nd != e->ndim || (int64_t)dims[0] != e->shape[0] ||
         (nd == 2 && (int64_t)dims[1] != e->shape[1])) {
-        ckpt_err(err, "%s/%s: dataset '/%s' of tensor '%s' does not have the shape the index "
-                      "records", r->dir, e->file, dset, e->name);
+        ckpt_err(err,
+                 "%s/%s: dataset '/%s' of tensor '%s' does not have the shape the index "
+                 "records",
+                 r->dir, e->file, dset, e->name);
     } else if (ckpt_get_checksums(d, e, &sums) != 0) {
-        ckpt_err(err, "%s/%s: dataset '/%s' of tensor '%s' has no valid checksum attributes "
-                      "(damaged, or not written by trident)", r->dir, e->file, dset, e->name);
+        ckpt_err(err,
+                 "%s/%s: dataset '/%s' of tensor '%s' has no valid checksum attributes "
+                 "(damaged, or not written by trident)",
+                 r->dir, e->file, dset, e->name);
     } else {
         const int64_t R = ckpt_block_rows(e->ndim, e->shape), cols = e->shape[1];
         const int64_t row_lo = s->b[0].r, row_hi = s->b[s->n - 1].r + s->b[s->n - 1].nr;
@@ -501,13 +522,16 @@ static int read_slab(Reader *r, const CkptEntry *e, const CkptSlab *s, float *ds
             float *into = direct ? dst + (r0 * cols - s->gfirst) : buf;
             if (read_rows(d, e, r0, r1, into) != 0) {
                 ckpt_h5_reason(why, sizeof why);
-                ckpt_err(err, "%s/%s: cannot read tensor '%s' (dataset '/%s'): %s — the file is "
-                              "corrupted or truncated", r->dir, e->file, e->name, dset, why);
+                ckpt_err(err,
+                         "%s/%s: cannot read tensor '%s' (dataset '/%s'): %s — the file is "
+                         "corrupted or truncated",
+                         r->dir, e->file, e->name, dset, why);
                 rc = -1;
             } else if (ckpt_checksum_rows(into, r0, r1 - r0, cols) != sums[blk]) {
-                ckpt_err(err, "%s/%s: tensor '%s' (dataset '/%s'): checksum mismatch in rows "
-                              "[%lld, %lld) — the file is corrupted", r->dir, e->file, e->name,
-                         dset, (long long)r0, (long long)r1);
+                ckpt_err(err,
+                         "%s/%s: tensor '%s' (dataset '/%s'): checksum mismatch in rows "
+                         "[%lld, %lld) — the file is corrupted",
+                         r->dir, e->file, e->name, dset, (long long)r0, (long long)r1);
                 rc = -1;
             } else if (!direct) {
                 copy_rows(s, buf, r0, r1, cols, dst);
@@ -527,7 +551,7 @@ static CkptKind source_kind(const CkptIndex *ix, const CkptShardView *v, CkptKin
     const int saved_master = ckpt_index_find(ix, probe, CKPT_MASTER) != NULL;
     const int saved_params = ckpt_index_find(ix, probe, CKPT_PARAMS) != NULL;
     if (k == CKPT_MASTER && !saved_master)
-        return CKPT_PARAMS;                 /* an fp32 run: the weights are the master */
+        return CKPT_PARAMS; /* an fp32 run: the weights are the master */
     /* A bf16 run read by an fp32 one; or any bf16 checkpoint since the
      * weights are no longer stored beside the master weights. */
     if (k == CKPT_PARAMS && saved_master && (!v->part[CKPT_MASTER].data || !saved_params))
@@ -536,8 +560,8 @@ static CkptKind source_kind(const CkptIndex *ix, const CkptShardView *v, CkptKin
 }
 
 /* Read kind k over the flat range [lo, hi) of its part. */
-static int read_kind(Reader *r, const CkptIndex *ix, const CkptShardView *v, CkptKind k,
-                     size_t lo, size_t hi, char err[CFG_ERR])
+static int read_kind(Reader *r, const CkptIndex *ix, const CkptShardView *v, CkptKind k, size_t lo,
+                     size_t hi, char err[CFG_ERR])
 {
     const CkptRange *part = &v->part[k];
     if (lo >= hi)

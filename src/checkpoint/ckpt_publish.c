@@ -151,13 +151,16 @@ int ckpt_publish_dir(const char *dir, int64_t step, const char *tmp, const char 
         /* rename() would replace an existing step_X.kept: refuse that too. */
         const int taken = lstat(kept, &st) == 0;
         if (taken || rename(final, kept) != 0) {
-            ckpt_err(err, "%s: exists and was not written by this job; cannot move it to %s "
-                          "(%s): not overwritten", final, kept,
-                     taken ? "exists" : strerror(errno));
+            ckpt_err(err,
+                     "%s: exists and was not written by this job; cannot move it to %s "
+                     "(%s): not overwritten",
+                     final, kept, taken ? "exists" : strerror(errno));
             return -1;
         }
-        fprintf(stderr, "trident: warning: %s was not written by this job (no latest named "
-                        "it): kept as %s\n", final, kept);
+        fprintf(stderr,
+                "trident: warning: %s was not written by this job (no latest named "
+                "it): kept as %s\n",
+                final, kept);
         /* The step_X about to be published is this job's. */
         for (int i = 0; i < n_foreign; i++)
             if (foreign[i] == step)

@@ -38,8 +38,8 @@ void ckpt_view_init(CkptShardView *v, const ParamTable *t, int zero, int dp_rank
     const ZeroWhole whole = zero_stage_whole(zero);
     for (int k = 0; k < CKPT_KINDS; k++) {
         const int w = k == CKPT_PARAMS ? whole.params : whole.optimizer;
-        v->part[k] = (CkptRange){.data = NULL, .lo = w ? 0 : v->block_lo,
-                                 .hi = w ? P : v->block_hi};
+        v->part[k] =
+            (CkptRange){.data = NULL, .lo = w ? 0 : v->block_lo, .hi = w ? P : v->block_hi};
     }
     v->table = t;
     v->pp_rank = pp_rank;
@@ -52,7 +52,7 @@ void ckpt_view_init(CkptShardView *v, const ParamTable *t, int zero, int dp_rank
 /* ---- step 2: who writes which tensor ---- */
 
 typedef struct {
-    CkptEntry *e;          /* one per distinct tensor name, kind "params" */
+    CkptEntry *e; /* one per distinct tensor name, kind "params" */
     int n;
     int tp, pp;
     int stage_layers[CFG_MAX_STAGES];
@@ -106,8 +106,8 @@ static void gather_catalog(Catalog *c, const CkptShardView *v, int stage_rank)
         total += counts[r];
     }
     CkptEntry *all = trd_malloc((size_t)total, "catalog");
-    TRD_ASSERT(MPI_Allgatherv(local, bytes, MPI_BYTE, all, counts, displs, MPI_BYTE,
-                              v->world) == MPI_SUCCESS);
+    TRD_ASSERT(MPI_Allgatherv(local, bytes, MPI_BYTE, all, counts, displs, MPI_BYTE, v->world) ==
+               MPI_SUCCESS);
     const int n_all = total / (int)sizeof(CkptEntry);
 
     /* Stage order, then each stage's table order: the index lists tensors
@@ -190,9 +190,10 @@ static int io_ok(StageIo *io, int ok, const char *tensor, const char *what)
 static hid_t create_dataset(hid_t group, const CkptEntry *e, StageIo *io)
 {
     hid_t dcpl = H5Pcreate(H5P_DATASET_CREATE);
-    io_ok(io, dcpl >= 0 && H5Pset_layout(dcpl, H5D_CONTIGUOUS) >= 0 &&
-                  H5Pset_alloc_time(dcpl, H5D_ALLOC_TIME_EARLY) >= 0 &&
-                  H5Pset_fill_time(dcpl, H5D_FILL_TIME_NEVER) >= 0,
+    io_ok(io,
+          dcpl >= 0 && H5Pset_layout(dcpl, H5D_CONTIGUOUS) >= 0 &&
+              H5Pset_alloc_time(dcpl, H5D_ALLOC_TIME_EARLY) >= 0 &&
+              H5Pset_fill_time(dcpl, H5D_FILL_TIME_NEVER) >= 0,
           e->name, "dataset properties");
     hid_t space = ckpt_space(e->ndim, e->shape);
     hid_t d = H5Dcreate2(group, e->name, H5T_IEEE_F32LE, space, H5P_DEFAULT, dcpl, H5P_DEFAULT);
@@ -206,8 +207,8 @@ static hid_t create_dataset(hid_t group, const CkptEntry *e, StageIo *io)
 
 /* This rank's slab of dataset d (nothing when it is empty, or after an I/O
  * error of this rank). */
-static void write_slab(CkptRaw *w, hid_t d, const CkptEntry *e, const CkptSlab *s,
-                       const float *src, const char *kind, StageIo *io)
+static void write_slab(CkptRaw *w, hid_t d, const CkptEntry *e, const CkptSlab *s, const float *src,
+                       const char *kind, StageIo *io)
 {
     if (!s->count || io->failed || d < 0)
         return;
@@ -222,8 +223,8 @@ static void write_slab(CkptRaw *w, hid_t d, const CkptEntry *e, const CkptSlab *
         const int whole = b->nc == cols;
         const int64_t runs = whole ? 1 : b->nr, per = whole ? b->nr * b->nc : b->nc;
         for (int64_t r = 0; ok && r < runs; r++) {
-            const off_t at = (off_t)(base + (haddr_t)(((b->r + r) * cols + b->c) *
-                                                      (int64_t)sizeof(float)));
+            const off_t at =
+                (off_t)(base + (haddr_t)(((b->r + r) * cols + b->c) * (int64_t)sizeof(float)));
             ok = ckpt_raw_write(w, (const char *)src, (size_t)per * sizeof(float), at) == 0;
             src += per;
         }
@@ -263,12 +264,13 @@ static int writer_slabs(const CkptShardView *v, const ParamSpec *p, int k, int64
  * the same order on every rank of the stage. */
 typedef struct {
     CkptEntry e;
-    int kind, param;       /* kind, index in the local table */
-    size_t sum_at;         /* first checksum block in the stage's array */
+    int kind, param; /* kind, index in the local table */
+    size_t sum_at;   /* first checksum block in the stage's array */
     hid_t d;
 } StageSet;
 
-static StageSet *stage_sets(const CkptShardView *v, const Catalog *c, const int *kinds, int n_kinds, int *n_out, size_t *n_sums)
+static StageSet *stage_sets(const CkptShardView *v, const Catalog *c, const int *kinds, int n_kinds,
+                            int *n_out, size_t *n_sums)
 {
     StageSet *sets = trd_calloc((size_t)(n_kinds * v->table->n + 1), sizeof *sets, "datasets");
     int n = 0;
@@ -277,7 +279,7 @@ static StageSet *stage_sets(const CkptShardView *v, const Catalog *c, const int 
         for (int i = 0; i < v->table->n; i++) {
             const ParamSpec *p = &v->table->p[i];
             if (catalog_owner(c, p->name) != v->pp_rank)
-                continue;   /* a copy held by a later stage (tied embedding) */
+                continue; /* a copy held by a later stage (tied embedding) */
             StageSet *x = &sets[n++];
             x->e = entry_of(p, v->pp_rank);
             snprintf(x->e.kind, sizeof x->e.kind, "%s", ckpt_kind_names[kinds[kk]]);
@@ -295,9 +297,8 @@ static StageSet *stage_sets(const CkptShardView *v, const Catalog *c, const int 
  * tensor it holds with a non-finite value.  Either way the file is closed
  * and every rank of the stage made the same collective calls; the caller
  * agrees with the other ranks and does not publish. */
-static int write_stage(const char *path, const CkptShardView *v, const Catalog *c,
-                       const int *kinds, int n_kinds, MPI_Comm stage,
-                       char err[CFG_ERR])
+static int write_stage(const char *path, const CkptShardView *v, const Catalog *c, const int *kinds,
+                       int n_kinds, MPI_Comm stage, char err[CFG_ERR])
 {
     StageIo io = {.path = path, .failed = 0, .err = ""};
     char nonfinite[CFG_ERR] = "";
@@ -330,8 +331,7 @@ static int write_stage(const char *path, const CkptShardView *v, const Catalog *
     for (int kk = 0; kk < n_kinds; kk++) {
         /* Creating groups and datasets changes metadata: every rank of the
          * stage makes the same calls in the same order. */
-        hid_t g = H5Gcreate2(f, ckpt_kind_names[kinds[kk]], H5P_DEFAULT, H5P_DEFAULT,
-                             H5P_DEFAULT);
+        hid_t g = H5Gcreate2(f, ckpt_kind_names[kinds[kk]], H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
         io_ok(&io, g >= 0, NULL, "cannot create group");
         for (int i = 0; i < n; i++)
             if (sets[i].kind == kinds[kk]) {
@@ -355,13 +355,13 @@ static int write_stage(const char *path, const CkptShardView *v, const Catalog *
             const CkptSlab *s = &slabs[j];
             const float *src = v->part[x->kind].data + (s->first - v->part[x->kind].lo);
             write_slab(&raw, x->d, &x->e, s, src, x->e.kind, &io);
-            const int64_t bad = ckpt_checksum_slab(s, x->e.shape[1],
-                                                   ckpt_block_rows(x->e.ndim, x->e.shape), src,
-                                                   sums + x->sum_at);
+            const int64_t bad = ckpt_checksum_slab(
+                s, x->e.shape[1], ckpt_block_rows(x->e.ndim, x->e.shape), src, sums + x->sum_at);
             if (bad && !nonfinite[0])
-                ckpt_err(nonfinite, "%s: tensor '%s' (%s) holds %lld non-finite value%s (NaN or "
-                                    "Inf): checkpoint not published", path, x->e.name,
-                         x->e.kind, (long long)bad, bad == 1 ? "" : "s");
+                ckpt_err(nonfinite,
+                         "%s: tensor '%s' (%s) holds %lld non-finite value%s (NaN or "
+                         "Inf): checkpoint not published",
+                         path, x->e.name, x->e.kind, (long long)bad, bad == 1 ? "" : "s");
         }
     }
     if (ckpt_raw_close(&raw, !io.failed) != 0 && !io.failed) {
@@ -379,20 +379,19 @@ static int write_stage(const char *path, const CkptShardView *v, const Catalog *
      * unfinished file (it is never published; a truncated file still has
      * its space freed while open, an unlinked one does not). */
     int any_failed = io.failed;
-    TRD_ASSERT(MPI_Allreduce(MPI_IN_PLACE, &any_failed, 1, MPI_INT, MPI_MAX, stage) ==
-               MPI_SUCCESS);
+    TRD_ASSERT(MPI_Allreduce(MPI_IN_PLACE, &any_failed, 1, MPI_INT, MPI_MAX, stage) == MPI_SUCCESS);
     if (any_failed) {
         int stage_rank = 0;
         MPI_Comm_rank(stage, &stage_rank);
         if (stage_rank == 0 && truncate(path, 0) != 0)
-            fprintf(stderr, "trident: warning: %s: cannot truncate the unfinished file: %s\n",
-                    path, strerror(errno));
+            fprintf(stderr, "trident: warning: %s: cannot truncate the unfinished file: %s\n", path,
+                    strerror(errno));
         MPI_Barrier(stage);
     }
     for (int i = 0; i < n; i++) {
         if (!any_failed)
-            io_ok(&io, ckpt_set_checksums(sets[i].d, sums + sets[i].sum_at) == 0,
-                  sets[i].e.name, "cannot write checksums");
+            io_ok(&io, ckpt_set_checksums(sets[i].d, sums + sets[i].sum_at) == 0, sets[i].e.name,
+                  "cannot write checksums");
         io_ok(&io, sets[i].d < 0 || H5Dclose(sets[i].d) >= 0, sets[i].e.name,
               "cannot close dataset");
     }

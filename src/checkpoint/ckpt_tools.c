@@ -36,8 +36,7 @@ static void print_shape(char *out, size_t n, const CkptEntry *e)
         snprintf(out, n, "[%lld, %lld]", (long long)e->shape[0], (long long)e->shape[1]);
 }
 
-static int verify_all(const char *step_dir, const CkptIndex *ix, int64_t *bytes,
-                      char err[CFG_ERR]);
+static int verify_all(const char *step_dir, const CkptIndex *ix, int64_t *bytes, char err[CFG_ERR]);
 
 int ckpt_inspect(const char *arg, int check)
 {
@@ -59,8 +58,8 @@ int ckpt_inspect(const char *arg, int check)
     if (ix.has_norms)
         printf(", norm_eps %g, rope_theta %g", ix.norm_eps, ix.rope_theta);
     printf("\n");
-    printf("topology: tp %d, pp %d, dp %d, zero %d, world %d, stage_layers [", ix.tp, ix.pp,
-           ix.dp, ix.zero, ix.world);
+    printf("topology: tp %d, pp %d, dp %d, zero %d, world %d, stage_layers [", ix.tp, ix.pp, ix.dp,
+           ix.zero, ix.world);
     for (int i = 0; i < ix.pp; i++)
         printf("%s%d", i ? ", " : "", ix.stage_layers[i]);
     printf("]\n");
@@ -84,8 +83,8 @@ int ckpt_inspect(const char *arg, int check)
         const CkptEntry *e = &ix.e[i];
         char shape[64];
         print_shape(shape, sizeof shape, e);
-        printf("  %-7s %-40s %-16s %-8s %10.3f  %s:/%s/%s\n", e->kind, e->name, shape,
-               e->dtype, trd_mib((size_t)e->nbytes), e->file, e->kind, e->name);
+        printf("  %-7s %-40s %-16s %-8s %10.3f  %s:/%s/%s\n", e->kind, e->name, shape, e->dtype,
+               trd_mib((size_t)e->nbytes), e->file, e->kind, e->name);
         total += e->nbytes;
     }
     printf("total: %.1f MiB of tensor data\n", trd_mib((size_t)total));
@@ -146,18 +145,18 @@ static float *read_whole(const char *step_dir, const CkptEntry *e, char err[CFG_
     int64_t bad_row = 0;
     if (d < 0 || H5Dread(d, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, buf) < 0) {
         ckpt_h5_reason(why, sizeof why);
-        ckpt_err(err, "%s: cannot read tensor '%s' (dataset '/%s'): %s", path, e->name, dset,
-                 why);
+        ckpt_err(err, "%s: cannot read tensor '%s' (dataset '/%s'): %s", path, e->name, dset, why);
         free(buf);
         buf = NULL;
     } else if (verify_whole(d, e, buf, &bad_row) != 0) {
         if (bad_row < 0)
-            ckpt_err(err, "%s: tensor '%s' (dataset '/%s') has no valid checksum attributes",
-                     path, e->name, dset);
+            ckpt_err(err, "%s: tensor '%s' (dataset '/%s') has no valid checksum attributes", path,
+                     e->name, dset);
         else
-            ckpt_err(err, "%s: tensor '%s' (dataset '/%s'): checksum mismatch in the block at "
-                          "row %lld — the file is corrupted", path, e->name, dset,
-                     (long long)bad_row);
+            ckpt_err(err,
+                     "%s: tensor '%s' (dataset '/%s'): checksum mismatch in the block at "
+                     "row %lld — the file is corrupted",
+                     path, e->name, dset, (long long)bad_row);
         free(buf);
         buf = NULL;
     }
@@ -170,8 +169,7 @@ static float *read_whole(const char *step_dir, const CkptEntry *e, char err[CFG_
 /* Every dataset the index lists: read whole (read_whole verifies each
  * checksum block) and every value finite.  0, or -1 with err naming the
  * file and the tensor. */
-static int verify_all(const char *step_dir, const CkptIndex *ix, int64_t *bytes,
-                      char err[CFG_ERR])
+static int verify_all(const char *step_dir, const CkptIndex *ix, int64_t *bytes, char err[CFG_ERR])
 {
     *bytes = 0;
     for (int i = 0; i < ix->n; i++) {
@@ -186,9 +184,10 @@ static int verify_all(const char *step_dir, const CkptIndex *ix, int64_t *bytes,
                 first = j;
         free(buf);
         if (bad) {
-            ckpt_err(err, "%s/%s: tensor '%s' (dataset '/%s/%s') holds %zu non-finite values "
-                          "(the first at flat element %zu)", step_dir, e->file, e->name, e->kind,
-                     e->name, bad, first);
+            ckpt_err(err,
+                     "%s/%s: tensor '%s' (dataset '/%s/%s') holds %zu non-finite values "
+                     "(the first at flat element %zu)",
+                     step_dir, e->file, e->name, e->kind, e->name, bad, first);
             return -1;
         }
         *bytes += e->nbytes;
@@ -212,8 +211,8 @@ int ckpt_verify(const char *arg)
     const int rc = verify_all(step_dir, &ix, &bytes, err);
     if (rc == 0)
         printf("%s: verified: step %lld, %d datasets, %.1f MiB: every checksum matches, every "
-               "value is finite%s\n", step_dir, (long long)ix.state.step, ix.n,
-               trd_mib((size_t)bytes),
+               "value is finite%s\n",
+               step_dir, (long long)ix.state.step, ix.n, trd_mib((size_t)bytes),
                ix.state_checked ? ", training state checksums match"
                                 : " (older index: no training state checksums)");
     ckpt_index_free(&ix);
@@ -294,8 +293,7 @@ int ckpt_export_h5(const char *arg, const char *out, int master)
         for (size_t j = 0; derive && j < n; j++)
             buf[j] = bf16_round(buf[j]);
         hid_t sp = ckpt_space(e->ndim, e->shape);
-        hid_t d = H5Dcreate2(f, e->name, H5T_IEEE_F32LE, sp, H5P_DEFAULT, H5P_DEFAULT,
-                             H5P_DEFAULT);
+        hid_t d = H5Dcreate2(f, e->name, H5T_IEEE_F32LE, sp, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
         if (d < 0 || H5Dwrite(d, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, buf) < 0) {
             ckpt_err(err, "%s: cannot write tensor '%s'", out, e->name);
             code = TRD_EXIT_RUNTIME;
@@ -311,7 +309,7 @@ int ckpt_export_h5(const char *arg, const char *out, int master)
         code = TRD_EXIT_RUNTIME;
     }
     if (code != TRD_EXIT_OK) {
-        remove(out);   /* no half-written export left behind */
+        remove(out); /* no half-written export left behind */
         ckpt_index_free(&ix);
         return fail(code, err);
     }

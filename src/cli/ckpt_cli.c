@@ -12,35 +12,34 @@
 
 static void usage(FILE *f)
 {
-    fprintf(f,
-            "usage: trident ckpt inspect DIR [--verify]\n"
-            "       trident ckpt verify DIR\n"
-            "       trident ckpt export DIR --out FILE [--master]\n"
-            "       trident ckpt export --format hf --out OUTDIR [--dtype fp32|bf16]\n"
-            "                           [--max-shard-size SIZE] DIR\n"
-            "       trident ckpt import --from hf HF_DIR --out CKPTDIR [--set key=value ...]\n\n"
-            "DIR is a checkpoint step directory (DIR/step_00000100) or a checkpoint.dir,\n"
-            "whose `latest` is taken.\n"
-            "  inspect   saved step, training state, model, topology, config, and every\n"
-            "            dataset with its global shape, dtype, size and file; with --verify\n"
-            "            also the check of `verify` (else it says \"not verified\")\n"
-            "  verify    reads every block of every tensor: checksums and finite values;\n"
-            "            exit 1 naming the file and tensor that is wrong, 0 and \"verified\"\n"
-            "  export    the model weights (fp32, global shapes, unpadded vocabulary) as\n"
-            "            one HDF5 file with a dataset per tensor, e.g. /embed.wte.weight;\n"
-            "            (a bf16 run: the bf16 rounding of its master weights); --master\n"
-            "            takes the fp32 master weights of a bf16 run instead\n"
-            "  export --format hf\n"
-            "            a Hugging Face model directory (config.json, safetensors weights,\n"
-            "            GPT-2 tokenizer files) for transformers' from_pretrained: gpt2 ->\n"
-            "            GPT2LMHeadModel, llama -> LlamaForCausalLM; --dtype (default fp32),\n"
-            "            --max-shard-size (default 5GB; e.g. 500MB, 100KiB, bytes)\n"
-            "  import --from hf\n"
-            "            a Hugging Face directory (GPT2LMHeadModel or LlamaForCausalLM, as\n"
-            "            export writes them) as a weights-only checkpoint at step 0 in\n"
-            "            CKPTDIR, for checkpoint.init_from; --set records run/data keys\n"
-            "Layout: docs/checkpoint.md.  Exit codes: 0 success, 2 bad input (not a\n"
-            "checkpoint), 1 failure (a damaged checkpoint, for verify).\n");
+    fprintf(f, "usage: trident ckpt inspect DIR [--verify]\n"
+               "       trident ckpt verify DIR\n"
+               "       trident ckpt export DIR --out FILE [--master]\n"
+               "       trident ckpt export --format hf --out OUTDIR [--dtype fp32|bf16]\n"
+               "                           [--max-shard-size SIZE] DIR\n"
+               "       trident ckpt import --from hf HF_DIR --out CKPTDIR [--set key=value ...]\n\n"
+               "DIR is a checkpoint step directory (DIR/step_00000100) or a checkpoint.dir,\n"
+               "whose `latest` is taken.\n"
+               "  inspect   saved step, training state, model, topology, config, and every\n"
+               "            dataset with its global shape, dtype, size and file; with --verify\n"
+               "            also the check of `verify` (else it says \"not verified\")\n"
+               "  verify    reads every block of every tensor: checksums and finite values;\n"
+               "            exit 1 naming the file and tensor that is wrong, 0 and \"verified\"\n"
+               "  export    the model weights (fp32, global shapes, unpadded vocabulary) as\n"
+               "            one HDF5 file with a dataset per tensor, e.g. /embed.wte.weight;\n"
+               "            (a bf16 run: the bf16 rounding of its master weights); --master\n"
+               "            takes the fp32 master weights of a bf16 run instead\n"
+               "  export --format hf\n"
+               "            a Hugging Face model directory (config.json, safetensors weights,\n"
+               "            GPT-2 tokenizer files) for transformers' from_pretrained: gpt2 ->\n"
+               "            GPT2LMHeadModel, llama -> LlamaForCausalLM; --dtype (default fp32),\n"
+               "            --max-shard-size (default 5GB; e.g. 500MB, 100KiB, bytes)\n"
+               "  import --from hf\n"
+               "            a Hugging Face directory (GPT2LMHeadModel or LlamaForCausalLM, as\n"
+               "            export writes them) as a weights-only checkpoint at step 0 in\n"
+               "            CKPTDIR, for checkpoint.init_from; --set records run/data keys\n"
+               "Layout: docs/checkpoint.md.  Exit codes: 0 success, 2 bad input (not a\n"
+               "checkpoint), 1 failure (a damaged checkpoint, for verify).\n");
 }
 
 static int fail(int code, const char *msg)
@@ -130,7 +129,7 @@ int ckpt_main(int argc, char **argv)
         }
         if (!strcmp(format, "hf")) {
             int bf16 = 0;
-            int64_t max_shard = 5000000000LL;   /* HF's default "5GB" */
+            int64_t max_shard = 5000000000LL; /* HF's default "5GB" */
             if (dtype && strcmp(dtype, "fp32") && strcmp(dtype, "bf16"))
                 return fail(TRD_EXIT_INPUT, "ckpt export: --dtype must be fp32 or bf16");
             bf16 = dtype && !strcmp(dtype, "bf16");

@@ -15,7 +15,7 @@
 #define CLI_MAX_SETS 64
 
 typedef struct {
-    const char *config_path;          /* the positional CONFIG (NULL: none given) */
+    const char *config_path; /* the positional CONFIG (NULL: none given) */
     const char *sets[CLI_MAX_SETS];
     int n_sets;
 } CliConfig;

@@ -43,7 +43,7 @@ static const char usage[] =
 typedef struct {
     const char *source, *data, *format;
     long sequences, micro;
-    CliConfig sets;             /* --set only: the model comes from the checkpoint */
+    CliConfig sets; /* --set only: the model comes from the checkpoint */
 } EvalArgs;
 
 static int bad(int rank, const char *fmt, const char *arg)
@@ -77,8 +77,10 @@ static int parse(int argc, char **argv, EvalArgs *a, int rank)
         if (i + 1 >= argc)
             return bad(rank, "%s needs a value", o);
         const char *v = argv[++i];
-        if (!strcmp(o, "--data")) a->data = v;
-        else if (!strcmp(o, "--format")) a->format = v;
+        if (!strcmp(o, "--data"))
+            a->data = v;
+        else if (!strcmp(o, "--format"))
+            a->format = v;
         else if (!strcmp(o, "--sequences") || !strcmp(o, "--micro-batch")) {
             char *end;
             errno = 0;
@@ -211,8 +213,9 @@ int eval_main(int argc, char **argv)
     trainer_destroy(tr);
     if (world.rank == 0) {
         printf("eval: %s on %s: %d sequences, %.0f tokens | loss %.6f | perplexity %.4f | "
-               "tp %d pp %d dp %d\n", a.source, a.data, cfg.data.val_sequences, tokens,
-               loss, exp(loss), cfg.topology.tp, cfg.topology.pp, cfg.topology.dp);
+               "tp %d pp %d dp %d\n",
+               a.source, a.data, cfg.data.val_sequences, tokens, loss, exp(loss), cfg.topology.tp,
+               cfg.topology.pp, cfg.topology.dp);
         if (tmp[0]) {
             char cmd[CFG_STR + 16];
             snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmp);

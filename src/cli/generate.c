@@ -80,8 +80,8 @@ static int number(const char *opt, const char *v, double lo, double hi, double *
     errno = 0;
     double x = strtod(v, &end);
     if (*end || errno || !(x >= lo && x <= hi)) {
-        fprintf(stderr, "trident generate: %s needs a number from %g to %g, got '%s'\n", opt,
-                lo, hi, v);
+        fprintf(stderr, "trident generate: %s needs a number from %g to %g, got '%s'\n", opt, lo,
+                hi, v);
         return -1;
     }
     *out = x;
@@ -91,8 +91,7 @@ static int number(const char *opt, const char *v, double lo, double hi, double *
 /* -1 after --help; else 0 or the exit code of a bad argument. */
 static int parse(int argc, char **argv, GenArgs *a)
 {
-    *a = (GenArgs){.max_new = 64, .temperature = 1.0, .top_p = 1.0, .seed = 1234,
-                   .backend = "cpu"};
+    *a = (GenArgs){.max_new = 64, .temperature = 1.0, .top_p = 1.0, .seed = 1234, .backend = "cpu"};
     for (int i = 1; i < argc; i++) {
         const char *o = argv[i];
         if (!strcmp(o, "--help") || !strcmp(o, "-h")) {
@@ -100,8 +99,9 @@ static int parse(int argc, char **argv, GenArgs *a)
             return -1;
         }
         if (!strcmp(o, "--greedy") || !strcmp(o, "--no-cache") || !strcmp(o, "--ids")) {
-            *(!strcmp(o, "--greedy") ? &a->greedy : !strcmp(o, "--ids") ? &a->ids
-                                                                         : &a->no_cache) = 1;
+            *(!strcmp(o, "--greedy") ? &a->greedy
+              : !strcmp(o, "--ids")  ? &a->ids
+                                     : &a->no_cache) = 1;
             continue;
         }
         if (strncmp(o, "--", 2)) {
@@ -114,24 +114,33 @@ static int parse(int argc, char **argv, GenArgs *a)
             return bad_args("%s needs a value", o);
         const char *v = argv[++i];
         double x;
-        if (!strcmp(o, "--prompt")) a->prompt = v;
-        else if (!strcmp(o, "--tokenizer")) a->tokenizer = v;
-        else if (!strcmp(o, "--backend")) a->backend = v;
-        else if (!strcmp(o, "--dump-logits")) a->dump = v;
+        if (!strcmp(o, "--prompt"))
+            a->prompt = v;
+        else if (!strcmp(o, "--tokenizer"))
+            a->tokenizer = v;
+        else if (!strcmp(o, "--backend"))
+            a->backend = v;
+        else if (!strcmp(o, "--dump-logits"))
+            a->dump = v;
         else if (!strcmp(o, "--max-new-tokens")) {
-            if (number(o, v, 1, 1 << 20, &x)) return TRD_EXIT_INPUT;
+            if (number(o, v, 1, 1 << 20, &x))
+                return TRD_EXIT_INPUT;
             a->max_new = (long)x;
         } else if (!strcmp(o, "--temperature")) {
-            if (number(o, v, 0, 1e6, &x)) return TRD_EXIT_INPUT;
+            if (number(o, v, 0, 1e6, &x))
+                return TRD_EXIT_INPUT;
             a->temperature = x;
         } else if (!strcmp(o, "--top-k")) {
-            if (number(o, v, 0, 1 << 24, &x)) return TRD_EXIT_INPUT;
+            if (number(o, v, 0, 1 << 24, &x))
+                return TRD_EXIT_INPUT;
             a->top_k = (long)x;
         } else if (!strcmp(o, "--top-p")) {
-            if (number(o, v, 1e-9, 1, &x)) return TRD_EXIT_INPUT;
+            if (number(o, v, 1e-9, 1, &x))
+                return TRD_EXIT_INPUT;
             a->top_p = x;
         } else if (!strcmp(o, "--seed")) {
-            if (number(o, v, 0, 9007199254740992.0, &x)) return TRD_EXIT_INPUT;
+            if (number(o, v, 0, 9007199254740992.0, &x))
+                return TRD_EXIT_INPUT;
             a->seed = (uint64_t)x;
         } else
             return bad_args("unknown argument '%s'", o);
@@ -162,8 +171,8 @@ static void resolve_source(const GenArgs *a, char step[CFG_STR], char tmp[CFG_ST
     char err[CFG_ERR];
     tmp[0] = '\0';
     if (is_file(a->source, "config.json")) {
-        snprintf(tmp, CFG_STR, "%s/trident-generate-XXXXXX", getenv("TMPDIR") ? getenv("TMPDIR")
-                                                                                 : "/tmp");
+        snprintf(tmp, CFG_STR, "%s/trident-generate-XXXXXX",
+                 getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
         if (!mkdtemp(tmp))
             trd_fatal(TRD_EXIT_RUNTIME, "set TMPDIR to a writable directory",
                       "cannot make a temporary directory %s: %s", tmp, strerror(errno));
@@ -181,8 +190,10 @@ static void resolve_source(const GenArgs *a, char step[CFG_STR], char tmp[CFG_ST
         return;
     }
     if (ckpt_resolve(NULL, RESUME_PATH, a->source, step, err) != 1)
-        trd_fatal(TRD_EXIT_INPUT, "give a step directory, a checkpoint.dir with a latest, or a "
-                  "Hugging Face directory with config.json", "%s", err);
+        trd_fatal(TRD_EXIT_INPUT,
+                  "give a step directory, a checkpoint.dir with a latest, or a "
+                  "Hugging Face directory with config.json",
+                  "%s", err);
 }
 
 static Tokenizer *open_tokenizer(const GenArgs *a, const Config *cfg)
@@ -195,7 +206,7 @@ static Tokenizer *open_tokenizer(const GenArgs *a, const Config *cfg)
         snprintf(m, sizeof m, "%s/merges.txt", a->source);
         t = tokenizer_gpt2(v, m, err);
     } else {
-        const char *name = a->tokenizer ? a->tokenizer
+        const char *name = a->tokenizer                ? a->tokenizer
                            : cfg->model.vocab == 50257 ? "gpt2"
                            : cfg->model.vocab == 257   ? "byte"
                                                        : NULL;
@@ -354,14 +365,18 @@ int generate_main(int argc, char **argv)
     }
     const int T = cfg.model.seq_len;
     if ((long)n >= T)
-        trd_fatal(TRD_EXIT_INPUT, "shorten the prompt", "the prompt is %zu tokens; the model's "
-                  "context (model.seq_len) is %d, which leaves no room to generate", n, T);
+        trd_fatal(TRD_EXIT_INPUT, "shorten the prompt",
+                  "the prompt is %zu tokens; the model's "
+                  "context (model.seq_len) is %d, which leaves no room to generate",
+                  n, T);
     const int prompt_n = (int)n;
     const long room = T - prompt_n;
     const int total = prompt_n + (int)(a.max_new < room ? a.max_new : room);
     if (a.max_new > room)
-        fprintf(stderr, "trident: note: %ld new tokens fit the context of %d after a prompt of "
-                "%d tokens, not %ld\n", room, T, prompt_n, a.max_new);
+        fprintf(stderr,
+                "trident: note: %ld new tokens fit the context of %d after a prompt of "
+                "%d tokens, not %ld\n",
+                room, T, prompt_n, a.max_new);
     ids = realloc(ids, (size_t)total * sizeof *ids);
     TRD_ASSERT(ids);
 
@@ -405,8 +420,10 @@ int generate_main(int argc, char **argv)
         free(text);
     }
     const int gen = len - prompt_n;
-    fprintf(stderr, "generate: %d prompt tokens in %.3f s, %d new tokens in %.3f s (%.1f "
-            "tokens/s%s), %s backend\n", prompt_n, t_prompt, gen, t_all - t_prompt,
+    fprintf(stderr,
+            "generate: %d prompt tokens in %.3f s, %d new tokens in %.3f s (%.1f "
+            "tokens/s%s), %s backend\n",
+            prompt_n, t_prompt, gen, t_all - t_prompt,
             gen > 0 && t_all > t_prompt ? gen / (t_all - t_prompt) : 0.0,
             a.no_cache ? ", no cache" : "", be->name);
     free(cand);

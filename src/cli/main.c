@@ -18,11 +18,13 @@ static const Command commands[] = {
     {"prepare-data", data_prepare_main, "tokenize text files into a Megatron .bin/.idx dataset"},
     {"tokenize", data_tokenize_main, "print the token ids of a text file"},
     {"ckpt", ckpt_main, "inspect or export a checkpoint (trident ckpt --help)"},
-    {"topology", topology_main, "print the rank map of a config for a world size, without launching"},
+    {"topology", topology_main,
+     "print the rank map of a config for a world size, without launching"},
     {"plan", plan_main, "memory, communication and time of a config on a cluster, without running"},
     {"eval", eval_main, "loss and perplexity of a trained model on a dataset (any layout)"},
     {"generate", generate_main, "continue a prompt with a trained model (trident generate --help)"},
-    {"report", report_main, "one HTML page of a run's curves, memory and config (trident report --help)"},
+    {"report", report_main,
+     "one HTML page of a run's curves, memory and config (trident report --help)"},
 };
 
 static void usage(FILE *f)

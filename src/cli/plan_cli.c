@@ -11,7 +11,7 @@
 #include "pipeline_par/pp_schedule.h"
 #include "plan/plan.h"
 
-#define GIB (1024.0 * 1024.0 * 1024.0)
+#define GIB     (1024.0 * 1024.0 * 1024.0)
 #define MAX_TOP 50
 
 typedef struct {
@@ -87,31 +87,35 @@ static const char *recompute_name(Recompute r)
 static void print_bytes_row(FILE *f, const char *group, int size, PlanLink l, double bytes,
                             const char *what)
 {
-    fprintf(f, "  %-6s %5d  %-8s %12.3f GiB   %s\n", group, size, plan_link_name(l),
-            bytes / GIB, what);
+    fprintf(f, "  %-6s %5d  %-8s %12.3f GiB   %s\n", group, size, plan_link_name(l), bytes / GIB,
+            what);
 }
 
 static void print_layout(FILE *f, const Config *cfg, const PlanCluster *c, const PlanResult *r)
 {
     const ModelConfig *mc = &cfg->model;
-    fprintf(f, "cluster: %s, %d node(s) x %d GPUs, %.0f GiB each, %.4g TFLOP/s bf16 peak, "
-               "in-node %.0f GB/s, network %.0f GB/s per GPU\n",
-            c->name, c->nodes, c->gpus_per_node, c->gpu_memory_gib, c->peak_tflops,
-            c->nvlink_gbps, c->network_gbps);
-    fprintf(f, "model: %s, %d layers, hidden %d, heads %d (kv %d), ffn %d, vocab %d (padded %d), "
-               "seq %d: %.2f B parameters\n",
+    fprintf(f,
+            "cluster: %s, %d node(s) x %d GPUs, %.0f GiB each, %.4g TFLOP/s bf16 peak, "
+            "in-node %.0f GB/s, network %.0f GB/s per GPU\n",
+            c->name, c->nodes, c->gpus_per_node, c->gpu_memory_gib, c->peak_tflops, c->nvlink_gbps,
+            c->network_gbps);
+    fprintf(f,
+            "model: %s, %d layers, hidden %d, heads %d (kv %d), ffn %d, vocab %d (padded %d), "
+            "seq %d: %.2f B parameters\n",
             config_arch_name(mc->arch), mc->layers, mc->hidden, mc->heads, mc->kv_heads,
             mc->ffn_hidden, mc->vocab, params_padded_vocab(mc, r->tp), mc->seq_len,
             1e-9 * (double)params_count_real(mc));
-    fprintf(f, "layout: tp %d (%s) x pp %d (%s) x dp %d (%s) = %d GPUs | zero %d | %s schedule, "
-               "virtual stages %d | sequence parallel %s | recompute %s\n",
+    fprintf(f,
+            "layout: tp %d (%s) x pp %d (%s) x dp %d (%s) = %d GPUs | zero %d | %s schedule, "
+            "virtual stages %d | sequence parallel %s | recompute %s\n",
             r->tp, plan_link_name(r->tp_link), r->pp, plan_link_name(r->pp_link), r->dp,
             plan_link_name(r->dp_link), r->world, r->zero, pp_schedule_name(r->schedule),
             r->virtual_stages, r->sp ? "on" : "off", recompute_name(r->recompute));
     fprintf(f, "batch: global %d = micro_batch %d x %d micro-batches x dp %d | %d tokens/step\n",
             r->global_batch, r->micro_batch, r->n_micro, r->dp, r->global_batch * mc->seq_len);
-    fprintf(f, "bytes per element: weights %d, gradients %d, activations %d, optimizer state 4 "
-               "(%s backend, %s)\n\n",
+    fprintf(f,
+            "bytes per element: weights %d, gradients %d, activations %d, optimizer state 4 "
+            "(%s backend, %s)\n\n",
             r->elem_param, r->elem_grad, r->elem_act,
             cfg->backend == BACKEND_CUDA ? "cuda" : "cpu reference",
             config_precision_name(cfg->training.precision));
@@ -131,21 +135,26 @@ static void print_memory(FILE *f, const PlanResult *r)
     }
     const PlanStage *w = &r->st[r->worst];
     if (w->host_ckpt > 0)
-        fprintf(f, "host memory per rank, beside the table: checkpoint snapshot %.2f GiB "
-                   "(checkpoint.async, or a GPU's host copies)\n", w->host_ckpt / GIB);
+        fprintf(f,
+                "host memory per rank, beside the table: checkpoint snapshot %.2f GiB "
+                "(checkpoint.async, or a GPU's host copies)\n",
+                w->host_ckpt / GIB);
     if (r->fits)
-        fprintf(f, "fits: the most loaded GPU (stage %d) needs %.2f of %.2f GiB (%.2f GiB free)\n\n",
+        fprintf(f,
+                "fits: the most loaded GPU (stage %d) needs %.2f of %.2f GiB (%.2f GiB free)\n\n",
                 r->worst, w->total / GIB, r->capacity / GIB, (r->capacity - w->total) / GIB);
     else
-        fprintf(f, "DOES NOT FIT: stage %d needs %.2f GiB, %.2f GiB (%.0f%%) more than the "
-                   "%.2f GiB of a GPU\n\n",
+        fprintf(f,
+                "DOES NOT FIT: stage %d needs %.2f GiB, %.2f GiB (%.0f%%) more than the "
+                "%.2f GiB of a GPU\n\n",
                 r->worst, w->total / GIB, (w->total - r->capacity) / GIB,
                 100 * (w->total - r->capacity) / r->capacity, r->capacity / GIB);
 }
 
 static void print_comm(FILE *f, const PlanResult *r)
 {
-    fprintf(f, "communication per GPU per step (the busiest stage; bytes sent, ring algorithms):\n");
+    fprintf(f,
+            "communication per GPU per step (the busiest stage; bytes sent, ring algorithms):\n");
     print_bytes_row(f, "tp", r->tp, r->tp_link, r->tp_bytes,
                     r->sp ? "all-gather/reduce-scatter per layer" : "all-reduce per layer");
     print_bytes_row(f, "pp", r->pp, r->pp_link, r->pp_bytes, "activations and their gradients");
@@ -165,7 +174,8 @@ static void print_time(FILE *f, const PlanResult *r)
             t_tp = r->st[k].t_tp;
             t_p2p = r->st[k].t_p2p;
         }
-    fprintf(f, "\ntime per micro-batch (slowest stage): compute %.2f ms, TP %.2f ms, PP p2p %.2f ms\n",
+    fprintf(f,
+            "\ntime per micro-batch (slowest stage): compute %.2f ms, TP %.2f ms, PP p2p %.2f ms\n",
             1e3 * t_c, 1e3 * t_tp, 1e3 * t_p2p);
     fprintf(f, "pipeline bubble: %.1f%% of the pipeline phase (pp %d, %d micro-batches, v %d)\n",
             100 * r->bubble, r->pp, r->n_micro, r->virtual_stages);
@@ -185,25 +195,26 @@ void plan_print(FILE *f, const Config *cfg, const PlanCluster *c, const PlanResu
 
 static void print_json(FILE *f, const PlanResult *r)
 {
-    fprintf(f, "{\"tp\": %d, \"pp\": %d, \"dp\": %d, \"zero\": %d, \"micro_batch\": %d, "
-               "\"n_micro\": %d, \"fits\": %s, \"capacity\": %.0f, \"worst\": %d, "
-               "\"step_s\": %.6g, \"tokens_per_s\": %.6g, \"mfu\": %.6g, "
-               "\"model_flops_step\": %.17g, \"stages\": [",
+    fprintf(f,
+            "{\"tp\": %d, \"pp\": %d, \"dp\": %d, \"zero\": %d, \"micro_batch\": %d, "
+            "\"n_micro\": %d, \"fits\": %s, \"capacity\": %.0f, \"worst\": %d, "
+            "\"step_s\": %.6g, \"tokens_per_s\": %.6g, \"mfu\": %.6g, "
+            "\"model_flops_step\": %.17g, \"stages\": [",
             r->tp, r->pp, r->dp, r->zero, r->micro_batch, r->n_micro, r->fits ? "true" : "false",
             r->capacity, r->worst, r->t_step, r->tokens_per_s, r->mfu, r->model_flops_step);
     for (int k = 0; k < r->pp; k++) {
         const PlanStage *s = &r->st[k];
-        fprintf(f, "%s{\"layers\": %d, \"inflight\": %d, \"params\": %.0f, \"grads\": %.0f, "
-                   "\"optimizer\": %.0f, \"buffers\": %.0f, \"activations\": %.0f, "
-                   "\"scratch\": %.0f, \"total\": %.0f, \"host_ckpt\": %.0f, \"flops_mb\": %.17g, "
-                   "\"gemm_flops_mb\": %.17g, \"tp_bytes_mb\": %llu, \"kv_bytes_mb\": %llu, "
-                   "\"pp_bytes_step\": %llu, \"dp_bytes_step\": %llu, \"embed_bytes_step\": %llu}",
+        fprintf(f,
+                "%s{\"layers\": %d, \"inflight\": %d, \"params\": %.0f, \"grads\": %.0f, "
+                "\"optimizer\": %.0f, \"buffers\": %.0f, \"activations\": %.0f, "
+                "\"scratch\": %.0f, \"total\": %.0f, \"host_ckpt\": %.0f, \"flops_mb\": %.17g, "
+                "\"gemm_flops_mb\": %.17g, \"tp_bytes_mb\": %llu, \"kv_bytes_mb\": %llu, "
+                "\"pp_bytes_step\": %llu, \"dp_bytes_step\": %llu, \"embed_bytes_step\": %llu}",
                 k ? ", " : "", s->layers, s->inflight, s->params, s->grads, s->optimizer,
                 s->buffers, s->activations, s->scratch, s->total, s->host_ckpt, s->flops,
-                s->gemm_flops,
-                (unsigned long long)s->tp_bytes_mb, (unsigned long long)s->kv_bytes_mb,
-                (unsigned long long)s->pp_bytes_step, (unsigned long long)s->dp_bytes_step,
-                (unsigned long long)s->embed_bytes_step);
+                s->gemm_flops, (unsigned long long)s->tp_bytes_mb,
+                (unsigned long long)s->kv_bytes_mb, (unsigned long long)s->pp_bytes_step,
+                (unsigned long long)s->dp_bytes_step, (unsigned long long)s->embed_bytes_step);
     }
     fprintf(f, "]}\n");
 }
@@ -221,13 +232,13 @@ static void print_search(const Config *cfg, const PlanCluster *c, int top)
            config_arch_name(cfg->model.arch), cfg->model.layers, cfg->model.hidden,
            cfg->model.seq_len, cfg->training.global_batch,
            1e-9 * (double)params_count_real(&cfg->model));
-    printf("search: %d valid layouts evaluated, %d fit; best %d by estimated tokens/s:\n\n",
-           tried, fit, n < top ? n : top);
+    printf("search: %d valid layouts evaluated, %d fit; best %d by estimated tokens/s:\n\n", tried,
+           fit, n < top ? n : top);
     printf("  #  tp  pp   dp zero mb  v recompute  GiB/GPU   step s   tokens/s    MFU  why\n");
     for (int i = 0; i < n; i++) {
         const PlanResult *r = &best[i].r;
-        printf("%3d %3d %3d %4d %4d %2d %2d %-9s %8.1f %8.3f %10.0f %5.1f%%  %s%s\n", i + 1,
-               r->tp, r->pp, r->dp, r->zero, r->micro_batch, r->virtual_stages,
+        printf("%3d %3d %3d %4d %4d %2d %2d %-9s %8.1f %8.3f %10.0f %5.1f%%  %s%s\n", i + 1, r->tp,
+               r->pp, r->dp, r->zero, r->micro_batch, r->virtual_stages,
                recompute_name(r->recompute), r->st[r->worst].total / GIB, r->t_step,
                r->tokens_per_s, 100 * r->mfu, r->fits ? "" : "DOES NOT FIT: ", best[i].why);
     }
@@ -272,8 +283,10 @@ int plan_main(int argc, char **argv)
         world = cluster_gpus(&c);
     if (!world) { /* dp auto and no cluster: the one data-parallel replica of tp x pp */
         world = t->tp * t->pp;
-        fprintf(stderr, "plan: topology.dp is auto and no --cluster: planning dp 1 (%d ranks); "
-                "give --cluster or --set topology.dp=N for another world\n", world);
+        fprintf(stderr,
+                "plan: topology.dp is auto and no --cluster: planning dp 1 (%d ranks); "
+                "give --cluster or --set topology.dp=N for another world\n",
+                world);
     }
     if (!a.cluster)
         default_cluster(&cfg, world, &c);

@@ -111,16 +111,26 @@ static int parse_prepare(int argc, char **argv, PrepareArgs *a)
             *(o[2] == 's' ? &a->skip_bad : &a->progress) = 1;
             continue;
         }
-        if (strcmp(o, "--tokenizer") == 0) dst = &a->tokenizer;
-        else if (strcmp(o, "--encoding") == 0) dst = &a->encoding;
-        else if (strcmp(o, "--ranks") == 0) dst = &a->ranks;
-        else if (strcmp(o, "--input-format") == 0) dst = &a->input_format;
-        else if (strcmp(o, "--json-key") == 0) dst = &a->json_key;
-        else if (strcmp(o, "--vocab") == 0) dst = &a->vocab;
-        else if (strcmp(o, "--merges") == 0) dst = &a->merges;
-        else if (strcmp(o, "--out") == 0) dst = &a->out;
-        else if (strcmp(o, "--format") == 0) dst = &a->format;
-        else if (strcmp(o, "--ext") == 0) dst = &a->ext;
+        if (strcmp(o, "--tokenizer") == 0)
+            dst = &a->tokenizer;
+        else if (strcmp(o, "--encoding") == 0)
+            dst = &a->encoding;
+        else if (strcmp(o, "--ranks") == 0)
+            dst = &a->ranks;
+        else if (strcmp(o, "--input-format") == 0)
+            dst = &a->input_format;
+        else if (strcmp(o, "--json-key") == 0)
+            dst = &a->json_key;
+        else if (strcmp(o, "--vocab") == 0)
+            dst = &a->vocab;
+        else if (strcmp(o, "--merges") == 0)
+            dst = &a->merges;
+        else if (strcmp(o, "--out") == 0)
+            dst = &a->out;
+        else if (strcmp(o, "--format") == 0)
+            dst = &a->format;
+        else if (strcmp(o, "--ext") == 0)
+            dst = &a->ext;
         else if (strcmp(o, "--val-every") != 0 && strcmp(o, "--workers") != 0)
             return usage_error(cmd, prepare_usage, "unknown argument '%s'", o);
         /* --ext '' (files without an extension) is a value, not a missing one */
@@ -137,9 +147,11 @@ static int parse_prepare(int argc, char **argv, PrepareArgs *a)
         errno = 0;
         *num = strtol(v, &end, 10);
         if (*end || errno || *num < 1 || (num == &a->workers && *num > 256))
-            return usage_error(cmd, prepare_usage, num == &a->workers ?
-                               "--workers needs an integer from 1 to 256, got '%s'" :
-                               "--val-every needs a positive integer, got '%s'", v);
+            return usage_error(cmd, prepare_usage,
+                               num == &a->workers
+                                   ? "--workers needs an integer from 1 to 256, got '%s'"
+                                   : "--val-every needs a positive integer, got '%s'",
+                               v);
     }
     if (a->n_inputs == 0)
         return usage_error(cmd, prepare_usage, "%s", "no --input files");
@@ -147,7 +159,8 @@ static int parse_prepare(int argc, char **argv, PrepareArgs *a)
         return usage_error(cmd, prepare_usage, "%s", "no --out PREFIX");
     if (!a->tokenizer)
         return usage_error(cmd, prepare_usage, "%s", "no --tokenizer (byte, gpt2 or tiktoken)");
-    if (strcmp(a->tokenizer, "byte") && strcmp(a->tokenizer, "gpt2") && strcmp(a->tokenizer, "tiktoken"))
+    if (strcmp(a->tokenizer, "byte") && strcmp(a->tokenizer, "gpt2") &&
+        strcmp(a->tokenizer, "tiktoken"))
         return usage_error(cmd, prepare_usage, "unknown tokenizer '%s' (byte, gpt2 or tiktoken)",
                            a->tokenizer);
     if (strcmp(a->input_format, "auto") && strcmp(a->input_format, "text") &&
@@ -182,11 +195,16 @@ int data_tokenize_main(int argc, char **argv)
             fputs(tokenize_usage, stdout);
             return TRD_EXIT_OK;
         }
-        if (strcmp(o, "--tokenizer") == 0) dst = &name;
-        else if (strcmp(o, "--vocab") == 0) dst = &vocab;
-        else if (strcmp(o, "--merges") == 0) dst = &merges;
-        else if (strcmp(o, "--encoding") == 0) dst = &encoding;
-        else if (strcmp(o, "--ranks") == 0) dst = &ranks;
+        if (strcmp(o, "--tokenizer") == 0)
+            dst = &name;
+        else if (strcmp(o, "--vocab") == 0)
+            dst = &vocab;
+        else if (strcmp(o, "--merges") == 0)
+            dst = &merges;
+        else if (strcmp(o, "--encoding") == 0)
+            dst = &encoding;
+        else if (strcmp(o, "--ranks") == 0)
+            dst = &ranks;
         else if (strncmp(o, "--", 2) == 0)
             return usage_error(cmd, tokenize_usage, "unknown argument '%s'", o);
         else if (file)
@@ -202,7 +220,8 @@ int data_tokenize_main(int argc, char **argv)
     if (!file)
         return usage_error(cmd, tokenize_usage, "%s", "no FILE (use - for stdin)");
     if (strcmp(name, "byte") && strcmp(name, "gpt2") && strcmp(name, "tiktoken"))
-        return usage_error(cmd, tokenize_usage, "unknown tokenizer '%s' (byte, gpt2 or tiktoken)", name);
+        return usage_error(cmd, tokenize_usage, "unknown tokenizer '%s' (byte, gpt2 or tiktoken)",
+                           name);
     TokenizerSpec ts = {name, vocab, merges, encoding, ranks};
     Tokenizer *tok = data_tokenizer_make(&ts);
     size_t len, n = 0, cap = 0;

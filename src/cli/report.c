@@ -12,8 +12,8 @@
 
 /* One metrics.jsonl record: NAN where the record has no such member. */
 enum { F_LOSS, F_VAL_LOSS, F_LR, F_GRAD_NORM, F_TOKENS_PER_S, F_MFU, F_STEP_MS, F_COUNT };
-static const char *const FIELD_KEYS[F_COUNT] = {"loss", "val_loss", "lr", "grad_norm",
-                                                "tokens_per_s", "mfu", "step_ms"};
+static const char *const FIELD_KEYS[F_COUNT] = {"loss",         "val_loss", "lr",     "grad_norm",
+                                                "tokens_per_s", "mfu",      "step_ms"};
 
 typedef struct {
     int step;
@@ -23,19 +23,18 @@ typedef struct {
 typedef struct {
     Record *rec;
     int n, cap;
-    cJSON *memory;    /* the first record's memory_bytes (NULL: none) */
+    cJSON *memory; /* the first record's memory_bytes (NULL: none) */
 } Run;
 
 static void usage(FILE *f)
 {
-    fprintf(f,
-            "usage: trident report RUN_DIR [--out FILE]\n\n"
-            "Writes one self-contained HTML page (default RUN_DIR/report.html) from\n"
-            "RUN_DIR/metrics.jsonl, RUN_DIR/config.yaml and, when present,\n"
-            "RUN_DIR/trace.json: loss and validation loss, learning rate, gradient\n"
-            "norm, throughput and MFU over steps, the memory table, the config, and\n"
-            "per-rank step and idle times.  Open it in any browser; it loads nothing.\n"
-            "Exit codes: 0 success, 2 bad input, 1 runtime failure.\n");
+    fprintf(f, "usage: trident report RUN_DIR [--out FILE]\n\n"
+               "Writes one self-contained HTML page (default RUN_DIR/report.html) from\n"
+               "RUN_DIR/metrics.jsonl, RUN_DIR/config.yaml and, when present,\n"
+               "RUN_DIR/trace.json: loss and validation loss, learning rate, gradient\n"
+               "norm, throughput and MFU over steps, the memory table, the config, and\n"
+               "per-rank step and idle times.  Open it in any browser; it loads nothing.\n"
+               "Exit codes: 0 success, 2 bad input, 1 runtime failure.\n");
 }
 
 static void add_record(Run *run, const Record *r)
@@ -70,11 +69,13 @@ static void read_metrics(Run *run, const char *path)
         const cJSON *step = cJSON_GetObjectItemCaseSensitive(obj, "step");
         if (!cJSON_IsObject(obj) || !cJSON_IsNumber(step) || step->valuedouble < 0 ||
             step->valuedouble != (double)(int)step->valuedouble)
-            trd_fatal(TRD_EXIT_INPUT, "each line of metrics.jsonl is one JSON object with a "
+            trd_fatal(TRD_EXIT_INPUT,
+                      "each line of metrics.jsonl is one JSON object with a "
                       "\"step\" (a run killed mid-write can leave a torn line: delete it)",
                       "%s:%d: %s", path, lineno,
-                      !obj ? "not valid JSON" : !cJSON_IsObject(obj) ? "not a JSON object"
-                      : "no integer \"step\"");
+                      !obj                   ? "not valid JSON"
+                      : !cJSON_IsObject(obj) ? "not a JSON object"
+                                             : "no integer \"step\"");
         Record r = {.step = step->valueint};
         for (int k = 0; k < F_COUNT; k++) {
             const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, FIELD_KEYS[k]);
@@ -128,11 +129,20 @@ static void put_escaped(FILE *f, const char *s)
 {
     for (; *s; s++)
         switch (*s) {
-        case '<': fputs("&lt;", f); break;
-        case '>': fputs("&gt;", f); break;
-        case '&': fputs("&amp;", f); break;
-        case '"': fputs("&quot;", f); break;
-        default: fputc(*s, f);
+        case '<':
+            fputs("&lt;", f);
+            break;
+        case '>':
+            fputs("&gt;", f);
+            break;
+        case '&':
+            fputs("&amp;", f);
+            break;
+        case '"':
+            fputs("&quot;", f);
+            break;
+        default:
+            fputc(*s, f);
         }
 }
 
@@ -173,11 +183,14 @@ static void chart(FILE *f, const Run *run, const char *title, const Series *ser,
         }
     const double x0 = run->rec[0].step, x1 = run->rec[run->n - 1].step;
     const double pw = CHART_W - PAD_L - PAD_R, ph = CHART_H - PAD_T - PAD_B;
-    fprintf(f, "<figure><svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\" "
-            "viewBox=\"0 0 %d %d\">\n", CHART_W, CHART_H, CHART_W, CHART_H);
+    fprintf(f,
+            "<figure><svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\" "
+            "viewBox=\"0 0 %d %d\">\n",
+            CHART_W, CHART_H, CHART_W, CHART_H);
     fprintf(f, "<text x=\"%d\" y=\"18\" class=\"title\">", PAD_L);
     put_escaped(f, title);
-    fprintf(f, "</text>\n<rect x=\"%d\" y=\"%d\" width=\"%.0f\" height=\"%.0f\" class=\"frame\"/>\n",
+    fprintf(f,
+            "</text>\n<rect x=\"%d\" y=\"%d\" width=\"%.0f\" height=\"%.0f\" class=\"frame\"/>\n",
             PAD_L, PAD_T, pw, ph);
     if (!isfinite(lo)) {
         fprintf(f, "<text x=\"%d\" y=\"%d\" class=\"none\">no values</text></svg></figure>\n",
@@ -189,12 +202,14 @@ static void chart(FILE *f, const Run *run, const char *title, const Series *ser,
         lo -= fabs(lo) * 0.05 + 1e-12;
     }
     char a[32], b[32], c[32];
-    fprintf(f, "<text x=\"%d\" y=\"%d\" class=\"ylab\">%s</text>\n"
+    fprintf(f,
+            "<text x=\"%d\" y=\"%d\" class=\"ylab\">%s</text>\n"
             "<text x=\"%d\" y=\"%.0f\" class=\"ylab\">%s</text>\n"
             "<text x=\"%d\" y=\"%d\" class=\"ylab\">%s</text>\n",
-            PAD_L - 6, PAD_T + 4, num(hi, a), PAD_L - 6, PAD_T + ph / 2 + 4,
-            num((lo + hi) / 2, b), PAD_L - 6, PAD_T + (int)ph, num(lo, c));
-    fprintf(f, "<text x=\"%d\" y=\"%d\" class=\"xlab\">step %d</text>\n"
+            PAD_L - 6, PAD_T + 4, num(hi, a), PAD_L - 6, PAD_T + ph / 2 + 4, num((lo + hi) / 2, b),
+            PAD_L - 6, PAD_T + (int)ph, num(lo, c));
+    fprintf(f,
+            "<text x=\"%d\" y=\"%d\" class=\"xlab\">step %d</text>\n"
             "<text x=\"%d\" y=\"%d\" class=\"xlab end\">step %d</text>\n",
             PAD_L, CHART_H - 12, run->rec[0].step, CHART_W - PAD_R, CHART_H - 12,
             run->rec[run->n - 1].step);
@@ -203,7 +218,8 @@ static void chart(FILE *f, const Run *run, const char *title, const Series *ser,
         int points = 0;
         for (int i = 0; i < run->n; i++)
             points += isfinite(run->rec[i].v[fld]) != 0;
-        fprintf(f, "<path class=\"series\" data-series=\"%s\" data-points=\"%d\" stroke=\"%s\" d=\"",
+        fprintf(f,
+                "<path class=\"series\" data-series=\"%s\" data-points=\"%d\" stroke=\"%s\" d=\"",
                 FIELD_KEYS[fld], points, ser[s].color);
         /* Two passes over the points: the path, then its dots. */
         for (int pass = 0; pass < (points <= 32 ? 2 : 1); pass++) {
@@ -239,7 +255,8 @@ static void memory_table(FILE *f, const cJSON *mem)
     fputs("<table><tr><th>category</th><th>bytes</th><th>MiB</th></tr>\n", f);
     const cJSON *item;
     double total = 0;
-    cJSON_ArrayForEach(item, mem) {
+    cJSON_ArrayForEach(item, mem)
+    {
         if (!cJSON_IsNumber(item))
             continue;
         fputs("<tr><td>", f);
@@ -307,16 +324,19 @@ static void trace_table(FILE *f, const char *path)
     free(text);
     const cJSON *events = cJSON_GetObjectItemCaseSensitive(doc, "traceEvents");
     if (!cJSON_IsArray(events))
-        trd_fatal(TRD_EXIT_INPUT, "trace.json is written by training.trace: true; delete a "
-                  "damaged one", "%s: not a Chrome trace (no traceEvents array)", path);
+        trd_fatal(TRD_EXIT_INPUT,
+                  "trace.json is written by training.trace: true; delete a "
+                  "damaged one",
+                  "%s: not a Chrome trace (no traceEvents array)", path);
     enum { MAX_RANKS = 4096 };
-    double *step_us = calloc(MAX_RANKS, sizeof(double)), *compute_us = calloc(MAX_RANKS,
-                                                                               sizeof(double));
+    double *step_us = calloc(MAX_RANKS, sizeof(double)),
+           *compute_us = calloc(MAX_RANKS, sizeof(double));
     int *steps = calloc(MAX_RANKS, sizeof(int)), ranks = 0;
     if (!step_us || !compute_us || !steps)
         trd_fatal(TRD_EXIT_RUNTIME, NULL, "out of memory reading %s", path);
     const cJSON *e;
-    cJSON_ArrayForEach(e, events) {
+    cJSON_ArrayForEach(e, events)
+    {
         const cJSON *ph = cJSON_GetObjectItemCaseSensitive(e, "ph"),
                     *pid = cJSON_GetObjectItemCaseSensitive(e, "pid"),
                     *tid = cJSON_GetObjectItemCaseSensitive(e, "tid"),
@@ -338,17 +358,21 @@ static void trace_table(FILE *f, const char *path)
     cJSON_Delete(doc);
     fputs("<h2>Per-rank step and idle time (trace.json)</h2>\n"
           "<table><tr><th>rank</th><th>steps</th><th>step ms</th><th>compute ms</th>"
-          "<th>idle ms</th><th>idle %</th></tr>\n", f);
+          "<th>idle ms</th><th>idle %</th></tr>\n",
+          f);
     for (int r = 0; r < ranks; r++) {
         if (!steps[r])
             continue;
         const double st = step_us[r] / steps[r] / 1e3, co = compute_us[r] / steps[r] / 1e3;
         const double idle = st > co ? st - co : 0;
-        fprintf(f, "<tr><td>%d</td><td>%d</td><td>%.2f</td><td>%.2f</td><td>%.2f</td>"
-                "<td>%.1f</td></tr>\n", r, steps[r], st, co, idle, st > 0 ? 100 * idle / st : 0);
+        fprintf(f,
+                "<tr><td>%d</td><td>%d</td><td>%.2f</td><td>%.2f</td><td>%.2f</td>"
+                "<td>%.1f</td></tr>\n",
+                r, steps[r], st, co, idle, st > 0 ? 100 * idle / st : 0);
     }
     fputs("</table>\n<p>Idle is the step time outside compute spans: waiting on collectives, "
-          "pipeline neighbours and data. Validation steps are not counted.</p>\n", f);
+          "pipeline neighbours and data. Validation steps are not counted.</p>\n",
+          f);
     free(step_us);
     free(compute_us);
     free(steps);

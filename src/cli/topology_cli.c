@@ -12,35 +12,34 @@
 #include "topology/topology.h"
 
 typedef struct {
-    CliConfig cli;       /* CONFIG and --set */
-    int world;           /* 0: from the config (tp * pp * dp) */
-    int ranks_per_node;  /* 0: from the config, else one node */
+    CliConfig cli;      /* CONFIG and --set */
+    int world;          /* 0: from the config (tp * pp * dp) */
+    int ranks_per_node; /* 0: from the config, else one node */
     TopoMapFormat format;
-    int schedule;        /* 1: print the pipeline schedule, 2: with sends/receives */
-    int micro_batches;   /* 0: global_batch / (micro_batch * dp) */
+    int schedule;      /* 1: print the pipeline schedule, 2: with sends/receives */
+    int micro_batches; /* 0: global_batch / (micro_batch * dp) */
 } Args;
 
 static void usage(FILE *f)
 {
-    fprintf(f,
-            "usage: trident topology CONFIG [--world N] [--ranks-per-node G] [--json | "
-            "--summary]\n"
-            "                         [--schedule | --schedule-comm] [--micro-batches M]\n"
-            "                         [--set key.path=value ...]\n\n"
-            "Print which node, local rank, (tp, dp, pp) coordinates and TP, DP and PP\n"
-            "groups every rank of a run of CONFIG would have.  Nothing is launched.\n\n"
-            "  --world N            number of ranks (default: tp x pp x dp of the config)\n"
-            "  --ranks-per-node G   ranks on each node (default: topology.ranks_per_node,\n"
-            "                       else all ranks on one node)\n"
-            "  --json               one JSON object instead of the table\n"
-            "  --summary            the summary lines only, no per-rank table\n"
-            "  --schedule           the summary, then the pipeline schedule of every stage\n"
-            "                       (topology.pp, .schedule, .virtual_stages), its bubble\n"
-            "                       and activation memory (see docs/pipeline.md)\n"
-            "  --schedule-comm      the same with every send and receive\n"
-            "  --micro-batches M    micro-batches per step for --schedule (default:\n"
-            "                       global_batch / (micro_batch x dp))\n"
-            "  --set key.path=value override one config key (repeatable)\n");
+    fprintf(f, "usage: trident topology CONFIG [--world N] [--ranks-per-node G] [--json | "
+               "--summary]\n"
+               "                         [--schedule | --schedule-comm] [--micro-batches M]\n"
+               "                         [--set key.path=value ...]\n\n"
+               "Print which node, local rank, (tp, dp, pp) coordinates and TP, DP and PP\n"
+               "groups every rank of a run of CONFIG would have.  Nothing is launched.\n\n"
+               "  --world N            number of ranks (default: tp x pp x dp of the config)\n"
+               "  --ranks-per-node G   ranks on each node (default: topology.ranks_per_node,\n"
+               "                       else all ranks on one node)\n"
+               "  --json               one JSON object instead of the table\n"
+               "  --summary            the summary lines only, no per-rank table\n"
+               "  --schedule           the summary, then the pipeline schedule of every stage\n"
+               "                       (topology.pp, .schedule, .virtual_stages), its bubble\n"
+               "                       and activation memory (see docs/pipeline.md)\n"
+               "  --schedule-comm      the same with every send and receive\n"
+               "  --micro-batches M    micro-batches per step for --schedule (default:\n"
+               "                       global_batch / (micro_batch x dp))\n"
+               "  --set key.path=value override one config key (repeatable)\n");
 }
 
 static int parse_count(const char *opt, const char *s)
@@ -109,8 +108,7 @@ static void print_schedule(const Args *a, const Config *cfg)
 {
     const TopologyConfig *t = &cfg->topology;
     const TrainingConfig *tr = &cfg->training;
-    int m = a->micro_batches ? a->micro_batches
-                             : tr->global_batch / (tr->micro_batch * t->dp);
+    int m = a->micro_batches ? a->micro_batches : tr->global_batch / (tr->micro_batch * t->dp);
     char err[CFG_ERR];
     PpSchedule *ranks = trd_calloc((size_t)t->pp, sizeof *ranks, "pipeline schedules");
     if (pp_schedule_build_all(ranks, t->schedule, t->pp, m, t->virtual_stages, err))

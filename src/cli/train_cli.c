@@ -15,24 +15,22 @@
 
 static void usage_train(FILE *f)
 {
-    fprintf(f,
-            "usage: trident train CONFIG [--set key.path=value ...]\n"
-            "       mpiexec -n N trident train CONFIG ...\n\n"
-            "Trains the model described by the YAML CONFIG (see docs/config.md).\n"
-            "  --set key.path=value   override one config key (repeatable),\n"
-            "                         e.g. --set training.steps=100 --set model.arch=llama\n"
-            "Writes <run.dir>/metrics.jsonl, <run.dir>/config.yaml and TensorBoard events in\n"
-            "<run.dir>/tb/ (docs/monitoring.md; `trident report RUN_DIR` makes an HTML page).\n"
-            "Exit codes: 0 success, 2 bad input, 1 runtime failure.\n");
+    fprintf(f, "usage: trident train CONFIG [--set key.path=value ...]\n"
+               "       mpiexec -n N trident train CONFIG ...\n\n"
+               "Trains the model described by the YAML CONFIG (see docs/config.md).\n"
+               "  --set key.path=value   override one config key (repeatable),\n"
+               "                         e.g. --set training.steps=100 --set model.arch=llama\n"
+               "Writes <run.dir>/metrics.jsonl, <run.dir>/config.yaml and TensorBoard events in\n"
+               "<run.dir>/tb/ (docs/monitoring.md; `trident report RUN_DIR` makes an HTML page).\n"
+               "Exit codes: 0 success, 2 bad input, 1 runtime failure.\n");
 }
 
 static void usage_run(FILE *f)
 {
-    fprintf(f,
-            "usage: trident run CONFIG [-n WORLD] [--set key.path=value ...]\n\n"
-            "Launches `mpiexec -n WORLD trident train CONFIG ...` on this machine.\n"
-            "WORLD defaults to topology.tp * topology.pp * topology.dp of the config\n"
-            "(dp must then be a number, not auto).\n");
+    fprintf(f, "usage: trident run CONFIG [-n WORLD] [--set key.path=value ...]\n\n"
+               "Launches `mpiexec -n WORLD trident train CONFIG ...` on this machine.\n"
+               "WORLD defaults to topology.tp * topology.pp * topology.dp of the config\n"
+               "(dp must then be a number, not auto).\n");
 }
 
 /* Load, override and validate; on bad input every rank exits 2 (they all

@@ -52,10 +52,7 @@ void comm_finalize(void)
     }
 }
 
-void comm_before_finalize(void (*fn)(void))
-{
-    before_finalize = fn;
-}
+void comm_before_finalize(void (*fn)(void)) { before_finalize = fn; }
 
 int comm_threads(void)
 {
@@ -128,15 +125,9 @@ Comm comm_world(void)
     return c;
 }
 
-void comm_set_name(Comm *c, const char *name)
-{
-    snprintf(c->name, sizeof c->name, "%s", name);
-}
+void comm_set_name(Comm *c, const char *name) { snprintf(c->name, sizeof c->name, "%s", name); }
 
-void comm_use_memory(Comm *c, const Backend *be)
-{
-    c->mem = be && be->device ? be : NULL;
-}
+void comm_use_memory(Comm *c, const Backend *be) { c->mem = be && be->device ? be : NULL; }
 
 /* ---- NCCL (comm/nccl.h; kernels/nccl_none.c in a build without it) ---- */
 
@@ -196,7 +187,9 @@ void comm_open_channel(Comm *c, int src, int dst, int tag)
     CommChannel *ch = &c->chan[c->n_chan++];
     /* In the two-rank communicator the sender is rank 0, the receiver 1. */
     const int member = c->rank == src || c->rank == dst;
-    *ch = (CommChannel){.src = src, .dst = dst, .tag = tag,
+    *ch = (CommChannel){.src = src,
+                        .dst = dst,
+                        .tag = tag,
                         .nccl = comm_nccl_split(c->nccl, member ? 0 : -1, c->rank == src ? 0 : 1)};
 }
 
@@ -213,7 +206,7 @@ enum { STAGE_KEEP = 32, STAGE_HEAD = 64 / sizeof(float) /* keeps 64-byte alignme
 static struct {
     float *free[STAGE_KEEP];
     int n_free;
-    const Backend *be;     /* whose host_alloc made them (one backend a process) */
+    const Backend *be; /* whose host_alloc made them (one backend a process) */
     CommStaging stats;
 } stage;
 
@@ -233,8 +226,8 @@ static float *stage_take(const Comm *c, size_t n)
         stage.free[best] = stage.free[--stage.n_free];
         return host;
     }
-    float *base = c->mem->host_alloc((STAGE_HEAD + n) * sizeof(float),
-                                     "communication staging buffer");
+    float *base =
+        c->mem->host_alloc((STAGE_HEAD + n) * sizeof(float), "communication staging buffer");
     *(size_t *)base = n;
     stage.stats.allocations++;
     stage.stats.bytes += n * sizeof(float);
@@ -409,7 +402,9 @@ static void allreduce_f32(Comm *c, float *buf, size_t n, MPI_Op op)
         const double t0 = MPI_Wtime();
         CommHandle h = {.req = MPI_REQUEST_NULL,
                         .op = comm_nccl_allreduce(c->nccl, buf, n, op == MPI_MAX),
-                        .wait_op = "all-reduce", .group = c, .peer = -1};
+                        .wait_op = "all-reduce",
+                        .group = c,
+                        .peer = -1};
         comm_wait(&h);
         count_op(c, ring_bytes(c, n, 2));
         trace_blocking("all-reduce", c, t0, ring_bytes(c, n, 2));
@@ -425,10 +420,7 @@ static void allreduce_f32(Comm *c, float *buf, size_t n, MPI_Op op)
     stage_release(host);
 }
 
-void comm_allreduce_f32(Comm *c, float *buf, size_t n)
-{
-    allreduce_f32(c, buf, n, MPI_SUM);
-}
+void comm_allreduce_f32(Comm *c, float *buf, size_t n) { allreduce_f32(c, buf, n, MPI_SUM); }
 
 void comm_allreduce_f64(Comm *c, double *buf, size_t n)
 {
@@ -477,8 +469,11 @@ CommHandle comm_iallreduce_f32(Comm *c, float *buf, size_t n)
     } else {
         TRD_ASSERT(n <= (size_t)INT_MAX);
         if (c->mem) {
-            h = (CommHandle){.req = MPI_REQUEST_NULL, .host = stage_out(c, buf, n),
-                             .back = buf, .back_n = n, .mem = c->mem};
+            h = (CommHandle){.req = MPI_REQUEST_NULL,
+                             .host = stage_out(c, buf, n),
+                             .back = buf,
+                             .back_n = n,
+                             .mem = c->mem};
             buf = h.host;
         }
         check(MPI_Iallreduce(MPI_IN_PLACE, buf, (int)n, MPI_FLOAT, MPI_SUM, c->mpi, &h.req),
@@ -516,8 +511,7 @@ CommHandle comm_ireduce_scatter_range_f32(Comm *c, const float *send, float *rec
     }
     h.counts = range_counts(c, lo, hi, S);
     if (c->nccl) {
-        h.op = comm_nccl_reduce_parts(c->nccl, send, recv, h.counts,
-                                              h.counts + c->size);
+        h.op = comm_nccl_reduce_parts(c->nccl, send, recv, h.counts, h.counts + c->size);
     } else {
         if (c->mem) { /* host: the whole range to send, then this rank's part received */
             const size_t n = hi - lo, mine = (size_t)h.counts[c->rank];
@@ -535,8 +529,8 @@ CommHandle comm_ireduce_scatter_range_f32(Comm *c, const float *send, float *rec
     return h;
 }
 
-CommHandle comm_iallgather_range_f32(Comm *c, const float *mine, float *out, size_t lo,
-                                     size_t hi, size_t S)
+CommHandle comm_iallgather_range_f32(Comm *c, const float *mine, float *out, size_t lo, size_t hi,
+                                     size_t S)
 {
     CommHandle h = {.req = MPI_REQUEST_NULL};
     size_t a, b;
@@ -619,10 +613,7 @@ int comm_test(CommHandle *h)
     return done;
 }
 
-void comm_allreduce_max_f32(Comm *c, float *buf, size_t n)
-{
-    allreduce_f32(c, buf, n, MPI_MAX);
-}
+void comm_allreduce_max_f32(Comm *c, float *buf, size_t n) { allreduce_f32(c, buf, n, MPI_MAX); }
 
 /* The blocking block collectives work in place on size*n floats: staged,
  * the whole buffer goes to the host and `back` floats of it come back. */
@@ -647,7 +638,9 @@ void comm_allgather_block_f32(Comm *c, float *buf, size_t n)
     if (c->nccl) {
         CommHandle h = {.req = MPI_REQUEST_NULL,
                         .op = comm_nccl_allgather_block(c->nccl, buf, n),
-                        .wait_op = "all-gather", .group = c, .peer = -1};
+                        .wait_op = "all-gather",
+                        .group = c,
+                        .peer = -1};
         comm_wait(&h);
     } else {
         TRD_ASSERT(n * (size_t)c->size <= (size_t)INT_MAX);
@@ -670,7 +663,9 @@ void comm_reduce_scatter_block_f32(Comm *c, float *buf, size_t n)
     if (c->nccl) {
         CommHandle h = {.req = MPI_REQUEST_NULL,
                         .op = comm_nccl_reduce_scatter_block(c->nccl, buf, n),
-                        .wait_op = "reduce-scatter", .group = c, .peer = -1};
+                        .wait_op = "reduce-scatter",
+                        .group = c,
+                        .peer = -1};
         comm_wait(&h);
     } else {
         TRD_ASSERT(n * (size_t)c->size <= (size_t)INT_MAX);

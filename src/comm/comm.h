@@ -27,7 +27,7 @@ struct CommNccl;
  * src to dst with tag go through a two-rank communicator of their own. */
 typedef struct {
     int src, dst, tag;
-    struct CommNccl *nccl;   /* NULL on the ranks that are neither */
+    struct CommNccl *nccl; /* NULL on the ranks that are neither */
 } CommChannel;
 
 typedef struct {
@@ -118,8 +118,8 @@ void comm_broadcast(Comm *c, void *buf, size_t bytes, int root);
  * range [lo, hi) of such a buffer; each rank's part of it is the
  * intersection with its block (possibly empty). */
 typedef struct {
-    MPI_Request req;     /* MPI_REQUEST_NULL once complete */
-    int *counts;         /* v-collective counts and displacements, live until completion */
+    MPI_Request req; /* MPI_REQUEST_NULL once complete */
+    int *counts;     /* v-collective counts and displacements, live until completion */
     /* Under a trace (core/trace.h): the collective's span name, issue time
      * and bytes, recorded when wait or test sees it complete. */
     char what[32];
@@ -155,8 +155,8 @@ CommHandle comm_ireduce_scatter_range_f32(Comm *c, const float *send, float *rec
                                           size_t hi, size_t S);
 /* All-gather: every rank contributes its part of [lo, hi) from `mine`; out
  * receives all of [lo, hi).  `mine` may point into out (in place). */
-CommHandle comm_iallgather_range_f32(Comm *c, const float *mine, float *out, size_t lo,
-                                     size_t hi, size_t S);
+CommHandle comm_iallgather_range_f32(Comm *c, const float *mine, float *out, size_t lo, size_t hi,
+                                     size_t S);
 /* Complete an operation; returns at once for a completed handle.  (NCCL:
  * the backend's later work waits for it; the host does not.) */
 void comm_wait(CommHandle *h);

@@ -23,7 +23,7 @@
 extern "C" {
 #endif
 
-typedef struct CommNccl CommNccl;   /* a communicator, its stream and rank */
+typedef struct CommNccl CommNccl;     /* a communicator, its stream and rank */
 typedef struct CommNcclOp CommNcclOp; /* an operation in flight (its event) */
 
 /* The bytes of an NCCL unique id (rank 0 makes one, every rank gets it). */
@@ -48,10 +48,10 @@ CommNcclOp *comm_nccl_reduce_scatter_block(CommNccl *c, float *buf, size_t n);
  * every rank's `send` part by part and leaves this rank's part in recv;
  * gather_parts gives every rank all the parts in `out`, this rank's coming
  * from `mine` (which may be its place in out). */
-CommNcclOp *comm_nccl_reduce_parts(CommNccl *c, const float *send, float *recv,
-                                   const int *counts, const int *displs);
-CommNcclOp *comm_nccl_gather_parts(CommNccl *c, const float *mine, float *out,
-                                   const int *counts, const int *displs);
+CommNcclOp *comm_nccl_reduce_parts(CommNccl *c, const float *send, float *recv, const int *counts,
+                                   const int *displs);
+CommNcclOp *comm_nccl_gather_parts(CommNccl *c, const float *mine, float *out, const int *counts,
+                                   const int *displs);
 /* Point to point within c. */
 CommNcclOp *comm_nccl_send(CommNccl *c, const float *buf, size_t n, int peer);
 CommNcclOp *comm_nccl_recv(CommNccl *c, float *buf, size_t n, int peer);

@@ -46,13 +46,13 @@ typedef enum {
 } KeyKind;
 
 typedef struct {
-    const char *section;       /* "" for top-level keys (backend) */
+    const char *section; /* "" for top-level keys (backend) */
     const char *name;
     KeyKind kind;
-    size_t offset;             /* offsetof(Config, ...) */
-    size_t aux;                /* K_STR: buffer size; K_INT_LIST: count offset;
+    size_t offset;            /* offsetof(Config, ...) */
+    size_t aux;               /* K_STR: buffer size; K_INT_LIST: count offset;
                                   K_RESUME: offset of the path buffer */
-    const char *const *names;  /* K_ENUM: names indexed by value, NULL-ended */
+    const char *const *names; /* K_ENUM: names indexed by value, NULL-ended */
     bool required;
 } KeyDesc;
 
@@ -68,11 +68,22 @@ static const char *const NONFINITE_NAMES[] = {"stop", "skip", NULL};
 static const char *const ASYNC_NAMES[] = {"auto", "true", "false", NULL};
 
 #define OFF(sec, field) offsetof(Config, sec.field)
-#define KEY(sec, field, kind) {#sec, #field, kind, OFF(sec, field), 0, NULL, false}
-#define REQ(sec, field, kind) {#sec, #field, kind, OFF(sec, field), 0, NULL, true}
-#define STR(sec, field, req) \
-    {#sec, #field, K_STR, OFF(sec, field), sizeof(((Config *)0)->sec.field), NULL, req}
-#define ENUM(sec, field, names) {#sec, #field, K_ENUM, OFF(sec, field), 0, names, false}
+#define KEY(sec, field, kind)                                                                      \
+    {                                                                                              \
+#sec, #field, kind, OFF(sec, field), 0, NULL, false                                        \
+    }
+#define REQ(sec, field, kind)                                                                      \
+    {                                                                                              \
+#sec, #field, kind, OFF(sec, field), 0, NULL, true                                         \
+    }
+#define STR(sec, field, req)                                                                       \
+    {                                                                                              \
+#sec, #field, K_STR, OFF(sec, field), sizeof(((Config *)0)->sec.field), NULL, req          \
+    }
+#define ENUM(sec, field, names)                                                                    \
+    {                                                                                              \
+#sec, #field, K_ENUM, OFF(sec, field), 0, names, false                                     \
+    }
 
 static const KeyDesc KEYS[] = {
     STR(run, name, false),
@@ -141,8 +152,8 @@ static const KeyDesc KEYS[] = {
     KEY(checkpoint, every, K_INT),
     KEY(checkpoint, keep, K_INT),
     ENUM(checkpoint, async, ASYNC_NAMES),
-    {"checkpoint", "resume", K_RESUME, OFF(checkpoint, resume), OFF(checkpoint, resume_path),
-     NULL, false},
+    {"checkpoint", "resume", K_RESUME, OFF(checkpoint, resume), OFF(checkpoint, resume_path), NULL,
+     false},
     {"checkpoint", "allow_changes", K_NAMES, OFF(checkpoint, allow_changes),
      sizeof(((Config *)0)->checkpoint.allow_changes), NULL, false},
     STR(checkpoint, init_from, false),
@@ -154,7 +165,9 @@ _Static_assert(N_KEYS <= CFG_MAX_KEYS, "raise CFG_MAX_KEYS in config.h");
 
 /* Keys that were renamed: the old name gets a message that says what
  * replaced it and why, not "unknown key". */
-static const struct { const char *old, *hint; } RENAMED[] = {
+static const struct {
+    const char *old, *hint;
+} RENAMED[] = {
     {"data.val_batches", "replaced by data.val_sequences (a number of sequences: "
                          "val_batches x micro_batch), so the validation set is the same for "
                          "every layout and micro_batch"},
@@ -168,7 +181,7 @@ static const char *renamed_hint(const char *full)
     return NULL;
 }
 
-static const char *const SECTIONS[] = {"run",  "model", "topology", "training",
+static const char *const SECTIONS[] = {"run",  "model",      "topology", "training",
                                        "data", "checkpoint", NULL};
 
 /* "model.hidden", or "backend" for a top-level key. */
@@ -427,8 +440,10 @@ static int parse_float(const char *s, float *out, Why *why)
     /* ERANGE also flags underflow to a denormal or zero: a value that small
      * is almost certainly a typo in the exponent, so it is refused too. */
     if (errno == ERANGE || !isfinite(v))
-        return fail(why, "number %s is out of range for a 32-bit float (expected a magnitude "
-                         "between 1.2e-38 and 3.4e38, or 0)", shown(s, b));
+        return fail(why,
+                    "number %s is out of range for a 32-bit float (expected a magnitude "
+                    "between 1.2e-38 and 3.4e38, or 0)",
+                    shown(s, b));
     *out = v;
     return 0;
 }
@@ -445,8 +460,10 @@ static int parse_bool(const char *s, int *out, Why *why)
         *out = 0;
         return 0;
     }
-    return fail(why, "expected a boolean, true or false (YAML 1.2: yes/no/on/off are not "
-                     "booleans), got %s", shown(s, b));
+    return fail(why,
+                "expected a boolean, true or false (YAML 1.2: yes/no/on/off are not "
+                "booleans), got %s",
+                shown(s, b));
 }
 
 static int parse_enum(const char *s, const char *const *names, int *out, Why *why)
@@ -519,10 +536,10 @@ static int set_scalar(Config *cfg, const KeyDesc *k, const char *s, Why *why)
         char *path = (char *)cfg + k->aux;
         if (!*s)
             return fail(why, "expected auto, never or a checkpoint path, got nothing");
-        int kind = !strcmp(s, "auto") ? RESUME_AUTO : !strcmp(s, "never") ? RESUME_NEVER
-                                                                          : RESUME_PATH;
-        if (store_str(path, sizeof cfg->checkpoint.resume_path, kind == RESUME_PATH ? s : "",
-                      why))
+        int kind = !strcmp(s, "auto")    ? RESUME_AUTO
+                   : !strcmp(s, "never") ? RESUME_NEVER
+                                         : RESUME_PATH;
+        if (store_str(path, sizeof cfg->checkpoint.resume_path, kind == RESUME_PATH ? s : "", why))
             return -1;
         *(int *)field = kind;
         return 0;
@@ -594,15 +611,9 @@ void config_defaults(Config *cfg)
     cfg->backend = BACKEND_CPU;
 }
 
-const char *config_arch_name(ModelArch a)
-{
-    return (unsigned)a < 2 ? ARCH_NAMES[a] : "?";
-}
+const char *config_arch_name(ModelArch a) { return (unsigned)a < 2 ? ARCH_NAMES[a] : "?"; }
 
-const char *config_precision_name(Precision p)
-{
-    return (unsigned)p < 2 ? PREC_NAMES[p] : "?";
-}
+const char *config_precision_name(Precision p) { return (unsigned)p < 2 ? PREC_NAMES[p] : "?"; }
 
 /* ------------------------------------------------------------------------ */
 /* YAML loading                                                              */
@@ -629,10 +640,7 @@ static int load_error(Loader *L, yaml_mark_t mark, const char *fmt, ...)
     return -1;
 }
 
-static const char *scalar_text(const yaml_node_t *n)
-{
-    return (const char *)n->data.scalar.value;
-}
+static const char *scalar_text(const yaml_node_t *n) { return (const char *)n->data.scalar.value; }
 
 static const char *node_kind(const yaml_node_t *n)
 {
@@ -658,8 +666,8 @@ static bool is_null(const yaml_node_t *n)
 static int load_list(Loader *L, const KeyDesc *k, const char *full, yaml_node_t *val)
 {
     int v[CFG_MAX_STAGES], n = 0;
-    for (yaml_node_item_t *it = val->data.sequence.items.start;
-         it < val->data.sequence.items.top; it++) {
+    for (yaml_node_item_t *it = val->data.sequence.items.start; it < val->data.sequence.items.top;
+         it++) {
         yaml_node_t *item = yaml_document_get_node(L->doc, *it);
         Why why;
         if (item->type != YAML_SCALAR_NODE)
@@ -667,8 +675,8 @@ static int load_list(Loader *L, const KeyDesc *k, const char *full, yaml_node_t 
                               "key '%s': list item %d is %s (expected an integer)", full, n + 1,
                               node_kind(item));
         if (n == CFG_MAX_STAGES)
-            return load_error(L, item->start_mark,
-                              "key '%s': too many entries (at most %d)", full, CFG_MAX_STAGES);
+            return load_error(L, item->start_mark, "key '%s': too many entries (at most %d)", full,
+                              CFG_MAX_STAGES);
         if (parse_int(scalar_text(item), &v[n], &why))
             return load_error(L, item->start_mark, "key '%s': list item %d: %s", full, n + 1,
                               why.text);
@@ -682,8 +690,8 @@ static int load_names(Loader *L, const KeyDesc *k, const char *full, yaml_node_t
 {
     char joined[CFG_STR] = "";
     size_t used = 0;
-    for (yaml_node_item_t *it = val->data.sequence.items.start;
-         it < val->data.sequence.items.top; it++) {
+    for (yaml_node_item_t *it = val->data.sequence.items.start; it < val->data.sequence.items.top;
+         it++) {
         yaml_node_t *item = yaml_document_get_node(L->doc, *it);
         if (item->type != YAML_SCALAR_NODE)
             return load_error(L, item->start_mark, "key '%s': list item is %s (expected a name)",
@@ -758,8 +766,8 @@ static int load_section(Loader *L, const char *section, yaml_node_t *val)
         char keys[512];
         list_keys(section, keys, sizeof keys);
         return load_error(L, val->start_mark,
-                          "key '%s': expected a mapping of %s keys (%s), got %s", section,
-                          section, keys, node_kind(val));
+                          "key '%s': expected a mapping of %s keys (%s), got %s", section, section,
+                          keys, node_kind(val));
     }
     for (yaml_node_pair_t *p = val->data.mapping.pairs.start; p < val->data.mapping.pairs.top;
          p++) {
@@ -811,8 +819,8 @@ static int load_root(Loader *L, yaml_node_t *root)
         yaml_node_t *k = yaml_document_get_node(L->doc, p->key);
         yaml_node_t *v = yaml_document_get_node(L->doc, p->value);
         if (k->type != YAML_SCALAR_NODE)
-            return load_error(L, k->start_mark,
-                              "a top-level key must be a section name, got %s", node_kind(k));
+            return load_error(L, k->start_mark, "a top-level key must be a section name, got %s",
+                              node_kind(k));
         const char *name = scalar_text(k);
         if (find_key("", name) >= 0) {
             if (load_key(L, "", k, v))
@@ -835,7 +843,8 @@ static int load_root(Loader *L, yaml_node_t *root)
         if (section_seen[s])
             return load_error(L, k->start_mark,
                               "key '%s': duplicate section (first given on line %zu; merge the "
-                              "two)", name, section_line[s]);
+                              "two)",
+                              name, section_line[s]);
         section_seen[s] = true;
         section_line[s] = k->start_mark.line + 1;
         section_mark[s] = k->start_mark;
@@ -869,14 +878,18 @@ static unsigned char *read_file(const char *path, size_t *len, char *err)
         return NULL;
     }
     if (!S_ISREG(st.st_mode) || (size_t)st.st_size > CFG_MAX_BYTES) {
-        const char *what = S_ISDIR(st.st_mode) ? "a directory" : S_ISFIFO(st.st_mode) ? "a FIFO"
-                         : S_ISCHR(st.st_mode) || S_ISBLK(st.st_mode) ? "a device"
-                         : S_ISSOCK(st.st_mode) ? "a socket" : NULL;
+        const char *what = S_ISDIR(st.st_mode)                          ? "a directory"
+                           : S_ISFIFO(st.st_mode)                       ? "a FIFO"
+                           : S_ISCHR(st.st_mode) || S_ISBLK(st.st_mode) ? "a device"
+                           : S_ISSOCK(st.st_mode)                       ? "a socket"
+                                                                        : NULL;
         if (what)
             put_err(err, "%s: cannot read config: %s, not a regular file", path, what);
         else
-            put_err(err, "%s: cannot read config: %lld bytes, more than a config's limit of "
-                    "%zu (1 MiB)", path, (long long)st.st_size, CFG_MAX_BYTES);
+            put_err(err,
+                    "%s: cannot read config: %lld bytes, more than a config's limit of "
+                    "%zu (1 MiB)",
+                    path, (long long)st.st_size, CFG_MAX_BYTES);
         close(fd);
         return NULL;
     }
@@ -894,7 +907,9 @@ static unsigned char *read_file(const char *path, size_t *len, char *err)
     fclose(f);
     if (bad || n > CFG_MAX_BYTES) {
         put_err(err, "%s: cannot read config: %s", path,
-                !buf ? "out of memory" : bad ? strerror(saved) : "it grew past 1 MiB");
+                !buf  ? "out of memory"
+                : bad ? strerror(saved)
+                      : "it grew past 1 MiB");
         free(buf);
         return NULL;
     }
@@ -920,9 +935,10 @@ static int check_depth(const char *path, const unsigned char *buf, size_t len, c
         const yaml_event_type_t type = ev.type;
         if (type == YAML_SEQUENCE_START_EVENT || type == YAML_MAPPING_START_EVENT) {
             if (++depth > CFG_MAX_DEPTH) {
-                put_err(err, "%s:%zu:%zu: nested more than %d levels deep; a config nests "
-                        "sections, keys and lists (3 levels)", path, ev.start_mark.line + 1,
-                        ev.start_mark.column + 1, CFG_MAX_DEPTH);
+                put_err(err,
+                        "%s:%zu:%zu: nested more than %d levels deep; a config nests "
+                        "sections, keys and lists (3 levels)",
+                        path, ev.start_mark.line + 1, ev.start_mark.column + 1, CFG_MAX_DEPTH);
                 rc = -1;
             }
         } else if (type == YAML_SEQUENCE_END_EVENT || type == YAML_MAPPING_END_EVENT) {
@@ -960,11 +976,10 @@ static int syntax_error(const char *path, const yaml_parser_t *p, const unsigned
     if (p->context)
         snprintf(ctx, sizeof ctx, " (%s at line %zu column %zu)", p->context,
                  p->context_mark.line + 1, p->context_mark.column + 1);
-    if (char_at(buf, len, m.line, m.column) == '\t' ||
-        (p->problem && strstr(p->problem, "tab")))
+    if (char_at(buf, len, m.line, m.column) == '\t' || (p->problem && strstr(p->problem, "tab")))
         snprintf(hint, sizeof hint, "; YAML indentation must use spaces, not tabs");
     put_err(err, "%s:%zu:%zu: not valid YAML: %s%s%s", path, m.line + 1, m.column + 1,
-             p->problem ? p->problem : "parse error", ctx, hint);
+            p->problem ? p->problem : "parse error", ctx, hint);
     return -1;
 }
 
@@ -996,8 +1011,10 @@ int config_load(Config *cfg, const char *path, char err[CFG_ERR])
     }
     yaml_node_t *root = yaml_document_get_root_node(&doc);
     if (!root || is_null(root)) { /* nothing, comments only, or a bare "---" */
-        put_err(err, "%s:1:1: the file is empty (expected a mapping with sections "
-                               "model, training, data, ...)", path);
+        put_err(err,
+                "%s:1:1: the file is empty (expected a mapping with sections "
+                "model, training, data, ...)",
+                path);
         goto out_doc;
     }
 
@@ -1010,9 +1027,10 @@ int config_load(Config *cfg, const char *path, char err[CFG_ERR])
     }
     yaml_node_t *extra = yaml_document_get_root_node(&next);
     if (extra) {
-        put_err(err, "%s:%zu:%zu: a second YAML document (after '---'); a config is "
-                               "one document", path, extra->start_mark.line + 1,
-                 extra->start_mark.column + 1);
+        put_err(err,
+                "%s:%zu:%zu: a second YAML document (after '---'); a config is "
+                "one document",
+                path, extra->start_mark.line + 1, extra->start_mark.column + 1);
         yaml_document_delete(&next);
         goto out_doc;
     }
@@ -1077,8 +1095,10 @@ int config_set(Config *cfg, const char *assignment, char err[CFG_ERR])
     strcpy(buf, assignment);
     char *eq = strchr(buf, '=');
     if (!eq) {
-        put_err(err, "--set %s: missing '=' (expected key.path=value, e.g. "
-                               "training.lr=3e-4)", assignment);
+        put_err(err,
+                "--set %s: missing '=' (expected key.path=value, e.g. "
+                "training.lr=3e-4)",
+                assignment);
         return -1;
     }
     *eq = '\0';
@@ -1102,13 +1122,16 @@ int config_set(Config *cfg, const char *assignment, char err[CFG_ERR])
         if (suggest_fullname(key, s))
             snprintf(sugg, sizeof sugg, "; did you mean '%s'?", s);
         else if (!dot && is_section(key))
-            snprintf(sugg, sizeof sugg, "; '%s' is a section, set one of its keys "
-                                        "(%s.KEY=VALUE)", key, key);
+            snprintf(sugg, sizeof sugg,
+                     "; '%s' is a section, set one of its keys "
+                     "(%s.KEY=VALUE)",
+                     key, key);
         else if (!dot)
             snprintf(sugg, sizeof sugg, "; keys are written section.key, e.g. training.lr");
         else if (!is_section(section))
-            snprintf(sugg, sizeof sugg, "; sections are run, model, topology, training, data, "
-                                        "checkpoint");
+            snprintf(sugg, sizeof sugg,
+                     "; sections are run, model, topology, training, data, "
+                     "checkpoint");
         put_err(err, "--set %s: key '%.60s': unknown key%s", assignment, key, sugg);
         return -1;
     }
@@ -1126,8 +1149,7 @@ int config_set(Config *cfg, const char *assignment, char err[CFG_ERR])
     }
     if (rc) {
         char full[64];
-        put_err(err, "--set %s: key '%s': %s", assignment, key_fullname(k, full),
-                 why.text);
+        put_err(err, "--set %s: key '%s': %s", assignment, key_fullname(k, full), why.text);
         return -1;
     }
     snprintf(cfg->origin.set[i], CFG_SET_ARG, "%s", assignment);

@@ -11,12 +11,12 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define CFG_STR 256      /* max length of a string value, paths included */
-#define CFG_ERR 1024     /* size of an error message buffer */
-#define CFG_MAX_STAGES 64
-#define CFG_MAX_VIRTUAL 16  /* topology.virtual_stages: model chunks per pipeline rank */
-#define CFG_MAX_KEYS 96     /* capacity of the key table (config.c asserts it) */
-#define CFG_SET_ARG 96      /* an --set argument, as kept for error messages */
+#define CFG_STR         256  /* max length of a string value, paths included */
+#define CFG_ERR         1024 /* size of an error message buffer */
+#define CFG_MAX_STAGES  64
+#define CFG_MAX_VIRTUAL 16 /* topology.virtual_stages: model chunks per pipeline rank */
+#define CFG_MAX_KEYS    96 /* capacity of the key table (config.c asserts it) */
+#define CFG_SET_ARG     96 /* an --set argument, as kept for error messages */
 
 typedef enum { ARCH_GPT2 = 0, ARCH_LLAMA = 1 } ModelArch;
 typedef enum { SCHED_1F1B = 0, SCHED_INTERLEAVED = 1, SCHED_GPIPE = 2 } ScheduleKind;
@@ -33,66 +33,66 @@ typedef enum { NONFINITE_STOP = 0, NONFINITE_SKIP = 1 } NonfiniteKind;
 typedef enum { ASYNC_AUTO = 0, ASYNC_ON = 1, ASYNC_OFF = 2 } AsyncKind;
 
 typedef struct {
-    char name[CFG_STR];     /* run name (log and metrics naming) */
-    char dir[CFG_STR];      /* output directory: metrics.jsonl, logs */
+    char name[CFG_STR]; /* run name (log and metrics naming) */
+    char dir[CFG_STR];  /* output directory: metrics.jsonl, logs */
     uint64_t seed;
-    int log_every;          /* readable log line every N steps (>= 1) */
-    int tensorboard;        /* write TensorBoard event files under dir/tb (rank 0) */
+    int log_every;   /* readable log line every N steps (>= 1) */
+    int tensorboard; /* write TensorBoard event files under dir/tb (rank 0) */
 } RunConfig;
 
 typedef struct {
     ModelArch arch;
     int layers, hidden, heads;
-    int kv_heads;           /* 0 in YAML means "= heads"; resolved by validation */
-    int ffn_hidden;         /* 0 means default: 4*hidden (gpt2), 8/3*hidden rounded up to 64 (llama) */
-    int vocab;              /* tokenizer vocabulary size (unpadded) */
+    int kv_heads;   /* 0 in YAML means "= heads"; resolved by validation */
+    int ffn_hidden; /* 0 means default: 4*hidden (gpt2), 8/3*hidden rounded up to 64 (llama) */
+    int vocab;      /* tokenizer vocabulary size (unpadded) */
     int vocab_pad_multiple; /* padded vocab is a multiple of tp * this (default 128) */
     int seq_len;
-    int tie_embeddings;     /* default 1 for gpt2, 0 for llama */
-    float norm_eps;         /* default 1e-5 */
-    float rope_theta;       /* default 10000 (llama only) */
-    float init_std;         /* default 0.02 */
+    int tie_embeddings; /* default 1 for gpt2, 0 for llama */
+    float norm_eps;     /* default 1e-5 */
+    float rope_theta;   /* default 10000 (llama only) */
+    float init_std;     /* default 0.02 */
 } ModelConfig;
 
 typedef struct {
     int tp, pp;
-    int dp;                 /* 0 means "auto": world / (tp*pp) */
-    int zero;               /* 0..3 */
-    int ranks_per_node;     /* 0 means "auto" */
+    int dp;             /* 0 means "auto": world / (tp*pp) */
+    int zero;           /* 0..3 */
+    int ranks_per_node; /* 0 means "auto" */
     int sequence_parallel;
     ScheduleKind schedule;
-    int virtual_stages;     /* >= 1; > 1 only with the interleaved schedule */
-    int n_stage_layers;     /* 0: split layers evenly over pp */
+    int virtual_stages; /* >= 1; > 1 only with the interleaved schedule */
+    int n_stage_layers; /* 0: split layers evenly over pp */
     int stage_layers[CFG_MAX_STAGES];
-    char order[16];         /* rank order, default "tp-dp-pp" */
+    char order[16]; /* rank order, default "tp-dp-pp" */
     int allow_tp_across_nodes;
-    int bucket_mb;          /* DP gradient bucket size in MiB (default 25) */
-    CommKind comm;          /* what carries device buffers: auto (NCCL when every rank of
+    int bucket_mb; /* DP gradient bucket size in MiB (default 25) */
+    CommKind comm; /* what carries device buffers: auto (NCCL when every rank of
                              * a node has a GPU of its own), mpi (host staging), nccl */
 } TopologyConfig;
 
 typedef struct {
     int steps;
-    int global_batch;       /* sequences per optimizer step */
-    int micro_batch;        /* sequences per data-parallel rank per micro-step; 0 in YAML
+    int global_batch; /* sequences per optimizer step */
+    int micro_batch;  /* sequences per data-parallel rank per micro-step; 0 in YAML
                              * means "auto", resolved by validation once dp is known */
     float lr, min_lr;
     int warmup_steps;
     DecayKind decay;
     float weight_decay, beta1, beta2, eps;
-    float grad_clip;        /* 0 disables clipping */
+    float grad_clip; /* 0 disables clipping */
     Precision precision;
     Recompute recompute;
-    int trace;              /* write a Chrome trace of the run */
+    int trace;               /* write a Chrome trace of the run */
     NonfiniteKind nonfinite; /* a NaN/Inf loss or gradient norm: stop, or skip the update */
-    int max_skipped;        /* skip: stop after this many skipped steps in a row (>= 1) */
-    int hang_timeout;       /* seconds without progress before the watchdog ends the job (0: off) */
+    int max_skipped;         /* skip: stop after this many skipped steps in a row (>= 1) */
+    int hang_timeout; /* seconds without progress before the watchdog ends the job (0: off) */
     float straggler_threshold; /* report the slowest rank above this x the median (default 1.2) */
-    int sample_every;       /* print a sampled continuation every N steps (0: off) */
+    int sample_every;          /* print a sampled continuation every N steps (0: off) */
 } TrainingConfig;
 
 typedef struct {
-    char path[CFG_STR];     /* dataset prefix (megatron: PREFIX.bin/.idx) or file (llmc) */
+    char path[CFG_STR]; /* dataset prefix (megatron: PREFIX.bin/.idx) or file (llmc) */
     DataFormat format;
     char val_path[CFG_STR]; /* empty: no validation */
     int val_every;          /* steps between validations (0: only at the end) */
@@ -101,11 +101,11 @@ typedef struct {
 } DataConfig;
 
 typedef struct {
-    char dir[CFG_STR];      /* empty: no checkpoints; "auto" in YAML means <run.dir>/ckpt,
+    char dir[CFG_STR]; /* empty: no checkpoints; "auto" in YAML means <run.dir>/ckpt,
                              * resolved by validation */
-    int every;              /* 0: only at the end */
-    int keep;               /* checkpoints kept (>= 1) */
-    AsyncKind async;        /* write in the background from a host snapshot */
+    int every;         /* 0: only at the end */
+    int keep;          /* checkpoints kept (>= 1) */
+    AsyncKind async;   /* write in the background from a host snapshot */
     ResumeKind resume;
     char resume_path[CFG_STR];
     char allow_changes[CFG_STR]; /* "seed,data": what a resume may change (comma list) */
@@ -118,11 +118,11 @@ typedef struct {
  * Indexed like the key table; provenance, not part of the experiment. */
 typedef struct {
     int line[CFG_MAX_KEYS], col[CFG_MAX_KEYS]; /* 0: not from the file */
-    char set[CFG_MAX_KEYS][CFG_SET_ARG];        /* "": not from --set */
+    char set[CFG_MAX_KEYS][CFG_SET_ARG];       /* "": not from --set */
 } ConfigOrigin;
 
 typedef struct {
-    char source[CFG_STR];   /* file the config came from */
+    char source[CFG_STR]; /* file the config came from */
     ConfigOrigin origin;
     RunConfig run;
     ModelConfig model;

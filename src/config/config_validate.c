@@ -45,7 +45,6 @@ static int verr(Checker *c, const char *key, const char *fmt, ...)
     return -1;
 }
 
-
 static int check_min_int(Checker *c, const char *key, int v, int lo)
 {
     if (v < lo)
@@ -66,8 +65,10 @@ static int check_allow_changes(Checker *c, CheckpointConfig *ck)
     for (const char *p = s; *p;) {
         size_t n = strcspn(p, ",");
         if (!(n == 4 && !strncmp(p, "seed", 4)) && !(n == 4 && !strncmp(p, "data", 4)) && n)
-            return verr(c, "checkpoint.allow_changes", "checkpoint.allow_changes: unknown change "
-                        "'%.*s' (expected seed, data or both: seed,data)", (int)n, p);
+            return verr(c, "checkpoint.allow_changes",
+                        "checkpoint.allow_changes: unknown change "
+                        "'%.*s' (expected seed, data or both: seed,data)",
+                        (int)n, p);
         p += n + (p[n] == ',');
     }
     return 0;
@@ -79,7 +80,10 @@ static int check_ranges(Checker *c)
     const ModelConfig *m = &g->model;
     const TopologyConfig *t = &g->topology;
     const TrainingConfig *tr = &g->training;
-    struct { const char *key; int v, lo; } ints[] = {
+    struct {
+        const char *key;
+        int v, lo;
+    } ints[] = {
         {"run.log_every", g->run.log_every, 1},
         {"model.layers", m->layers, 1},
         {"model.hidden", m->hidden, 1},
@@ -114,8 +118,8 @@ static int check_ranges(Checker *c)
     if (t->zero > 3)
         return verr(c, "topology.zero", "topology.zero (%d) must be 0, 1, 2 or 3", t->zero);
     if (m->tie_embeddings < -1 || m->tie_embeddings > 1)
-        return verr(c, "model.tie_embeddings", "model.tie_embeddings (%d) must be true, false or auto",
-                    m->tie_embeddings);
+        return verr(c, "model.tie_embeddings",
+                    "model.tie_embeddings (%d) must be true, false or auto", m->tie_embeddings);
     if (!(m->norm_eps > 0))
         return verr(c, "model.norm_eps", "model.norm_eps (%g) must be > 0", m->norm_eps);
     if (!(m->init_std > 0))
@@ -133,12 +137,15 @@ static int check_optimizer(Checker *c)
     if (!(tr->lr > 0))
         return verr(c, "training.lr", "training.lr (%g) must be > 0", tr->lr);
     if (!(tr->min_lr >= 0 && tr->min_lr <= tr->lr))
-        return verr(c, "training.min_lr", "training.min_lr (%g) must be between 0 and training.lr (%g)",
-                    tr->min_lr, tr->lr);
+        return verr(c, "training.min_lr",
+                    "training.min_lr (%g) must be between 0 and training.lr (%g)", tr->min_lr,
+                    tr->lr);
     if (!(tr->beta1 >= 0 && tr->beta1 < 1))
-        return verr(c, "training.beta1", "training.beta1 (%g) must be in [0, 1), e.g. 0.9", tr->beta1);
+        return verr(c, "training.beta1", "training.beta1 (%g) must be in [0, 1), e.g. 0.9",
+                    tr->beta1);
     if (!(tr->beta2 >= 0 && tr->beta2 < 1))
-        return verr(c, "training.beta2", "training.beta2 (%g) must be in [0, 1), e.g. 0.95", tr->beta2);
+        return verr(c, "training.beta2", "training.beta2 (%g) must be in [0, 1), e.g. 0.95",
+                    tr->beta2);
     if (!(tr->eps > 0))
         return verr(c, "training.eps", "training.eps (%g) must be > 0, e.g. 1e-8", tr->eps);
     if (!(tr->weight_decay >= 0))
@@ -146,21 +153,24 @@ static int check_optimizer(Checker *c)
                     tr->weight_decay);
     const TopologyConfig *t = &c->cfg->topology;
     if (tr->sample_every > 0 && (t->tp > 1 || t->pp > 1 || t->zero == 3))
-        return verr(c, "training.sample_every", "training.sample_every needs the whole model on "
+        return verr(c, "training.sample_every",
+                    "training.sample_every needs the whole model on "
                     "rank 0 (topology.tp 1, topology.pp 1, topology.zero 0-2); here tp %d, pp %d, "
-                    "zero %d: sample from a checkpoint with `trident generate` instead", t->tp,
-                    t->pp, t->zero);
+                    "zero %d: sample from a checkpoint with `trident generate` instead",
+                    t->tp, t->pp, t->zero);
     if (tr->sample_every > 0 && c->cfg->model.vocab != 50257 && c->cfg->model.vocab != 257)
-        return verr(c, "training.sample_every", "training.sample_every decodes with the GPT-2 "
+        return verr(c, "training.sample_every",
+                    "training.sample_every decodes with the GPT-2 "
                     "(vocab 50257) or byte (257) tokenizer; model.vocab is %d",
                     c->cfg->model.vocab);
     if (!(tr->straggler_threshold >= 1))
-        return verr(c, "training.straggler_threshold", "training.straggler_threshold (%g) must "
+        return verr(c, "training.straggler_threshold",
+                    "training.straggler_threshold (%g) must "
                     "be >= 1 (1.2: report a rank 20%% slower than the median)",
                     tr->straggler_threshold);
     if (!(tr->grad_clip >= 0))
-        return verr(c, "training.grad_clip", "training.grad_clip (%g) must be >= 0 (0 disables clipping)",
-                    tr->grad_clip);
+        return verr(c, "training.grad_clip",
+                    "training.grad_clip (%g) must be >= 0 (0 disables clipping)", tr->grad_clip);
     return 0;
 }
 
@@ -191,28 +201,31 @@ static int check_sizes(Checker *c)
     if (F == 0)
         F = m->arch == ARCH_GPT2 ? 4 * C : ((8 * C + 2) / 3 + 63) / 64 * 64;
     if (F > INT32_MAX)
-        return verr(c, "model.hidden", "model.ffn_hidden would be %lld (from model.hidden %d), beyond 32 bits; "
-                       "use a smaller hidden", (long long)F, m->hidden);
+        return verr(c, "model.hidden",
+                    "model.ffn_hidden would be %lld (from model.hidden %d), beyond 32 bits; "
+                    "use a smaller hidden",
+                    (long long)F, m->hidden);
     const int64_t mult = (int64_t)t->tp * m->vocab_pad_multiple;
     const int64_t Vp = ((int64_t)m->vocab + mult - 1) / mult * mult;
     if (Vp > INT32_MAX)
-        return verr(c, "model.vocab", "model.vocab (%d) padded to a multiple of topology.tp (%d) x "
-                       "model.vocab_pad_multiple (%d) is %lld, beyond 32 bits",
+        return verr(c, "model.vocab",
+                    "model.vocab (%d) padded to a multiple of topology.tp (%d) x "
+                    "model.vocab_pad_multiple (%d) is %lld, beyond 32 bits",
                     m->vocab, t->tp, m->vocab_pad_multiple, (long long)Vp);
     /* Weights: the attention and MLP matrices of every layer (kv heads
      * counted as full heads, an upper bound), two embedding tables, the
      * position table. */
     int64_t attn, mlp, layer, blocks, embed, pos, total;
-    bool ok = mul3(4, C, C, &attn) && mul3(3, C, F, &mlp) &&
-              !__builtin_add_overflow(attn, mlp, &layer) &&
-              !__builtin_mul_overflow(L, layer, &blocks) && mul3(2, Vp, C, &embed) &&
-              !__builtin_mul_overflow(T, C, &pos) &&
-              !__builtin_add_overflow(blocks, embed, &total) &&
-              !__builtin_add_overflow(total, pos, &total);
+    bool ok =
+        mul3(4, C, C, &attn) && mul3(3, C, F, &mlp) && !__builtin_add_overflow(attn, mlp, &layer) &&
+        !__builtin_mul_overflow(L, layer, &blocks) && mul3(2, Vp, C, &embed) &&
+        !__builtin_mul_overflow(T, C, &pos) && !__builtin_add_overflow(blocks, embed, &total) &&
+        !__builtin_add_overflow(total, pos, &total);
     if (!ok || total > SIZE_LIMIT)
-        return verr(c, "model.layers", "model.layers (%d) x model.hidden (%d) (ffn %lld, vocab %d) give %s "
-                       "parameters, more than 2^48 (%lld); trident's sizes are 64-bit byte "
-                       "counts, so such a model is refused; use a smaller model",
+        return verr(c, "model.layers",
+                    "model.layers (%d) x model.hidden (%d) (ffn %lld, vocab %d) give %s "
+                    "parameters, more than 2^48 (%lld); trident's sizes are 64-bit byte "
+                    "counts, so such a model is refused; use a smaller model",
                     m->layers, m->hidden, (long long)F, m->vocab,
                     ok ? "about that many" : "an overflowing count of", (long long)SIZE_LIMIT);
     /* Activations of one micro-batch: the widest row of every layer, and
@@ -221,17 +234,19 @@ static int check_sizes(Checker *c)
     ok = mul3(B, T, wide, &rows) && !__builtin_mul_overflow(rows, L + 1, &acts) &&
          mul3(B, m->heads, T, &scores) && !__builtin_mul_overflow(scores, T, &scores);
     if (!ok || acts > SIZE_LIMIT || scores > SIZE_LIMIT)
-        return verr(c, "training.micro_batch", "training.micro_batch (%d) x model.seq_len (%d) with model.layers (%d) "
-                       "and model.hidden (%d) give more than 2^48 activation elements per "
-                       "micro-batch; use a smaller micro_batch, seq_len or model",
+        return verr(c, "training.micro_batch",
+                    "training.micro_batch (%d) x model.seq_len (%d) with model.layers (%d) "
+                    "and model.hidden (%d) give more than 2^48 activation elements per "
+                    "micro-batch; use a smaller micro_batch, seq_len or model",
                     tr->micro_batch, m->seq_len, m->layers, m->hidden);
     /* Tokens per step are reported as 32-bit counts, tokens so far as 64-bit. */
     int64_t step_tokens, run_tokens;
     if (__builtin_mul_overflow((int64_t)tr->global_batch, T, &step_tokens) ||
-        step_tokens > INT32_MAX || __builtin_mul_overflow(step_tokens, (int64_t)tr->steps,
-                                                          &run_tokens))
-        return verr(c, "training.global_batch", "training.global_batch (%d) x model.seq_len (%d) = %lld tokens per step, "
-                       "more than 2^31; use a smaller global_batch or seq_len",
+        step_tokens > INT32_MAX ||
+        __builtin_mul_overflow(step_tokens, (int64_t)tr->steps, &run_tokens))
+        return verr(c, "training.global_batch",
+                    "training.global_batch (%d) x model.seq_len (%d) = %lld tokens per step, "
+                    "more than 2^31; use a smaller global_batch or seq_len",
                     tr->global_batch, m->seq_len, (long long)tr->global_batch * T);
     return 0;
 }
@@ -271,13 +286,16 @@ static int check_topology(Checker *c)
 {
     const TopologyConfig *t = &c->cfg->topology;
     if (!valid_order(t->order))
-        return verr(c, "topology.order", "topology.order '%s' must name tp, dp and pp once "
-                    "each, fastest first (e.g. tp-dp-pp)", t->order);
+        return verr(c, "topology.order",
+                    "topology.order '%s' must name tp, dp and pp once "
+                    "each, fastest first (e.g. tp-dp-pp)",
+                    t->order);
     LayoutError e;
     if (layout_check(&c->cfg->model, t, &e) != 0)
         return verr(c, e.key, "%s", e.msg);
     if (t->comm == COMM_NCCL && c->cfg->backend != BACKEND_CUDA)
-        return verr(c, "topology.comm", "topology.comm nccl moves device buffers and needs "
+        return verr(c, "topology.comm",
+                    "topology.comm nccl moves device buffers and needs "
                     "backend: cuda; use comm: auto or mpi with backend: cpu");
     return 0;
 }
@@ -314,8 +332,10 @@ static int check_batch(Checker *c, const TrainingConfig *tr, int dp, int pp)
     if (dp > 0 && tr->global_batch % dp == 0)
         snprintf(fix + n, sizeof fix - (size_t)n, " (here %d) or a divisor of %d",
                  auto_micro_batch(tr->global_batch / dp, pp), tr->global_batch / dp);
-    return verr(c, "training.micro_batch", "training.global_batch %d is not a multiple of %s; "
-                "%s, which keeps the global batch", tr->global_batch, what, fix);
+    return verr(c, "training.micro_batch",
+                "training.global_batch %d is not a multiple of %s; "
+                "%s, which keeps the global batch",
+                tr->global_batch, what, fix);
 }
 
 /* dp from the world size, then the batch arithmetic that depends on it. */
@@ -327,13 +347,15 @@ static int check_world(Checker *c, Config *cfg, int world)
     if (world > 0) {
         if (t->dp == 0) {
             if (world % mp)
-                return verr(c, "topology.tp", "the world size %d is not divisible by topology.tp (%d) x "
-                               "topology.pp (%d) = %lld; launch a multiple of %lld ranks",
+                return verr(c, "topology.tp",
+                            "the world size %d is not divisible by topology.tp (%d) x "
+                            "topology.pp (%d) = %lld; launch a multiple of %lld ranks",
                             world, t->tp, t->pp, mp, mp);
             t->dp = (int)(world / mp);
         } else if (mp * t->dp != world) {
-            return verr(c, "topology.dp", "topology.tp (%d) x topology.pp (%d) x topology.dp (%d) = %lld but "
-                           "the world size is %d; set dp: auto or launch %lld rank%s",
+            return verr(c, "topology.dp",
+                        "topology.tp (%d) x topology.pp (%d) x topology.dp (%d) = %lld but "
+                        "the world size is %d; set dp: auto or launch %lld rank%s",
                         t->tp, t->pp, t->dp, mp * t->dp, world, mp * t->dp,
                         mp * t->dp == 1 ? "" : "s");
         }
@@ -342,10 +364,11 @@ static int check_world(Checker *c, Config *cfg, int world)
         return tr->micro_batch == 0 ? 0 : check_batch(c, tr, t->dp, t->pp);
     if (tr->micro_batch == 0) {
         if (tr->global_batch % t->dp)
-            return verr(c, "training.global_batch", "training.global_batch %d is not divisible "
+            return verr(c, "training.global_batch",
+                        "training.global_batch %d is not divisible "
                         "by topology.dp %d: every data-parallel rank takes an equal share of "
-                        "a step's sequences; use a multiple of %d", tr->global_batch, t->dp,
-                        t->dp);
+                        "a step's sequences; use a multiple of %d",
+                        tr->global_batch, t->dp, t->dp);
         cfg->training.micro_batch = auto_micro_batch(tr->global_batch / t->dp, t->pp);
     }
     return check_batch(c, tr, t->dp, t->pp);
@@ -359,8 +382,10 @@ static int resolve_checkpoint_dir(Checker *c, Config *cfg)
     if (strcmp(dir, "auto"))
         return 0;
     if ((size_t)snprintf(dir, CFG_STR, "%s/ckpt", cfg->run.dir) >= CFG_STR)
-        return verr(c, "checkpoint.dir", "checkpoint.dir auto (run.dir + /ckpt) is longer "
-                    "than %d characters; shorten run.dir", CFG_STR - 1);
+        return verr(c, "checkpoint.dir",
+                    "checkpoint.dir auto (run.dir + /ckpt) is longer "
+                    "than %d characters; shorten run.dir",
+                    CFG_STR - 1);
     return 0;
 }
 

@@ -28,26 +28,33 @@ int layout_check_model(const ModelConfig *m, LayoutError *e)
                     m->heads, m->kv_heads);
     if (m->hidden % m->heads) {
         const int lo = m->hidden / m->heads * m->heads, hi = lo + m->heads;
-        return fail(e, "model.hidden", "model.hidden (%d) must be divisible by model.heads (%d); "
-                    "use e.g. hidden %d or %d", m->hidden, m->heads, lo > 0 ? lo : hi, hi);
+        return fail(e, "model.hidden",
+                    "model.hidden (%d) must be divisible by model.heads (%d); "
+                    "use e.g. hidden %d or %d",
+                    m->hidden, m->heads, lo > 0 ? lo : hi, hi);
     }
     if (m->heads % m->kv_heads) {
         char d[256];
         trd_divisors(m->heads, d, sizeof d);
-        return fail(e, "model.heads", "model.heads (%d) must be divisible by model.kv_heads "
-                    "(%d); use kv_heads one of %s", m->heads, m->kv_heads, d);
+        return fail(e, "model.heads",
+                    "model.heads (%d) must be divisible by model.kv_heads "
+                    "(%d); use kv_heads one of %s",
+                    m->heads, m->kv_heads, d);
     }
     if (m->arch == ARCH_LLAMA) {
         const int hs = m->hidden / m->heads;
         if (hs % 2)
-            return fail(e, "model.hidden", "model.hidden / model.heads = %d must be even for "
+            return fail(e, "model.hidden",
+                        "model.hidden / model.heads = %d must be even for "
                         "arch llama (RoPE rotates pairs of dimensions); change hidden or heads",
                         hs);
         /* Llama has no learned position table: RoPE is its only position
          * information, so a usable base frequency is required. */
         if (!(m->rope_theta > 0))
-            return fail(e, "model.rope_theta", "model.rope_theta (%g) must be > 0 for arch "
-                        "llama (RoPE is its only position encoding)", m->rope_theta);
+            return fail(e, "model.rope_theta",
+                        "model.rope_theta (%g) must be > 0 for arch "
+                        "llama (RoPE is its only position encoding)",
+                        m->rope_theta);
     }
     return 0;
 }
@@ -60,21 +67,29 @@ int layout_check_tp(const ModelConfig *m, int tp, int sequence_parallel, int mic
         return fail(e, "topology.tp", "topology.tp (%d) must be >= 1", tp);
     if (m->heads % tp) {
         trd_divisors(m->heads, d, sizeof d);
-        return fail(e, "topology.tp", "model.heads (%d) must be divisible by topology.tp (%d); "
-                    "use tp one of %s", m->heads, tp, d);
+        return fail(e, "topology.tp",
+                    "model.heads (%d) must be divisible by topology.tp (%d); "
+                    "use tp one of %s",
+                    m->heads, tp, d);
     }
     if (m->kv_heads % tp && tp % m->kv_heads)
-        return fail(e, "topology.tp", "model.kv_heads (%d) and topology.tp (%d): one must "
+        return fail(e, "topology.tp",
+                    "model.kv_heads (%d) and topology.tp (%d): one must "
                     "divide the other (kv heads are split over, or replicated across, the tp "
-                    "ranks)", m->kv_heads, tp);
+                    "ranks)",
+                    m->kv_heads, tp);
     if (m->ffn_hidden % tp)
-        return fail(e, "topology.tp", "model.ffn_hidden (%d) must be divisible by topology.tp "
-                    "(%d)", m->ffn_hidden, tp);
+        return fail(e, "topology.tp",
+                    "model.ffn_hidden (%d) must be divisible by topology.tp "
+                    "(%d)",
+                    m->ffn_hidden, tp);
     const long long rows = (long long)(micro_batch > 0 ? micro_batch : 1) * m->seq_len;
     if (sequence_parallel && tp > 1 && rows % tp)
-        return fail(e, "model.seq_len", "model.seq_len (%d) must be divisible by topology.tp "
+        return fail(e, "model.seq_len",
+                    "model.seq_len (%d) must be divisible by topology.tp "
                     "(%d) with topology.sequence_parallel (each tp rank holds a slice of the "
-                    "token rows); change seq_len or turn it off", m->seq_len, tp);
+                    "token rows); change seq_len or turn it off",
+                    m->seq_len, tp);
     return 0;
 }
 
@@ -83,37 +98,45 @@ int layout_check_tp(const ModelConfig *m, int tp, int sequence_parallel, int mic
 static int check_stages(const ModelConfig *m, const TopologyConfig *t, LayoutError *e)
 {
     if (t->virtual_stages > 1 && t->schedule != SCHED_INTERLEAVED)
-        return fail(e, "topology.virtual_stages", "topology.virtual_stages (%d) > 1 needs "
+        return fail(e, "topology.virtual_stages",
+                    "topology.virtual_stages (%d) > 1 needs "
                     "topology.schedule interleaved; set schedule: interleaved or "
-                    "virtual_stages: 1", t->virtual_stages);
+                    "virtual_stages: 1",
+                    t->virtual_stages);
     if (t->virtual_stages > CFG_MAX_VIRTUAL)
-        return fail(e, "topology.virtual_stages", "topology.virtual_stages (%d) is above %d; "
+        return fail(e, "topology.virtual_stages",
+                    "topology.virtual_stages (%d) is above %d; "
                     "each chunk adds a pipeline round trip, so a few (2-4) are what pays",
                     t->virtual_stages, CFG_MAX_VIRTUAL);
     if (t->n_stage_layers == 0) {
         if (m->layers < t->pp * t->virtual_stages)
-            return fail(e, "model.layers", "model.layers (%d) is less than topology.pp (%d) x "
+            return fail(e, "model.layers",
+                        "model.layers (%d) is less than topology.pp (%d) x "
                         "topology.virtual_stages (%d); every model chunk needs a layer",
                         m->layers, t->pp, t->virtual_stages);
         return 0;
     }
     /* Stage c * pp + r is chunk c of pipeline rank r. */
     if (t->n_stage_layers != t->pp * t->virtual_stages)
-        return fail(e, "topology.stage_layers", "topology.stage_layers has %d entries but "
+        return fail(e, "topology.stage_layers",
+                    "topology.stage_layers has %d entries but "
                     "topology.pp (%d) x topology.virtual_stages (%d) is %d; give one layer "
-                    "count per model stage", t->n_stage_layers, t->pp, t->virtual_stages,
-                    t->pp * t->virtual_stages);
+                    "count per model stage",
+                    t->n_stage_layers, t->pp, t->virtual_stages, t->pp * t->virtual_stages);
     int sum = 0;
     for (int i = 0; i < t->n_stage_layers; i++) {
         if (t->stage_layers[i] < 1)
-            return fail(e, "topology.stage_layers", "topology.stage_layers[%d] (%d) must be "
-                        ">= 1", i, t->stage_layers[i]);
+            return fail(e, "topology.stage_layers",
+                        "topology.stage_layers[%d] (%d) must be "
+                        ">= 1",
+                        i, t->stage_layers[i]);
         sum += t->stage_layers[i];
     }
     if (sum != m->layers)
-        return fail(e, "topology.stage_layers", "topology.stage_layers sums to %d but "
-                    "model.layers is %d; the stages must hold every layer exactly once", sum,
-                    m->layers);
+        return fail(e, "topology.stage_layers",
+                    "topology.stage_layers sums to %d but "
+                    "model.layers is %d; the stages must hold every layer exactly once",
+                    sum, m->layers);
     return 0;
 }
 
@@ -121,17 +144,21 @@ static int check_stages(const ModelConfig *m, const TopologyConfig *t, LayoutErr
 static int check_refused(const ModelConfig *m, const TopologyConfig *t, LayoutError *e)
 {
     if (t->pp > 1 && t->zero == 3)
-        return fail(e, "topology.zero", "topology.zero 3 with topology.pp %d: ZeRO-3 "
+        return fail(e, "topology.zero",
+                    "topology.zero 3 with topology.pp %d: ZeRO-3 "
                     "re-gathers every layer for every micro-batch, which pipelining "
                     "multiplies; like Megatron-LM, trident refuses it; use topology.zero 0, 1 "
-                    "or 2 with pipeline parallelism", t->pp);
+                    "or 2 with pipeline parallelism",
+                    t->pp);
     if (t->pp == 1 && t->virtual_stages > 1)
-        return fail(e, "topology.virtual_stages", "topology.virtual_stages %d with topology.pp "
+        return fail(e, "topology.virtual_stages",
+                    "topology.virtual_stages %d with topology.pp "
                     "1: interleaving splits each pipeline rank's layers into chunks, and there "
                     "is no pipeline; set topology.virtual_stages: 1, or use topology.pp >= 2",
                     t->virtual_stages);
     if (t->pp > 1 && t->zero == 2 && m->tie_embeddings)
-        return fail(e, "topology.zero", "topology.zero 2 with topology.pp > 1 and tied "
+        return fail(e, "topology.zero",
+                    "topology.zero 2 with topology.pp > 1 and tied "
                     "embeddings: the embedding gradient must be summed over the first and last "
                     "stage before it is sharded, which ZeRO-2's per-micro-batch reduction does "
                     "not allow; use topology.zero 1, or model.tie_embeddings: false");

@@ -12,7 +12,7 @@
 #include "config/config.h"
 
 typedef struct {
-    const char *key;     /* "topology.tp", "model.hidden", ... */
+    const char *key; /* "topology.tp", "model.hidden", ... */
     char msg[CFG_ERR];
 } LayoutError;
 

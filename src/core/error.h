@@ -25,11 +25,10 @@ _Noreturn void trd_fatal(int code, const char *hint, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
 /* Same, with the source location of the failing call (for runtime bugs). */
-#define TRD_ASSERT(cond)                                                       \
-    do {                                                                       \
-        if (!(cond))                                                           \
-            trd_fatal(TRD_EXIT_RUNTIME, NULL, "%s:%d: %s", __FILE__, __LINE__, \
-                      #cond);                                                  \
+#define TRD_ASSERT(cond)                                                                           \
+    do {                                                                                           \
+        if (!(cond))                                                                               \
+            trd_fatal(TRD_EXIT_RUNTIME, NULL, "%s:%d: %s", __FILE__, __LINE__, #cond);             \
     } while (0)
 
 /* Checked allocations; `what` names the buffer in the out-of-memory message. */

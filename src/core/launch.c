@@ -25,13 +25,15 @@ int launch_exit_code(int status, const char *what)
         if (code == TRD_EXIT_OK || code == TRD_EXIT_INPUT || code == TRD_EXIT_PREEMPTED ||
             code == TRD_EXIT_RUNTIME)
             return code;
-        fprintf(stderr, "trident: error: %s exited with status %d (a rank failed; "
-                "its message is above)\n", what, code);
+        fprintf(stderr,
+                "trident: error: %s exited with status %d (a rank failed; "
+                "its message is above)\n",
+                what, code);
         return TRD_EXIT_RUNTIME;
     }
     if (WIFSIGNALED(status))
-        fprintf(stderr, "trident: error: %s was killed by signal %d (%s)\n", what,
-                WTERMSIG(status), strsignal(WTERMSIG(status)));
+        fprintf(stderr, "trident: error: %s was killed by signal %d (%s)\n", what, WTERMSIG(status),
+                strsignal(WTERMSIG(status)));
     return TRD_EXIT_RUNTIME;
 }
 

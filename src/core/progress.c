@@ -10,12 +10,12 @@
 static struct {
     _Atomic uint64_t ticks;
     int step, micro;
-    int waiting;          /* a wait is described */
-    int timed;            /* ... and counts as blocked time from `since` */
+    int waiting; /* a wait is described */
+    int timed;   /* ... and counts as blocked time from `since` */
     char op[32], group[16], members[64];
     int peer;
-    double since;         /* monotonic start of the open wait */
-    double blocked;       /* seconds in closed waits since progress_take_blocked_s */
+    double since;   /* monotonic start of the open wait */
+    double blocked; /* seconds in closed waits since progress_take_blocked_s */
 } P;
 
 static double mono(void)
@@ -47,10 +47,7 @@ static void describe(const char *op, const char *group, const char *members, int
     P.waiting = 1;
 }
 
-void progress_micro(int micro)
-{
-    progress_step(P.step, micro);
-}
+void progress_micro(int micro) { progress_step(P.step, micro); }
 
 void progress_wait(const char *op, const char *group, const char *members, int peer)
 {
@@ -75,17 +72,14 @@ void progress_done(void)
     atomic_fetch_add_explicit(&P.ticks, 1, memory_order_release);
 }
 
-uint64_t progress_ticks(void)
-{
-    return atomic_load_explicit(&P.ticks, memory_order_acquire);
-}
+uint64_t progress_ticks(void) { return atomic_load_explicit(&P.ticks, memory_order_acquire); }
 
 void progress_describe(char *buf, size_t len)
 {
     int n = 0;
     if (P.waiting && P.peer >= 0)
-        n = snprintf(buf, len, "in %s rank %d on group %s (ranks %s)", P.op, P.peer,
-                     P.group, P.members);
+        n = snprintf(buf, len, "in %s rank %d on group %s (ranks %s)", P.op, P.peer, P.group,
+                     P.members);
     else if (P.waiting)
         n = snprintf(buf, len, "in %s on group %s (ranks %s)", P.op, P.group, P.members);
     else

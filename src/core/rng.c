@@ -21,7 +21,10 @@ void rng_philox(uint32_t out[4], uint64_t counter_lo, uint64_t counter_hi, uint6
         k0 += 0x9E3779B9u;
         k1 += 0xBB67AE85u;
     }
-    out[0] = c0; out[1] = c1; out[2] = c2; out[3] = c3;
+    out[0] = c0;
+    out[1] = c1;
+    out[2] = c2;
+    out[3] = c3;
 }
 
 uint64_t rng_hash_str(const char *s)

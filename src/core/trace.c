@@ -12,7 +12,7 @@
 /* One span as it travels to rank 0: plain bytes, the same layout on every
  * rank of a job (one binary). */
 typedef struct {
-    double t0, t1;               /* seconds since the rank's time zero */
+    double t0, t1; /* seconds since the rank's time zero */
     uint64_t bytes;
     int32_t lane, mb, chunk, pad;
     char name[32];
@@ -26,12 +26,12 @@ typedef struct {
 
 enum { TAG_HEADER = 0x7e01, TAG_SPANS = 0x7e02, TAG_CLOCK = 0x7e03 };
 #define CLOCK_TRIES 5
-#define PIECE ((size_t)1 << 16) /* spans per message: counts stay far below INT_MAX */
+#define PIECE       ((size_t)1 << 16) /* spans per message: counts stay far below INT_MAX */
 
 static struct {
     int active, rank, size;
     MPI_Comm world;
-    double zero;                 /* rank 0's clock at the start, on this rank's clock */
+    double zero; /* rank 0's clock at the start, on this rank's clock */
     Header h;
     Span *spans;
     size_t cap;
@@ -115,8 +115,12 @@ void trace_span(const char *name, TraceLane lane, double t0, double t1, int mb, 
         return;
     }
     Span *s = &g.spans[g.h.n++];
-    *s = (Span){.t0 = t0 - g.zero, .t1 = t1 - g.zero, .bytes = bytes, .lane = (int32_t)lane,
-                .mb = mb, .chunk = chunk};
+    *s = (Span){.t0 = t0 - g.zero,
+                .t1 = t1 - g.zero,
+                .bytes = bytes,
+                .lane = (int32_t)lane,
+                .mb = mb,
+                .chunk = chunk};
     snprintf(s->name, sizeof s->name, "%s", name);
 }
 
@@ -141,12 +145,16 @@ static void put_rank_meta(FILE *f, int rank, const Header *h)
         fprintf(f, " (%llu spans past the cap not kept)", (unsigned long long)h->dropped);
     fprintf(f, "\"}}");
     next_event(f);
-    fprintf(f, "{\"name\":\"process_sort_index\",\"ph\":\"M\",\"pid\":%d,"
-               "\"args\":{\"sort_index\":%d}}", rank, rank);
+    fprintf(f,
+            "{\"name\":\"process_sort_index\",\"ph\":\"M\",\"pid\":%d,"
+            "\"args\":{\"sort_index\":%d}}",
+            rank, rank);
     for (int l = 0; l < TRACE_LANES; l++) {
         next_event(f);
-        fprintf(f, "{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":%d,\"tid\":%d,"
-                   "\"args\":{\"name\":\"%s\"}}", rank, l, lane_names[l]);
+        fprintf(f,
+                "{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":%d,\"tid\":%d,"
+                "\"args\":{\"name\":\"%s\"}}",
+                rank, l, lane_names[l]);
     }
 }
 
@@ -194,8 +202,7 @@ static size_t receive_spans(FILE *f, int r, Span *buf)
         put_rank_meta(f, r, &h);
     for (size_t i = 0; i < h.n; i += PIECE) {
         size_t k = h.n - i < PIECE ? h.n - i : PIECE;
-        MPI_Recv(buf, (int)(k * sizeof(Span)), MPI_BYTE, r, TAG_SPANS, g.world,
-                 MPI_STATUS_IGNORE);
+        MPI_Recv(buf, (int)(k * sizeof(Span)), MPI_BYTE, r, TAG_SPANS, g.world, MPI_STATUS_IGNORE);
         if (f)
             put_spans(f, r, buf, k);
     }

@@ -13,14 +13,14 @@
 
 typedef struct {
     int vocab, eot;
-    int32_t byte_id[256];       /* token of each single byte */
-    unsigned char *tok_bytes;   /* raw bytes of token i: [tok_off[i], tok_off[i+1]) */
-    size_t *tok_off;            /* vocab + 1 entries */
-    StrMap pairs;               /* (int32 a, int32 b) -> rank << 32 | merged id */
-    StrMap cache;               /* word bytes -> offset << 24 | count in cache_ids */
+    int32_t byte_id[256];     /* token of each single byte */
+    unsigned char *tok_bytes; /* raw bytes of token i: [tok_off[i], tok_off[i+1]) */
+    size_t *tok_off;          /* vocab + 1 entries */
+    StrMap pairs;             /* (int32 a, int32 b) -> rank << 32 | merged id */
+    StrMap cache;             /* word bytes -> offset << 24 | count in cache_ids */
     int32_t *cache_ids;
     size_t cache_n, cache_cap;
-    int32_t *work;              /* symbols of the word being merged */
+    int32_t *work; /* symbols of the word being merged */
     size_t work_cap;
 } Bpe;
 

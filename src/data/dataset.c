@@ -18,13 +18,20 @@
 static const char idx_magic[9] = {'M', 'M', 'I', 'D', 'I', 'D', 'X', 0, 0};
 enum { IDX_HEADER_BYTES = 9 + 8 + 1 + 8 + 8 };
 /* Megatron's DType codes (megatron/core/datasets/indexed_dataset.py). */
-enum { DTYPE_UINT8 = 1, DTYPE_INT8, DTYPE_INT16, DTYPE_INT32, DTYPE_INT64,
-       DTYPE_FLOAT64, DTYPE_FLOAT32, DTYPE_UINT16 };
-
+enum {
+    DTYPE_UINT8 = 1,
+    DTYPE_INT8,
+    DTYPE_INT16,
+    DTYPE_INT32,
+    DTYPE_INT64,
+    DTYPE_FLOAT64,
+    DTYPE_FLOAT32,
+    DTYPE_UINT16
+};
 
 static const char *dtype_name(int code)
 {
-    static const char *names[] = {"?", "uint8", "int8", "int16", "int32",
+    static const char *names[] = {"?",     "uint8",   "int8",    "int16", "int32",
                                   "int64", "float64", "float32", "uint16"};
     return code >= 1 && code <= 8 ? names[code] : "unknown";
 }
@@ -53,7 +60,7 @@ static int map_file(const char *path, void **map, size_t *bytes, char err[CFG_ER
     int fd = open(path, O_RDONLY);
     if (fd < 0)
         return trd_errorf(err, "cannot open dataset file %s: %s\n%s", path, strerror(errno),
-                    MISSING_HINT);
+                          MISSING_HINT);
     struct stat st;
     if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
         close(fd);
@@ -65,7 +72,7 @@ static int map_file(const char *path, void **map, size_t *bytes, char err[CFG_ER
             int e = errno;
             close(fd);
             return trd_errorf(err, "cannot mmap dataset file %s (%lld bytes): %s", path,
-                        (long long)st.st_size, strerror(e));
+                              (long long)st.st_size, strerror(e));
         }
         *map = m;
         *bytes = (size_t)st.st_size;
@@ -87,8 +94,8 @@ static int megatron_prefix(const char *path, char prefix[CFG_STR], char err[CFG_
 {
     size_t len = strlen(path);
     if (len + 5 > CFG_STR)
-        return trd_errorf(err, "dataset path is too long (%zu bytes, max %d): %s", len,
-                    CFG_STR - 5, path);
+        return trd_errorf(err, "dataset path is too long (%zu bytes, max %d): %s", len, CFG_STR - 5,
+                          path);
     memcpy(prefix, path, len + 1);
     if (len > 4 && (strcmp(path + len - 4, ".bin") == 0 || strcmp(path + len - 4, ".idx") == 0)) {
         char idx[CFG_STR + 8];
@@ -101,42 +108,46 @@ static int megatron_prefix(const char *path, char prefix[CFG_STR], char err[CFG_
 
 /* Check the header and sizes of a mapped .idx; fill the dtype and counts. */
 static int megatron_check_idx(const char *idx_path, const unsigned char *p, size_t bytes,
-                              int *token_bytes, uint64_t *n_seq, uint64_t *n_doc,
-                              char err[CFG_ERR])
+                              int *token_bytes, uint64_t *n_seq, uint64_t *n_doc, char err[CFG_ERR])
 {
     if (bytes < sizeof idx_magic || memcmp(p, idx_magic, sizeof idx_magic) != 0)
-        return trd_errorf(err, "%s: not a Megatron .idx file (the first 9 bytes are not \"MMIDIDX\\0\\0\")",
-                    idx_path);
+        return trd_errorf(
+            err, "%s: not a Megatron .idx file (the first 9 bytes are not \"MMIDIDX\\0\\0\")",
+            idx_path);
     if (bytes < IDX_HEADER_BYTES)
         return trd_errorf(err, "%s: truncated .idx: %zu bytes, the header alone needs %d", idx_path,
-                    bytes, IDX_HEADER_BYTES);
+                          bytes, IDX_HEADER_BYTES);
     uint64_t version = get_u64(p + 9);
     if (version != 1)
-        return trd_errorf(err, "%s: unsupported .idx version %llu (trident reads version 1)", idx_path,
-                    (unsigned long long)version);
+        return trd_errorf(err, "%s: unsupported .idx version %llu (trident reads version 1)",
+                          idx_path, (unsigned long long)version);
     int code = p[17];
     if (code == DTYPE_UINT16)
         *token_bytes = 2;
     else if (code == DTYPE_INT32)
         *token_bytes = 4;
     else
-        return trd_errorf(err, "%s: unsupported token dtype code %d (%s); trident reads uint16 (8) and int32 (4)",
-                    idx_path, code, dtype_name(code));
+        return trd_errorf(
+            err, "%s: unsupported token dtype code %d (%s); trident reads uint16 (8) and int32 (4)",
+            idx_path, code, dtype_name(code));
     *n_seq = get_u64(p + 18);
     *n_doc = get_u64(p + 26);
     /* Counts beyond the file size cannot be right; checking first keeps the
      * size arithmetic below free of overflow. */
     if (*n_seq > bytes || *n_doc > bytes)
-        return trd_errorf(err, "%s: truncated .idx: header says %llu sequences and %llu document indices, file has %zu bytes",
-                    idx_path, (unsigned long long)*n_seq, (unsigned long long)*n_doc, bytes);
+        return trd_errorf(
+            err,
+            "%s: truncated .idx: header says %llu sequences and %llu document indices, file has %zu bytes",
+            idx_path, (unsigned long long)*n_seq, (unsigned long long)*n_doc, bytes);
     uint64_t need = IDX_HEADER_BYTES + *n_seq * (4 + 8) + *n_doc * 8;
     /* Multimodal datasets append one int8 mode per sequence; those are
      * readable as plain token streams too. */
     if (bytes != need && bytes != need + *n_seq)
-        return trd_errorf(err, "%s: %s .idx: header says %llu sequences and %llu document indices (%llu bytes), file has %zu bytes",
-                    idx_path, bytes < need ? "truncated" : "inconsistent",
-                    (unsigned long long)*n_seq, (unsigned long long)*n_doc,
-                    (unsigned long long)need, bytes);
+        return trd_errorf(
+            err,
+            "%s: %s .idx: header says %llu sequences and %llu document indices (%llu bytes), file has %zu bytes",
+            idx_path, bytes < need ? "truncated" : "inconsistent", (unsigned long long)*n_seq,
+            (unsigned long long)*n_doc, (unsigned long long)need, bytes);
     return 0;
 }
 
@@ -156,23 +167,24 @@ static int megatron_check_tables(const char *idx_path, const unsigned char *p, u
         uint64_t ptr = get_u64(pointers + 8 * i);
         if (len < 0)
             return trd_errorf(err, "%s: sequence %llu has negative length %d", idx_path,
-                        (unsigned long long)i, len);
+                              (unsigned long long)i, len);
         if (ptr != tokens * (uint64_t)token_bytes)
-            return trd_errorf(err, "%s: sequence %llu starts at byte %llu, expected %llu: trident reads "
-                        "datasets whose sequences are stored back to back",
-                        idx_path, (unsigned long long)i, (unsigned long long)ptr,
-                        (unsigned long long)(tokens * (uint64_t)token_bytes));
+            return trd_errorf(err,
+                              "%s: sequence %llu starts at byte %llu, expected %llu: trident reads "
+                              "datasets whose sequences are stored back to back",
+                              idx_path, (unsigned long long)i, (unsigned long long)ptr,
+                              (unsigned long long)(tokens * (uint64_t)token_bytes));
         tokens += (uint64_t)len;
     }
     /* At least one document boundary past the start when there are sequences. */
     if (n_doc < 1 || (n_seq > 0 && n_doc < 2) || get_u64(docs) != 0 ||
         get_u64(docs + 8 * (n_doc - 1)) != n_seq)
         return trd_errorf(err, "%s: document indices must run from 0 to the sequence count %llu",
-                    idx_path, (unsigned long long)n_seq);
+                          idx_path, (unsigned long long)n_seq);
     for (uint64_t d = 1; d < n_doc; d++)
         if (get_u64(docs + 8 * d) < get_u64(docs + 8 * (d - 1)))
             return trd_errorf(err, "%s: document index %llu decreases", idx_path,
-                        (unsigned long long)d);
+                              (unsigned long long)d);
     *n_tokens = tokens;
     return 0;
 }
@@ -190,8 +202,10 @@ static int open_megatron(TokenDataset *ds, const char *path, char err[CFG_ERR])
         return -1;
     uint64_t n_seq = 0, n_doc = 0;
     const unsigned char *p = ds->idx_map;
-    if (megatron_check_idx(idx_path, p, ds->idx_bytes, &ds->token_bytes, &n_seq, &n_doc, err) != 0 ||
-        megatron_check_tables(idx_path, p, n_seq, n_doc, ds->token_bytes, &ds->n_tokens, err) != 0 ||
+    if (megatron_check_idx(idx_path, p, ds->idx_bytes, &ds->token_bytes, &n_seq, &n_doc, err) !=
+            0 ||
+        megatron_check_tables(idx_path, p, n_seq, n_doc, ds->token_bytes, &ds->n_tokens, err) !=
+            0 ||
         map_file(bin_path, &ds->bin_map, &ds->bin_bytes, err) != 0)
         return -1;
     /* The .idx must describe the .bin exactly: a longer .bin is as wrong as
@@ -200,11 +214,12 @@ static int open_megatron(TokenDataset *ds, const char *path, char err[CFG_ERR])
      * or misread documents. */
     uint64_t need = ds->n_tokens * (uint64_t)ds->token_bytes;
     if (ds->bin_bytes != need)
-        return trd_errorf(err, "%s does not match %s: the index describes %llu sequences of %llu tokens in all (%llu bytes of %s), the .bin has %zu bytes (%s); the pair comes from different datasets or one was cut short",
-                    bin_path, idx_path, (unsigned long long)n_seq,
-                    (unsigned long long)ds->n_tokens, (unsigned long long)need,
-                    ds->token_bytes == 2 ? "uint16" : "int32", ds->bin_bytes,
-                    ds->bin_bytes < need ? "shorter" : "longer");
+        return trd_errorf(
+            err,
+            "%s does not match %s: the index describes %llu sequences of %llu tokens in all (%llu bytes of %s), the .bin has %zu bytes (%s); the pair comes from different datasets or one was cut short",
+            bin_path, idx_path, (unsigned long long)n_seq, (unsigned long long)ds->n_tokens,
+            (unsigned long long)need, ds->token_bytes == 2 ? "uint16" : "int32", ds->bin_bytes,
+            ds->bin_bytes < need ? "shorter" : "longer");
     ds->tokens = ds->bin_map;
     ds->n_docs = n_doc - 1;
     return 0;
@@ -223,20 +238,23 @@ static int open_llmc(TokenDataset *ds, const char *path, char err[CFG_ERR])
         memcpy(h, ds->bin_map, sizeof h);
     if (h[0] != DATASET_LLMC_MAGIC)
         return trd_errorf(err, "%s: not an llm.c token shard (magic %d, expected %d)", path, h[0],
-                    DATASET_LLMC_MAGIC);
+                          DATASET_LLMC_MAGIC);
     if (ds->bin_bytes < header)
         return trd_errorf(err, "%s: truncated llm.c shard: %zu bytes, the header alone needs %zu",
-                    path, ds->bin_bytes, header);
+                          path, ds->bin_bytes, header);
     if (h[1] != DATASET_LLMC_VERSION)
-        return trd_errorf(err, "%s: unsupported llm.c shard version %d (trident reads version 1, uint16 tokens)",
-                    path, h[1]);
+        return trd_errorf(
+            err, "%s: unsupported llm.c shard version %d (trident reads version 1, uint16 tokens)",
+            path, h[1]);
     if (h[2] < 0)
         return trd_errorf(err, "%s: llm.c shard header has a negative token count %d", path, h[2]);
     uint64_t have = (ds->bin_bytes - header) / 2;
     if (have != (uint64_t)h[2] || (ds->bin_bytes - header) % 2 != 0)
-        return trd_errorf(err, "%s: token count mismatch: header says %d tokens, file holds %zu bytes of tokens (%s)",
-                    path, h[2], ds->bin_bytes - header,
-                    have < (uint64_t)h[2] ? "truncated" : "trailing bytes");
+        return trd_errorf(
+            err,
+            "%s: token count mismatch: header says %d tokens, file holds %zu bytes of tokens (%s)",
+            path, h[2], ds->bin_bytes - header,
+            have < (uint64_t)h[2] ? "truncated" : "trailing bytes");
     ds->tokens = (const unsigned char *)ds->bin_map + header;
     ds->token_bytes = 2;
     ds->n_tokens = (uint64_t)h[2];
@@ -249,8 +267,9 @@ int dataset_open(TokenDataset *ds, const char *path, DataFormat fmt, char err[CF
     memset(ds, 0, sizeof *ds);
     ds->format = fmt;
     int rc = fmt == DATA_LLMC ? open_llmc(ds, path, err)
-           : fmt == DATA_MEGATRON ? open_megatron(ds, path, err)
-           : trd_errorf(err, "%s: unknown dataset format %d", path, (int)fmt);
+             : fmt == DATA_MEGATRON
+                 ? open_megatron(ds, path, err)
+                 : trd_errorf(err, "%s: unknown dataset format %d", path, (int)fmt);
     if (rc != 0)
         dataset_close(ds);
     return rc;
@@ -265,10 +284,7 @@ void dataset_close(TokenDataset *ds)
     ds->n_docs = 0;
 }
 
-int dataset_token_bytes_for_vocab(int vocab)
-{
-    return vocab <= 65536 ? 2 : 4;
-}
+int dataset_token_bytes_for_vocab(int vocab) { return vocab <= 65536 ? 2 : 4; }
 
 /* ---- writers ----------------------------------------------------------- */
 
@@ -277,10 +293,10 @@ struct DatasetWriter {
     char bin_tmp[CFG_STR + 16], idx_tmp[CFG_STR + 16];
     FILE *bin;
     int token_bytes;
-    int32_t *lengths;            /* one per document (= sequence) */
+    int32_t *lengths; /* one per document (= sequence) */
     size_t n_docs, cap;
     uint64_t n_tokens;
-    unsigned char buf[1 << 16];  /* conversion buffer for one write */
+    unsigned char buf[1 << 16]; /* conversion buffer for one write */
 };
 
 DatasetWriter *dataset_writer_open(const char *prefix, int token_bytes, char err[CFG_ERR])
@@ -316,7 +332,7 @@ int dataset_writer_add(DatasetWriter *w, const int32_t *tokens, size_t n, char e
 {
     if (n > INT32_MAX)
         return trd_errorf(err, "%s: a document of %zu tokens does not fit the int32 length field",
-                    w->bin_path, n);
+                          w->bin_path, n);
     const int64_t max_id = w->token_bytes == 2 ? 65535 : INT32_MAX;
     size_t per = sizeof w->buf / (size_t)w->token_bytes;
     for (size_t at = 0; at < n; at += per) {
@@ -325,8 +341,8 @@ int dataset_writer_add(DatasetWriter *w, const int32_t *tokens, size_t n, char e
             int32_t t = tokens[at + i];
             if (t < 0 || t > max_id)
                 return trd_errorf(err, "%s: token %d (document %zu, position %zu) does not fit %s",
-                            w->bin_path, t, w->n_docs, at + i,
-                            w->token_bytes == 2 ? "uint16" : "int32");
+                                  w->bin_path, t, w->n_docs, at + i,
+                                  w->token_bytes == 2 ? "uint16" : "int32");
             if (w->token_bytes == 2) {
                 uint16_t v = (uint16_t)t;
                 memcpy(w->buf + 2 * i, &v, 2);
@@ -393,9 +409,11 @@ int dataset_writer_close(DatasetWriter *w, char err[CFG_ERR])
     /* .bin first: a reader only trusts a .bin through its .idx, so the
      * pair becomes visible when the .idx is renamed. */
     if (rc == 0 && rename(w->bin_tmp, w->bin_path) != 0)
-        rc = trd_errorf(err, "cannot rename %s to %s: %s", w->bin_tmp, w->bin_path, strerror(errno));
+        rc =
+            trd_errorf(err, "cannot rename %s to %s: %s", w->bin_tmp, w->bin_path, strerror(errno));
     if (rc == 0 && rename(w->idx_tmp, w->idx_path) != 0)
-        rc = trd_errorf(err, "cannot rename %s to %s: %s", w->idx_tmp, w->idx_path, strerror(errno));
+        rc =
+            trd_errorf(err, "cannot rename %s to %s: %s", w->idx_tmp, w->idx_path, strerror(errno));
     if (rc != 0) {
         remove(w->bin_tmp);
         remove(w->idx_tmp);
@@ -408,17 +426,20 @@ int dataset_writer_close(DatasetWriter *w, char err[CFG_ERR])
 int dataset_write_llmc(const char *path, const int32_t *tokens, size_t n, char err[CFG_ERR])
 {
     if (n > INT32_MAX)
-        return trd_errorf(err, "%s: %zu tokens do not fit the int32 count of an llm.c shard", path, n);
+        return trd_errorf(err, "%s: %zu tokens do not fit the int32 count of an llm.c shard", path,
+                          n);
     for (size_t i = 0; i < n; i++)
         if (tokens[i] < 0 || tokens[i] > 65535)
-            return trd_errorf(err, "%s: token %d at position %zu does not fit uint16 (llm.c shards hold uint16)",
-                        path, tokens[i], i);
+            return trd_errorf(
+                err, "%s: token %d at position %zu does not fit uint16 (llm.c shards hold uint16)",
+                path, tokens[i], i);
     char tmp[CFG_STR + 16];
     snprintf(tmp, sizeof tmp, "%s.tmp", path);
     FILE *f = fopen(tmp, "wb");
     if (!f)
         return trd_errorf(err, "cannot create %s: %s", tmp, strerror(errno));
-    int32_t header[DATASET_LLMC_HEADER_INTS] = {DATASET_LLMC_MAGIC, DATASET_LLMC_VERSION, (int32_t)n};
+    int32_t header[DATASET_LLMC_HEADER_INTS] = {DATASET_LLMC_MAGIC, DATASET_LLMC_VERSION,
+                                                (int32_t)n};
     int rc = write_all(f, header, sizeof header);
     uint16_t buf[4096];
     for (size_t at = 0; rc == 0 && at < n; at += 4096) {

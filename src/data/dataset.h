@@ -20,14 +20,16 @@
 #include "config/config.h"
 
 typedef struct {
-    char path[CFG_STR];          /* what was opened: the prefix (megatron) or the file (llmc) */
+    char path[CFG_STR]; /* what was opened: the prefix (megatron) or the file (llmc) */
     DataFormat format;
-    void *bin_map; size_t bin_bytes;   /* mapping of the token file */
-    void *idx_map; size_t idx_bytes;   /* megatron .idx mapping (NULL for llmc) */
-    const void *tokens;          /* first token */
-    int token_bytes;             /* 2 (uint16) or 4 (int32) */
+    void *bin_map;
+    size_t bin_bytes; /* mapping of the token file */
+    void *idx_map;
+    size_t idx_bytes;   /* megatron .idx mapping (NULL for llmc) */
+    const void *tokens; /* first token */
+    int token_bytes;    /* 2 (uint16) or 4 (int32) */
     uint64_t n_tokens;
-    uint64_t n_docs;             /* megatron: documents in the index; llmc: 1 per shard
+    uint64_t n_docs; /* megatron: documents in the index; llmc: 1 per shard
                                   * (the format has no document index) */
 } TokenDataset;
 
@@ -55,15 +57,16 @@ int dataset_token_bytes_for_vocab(int vocab);
  * close, so a crash never leaves a half-written dataset under the real name. */
 typedef struct DatasetWriter DatasetWriter;
 DatasetWriter *dataset_writer_open(const char *prefix, int token_bytes, char err[CFG_ERR]);
-int dataset_writer_add(DatasetWriter *w, const int32_t *tokens, size_t n, char err[CFG_ERR]); /* one document */
-int dataset_writer_close(DatasetWriter *w, char err[CFG_ERR]);   /* frees w, also on error */
+int dataset_writer_add(DatasetWriter *w, const int32_t *tokens, size_t n,
+                       char err[CFG_ERR]);                     /* one document */
+int dataset_writer_close(DatasetWriter *w, char err[CFG_ERR]); /* frees w, also on error */
 
 /* Writer of llm.c token shards: header of 256 int32 (magic 20240520,
  * version 1, token count), then uint16 tokens.  Errors on ids > 65535. */
 int dataset_write_llmc(const char *path, const int32_t *tokens, size_t n, char err[CFG_ERR]);
 
-#define DATASET_LLMC_MAGIC 20240520
-#define DATASET_LLMC_VERSION 1
+#define DATASET_LLMC_MAGIC       20240520
+#define DATASET_LLMC_VERSION     1
 #define DATASET_LLMC_HEADER_INTS 256
 
 #endif

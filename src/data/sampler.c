@@ -77,16 +77,18 @@ uint64_t sampler_index(const Sampler *s, uint64_t position)
 }
 
 /* The message for token v at stream position pos, for both checks. */
-static void vocab_error(const TokenDataset *ds, uint32_t v, uint64_t pos, int vocab, char err[CFG_ERR])
+static void vocab_error(const TokenDataset *ds, uint32_t v, uint64_t pos, int vocab,
+                        char err[CFG_ERR])
 {
     long long id = ds->token_bytes == 4 ? (long long)(int32_t)v : (long long)v;
-    snprintf(err, CFG_ERR,
-             "%s: token %lld at stream position %llu is outside model.vocab = %d (ids 0..%d; "
-             "the dataset holds %s tokens)\n---> the dataset was made with another tokenizer: "
-             "set model.vocab to that tokenizer's vocabulary (gpt2 50257, cl100k_base 100277, "
-             "o200k_base 200019; at least %lld here), or prepare the data with the model's tokenizer",
-             ds->path, id, (unsigned long long)pos, vocab, vocab - 1,
-             ds->token_bytes == 4 ? "int32" : "uint16", id < 0 ? 0LL : id + 1);
+    snprintf(
+        err, CFG_ERR,
+        "%s: token %lld at stream position %llu is outside model.vocab = %d (ids 0..%d; "
+        "the dataset holds %s tokens)\n---> the dataset was made with another tokenizer: "
+        "set model.vocab to that tokenizer's vocabulary (gpt2 50257, cl100k_base 100277, "
+        "o200k_base 200019; at least %lld here), or prepare the data with the model's tokenizer",
+        ds->path, id, (unsigned long long)pos, vocab, vocab - 1,
+        ds->token_bytes == 4 ? "int32" : "uint16", id < 0 ? 0LL : id + 1);
 }
 
 int sampler_check_vocab(const TokenDataset *ds, int vocab, uint64_t max_tokens, char err[CFG_ERR])

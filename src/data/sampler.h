@@ -20,7 +20,11 @@
 #include "config/config.h"
 #include "data/dataset.h"
 
-typedef struct { uint64_t seed; int seq_len; uint64_t n_samples; /* per epoch */ } Sampler;
+typedef struct {
+    uint64_t seed;
+    int seq_len;
+    uint64_t n_samples; /* per epoch */
+} Sampler;
 
 /* Error if the dataset has fewer than seq_len + 1 tokens. */
 int sampler_init(Sampler *s, const TokenDataset *ds, int seq_len, uint64_t seed, char err[CFG_ERR]);
@@ -47,6 +51,6 @@ int sampler_read(const Sampler *s, const TokenDataset *ds, uint64_t position, in
  * sample that happens to hold such a token.  sampler_read still checks
  * every token it reads. */
 int sampler_check_vocab(const TokenDataset *ds, int vocab, uint64_t max_tokens, char err[CFG_ERR]);
-#define SAMPLER_VOCAB_SCAN ((uint64_t)1 << 26)   /* 64 Mi tokens: ~0.1 s from the page cache */
+#define SAMPLER_VOCAB_SCAN ((uint64_t)1 << 26) /* 64 Mi tokens: ~0.1 s from the page cache */
 
 #endif

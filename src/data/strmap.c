@@ -90,8 +90,11 @@ static int grow(StrMap *m)
     StrMap old = *m;
     if (alloc_slots(m, 2 * old.cap) != 0) {
         free_slots(m);
-        m->hash = old.hash; m->key_off = old.key_off; m->key_len = old.key_len;
-        m->val = old.val; m->cap = old.cap;
+        m->hash = old.hash;
+        m->key_off = old.key_off;
+        m->key_len = old.key_len;
+        m->val = old.val;
+        m->cap = old.cap;
         return -1;
     }
     for (size_t i = 0; i < old.cap; i++) {

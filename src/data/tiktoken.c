@@ -24,8 +24,9 @@
 #include "core/error.h"
 #include "data/unicode.h"
 
-#define RANKS_HINT "---> run scripts/get_tiktoken.sh (it writes .cache/tiktoken/ENCODING.tiktoken), " \
-                   "or pass --ranks FILE"
+#define RANKS_HINT                                                                                 \
+    "---> run scripts/get_tiktoken.sh (it writes .cache/tiktoken/ENCODING.tiktoken), "             \
+    "or pass --ranks FILE"
 
 enum { CACHE_MAX_WORDS = 1 << 20, CACHE_MAX_IDS = 1 << 24, CACHE_MAX_WORD_IDS = (1 << 24) - 1 };
 
@@ -37,13 +38,13 @@ typedef struct {
 typedef struct {
     const char *name;
     TiktokenPattern pattern;
-    int n_ranks;                /* tokens in the ranks file: ids 0..n_ranks-1 */
+    int n_ranks; /* tokens in the ranks file: ids 0..n_ranks-1 */
     const Special *specials;
     int n_specials;
 } Encoding;
 
 static const Special cl100k_specials[] = {
-    {"<|endoftext|>", 100257}, {"<|fim_prefix|>", 100258}, {"<|fim_middle|>", 100259},
+    {"<|endoftext|>", 100257},  {"<|fim_prefix|>", 100258},  {"<|fim_middle|>", 100259},
     {"<|fim_suffix|>", 100260}, {"<|endofprompt|>", 100276},
 };
 static const Special o200k_specials[] = {{"<|endoftext|>", 199999}, {"<|endofprompt|>", 200018}};
@@ -59,11 +60,16 @@ const char tiktoken_encodings[] = "cl100k_base or o200k_base";
 
 static int b64_value(unsigned char c)
 {
-    if (c >= 'A' && c <= 'Z') return c - 'A';
-    if (c >= 'a' && c <= 'z') return c - 'a' + 26;
-    if (c >= '0' && c <= '9') return c - '0' + 52;
-    if (c == '+') return 62;
-    if (c == '/') return 63;
+    if (c >= 'A' && c <= 'Z')
+        return c - 'A';
+    if (c >= 'a' && c <= 'z')
+        return c - 'a' + 26;
+    if (c >= '0' && c <= '9')
+        return c - '0' + 52;
+    if (c == '+')
+        return 62;
+    if (c == '/')
+        return 63;
     return -1;
 }
 
@@ -83,7 +89,8 @@ static long b64_decode(const char *s, size_t n, unsigned char *out)
                 return -1;
             }
         }
-        uint32_t w = (uint32_t)v[0] << 18 | (uint32_t)v[1] << 12 | (uint32_t)v[2] << 6 | (uint32_t)v[3];
+        uint32_t w =
+            (uint32_t)v[0] << 18 | (uint32_t)v[1] << 12 | (uint32_t)v[2] << 6 | (uint32_t)v[3];
         out[o++] = (unsigned char)(w >> 16);
         if (pad < 2)
             out[o++] = (unsigned char)(w >> 8);
@@ -155,7 +162,8 @@ int tiktoken_load(Tiktoken *t, const char *path, const char *encoding, char err[
      * 3/4 of its size; the specials' text is added at the end. */
     t->tok_off = calloc((size_t)t->vocab + 1, sizeof *t->tok_off);
     t->tok_bytes = malloc(len + 256);
-    size_t *start = calloc((size_t)t->vocab, sizeof *start), *tlen = calloc((size_t)t->vocab, sizeof *tlen);
+    size_t *start = calloc((size_t)t->vocab, sizeof *start),
+           *tlen = calloc((size_t)t->vocab, sizeof *tlen);
     if (!t->tok_off || !t->tok_bytes || !start || !tlen ||
         strmap_init(&t->ranks, (size_t)e->n_ranks) != 0 || strmap_init(&t->cache, 1 << 16) != 0) {
         free(start);
@@ -171,7 +179,7 @@ int tiktoken_load(Tiktoken *t, const char *path, const char *encoding, char err[
         char *nl = memchr(p, '\n', (size_t)(text + len - p)), *end = nl ? nl : text + len;
         line++;
         char *sp = memchr(p, ' ', (size_t)(end - p));
-        if (end == p) {                 /* blank line (a trailing one, say) */
+        if (end == p) { /* blank line (a trailing one, say) */
             p = end + 1;
             continue;
         }
@@ -180,13 +188,15 @@ int tiktoken_load(Tiktoken *t, const char *path, const char *encoding, char err[
         errno = 0;
         long rank = sp && sp + 1 < end ? strtol(sp + 1, &rend, 10) : -1;
         if (nb <= 0 || rank < 0 || errno || (rend != end && !(rend + 1 == end && *rend == '\r'))) {
-            rc = trd_errorf(err, "%s:%d: expected 'BASE64 RANK' (a .tiktoken ranks file)", path, line);
+            rc = trd_errorf(err, "%s:%d: expected 'BASE64 RANK' (a .tiktoken ranks file)", path,
+                            line);
             break;
         }
         if (rank >= e->n_ranks) {
-            rc = trd_errorf(err, "%s:%d: rank %ld, but %s has ranks 0..%d\n---> check --encoding "
-                            "(%s) against the ranks file", path, line, rank, e->name,
-                            e->n_ranks - 1, tiktoken_encodings);
+            rc = trd_errorf(err,
+                            "%s:%d: rank %ld, but %s has ranks 0..%d\n---> check --encoding "
+                            "(%s) against the ranks file",
+                            path, line, rank, e->name, e->n_ranks - 1, tiktoken_encodings);
             break;
         }
         uint64_t old;
@@ -208,8 +218,10 @@ int tiktoken_load(Tiktoken *t, const char *path, const char *encoding, char err[
         p = end + 1;
     }
     if (rc == 0 && count != e->n_ranks)
-        rc = trd_errorf(err, "%s: %d ranks, %s has %d\n---> check --encoding (%s) against the "
-                        "ranks file", path, count, e->name, e->n_ranks, tiktoken_encodings);
+        rc = trd_errorf(err,
+                        "%s: %d ranks, %s has %d\n---> check --encoding (%s) against the "
+                        "ranks file",
+                        path, count, e->name, e->n_ranks, tiktoken_encodings);
     for (int b = 0; rc == 0 && b < 256; b++)
         if (t->byte_rank[b] < 0)
             rc = trd_errorf(err, "%s: no token for the byte 0x%02X: not a byte-level BPE", path, b);
@@ -335,11 +347,11 @@ static size_t space_end(Text x, size_t i)
         count++;
         j = next;
     }
-    if (after_newline)          /* \s*[\r\n]+: up to the last line break */
+    if (after_newline) /* \s*[\r\n]+: up to the last line break */
         return after_newline;
-    if (j == x.len || count == 1)   /* \s+(?!\S) to the end, or \s+ of one */
+    if (j == x.len || count == 1) /* \s+(?!\S) to the end, or \s+ of one */
         return j;
-    return last;                /* \s+(?!\S): the last space leads the next piece */
+    return last; /* \s+(?!\S): the last space leads the next piece */
 }
 
 /* ` ?[^\s\p{L}\p{N}]+` then line breaks (and slashes for o200k). */
@@ -398,7 +410,7 @@ static size_t upper_lower_end(Text x, size_t p)
             last_lower_end = next;
         q = next;
     }
-    if (c & CAT_LOWER)          /* an Ll after the upper run */
+    if (c & CAT_LOWER) /* an Ll after the upper run */
         return run(x, next, CAT_LOWER);
     return last_lower_end;
 }
@@ -509,7 +521,7 @@ static int encode_piece(Tiktoken *t, const unsigned char *b, size_t len, int32_t
             return -1;
         t->part_cap = c;
     }
-    size_t *part = t->part, m = len;      /* m parts; part[m] = len */
+    size_t *part = t->part, m = len; /* m parts; part[m] = len */
     uint32_t *rank = t->part_rank;
     for (size_t k = 0; k <= len; k++)
         part[k] = k;

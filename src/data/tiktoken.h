@@ -22,18 +22,18 @@
 typedef enum { TIKTOKEN_CL100K = 0, TIKTOKEN_O200K } TiktokenPattern;
 
 typedef struct {
-    const char *name;           /* "cl100k_base" */
+    const char *name; /* "cl100k_base" */
     TiktokenPattern pattern;
-    int vocab, eot;             /* ids 0..vocab-1; eot = <|endoftext|> */
-    int32_t byte_rank[256];     /* token of each single byte */
-    StrMap ranks;               /* token bytes -> rank */
-    unsigned char *tok_bytes;   /* bytes of id i: [tok_off[i], tok_off[i+1]); empty for gaps */
-    size_t *tok_off;            /* vocab + 1 entries */
-    StrMap cache;               /* piece bytes -> offset << 24 | count in cache_ids */
+    int vocab, eot;           /* ids 0..vocab-1; eot = <|endoftext|> */
+    int32_t byte_rank[256];   /* token of each single byte */
+    StrMap ranks;             /* token bytes -> rank */
+    unsigned char *tok_bytes; /* bytes of id i: [tok_off[i], tok_off[i+1]); empty for gaps */
+    size_t *tok_off;          /* vocab + 1 entries */
+    StrMap cache;             /* piece bytes -> offset << 24 | count in cache_ids */
     int32_t *cache_ids;
     size_t cache_n, cache_cap;
-    size_t *part;               /* merge scratch: part boundaries */
-    uint32_t *part_rank;        /* and the rank of each pair of parts */
+    size_t *part;        /* merge scratch: part boundaries */
+    uint32_t *part_rank; /* and the rank of each pair of parts */
     size_t part_cap;
 } Tiktoken;
 

@@ -12,8 +12,8 @@ typedef enum { TOK_BYTE, TOK_GPT2, TOK_TIKTOKEN } TokKind;
 struct Tokenizer {
     TokKind kind;
     int vocab, eot;
-    Bpe bpe;                  /* gpt2 only */
-    Tiktoken tik;             /* tiktoken only */
+    Bpe bpe;      /* gpt2 only */
+    Tiktoken tik; /* tiktoken only */
 };
 
 static const char eot_text[] = "<|endoftext|>";
@@ -81,7 +81,8 @@ const char *tokenizer_name(const Tokenizer *t)
     return t->kind == TOK_GPT2 ? "gpt2" : t->kind == TOK_TIKTOKEN ? t->tik.name : "byte";
 }
 
-int tokenizer_encode(Tokenizer *t, const char *text, size_t len, int32_t **ids, size_t *n, size_t *cap)
+int tokenizer_encode(Tokenizer *t, const char *text, size_t len, int32_t **ids, size_t *n,
+                     size_t *cap)
 {
     if (t->kind == TOK_GPT2)
         return bpe_encode(&t->bpe, text, len, ids, n, cap);
@@ -108,7 +109,7 @@ static const unsigned char *token_bytes(const Tokenizer *t, int32_t id, size_t *
 {
     if (id < 0 || id >= t->vocab) {
         *len = 3;
-        return (const unsigned char *)"\xEF\xBF\xBD";    /* U+FFFD */
+        return (const unsigned char *)"\xEF\xBF\xBD"; /* U+FFFD */
     }
     if (t->kind == TOK_GPT2) {
         *len = t->bpe.tok_off[id + 1] - t->bpe.tok_off[id];

@@ -17,15 +17,22 @@ int unicode_decode(const unsigned char *s, size_t len, uint32_t *cp)
     unsigned lo = 0x80, hi = 0xBF;
     uint32_t v;
     if (b >= 0xC2 && b <= 0xDF) {
-        need = 1; v = b & 0x1F;
+        need = 1;
+        v = b & 0x1F;
     } else if (b >= 0xE0 && b <= 0xEF) {
-        need = 2; v = b & 0x0F;
-        if (b == 0xE0) lo = 0xA0;
-        if (b == 0xED) hi = 0x9F;
+        need = 2;
+        v = b & 0x0F;
+        if (b == 0xE0)
+            lo = 0xA0;
+        if (b == 0xED)
+            hi = 0x9F;
     } else if (b >= 0xF0 && b <= 0xF4) {
-        need = 3; v = b & 0x07;
-        if (b == 0xF0) lo = 0x90;
-        if (b == 0xF4) hi = 0x8F;
+        need = 3;
+        v = b & 0x07;
+        if (b == 0xF0)
+            lo = 0x90;
+        if (b == 0xF4)
+            hi = 0x8F;
     } else {
         *cp = 0xFFFD;
         return 1;
@@ -33,7 +40,7 @@ int unicode_decode(const unsigned char *s, size_t len, uint32_t *cp)
     int i = 1;
     for (; i <= need; i++) {
         if ((size_t)i >= len || s[i] < lo || s[i] > hi) {
-            *cp = 0xFFFD;      /* maximal subpart: the bytes seen so far */
+            *cp = 0xFFFD; /* maximal subpart: the bytes seen so far */
             return i;
         }
         v = (v << 6) | (s[i] & 0x3F);
@@ -120,7 +127,7 @@ static int is_replacement(const unsigned char *s, int k, uint32_t cp)
 size_t unicode_invalid_at(const unsigned char *s, size_t len)
 {
     for (size_t i = 0; i < len;) {
-        if (s[i] < 0x80) {     /* ASCII runs: the common case, byte by byte */
+        if (s[i] < 0x80) { /* ASCII runs: the common case, byte by byte */
             i++;
             continue;
         }

@@ -29,7 +29,15 @@ extern const int unicode_number_ranges_count;
  * which also need letters by subcategory and marks.  JavaScript's \s is
  * UCAT_SPACE (no such code point is a letter, mark or number). */
 typedef enum {
-    UCAT_OTHER = 0, UCAT_SPACE, UCAT_LU, UCAT_LL, UCAT_LT, UCAT_LM, UCAT_LO, UCAT_M, UCAT_N
+    UCAT_OTHER = 0,
+    UCAT_SPACE,
+    UCAT_LU,
+    UCAT_LL,
+    UCAT_LT,
+    UCAT_LM,
+    UCAT_LO,
+    UCAT_M,
+    UCAT_N
 } UnicodeCategory;
 UnicodeCategory unicode_category(uint32_t cp);
 

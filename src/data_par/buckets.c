@@ -28,7 +28,4 @@ int dp_make_buckets(const ParamTable *t, const int *layers, int nl, size_t targe
     return n;
 }
 
-size_t dp_bucket_target(int bucket_mb)
-{
-    return (size_t)bucket_mb * 1024 * 1024 / sizeof(float);
-}
+size_t dp_bucket_target(int bucket_mb) { return (size_t)bucket_mb * 1024 * 1024 / sizeof(float); }

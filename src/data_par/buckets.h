@@ -17,10 +17,10 @@
 #include "model/params.h"
 
 typedef struct {
-    size_t lo, hi;       /* flat range [lo, hi) of the rank's parameter buffer */
-    int groups;          /* non-empty groups in it */
-    int left;            /* of those, still without their final gradient this step */
-    CommHandle h;        /* its reduction in flight */
+    size_t lo, hi; /* flat range [lo, hi) of the rank's parameter buffer */
+    int groups;    /* non-empty groups in it */
+    int left;      /* of those, still without their final gradient this step */
+    CommHandle h;  /* its reduction in flight */
 } DpBucket;
 
 /* Fill b (room for nl + 1) from the held layers (ascending, nl of them) and

@@ -14,8 +14,8 @@ struct DpGrads {
     int nl;
     DpBucket *buckets;
     int n_buckets;
-    int *bucket_of;          /* [nl + 1]: bucket of the group at each backward position, or -1 */
-    size_t tied_lo, tied_n;  /* embed: the tied embedding's range in grads */
+    int *bucket_of;         /* [nl + 1]: bucket of the group at each backward position, or -1 */
+    size_t tied_lo, tied_n; /* embed: the tied embedding's range in grads */
 };
 
 static double now_s(void)
@@ -29,12 +29,17 @@ DpGrads *dp_grads_create(const ParamTable *t, const int *layers, int nl, int buc
                          float *grads, float *shard, size_t own_lo, size_t S, Comm *embed)
 {
     DpGrads *g = trd_calloc(1, sizeof *g, "data-parallel gradients");
-    *g = (DpGrads){.dp = dp, .embed = embed, .grads = grads, .shard = shard, .own_lo = own_lo,
-                   .S = S, .nl = nl};
+    *g = (DpGrads){.dp = dp,
+                   .embed = embed,
+                   .grads = grads,
+                   .shard = shard,
+                   .own_lo = own_lo,
+                   .S = S,
+                   .nl = nl};
     g->buckets = trd_calloc((size_t)nl + 1, sizeof(DpBucket), "gradient buckets");
     g->bucket_of = trd_malloc(((size_t)nl + 1) * sizeof(int), "gradient bucket map");
-    g->n_buckets = dp_make_buckets(t, layers, nl, dp_bucket_target(bucket_mb), g->buckets,
-                                   g->bucket_of);
+    g->n_buckets =
+        dp_make_buckets(t, layers, nl, dp_bucket_target(bucket_mb), g->buckets, g->bucket_of);
     if (embed) {
         const ParamSpec *w = params_find(t, "embed.wte.weight");
         TRD_ASSERT(w);

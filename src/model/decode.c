@@ -19,18 +19,17 @@
 struct Decoder {
     Model *m;
     int max_len, pos;
-    float *buf;                  /* one allocation, carved below */
+    float *buf; /* one allocation, carved below */
     float *x, *ln, *mean, *rstd, *qkv, *atty, *branch, *fc, *up, *fc_act, *logits;
-    float **kc, **vc;            /* [layers] caches [max_len][KVH][hs] */
-    int32_t *ids;                /* [max_len] token ids in backend memory */
-    float *host_logits;          /* [Vp] */
+    float **kc, **vc;   /* [layers] caches [max_len][KVH][hs] */
+    int32_t *ids;       /* [max_len] token ids in backend memory */
+    float *host_logits; /* [Vp] */
 };
 
 Decoder *decoder_create(Model *m, int max_len)
 {
     const Dims *d = &m->d;
-    if (tp_active(&m->tp) || !m->sh.has_embed || !m->sh.has_head ||
-        m->nl != m->mc.layers)
+    if (tp_active(&m->tp) || !m->sh.has_embed || !m->sh.has_head || m->nl != m->mc.layers)
         trd_fatal(TRD_EXIT_INPUT, "decode on one rank: tp 1, pp 1",
                   "decoding needs the whole model on one rank (tp 1, one pipeline stage)");
     TRD_ASSERT(max_len >= 1 && max_len <= m->mc.seq_len);
@@ -39,10 +38,11 @@ Decoder *decoder_create(Model *m, int max_len)
     dc->max_len = max_len;
     const size_t L = (size_t)max_len, C = (size_t)d->C, F = (size_t)d->F;
     const size_t cache = L * (size_t)d->KVH * (size_t)d->hs;
-    const size_t sizes[] = {L * C, L * C, L, L, L * (size_t)d->QKV, L * (size_t)d->H * d->hs,
-                            L * C, L * F, L * F, L * F, (size_t)d->Vp};
-    float **slots[] = {&dc->x, &dc->ln, &dc->mean, &dc->rstd, &dc->qkv, &dc->atty,
-                       &dc->branch, &dc->fc, &dc->up, &dc->fc_act, &dc->logits};
+    const size_t sizes[] = {
+        L * C, L * C, L,     L,     L * (size_t)d->QKV, L * (size_t)d->H * d->hs,
+        L * C, L * F, L * F, L * F, (size_t)d->Vp};
+    float **slots[] = {&dc->x,      &dc->ln, &dc->mean, &dc->rstd,   &dc->qkv,   &dc->atty,
+                       &dc->branch, &dc->fc, &dc->up,   &dc->fc_act, &dc->logits};
     const int n_slots = (int)(sizeof sizes / sizeof *sizes);
     size_t total = 2 * cache * (size_t)m->nl;
     for (int i = 0; i < n_slots; i++)
@@ -103,10 +103,8 @@ static void layer(Decoder *dc, int l, int n)
     be->matmul_forward(dc->qkv, dc->ln, p->qkv_w, p->qkv_b, n, d->C, d->QKV);
     if (!d->gpt2)
         be->rope_decode(dc->qkv, n, dc->pos, d->H, d->KVH, d->hs, d->theta);
-    be->attention_decode(dc->atty, dc->qkv, dc->kc[l], dc->vc[l], n, dc->pos, d->H, d->KVH,
-                         d->hs);
-    be->matmul_forward(dc->branch, dc->atty, p->attn_proj_w, p->attn_proj_b, n, d->H * d->hs,
-                       d->C);
+    be->attention_decode(dc->atty, dc->qkv, dc->kc[l], dc->vc[l], n, dc->pos, d->H, d->KVH, d->hs);
+    be->matmul_forward(dc->branch, dc->atty, p->attn_proj_w, p->attn_proj_b, n, d->H * d->hs, d->C);
     be->add(dc->x, dc->x, dc->branch, nC);
 
     norm(dc, dc->ln, dc->x, p->ln2_w, p->ln2_b, n);
@@ -132,8 +130,8 @@ const float *decoder_step(Decoder *dc, const int32_t *tokens, int n)
     be->to_backend(dc->ids, tokens, (size_t)n * sizeof(int32_t));
     /* Position of row i is i % T with T = n: the position table from row pos. */
     be->embedding_forward(dc->x, dc->ids, m->op.wte,
-                          m->op.wpe ? m->op.wpe + (size_t)dc->pos * d->C : NULL, n, n, d->C,
-                          0, d->Vp);
+                          m->op.wpe ? m->op.wpe + (size_t)dc->pos * d->C : NULL, n, n, d->C, 0,
+                          d->Vp);
     for (int l = 0; l < m->nl; l++)
         layer(dc, l, n);
     const float *last = dc->x + (size_t)(n - 1) * d->C;

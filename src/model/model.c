@@ -64,13 +64,23 @@ static size_t offset_of(const ParamTable *t, const char *name)
 /* Field order of LayerParams, by tensor name. */
 static void layer_offsets(GroupOffsets *g, const ParamTable *t, int l, int gpt2)
 {
-    static const char *const gpt2_names[LP_FIELDS] = {
-        "ln1.weight", "ln1.bias", "attn.qkv.weight", "attn.qkv.bias", "attn.proj.weight",
-        "attn.proj.bias", "ln2.weight", "ln2.bias", "mlp.fc.weight", "mlp.fc.bias", NULL,
-        "mlp.proj.weight", "mlp.proj.bias"};
+    static const char *const gpt2_names[LP_FIELDS] = {"ln1.weight",
+                                                      "ln1.bias",
+                                                      "attn.qkv.weight",
+                                                      "attn.qkv.bias",
+                                                      "attn.proj.weight",
+                                                      "attn.proj.bias",
+                                                      "ln2.weight",
+                                                      "ln2.bias",
+                                                      "mlp.fc.weight",
+                                                      "mlp.fc.bias",
+                                                      NULL,
+                                                      "mlp.proj.weight",
+                                                      "mlp.proj.bias"};
     static const char *const llama_names[LP_FIELDS] = {
-        "ln1.weight", NULL, "attn.qkv.weight", NULL, "attn.proj.weight", NULL, "ln2.weight",
-        NULL, "mlp.gate.weight", NULL, "mlp.up.weight", "mlp.down.weight", NULL};
+        "ln1.weight", NULL, "attn.qkv.weight", NULL, "attn.proj.weight", NULL,
+        "ln2.weight", NULL, "mlp.gate.weight", NULL, "mlp.up.weight",    "mlp.down.weight",
+        NULL};
     const char *const *names = gpt2 ? gpt2_names : llama_names;
     for (int k = 0; k < LP_FIELDS; k++) {
         char name[PARAM_NAME];
@@ -103,7 +113,7 @@ static void bind_outer(OuterParams *op, const GroupOffsets *g, float *storage, i
 {
     bind_fields(op->f, OP_FIELDS, g, storage);
     if (tied)
-        op->head_w = op->wte;   /* the head reads (and adds gradient to) wte */
+        op->head_w = op->wte; /* the head reads (and adds gradient to) wte */
 }
 
 /* ---- sizes -------------------------------------------------------------- */
@@ -190,9 +200,12 @@ static void layer_act_slots(LayerActs *a, float **slot[A_COUNT])
 static int kept_per_layer(Recompute r, int field)
 {
     switch (r) {
-    case RECOMPUTE_NONE: return 1;
-    case RECOMPUTE_SELECTIVE: return field != A_ATTY && field != A_LSE;
-    case RECOMPUTE_FULL: return 0;
+    case RECOMPUTE_NONE:
+        return 1;
+    case RECOMPUTE_SELECTIVE:
+        return field != A_ATTY && field != A_LSE;
+    case RECOMPUTE_FULL:
+        return 0;
     }
     return 1;
 }
@@ -384,7 +397,8 @@ Model *model_create_unbound(const Config *cfg, const Backend *be, const ParamSha
         layer_offsets(&m->lo_off[i], &m->table, sh->chunk[0].begin + i, gpt2);
     outer_offsets(&m->outer_off, &m->table);
     if (sh->has_head && m->mc.tie_embeddings && m->outer_off.off[0] == NO_TENSOR)
-        trd_fatal(TRD_EXIT_INPUT, "use untied embeddings (model.tie_embeddings: false) "
+        trd_fatal(TRD_EXIT_INPUT,
+                  "use untied embeddings (model.tie_embeddings: false) "
                   "or put the embedding and the head on one pipeline stage",
                   "model: the last stage needs the output embedding, but with tied "
                   "embeddings it lives on the first stage only");
@@ -417,8 +431,8 @@ Model *model_create(const Config *cfg, const Backend *be, const ParamShard *sh, 
     const size_t bytes = m->table.numel * sizeof(float);
     m->params = be->alloc(bytes, "parameters");
     m->grads = be->alloc(bytes, "gradients");
-    float *init = be->device ? trd_calloc(m->table.numel, sizeof(float), "initial weights")
-                             : m->params;
+    float *init =
+        be->device ? trd_calloc(m->table.numel, sizeof(float), "initial weights") : m->params;
     params_init(&m->table, init, cfg->run.seed);
     if (init != m->params) {
         be->to_backend(m->params, init, bytes);
@@ -450,10 +464,7 @@ void model_bind(Model *m, int group, float *params, float *grads)
         bind_fields(m->lg[i].f, LP_FIELDS, &m->lo_off[i], grads);
 }
 
-void model_set_tensor_parallel(Model *m, Comm *tp)
-{
-    tp_group_attach(&m->tp, tp);
-}
+void model_set_tensor_parallel(Model *m, Comm *tp) { tp_group_attach(&m->tp, tp); }
 
 void model_free(Model *m)
 {
@@ -486,8 +497,8 @@ MemoryReport model_memory(const Model *m)
     MemoryReport r = {0};
     r.params = m->params ? m->table.numel * sizeof(float) : 0;
     r.grads = m->grads ? m->table.numel * sizeof(float) : 0;
-    r.activations = m->acts_numel * sizeof(float) +
-                    (size_t)m->n_sets * 2 * (size_t)m->d.N * sizeof(int32_t);
+    r.activations =
+        m->acts_numel * sizeof(float) + (size_t)m->n_sets * 2 * (size_t)m->d.N * sizeof(int32_t);
     r.scratch = m->scratch_numel * sizeof(float);
     return r;
 }
@@ -499,10 +510,7 @@ void model_zero_grad(Model *m)
 }
 
 /* Backward functions accumulate, so a gradient that starts fresh is zeroed. */
-static void zero(const Model *m, float *x, size_t n)
-{
-    m->be->zero(x, n * sizeof *x);
-}
+static void zero(const Model *m, float *x, size_t n) { m->be->zero(x, n * sizeof *x); }
 
 /* ---- norms: LayerNorm (GPT-2) or RMSNorm (Llama) ------------------------ */
 
@@ -572,8 +580,8 @@ void model_embed_backward(Model *m)
 {
     const Dims *d = &m->d;
     TRD_ASSERT(m->sh.has_embed);
-    tp_embedding_backward(m->be, &m->tp, m->og.wte, m->og.wpe, m->s.dwpe_part, m->s.dres,
-                          m->s.full, m->cur.ids, d->N, d->T, d->C, d->vocab_start, d->Vp);
+    tp_embedding_backward(m->be, &m->tp, m->og.wte, m->og.wpe, m->s.dwpe_part, m->s.dres, m->s.full,
+                          m->cur.ids, d->N, d->T, d->C, d->vocab_start, d->Vp);
 }
 
 /* ---- block -------------------------------------------------------------- */
@@ -733,8 +741,8 @@ void model_block_backward(Model *m, int l)
     /* MLP branch: its output joined the stream by addition, so its gradient is dres. */
     const float *dout = tp_row_output_backward(&m->tp, s->dres, s->full, d->N, d->C);
     zero(m, s->dfc_act, N * (size_t)d->F);
-    be->matmul_backward(s->dfc_act, g->mlp_proj_w, g->mlp_proj_b, dout, a->fc_act,
-                        p->mlp_proj_w, d->N, d->F, d->C);
+    be->matmul_backward(s->dfc_act, g->mlp_proj_w, g->mlp_proj_b, dout, a->fc_act, p->mlp_proj_w,
+                        d->N, d->F, d->C);
     mlp_backward(m, p, g, a);
     norm_backward(m, s->dres, g->ln2_w, g->ln2_b, s->dln, a->res_mid, p->ln2_w, a->ln2_mean,
                   a->ln2_rstd);
@@ -742,12 +750,12 @@ void model_block_backward(Model *m, int l)
     /* Attention branch, same pattern; dres is now d loss / d res_mid. */
     dout = tp_row_output_backward(&m->tp, s->dres, s->full, d->N, d->C);
     zero(m, s->datty, N * (size_t)d->H * (size_t)d->hs);
-    be->matmul_backward(s->datty, g->attn_proj_w, g->attn_proj_b, dout, a->atty,
-                        p->attn_proj_w, d->N, d->H * d->hs, d->C);
+    be->matmul_backward(s->datty, g->attn_proj_w, g->attn_proj_b, dout, a->atty, p->attn_proj_w,
+                        d->N, d->H * d->hs, d->C);
     zero(m, s->dqkv, N * (size_t)d->QKV);
-    be->attention_backward(s->dqkv, s->datty, a->qkv, a->atty, a->lse, d->B, d->T, d->H,
-                           d->KVH, d->hs);
-    if (!d->gpt2)  /* dqkv was w.r.t. rotated q, k: rotate back */
+    be->attention_backward(s->dqkv, s->datty, a->qkv, a->atty, a->lse, d->B, d->T, d->H, d->KVH,
+                           d->hs);
+    if (!d->gpt2) /* dqkv was w.r.t. rotated q, k: rotate back */
         be->rope_backward(s->dqkv, d->N, d->T, d->H, d->KVH, d->hs, d->theta);
     zero(m, s->dln, NC);
     qkv_weight_backward(m, p, g, a);
@@ -810,8 +818,8 @@ void model_head_backward(Model *m, float loss_scale)
     /* d(loss_scale * mean loss)/d loss[n] for every counted position. */
     const float dloss = m->cur.counted ? loss_scale / (float)m->cur.counted : 0.0f;
     if (tp_active(&m->tp))
-        tp_crossentropy_backward(&m->tp, h->logits, h->ce_stats, m->cur.ids + d->N, dloss,
-                                 d->N, d->V, d->Vp, d->vocab_start);
+        tp_crossentropy_backward(&m->tp, h->logits, h->ce_stats, m->cur.ids + d->N, dloss, d->N,
+                                 d->V, d->Vp, d->vocab_start);
     else
         be->crossentropy_backward(h->logits, m->cur.ids + d->N, dloss, d->N, d->V, d->Vp);
     float *dlogits = h->logits;
@@ -893,8 +901,8 @@ MemoryReport model_plan_memory(const Config *cfg, const ParamShard *sh, int B, i
     free(m.cur.la);
     params_free(&m.table);
     MemoryReport r = {0};
-    r.activations = (size_t)n_sets * (acts.used * sizeof(float) +
-                                      2 * (size_t)m.d.N * sizeof(int32_t));
+    r.activations =
+        (size_t)n_sets * (acts.used * sizeof(float) + 2 * (size_t)m.d.N * sizeof(int32_t));
     r.scratch = scratch.used * sizeof(float);
     return r;
 }

@@ -48,8 +48,8 @@ Model *model_create_unbound(const Config *cfg, const Backend *be, const ParamSha
 void model_bind(Model *m, int group, float *params, float *grads);
 
 const ParamTable *model_params(const Model *m);
-float *model_param_buffer(Model *m);     /* [params.numel] */
-float *model_grad_buffer(Model *m);      /* [params.numel] */
+float *model_param_buffer(Model *m); /* [params.numel] */
+float *model_grad_buffer(Model *m);  /* [params.numel] */
 MemoryReport model_memory(const Model *m);
 
 /* Forward one micro-batch: tokens and targets are [B*T].  Returns the mean
@@ -76,7 +76,7 @@ void model_zero_grad(Model *m);
  * forward has exactly one backward. */
 void model_embed_forward(Model *m, const int32_t *tokens);
 void model_block_forward(Model *m, int l);
-float model_head_forward(Model *m, const int32_t *targets);  /* mean loss */
+float model_head_forward(Model *m, const int32_t *targets); /* mean loss */
 void model_head_backward(Model *m, float loss_scale);
 void model_block_backward(Model *m, int l);
 void model_embed_backward(Model *m);

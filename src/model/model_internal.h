@@ -11,16 +11,16 @@
 /* Sizes of one step, local to this rank. */
 typedef struct {
     int gpt2;
-    int B, T, N, C;      /* N = B*T token rows */
-    int Ns;              /* rows of the residual stream held: N, or N/tp with SP */
-    int hs;              /* head size */
-    int H, KVH;          /* local query heads and kv heads */
-    int QKV;             /* local rows of the fused qkv weight: (H + 2*KVH)*hs */
-    int F;               /* local MLP hidden size */
-    int Vp;              /* local (padded) vocabulary rows */
-    int V;               /* of which real: columns the loss counts */
-    int vocab_start;     /* first global vocabulary row held */
-    int vocab;           /* the whole real vocabulary (targets are below it) */
+    int B, T, N, C;  /* N = B*T token rows */
+    int Ns;          /* rows of the residual stream held: N, or N/tp with SP */
+    int hs;          /* head size */
+    int H, KVH;      /* local query heads and kv heads */
+    int QKV;         /* local rows of the fused qkv weight: (H + 2*KVH)*hs */
+    int F;           /* local MLP hidden size */
+    int Vp;          /* local (padded) vocabulary rows */
+    int V;           /* of which real: columns the loss counts */
+    int vocab_start; /* first global vocabulary row held */
+    int vocab;       /* the whole real vocabulary (targets are below it) */
     float eps, theta;
 } Dims;
 
@@ -34,8 +34,8 @@ typedef union {
         float *qkv_w, *qkv_b;
         float *attn_proj_w, *attn_proj_b;
         float *ln2_w, *ln2_b;
-        float *fc_w, *fc_b;        /* GPT-2 mlp.fc; Llama mlp.gate */
-        float *up_w;               /* Llama mlp.up */
+        float *fc_w, *fc_b;             /* GPT-2 mlp.fc; Llama mlp.gate */
+        float *up_w;                    /* Llama mlp.up */
         float *mlp_proj_w, *mlp_proj_b; /* GPT-2 mlp.proj; Llama mlp.down */
     };
     float *f[LP_FIELDS];
@@ -45,9 +45,9 @@ typedef union {
 enum { OP_FIELDS = 5 };
 typedef union {
     struct {
-        float *wte, *wpe;          /* [Vp, C], [T, C] */
+        float *wte, *wpe; /* [Vp, C], [T, C] */
         float *lnf_w, *lnf_b;
-        float *head_w;             /* [Vp, C]: head.weight, or wte when tied */
+        float *head_w; /* [Vp, C]: head.weight, or wte when tied */
     };
     float *f[OP_FIELDS];
 } OuterParams;
@@ -57,61 +57,73 @@ typedef union {
  * arithmetic, never a lookup by name. */
 #define NO_TENSOR ((size_t)-1)
 typedef struct {
-    size_t lo, hi;                 /* the group's flat range */
-    size_t off[LP_FIELDS];         /* per field (OuterParams uses the first OP_FIELDS) */
+    size_t lo, hi;         /* the group's flat range */
+    size_t off[LP_FIELDS]; /* per field (OuterParams uses the first OP_FIELDS) */
 } GroupOffsets;
 
 /* Activations of one layer that its backward reads.  Under recompute some
  * of these point into one set shared by all layers (see carve_activations). */
 enum {
-    A_LN1, A_LN1_MEAN, A_LN1_RSTD, A_QKV, A_LSE, A_ATTY, A_RES_MID,
-    A_LN2, A_LN2_MEAN, A_LN2_RSTD, A_FC, A_UP, A_FC_ACT, A_COUNT
+    A_LN1,
+    A_LN1_MEAN,
+    A_LN1_RSTD,
+    A_QKV,
+    A_LSE,
+    A_ATTY,
+    A_RES_MID,
+    A_LN2,
+    A_LN2_MEAN,
+    A_LN2_RSTD,
+    A_FC,
+    A_UP,
+    A_FC_ACT,
+    A_COUNT
 };
 typedef struct {
     float *ln1, *ln1_mean, *ln1_rstd; /* [N,C] whole, [Ns], [Ns] (mean: LayerNorm only) */
-    float *qkv;          /* [N, QKV], after RoPE */
-    float *lse;          /* [B, H, T] attention log-sum-exp per query row */
-    float *atty;         /* [N, H*hs] attention output, heads in order */
-    float *res_mid;      /* [Ns, C] residual stream after the attention branch */
+    float *qkv;                       /* [N, QKV], after RoPE */
+    float *lse;                       /* [B, H, T] attention log-sum-exp per query row */
+    float *atty;                      /* [N, H*hs] attention output, heads in order */
+    float *res_mid;                   /* [Ns, C] residual stream after the attention branch */
     float *ln2, *ln2_mean, *ln2_rstd;
-    float *fc;           /* [N, F] GPT-2: fc output before GELU; Llama: gate output */
-    float *up;           /* [N, F] Llama: up output */
-    float *fc_act;       /* [N, F] GELU(fc) or silu(gate)*up: input of the projection */
+    float *fc;     /* [N, F] GPT-2: fc output before GELU; Llama: gate output */
+    float *up;     /* [N, F] Llama: up output */
+    float *fc_act; /* [N, F] GELU(fc) or silu(gate)*up: input of the projection */
 } LayerActs;
 
 /* Head activations (last stage). */
 typedef struct {
     float *lnf, *lnf_mean, *lnf_rstd; /* [N,C] whole, [Ns], [Ns] */
-    float *logits;       /* [N, Vp]; backward overwrites it with dlogits */
-    float *losses;       /* [N] */
-    float *ce_stats;     /* [3N] vocabulary-parallel cross-entropy (tp > 1) */
+    float *logits;                    /* [N, Vp]; backward overwrites it with dlogits */
+    float *losses;                    /* [N] */
+    float *ce_stats;                  /* [3N] vocabulary-parallel cross-entropy (tp > 1) */
 } HeadActs;
 
 /* Backward scratch, shared by all layers (one layer is in backward at a time). */
 typedef struct {
-    float *dres;         /* [Ns,C] d loss / d residual stream, updated in place */
-    float *branch;       /* [N,C] a branch's output before it joins the stream */
-    float *dln;          /* [N,C] gradient at a norm's output */
-    float *dqkv;         /* [N, QKV] */
-    float *datty;        /* [N, H*hs] */
-    float *dfc, *dup;    /* [N, F] gradients at fc/gate and up outputs */
-    float *dfc_act;      /* [N, F] gradient at the projection's input */
+    float *dres;      /* [Ns,C] d loss / d residual stream, updated in place */
+    float *branch;    /* [N,C] a branch's output before it joins the stream */
+    float *dln;       /* [N,C] gradient at a norm's output */
+    float *dqkv;      /* [N, QKV] */
+    float *datty;     /* [N, H*hs] */
+    float *dfc, *dup; /* [N, F] gradients at fc/gate and up outputs */
+    float *dfc_act;   /* [N, F] gradient at the projection's input */
     /* tp > 1 only: */
-    float *full;         /* [N, C] a stream tensor made whole (embedding, SP gathers) */
-    float *norm_part;    /* [2C] SP: a norm's partial weight/bias gradient */
-    float *dwpe_part;    /* [T, C] partial position-embedding gradient */
-    float *kv_keep;      /* [2hs*(C+1)] replicated kv rows' accumulated gradient */
+    float *full;      /* [N, C] a stream tensor made whole (embedding, SP gathers) */
+    float *norm_part; /* [2C] SP: a norm's partial weight/bias gradient */
+    float *dwpe_part; /* [T, C] partial position-embedding gradient */
+    float *kv_keep;   /* [2hs*(C+1)] replicated kv rows' accumulated gradient */
 } Scratch;
 
 /* Everything one micro-batch leaves for its backward. */
 typedef struct {
-    float **resid;                  /* [nl + 1] x [Ns, C]: resid[i] enters local layer i */
-    LayerActs *la;                  /* [nl] */
+    float **resid; /* [nl + 1] x [Ns, C]: resid[i] enters local layer i */
+    LayerActs *la; /* [nl] */
     HeadActs ha;
-    int32_t *tokens, *targets;      /* [N] each, host copies of this micro-batch's */
-    int32_t *ids;                   /* [2N]: the same in backend memory (tokens, then
+    int32_t *tokens, *targets; /* [N] each, host copies of this micro-batch's */
+    int32_t *ids;              /* [2N]: the same in backend memory (tokens, then
                                      * targets); the host copies with the CPU backend */
-    int counted;                    /* targets >= 0 in it */
+    int counted;               /* targets >= 0 in it */
 } ActSet;
 
 struct Model {
@@ -122,22 +134,22 @@ struct Model {
     ParamTable table;
     TpGroup tp;
     Dims d;
-    int nl;              /* local layers: sh.chunk[0].end - sh.chunk[0].begin */
+    int nl; /* local layers: sh.chunk[0].end - sh.chunk[0].begin */
 
-    float *params, *grads;          /* [table.numel] each, or NULL when the caller binds */
-    float *host_losses;             /* [N] the head's losses read back (device backends) */
-    LayerParams *lp, *lg;           /* [nl]: parameters, gradients */
+    float *params, *grads; /* [table.numel] each, or NULL when the caller binds */
+    float *host_losses;    /* [N] the head's losses read back (device backends) */
+    LayerParams *lp, *lg;  /* [nl]: parameters, gradients */
     OuterParams op, og;
-    GroupOffsets *lo_off;           /* [nl] */
+    GroupOffsets *lo_off; /* [nl] */
     GroupOffsets outer_off;
 
     /* Activations: one allocation holding n_sets sets, one per micro-batch
      * in flight (a pipeline stage under 1F1B holds several between their
      * forward and backward).  `cur` is the set in use; model_use_activation_set
      * switches it. */
-    float *acts;                    /* backend memory, like every buffer the ops touch */
-    size_t acts_numel;              /* all sets */
-    int32_t *ids;                   /* device backends: every set's token ids */
+    float *acts;       /* backend memory, like every buffer the ops touch */
+    size_t acts_numel; /* all sets */
+    int32_t *ids;      /* device backends: every set's token ids */
     ActSet *sets;
     int n_sets, cur_set;
     ActSet cur;

@@ -11,8 +11,12 @@
 
 ParamShard params_full_shard(const ModelConfig *m)
 {
-    ParamShard sh = {.tp = 1, .tp_rank = 0, .n_chunks = 1, .chunk = {{0, m->layers}},
-                     .has_embed = 1, .has_head = 1};
+    ParamShard sh = {.tp = 1,
+                     .tp_rank = 0,
+                     .n_chunks = 1,
+                     .chunk = {{0, m->layers}},
+                     .has_embed = 1,
+                     .has_head = 1};
     return sh;
 }
 
@@ -53,8 +57,8 @@ typedef struct {
     ParamTable *t;
     int cap;
     const ParamShard *sh;
-    int64_t vocab_rows;  /* real (unpadded) vocabulary rows, for counting */
-    int64_t hs;          /* head size */
+    int64_t vocab_rows; /* real (unpadded) vocabulary rows, for counting */
+    int64_t hs;         /* head size */
     int heads, kv_heads;
 } Builder;
 
@@ -147,13 +151,11 @@ static void add_layer(Builder *b, const ModelConfig *m, int l, int64_t qkv_rows,
     add(b, C, 0, -1, ROLE_BLOCK, l, INIT_ONES, 0, "layers.%d.ln1.weight", l);
     if (gpt2)
         add(b, C, 0, -1, ROLE_BLOCK, l, INIT_ZEROS, 0, "layers.%d.ln1.bias", l);
-    add(b, qkv_rows, C, SPLIT_QKV, ROLE_BLOCK, l, INIT_NORMAL, std,
-        "layers.%d.attn.qkv.weight", l);
+    add(b, qkv_rows, C, SPLIT_QKV, ROLE_BLOCK, l, INIT_NORMAL, std, "layers.%d.attn.qkv.weight", l);
     if (gpt2)
-        add(b, qkv_rows, 0, SPLIT_QKV, ROLE_BLOCK, l, INIT_ZEROS, 0,
-            "layers.%d.attn.qkv.bias", l);
-    add(b, C, m->heads * hs, 1, ROLE_BLOCK, l, INIT_NORMAL, std_out,
-        "layers.%d.attn.proj.weight", l);
+        add(b, qkv_rows, 0, SPLIT_QKV, ROLE_BLOCK, l, INIT_ZEROS, 0, "layers.%d.attn.qkv.bias", l);
+    add(b, C, m->heads * hs, 1, ROLE_BLOCK, l, INIT_NORMAL, std_out, "layers.%d.attn.proj.weight",
+        l);
     if (gpt2)
         add(b, C, 0, -1, ROLE_BLOCK, l, INIT_ZEROS, 0, "layers.%d.attn.proj.bias", l);
     add(b, C, 0, -1, ROLE_BLOCK, l, INIT_ONES, 0, "layers.%d.ln2.weight", l);
@@ -195,10 +197,9 @@ void params_build(ParamTable *t, const ModelConfig *m, const ParamShard *sh)
         if (gpt2)
             add(&b, C, 0, -1, ROLE_HEAD, -1, INIT_ZEROS, 0, "final_norm.bias");
         if (!m->tie_embeddings)
-            add(&b, Vp, C, 0, ROLE_HEAD, -1, INIT_NORMAL, std, "head.weight")->real_rows =
-                m->vocab;
+            add(&b, Vp, C, 0, ROLE_HEAD, -1, INIT_NORMAL, std, "head.weight")->real_rows = m->vocab;
         else if (!sh->has_embed)
-            /* Tied embeddings across pipeline stages: the last stage holds a
+        /* Tied embeddings across pipeline stages: the last stage holds a
              * copy of the first stage's embedding.  Same name, so the same
              * initial values; its gradient is summed with the first stage's
              * (the embedding group) and the copy is never counted twice. */
@@ -304,7 +305,7 @@ double params_grad_sumsq(const ParamTable *t, const Backend *be, const float *g,
         const size_t cols = (size_t)p->local_shape[1];
         /* Ownership is per row (replicated kv rows), and owned rows come in
          * at most two runs per tensor: sum each run with one backend call. */
-        size_t run = a;  /* start of the current owned run */
+        size_t run = a; /* start of the current owned run */
         int owned = 0;
         for (size_t k = a; k < b;) {
             const size_t row = (k - p->offset) / cols;

@@ -27,20 +27,20 @@ typedef enum { ROLE_EMBED = 0, ROLE_BLOCK = 1, ROLE_HEAD = 2 } ParamRole;
 
 typedef struct {
     char name[PARAM_NAME];
-    int ndim;                 /* 1 or 2 */
-    int64_t shape[2];         /* global shape (vocabulary rows padded) */
-    int split_dim;            /* split over TP: -1 replicated, 0 rows, 1 columns */
-    ParamRole role;           /* embeddings: first stage; head: last stage */
-    int layer;                /* transformer layer for ROLE_BLOCK, else -1 */
-    int decay;                /* AdamW weight decay applies (not norms, biases) */
+    int ndim;         /* 1 or 2 */
+    int64_t shape[2]; /* global shape (vocabulary rows padded) */
+    int split_dim;    /* split over TP: -1 replicated, 0 rows, 1 columns */
+    ParamRole role;   /* embeddings: first stage; head: last stage */
+    int layer;        /* transformer layer for ROLE_BLOCK, else -1 */
+    int decay;        /* AdamW weight decay applies (not norms, biases) */
     InitKind init;
-    float std;                /* for INIT_NORMAL */
+    float std; /* for INIT_NORMAL */
 
     /* This rank's piece. */
     int64_t local_shape[2];
-    int64_t local_start[2];   /* first global row/column held */
-    size_t numel;             /* local elements */
-    size_t offset;            /* element offset in the rank's flat buffers */
+    int64_t local_start[2]; /* first global row/column held */
+    size_t numel;           /* local elements */
+    size_t offset;          /* element offset in the rank's flat buffers */
 
     /* Replicated kv heads (the fused qkv weight and bias when tp > kv_heads,
      * tp % kv_heads == 0).  Each rank holds its query heads' rows, then the
@@ -50,10 +50,10 @@ typedef struct {
      * kv_start + (r - kv_row).  Otherwise kv_share = 1, kv_row =
      * local_shape[0] (every row is contiguous).  Use params_global_row. */
     int kv_share;
-    int64_t real_rows;        /* global rows that carry information: the vocabulary
+    int64_t real_rows; /* global rows that carry information: the vocabulary
                                * for wte/head (rows past it are padding, zero from
                                * init on and never updated), else shape[0] */
-    int tied_copy;            /* the last stage's copy of a tied embedding: owned by
+    int tied_copy;     /* the last stage's copy of a tied embedding: owned by
                                * the first stage (params_row_owned says 0 here) */
     int64_t kv_row, kv_start;
 } ParamSpec;
@@ -65,14 +65,14 @@ typedef struct {
  * is the model stage c * pp + r).  The flat buffers hold the outer tensors,
  * then the held layers in ascending order. */
 typedef struct {
-    int begin, end;              /* transformer layers [begin, end) */
+    int begin, end; /* transformer layers [begin, end) */
 } LayerRange;
 
 typedef struct {
     int tp, tp_rank;
-    int n_chunks;                /* >= 1 */
+    int n_chunks; /* >= 1 */
     LayerRange chunk[CFG_MAX_VIRTUAL];
-    int has_embed, has_head;     /* embeddings (first model stage) / final norm
+    int has_embed, has_head; /* embeddings (first model stage) / final norm
                                     and head (last model stage) */
 } ParamShard;
 
@@ -89,9 +89,9 @@ int params_shard_chunk_of(const ParamShard *sh, int l);
 typedef struct {
     ParamSpec *p;
     int n;
-    size_t numel;             /* total local elements */
-    size_t global_numel;      /* elements of the whole (unsharded) model */
-    int tp, tp_rank;          /* of the shard the table was built for */
+    size_t numel;        /* total local elements */
+    size_t global_numel; /* elements of the whole (unsharded) model */
+    int tp, tp_rank;     /* of the shard the table was built for */
 } ParamTable;
 
 /* The single-rank shard: everything. */

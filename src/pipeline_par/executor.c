@@ -25,7 +25,7 @@ typedef struct {
     const PpChunkOps *st;
     Comm *pp;
     PpExecStats *stats;
-    PendingSend *pending;   /* room for every send of the list */
+    PendingSend *pending; /* room for every send of the list */
     int n_pending;
 } Exec;
 
@@ -75,10 +75,7 @@ static int overlaps(const float *a, const float *b, size_t n)
     return x < y + len && y < x + len;
 }
 
-static void drop_pending(Exec *e, int i)
-{
-    e->pending[i] = e->pending[--e->n_pending];
-}
+static void drop_pending(Exec *e, int i) { e->pending[i] = e->pending[--e->n_pending]; }
 
 /* Test every pending send (this also moves MPI along) and forget the
  * completed ones. */
@@ -195,7 +192,8 @@ static void run_instr(Exec *e, const PpInstr *in, float *buf, const float *last_
 static int check_fit(const PpSchedule *s, const PpChunkOps *st, const Comm *pp, char err[CFG_ERR])
 {
     if (s->pp != pp->size || s->rank != pp->rank)
-        return trd_errorf(err, "schedule for pipeline rank %d of %d run on rank %d of a group of %d",
+        return trd_errorf(err,
+                          "schedule for pipeline rank %d of %d run on rank %d of a group of %d",
                           s->rank, s->pp, pp->rank, pp->size);
     if (!st->forward || !st->backward)
         return trd_errorf(err, "pipeline stage without forward or backward callback");
@@ -211,19 +209,23 @@ static int check_fit(const PpSchedule *s, const PpChunkOps *st, const Comm *pp, 
             continue;
         comm = 1;
         if (in->peer < 0 || in->peer >= s->pp)
-            return trd_errorf(err, "instruction %d: peer %d outside the group of %d", i,
-                              in->peer, s->pp);
+            return trd_errorf(err, "instruction %d: peer %d outside the group of %d", i, in->peer,
+                              s->pp);
         PpOp before = in->op == PP_SEND_ACT ? PP_FWD : PP_BWD;
         if ((in->op == PP_SEND_ACT || in->op == PP_SEND_GRAD) &&
             (i == 0 || s->ins[i - 1].op != before || s->ins[i - 1].mb != in->mb ||
              s->ins[i - 1].chunk != in->chunk))
-            return trd_errorf(err, "instruction %d: a send must follow the compute of its "
-                                   "micro-batch and chunk", i);
+            return trd_errorf(err,
+                              "instruction %d: a send must follow the compute of its "
+                              "micro-batch and chunk",
+                              i);
     }
-    if (comm && (st->act_elems == 0 || !st->act_in || !st->act_out || !st->grad_in ||
-                 !st->grad_out))
-        return trd_errorf(err, "pipeline stage without message buffers (act_elems %zu, "
-                               "accessors) for a schedule that communicates", st->act_elems);
+    if (comm &&
+        (st->act_elems == 0 || !st->act_in || !st->act_out || !st->grad_in || !st->grad_out))
+        return trd_errorf(err,
+                          "pipeline stage without message buffers (act_elems %zu, "
+                          "accessors) for a schedule that communicates",
+                          st->act_elems);
     return 0;
 }
 
@@ -265,7 +267,10 @@ int pp_execute(const PpSchedule *s, const PpChunkOps *st, Comm *pp, PpExecStats 
     int sends = 0;
     for (int i = 0; i < s->n; i++)
         sends += s->ins[i].op == PP_SEND_ACT || s->ins[i].op == PP_SEND_GRAD;
-    Exec e = {.s = s, .st = st, .pp = pp, .stats = stats,
+    Exec e = {.s = s,
+              .st = st,
+              .pp = pp,
+              .stats = stats,
               .pending = trd_malloc((size_t)(sends ? sends : 1) * sizeof(PendingSend),
                                     "pipeline pending sends")};
     const float **last_out = trd_calloc((size_t)s->v, sizeof *last_out, "pipeline out buffers");
@@ -282,8 +287,8 @@ int pp_execute(const PpSchedule *s, const PpChunkOps *st, Comm *pp, PpExecStats 
     }
     wait_all_sends(&e); /* a list always ends in REDUCE; this is for hand-made ones */
     stats->elapsed_s = now() - stats->t0;
-    stats->busy_s = stats->op_s[PP_FWD] + stats->op_s[PP_BWD] + stats->op_s[PP_REDUCE] +
-                    stats->op_s[PP_STEP];
+    stats->busy_s =
+        stats->op_s[PP_FWD] + stats->op_s[PP_BWD] + stats->op_s[PP_REDUCE] + stats->op_s[PP_STEP];
     stats->wait_s = stats->op_s[PP_RECV_ACT] + stats->op_s[PP_RECV_GRAD] + stats->send_wait_s;
     free(last_out);
     free(e.pending);

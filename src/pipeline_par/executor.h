@@ -63,8 +63,8 @@
 
 /* One model chunk per local chunk index c (global stage c * pp + rank). */
 typedef struct {
-    void *ctx;                                  /* passed to every callback */
-    size_t act_elems;                           /* floats in every message */
+    void *ctx;        /* passed to every callback */
+    size_t act_elems; /* floats in every message */
     /* Forward of (mb, c): stage 0 reads its own input, others act_in(mb, c);
      * the last stage computes the loss, others write act_out(mb, c). */
     void (*forward)(void *ctx, int mb, int chunk);

@@ -24,8 +24,8 @@ typedef struct {
  * chunks in reverse.  With v = 1 this is simply micro-batch k. */
 static MbChunk nth_pass(int pp, int m, int v, int k, int bwd)
 {
-    int full = m / pp;            /* groups of exactly pp micro-batches */
-    int first, size;              /* the group of k */
+    int full = m / pp; /* groups of exactly pp micro-batches */
+    int first, size;   /* the group of k */
     if (k < full * pp * v) {
         first = k / (pp * v) * pp;
         size = pp;
@@ -105,11 +105,10 @@ static int check_args(ScheduleKind kind, int pp, int rank, int m, int v, char er
     if (v < 1)
         return trd_errorf(err, "virtual stages %d must be >= 1", v);
     if (v > 1 && kind != SCHED_INTERLEAVED)
-        return trd_errorf(err, "virtual stages %d > 1 need the interleaved schedule, not %s",
-                          v, pp_schedule_name(kind));
+        return trd_errorf(err, "virtual stages %d > 1 need the interleaved schedule, not %s", v,
+                          pp_schedule_name(kind));
     if ((long long)m * v * 6 + 2 > 1 << 28)
-        return trd_errorf(err, "%d micro-batches x %d virtual stages is too long a schedule",
-                          m, v);
+        return trd_errorf(err, "%d micro-batches x %d virtual stages is too long a schedule", m, v);
     return 0;
 }
 
@@ -167,10 +166,7 @@ double pp_bubble_fraction(int pp, int m, int v)
     return (double)(pp - 1) / ((double)v * m + pp - 1);
 }
 
-double pp_bubble_ratio(int pp, int m, int v)
-{
-    return (double)(pp - 1) / ((double)v * m);
-}
+double pp_bubble_ratio(int pp, int m, int v) { return (double)(pp - 1) / ((double)v * m); }
 
 /* ---- slots and stages ---- */
 
@@ -185,9 +181,9 @@ int pp_schedule_chunk_slots(const PpSchedule *s, int chunk)
             continue;
         if (in->op == PP_RECV_ACT || in->op == PP_FWD) {
             if (in->mb == open)
-                open++;                                        /* a new live micro-batch */
+                open++; /* a new live micro-batch */
             else if (in->mb < closed || in->mb >= open)
-                return -1;                                     /* not forward-after-receive */
+                return -1; /* not forward-after-receive */
             if (open - closed > widest)
                 widest = open - closed;
         } else if (in->op == PP_BWD) {

@@ -39,14 +39,14 @@
 #include "model/params.h"
 
 typedef enum {
-    PP_FWD = 0,       /* forward of (mb, chunk) */
-    PP_BWD,           /* backward of (mb, chunk) */
-    PP_SEND_ACT,      /* send chunk's output activation of mb to peer (next stage) */
-    PP_RECV_ACT,      /* receive chunk's input activation of mb from peer (previous stage) */
-    PP_SEND_GRAD,     /* send the gradient of chunk's input of mb to peer (previous stage) */
-    PP_RECV_GRAD,     /* receive the gradient of chunk's output of mb from peer (next stage) */
-    PP_REDUCE,        /* end of step: data-parallel gradient reduction */
-    PP_STEP,          /* end of step: optimizer step */
+    PP_FWD = 0,   /* forward of (mb, chunk) */
+    PP_BWD,       /* backward of (mb, chunk) */
+    PP_SEND_ACT,  /* send chunk's output activation of mb to peer (next stage) */
+    PP_RECV_ACT,  /* receive chunk's input activation of mb from peer (previous stage) */
+    PP_SEND_GRAD, /* send the gradient of chunk's input of mb to peer (previous stage) */
+    PP_RECV_GRAD, /* receive the gradient of chunk's output of mb from peer (next stage) */
+    PP_REDUCE,    /* end of step: data-parallel gradient reduction */
+    PP_STEP,      /* end of step: optimizer step */
     PP_OPS
 } PpOp;
 
@@ -65,7 +65,7 @@ typedef struct {
 typedef struct {
     ScheduleKind kind;
     int pp, rank, m, v;
-    PpInstr *ins;     /* n instructions, room for cap (trd_malloc'ed) */
+    PpInstr *ins; /* n instructions, room for cap (trd_malloc'ed) */
     int n, cap;
 } PpSchedule;
 
@@ -105,11 +105,11 @@ typedef struct {
     double bubble;       /* (step_time - ideal_time) / step_time: idle share of the step */
     double bubble_ratio; /* (step_time - ideal_time) / ideal_time: the paper's measure */
     /* per rank, [pp] */
-    double *busy;        /* compute time */
-    double *finish;      /* time of its last instruction */
-    double *idle;        /* (step_time - busy) / step_time */
-    int *peak_inflight;  /* most (mb, chunk) pairs with forward done, backward not */
-    double **start;      /* start[r][i]: when ranks[r].ins[i] began (receive: when
+    double *busy;       /* compute time */
+    double *finish;     /* time of its last instruction */
+    double *idle;       /* (step_time - busy) / step_time */
+    int *peak_inflight; /* most (mb, chunk) pairs with forward done, backward not */
+    double **start;     /* start[r][i]: when ranks[r].ins[i] began (receive: when
                             the data was there) */
 } PpSimResult;
 
@@ -122,8 +122,7 @@ typedef struct {
  * every rank finishes (a rank left waiting is reported as a deadlock).  Also times the
  * step with `cost`.  Returns 0 with res filled (free with pp_sim_free), or -1
  * with the first violation in err (res holds nothing). */
-int pp_simulate(const PpSchedule *ranks, int pp, PpCost cost, PpSimResult *res,
-                char err[CFG_ERR]);
+int pp_simulate(const PpSchedule *ranks, int pp, PpCost cost, PpSimResult *res, char err[CFG_ERR]);
 void pp_sim_free(PpSimResult *res);
 
 /* The textbook bubble with v chunks (v = 1 for 1F1B and GPipe) and equal
@@ -134,7 +133,7 @@ double pp_bubble_ratio(int pp, int m, int v);
 
 /* ---- printing ---- */
 
-const char *pp_op_name(PpOp op);   /* "fwd", "recv-act", ... */
+const char *pp_op_name(PpOp op);                 /* "fwd", "recv-act", ... */
 const char *pp_schedule_name(ScheduleKind kind); /* "1f1b", "interleaved", "gpipe" */
 
 /* One instruction in words: "recv-act mb 3 chunk 1 from rank 2". */

@@ -9,29 +9,33 @@
 #include "core/error.h"
 
 static const char *const OP_NAMES[PP_OPS] = {
-    [PP_FWD] = "fwd",           [PP_BWD] = "bwd",
-    [PP_SEND_ACT] = "send-act", [PP_RECV_ACT] = "recv-act",
-    [PP_SEND_GRAD] = "send-grad", [PP_RECV_GRAD] = "recv-grad",
-    [PP_REDUCE] = "reduce",     [PP_STEP] = "step",
+    [PP_FWD] = "fwd",
+    [PP_BWD] = "bwd",
+    [PP_SEND_ACT] = "send-act",
+    [PP_RECV_ACT] = "recv-act",
+    [PP_SEND_GRAD] = "send-grad",
+    [PP_RECV_GRAD] = "recv-grad",
+    [PP_REDUCE] = "reduce",
+    [PP_STEP] = "step",
 };
 
 /* Short forms of the compact rendering: F/B compute, < receive, > send. */
 static const char *const OP_TOKENS[PP_OPS] = {
-    [PP_FWD] = "F",     [PP_BWD] = "B",      [PP_SEND_ACT] = ">a", [PP_RECV_ACT] = "<a",
-    [PP_SEND_GRAD] = ">g", [PP_RECV_GRAD] = "<g", [PP_REDUCE] = "R",  [PP_STEP] = "S",
+    [PP_FWD] = "F",        [PP_BWD] = "B",        [PP_SEND_ACT] = ">a", [PP_RECV_ACT] = "<a",
+    [PP_SEND_GRAD] = ">g", [PP_RECV_GRAD] = "<g", [PP_REDUCE] = "R",    [PP_STEP] = "S",
 };
 
-const char *pp_op_name(PpOp op)
-{
-    return (unsigned)op < PP_OPS ? OP_NAMES[op] : "?";
-}
+const char *pp_op_name(PpOp op) { return (unsigned)op < PP_OPS ? OP_NAMES[op] : "?"; }
 
 const char *pp_schedule_name(ScheduleKind kind)
 {
     switch (kind) {
-    case SCHED_1F1B: return "1f1b";
-    case SCHED_INTERLEAVED: return "interleaved";
-    case SCHED_GPIPE: return "gpipe";
+    case SCHED_1F1B:
+        return "1f1b";
+    case SCHED_INTERLEAVED:
+        return "interleaved";
+    case SCHED_GPIPE:
+        return "gpipe";
     }
     return "?";
 }
@@ -88,11 +92,13 @@ static void print_bubble(FILE *f, const PpSchedule *s, const PpSimResult *sim)
 {
     int v = s->kind == SCHED_INTERLEAVED ? s->v : 1;
     double frac = pp_bubble_fraction(s->pp, s->m, v), ratio = pp_bubble_ratio(s->pp, s->m, v);
-    fprintf(f, "timing model: forward %g, backward %g per micro-batch and stage, free "
-               "communication: step %.4g, ideal %.4g\n",
+    fprintf(f,
+            "timing model: forward %g, backward %g per micro-batch and stage, free "
+            "communication: step %.4g, ideal %.4g\n",
             sim->cost.fwd, sim->cost.bwd, sim->step_time, sim->ideal_time);
-    fprintf(f, "bubble: %.2f%% of the step (formula (p-1)/(v*m+p-1) = %.2f%%); "
-               "%.4f of the ideal time (paper (p-1)/(v*m) = %.4f)\n",
+    fprintf(f,
+            "bubble: %.2f%% of the step (formula (p-1)/(v*m+p-1) = %.2f%%); "
+            "%.4f of the ideal time (paper (p-1)/(v*m) = %.4f)\n",
             100 * sim->bubble, 100 * frac, sim->bubble_ratio, ratio);
     fprintf(f, "peak in-flight micro-batches per rank (forward done, backward not):");
     for (int r = 0; r < s->pp; r++) {
@@ -107,8 +113,9 @@ static void print_bubble(FILE *f, const PpSchedule *s, const PpSimResult *sim)
         fprintf(f, " %d", sim->peak_inflight[r]);
     fprintf(f, "%s\n", s->v > 1 ? ")" : "");
     if (s->kind == SCHED_INTERLEAVED && s->v > 1 && s->m % s->pp)
-        fprintf(f, "note: pp %d does not divide %d micro-batches, so the last group of "
-                   "micro-batches is smaller and the bubble exceeds the formula\n",
+        fprintf(f,
+                "note: pp %d does not divide %d micro-batches, so the last group of "
+                "micro-batches is smaller and the bubble exceeds the formula\n",
                 s->pp, s->m);
 }
 
@@ -120,8 +127,7 @@ void pp_schedule_print(FILE *f, const PpSchedule *ranks, int pp, const PpSimResu
             pp_schedule_name(s0->kind), pp, s0->m, s0->v, s0->v > 1 ? "s" : "");
     fprintf(f, "  F<mb>%s forward, B<mb>%s backward%s\n", s0->v > 1 ? ".<chunk>" : "",
             s0->v > 1 ? ".<chunk>" : "",
-            with_comm ? "; <a/<g receive, >a/>g send activation/gradient; R reduce, S step"
-                      : "");
+            with_comm ? "; <a/<g receive, >a/>g send activation/gradient; R reduce, S step" : "");
     int width = pp > 10 ? 2 : 1;
     for (int r = 0; r < pp; r++) {
         size_t len = (size_t)ranks[r].n * 16 + 1;

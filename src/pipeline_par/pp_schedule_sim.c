@@ -24,16 +24,16 @@ typedef struct {
     const PpSchedule *ranks;
     int pp, m, v, stages;
     PpCost cost;
-    unsigned char *state;   /* [stage * m + mb] */
-    unsigned char *sent;    /* [msg]: number of sends posted (0 or 1) */
-    unsigned char *recvd;   /* [msg]: number of receives done */
-    double *sent_at;        /* [msg] */
-    int *seq;               /* [msg]: its place among the sends of its channel */
+    unsigned char *state;        /* [stage * m + mb] */
+    unsigned char *sent;         /* [msg]: number of sends posted (0 or 1) */
+    unsigned char *recvd;        /* [msg]: number of receives done */
+    double *sent_at;             /* [msg] */
+    int *seq;                    /* [msg]: its place among the sends of its channel */
     int *chan_sent, *chan_recvd; /* [channel]: messages posted and received */
-    int *pc;                /* [rank]: next instruction */
-    double *clock;          /* [rank] */
-    int *inflight;          /* [rank] */
-    unsigned char *phase;   /* [rank]: 0 running, 1 reduced, 2 stepped */
+    int *pc;                     /* [rank]: next instruction */
+    double *clock;               /* [rank] */
+    int *inflight;               /* [rank] */
+    unsigned char *phase;        /* [rank]: 0 running, 1 reduced, 2 stepped */
     PpSimResult *res;
 } Sim;
 
@@ -129,8 +129,8 @@ static int do_recv(Sim *s, int r, const PpInstr *in, int g, int from, unsigned m
         return fail_at(s, r, err, "stage %d has no %s stage to receive from", g,
                        dir == DIR_ACT ? "previous" : "next");
     if (in->peer != from % s->pp)
-        return fail_at(s, r, err, "peer should be rank %d, which holds stage %d",
-                       from % s->pp, from);
+        return fail_at(s, r, err, "peer should be rank %d, which holds stage %d", from % s->pp,
+                       from);
     unsigned char *st = &s->state[g * s->m + in->mb];
     if (*st & mark)
         return fail_at(s, r, err, "this message was already received");
@@ -139,9 +139,10 @@ static int do_recv(Sim *s, int r, const PpInstr *in, int g, int from, unsigned m
         return STEP_BLOCKED;
     int *next = &s->chan_recvd[channel(s, dir, in->peer, r)];
     if (s->seq[k] != *next)
-        return fail_at(s, r, err, "received out of order: it is %s number %d from rank %d, "
-                                  "but %d came before it", dir == DIR_ACT ? "activation" :
-                                  "gradient", s->seq[k], in->peer, *next);
+        return fail_at(s, r, err,
+                       "received out of order: it is %s number %d from rank %d, "
+                       "but %d came before it",
+                       dir == DIR_ACT ? "activation" : "gradient", s->seq[k], in->peer, *next);
     (*next)++;
     s->recvd[k]++;
     *st |= mark;
@@ -163,8 +164,10 @@ static int do_end(Sim *s, int r, PpOp op, char err[CFG_ERR])
     for (int c = 0; c < s->v; c++)
         for (int mb = 0; mb < s->m; mb++)
             if (!(s->state[pp_stage(s->pp, r, c) * s->m + mb] & ST_BWD))
-                return fail_at(s, r, err, "reduces gradients before the backward of mb %d "
-                                          "chunk %d", mb, c);
+                return fail_at(s, r, err,
+                               "reduces gradients before the backward of mb %d "
+                               "chunk %d",
+                               mb, c);
     s->phase[r] = 1;
     return STEP_DONE;
 }
@@ -186,13 +189,20 @@ static int step_rank(Sim *s, int r, char err[CFG_ERR])
     int g = pp_stage(s->pp, r, in->chunk);
     unsigned char *st = &s->state[g * s->m + in->mb];
     switch (in->op) {
-    case PP_FWD: return do_forward(s, r, g, st, err);
-    case PP_BWD: return do_backward(s, r, g, st, err);
-    case PP_SEND_ACT: return do_send(s, r, in, g, g + 1, ST_FWD, err);
-    case PP_SEND_GRAD: return do_send(s, r, in, g, g - 1, ST_BWD, err);
-    case PP_RECV_ACT: return do_recv(s, r, in, g, g - 1, ST_ACT_IN, err);
-    case PP_RECV_GRAD: return do_recv(s, r, in, g, g + 1, ST_GRAD_IN, err);
-    default: return fail_at(s, r, err, "unexpected operation");
+    case PP_FWD:
+        return do_forward(s, r, g, st, err);
+    case PP_BWD:
+        return do_backward(s, r, g, st, err);
+    case PP_SEND_ACT:
+        return do_send(s, r, in, g, g + 1, ST_FWD, err);
+    case PP_SEND_GRAD:
+        return do_send(s, r, in, g, g - 1, ST_BWD, err);
+    case PP_RECV_ACT:
+        return do_recv(s, r, in, g, g - 1, ST_ACT_IN, err);
+    case PP_RECV_GRAD:
+        return do_recv(s, r, in, g, g + 1, ST_GRAD_IN, err);
+    default:
+        return fail_at(s, r, err, "unexpected operation");
     }
 }
 
@@ -248,10 +258,10 @@ static int check_finished(const Sim *s, char err[CFG_ERR])
             for (int g = 0; g < s->stages; g++) {
                 int k = msg_index(s, dir, mb, g);
                 if (s->sent[k] && !s->recvd[k])
-                    return trd_errorf(err, "the %s of mb %d sent by stage %d (rank %d) is "
-                                           "never received",
-                                      dir == DIR_ACT ? "activation" : "gradient", mb, g,
-                                      g % s->pp);
+                    return trd_errorf(err,
+                                      "the %s of mb %d sent by stage %d (rank %d) is "
+                                      "never received",
+                                      dir == DIR_ACT ? "activation" : "gradient", mb, g, g % s->pp);
             }
     return 0;
 }
@@ -262,11 +272,12 @@ static int check_lists(const PpSchedule *ranks, int pp, char err[CFG_ERR])
         return trd_errorf(err, "no ranks to simulate");
     for (int r = 0; r < pp; r++) {
         const PpSchedule *q = &ranks[r];
-        if (q->pp != pp || q->rank != r || q->m != ranks[0].m || q->v != ranks[0].v ||
-            q->m < 1 || q->v < 1)
-            return trd_errorf(err, "list %d is for rank %d of %d (m %d, v %d), not rank %d of "
-                                   "%d (m %d, v %d)", r, q->rank, q->pp, q->m, q->v, r, pp,
-                              ranks[0].m, ranks[0].v);
+        if (q->pp != pp || q->rank != r || q->m != ranks[0].m || q->v != ranks[0].v || q->m < 1 ||
+            q->v < 1)
+            return trd_errorf(err,
+                              "list %d is for rank %d of %d (m %d, v %d), not rank %d of "
+                              "%d (m %d, v %d)",
+                              r, q->rank, q->pp, q->m, q->v, r, pp, ranks[0].m, ranks[0].v);
     }
     return 0;
 }
@@ -342,15 +353,13 @@ static void summarize(const Sim *s, PpSimResult *res)
         res->idle[r] = t > 0 ? (t - res->busy[r]) / t : 0;
 }
 
-int pp_simulate(const PpSchedule *ranks, int pp, PpCost cost, PpSimResult *res,
-                char err[CFG_ERR])
+int pp_simulate(const PpSchedule *ranks, int pp, PpCost cost, PpSimResult *res, char err[CFG_ERR])
 {
     memset(res, 0, sizeof *res);
     if (check_lists(ranks, pp, err))
         return -1;
     if (!(cost.fwd >= 0 && cost.bwd >= 0))
-        return trd_errorf(err, "costs must be >= 0 (forward %g, backward %g)", cost.fwd,
-                          cost.bwd);
+        return trd_errorf(err, "costs must be >= 0 (forward %g, backward %g)", cost.fwd, cost.bwd);
     alloc_result(res, ranks, pp);
     Sim s;
     sim_init(&s, ranks, pp, cost, res);

@@ -18,10 +18,10 @@ struct PpStage {
     PpChunkOps ops;
     PpExecStats stats;
     int n_micro, BT;
-    int v;                       /* model chunks on this rank (virtual stages) */
-    Model *m[CFG_MAX_VIRTUAL];   /* chunk c: model stage c * pp + rank */
+    int v;                     /* model chunks on this rank (virtual stages) */
+    Model *m[CFG_MAX_VIRTUAL]; /* chunk c: model stage c * pp + rank */
     LayerRange layers[CFG_MAX_VIRTUAL];
-    int slots[CFG_MAX_VIRTUAL];  /* activation sets of chunk c */
+    int slots[CFG_MAX_VIRTUAL];    /* activation sets of chunk c */
     float *gsend[CFG_MAX_VIRTUAL]; /* chunk c: slots[c] outgoing gradients [act_elems] */
     const int32_t *tokens, *targets;
     float loss_scale;
@@ -119,15 +119,15 @@ PpStage *pp_stage_create(const Config *cfg, Zero *z, Comm *pp, int n_micro, char
     p->n_micro = n_micro;
     p->v = v;
     p->BT = cfg->training.micro_batch * cfg->model.seq_len;
-    if (pp_schedule_build(&p->sched, cfg->topology.schedule, pp->size, pp->rank, n_micro, v,
-                          err) != 0) {
+    if (pp_schedule_build(&p->sched, cfg->topology.schedule, pp->size, pp->rank, n_micro, v, err) !=
+        0) {
         free(p);
         return NULL;
     }
     for (int c = 0; c < v; c++) {
         p->m[c] = zero_chunk_model(z, c);
         pp_stage_layers(cfg, pp_stage(pp->size, pp->rank, c), &p->layers[c].begin,
-                          &p->layers[c].end);
+                        &p->layers[c].end);
         /* A chunk keeps one activation set per micro-batch it holds between
          * forward and backward: pp - rank for 1F1B, m for GPipe, more for
          * the first chunks than the last ones when interleaved. */
@@ -135,16 +135,20 @@ PpStage *pp_stage_create(const Config *cfg, Zero *z, Comm *pp, int n_micro, char
         TRD_ASSERT(p->slots[c] >= 1);
         model_set_activation_sets(p->m[c], p->slots[c]);
     }
-    p->ops = (PpChunkOps){.ctx = p,
-                       .act_elems = (size_t)model_stream_rows(p->m[0]) * (size_t)cfg->model.hidden,
-                       .forward = stage_forward, .backward = stage_backward,
-                       .act_in = act_in, .act_out = act_out, .grad_in = grad_in,
-                       .grad_out = grad_out_of, .reduce = stage_reduce};
+    p->ops =
+        (PpChunkOps){.ctx = p,
+                     .act_elems = (size_t)model_stream_rows(p->m[0]) * (size_t)cfg->model.hidden,
+                     .forward = stage_forward,
+                     .backward = stage_backward,
+                     .act_in = act_in,
+                     .act_out = act_out,
+                     .grad_in = grad_in,
+                     .grad_out = grad_out_of,
+                     .reduce = stage_reduce};
     for (int c = 0; c < v; c++)
         if (!first_stage(p, c))
-            p->gsend[c] = zero_backend(z)->alloc((size_t)p->slots[c] * p->ops.act_elems *
-                                                     sizeof(float),
-                                                 "pipeline gradient sends");
+            p->gsend[c] = zero_backend(z)->alloc(
+                (size_t)p->slots[c] * p->ops.act_elems * sizeof(float), "pipeline gradient sends");
     if (cfg->training.trace) { /* the executor's timeline of each step */
         p->stats.span_cap = p->sched.n;
         p->stats.spans = trd_calloc((size_t)p->sched.n, sizeof(PpSpan), "pipeline spans");
@@ -197,16 +201,15 @@ double pp_stage_forward(PpStage *p, const int32_t *tokens, const int32_t *target
 {
     /* Through the model stages in order: chunk c of this rank takes its
      * input from the rank before (the last rank, for c > 0 on rank 0). */
-    const int pp = p->pp->size, prev = (p->pp->rank - 1 + pp) % pp,
-              next = (p->pp->rank + 1) % pp;
+    const int pp = p->pp->size, prev = (p->pp->rank - 1 + pp) % pp, next = (p->pp->rank + 1) % pp;
     const size_t n = p->ops.act_elems;
     for (int c = 0; c < p->v; c++) {
         Model *m = use_set(p, 0, c);
         const int first = first_stage(p, c), last = last_stage(p, c);
         if (!first)
             comm_recv_f32(p->pp, model_stage_input(m), n, prev, ACT_TAG);
-        const float loss = zero_chunk_forward(p->z, m, p->layers[c], first ? tokens : NULL,
-                                              last ? targets : NULL);
+        const float loss =
+            zero_chunk_forward(p->z, m, p->layers[c], first ? tokens : NULL, last ? targets : NULL);
         if (last)
             return loss;
         CommHandle h = comm_isend_f32(p->pp, model_stage_output(m), n, next, ACT_TAG);

@@ -39,7 +39,9 @@ const char *cluster_preset_names(void)
 double cluster_device_peak_tflops(const char *device)
 {
     /* A device name (CUDA's: "NVIDIA H100 80GB HBM3") and its preset. */
-    static const struct { const char *key, *preset; } known[] = {
+    static const struct {
+        const char *key, *preset;
+    } known[] = {
         {"H200", "h200"}, {"H100", "h100-sxm"}, {"A100", "a100-80gb"}, {"RTX 3090", "rtx3090"}};
     for (size_t i = 0; i < sizeof known / sizeof *known; i++)
         if (strstr(device, known[i].key))
@@ -56,8 +58,8 @@ int cluster_preset(const char *name, PlanCluster *c, char err[CFG_ERR])
             *c = PRESETS[i];
             return 0;
         }
-    return trd_errorf(err, "cluster preset '%s' is not known; presets: %s, or a YAML file",
-                      name, cluster_preset_names());
+    return trd_errorf(err, "cluster preset '%s' is not known; presets: %s, or a YAML file", name,
+                      cluster_preset_names());
 }
 
 /* ---- YAML ------------------------------------------------------------------ */
@@ -68,7 +70,7 @@ typedef struct {
     const char *key;
     FieldKind kind;
     size_t offset;
-    double min;                  /* smallest accepted value (numbers) */
+    double min; /* smallest accepted value (numbers) */
 } Field;
 
 static const Field FIELDS[] = {
@@ -151,7 +153,8 @@ static int load_mapping(yaml_document_t *d, const char *path, PlanCluster *c, ch
     }
     for (yaml_node_pair_t *p = root->data.mapping.pairs.start; p < root->data.mapping.pairs.top;
          p++) {
-        yaml_node_t *k = yaml_document_get_node(d, p->key), *v = yaml_document_get_node(d, p->value);
+        yaml_node_t *k = yaml_document_get_node(d, p->key),
+                    *v = yaml_document_get_node(d, p->value);
         const char *key = k->type == YAML_SCALAR_NODE ? (char *)k->data.scalar.value : "?";
         if (!strcmp(key, "preset"))
             continue;

@@ -21,14 +21,14 @@
 typedef struct {
     char name[64];
     int nodes, gpus_per_node;
-    double gpu_memory_gib;       /* usable memory per GPU */
-    double reserve_gib;          /* of it, taken by the runtime (context, workspaces) */
-    double peak_tflops;          /* dense bf16 per GPU */
-    double hbm_gbps;             /* memory bandwidth per GPU */
-    double nvlink_gbps, nvlink_latency_us;    /* within a node */
-    double network_gbps, network_latency_us;  /* between nodes, per GPU */
-    double gemm_efficiency;      /* achieved fraction of peak for the model's GEMMs */
-    double comm_efficiency;      /* achieved fraction of nominal link bandwidth */
+    double gpu_memory_gib;                   /* usable memory per GPU */
+    double reserve_gib;                      /* of it, taken by the runtime (context, workspaces) */
+    double peak_tflops;                      /* dense bf16 per GPU */
+    double hbm_gbps;                         /* memory bandwidth per GPU */
+    double nvlink_gbps, nvlink_latency_us;   /* within a node */
+    double network_gbps, network_latency_us; /* between nodes, per GPU */
+    double gemm_efficiency;                  /* achieved fraction of peak for the model's GEMMs */
+    double comm_efficiency;                  /* achieved fraction of nominal link bandwidth */
 } PlanCluster;
 
 /* Preset by name; nodes is 1.  Returns 0, or -1 with the preset names in err. */

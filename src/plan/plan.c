@@ -120,7 +120,8 @@ static TpCount tp_per_microbatch(const Config *cfg, const ParamShard *sh)
     const int kv_share = mc->kv_heads % p ? p / mc->kv_heads : 1;
     if (kv_share > 1) {
         const uint64_t hs = C / (uint64_t)mc->heads;
-        r.kv = (uint64_t)L * (ring(2 * hs * C, 2, kv_share) + (gpt2 ? ring(2 * hs, 2, kv_share) : 0));
+        r.kv =
+            (uint64_t)L * (ring(2 * hs * C, 2, kv_share) + (gpt2 ? ring(2 * hs, 2, kv_share) : 0));
     }
     if (sh->has_embed) { /* vocabulary-parallel lookup; GPT-2's wpe gradient is partial */
         r.tp += bound + (sp ? ring(NC, 1, p) : 0) + (gpt2 ? ring(T * C, 2, p) : 0);
@@ -165,7 +166,8 @@ static StageFlops stage_flops(const Config *cfg, const ParamShard *sh)
         head = h ? (double)h->numel : 0;
     }
     const double local_width = (double)mc->hidden / sh->tp; /* heads * head size held */
-    StageFlops f = {.block_fwd = 2 * N * block, .head_fwd = 2 * N * head,
+    StageFlops f = {.block_fwd = 2 * N * block,
+                    .head_fwd = 2 * N * head,
                     .attn_fwd = params_shard_layers(sh) * 4.0 * N * mc->seq_len * local_width,
                     .last_proj_fwd = 2 * N * proj};
     params_free(&t);
@@ -277,8 +279,7 @@ static void stage_microbatch_time(const Config *cfg, const PlanCluster *c, const
     st->flops = 3 * fwd + extra;
     st->t_compute = st->flops / (c->peak_tflops * 1e12 * c->gemm_efficiency);
     const TpCount tc = tp_per_microbatch(cfg, sh);
-    st->t_tp = comm_time(c, r->tp_link, (double)(tc.tp + tc.kv) * r->elem_act / 4, tc.calls,
-                         t->tp);
+    st->t_tp = comm_time(c, r->tp_link, (double)(tc.tp + tc.kv) * r->elem_act / 4, tc.calls, t->tp);
     if (t->pp > 1)
         st->t_p2p = 2.0 * t->virtual_stages *
                     comm_time(c, r->pp_link, (double)stream_elems(cfg) * r->elem_act, 1, 2);
@@ -300,8 +301,8 @@ static void stage_step_time(const Config *cfg, const PlanCluster *c, const PlanR
     const double P = (double)tab.numel;
     params_free(&tab);
     if (t->dp > 1) {
-        const double t_dp = comm_time(c, r->dp_link, (double)st->dp_bytes_step * r->elem_grad / 4,
-                                      4, t->dp);
+        const double t_dp =
+            comm_time(c, r->dp_link, (double)st->dp_bytes_step * r->elem_grad / 4, 4, t->dp);
         const double gather_bytes = (double)ring((uint64_t)P, 1, t->dp) * r->elem_param / 4;
         const double t_gather =
             t->zero == 1 || t->zero == 2 ? comm_time(c, r->dp_link, gather_bytes, 1, t->dp) : 0;
@@ -309,12 +310,11 @@ static void stage_step_time(const Config *cfg, const PlanCluster *c, const PlanR
         if (t->zero <= 1)
             st->t_dp_exposed = fmax(t_red - t_bwd, t_red * 0.1) + t_gather;
         else
-            st->t_dp_exposed =
-                r->n_micro * fmax(t_red / r->n_micro - st->t_compute, 0) + t_gather;
+            st->t_dp_exposed = r->n_micro * fmax(t_red / r->n_micro - st->t_compute, 0) + t_gather;
     }
     const double own = t->zero == 0 ? P : ceil(P / t->dp);
-    st->t_optimizer = 2 * (st->optimizer + own * (r->elem_param + r->elem_grad)) /
-                      (c->hbm_gbps * 1e9);
+    st->t_optimizer =
+        2 * (st->optimizer + own * (r->elem_param + r->elem_grad)) / (c->hbm_gbps * 1e9);
 }
 
 /* Pipeline rank `rank`: the shard the trainer builds for it (pp_rank_shard). */
@@ -422,8 +422,8 @@ void plan_apply_layout(Config *cfg, int tp, int pp, int dp, int zero, int micro_
     t->dp = dp;
     t->zero = zero;
     t->virtual_stages = v;
-    t->schedule = v > 1 ? SCHED_INTERLEAVED : (t->schedule == SCHED_GPIPE ? SCHED_GPIPE
-                                                                          : SCHED_1F1B);
+    t->schedule =
+        v > 1 ? SCHED_INTERLEAVED : (t->schedule == SCHED_GPIPE ? SCHED_GPIPE : SCHED_1F1B);
     t->sequence_parallel = tp > 1;
     t->n_stage_layers = 0;
     cfg->training.micro_batch = micro_batch;

@@ -25,9 +25,9 @@
 /* One pipeline rank (all its model chunks), seen from its most loaded rank:
  * TP rank 0 and DP rank 0 (ZeRO's first shard is never shorter). */
 typedef struct {
-    int layers;               /* transformer layers held */
+    int layers; /* transformer layers held */
     int has_embed, has_head;
-    int inflight;             /* micro-batches whose activations are held at peak */
+    int inflight; /* micro-batches whose activations are held at peak */
     /* bytes on the device */
     double params, grads, optimizer, buffers, activations, scratch, reserve, total;
     /* host bytes, beside total: the checkpoint's host snapshot (fp32 weights
@@ -35,16 +35,16 @@ typedef struct {
      * false on the CPU, and a device backend's host copies of its state */
     double host_ckpt;
     /* per micro-batch, this rank */
-    double flops;             /* forward + backward, recomputation included */
-    double gemm_flops;        /* of which weight GEMMs without recomputation (the
+    double flops;                        /* forward + backward, recomputation included */
+    double gemm_flops;                   /* of which weight GEMMs without recomputation (the
                                * shapes the backend multiplies: 6 x rows x weights) */
-    double t_compute, t_tp, t_p2p, t_mb;   /* seconds */
+    double t_compute, t_tp, t_p2p, t_mb; /* seconds */
     /* what src/comm counts on this rank (fp32 elements, the trainer's rule) */
-    uint64_t tp_bytes_mb;     /* TP communicator, one micro-batch */
-    uint64_t kv_bytes_mb;     /* the kv-sharing sub-group (tp > kv_heads) */
-    uint64_t pp_bytes_step;   /* pipeline sends of one step */
-    uint64_t dp_bytes_step;   /* DP communicator, one step (the metrics' comm_bytes) */
-    uint64_t embed_bytes_step;/* tied-embedding all-reduce, first and last stage */
+    uint64_t tp_bytes_mb;      /* TP communicator, one micro-batch */
+    uint64_t kv_bytes_mb;      /* the kv-sharing sub-group (tp > kv_heads) */
+    uint64_t pp_bytes_step;    /* pipeline sends of one step */
+    uint64_t dp_bytes_step;    /* DP communicator, one step (the metrics' comm_bytes) */
+    uint64_t embed_bytes_step; /* tied-embedding all-reduce, first and last stage */
     double t_dp_exposed, t_optimizer;
 } PlanStage;
 
@@ -63,16 +63,16 @@ typedef struct {
     PlanLink tp_link, dp_link, pp_link;
 
     PlanStage st[CFG_MAX_STAGES];
-    int worst;                /* the pipeline rank with the most memory */
-    double capacity;          /* device memory usable by trident, bytes */
+    int worst;       /* the pipeline rank with the most memory */
+    double capacity; /* device memory usable by trident, bytes */
     int fits;
 
     /* per step, the worst stage's rank, device bytes */
     double tp_bytes, pp_bytes, dp_bytes, embed_bytes;
 
-    double bubble;            /* idle share of the pipeline part of the step */
+    double bubble; /* idle share of the pipeline part of the step */
     double t_pipe, t_dp_exposed, t_optimizer, t_embed, t_step;
-    double model_flops_step;  /* model FLOPs of one step (MFU numerator, no recompute) */
+    double model_flops_step; /* model FLOPs of one step (MFU numerator, no recompute) */
     double tokens_per_s, mfu, tflops_per_gpu;
 } PlanResult;
 
@@ -93,8 +93,8 @@ typedef struct {
 
 /* Fill up to max candidates (best first); *n_fit the number that fit,
  * *n_tried the layouts evaluated.  Returns the number written. */
-int plan_search(const Config *cfg, const PlanCluster *c, PlanCandidate *out, int max,
-                int *n_fit, int *n_tried);
+int plan_search(const Config *cfg, const PlanCluster *c, PlanCandidate *out, int max, int *n_fit,
+                int *n_tried);
 
 /* Apply a layout to a config copy (topology and micro-batch keys). */
 void plan_apply_layout(Config *cfg, int tp, int pp, int dp, int zero, int micro_batch, int v,

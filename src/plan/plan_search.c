@@ -69,8 +69,8 @@ static int valid(Config *cfg, int world)
     return config_validate(cfg, world, err) == 0;
 }
 
-int plan_search(const Config *cfg, const PlanCluster *c, PlanCandidate *out, int max,
-                int *n_fit, int *n_tried)
+int plan_search(const Config *cfg, const PlanCluster *c, PlanCandidate *out, int max, int *n_fit,
+                int *n_tried)
 {
     static const int micro[] = {1, 2, 4, 8};
     static const int virt[] = {1, 2, 4};
@@ -117,8 +117,10 @@ int plan_suggest(const Config *cfg, const PlanCluster *c, char *buf, size_t len)
     PlanCandidate best;
     int fit, tried;
     if (plan_search(cfg, c, &best, 1, &fit, &tried) < 1 || !best.r.fits) {
-        snprintf(buf, len, "no layout of %d GPUs fits (%d tried): use more GPUs, a smaller "
-                 "global batch or a smaller model", cluster_gpus(c), tried);
+        snprintf(buf, len,
+                 "no layout of %d GPUs fits (%d tried): use more GPUs, a smaller "
+                 "global batch or a smaller model",
+                 cluster_gpus(c), tried);
         return -1;
     }
     const PlanResult *r = &best.r;
@@ -127,8 +129,9 @@ int plan_suggest(const Config *cfg, const PlanCluster *c, char *buf, size_t len)
              "%.1f GiB per GPU, %.0f tokens/s, MFU %.1f%% (best of %d layouts that fit; "
              "trident plan --search lists more)",
              r->tp, r->pp, r->dp, r->zero, r->micro_batch, r->virtual_stages,
-             r->recompute == RECOMPUTE_NONE ? "none"
-             : r->recompute == RECOMPUTE_SELECTIVE ? "selective" : "full",
+             r->recompute == RECOMPUTE_NONE        ? "none"
+             : r->recompute == RECOMPUTE_SELECTIVE ? "selective"
+                                                   : "full",
              r->st[r->worst].total / GIB, r->tokens_per_s, 100 * r->mfu, fit);
     return 0;
 }

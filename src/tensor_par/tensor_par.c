@@ -6,12 +6,15 @@
 
 #include "core/error.h"
 
-TpGroup tp_group_layout(const Backend *be, int size, int rank, int sequence_parallel,
-                        int kv_share)
+TpGroup tp_group_layout(const Backend *be, int size, int rank, int sequence_parallel, int kv_share)
 {
     TRD_ASSERT(size >= 1 && rank >= 0 && rank < size && kv_share >= 1);
-    TpGroup g = {.be = be, .comm = NULL, .kv = {.mpi = MPI_COMM_NULL, .rank = -1, .size = 0},
-                 .size = size, .rank = rank, .sp = size > 1 && sequence_parallel,
+    TpGroup g = {.be = be,
+                 .comm = NULL,
+                 .kv = {.mpi = MPI_COMM_NULL, .rank = -1, .size = 0},
+                 .size = size,
+                 .rank = rank,
+                 .sp = size > 1 && sequence_parallel,
                  .kv_share = kv_share};
     return g;
 }
@@ -22,11 +25,12 @@ void tp_group_attach(TpGroup *g, Comm *tp)
     if (size != g->size || rank != g->rank)
         trd_fatal(TRD_EXIT_RUNTIME, "pass the TP communicator of this rank (TopologyComms.tp)",
                   "tensor parallel: the model was built for tp rank %d of %d, but the "
-                  "communicator is rank %d of %d", g->rank, g->size, rank, size);
+                  "communicator is rank %d of %d",
+                  g->rank, g->size, rank, size);
     g->comm = tp;
     comm_free(&g->kv);
     if (g->kv_share > 1)
-        /* Ranks r with the same r / kv_share hold the same kv group. */
+    /* Ranks r with the same r / kv_share hold the same kv group. */
     {
         g->kv = comm_split(tp, g->rank / g->kv_share, g->rank);
         comm_set_name(&g->kv, "tp-kv");

@@ -44,8 +44,8 @@
 
 typedef struct {
     const Backend *be; /* whose memory holds the buffers, whose ops the boundaries run */
-    Comm *comm;   /* the TP group; NULL until attached (then size must be 1) */
-    Comm kv;      /* the kv_share ranks holding the same replicated kv heads,
+    Comm *comm;        /* the TP group; NULL until attached (then size must be 1) */
+    Comm kv;           /* the kv_share ranks holding the same replicated kv heads,
                      or MPI_COMM_NULL (kv_share 1) */
     int size, rank;
     int sp;       /* sequence parallel (only meaningful when size > 1) */
@@ -54,8 +54,7 @@ typedef struct {
 
 /* The layout of rank `rank` of `size` (no communicator yet): what a model
  * needs to size its buffers at creation. */
-TpGroup tp_group_layout(const Backend *be, int size, int rank, int sequence_parallel,
-                        int kv_share);
+TpGroup tp_group_layout(const Backend *be, int size, int rank, int sequence_parallel, int kv_share);
 /* Attach the TP communicator (its size and rank must match the layout) and
  * create the kv-sharing sub-communicator when kv_share > 1.  Collective
  * over tp when kv_share > 1. */
@@ -109,8 +108,8 @@ void tp_kv_allreduce(TpGroup *g, float *rows, size_t n);
  * out: [tp_stream_rows, C] (the residual stream entering layer 0);
  * full: [N, C] scratch, may equal out when not SP.  wpe may be NULL. */
 void tp_embedding_forward(const Backend *be, TpGroup *g, float *out, float *full,
-                          const int32_t *tokens, const float *wte, const float *wpe, int N,
-                          int T, int C, int vocab_start, int Vp);
+                          const int32_t *tokens, const float *wte, const float *wpe, int N, int T,
+                          int C, int vocab_start, int Vp);
 /* dout: the stream gradient [tp_stream_rows, C].  Adds into dwte (complete:
  * this rank's rows) and dwpe (may be NULL): each rank's position gradient is
  * partial (its tokens only), so with tp > 1 it goes through dwpe_scratch
@@ -134,8 +133,7 @@ void tp_embedding_backward(const Backend *be, TpGroup *g, float *dwte, float *dw
 void tp_crossentropy_forward(TpGroup *g, float *losses, float *stats, const float *logits,
                              const int32_t *targets, const int32_t *host_targets, int N, int V,
                              int Vp, int vocab_start, int vocab);
-void tp_crossentropy_backward(TpGroup *g, float *logits, const float *stats,
-                              const int32_t *targets, float dloss, int N, int V, int Vp,
-                              int vocab_start);
+void tp_crossentropy_backward(TpGroup *g, float *logits, const float *stats, const int32_t *targets,
+                              float dloss, int N, int V, int Vp, int vocab_start);
 
 #endif

@@ -8,8 +8,8 @@
 /* ---- embedding ---- */
 
 void tp_embedding_forward(const Backend *be, TpGroup *g, float *out, float *full,
-                          const int32_t *tokens, const float *wte, const float *wpe, int N,
-                          int T, int C, int vocab_start, int Vp)
+                          const int32_t *tokens, const float *wte, const float *wpe, int N, int T,
+                          int C, int vocab_start, int Vp)
 {
     if (!tp_active(g)) {
         be->embedding_forward(out, tokens, wte, wpe, N, T, C, vocab_start, Vp);
@@ -36,8 +36,7 @@ void tp_embedding_backward(const Backend *be, TpGroup *g, float *dwte, float *dw
      * dwpe: only the rows whose token this rank owns; summed over TP. */
     if (dwpe)
         be->zero(dwpe_scratch, (size_t)T * (size_t)C * sizeof(float));
-    be->embedding_backward(dwte, dwpe ? dwpe_scratch : NULL, d, tokens, N, T, C, vocab_start,
-                           Vp);
+    be->embedding_backward(dwte, dwpe ? dwpe_scratch : NULL, d, tokens, N, T, C, vocab_start, Vp);
     if (dwpe)
         tp_add_reduced_grad(g, dwpe, dwpe_scratch, (size_t)T * (size_t)C);
 }
@@ -69,9 +68,8 @@ void tp_crossentropy_forward(TpGroup *g, float *losses, float *stats, const floa
     g->be->vocab_loss(losses, stats, targets, N);
 }
 
-void tp_crossentropy_backward(TpGroup *g, float *logits, const float *stats,
-                              const int32_t *targets, float dloss, int N, int V, int Vp,
-                              int vocab_start)
+void tp_crossentropy_backward(TpGroup *g, float *logits, const float *stats, const int32_t *targets,
+                              float dloss, int N, int V, int Vp, int vocab_start)
 {
     g->be->vocab_backward(logits, stats, targets, dloss, N, V, Vp, vocab_start);
 }

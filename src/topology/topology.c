@@ -9,12 +9,7 @@
 
 static const char *const AXIS_NAMES[TOPO_AXES] = {"tp", "dp", "pp"};
 
-const char *topology_axis_name(TopoAxis a)
-{
-    return a >= 0 && a < TOPO_AXES ? AXIS_NAMES[a] : "?";
-}
-
-
+const char *topology_axis_name(TopoAxis a) { return a >= 0 && a < TOPO_AXES ? AXIS_NAMES[a] : "?"; }
 
 /* "tp-dp-pp" -> {TP, DP, PP}.  The config validates the string too; this
  * check keeps the core safe for callers that build a TopologyConfig by hand. */
@@ -51,8 +46,8 @@ int topology_rank_of(const Topology *t, int tp, int dp, int pp)
 TopoGroup topology_group_of(const Topology *t, int rank, TopoAxis axis)
 {
     int c = rank / t->stride[axis] % t->size[axis];
-    return (TopoGroup){.first = rank - c * t->stride[axis], .stride = t->stride[axis],
-                       .size = t->size[axis]};
+    return (TopoGroup){
+        .first = rank - c * t->stride[axis], .stride = t->stride[axis], .size = t->size[axis]};
 }
 
 /* Sizes from the config: dp 0 means world / (tp * pp). */
@@ -61,21 +56,25 @@ static int set_sizes(Topology *t, const TopologyConfig *tc, int world, char err[
     if (world < 1)
         return trd_errorf(err, "the world size (%d) must be >= 1", world);
     if (tc->tp < 1 || tc->pp < 1 || tc->dp < 0)
-        return trd_errorf(err, "topology.tp (%d) and topology.pp (%d) must be >= 1 and "
-                         "topology.dp (%d) >= 0 (0 = auto)", tc->tp, tc->pp, tc->dp);
+        return trd_errorf(err,
+                          "topology.tp (%d) and topology.pp (%d) must be >= 1 and "
+                          "topology.dp (%d) >= 0 (0 = auto)",
+                          tc->tp, tc->pp, tc->dp);
     long long mp = (long long)tc->tp * tc->pp;
     int dp = tc->dp;
     if (dp == 0) {
         if (world % mp)
-            return trd_errorf(err, "the world size %d is not divisible by topology.tp (%d) x "
-                             "topology.pp (%d) = %lld; launch a multiple of %lld ranks",
-                        world, tc->tp, tc->pp, mp, mp);
+            return trd_errorf(err,
+                              "the world size %d is not divisible by topology.tp (%d) x "
+                              "topology.pp (%d) = %lld; launch a multiple of %lld ranks",
+                              world, tc->tp, tc->pp, mp, mp);
         dp = (int)(world / mp);
     }
     if (mp * dp != world)
-        return trd_errorf(err, "topology.tp (%d) x topology.pp (%d) x topology.dp (%d) = %lld but "
-                         "the world size is %d; set dp: auto or launch %lld ranks",
-                    tc->tp, tc->pp, dp, mp * dp, world, mp * dp);
+        return trd_errorf(err,
+                          "topology.tp (%d) x topology.pp (%d) x topology.dp (%d) = %lld but "
+                          "the world size is %d; set dp: auto or launch %lld ranks",
+                          tc->tp, tc->pp, dp, mp * dp, world, mp * dp);
     t->world = world;
     t->size[TOPO_TP] = tc->tp;
     t->size[TOPO_DP] = dp;
@@ -87,15 +86,16 @@ static int set_nodes(Topology *t, int ranks_per_node, char err[CFG_ERR])
 {
     if (ranks_per_node < 0)
         return trd_errorf(err, "ranks per node (%d) must be >= 1 (0 = all ranks on one node)",
-                    ranks_per_node);
+                          ranks_per_node);
     int rpn = ranks_per_node ? ranks_per_node : t->world;
     if (t->world % rpn) {
         char d[256];
         trd_divisors(t->world, d, sizeof d);
-        return trd_errorf(err, "%d ranks per node do not divide the world size %d: every node must "
-                         "run the same number of ranks; use a world size that is a multiple "
-                         "of %d, or ranks per node one of %s",
-                    rpn, t->world, rpn, d);
+        return trd_errorf(err,
+                          "%d ranks per node do not divide the world size %d: every node must "
+                          "run the same number of ranks; use a world size that is a multiple "
+                          "of %d, or ranks per node one of %s",
+                          rpn, t->world, rpn, d);
     }
     t->ranks_per_node = rpn;
     t->nodes = t->world / rpn;
@@ -105,8 +105,10 @@ static int set_nodes(Topology *t, int ranks_per_node, char err[CFG_ERR])
 static int set_order(Topology *t, const char *order, char err[CFG_ERR])
 {
     if (parse_order(order, t->order))
-        return trd_errorf(err, "topology.order '%s' must name tp, dp and pp once each, fastest "
-                         "first (e.g. tp-dp-pp)", order);
+        return trd_errorf(err,
+                          "topology.order '%s' must name tp, dp and pp once each, fastest "
+                          "first (e.g. tp-dp-pp)",
+                          order);
     int stride = 1;
     for (int i = 0; i < TOPO_AXES; i++) {
         t->stride[t->order[i]] = stride;
@@ -145,20 +147,24 @@ static int check_tp_placement(Topology *t, const char *order, char err[CFG_ERR])
     const char *fix = "TP groups must stay inside a node (NVLink)";
     const char *allow = "or set topology.allow_tp_across_nodes: true";
     if (tp > rpn)
-        return trd_errorf(err, "topology.tp %d does not fit in %d rank%s per node: %s; use tp <= %d, "
-                         "%s", tp, rpn, rpn > 1 ? "s" : "", fix, rpn, allow);
+        return trd_errorf(err,
+                          "topology.tp %d does not fit in %d rank%s per node: %s; use tp <= %d, "
+                          "%s",
+                          tp, rpn, rpn > 1 ? "s" : "", fix, rpn, allow);
     if (t->order[0] == TOPO_TP) {
         char d[256];
         trd_divisors(rpn, d, sizeof d);
-        return trd_errorf(err, "topology.tp %d does not divide the %d ranks per node, so the TP "
-                         "group of ranks %d-%d spans nodes %d and %d: %s; use tp one of %s, %s",
-                    tp, rpn, first, first + tp - 1, na, nb, fix, d, allow);
+        return trd_errorf(err,
+                          "topology.tp %d does not divide the %d ranks per node, so the TP "
+                          "group of ranks %d-%d spans nodes %d and %d: %s; use tp one of %s, %s",
+                          tp, rpn, first, first + tp - 1, na, nb, fix, d, allow);
     }
     TopoGroup g = topology_group_of(t, first, TOPO_TP);
-    return trd_errorf(err, "with topology.order %s the TP group of rank %d (ranks %d, %d, ... "
-                     "stride %d) spans nodes %d and %d: %s; put tp first in topology.order "
-                     "(e.g. tp-dp-pp), %s",
-                order, first, first, topology_member(g, 1), g.stride, na, nb, fix, allow);
+    return trd_errorf(err,
+                      "with topology.order %s the TP group of rank %d (ranks %d, %d, ... "
+                      "stride %d) spans nodes %d and %d: %s; put tp first in topology.order "
+                      "(e.g. tp-dp-pp), %s",
+                      order, first, first, topology_member(g, 1), g.stride, na, nb, fix, allow);
 }
 
 /* The first rank whose node also holds another stage (the stage of the
@@ -188,21 +194,23 @@ static int check_stage_placement(Topology *t, const char *order, char err[CFG_ER
         return 0;
     int node = topology_node_of(t, r);
     if (!strcmp(order, "tp-dp-pp"))
-        return trd_errorf(err, "pipeline stages %d and %d share node %d although there are %d "
-                         "nodes for %d stages: a stage has tp x dp = %d ranks, not a multiple "
-                         "of the %d ranks per node; choose dp (or the world size) so that "
-                         "tp x dp is a multiple of %d",
-                    s0, s1, node, t->nodes, pp, t->world / pp, t->ranks_per_node,
-                    t->ranks_per_node);
+        return trd_errorf(err,
+                          "pipeline stages %d and %d share node %d although there are %d "
+                          "nodes for %d stages: a stage has tp x dp = %d ranks, not a multiple "
+                          "of the %d ranks per node; choose dp (or the world size) so that "
+                          "tp x dp is a multiple of %d",
+                          s0, s1, node, t->nodes, pp, t->world / pp, t->ranks_per_node,
+                          t->ranks_per_node);
     snprintf(t->warning, sizeof t->warning,
              "with topology.order %s pipeline stages %d and %d share node %d although there "
              "are %d nodes for %d stages; the default order tp-dp-pp puts stages on nodes of "
-             "their own", order, s0, s1, node, t->nodes, pp);
+             "their own",
+             order, s0, s1, node, t->nodes, pp);
     return 0;
 }
 
-int topology_build(Topology *t, const TopologyConfig *tc, int world, int ranks_per_node,
-                   int rank, char err[CFG_ERR])
+int topology_build(Topology *t, const TopologyConfig *tc, int world, int ranks_per_node, int rank,
+                   char err[CFG_ERR])
 {
     memset(t, 0, sizeof *t);
     t->allow_tp_across_nodes = tc->allow_tp_across_nodes;
@@ -234,11 +242,15 @@ int topology_nodes_from_keys(const int *key, int world, char err[CFG_ERR])
                       "topology.ranks_per_node";
     for (int r = 0; r < world; r++)
         if (key[r] != r / rpn * rpn)
-            return trd_errorf(err, "the ranks are not placed on nodes in blocks of consecutive "
-                             "ranks (the first node holds %d rank%s, rank %d does not fit "
-                             "that pattern); %s", rpn, rpn > 1 ? "s" : "", r, fix);
+            return trd_errorf(err,
+                              "the ranks are not placed on nodes in blocks of consecutive "
+                              "ranks (the first node holds %d rank%s, rank %d does not fit "
+                              "that pattern); %s",
+                              rpn, rpn > 1 ? "s" : "", r, fix);
     if (world % rpn)
-        return trd_errorf(err, "the nodes run different numbers of ranks (the first node holds %d, "
-                         "the last %d); %s", rpn, world % rpn, fix);
+        return trd_errorf(err,
+                          "the nodes run different numbers of ranks (the first node holds %d, "
+                          "the last %d); %s",
+                          rpn, world % rpn, fix);
     return rpn;
 }

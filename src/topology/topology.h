@@ -36,20 +36,20 @@ typedef struct {
 typedef struct {
     /* The mesh (the same on every rank). */
     int world;
-    int size[TOPO_AXES];     /* tp, dp, pp */
-    int stride[TOPO_AXES];   /* rank distance of one step along each axis */
+    int size[TOPO_AXES];       /* tp, dp, pp */
+    int stride[TOPO_AXES];     /* rank distance of one step along each axis */
     TopoAxis order[TOPO_AXES]; /* fastest first */
-    int ranks_per_node;      /* >= 1; every node runs this many consecutive ranks */
-    int nodes;               /* world / ranks_per_node */
+    int ranks_per_node;        /* >= 1; every node runs this many consecutive ranks */
+    int nodes;                 /* world / ranks_per_node */
     int allow_tp_across_nodes;
-    int tp_inside_node;      /* 1 when every TP group lies on one node */
-    int stages_share_nodes;  /* 1 when some node holds ranks of two pipeline stages
+    int tp_inside_node;     /* 1 when every TP group lies on one node */
+    int stages_share_nodes; /* 1 when some node holds ranks of two pipeline stages
                                 (an error or warning only with >= pp nodes) */
-    char warning[CFG_ERR];   /* non-empty: a placement worth telling the user about */
+    char warning[CFG_ERR];  /* non-empty: a placement worth telling the user about */
 
     /* This rank. */
     int rank;
-    int coord[TOPO_AXES];    /* tp_rank, dp_rank, pp_rank */
+    int coord[TOPO_AXES]; /* tp_rank, dp_rank, pp_rank */
     int node, local_rank;
     TopoGroup group[TOPO_AXES]; /* this rank's TP, DP and PP groups */
 } Topology;
@@ -60,10 +60,10 @@ typedef struct {
 typedef struct {
     Comm world;
     Comm tp, dp, pp;
-    Comm mp;      /* model parallel: the tp x pp ranks with this rank's dp
+    Comm mp;    /* model parallel: the tp x pp ranks with this rank's dp
                      coordinate (one model replica), for the gradient norm;
                      rank = pp * tp_size + tp */
-    Comm embed;   /* first and last pipeline stage with this rank's (tp, dp),
+    Comm embed; /* first and last pipeline stage with this rank's (tp, dp),
                      to all-reduce tied embedding gradients; rank 0 = first
                      stage.  Only when pp > 1 and this rank is on the first or
                      last stage; otherwise mpi = MPI_COMM_NULL, rank -1, size 0. */
@@ -79,18 +79,15 @@ typedef struct {
  * with at least pp nodes no node holds two pipeline stages (an error with the
  * default order, a warning in t->warning with a custom one).  Returns 0, or
  * -1 with the violated constraint and its fix in err. */
-int topology_build(Topology *t, const TopologyConfig *tc, int world, int ranks_per_node,
-                   int rank, char err[CFG_ERR]);
+int topology_build(Topology *t, const TopologyConfig *tc, int world, int ranks_per_node, int rank,
+                   char err[CFG_ERR]);
 
 /* Queries on a built mesh, valid for any rank of the world. */
 int topology_rank_of(const Topology *t, int tp, int dp, int pp);
 void topology_coords_of(const Topology *t, int rank, int coord[TOPO_AXES]);
 TopoGroup topology_group_of(const Topology *t, int rank, TopoAxis axis);
 static inline int topology_member(TopoGroup g, int i) { return g.first + i * g.stride; }
-static inline int topology_node_of(const Topology *t, int rank)
-{
-    return rank / t->ranks_per_node;
-}
+static inline int topology_node_of(const Topology *t, int rank) { return rank / t->ranks_per_node; }
 
 /* "tp", "dp", "pp". */
 const char *topology_axis_name(TopoAxis a);

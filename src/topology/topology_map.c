@@ -119,11 +119,13 @@ static void stage_nodes(FILE *f, const Topology *t, int stage, int json)
 static void print_summary(FILE *f, const Topology *t, const char *order)
 {
     int tp = t->size[TOPO_TP], dp = t->size[TOPO_DP], pp = t->size[TOPO_PP];
-    fprintf(f, "rank map: world %d = tp %d x dp %d x pp %d, order %s (fastest first), "
-               "%d node%s x %d ranks\n",
+    fprintf(f,
+            "rank map: world %d = tp %d x dp %d x pp %d, order %s (fastest first), "
+            "%d node%s x %d ranks\n",
             t->world, tp, dp, pp, order, t->nodes, t->nodes == 1 ? "" : "s", t->ranks_per_node);
-    fprintf(f, "groups: %d TP of %d, %d DP of %d, %d PP of %d, %d model-parallel (tp x pp) "
-               "of %d, ",
+    fprintf(f,
+            "groups: %d TP of %d, %d DP of %d, %d PP of %d, %d model-parallel (tp x pp) "
+            "of %d, ",
             dp * pp, tp, tp * pp, dp, tp * dp, pp, dp, tp * pp);
     if (pp > 1)
         fprintf(f, "%d embedding (first + last stage) of 2\n", tp * dp);
@@ -191,8 +193,9 @@ static void print_json(FILE *f, const Topology *t, const char *order)
     fprintf(f, "{\"world\": %d, \"tp\": %d, \"pp\": %d, \"dp\": %d, \"order\": ", t->world,
             t->size[TOPO_TP], t->size[TOPO_PP], t->size[TOPO_DP]);
     json_string(f, order);
-    fprintf(f, ", \"ranks_per_node\": %d, \"nodes\": %d, \"tp_inside_node\": %s, "
-               "\"stages_share_nodes\": %s, \"stage_nodes\": [",
+    fprintf(f,
+            ", \"ranks_per_node\": %d, \"nodes\": %d, \"tp_inside_node\": %s, "
+            "\"stages_share_nodes\": %s, \"stage_nodes\": [",
             t->ranks_per_node, t->nodes, t->tp_inside_node ? "true" : "false",
             t->stages_share_nodes ? "true" : "false");
     for (int s = 0; s < t->size[TOPO_PP]; s++) {
@@ -209,8 +212,9 @@ static void print_json(FILE *f, const Topology *t, const char *order)
     for (int r = 0; r < t->world; r++) {
         int c[TOPO_AXES];
         topology_coords_of(t, r, c);
-        fprintf(f, "  {\"rank\": %d, \"node\": %d, \"local_rank\": %d, \"tp\": %d, \"dp\": %d, "
-                   "\"pp\": %d",
+        fprintf(f,
+                "  {\"rank\": %d, \"node\": %d, \"local_rank\": %d, \"tp\": %d, \"dp\": %d, "
+                "\"pp\": %d",
                 r, topology_node_of(t, r), r % t->ranks_per_node, c[TOPO_TP], c[TOPO_DP],
                 c[TOPO_PP]);
         const char *host = live_name(t, topology_node_of(t, r));

@@ -164,8 +164,7 @@ static void record_live(Comm *world, int rpn, int from_slurm, const char *source
 {
     char mine[TOPO_NAME] = {0};
     node_name(from_slurm, mine);
-    char *all = world->rank == 0 ? trd_malloc((size_t)world->size * TOPO_NAME, "node names")
-                                 : NULL;
+    char *all = world->rank == 0 ? trd_malloc((size_t)world->size * TOPO_NAME, "node names") : NULL;
     if (MPI_Gather(mine, TOPO_NAME, MPI_CHAR, all, TOPO_NAME, MPI_CHAR, 0, world->mpi) !=
         MPI_SUCCESS)
         trd_fatal(TRD_EXIT_RUNTIME, NULL, "MPI_Gather of the node names failed");
@@ -180,8 +179,8 @@ void topology_init(Topology *t, TopologyComms *c, const Config *cfg, Comm world)
 {
     const TopologyConfig *tc = &cfg->topology;
     int from_slurm = 0;
-    int rpn = tc->ranks_per_node > 0 ? tc->ranks_per_node
-                                     : detect_ranks_per_node(&world, &from_slurm);
+    int rpn =
+        tc->ranks_per_node > 0 ? tc->ranks_per_node : detect_ranks_per_node(&world, &from_slurm);
     char err[CFG_ERR];
     if (topology_build(t, tc, world.size, rpn, world.rank, err))
         fail_once(&world, err);

@@ -43,20 +43,21 @@ int guard_nonfinite(NonfiniteGuard *g, const TrainingConfig *tc, int step, doubl
                           "lower training.lr, raise warmup_steps or set grad_clip; or "
                           "training.nonfinite: skip to drop such steps",
                           "step %d: %s is %g (not finite); stopped before the update, so no "
-                          "checkpoint holds it", step, what, value);
+                          "checkpoint holds it",
+                          step, what, value);
     g->in_row++;
     g->total++;
     if (rank == 0) {
         printf("trident: warning: step %d: %s is %g (not finite): update skipped (%d in a row, "
-               "%lld in this run; training.max_skipped %d)\n", step, what, value, g->in_row,
-               g->total, tc->max_skipped);
+               "%lld in this run; training.max_skipped %d)\n",
+               step, what, value, g->in_row, g->total, tc->max_skipped);
         fflush(stdout);
     }
     if (g->in_row >= tc->max_skipped)
         guard_exit_agreed(rank, TRD_EXIT_RUNTIME,
                           "lower training.lr, raise warmup_steps or set grad_clip",
                           "step %d: %d steps in a row had a non-finite loss or gradient norm "
-                          "(training.max_skipped %d); stopped", step, g->in_row,
-                          tc->max_skipped);
+                          "(training.max_skipped %d); stopped",
+                          step, g->in_row, tc->max_skipped);
     return 1;
 }

@@ -11,8 +11,8 @@
 #include "config/config.h"
 
 typedef struct {
-    int in_row;         /* consecutive skipped steps up to now */
-    long long total;    /* skipped steps of this run */
+    int in_row;      /* consecutive skipped steps up to now */
+    long long total; /* skipped steps of this run */
 } NonfiniteGuard;
 
 /* Check step `step` (1-based) before its update.  Both finite: returns 0

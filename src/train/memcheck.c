@@ -62,7 +62,8 @@ void memcheck(const Config *cfg, int ranks_per_node, MemBudget budget, Comm *wor
     }
     if (world->rank == 0) {
         const PlanStage *s = &r->st[r->worst];
-        fprintf(stderr, "trident: error: a rank of pipeline stage %d needs %.1f GiB (parameters "
+        fprintf(stderr,
+                "trident: error: a rank of pipeline stage %d needs %.1f GiB (parameters "
                 "%.1f, gradients %.1f, optimizer %.1f, buffers %.1f, activations %.1f, "
                 "scratch %.1f GiB, as `trident plan` counts them); %d rank(s) share %s: "
                 "%.1f GiB, more than its %.1f GiB\n"

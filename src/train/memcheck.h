@@ -18,9 +18,9 @@
 
 /* The memory a rank's state lives in. */
 typedef struct {
-    double bytes;       /* capacity: RAM (or the cgroup limit), or one device's memory */
-    int sharers;        /* ranks that share it, this one included */
-    const char *what;   /* "this machine's RAM", or the device's name */
+    double bytes;     /* capacity: RAM (or the cgroup limit), or one device's memory */
+    int sharers;      /* ranks that share it, this one included */
+    const char *what; /* "this machine's RAM", or the device's name */
 } MemBudget;
 
 /* Host RAM of this machine, or its cgroup (v2) limit when lower, shared by

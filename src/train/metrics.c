@@ -64,8 +64,8 @@ void metrics_record(Metrics *m, const StepMetrics *s)
             "\"step_ms\": %.3f, \"tokens_per_s\": %.1f, \"mfu\": %.4f, \"comm_ms\": %.3f, "
             "\"comm_bytes\": %llu",
             s->step, json_number(s->loss, "%.7g", loss), s->lr,
-            json_number(s->grad_norm, "%.6g", norm), s->tokens, s->step_ms, s->tokens_per_s,
-            s->mfu, s->comm_ms, s->comm_bytes);
+            json_number(s->grad_norm, "%.6g", norm), s->tokens, s->step_ms, s->tokens_per_s, s->mfu,
+            s->comm_ms, s->comm_bytes);
     if (s->val_loss >= 0)
         fprintf(m->jsonl, ", \"val_loss\": %.7g", s->val_loss);
     if (s->pp_idle >= 0)
@@ -84,8 +84,7 @@ void metrics_record(Metrics *m, const StepMetrics *s)
         if (s->val_loss >= 0)
             printf(" | val %.4f", s->val_loss);
         char el[32], eta[32];
-        printf(" | %s elapsed, eta %s\n", clock_text(s->elapsed_s, el),
-               clock_text(s->eta_s, eta));
+        printf(" | %s elapsed, eta %s\n", clock_text(s->elapsed_s, el), clock_text(s->eta_s, eta));
         fflush(stdout);
     }
 }

@@ -6,15 +6,15 @@
 #include <stdio.h>
 
 typedef struct {
-    int step;              /* 1-based: optimizer steps completed */
+    int step; /* 1-based: optimizer steps completed */
     double loss, lr, grad_norm;
-    long long tokens;      /* tokens trained on so far */
+    long long tokens; /* tokens trained on so far */
     double step_ms, tokens_per_s, mfu;
-    double comm_ms;        /* exposed (not overlapped) DP communication */
+    double comm_ms;                /* exposed (not overlapped) DP communication */
     unsigned long long comm_bytes; /* payload bytes this rank handed to DP collectives */
-    double pp_idle;        /* pipeline: measured idle fraction of the step (< 0: no pipeline) */
-    double val_loss;       /* < 0: not computed this step */
-    const char *extra;     /* NULL, or more JSON members ("\"k\": v, ...") */
+    double pp_idle;          /* pipeline: measured idle fraction of the step (< 0: no pipeline) */
+    double val_loss;         /* < 0: not computed this step */
+    const char *extra;       /* NULL, or more JSON members ("\"k\": v, ...") */
     double elapsed_s, eta_s; /* since this run's first step, and to its last (log line) */
 } StepMetrics;
 

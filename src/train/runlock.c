@@ -19,7 +19,7 @@ static int held_fd[MAX_LOCKS];
 static int n_held;
 
 typedef struct {
-    int code;            /* TRD_EXIT_OK, _INPUT (the directory is unusable) or _RUNTIME */
+    int code; /* TRD_EXIT_OK, _INPUT (the directory is unusable) or _RUNTIME */
     char msg[TRD_ERR];
     char hint[256];
 } Verdict;
@@ -76,13 +76,11 @@ static int probe(const char *key, const char *dir, Verdict *v)
     if (fd < 0)
         return fail(v, TRD_EXIT_INPUT,
                     "choose a writable directory (check permissions, read-only mounts, quota)",
-                    "%s %s is not writable: cannot create %s: %s", key, dir, path,
-                    strerror(errno));
+                    "%s %s is not writable: cannot create %s: %s", key, dir, path, strerror(errno));
     close(fd);
     if (unlink(path) != 0)
         return fail(v, TRD_EXIT_INPUT, "choose a directory this job can write",
-                    "%s %s: cannot remove the probe file %s: %s", key, dir, path,
-                    strerror(errno));
+                    "%s %s: cannot remove the probe file %s: %s", key, dir, path, strerror(errno));
     return 0;
 }
 
@@ -117,8 +115,10 @@ static int lock_dir(const char *key, const char *dir, Verdict *v)
         }
         /* Some shared filesystems refuse flock (Lustre without -o flock):
          * the run goes on, but says that nothing keeps a second run out. */
-        fprintf(stderr, "trident: warning: %s %s: cannot lock %s (%s); another run on this "
-                "directory would not be stopped\n", key, dir, path, strerror(e));
+        fprintf(stderr,
+                "trident: warning: %s %s: cannot lock %s (%s); another run on this "
+                "directory would not be stopped\n",
+                key, dir, path, strerror(e));
     }
     read_record(fd, old);
     if (old[0])
@@ -128,8 +128,8 @@ static int lock_dir(const char *key, const char *dir, Verdict *v)
     gethostname(host, sizeof host - 1);
     host[sizeof host - 1] = '\0';
     const char *job = getenv("SLURM_JOB_ID");
-    int len = snprintf(rec, sizeof rec, "host %s, pid %ld, Slurm job %s\n", host,
-                       (long)getpid(), job && *job ? job : "none");
+    int len = snprintf(rec, sizeof rec, "host %s, pid %ld, Slurm job %s\n", host, (long)getpid(),
+                       job && *job ? job : "none");
     if (ftruncate(fd, 0) != 0 || pwrite(fd, rec, (size_t)len, 0) != len || fsync(fd) != 0) {
         const int e = errno;
         close(fd);
@@ -185,8 +185,7 @@ void runlock_release(void)
     for (int i = 0; i < n_held; i++) {
         /* An empty record: the next run finds no dead holder to report. */
         if (ftruncate(held_fd[i], 0) != 0)
-            fprintf(stderr, "trident: warning: cannot clear a lock record: %s\n",
-                    strerror(errno));
+            fprintf(stderr, "trident: warning: cannot clear a lock record: %s\n", strerror(errno));
         close(held_fd[i]); /* releases the flock */
     }
     n_held = 0;

@@ -47,8 +47,10 @@ static void put_le(uint8_t *out, uint64_t v, int bytes)
 
 static _Noreturn void write_failed(const TbWriter *tb, int err)
 {
-    trd_fatal(TRD_EXIT_RUNTIME, "check that run.dir is writable and its disk has space, or set "
-              "run.tensorboard: false", "cannot write %s: %s", tb->path, strerror(err));
+    trd_fatal(TRD_EXIT_RUNTIME,
+              "check that run.dir is writable and its disk has space, or set "
+              "run.tensorboard: false",
+              "cannot write %s: %s", tb->path, strerror(err));
 }
 
 /* One TFRecord: uint64 length, masked CRC of the length, the event, masked

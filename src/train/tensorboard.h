@@ -17,7 +17,7 @@
 #include "train/metrics.h"
 
 typedef struct {
-    FILE *f;               /* NULL: not writing (run.tensorboard false) */
+    FILE *f; /* NULL: not writing (run.tensorboard false) */
     char path[1280];
 } TbWriter;
 

@@ -65,7 +65,8 @@ static void print_start(Trainer *tr, const Config *cfg, double peak)
     if (topology_print_map(stdout, &cfg->topology, in->topo->world, in->topo->ranks_per_node, fmt,
                            err) != 0)
         trd_fatal(TRD_EXIT_INPUT, NULL, "%s", err);
-    printf("parameters: %zu (%.2f M)\n", params_count_real(mc), 1e-6 * (double)params_count_real(mc));
+    printf("parameters: %zu (%.2f M)\n", params_count_real(mc),
+           1e-6 * (double)params_count_real(mc));
     printf("memory per rank (MiB): params %.1f | grads %.1f | optimizer %.1f | zero buffers %.1f "
            "| activations %.1f | scratch %.1f | checkpoint snapshot %.1f\n",
            trd_mib(mem.params), trd_mib(mem.grads), trd_mib(mem.optimizer), trd_mib(mem.buffers),
@@ -84,9 +85,8 @@ static void print_start(Trainer *tr, const Config *cfg, double peak)
                "precision %s\n",
                omp_get_max_threads(), 1e-9 * peak, config_precision_name(cfg->training.precision));
     printf("data: %s (%llu tokens, %llu samples/epoch)%s%s\n", cfg->data.path,
-           (unsigned long long)in->train_tokens,
-           (unsigned long long)in->train_samples, in->has_val ? " | val: " : "",
-           in->has_val ? cfg->data.val_path : "");
+           (unsigned long long)in->train_tokens, (unsigned long long)in->train_samples,
+           in->has_val ? " | val: " : "", in->has_val ? cfg->data.val_path : "");
     fflush(stdout);
 }
 
@@ -124,9 +124,10 @@ static void tb_memory(TbWriter *tb, const Trainer *tr, int step)
 {
     size_t snapshot;
     const MemoryReport m = trainer_memory(tr, &snapshot);
-    static const char *const names[] = {"params", "grads", "optimizer", "zero_buffers",
-                                        "activations", "scratch", "checkpoint_snapshot"};
-    const double bytes[] = {(double)m.params, (double)m.grads, (double)m.optimizer,
+    static const char *const names[] = {
+        "params",      "grads",   "optimizer",          "zero_buffers",
+        "activations", "scratch", "checkpoint_snapshot"};
+    const double bytes[] = {(double)m.params,  (double)m.grads,       (double)m.optimizer,
                             (double)m.buffers, (double)m.activations, (double)m.scratch,
                             (double)snapshot};
     tb_record_values(tb, step, "memory_bytes", names, bytes, 7);
@@ -202,7 +203,8 @@ static void check_run_dir(const Config *cfg, int resumed, Comm *world)
         snprintf(kept, sizeof kept, "%s.restart-%d", path, atoi(restart));
         if (rename(path, kept) == 0) {
             printf("Slurm restart %d and no checkpoint to resume: the run starts over; the "
-                   "earlier attempt's metrics are kept in %s\n", atoi(restart), kept);
+                   "earlier attempt's metrics are kept in %s\n",
+                   atoi(restart), kept);
             taken = 0;
         }
     }
@@ -210,13 +212,17 @@ static void check_run_dir(const Config *cfg, int resumed, Comm *world)
     if (!taken)
         return;
     char hint[3 * CFG_STR];
-    snprintf(hint, sizeof hint, "give this run a directory of its own (--set run.dir=%s-2); "
+    snprintf(hint, sizeof hint,
+             "give this run a directory of its own (--set run.dir=%s-2); "
              "or continue that run from its checkpoint (--set checkpoint.resume=STEP_DIR, or "
              "checkpoint.resume: auto with the checkpoint.dir it saved to); or delete %s to "
-             "start over", cfg->run.dir, path);
-    guard_exit_agreed(world->rank, TRD_EXIT_INPUT, hint, "run.dir %s holds the metrics of an earlier run, and this run "
-           "starts fresh (no checkpoint to resume from in %s): it would overwrite them",
-           cfg->run.dir, cfg->checkpoint.dir[0] ? cfg->checkpoint.dir : "checkpoint.dir (unset)");
+             "start over",
+             cfg->run.dir, path);
+    guard_exit_agreed(world->rank, TRD_EXIT_INPUT, hint,
+                      "run.dir %s holds the metrics of an earlier run, and this run "
+                      "starts fresh (no checkpoint to resume from in %s): it would overwrite them",
+                      cfg->run.dir,
+                      cfg->checkpoint.dir[0] ? cfg->checkpoint.dir : "checkpoint.dir (unset)");
 }
 
 /* Where this run's results go: a user should not have to read the config
@@ -238,7 +244,6 @@ static void print_outputs(const Config *cfg)
         printf(" | checkpoints: %s at the end\n", ck->dir);
     fflush(stdout);
 }
-
 
 /* rank 0: run.dir, its config.yaml, the start-up summary; metrics and
  * TensorBoard opened. */
@@ -282,8 +287,10 @@ int train_run(const Config *cfg, Comm world)
         char err[CFG_ERR];
         sample_tok = data_tokenizer_named(cfg->model.vocab == 257 ? "byte" : "gpt2", err);
         if (!sample_tok)
-            trd_fatal(TRD_EXIT_INPUT, "fetch the GPT-2 vocabulary (scripts/get_corpus.sh), or "
-                      "set training.sample_every: 0", "training.sample_every: %s", err);
+            trd_fatal(TRD_EXIT_INPUT,
+                      "fetch the GPT-2 vocabulary (scripts/get_corpus.sh), or "
+                      "set training.sample_every: 0",
+                      "training.sample_every: %s", err);
     }
     const CheckpointConfig *ck = &cfg->checkpoint;
     const double t_loop = now_s();
@@ -297,12 +304,20 @@ int train_run(const Config *cfg, Comm world)
         const double dt = now_s() - t0;
         straggler_end(&world, step + 1, dt, cfg->run.log_every, cfg->training.straggler_threshold);
 
-        StepMetrics s = {.step = step + 1, .loss = r.loss, .lr = r.lr, .grad_norm = r.grad_norm,
+        StepMetrics s = {.step = step + 1,
+                         .loss = r.loss,
+                         .lr = r.lr,
+                         .grad_norm = r.grad_norm,
                          .tokens = (long long)(step + 1) * tokens_per_step,
-                         .step_ms = 1e3 * dt, .tokens_per_s = (double)tokens_per_step / dt,
-                         .mfu = peak > 0 ? flops_per_token * (double)tokens_per_step / dt / peak : 0,
-                         .comm_ms = r.comm_ms, .comm_bytes = r.comm_bytes, .pp_idle = r.pp_idle,
-                         .val_loss = -1, .extra = step == in->start_step ? memory : NULL};
+                         .step_ms = 1e3 * dt,
+                         .tokens_per_s = (double)tokens_per_step / dt,
+                         .mfu =
+                             peak > 0 ? flops_per_token * (double)tokens_per_step / dt / peak : 0,
+                         .comm_ms = r.comm_ms,
+                         .comm_bytes = r.comm_bytes,
+                         .pp_idle = r.pp_idle,
+                         .val_loss = -1,
+                         .extra = step == in->start_step ? memory : NULL};
         const int last = step + 1 == cfg->training.steps;
         const int every = cfg->data.val_every > 0 && (step + 1) % cfg->data.val_every == 0;
         if (in->has_val && (last || every))
@@ -331,7 +346,8 @@ int train_run(const Config *cfg, Comm world)
             trainer_poll_save(tr, 1); /* the write in flight ends before the job */
             if (rank0)
                 printf("preempted: a rank got a signal (SIGUSR1/SIGTERM/SIGINT); stopped after "
-                       "step %d of %d, %s; exit %d\n", step + 1, cfg->training.steps,
+                       "step %d of %d, %s; exit %d\n",
+                       step + 1, cfg->training.steps,
                        ck->dir[0] ? "checkpoint saved" : "no checkpoint.dir, nothing saved",
                        TRD_EXIT_PREEMPTED);
             exit_code = TRD_EXIT_PREEMPTED;

@@ -32,8 +32,8 @@ static void open_data(Trainer *tr, Comm *world)
     char err[CFG_ERR] = "";
     tr->info.has_val = cfg->data.val_path[0] != '\0';
     int bad = dataset_open(&tr->train_data, cfg->data.path, cfg->data.format, err) != 0 ||
-              sampler_init(&tr->train_sampler, &tr->train_data, cfg->model.seq_len,
-                           cfg->run.seed, err) != 0 ||
+              sampler_init(&tr->train_sampler, &tr->train_data, cfg->model.seq_len, cfg->run.seed,
+                           err) != 0 ||
               sampler_check_vocab(&tr->train_data, cfg->model.vocab, SAMPLER_VOCAB_SCAN, err) != 0;
     if (!bad && tr->info.has_val)
         bad = dataset_open(&tr->val_data, cfg->data.val_path, cfg->data.format, err) != 0 ||
@@ -44,8 +44,11 @@ static void open_data(Trainer *tr, Comm *world)
     comm_allreduce_max_i32(world, &first_bad, 1);
     if (first_bad)
         guard_exit_agreed(world->rank == world->size - first_bad ? 0 : 1, TRD_EXIT_INPUT,
-               strstr(err, "--->") ? NULL : "make a dataset with `trident prepare-data`, or "
-               "fetch the default one with scripts/get_corpus.sh (docs/data.md)", "%s", err);
+                          strstr(err, "--->")
+                              ? NULL
+                              : "make a dataset with `trident prepare-data`, or "
+                                "fetch the default one with scripts/get_corpus.sh (docs/data.md)",
+                          "%s", err);
 }
 
 /* Fill one micro-batch (tok, tgt: [B*T]) with the sequences at global
@@ -56,8 +59,8 @@ static void read_batch(Trainer *tr, const Sampler *s, const TokenDataset *ds, ui
     const int B = tr->cfg->training.micro_batch, T = tr->cfg->model.seq_len;
     char err[CFG_ERR];
     for (int b = 0; b < B; b++)
-        if (sampler_read(s, ds, first + (uint64_t)b, tr->cfg->model.vocab, tok + b * T,
-                         tgt + b * T, err) != 0)
+        if (sampler_read(s, ds, first + (uint64_t)b, tr->cfg->model.vocab, tok + b * T, tgt + b * T,
+                         err) != 0)
             trd_fatal(TRD_EXIT_INPUT, NULL, "%s", err);
 }
 
@@ -74,8 +77,8 @@ static double one_step(Trainer *tr, int step, double *grad_norm, float *lr, int 
     progress_step(step + 1, 0);
     zero_begin_step(tr->zero);
     const size_t BT = (size_t)B * (size_t)cfg->model.seq_len;
-    const int needs_data = !tr->pipe || tr->comms.pp.rank == 0 ||
-                           tr->comms.pp.rank == tr->comms.pp.size - 1;
+    const int needs_data =
+        !tr->pipe || tr->comms.pp.rank == 0 || tr->comms.pp.rank == tr->comms.pp.size - 1;
     for (int j = 0; needs_data && j < tr->n_micro; j++) {
         /* The global batch is positions [step*GB, (step+1)*GB) of the sample
          * stream whatever the topology; micro-step j of DP rank d takes its
@@ -106,8 +109,8 @@ static double one_step(Trainer *tr, int step, double *grad_norm, float *lr, int 
     *grad_norm = sqrt(sumsq);
     *lr = schedule_lr(&cfg->training, step);
     /* Both values are all-reduced: every rank decides alike (guard.h). */
-    *skipped = guard_nonfinite(&tr->guard, &cfg->training, step + 1, loss, *grad_norm,
-                               tr->topo.rank);
+    *skipped =
+        guard_nonfinite(&tr->guard, &cfg->training, step + 1, loss, *grad_norm, tr->topo.rank);
     if (*skipped)
         return loss; /* no optimizer step */
     const float clip = cfg->training.grad_clip;
@@ -209,8 +212,8 @@ static void start_trace(Trainer *tr)
     if (!tr->cfg->training.trace)
         return;
     char label[64];
-    snprintf(label, sizeof label, "rank %d (tp %d, pp %d, dp %d)", tr->topo.rank,
-             tr->comms.tp.rank, tr->comms.pp.rank, tr->comms.dp.rank);
+    snprintf(label, sizeof label, "rank %d (tp %d, pp %d, dp %d)", tr->topo.rank, tr->comms.tp.rank,
+             tr->comms.pp.rank, tr->comms.dp.rank);
     trace_start(tr->comms.world.mpi, label, TRACE_MAX_SPANS);
 }
 
@@ -222,13 +225,12 @@ static void finish_trace(Trainer *tr)
     snprintf(path, sizeof path, "%s/trace.json", tr->cfg->run.dir);
     long n = trace_finish(path);
     if (tr->topo.rank == 0 && n < 0)
-        trd_fatal(TRD_EXIT_RUNTIME, "check that run.dir is writable", "cannot write %s: %s",
-                  path, strerror(errno));
+        trd_fatal(TRD_EXIT_RUNTIME, "check that run.dir is writable", "cannot write %s: %s", path,
+                  strerror(errno));
     if (tr->topo.rank == 0)
         printf("trace: %ld spans of %d ranks in %s (open in ui.perfetto.dev)\n", n,
                tr->comms.world.size, path);
 }
-
 
 /* The layout rules (config/layout.h): config validation applied them;
  * a Config built or changed without it is refused here the same way. */
@@ -251,8 +253,9 @@ static const Backend *pick_backend(const Config *cfg, int rank)
     (void)rank;
     return bf16 ? backend_cuda_bf16() : backend_cuda();
 #else
-    guard_exit_agreed(rank, TRD_EXIT_INPUT, "set backend: cpu, or rebuild with -Dcuda=enabled (docs/cuda.md)",
-                   "backend cuda: this trident was built without the CUDA backend");
+    guard_exit_agreed(rank, TRD_EXIT_INPUT,
+                      "set backend: cpu, or rebuild with -Dcuda=enabled (docs/cuda.md)",
+                      "backend cuda: this trident was built without the CUDA backend");
 #endif
 }
 
@@ -286,10 +289,9 @@ Trainer *trainer_create(const Config *cfg, Comm world, TrainerMode mode)
     }
     /* A tied embedding split over the first and last stage: its gradient
      * is summed over the embedding group before its DP bucket goes out. */
-    const int tied = tr->comms.pp.size > 1 && cfg->model.tie_embeddings &&
-                     tr->comms.embed.size > 1;
-    tr->zero = zero_create(cfg, tr->be, &shard, tr->models, &tr->comms.dp,
-                           tied ? &tr->comms.embed : NULL);
+    const int tied = tr->comms.pp.size > 1 && cfg->model.tie_embeddings && tr->comms.embed.size > 1;
+    tr->zero =
+        zero_create(cfg, tr->be, &shard, tr->models, &tr->comms.dp, tied ? &tr->comms.embed : NULL);
     start_trace(tr);
     if (tr->comms.pp.size > 1) {
         char err[CFG_ERR];
@@ -305,13 +307,18 @@ Trainer *trainer_create(const Config *cfg, Comm world, TrainerMode mode)
     const size_t BT = (size_t)cfg->training.micro_batch * (size_t)cfg->model.seq_len;
     tr->tokens = trd_malloc((size_t)tr->n_micro * BT * sizeof(int32_t), "token batches");
     tr->targets = trd_malloc((size_t)tr->n_micro * BT * sizeof(int32_t), "target batches");
-    tr->info = (TrainerInfo){.be = tr->be, .topo = &tr->topo, .comms = &tr->comms,
-                             .dp = tr->dp, .n_micro = tr->n_micro,
-                             .start_step = tr->start_step, .resumed = tr->resumed,
+    tr->info = (TrainerInfo){.be = tr->be,
+                             .topo = &tr->topo,
+                             .comms = &tr->comms,
+                             .dp = tr->dp,
+                             .n_micro = tr->n_micro,
+                             .start_step = tr->start_step,
+                             .resumed = tr->resumed,
                              .has_val = tr->info.has_val,
                              .train_tokens = tr->train_data.n_tokens,
                              .train_samples = tr->train_sampler.n_samples,
-                             .device = tr->device, .nccl = tr->nccl};
+                             .device = tr->device,
+                             .nccl = tr->nccl};
     return tr;
 }
 
@@ -340,15 +347,9 @@ void trainer_destroy(Trainer *tr)
     free(tr);
 }
 
-const TrainerInfo *trainer_info(const Trainer *tr)
-{
-    return &tr->info;
-}
+const TrainerInfo *trainer_info(const Trainer *tr) { return &tr->info; }
 
-Model *trainer_model(Trainer *tr, int c)
-{
-    return zero_chunk_model(tr->zero, c);
-}
+Model *trainer_model(Trainer *tr, int c) { return zero_chunk_model(tr->zero, c); }
 
 int trainer_gather_weights(Trainer *tr, float *buf, size_t *numel)
 {

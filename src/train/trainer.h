@@ -46,14 +46,14 @@ typedef struct {
     const Backend *be;
     const Topology *topo;
     const TopologyComms *comms;
-    int dp, n_micro;            /* data-parallel replicas; micro-steps per step */
-    int start_step;             /* the first step this run trains (> 0: resumed) */
+    int dp, n_micro; /* data-parallel replicas; micro-steps per step */
+    int start_step;  /* the first step this run trains (> 0: resumed) */
     int resumed;
-    int has_val;                /* data.val_path is set */
-    uint64_t train_tokens;      /* tokens of the training dataset */
-    uint64_t train_samples;     /* its samples per epoch */
-    const char *device;         /* device backends: the GPU's name; "" on the CPU */
-    int nccl;                   /* device buffers go through NCCL */
+    int has_val;            /* data.val_path is set */
+    uint64_t train_tokens;  /* tokens of the training dataset */
+    uint64_t train_samples; /* its samples per epoch */
+    const char *device;     /* device backends: the GPU's name; "" on the CPU */
+    int nccl;               /* device buffers go through NCCL */
 } TrainerInfo;
 
 /* Build everything for one rank of cfg's layout on world.  cfg must have
@@ -66,13 +66,13 @@ const TrainerInfo *trainer_info(const Trainer *tr);
 /* One optimizer step, step 0-based: the global batch at sample positions
  * [step * global_batch, (step + 1) * global_batch) of the stream. */
 typedef struct {
-    double loss;                /* mean over the global batch, on every rank */
-    double grad_norm;           /* before clipping */
+    double loss;      /* mean over the global batch, on every rank */
+    double grad_norm; /* before clipping */
     float lr;
-    int skipped;                /* training.nonfinite: no update was made */
-    double comm_ms;             /* communication not hidden behind compute */
+    int skipped;                   /* training.nonfinite: no update was made */
+    double comm_ms;                /* communication not hidden behind compute */
     unsigned long long comm_bytes; /* payload bytes this rank handed to DP collectives */
-    double pp_idle;             /* fraction of the step the pipeline waited; -1: no pipeline */
+    double pp_idle;                /* fraction of the step the pipeline waited; -1: no pipeline */
 } TrainerStep;
 TrainerStep trainer_step(Trainer *tr, int step);
 

@@ -18,8 +18,10 @@ void trainer_ckpt_setup(Trainer *tr)
     ckpt_view_init(&tr->ckpt, t, tr->cfg->topology.zero, tr->comms.dp.rank, tr->comms.dp.size,
                    tr->comms.pp.rank, tr->comms.world.mpi);
     ZeroState zs = zero_state(tr->zero);
-    float *state[CKPT_KINDS] = {[CKPT_PARAMS] = zs.params, [CKPT_MASTER] = zs.master,
-                                [CKPT_ADAM_M] = zs.m, [CKPT_ADAM_V] = zs.v};
+    float *state[CKPT_KINDS] = {[CKPT_PARAMS] = zs.params,
+                                [CKPT_MASTER] = zs.master,
+                                [CKPT_ADAM_M] = zs.m,
+                                [CKPT_ADAM_V] = zs.v};
     for (int k = 0; k < CKPT_KINDS; k++) {
         CkptRange *r = &tr->ckpt.part[k];
         r->data = state[k];
@@ -27,8 +29,8 @@ void trainer_ckpt_setup(Trainer *tr)
             continue;
         /* HDF5 reads and writes host memory: a host copy of each buffer. */
         tr->ckpt_dev[k] = state[k];
-        r->data = trd_malloc((r->hi - r->lo ? r->hi - r->lo : 1) * sizeof(float),
-                             "checkpoint host copy");
+        r->data =
+            trd_malloc((r->hi - r->lo ? r->hi - r->lo : 1) * sizeof(float), "checkpoint host copy");
     }
 }
 
@@ -80,8 +82,8 @@ int trainer_resume(Trainer *tr)
     const int rank = tr->topo.rank;
     int rc = ckpt_resolve(c->dir, c->resume, c->resume_path, dir, err);
     if (rc < 0)
-        guard_exit_agreed(rank, TRD_EXIT_INPUT, "check checkpoint.dir and checkpoint.resume",
-                          "%s", err);
+        guard_exit_agreed(rank, TRD_EXIT_INPUT, "check checkpoint.dir and checkpoint.resume", "%s",
+                          err);
     if (rc == 0)
         return 0;
     if (err[0] && rank == 0)
@@ -89,7 +91,8 @@ int trainer_resume(Trainer *tr)
     CkptState st;
     ckpt_sync(tr, 1); /* what the load does not replace stays as it is */
     if (ckpt_load(dir, &tr->ckpt, &st, tr->cfg, err) != 0)
-        guard_exit_agreed(rank, TRD_EXIT_INPUT, "resume from another checkpoint "
+        guard_exit_agreed(rank, TRD_EXIT_INPUT,
+                          "resume from another checkpoint "
                           "(checkpoint.resume: PATH) or start fresh (checkpoint.resume: never)",
                           "%s", err);
     if (st.step >= tr->cfg->training.steps) {
@@ -107,7 +110,8 @@ int trainer_resume(Trainer *tr)
     tr->start_position = st.sampler_position;
     if (rank == 0)
         printf("resumed from %s: step %d, sample position %llu, tokens seen %llu, lr step %lld, "
-               "adam_t %lld\n", dir, tr->start_step, (unsigned long long)tr->start_position,
+               "adam_t %lld\n",
+               dir, tr->start_step, (unsigned long long)tr->start_position,
                (unsigned long long)tr->start_position * (unsigned long long)tr->cfg->model.seq_len,
                (long long)st.lr_step, (long long)st.adam_t);
     return 1;
@@ -127,7 +131,8 @@ void trainer_init_from(Trainer *tr, int resumed)
     if (resumed) {
         if (rank == 0)
             printf("note: checkpoint.init_from %s ignored: the run resumed from its own "
-                   "checkpoint\n", src);
+                   "checkpoint\n",
+                   src);
         return;
     }
     char dir[CFG_STR], err[CFG_ERR] = "", json[CFG_STR + 16];
@@ -135,11 +140,13 @@ void trainer_init_from(Trainer *tr, int resumed)
     struct stat st;
     const int hf = stat(json, &st) == 0;
     if (stat(src, &st) != 0 || !S_ISDIR(st.st_mode))
-        guard_exit_agreed(rank, TRD_EXIT_INPUT, "checkpoint.init_from: a Hugging Face "
+        guard_exit_agreed(rank, TRD_EXIT_INPUT,
+                          "checkpoint.init_from: a Hugging Face "
                           "directory (with config.json) or a trident checkpoint",
                           "checkpoint.init_from: %s: no such directory", src);
     if (!hf && ckpt_resolve(NULL, RESUME_PATH, src, dir, err) != 1)
-        guard_exit_agreed(rank, TRD_EXIT_INPUT, "checkpoint.init_from: a Hugging Face "
+        guard_exit_agreed(rank, TRD_EXIT_INPUT,
+                          "checkpoint.init_from: a Hugging Face "
                           "directory (with config.json) or a trident checkpoint",
                           "checkpoint.init_from: %s", err);
     ckpt_sync(tr, 1); /* the optimizer state stays as initialised */
@@ -151,7 +158,8 @@ void trainer_init_from(Trainer *tr, int resumed)
     else if (ckpt_load_weights(dir, &tr->ckpt, tr->cfg, err) != 0)
         code = TRD_EXIT_INPUT;
     if (code != TRD_EXIT_OK)
-        guard_exit_agreed(rank, code, "the model section must describe the model "
+        guard_exit_agreed(rank, code,
+                          "the model section must describe the model "
                           "checkpoint.init_from holds (a directory written by `trident ckpt "
                           "export --format hf`, or a trident checkpoint)",
                           "checkpoint.init_from: %s", err);
@@ -181,11 +189,15 @@ int trainer_async_decide(const Trainer *tr, Comm *world)
                                     "(MPI_THREAD_MULTIPLE)"
                                   : "the snapshot does not fit in RAM beside the training state";
     if (why && ck->async == ASYNC_ON)
-        guard_exit_agreed(world->rank, TRD_EXIT_INPUT, "set checkpoint.async: auto (synchronous where it cannot be "
-               "asynchronous) or false", "checkpoint.async: true: %s (per rank %.2f GiB of "
-               "state and %.2f GiB of snapshot, as `trident plan` counts them; %d rank(s) "
-               "share %s, %.2f GiB)", reason, state / (1 << 30), snap / (1 << 30), ram.sharers,
-               ram.what, ram.bytes / (1 << 30));
+        guard_exit_agreed(
+            world->rank, TRD_EXIT_INPUT,
+            "set checkpoint.async: auto (synchronous where it cannot be "
+            "asynchronous) or false",
+            "checkpoint.async: true: %s (per rank %.2f GiB of "
+            "state and %.2f GiB of snapshot, as `trident plan` counts them; %d rank(s) "
+            "share %s, %.2f GiB)",
+            reason, state / (1 << 30), snap / (1 << 30), ram.sharers, ram.what,
+            ram.bytes / (1 << 30));
     if (why && world->rank == 0)
         printf("checkpoint: saves are synchronous (checkpoint.async: auto): %s\n", reason);
     return !why;
@@ -210,13 +222,15 @@ void trainer_poll_save(Trainer *tr, int block)
         guard_exit_agreed(tr->topo.rank, TRD_EXIT_RUNTIME,
                           "nothing was published, the previous checkpoint and latest are "
                           "unchanged; check free space and permissions of checkpoint.dir, or "
-                          "for non-finite values training.lr and weight_decay", "%s", err);
+                          "for non-finite values training.lr and weight_decay",
+                          "%s", err);
     tr->async_blocked_s += d.waited_s;
     trace_span("checkpoint write", TRACE_STEP, d.t_start, d.t_end, -1, -1, 0);
     if (tr->topo.rank == 0)
         printf("checkpoint: step %lld saved to %s in %.2f s (in the background; training "
-               "blocked %.3f s)\n", (long long)d.step, tr->cfg->checkpoint.dir,
-               d.t_end - d.t_start, tr->async_blocked_s);
+               "blocked %.3f s)\n",
+               (long long)d.step, tr->cfg->checkpoint.dir, d.t_end - d.t_start,
+               tr->async_blocked_s);
 }
 
 /* Save steps_done: synchronously, or (checkpoint.async) wait for the
@@ -226,10 +240,11 @@ void trainer_save(Trainer *tr, int steps_done, int wait)
 {
     const Config *cfg = tr->cfg;
     CkptState st = {.step = steps_done,
-                    .sampler_position = tr->start_position +
-                                        (uint64_t)(steps_done - tr->start_step) *
-                                            (uint64_t)cfg->training.global_batch,
-                    .lr_step = steps_done, .adam_t = *zero_state(tr->zero).adam_t};
+                    .sampler_position =
+                        tr->start_position + (uint64_t)(steps_done - tr->start_step) *
+                                                 (uint64_t)cfg->training.global_batch,
+                    .lr_step = steps_done,
+                    .adam_t = *zero_state(tr->zero).adam_t};
     char err[CFG_ERR];
     const double t0 = MPI_Wtime();
     if (tr->async) {
@@ -240,8 +255,10 @@ void trainer_save(Trainer *tr, int steps_done, int wait)
         for (int k = 0; k < CKPT_KINDS; k++)
             src[k] = tr->be->device ? NULL : tr->ckpt.part[k].data;
         if (ckpt_async_snapshot(tr->async, src, steps_done, err) != 0)
-            guard_exit_agreed(tr->topo.rank, TRD_EXIT_RUNTIME, "lower training.lr or "
-                              "weight_decay: an update made the state non-finite", "%s", err);
+            guard_exit_agreed(tr->topo.rank, TRD_EXIT_RUNTIME,
+                              "lower training.lr or "
+                              "weight_decay: an update made the state non-finite",
+                              "%s", err);
         ckpt_async_start(tr->async, cfg->checkpoint.dir, &st, cfg, cfg->checkpoint.keep);
         tr->async_blocked_s = MPI_Wtime() - t0;
         trace_span("checkpoint snapshot", TRACE_STEP, t_copy, MPI_Wtime(), -1, -1, 0);
@@ -254,13 +271,13 @@ void trainer_save(Trainer *tr, int steps_done, int wait)
         guard_exit_agreed(tr->topo.rank, TRD_EXIT_RUNTIME,
                           "nothing was published, the previous checkpoint and latest are "
                           "unchanged; check free space and permissions of checkpoint.dir, or "
-                          "for non-finite values training.lr and weight_decay", "%s", err);
+                          "for non-finite values training.lr and weight_decay",
+                          "%s", err);
     trace_span("checkpoint save", TRACE_STEP, t0, MPI_Wtime(), -1, -1, 0);
     if (tr->topo.rank == 0)
         printf("checkpoint: step %d saved to %s in %.2f s\n", steps_done, cfg->checkpoint.dir,
                MPI_Wtime() - t0);
 }
-
 
 Model *trainer_load_model(const Config *cfg, const Backend *be, const char *step)
 {
@@ -270,8 +287,8 @@ Model *trainer_load_model(const Config *cfg, const Backend *be, const char *step
     const ParamTable *t = model_params(m);
     CkptShardView v;
     ckpt_view_init(&v, t, 0, 0, 1, 0, MPI_COMM_WORLD);
-    float *host = be->device ? trd_malloc(t->numel * sizeof(float), "weights")
-                                : model_param_buffer(m);
+    float *host =
+        be->device ? trd_malloc(t->numel * sizeof(float), "weights") : model_param_buffer(m);
     v.part[CKPT_PARAMS].data = host;
     if (ckpt_load_weights(step, &v, cfg, err) != 0)
         trd_fatal(TRD_EXIT_INPUT, NULL, "%s", err);

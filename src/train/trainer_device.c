@@ -40,8 +40,7 @@ double train_cpu_peak_flops(void)
     double best = 1e30;
     for (int rep = 0; rep < 10; rep++) { /* best of several: other work may share the cores */
         double t0 = now_s();
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, n, n, 1.0f, a, n, b, n, 0.0f, c,
-                    n);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, n, n, 1.0f, a, n, b, n, 0.0f, c, n);
         double dt = now_s() - t0;
         if (rep > 0 && dt < best) /* the first call warms up the thread pool */
             best = dt;
@@ -94,9 +93,10 @@ void trainer_use_device(Trainer *tr)
 #ifdef TRD_HAVE_CUDA
     const int n = backend_cuda_devices();
     if (n < 1)
-        trd_fatal(TRD_EXIT_RUNTIME, "run on a machine with an NVIDIA GPU and driver, or set "
-                  "backend: cpu", "backend cuda: no CUDA device is visible to rank %d",
-                  tr->topo.rank);
+        trd_fatal(TRD_EXIT_RUNTIME,
+                  "run on a machine with an NVIDIA GPU and driver, or set "
+                  "backend: cpu",
+                  "backend cuda: no CUDA device is visible to rank %d", tr->topo.rank);
     const int dev = tr->topo.local_rank % n;
     backend_cuda_set_device(dev);
     backend_cuda_device_name(dev, tr->device, sizeof tr->device);
@@ -114,22 +114,25 @@ void trainer_use_device(Trainer *tr)
 #else
     const int shared = 0;
 #endif
-    Comm *groups[] = {&tr->comms.world, &tr->comms.tp, &tr->comms.dp, &tr->comms.pp,
-                      &tr->comms.mp, &tr->comms.embed};
+    Comm *groups[] = {&tr->comms.world, &tr->comms.tp, &tr->comms.dp,
+                      &tr->comms.pp,    &tr->comms.mp, &tr->comms.embed};
     const int n_groups = (int)(sizeof groups / sizeof *groups);
     for (int i = 0; i < n_groups; i++)
         comm_use_memory(groups[i], tr->be);
     tr->nccl = want_nccl(tr->cfg->topology.comm, shared);
 #ifndef TRD_HAVE_NCCL
     if (tr->nccl)
-        guard_exit_agreed(tr->topo.rank, TRD_EXIT_INPUT, "set topology.comm: mpi, or rebuild where the CUDA toolkit has "
-               "NCCL (libnccl beside libcudart; docs/cuda.md)",
-               "topology.comm nccl: this trident was built without NCCL");
+        guard_exit_agreed(tr->topo.rank, TRD_EXIT_INPUT,
+                          "set topology.comm: mpi, or rebuild where the CUDA toolkit has "
+                          "NCCL (libnccl beside libcudart; docs/cuda.md)",
+                          "topology.comm nccl: this trident was built without NCCL");
 #endif
     if (tr->nccl && shared)
-        guard_exit_agreed(tr->topo.rank, TRD_EXIT_INPUT, "set topology.comm: mpi (host staging), or give every rank a GPU "
-               "of its own", "topology.comm nccl: ranks of a node share a GPU, which NCCL does "
-               "not allow");
+        guard_exit_agreed(tr->topo.rank, TRD_EXIT_INPUT,
+                          "set topology.comm: mpi (host staging), or give every rank a GPU "
+                          "of its own",
+                          "topology.comm nccl: ranks of a node share a GPU, which NCCL does "
+                          "not allow");
     if (tr->nccl)
         comm_use_nccl(&tr->comms.world, groups, n_groups);
 }
@@ -148,14 +151,16 @@ void trainer_report_device_memory(Trainer *tr)
     /* Staging buffers are pooled: after the first step, a steady run
      * allocates none (each step repeats the same transfers). */
     const CommStaging st = comm_staging();
-    double v[3] = {(double)peak, (double)st.allocations, (double)(st.allocations -
-                                                                  tr->staged_first)};
+    double v[3] = {(double)peak, (double)st.allocations,
+                   (double)(st.allocations - tr->staged_first)};
     comm_allreduce_max_f64(&tr->comms.world, v, 3);
     if (tr->topo.rank == 0) {
         printf("device memory: peak %.0f bytes (%.1f MiB) held by trident on the busiest rank "
-               "(rank 0: %zu bytes)\n", v[0], v[0] / (1024.0 * 1024.0), peak);
+               "(rank 0: %zu bytes)\n",
+               v[0], v[0] / (1024.0 * 1024.0), peak);
         printf("host staging: %.0f buffers allocated (busiest rank), %.0f of them after the "
-               "first step; rank 0 holds %.1f MiB\n", v[1], v[2], trd_mib(st.bytes));
+               "first step; rank 0 holds %.1f MiB\n",
+               v[1], v[2], trd_mib(st.bytes));
     }
     comm_staging_free();
 }

@@ -17,7 +17,7 @@
 struct Trainer {
     const Config *cfg;
     TrainerMode mode;
-    TrainerInfo info;          /* what callers read; points into the fields below */
+    TrainerInfo info; /* what callers read; points into the fields below */
     const Backend *be;
     Topology topo;
     TopologyComms comms;
@@ -27,21 +27,21 @@ struct Trainer {
     Sampler train_sampler, val_sampler;
     int32_t *tokens, *targets; /* the step's micro-batches: [n_micro][B*T] */
     int dp, dp_rank, n_micro;
-    PpStage *pipe;           /* pp > 1 */
-    CkptShardView ckpt;        /* what this rank saves and loads (host memory) */
-    CkptAsync *async;          /* checkpoint.async on: the background writer */
-    double async_blocked_s;    /* the write in flight: what its save step blocked */
+    PpStage *pipe;               /* pp > 1 */
+    CkptShardView ckpt;          /* what this rank saves and loads (host memory) */
+    CkptAsync *async;            /* checkpoint.async on: the background writer */
+    double async_blocked_s;      /* the write in flight: what its save step blocked */
     float *ckpt_dev[CKPT_KINDS]; /* device backends: the engine's buffers that ckpt's
                                     host copies mirror (NULL: none, or host backend) */
-    char device[128];          /* device backends: the device's name */
-    MemBudget device_memory;   /* device backends: the memory the state lives in */
-    int nccl;                  /* device buffers go through NCCL (topology.comm) */
-    int start_step;            /* first step of this run (> 0 when resumed) */
-    uint64_t start_position;   /* sample stream position at start_step */
+    char device[128];            /* device backends: the device's name */
+    MemBudget device_memory;     /* device backends: the memory the state lives in */
+    int nccl;                    /* device buffers go through NCCL (topology.comm) */
+    int start_step;              /* first step of this run (> 0 when resumed) */
+    uint64_t start_position;     /* sample stream position at start_step */
     int resumed;
-    int steps_taken;           /* trainer_step calls so far */
-    uint64_t staged_first;     /* staging buffers allocated by the end of the first step */
-    NonfiniteGuard guard;      /* training.nonfinite: skipped steps */
+    int steps_taken;       /* trainer_step calls so far */
+    uint64_t staged_first; /* staging buffers allocated by the end of the first step */
+    NonfiniteGuard guard;  /* training.nonfinite: skipped steps */
 };
 
 /* trainer_device.c */

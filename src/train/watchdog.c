@@ -23,9 +23,9 @@ static struct {
     int running, stop;
     int timeout_s, rank, trace;
     char run_dir[CFG_STR];
-    int beat_fd;          /* this rank's slot in the heartbeat file, or -1 */
-    double beat_every;    /* seconds between heartbeats */
-    double longest_gap;   /* longest time seen between two progress marks */
+    int beat_fd;        /* this rank's slot in the heartbeat file, or -1 */
+    double beat_every;  /* seconds between heartbeats */
+    double longest_gap; /* longest time seen between two progress marks */
 } W = {.mu = PTHREAD_MUTEX_INITIALIZER, .beat_fd = -1};
 
 /* The heartbeat file <run.dir>/.trident.heartbeat: one fixed-size text
@@ -88,8 +88,10 @@ static void describe_peer(int r, int fd, char *out, size_t len)
             who = -1;
     }
     if (who != r) {
-        snprintf(out, len, "rank %d: no heartbeat record (a run.dir not shared with its node, "
-                 "or it never started)", r);
+        snprintf(out, len,
+                 "rank %d: no heartbeat record (a run.dir not shared with its node, "
+                 "or it never started)",
+                 r);
         return;
     }
     char *end = slot + SLOT - 1;
@@ -98,9 +100,10 @@ static void describe_peer(int r, int fd, char *out, size_t len)
     *end = '\0';
     const double now = wall(), silent = now - beat_t;
     if (silent > 3 * W.beat_every + 1)
-        snprintf(out, len, "rank %d: no heartbeat for %.0f s: STOPPED, hung hard or its node is "
-                 "gone (its last record: no progress for %.0f s, %s)", r, silent,
-                 beat_t - prog_t, slot + off);
+        snprintf(out, len,
+                 "rank %d: no heartbeat for %.0f s: STOPPED, hung hard or its node is "
+                 "gone (its last record: no progress for %.0f s, %s)",
+                 r, silent, beat_t - prog_t, slot + off);
     else
         snprintf(out, len, "rank %d: alive, no progress for %.0f s, %s", r, now - prog_t,
                  slot + off);
@@ -161,7 +164,8 @@ static _Noreturn void fire(double idle)
         "machine went away); ending the job so it can be requeued.  The timeout was %.0f s "
         "(training.hang_timeout %d s, or 5x the longest gap between progress marks seen, "
         "%.1f s): raise training.hang_timeout if a step or checkpoint legitimately takes "
-        "longer\n", timeout_of(), W.timeout_s, W.longest_gap);
+        "longer\n",
+        timeout_of(), W.timeout_s, W.longest_gap);
     if (W.trace) {
         char path[CFG_STR + 32];
         snprintf(path, sizeof path, "%s/trace.rank%d.json", W.run_dir, W.rank);
@@ -218,8 +222,7 @@ static void *watch(void *arg)
     return NULL;
 }
 
-void watchdog_start(int timeout_s, int world_rank, int world_size, const char *run_dir,
-                    int trace)
+void watchdog_start(int timeout_s, int world_rank, int world_size, const char *run_dir, int trace)
 {
     if (timeout_s <= 0 || world_size < 2 || W.running)
         return;
@@ -234,8 +237,10 @@ void watchdog_start(int timeout_s, int world_rank, int world_size, const char *r
     heartbeat_path(path, sizeof path);
     W.beat_fd = open(path, O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
     if (W.beat_fd < 0)
-        fprintf(stderr, "trident: warning: rank %d: cannot open %s (%s): a hang will not name "
-                "stopped peers\n", world_rank, path, strerror(errno));
+        fprintf(stderr,
+                "trident: warning: rank %d: cannot open %s (%s): a hang will not name "
+                "stopped peers\n",
+                world_rank, path, strerror(errno));
     beat(wall(), 0); /* the slot exists from the start: a rank stopped at once is named too */
     /* The condition variable times out on the monotonic clock: a clock
      * step (NTP) must neither fire nor silence the watchdog. */

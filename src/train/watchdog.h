@@ -22,8 +22,7 @@
  * not watched: it waits for nobody, and without communication its only
  * marks are micro-batches, which a big model on the CPU can take minutes
  * to compute. */
-void watchdog_start(int timeout_s, int world_rank, int world_size, const char *run_dir,
-                    int trace);
+void watchdog_start(int timeout_s, int world_rank, int world_size, const char *run_dir, int trace);
 /* Stop and join the thread (before the communicators go away). */
 void watchdog_stop(void);
 

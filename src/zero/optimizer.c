@@ -63,9 +63,8 @@ void optimizer_step(Optimizer *o, float *params, const float *grads, float lr,
             continue;
         size_t s = lo - o->begin;
         float *master = o->master ? o->master + s : params + s;
-        o->be->adamw(params + s, master, grads + s, o->m + s, o->v + s, hi - lo, lr,
-                     tc->beta1, tc->beta2, tc->eps, p->decay ? tc->weight_decay : 0.0f, o->t,
-                     o->bf16);
+        o->be->adamw(params + s, master, grads + s, o->m + s, o->v + s, hi - lo, lr, tc->beta1,
+                     tc->beta2, tc->eps, p->decay ? tc->weight_decay : 0.0f, o->t, o->bf16);
     }
 }
 

@@ -17,11 +17,11 @@
 typedef struct {
     const ParamTable *table;
     const Backend *be;
-    size_t begin, end;   /* owned flat range */
-    float *master;       /* fp32 master weights [end-begin], or NULL (fp32: params are master) */
-    float *m, *v;        /* Adam moments [end-begin] */
-    int bf16;            /* params are bf16-rounded copies of master */
-    int t;               /* optimizer steps taken (bias correction) */
+    size_t begin, end; /* owned flat range */
+    float *master;     /* fp32 master weights [end-begin], or NULL (fp32: params are master) */
+    float *m, *v;      /* Adam moments [end-begin] */
+    int bf16;          /* params are bf16-rounded copies of master */
+    int t;             /* optimizer steps taken (bias correction) */
 } Optimizer;
 
 /* Allocate state for the owned flat range [begin, end).  `params` holds

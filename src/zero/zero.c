@@ -15,33 +15,33 @@ struct Zero {
     int stage;
     ParamShard sh;
     Model *model[CFG_MAX_VIRTUAL]; /* one per model chunk held (params_chunk_shard) */
-    ParamTable table;            /* the rank's piece: outer tensors, then every chunk */
-    const ParamTable *t;         /* &table */
-    int nl;                      /* layers held */
-    int *layers;                 /* [nl]: the held layers, ascending (flat buffer order) */
-    int *local;                  /* [model.layers]: index in `layers`, or -1 */
-    int has_embed, has_head;     /* first / last model stage */
+    ParamTable table;              /* the rank's piece: outer tensors, then every chunk */
+    const ParamTable *t;           /* &table */
+    int nl;                        /* layers held */
+    int *layers;                   /* [nl]: the held layers, ascending (flat buffer order) */
+    int *local;                    /* [model.layers]: index in `layers`, or -1 */
+    int has_embed, has_head;       /* first / last model stage */
 
-    size_t P, S;                 /* local elements; shard block */
-    size_t own_lo, own_hi;       /* this rank's part of [0, P) */
-    size_t outer_lo, outer_hi;   /* the outer group's range */
-    size_t max_layer;            /* elements of the largest layer */
+    size_t P, S;               /* local elements; shard block */
+    size_t own_lo, own_hi;     /* this rank's part of [0, P) */
+    size_t outer_lo, outer_hi; /* the outer group's range */
+    size_t max_layer;          /* elements of the largest layer */
 
-    float *params;               /* stages 0-2: [P] */
-    float *grads;                /* stages 0-1: [P] */
-    float *pshard;               /* stage 3: [own] */
-    float *gshard;               /* stages 1-3: [own], the reduced gradient */
+    float *params; /* stages 0-2: [P] */
+    float *grads;  /* stages 0-1: [P] */
+    float *pshard; /* stage 3: [own] */
+    float *gshard; /* stages 1-3: [own], the reduced gradient */
 
     /* stages 2-3: gradient slots; stage 3: parameter slots */
     float *outer_p, *outer_g, *outer_recv;
     float *pslot[2], *gslot[2], *recv[2];
-    int pslot_layer[2];          /* layer a parameter slot holds (-1: none) */
-    int outer_valid;             /* stage 3: outer_p holds current parameters */
+    int pslot_layer[2]; /* layer a parameter slot holds (-1: none) */
+    int outer_valid;    /* stage 3: outer_p holds current parameters */
     CommHandle pgather[2], gred[2], outer_red;
-    int gred_layer[2];           /* layer whose reduction is in flight (-1: none) */
+    int gred_layer[2]; /* layer whose reduction is in flight (-1: none) */
     int outer_pending;
 
-    DpGrads *dpg;                /* stages 0-1: the bucketed reduction (data_par/grads.h) */
+    DpGrads *dpg; /* stages 0-1: the bucketed reduction (data_par/grads.h) */
 
     Optimizer opt;
     ZeroStats stats;
@@ -99,10 +99,7 @@ static int slot_of(const Zero *z, int l) { return z->local[l] & 1; }
 static int backward_pos(const Zero *z, int l) { return z->nl - 1 - z->local[l]; }
 
 /* The chunk model that runs layer l. */
-static Model *model_of(const Zero *z, int l)
-{
-    return z->model[params_shard_chunk_of(&z->sh, l)];
-}
+static Model *model_of(const Zero *z, int l) { return z->model[params_shard_chunk_of(&z->sh, l)]; }
 
 static void group_range(const Zero *z, int group, size_t *lo, size_t *hi)
 {
@@ -174,8 +171,8 @@ static void gather_outer(Zero *z)
     size_t a, b;
     comm_shard_part(z->outer_lo, z->outer_hi, z->S, z->dp->rank, &a, &b);
     const float *mine = b > a ? z->pshard + (a - z->own_lo) : z->pshard;
-    CommHandle h = comm_iallgather_range_f32(z->dp, mine, z->outer_p, z->outer_lo, z->outer_hi,
-                                             z->S);
+    CommHandle h =
+        comm_iallgather_range_f32(z->dp, mine, z->outer_p, z->outer_lo, z->outer_hi, z->S);
     wait_timed(z, &h);
     z->outer_valid = 1;
 }
@@ -195,10 +192,7 @@ static float *alloc_buffer(Zero *z, size_t n, const char *what)
     return alloc_floats(z, n, what);
 }
 
-static void zero_floats(const Zero *z, float *x, size_t n)
-{
-    z->be->zero(x, n * sizeof(float));
-}
+static void zero_floats(const Zero *z, float *x, size_t n) { z->be->zero(x, n * sizeof(float)); }
 
 /* The seeded initial weights of [lo, hi) into dst (backend memory): made on
  * the host, where the initializer runs, then copied over. */
@@ -263,8 +257,8 @@ static void take_models(Zero *z, const Config *cfg, const ParamShard *sh, Model 
     }
 }
 
-Zero *zero_create(const Config *cfg, const Backend *be, const ParamShard *sh,
-                  Model *const *models, Comm *dp, Comm *embed)
+Zero *zero_create(const Config *cfg, const Backend *be, const ParamShard *sh, Model *const *models,
+                  Comm *dp, Comm *embed)
 {
     Zero *z = trd_calloc(1, sizeof *z, "ZeRO engine");
     z->cfg = cfg;
@@ -306,8 +300,8 @@ Zero *zero_create(const Config *cfg, const Backend *be, const ParamShard *sh,
         z->outer_recv = alloc_buffer(z, outer_n < z->S ? outer_n : z->S, "outer receive");
         for (int k = 0; k < 2; k++) {
             z->gslot[k] = alloc_buffer(z, z->max_layer, "layer gradient slot");
-            z->recv[k] = alloc_buffer(z, z->max_layer < z->S ? z->max_layer : z->S,
-                                      "layer receive");
+            z->recv[k] =
+                alloc_buffer(z, z->max_layer < z->S ? z->max_layer : z->S, "layer receive");
         }
         bind_outer_all(z, NULL, z->outer_g);
     }
@@ -332,8 +326,8 @@ Zero *zero_create(const Config *cfg, const Backend *be, const ParamShard *sh,
     } else if (z->stage <= 2) {
         optimizer_init(&z->opt, z->t, be, z->params + z->own_lo, z->own_lo, z->own_hi, prec);
         /* bf16 rounded only our part: make every rank's copy whole again. */
-        CommHandle h = comm_iallgather_range_f32(dp, z->params + z->own_lo, z->params, 0, z->P,
-                                                 z->S);
+        CommHandle h =
+            comm_iallgather_range_f32(dp, z->params + z->own_lo, z->params, 0, z->P, z->S);
         comm_wait(&h);
     } else {
         optimizer_init(&z->opt, z->t, be, z->pshard, z->own_lo, z->own_hi, prec);
@@ -445,8 +439,8 @@ static void zero_before_outer_backward(Zero *z)
 static void zero_after_outer_backward(Zero *z, int last_micro)
 {
     if (z->stage >= 2) {
-        z->outer_red = comm_ireduce_scatter_range_f32(z->dp, z->outer_g, z->outer_recv,
-                                                      z->outer_lo, z->outer_hi, z->S);
+        z->outer_red = comm_ireduce_scatter_range_f32(z->dp, z->outer_g, z->outer_recv, z->outer_lo,
+                                                      z->outer_hi, z->S);
         z->outer_pending = 1;
     } else if (last_micro) {
         dp_grads_ready(z->dpg, z->nl);
@@ -541,8 +535,8 @@ void zero_optimizer_step(Zero *z, float lr, const TrainingConfig *tc)
         optimizer_step(&z->opt, z->params, z->grads, lr, tc);
     } else if (z->stage <= 2) {
         optimizer_step(&z->opt, z->params + z->own_lo, z->gshard, lr, tc);
-        CommHandle h = comm_iallgather_range_f32(z->dp, z->params + z->own_lo, z->params, 0,
-                                                 z->P, z->S);
+        CommHandle h =
+            comm_iallgather_range_f32(z->dp, z->params + z->own_lo, z->params, 0, z->P, z->S);
         wait_timed(z, &h);
     } else {
         optimizer_step(&z->opt, z->pshard, z->gshard, lr, tc);
@@ -557,8 +551,11 @@ void zero_optimizer_step(Zero *z, float lr, const TrainingConfig *tc)
 
 ZeroState zero_state(Zero *z)
 {
-    return (ZeroState){.params = z->params ? z->params : z->pshard, .master = z->opt.master,
-                       .m = z->opt.m, .v = z->opt.v, .adam_t = &z->opt.t};
+    return (ZeroState){.params = z->params ? z->params : z->pshard,
+                       .master = z->opt.master,
+                       .m = z->opt.m,
+                       .v = z->opt.v,
+                       .adam_t = &z->opt.t};
 }
 
 ZeroMemory zero_memory(const Zero *z)
@@ -666,11 +663,11 @@ ZeroMemory zero_plan_memory(const Config *cfg, const ParamShard *sh, int dp, int
 static uint64_t plan_gather_bytes(const PlanShard *ps, int slot_layer[2], int dp)
 {
     uint64_t bytes = 0;
-    for (int dir = 0; dir < 2; dir++)           /* forward, then backward */
+    for (int dir = 0; dir < 2; dir++) /* forward, then backward */
         for (int k = 0; k < ps->nl; k++) {
             const int i = dir == 0 ? k : ps->nl - 1 - k;
             const int next = dir == 0 ? i + 1 : i - 1;
-            for (int j = 0; j < 2; j++) {        /* the layer, then the prefetch */
+            for (int j = 0; j < 2; j++) { /* the layer, then the prefetch */
                 const int g = j == 0 ? i : next;
                 if (g < 0 || g >= ps->nl || slot_layer[g & 1] == ps->layers[g])
                     continue;
@@ -690,8 +687,8 @@ uint64_t zero_plan_step_bytes(const Config *cfg, const ParamShard *sh, int dp, i
     const int stage = cfg->topology.zero;
     uint64_t bytes = 0;
     if (stage <= 1) {
-        bytes += dp_grads_plan_bytes(&ps.t, ps.layers, ps.nl, cfg->topology.bucket_mb, dp,
-                                     stage == 1);
+        bytes +=
+            dp_grads_plan_bytes(&ps.t, ps.layers, ps.nl, cfg->topology.bucket_mb, dp, stage == 1);
     } else { /* every micro-batch: each layer's and the outer gradient reduce-scattered */
         uint64_t per_micro = comm_ring_bytes(ps.outer_n, 1, dp);
         for (int i = 0; i < ps.nl; i++)
@@ -701,7 +698,7 @@ uint64_t zero_plan_step_bytes(const Config *cfg, const ParamShard *sh, int dp, i
     if (stage == 1 || stage == 2) /* parameters made whole after the step */
         bytes += comm_ring_bytes(ps.P, 1, dp);
     if (stage == 3) {
-        int slot_layer[2] = {-1, -1}; /* the optimizer step invalidates both */
+        int slot_layer[2] = {-1, -1};                /* the optimizer step invalidates both */
         bytes += comm_ring_bytes(ps.outer_n, 1, dp); /* outer tensors, once a step */
         for (int j = 0; j < n_micro; j++)
             bytes += plan_gather_bytes(&ps, slot_layer, dp);

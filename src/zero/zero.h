@@ -42,9 +42,9 @@ typedef struct Zero Zero;
  * (this rank's block only): the table above, as data.  The checkpoint's
  * view, the planner's memory and the engine itself all read it here. */
 typedef struct {
-    int params;     /* the weights */
-    int grads;      /* a full gradient buffer (stages 0-1; stage 1 also keeps a shard) */
-    int optimizer;  /* m, v and the fp32 master weights */
+    int params;    /* the weights */
+    int grads;     /* a full gradient buffer (stages 0-1; stage 1 also keeps a shard) */
+    int optimizer; /* m, v and the fp32 master weights */
 } ZeroWhole;
 ZeroWhole zero_stage_whole(int stage);
 
@@ -54,7 +54,7 @@ void zero_block(size_t P, int dp, int r, size_t *lo, size_t *hi);
 
 /* Byte counts of what the engine allocated. */
 typedef struct {
-    size_t params, grads, optimizer, buffers;   /* buffers: slots and receive space */
+    size_t params, grads, optimizer, buffers; /* buffers: slots and receive space */
 } ZeroMemory;
 
 /* Per-step timing: seconds spent waiting for communication that did not
@@ -71,8 +71,8 @@ typedef struct {
  * optimizer state of its part.  dp is the data-parallel group; embed the
  * embedding group when this rank holds a tied embedding split over
  * pipeline stages (stages 0-1 only), else NULL. */
-Zero *zero_create(const Config *cfg, const Backend *be, const ParamShard *sh,
-                  Model *const *models, Comm *dp, Comm *embed);
+Zero *zero_create(const Config *cfg, const Backend *be, const ParamShard *sh, Model *const *models,
+                  Comm *dp, Comm *embed);
 void zero_free(Zero *z);
 /* The model of the first chunk (the only one unless interleaved). */
 Model *zero_model(Zero *z);

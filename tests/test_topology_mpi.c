@@ -105,7 +105,7 @@ static void run_case(const Case *k, Comm world)
 
     Topology t;
     TopologyComms c;
-    topology_init(&t, &c, &cfg, world);
+    topology_init(&t, &c, &cfg.topology, world);
     int r = world.rank;
     CHECK(t.node == k->node[r], "%s: rank %d on node %d, want %d", k->name, r, t.node, k->node[r]);
     CHECK(c.world.size == WORLD, "%s: world comm of %d", k->name, c.world.size);

@@ -864,20 +864,7 @@ int ckpt_hf_import(const char *hf_dir, const char *out_dir, char *const *sets, i
     }
     CkptIndex ix;
     memset(&ix, 0, sizeof ix);
-    ix.seed = cfg.run.seed;
-    snprintf(ix.data_path, sizeof ix.data_path, "%s", cfg.data.path);
-    snprintf(ix.arch, sizeof ix.arch, "%s", config_arch_name(m->arch));
-    snprintf(ix.precision, sizeof ix.precision, "%s", config_precision_name(PREC_FP32));
-    ix.layers = m->layers;
-    ix.hidden = m->hidden;
-    ix.heads = m->heads;
-    ix.kv_heads = m->kv_heads;
-    ix.ffn_hidden = m->ffn_hidden;
-    ix.vocab = m->vocab;
-    ix.seq_len = m->seq_len;
-    ix.tie_embeddings = m->tie_embeddings;
-    ix.norm_eps = m->norm_eps;
-    ix.rope_theta = m->rope_theta;
+    ckpt_index_describe(&ix, &cfg, PREC_FP32);
     ix.tp = ix.pp = ix.dp = ix.world = 1;
     ix.stage_layers[0] = m->layers;
     FILE *yf = fopen(path, "rb");

@@ -677,3 +677,22 @@ int ckpt_get_checksums(hid_t d, const CkptEntry *e, uint64_t **sums)
     H5Aclose(a);
     return rc;
 }
+
+void ckpt_index_describe(CkptIndex *ix, const Config *cfg, Precision precision)
+{
+    const ModelConfig *m = &cfg->model;
+    ix->seed = cfg->run.seed;
+    snprintf(ix->data_path, sizeof ix->data_path, "%s", cfg->data.path);
+    snprintf(ix->arch, sizeof ix->arch, "%s", config_arch_name(m->arch));
+    snprintf(ix->precision, sizeof ix->precision, "%s", config_precision_name(precision));
+    ix->layers = m->layers;
+    ix->hidden = m->hidden;
+    ix->heads = m->heads;
+    ix->kv_heads = m->kv_heads;
+    ix->ffn_hidden = m->ffn_hidden;
+    ix->vocab = m->vocab;
+    ix->seq_len = m->seq_len;
+    ix->tie_embeddings = m->tie_embeddings;
+    ix->norm_eps = m->norm_eps;
+    ix->rope_theta = m->rope_theta;
+}

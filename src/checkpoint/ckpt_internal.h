@@ -147,6 +147,9 @@ typedef struct {
 int ckpt_index_write(const char *path, const CkptIndex *ix, char err[CFG_ERR]);
 /* Read index.h5. Returns 0 or -1 with err naming the file. */
 int ckpt_index_read(const char *path, CkptIndex *ix, char err[CFG_ERR]);
+/* The run and model fields of an index from cfg (seed, data path, arch,
+ * precision, the model's shape, eps and RoPE base). */
+void ckpt_index_describe(CkptIndex *ix, const Config *cfg, Precision precision);
 void ckpt_index_free(CkptIndex *ix);
 /* The entry of (name, kind), or NULL. */
 const CkptEntry *ckpt_index_find(const CkptIndex *ix, const char *name, CkptKind kind);

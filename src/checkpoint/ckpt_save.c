@@ -443,22 +443,7 @@ static int write_index(const char *tmp, const Catalog *c, const CkptShardView *v
     CkptIndex ix;
     memset(&ix, 0, sizeof ix);
     ix.state = *st;
-    ix.seed = cfg->run.seed;
-    snprintf(ix.data_path, sizeof ix.data_path, "%s", cfg->data.path);
-    const ModelConfig *m = &cfg->model;
-    snprintf(ix.arch, sizeof ix.arch, "%s", config_arch_name(m->arch));
-    snprintf(ix.precision, sizeof ix.precision, "%s",
-             config_precision_name(cfg->training.precision));
-    ix.layers = m->layers;
-    ix.hidden = m->hidden;
-    ix.heads = m->heads;
-    ix.kv_heads = m->kv_heads;
-    ix.ffn_hidden = m->ffn_hidden;
-    ix.vocab = m->vocab;
-    ix.seq_len = m->seq_len;
-    ix.tie_embeddings = m->tie_embeddings;
-    ix.norm_eps = m->norm_eps;
-    ix.rope_theta = m->rope_theta;
+    ckpt_index_describe(&ix, cfg, cfg->training.precision);
     ix.pp = c->pp;
     memcpy(ix.stage_layers, c->stage_layers, sizeof ix.stage_layers);
     ix.dp = v->dp;

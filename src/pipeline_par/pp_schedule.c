@@ -207,9 +207,8 @@ int pp_schedule_slots(const PpSchedule *s)
     return widest;
 }
 
-void pp_stage_layers(const Config *cfg, int stage, int *begin, int *end)
+void pp_stage_layers(const ModelConfig *m, const TopologyConfig *t, int stage, int *begin, int *end)
 {
-    const TopologyConfig *t = &cfg->topology;
     if (t->n_stage_layers > 0) {
         *begin = 0;
         for (int s = 0; s < stage; s++)
@@ -218,20 +217,21 @@ void pp_stage_layers(const Config *cfg, int stage, int *begin, int *end)
         return;
     }
     const int n = t->pp * t->virtual_stages;
-    const int L = cfg->model.layers, base = L / n, extra = L % n;
+    const int L = m->layers, base = L / n, extra = L % n;
     *begin = stage * base + (stage < extra ? stage : extra);
     *end = *begin + base + (stage < extra ? 1 : 0);
 }
 
-ParamShard pp_rank_shard(const Config *cfg, int pp_rank, int tp, int tp_rank)
+ParamShard pp_rank_shard(const ModelConfig *m, const TopologyConfig *t, int pp_rank, int tp,
+                         int tp_rank)
 {
-    const int pp = cfg->topology.pp, v = cfg->topology.virtual_stages;
-    ParamShard sh = params_full_shard(&cfg->model);
+    const int pp = t->pp, v = t->virtual_stages;
+    ParamShard sh = params_full_shard(m);
     sh.tp = tp;
     sh.tp_rank = tp_rank;
     sh.n_chunks = v;
     for (int c = 0; c < v; c++)
-        pp_stage_layers(cfg, pp_stage(pp, pp_rank, c), &sh.chunk[c].begin, &sh.chunk[c].end);
+        pp_stage_layers(m, t, pp_stage(pp, pp_rank, c), &sh.chunk[c].begin, &sh.chunk[c].end);
     sh.has_embed = pp_rank == 0;
     sh.has_head = pp_rank == pp - 1;
     return sh;

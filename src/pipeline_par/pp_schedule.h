@@ -166,10 +166,12 @@ int pp_schedule_chunk_slots(const PpSchedule *s, int chunk);
 /* Layers [*begin, *end) of model stage `stage` (0 .. pp * virtual_stages - 1):
  * topology.stage_layers, or an even split with the first stages taking one
  * more when it is uneven. */
-void pp_stage_layers(const Config *cfg, int stage, int *begin, int *end);
+void pp_stage_layers(const ModelConfig *m, const TopologyConfig *t, int stage, int *begin,
+                     int *end);
 
 /* What pipeline rank pp_rank holds: chunk c is model stage c * pp + pp_rank
  * (above), the embeddings on rank 0, the head on the last rank. */
-ParamShard pp_rank_shard(const Config *cfg, int pp_rank, int tp, int tp_rank);
+ParamShard pp_rank_shard(const ModelConfig *m, const TopologyConfig *t, int pp_rank, int tp,
+                         int tp_rank);
 
 #endif

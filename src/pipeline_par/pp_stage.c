@@ -126,8 +126,8 @@ PpStage *pp_stage_create(const Config *cfg, Zero *z, Comm *pp, int n_micro, char
     }
     for (int c = 0; c < v; c++) {
         p->m[c] = zero_chunk_model(z, c);
-        pp_stage_layers(cfg, pp_stage(pp->size, pp->rank, c), &p->layers[c].begin,
-                        &p->layers[c].end);
+        pp_stage_layers(&cfg->model, &cfg->topology, pp_stage(pp->size, pp->rank, c),
+                        &p->layers[c].begin, &p->layers[c].end);
         /* A chunk keeps one activation set per micro-batch it holds between
          * forward and backward: pp - rank for 1F1B, m for GPipe, more for
          * the first chunks than the last ones when interleaved. */

@@ -322,7 +322,7 @@ static int plan_stage(const Config *cfg, const PlanCluster *c, PlanResult *r, in
                       char err[CFG_ERR])
 {
     PlanStage *st = &r->st[rank];
-    const ParamShard sh = pp_rank_shard(cfg, rank, cfg->topology.tp, 0);
+    const ParamShard sh = pp_rank_shard(&cfg->model, &cfg->topology, rank, cfg->topology.tp, 0);
     memset(st, 0, sizeof *st);
     st->layers = params_shard_layers(&sh);
     st->has_embed = sh.has_embed;

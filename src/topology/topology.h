@@ -127,7 +127,7 @@ void topology_set_live(int world, int ranks_per_node, const char *source, const 
  * the node layout, builds t for this rank and creates the communicators of
  * c.  A topology that does not fit ends the job with exit code 2 and the
  * message of topology_build (printed once, by rank 0). */
-void topology_init(Topology *t, TopologyComms *c, const Config *cfg, Comm world);
+void topology_init(Topology *t, TopologyComms *c, const TopologyConfig *tc, Comm world);
 void topology_comms_free(TopologyComms *c);
 
 #endif

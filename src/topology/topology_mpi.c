@@ -175,9 +175,8 @@ static void record_live(Comm *world, int rpn, int from_slurm, const char *source
     free(all);
 }
 
-void topology_init(Topology *t, TopologyComms *c, const Config *cfg, Comm world)
+void topology_init(Topology *t, TopologyComms *c, const TopologyConfig *tc, Comm world)
 {
-    const TopologyConfig *tc = &cfg->topology;
     int from_slurm = 0;
     int rpn =
         tc->ranks_per_node > 0 ? tc->ranks_per_node : detect_ranks_per_node(&world, &from_slurm);

@@ -154,13 +154,13 @@ static int same_dir(const char *a, const char *b)
            sa.st_ino == sb.st_ino;
 }
 
-void runlock_claim(const Config *cfg, Comm *world)
+void runlock_claim(const char *run_dir, const char *ckpt_dir, Comm *world)
 {
     Verdict v = {.code = TRD_EXIT_OK};
     if (world->rank == 0) {
-        const char *ck = cfg->checkpoint.dir;
-        if (claim("run.dir", cfg->run.dir, &v) == 0 && ck[0]) {
-            if (make_dirs("checkpoint.dir", ck, &v) == 0 && !same_dir(ck, cfg->run.dir))
+        const char *ck = ckpt_dir;
+        if (claim("run.dir", run_dir, &v) == 0 && ck[0]) {
+            if (make_dirs("checkpoint.dir", ck, &v) == 0 && !same_dir(ck, run_dir))
                 claim("checkpoint.dir", ck, &v);
         }
     }

@@ -19,8 +19,9 @@
 #define RUNLOCK_FILE ".trident.lock"
 
 /* Collective over world: rank 0 prepares and locks run.dir and
- * checkpoint.dir; on failure every rank exits 2 (rank 0 says why). */
-void runlock_claim(const Config *cfg, Comm *world);
+ * checkpoint.dir (ckpt_dir "": none); on failure every rank exits 2 (rank
+ * 0 says why). */
+void runlock_claim(const char *run_dir, const char *ckpt_dir, Comm *world);
 
 /* Rank 0, at the end of a run: empty the lock records (so the next run does
  * not report a dead holder) and release the locks.  The files stay: removing

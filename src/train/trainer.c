@@ -266,7 +266,7 @@ Trainer *trainer_create(const Config *cfg, Comm world, TrainerMode mode)
     tr->mode = mode;
     tr->be = pick_backend(cfg, world.rank);
     check_layout(cfg, world.rank);
-    topology_init(&tr->topo, &tr->comms, cfg, world);
+    topology_init(&tr->topo, &tr->comms, &cfg->topology, world);
     trainer_set_threads(world);
     trainer_use_device(tr);
     tr->dp = tr->comms.dp.size;
@@ -279,9 +279,10 @@ Trainer *trainer_create(const Config *cfg, Comm world, TrainerMode mode)
              &world);
     const int async = mode == TRAINER_TRAIN && trainer_async_decide(tr, &world);
     if (mode == TRAINER_TRAIN) /* inputs are good: create, probe and lock the output dirs */
-        runlock_claim(cfg, &world);
+        runlock_claim(cfg->run.dir, cfg->checkpoint.dir, &world);
 
-    ParamShard shard = pp_rank_shard(cfg, tr->comms.pp.rank, tr->comms.tp.size, tr->comms.tp.rank);
+    ParamShard shard = pp_rank_shard(&cfg->model, &cfg->topology, tr->comms.pp.rank,
+                                     tr->comms.tp.size, tr->comms.tp.rank);
     for (int c = 0; c < shard.n_chunks; c++) {
         const ParamShard chunk = params_chunk_shard(&shard, c);
         tr->models[c] = model_create_unbound(cfg, tr->be, &chunk, cfg->training.micro_batch);

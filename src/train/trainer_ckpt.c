@@ -282,7 +282,7 @@ void trainer_save(Trainer *tr, int steps_done, int wait)
 Model *trainer_load_model(const Config *cfg, const Backend *be, const char *step)
 {
     char err[CFG_ERR];
-    ParamShard sh = pp_rank_shard(cfg, 0, 1, 0);
+    ParamShard sh = pp_rank_shard(&cfg->model, &cfg->topology, 0, 1, 0);
     Model *m = model_create(cfg, be, &sh, 1);
     const ParamTable *t = model_params(m);
     CkptShardView v;

@@ -6,7 +6,7 @@
  *   ckpt_save.c    the stage files, written by each stage's ranks; ckpt_save
  *   ckpt_publish.c rank 0's file-system steps: .tmp, rename, latest, keep
  *   ckpt_load.c    resolve and load for any topology
- *   ckpt_cli.c     trident ckpt inspect / verify / export
+ *   ckpt_tools.c   trident ckpt inspect / verify / export (src/cli parses)
  *   ckpt_hf.c      trident ckpt export --format hf (Hugging Face directory)
  *   ckpt_hf_import.c  safetensors reader; trident ckpt import --from hf */
 #ifndef TRD_CKPT_INTERNAL_H

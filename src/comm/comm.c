@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "comm/nccl.h"
 #include "core/error.h"
@@ -53,6 +54,14 @@ void comm_finalize(void)
 }
 
 void comm_before_finalize(void (*fn)(void)) { before_finalize = fn; }
+
+_Noreturn void comm_abort(int code)
+{
+    MPI_Abort(MPI_COMM_WORLD, code);
+    _exit(code); /* MPI_Abort does not return; if it did, still end */
+}
+
+double comm_wtime(void) { return MPI_Wtime(); }
 
 int comm_threads(void)
 {
@@ -310,6 +319,17 @@ Comm comm_split(const Comm *parent, int color, int key)
     MPI_Comm_rank(c.mpi, &c.rank);
     MPI_Comm_size(c.mpi, &c.size);
     set_members(&c);
+    return c;
+}
+
+Comm comm_split_node(const Comm *parent)
+{
+    Comm c = comm_none();
+    if (MPI_Comm_split_type(parent->mpi, MPI_COMM_TYPE_SHARED, parent->rank, MPI_INFO_NULL,
+                            &c.mpi) != MPI_SUCCESS)
+        trd_fatal(TRD_EXIT_RUNTIME, NULL, "MPI_Comm_split_type(MPI_COMM_TYPE_SHARED) failed");
+    MPI_Comm_rank(c.mpi, &c.rank);
+    MPI_Comm_size(c.mpi, &c.size);
     return c;
 }
 

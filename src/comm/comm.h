@@ -60,6 +60,11 @@ void comm_init(int *argc, char ***argv);
  * the asynchronous checkpoint writer finishes there. */
 void comm_finalize(void);
 void comm_before_finalize(void (*fn)(void));
+/* End the whole job now with `code` (MPI_Abort of the world): for a rank
+ * that cannot agree with the others, such as the watchdog's thread. */
+_Noreturn void comm_abort(int code);
+/* Seconds on this rank's clock (MPI_Wtime): the time base of traces. */
+double comm_wtime(void);
 /* Whether MPI runs calls from several threads at once (MPI_THREAD_MULTIPLE). */
 int comm_threads(void);
 Comm comm_world(void);
@@ -68,6 +73,10 @@ Comm comm_world(void);
  * ordered by key.  A color < 0 joins no group: the result has mpi =
  * MPI_COMM_NULL, rank -1, size 0.  Collective over parent. */
 Comm comm_split(const Comm *parent, int color, int key);
+/* The ranks of parent that share this rank's node (its shared memory),
+ * ordered by their rank in parent.  Collective over parent; free with
+ * comm_free. */
+Comm comm_split_node(const Comm *parent);
 /* Free a communicator made by comm_split (no-op for MPI_COMM_NULL and the world). */
 void comm_free(Comm *c);
 /* Name a group for traces (truncated to 11 characters). */
@@ -138,6 +147,11 @@ typedef struct {
     const Comm *group;
     int peer;
 } CommHandle;
+
+/* A handle with nothing in flight: waiting on it returns at once. */
+static inline CommHandle comm_handle_none(void) { return (CommHandle){.req = MPI_REQUEST_NULL}; }
+/* No group: what comm_split gives a rank that joins none (rank -1, size 0). */
+static inline Comm comm_none(void) { return (Comm){.mpi = MPI_COMM_NULL, .rank = -1, .size = 0}; }
 
 /* The part of [lo, hi) that `rank` owns, as [*a, *b). */
 void comm_shard_part(size_t lo, size_t hi, size_t S, int rank, size_t *a, size_t *b);

@@ -15,7 +15,7 @@ int dp_make_buckets(const ParamTable *t, const int *layers, int nl, size_t targe
             continue;
         if (!open) {
             open = &b[n++];
-            *open = (DpBucket){.hi = ghi, .h = {.req = MPI_REQUEST_NULL}};
+            *open = (DpBucket){.hi = ghi, .h = comm_handle_none()};
         }
         open->lo = glo; /* groups in backward order move down the buffer */
         open->groups++;

@@ -61,7 +61,7 @@ typedef struct {
 /* Which part of the model this rank holds: its tensor-parallel piece of
  * one or more model chunks.  A plain pipeline stage holds one chunk of
  * consecutive layers; an interleaved one (topology.virtual_stages v) holds
- * v chunks, ascending and disjoint (schedule.h: chunk c of pipeline rank r
+ * v chunks, ascending and disjoint (pp_schedule.h: chunk c of pipeline rank r
  * is the model stage c * pp + r).  The flat buffers hold the outer tensors,
  * then the held layers in ascending order. */
 typedef struct {

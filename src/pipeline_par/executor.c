@@ -29,7 +29,7 @@ typedef struct {
     int n_pending;
 } Exec;
 
-static double now(void) { return MPI_Wtime(); }
+static double now(void) { return comm_wtime(); }
 
 /* Waiting without holding a core.  A rank blocked inside MPI spins on its
  * core; where ranks share cores (the CPU backend's OpenMP threads, a test on

@@ -1,4 +1,4 @@
-/* executor.h — runs one pipeline rank's instruction list (schedule.h) over
+/* executor.h — runs one pipeline rank's instruction list (pp_schedule.h) over
  * MPI: the stage's compute through callbacks, activations and gradients as
  * point-to-point messages on the pipeline group, timing per instruction.
  *
@@ -39,7 +39,7 @@
  * wait covers it.)
  *
  * Messages go on the pipeline group's communicator with one tag for
- * activations and one for gradients (schedule.h: a channel keeps its order).
+ * activations and one for gradients (pp_schedule.h: a channel keeps its order).
  * A peer equal to this rank (interleaved with pp = 1) goes through MPI too.
  * Receives block at their instruction (not posted early), so a receive
  * buffer is written only at its instruction.  Pending sends are tested after
@@ -94,7 +94,7 @@ typedef struct {
 /* What a step cost on this rank.  The caller sets spans / span_cap (or NULL /
  * 0 for no timeline); pp_execute resets everything else. */
 typedef struct {
-    double t0;             /* MPI_Wtime() when pp_execute began */
+    double t0;             /* comm_wtime() when pp_execute began */
     double elapsed_s;      /* t0 to the end of the list */
     double op_s[PP_OPS];   /* per kind: computing (FWD, BWD, REDUCE, STEP), blocked
                               receiving (RECV_*), posting (SEND_*) */

@@ -177,7 +177,7 @@ static StageFlops stage_flops(const Config *cfg, const ParamShard *sh)
 /* ---- one pipeline rank --------------------------------------------------------- */
 
 /* Activation sets each chunk holds at peak: what the schedule needs
- * (pipeline.c sizes the model's sets the same way); one without a pipeline. */
+ * (pp_stage.c sizes the model's sets the same way); one without a pipeline. */
 static int chunk_slots(const Config *cfg, int pp_rank, int n_micro, int chunk, char err[CFG_ERR])
 {
     const TopologyConfig *t = &cfg->topology;

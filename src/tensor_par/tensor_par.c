@@ -11,7 +11,7 @@ TpGroup tp_group_layout(const Backend *be, int size, int rank, int sequence_para
     TRD_ASSERT(size >= 1 && rank >= 0 && rank < size && kv_share >= 1);
     TpGroup g = {.be = be,
                  .comm = NULL,
-                 .kv = {.mpi = MPI_COMM_NULL, .rank = -1, .size = 0},
+                 .kv = comm_none(),
                  .size = size,
                  .rank = rank,
                  .sp = size > 1 && sequence_parallel,

@@ -75,12 +75,7 @@ static int slurm_node_key(Comm *world)
 
 static int shared_memory_node_key(Comm *world)
 {
-    Comm node = {.mpi = MPI_COMM_NULL};
-    if (MPI_Comm_split_type(world->mpi, MPI_COMM_TYPE_SHARED, world->rank, MPI_INFO_NULL,
-                            &node.mpi) != MPI_SUCCESS)
-        trd_fatal(TRD_EXIT_RUNTIME, NULL, "MPI_Comm_split_type(MPI_COMM_TYPE_SHARED) failed");
-    MPI_Comm_rank(node.mpi, &node.rank);
-    MPI_Comm_size(node.mpi, &node.size);
+    Comm node = comm_split_node(world);
     int key = lowest_world_rank(&node, world->rank);
     comm_free(&node);
     return key;

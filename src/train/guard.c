@@ -20,10 +20,7 @@ _Noreturn void guard_exit_agreed(int rank, int code, const char *hint, const cha
         va_end(ap);
     }
     fflush(stdout);
-    int initialized = 0;
-    MPI_Initialized(&initialized);
-    if (initialized)
-        comm_finalize();
+    comm_finalize(); /* also safe before MPI started */
     exit(code);
 }
 

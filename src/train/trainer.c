@@ -72,7 +72,7 @@ static double one_step(Trainer *tr, int step, double *grad_norm, float *lr, int 
     /* Pre-scaled so that the sum over DP ranks of the accumulated gradients
      * is the mean over the global batch. */
     const float loss_scale = 1.0f / (float)(tr->n_micro * tr->dp);
-    const double t_step = MPI_Wtime();
+    const double t_step = comm_wtime();
 
     progress_step(step + 1, 0);
     zero_begin_step(tr->zero);
@@ -117,13 +117,13 @@ static double one_step(Trainer *tr, int step, double *grad_norm, float *lr, int 
     if (clip > 0 && *grad_norm > clip)
         zero_scale_grads(tr->zero, clip / (float)(*grad_norm + 1e-6));
 
-    const double t_opt = MPI_Wtime();
+    const double t_opt = comm_wtime();
     zero_optimizer_step(tr->zero, *lr, &cfg->training);
     if (trace_active()) {
         char name[32];
         snprintf(name, sizeof name, "step %d", step + 1);
-        trace_span("optimizer", TRACE_COMPUTE, t_opt, MPI_Wtime(), -1, -1, 0);
-        trace_span(name, TRACE_STEP, t_step, MPI_Wtime(), -1, -1, 0);
+        trace_span("optimizer", TRACE_COMPUTE, t_opt, comm_wtime(), -1, -1, 0);
+        trace_span(name, TRACE_STEP, t_step, comm_wtime(), -1, -1, 0);
     }
     return loss;
 }
@@ -154,7 +154,7 @@ double trainer_validate(Trainer *tr, double *counted_tokens)
     /* Every DP rank runs the same number of forwards (ZeRO-3 gathers inside
      * them are collective); a rank past the end runs one with no target. */
     const int rounds = (batches + tr->dp - 1) / tr->dp;
-    const double t0 = MPI_Wtime();
+    const double t0 = comm_wtime();
     double sum = 0, tokens = 0;
     for (int r = 0; r < rounds; r++) {
         const int j = r * tr->dp + tr->dp_rank;
@@ -175,7 +175,7 @@ double trainer_validate(Trainer *tr, double *counted_tokens)
         comm_allreduce_f64(&tr->comms.pp, &sum, 1); /* only the last stage has it */
     double both[2] = {sum, tokens};
     comm_allreduce_f64(&tr->comms.dp, both, 2);
-    trace_span("validation", TRACE_STEP, t0, MPI_Wtime(), -1, -1, 0);
+    trace_span("validation", TRACE_STEP, t0, comm_wtime(), -1, -1, 0);
     if (tr->steps_taken == 1) /* the first step's validation pools its buffers too */
         tr->staged_first = comm_staging().allocations;
     if (counted_tokens)

@@ -246,10 +246,10 @@ void trainer_save(Trainer *tr, int steps_done, int wait)
                     .lr_step = steps_done,
                     .adam_t = *zero_state(tr->zero).adam_t};
     char err[CFG_ERR];
-    const double t0 = MPI_Wtime();
+    const double t0 = comm_wtime();
     if (tr->async) {
         trainer_poll_save(tr, 1);
-        const double t_copy = MPI_Wtime();
+        const double t_copy = comm_wtime();
         ckpt_sync(tr, 1); /* device backends: the host copies are the snapshot */
         const float *src[CKPT_KINDS];
         for (int k = 0; k < CKPT_KINDS; k++)
@@ -260,8 +260,8 @@ void trainer_save(Trainer *tr, int steps_done, int wait)
                               "weight_decay: an update made the state non-finite",
                               "%s", err);
         ckpt_async_start(tr->async, cfg->checkpoint.dir, &st, cfg, cfg->checkpoint.keep);
-        tr->async_blocked_s = MPI_Wtime() - t0;
-        trace_span("checkpoint snapshot", TRACE_STEP, t_copy, MPI_Wtime(), -1, -1, 0);
+        tr->async_blocked_s = comm_wtime() - t0;
+        trace_span("checkpoint snapshot", TRACE_STEP, t_copy, comm_wtime(), -1, -1, 0);
         if (wait)
             trainer_poll_save(tr, 1);
         return;
@@ -273,10 +273,10 @@ void trainer_save(Trainer *tr, int steps_done, int wait)
                           "unchanged; check free space and permissions of checkpoint.dir, or "
                           "for non-finite values training.lr and weight_decay",
                           "%s", err);
-    trace_span("checkpoint save", TRACE_STEP, t0, MPI_Wtime(), -1, -1, 0);
+    trace_span("checkpoint save", TRACE_STEP, t0, comm_wtime(), -1, -1, 0);
     if (tr->topo.rank == 0)
         printf("checkpoint: step %d saved to %s in %.2f s\n", steps_done, cfg->checkpoint.dir,
-               MPI_Wtime() - t0);
+               comm_wtime() - t0);
 }
 
 Model *trainer_load_model(const Config *cfg, const Backend *be, const char *step)

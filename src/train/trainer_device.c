@@ -56,12 +56,9 @@ double train_cpu_peak_flops(void)
  * otherwise: oversubscribed OpenMP and BLAS threads crawl. */
 void trainer_set_threads(Comm world)
 {
-    MPI_Comm local;
-    int local_size = 1;
-    MPI_Comm_split_type(world.mpi, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &local);
-    MPI_Comm_size(local, &local_size);
-    MPI_Comm_free(&local);
-    int threads = omp_get_num_procs() / local_size;
+    Comm node = comm_split_node(&world);
+    int threads = omp_get_num_procs() / node.size;
+    comm_free(&node);
     if (threads < 1)
         threads = 1;
     if (!getenv("OMP_NUM_THREADS"))

@@ -3,7 +3,6 @@
 
 #include <errno.h>
 #include <fcntl.h>
-#include <mpi.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -11,6 +10,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "comm/comm.h"
 #include "config/config.h"
 #include "core/error.h"
 #include "core/progress.h"
@@ -180,8 +180,7 @@ static _Noreturn void fire(double idle)
      * MPICH's abort asks the launcher to kill the job without touching the
      * communicators.  The pause lets the launcher forward our message. */
     nanosleep(&(struct timespec){.tv_nsec = 200 * 1000 * 1000}, NULL);
-    MPI_Abort(MPI_COMM_WORLD, TRD_EXIT_RUNTIME);
-    _exit(TRD_EXIT_RUNTIME); /* MPI_Abort does not return; if it did, still end */
+    comm_abort(TRD_EXIT_RUNTIME);
 }
 
 static void *watch(void *arg)

@@ -280,8 +280,8 @@ Zero *zero_create(const Config *cfg, const Backend *be, const ParamShard *sh, Mo
     }
     z->pslot_layer[0] = z->pslot_layer[1] = -1;
     for (int k = 0; k < 2; k++)
-        z->pgather[k] = z->gred[k] = (CommHandle){.req = MPI_REQUEST_NULL};
-    z->outer_red = (CommHandle){.req = MPI_REQUEST_NULL};
+        z->pgather[k] = z->gred[k] = comm_handle_none();
+    z->outer_red = comm_handle_none();
     z->gred_layer[0] = z->gred_layer[1] = -1;
     const Precision prec = cfg->training.precision;
     const size_t outer_n = z->outer_hi - z->outer_lo;
@@ -489,13 +489,13 @@ float zero_forward(Zero *z, const int32_t *tokens, const int32_t *targets)
 float zero_forward_backward(Zero *z, const int32_t *tokens, const int32_t *targets,
                             float loss_scale, int last_micro)
 {
-    const double t0 = MPI_Wtime();
+    const double t0 = comm_wtime();
     const float loss = zero_forward(z, tokens, targets);
-    const double t1 = MPI_Wtime();
+    const double t1 = comm_wtime();
     zero_chunk_backward(z, z->model[0], z->sh.chunk[0], z->has_head, z->has_embed, loss_scale,
                         last_micro);
     trace_span("fwd", TRACE_COMPUTE, t0, t1, -1, -1, 0);
-    trace_span("bwd", TRACE_COMPUTE, t1, MPI_Wtime(), -1, -1, 0);
+    trace_span("bwd", TRACE_COMPUTE, t1, comm_wtime(), -1, -1, 0);
     return loss;
 }
 

@@ -81,7 +81,7 @@ int main(int argc, char **argv)
         return 0;
     }
     CkptShardView v;
-    ckpt_view_init(&v, &t, 1, world.rank, world.size, 0, MPI_COMM_WORLD);
+    ckpt_view_init(&v, &t, 1, world.rank, world.size, 0, &world);
     for (int k = 0; k < CKPT_KINDS; k++) {
         if (k == CKPT_MASTER && !master)
             continue;
@@ -93,8 +93,8 @@ int main(int argc, char **argv)
 
     char err[CFG_ERR];
     CkptState st = {.step = 1, .sampler_position = 8};
-    MPI_Barrier(MPI_COMM_WORLD);
-    double t0 = MPI_Wtime();
+    comm_barrier(&world);
+    double t0 = comm_wtime();
     int rc;
     if (save) {
         rc = ckpt_save(dir, &v, &st, &cfg, 1, err);
@@ -103,8 +103,8 @@ int main(int argc, char **argv)
         snprintf(step_dir, sizeof step_dir, "%s/step_00000001", dir);
         rc = ckpt_load(step_dir, &v, &st, &cfg, err);
     }
-    MPI_Barrier(MPI_COMM_WORLD);
-    double dt = MPI_Wtime() - t0;
+    comm_barrier(&world);
+    double dt = comm_wtime() - t0;
     if (rc != 0)
         trd_fatal(TRD_EXIT_RUNTIME, NULL, "bench_ckpt: %s", err);
 

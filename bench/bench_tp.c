@@ -33,7 +33,7 @@
 #include <string.h>
 
 #include "backend/backend.h"
-#include "comm/comm.h"
+#include "comm/comm_mpi.h"
 #include "config/config.h"
 #include "core/error.h"
 #include "core/rng.h"
@@ -323,7 +323,7 @@ int main(int argc, char **argv)
     sh.tp_rank = tp.rank;
     Model *m = model_create(&cfg, backend_cpu(), &sh, B);
     model_set_tensor_parallel(m, &tp);
-    g_tp_mpi = tp.mpi;
+    g_tp_mpi = comm_mpi(&tp);
 
     /* The same tokens on every TP rank (a TP group shares its micro-batch). */
     int32_t *tok = trd_malloc(2 * (size_t)N * sizeof(int32_t), "tokens");
@@ -361,7 +361,7 @@ int main(int argc, char **argv)
     bad |= calls != w1.calls - w0.calls || bytes != w1.bytes - w0.bytes;
     g_tp_mpi = MPI_COMM_NULL; /* stop counting: the time reduction below is ours */
     /* The slowest rank's time is the step's. */
-    PMPI_Allreduce(MPI_IN_PLACE, secs, NPARTS, MPI_DOUBLE, MPI_MAX, tp.mpi);
+    PMPI_Allreduce(MPI_IN_PLACE, secs, NPARTS, MPI_DOUBLE, MPI_MAX, comm_mpi(&tp));
 
     if (tp.rank == 0) {
         if (header)
@@ -375,7 +375,7 @@ int main(int argc, char **argv)
         fflush(stdout);
     }
     int any = bad;
-    PMPI_Allreduce(MPI_IN_PLACE, &any, 1, MPI_INT, MPI_MAX, tp.mpi);
+    PMPI_Allreduce(MPI_IN_PLACE, &any, 1, MPI_INT, MPI_MAX, comm_mpi(&tp));
     free(tok);
     model_free(m);
     comm_finalize();

@@ -85,7 +85,7 @@ typedef struct {
 
 typedef struct {
     int active;
-    MPI_Comm comm;
+    Comm comm;
     ParamTable t;
     CkptShardView v;
     float *buf[CKPT_KINDS];
@@ -130,7 +130,8 @@ static void shard_make(Shard *s, const Config *cfg, const Layout *L, int master,
     memset(s, 0, sizeof *s);
     const int n = L->tp * L->pp * L->dp;
     s->active = g_rank < n;
-    MPI_Comm_split(MPI_COMM_WORLD, s->active ? 0 : MPI_UNDEFINED, g_rank, &s->comm);
+    Comm world = comm_world();
+    s->comm = comm_split(&world, s->active ? 0 : -1, g_rank);
     if (!s->active)
         return;
     const int tp_r = g_rank % L->tp, dp_r = g_rank / L->tp % L->dp;
@@ -142,7 +143,7 @@ static void shard_make(Shard *s, const Config *cfg, const Layout *L, int master,
                      .has_head = pp_r == L->pp - 1};
     layer_range(L, cfg->model.layers, pp_r, &sh.chunk[0].begin, &sh.chunk[0].end);
     params_build(&s->t, &cfg->model, &sh);
-    ckpt_view_init(&s->v, &s->t, L->zero, dp_r, L->dp, pp_r, s->comm);
+    ckpt_view_init(&s->v, &s->t, L->zero, dp_r, L->dp, pp_r, &s->comm);
     for (int k = 0; k < CKPT_KINDS; k++) {
         if (k == CKPT_MASTER && !master)
             continue;
@@ -165,7 +166,7 @@ static void shard_free(Shard *s)
     for (int k = 0; k < CKPT_KINDS; k++)
         free(s->buf[k]);
     params_free(&s->t);
-    MPI_Comm_free(&s->comm);
+    comm_free(&s->comm);
     s->active = 0;
 }
 
@@ -255,7 +256,7 @@ static void load_fails(const char *step_dir, const Config *cfg, const Layout *L,
         int rc = ckpt_load(step_dir, &s.v, NULL, cfg, err);
         CHECK(rc == -1, "%s: load should fail", what);
         memcpy(first, err, sizeof first);
-        MPI_Bcast(first, CFG_ERR, MPI_CHAR, 0, s.comm);
+        comm_broadcast(&s.comm, first, CFG_ERR, 0);
         CHECK(!strcmp(first, err), "%s: ranks disagree: '%s' vs '%s'", what, first, err);
         CHECK(strstr(err, n1) != NULL, "%s: message lacks '%s': %s", what, n1, err);
         CHECK(!n2 || strstr(err, n2) != NULL, "%s: message lacks '%s': %s", what, n2, err);

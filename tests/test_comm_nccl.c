@@ -162,7 +162,7 @@ static void check_range(Comm *c, size_t n, size_t lo, size_t hi)
 
 static void check_group(Comm *c)
 {
-    if (c->mpi == MPI_COMM_NULL)
+    if (!comm_is_member(c))
         return;
     CHECK(comm_stream_ordered(c), "group %s has no NCCL communicator", c->name);
     check_allreduce(c);

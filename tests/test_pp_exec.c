@@ -419,9 +419,9 @@ static void tight_buffers(Comm *world)
 static void start_together(Comm *world)
 {
     comm_barrier(world);
-    double at = MPI_Wtime() + 0.02;
+    double at = comm_wtime() + 0.02;
     comm_broadcast(world, &at, sizeof at, 0);
-    double left = at - MPI_Wtime();
+    double left = at - comm_wtime();
     if (left > 0)
         nap((long)(left * 1e6));
 }

@@ -67,7 +67,7 @@ int main(void)
     char tmp[] = "/tmp/test_trainer.XXXXXX", dir[CFG_STR], ck[64];
     if (world.rank == 0 && !mkdtemp(tmp))
         return 1;
-    MPI_Bcast(tmp, sizeof tmp, MPI_CHAR, 0, world.mpi);
+    comm_broadcast(&world, tmp, sizeof tmp, 0);
 
     /* One rank alone: each rank trains the same single-rank run. */
     Comm self = comm_split(&world, world.rank, 0);
@@ -120,7 +120,7 @@ int main(void)
     trainer_destroy(tr);
 
     comm_free(&self);
-    MPI_Barrier(world.mpi);
+    comm_barrier(&world);
     if (world.rank == 0) {
         char cmd[64];
         snprintf(cmd, sizeof cmd, "rm -rf %s", tmp);

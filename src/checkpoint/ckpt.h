@@ -21,10 +21,10 @@
 #ifndef TRD_CKPT_H
 #define TRD_CKPT_H
 
-#include <mpi.h>
 #include <stddef.h>
 #include <stdint.h>
 
+#include "comm/comm.h"
 #include "config/config.h"
 #include "model/params.h"
 
@@ -58,7 +58,7 @@ typedef struct {
     size_t block_lo, block_hi;
     int pp_rank;           /* the stage file this rank writes */
     int dp_rank, dp, zero; /* dp, zero recorded in the index (tp: from the table) */
-    MPI_Comm world;        /* every rank of the job (all take part in save/load) */
+    Comm *world;           /* every rank of the job (all take part in save/load) */
 } CkptShardView;
 
 /* The usual layouts of src/zero (zero.h): sets block from (dp_rank, dp),
@@ -66,7 +66,7 @@ typedef struct {
  * optimizer state [0,P) for 0, the block for 1-3) and clears every data
  * pointer: the caller then points part[k].data at its buffers. */
 void ckpt_view_init(CkptShardView *v, const ParamTable *t, int zero, int dp_rank, int dp,
-                    int pp_rank, MPI_Comm world);
+                    int pp_rank, Comm *world);
 
 /* Training state saved with the tensors. */
 typedef struct {

@@ -28,7 +28,7 @@
 
 struct CkptAsync {
     CkptShardView view; /* the live view, data pointing at the snapshot */
-    MPI_Comm comm;      /* the writer's duplicate of view.world */
+    Comm comm;          /* the writer's duplicate of view.world */
     pthread_t thread;
     int own;             /* the snapshot buffers are ours (else the caller's) */
     int in_flight;       /* started and not yet waited for */
@@ -38,7 +38,7 @@ struct CkptAsync {
     CkptState st;
     const Config *cfg;
     int keep, rc;
-    double t_start, t_end; /* MPI_Wtime around ckpt_save, on the thread */
+    double t_start, t_end; /* comm_wtime around ckpt_save, on the thread */
     char err[CFG_ERR];
 };
 
@@ -82,8 +82,8 @@ CkptAsync *ckpt_async_create(const CkptShardView *v, int own)
         for (size_t i = 0; i < n; i += 1024)
             r->data[i] = 0;
     }
-    TRD_ASSERT(MPI_Comm_dup(v->world, &a->comm) == MPI_SUCCESS);
-    a->view.world = a->comm;
+    a->comm = comm_dup(v->world);
+    a->view.world = &a->comm;
     active = a;
     comm_before_finalize(drain_at_exit);
     return a;
@@ -151,7 +151,7 @@ int ckpt_async_snapshot(CkptAsync *a, const float *const src[CKPT_KINDS], int64_
         rc = -1;
     }
     /* No write is in flight: the writer's communicator is free to use. */
-    return ckpt_agree(a->comm, rc, err);
+    return ckpt_agree(&a->comm, rc, err);
 }
 
 /* The writer runs at nice 10 (Linux: a thread's own priority): where
@@ -166,9 +166,10 @@ static void *writer(void *arg)
 {
     CkptAsync *a = arg;
     setpriority(PRIO_PROCESS, (id_t)gettid(), 10);
-    a->t_start = MPI_Wtime();
+    comm_untracked_thread(); /* the rank's progress record and trace are the main thread's */
+    a->t_start = comm_wtime();
     a->rc = ckpt_save(a->dir, &a->view, &a->st, a->cfg, a->keep, a->err);
-    a->t_end = MPI_Wtime();
+    a->t_end = comm_wtime();
     atomic_store(&a->finished, 1);
     return NULL;
 }
@@ -200,13 +201,13 @@ int ckpt_async_wait(CkptAsync *a, CkptAsyncDone *done, char err[CFG_ERR])
     err[0] = '\0';
     if (!a || !a->in_flight)
         return 0;
-    const double t0 = MPI_Wtime();
+    const double t0 = comm_wtime();
     TRD_ASSERT(pthread_join(a->thread, NULL) == 0);
     a->in_flight = 0;
     done->step = a->st.step;
     done->t_start = a->t_start;
     done->t_end = a->t_end;
-    done->waited_s = MPI_Wtime() - t0;
+    done->waited_s = comm_wtime() - t0;
     if (a->rc != 0)
         snprintf(err, CFG_ERR, "%s", a->err);
     return a->rc;
@@ -223,7 +224,7 @@ void ckpt_async_free(CkptAsync *a)
         active = NULL;
         comm_before_finalize(NULL);
     }
-    MPI_Comm_free(&a->comm);
+    comm_free(&a->comm);
     for (int k = 0; a->own && k < CKPT_KINDS; k++)
         free(a->view.part[k].data);
     free(a);

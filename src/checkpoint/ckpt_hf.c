@@ -81,6 +81,7 @@ typedef struct {
     int64_t written;
     /* Under mpiexec -n N: tensors are split between the ranks (owner). */
     int rank, size;
+    Comm world; /* size > 1: the ranks the tensors are split over */
     char err[CFG_ERR];
 } Hf;
 
@@ -667,12 +668,12 @@ static int hf_agree(Hf *h, int code)
 {
     if (h->size == 1)
         return code;
-    int both[2] = {code, code ? h->rank : h->size}, worst[2];
-    MPI_Allreduce(&both[0], &worst[0], 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-    MPI_Allreduce(&both[1], &worst[1], 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
-    if (worst[0] != TRD_EXIT_OK && worst[1] < h->size)
-        MPI_Bcast(h->err, CFG_ERR, MPI_CHAR, worst[1], MPI_COMM_WORLD);
-    return worst[0];
+    int worst = code, from = code ? h->rank : h->size;
+    comm_allreduce_max_i32(&h->world, &worst, 1);
+    comm_allreduce_min_i32(&h->world, &from, 1);
+    if (worst != TRD_EXIT_OK && from < h->size)
+        comm_broadcast(&h->world, h->err, CFG_ERR, from);
+    return worst;
 }
 
 /* Write a cJSON document as DIR/name (pretty-printed, as HF writes them). */
@@ -942,8 +943,9 @@ int ckpt_hf_export(const char *arg, const char *out_dir, int bf16, int64_t max_s
         int argc0 = 0;
         char **argv0 = NULL;
         comm_init(&argc0, &argv0);
-        MPI_Comm_rank(MPI_COMM_WORLD, &h.rank);
-        MPI_Comm_size(MPI_COMM_WORLD, &h.size);
+        h.world = comm_world();
+        h.rank = h.world.rank;
+        h.size = h.world.size;
     } else {
         h.size = 1;
     }
@@ -1009,9 +1011,9 @@ int ckpt_hf_export(const char *arg, const char *out_dir, int bf16, int64_t max_s
         goto fail;
     }
     if (h.size > 1) {
-        long long w = h.written;
-        MPI_Allreduce(MPI_IN_PLACE, &w, 1, MPI_LONG_LONG, MPI_SUM, MPI_COMM_WORLD);
-        h.written = w;
+        uint64_t w = (uint64_t)h.written;
+        comm_allreduce_sum_u64(&h.world, &w, 1);
+        h.written = (int64_t)w;
     }
     const double dt = now_s() - t0;
     if (h.rank == 0)

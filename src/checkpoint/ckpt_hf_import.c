@@ -1025,6 +1025,6 @@ int ckpt_hf_load_weights(const char *hf_dir, const CkptShardView *v, const Confi
     st_set_close(&im.st);
     /* Every rank reads: the lowest failing rank's message for all. */
     int worst = code;
-    TRD_ASSERT(MPI_Allreduce(MPI_IN_PLACE, &worst, 1, MPI_INT, MPI_MAX, v->world) == MPI_SUCCESS);
+    comm_allreduce_max_i32(v->world, &worst, 1);
     return ckpt_agree(v->world, code, err) != 0 ? worst : TRD_EXIT_OK;
 }

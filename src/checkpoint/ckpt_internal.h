@@ -189,7 +189,7 @@ void ckpt_prune(const char *dir, int keep, int64_t current);
 
 /* Collective over world: returns 0 when rc == 0 on every rank, else -1 with
  * the message of the lowest failing rank copied into err on every rank. */
-int ckpt_agree(MPI_Comm world, int rc, char err[CFG_ERR]);
+int ckpt_agree(Comm *world, int rc, char err[CFG_ERR]);
 
 /* ---- HDF5 helpers (ckpt_index.c) ---- */
 

@@ -18,6 +18,7 @@
 #include <sys/stat.h>
 
 #include "comm/comm.h"
+#include "comm/comm_mpi.h"
 #include "core/error.h"
 
 /* ---- resolve ---- */
@@ -188,10 +189,9 @@ int ckpt_resolve(const char *dir, ResumeKind kind, const char *path, char out[CF
 
 /* ---- the index, on every rank ---- */
 
-static int share_index(const char *step_dir, MPI_Comm world, CkptIndex *ix, char err[CFG_ERR])
+static int share_index(const char *step_dir, Comm *world, CkptIndex *ix, char err[CFG_ERR])
 {
-    int rank = 0;
-    MPI_Comm_rank(world, &rank);
+    const int rank = world->rank;
     long long bytes = 0;
     void *buf = NULL;
     if (rank == 0) {
@@ -208,12 +208,11 @@ static int share_index(const char *step_dir, MPI_Comm world, CkptIndex *ix, char
     }
     if (ckpt_agree(world, rank == 0 && bytes == 0 ? -1 : 0, err) != 0)
         return -1;
-    TRD_ASSERT(MPI_Bcast(&bytes, 1, MPI_LONG_LONG, 0, world) == MPI_SUCCESS);
+    comm_broadcast(world, &bytes, sizeof bytes, 0);
     if (rank != 0)
         buf = trd_malloc((size_t)bytes, "checkpoint index");
     /* An index is small (one record per dataset): one broadcast. */
-    TRD_ASSERT(bytes < (1LL << 31));
-    TRD_ASSERT(MPI_Bcast(buf, (int)bytes, MPI_BYTE, 0, world) == MPI_SUCCESS);
+    comm_broadcast(world, buf, (size_t)bytes, 0);
     ckpt_index_unpack(ix, buf);
     free(buf);
     return 0;
@@ -598,14 +597,8 @@ static int gathered(const CkptShardView *v, CkptKind k)
 /* Complete the gathered kinds over the DP group (collective over world). */
 static void gather_kinds(const CkptShardView *v)
 {
-    int world_rank = 0;
-    MPI_Comm_rank(v->world, &world_rank);
     const int color = v->pp_rank * v->table->tp + v->table->tp_rank;
-    MPI_Comm dp;
-    TRD_ASSERT(MPI_Comm_split(v->world, color, v->dp_rank, &dp) == MPI_SUCCESS);
-    Comm c = {.mpi = dp};
-    MPI_Comm_rank(dp, &c.rank);
-    MPI_Comm_size(dp, &c.size);
+    Comm c = comm_split(v->world, color, v->dp_rank);
     TRD_ASSERT(c.size == v->dp && c.rank == v->dp_rank);
     const size_t P = v->table->numel, S = (P + (size_t)v->dp - 1) / (size_t)v->dp;
     for (int k = 0; k < CKPT_KINDS; k++) {
@@ -615,7 +608,7 @@ static void gather_kinds(const CkptShardView *v)
         CommHandle h = comm_iallgather_range_f32(&c, d + v->block_lo, d, 0, P, S);
         comm_wait(&h);
     }
-    MPI_Comm_free(&dp);
+    comm_free(&c);
 }
 
 static int load(const char *step_dir, const CkptShardView *v, CkptState *st, const Config *cfg,
@@ -627,8 +620,7 @@ static int load(const char *step_dir, const CkptShardView *v, CkptState *st, con
     memset(&ix, 0, sizeof ix);
     if (share_index(step_dir, v->world, &ix, err) != 0)
         return -1;
-    int rank = 0;
-    MPI_Comm_rank(v->world, &rank);
+    const int rank = v->world->rank;
     int rc;
     if (weights_only) {
         /* The hyper-parameters first, so a mismatch names both values; the

@@ -23,13 +23,14 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "comm/comm_mpi.h"
 #include "core/error.h"
 #include "zero/zero.h"
 
 /* ---- the view ---- */
 
 void ckpt_view_init(CkptShardView *v, const ParamTable *t, int zero, int dp_rank, int dp,
-                    int pp_rank, MPI_Comm world)
+                    int pp_rank, Comm *world)
 {
     memset(v, 0, sizeof *v);
     /* ZeRO's rule (zero.h): what stage `zero` keeps whole, what in blocks. */
@@ -89,26 +90,15 @@ static CkptEntry entry_of(const ParamSpec *p, int stage)
  * rank; a name held by several stages belongs to the first. */
 static void gather_catalog(Catalog *c, const CkptShardView *v, int stage_rank)
 {
-    int world = 0;
-    MPI_Comm_size(v->world, &world);
     const int mine = stage_rank == 0 ? v->table->n : 0;
     CkptEntry *local = trd_calloc((size_t)(mine ? mine : 1), sizeof(CkptEntry), "catalog");
     for (int i = 0; i < mine; i++)
         local[i] = entry_of(&v->table->p[i], v->pp_rank);
 
-    int *counts = trd_calloc((size_t)world, sizeof(int), "catalog");
-    int *displs = trd_calloc((size_t)world, sizeof(int), "catalog");
-    int bytes = mine * (int)sizeof(CkptEntry);
-    TRD_ASSERT(MPI_Allgather(&bytes, 1, MPI_INT, counts, 1, MPI_INT, v->world) == MPI_SUCCESS);
-    int total = 0;
-    for (int r = 0; r < world; r++) {
-        displs[r] = total;
-        total += counts[r];
-    }
-    CkptEntry *all = trd_malloc((size_t)total, "catalog");
-    TRD_ASSERT(MPI_Allgatherv(local, bytes, MPI_BYTE, all, counts, displs, MPI_BYTE, v->world) ==
-               MPI_SUCCESS);
-    const int n_all = total / (int)sizeof(CkptEntry);
+    size_t total = 0;
+    CkptEntry *all =
+        comm_allgatherv_bytes(v->world, local, (size_t)mine * sizeof(CkptEntry), &total, NULL);
+    const int n_all = (int)(total / sizeof(CkptEntry));
 
     /* Stage order, then each stage's table order: the index lists tensors
      * the way the model is laid out. */
@@ -134,8 +124,7 @@ static void gather_catalog(Catalog *c, const CkptShardView *v, int stage_rank)
     TRD_ASSERT(v->pp_rank >= 0 && v->pp_rank < CFG_MAX_STAGES);
     layers[v->pp_rank] = layers_of(v->table) + 1;
     layers[CFG_MAX_STAGES] = v->table->tp;
-    TRD_ASSERT(MPI_Allreduce(MPI_IN_PLACE, layers, CFG_MAX_STAGES + 1, MPI_INT, MPI_MAX,
-                             v->world) == MPI_SUCCESS);
+    comm_allreduce_max_i32(v->world, layers, CFG_MAX_STAGES + 1);
     c->tp = layers[CFG_MAX_STAGES];
     c->pp = 0;
     for (int s = 0; s < CFG_MAX_STAGES; s++)
@@ -144,8 +133,6 @@ static void gather_catalog(Catalog *c, const CkptShardView *v, int stage_rank)
             c->stage_layers[s] = layers[s] - 1;
         }
     free(all);
-    free(counts);
-    free(displs);
     free(local);
 }
 
@@ -298,7 +285,7 @@ static StageSet *stage_sets(const CkptShardView *v, const Catalog *c, const int 
  * and every rank of the stage made the same collective calls; the caller
  * agrees with the other ranks and does not publish. */
 static int write_stage(const char *path, const CkptShardView *v, const Catalog *c, const int *kinds,
-                       int n_kinds, MPI_Comm stage, char err[CFG_ERR])
+                       int n_kinds, Comm *stage, char err[CFG_ERR])
 {
     StageIo io = {.path = path, .failed = 0, .err = ""};
     char nonfinite[CFG_ERR] = "";
@@ -312,7 +299,7 @@ static int write_stage(const char *path, const CkptShardView *v, const Catalog *
      * opening hundreds of datasets from a cold cache then reads a few
      * blocks, not hundreds of seeks.  Tensors start on 4 KiB boundaries. */
     hid_t fapl = H5Pcreate(H5P_FILE_ACCESS);
-    TRD_ASSERT(fapl >= 0 && H5Pset_fapl_mpio(fapl, stage, info) >= 0 &&
+    TRD_ASSERT(fapl >= 0 && H5Pset_fapl_mpio(fapl, comm_mpi(stage), info) >= 0 &&
                H5Pset_meta_block_size(fapl, 4 << 20) >= 0 &&
                H5Pset_alignment(fapl, 64 << 10, 4 << 10) >= 0);
     /* Collective: every rank of the stage gets the same outcome. */
@@ -370,23 +357,19 @@ static int write_stage(const char *path, const CkptShardView *v, const Catalog *
     }
     /* Each block's writers hold parts of its sum: one reduction for the
      * whole file, then every rank records the same attributes. */
-    TRD_ASSERT(n_sums < (size_t)1 << 31);
-    TRD_ASSERT(MPI_Allreduce(MPI_IN_PLACE, sums, (int)n_sums, MPI_UINT64_T, MPI_SUM, stage) ==
-               MPI_SUCCESS);
+    comm_allreduce_sum_u64(stage, sums, n_sums);
     /* After an I/O error (a full disk) the closes below must still succeed:
      * HDF5 keeps a file it failed to close and crashes on it in
      * MPI_Finalize.  They flush metadata, so first free the space of this
      * unfinished file (it is never published; a truncated file still has
      * its space freed while open, an unlinked one does not). */
     int any_failed = io.failed;
-    TRD_ASSERT(MPI_Allreduce(MPI_IN_PLACE, &any_failed, 1, MPI_INT, MPI_MAX, stage) == MPI_SUCCESS);
+    comm_allreduce_max_i32(stage, &any_failed, 1);
     if (any_failed) {
-        int stage_rank = 0;
-        MPI_Comm_rank(stage, &stage_rank);
-        if (stage_rank == 0 && truncate(path, 0) != 0)
+        if (stage->rank == 0 && truncate(path, 0) != 0)
             fprintf(stderr, "trident: warning: %s: cannot truncate the unfinished file: %s\n", path,
                     strerror(errno));
-        MPI_Barrier(stage);
+        comm_barrier(stage);
     }
     for (int i = 0; i < n; i++) {
         if (!any_failed)
@@ -448,7 +431,7 @@ static int write_index(const char *tmp, const Catalog *c, const CkptShardView *v
     memcpy(ix.stage_layers, c->stage_layers, sizeof ix.stage_layers);
     ix.dp = v->dp;
     ix.zero = v->zero;
-    MPI_Comm_size(v->world, &ix.world);
+    ix.world = v->world->size;
     ix.tp = c->tp;
     ix.yaml = read_text(path);
     ix.n = c->n * n_kinds;
@@ -471,16 +454,13 @@ static int write_index(const char *tmp, const Catalog *c, const CkptShardView *v
 /* ---- agreement ---- */
 
 /* Every rank ends with the lowest failing rank's message (or rc 0). */
-int ckpt_agree(MPI_Comm world, int rc, char err[CFG_ERR])
+int ckpt_agree(Comm *world, int rc, char err[CFG_ERR])
 {
-    int rank = 0, size = 0;
-    MPI_Comm_rank(world, &rank);
-    MPI_Comm_size(world, &size);
-    int first = rc != 0 ? rank : size;
-    TRD_ASSERT(MPI_Allreduce(MPI_IN_PLACE, &first, 1, MPI_INT, MPI_MIN, world) == MPI_SUCCESS);
-    if (first == size)
+    int first = rc != 0 ? world->rank : world->size;
+    comm_allreduce_min_i32(world, &first, 1);
+    if (first == world->size)
         return 0;
-    TRD_ASSERT(MPI_Bcast(err, CFG_ERR, MPI_CHAR, first, world) == MPI_SUCCESS);
+    comm_broadcast(world, err, CFG_ERR, first);
     return -1;
 }
 
@@ -489,8 +469,7 @@ int ckpt_save(const char *dir, const CkptShardView *v, const CkptState *st, cons
 {
     err[0] = '\0';
     ckpt_h5_quiet();
-    int rank = 0;
-    MPI_Comm_rank(v->world, &rank);
+    const int rank = v->world->rank;
     if (strlen(dir) >= CFG_STR) {
         ckpt_err(err, "checkpoint.dir is longer than %d characters", CFG_STR - 1);
         return -1;
@@ -506,12 +485,9 @@ int ckpt_save(const char *dir, const CkptShardView *v, const CkptState *st, cons
     if (ckpt_agree(v->world, rc, err) != 0)
         return -1;
 
-    MPI_Comm stage;
-    TRD_ASSERT(MPI_Comm_split(v->world, v->pp_rank, rank, &stage) == MPI_SUCCESS);
-    int stage_rank = 0;
-    MPI_Comm_rank(stage, &stage_rank);
+    Comm stage = comm_split(v->world, v->pp_rank, rank);
     Catalog c;
-    gather_catalog(&c, v, stage_rank);
+    gather_catalog(&c, v, stage.rank);
 
     /* bf16: the weights are the bf16 rounding of the master weights
      * (optimizer.h), so only the master weights are stored; a load derives
@@ -523,8 +499,8 @@ int ckpt_save(const char *dir, const CkptShardView *v, const CkptState *st, cons
 
     char path[CKPT_FILE_PATH];
     snprintf(path, sizeof path, "%s/stage_%d.h5", tmp, v->pp_rank);
-    rc = write_stage(path, v, &c, kinds, n_kinds, stage, err);
-    MPI_Comm_free(&stage);
+    rc = write_stage(path, v, &c, kinds, n_kinds, &stage, err);
+    comm_free(&stage);
     /* An I/O error or a non-finite value on any rank: nothing is published,
      * and the unfinished step_X.tmp goes (freeing the space of a full disk). */
     if (ckpt_agree(v->world, rc, err) != 0) {

@@ -1,15 +1,17 @@
 #include "comm/comm.h"
+#include "comm/comm_mpi.h"
 
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "comm/nccl.h"
 #include "core/error.h"
 #include "core/progress.h"
-#include "core/trace.h"
+#include "comm/trace.h"
 
 static void check(int rc, const char *what)
 {
@@ -22,10 +24,44 @@ static void check(int rc, const char *what)
               "MPI %s failed: %s", what, msg);
 }
 
+/* comm.h keeps MPI's handles as ints, which they are in MPICH. */
+_Static_assert(__builtin_types_compatible_p(MPI_Comm, int) &&
+                   __builtin_types_compatible_p(MPI_Request, int),
+               "comm.h stores MPI_Comm and MPI_Request as int (MPICH's handles)");
+
+MPI_Comm comm_mpi(const Comm *c) { return c->handle; }
+
+CommHandle comm_handle_none(void) { return (CommHandle){.req = MPI_REQUEST_NULL}; }
+
+Comm comm_none(void) { return (Comm){.handle = MPI_COMM_NULL, .rank = -1, .size = 0}; }
+
+int comm_is_member(const Comm *c) { return c->handle != MPI_COMM_NULL; }
+
 static void (*before_finalize)(void);
+
+/* trd_fatal's end of a job: with more than one rank a plain exit would
+ * leave the others blocked in their next collective, so abort them all. */
+static void abort_job(int code)
+{
+    int initialized = 0, finalized = 0, size = 1;
+    MPI_Initialized(&initialized);
+    MPI_Finalized(&finalized);
+    if (!initialized || finalized)
+        return;
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    if (size > 1) {
+        /* The launcher forwards our stderr asynchronously and drops what it
+         * has not forwarded when the abort tears the job down: give it a
+         * moment to pass the message on. */
+        nanosleep(&(struct timespec){.tv_nsec = 200 * 1000 * 1000}, NULL);
+        MPI_Abort(MPI_COMM_WORLD, code);
+    }
+    MPI_Finalize();
+}
 
 void comm_init(int *argc, char ***argv)
 {
+    trd_on_fatal(abort_job);
     int initialized = 0, provided = 0;
     MPI_Initialized(&initialized);
     /* MULTIPLE: an asynchronous checkpoint writes from its own thread
@@ -78,7 +114,7 @@ int comm_threads(void)
 static void set_members(Comm *c)
 {
     MPI_Group grp, world;
-    check(MPI_Comm_group(c->mpi, &grp), "group of a communicator");
+    check(MPI_Comm_group(c->handle, &grp), "group of a communicator");
     check(MPI_Comm_group(MPI_COMM_WORLD, &world), "group of the world");
     int *mine = trd_malloc(2 * (size_t)c->size * sizeof(int), "group ranks");
     int *wr = mine + c->size;
@@ -119,17 +155,31 @@ static int world_rank(const Comm *c, int r)
     return c->wstride || c->size == 1 ? c->wfirst + r * c->wstride : -1;
 }
 
+/* Set on a helper thread (comm_untracked_thread): its calls are neither
+ * the rank's progress record nor spans of its trace, which belong to the
+ * main thread. */
+static _Thread_local int untracked;
+
+void comm_untracked_thread(void) { untracked = 1; }
+
 /* A blocking wait on other ranks of c starts (progress.h). */
 static void wait_begin(const Comm *c, const char *op, int peer)
 {
-    progress_wait(op, c->name, c->members, peer >= 0 ? world_rank(c, peer) : -1);
+    if (!untracked)
+        progress_wait(op, c->name, c->members, peer >= 0 ? world_rank(c, peer) : -1);
+}
+
+static void wait_end(void)
+{
+    if (!untracked)
+        progress_done();
 }
 
 Comm comm_world(void)
 {
-    Comm c = {.mpi = MPI_COMM_WORLD, .name = "world"};
-    MPI_Comm_rank(c.mpi, &c.rank);
-    MPI_Comm_size(c.mpi, &c.size);
+    Comm c = {.handle = MPI_COMM_WORLD, .name = "world"};
+    MPI_Comm_rank(c.handle, &c.rank);
+    MPI_Comm_size(c.handle, &c.size);
     set_members(&c);
     return c;
 }
@@ -144,11 +194,11 @@ void comm_use_memory(Comm *c, const Backend *be) { c->mem = be && be->device ? b
  * the world's NCCL communicator is split into the groups. */
 static int group_color(const Comm *g)
 {
-    if (g->mpi == MPI_COMM_NULL || g->size < 2)
+    if (g->handle == MPI_COMM_NULL || g->size < 2)
         return -1; /* a group of one never communicates */
     MPI_Group grp, world;
     int zero = 0, root = -1;
-    check(MPI_Comm_group(g->mpi, &grp), "group of a communicator");
+    check(MPI_Comm_group(g->handle, &grp), "group of a communicator");
     check(MPI_Comm_group(MPI_COMM_WORLD, &world), "group of the world");
     check(MPI_Group_translate_ranks(grp, 1, &zero, world, &root), "group rank translation");
     MPI_Group_free(&grp);
@@ -158,7 +208,7 @@ static int group_color(const Comm *g)
 
 void comm_use_nccl(Comm *world, Comm *const *groups, int n)
 {
-    TRD_ASSERT(world->mpi == MPI_COMM_WORLD && world->mem);
+    TRD_ASSERT(world->handle == MPI_COMM_WORLD && world->mem);
     unsigned char id[COMM_NCCL_ID_BYTES];
     if (world->rank == 0)
         comm_nccl_unique_id(id);
@@ -168,7 +218,7 @@ void comm_use_nccl(Comm *world, Comm *const *groups, int n)
         Comm *g = groups[i];
         if (g == world)
             continue;
-        TRD_ASSERT(g->mpi == MPI_COMM_NULL || g->mem);
+        TRD_ASSERT(g->handle == MPI_COMM_NULL || g->mem);
         g->nccl = comm_nccl_split(world->nccl, group_color(g), g->rank);
     }
 }
@@ -306,30 +356,42 @@ static void finish(CommHandle *h)
 Comm comm_split(const Comm *parent, int color, int key)
 {
     /* The sub-group's buffers are the parent's kind of memory. */
-    Comm c = {.mpi = MPI_COMM_NULL, .rank = -1, .size = 0, .mem = parent->mem};
-    check(MPI_Comm_split(parent->mpi, color < 0 ? MPI_UNDEFINED : color, key, &c.mpi),
+    Comm c = {.handle = MPI_COMM_NULL, .rank = -1, .size = 0, .mem = parent->mem};
+    check(MPI_Comm_split(parent->handle, color < 0 ? MPI_UNDEFINED : color, key, &c.handle),
           "communicator split");
     /* NCCL's split is collective over the parent too: every rank joins it. */
     if (parent->nccl)
-        c.nccl = comm_nccl_split(parent->nccl, c.mpi == MPI_COMM_NULL ? -1 : color, key);
-    if (c.mpi == MPI_COMM_NULL)
+        c.nccl = comm_nccl_split(parent->nccl, c.handle == MPI_COMM_NULL ? -1 : color, key);
+    if (c.handle == MPI_COMM_NULL)
         return c;
     /* A split communicator inherits the parent's error handler, so failures
      * on it come back to check() as on the world. */
-    MPI_Comm_rank(c.mpi, &c.rank);
-    MPI_Comm_size(c.mpi, &c.size);
+    MPI_Comm_rank(c.handle, &c.rank);
+    MPI_Comm_size(c.handle, &c.size);
     set_members(&c);
     return c;
+}
+
+Comm comm_dup(const Comm *c)
+{
+    Comm d = *c;
+    d.chan = NULL;
+    d.n_chan = 0;
+    d.nccl = NULL;
+    d.mem = NULL;
+    d.bytes_sent = d.calls = 0;
+    check(MPI_Comm_dup(c->handle, &d.handle), "duplicate a communicator");
+    return d;
 }
 
 Comm comm_split_node(const Comm *parent)
 {
     Comm c = comm_none();
-    if (MPI_Comm_split_type(parent->mpi, MPI_COMM_TYPE_SHARED, parent->rank, MPI_INFO_NULL,
-                            &c.mpi) != MPI_SUCCESS)
+    if (MPI_Comm_split_type(parent->handle, MPI_COMM_TYPE_SHARED, parent->rank, MPI_INFO_NULL,
+                            &c.handle) != MPI_SUCCESS)
         trd_fatal(TRD_EXIT_RUNTIME, NULL, "MPI_Comm_split_type(MPI_COMM_TYPE_SHARED) failed");
-    MPI_Comm_rank(c.mpi, &c.rank);
-    MPI_Comm_size(c.mpi, &c.size);
+    MPI_Comm_rank(c.handle, &c.rank);
+    MPI_Comm_size(c.handle, &c.size);
     return c;
 }
 
@@ -339,9 +401,9 @@ void comm_free(Comm *c)
         comm_nccl_free(c->chan[i].nccl);
     comm_nccl_free(c->nccl);
     free(c->chan);
-    if (c->mpi != MPI_COMM_NULL && c->mpi != MPI_COMM_WORLD)
-        MPI_Comm_free(&c->mpi);
-    *c = (Comm){.mpi = MPI_COMM_NULL, .rank = -1, .size = 0};
+    if (c->handle != MPI_COMM_NULL && c->handle != MPI_COMM_WORLD)
+        MPI_Comm_free(&c->handle);
+    *c = (Comm){.handle = MPI_COMM_NULL, .rank = -1, .size = 0};
 }
 
 uint64_t comm_ring_bytes(size_t n, int passes, int p)
@@ -370,7 +432,7 @@ static void span_name(char *buf, size_t len, const char *op, const Comm *c)
 
 static void trace_blocking(const char *op, const Comm *c, double t0, uint64_t bytes)
 {
-    if (!trace_active())
+    if (untracked || !trace_active())
         return;
     char name[32];
     span_name(name, sizeof name, op, c);
@@ -383,7 +445,7 @@ static void trace_issue(CommHandle *h, const char *op, const Comm *c, uint64_t b
     h->wait_op = op; /* also what a wait on it waits for */
     h->group = c;
     h->peer = -1;
-    if (!trace_active())
+    if (untracked || !trace_active())
         return;
     span_name(h->what, sizeof h->what, op, c);
     h->t0 = MPI_Wtime();
@@ -407,10 +469,10 @@ static void allreduce(Comm *c, void *buf, size_t n, size_t elem, MPI_Datatype t,
     wait_begin(c, "all-reduce", -1);
     for (size_t off = 0; off < n; off += chunk) {
         size_t k = n - off < chunk ? n - off : chunk;
-        check(MPI_Allreduce(MPI_IN_PLACE, (char *)buf + off * elem, (int)k, t, op, c->mpi),
+        check(MPI_Allreduce(MPI_IN_PLACE, (char *)buf + off * elem, (int)k, t, op, c->handle),
               "all-reduce");
     }
-    progress_done();
+    wait_end();
     count_op(c, ring_bytes(c, n * elem / sizeof(float), 2));
     trace_blocking("all-reduce", c, t0, ring_bytes(c, n * elem / sizeof(float), 2));
 }
@@ -452,22 +514,65 @@ void comm_allreduce_max_i32(Comm *c, int *buf, size_t n)
     allreduce(c, buf, n, sizeof(int), MPI_INT, MPI_MAX);
 }
 
+void comm_allreduce_min_i32(Comm *c, int *buf, size_t n)
+{
+    allreduce(c, buf, n, sizeof(int), MPI_INT, MPI_MIN);
+}
+
+void comm_allreduce_sum_u64(Comm *c, uint64_t *buf, size_t n)
+{
+    allreduce(c, buf, n, sizeof(uint64_t), MPI_UINT64_T, MPI_SUM);
+}
+
+void comm_allgather_bytes(Comm *c, const void *mine, void *all, size_t bytes)
+{
+    TRD_ASSERT(bytes <= (size_t)INT_MAX);
+    wait_begin(c, "all-gather", -1);
+    check(MPI_Allgather(mine, (int)bytes, MPI_BYTE, all, (int)bytes, MPI_BYTE, c->handle),
+          "all-gather");
+    wait_end();
+    c->calls++;
+}
+
+void *comm_allgatherv_bytes(Comm *c, const void *mine, size_t bytes, size_t *total, int *counts)
+{
+    TRD_ASSERT(bytes <= (size_t)INT_MAX);
+    int *n = trd_malloc(2 * (size_t)c->size * sizeof(int), "all-gather counts");
+    int *at = n + c->size, b = (int)bytes;
+    comm_allgather_bytes(c, &b, n, sizeof(int));
+    size_t sum = 0;
+    for (int r = 0; r < c->size; r++) {
+        TRD_ASSERT(sum <= (size_t)INT_MAX);
+        at[r] = (int)sum;
+        sum += (size_t)n[r];
+    }
+    char *all = trd_malloc(sum ? sum : 1, "all-gathered bytes");
+    wait_begin(c, "all-gather", -1);
+    check(MPI_Allgatherv(mine, b, MPI_BYTE, all, n, at, MPI_BYTE, c->handle), "all-gather");
+    wait_end();
+    if (counts)
+        memcpy(counts, n, (size_t)c->size * sizeof(int));
+    free(n);
+    *total = sum;
+    return all;
+}
+
 void comm_broadcast(Comm *c, void *buf, size_t bytes, int root)
 {
     if (c->size == 1)
         return;
     TRD_ASSERT(bytes <= (size_t)INT_MAX);
     wait_begin(c, "broadcast", -1);
-    check(MPI_Bcast(buf, (int)bytes, MPI_BYTE, root, c->mpi), "broadcast");
-    progress_done();
+    check(MPI_Bcast(buf, (int)bytes, MPI_BYTE, root, c->handle), "broadcast");
+    wait_end();
     c->calls++;
 }
 
 void comm_barrier(Comm *c)
 {
     wait_begin(c, "barrier", -1);
-    check(MPI_Barrier(c->mpi), "barrier");
-    progress_done();
+    check(MPI_Barrier(c->handle), "barrier");
+    wait_end();
 }
 
 void comm_shard_part(size_t lo, size_t hi, size_t S, int rank, size_t *a, size_t *b)
@@ -496,7 +601,7 @@ CommHandle comm_iallreduce_f32(Comm *c, float *buf, size_t n)
                              .mem = c->mem};
             buf = h.host;
         }
-        check(MPI_Iallreduce(MPI_IN_PLACE, buf, (int)n, MPI_FLOAT, MPI_SUM, c->mpi, &h.req),
+        check(MPI_Iallreduce(MPI_IN_PLACE, buf, (int)n, MPI_FLOAT, MPI_SUM, c->handle, &h.req),
               "all-reduce");
     }
     count_op(c, ring_bytes(c, n, 2));
@@ -541,7 +646,7 @@ CommHandle comm_ireduce_scatter_range_f32(Comm *c, const float *send, float *rec
             send = h.host;
             recv = h.host + n;
         }
-        check(MPI_Ireduce_scatter(send, recv, h.counts, MPI_FLOAT, MPI_SUM, c->mpi, &h.req),
+        check(MPI_Ireduce_scatter(send, recv, h.counts, MPI_FLOAT, MPI_SUM, c->handle, &h.req),
               "reduce-scatter");
     }
     count_op(c, ring_bytes(c, hi - lo, 1));
@@ -580,7 +685,7 @@ CommHandle comm_iallgather_range_f32(Comm *c, const float *mine, float *out, siz
     /* In place when this rank's part already sits where it belongs. */
     const void *send = mine == out + (a - lo) ? MPI_IN_PLACE : (const void *)mine;
     check(MPI_Iallgatherv(send, h.counts[rank], MPI_FLOAT, out, h.counts, h.counts + c->size,
-                          MPI_FLOAT, c->mpi, &h.req),
+                          MPI_FLOAT, c->handle, &h.req),
           "all-gather");
     count_op(c, ring_bytes(c, hi - lo, 1));
     trace_issue(&h, "all-gather", c, ring_bytes(c, hi - lo, 1));
@@ -605,7 +710,7 @@ void comm_wait(CommHandle *h)
     if (h->req != MPI_REQUEST_NULL)
         check(MPI_Wait(&h->req, MPI_STATUS_IGNORE), "wait");
     if (pending)
-        progress_done();
+        wait_end();
     finish(h);
     trace_complete(h);
 }
@@ -626,8 +731,8 @@ int comm_test(CommHandle *h)
      * (for a polling loop's wait) but is none, and its time is not counted
      * as blocked: a test between computations is no wait. */
     if (pending && done)
-        progress_done();
-    else if (pending && h->wait_op && h->group)
+        wait_end();
+    else if (!untracked && pending && h->wait_op && h->group)
         progress_poll(h->wait_op, h->group->name, h->group->members,
                       h->peer >= 0 ? world_rank(h->group, h->peer) : -1);
     return done;
@@ -666,9 +771,9 @@ void comm_allgather_block_f32(Comm *c, float *buf, size_t n)
         TRD_ASSERT(n * (size_t)c->size <= (size_t)INT_MAX);
         float *x = block_stage(c, buf, n);
         wait_begin(c, "all-gather", -1);
-        check(MPI_Allgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, x, (int)n, MPI_FLOAT, c->mpi),
+        check(MPI_Allgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, x, (int)n, MPI_FLOAT, c->handle),
               "all-gather");
-        progress_done();
+        wait_end();
         block_unstage(c, buf, x, n * (size_t)c->size);
     }
     count_op(c, ring_bytes(c, n * (size_t)c->size, 1));
@@ -692,9 +797,9 @@ void comm_reduce_scatter_block_f32(Comm *c, float *buf, size_t n)
         /* In place, MPI leaves this rank's reduced block at the start of buf. */
         float *x = block_stage(c, buf, n);
         wait_begin(c, "reduce-scatter", -1);
-        check(MPI_Reduce_scatter_block(MPI_IN_PLACE, x, (int)n, MPI_FLOAT, MPI_SUM, c->mpi),
+        check(MPI_Reduce_scatter_block(MPI_IN_PLACE, x, (int)n, MPI_FLOAT, MPI_SUM, c->handle),
               "reduce-scatter");
-        progress_done();
+        wait_end();
         block_unstage(c, buf, x, n);
     }
     count_op(c, ring_bytes(c, n * (size_t)c->size, 1));
@@ -731,7 +836,7 @@ CommHandle comm_isend_f32(Comm *c, const float *buf, size_t n, int dest, int tag
         h.mem = c->mem;
         buf = h.host;
     }
-    check(MPI_Isend(buf, (int)n, MPI_FLOAT, dest, tag, c->mpi, &h.req), "send");
+    check(MPI_Isend(buf, (int)n, MPI_FLOAT, dest, tag, c->handle, &h.req), "send");
     count_op(c, (uint64_t)n * sizeof(float));
     return h;
 }
@@ -743,7 +848,7 @@ void comm_recv_f32(Comm *c, float *buf, size_t n, int src, int tag)
         CommNccl *via = p2p_route(c, src, c->rank, tag, &peer);
         wait_begin(c, "receive from", src);
         comm_nccl_wait(comm_nccl_recv(via, buf, n, peer));
-        progress_done();
+        wait_end();
         return;
     }
     TRD_ASSERT(n <= (size_t)INT_MAX);
@@ -751,8 +856,8 @@ void comm_recv_f32(Comm *c, float *buf, size_t n, int src, int tag)
     int got = 0;
     float *x = c->mem ? stage_take(c, n) : buf;
     wait_begin(c, "receive from", src);
-    check(MPI_Recv(x, (int)n, MPI_FLOAT, src, tag, c->mpi, &st), "receive");
-    progress_done();
+    check(MPI_Recv(x, (int)n, MPI_FLOAT, src, tag, c->handle, &st), "receive");
+    wait_end();
     MPI_Get_count(&st, MPI_FLOAT, &got);
     if (got != (int)n)
         trd_fatal(TRD_EXIT_RUNTIME, "the two ranks disagree on the message size",
@@ -768,7 +873,7 @@ int comm_probe(Comm *c, int src, int tag)
     if (c->nccl)
         return 1;
     int flag = 0;
-    check(MPI_Iprobe(src, tag, c->mpi, &flag, MPI_STATUS_IGNORE), "probe");
+    check(MPI_Iprobe(src, tag, c->handle, &flag, MPI_STATUS_IGNORE), "probe");
     if (!flag) /* a probe loop waits for this message; the receive completes the wait */
         wait_begin(c, "receive from", src);
     return flag;

@@ -15,7 +15,6 @@
 #ifndef TRD_COMM_H
 #define TRD_COMM_H
 
-#include <mpi.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -30,8 +29,12 @@ typedef struct {
     struct CommNccl *nccl; /* NULL on the ranks that are neither */
 } CommChannel;
 
+/* A group.  `handle` is the MPI communicator as comm.c keeps it (MPICH's
+ * handles are ints; comm.c checks that at compile time): opaque here, and
+ * the few places that hand it to an MPI-aware library (HDF5's MPI-IO) get
+ * it from comm_mpi.h. */
 typedef struct {
-    MPI_Comm mpi;
+    int handle;
     int rank, size;
     char name[12];         /* "dp", "tp", ... for traces ("" unless the creator names it) */
     char members[48];      /* its world ranks, "1,3" or "0-7" (",..." when cut), for the
@@ -73,6 +76,14 @@ Comm comm_world(void);
  * ordered by key.  A color < 0 joins no group: the result has mpi =
  * MPI_COMM_NULL, rank -1, size 0.  Collective over parent. */
 Comm comm_split(const Comm *parent, int color, int key);
+/* A communicator of the same ranks whose messages never match c's (for a
+ * thread of its own beside the main one); host memory only (no NCCL).
+ * Collective over c; free with comm_free. */
+Comm comm_dup(const Comm *c);
+/* From now on this thread's calls are not the rank's progress record (the
+ * watchdog's) nor spans of its trace: for a helper thread beside the main
+ * one, such as the background checkpoint writer. */
+void comm_untracked_thread(void);
 /* The ranks of parent that share this rank's node (its shared memory),
  * ordered by their rank in parent.  Collective over parent; free with
  * comm_free. */
@@ -120,6 +131,15 @@ void comm_allreduce_f32(Comm *c, float *buf, size_t n);
 void comm_allreduce_f64(Comm *c, double *buf, size_t n);
 void comm_allreduce_max_i32(Comm *c, int *buf, size_t n);
 void comm_broadcast(Comm *c, void *buf, size_t bytes, int root);
+/* Every rank's `bytes` bytes from mine, in rank order, into all (size *
+ * bytes) on every rank. */
+void comm_allgather_bytes(Comm *c, const void *mine, void *all, size_t bytes);
+/* Each rank's byte count may differ: returns a malloc'ed buffer of all
+ * ranks' bytes in rank order (total in *total; counts[r], when counts is not
+ * NULL, room for size ints, gets rank r's count). */
+void *comm_allgatherv_bytes(Comm *c, const void *mine, size_t bytes, size_t *total, int *counts);
+void comm_allreduce_min_i32(Comm *c, int *buf, size_t n);
+void comm_allreduce_sum_u64(Comm *c, uint64_t *buf, size_t n);
 
 /* ---- non-blocking, over flat sharded buffers (data parallelism, ZeRO) ----
  * A buffer of n elements is sharded in blocks of S = ceil(n / size)
@@ -127,9 +147,9 @@ void comm_broadcast(Comm *c, void *buf, size_t bytes, int root);
  * range [lo, hi) of such a buffer; each rank's part of it is the
  * intersection with its block (possibly empty). */
 typedef struct {
-    MPI_Request req; /* MPI_REQUEST_NULL once complete */
-    int *counts;     /* v-collective counts and displacements, live until completion */
-    /* Under a trace (core/trace.h): the collective's span name, issue time
+    int req;     /* the MPI request (opaque, as Comm.handle); none once complete */
+    int *counts; /* v-collective counts and displacements, live until completion */
+    /* Under a trace (comm/trace.h): the collective's span name, issue time
      * and bytes, recorded when wait or test sees it complete. */
     char what[32];
     double t0;
@@ -149,9 +169,11 @@ typedef struct {
 } CommHandle;
 
 /* A handle with nothing in flight: waiting on it returns at once. */
-static inline CommHandle comm_handle_none(void) { return (CommHandle){.req = MPI_REQUEST_NULL}; }
+CommHandle comm_handle_none(void);
 /* No group: what comm_split gives a rank that joins none (rank -1, size 0). */
-static inline Comm comm_none(void) { return (Comm){.mpi = MPI_COMM_NULL, .rank = -1, .size = 0}; }
+Comm comm_none(void);
+/* Whether c is a group this rank belongs to (not comm_none). */
+int comm_is_member(const Comm *c);
 
 /* The part of [lo, hi) that `rank` owns, as [*a, *b). */
 void comm_shard_part(size_t lo, size_t hi, size_t S, int rank, size_t *a, size_t *b);

@@ -1,6 +1,5 @@
 #include "core/error.h"
 
-#include <mpi.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -16,6 +15,8 @@ void trd_print_error(const char *hint, const char *fmt, va_list ap)
     fflush(stderr);
 }
 
+static void (*on_fatal)(int code);
+
 _Noreturn void trd_fatal(int code, const char *hint, const char *fmt, ...)
 {
     va_list ap;
@@ -24,23 +25,13 @@ _Noreturn void trd_fatal(int code, const char *hint, const char *fmt, ...)
     va_end(ap);
 
     /* With more than one rank, a plain exit would leave the others blocked
-     * in their next collective: abort the whole job instead. */
-    int initialized = 0, finalized = 0, size = 1;
-    MPI_Initialized(&initialized);
-    MPI_Finalized(&finalized);
-    if (initialized && !finalized) {
-        MPI_Comm_size(MPI_COMM_WORLD, &size);
-        if (size > 1) {
-            /* The launcher forwards our stderr asynchronously and drops
-             * what it has not forwarded when the abort tears the job down:
-             * give it a moment to pass the message on. */
-            nanosleep(&(struct timespec){.tv_nsec = 200 * 1000 * 1000}, NULL);
-            MPI_Abort(MPI_COMM_WORLD, code);
-        }
-        MPI_Finalize();
-    }
+     * in their next collective: the hook (comm_init's) aborts the job. */
+    if (on_fatal)
+        on_fatal(code);
     exit(code);
 }
+
+void trd_on_fatal(void (*fn)(int code)) { on_fatal = fn; }
 
 void *trd_malloc(size_t bytes, const char *what)
 {

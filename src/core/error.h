@@ -1,8 +1,9 @@
 /* error.h — how trident fails: one message, a hint, a defined exit code.
  *
  * Exit codes (docs/design.md, invariant 3): 0 success, 2 bad input, 1 runtime
- * failure.  A fatal error on one rank takes the whole job down with
- * MPI_Abort, so no other rank is left waiting in a collective. */
+ * failure.  A fatal error on one rank takes the whole job down (the hook
+ * comm_init registers aborts the MPI job), so no other rank is left
+ * waiting in a collective. */
 #ifndef TRD_ERROR_H
 #define TRD_ERROR_H
 
@@ -19,6 +20,9 @@ enum { TRD_EXIT_OK = 0, TRD_EXIT_RUNTIME = 1, TRD_EXIT_INPUT = 2 };
  * "---> <hint>" on stderr (for a caller that ends the job its own way). */
 void trd_print_error(const char *hint, const char *fmt, va_list ap)
     __attribute__((format(printf, 2, 0)));
+
+/* Called by trd_fatal before it exits (src/comm: end the whole job). */
+void trd_on_fatal(void (*fn)(int code));
 
 /* Print as trd_print_error, then end the job with `code`. */
 _Noreturn void trd_fatal(int code, const char *hint, const char *fmt, ...)

@@ -4,7 +4,7 @@
 #include <string.h>
 
 #include "core/error.h"
-#include "core/trace.h"
+#include "comm/trace.h"
 #include "model/model.h"
 #include "pipeline_par/pp_schedule.h"
 

@@ -46,7 +46,7 @@ typedef struct {
     const Backend *be; /* whose memory holds the buffers, whose ops the boundaries run */
     Comm *comm;        /* the TP group; NULL until attached (then size must be 1) */
     Comm kv;           /* the kv_share ranks holding the same replicated kv heads,
-                     or MPI_COMM_NULL (kv_share 1) */
+                     or comm_none() (kv_share 1) */
     int size, rank;
     int sp;       /* sequence parallel (only meaningful when size > 1) */
     int kv_share; /* TP ranks holding each kv head alike (tp / kv_heads, or 1) */

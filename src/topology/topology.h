@@ -66,7 +66,7 @@ typedef struct {
     Comm embed; /* first and last pipeline stage with this rank's (tp, dp),
                      to all-reduce tied embedding gradients; rank 0 = first
                      stage.  Only when pp > 1 and this rank is on the first or
-                     last stage; otherwise mpi = MPI_COMM_NULL, rank -1, size 0. */
+                     last stage; otherwise comm_none(): rank -1, size 0. */
 } TopologyComms;
 
 /* ---- pure core (no MPI) ---- */

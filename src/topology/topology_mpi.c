@@ -159,14 +159,12 @@ static void record_live(Comm *world, int rpn, int from_slurm, const char *source
 {
     char mine[TOPO_NAME] = {0};
     node_name(from_slurm, mine);
-    char *all = world->rank == 0 ? trd_malloc((size_t)world->size * TOPO_NAME, "node names") : NULL;
-    if (MPI_Gather(mine, TOPO_NAME, MPI_CHAR, all, TOPO_NAME, MPI_CHAR, 0, world->mpi) !=
-        MPI_SUCCESS)
-        trd_fatal(TRD_EXIT_RUNTIME, NULL, "MPI_Gather of the node names failed");
+    char *all = trd_malloc((size_t)world->size * TOPO_NAME, "node names");
+    comm_allgather_bytes(world, mine, all, TOPO_NAME);
     const int nodes = world->size / rpn;
     for (int n = 1; all && n < nodes; n++)
         memmove(all + (size_t)n * TOPO_NAME, all + (size_t)n * rpn * TOPO_NAME, TOPO_NAME);
-    topology_set_live(world->size, rpn, source, all, nodes);
+    topology_set_live(world->size, rpn, source, world->rank == 0 ? all : NULL, nodes);
     free(all);
 }
 

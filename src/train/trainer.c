@@ -16,7 +16,7 @@
 #include "config/layout.h"
 #include "core/error.h"
 #include "core/progress.h"
-#include "core/trace.h"
+#include "comm/trace.h"
 #include "model/params.h"
 #include "train/runlock.h"
 #include "train/lr_schedule.h"
@@ -203,7 +203,7 @@ MemoryReport trainer_memory(const Trainer *tr, size_t *snapshot)
     return mem;
 }
 
-/* training.trace: every rank records its spans from here on (core/trace.h);
+/* training.trace: every rank records its spans from here on (comm/trace.h);
  * its row is named by its mesh coordinates.  2^18 spans (18 MiB) a rank
  * hold hundreds of pipeline steps; later ones are counted, not kept. */
 #define TRACE_MAX_SPANS ((size_t)1 << 18)
@@ -214,7 +214,7 @@ static void start_trace(Trainer *tr)
     char label[64];
     snprintf(label, sizeof label, "rank %d (tp %d, pp %d, dp %d)", tr->topo.rank, tr->comms.tp.rank,
              tr->comms.pp.rank, tr->comms.dp.rank);
-    trace_start(tr->comms.world.mpi, label, TRACE_MAX_SPANS);
+    trace_start(&tr->comms.world, label, TRACE_MAX_SPANS);
 }
 
 static void finish_trace(Trainer *tr)

@@ -7,7 +7,7 @@
 #include <sys/stat.h>
 
 #include "core/error.h"
-#include "core/trace.h"
+#include "comm/trace.h"
 #include "model/params.h"
 #include "train/trainer_internal.h"
 
@@ -15,8 +15,11 @@
 void trainer_ckpt_setup(Trainer *tr)
 {
     const ParamTable *t = zero_params(tr->zero);
+    /* The checkpoint's collectives move host memory only, on a world of
+     * their own (no NCCL, no device staging). */
+    tr->ckpt_world = comm_dup(&tr->comms.world);
     ckpt_view_init(&tr->ckpt, t, tr->cfg->topology.zero, tr->comms.dp.rank, tr->comms.dp.size,
-                   tr->comms.pp.rank, tr->comms.world.mpi);
+                   tr->comms.pp.rank, &tr->ckpt_world);
     ZeroState zs = zero_state(tr->zero);
     float *state[CKPT_KINDS] = {[CKPT_PARAMS] = zs.params,
                                 [CKPT_MASTER] = zs.master,
@@ -55,6 +58,7 @@ void trainer_ckpt_teardown(Trainer *tr)
     for (int k = 0; k < CKPT_KINDS; k++)
         if (tr->ckpt_dev[k])
             free(tr->ckpt.part[k].data);
+    comm_free(&tr->ckpt_world);
 }
 
 /* bf16: the weights are the bf16 rounding of the master weights, as
@@ -286,7 +290,8 @@ Model *trainer_load_model(const Config *cfg, const Backend *be, const char *step
     Model *m = model_create(cfg, be, &sh, 1);
     const ParamTable *t = model_params(m);
     CkptShardView v;
-    ckpt_view_init(&v, t, 0, 0, 1, 0, MPI_COMM_WORLD);
+    Comm world = comm_world();
+    ckpt_view_init(&v, t, 0, 0, 1, 0, &world);
     float *host =
         be->device ? trd_malloc(t->numel * sizeof(float), "weights") : model_param_buffer(m);
     v.part[CKPT_PARAMS].data = host;

@@ -29,6 +29,7 @@ struct Trainer {
     int dp, dp_rank, n_micro;
     PpStage *pipe;               /* pp > 1 */
     CkptShardView ckpt;          /* what this rank saves and loads (host memory) */
+    Comm ckpt_world;             /* the world the checkpoint's collectives run on */
     CkptAsync *async;            /* checkpoint.async on: the background writer */
     double async_blocked_s;      /* the write in flight: what its save step blocked */
     float *ckpt_dev[CKPT_KINDS]; /* device backends: the engine's buffers that ckpt's

@@ -14,7 +14,7 @@
 #include "config/config.h"
 #include "core/error.h"
 #include "core/progress.h"
-#include "core/trace.h"
+#include "comm/trace.h"
 
 static struct {
     pthread_t thread;

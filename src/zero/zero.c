@@ -5,7 +5,7 @@
 #include <time.h>
 
 #include "core/error.h"
-#include "core/trace.h"
+#include "comm/trace.h"
 #include "data_par/grads.h"
 
 struct Zero {

@@ -5,7 +5,7 @@
  * exhaust memory: spans past the cap are counted, not kept) and rank 0
  * writes the file at the end, taking the other ranks' spans one rank at a
  * time.  A span is a name, a lane, a start and an end in seconds of
- * MPI_Wtime, and optional micro-batch, chunk and byte count.  Lanes are the
+ * comm_wtime, and optional micro-batch, chunk and byte count.  Lanes are the
  * rows of one rank in the viewer: compute (forward, backward, optimizer),
  * point-to-point (pipeline sends and receives), collectives (all-reduce,
  * reduce-scatter, all-gather, from issue to completion, so overlap with
@@ -22,18 +22,19 @@
 #ifndef TRD_TRACE_H
 #define TRD_TRACE_H
 
-#include <mpi.h>
 #include <stddef.h>
 #include <stdint.h>
+
+#include "comm/comm.h"
 
 typedef enum { TRACE_COMPUTE = 0, TRACE_P2P, TRACE_COLLECTIVE, TRACE_STEP, TRACE_LANES } TraceLane;
 
 /* Start recording on every rank of world (collective): label names this
  * rank's row ("rank 3 (tp 1, pp 1, dp 0)"); at most max_spans are kept. */
-void trace_start(MPI_Comm world, const char *label, size_t max_spans);
+void trace_start(const Comm *world, const char *label, size_t max_spans);
 int trace_active(void);
 
-/* Record a span [t0, t1] (MPI_Wtime seconds).  mb / chunk < 0 and bytes 0
+/* Record a span [t0, t1] (comm_wtime seconds).  mb / chunk < 0 and bytes 0
  * are left out of the span's arguments.  name is copied (truncated to 31
  * characters).  Does nothing unless trace_start ran. */
 void trace_span(const char *name, TraceLane lane, double t0, double t1, int mb, int chunk,

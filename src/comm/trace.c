@@ -1,4 +1,4 @@
-#include "core/trace.h"
+#include "comm/trace.h"
 
 #include <errno.h>
 #include <math.h>
@@ -7,6 +7,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "comm/comm_mpi.h"
 #include "core/error.h"
 
 /* One span as it travels to rank 0: plain bytes, the same layout on every
@@ -89,12 +90,12 @@ static double clock_zero(void)
     return zero - offset;
 }
 
-void trace_start(MPI_Comm world, const char *label, size_t max_spans)
+void trace_start(const Comm *comm, const char *label, size_t max_spans)
 {
     TRD_ASSERT(!g.active && max_spans > 0);
-    g.world = world;
-    MPI_Comm_rank(world, &g.rank);
-    MPI_Comm_size(world, &g.size);
+    g.world = comm_mpi(comm);
+    MPI_Comm_rank(g.world, &g.rank);
+    MPI_Comm_size(g.world, &g.size);
     g.cap = max_spans;
     g.spans = trd_malloc(max_spans * sizeof(Span), "trace spans");
     memset(&g.h, 0, sizeof g.h);

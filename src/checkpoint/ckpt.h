@@ -178,12 +178,12 @@ int ckpt_hf_import(const char *hf_dir, const char *out_dir, char *const *sets, i
  * safetensors files, the tensors its view holds any of, converts each to
  * trident's global layout and keeps its pieces of part[CKPT_PARAMS] and
  * part[CKPT_MASTER] (where data is set; the weights unrounded: a bf16
- * caller rounds them).  Memory: one tensor beside the view.  The model
- * section of cfg must be config.json's (a difference names both values);
+ * caller rounds them).  Memory: one tensor beside the view.  want (the
+ * config's model section) must be config.json's (a difference names both values);
  * model.seq_len may be below a gpt2's n_positions.  Collective over
  * v->world.  Returns 0, or the exit code (2 bad input) with the same
  * message on every rank, naming the file and tensor. */
-int ckpt_hf_load_weights(const char *hf_dir, const CkptShardView *v, const Config *cfg,
+int ckpt_hf_load_weights(const char *hf_dir, const CkptShardView *v, const ModelConfig *want,
                          char err[CFG_ERR]);
 
 /* The step directory to resume from: kind AUTO -> <dir>/latest if it exists,

@@ -992,7 +992,7 @@ static int read_pieces(Imp *im, const CkptShardView *v, const char *dir, char er
     return code;
 }
 
-int ckpt_hf_load_weights(const char *hf_dir, const CkptShardView *v, const Config *cfg,
+int ckpt_hf_load_weights(const char *hf_dir, const CkptShardView *v, const ModelConfig *want,
                          char err[CFG_ERR])
 {
     err[0] = '\0';
@@ -1005,18 +1005,18 @@ int ckpt_hf_load_weights(const char *hf_dir, const CkptShardView *v, const Confi
     /* gpt2 keeps the first seq_len rows of its position embedding
      * (n_positions is an upper bound); llama's RoPE has no such table. */
     im.n_positions = m->seq_len;
-    if (!code && m->arch == ARCH_GPT2 && cfg->model.seq_len > m->seq_len) {
+    if (!code && m->arch == ARCH_GPT2 && want->seq_len > m->seq_len) {
         ckpt_err(err,
                  "model.seq_len %d > n_positions %d of %s/config.json: gpt2 has no "
                  "position embedding beyond it",
-                 cfg->model.seq_len, m->seq_len, hf_dir);
+                 want->seq_len, m->seq_len, hf_dir);
         code = TRD_EXIT_INPUT;
     }
-    m->seq_len = cfg->model.seq_len;
+    m->seq_len = want->seq_len;
     im.m = m;
     im.hs = m->heads ? m->hidden / m->heads : 0;
     if (!code)
-        code = same_model(hf_dir, m, &cfg->model, err);
+        code = same_model(hf_dir, m, want, err);
     if (!code)
         code = st_set_open(&im.st, hf_dir, err);
     if (!code)

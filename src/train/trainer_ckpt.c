@@ -158,7 +158,7 @@ void trainer_init_from(Trainer *tr, int resumed)
      * safetensors files, nothing is converted on disk. */
     int code = TRD_EXIT_OK;
     if (hf)
-        code = ckpt_hf_load_weights(src, &tr->ckpt, tr->cfg, err);
+        code = ckpt_hf_load_weights(src, &tr->ckpt, &tr->cfg->model, err);
     else if (ckpt_load_weights(dir, &tr->ckpt, tr->cfg, err) != 0)
         code = TRD_EXIT_INPUT;
     if (code != TRD_EXIT_OK)

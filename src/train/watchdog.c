@@ -175,10 +175,11 @@ static _Noreturn void fire(double idle)
         else
             say("trident: rank %d: cannot write %s: %s\n", W.rank, path, strerror(errno));
     }
-    /* From this thread although MPI was initialized FUNNELED: the main
-     * thread is blocked (inside MPI, often) and will not call again, and
-     * MPICH's abort asks the launcher to kill the job without touching the
-     * communicators.  The pause lets the launcher forward our message. */
+    /* From this thread (MPI runs calls from any thread: comm_init asks for
+     * MPI_THREAD_MULTIPLE): the main thread is blocked (inside MPI, often)
+     * and will not call again, and MPICH's abort asks the launcher to kill
+     * the job without touching the communicators.  The pause lets the
+     * launcher forward our message. */
     nanosleep(&(struct timespec){.tv_nsec = 200 * 1000 * 1000}, NULL);
     comm_abort(TRD_EXIT_RUNTIME);
 }

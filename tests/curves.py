@@ -13,8 +13,10 @@ Checks, each relative to REF's value:
                                         same steps as REF
   REF.weights / GOT.weights (files beside the run dirs, fp32, as
   TRIDENT_DUMP_WEIGHTS writes them) max abs diff <= --weights-atol
-Compared steps: all of REF's, or --from S .. --to E; --steps N requires
-both runs to have exactly steps 1..N.  Prints one ok/FAIL line; exit 0/1.
+Compared steps: all of REF's, or --from S .. --to E, each of which GOT must
+have; with --common only those GOT has (a run resumed midway), the last of
+them the last compared; --steps N requires both runs to have exactly steps
+1..N.  Prints one ok/FAIL line; exit 0/1.
 """
 import argparse
 import array
@@ -56,6 +58,7 @@ def main():
     p.add_argument("--val", type=int)
     p.add_argument("--val-min", type=int, default=0)
     p.add_argument("--weights-atol", type=float)
+    p.add_argument("--common", action="store_true")
     a = p.parse_args()
     name = a.name or a.got.rstrip("/").split("/")[-1]
     r, g = rows(a.ref), rows(a.got)
@@ -67,7 +70,11 @@ def main():
     last = a.last if a.last is not None else max(r, default=0)
     steps = [s for s in range(a.first, last + 1) if s in r]
     missing = [s for s in steps if s not in g]
-    if not steps or missing:
+    if a.common:  # a resumed run: the steps both have, up to the last
+        steps = [s for s in steps if s in g]
+        if not steps or steps[-1] != last:
+            problems.append(f"common steps {steps}, want them to end at step {last}")
+    elif not steps or missing:
         problems.append(f"steps missing: {missing or 'all'}")
     steps = [s for s in steps if s in g]
     parts = []

@@ -44,7 +44,8 @@ TOL=${TRIDENT_CUDA_TOL:-2e-5}
 BF16_TOL=${TRIDENT_CUDA_BF16_TOL:-1e-4}
 
 compare() { # reference, name, tolerance
-    curves "$1" "$2" --to 8 --rtol "$3" --norm-rtol "$(python3 -c "print(100 * $3)")" --val-min 1
+    curves "$1" "$2" --to 8 --common --rtol "$3" --norm-rtol "$(python3 -c "print(100 * $3)")" \
+        --val-min 1
 }
 
 same() { # name1, name2: identical losses and final weights

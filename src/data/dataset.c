@@ -189,7 +189,7 @@ static int megatron_check_tables(const char *idx_path, const unsigned char *p, u
     return 0;
 }
 
-static int open_megatron(TokenDataset *ds, const char *path, char err[CFG_ERR])
+static int open_megatron(TokenDataset *ds, const char *path, int check_tables, char err[CFG_ERR])
 {
     char prefix[CFG_STR], idx_path[CFG_STR + 8], bin_path[CFG_STR + 8];
     if (megatron_prefix(path, prefix, err) != 0)
@@ -204,10 +204,12 @@ static int open_megatron(TokenDataset *ds, const char *path, char err[CFG_ERR])
     const unsigned char *p = ds->idx_map;
     if (megatron_check_idx(idx_path, p, ds->idx_bytes, &ds->token_bytes, &n_seq, &n_doc, err) !=
             0 ||
-        megatron_check_tables(idx_path, p, n_seq, n_doc, ds->token_bytes, &ds->n_tokens, err) !=
-            0 ||
+        (check_tables && megatron_check_tables(idx_path, p, n_seq, n_doc, ds->token_bytes,
+                                               &ds->n_tokens, err) != 0) ||
         map_file(bin_path, &ds->bin_map, &ds->bin_bytes, err) != 0)
         return -1;
+    if (!check_tables) /* checked on an earlier open of the same file */
+        ds->n_tokens = ds->bin_bytes / (size_t)ds->token_bytes;
     /* The .idx must describe the .bin exactly: a longer .bin is as wrong as
      * a shorter one (an .idx of another, smaller dataset, or a .bin
      * rewritten without its index), and training on it would silently skip
@@ -262,13 +264,88 @@ static int open_llmc(TokenDataset *ds, const char *path, char err[CFG_ERR])
     return 0;
 }
 
+/* Read the first n bytes of path into buf and its size into *size. */
+static int read_head(const char *path, void *buf, size_t n, uint64_t *size, char err[CFG_ERR])
+{
+    int fd = open(path, O_RDONLY);
+    if (fd < 0)
+        return trd_errorf(err, "cannot open dataset file %s: %s\n%s", path, strerror(errno),
+                          MISSING_HINT);
+    struct stat st;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        close(fd);
+        return trd_errorf(err, "dataset file %s is not a regular file", path);
+    }
+    *size = (uint64_t)st.st_size;
+    memset(buf, 0, n);
+    ssize_t got = pread(fd, buf, n, 0);
+    int e = errno;
+    close(fd);
+    if (got < 0)
+        return trd_errorf(err, "cannot read dataset file %s: %s", path, strerror(e));
+    return 0;
+}
+
+int dataset_probe(TokenDataset *ds, const char *path, DataFormat fmt, char err[CFG_ERR])
+{
+    memset(ds, 0, sizeof *ds);
+    ds->format = fmt;
+    uint64_t size = 0;
+    if (fmt == DATA_LLMC) {
+        if (strlen(path) >= CFG_STR)
+            return trd_errorf(err, "dataset path is too long (max %d bytes): %s", CFG_STR - 1,
+                              path);
+        snprintf(ds->path, sizeof ds->path, "%s", path);
+        int32_t h[3];
+        if (read_head(path, h, sizeof h, &size, err) != 0)
+            return -1;
+        const uint64_t header = DATASET_LLMC_HEADER_INTS * sizeof(int32_t);
+        if (h[0] != DATASET_LLMC_MAGIC)
+            return trd_errorf(err, "%s: not an llm.c token shard (magic %d, expected %d)", path,
+                              h[0], DATASET_LLMC_MAGIC);
+        if (size < header || h[2] < 0 || size != header + 2 * (uint64_t)h[2])
+            return trd_errorf(err,
+                              "%s: token count mismatch: header says %d tokens, the file has "
+                              "%llu bytes (a shard of %d tokens has %llu)",
+                              path, h[2], (unsigned long long)size, h[2],
+                              (unsigned long long)(header + 2 * (uint64_t)(h[2] < 0 ? 0 : h[2])));
+        ds->token_bytes = 2;
+        ds->n_tokens = (uint64_t)h[2];
+        ds->n_docs = 1;
+        return 0;
+    }
+    char prefix[CFG_STR], idx_path[CFG_STR + 8], bin_path[CFG_STR + 8];
+    if (megatron_prefix(path, prefix, err) != 0)
+        return -1;
+    snprintf(idx_path, sizeof idx_path, "%s.idx", prefix);
+    snprintf(bin_path, sizeof bin_path, "%s.bin", prefix);
+    snprintf(ds->path, sizeof ds->path, "%s", prefix);
+    unsigned char h[IDX_HEADER_BYTES];
+    uint64_t n_seq = 0, n_doc = 0, bin_size = 0;
+    if (read_head(idx_path, h, sizeof h, &size, err) != 0 ||
+        megatron_check_idx(idx_path, h, (size_t)size, &ds->token_bytes, &n_seq, &n_doc, err) != 0 ||
+        read_head(bin_path, h, 0, &bin_size, err) != 0)
+        return -1;
+    if (bin_size % (uint64_t)ds->token_bytes)
+        return trd_errorf(err, "%s: %llu bytes is not a whole number of %s tokens", bin_path,
+                          (unsigned long long)bin_size, ds->token_bytes == 2 ? "uint16" : "int32");
+    ds->n_tokens = bin_size / (uint64_t)ds->token_bytes;
+    ds->n_docs = n_doc ? n_doc - 1 : 0;
+    return 0;
+}
+
 int dataset_open(TokenDataset *ds, const char *path, DataFormat fmt, char err[CFG_ERR])
+{
+    return dataset_reopen(ds, path, fmt, 1, err);
+}
+
+int dataset_reopen(TokenDataset *ds, const char *path, DataFormat fmt, int check, char err[CFG_ERR])
 {
     memset(ds, 0, sizeof *ds);
     ds->format = fmt;
     int rc = fmt == DATA_LLMC ? open_llmc(ds, path, err)
              : fmt == DATA_MEGATRON
-                 ? open_megatron(ds, path, err)
+                 ? open_megatron(ds, path, check, err)
                  : trd_errorf(err, "%s: unknown dataset format %d", path, (int)fmt);
     if (rc != 0)
         dataset_close(ds);

@@ -37,7 +37,17 @@ typedef struct {
  * ending in .bin or .idx is accepted too).  llmc: `path` is one .bin shard.
  * Returns 0, or -1 with a message naming the file in err (nothing mapped). */
 int dataset_open(TokenDataset *ds, const char *path, DataFormat fmt, char err[CFG_ERR]);
+/* dataset_open for a file opened and checked before (check 0): the .idx
+ * header and the sizes are checked again, the sequence table is not
+ * walked, so mapping a large shard again costs no pass over its index. */
+int dataset_reopen(TokenDataset *ds, const char *path, DataFormat fmt, int check,
+                   char err[CFG_ERR]);
 void dataset_close(TokenDataset *ds);
+
+/* The header of a dataset only, nothing mapped: path, format, token width,
+ * and counts (n_tokens from the .bin's size; dataset_open checks that the
+ * index agrees).  The same errors as dataset_open for the header. */
+int dataset_probe(TokenDataset *ds, const char *path, DataFormat fmt, char err[CFG_ERR]);
 
 /* Token i of the stream (i < n_tokens).  int32 tokens are returned as their
  * bit pattern, so a negative id reads as a huge one and fails vocab checks. */

@@ -445,6 +445,8 @@ int dataset_writer_add(DatasetWriter *w, const int32_t *tokens, size_t n, char e
 
 static int write_all(FILE *f, const void *p, size_t bytes)
 {
+    if (bytes == 0) /* p may be NULL: a dataset of no document */
+        return 0;
     return fwrite(p, 1, bytes, f) == bytes ? 0 : -1;
 }
 

@@ -37,8 +37,9 @@ int main(int argc, char **argv)
     char err[CFG_ERR];
     BlendSpec spec;
     if (!blend || seq < 1 || batch < 1 || steps < 2 || config_blend_parse(blend, &spec, err)) {
-        fprintf(stderr, "usage: bench_data --blend \"W1 PATH1 ...\" [--seq T] [--batch B] "
-                        "[--steps N >= 2]%s%s\n",
+        fprintf(stderr,
+                "usage: bench_data --blend \"W1 PATH1 ...\" [--seq T] [--batch B] "
+                "[--steps N >= 2]%s%s\n",
                 blend ? ": " : "", blend ? err : "");
         return 2;
     }

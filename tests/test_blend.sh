@@ -89,6 +89,13 @@ RUN_CKPT=1 run resumed 1 "${B[@]}" --set checkpoint.every=100
 grep -q "resum" "$out/resumed.log" || { echo "FAIL: no resume in resumed.log"; fails=$((fails + 1)); }
 curves b1 resumed --common --rtol 0 --weights-atol 0
 
+# The blend run's checkpoint generates and evaluates (its config has no data.path).
+"$TRIDENT" generate "$out/resumed/ckpt" --prompt "The jury" --max-new-tokens 4 --greedy \
+    > "$out/gen.log" 2>&1 || { echo "FAIL: generate from the blend run:"; cat "$out/gen.log"; fails=$((fails + 1)); }
+"$TRIDENT" eval "$out/resumed/ckpt" --data "$d/humor" --sequences 4 > "$out/eval.log" 2>&1 &&
+    grep -q "perplexity" "$out/eval.log" ||
+    { echo "FAIL: eval of the blend run:"; cat "$out/eval.log"; fails=$((fails + 1)); }
+
 # A blend of one dataset is that dataset.
 run one_blend 1 --set data.path= --set "data.blend=3 $d/fiction"
 run fiction 1 --set data.path="$d/fiction"

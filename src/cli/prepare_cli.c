@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "cli/commands.h"
+#include "comm/comm.h"
 #include "core/error.h"
 #include "data/prepare.h"
 #include "data/tokenizer.h"
@@ -111,6 +112,10 @@ static int parse_prepare(int argc, char **argv, PrepareArgs *a)
             *(o[2] == 's' ? &a->skip_bad : &a->progress) = 1;
             continue;
         }
+        if (strcmp(o, "--shards") == 0) {
+            a->shards = 1;
+            continue;
+        }
         if (strcmp(o, "--tokenizer") == 0)
             dst = &a->tokenizer;
         else if (strcmp(o, "--encoding") == 0)
@@ -181,6 +186,7 @@ int data_prepare_main(int argc, char **argv)
     if (rc == 0)
         rc = data_prepare(&a);
     free(a.inputs);
+    comm_finalize(); /* under mpiexec (data_prepare started MPI) */
     return rc < 0 ? TRD_EXIT_OK : rc;
 }
 

@@ -186,8 +186,7 @@ int prep_job_poll(PrepJob *j, const uint64_t mine[PREP_COUNTERS], uint64_t sums[
     return j->sums[PREP_FAILED] > 0;
 }
 
-void prep_job_finish(PrepJob *j, const uint64_t mine[PREP_COUNTERS],
-                     uint64_t sums[PREP_COUNTERS])
+void prep_job_finish(PrepJob *j, const uint64_t mine[PREP_COUNTERS], uint64_t sums[PREP_COUNTERS])
 {
     uint64_t m[PREP_COUNTERS];
     memcpy(m, mine, sizeof m);

@@ -63,8 +63,7 @@ int prep_job_poll(PrepJob *j, const uint64_t mine[PREP_COUNTERS], uint64_t sums[
 
 /* This rank is done (or failed, or stopped): rounds until every rank is;
  * sums gets the final totals.  Waits without spinning. */
-void prep_job_finish(PrepJob *j, const uint64_t mine[PREP_COUNTERS],
-                     uint64_t sums[PREP_COUNTERS]);
+void prep_job_finish(PrepJob *j, const uint64_t mine[PREP_COUNTERS], uint64_t sums[PREP_COUNTERS]);
 
 /* After a failed job: the lowest failing rank prints its message (the
  * first bad document in input order among those found); every rank exits 2. */
@@ -83,7 +82,7 @@ double prep_job_max(PrepJob *j, double v);
 
 /* What to write from the spools. */
 typedef struct {
-    const char *out;  /* --out PREFIX */
+    const char *out;   /* --out PREFIX */
     const char *spool; /* this rank's spool (a Megatron dataset) */
     int llmc, token_bytes, shards;
     long val_every;

@@ -18,11 +18,14 @@ static const char prepare_usage[] =
     "                            [--vocab encoder.json --merges vocab.bpe]\n"
     "                            [--encoding cl100k_base|o200k_base] [--ranks FILE.tiktoken]\n"
     "                            --out PREFIX [--format megatron|llmc] [--val-every K]\n"
-    "                            [--workers N] [--progress]\n"
+    "                            [--workers N] [--progress] [--shards]\n"
+    "       mpiexec -n RANKS trident prepare-data ...   (the same options)\n"
     "\n"
     "Tokenize documents into a training dataset: each text file is one document,\n"
     "each line of a JSON lines file is one ({\"text\": \"...\"}).  Each document's\n"
-    "tokens are followed by the EOT token.\n"
+    "tokens are followed by the EOT token.  Under mpiexec (or srun) the input is cut\n"
+    "into one range of documents per rank, by size (a plain .jsonl file at line\n"
+    "starts, other files whole); the dataset is the one a single process makes.\n"
     "\n"
     "  --input PATH ...   files, one document each (text) or one per line (JSONL);\n"
     "                     .gz and .zst files are decompressed as they are read;\n"
@@ -51,7 +54,10 @@ static const char prepare_usage[] =
     "  --val-every K      every K-th document (index % K == K-1) goes to PREFIX_val\n"
     "  --workers N        tokenize on N threads (default 1); the dataset is the same\n"
     "  --progress         print progress every 2 s on stderr (the default when stderr is\n"
-    "                     a terminal)\n"
+    "                     a terminal); under mpiexec rank 0 prints the whole job's\n"
+    "  --shards           one dataset per rank instead of one merged dataset:\n"
+    "                     PREFIX-00000-of-00004 ... PREFIX-00003-of-00004 (and\n"
+    "                     PREFIX_val-...), in input order\n"
     "  --help             this text\n";
 
 static const char tokenize_usage[] =

@@ -661,11 +661,3 @@ int dataset_parts_publish(const DatasetShape *s, char err[CFG_ERR])
         return trd_errorf(err, "cannot rename %s to %s: %s", idx, path, strerror(errno));
     return 0;
 }
-
-void dataset_parts_discard(const DatasetShape *s)
-{
-    char bin[CFG_STR + 16], idx[CFG_STR + 16];
-    parts_paths(s, bin, idx, sizeof bin);
-    unlink(bin);
-    unlink(idx);
-}

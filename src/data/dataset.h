@@ -94,8 +94,6 @@ int dataset_part_add(DatasetPart *p, const void *tokens, const int32_t *lengths,
                      char err[CFG_ERR]);
 int dataset_part_close(DatasetPart *p, char err[CFG_ERR]); /* frees p, also on error */
 int dataset_parts_publish(const DatasetShape *s, char err[CFG_ERR]);
-/* Remove the .tmp files, whatever was written. */
-void dataset_parts_discard(const DatasetShape *s);
 
 #define DATASET_LLMC_MAGIC       20240520
 #define DATASET_LLMC_VERSION     1

@@ -53,9 +53,21 @@ int prep_job_rank(const PrepJob *j) { return j->world.rank; }
 
 int prep_job_size(const PrepJob *j) { return j->world.size; }
 
+/* Until every rank is here, tested every millisecond: the others wait for
+ * rank 0's checks without the busy wait of a blocking MPI call, which would
+ * take a core from the rank they wait for. */
+static void meet(PrepJob *j)
+{
+    uint64_t none = 0;
+    CommHandle h = comm_iallreduce_sum_u64(&j->world, &none, 1);
+    while (!comm_test(&h))
+        nanosleep(&(struct timespec){.tv_nsec = 1000 * 1000}, NULL);
+}
+
 void prep_job_share(PrepJob *j, InputList *docs, uint64_t *total_bytes)
 {
     Comm *c = &j->world;
+    meet(j);
     uint64_t head[2] = {0, 0}; /* files, bytes of their names */
     char *blob = NULL;
     if (c->rank == 0) {

@@ -565,6 +565,15 @@ static void add_jsonl_file(Prep *p, const char *path, const PrepUnit *u)
     reader_close(r);
 }
 
+/* llm.c shards hold uint16 tokens. */
+static void check_format(const PrepareArgs *a, const Tokenizer *tok)
+{
+    if (!strcmp(a->format, "llmc") && dataset_token_bytes_for_vocab(tokenizer_vocab(tok)) != 2)
+        trd_fatal(TRD_EXIT_INPUT, "use --format megatron",
+                  "llm.c shards hold uint16 tokens; vocabulary %d does not fit",
+                  tokenizer_vocab(tok));
+}
+
 /* An MPI rank's share of the input, in order. */
 static void add_share(Prep *p, const InputList *docs)
 {
@@ -657,8 +666,10 @@ int data_prepare(const PrepareArgs *args)
     if (rank0)
         p.total_bytes = check_inputs(&a, &docs);
     TokenizerSpec ts = {a.tokenizer, a.vocab, a.merges, a.encoding, a.ranks};
-    if (rank0)
+    if (rank0) {
         p.tok = data_tokenizer_make(&ts);
+        check_format(&a, p.tok);
+    }
     if (p.job)
         prep_job_share(p.job, &docs, &p.total_bytes);
     if (!p.tok)
@@ -673,10 +684,6 @@ int data_prepare(const PrepareArgs *args)
     p.progress = a.progress || p.tty;
     int llmc = strcmp(a.format, "llmc") == 0;
     int token_bytes = dataset_token_bytes_for_vocab(tokenizer_vocab(p.tok));
-    if (llmc && token_bytes != 2)
-        trd_fatal(TRD_EXIT_INPUT, "use --format megatron",
-                  "llm.c shards hold uint16 tokens; vocabulary %d does not fit",
-                  tokenizer_vocab(p.tok));
     if (rank0)
         printf("prepare-data: %s tokenizer (vocab %d, EOT %d), %s format, %s tokens\n",
                tokenizer_name(p.tok), tokenizer_vocab(p.tok), tokenizer_eot(p.tok), a.format,

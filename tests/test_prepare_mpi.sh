@@ -10,7 +10,8 @@
 #      concatenated in shard order, are the one-process dataset's (read with
 #      numpy from the .idx layout of docs/data.md);
 #   3. a bad document in the last rank's range: exit 2 with one process's
-#      FILE:LINE message, promptly, and no dataset, spool or .tmp file left;
+#      FILE:LINE message, and no dataset, spool or .tmp file left; the tasks
+#      of an srun without MPI are refused;
 #   4. --skip-bad: the same dataset, count and first five places as one process;
 #   5. --progress: rank 0 prints the job's totals.
 # Needs the Brown text (scripts/get_corpus.sh --text-only), MPICH's mpiexec
@@ -158,6 +159,16 @@ printf 'line one\nline \xff two\n' > "$tmp/zz.txt"
 expect_bad 4 badtxt "zz.txt:2: invalid UTF-8 (byte 0xFF" --input "${docs[@]}" "$tmp/zz.txt"
 say "a bad document in the last rank's range (.jsonl line $last, a text file): exit 2 with" \
     "one process's FILE:LINE (4 ranks: $took s), no dataset, spool or .tmp file left"
+
+# srun without MPI: tasks that do not know of each other are refused.
+set +e
+SLURM_STEP_NUM_TASKS=2 SLURM_PROCID=0 "$trident" prepare-data --tokenizer gpt2 --input "$tmp/all.jsonl" \
+    --out "$tmp/nompi" > "$tmp/nompi.log" 2>&1
+rc=$?
+set -e
+[[ $rc -eq 2 ]] && grep -q "srun started 2 tasks without MPI" "$tmp/nompi.log" && [[ ! -e $tmp/nompi.bin ]] ||
+    fail "srun --mpi=none: exit $rc: $(cat "$tmp/nompi.log")"
+say "2 tasks of srun without MPI: refused (exit 2), nothing written"
 
 # ---- 4. --skip-bad --------------------------------------------------------------
 

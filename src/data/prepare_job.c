@@ -37,6 +37,18 @@ static double now_s(void)
 
 PrepJob *prep_job_start(void)
 {
+    /* srun without MPI (--mpi=none) starts tasks that do not know of each
+     * other: each would write --out on its own, over the others' files. */
+    const char *tasks = getenv("SLURM_STEP_NUM_TASKS"), *id = getenv("SLURM_PROCID");
+    if (!comm_launched() && tasks && atoi(tasks) > 1) {
+        if (!id || atoi(id) == 0)
+            fprintf(stderr,
+                    "trident: error: srun started %d tasks without MPI: each would prepare "
+                    "the whole dataset over the others' files\n---> pass srun --mpi=pmi2 (as "
+                    "slurm/prepare.sbatch does), or start one task\n",
+                    atoi(tasks));
+        exit(TRD_EXIT_INPUT);
+    }
     if (!comm_launched())
         return NULL;
     comm_init(NULL, NULL);

@@ -368,7 +368,7 @@ int dataset_writer_add(DatasetWriter *w, const int32_t *tokens, size_t n, char e
 
 static int write_all(FILE *f, const void *p, size_t bytes)
 {
-    return fwrite(p, 1, bytes, f) == bytes ? 0 : -1;
+    return bytes == 0 || fwrite(p, 1, bytes, f) == bytes ? 0 : -1; /* p may be NULL then */
 }
 
 /* The index: header, int32 lengths, int64 byte pointers, int64 document

@@ -29,8 +29,10 @@
 
 typedef struct PrepJob PrepJob;
 
-/* The job when a launcher started this process as one of several ranks
- * (MPI initialized); NULL for one plain process (as without MPI). */
+/* The job when a launcher started this process as one of several ranks;
+ * NULL for one plain process, as without MPI (under `mpiexec -n 1` MPI is
+ * initialized all the same: the caller finalizes it).  The tasks of an
+ * srun without MPI, which do not know of each other, exit 2. */
 PrepJob *prep_job_start(void);
 int prep_job_rank(const PrepJob *j);
 int prep_job_size(const PrepJob *j);

@@ -75,6 +75,36 @@ int dataset_writer_close(DatasetWriter *w, char err[CFG_ERR]); /* frees w, also 
  * version 1, token count), then uint16 tokens.  Errors on ids > 65535. */
 int dataset_write_llmc(const char *path, const int32_t *tokens, size_t n, char err[CFG_ERR]);
 
+/* Sequence i's length in tokens in a Megatron dataset (i below the .idx's
+ * sequence count, which is n_docs for the datasets prepare-data writes: one
+ * sequence per document); -1 for an llm.c shard or an i out of range. */
+int64_t dataset_sequence_length(const TokenDataset *ds, uint64_t i);
+
+/* One dataset written in parts by several processes at once (prepare-data
+ * under MPI, docs/data.md).  Its totals are known before anything is
+ * written, so each part has its place: its first document and first token.
+ * One process makes the files at their final sizes (dataset_parts_create),
+ * each writes its documents at their place (dataset_part_open, _add,
+ * _close), and when all are done one process renames the files
+ * (dataset_parts_publish).  Megatron: PREFIX.bin.tmp and PREFIX.idx.tmp,
+ * renamed .bin first (the .idx makes the pair visible); llm.c (llmc):
+ * PREFIX.bin.tmp, one shard, uint16 tokens. */
+typedef struct {
+    const char *prefix;
+    int llmc, token_bytes;
+    uint64_t docs, tokens; /* of the whole dataset */
+} DatasetShape;
+typedef struct DatasetPart DatasetPart;
+int dataset_parts_create(const DatasetShape *s, char err[CFG_ERR]);
+DatasetPart *dataset_part_open(const DatasetShape *s, uint64_t first_doc, uint64_t first_token,
+                               char err[CFG_ERR]);
+/* n_docs more documents: their lengths, and their tokens back to back
+ * (token_bytes each, already in the file's width). */
+int dataset_part_add(DatasetPart *p, const void *tokens, const int32_t *lengths, size_t n_docs,
+                     char err[CFG_ERR]);
+int dataset_part_close(DatasetPart *p, char err[CFG_ERR]); /* frees p, also on error */
+int dataset_parts_publish(const DatasetShape *s, char err[CFG_ERR]);
+
 #define DATASET_LLMC_MAGIC       20240520
 #define DATASET_LLMC_VERSION     1
 #define DATASET_LLMC_HEADER_INTS 256

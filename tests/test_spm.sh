@@ -17,7 +17,9 @@
 #      characters, special and user-defined symbols in the text, non-ASCII),
 #      and their decoding (`trident tokenize --decode`) against spm_decode.
 # Then: the token width (uint16 up to 65,536 ids, int32 above, which llm.c
-# shards refuse), --workers, and bad models (exit 2 naming the file).
+# shards refuse), --workers, `trident generate --tokenizer FILE.model` on a
+# model trained 2 steps on SentencePiece tokens, and bad models and inputs
+# (exit 2 naming the file).
 set -euo pipefail
 
 root=${TRIDENT_SOURCE_ROOT:-$(pwd)}
@@ -62,7 +64,8 @@ train() { # name spm_train options...
         --minloglevel=2 "$@" > "$tmp/$name.train.log" 2>&1 ||
         { cat "$tmp/$name.train.log" >&2; fail "spm_train $name"; }
 }
-train unigram --model_type=unigram --vocab_size=8000 \
+train unigram --model_type=unigram --vocab_size=8000 --input_sentence_size=15000 \
+    --shuffle_input_sentence=false \
     --user_defined_symbols='<sep>,<cls>,@@' --control_symbols='<ctl>'
 train bpe --model_type=bpe --vocab_size=8000 --byte_fallback=true --user_defined_symbols='<sep>'
 train word --model_type=word --vocab_size=70000
@@ -118,6 +121,7 @@ printf 'caf\xc3\xa9 na\xc3\xafve \xe2\x80\x94 \xe6\x9d\xb1\xe4\xba\xac \xf0\x9f\
 
 failures=0
 for m in unigram bpe word; do
+    before=$failures
     model=$tmp/$m.model
     vocab=$(spm_export_vocab --model="$model" | wc -l)
     eot=$(echo | spm_encode --model="$model" --output_format=id --extra_options=eos)
@@ -164,7 +168,8 @@ for m in unigram bpe word; do
     echo "$got" | spm_decode --model="$model" --input_format=id > "$tmp/dec.exp"
     cmp -s "$tmp/dec.got" "$tmp/dec.exp" ||
         { echo "test_spm: $m: decoding cg22 differs from spm_decode" >&2; failures=$((failures + 1)); }
-    echo "test_spm: $m: $(ls "$tmp"/case.* | wc -l) edge cases and cg22 encode and decode as the reference"
+    [ "$failures" -gt "$before" ] ||
+        echo "test_spm: $m: $(ls "$tmp"/case.* | wc -l) edge cases and cg22 encode and decode as the reference"
 done
 [ "$failures" -eq 0 ] || fail "$failures comparisons with the reference failed (above)"
 
@@ -196,6 +201,23 @@ grep -q "uint16 tokens" "$tmp/unigram.lines.log" || fail "the unigram model's da
     --model "$tmp/bpe.model" --workers 2 --out "$tmp/bpe.w2" > /dev/null
 cmp "$tmp/bpe.w2.bin" "$tmp/bpe.lines.bin" && cmp "$tmp/bpe.w2.idx" "$tmp/bpe.lines.idx" ||
     fail "--workers 2 gives another dataset"
+
+# A model trained on SentencePiece tokens generates with its .model: the
+# prompt's ids are spm_encode's, the text printed is spm_decode's of prompt
+# and continuation, past the prompt's text (with the space the
+# continuation's first piece starts with).
+timeout 300 "$trident" train configs/tiny.yaml --set model.layers=2 --set model.hidden=64 \
+    --set model.heads=4 --set model.seq_len=64 --set model.vocab=8000 --set training.steps=2 \
+    --set data.path="$tmp/bpe.docs" --set data.val_path= --set data.val_every=0 \
+    --set run.dir="$tmp/run" > "$tmp/train.log" 2>&1 || { tail -5 "$tmp/train.log"; fail "train on bpe.docs"; }
+gen=("$trident" generate "$tmp/run/ckpt" --prompt "The jury said" --max-new-tokens 8 --tokenizer "$tmp/bpe.model")
+ids=$("${gen[@]}" --ids 2>/dev/null)
+[[ ${ids%% | *} == "$(echo "The jury said" | spm_encode --model="$tmp/bpe.model" --output_format=id)" ]] ||
+    fail "generate: prompt ids '${ids%% | *}' are not spm_encode's"
+all=$(echo "${ids/ | / }" | spm_decode --model="$tmp/bpe.model" --input_format=id)
+text=$("${gen[@]}" 2>/dev/null)
+[[ "The jury said$text" == "$all" ]] || fail "generate printed '$text'; spm_decode of all ids: '$all'"
+echo "test_spm: generate with --tokenizer FILE.model: '$text'"
 
 # Bad input: exit 2 and a message naming the file.
 expect_bad() { # what pattern command...

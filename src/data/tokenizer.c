@@ -68,6 +68,10 @@ Tokenizer *tokenizer_tiktoken(const char *ranks, const char *encoding, char err[
 Tokenizer *tokenizer_sentencepiece(const char *model_path, char err[CFG_ERR])
 {
     char why[CFG_ERR];
+    if (!model_path) {
+        snprintf(err, CFG_ERR, "no SentencePiece model file (--model FILE.model)");
+        return NULL;
+    }
     Tokenizer *t = calloc(1, sizeof *t);
     if (!t) {
         snprintf(err, CFG_ERR, "out of memory for the tokenizer");

@@ -529,6 +529,63 @@ static void test_round_trip(void)
           "unwritable path: %s", err);
 }
 
+/* data.path as a list, data.blend as a YAML list of {path, weight} (kept
+ * in Megatron's string form, written and read back), and their errors. */
+static void test_data_keys(void)
+{
+    char path[64], out[64], err[CFG_ERR] = "";
+    if (temp_yaml("blend",
+                  "model: {layers: 2, hidden: 64, heads: 4, vocab: 256, seq_len: 32}\n"
+                  "training: {steps: 10, global_batch: 8, lr: 1e-3}\n"
+                  "data:\n"
+                  "  blend:\n"
+                  "    - {path: \"data/web-*\", weight: 0.7}\n"
+                  "    - {weight: 3, path: data/b}\n"
+                  "  val_path: [data/v1, data/v2]\n",
+                  path))
+        return;
+    Config a, b;
+    CHECK(config_load(&a, path, err) == 0, "load: %s", err);
+    CHECK(!strcmp(a.data.blend, "0.7 data/web-* 3 data/b"), "blend '%s'", a.data.blend);
+    CHECK(!strcmp(a.data.val_path, "data/v1,data/v2"), "val_path '%s'", a.data.val_path);
+    CHECK(config_validate(&a, 1, err) == 0, "valid: %s", err);
+    BlendSpec spec;
+    CHECK(config_data_spec(&a.data, 0, &spec, err) == 0 && spec.n == 2 && spec.weight[1] == 3 &&
+              !strcmp(spec.path[0], "data/web-*"),
+          "spec: %s", err);
+    CHECK(config_data_spec(&a.data, 1, &spec, err) == 0 && spec.n == 1 &&
+              !strcmp(spec.path[0], "data/v1,data/v2"),
+          "val spec");
+    CHECK(!strcmp(config_data_name(&a.data), a.data.blend), "the blend names the data");
+    snprintf(out, sizeof out, "/tmp/trident_test_blend_out_%d.yaml", (int)getpid());
+    CHECK(config_write_yaml(&a, out, err) == 0 && config_load(&b, out, err) == 0, "%s", err);
+    CHECK(!strcmp(b.data.blend, a.data.blend) && !strcmp(b.data.val_path, a.data.val_path),
+          "blend and list written and read back");
+    CHECK(config_set(&a, "data.path=[x, y]", err) == 0 && !strcmp(a.data.path, "x, y"),
+          "--set list: '%s'", a.data.path);
+    CHECK(config_validate(&a, 1, err) == -1 && strstr(err, "both set"), "path and blend: %s", err);
+    CHECK(config_set(&a, "data.path=", err) == 0 && config_set(&a, "data.blend=1 a 2", err) == 0 &&
+              config_validate(&a, 1, err) == -1 && strstr(err, "--set data.blend=1 a 2") &&
+              strstr(err, "weight 2 has no path"),
+          "bad blend string: %s", err);
+    remove(path);
+    remove(out);
+    if (temp_yaml("noblend",
+                  "model: {layers: 2, hidden: 64, heads: 4, vocab: 256, seq_len: 32}\n"
+                  "training: {steps: 10, global_batch: 8, lr: 1e-3}\n"
+                  "data:\n"
+                  "  blend:\n"
+                  "    - {path: a, weight: 1}\n"
+                  "    - {path: b}\n",
+                  path))
+        return;
+    char want[128];
+    snprintf(want, sizeof want, "%s:6:7: key 'data.blend': list item 2 needs a path", path);
+    CHECK(config_load(&a, path, err) == -1 && !strncmp(err, want, strlen(want)),
+          "want '%s', got '%s'", want, err);
+    remove(path);
+}
+
 /* Issue 17's keys: training.nonfinite, training.max_skipped, and
  * checkpoint.allow_changes as a YAML list, a comma string or a --set list. */
 static void test_reliability_keys(void)
@@ -579,6 +636,7 @@ int main(void)
     test_validate();
     test_value_places();
     test_round_trip();
+    test_data_keys();
     test_reliability_keys();
     return check_summary("config");
 }

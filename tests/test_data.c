@@ -9,8 +9,10 @@
 
 #include "check.h"
 #include "core/rng.h"
+#include "data/blend.h"
 #include "data/dataset.h"
 #include "data/sampler.h"
+#include "data/stream.h"
 #include "data/tokenizer.h"
 
 static char dir[64];
@@ -334,8 +336,8 @@ static void test_sampler(void)
     dataset_writer_add(w, t + 300, 1, err);
     dataset_writer_add(w, t + 301, 700, err);
     CHECK(dataset_writer_close(w, err) == 0, "close: %s", err);
-    TokenDataset ds;
-    if (dataset_open(&ds, prefix, DATA_MEGATRON, err) != 0) {
+    TokenStream ds;
+    if (stream_open(&ds, prefix, DATA_MEGATRON, err) != 0) {
         CHECK(0, "open: %s", err);
         return;
     }
@@ -362,7 +364,216 @@ static void test_sampler(void)
               strstr(err, "token 1000 at stream position 1000 is outside model.vocab = 1000"),
           "vocab scan message: %s", err);
     CHECK(sampler_check_vocab(&ds, 1000, 1000, err) == 0, "vocab scan stops at max_tokens");
-    dataset_close(&ds);
+    stream_close(&ds);
+}
+
+/* A dataset of tokens [lo, lo + n) (token value = its stream position when
+ * the shards are read in order), written as one Megatron prefix or llm.c
+ * shard. */
+static void write_ramp(const char *path, int lo, int n, DataFormat fmt)
+{
+    char err[CFG_ERR];
+    int32_t *t = malloc((size_t)n * sizeof *t);
+    for (int i = 0; i < n; i++)
+        t[i] = lo + i;
+    if (fmt == DATA_LLMC) {
+        CHECK(dataset_write_llmc(path, t, (size_t)n, err) == 0, "write %s: %s", path, err);
+    } else {
+        DatasetWriter *w = dataset_writer_open(path, 2, err);
+        CHECK(w != NULL, "open %s: %s", path, err);
+        if (w) {
+            dataset_writer_add(w, t, (size_t)n / 2, err);
+            dataset_writer_add(w, t + n / 2, (size_t)(n - n / 2), err);
+            CHECK(dataset_writer_close(w, err) == 0, "close: %s", err);
+        }
+    }
+    free(t);
+}
+
+/* Shards in order: a list, a pattern (byte order, .bin/.idx pairs once),
+ * reads across shard boundaries, lazy mapping and the LRU cap. */
+static void test_stream(void)
+{
+    char err[CFG_ERR], p[160], spec[640];
+    const int sizes[4] = {300, 1, 0, 700}; /* an empty shard and a 1-token one */
+    int at = 0;
+    for (int i = 0; i < 4; i++) {
+        snprintf(p, sizeof p, "%s/sh-%02d", dir, i);
+        if (sizes[i] > 0)
+            write_ramp(p, at, sizes[i], DATA_MEGATRON);
+        else { /* a dataset with no document */
+            DatasetWriter *w = dataset_writer_open(p, 2, err);
+            CHECK(w && dataset_writer_close(w, err) == 0, "empty shard: %s", err);
+        }
+        at += sizes[i];
+    }
+    snprintf(spec, sizeof spec, "%s/sh-*", dir);
+    TokenStream s;
+    CHECK(stream_open(&s, spec, DATA_MEGATRON, err) == 0, "open pattern: %s", err);
+    CHECK(s.n_shards == 4 && s.n_tokens == 1001 && s.n_docs == 6, "pattern: %d shards, %llu tokens",
+          s.n_shards, (unsigned long long)s.n_tokens);
+    CHECK(s.n_mapped == 0, "opening maps nothing (%d mapped)", s.n_mapped);
+    uint32_t buf[1001];
+    CHECK(stream_read(&s, 0, 1001, buf, err) == 0, "read all: %s", err);
+    int ok = 1;
+    for (int i = 0; i < 1001; i++)
+        ok &= buf[i] == (uint32_t)i;
+    CHECK(ok, "the shards' tokens in byte order of their names");
+    CHECK(stream_read(&s, 299, 3, buf, err) == 0 && buf[0] == 299 && buf[1] == 300 && buf[2] == 301,
+          "a read across three shards (one empty)");
+    CHECK(stream_read(&s, 1000, 2, buf, err) == -1 && strstr(err, "past the end"), "past the end");
+    stream_close(&s);
+
+    /* A list keeps its order; only the shards read are mapped. */
+    snprintf(spec, sizeof spec, "%s/sh-03, %s/sh-00.bin", dir, dir);
+    CHECK(stream_open(&s, spec, DATA_MEGATRON, err) == 0, "open list: %s", err);
+    CHECK(s.n_shards == 2 && s.n_tokens == 1000, "list: %d shards", s.n_shards);
+    CHECK(stream_read(&s, 0, 1, buf, err) == 0 && buf[0] == 301 && s.n_mapped == 1,
+          "list order, lazy map (%u, %d mapped)", buf[0], s.n_mapped);
+    CHECK(stream_read(&s, 700, 1, buf, err) == 0 && buf[0] == 0 && s.n_mapped == 2, "second shard");
+    stream_close(&s);
+
+    /* llm.c shards by pattern: every match is a shard. */
+    for (int i = 0; i < 3; i++) {
+        snprintf(p, sizeof p, "%s/tok_%d.bin", dir, i);
+        write_ramp(p, 10 * i, 10, DATA_LLMC);
+    }
+    snprintf(spec, sizeof spec, "%s/tok_*.bin", dir);
+    CHECK(stream_open(&s, spec, DATA_LLMC, err) == 0 && s.n_tokens == 30 && s.n_shards == 3,
+          "llmc pattern: %s", err);
+    CHECK(stream_read(&s, 5, 20, buf, err) == 0 && buf[0] == 5 && buf[19] == 24, "llmc read");
+    stream_close(&s);
+
+    /* More shards than stay mapped: the least recently used go. */
+    enum { MANY = STREAM_MAX_MAPPED + 40 };
+    for (int i = 0; i < MANY; i++) {
+        snprintf(p, sizeof p, "%s/many_%04d.bin", dir, i);
+        write_ramp(p, 4 * i, 4, DATA_LLMC);
+    }
+    snprintf(spec, sizeof spec, "%s/many_*.bin", dir);
+    CHECK(stream_open(&s, spec, DATA_LLMC, err) == 0 && s.n_shards == MANY, "many: %s", err);
+    ok = 1;
+    for (int round = 0; round < 2; round++)
+        for (int i = 0; i < MANY; i++) {
+            ok &= stream_read(&s, 4 * (uint64_t)i + 1, 2, buf, err) == 0 &&
+                  buf[0] == (uint32_t)(4 * i + 1) && buf[1] == (uint32_t)(4 * i + 2);
+            ok &= s.n_mapped <= STREAM_MAX_MAPPED;
+        }
+    CHECK(ok, "many shards read twice within the mapping cap");
+    CHECK(s.n_opened == 2 * MANY, "every shard mapped again after eviction (%d)", s.n_opened);
+    stream_close(&s);
+
+    /* Errors name the pattern, or the shard, when it is first read. */
+    snprintf(spec, sizeof spec, "%s/nothing-*", dir);
+    CHECK(stream_open(&s, spec, DATA_MEGATRON, err) == -1 && strstr(err, "matches no file"),
+          "empty pattern: %s", err);
+    snprintf(spec, sizeof spec, "%s/sh-00,%s/missing", dir, dir);
+    CHECK(stream_open(&s, spec, DATA_MEGATRON, err) == -1 && strstr(err, "missing.idx"),
+          "missing shard: %s", err);
+    snprintf(p, sizeof p, "%s/sh-03.bin", dir);
+    truncate_copy(p, p, 1000); /* 500 of its 700 tokens */
+    snprintf(spec, sizeof spec, "%s/sh-00,%s/sh-03", dir, dir);
+    CHECK(stream_open(&s, spec, DATA_MEGATRON, err) == 0, "header-only open: %s", err);
+    CHECK(stream_read(&s, 0, 300, buf, err) == 0, "the good shard reads");
+    CHECK(stream_read(&s, 300, 1, buf, err) == -1 && strstr(err, "sh-03"),
+          "a cut shard fails when first read: %s", err);
+    stream_close(&s);
+}
+
+/* Two ramps in one blend: shares at every prefix, each dataset's own
+ * order, a blend of one dataset, and a cursor that goes back. */
+static void test_blend(void)
+{
+    char err[CFG_ERR], a[160], b[160];
+    path_of(a, sizeof a, "blend_a");
+    path_of(b, sizeof b, "blend_b");
+    write_ramp(a, 0, 1601, DATA_MEGATRON);   /* 100 samples of 16 */
+    write_ramp(b, 5000, 161, DATA_MEGATRON); /* 10 samples */
+    BlendSpec spec = {.n = 3, .weight = {0.5, 0.3, 0.2}};
+    snprintf(spec.path[0], CFG_PATHS, "%s", a);
+    snprintf(spec.path[1], CFG_PATHS, "%s", b);
+    snprintf(spec.path[2], CFG_PATHS, "%s", a); /* the same data twice: its own order */
+    Blend bl;
+    CHECK(blend_open(&bl, &spec, DATA_MEGATRON, 16, 99, 6000, err) == 0, "open: %s", err);
+    if (bl.n != 3)
+        return;
+    uint64_t count[3] = {0, 0, 0}, worst_pos = 0;
+    double worst = 0;
+    int32_t tok[16], tgt[16];
+    int ok = 1;
+    for (uint64_t p = 0; p < 5000; p++) {
+        uint64_t k;
+        int d = blend_pick(&bl, p, &k);
+        ok &= k == count[d];
+        count[d]++;
+        for (int e = 0; e < 3; e++) {
+            double off = (double)count[e] - bl.weight[e] * (double)(p + 1);
+            if (off < 0)
+                off = -off;
+            if (off > worst)
+                worst = off, worst_pos = p + 1;
+        }
+    }
+    CHECK(ok, "the k-th sample of a dataset is its k-th in order");
+    CHECK(worst <= 1.0, "realized share within one sample at every prefix: %.3f after %llu", worst,
+          (unsigned long long)worst_pos);
+    /* The sample is the dataset's own: dataset 1 of the blend reads b with
+     * its own seed, and holds b's tokens. */
+    Sampler own;
+    TokenStream sb;
+    CHECK(stream_open(&sb, b, DATA_MEGATRON, err) == 0 &&
+              sampler_init(&own, &sb, 16, blend_seed(99, 1), err) == 0,
+          "b alone: %s", err);
+    ok = 1;
+    for (uint64_t p = 0; p < 300; p++) {
+        uint64_t k;
+        int d = blend_pick(&bl, p, &k);
+        ok &= blend_read(&bl, p, tok, tgt, err) == 0;
+        if (d == 1)
+            ok &= tok[0] == (int32_t)(5000 + 16 * sampler_index(&own, k)) && tgt[15] == tok[0] + 16;
+        else
+            ok &= tok[0] < 5000;
+    }
+    CHECK(ok, "each dataset's k-th sample, epochs of its own (b repeats)");
+    stream_close(&sb);
+    /* Going back re-plays the assignment: counts equal whatever the order. */
+    uint64_t c1[3], c2[3];
+    blend_counts(&bl, 4321, c1);
+    blend_counts(&bl, 17, c2);
+    blend_counts(&bl, 4321, c2);
+    CHECK(!memcmp(c1, c2, sizeof c1) && c1[0] + c1[1] + c1[2] == 4321, "counts after a seek back");
+    blend_close(&bl);
+
+    /* A blend of one dataset is that dataset with the run's seed. */
+    BlendSpec one = {.n = 1, .weight = {2.5}};
+    snprintf(one.path[0], CFG_PATHS, "%s", a);
+    TokenStream sa;
+    Sampler plain;
+    CHECK(blend_open(&bl, &one, DATA_MEGATRON, 16, 99, 6000, err) == 0 &&
+              stream_open(&sa, a, DATA_MEGATRON, err) == 0 &&
+              sampler_init(&plain, &sa, 16, 99, err) == 0,
+          "one: %s", err);
+    ok = 1;
+    for (uint64_t p = 0; p < 250; p++) {
+        int32_t t2[16], g2[16];
+        ok &= blend_read(&bl, p, tok, tgt, err) == 0 &&
+              sampler_read(&plain, &sa, p, 6000, t2, g2, err) == 0 &&
+              !memcmp(tok, t2, sizeof tok) && !memcmp(tgt, g2, sizeof tgt);
+    }
+    CHECK(ok, "a blend of one dataset is the dataset");
+    stream_close(&sa);
+    blend_close(&bl);
+
+    /* The config's string form. */
+    BlendSpec parsed;
+    CHECK(config_blend_parse("0.7 data/a 0.3 data/b-*", &parsed, err) == 0 && parsed.n == 2 &&
+              parsed.weight[1] == 0.3 && !strcmp(parsed.path[1], "data/b-*"),
+          "parse: %s", err);
+    CHECK(config_blend_parse("0.7 data/a 0.3", &parsed, err) == -1 && strstr(err, "no path"),
+          "weight without path: %s", err);
+    CHECK(config_blend_parse("x data/a", &parsed, err) == -1 && strstr(err, "'x' is not a weight"),
+          "bad weight: %s", err);
+    CHECK(config_blend_parse("-1 data/a", &parsed, err) == -1, "negative weight");
 }
 
 static void test_byte_tokenizer(void)
@@ -454,6 +665,8 @@ int main(void)
     test_errors();
     test_permutation();
     test_sampler();
+    test_stream();
+    test_blend();
     test_byte_tokenizer();
     test_gpt2_tokenizer();
     char cmd[128];

@@ -4,7 +4,9 @@
 # submitted from another directory than the repository.  The rank map in the
 # job's log (named after the run) names the nodes: every TP group on one
 # node, the two pipeline stages on different nodes; the loss of every step
-# equals the same config under mpiexec (relative 1e-5, invariant 1).
+# equals the same config under mpiexec (relative 1e-5, invariant 1).  Then
+# slurm/prepare.sbatch on 2 nodes x 2 tasks makes data/brown/gpt2 again,
+# byte for byte.
 . "$(dirname "$0")/e2e.sh"
 . "$TRIDENT_SOURCE_ROOT/slurm/cluster/testing.sh"
 slurm_test_cluster train 17820
@@ -88,6 +90,25 @@ if not bad:
     print("ok   rank map: TP groups inside node1/node2, stage 0 and stage 1 on different nodes")
 sys.exit(1 if bad else 0)
 PY
+
+# slurm/prepare.sbatch: prepare-data on 2 nodes x 2 tasks (srun, PMI-2),
+# from the same other directory: the dataset scripts/get_corpus.sh made with
+# one process, byte for byte (docs/data.md, "Several processes").
+cd "$out/submit" || exit 1
+TRIDENT=$TRIDENT timeout 300 sbatch --wait -N 2 --ntasks-per-node 2 --output="$out/prepare-%j.out" \
+    "$root/slurm/prepare.sbatch" --input "$root/data/brown/txt" --tokenizer gpt2 --val-every 20 \
+    --out "$out/brown/gpt2" > "$out/sbatch_prepare.txt" 2>&1
+rc=$?
+cd "$root" || exit 1
+if [ "$rc" -eq 0 ] && grep -q "^  4 ranks (MPI)" "$out"/prepare-*.out &&
+    cmp -s "$out/brown/gpt2.bin" data/brown/gpt2.bin && cmp -s "$out/brown/gpt2.idx" data/brown/gpt2.idx &&
+    cmp -s "$out/brown/gpt2_val.bin" data/brown/gpt2_val.bin && cmp -s "$out/brown/gpt2_val.idx" data/brown/gpt2_val.idx; then
+    echo "ok   slurm/prepare.sbatch on 2 nodes x 2 tasks: data/brown/gpt2{,_val}, byte for byte"
+else
+    echo "FAIL: slurm/prepare.sbatch exited $rc or made another dataset:"
+    cat "$out/sbatch_prepare.txt" "$out"/prepare-*.out 2>/dev/null | tail -20
+    fails=$((fails + 1))
+fi
 
 echo "slurm_train: $fails failed"
 [ "$fails" -eq 0 ]

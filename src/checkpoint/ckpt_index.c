@@ -682,7 +682,7 @@ void ckpt_index_describe(CkptIndex *ix, const Config *cfg, Precision precision)
 {
     const ModelConfig *m = &cfg->model;
     ix->seed = cfg->run.seed;
-    snprintf(ix->data_path, sizeof ix->data_path, "%s", cfg->data.path);
+    snprintf(ix->data_path, sizeof ix->data_path, "%s", config_data_name(&cfg->data));
     snprintf(ix->arch, sizeof ix->arch, "%s", config_arch_name(m->arch));
     snprintf(ix->precision, sizeof ix->precision, "%s", config_precision_name(precision));
     ix->layers = m->layers;

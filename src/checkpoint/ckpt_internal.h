@@ -129,9 +129,9 @@ extern const char *const ckpt_state_attr_names[CKPT_STATE_ATTRS];
 typedef struct {
     CkptState state;
     uint64_t seed;
-    char data_path[CFG_STR]; /* data.path of the saving run */
-    int has_run;             /* data_path recorded (older checkpoints: 0) */
-    int state_checked;       /* /state had checksums and they matched */
+    char data_path[CFG_PATHS]; /* data.blend or data.path of the saving run */
+    int has_run;               /* data_path recorded (older checkpoints: 0) */
+    int state_checked;         /* /state had checksums and they matched */
     char arch[16], precision[16];
     int layers, hidden, heads, kv_heads, ffn_hidden, vocab, seq_len, tie_embeddings;
     double norm_eps, rope_theta;

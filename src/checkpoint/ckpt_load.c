@@ -355,7 +355,8 @@ static int check_run(const char *dir, const CkptIndex *ix, const Config *cfg, in
         return -1;
     const char *allow = cfg->checkpoint.allow_changes;
     const int seed_changed = ix->seed != cfg->run.seed;
-    const int data_changed = ix->has_run && strcmp(ix->data_path, cfg->data.path);
+    const char *data = config_data_name(&cfg->data);
+    const int data_changed = ix->has_run && strcmp(ix->data_path, data);
     if ((seed_changed && !allowed(allow, "seed")) || (data_changed && !allowed(allow, "data"))) {
         if (seed_changed && !allowed(allow, "seed"))
             ckpt_err(err,
@@ -368,7 +369,7 @@ static int check_run(const char *dir, const CkptIndex *ix, const Config *cfg, in
                      "%s/index.h5: data.path is '%s' in the checkpoint, '%s' in the config; "
                      "the sample position would index another dataset (allow it with "
                      "checkpoint.allow_changes: data)",
-                     dir, ix->data_path, cfg->data.path);
+                     dir, ix->data_path, data);
         return -1;
     }
     if (rank != 0)
@@ -382,7 +383,7 @@ static int check_run(const char *dir, const CkptIndex *ix, const Config *cfg, in
         fprintf(stderr,
                 "trident: warning: data.path changed from '%s' (checkpoint) to '%s' "
                 "(allowed by checkpoint.allow_changes)\n",
-                ix->data_path, cfg->data.path);
+                ix->data_path, data);
     if (!ix->has_norms || !ix->has_run || !ix->state_checked) {
         char missing[160] = "";
         if (!ix->has_norms)

@@ -10,6 +10,7 @@ int train_main(int argc, char **argv);         /* train_cli.c: one rank of a tra
 int run_main(int argc, char **argv);           /* train_cli.c: mpiexec -n WORLD trident train */
 int data_prepare_main(int argc, char **argv);  /* prepare_cli.c: documents into a dataset */
 int data_tokenize_main(int argc, char **argv); /* prepare_cli.c: the ids of a text */
+int data_main(int argc, char **argv);          /* data_cli.c: data inspect */
 int ckpt_main(int argc, char **argv);          /* ckpt_cli.c: inspect, verify, export, import */
 int topology_main(int argc, char **argv);      /* topology_cli.c: the rank map, no launch */
 int plan_main(int argc, char **argv);          /* plan_cli.c: memory, traffic, time; --search */

@@ -101,12 +101,12 @@ static int parse(int argc, char **argv, EvalArgs *a, int rank)
 /* The sequences of seq_len + 1 tokens the dataset holds. */
 static long whole_sequences(const EvalArgs *a, const Config *cfg, char err[CFG_ERR])
 {
-    TokenDataset ds;
+    TokenStream ds;
     Sampler s;
-    if (dataset_open(&ds, a->data, cfg->data.format, err) != 0)
+    if (stream_open(&ds, a->data, cfg->data.format, err) != 0)
         return -1;
     const int rc = sampler_init(&s, &ds, cfg->model.seq_len, cfg->run.seed, err);
-    dataset_close(&ds);
+    stream_close(&ds);
     return rc != 0 ? -1 : (long)s.n_samples;
 }
 
@@ -194,6 +194,7 @@ int eval_main(int argc, char **argv)
     cfg.data.format = strcmp(a.format, "llmc") ? DATA_MEGATRON : DATA_LLMC;
     snprintf(cfg.data.path, sizeof cfg.data.path, "%s", a.data);
     snprintf(cfg.data.val_path, sizeof cfg.data.val_path, "%s", a.data);
+    cfg.data.blend[0] = cfg.data.val_blend[0] = '\0'; /* the run's blend: not evaluated */
     const int mp = cfg.topology.tp * cfg.topology.pp;
     const int dp = cfg.topology.dp > 0 ? cfg.topology.dp : (mp > 0 ? world.size / mp : 1);
     cfg.training.micro_batch = (int)a.micro;

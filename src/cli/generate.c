@@ -247,7 +247,7 @@ static Model *load_model(const char *step, const GenArgs *a, Config *cfg, const 
     cfg->training = def.training;
     cfg->checkpoint = def.checkpoint;
     cfg->training.steps = cfg->training.global_batch = cfg->training.micro_batch = 1;
-    if (!cfg->data.path[0]) /* no data is read; validation wants a name */
+    if (!cfg->data.path[0] && !cfg->data.blend[0]) /* no data is read; validation wants one */
         snprintf(cfg->data.path, sizeof cfg->data.path, "(none)");
     cfg->backend = strcmp(a->backend, "cuda") ? BACKEND_CPU : BACKEND_CUDA;
     if (config_validate(cfg, 1, err) != 0)

@@ -17,6 +17,7 @@ static const Command commands[] = {
     {"run", run_main, "launch `mpiexec -n <world> trident train` for local use"},
     {"prepare-data", data_prepare_main, "tokenize text files into a Megatron .bin/.idx dataset"},
     {"tokenize", data_tokenize_main, "print the token ids of a text file"},
+    {"data", data_main, "what a dataset or a config's data blend holds (trident data inspect)"},
     {"ckpt", ckpt_main, "inspect or export a checkpoint (trident ckpt --help)"},
     {"topology", topology_main,
      "print the rank map of a config for a world size, without launching"},

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "cli/commands.h"
+#include "comm/comm.h"
 #include "core/error.h"
 #include "data/prepare.h"
 #include "data/tokenizer.h"
@@ -19,11 +20,14 @@ static const char prepare_usage[] =
     "                            [--encoding cl100k_base|o200k_base] [--ranks FILE.tiktoken]\n"
     "                            [--model FILE.model]\n"
     "                            --out PREFIX [--format megatron|llmc] [--val-every K]\n"
-    "                            [--workers N] [--progress]\n"
+    "                            [--workers N] [--progress] [--shards]\n"
+    "       mpiexec -n RANKS trident prepare-data ...   (the same options)\n"
     "\n"
     "Tokenize documents into a training dataset: each text file is one document,\n"
     "each line of a JSON lines file is one ({\"text\": \"...\"}).  Each document's\n"
-    "tokens are followed by the EOT token.\n"
+    "tokens are followed by the EOT token.  Under mpiexec (or srun) the input is cut\n"
+    "into one range of documents per rank, by size (a plain .jsonl file at line\n"
+    "starts, other files whole); the dataset is the one a single process makes.\n"
     "\n"
     "  --input PATH ...   files, one document each (text) or one per line (JSONL);\n"
     "                     .gz and .zst files are decompressed as they are read;\n"
@@ -55,7 +59,10 @@ static const char prepare_usage[] =
     "  --val-every K      every K-th document (index % K == K-1) goes to PREFIX_val\n"
     "  --workers N        tokenize on N threads (default 1); the dataset is the same\n"
     "  --progress         print progress every 2 s on stderr (the default when stderr is\n"
-    "                     a terminal)\n"
+    "                     a terminal); under mpiexec rank 0 prints the whole job's\n"
+    "  --shards           one dataset per rank instead of one merged dataset:\n"
+    "                     PREFIX-00000-of-00004 ... PREFIX-00003-of-00004 (and\n"
+    "                     PREFIX_val-...), in input order\n"
     "  --help             this text\n";
 
 static const char tokenize_usage[] =
@@ -139,6 +146,10 @@ static int parse_prepare(int argc, char **argv, PrepareArgs *a)
             *(o[2] == 's' ? &a->skip_bad : &a->progress) = 1;
             continue;
         }
+        if (strcmp(o, "--shards") == 0) {
+            a->shards = 1;
+            continue;
+        }
         if (strcmp(o, "--tokenizer") == 0)
             dst = &a->tokenizer;
         else if (strcmp(o, "--encoding") == 0)
@@ -209,6 +220,7 @@ int data_prepare_main(int argc, char **argv)
     if (rc == 0)
         rc = data_prepare(&a);
     free(a.inputs);
+    comm_finalize(); /* under mpiexec (data_prepare started MPI) */
     return rc < 0 ? TRD_EXIT_OK : rc;
 }
 

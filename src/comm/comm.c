@@ -99,6 +99,13 @@ _Noreturn void comm_abort(int code)
 
 double comm_wtime(void) { return MPI_Wtime(); }
 
+int comm_launched(void)
+{
+    /* MPICH's Hydra and Slurm's PMI-1/PMI-2 set PMI_RANK, PMIx launchers
+     * PMIX_RANK, Open MPI's mpirun OMPI_COMM_WORLD_RANK. */
+    return getenv("PMI_RANK") || getenv("PMIX_RANK") || getenv("OMPI_COMM_WORLD_RANK");
+}
+
 int comm_threads(void)
 {
     int initialized = 0, level = MPI_THREAD_SINGLE;
@@ -606,6 +613,19 @@ CommHandle comm_iallreduce_f32(Comm *c, float *buf, size_t n)
     }
     count_op(c, ring_bytes(c, n, 2));
     trace_issue(&h, "all-reduce", c, ring_bytes(c, n, 2));
+    return h;
+}
+
+CommHandle comm_iallreduce_sum_u64(Comm *c, uint64_t *buf, size_t n)
+{
+    CommHandle h = {.req = MPI_REQUEST_NULL};
+    if (c->size == 1 || n == 0)
+        return h;
+    TRD_ASSERT(n <= (size_t)INT_MAX);
+    check(MPI_Iallreduce(MPI_IN_PLACE, buf, (int)n, MPI_UINT64_T, MPI_SUM, c->handle, &h.req),
+          "all-reduce");
+    count_op(c, ring_bytes(c, n * sizeof *buf / sizeof(float), 2));
+    trace_issue(&h, "all-reduce", c, ring_bytes(c, n * sizeof *buf / sizeof(float), 2));
     return h;
 }
 

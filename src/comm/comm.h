@@ -66,6 +66,10 @@ void comm_before_finalize(void (*fn)(void));
 /* End the whole job now with `code` (MPI_Abort of the world): for a rank
  * that cannot agree with the others, such as the watchdog's thread. */
 _Noreturn void comm_abort(int code);
+/* Whether a launcher (mpiexec, srun --mpi=...) started this process as a
+ * rank of a job, from its environment; needs no MPI.  For commands that run
+ * as one plain process unless launched (prepare-data). */
+int comm_launched(void);
 /* Seconds on this rank's clock (MPI_Wtime): the time base of traces. */
 double comm_wtime(void);
 /* Whether MPI runs calls from several threads at once (MPI_THREAD_MULTIPLE). */
@@ -185,6 +189,9 @@ uint64_t comm_ring_bytes(size_t n, int passes, int p);
 
 /* Sum all-reduce of buf[0..n) in place. */
 CommHandle comm_iallreduce_f32(Comm *c, float *buf, size_t n);
+/* Sum all-reduce of counters in place (host memory), e.g. a progress
+ * report gathered while work goes on. */
+CommHandle comm_iallreduce_sum_u64(Comm *c, uint64_t *buf, size_t n);
 /* Reduce-scatter: send holds [lo, hi) of every rank's buffer; this rank
  * receives the sum of its part into recv (comm_shard_part's length). */
 CommHandle comm_ireduce_scatter_range_f32(Comm *c, const float *send, float *recv, size_t lo,

@@ -43,6 +43,7 @@ typedef enum {
     K_INT_LIST,  /* int[CFG_MAX_STAGES], count at aux */
     K_RESUME,    /* ResumeKind: auto | never | PATH (path stored at aux) */
     K_NAMES,     /* char[size]: a list of names, or one comma-separated string */
+    K_BLEND,     /* char[size]: "W1 PATH1 W2 PATH2 ...", or a list of {path, weight} */
 } KeyKind;
 
 typedef struct {
@@ -79,6 +80,10 @@ static const char *const ASYNC_NAMES[] = {"auto", "true", "false", NULL};
 #define STR(sec, field, req)                                                                       \
     {                                                                                              \
 #sec, #field, K_STR, OFF(sec, field), sizeof(((Config *)0)->sec.field), NULL, req          \
+    }
+#define NAMES(sec, field, kind, req)                                                               \
+    {                                                                                              \
+#sec, #field, kind, OFF(sec, field), sizeof(((Config *)0)->sec.field), NULL, req           \
     }
 #define ENUM(sec, field, names)                                                                    \
     {                                                                                              \
@@ -142,9 +147,11 @@ static const KeyDesc KEYS[] = {
     KEY(training, straggler_threshold, K_FLOAT),
     KEY(training, sample_every, K_INT),
 
-    STR(data, path, true),
+    NAMES(data, path, K_NAMES, true), /* or data.blend: check_required */
     ENUM(data, format, FORMAT_NAMES),
-    STR(data, val_path, false),
+    NAMES(data, val_path, K_NAMES, false),
+    NAMES(data, blend, K_BLEND, false),
+    NAMES(data, val_blend, K_BLEND, false),
     KEY(data, val_every, K_INT),
     KEY(data, val_sequences, K_INT),
 
@@ -529,6 +536,7 @@ static int set_scalar(Config *cfg, const KeyDesc *k, const char *s, Why *why)
         return 0;
     case K_STR:
     case K_NAMES:
+    case K_BLEND:
         return store_str(field, k->aux, s, why);
     case K_ENUM:
         return parse_enum(s, k->names, (int *)field, why);
@@ -611,6 +619,54 @@ void config_defaults(Config *cfg)
     cfg->backend = BACKEND_CPU;
 }
 
+int config_blend_parse(const char *s, BlendSpec *out, char err[CFG_ERR])
+{
+    memset(out, 0, sizeof *out);
+    char buf[CFG_PATHS];
+    snprintf(buf, sizeof buf, "%s", s);
+    char *save = NULL, *w = strtok_r(buf, " \t", &save);
+    for (; w; w = strtok_r(NULL, " \t", &save)) {
+        char *path = strtok_r(NULL, " \t", &save), *end;
+        if (!path) {
+            put_err(err, "weight %s has no path after it (expected \"W1 PATH1 W2 PATH2 ...\")", w);
+            return -1;
+        }
+        double v = strtod(w, &end);
+        if (*end || end == w || !(v > 0) || v > 1e300) {
+            put_err(err, "'%s' is not a weight > 0 (expected \"W1 PATH1 W2 PATH2 ...\")", w);
+            return -1;
+        }
+        if (out->n == CFG_MAX_BLEND) {
+            put_err(err, "more than %d datasets in a blend", CFG_MAX_BLEND);
+            return -1;
+        }
+        out->weight[out->n] = v;
+        snprintf(out->path[out->n], CFG_PATHS, "%s", path);
+        out->n++;
+    }
+    if (out->n == 0) {
+        put_err(err, "empty blend (expected \"W1 PATH1 W2 PATH2 ...\")");
+        return -1;
+    }
+    return 0;
+}
+
+int config_data_spec(const DataConfig *d, int val, BlendSpec *out, char err[CFG_ERR])
+{
+    const char *blend = val ? d->val_blend : d->blend, *path = val ? d->val_path : d->path;
+    if (blend[0])
+        return config_blend_parse(blend, out, err);
+    memset(out, 0, sizeof *out);
+    if (path[0]) {
+        out->n = 1;
+        out->weight[0] = 1;
+        snprintf(out->path[0], CFG_PATHS, "%s", path);
+    }
+    return 0;
+}
+
+const char *config_data_name(const DataConfig *d) { return d->blend[0] ? d->blend : d->path; }
+
 const char *config_arch_name(ModelArch a) { return (unsigned)a < 2 ? ARCH_NAMES[a] : "?"; }
 
 const char *config_precision_name(Precision p) { return (unsigned)p < 2 ? PREC_NAMES[p] : "?"; }
@@ -688,7 +744,7 @@ static int load_list(Loader *L, const KeyDesc *k, const char *full, yaml_node_t 
 /* A list of names ([seed, data]) stored as the string "seed,data". */
 static int load_names(Loader *L, const KeyDesc *k, const char *full, yaml_node_t *val)
 {
-    char joined[CFG_STR] = "";
+    char joined[CFG_PATHS] = "";
     size_t used = 0;
     for (yaml_node_item_t *it = val->data.sequence.items.start; it < val->data.sequence.items.top;
          it++) {
@@ -698,6 +754,52 @@ static int load_names(Loader *L, const KeyDesc *k, const char *full, yaml_node_t
                               full, node_kind(item));
         int w = snprintf(joined + used, sizeof joined - used, "%s%s", used ? "," : "",
                          scalar_text(item));
+        if (w < 0 || (size_t)w >= sizeof joined - used)
+            return load_error(L, item->start_mark, "key '%s': list is too long", full);
+        used += (size_t)w;
+    }
+    Why why;
+    if (set_scalar(L->cfg, k, joined, &why))
+        return load_error(L, val->start_mark, "key '%s': %s", full, why.text);
+    return 0;
+}
+
+/* A blend as a list of {path: P, weight: W} mappings, stored in
+ * Megatron-LM's string form "W1 P1 W2 P2 ..." (checked by validation). */
+static int load_blend(Loader *L, const KeyDesc *k, const char *full, yaml_node_t *val)
+{
+    char joined[CFG_PATHS] = "";
+    size_t used = 0;
+    int n = 0;
+    for (yaml_node_item_t *it = val->data.sequence.items.start; it < val->data.sequence.items.top;
+         it++, n++) {
+        yaml_node_t *item = yaml_document_get_node(L->doc, *it);
+        if (item->type != YAML_MAPPING_NODE)
+            return load_error(L, item->start_mark,
+                              "key '%s': list item %d is %s (expected {path: ..., weight: ...})",
+                              full, n + 1, node_kind(item));
+        const char *path = NULL, *weight = NULL;
+        for (yaml_node_pair_t *p = item->data.mapping.pairs.start; p < item->data.mapping.pairs.top;
+             p++) {
+            yaml_node_t *pk = yaml_document_get_node(L->doc, p->key);
+            yaml_node_t *pv = yaml_document_get_node(L->doc, p->value);
+            const char *name = pk->type == YAML_SCALAR_NODE ? scalar_text(pk) : "";
+            if (pv->type != YAML_SCALAR_NODE || (strcmp(name, "path") && strcmp(name, "weight")))
+                return load_error(L, pk->start_mark,
+                                  "key '%s': list item %d: expected the keys path and weight "
+                                  "with scalar values",
+                                  full, n + 1);
+            if (!strcmp(name, "path"))
+                path = scalar_text(pv);
+            else
+                weight = scalar_text(pv);
+        }
+        if (!path || !weight || !*path || strpbrk(path, " \t"))
+            return load_error(L, item->start_mark,
+                              "key '%s': list item %d needs a path (without spaces) and a weight",
+                              full, n + 1);
+        int w =
+            snprintf(joined + used, sizeof joined - used, "%s%s %s", used ? " " : "", weight, path);
         if (w < 0 || (size_t)w >= sizeof joined - used)
             return load_error(L, item->start_mark, "key '%s': list is too long", full);
         used += (size_t)w;
@@ -747,6 +849,8 @@ static int load_key(Loader *L, const char *section, yaml_node_t *key, yaml_node_
     }
     if (k->kind == K_NAMES && val->type == YAML_SEQUENCE_NODE)
         return load_names(L, k, full, val);
+    if (k->kind == K_BLEND && val->type == YAML_SEQUENCE_NODE)
+        return load_blend(L, k, full, val);
     if (val->type != YAML_SCALAR_NODE)
         return load_error(L, val->start_mark, "key '%s': expected a scalar value, got %s", full,
                           node_kind(val));
@@ -786,8 +890,9 @@ static int load_section(Loader *L, const char *section, yaml_node_t *val)
  * whole section is missing. */
 static int check_required(Loader *L, const yaml_mark_t *section_mark, const bool *section_seen)
 {
+    const int path = find_key("data", "path"), blend = find_key("data", "blend");
     for (int i = 0; i < N_KEYS; i++) {
-        if (!KEYS[i].required || L->set_line[i])
+        if (!KEYS[i].required || L->set_line[i] || (i == path && L->set_line[blend]))
             continue;
         yaml_mark_t at = {0, 0, 0};
         for (int s = 0; SECTIONS[s]; s++)
@@ -795,8 +900,8 @@ static int check_required(Loader *L, const yaml_mark_t *section_mark, const bool
                 at = section_mark[s];
         char full[64];
         key_fullname(&KEYS[i], full);
-        return load_error(L, at, "key '%s': missing required key (add '%s:' under '%s:')", full,
-                          KEYS[i].name, KEYS[i].section);
+        return load_error(L, at, "key '%s': missing required key (add '%s:'%s under '%s:')", full,
+                          KEYS[i].name, i == path ? " or 'blend:'" : "", KEYS[i].section);
     }
     return 0;
 }
@@ -1145,6 +1250,11 @@ int config_set(Config *cfg, const char *assignment, char err[CFG_ERR])
         if (!rc)
             store_list(cfg, k, v, n);
     } else {
+        size_t len = strlen(value); /* data.path=[a,b]: the list's brackets */
+        if (k->kind == K_NAMES && len >= 2 && value[0] == '[' && value[len - 1] == ']') {
+            value[len - 1] = '\0';
+            value = trim(value + 1);
+        }
         rc = set_scalar(cfg, k, value, &why);
     }
     if (rc) {
@@ -1199,7 +1309,7 @@ static void write_value(FILE *f, const Config *cfg, const KeyDesc *k)
     const char *field = (const char *)cfg + k->offset;
     int iv = 0;
     if (k->kind != K_STR && k->kind != K_U64 && k->kind != K_FLOAT && k->kind != K_INT_LIST &&
-        k->kind != K_NAMES)
+        k->kind != K_NAMES && k->kind != K_BLEND)
         iv = *(const int *)field;
     switch (k->kind) {
     case K_INT:
@@ -1226,6 +1336,7 @@ static void write_value(FILE *f, const Config *cfg, const KeyDesc *k)
         break;
     case K_STR:
     case K_NAMES:
+    case K_BLEND:
         write_quoted(f, field);
         break;
     case K_ENUM: {

@@ -12,6 +12,7 @@
 #include <stdint.h>
 
 #define CFG_STR         256  /* max length of a string value, paths included */
+#define CFG_PATHS       2048 /* data.path, data.blend...: lists of paths and patterns */
 #define CFG_ERR         1024 /* size of an error message buffer */
 #define CFG_MAX_STAGES  64
 #define CFG_MAX_VIRTUAL 16 /* topology.virtual_stages: model chunks per pipeline rank */
@@ -92,11 +93,17 @@ typedef struct {
 } TrainingConfig;
 
 typedef struct {
-    char path[CFG_STR]; /* dataset prefix (megatron: PREFIX.bin/.idx) or file (llmc) */
+    /* Datasets: a prefix (megatron: PREFIX.bin/.idx) or file (llmc), a quoted
+     * glob pattern of them, or a comma-separated list: the shards of one
+     * dataset, in that order (docs/data.md). */
+    char path[CFG_PATHS];
     DataFormat format;
-    char val_path[CFG_STR]; /* empty: no validation */
-    int val_every;          /* steps between validations (0: only at the end) */
-    int val_sequences;      /* sequences per validation: the first N of the validation
+    char val_path[CFG_PATHS]; /* empty: no validation */
+    /* A weighted blend instead of path: "W1 PATH1 W2 PATH2 ..." (Megatron-LM's
+     * form; YAML may give a list of {path, weight}).  Empty: none. */
+    char blend[CFG_PATHS], val_blend[CFG_PATHS];
+    int val_every;     /* steps between validations (0: only at the end) */
+    int val_sequences; /* sequences per validation: the first N of the validation
                              * stream, whatever the layout and micro_batch */
 } DataConfig;
 
@@ -132,6 +139,25 @@ typedef struct {
     CheckpointConfig checkpoint;
     BackendKind backend;
 } Config;
+
+/* A blend as datasets and weights: data.blend parsed, or data.path as one
+ * dataset of weight 1. */
+#define CFG_MAX_BLEND 16
+typedef struct {
+    int n;
+    double weight[CFG_MAX_BLEND];
+    char path[CFG_MAX_BLEND][CFG_PATHS];
+} BlendSpec;
+
+/* The training (val 0) or validation (val 1) data of cfg as a BlendSpec:
+ * data.blend if set, else data.path.  n = 0 when there is none (no
+ * validation data).  -1 with err on a malformed blend string. */
+int config_data_spec(const DataConfig *d, int val, BlendSpec *out, char err[CFG_ERR]);
+/* Parse "W1 PATH1 W2 PATH2 ...": 0, or -1 with err saying what is wrong. */
+int config_blend_parse(const char *s, BlendSpec *out, char err[CFG_ERR]);
+/* What identifies the training data (data.blend if set, else data.path):
+ * recorded in checkpoints, compared on resume. */
+const char *config_data_name(const DataConfig *d);
 
 /* Fill every field with its default (documented in docs/config.md). */
 void config_defaults(Config *cfg);

@@ -124,8 +124,20 @@ static int check_ranges(Checker *c)
         return verr(c, "model.norm_eps", "model.norm_eps (%g) must be > 0", m->norm_eps);
     if (!(m->init_std > 0))
         return verr(c, "model.init_std", "model.init_std (%g) must be > 0", m->init_std);
-    if (!g->data.path[0])
-        return verr(c, "data.path", "data.path is required (the dataset prefix or file)");
+    if (!g->data.path[0] && !g->data.blend[0])
+        return verr(c, "data.path",
+                    "data.path is required (the dataset prefix or file), or data.blend");
+    if (g->data.path[0] && g->data.blend[0])
+        return verr(c, "data.blend", "data.blend and data.path are both set: give one of them");
+    if (g->data.val_path[0] && g->data.val_blend[0])
+        return verr(c, "data.val_blend",
+                    "data.val_blend and data.val_path are both set: give one of them");
+    BlendSpec spec;
+    char why[CFG_ERR];
+    if (g->data.blend[0] && config_blend_parse(g->data.blend, &spec, why))
+        return verr(c, "data.blend", "data.blend: %s", why);
+    if (g->data.val_blend[0] && config_blend_parse(g->data.val_blend, &spec, why))
+        return verr(c, "data.val_blend", "data.val_blend: %s", why);
     if (g->checkpoint.resume == RESUME_PATH && !g->checkpoint.resume_path[0])
         return verr(c, "checkpoint.resume", "checkpoint.resume is a path but the path is empty");
     return 0;

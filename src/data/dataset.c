@@ -189,7 +189,7 @@ static int megatron_check_tables(const char *idx_path, const unsigned char *p, u
     return 0;
 }
 
-static int open_megatron(TokenDataset *ds, const char *path, char err[CFG_ERR])
+static int open_megatron(TokenDataset *ds, const char *path, int check_tables, char err[CFG_ERR])
 {
     char prefix[CFG_STR], idx_path[CFG_STR + 8], bin_path[CFG_STR + 8];
     if (megatron_prefix(path, prefix, err) != 0)
@@ -204,10 +204,12 @@ static int open_megatron(TokenDataset *ds, const char *path, char err[CFG_ERR])
     const unsigned char *p = ds->idx_map;
     if (megatron_check_idx(idx_path, p, ds->idx_bytes, &ds->token_bytes, &n_seq, &n_doc, err) !=
             0 ||
-        megatron_check_tables(idx_path, p, n_seq, n_doc, ds->token_bytes, &ds->n_tokens, err) !=
-            0 ||
+        (check_tables && megatron_check_tables(idx_path, p, n_seq, n_doc, ds->token_bytes,
+                                               &ds->n_tokens, err) != 0) ||
         map_file(bin_path, &ds->bin_map, &ds->bin_bytes, err) != 0)
         return -1;
+    if (!check_tables) /* checked on an earlier open of the same file */
+        ds->n_tokens = ds->bin_bytes / (size_t)ds->token_bytes;
     /* The .idx must describe the .bin exactly: a longer .bin is as wrong as
      * a shorter one (an .idx of another, smaller dataset, or a .bin
      * rewritten without its index), and training on it would silently skip
@@ -262,13 +264,88 @@ static int open_llmc(TokenDataset *ds, const char *path, char err[CFG_ERR])
     return 0;
 }
 
+/* Read the first n bytes of path into buf and its size into *size. */
+static int read_head(const char *path, void *buf, size_t n, uint64_t *size, char err[CFG_ERR])
+{
+    int fd = open(path, O_RDONLY);
+    if (fd < 0)
+        return trd_errorf(err, "cannot open dataset file %s: %s\n%s", path, strerror(errno),
+                          MISSING_HINT);
+    struct stat st;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        close(fd);
+        return trd_errorf(err, "dataset file %s is not a regular file", path);
+    }
+    *size = (uint64_t)st.st_size;
+    memset(buf, 0, n);
+    ssize_t got = pread(fd, buf, n, 0);
+    int e = errno;
+    close(fd);
+    if (got < 0)
+        return trd_errorf(err, "cannot read dataset file %s: %s", path, strerror(e));
+    return 0;
+}
+
+int dataset_probe(TokenDataset *ds, const char *path, DataFormat fmt, char err[CFG_ERR])
+{
+    memset(ds, 0, sizeof *ds);
+    ds->format = fmt;
+    uint64_t size = 0;
+    if (fmt == DATA_LLMC) {
+        if (strlen(path) >= CFG_STR)
+            return trd_errorf(err, "dataset path is too long (max %d bytes): %s", CFG_STR - 1,
+                              path);
+        snprintf(ds->path, sizeof ds->path, "%s", path);
+        int32_t h[3];
+        if (read_head(path, h, sizeof h, &size, err) != 0)
+            return -1;
+        const uint64_t header = DATASET_LLMC_HEADER_INTS * sizeof(int32_t);
+        if (h[0] != DATASET_LLMC_MAGIC)
+            return trd_errorf(err, "%s: not an llm.c token shard (magic %d, expected %d)", path,
+                              h[0], DATASET_LLMC_MAGIC);
+        if (size < header || h[2] < 0 || size != header + 2 * (uint64_t)h[2])
+            return trd_errorf(err,
+                              "%s: token count mismatch: header says %d tokens, the file has "
+                              "%llu bytes (a shard of %d tokens has %llu)",
+                              path, h[2], (unsigned long long)size, h[2],
+                              (unsigned long long)(header + 2 * (uint64_t)(h[2] < 0 ? 0 : h[2])));
+        ds->token_bytes = 2;
+        ds->n_tokens = (uint64_t)h[2];
+        ds->n_docs = 1;
+        return 0;
+    }
+    char prefix[CFG_STR], idx_path[CFG_STR + 8], bin_path[CFG_STR + 8];
+    if (megatron_prefix(path, prefix, err) != 0)
+        return -1;
+    snprintf(idx_path, sizeof idx_path, "%s.idx", prefix);
+    snprintf(bin_path, sizeof bin_path, "%s.bin", prefix);
+    snprintf(ds->path, sizeof ds->path, "%s", prefix);
+    unsigned char h[IDX_HEADER_BYTES];
+    uint64_t n_seq = 0, n_doc = 0, bin_size = 0;
+    if (read_head(idx_path, h, sizeof h, &size, err) != 0 ||
+        megatron_check_idx(idx_path, h, (size_t)size, &ds->token_bytes, &n_seq, &n_doc, err) != 0 ||
+        read_head(bin_path, h, 0, &bin_size, err) != 0)
+        return -1;
+    if (bin_size % (uint64_t)ds->token_bytes)
+        return trd_errorf(err, "%s: %llu bytes is not a whole number of %s tokens", bin_path,
+                          (unsigned long long)bin_size, ds->token_bytes == 2 ? "uint16" : "int32");
+    ds->n_tokens = bin_size / (uint64_t)ds->token_bytes;
+    ds->n_docs = n_doc ? n_doc - 1 : 0;
+    return 0;
+}
+
 int dataset_open(TokenDataset *ds, const char *path, DataFormat fmt, char err[CFG_ERR])
+{
+    return dataset_reopen(ds, path, fmt, 1, err);
+}
+
+int dataset_reopen(TokenDataset *ds, const char *path, DataFormat fmt, int check, char err[CFG_ERR])
 {
     memset(ds, 0, sizeof *ds);
     ds->format = fmt;
     int rc = fmt == DATA_LLMC ? open_llmc(ds, path, err)
              : fmt == DATA_MEGATRON
-                 ? open_megatron(ds, path, err)
+                 ? open_megatron(ds, path, check, err)
                  : trd_errorf(err, "%s: unknown dataset format %d", path, (int)fmt);
     if (rc != 0)
         dataset_close(ds);
@@ -368,7 +445,7 @@ int dataset_writer_add(DatasetWriter *w, const int32_t *tokens, size_t n, char e
 
 static int write_all(FILE *f, const void *p, size_t bytes)
 {
-    return fwrite(p, 1, bytes, f) == bytes ? 0 : -1;
+    return bytes == 0 || fwrite(p, 1, bytes, f) == bytes ? 0 : -1; /* p may be NULL then */
 }
 
 /* The index: header, int32 lengths, int64 byte pointers, int64 document
@@ -456,5 +533,208 @@ int dataset_write_llmc(const char *path, const int32_t *tokens, size_t n, char e
         remove(tmp);
         return trd_errorf(err, "cannot rename %s to %s: %s", tmp, path, strerror(errno));
     }
+    return 0;
+}
+
+int64_t dataset_sequence_length(const TokenDataset *ds, uint64_t i)
+{
+    if (ds->format != DATA_MEGATRON || !ds->idx_map ||
+        i >= get_u64((const unsigned char *)ds->idx_map + 18))
+        return -1;
+    return get_i32((const unsigned char *)ds->idx_map + IDX_HEADER_BYTES + 4 * i);
+}
+
+/* ---- one dataset written in parts ------------------------------------ */
+
+struct DatasetPart {
+    DatasetShape s;
+    char bin_tmp[CFG_STR + 16], idx_tmp[CFG_STR + 16];
+    int bin, idx;
+    uint64_t first_doc, first_token, n_docs, n_tokens; /* n_*: written so far */
+    int32_t *lengths;
+    size_t cap;
+};
+
+static void parts_paths(const DatasetShape *s, char *bin, char *idx, size_t n)
+{
+    snprintf(bin, n, "%s.bin.tmp", s->prefix);
+    snprintf(idx, n, "%s.idx.tmp", s->prefix);
+}
+
+static size_t llmc_header_bytes(void) { return DATASET_LLMC_HEADER_INTS * sizeof(int32_t); }
+
+/* All of p[0..n) at file offset off. */
+static int pwrite_all(int fd, const void *p, size_t n, uint64_t off)
+{
+    while (n > 0) {
+        ssize_t k = pwrite(fd, p, n < (1u << 30) ? n : (1u << 30), (off_t)off);
+        if (k < 0 && errno == EINTR)
+            continue;
+        if (k <= 0)
+            return -1;
+        p = (const char *)p + k;
+        n -= (size_t)k;
+        off += (uint64_t)k;
+    }
+    return 0;
+}
+
+/* A file of `size` bytes whose first `n` bytes are `head`. */
+static int create_sized(const char *path, uint64_t size, const void *head, size_t n,
+                        char err[CFG_ERR])
+{
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0666);
+    if (fd < 0)
+        return trd_errorf(err, "cannot create %s: %s", path, strerror(errno));
+    int rc = ftruncate(fd, (off_t)size) == 0 && pwrite_all(fd, head, n, 0) == 0 ? 0 : -1;
+    if (close(fd) != 0)
+        rc = -1;
+    return rc ? trd_errorf(err, "cannot write %s: %s", path, strerror(errno)) : 0;
+}
+
+int dataset_parts_create(const DatasetShape *s, char err[CFG_ERR])
+{
+    char bin[CFG_STR + 16], idx[CFG_STR + 16];
+    if (strlen(s->prefix) + 9 > CFG_STR)
+        return trd_errorf(err, "dataset prefix is too long (max %d bytes): %s", CFG_STR - 9,
+                          s->prefix);
+    parts_paths(s, bin, idx, sizeof bin);
+    if (s->llmc) {
+        if (s->tokens > INT32_MAX)
+            return trd_errorf(err, "%s: %llu tokens do not fit the int32 count of an llm.c shard",
+                              s->prefix, (unsigned long long)s->tokens);
+        int32_t h[DATASET_LLMC_HEADER_INTS] = {DATASET_LLMC_MAGIC, DATASET_LLMC_VERSION,
+                                               (int32_t)s->tokens};
+        return create_sized(bin, llmc_header_bytes() + 2 * s->tokens, h, sizeof h, err);
+    }
+    /* The header, and the last entry of the document index (the parts
+     * write the others): magic, version, dtype, sequences, documents + 1. */
+    unsigned char head[IDX_HEADER_BYTES];
+    uint64_t version = 1, n_seq = s->docs, n_doc = s->docs + 1;
+    head[17] = s->token_bytes == 2 ? DTYPE_UINT16 : DTYPE_INT32;
+    memcpy(head, idx_magic, 9);
+    memcpy(head + 9, &version, 8);
+    memcpy(head + 18, &n_seq, 8);
+    memcpy(head + 26, &n_doc, 8);
+    const uint64_t size = IDX_HEADER_BYTES + 20 * s->docs + 8;
+    if (create_sized(bin, s->tokens * (uint64_t)s->token_bytes, NULL, 0, err) != 0 ||
+        create_sized(idx, size, head, sizeof head, err) != 0)
+        return -1;
+    int fd = open(idx, O_WRONLY);
+    int rc = fd >= 0 && pwrite_all(fd, &s->docs, 8, size - 8) == 0 ? 0 : -1;
+    if (fd >= 0 && close(fd) != 0)
+        rc = -1;
+    return rc ? trd_errorf(err, "cannot write %s: %s", idx, strerror(errno)) : 0;
+}
+
+DatasetPart *dataset_part_open(const DatasetShape *s, uint64_t first_doc, uint64_t first_token,
+                               char err[CFG_ERR])
+{
+    DatasetPart *p = calloc(1, sizeof *p);
+    if (!p) {
+        trd_errorf(err, "%s: out of memory for a dataset part", s->prefix);
+        return NULL;
+    }
+    p->s = *s;
+    p->first_doc = first_doc;
+    p->first_token = first_token;
+    p->idx = -1;
+    parts_paths(s, p->bin_tmp, p->idx_tmp, sizeof p->bin_tmp);
+    p->bin = open(p->bin_tmp, O_WRONLY);
+    if (p->bin >= 0 && !s->llmc)
+        p->idx = open(p->idx_tmp, O_WRONLY);
+    if (p->bin < 0 || (!s->llmc && p->idx < 0)) {
+        trd_errorf(err, "cannot open %s: %s", p->bin < 0 ? p->bin_tmp : p->idx_tmp,
+                   strerror(errno));
+        if (p->bin >= 0)
+            close(p->bin);
+        free(p);
+        return NULL;
+    }
+    return p;
+}
+
+int dataset_part_add(DatasetPart *p, const void *tokens, const int32_t *lengths, size_t n_docs,
+                     char err[CFG_ERR])
+{
+    uint64_t n = 0;
+    for (size_t i = 0; i < n_docs; i++)
+        n += (uint64_t)lengths[i];
+    if (p->first_doc + p->n_docs + n_docs > p->s.docs ||
+        p->first_token + p->n_tokens + n > p->s.tokens)
+        return trd_errorf(err, "%s: a part writes past the dataset's %llu documents, %llu tokens",
+                          p->s.prefix, (unsigned long long)p->s.docs,
+                          (unsigned long long)p->s.tokens);
+    const uint64_t tb = (uint64_t)p->s.token_bytes;
+    const uint64_t at = (p->s.llmc ? llmc_header_bytes() : 0) + (p->first_token + p->n_tokens) * tb;
+    if (pwrite_all(p->bin, tokens, (size_t)(n * tb), at) != 0)
+        return trd_errorf(err, "cannot write %s: %s", p->bin_tmp, strerror(errno));
+    if (!p->s.llmc) { /* the index is written at close */
+        if (p->n_docs + n_docs > p->cap) {
+            size_t cap = p->cap ? 2 * p->cap : 1024;
+            while (cap < p->n_docs + n_docs)
+                cap *= 2;
+            int32_t *l = realloc(p->lengths, cap * sizeof *l);
+            if (!l)
+                return trd_errorf(err, "%s: out of memory for the document table", p->s.prefix);
+            p->lengths = l;
+            p->cap = cap;
+        }
+        memcpy(p->lengths + p->n_docs, lengths, n_docs * sizeof *lengths);
+    }
+    p->n_docs += n_docs;
+    p->n_tokens += n;
+    return 0;
+}
+
+/* This part's rows of the three index tables: lengths (int32), byte
+ * pointers (int64) and document indices (int64), through a buffer. */
+static int part_write_idx(const DatasetPart *p)
+{
+    const uint64_t D = p->s.docs, d0 = p->first_doc;
+    if (p->n_docs &&
+        pwrite_all(p->idx, p->lengths, p->n_docs * sizeof(int32_t), IDX_HEADER_BYTES + 4 * d0) != 0)
+        return -1;
+    int64_t buf[4096], ptr = (int64_t)(p->first_token * (uint64_t)p->s.token_bytes);
+    for (uint64_t i = 0; i < p->n_docs; i += 4096) {
+        size_t k = p->n_docs - i < 4096 ? (size_t)(p->n_docs - i) : 4096;
+        for (size_t j = 0; j < k; j++) {
+            buf[j] = ptr;
+            ptr += (int64_t)p->lengths[i + j] * p->s.token_bytes;
+        }
+        if (pwrite_all(p->idx, buf, k * 8, IDX_HEADER_BYTES + 4 * D + 8 * (d0 + i)) != 0)
+            return -1;
+        for (size_t j = 0; j < k; j++)
+            buf[j] = (int64_t)(d0 + i + j);
+        if (pwrite_all(p->idx, buf, k * 8, IDX_HEADER_BYTES + 12 * D + 8 * (d0 + i)) != 0)
+            return -1;
+    }
+    return 0;
+}
+
+int dataset_part_close(DatasetPart *p, char err[CFG_ERR])
+{
+    int rc = 0;
+    if (!p->s.llmc && part_write_idx(p) != 0)
+        rc = trd_errorf(err, "cannot write %s: %s", p->idx_tmp, strerror(errno));
+    if (close(p->bin) != 0 && rc == 0)
+        rc = trd_errorf(err, "cannot write %s: %s", p->bin_tmp, strerror(errno));
+    if (p->idx >= 0 && close(p->idx) != 0 && rc == 0)
+        rc = trd_errorf(err, "cannot write %s: %s", p->idx_tmp, strerror(errno));
+    free(p->lengths);
+    free(p);
+    return rc;
+}
+
+int dataset_parts_publish(const DatasetShape *s, char err[CFG_ERR])
+{
+    char bin[CFG_STR + 16], idx[CFG_STR + 16], path[CFG_STR + 8];
+    parts_paths(s, bin, idx, sizeof bin);
+    snprintf(path, sizeof path, "%s.bin", s->prefix);
+    if (rename(bin, path) != 0)
+        return trd_errorf(err, "cannot rename %s to %s: %s", bin, path, strerror(errno));
+    snprintf(path, sizeof path, "%s.idx", s->prefix);
+    if (!s->llmc && rename(idx, path) != 0)
+        return trd_errorf(err, "cannot rename %s to %s: %s", idx, path, strerror(errno));
     return 0;
 }

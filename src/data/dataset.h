@@ -37,7 +37,17 @@ typedef struct {
  * ending in .bin or .idx is accepted too).  llmc: `path` is one .bin shard.
  * Returns 0, or -1 with a message naming the file in err (nothing mapped). */
 int dataset_open(TokenDataset *ds, const char *path, DataFormat fmt, char err[CFG_ERR]);
+/* dataset_open for a file opened and checked before (check 0): the .idx
+ * header and the sizes are checked again, the sequence table is not
+ * walked, so mapping a large shard again costs no pass over its index. */
+int dataset_reopen(TokenDataset *ds, const char *path, DataFormat fmt, int check,
+                   char err[CFG_ERR]);
 void dataset_close(TokenDataset *ds);
+
+/* The header of a dataset only, nothing mapped: path, format, token width,
+ * and counts (n_tokens from the .bin's size; dataset_open checks that the
+ * index agrees).  The same errors as dataset_open for the header. */
+int dataset_probe(TokenDataset *ds, const char *path, DataFormat fmt, char err[CFG_ERR]);
 
 /* Token i of the stream (i < n_tokens).  int32 tokens are returned as their
  * bit pattern, so a negative id reads as a huge one and fails vocab checks. */
@@ -64,6 +74,36 @@ int dataset_writer_close(DatasetWriter *w, char err[CFG_ERR]); /* frees w, also 
 /* Writer of llm.c token shards: header of 256 int32 (magic 20240520,
  * version 1, token count), then uint16 tokens.  Errors on ids > 65535. */
 int dataset_write_llmc(const char *path, const int32_t *tokens, size_t n, char err[CFG_ERR]);
+
+/* Sequence i's length in tokens in a Megatron dataset (i below the .idx's
+ * sequence count, which is n_docs for the datasets prepare-data writes: one
+ * sequence per document); -1 for an llm.c shard or an i out of range. */
+int64_t dataset_sequence_length(const TokenDataset *ds, uint64_t i);
+
+/* One dataset written in parts by several processes at once (prepare-data
+ * under MPI, docs/data.md).  Its totals are known before anything is
+ * written, so each part has its place: its first document and first token.
+ * One process makes the files at their final sizes (dataset_parts_create),
+ * each writes its documents at their place (dataset_part_open, _add,
+ * _close), and when all are done one process renames the files
+ * (dataset_parts_publish).  Megatron: PREFIX.bin.tmp and PREFIX.idx.tmp,
+ * renamed .bin first (the .idx makes the pair visible); llm.c (llmc):
+ * PREFIX.bin.tmp, one shard, uint16 tokens. */
+typedef struct {
+    const char *prefix;
+    int llmc, token_bytes;
+    uint64_t docs, tokens; /* of the whole dataset */
+} DatasetShape;
+typedef struct DatasetPart DatasetPart;
+int dataset_parts_create(const DatasetShape *s, char err[CFG_ERR]);
+DatasetPart *dataset_part_open(const DatasetShape *s, uint64_t first_doc, uint64_t first_token,
+                               char err[CFG_ERR]);
+/* n_docs more documents: their lengths, and their tokens back to back
+ * (token_bytes each, already in the file's width). */
+int dataset_part_add(DatasetPart *p, const void *tokens, const int32_t *lengths, size_t n_docs,
+                     char err[CFG_ERR]);
+int dataset_part_close(DatasetPart *p, char err[CFG_ERR]); /* frees p, also on error */
+int dataset_parts_publish(const DatasetShape *s, char err[CFG_ERR]);
 
 #define DATASET_LLMC_MAGIC       20240520
 #define DATASET_LLMC_VERSION     1

@@ -15,6 +15,7 @@
 #include "core/error.h"
 #include "data/dataset.h"
 #include "data/inputs.h"
+#include "data/prepare_job.h"
 #include "data/reader.h"
 #include "data/tokenizer.h"
 #include "data/unicode.h"
@@ -236,6 +237,16 @@ typedef struct {
     Tokenizer **toks;
     struct PendingDoc *batch;
     size_t n_batch, cap_batch, batch_bytes;
+    /* One rank of an MPI job (prepare_job.h): its documents go to a spool
+     * (train), the split comes later.  A bad document ends the job once
+     * every rank has stopped (stop: this one or another failed). */
+    PrepJob *job;
+    uint64_t sums[PREP_COUNTERS]; /* the job's totals, as last summed */
+    int stop, failed;
+    char fail_msg[TRD_ERR];
+    const char *part_path;        /* this rank's share starts inside this file ... */
+    uint64_t part_lo, part_lines; /* ... at this byte, after this many lines */
+    int part_counted;
 } Prep;
 
 typedef struct PendingDoc {
@@ -267,6 +278,20 @@ static void discard_outputs(const Prep *p)
 
 static void flush_batch(Prep *p);
 
+/* The line number a line of `file` counts from: past the lines before this
+ * rank's share when the share starts inside the file (counted the first
+ * time a message needs them; a part counts its own lines from 1). */
+static uint64_t line_base(Prep *p, const char *file)
+{
+    char err[TRD_ERR];
+    if (file != p->part_path)
+        return 0;
+    if (!p->part_counted && reader_count_lines(file, p->part_lo, &p->part_lines, err) != 0)
+        trd_fatal(TRD_EXIT_INPUT, NULL, "%s", err);
+    p->part_counted = 1;
+    return p->part_lines;
+}
+
 /* A bad document at file:line: an error (exit 2), or with --skip-bad one
  * more to count and maybe show.  Queued documents (--workers) come first,
  * so errors and counts are in input order. */
@@ -280,6 +305,13 @@ __attribute__((format(printf, 4, 5))) static void bad_doc(Prep *p, const char *f
     va_start(ap, fmt);
     vsnprintf(what, sizeof what, fmt, ap);
     va_end(ap);
+    line += line_base(p, file);
+    if (!p->a->skip_bad && p->job) { /* reported when all ranks stopped */
+        snprintf(p->fail_msg, sizeof p->fail_msg, "%s:%llu: %s", file, (unsigned long long)line,
+                 what);
+        p->failed = p->stop = 1;
+        return;
+    }
     if (!p->a->skip_bad) {
         discard_outputs(p);
         trd_fatal(TRD_EXIT_INPUT, "fix the input, or pass --skip-bad to skip bad documents",
@@ -303,15 +335,28 @@ static void format_duration(double s, char *out, size_t n)
 }
 
 /* "documents, MiB, throughput, ETA" at most every 2 s and once at the end;
- * on a terminal one line, rewritten. */
+ * on a terminal one line, rewritten.  In an MPI job, rank 0 prints the
+ * job's totals as last summed (at most half a second old; at the end,
+ * exact). */
 static void progress(Prep *p, uint64_t file_bytes_now, int last)
 {
     double t = now_s();
+    uint64_t docs = p->docs, bytes = p->done_bytes + file_bytes_now;
+    uint64_t tokens = p->train.tokens + p->val.tokens;
+    if (p->job) {
+        uint64_t mine[PREP_COUNTERS] = {docs, bytes, tokens, 0, (uint64_t)p->failed};
+        if (!last && prep_job_poll(p->job, mine, p->sums))
+            p->stop = 1;
+        if (prep_job_rank(p->job) != 0)
+            return;
+        docs = p->sums[PREP_DOCS];
+        bytes = p->sums[PREP_BYTES];
+        tokens = p->sums[PREP_TOKENS];
+    }
     if (!p->progress || (!last && t - p->t_last < 2.0))
         return;
     p->t_last = t;
-    double el = t - p->t0, done = (double)(p->done_bytes + file_bytes_now);
-    uint64_t tokens = p->train.tokens + p->val.tokens;
+    double el = t - p->t0, done = (double)bytes;
     char eta[32] = "";
     if (p->total_bytes && done > 0 && !last) {
         char d[24];
@@ -319,7 +364,7 @@ static void progress(Prep *p, uint64_t file_bytes_now, int last)
         snprintf(eta, sizeof eta, ", ETA %s", d);
     }
     fprintf(stderr, "%sprepare-data: %llu documents, %.1f", p->tty ? "\r" : "",
-            (unsigned long long)p->docs, trd_mib((size_t)done));
+            (unsigned long long)docs, trd_mib((size_t)done));
     if (p->total_bytes)
         fprintf(stderr, " / %.1f MiB (%.0f%%)", trd_mib(p->total_bytes),
                 100.0 * done / (double)p->total_bytes);
@@ -354,7 +399,7 @@ static void commit_doc(Prep *p, int32_t **ids, size_t n, size_t *cap, size_t len
         *ids = q;
     }
     (*ids)[n++] = tokenizer_eot(p->tok);
-    long k = p->a->val_every;
+    long k = p->job ? 0 : p->a->val_every; /* a rank's spool: split later */
     int to_val = k && (long)(p->docs % (uint64_t)k) == k - 1;
     output_add(to_val ? &p->val : &p->train, *ids, n);
     p->docs++;
@@ -381,7 +426,9 @@ static void flush_batch(Prep *p)
     p->batch_bytes = 0;
     for (long i = 0; i < nb; i++) {
         PendingDoc *d = &p->batch[i];
-        if (d->bad_at < d->len)
+        if (p->stop)
+            ; /* after a bad document: one worker would not have gone on */
+        else if (d->bad_at < d->len)
             bad_utf8(p, d->text, d->bad_at, d->file, d->line, d->text_file);
         else if (d->oom)
             trd_fatal(TRD_EXIT_RUNTIME, NULL, "out of memory tokenizing %s:%llu", d->file,
@@ -398,6 +445,8 @@ static void flush_batch(Prep *p)
 static void add_doc(Prep *p, const char *text, size_t len, const char *file, uint64_t line,
                     int text_file)
 {
+    if (p->stop)
+        return;
     if (p->workers > 1) {
         if (p->n_batch == p->cap_batch) {
             p->cap_batch = p->cap_batch ? 2 * p->cap_batch : 256;
@@ -476,20 +525,22 @@ static const char *json_type(const cJSON *v)
 }
 
 /* A JSON lines file: one document per line, the string at --json-key;
- * blank lines are skipped.  Streamed: one line in memory at a time. */
-static void add_jsonl_file(Prep *p, const char *path)
+ * blank lines are skipped.  Streamed: one line in memory at a time.  u:
+ * NULL for the whole file, or a rank's share of it. */
+static void add_jsonl_file(Prep *p, const char *path, const PrepUnit *u)
 {
     char err[TRD_ERR];
     const char *key = p->a->json_key, *line;
     size_t len;
     uint64_t lineno = 0;
-    int rc;
-    DataReader *r = reader_open(path, err);
+    int rc = 0;
+    DataReader *r =
+        u && u->part ? reader_open_range(path, u->lo, u->hi, err) : reader_open(path, err);
     if (!r) {
         discard_outputs(p);
         trd_fatal(TRD_EXIT_INPUT, "check the --input paths", "%s", err);
     }
-    while ((rc = reader_line(r, &line, &len, err)) > 0) {
+    while (!p->stop && (rc = reader_line(r, &line, &len, err)) > 0) {
         lineno++;
         if (blank(line, len))
             continue;
@@ -516,10 +567,97 @@ static void add_jsonl_file(Prep *p, const char *path)
         cJSON_Delete(j);
         progress(p, reader_file_bytes(r), 0);
     }
-    if (rc < 0) /* read error, corrupt or truncated stream: the rest is lost */
+    if (!p->stop && rc < 0) /* read error, corrupt or truncated stream: the rest is lost */
         bad_doc(p, path, lineno + 1, "%s", err);
     p->done_bytes += reader_file_bytes(r);
     reader_close(r);
+}
+
+/* llm.c shards hold uint16 tokens. */
+static void check_format(const PrepareArgs *a, const Tokenizer *tok)
+{
+    if (!strcmp(a->format, "llmc") && dataset_token_bytes_for_vocab(tokenizer_vocab(tok)) != 2)
+        trd_fatal(TRD_EXIT_INPUT, "use --format megatron",
+                  "llm.c shards hold uint16 tokens; vocabulary %d does not fit",
+                  tokenizer_vocab(tok));
+}
+
+/* An MPI rank's share of the input, in order. */
+static void add_share(Prep *p, const InputList *docs)
+{
+    const char *fmt = p->a->input_format;
+    unsigned char *splittable = trd_calloc(docs->n + 1, 1, "the input kinds");
+    for (size_t f = 0; f < docs->n; f++)
+        splittable[f] =
+            reader_codec(docs->paths[f]) == READER_PLAIN && is_jsonl(docs->paths[f], fmt);
+    PrepUnit *u;
+    size_t n = prep_job_units(p->job, docs, splittable, &u);
+    for (size_t i = 0; i < n && !p->stop; i++) {
+        const char *path = docs->paths[u[i].file];
+        if (u[i].part && u[i].lo > 0) { /* the first piece only */
+            p->part_path = path;
+            p->part_lo = u[i].lo;
+        }
+        if (is_jsonl(path, fmt))
+            add_jsonl_file(p, path, &u[i]);
+        else
+            add_text_file(p, path);
+    }
+    free(u);
+    free(splittable);
+}
+
+/* An MPI rank's end: wait for every rank, then all fail together (exit 2,
+ * the first bad document's message, no file left), or write the outputs
+ * from the spools and take the job's totals for the report. */
+static void finish_job(Prep *p, int llmc, int token_bytes)
+{
+    char err[CFG_ERR];
+    uint64_t mine[PREP_COUNTERS] = {p->docs, p->done_bytes, p->train.tokens, 1,
+                                    (uint64_t)p->failed};
+    prep_job_finish(p->job, mine, p->sums);
+    if (p->sums[PREP_FAILED]) {
+        discard_outputs(p);
+        prep_job_fail(p->job, p->failed, p->fail_msg,
+                      "fix the input, or pass --skip-bad to skip bad documents");
+    }
+    char spool[CFG_STR];
+    snprintf(spool, sizeof spool, "%s", p->train.prefix);
+    if (dataset_writer_close(p->train.w, err) != 0)
+        trd_fatal(TRD_EXIT_RUNTIME, NULL, "%s", err);
+    PrepWrite w = {p->a->out, spool, llmc, token_bytes, p->a->shards, p->a->val_every};
+    PrepSplit split[2] = {{0, 0}, {0, 0}};
+    prep_job_write(p->job, &w, split);
+
+    /* The report: the job's totals; the first bad documents in input order. */
+    const int rank = prep_job_rank(p->job), size = prep_job_size(p->job);
+    char shown[BAD_SHOWN][TRD_ERR];
+    int mine_shown = p->bad < BAD_SHOWN ? (int)p->bad : BAD_SHOWN;
+    p->bad =
+        prep_job_bad(p->job, p->bad, p->bad_first[0], mine_shown, TRD_ERR, shown[0], BAD_SHOWN);
+    if (rank == 0)
+        memcpy(p->bad_first, shown, sizeof shown);
+    p->docs = p->sums[PREP_DOCS];
+    p->bytes_text = prep_job_sum(p->job, p->bytes_text);
+    p->t_encode = prep_job_max(p->job, p->t_encode);
+    Output *o[2] = {&p->train, &p->val};
+    for (int s = 0; s < (p->a->val_every ? 2 : 1); s++) {
+        Output *out = o[s];
+        out->docs = split[s].docs;
+        out->tokens = split[s].tokens;
+        if (rank != 0)
+            continue;
+        char name[CFG_STR + 24];
+        snprintf(name, sizeof name, "%s%s", p->a->out, s ? "_val" : "");
+        if (p->a->shards)
+            printf("  %-5s %s-{%05d..%05d}-of-%05d%s: %llu documents, %llu tokens\n",
+                   s ? "val" : "train", name, 0, size - 1, size, llmc ? ".bin" : ".{bin,idx}",
+                   (unsigned long long)out->docs, (unsigned long long)out->tokens);
+        else
+            printf("  %-5s %s%s: %llu documents, %llu tokens\n", s ? "val" : "train", name,
+                   llmc ? ".bin" : ".{bin,idx}", (unsigned long long)out->docs,
+                   (unsigned long long)out->tokens);
+    }
 }
 
 int data_prepare(const PrepareArgs *args)
@@ -529,9 +667,21 @@ int data_prepare(const PrepareArgs *args)
     Prep p;
     memset(&p, 0, sizeof p);
     p.a = &a;
-    p.total_bytes = check_inputs(&a, &docs);
+    /* Under mpiexec, rank 0 checks the inputs and the tokenizer's files
+     * before the others start, so that a mistake is one message. */
+    p.job = prep_job_start();
+    const int rank0 = !p.job || prep_job_rank(p.job) == 0;
+    if (rank0)
+        p.total_bytes = check_inputs(&a, &docs);
     TokenizerSpec ts = {a.tokenizer, a.vocab, a.merges, a.encoding, a.ranks, a.model};
-    p.tok = data_tokenizer_make(&ts);
+    if (rank0) {
+        p.tok = data_tokenizer_make(&ts);
+        check_format(&a, p.tok);
+    }
+    if (p.job)
+        prep_job_share(p.job, &docs, &p.total_bytes);
+    if (!p.tok)
+        p.tok = data_tokenizer_make(&ts);
     p.workers = (int)a.workers;
     p.toks = trd_calloc((size_t)p.workers, sizeof *p.toks, "the tokenizers");
     p.toks[0] = p.tok;
@@ -542,35 +692,57 @@ int data_prepare(const PrepareArgs *args)
     p.progress = a.progress || p.tty;
     int llmc = strcmp(a.format, "llmc") == 0;
     int token_bytes = dataset_token_bytes_for_vocab(tokenizer_vocab(p.tok));
-    if (llmc && token_bytes != 2)
-        trd_fatal(TRD_EXIT_INPUT, "use --format megatron",
-                  "llm.c shards hold uint16 tokens; vocabulary %d does not fit",
-                  tokenizer_vocab(p.tok));
-    printf("prepare-data: %s tokenizer (vocab %d, EOT %d), %s format, %s tokens\n",
-           tokenizer_name(p.tok), tokenizer_vocab(p.tok), tokenizer_eot(p.tok), a.format,
-           token_bytes == 2 ? "uint16" : "int32");
+    if (rank0)
+        printf("prepare-data: %s tokenizer (vocab %d, EOT %d), %s format, %s tokens\n",
+               tokenizer_name(p.tok), tokenizer_vocab(p.tok), tokenizer_eot(p.tok), a.format,
+               token_bytes == 2 ? "uint16" : "int32");
+    if (p.job && rank0)
+        printf("  %d ranks (MPI), --workers %d each%s\n", prep_job_size(p.job), p.workers,
+               a.shards ? ", a shard each (--shards)" : "");
     fflush(stdout);
     make_parent_dirs(a.out);
-    char val_prefix[CFG_STR + 8];
-    snprintf(val_prefix, sizeof val_prefix, "%s_val", a.out);
-    output_open(&p.train, a.out, llmc, token_bytes);
-    if (a.val_every)
+    char train_prefix[CFG_STR + 24], val_prefix[CFG_STR + 24];
+    if (a.shards && !p.job) { /* one process: one shard */
+        char val_out[CFG_STR + 8];
+        snprintf(val_out, sizeof val_out, "%s_val", a.out);
+        prep_shard_prefix(train_prefix, sizeof train_prefix, a.out, 0, 1);
+        prep_shard_prefix(val_prefix, sizeof val_prefix, val_out, 0, 1);
+    } else {
+        snprintf(train_prefix, sizeof train_prefix, "%s", a.out);
+        snprintf(val_prefix, sizeof val_prefix, "%s_val", a.out);
+    }
+    if (p.job) /* this rank's spool: every document, split when all are counted */
+        snprintf(train_prefix, sizeof train_prefix, "%s.rank%05d.tmp", a.out, prep_job_rank(p.job));
+    output_open(&p.train, train_prefix, p.job ? 0 : llmc, token_bytes);
+    if (a.val_every && !p.job)
         output_open(&p.val, val_prefix, llmc, token_bytes);
 
     p.t0 = p.t_last = now_s();
-    for (size_t f = 0; f < docs.n; f++) {
+    if (p.job)
+        add_share(&p, &docs);
+    for (size_t f = 0; f < docs.n && !p.job; f++) {
         if (is_jsonl(docs.paths[f], a.input_format))
-            add_jsonl_file(&p, docs.paths[f]);
+            add_jsonl_file(&p, docs.paths[f], NULL);
         else
             add_text_file(&p, docs.paths[f]);
     }
     if (p.n_batch)
         flush_batch(&p);
+    if (p.job)
+        finish_job(&p, llmc, token_bytes);
     progress(&p, 0, 1);
     free(p.ids);
     free(p.batch);
-    output_close(&p.train, "train");
-    if (a.val_every)
+    if (!rank0) {
+        for (int w = 0; w < p.workers; w++)
+            tokenizer_free(p.toks[w]);
+        free(p.toks);
+        inputs_free(&docs);
+        return TRD_EXIT_OK;
+    }
+    if (!p.job)
+        output_close(&p.train, "train");
+    if (a.val_every && !p.job)
         output_close(&p.val, "val");
     if (a.val_every && p.val.docs == 0)
         fprintf(stderr,

@@ -19,6 +19,7 @@ typedef struct {
     const char *encoding, *ranks, *model, *input_format, *json_key;
     const char **inputs; /* files, directories, quoted patterns */
     int n_inputs, skip_bad, progress;
+    int shards; /* one dataset per rank: PREFIX-00003-of-00004 */
     long val_every, workers;
 } PrepareArgs;
 

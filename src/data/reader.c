@@ -16,6 +16,7 @@ struct DataReader {
     int eof;  /* no more file bytes */
     int done; /* no more decompressed bytes */
     uint64_t file_bytes;
+    uint64_t left;     /* plain: bytes left of the range (reader_open_range) */
     unsigned char *in; /* compressed input chunk */
     z_stream zs;       /* gzip */
     int in_member;     /* gzip: inside a member (its end not seen yet) */
@@ -55,6 +56,7 @@ DataReader *reader_open(const char *path, char err[TRD_ERR])
         free(r);
         return NULL;
     }
+    r->left = UINT64_MAX;
     r->out = malloc(OUT_CHUNK);
     int ok = r->out != NULL;
     if (ok && r->codec != READER_PLAIN)
@@ -74,6 +76,83 @@ DataReader *reader_open(const char *path, char err[TRD_ERR])
         return NULL;
     }
     return r;
+}
+
+DataReader *reader_open_range(const char *path, uint64_t start, uint64_t end, char err[TRD_ERR])
+{
+    if (reader_codec(path) != READER_PLAIN || !strcmp(path, "-")) {
+        trd_errorf(err, "%s: only a plain file can be read in part", path);
+        return NULL;
+    }
+    DataReader *r = reader_open(path, err);
+    if (r && fseeko(r->f, (off_t)start, SEEK_SET) != 0) {
+        trd_errorf(err, "cannot seek in %s: %s", path, strerror(errno));
+        reader_close(r);
+        return NULL;
+    }
+    if (r)
+        r->left = end > start ? end - start : 0;
+    return r;
+}
+
+/* The bytes of a plain file from `at`, a chunk at a time, to fn until it
+ * returns nonzero: 0, or -1 with err. */
+static int scan(const char *path, uint64_t at, uint64_t end,
+                int (*fn)(const char *p, size_t n, uint64_t pos, void *ctx), void *ctx,
+                char err[TRD_ERR])
+{
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return trd_errorf(err, "cannot open %s: %s", path, strerror(errno));
+    char *buf = malloc(IN_CHUNK);
+    int rc = buf && fseeko(f, (off_t)at, SEEK_SET) == 0 ? 0 : -1;
+    if (rc)
+        trd_errorf(err, "cannot read %s: %s", path, buf ? strerror(errno) : "out of memory");
+    while (rc == 0 && at < end) {
+        size_t want = end - at < IN_CHUNK ? (size_t)(end - at) : IN_CHUNK;
+        size_t k = fread(buf, 1, want, f);
+        if (ferror(f))
+            rc = trd_errorf(err, "read error in %s: %s", path, strerror(errno));
+        if (rc || k == 0 || fn(buf, k, at, ctx))
+            break;
+        at += k;
+    }
+    free(buf);
+    fclose(f);
+    return rc;
+}
+
+static int find_newline(const char *p, size_t n, uint64_t pos, void *ctx)
+{
+    const char *nl = memchr(p, '\n', n);
+    if (nl)
+        *(uint64_t *)ctx = pos + (uint64_t)(nl - p) + 1;
+    return nl != NULL;
+}
+
+int reader_line_start(const char *path, uint64_t at, uint64_t size, uint64_t *start,
+                      char err[TRD_ERR])
+{
+    *start = size; /* no '\n' from at - 1 on: the rest is one line, the earlier part's */
+    if (at == 0 || at >= size) {
+        *start = at == 0 ? 0 : size;
+        return 0;
+    }
+    return scan(path, at - 1, size, find_newline, start, err);
+}
+
+static int count_newlines(const char *p, size_t n, uint64_t pos, void *ctx)
+{
+    (void)pos;
+    for (const char *e = p + n; (p = memchr(p, '\n', (size_t)(e - p))) != NULL; p++)
+        ++*(uint64_t *)ctx;
+    return 0;
+}
+
+int reader_count_lines(const char *path, uint64_t end, uint64_t *lines, char err[TRD_ERR])
+{
+    *lines = 0;
+    return scan(path, 0, end, count_newlines, lines, err);
 }
 
 void reader_close(DataReader *r)
@@ -196,10 +275,13 @@ ssize_t reader_read(DataReader *r, void *buf, size_t n, char err[TRD_ERR])
         return 0;
     if (r->codec != READER_PLAIN)
         return read_codec(r, buf, n, err);
-    size_t k = fread(buf, 1, n, r->f);
+    if (n > r->left)
+        n = (size_t)r->left;
+    size_t k = n ? fread(buf, 1, n, r->f) : 0;
     if (ferror(r->f))
         return trd_errorf(err, "read error: %s", strerror(errno));
     r->file_bytes += k;
+    r->left -= k;
     if (k == 0)
         r->done = 1;
     return (ssize_t)k;

@@ -30,6 +30,22 @@ ReaderCodec reader_codec(const char *path);
 DataReader *reader_open(const char *path, char err[TRD_ERR]);
 void reader_close(DataReader *r);
 
+/* Bytes [start, end) of a plain file as a stream (a part of a JSON lines
+ * file that prepare-data splits over ranks).  NULL with err on failure, or
+ * when path is compressed or stdin. */
+DataReader *reader_open_range(const char *path, uint64_t start, uint64_t end, char err[TRD_ERR]);
+
+/* Where the first line that starts at or after byte `at` of a plain file of
+ * `size` bytes starts (size when none does): the cut between two parts, so
+ * that a line straddling byte `at` stays whole in the earlier part.  0, or
+ * -1 with err. */
+int reader_line_start(const char *path, uint64_t at, uint64_t size, uint64_t *start,
+                      char err[TRD_ERR]);
+
+/* The lines that end before byte `end` of a plain file (its '\n's): the
+ * line number a part starting there counts from.  0, or -1 with err. */
+int reader_count_lines(const char *path, uint64_t end, uint64_t *lines, char err[TRD_ERR]);
+
 /* Up to n decompressed bytes: the count, 0 at the end, -1 with err. */
 ssize_t reader_read(DataReader *r, void *buf, size_t n, char err[TRD_ERR]);
 

@@ -1,6 +1,7 @@
 #include "data/sampler.h"
 
 #include <stdio.h>
+#include <string.h>
 
 #include "core/rng.h"
 
@@ -9,16 +10,16 @@
  * the cost per sample below a microsecond. */
 enum { FEISTEL_ROUNDS = 6 };
 
-int sampler_init(Sampler *s, const TokenDataset *ds, int seq_len, uint64_t seed, char err[CFG_ERR])
+int sampler_init(Sampler *s, const TokenStream *ds, int seq_len, uint64_t seed, char err[CFG_ERR])
 {
     if (seq_len < 1) {
-        snprintf(err, CFG_ERR, "%s: sequence length must be >= 1, got %d", ds->path, seq_len);
+        snprintf(err, CFG_ERR, "%.400s: sequence length must be >= 1, got %d", ds->name, seq_len);
         return -1;
     }
     if (ds->n_tokens < (uint64_t)seq_len + 1) {
         snprintf(err, CFG_ERR,
-                 "%s: %llu tokens are too few for one sample of seq_len %d (needs %d tokens)",
-                 ds->path, (unsigned long long)ds->n_tokens, seq_len, seq_len + 1);
+                 "%.400s: %llu tokens are too few for one sample of seq_len %d (needs %d tokens)",
+                 ds->name, (unsigned long long)ds->n_tokens, seq_len, seq_len + 1);
         return -1;
     }
     s->seed = seed;
@@ -76,48 +77,59 @@ uint64_t sampler_index(const Sampler *s, uint64_t position)
     return sampler_permute(slot, s->n_samples, rng_mix(s->seed, epoch));
 }
 
-/* The message for token v at stream position pos, for both checks. */
-static void vocab_error(const TokenDataset *ds, uint32_t v, uint64_t pos, int vocab,
+/* The message for token v at stream position pos, for both checks: the
+ * shard that holds it, and the position in the whole stream. */
+static void vocab_error(const TokenStream *ds, uint32_t v, uint64_t pos, int vocab,
                         char err[CFG_ERR])
 {
-    long long id = ds->token_bytes == 4 ? (long long)(int32_t)v : (long long)v;
+    const StreamShard *sh = &ds->shards[stream_shard_of(ds, pos)];
+    long long id = sh->token_bytes == 4 ? (long long)(int32_t)v : (long long)v;
     snprintf(
         err, CFG_ERR,
         "%s: token %lld at stream position %llu is outside model.vocab = %d (ids 0..%d; "
         "the dataset holds %s tokens)\n---> the dataset was made with another tokenizer: "
         "set model.vocab to that tokenizer's vocabulary (gpt2 50257, cl100k_base 100277, "
         "o200k_base 200019, SentencePiece the model's pieces; at least %lld here), or prepare the data with the model's tokenizer",
-        ds->path, id, (unsigned long long)pos, vocab, vocab - 1,
-        ds->token_bytes == 4 ? "int32" : "uint16", id < 0 ? 0LL : id + 1);
+        sh->path, id, (unsigned long long)pos, vocab, vocab - 1,
+        sh->token_bytes == 4 ? "int32" : "uint16", id < 0 ? 0LL : id + 1);
 }
 
-int sampler_check_vocab(const TokenDataset *ds, int vocab, uint64_t max_tokens, char err[CFG_ERR])
+int sampler_check_vocab(TokenStream *ds, int vocab, uint64_t max_tokens, char err[CFG_ERR])
 {
+    enum { CHUNK = 1 << 16 };
+    static uint32_t buf[CHUNK]; /* start-up only, one thread */
     uint64_t n = ds->n_tokens < max_tokens ? ds->n_tokens : max_tokens;
-    for (uint64_t i = 0; i < n; i++) {
-        uint32_t v = dataset_token(ds, i);
-        if (v >= (uint32_t)vocab) {
-            vocab_error(ds, v, i, vocab, err);
+    for (uint64_t at = 0; at < n; at += CHUNK) {
+        size_t m = n - at < CHUNK ? (size_t)(n - at) : CHUNK;
+        if (stream_read(ds, at, m, buf, err) != 0)
             return -1;
-        }
+        for (size_t i = 0; i < m; i++)
+            if (buf[i] >= (uint32_t)vocab) {
+                vocab_error(ds, buf[i], at + i, vocab, err);
+                return -1;
+            }
     }
     return 0;
 }
 
-int sampler_read(const Sampler *s, const TokenDataset *ds, uint64_t position, int vocab,
-                 int32_t *tokens, int32_t *targets, char err[CFG_ERR])
+int sampler_read(const Sampler *s, TokenStream *ds, uint64_t position, int vocab, int32_t *tokens,
+                 int32_t *targets, char err[CFG_ERR])
 {
     uint64_t start = sampler_index(s, position) * (uint64_t)s->seq_len;
+    /* The window goes into targets shifted by one: tokens[0] first, then
+     * targets[0..T) = stream[start+1 .. start+T]. */
+    uint32_t first;
+    if (stream_read(ds, start, 1, &first, err) != 0 ||
+        stream_read(ds, start + 1, (size_t)s->seq_len, (uint32_t *)targets, err) != 0)
+        return -1;
     for (int t = 0; t <= s->seq_len; t++) {
-        uint32_t v = dataset_token(ds, start + (uint64_t)t);
+        uint32_t v = t == 0 ? first : (uint32_t)targets[t - 1];
         if (v >= (uint32_t)vocab) {
             vocab_error(ds, v, start + (uint64_t)t, vocab, err);
             return -1;
         }
-        if (t < s->seq_len)
-            tokens[t] = (int32_t)v;
-        if (t > 0)
-            targets[t - 1] = (int32_t)v;
     }
+    tokens[0] = (int32_t)first;
+    memcpy(tokens + 1, targets, (size_t)(s->seq_len - 1) * sizeof *tokens);
     return 0;
 }

@@ -1,7 +1,7 @@
 /* sampler.h — the global order of training samples.
  *
  * Sample i is the token window [i*seq_len, i*seq_len + seq_len + 1) of the
- * dataset's stream (documents concatenated with their EOT separators, as
+ * dataset's stream (stream.h: its shards concatenated) (documents concatenated with their EOT separators, as
  * Megatron's GPT dataset does); there are (n_tokens - 1) / seq_len of them
  * per epoch.  The global stream of samples is position -> (epoch, slot) ->
  * sample, where the sample of a slot is a keyed pseudo-random permutation
@@ -18,7 +18,7 @@
 #include <stdint.h>
 
 #include "config/config.h"
-#include "data/dataset.h"
+#include "data/stream.h"
 
 typedef struct {
     uint64_t seed;
@@ -27,7 +27,7 @@ typedef struct {
 } Sampler;
 
 /* Error if the dataset has fewer than seq_len + 1 tokens. */
-int sampler_init(Sampler *s, const TokenDataset *ds, int seq_len, uint64_t seed, char err[CFG_ERR]);
+int sampler_init(Sampler *s, const TokenStream *ds, int seq_len, uint64_t seed, char err[CFG_ERR]);
 
 /* Position in the global stream -> sample index in [0, n_samples);
  * epoch = position / n_samples. */
@@ -39,10 +39,10 @@ uint64_t sampler_permute(uint64_t slot, uint64_t n, uint64_t key);
 
 /* Fill one sequence: tokens[t] = stream[i*seq_len + t], targets[t] =
  * stream[i*seq_len + t + 1], t < seq_len, i = sampler_index(position).
- * Returns -1 with err if a token >= vocab (names the dataset, position and
- * value). */
-int sampler_read(const Sampler *s, const TokenDataset *ds, uint64_t position, int vocab,
-                 int32_t *tokens, int32_t *targets, char err[CFG_ERR]);
+ * Returns -1 with err if a token >= vocab (names the shard, position and
+ * value), or if a shard fails its checks when first mapped. */
+int sampler_read(const Sampler *s, TokenStream *ds, uint64_t position, int vocab, int32_t *tokens,
+                 int32_t *targets, char err[CFG_ERR]);
 
 /* At start-up: -1 with err (the dataset, the first token >= vocab, its
  * position, what to do) when one of the first max_tokens tokens is outside
@@ -50,7 +50,7 @@ int sampler_read(const Sampler *s, const TokenDataset *ds, uint64_t position, in
  * o200k_base: int32 tokens) is refused before training, not at the first
  * sample that happens to hold such a token.  sampler_read still checks
  * every token it reads. */
-int sampler_check_vocab(const TokenDataset *ds, int vocab, uint64_t max_tokens, char err[CFG_ERR]);
+int sampler_check_vocab(TokenStream *ds, int vocab, uint64_t max_tokens, char err[CFG_ERR]);
 #define SAMPLER_VOCAB_SCAN ((uint64_t)1 << 26) /* 64 Mi tokens: ~0.1 s from the page cache */
 
 #endif

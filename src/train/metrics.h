@@ -11,6 +11,7 @@ typedef struct {
     long long tokens; /* tokens trained on so far */
     double step_ms, tokens_per_s, mfu;
     double comm_ms;                /* exposed (not overlapped) DP communication */
+    double data_ms;                /* reading and assembling this rank's batches */
     unsigned long long comm_bytes; /* payload bytes this rank handed to DP collectives */
     double pp_idle;          /* pipeline: measured idle fraction of the step (< 0: no pipeline) */
     double val_loss;         /* < 0: not computed this step */

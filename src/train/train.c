@@ -84,9 +84,21 @@ static void print_start(Trainer *tr, const Config *cfg, double peak)
         printf("backend: cpu (%d OpenMP threads per rank), BLAS SGEMM peak %.1f GFLOP/s | "
                "precision %s\n",
                omp_get_max_threads(), 1e-9 * peak, config_precision_name(cfg->training.precision));
-    printf("data: %s (%llu tokens, %llu samples/epoch)%s%s\n", cfg->data.path,
-           (unsigned long long)in->train_tokens, (unsigned long long)in->train_samples,
-           in->has_val ? " | val: " : "", in->has_val ? cfg->data.val_path : "");
+    TrainerDataset ds[CFG_MAX_BLEND];
+    const int nd = trainer_data_seen(tr, 0, ds);
+    for (int d = 0; d < nd; d++) {
+        char shards[48] = "";
+        if (ds[d].n_shards > 1)
+            snprintf(shards, sizeof shards, "%d shards, ", ds[d].n_shards);
+        char weight[32] = "";
+        if (cfg->data.blend[0])
+            snprintf(weight, sizeof weight, "weight %.4g, ", ds[d].weight);
+        printf("data%s: %s (%s%s%llu tokens, %llu samples/epoch)\n", nd > 1 ? " blend" : "",
+               ds[d].name, weight, shards, (unsigned long long)ds[d].n_tokens,
+               (unsigned long long)ds[d].samples_per_epoch);
+    }
+    if (in->has_val)
+        printf("val: %s\n", cfg->data.val_blend[0] ? cfg->data.val_blend : cfg->data.val_path);
     fflush(stdout);
 }
 
@@ -263,6 +275,39 @@ static void open_outputs(Trainer *tr, const Config *cfg, double peak, Metrics *m
         tb_open(tb, cfg->run.dir);
 }
 
+/* With data.blend, what each dataset gave so far:
+ * "data_tokens": [..], "data_epochs": [..] in the blend's order. */
+static void data_json(Trainer *tr, int steps, char *buf, size_t cap)
+{
+    TrainerDataset ds[CFG_MAX_BLEND];
+    const int n = trainer_data_seen(tr, steps, ds);
+    size_t used = (size_t)snprintf(buf, cap, "\"data_tokens\": [");
+    for (int d = 0; d < n && used < cap; d++)
+        used += (size_t)snprintf(buf + used, cap - used, "%s%llu", d ? ", " : "",
+                                 (unsigned long long)ds[d].tokens);
+    if (used < cap)
+        used += (size_t)snprintf(buf + used, cap - used, "], \"data_epochs\": [");
+    for (int d = 0; d < n && used < cap; d++)
+        used += (size_t)snprintf(buf + used, cap - used, "%s%.6g", d ? ", " : "", ds[d].epochs);
+    if (used < cap)
+        snprintf(buf + used, cap - used, "]");
+}
+
+/* At the end, rank 0: each dataset's share of what the run drew. */
+static void print_data_seen(Trainer *tr, int steps)
+{
+    TrainerDataset ds[CFG_MAX_BLEND];
+    const int n = trainer_data_seen(tr, steps, ds);
+    uint64_t all = 0;
+    for (int d = 0; d < n; d++)
+        all += ds[d].samples;
+    for (int d = 0; d < n && all; d++)
+        printf("data: %s: %llu samples (%.2f%%, weight %.2f%%), %llu tokens, %.3f epochs\n",
+               ds[d].name, (unsigned long long)ds[d].samples,
+               100.0 * (double)ds[d].samples / (double)all, 100.0 * ds[d].weight,
+               (unsigned long long)ds[d].tokens, ds[d].epochs);
+}
+
 int train_run(const Config *cfg, Comm world)
 {
     preempt_install(); /* SIGUSR1/SIGTERM/SIGINT: stop at an agreed step, checkpointed */
@@ -297,11 +342,13 @@ int train_run(const Config *cfg, Comm world)
     int exit_code = TRD_EXIT_OK;
     watchdog_start(cfg->training.hang_timeout, world.rank, world.size, cfg->run.dir,
                    cfg->training.trace);
+    int done = in->start_step; /* steps trained by the end */
     for (int step = in->start_step; step < cfg->training.steps; step++) {
         straggler_begin();
         const double t0 = now_s();
         const TrainerStep r = trainer_step(tr, step);
         const double dt = now_s() - t0;
+        done = step + 1;
         straggler_end(&world, step + 1, dt, cfg->run.log_every, cfg->training.straggler_threshold);
 
         StepMetrics s = {.step = step + 1,
@@ -314,10 +361,18 @@ int train_run(const Config *cfg, Comm world)
                          .mfu =
                              peak > 0 ? flops_per_token * (double)tokens_per_step / dt / peak : 0,
                          .comm_ms = r.comm_ms,
+                         .data_ms = r.data_ms,
                          .comm_bytes = r.comm_bytes,
                          .pp_idle = r.pp_idle,
                          .val_loss = -1,
                          .extra = step == in->start_step ? memory : NULL};
+        char extra[sizeof memory + 64 * CFG_MAX_BLEND];
+        if (rank0 && cfg->data.blend[0]) {
+            data_json(tr, step + 1, extra, sizeof extra);
+            if (s.extra)
+                snprintf(extra + strlen(extra), sizeof extra - strlen(extra), ", %s", s.extra);
+            s.extra = extra;
+        }
         const int last = step + 1 == cfg->training.steps;
         const int every = cfg->data.val_every > 0 && (step + 1) % cfg->data.val_every == 0;
         if (in->has_val && (last || every))
@@ -354,6 +409,8 @@ int train_run(const Config *cfg, Comm world)
             break;
         }
     }
+    if (rank0 && cfg->data.blend[0])
+        print_data_seen(tr, done);
     trainer_report_device_memory(tr);
     dump_weights(tr);
     watchdog_stop();

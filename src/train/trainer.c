@@ -30,16 +30,15 @@ static void open_data(Trainer *tr, Comm *world)
 {
     const Config *cfg = tr->cfg;
     char err[CFG_ERR] = "";
-    tr->info.has_val = cfg->data.val_path[0] != '\0';
-    int bad = dataset_open(&tr->train_data, cfg->data.path, cfg->data.format, err) != 0 ||
-              sampler_init(&tr->train_sampler, &tr->train_data, cfg->model.seq_len, cfg->run.seed,
-                           err) != 0 ||
-              sampler_check_vocab(&tr->train_data, cfg->model.vocab, SAMPLER_VOCAB_SCAN, err) != 0;
+    BlendSpec train, val;
+    int bad = config_data_spec(&cfg->data, 0, &train, err) != 0 ||
+              config_data_spec(&cfg->data, 1, &val, err) != 0;
+    tr->info.has_val = !bad && val.n > 0;
+    bad = bad || blend_open(&tr->train_data, &train, cfg->data.format, cfg->model.seq_len,
+                            cfg->run.seed, cfg->model.vocab, err) != 0;
     if (!bad && tr->info.has_val)
-        bad = dataset_open(&tr->val_data, cfg->data.val_path, cfg->data.format, err) != 0 ||
-              sampler_init(&tr->val_sampler, &tr->val_data, cfg->model.seq_len, cfg->run.seed,
-                           err) != 0 ||
-              sampler_check_vocab(&tr->val_data, cfg->model.vocab, SAMPLER_VOCAB_SCAN, err) != 0;
+        bad = blend_open(&tr->val_data, &val, cfg->data.format, cfg->model.seq_len, cfg->run.seed,
+                         cfg->model.vocab, err) != 0;
     int first_bad = bad ? world->size - world->rank : 0; /* max = the lowest failing rank */
     comm_allreduce_max_i32(world, &first_bad, 1);
     if (first_bad)
@@ -53,19 +52,35 @@ static void open_data(Trainer *tr, Comm *world)
 
 /* Fill one micro-batch (tok, tgt: [B*T]) with the sequences at global
  * stream positions first, first+1, ... */
-static void read_batch(Trainer *tr, const Sampler *s, const TokenDataset *ds, uint64_t first,
-                       int32_t *tok, int32_t *tgt)
+static void read_batch(Trainer *tr, Blend *data, uint64_t first, int32_t *tok, int32_t *tgt)
 {
     const int B = tr->cfg->training.micro_batch, T = tr->cfg->model.seq_len;
     char err[CFG_ERR];
     for (int b = 0; b < B; b++)
-        if (sampler_read(s, ds, first + (uint64_t)b, tr->cfg->model.vocab, tok + b * T, tgt + b * T,
-                         err) != 0)
+        if (blend_read(data, first + (uint64_t)b, tok + b * T, tgt + b * T, err) != 0)
             trd_fatal(TRD_EXIT_INPUT, NULL, "%s", err);
 }
 
+int trainer_data_seen(Trainer *tr, int steps, TrainerDataset *out)
+{
+    Blend *b = &tr->train_data;
+    uint64_t count[CFG_MAX_BLEND];
+    blend_counts(b, (uint64_t)steps * (uint64_t)tr->cfg->training.global_batch, count);
+    for (int d = 0; d < b->n; d++)
+        out[d] = (TrainerDataset){.name = b->data[d].name,
+                                  .weight = b->weight[d],
+                                  .samples = count[d],
+                                  .tokens = count[d] * (uint64_t)tr->cfg->model.seq_len,
+                                  .epochs = (double)count[d] / (double)b->sampler[d].n_samples,
+                                  .n_tokens = b->data[d].n_tokens,
+                                  .n_shards = b->data[d].n_shards,
+                                  .samples_per_epoch = b->sampler[d].n_samples};
+    return b->n;
+}
+
 /* One optimizer step; returns the mean loss over the global batch. */
-static double one_step(Trainer *tr, int step, double *grad_norm, float *lr, int *skipped)
+static double one_step(Trainer *tr, int step, double *grad_norm, float *lr, int *skipped,
+                       double *data_ms)
 {
     const Config *cfg = tr->cfg;
     const int B = cfg->training.micro_batch;
@@ -79,6 +94,7 @@ static double one_step(Trainer *tr, int step, double *grad_norm, float *lr, int 
     const size_t BT = (size_t)B * (size_t)cfg->model.seq_len;
     const int needs_data =
         !tr->pipe || tr->comms.pp.rank == 0 || tr->comms.pp.rank == tr->comms.pp.size - 1;
+    const double t_data = comm_wtime();
     for (int j = 0; needs_data && j < tr->n_micro; j++) {
         /* The global batch is positions [step*GB, (step+1)*GB) of the sample
          * stream whatever the topology; micro-step j of DP rank d takes its
@@ -86,9 +102,9 @@ static double one_step(Trainer *tr, int step, double *grad_norm, float *lr, int 
         uint64_t first = tr->start_position +
                          (uint64_t)(step - tr->start_step) * (uint64_t)cfg->training.global_batch +
                          (uint64_t)(j * tr->dp + tr->dp_rank) * (uint64_t)B;
-        read_batch(tr, &tr->train_sampler, &tr->train_data, first, tr->tokens + j * BT,
-                   tr->targets + j * BT);
+        read_batch(tr, &tr->train_data, first, tr->tokens + j * BT, tr->targets + j * BT);
     }
+    *data_ms = 1e3 * (comm_wtime() - t_data);
     double loss = 0;
     if (tr->pipe) {
         loss = pp_stage_step(tr->pipe, tr->tokens, tr->targets, loss_scale);
@@ -131,7 +147,7 @@ static double one_step(Trainer *tr, int step, double *grad_norm, float *lr, int 
 TrainerStep trainer_step(Trainer *tr, int step)
 {
     TrainerStep r = {0};
-    r.loss = one_step(tr, step, &r.grad_norm, &r.lr, &r.skipped);
+    r.loss = one_step(tr, step, &r.grad_norm, &r.lr, &r.skipped, &r.data_ms);
     if (++tr->steps_taken == 1) /* staging buffers pooled by the first step */
         tr->staged_first = comm_staging().allocations;
     const ZeroStats zs = zero_take_stats(tr->zero);
@@ -159,8 +175,8 @@ double trainer_validate(Trainer *tr, double *counted_tokens)
     for (int r = 0; r < rounds; r++) {
         const int j = r * tr->dp + tr->dp_rank;
         const int rows = j < batches ? (n - j * B < B ? n - j * B : B) : 0;
-        read_batch(tr, &tr->val_sampler, &tr->val_data, (uint64_t)(rows ? j : 0) * (uint64_t)B,
-                   tr->tokens, tr->targets);
+        read_batch(tr, &tr->val_data, (uint64_t)(rows ? j : 0) * (uint64_t)B, tr->tokens,
+                   tr->targets);
         for (size_t i = (size_t)rows * (size_t)T; i < (size_t)B * (size_t)T; i++)
             tr->targets[i] = -1;
         double counted = 0;
@@ -316,8 +332,7 @@ Trainer *trainer_create(const Config *cfg, Comm world, TrainerMode mode)
                              .start_step = tr->start_step,
                              .resumed = tr->resumed,
                              .has_val = tr->info.has_val,
-                             .train_tokens = tr->train_data.n_tokens,
-                             .train_samples = tr->train_sampler.n_samples,
+                             .n_datasets = tr->train_data.n,
                              .device = tr->device,
                              .nccl = tr->nccl};
     return tr;
@@ -341,9 +356,9 @@ void trainer_destroy(Trainer *tr)
     zero_free(tr->zero);
     for (int c = 0; c < CFG_MAX_VIRTUAL; c++)
         model_free(tr->models[c]);
-    dataset_close(&tr->train_data);
+    blend_close(&tr->train_data);
     if (tr->info.has_val)
-        dataset_close(&tr->val_data);
+        blend_close(&tr->val_data);
     topology_comms_free(&tr->comms);
     free(tr);
 }

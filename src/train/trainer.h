@@ -49,11 +49,10 @@ typedef struct {
     int dp, n_micro; /* data-parallel replicas; micro-steps per step */
     int start_step;  /* the first step this run trains (> 0: resumed) */
     int resumed;
-    int has_val;            /* data.val_path is set */
-    uint64_t train_tokens;  /* tokens of the training dataset */
-    uint64_t train_samples; /* its samples per epoch */
-    const char *device;     /* device backends: the GPU's name; "" on the CPU */
-    int nccl;               /* device buffers go through NCCL */
+    int has_val;        /* data.val_path or data.val_blend is set */
+    int n_datasets;     /* of the training data: 1, or data.blend's count */
+    const char *device; /* device backends: the GPU's name; "" on the CPU */
+    int nccl;           /* device buffers go through NCCL */
 } TrainerInfo;
 
 /* Build everything for one rank of cfg's layout on world.  cfg must have
@@ -63,6 +62,20 @@ void trainer_destroy(Trainer *tr);
 
 const TrainerInfo *trainer_info(const Trainer *tr);
 
+/* One training dataset (of data.path, or of data.blend) and what the run
+ * has drawn from it by the end of a step. */
+typedef struct {
+    const char *name; /* as configured: a prefix, a pattern, a list */
+    double weight;    /* normalized */
+    int n_shards;
+    uint64_t n_tokens, samples_per_epoch;
+    uint64_t samples, tokens; /* drawn in steps [0, steps) */
+    double epochs;            /* samples / samples_per_epoch */
+} TrainerDataset;
+
+/* Fill out[0..n_datasets) for the first `steps` steps; returns n_datasets. */
+int trainer_data_seen(Trainer *tr, int steps, TrainerDataset *out);
+
 /* One optimizer step, step 0-based: the global batch at sample positions
  * [step * global_batch, (step + 1) * global_batch) of the stream. */
 typedef struct {
@@ -71,6 +84,7 @@ typedef struct {
     float lr;
     int skipped;                   /* training.nonfinite: no update was made */
     double comm_ms;                /* communication not hidden behind compute */
+    double data_ms;                /* reading this rank's samples (data loading) */
     unsigned long long comm_bytes; /* payload bytes this rank handed to DP collectives */
     double pp_idle;                /* fraction of the step the pipeline waited; -1: no pipeline */
 } TrainerStep;

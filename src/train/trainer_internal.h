@@ -6,8 +6,7 @@
 #define TRD_TRAINER_INTERNAL_H
 
 #include "checkpoint/ckpt.h"
-#include "data/dataset.h"
-#include "data/sampler.h"
+#include "data/blend.h"
 #include "train/guard.h"
 #include "train/memcheck.h"
 #include "pipeline_par/pp_stage.h"
@@ -23,9 +22,8 @@ struct Trainer {
     TopologyComms comms;
     Model *models[CFG_MAX_VIRTUAL]; /* this rank's model chunks (bound by the engine) */
     Zero *zero;
-    TokenDataset train_data, val_data;
-    Sampler train_sampler, val_sampler;
-    int32_t *tokens, *targets; /* the step's micro-batches: [n_micro][B*T] */
+    Blend train_data, val_data; /* one dataset, or data.blend's (data/blend.h) */
+    int32_t *tokens, *targets;  /* the step's micro-batches: [n_micro][B*T] */
     int dp, dp_rank, n_micro;
     PpStage *pipe;               /* pp > 1 */
     CkptShardView ckpt;          /* what this rank saves and loads (host memory) */

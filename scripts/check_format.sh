@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The uniform style: every C and CUDA source of the repository exactly as
+# The uniform style: every C, C++ (.cc) and CUDA source of the repository exactly as
 # clang-format writes it with .clang-format (docs/design.md, "How the code
 # reads").  Generated tables are left as their generator writes them.
 #   scripts/check_format.sh         list the files that differ (exit 1 if any)
@@ -8,7 +8,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 command -v clang-format >/dev/null ||
     { echo "check_format: clang-format is missing (scripts/install_deps.sh installs it)"; exit 1; }
-mapfile -t files < <(git ls-files '*.c' '*.h' '*.cu' '*.cuh' |
+mapfile -t files < <(git ls-files '*.c' '*.cc' '*.h' '*.cu' '*.cuh' |
     grep -v -e '^src/data/unicode_categories\.c$' -e '^src/data/unicode_classes\.c$')
 if [ "${1:-}" = --fix ]; then
     clang-format -i "${files[@]}"

@@ -6,6 +6,7 @@ pkgs=(build-essential pkg-config meson ninja-build libyaml-dev mpich libmpich-de
       libhdf5-mpich-dev libopenblas-dev libcjson-dev ca-certificates
       slurm-wlm munge    # the local test cluster of slurm/cluster (tests/test_slurm_*.sh)
       zlib1g-dev libzstd-dev zstd gzip  # prepare-data's .gz and .zst inputs; zstd and gzip for docs/data.md
+      libsentencepiece-dev sentencepiece  # SentencePiece models (src/data/spm_shim.cc); spm_train/spm_encode for tests/test_spm.sh
       python3-h5py hdf5-tools   # the docs' h5py snippet and h5dump (docs/checkpoint.md)
       libprotobuf-c-dev protobuf-c-compiler  # TensorBoard event files (src/train/tensorboard.c)
       chromium python3-pil      # tests/test_tensorboard.sh renders the report

@@ -21,8 +21,9 @@ static void usage(FILE *f)
                "  CONFIG     a run's YAML config (.yaml/.yml): its data.path or data.blend, its\n"
                "             validation data, and the realized share of each blended dataset\n"
                "  --sample N print global sample N (default 0) as the model reads it, decoded\n"
-               "  --tokenizer byte|gpt2|cl100k_base|o200k_base: to decode (default: by the\n"
-               "             model's vocabulary, or by the dataset's largest id)\n"
+               "  --tokenizer byte|gpt2|cl100k_base|o200k_base, or a SentencePiece FILE.model:\n"
+               "             to decode (default: by the model's vocabulary, or by the dataset's\n"
+               "             largest id)\n"
                "  --seq-len, --seed  the sample order of a PREFIX (default 1024, 1234; a CONFIG\n"
                "             gives its own)\n");
 }

@@ -49,8 +49,9 @@ static const char usage[] =
     "  --top-p           ... and among the fewest whose probability reaches P (default 1)\n"
     "  --seed            the sampling RNG's key (default 1234): same seed, same text\n"
     "  --greedy          always the most likely token\n"
-    "  --tokenizer       byte, gpt2, cl100k_base, o200k_base (default: gpt2 for a\n"
-    "                    vocabulary of 50257, byte for 257; an HF directory's own files)\n"
+    "  --tokenizer       byte, gpt2, cl100k_base, o200k_base, or a SentencePiece\n"
+    "                    FILE.model (default: gpt2 for a vocabulary of 50257, byte for\n"
+    "                    257; an HF directory's own files)\n"
     "  --backend         where the model runs (default cpu)\n"
     "  --no-cache        recompute the whole sequence for every token (for checking)\n"
     "  --ids             print the token ids (prompt | continuation) instead of text\n"
@@ -211,7 +212,8 @@ static Tokenizer *open_tokenizer(const GenArgs *a, const Config *cfg)
                            : cfg->model.vocab == 257   ? "byte"
                                                        : NULL;
         if (!name)
-            trd_fatal(TRD_EXIT_INPUT, "pass --tokenizer byte|gpt2|cl100k_base|o200k_base",
+            trd_fatal(TRD_EXIT_INPUT,
+                      "pass --tokenizer byte|gpt2|cl100k_base|o200k_base|FILE.model",
                       "the model's vocabulary (%d) names no tokenizer", cfg->model.vocab);
         t = data_tokenizer_named(name, err);
     }
@@ -414,10 +416,18 @@ int generate_main(int argc, char **argv)
             printf("%s%d", i == 0 ? "" : i == prompt_n ? " | " : " ", ids[i]);
         printf("\n");
     } else {
-        char *text = tokenizer_decode(tok, ids + prompt_n, (size_t)(len - prompt_n));
-        TRD_ASSERT(text);
-        printf("%s\n", text);
-        free(text);
+        /* The continuation is the whole text past the prompt's: decoded
+         * alone, a SentencePiece continuation would lose the space its
+         * first piece starts with (a text drops its leading one). */
+        char *all = tokenizer_decode(tok, ids, (size_t)len);
+        char *head = tokenizer_decode(tok, ids, (size_t)prompt_n);
+        char *rest = tokenizer_decode(tok, ids + prompt_n, (size_t)(len - prompt_n));
+        TRD_ASSERT(all && head && rest);
+        const size_t h = strlen(head);
+        printf("%s\n", strncmp(all, head, h) == 0 ? all + h : rest);
+        free(all);
+        free(head);
+        free(rest);
     }
     const int gen = len - prompt_n;
     fprintf(stderr,

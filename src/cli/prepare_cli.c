@@ -1,6 +1,7 @@
 /* prepare_cli.c — `trident prepare-data` and `trident tokenize`: their
  * arguments; the work is src/data/prepare.c's (docs/data.md). */
 #include <errno.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,9 +15,10 @@
 static const char prepare_usage[] =
     "usage: trident prepare-data --input PATH [PATH ...] [--ext EXT[,EXT]]\n"
     "                            [--input-format auto|text|jsonl] [--json-key KEY] [--skip-bad]\n"
-    "                            --tokenizer byte|gpt2|tiktoken\n"
+    "                            --tokenizer byte|gpt2|tiktoken|sentencepiece\n"
     "                            [--vocab encoder.json --merges vocab.bpe]\n"
     "                            [--encoding cl100k_base|o200k_base] [--ranks FILE.tiktoken]\n"
+    "                            [--model FILE.model]\n"
     "                            --out PREFIX [--format megatron|llmc] [--val-every K]\n"
     "                            [--workers N] [--progress] [--shards]\n"
     "       mpiexec -n RANKS trident prepare-data ...   (the same options)\n"
@@ -40,8 +42,9 @@ static const char prepare_usage[] =
     "  --skip-bad         skip bad documents (malformed JSON, missing key, non-string\n"
     "                     value, invalid UTF-8, truncated compressed file), count and\n"
     "                     report them; without it the first one is an error (exit 2)\n"
-    "  --tokenizer NAME   byte (ids 0..255 + EOT 256), gpt2 (GPT-2 BPE, vocab 50257) or\n"
-    "                     tiktoken (a .tiktoken ranks file and --encoding)\n"
+    "  --tokenizer NAME   byte (ids 0..255 + EOT 256), gpt2 (GPT-2 BPE, vocab 50257),\n"
+    "                     tiktoken (a .tiktoken ranks file and --encoding) or\n"
+    "                     sentencepiece (a SentencePiece --model; EOT its </s>)\n"
     "  --vocab FILE       GPT-2 encoder.json (default " DATA_GPT2_ENCODER_DEFAULT ",\n"
     "                     from the current directory, else from trident's source tree)\n"
     "  --merges FILE      GPT-2 vocab.bpe (default " DATA_GPT2_MERGES_DEFAULT ")\n"
@@ -49,6 +52,8 @@ static const char prepare_usage[] =
     "                     o200k_base (vocab 200019, EOT 199999): pattern and special tokens\n"
     "  --ranks FILE       tiktoken ranks (default .cache/tiktoken/ENCODING.tiktoken, which\n"
     "                     scripts/get_tiktoken.sh writes)\n"
+    "  --model FILE       sentencepiece: the .model file (spm_train's, Llama 2's\n"
+    "                     tokenizer.model ...); vocab = its pieces, EOT = its eos id\n"
     "  --out PREFIX       megatron: writes PREFIX.bin + PREFIX.idx; llmc: writes PREFIX.bin\n"
     "  --format FMT       megatron (default) or llmc (llm.c shard, uint16 tokens)\n"
     "  --val-every K      every K-th document (index % K == K-1) goes to PREFIX_val\n"
@@ -61,12 +66,16 @@ static const char prepare_usage[] =
     "  --help             this text\n";
 
 static const char tokenize_usage[] =
-    "usage: trident tokenize [--tokenizer byte|gpt2|tiktoken] [--vocab encoder.json --merges vocab.bpe]\n"
-    "                        [--encoding cl100k_base|o200k_base] [--ranks FILE.tiktoken] FILE|-\n"
+    "usage: trident tokenize [--tokenizer byte|gpt2|tiktoken|sentencepiece]\n"
+    "                        [--vocab encoder.json --merges vocab.bpe]\n"
+    "                        [--encoding cl100k_base|o200k_base] [--ranks FILE.tiktoken]\n"
+    "                        [--model FILE.model] [--decode] FILE|-\n"
     "\n"
     "Print the token ids of a file (or stdin for -), space-separated on one line.\n"
     "The tokenizer defaults to gpt2, its files to those scripts/get_corpus.sh installs.\n"
-    "Ill-formed UTF-8 reads as U+FFFD, as in the reference encoders.\n";
+    "Ill-formed UTF-8 reads as U+FFFD, as in the reference encoders.\n"
+    "--decode: the file holds ids (separated by white space); print their text and\n"
+    "a newline.\n";
 
 static int usage_error(const char *cmd, const char *usage, const char *fmt, const char *arg)
 {
@@ -74,6 +83,25 @@ static int usage_error(const char *cmd, const char *usage, const char *fmt, cons
     fprintf(stderr, fmt, arg);
     fprintf(stderr, "\n---> see `trident %s --help`\n\n%s", cmd, usage);
     return TRD_EXIT_INPUT;
+}
+
+#define TOKENIZERS "byte, gpt2, tiktoken or sentencepiece"
+
+/* A tokenizer name that is not known, or sentencepiece without --model
+ * (or --model without it): the usage error, and 1. */
+static int tokenizer_args_error(const char *name, const char *model, const char *cmd,
+                                const char *usage)
+{
+    const int spm = !strcmp(name, "sentencepiece");
+    if (strcmp(name, "byte") && strcmp(name, "gpt2") && strcmp(name, "tiktoken") && !spm)
+        return usage_error(cmd, usage, "unknown tokenizer '%s' (" TOKENIZERS ")", name) != 0;
+    if (spm && !model)
+        return usage_error(cmd, usage, "%s",
+                           "--tokenizer sentencepiece needs --model FILE.model") != 0;
+    if (!spm && model)
+        return usage_error(cmd, usage, "--model is for --tokenizer sentencepiece, not '%s'",
+                           name) != 0;
+    return 0;
 }
 
 /* Value of an option that takes one; NULL when it is missing. */
@@ -128,6 +156,8 @@ static int parse_prepare(int argc, char **argv, PrepareArgs *a)
             dst = &a->encoding;
         else if (strcmp(o, "--ranks") == 0)
             dst = &a->ranks;
+        else if (strcmp(o, "--model") == 0)
+            dst = &a->model;
         else if (strcmp(o, "--input-format") == 0)
             dst = &a->input_format;
         else if (strcmp(o, "--json-key") == 0)
@@ -169,11 +199,9 @@ static int parse_prepare(int argc, char **argv, PrepareArgs *a)
     if (!a->out)
         return usage_error(cmd, prepare_usage, "%s", "no --out PREFIX");
     if (!a->tokenizer)
-        return usage_error(cmd, prepare_usage, "%s", "no --tokenizer (byte, gpt2 or tiktoken)");
-    if (strcmp(a->tokenizer, "byte") && strcmp(a->tokenizer, "gpt2") &&
-        strcmp(a->tokenizer, "tiktoken"))
-        return usage_error(cmd, prepare_usage, "unknown tokenizer '%s' (byte, gpt2 or tiktoken)",
-                           a->tokenizer);
+        return usage_error(cmd, prepare_usage, "%s", "no --tokenizer (" TOKENIZERS ")");
+    if (tokenizer_args_error(a->tokenizer, a->model, cmd, prepare_usage))
+        return TRD_EXIT_INPUT;
     if (strcmp(a->input_format, "auto") && strcmp(a->input_format, "text") &&
         strcmp(a->input_format, "jsonl"))
         return usage_error(cmd, prepare_usage, "unknown --input-format '%s' (auto, text or jsonl)",
@@ -196,11 +224,43 @@ int data_prepare_main(int argc, char **argv)
     return rc < 0 ? TRD_EXIT_OK : rc;
 }
 
+/* --decode: the ids of a text (decimal, separated by white space); exits 2
+ * naming the first word that is not one. */
+static int32_t *parse_ids(const char *text, const char *file, size_t *n)
+{
+    size_t cap = 0;
+    int32_t *ids = NULL;
+    *n = 0;
+    for (const char *p = text;;) {
+        while (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r')
+            p++;
+        if (!*p)
+            return ids;
+        char *end;
+        errno = 0;
+        const long v = strtol(p, &end, 10);
+        const int word = (int)strcspn(p, " \t\r\n");
+        if (end != p + word || errno || v < INT32_MIN || v > INT32_MAX)
+            trd_fatal(TRD_EXIT_INPUT, "--decode reads token ids, e.g. `15496 995`",
+                      "%s: '%.*s' is not a token id (at byte %zu)", file, word < 40 ? word : 40, p,
+                      (size_t)(p - text));
+        if (*n == cap) {
+            cap = cap ? 2 * cap : 1024;
+            ids = realloc(ids, cap * sizeof *ids);
+            if (!ids)
+                trd_fatal(TRD_EXIT_RUNTIME, NULL, "out of memory reading %s", file);
+        }
+        ids[(*n)++] = (int32_t)v;
+        p = end;
+    }
+}
+
 int data_tokenize_main(int argc, char **argv)
 {
     const char *cmd = "tokenize", *name = "gpt2", *vocab = DATA_GPT2_ENCODER_DEFAULT,
                *merges = DATA_GPT2_MERGES_DEFAULT, *encoding = "cl100k_base", *ranks = NULL,
-               *file = NULL;
+               *model = NULL, *file = NULL;
+    int decode = 0;
     for (int i = 1; i < argc; i++) {
         const char *o = argv[i], **dst = NULL, *v;
         if (strcmp(o, "--help") == 0 || strcmp(o, "-h") == 0) {
@@ -217,7 +277,12 @@ int data_tokenize_main(int argc, char **argv)
             dst = &encoding;
         else if (strcmp(o, "--ranks") == 0)
             dst = &ranks;
-        else if (strncmp(o, "--", 2) == 0)
+        else if (strcmp(o, "--model") == 0)
+            dst = &model;
+        else if (strcmp(o, "--decode") == 0) {
+            decode = 1;
+            continue;
+        } else if (strncmp(o, "--", 2) == 0)
             return usage_error(cmd, tokenize_usage, "unknown argument '%s'", o);
         else if (file)
             return usage_error(cmd, tokenize_usage, "more than one FILE ('%s')", o);
@@ -231,18 +296,26 @@ int data_tokenize_main(int argc, char **argv)
     }
     if (!file)
         return usage_error(cmd, tokenize_usage, "%s", "no FILE (use - for stdin)");
-    if (strcmp(name, "byte") && strcmp(name, "gpt2") && strcmp(name, "tiktoken"))
-        return usage_error(cmd, tokenize_usage, "unknown tokenizer '%s' (byte, gpt2 or tiktoken)",
-                           name);
-    TokenizerSpec ts = {name, vocab, merges, encoding, ranks};
+    if (tokenizer_args_error(name, model, cmd, tokenize_usage))
+        return TRD_EXIT_INPUT;
+    TokenizerSpec ts = {name, vocab, merges, encoding, ranks, model};
     Tokenizer *tok = data_tokenizer_make(&ts);
     size_t len, n = 0, cap = 0;
     char *text = data_read_input(file, &len);
     int32_t *ids = NULL;
-    if (tokenizer_encode(tok, text, len, &ids, &n, &cap) != 0)
-        trd_fatal(TRD_EXIT_RUNTIME, NULL, "out of memory tokenizing %s", file);
-    for (size_t i = 0; i < n; i++)
-        printf(i ? " %d" : "%d", ids[i]);
+    if (decode) {
+        ids = parse_ids(text, file, &n);
+        char *out = tokenizer_decode(tok, ids, n);
+        if (!out)
+            trd_fatal(TRD_EXIT_RUNTIME, NULL, "out of memory decoding %s", file);
+        fputs(out, stdout);
+        free(out);
+    } else {
+        if (tokenizer_encode(tok, text, len, &ids, &n, &cap) != 0)
+            trd_fatal(TRD_EXIT_RUNTIME, NULL, "out of memory tokenizing %s", file);
+        for (size_t i = 0; i < n; i++)
+            printf(i ? " %d" : "%d", ids[i]);
+    }
     putchar('\n');
     free(ids);
     free(text);

@@ -33,7 +33,9 @@ Tokenizer *data_tokenizer_make(const TokenizerSpec *ts)
     if (strcmp(ts->name, "byte") == 0)
         return tokenizer_byte();
     Tokenizer *t;
-    if (strcmp(ts->name, "tiktoken") == 0) {
+    if (strcmp(ts->name, "sentencepiece") == 0) {
+        t = tokenizer_sentencepiece(ts->model, err);
+    } else if (strcmp(ts->name, "tiktoken") == 0) {
         char rel[512], rbuf[4096];
         const char *ranks = ts->ranks;
         if (!ranks) {
@@ -66,7 +68,13 @@ Tokenizer *data_tokenizer_named(const char *name, char *err)
         snprintf(rel, sizeof rel, DATA_TIKTOKEN_DIR_DEFAULT "/%s.tiktoken", name);
         return tokenizer_tiktoken(inputs_repo_file(rel, rbuf, sizeof rbuf), name, err);
     }
-    snprintf(err, CFG_ERR, "unknown tokenizer '%s' (byte, gpt2, cl100k_base or o200k_base)", name);
+    size_t n = strlen(name);
+    if (n > 6 && !strcmp(name + n - 6, ".model"))
+        return tokenizer_sentencepiece(name, err);
+    snprintf(err, CFG_ERR,
+             "unknown tokenizer '%s' (byte, gpt2, cl100k_base, o200k_base or a SentencePiece "
+             "FILE.model)",
+             name);
     return NULL;
 }
 
@@ -665,7 +673,7 @@ int data_prepare(const PrepareArgs *args)
     const int rank0 = !p.job || prep_job_rank(p.job) == 0;
     if (rank0)
         p.total_bytes = check_inputs(&a, &docs);
-    TokenizerSpec ts = {a.tokenizer, a.vocab, a.merges, a.encoding, a.ranks};
+    TokenizerSpec ts = {a.tokenizer, a.vocab, a.merges, a.encoding, a.ranks, a.model};
     if (rank0) {
         p.tok = data_tokenizer_make(&ts);
         check_format(&a, p.tok);

@@ -16,7 +16,7 @@
 /* What to prepare (docs/data.md gives each option's meaning). */
 typedef struct {
     const char *tokenizer, *vocab, *merges, *out, *format, *ext;
-    const char *encoding, *ranks, *input_format, *json_key;
+    const char *encoding, *ranks, *model, *input_format, *json_key;
     const char **inputs; /* files, directories, quoted patterns */
     int n_inputs, skip_bad, progress;
     int shards; /* one dataset per rank: PREFIX-00003-of-00004 */
@@ -32,6 +32,7 @@ int data_prepare(const PrepareArgs *a);
 /* Files and options naming a tokenizer. */
 typedef struct {
     const char *name, *vocab, *merges, *encoding, *ranks;
+    const char *model; /* sentencepiece: the .model file */
 } TokenizerSpec;
 
 struct Tokenizer;
@@ -40,8 +41,9 @@ struct Tokenizer;
 struct Tokenizer *data_tokenizer_make(const TokenizerSpec *ts);
 
 /* A tokenizer by name with its default files (found from the repository,
- * as prepare-data's defaults): byte, gpt2, cl100k_base or o200k_base.
- * NULL with the reason in err (CFG_ERR bytes). */
+ * as prepare-data's defaults): byte, gpt2, cl100k_base or o200k_base; or
+ * the path of a SentencePiece model (a name ending in .model).  NULL with
+ * the reason in err (CFG_ERR bytes). */
 struct Tokenizer *data_tokenizer_named(const char *name, char *err);
 
 /* A whole file (or stdin for "-"), decompressed, in memory (free it);

@@ -89,7 +89,7 @@ static void vocab_error(const TokenStream *ds, uint32_t v, uint64_t pos, int voc
         "%s: token %lld at stream position %llu is outside model.vocab = %d (ids 0..%d; "
         "the dataset holds %s tokens)\n---> the dataset was made with another tokenizer: "
         "set model.vocab to that tokenizer's vocabulary (gpt2 50257, cl100k_base 100277, "
-        "o200k_base 200019; at least %lld here), or prepare the data with the model's tokenizer",
+        "o200k_base 200019, SentencePiece the model's pieces; at least %lld here), or prepare the data with the model's tokenizer",
         sh->path, id, (unsigned long long)pos, vocab, vocab - 1,
         sh->token_bytes == 4 ? "int32" : "uint16", id < 0 ? 0LL : id + 1);
 }

@@ -364,7 +364,10 @@ static Round run_round(Bench *b, int threads, int steps, int warm)
     for (int s = 0; s < steps; s++)
         one_step(b);
     r.step_s = (now_s() - t0) / steps;
-    r.prof = prof;
+    for (int k = 0; k < OP_N; k++) { /* per step, as step_s */
+        r.prof.s[k] = prof.s[k] / steps;
+        r.prof.work[k] = prof.work[k] / steps;
+    }
     r.sgemm = max2(r.sgemm, train_cpu_peak_flops());
     r.copy = max2(r.copy, copy_probe());
     const double tokens = (double)b->cfg.training.micro_batch * b->cfg.model.seq_len;
@@ -395,7 +398,7 @@ static void best_of(Round *best, const Round *r)
     best->copy = max2(best->copy, r->copy);
 }
 
-static void print_breakdown(const Round *r, int n, int steps)
+static void print_breakdown(const Round *r, int n)
 {
     printf("\nper-op time of one step: each op's best over the rounds, its rate against the "
            "best probes\n(GEMMs and attention: GFLOP/s and / SGEMM; the rest: GB/s and / "
@@ -415,7 +418,7 @@ static void print_breakdown(const Round *r, int n, int steps)
             continue;
         printf("%-24s", op_name[k]);
         for (int i = 0; i < n; i++) {
-            const double s = r[i].prof.s[k] / steps, w = r[i].prof.work[k] / steps;
+            const double s = r[i].prof.s[k], w = r[i].prof.work[k];
             const double rate = w / s, peak = op_is_flops(k) ? r[i].sgemm : r[i].copy;
             acc[i] += s;
             printf(" | %8s %8.1f %5.1f %7.1f %5.2f", "", 1e3 * s, 100 * s / r[i].step_s,
@@ -527,7 +530,7 @@ int main(int argc, char **argv)
                 best[i] = r;
             best_of(&comp[i], &r);
         }
-    print_breakdown(comp, nt, steps);
+    print_breakdown(comp, nt);
     printf("\nfinal loss %.4f (finite check)\n", b.loss);
     for (int i = 0; i < nt; i++) {
         const Round *r = &best[i];

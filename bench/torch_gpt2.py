@@ -12,6 +12,8 @@ hidden, bench_cpu's count.
 """
 
 import argparse
+import ctypes
+import ctypes.util
 import math
 import time
 
@@ -66,6 +68,17 @@ class GPT2(nn.Module):
         return F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.view(-1))
 
 
+def blas_threads_setter():
+    """torch.set_num_threads does not reach the BLAS Debian's torch calls
+    (OpenBLAS, its own pthreads): without this, torch.mm at "1 thread" runs
+    on every core."""
+    try:
+        lib = ctypes.CDLL(ctypes.util.find_library("blas") or "libblas.so.3")
+        return lib.openblas_set_num_threads
+    except (OSError, AttributeError):
+        return lambda n: None
+
+
 def sgemm_probe():
     a, b = torch.rand(1024, 1024), torch.rand(1024, 1024)
     best = 1e30
@@ -108,9 +121,11 @@ def main():
 
     counts = [1, a.threads] if a.threads > 1 else [1]
     best = {}
+    set_blas_threads = blas_threads_setter()
     for r in range(a.rounds):
         for nt in counts:
             torch.set_num_threads(nt)
+            set_blas_threads(nt)
             if r == 0:
                 step()  # warm-up: allocations, thread pool
             peak = sgemm_probe()

@@ -10,9 +10,10 @@
  *
  * Rounds alternate between 1 thread and all threads (OMP_NUM_THREADS, else
  * every core); each round measures its SGEMM probe (OpenBLAS on that many
- * threads, 1024^3) and a copy probe (STREAM-like, OpenMP) right before its
- * steps.  This machine's speed drifts, so each figure is a ratio to the
- * probes of its own round, and the round with the best ratio is reported.
+ * threads, 1024^3) and a copy probe (STREAM-like, OpenMP) before and after
+ * its steps.  This machine's speed drifts, so each figure is a ratio to the
+ * probes of its own round, and the round with the best ratio is reported,
+ * with its per-op breakdown.
  *
  * The breakdown comes from a copy of the CPU backend's table whose entries
  * time the real ones (the backend itself is untouched: nothing is added to
@@ -375,33 +376,10 @@ static Round run_round(Bench *b, int threads, int steps, int warm)
     return r;
 }
 
-/* Each op's best over the rounds, against the best probes: on a machine
- * whose speed drifts within a step, an op's fastest time is the nearest to
- * what it costs alone.  The step is the sum of those (the rest included). */
-static void best_of(Round *best, const Round *r)
-{
-    if (!best->threads) {
-        *best = *r;
-        return;
-    }
-    double rest = r->step_s, best_rest = best->step_s;
-    for (int k = 0; k < OP_N; k++) {
-        rest -= r->prof.s[k];
-        best_rest -= best->prof.s[k];
-        if (r->prof.s[k] < best->prof.s[k])
-            best->prof.s[k] = r->prof.s[k];
-    }
-    best->step_s = rest < best_rest ? rest : best_rest;
-    for (int k = 0; k < OP_N; k++)
-        best->step_s += best->prof.s[k];
-    best->sgemm = max2(best->sgemm, r->sgemm);
-    best->copy = max2(best->copy, r->copy);
-}
-
 static void print_breakdown(const Round *r, int n)
 {
-    printf("\nper-op time of one step: each op's best over the rounds, its rate against the "
-           "best probes\n(GEMMs and attention: GFLOP/s and / SGEMM; the rest: GB/s and / "
+    printf("\nper-op time of one step in the best round of each thread count, its rate against "
+           "that round's probes\n(GEMMs and attention: GFLOP/s and / SGEMM; the rest: GB/s and / "
            "copy)\n");
     printf("%-24s", "op");
     for (int i = 0; i < n; i++)
@@ -517,7 +495,7 @@ int main(int argc, char **argv)
            "alternating 1 and %d threads\n\n",
            steps, rounds, threads);
     const int nt = threads > 1 ? 2 : 1, tc[2] = {1, threads};
-    Round best[2] = {{0}}, comp[2] = {{0}};
+    Round best[2] = {{0}};
     for (int k = 0; k < rounds; k++)
         for (int i = 0; i < nt; i++) {
             Round r = run_round(&b, tc[i], steps, k == 0);
@@ -528,9 +506,8 @@ int main(int argc, char **argv)
             fflush(stdout);
             if (r.ratio > best[i].ratio)
                 best[i] = r;
-            best_of(&comp[i], &r);
         }
-    print_breakdown(comp, nt);
+    print_breakdown(best, nt);
     printf("\nfinal loss %.4f (finite check)\n", b.loss);
     for (int i = 0; i < nt; i++) {
         const Round *r = &best[i];
@@ -539,20 +516,11 @@ int main(int argc, char **argv)
                r->threads, 1e3 * r->step_s, tokens / r->step_s, 1e-9 * flops / r->step_s,
                1e-9 * r->sgemm, r->ratio);
     }
-    for (int i = 0; i < nt; i++)
-        printf("%2d thread(s), best per op: step %.1f ms, model GFLOP/s %.2f, SGEMM GFLOP/s %.2f, "
-               "ratio to SGEMM %.3f\n",
-               comp[i].threads, 1e3 * comp[i].step_s, 1e-9 * flops / comp[i].step_s,
-               1e-9 * comp[i].sgemm, flops / comp[i].step_s / comp[i].sgemm);
     if (nt == 2) {
         const double sp = best[0].step_s / best[1].step_s, sg = best[1].sgemm / best[0].sgemm;
-        const double cp = comp[0].step_s / comp[1].step_s, cg = comp[1].sgemm / comp[0].sgemm;
         printf("speed-up 1 -> %d threads, best rounds: trident %.2fx, SGEMM %.2fx (trident/SGEMM "
                "%.2f)\n",
                threads, sp, sg, sp / sg);
-        printf("speed-up 1 -> %d threads, best per op: trident %.2fx, SGEMM %.2fx (trident/SGEMM "
-               "%.2f)\n",
-               threads, cp, cg, cp / cg);
     }
     optimizer_free(&b.opt);
     model_free(b.m);

@@ -14,8 +14,9 @@ threads=${OMP_NUM_THREADS:-$(nproc)}
 # Threads that wait at the end of a parallel region sleep rather than spin:
 # on a machine whose cores other work shares, a spinning thread holds the
 # core its descheduled partner needs, and every one of a step's few hundred
-# parallel regions then lasts a time slice (measured: ratio 0.44 active,
-# 0.79 passive at 2 threads, same minute).  OpenMP reads it at start only.
+# parallel regions then lasts a time slice (measured minutes apart on a
+# loaded machine: ratio 0.44 active, 0.79 passive at 2 threads; on an idle
+# one passive costs about 2%).  OpenMP reads it at process start only.
 export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive}
 echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)," \
     "load average $(cut -d' ' -f1 /proc/loadavg); OMP_WAIT_POLICY=$OMP_WAIT_POLICY"

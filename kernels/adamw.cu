@@ -17,12 +17,12 @@ __device__ inline float bf16_round_dev(float x)
 }
 
 __global__ void adamw_kernel(float *param, float *master, const float *grad, float *m, float *v,
-                             size_t n, float lr, float b1, float b2, float eps, float wd, float bc1,
-                             float bc2, int round_bf16)
+                             size_t n, float lr, float b1, float b2, float eps, float wd, float gs,
+                             float bc1, float bc2, int round_bf16)
 {
     GRID_STRIDE(i, n)
     {
-        float g = grad[i];
+        float g = grad[i] * gs; /* clipping's factor (backend.h) */
         float mi = b1 * m[i] + (1 - b1) * g;
         float vi = b2 * v[i] + (1 - b2) * g * g;
         m[i] = mi;
@@ -36,8 +36,8 @@ __global__ void adamw_kernel(float *param, float *master, const float *grad, flo
 }
 
 void cuda_adamw(float *param, float *master, const float *grad, float *m, float *v, size_t n,
-                float lr, float beta1, float beta2, float eps, float weight_decay, int t,
-                int round_bf16)
+                float lr, float beta1, float beta2, float eps, float weight_decay, float grad_scale,
+                int t, int round_bf16)
 {
     if (!n)
         return;
@@ -45,6 +45,7 @@ void cuda_adamw(float *param, float *master, const float *grad, float *m, float 
     float bc1 = (float)(1.0 - pow((double)beta1, t));
     float bc2 = (float)(1.0 - pow((double)beta2, t));
     adamw_kernel<<<cuda_blocks(n), CUDA_THREADS, 0, cuda_stream()>>>(
-        param, master, grad, m, v, n, lr, beta1, beta2, eps, weight_decay, bc1, bc2, round_bf16);
+        param, master, grad, m, v, n, lr, beta1, beta2, eps, weight_decay, grad_scale, bc1, bc2,
+        round_bf16);
     CUDA_CHECK_LAUNCH();
 }

@@ -82,7 +82,7 @@ void cuda_scale(float *x, float s, size_t n);
 
 /* adamw.cu */
 void cuda_adamw(float *param, float *master, const float *grad, float *m, float *v, size_t n,
-                float lr, float beta1, float beta2, float eps, float weight_decay, int t,
-                int round_bf16);
+                float lr, float beta1, float beta2, float eps, float weight_decay, float grad_scale,
+                int t, int round_bf16);
 
 #endif

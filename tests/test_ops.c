@@ -868,8 +868,8 @@ static void test_adamw(void)
             w[i] -= (double)lr * (mhat / (sqrt(vhat) + (double)eps) + (double)wd * w[i]);
             fg[i] = (float)g[t - 1][i];
         }
-        cpu->adamw(fp, fw, fg, fm, fv, 3, lr, b1, b2, eps, wd, t, 0);
-        cpu_adamw_f64(dp, dw, g[t - 1], dm, dv, 3, lr, b1, b2, eps, wd, t, 0);
+        cpu->adamw(fp, fw, fg, fm, fv, 3, lr, b1, b2, eps, wd, 1.0f, t, 0);
+        cpu_adamw_f64(dp, dw, g[t - 1], dm, dv, 3, lr, b1, b2, eps, wd, 1.0f, t, 0);
         for (int i = 0; i < 3; i++) {
             CHECK_CLOSE(fw[i], w[i], 1e-6, 1e-7, "adamw fp32 master");
             CHECK(fp[i] == fw[i], "adamw fp32 param = master without rounding");
@@ -884,15 +884,28 @@ static void test_adamw(void)
     CHECK_CLOSE(0.5 - 0.01 * (1 + 0.1 * 0.5), 0.48950, 1e-12, 0, "hand value");
     /* param aliasing master (fp32 training) */
     float pw[2] = {1.0f, -2.0f}, pg[2] = {0.5f, 0.25f}, pm[2] = {0}, pv[2] = {0};
-    cpu->adamw(pw, pw, pg, pm, pv, 2, 0.1f, 0.9f, 0.999f, 1e-8f, 0.0f, 1, 0);
+    cpu->adamw(pw, pw, pg, pm, pv, 2, 0.1f, 0.9f, 0.999f, 1e-8f, 0.0f, 1.0f, 1, 0);
     CHECK_CLOSE(pw[0], 0.9, 1e-6, 0, "adamw aliased 0");
     CHECK_CLOSE(pw[1], -2.1, 1e-6, 0, "adamw aliased 1");
     /* bf16 working copy: param is master rounded, master keeps fp32 bits */
     float bw[1] = {1.0f}, bp[1], bg[1] = {1.0f}, bm[1] = {0}, bv[1] = {0};
-    cpu->adamw(bp, bw, bg, bm, bv, 1, 1e-3f, 0.9f, 0.999f, 1e-8f, 0.0f, 1, 1);
+    cpu->adamw(bp, bw, bg, bm, bv, 1, 1e-3f, 0.9f, 0.999f, 1e-8f, 0.0f, 1.0f, 1, 1);
     CHECK_CLOSE(bw[0], 0.999, 1e-6, 0, "adamw bf16 master");
     CHECK(bp[0] == bf16_round(bw[0]) && bp[0] == 1.0f,
           "adamw bf16 param: %.9g (1 - 1e-3 rounds to 1 in bf16)", bp[0]);
+    /* grad_scale (clipping inside the pass) = scale() then AdamW, bit for
+     * bit, and the gradient is left unscaled */
+    float sw[3] = {0.5f, -1.0f, 2.0f}, sg[3] = {0.3f, -0.7f, 1e-3f}, sm[3] = {0.01f, 0, -0.02f},
+          sv[3] = {1e-4f, 0, 2e-4f};
+    float rw[3], rg[3], rm[3], rv[3];
+    memcpy(rw, sw, sizeof sw), memcpy(rg, sg, sizeof sg), memcpy(rm, sm, sizeof sm);
+    memcpy(rv, sv, sizeof sv);
+    cpu->scale(rg, 0.37f, 3);
+    cpu->adamw(rw, rw, rg, rm, rv, 3, 0.01f, 0.9f, 0.999f, 1e-8f, 0.1f, 1.0f, 3, 0);
+    cpu->adamw(sw, sw, sg, sm, sv, 3, 0.01f, 0.9f, 0.999f, 1e-8f, 0.1f, 0.37f, 3, 0);
+    CHECK(!memcmp(sw, rw, sizeof sw) && !memcmp(sm, rm, sizeof sm) && !memcmp(sv, rv, sizeof sv),
+          "adamw grad_scale = scale, then adamw (bits)");
+    CHECK(sg[0] == 0.3f && sg[1] == -0.7f, "adamw grad_scale leaves the gradient as it is");
 }
 
 /* ------------------------------------------------------------------ bf16 */

@@ -168,15 +168,17 @@ typedef struct {
     /* x *= s */
     void (*scale)(float *x, float s, size_t n);
 
-    /* AdamW on n elements, decoupled weight decay:
+    /* AdamW on n elements, decoupled weight decay, with g = grad * grad_scale
+     * (gradient clipping's factor, applied in this pass rather than in a
+     * pass of its own over the gradients, which are left as they are):
      *   m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2
      *   p -= lr * ( mhat / (sqrt(vhat) + eps) + wd * p )
      * with bias corrections for step t (1-based).  `master` holds fp32
      * master weights; `param` receives the updated weights (rounded to bf16
      * when round_bf16).  param may equal master (fp32 training). */
     void (*adamw)(float *param, float *master, const float *grad, float *m, float *v, size_t n,
-                  float lr, float beta1, float beta2, float eps, float weight_decay, int t,
-                  int round_bf16);
+                  float lr, float beta1, float beta2, float eps, float weight_decay,
+                  float grad_scale, int t, int round_bf16);
 } Backend;
 
 /* The CPU reference backend. */

@@ -67,7 +67,7 @@ static float *rounded(int k, const float *x, size_t n)
         cap[k] = n;
     }
     float *r = slot[k];
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(dynamic, 1 << 14) if (n >= ((size_t)1 << 18))
     for (size_t i = 0; i < n; i++)
         r[i] = bf16_round(x[i]);
     return r;
@@ -110,7 +110,7 @@ static inline int local_col(int32_t id, int vocab_start, int V)
 
 static void cpu_vocab_max(float *stats, const float *logits, int N, int V, int Vp)
 {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(dynamic, 4) if ((size_t)N * Vp >= ((size_t)1 << 18))
     for (int n = 0; n < N; n++) {
         const float *x = logits + (size_t)n * Vp;
         float m = -INFINITY;
@@ -125,7 +125,7 @@ static void cpu_vocab_sumexp(float *stats, const float *logits, const int32_t *t
 {
     const float *mx = stats;
     float *sum = stats + N, *tgt = stats + 2 * (size_t)N;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(dynamic, 4) if ((size_t)N * Vp >= ((size_t)1 << 18))
     for (int n = 0; n < N; n++) {
         const float *x = logits + (size_t)n * Vp;
         float s = 0;
@@ -148,7 +148,7 @@ static void cpu_vocab_backward(float *logits, const float *stats, const int32_t 
                                float dloss, int N, int V, int Vp, int vocab_start)
 {
     const float *mx = stats, *sum = stats + N;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(dynamic, 4) if ((size_t)N * Vp >= ((size_t)1 << 18))
     for (int n = 0; n < N; n++) {
         float *x = logits + (size_t)n * Vp;
         if (targets[n] < 0) { /* ignored row: no gradient */
@@ -168,7 +168,7 @@ static void cpu_vocab_backward(float *logits, const float *stats, const int32_t 
 
 static void cpu_add_bias(float *y, const float *bias, int rows, int C)
 {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if ((size_t)rows * C >= ((size_t)1 << 18))
     for (int r = 0; r < rows; r++) {
         float *row = y + (size_t)r * (size_t)C;
         for (int c = 0; c < C; c++)

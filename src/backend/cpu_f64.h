@@ -51,6 +51,6 @@ double cpu_sumsq_f64(const double *x, size_t n);
 void cpu_scale_f64(double *x, float s, size_t n);
 void cpu_adamw_f64(double *param, double *master, const double *grad, double *m, double *v,
                    size_t n, float lr, float beta1, float beta2, float eps, float weight_decay,
-                   int t, int round_bf16);
+                   float grad_scale, int t, int round_bf16);
 
 #endif

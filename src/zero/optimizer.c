@@ -29,6 +29,7 @@ void optimizer_init(Optimizer *o, const ParamTable *t, const Backend *be, float 
     o->begin = begin;
     o->end = end;
     o->bf16 = precision == PREC_BF16;
+    o->grad_scale = 1.0f;
     size_t n = end - begin;
     o->m = be->alloc(n * sizeof(float), "Adam first moment");
     o->v = be->alloc(n * sizeof(float), "Adam second moment");
@@ -64,9 +65,13 @@ void optimizer_step(Optimizer *o, float *params, const float *grads, float lr,
         size_t s = lo - o->begin;
         float *master = o->master ? o->master + s : params + s;
         o->be->adamw(params + s, master, grads + s, o->m + s, o->v + s, hi - lo, lr, tc->beta1,
-                     tc->beta2, tc->eps, p->decay ? tc->weight_decay : 0.0f, o->t, o->bf16);
+                     tc->beta2, tc->eps, p->decay ? tc->weight_decay : 0.0f, o->grad_scale, o->t,
+                     o->bf16);
     }
+    o->grad_scale = 1.0f;
 }
+
+void optimizer_scale_grads(Optimizer *o, float s) { o->grad_scale *= s; }
 
 size_t optimizer_bytes(const Optimizer *o)
 {

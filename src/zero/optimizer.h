@@ -22,6 +22,7 @@ typedef struct {
     float *m, *v;      /* Adam moments [end-begin] */
     int bf16;          /* params are bf16-rounded copies of master */
     int t;             /* optimizer steps taken (bias correction) */
+    float grad_scale;  /* factor of the next step's gradients (optimizer_scale_grads) */
 } Optimizer;
 
 /* Allocate state for the owned flat range [begin, end).  `params` holds
@@ -37,6 +38,12 @@ void optimizer_free(Optimizer *o);
  * hold the owned range, as in optimizer_init. */
 void optimizer_step(Optimizer *o, float *params, const float *grads, float lr,
                     const TrainingConfig *tc);
+
+/* Multiply the gradients the next optimizer_step reads by s (gradient
+ * clipping): applied inside its AdamW pass, so the gradients are not read
+ * and written once more for it; the buffer itself is left unscaled.  The
+ * factor returns to 1 after the step. */
+void optimizer_scale_grads(Optimizer *o, float s);
 
 size_t optimizer_bytes(const Optimizer *o);
 

@@ -521,13 +521,7 @@ double zero_grad_sumsq(Zero *z)
     return s;
 }
 
-void zero_scale_grads(Zero *z, float s)
-{
-    if (z->stage == 0)
-        z->be->scale(z->grads, s, z->P);
-    else
-        z->be->scale(z->gshard, s, own_n(z));
-}
+void zero_scale_grads(Zero *z, float s) { optimizer_scale_grads(&z->opt, s); }
 
 void zero_optimizer_step(Zero *z, float lr, const TrainingConfig *tc)
 {

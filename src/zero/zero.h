@@ -109,6 +109,8 @@ void zero_finish_grads(Zero *z);
  * owner only): summed over the model-parallel group it is the whole
  * model's. */
 double zero_grad_sumsq(Zero *z);
+/* Clipping: the next zero_optimizer_step reads the gradients times s
+ * (applied inside its AdamW pass: optimizer_scale_grads). */
 void zero_scale_grads(Zero *z, float s);
 /* AdamW on the owned part, then make parameters whole again where the
  * stage keeps them whole (stages 1-2 all-gather). */

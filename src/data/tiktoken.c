@@ -486,8 +486,8 @@ static int cache_add(Tiktoken *t, const unsigned char *word, size_t len, const i
  * adjacent pair of parts whose bytes form the lowest-ranked token, leftmost
  * on a tie, until no pair is a token.  part[k] is where part k starts,
  * part_rank[k] the rank of parts k and k+1 together. */
-static int encode_piece(Tiktoken *t, const unsigned char *b, size_t len, int32_t **ids, size_t *n,
-                        size_t *cap)
+static int encode_piece(Tiktoken *t, const unsigned char *b, size_t len, uint64_t h, int32_t **ids,
+                        size_t *n, size_t *cap)
 {
     uint64_t v;
     if (grow_ids(ids, cap, *n + len) != 0)
@@ -496,12 +496,11 @@ static int encode_piece(Tiktoken *t, const unsigned char *b, size_t len, int32_t
         (*ids)[(*n)++] = t->byte_rank[b[0]];
         return 0;
     }
-    uint32_t whole = rank_of(t, b, len);
-    if (whole != UINT32_MAX) {
-        (*ids)[(*n)++] = (int32_t)whole;
+    if (strmap_get_hashed(&t->ranks, h, b, len, &v)) {
+        (*ids)[(*n)++] = (int32_t)v;
         return 0;
     }
-    if (strmap_get(&t->cache, b, len, &v)) {
+    if (strmap_get_hashed(&t->cache, h, b, len, &v)) {
         size_t off = v >> 24, k = v & CACHE_MAX_WORD_IDS;
         memcpy(*ids + *n, t->cache_ids + off, k * sizeof **ids);
         *n += k;
@@ -562,11 +561,27 @@ int tiktoken_encode(Tiktoken *t, const char *text, size_t len, int32_t **ids, si
     if (!clean && !repaired)
         return -1;
     Text x = {clean ? (const unsigned char *)text : repaired, rlen};
+    /* Pieces in batches: split, hash and prefetch a batch's slots in the
+     * ranks and the cache, then encode it, so that the cache misses of
+     * the lookups overlap (docs/data.md, "Speed"). */
+    enum { BATCH = 32 };
+    size_t start[BATCH + 1];
+    uint64_t hash[BATCH];
     int rc = 0;
     for (size_t i = 0; rc == 0 && i < x.len;) {
-        size_t j = t->pattern == TIKTOKEN_O200K ? o200k_end(x, i) : cl100k_end(x, i);
-        rc = encode_piece(t, x.s + i, j - i, ids, n, cap);
-        i = j;
+        int k = 0;
+        for (; k < BATCH && i < x.len; k++) {
+            start[k] = i;
+            i = t->pattern == TIKTOKEN_O200K ? o200k_end(x, i) : cl100k_end(x, i);
+            hash[k] = strmap_hash(x.s + start[k], i - start[k]);
+            strmap_prefetch(&t->ranks, hash[k]);
+            strmap_prefetch(&t->cache, hash[k]);
+        }
+        start[k] = i;
+        for (int p = 0; p < k; p++)
+            strmap_prefetch_key(&t->ranks, hash[p]);
+        for (int p = 0; rc == 0 && p < k; p++)
+            rc = encode_piece(t, x.s + start[p], start[p + 1] - start[p], hash[p], ids, n, cap);
     }
     free(repaired);
     return rc;

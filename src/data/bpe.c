@@ -17,6 +17,10 @@ enum { CACHE_MAX_WORDS = 1 << 20, CACHE_MAX_IDS = 1 << 24, CACHE_MAX_WORD_IDS = 
 
 static UnicodeClass class_at(const unsigned char *s, size_t len, size_t i, size_t *next)
 {
+    if (s[i] < 0x80) {
+        *next = i + 1;
+        return unicode_class_ascii(s[i]);
+    }
     uint32_t cp;
     *next = i + (size_t)unicode_decode(s + i, len - i, &cp);
     return unicode_class(cp);

@@ -300,7 +300,7 @@ static unsigned cat_at(Text x, size_t i, size_t *next)
     }
     if (x.s[i] < 0x80) {
         *next = i + 1;
-        return BIT(unicode_category(x.s[i]));
+        return BIT(unicode_category_ascii(x.s[i]));
     }
     uint32_t cp;
     *next = i + (size_t)unicode_decode(x.s + i, x.len - i, &cp);

@@ -62,6 +62,7 @@ trap 'rm -rf "$tmp"' EXIT
 log=$tmp/runs
 
 echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)"
+echo "load average at the start: $(cut -d' ' -f1-3 /proc/loadavg) (other programs on these cores slow every figure)"
 echo "corpus: ${#docs[@]} Brown documents x $repeat per pass, $rounds alternating rounds"
 echo "peers: @dqbd/tiktoken $wasm_version (tiktoken's Rust in WebAssembly), js-tiktoken" \
     "$(grep -o '"version": "[^"]*"' "$js_pkg/package.json" | cut -d'"' -f4), node $(node --version)"
@@ -107,6 +108,7 @@ function mbs(key) { return (key in t) ? nbytes[key] / t[key] / 1e6 : 0 }
 / bytes, / {
     th = $4; sub(":", "", th)
     key = $1 SUBSEP $2 SUBSEP th SUBSEP $5
+    if (!(key in t) || $9 < t[key]) cpu[key] = ($NF == "s" && $(NF - 2) == "cpu") ? $(NF - 1) : 0
     best(key, $9); nbytes[key] = $5; ntok[key] = $7
     if ($1 == "trident" || $1 == "tiktoken-wasm" || $1 == "js-tiktoken") {
         ck = $2 SUBSEP $5
@@ -134,14 +136,17 @@ END {
     for (i = 1; i <= n; i++)
         for (k = 1; k <= 3; k++)
             row(impls[k], encs[i])
-    print "\nScaling, trident, corpus x " scale_repeat " per pass (MB/s; ratio = 2 threads / 1 thread):"
-    printf "%-12s %9s %9s %6s %7s   %s\n", "encoding", "1 thread", "2 threads", "ratio", "of 2.0", "machine: two 1-thread processes at once"
+    print "\nScaling, trident, corpus x " scale_repeat " per pass (MB/s; ratio = 2 threads / 1 thread; cores busy = CPU time / wall time of"
+    print "that pass, below 1.0 and 2.0 when other programs took the cores):"
+    printf "%-12s %9s %9s %6s %7s %11s   %s\n", "encoding", "1 thread", "2 threads", "ratio", "of 2.0", "cores busy", "machine: two 1-thread processes at once"
     for (i = 1; i <= 2; i++) {
         e = encs[i]; b = scale_bytes[e]
         one = mbs("trident" SUBSEP e SUBSEP 1 SUBSEP b); two = mbs("trident" SUBSEP e SUBSEP 2 SUBSEP b)
         pa = mbs("pair-a" SUBSEP e SUBSEP 1 SUBSEP b); pb = mbs("pair-b" SUBSEP e SUBSEP 1 SUBSEP b)
-        printf "%-12s %9.2f %9.2f %6.2f %7.2f   %.2f + %.2f MB/s = %.2f x one alone (%.2f of 2.0)\n",
-               e, one, two, two / one, two / one / 2, pa, pb, (pa + pb) / one, (pa + pb) / one / 2
+        k1 = "trident" SUBSEP e SUBSEP 1 SUBSEP b; k2 = "trident" SUBSEP e SUBSEP 2 SUBSEP b
+        printf "%-12s %9.2f %9.2f %6.2f %7.2f %5.2f %5.2f   %.2f + %.2f MB/s = %.2f x one alone (%.2f of 2.0)\n",
+               e, one, two, two / one, two / one / 2, cpu[k1] / t[k1], cpu[k2] / t[k2],
+               pa, pb, (pa + pb) / one, (pa + pb) / one / 2
     }
     print "\nprepare-data, corpus x " scale_repeat " (its own time: reading, UTF-8 check, encoding, writing):"
     for (i = 1; i <= 2; i++) {
@@ -151,3 +156,4 @@ END {
     if (bad) { print "\nFAIL: token counts differ:" bad; exit 1 }
     print "\ntoken counts: the same for every implementation, per encoding and text"
 }' "$log"
+echo "load average at the end: $(cut -d' ' -f1-3 /proc/loadavg)"

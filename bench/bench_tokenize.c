@@ -3,14 +3,17 @@
  * OpenAI's tiktoken and js-tiktoken on the same text).
  *
  *   bench_tokenize --tokenizer gpt2|cl100k_base|o200k_base [--repeat R]
- *                  [--threads T] [--rounds N] FILE...
+ *                  [--threads T] [--rounds N] [--warm 1] FILE...
  *
  * Each FILE is a document; the list is taken R times (default 1).  Files
  * are read before any timing.  Each round loads fresh tokenizers (one per
  * thread; loading is not timed), so the word caches start empty and
  * filling them is part of the time, as in a prepare-data run over new
  * text.  Documents are spread over the T OpenMP threads (dynamic, one at a
- * time), as prepare-data --workers does.  Before the first round, an
+ * time), as prepare-data --workers does.  With --warm 1 every tokenizer
+ * first encodes the whole list untimed, so its word cache holds every word
+ * (the cost of filling the caches, once per thread, is then left out).
+ * Before the first round, an
  * untimed warm-up encodes the first 50 documents on a throwaway tokenizer.
  * Prints one line per round:
  *
@@ -91,7 +94,7 @@ static size_t encode_all(Tokenizer **toks, int threads, const Doc *docs, long n)
 int main(int argc, char **argv)
 {
     const char *name = "gpt2";
-    int repeat = 1, threads = 1, rounds = 1, first = argc;
+    int repeat = 1, threads = 1, rounds = 1, warm_caches = 0, first = argc;
     for (int i = 1; i < argc; i++) {
         if (strncmp(argv[i], "--", 2) != 0) {
             first = i;
@@ -107,6 +110,8 @@ int main(int argc, char **argv)
             threads = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--rounds"))
             rounds = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--warm"))
+            warm_caches = atoi(argv[i + 1]);
         else
             trd_fatal(TRD_EXIT_INPUT, NULL, "unknown option %s", argv[i]);
         i++;
@@ -114,7 +119,7 @@ int main(int argc, char **argv)
     if (first >= argc || repeat < 1 || threads < 1 || rounds < 1)
         trd_fatal(TRD_EXIT_INPUT, NULL,
                   "usage: bench_tokenize --tokenizer NAME [--repeat R] [--threads T] "
-                  "[--rounds N] FILE...");
+                  "[--rounds N] [--warm 1] FILE...");
     const long n_files = argc - first, n = n_files * repeat;
     Doc *docs = trd_malloc((size_t)n * sizeof *docs, "the document list");
     size_t bytes = 0;
@@ -132,8 +137,11 @@ int main(int argc, char **argv)
 
     Tokenizer **toks = trd_malloc((size_t)threads * sizeof *toks, "the tokenizers");
     for (int r = 0; r < rounds; r++) {
-        for (int t = 0; t < threads; t++)
+        for (int t = 0; t < threads; t++) {
             toks[t] = make(name);
+            if (warm_caches)
+                encode_all(&toks[t], 1, docs, n_files);
+        }
         double t0 = clock_s(CLOCK_MONOTONIC), c0 = clock_s(CLOCK_PROCESS_CPUTIME_ID);
         size_t tokens = encode_all(toks, threads, docs, n);
         double dt = clock_s(CLOCK_MONOTONIC) - t0, cpu = clock_s(CLOCK_PROCESS_CPUTIME_ID) - c0;

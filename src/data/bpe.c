@@ -92,6 +92,19 @@ static int grow_ids(int32_t **ids, size_t *cap, size_t need)
     return 0;
 }
 
+/* The merge table's entry for the pair (x, y): 1 and *v, or 0. */
+static int pair_get(const Bpe *b, int32_t x, int32_t y, uint64_t *v)
+{
+    const uint64_t k = bpe_pair_key(x, y);
+    const size_t mask = ((size_t)1 << b->pair_bits) - 1;
+    for (size_t i = bpe_pair_slot(k, b->pair_bits); b->pairs[i].key != 0; i = (i + 1) & mask)
+        if (b->pairs[i].key == k) {
+            *v = b->pairs[i].val;
+            return 1;
+        }
+    return 0;
+}
+
 /* Merge the symbols w[0..n) in place; returns the new count.  Each round
  * merges every occurrence (left to right, non-overlapping) of the pair of
  * lowest rank; among pairs of equal rank the last one in the word is
@@ -104,7 +117,7 @@ static size_t merge_word(const Bpe *b, int32_t *w, size_t n)
         int32_t first = 0, second = 0, merged = 0;
         for (size_t i = 0; i + 1 < n; i++) {
             uint64_t v;
-            if (strmap_get(&b->pairs, w + i, 2 * sizeof(int32_t), &v) && (v >> 32) <= best) {
+            if (pair_get(b, w[i], w[i + 1], &v) && (v >> 32) <= best) {
                 best = v >> 32;
                 first = w[i];
                 second = w[i + 1];

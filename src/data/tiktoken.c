@@ -481,6 +481,126 @@ static int cache_add(Tiktoken *t, const unsigned char *word, size_t len, const i
     return 0;
 }
 
+/* The merge of a piece of len >= 2 bytes (none of it a token): the
+ * boundaries of its final parts into t->part[0..m] (part[m] = len);
+ * returns m, or 0 when out of memory.  merge_short is the reference's
+ * loop: part_rank[k] is the rank of parts k and k+1 together; each step
+ * scans for the lowest (leftmost on a tie) and merges it, O(n^2) for n
+ * bytes.  merge_long makes the same choices from a heap, O(n log n), for
+ * the long pieces (runs of spaces or punctuation) where that matters. */
+enum { MERGE_HEAP_MIN = 256 };
+
+static size_t merge_short(Tiktoken *t, const unsigned char *b, size_t len)
+{
+    size_t *part = t->part, m = len; /* m parts; part[m] = len */
+    uint32_t *rank = t->part_rank;
+    for (size_t k = 0; k <= len; k++)
+        part[k] = k;
+    for (size_t k = 0; k + 1 < m; k++)
+        rank[k] = rank_of(t, b + k, 2);
+    while (m > 1) {
+        size_t best = 0;
+        uint32_t r = UINT32_MAX;
+        for (size_t k = 0; k + 1 < m; k++)
+            if (rank[k] < r) {
+                r = rank[k];
+                best = k;
+            }
+        if (r == UINT32_MAX)
+            break;
+        /* Parts best and best+1 become one: drop boundary best+1. */
+        memmove(part + best + 1, part + best + 2, (m - best - 1) * sizeof *part);
+        memmove(rank + best + 1, rank + best + 2, (m > best + 3 ? m - best - 3 : 0) * sizeof *rank);
+        m--;
+        if (best + 1 < m)
+            rank[best] = rank_of(t, b + part[best], part[best + 2] - part[best]);
+        if (best > 0)
+            rank[best - 1] = rank_of(t, b + part[best - 1], part[best + 1] - part[best - 1]);
+    }
+    return m;
+}
+
+/* A pair of adjacent parts [s, mid) [mid, e) and the rank of [s, e). */
+typedef struct {
+    uint32_t rank;
+    size_t s, e;
+} PairAt;
+
+static int pair_before(PairAt a, PairAt b)
+{
+    return a.rank < b.rank || (a.rank == b.rank && a.s < b.s);
+}
+
+static void heap_push(PairAt *h, size_t *n, PairAt x)
+{
+    size_t i = (*n)++;
+    for (; i > 0 && pair_before(x, h[(i - 1) / 2]); i = (i - 1) / 2)
+        h[i] = h[(i - 1) / 2];
+    h[i] = x;
+}
+
+static PairAt heap_pop(PairAt *h, size_t *n)
+{
+    PairAt top = h[0], x = h[--*n];
+    size_t i = 0;
+    for (size_t c; (c = 2 * i + 1) < *n; i = c) {
+        if (c + 1 < *n && pair_before(h[c + 1], h[c]))
+            c++;
+        if (!pair_before(h[c], x))
+            break;
+        h[i] = h[c];
+    }
+    h[i] = x;
+    return top;
+}
+
+/* Parts are a list over their start bytes: nxt[s] is where the part that
+ * starts at s ends (0 once it was merged into the part before it), prv[s]
+ * where the one before starts.  A heap entry is stale once its left part
+ * is gone or its right part no longer ends at e; every current pair that
+ * is a token has one live entry, so the lowest live entry is the pair the
+ * scan of merge_short would choose. */
+static size_t merge_long(Tiktoken *t, const unsigned char *b, size_t len)
+{
+    size_t *nxt = malloc(2 * len * sizeof *nxt), *prv = nxt ? nxt + len : NULL, hn = 0;
+    PairAt *heap = malloc(3 * len * sizeof *heap); /* len - 1 pairs, then 2 per merge */
+    if (!nxt || !heap) {
+        free(nxt);
+        free(heap);
+        return 0;
+    }
+    for (size_t i = 0; i < len; i++) {
+        nxt[i] = i + 1;
+        prv[i] = i ? i - 1 : SIZE_MAX;
+    }
+    uint32_t r;
+    for (size_t i = 0; i + 1 < len; i++)
+        if ((r = rank_of(t, b + i, 2)) != UINT32_MAX)
+            heap_push(heap, &hn, (PairAt){r, i, i + 2});
+    while (hn) {
+        const PairAt p = heap_pop(heap, &hn);
+        const size_t s = p.s, mid = nxt[s], e = p.e;
+        if (mid == 0 || mid >= len || nxt[mid] != e)
+            continue; /* stale */
+        nxt[s] = e;
+        nxt[mid] = 0;
+        if (e < len) {
+            prv[e] = s;
+            if ((r = rank_of(t, b + s, nxt[e] - s)) != UINT32_MAX)
+                heap_push(heap, &hn, (PairAt){r, s, nxt[e]});
+        }
+        if (prv[s] != SIZE_MAX && (r = rank_of(t, b + prv[s], e - prv[s])) != UINT32_MAX)
+            heap_push(heap, &hn, (PairAt){r, prv[s], e});
+    }
+    size_t m = 0;
+    for (size_t i = 0; i < len; i = nxt[i])
+        t->part[m++] = i;
+    t->part[m] = len;
+    free(nxt);
+    free(heap);
+    return m;
+}
+
 /* Ids of one piece appended to *ids.  A piece that is a token is that
  * token (the reference checks this first); else its bytes are merged: the
  * adjacent pair of parts whose bytes form the lowest-ranked token, leftmost
@@ -520,31 +640,10 @@ static int encode_piece(Tiktoken *t, const unsigned char *b, size_t len, uint64_
             return -1;
         t->part_cap = c;
     }
-    size_t *part = t->part, m = len; /* m parts; part[m] = len */
-    uint32_t *rank = t->part_rank;
-    for (size_t k = 0; k <= len; k++)
-        part[k] = k;
-    for (size_t k = 0; k + 1 < m; k++)
-        rank[k] = rank_of(t, b + k, 2);
-    while (m > 1) {
-        size_t best = 0;
-        uint32_t r = UINT32_MAX;
-        for (size_t k = 0; k + 1 < m; k++)
-            if (rank[k] < r) {
-                r = rank[k];
-                best = k;
-            }
-        if (r == UINT32_MAX)
-            break;
-        /* Parts best and best+1 become one: drop boundary best+1. */
-        memmove(part + best + 1, part + best + 2, (m - best - 1) * sizeof *part);
-        memmove(rank + best + 1, rank + best + 2, (m > best + 3 ? m - best - 3 : 0) * sizeof *rank);
-        m--;
-        if (best + 1 < m)
-            rank[best] = rank_of(t, b + part[best], part[best + 2] - part[best]);
-        if (best > 0)
-            rank[best - 1] = rank_of(t, b + part[best - 1], part[best + 1] - part[best - 1]);
-    }
+    size_t m = len >= MERGE_HEAP_MIN ? merge_long(t, b, len) : merge_short(t, b, len);
+    if (m == 0)
+        return -1;
+    const size_t *part = t->part;
     int32_t *out = *ids + *n;
     for (size_t k = 0; k < m; k++)
         out[k] = (int32_t)rank_of(t, b + part[k], part[k + 1] - part[k]);

@@ -11,12 +11,32 @@
 #include "config/config.h"
 #include "data/strmap.h"
 
+/* A slot of the merge table: the pair of ids (a, b) as one integer,
+ * (a << 32 | b) + 1 (0: an empty slot), and rank << 32 | merged id.  The
+ * merge loop looks pairs up many times per new word: an integer key needs
+ * no bytes hashed or compared, and a slot is one read. */
+typedef struct {
+    uint64_t key, val;
+} BpePair;
+
+static inline uint64_t bpe_pair_key(int32_t a, int32_t b)
+{
+    return ((uint64_t)(uint32_t)a << 32 | (uint32_t)b) + 1;
+}
+
+/* The slot a key's probe starts at, in a table of 1 << bits slots. */
+static inline size_t bpe_pair_slot(uint64_t key, int bits)
+{
+    return (size_t)((key * 0x9e3779b97f4a7c15ull) >> (64 - bits));
+}
+
 typedef struct {
     int vocab, eot;
     int32_t byte_id[256];     /* token of each single byte */
     unsigned char *tok_bytes; /* raw bytes of token i: [tok_off[i], tok_off[i+1]) */
     size_t *tok_off;          /* vocab + 1 entries */
-    StrMap pairs;             /* (int32 a, int32 b) -> rank << 32 | merged id */
+    BpePair *pairs;           /* merge table, open addressing: (a, b) -> rank << 32 | merged id */
+    int pair_bits;            /* 1 << pair_bits slots, at least twice the pairs */
     StrMap cache;             /* word bytes -> offset << 24 | count in cache_ids */
     int32_t *cache_ids;
     size_t cache_n, cache_cap;

@@ -309,14 +309,31 @@ static int parse_merges(const char *path, char *text, size_t len, Merges *m, cha
  * that merge's rank.  Every split of a merge's key at a comma into two
  * vocabulary tokens whose concatenation is a token therefore gets an
  * entry; later merges win over earlier ones with the same key, as there. */
+static void pair_put(Bpe *b, int32_t x, int32_t y, uint64_t val)
+{
+    const uint64_t k = bpe_pair_key(x, y);
+    const size_t mask = ((size_t)1 << b->pair_bits) - 1;
+    size_t i = bpe_pair_slot(k, b->pair_bits);
+    while (b->pairs[i].key != 0 && b->pairs[i].key != k)
+        i = (i + 1) & mask;
+    b->pairs[i] = (BpePair){k, val};
+}
+
 static int build_pairs(Bpe *b, const Merges *m, const StrMap *enc, const char *path,
                        char err[CFG_ERR])
 {
+    /* At most one pair per comma of the merges' keys: the table gets
+     * twice that many slots, so it is never more than half full. */
+    size_t commas = 0;
+    for (size_t i = 0; i < m->off[m->n]; i++)
+        commas += m->keys[i] == ',';
+    b->pair_bits = 4;
+    while (((size_t)1 << b->pair_bits) < 2 * commas)
+        b->pair_bits++;
+    b->pairs = calloc((size_t)1 << b->pair_bits, sizeof *b->pairs);
     StrMap rank;
-    if (strmap_init(&rank, m->n) != 0 || strmap_init(&b->pairs, 2 * m->n) != 0) {
-        strmap_free(&rank);
+    if (!b->pairs || strmap_init(&rank, m->n) != 0)
         return trd_errorf(err, "%s: out of memory for the merges", path);
-    }
     int rc = 0;
     for (size_t r = 0; rc == 0 && r < m->n; r++)
         if (strmap_put(&rank, m->keys + m->off[r], m->off[r + 1] - m->off[r], r) != 0)
@@ -340,9 +357,7 @@ static int build_pairs(Bpe *b, const Merges *m, const StrMap *enc, const char *p
                                 r + 2);
             if (!ok)
                 continue;
-            int32_t key[2] = {(int32_t)p, (int32_t)q};
-            if (strmap_put(&b->pairs, key, sizeof key, final_rank << 32 | pq) != 0)
-                rc = trd_errorf(err, "%s: out of memory for the merges", path);
+            pair_put(b, (int32_t)p, (int32_t)q, final_rank << 32 | pq);
         }
     }
     strmap_free(&rank);
@@ -388,7 +403,7 @@ void bpe_free(Bpe *b)
 {
     free(b->tok_bytes);
     free(b->tok_off);
-    strmap_free(&b->pairs);
+    free(b->pairs);
     strmap_free(&b->cache);
     free(b->cache_ids);
     free(b->work);

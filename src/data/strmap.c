@@ -5,8 +5,9 @@
 
 /* FNV-1a with a final mix: keys are short (words, token pairs), and the
  * mix spreads FNV's weak low bits over the slot index. */
-static uint64_t hash_bytes(const unsigned char *p, size_t n)
+uint64_t strmap_hash(const void *key, size_t n)
 {
+    const unsigned char *p = key;
     uint64_t h = 0xcbf29ce484222325ull;
     for (size_t i = 0; i < n; i++) {
         h ^= p[i];
@@ -77,7 +78,11 @@ static size_t find_slot(const StrMap *m, uint64_t h, const void *key, size_t len
 
 int strmap_get(const StrMap *m, const void *key, size_t len, uint64_t *val)
 {
-    uint64_t h = hash_bytes(key, len);
+    return strmap_get_hashed(m, strmap_hash(key, len), key, len, val);
+}
+
+int strmap_get_hashed(const StrMap *m, uint64_t h, const void *key, size_t len, uint64_t *val)
+{
     size_t i = find_slot(m, h, key, len);
     if (m->hash[i] == 0)
         return 0;
@@ -116,7 +121,7 @@ int strmap_put(StrMap *m, const void *key, size_t len, uint64_t val)
 {
     if (len > UINT32_MAX)
         return -1;
-    uint64_t h = hash_bytes(key, len);
+    uint64_t h = strmap_hash(key, len);
     size_t i = find_slot(m, h, key, len);
     if (m->hash[i] != 0) {
         m->val[i] = val;

@@ -68,15 +68,8 @@ static int in_ranges(const uint32_t (*r)[2], int n, uint32_t cp)
 
 UnicodeClass unicode_class(uint32_t cp)
 {
-    if (cp < 0x80) {
-        if ((cp | 0x20) >= 'a' && (cp | 0x20) <= 'z')
-            return UCLASS_LETTER;
-        if (cp >= '0' && cp <= '9')
-            return UCLASS_NUMBER;
-        if (cp == ' ' || (cp >= 0x09 && cp <= 0x0D))
-            return UCLASS_SPACE;
-        return UCLASS_OTHER;
-    }
+    if (cp < 0x80)
+        return unicode_class_ascii(cp);
     /* JavaScript's \s beyond ASCII: no-break space, Ogham space mark, the
      * U+2000 spaces, line/paragraph separators, narrow no-break space,
      * medium mathematical space, ideographic space and the BOM. */
@@ -92,17 +85,8 @@ UnicodeClass unicode_class(uint32_t cp)
 
 UnicodeCategory unicode_category(uint32_t cp)
 {
-    if (cp < 0x80) {
-        if (cp >= 'a' && cp <= 'z')
-            return UCAT_LL;
-        if (cp >= 'A' && cp <= 'Z')
-            return UCAT_LU;
-        if (cp >= '0' && cp <= '9')
-            return UCAT_N;
-        if (cp == ' ' || (cp >= 0x09 && cp <= 0x0D))
-            return UCAT_SPACE;
-        return UCAT_OTHER;
-    }
+    if (cp < 0x80)
+        return unicode_category_ascii(cp);
     if (unicode_class(cp) == UCLASS_SPACE)
         return UCAT_SPACE;
     int a = 0, b = unicode_category_ranges_count - 1;
@@ -127,7 +111,12 @@ static int is_replacement(const unsigned char *s, int k, uint32_t cp)
 size_t unicode_invalid_at(const unsigned char *s, size_t len)
 {
     for (size_t i = 0; i < len;) {
-        if (s[i] < 0x80) { /* ASCII runs: the common case, byte by byte */
+        uint64_t w;
+        if (i + 8 <= len && (memcpy(&w, s + i, 8), (w & 0x8080808080808080ull) == 0)) {
+            i += 8; /* ASCII runs, the common case: eight bytes at a time */
+            continue;
+        }
+        if (s[i] < 0x80) {
             i++;
             continue;
         }

@@ -17,6 +17,17 @@ int unicode_decode(const unsigned char *s, size_t len, uint32_t *cp);
 
 /* Class of a code point for the GPT-2 pattern. */
 UnicodeClass unicode_class(uint32_t cp);
+/* The same for ASCII (cp < 0x80), inline: the pre-tokenizers' common case. */
+static inline UnicodeClass unicode_class_ascii(uint32_t cp)
+{
+    if ((cp | 0x20) >= 'a' && (cp | 0x20) <= 'z')
+        return UCLASS_LETTER;
+    if (cp >= '0' && cp <= '9')
+        return UCLASS_NUMBER;
+    if (cp == ' ' || (cp >= 0x09 && cp <= 0x0D))
+        return UCLASS_SPACE;
+    return UCLASS_OTHER;
+}
 
 /* Generated tables (unicode_classes.c): sorted, disjoint, inclusive
  * ranges of non-ASCII letters and numbers. */
@@ -40,6 +51,19 @@ typedef enum {
     UCAT_N
 } UnicodeCategory;
 UnicodeCategory unicode_category(uint32_t cp);
+/* The same for ASCII (cp < 0x80), inline. */
+static inline UnicodeCategory unicode_category_ascii(uint32_t cp)
+{
+    if (cp >= 'a' && cp <= 'z')
+        return UCAT_LL;
+    if (cp >= 'A' && cp <= 'Z')
+        return UCAT_LU;
+    if (cp >= '0' && cp <= '9')
+        return UCAT_N;
+    if (cp == ' ' || (cp >= 0x09 && cp <= 0x0D))
+        return UCAT_SPACE;
+    return UCAT_OTHER;
+}
 
 typedef struct {
     uint32_t first, last;

@@ -741,6 +741,27 @@ static int load_list(Loader *L, const KeyDesc *k, const char *full, yaml_node_t 
     return store_list(L->cfg, k, v, n);
 }
 
+/* Append sep, a and (when not empty) " " b to buf[*used..]: 0, or -1 when
+ * it does not fit. */
+static int join(char *buf, size_t cap, size_t *used, const char *sep, const char *a, const char *b)
+{
+    int w = snprintf(buf + *used, cap - *used, "%s%s%s%s", sep, a, *b ? " " : "", b);
+    if (w < 0 || (size_t)w >= cap - *used)
+        return -1;
+    *used += (size_t)w;
+    return 0;
+}
+
+/* A list's joined text as the value of key k (its checks apply). */
+static int set_joined(Loader *L, const KeyDesc *k, const char *full, yaml_node_t *val,
+                      const char *joined)
+{
+    Why why;
+    if (set_scalar(L->cfg, k, joined, &why))
+        return load_error(L, val->start_mark, "key '%s': %s", full, why.text);
+    return 0;
+}
+
 /* A list of names ([seed, data]) stored as the string "seed,data". */
 static int load_names(Loader *L, const KeyDesc *k, const char *full, yaml_node_t *val)
 {
@@ -752,16 +773,10 @@ static int load_names(Loader *L, const KeyDesc *k, const char *full, yaml_node_t
         if (item->type != YAML_SCALAR_NODE)
             return load_error(L, item->start_mark, "key '%s': list item is %s (expected a name)",
                               full, node_kind(item));
-        int w = snprintf(joined + used, sizeof joined - used, "%s%s", used ? "," : "",
-                         scalar_text(item));
-        if (w < 0 || (size_t)w >= sizeof joined - used)
+        if (join(joined, sizeof joined, &used, used ? "," : "", scalar_text(item), ""))
             return load_error(L, item->start_mark, "key '%s': list is too long", full);
-        used += (size_t)w;
     }
-    Why why;
-    if (set_scalar(L->cfg, k, joined, &why))
-        return load_error(L, val->start_mark, "key '%s': %s", full, why.text);
-    return 0;
+    return set_joined(L, k, full, val, joined);
 }
 
 /* A blend as a list of {path: P, weight: W} mappings, stored in
@@ -798,16 +813,10 @@ static int load_blend(Loader *L, const KeyDesc *k, const char *full, yaml_node_t
             return load_error(L, item->start_mark,
                               "key '%s': list item %d needs a path (without spaces) and a weight",
                               full, n + 1);
-        int w =
-            snprintf(joined + used, sizeof joined - used, "%s%s %s", used ? " " : "", weight, path);
-        if (w < 0 || (size_t)w >= sizeof joined - used)
+        if (join(joined, sizeof joined, &used, used ? " " : "", weight, path))
             return load_error(L, item->start_mark, "key '%s': list is too long", full);
-        used += (size_t)w;
     }
-    Why why;
-    if (set_scalar(L->cfg, k, joined, &why))
-        return load_error(L, val->start_mark, "key '%s': %s", full, why.text);
-    return 0;
+    return set_joined(L, k, full, val, joined);
 }
 
 /* One `key: value` pair of a section (or the top level, section ""). */

@@ -52,20 +52,30 @@ static int32_t get_i32(const unsigned char *p)
     return v;
 }
 
+/* Open a dataset file for reading: its descriptor and stat, or -1 with err
+ * (missing, with the hint to make it; not a regular file). */
+static int open_regular(const char *path, struct stat *st, char err[CFG_ERR])
+{
+    int fd = open(path, O_RDONLY);
+    if (fd < 0)
+        return trd_errorf(err, "cannot open dataset file %s: %s\n%s", path, strerror(errno),
+                          MISSING_HINT);
+    if (fstat(fd, st) != 0 || !S_ISREG(st->st_mode)) {
+        close(fd);
+        return trd_errorf(err, "dataset file %s is not a regular file", path);
+    }
+    return fd;
+}
+
 /* Map a whole file read-only.  An empty file gives map NULL, bytes 0. */
 static int map_file(const char *path, void **map, size_t *bytes, char err[CFG_ERR])
 {
     *map = NULL;
     *bytes = 0;
-    int fd = open(path, O_RDONLY);
-    if (fd < 0)
-        return trd_errorf(err, "cannot open dataset file %s: %s\n%s", path, strerror(errno),
-                          MISSING_HINT);
     struct stat st;
-    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-        close(fd);
-        return trd_errorf(err, "dataset file %s is not a regular file", path);
-    }
+    int fd = open_regular(path, &st, err);
+    if (fd < 0)
+        return -1;
     if (st.st_size > 0) {
         void *m = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_SHARED, fd, 0);
         if (m == MAP_FAILED) {
@@ -267,15 +277,10 @@ static int open_llmc(TokenDataset *ds, const char *path, char err[CFG_ERR])
 /* Read the first n bytes of path into buf and its size into *size. */
 static int read_head(const char *path, void *buf, size_t n, uint64_t *size, char err[CFG_ERR])
 {
-    int fd = open(path, O_RDONLY);
-    if (fd < 0)
-        return trd_errorf(err, "cannot open dataset file %s: %s\n%s", path, strerror(errno),
-                          MISSING_HINT);
     struct stat st;
-    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-        close(fd);
-        return trd_errorf(err, "dataset file %s is not a regular file", path);
-    }
+    int fd = open_regular(path, &st, err);
+    if (fd < 0)
+        return -1;
     *size = (uint64_t)st.st_size;
     memset(buf, 0, n);
     ssize_t got = pread(fd, buf, n, 0);

@@ -116,6 +116,19 @@ static int megatron_prefix(const char *path, char prefix[CFG_STR], char err[CFG_
     return 0;
 }
 
+/* ds->path = the prefix of path, and its .idx and .bin file names. */
+static int megatron_paths(TokenDataset *ds, const char *path, char idx_path[CFG_STR + 8],
+                          char bin_path[CFG_STR + 8], char err[CFG_ERR])
+{
+    char prefix[CFG_STR];
+    if (megatron_prefix(path, prefix, err) != 0)
+        return -1;
+    snprintf(idx_path, CFG_STR + 8, "%s.idx", prefix);
+    snprintf(bin_path, CFG_STR + 8, "%s.bin", prefix);
+    snprintf(ds->path, sizeof ds->path, "%s", prefix);
+    return 0;
+}
+
 /* Check the header and sizes of a mapped .idx; fill the dtype and counts. */
 static int megatron_check_idx(const char *idx_path, const unsigned char *p, size_t bytes,
                               int *token_bytes, uint64_t *n_seq, uint64_t *n_doc, char err[CFG_ERR])
@@ -201,12 +214,9 @@ static int megatron_check_tables(const char *idx_path, const unsigned char *p, u
 
 static int open_megatron(TokenDataset *ds, const char *path, int check_tables, char err[CFG_ERR])
 {
-    char prefix[CFG_STR], idx_path[CFG_STR + 8], bin_path[CFG_STR + 8];
-    if (megatron_prefix(path, prefix, err) != 0)
+    char idx_path[CFG_STR + 8], bin_path[CFG_STR + 8];
+    if (megatron_paths(ds, path, idx_path, bin_path, err) != 0)
         return -1;
-    snprintf(idx_path, sizeof idx_path, "%s.idx", prefix);
-    snprintf(bin_path, sizeof bin_path, "%s.bin", prefix);
-    snprintf(ds->path, sizeof ds->path, "%s", prefix);
 
     if (map_file(idx_path, &ds->idx_map, &ds->idx_bytes, err) != 0)
         return -1;
@@ -319,12 +329,9 @@ int dataset_probe(TokenDataset *ds, const char *path, DataFormat fmt, char err[C
         ds->n_docs = 1;
         return 0;
     }
-    char prefix[CFG_STR], idx_path[CFG_STR + 8], bin_path[CFG_STR + 8];
-    if (megatron_prefix(path, prefix, err) != 0)
+    char idx_path[CFG_STR + 8], bin_path[CFG_STR + 8];
+    if (megatron_paths(ds, path, idx_path, bin_path, err) != 0)
         return -1;
-    snprintf(idx_path, sizeof idx_path, "%s.idx", prefix);
-    snprintf(bin_path, sizeof bin_path, "%s.bin", prefix);
-    snprintf(ds->path, sizeof ds->path, "%s", prefix);
     unsigned char h[IDX_HEADER_BYTES];
     uint64_t n_seq = 0, n_doc = 0, bin_size = 0;
     if (read_head(idx_path, h, sizeof h, &size, err) != 0 ||

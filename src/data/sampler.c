@@ -96,8 +96,8 @@ static void vocab_error(const TokenStream *ds, uint32_t v, uint64_t pos, int voc
 
 int sampler_check_vocab(TokenStream *ds, int vocab, uint64_t max_tokens, char err[CFG_ERR])
 {
-    enum { CHUNK = 1 << 16 };
-    static uint32_t buf[CHUNK]; /* start-up only, one thread */
+    enum { CHUNK = 1 << 14 };
+    uint32_t buf[CHUNK];
     uint64_t n = ds->n_tokens < max_tokens ? ds->n_tokens : max_tokens;
     for (uint64_t at = 0; at < n; at += CHUNK) {
         size_t m = n - at < CHUNK ? (size_t)(n - at) : CHUNK;

@@ -1,16 +1,17 @@
-/* bench_decode — generation speed of the CPU backend (trident generate's
- * Decoder, one sequence) against the memory-bandwidth limit measured in the
- * same run.
+/* bench_decode — generation speed of trident generate's Decoder (one
+ * sequence) on the CPU backend, or with --backend cuda on the GPU, against
+ * the memory-bandwidth limit measured in the same run.
  *
  * Decoding one token at batch 1 is memory-bound: every weight is read once
  * (matrix-vector products), plus the key/value cache up to the position.
  * The limit is bandwidth / bytes per token, the bandwidth the faster of a
  * STREAM-like copy (bytes read + written per second) and a read (a sum) of
- * a 1 GiB buffer on all threads, measured between the decode rounds.  Rounds alternate, and the best of each is
- * reported (the machine's speed drifts).
+ * a 1 GiB buffer on all threads, measured between the decode rounds (on
+ * the GPU: a device-to-device copy of 1 GiB, read + written).  Rounds
+ * alternate, and the best of each is reported (the machine's speed drifts).
  *
  *   bench_decode [--layers L --hidden C --heads H --vocab V --seq T
- *                 --tokens N --rounds R --arch gpt2|llama]
+ *                 --tokens N --rounds R --arch gpt2|llama --backend cpu|cuda]
  * Default: GPT-2 124M, a 1-token prompt, 128 new tokens, 3 rounds. */
 #include <stdio.h>
 #include <stdlib.h>
@@ -20,6 +21,9 @@
 #include <omp.h>
 
 #include "backend/backend.h"
+#ifdef TRD_HAVE_CUDA
+#include "backend/cuda.h"
+#endif
 #include "config/config.h"
 #include "core/error.h"
 #include "model/model.h"
@@ -68,6 +72,32 @@ static void bandwidth(size_t n, double *copy_bw, double *read_bw)
     *read_bw = (double)n / best_read;
 }
 
+/* The GPU's copy bandwidth (bytes read + written per second), best of 3
+ * device-to-device copies of n bytes. */
+static double device_bandwidth(const Backend *be, size_t n)
+{
+#ifdef TRD_HAVE_CUDA
+    void *a = be->alloc(n, "bandwidth probe"), *b = be->alloc(n, "bandwidth probe");
+    double best = 1e30;
+    be->copy(b, a, n); /* warm-up */
+    backend_cuda_synchronize();
+    for (int r = 0; r < 3; r++) {
+        const double t0 = now_s();
+        be->copy(b, a, n);
+        backend_cuda_synchronize();
+        const double dt = now_s() - t0;
+        best = dt < best ? dt : best;
+    }
+    be->release(a);
+    be->release(b);
+    return 2.0 * (double)n / best;
+#else
+    (void)be;
+    (void)n;
+    return 0;
+#endif
+}
+
 int main(int argc, char **argv)
 {
     Config cfg;
@@ -80,7 +110,7 @@ int main(int argc, char **argv)
     cfg.model.seq_len = 1024;
     cfg.training.micro_batch = cfg.training.global_batch = cfg.training.steps = 1;
     snprintf(cfg.data.path, sizeof cfg.data.path, "unused");
-    int tokens = 128, rounds = 3;
+    int tokens = 128, rounds = 3, cuda = 0;
     for (int i = 1; i + 1 < argc; i += 2) {
         const int v = atoi(argv[i + 1]);
         if (!strcmp(argv[i], "--layers"))
@@ -97,6 +127,8 @@ int main(int argc, char **argv)
             tokens = v;
         else if (!strcmp(argv[i], "--rounds"))
             rounds = v;
+        else if (!strcmp(argv[i], "--backend"))
+            cuda = !strcmp(argv[i + 1], "cuda");
         else if (!strcmp(argv[i], "--arch"))
             cfg.model.arch = !strcmp(argv[i + 1], "llama") ? ARCH_LLAMA : ARCH_GPT2;
         else
@@ -109,6 +141,16 @@ int main(int argc, char **argv)
         trd_fatal(TRD_EXIT_INPUT, NULL, "--tokens %d needs --seq > %d", tokens, tokens);
 
     const Backend *be = backend_cpu();
+    if (cuda) {
+#ifdef TRD_HAVE_CUDA
+        if (backend_cuda_devices() < 1)
+            trd_fatal(TRD_EXIT_RUNTIME, NULL, "--backend cuda: no CUDA device is visible");
+        backend_cuda_set_device(0);
+        be = backend_cuda();
+#else
+        trd_fatal(TRD_EXIT_INPUT, "build with -Dcuda=enabled", "--backend cuda: built without CUDA");
+#endif
+    }
     ParamShard sh = params_full_shard(&cfg.model);
     Model *m = model_create(&cfg, be, &sh, 1);
     Decoder *dc = decoder_create(m, tokens + 1);
@@ -147,7 +189,10 @@ int main(int argc, char **argv)
         }
         const double tps = tokens / (now_s() - t0);
         double copy_bw, read_bw;
-        bandwidth((size_t)1 << 30, &copy_bw, &read_bw);
+        if (cuda)
+            copy_bw = read_bw = device_bandwidth(be, (size_t)1 << 30);
+        else
+            bandwidth((size_t)1 << 30, &copy_bw, &read_bw);
         best_tps = tps > best_tps ? tps : best_tps;
         best_copy = copy_bw > best_copy ? copy_bw : best_copy;
         best_read = read_bw > best_read ? read_bw : best_read;
@@ -162,13 +207,19 @@ int main(int argc, char **argv)
            cfg.model.vocab, 1e-6 * (double)params_count_real(&cfg.model), tokens);
     printf("bytes read per token     %.1f MB (weights %.1f, key/value cache %.1f on average)\n",
            1e-6 * per_token, 1e-6 * weights, 1e-6 * cache);
-    printf("memory bandwidth         %.2f GB/s (1 GiB on %d threads: copy %.2f read + write, "
-           "read %.2f; the faster, best of the run)\n",
-           1e-9 * best_bw, omp_get_max_threads(), 1e-9 * best_copy, 1e-9 * best_read);
+    if (cuda)
+        printf("memory bandwidth         %.2f GB/s (GPU: a 1 GiB device-to-device copy, read + "
+               "write, best of the run) | %s backend\n",
+               1e-9 * best_bw, be->name);
+    else
+        printf("memory bandwidth         %.2f GB/s (1 GiB on %d threads: copy %.2f read + write, "
+               "read %.2f; the faster, best of the run)\n",
+               1e-9 * best_bw, omp_get_max_threads(), 1e-9 * best_copy, 1e-9 * best_read);
     printf("decode tokens/s          %.1f (best round)\n", best_tps);
     printf("bandwidth limit          %.1f tokens/s\n", limit);
-    printf("ratio to the limit       %.3f   (goal >= 0.7, where llama.cpp's CPU decoding runs)\n",
-           best_tps / limit);
+    printf("ratio to the limit       %.3f   (%s)\n", best_tps / limit,
+           cuda ? "no goal is set for the GPU"
+                : "goal >= 0.7, where llama.cpp's CPU decoding runs");
     free(ids);
     decoder_free(dc);
     model_free(m);

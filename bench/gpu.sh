@@ -40,7 +40,7 @@ if [ ! -x "$trident" ]; then
     [ "$trident" = build-cuda/trident ] || { echo "bench/gpu.sh: no $trident" >&2; exit 2; }
     BUILD_DIR=build-cuda scripts/build.sh -Dcuda=enabled >/dev/null
 fi
-TRIDENT=$trident scripts/get_corpus.sh >/dev/null
+[ -f data/brown/gpt2.idx ] || TRIDENT=$trident scripts/get_corpus.sh >/dev/null
 out=.cache/bench-gpu
 mkdir -p "$out"
 

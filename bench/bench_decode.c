@@ -148,7 +148,8 @@ int main(int argc, char **argv)
         backend_cuda_set_device(0);
         be = backend_cuda();
 #else
-        trd_fatal(TRD_EXIT_INPUT, "build with -Dcuda=enabled", "--backend cuda: built without CUDA");
+        trd_fatal(TRD_EXIT_INPUT, "build with -Dcuda=enabled",
+                  "--backend cuda: built without CUDA");
 #endif
     }
     ParamShard sh = params_full_shard(&cfg.model);

@@ -19,7 +19,9 @@
 # CPU within the same tolerance; the device memory peak equals the report
 # (one rank, and rank 0 of an interleaved pipeline);
 # the pooled staging buffers are all allocated in the first step; greedy
-# generation (trident generate) gives the CPU's tokens and logits; a model
+# generation (trident generate) gives the CPU's tokens and logits, from
+# checkpoints saved on 1 rank, tp 2 and tp 2 x pp 2 and from a Hugging Face
+# export; trident eval gives the CPU's loss; a model
 # too big for the device's memory is refused before allocating.
 # With topology.comm nccl (played by MPI in the emulation): dp 2 ZeRO 3,
 # tp 2 x pp 2 with sequence parallelism, and an interleaved pp 2 whose
@@ -161,12 +163,28 @@ fi
 run gpt2_ck_cpu_resumed 1 --set checkpoint.resume="$from"
 compare gpt2_ck_cuda gpt2_ck_cpu_resumed "$TOL"
 
+# Tensor parallelism: the vocabulary-parallel loss, the replicated biases and
+# the boundary collectives on device buffers; with sequence parallelism, and
+# in a tp 2 x pp 2 mesh.
+run gpt2_tp2_sp_cuda 2 --set topology.tp=2 --set topology.sequence_parallel=true "${cuda[@]}"
+compare gpt2 gpt2_tp2_sp_cuda "$TOL"
+run llama_tp2_cuda 2 "${llama[@]}" --set topology.tp=2 "${cuda[@]}" \
+    --set checkpoint.dir="$out/llama_tp2_ck"
+compare llama llama_tp2_cuda "$TOL"
+run gpt2_tp2_pp2_cuda 4 --set topology.tp=2 --set topology.pp=2 --set training.global_batch=8 \
+    --set topology.zero=1 "${cuda[@]}" --set checkpoint.dir="$out/tp2pp2_ck"
+compare gpt2_gb8 gpt2_tp2_pp2_cuda "$TOL"
+for r in gpt2_tp2_sp_cuda llama_tp2_cuda gpt2_tp2_pp2_cuda; do staged $r; done
+
 # Generation (trident generate, docs/generate.md) on the device: the key /
 # value cache in device memory, rope_decode and attention_decode kernels.
 # The same greedy tokens as the CPU and logits within the tolerance, for
-# GPT-2 and for Llama (GQA, RoPE from a position offset).
-run llama_ck 1 "${llama[@]}" --set checkpoint.dir="$out/llama_ck"
-for m in "gpt2 $out/ck" "llama $out/llama_ck"; do
+# GPT-2 and for Llama (GQA, RoPE from a position offset), from checkpoints
+# saved on 1 rank, on tp 2 (Llama) and on tp 2 x pp 2 (GPT-2), and from the
+# Hugging Face export of the 1-rank one.
+"$TRIDENT" ckpt export --format hf --out "$out/hf" "$out/ck" > "$out/hf_export.log" 2>&1 ||
+    { echo "FAIL: ckpt export --format hf: $(tail -2 "$out/hf_export.log")"; fails=$((fails + 1)); }
+for m in "gpt2 $out/ck" "gpt2_hf $out/hf" "gpt2_tp2pp2 $out/tp2pp2_ck" "llama_tp2 $out/llama_tp2_ck"; do
     set -- $m
     for b in cpu cuda; do
         timeout 300 "$TRIDENT" generate "$2" --prompt "The jury said that" --max-new-tokens 10 \
@@ -190,17 +208,29 @@ sys.exit(0 if ok else 1)
 PY
 done
 
-# Tensor parallelism: the vocabulary-parallel loss, the replicated biases and
-# the boundary collectives on device buffers; with sequence parallelism, and
-# in a tp 2 x pp 2 mesh.
-run gpt2_tp2_sp_cuda 2 --set topology.tp=2 --set topology.sequence_parallel=true "${cuda[@]}"
-compare gpt2 gpt2_tp2_sp_cuda "$TOL"
-run llama_tp2_cuda 2 "${llama[@]}" --set topology.tp=2 "${cuda[@]}"
-compare llama llama_tp2_cuda "$TOL"
-run gpt2_tp2_pp2_cuda 4 --set topology.tp=2 --set topology.pp=2 --set training.global_batch=8 \
-    --set topology.zero=1 "${cuda[@]}"
-compare gpt2_gb8 gpt2_tp2_pp2_cuda "$TOL"
-for r in gpt2_tp2_sp_cuda llama_tp2_cuda gpt2_tp2_pp2_cuda; do staged $r; done
+# Evaluation (trident eval) on the device: the same loss as the CPU within
+# the tolerance, for the 1-rank checkpoint and, on 2 ranks (tp 2), for the
+# Llama one.
+for e in "gpt2 1 $out/ck" "llama_tp2 2 $out/llama_tp2_ck --set topology.tp=2"; do
+    set -- $e
+    name=$1 n=$2 src=$3; shift 3
+    for b in cpu cuda; do
+        timeout 300 mpiexec -n "$n" "$TRIDENT" eval "$src" --data data/brown/gpt2_val --sequences 8 \
+            --set backend=$b "$@" > "$out/eval_${name}_$b.log" 2>&1 ||
+            { echo "FAIL: eval $name on $b: $(tail -2 "$out/eval_${name}_$b.log")"; fails=$((fails + 1)); }
+    done
+    python3 - "$out/eval_$name" "$name" "$TOL" <<'PY' || fails=$((fails + 1))
+import re, sys
+base, name, tol = sys.argv[1], sys.argv[2], float(sys.argv[3])
+loss = []
+for b in ("cpu", "cuda"):
+    m = re.search(r"^eval: .* (\d+) tokens \| loss ([0-9.]+)", open(f"{base}_{b}.log").read(), re.M)
+    loss.append(float(m.group(2)) if m else None)
+ok = None not in loss and abs(loss[0] - loss[1]) <= tol * abs(loss[0])
+print(f"{'ok  ' if ok else 'FAIL'} eval {name}: cpu {loss[0]}, cuda {loss[1]} (tolerance {tol:g} relative)")
+sys.exit(0 if ok else 1)
+PY
+done
 
 # NCCL for the device buffers (src/comm/nccl.h): collectives on the
 # groups' own streams, pipeline messages on one-way channels.  Real NCCL

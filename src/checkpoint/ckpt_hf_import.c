@@ -21,7 +21,6 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
-#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -346,10 +345,9 @@ static void st_set_close(StSet *s)
     cJSON_Delete(s->index_doc);
 }
 
-/* HF tensor `name`, checked to have shape [r, c] (c == 0: a vector of r)
- * and config.json's dtype, into *f and *t. */
-static int st_locate(StSet *s, const char *name, int64_t r, int64_t c, const StFile **fp,
-                     const StTensor **tp, char err[CFG_ERR])
+/* HF tensor `name` of shape [r, c] (c == 0: a vector of r) read whole into
+ * out as fp32 (BF16 widened exactly: its bits are the upper half). */
+static int st_read(StSet *s, const char *name, int64_t r, int64_t c, float *out, char err[CFG_ERR])
 {
     const StFile *f = NULL;
     const StTensor *t = NULL;
@@ -386,50 +384,29 @@ static int st_locate(StSet *s, const char *name, int64_t r, int64_t c, const StF
                  t->bf16 ? "BF16" : "F32", s->want_bf16 ? "bfloat16" : "float32");
         return TRD_EXIT_INPUT;
     }
-    *fp = f;
-    *tp = t;
-    return TRD_EXIT_OK;
-}
-
-/* Rows [r0, r0 + n) of tensor t of f (c columns, 0 for a vector) into out
- * as fp32 (BF16 widened exactly: its bits are the upper half). */
-static int st_read_rows(const StFile *f, const StTensor *t, int64_t r0, int64_t n, int64_t c,
-                        float *out, char err[CFG_ERR])
-{
-    const int64_t per_row = (c ? c : 1) * (t->bf16 ? 2 : 4), bytes = n * per_row;
-    const int64_t begin = t->begin + r0 * per_row;
+    const int64_t n = r * (c ? c : 1), bytes = t->end - t->begin;
     void *dst = t->bf16 ? trd_malloc((size_t)bytes + 1, "bf16 tensor") : (void *)out;
     int64_t at = 0;
     while (at < bytes) {
-        const ssize_t got = pread(f->fd, (char *)dst + at, (size_t)(bytes - at), begin + at);
+        const ssize_t got = pread(f->fd, (char *)dst + at, (size_t)(bytes - at), t->begin + at);
         if (got <= 0) {
             if (t->bf16)
                 free(dst);
-            ckpt_err(err, "%s: tensor '%s': %s at byte %lld: truncated?", f->path, t->name,
-                     got < 0 ? strerror(errno) : "end of file", (long long)(begin + at));
+            ckpt_err(err, "%s: tensor '%s': %s at byte %lld: truncated?", f->path, name,
+                     got < 0 ? strerror(errno) : "end of file", (long long)(t->begin + at));
             return TRD_EXIT_INPUT;
         }
         at += got;
     }
     if (t->bf16) {
         const uint16_t *h = dst;
-        for (int64_t i = 0; i < n * (c ? c : 1); i++) {
+        for (int64_t i = 0; i < n; i++) {
             const uint32_t bits = (uint32_t)h[i] << 16;
             memcpy(&out[i], &bits, 4);
         }
         free(dst);
     }
     return TRD_EXIT_OK;
-}
-
-/* HF tensor `name` of shape [r, c] (c == 0: a vector of r) read whole into
- * out as fp32. */
-static int st_read(StSet *s, const char *name, int64_t r, int64_t c, float *out, char err[CFG_ERR])
-{
-    const StFile *f;
-    const StTensor *t;
-    const int code = st_locate(s, name, r, c, &f, &t, err);
-    return code ? code : st_read_rows(f, t, 0, r, c, out, err);
 }
 
 /* ---- config.json -> the model ---------------------------------------- */
@@ -631,78 +608,16 @@ static int read_qkv(Imp *im, int l, int bias, float *out)
     return 0;
 }
 
-/* A layer's tensors other than the qkv: trident's name, GPT-2's and
- * Llama's (NULL: the architecture has none), and whether GPT-2's is a
- * Conv1D, stored transposed. */
-static const struct {
-    const char *trd, *gpt2, *llama;
-    int transpose;
-} layer_map[] = {
-    {"ln1.weight", "ln_1.weight", "input_layernorm.weight", 0},
-    {"ln1.bias", "ln_1.bias", NULL, 0},
-    {"ln2.weight", "ln_2.weight", "post_attention_layernorm.weight", 0},
-    {"ln2.bias", "ln_2.bias", NULL, 0},
-    {"attn.proj.weight", "attn.c_proj.weight", "self_attn.o_proj.weight", 1},
-    {"attn.proj.bias", "attn.c_proj.bias", NULL, 0},
-    {"mlp.fc.weight", "mlp.c_fc.weight", NULL, 1},
-    {"mlp.fc.bias", "mlp.c_fc.bias", NULL, 0},
-    {"mlp.proj.weight", "mlp.c_proj.weight", NULL, 1},
-    {"mlp.proj.bias", "mlp.c_proj.bias", NULL, 0},
-    {"mlp.gate.weight", NULL, "mlp.gate_proj.weight", 0},
-    {"mlp.up.weight", NULL, "mlp.up_proj.weight", 0},
-    {"mlp.down.weight", NULL, "mlp.down_proj.weight", 0},
-};
-
-/* The HF tensor of layer l that trident's `rest` comes from, into hf;
- * -1 when there is none. */
-static int layer_source(const Imp *im, int l, const char *rest, char hf[HF_NAME_IMPORT])
-{
-    const int g = im->m->arch == ARCH_GPT2;
-    for (int i = 0; i < (int)(sizeof layer_map / sizeof layer_map[0]); i++) {
-        const char *src = g ? layer_map[i].gpt2 : layer_map[i].llama;
-        if (strcmp(rest, layer_map[i].trd) || !src)
-            continue;
-        snprintf(hf, HF_NAME_IMPORT, g ? "transformer.h.%d.%s" : "model.layers.%d.%s", l, src);
-        return i;
-    }
-    return -1;
-}
-
-/* 1 with its name in hf when trident tensor p is an HF tensor row for row
- * (same shape, no transpose or reordering), so it can be read in pieces;
- * else 0. */
-static int plain_source(const Imp *im, const ParamSpec *p, char hf[HF_NAME_IMPORT])
-{
-    const int g = im->m->arch == ARCH_GPT2;
-    char rest[PARAM_NAME];
-    int l;
-    if (!strcmp(p->name, "embed.wte.weight")) {
-        snprintf(hf, HF_NAME_IMPORT, "%s",
-                 g ? "transformer.wte.weight" : "model.embed_tokens.weight");
-        return 1;
-    }
-    if (!strcmp(p->name, "head.weight")) {
-        snprintf(hf, HF_NAME_IMPORT, "lm_head.weight");
-        return 1;
-    }
-    if (!strncmp(p->name, "final_norm.", 11)) {
-        snprintf(hf, HF_NAME_IMPORT, "%s.%s", g ? "transformer.ln_f" : "model.norm", p->name + 11);
-        return 1;
-    }
-    if (sscanf(p->name, "layers.%d.%63s", &l, rest) != 2)
-        return 0;
-    const int i = layer_source(im, l, rest, hf);
-    return i >= 0 && !(g && layer_map[i].transpose);
-}
-
 /* Trident tensor p (global shape [rows, cols], real rows only) into out. */
 static int fill(Imp *im, const ParamSpec *p, int64_t rows, float *out)
 {
+    const int g = im->m->arch == ARCH_GPT2;
     const int64_t cols = p->ndim == 2 ? p->shape[1] : 0;
     char hf[HF_NAME_IMPORT], rest[PARAM_NAME];
     int l;
-    if (plain_source(im, p, hf))
-        return st_read(&im->st, hf, rows, cols, out, im->err);
+    if (!strcmp(p->name, "embed.wte.weight"))
+        return st_read(&im->st, g ? "transformer.wte.weight" : "model.embed_tokens.weight", rows,
+                       cols, out, im->err);
     if (!strcmp(p->name, "embed.wpe.weight")) {
         float *w = scratch(im, im->n_positions * cols);
         const int code =
@@ -711,14 +626,45 @@ static int fill(Imp *im, const ParamSpec *p, int64_t rows, float *out)
             memcpy(out, w, (size_t)(rows * cols) * sizeof(float));
         return code;
     }
+    if (!strcmp(p->name, "head.weight"))
+        return st_read(&im->st, "lm_head.weight", rows, cols, out, im->err);
+    if (!strncmp(p->name, "final_norm.", 11)) {
+        snprintf(hf, sizeof hf, "%s.%s", g ? "transformer.ln_f" : "model.norm", p->name + 11);
+        return st_read(&im->st, hf, rows, 0, out, im->err);
+    }
     if (sscanf(p->name, "layers.%d.%63s", &l, rest) != 2) {
         ckpt_err(im->err, "tensor '%s' has no Hugging Face source", p->name);
         return TRD_EXIT_INPUT;
     }
     if (!strcmp(rest, "attn.qkv.weight") || !strcmp(rest, "attn.qkv.bias"))
         return read_qkv(im, l, p->ndim == 1, out);
-    if (layer_source(im, l, rest, hf) >= 0) /* Conv1D: HF [in, out] = trident [out, in]^T */
-        return read_t(im, hf, cols, rows, out);
+    static const struct {
+        const char *trd, *gpt2, *llama;
+        int transpose;
+    } map[] = {
+        {"ln1.weight", "ln_1.weight", "input_layernorm.weight", 0},
+        {"ln1.bias", "ln_1.bias", NULL, 0},
+        {"ln2.weight", "ln_2.weight", "post_attention_layernorm.weight", 0},
+        {"ln2.bias", "ln_2.bias", NULL, 0},
+        {"attn.proj.weight", "attn.c_proj.weight", "self_attn.o_proj.weight", 1},
+        {"attn.proj.bias", "attn.c_proj.bias", NULL, 0},
+        {"mlp.fc.weight", "mlp.c_fc.weight", NULL, 1},
+        {"mlp.fc.bias", "mlp.c_fc.bias", NULL, 0},
+        {"mlp.proj.weight", "mlp.c_proj.weight", NULL, 1},
+        {"mlp.proj.bias", "mlp.c_proj.bias", NULL, 0},
+        {"mlp.gate.weight", NULL, "mlp.gate_proj.weight", 0},
+        {"mlp.up.weight", NULL, "mlp.up_proj.weight", 0},
+        {"mlp.down.weight", NULL, "mlp.down_proj.weight", 0},
+    };
+    for (size_t i = 0; i < sizeof map / sizeof map[0]; i++) {
+        const char *src = g ? map[i].gpt2 : map[i].llama;
+        if (strcmp(rest, map[i].trd) || !src)
+            continue;
+        snprintf(hf, sizeof hf, g ? "transformer.h.%d.%s" : "model.layers.%d.%s", l, src);
+        if (g && map[i].transpose) /* Conv1D: HF [in, out] = trident [out, in]^T */
+            return read_t(im, hf, cols, rows, out);
+        return st_read(&im->st, hf, rows, cols, out, im->err);
+    }
     ckpt_err(im->err, "tensor '%s' has no Hugging Face source", p->name);
     return TRD_EXIT_INPUT;
 }
@@ -738,271 +684,43 @@ static int fill_finite(Imp *im, const ParamSpec *p, int64_t rows, float *out, co
     return code;
 }
 
-/* ---- writing the checkpoint: read ahead, write behind ------------------ */
+/* ---- writing the checkpoint ------------------------------------------- */
 
-/* Three threads pass the tensors along, as dd streams: a reader makes each
- * trident tensor from its HF source(s) and checks it (finite, checksums),
- * the main thread creates its dataset (only it calls HDF5, which is not
- * thread-safe here), and a writer puts the values at the dataset's offset
- * (ckpt_raw.c).  Serially, the disk sat idle while a tensor was converted
- * and the conversion waited for every direct write.  A tensor that is its
- * HF tensor row for row (the embeddings, Llama's matrices) goes in pieces
- * of a few checksum blocks, so even the largest streams; the others whole.
- * IMP_SLOTS pieces in flight bound the memory. */
-enum { IMP_SLOTS = 3, IMP_PIECE_BLOCKS = 4 };
-
-typedef struct {
-    float *buf;
-    size_t cap; /* floats; kept across pieces (no page faults anew) */
-    uint64_t *sums;
-    size_t sums_cap;
-    int tensor;    /* index in the table */
-    int64_t r0, n; /* rows */
-    int last;      /* the tensor's last piece */
-    int code;      /* != 0: the reader failed here (its message in im->err) */
-    off_t at;      /* where the writer puts it */
-} ImpPiece;
-
-typedef struct {
-    Imp *im;
-    const ParamTable *t;
-    const CkptEntry *e;
-    const char *dir; /* the HF directory, for messages */
-    CkptRaw *raw;
-    ImpPiece piece[IMP_SLOTS];
-    int64_t filled, handed, written; /* by the reader, the main thread, the writer */
-    int stop;                        /* the main thread gave up */
-    int err_no, err_tensor;          /* the writer's first failure */
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    pthread_t reader, writer;
-} ImpPipe;
-
-/* Wait until *count passes `after` (or stop); returns 0 when stopped. */
-static int pipe_wait(ImpPipe *p, const int64_t *count, int64_t after)
+static int write_tensor(Imp *im, hid_t group, CkptRaw *raw, const CkptEntry *e, const float *w,
+                        const char *path)
 {
-    pthread_mutex_lock(&p->mu);
-    while (*count <= after && !p->stop)
-        pthread_cond_wait(&p->cv, &p->mu);
-    const int ok = *count > after;
-    pthread_mutex_unlock(&p->mu);
-    return ok;
-}
-
-static void pipe_bump(ImpPipe *p, int64_t *count)
-{
-    pthread_mutex_lock(&p->mu);
-    (*count)++;
-    pthread_cond_broadcast(&p->cv);
-    pthread_mutex_unlock(&p->mu);
-}
-
-static void *grow_buf(void *buf, size_t *cap, size_t n, size_t size, const char *what)
-{
-    if (n <= *cap)
-        return buf;
-    free(buf);
-    *cap = n;
-    return trd_malloc(n * size, what);
-}
-
-/* The reader's next piece (NULL when the main thread stopped). */
-static ImpPiece *reader_piece(ImpPipe *p)
-{
-    if (p->filled >= IMP_SLOTS && !pipe_wait(p, &p->written, p->filled - IMP_SLOTS))
-        return NULL;
-    return &p->piece[p->filled % IMP_SLOTS];
-}
-
-/* Rows [r0, r0 + n) of tensor i, made and checked into piece x: its
- * checksum blocks' sums, and non-finite values added to *bad. */
-static void check_piece(const CkptEntry *e, ImpPiece *x, int64_t *bad)
-{
-    const int64_t R = ckpt_block_rows(e->ndim, e->shape), cols = e->shape[1];
-    for (int64_t j = 0; j < x->n * cols; j++)
-        *bad += !isfinite(x->buf[j]);
-    for (int64_t r = x->r0; r < x->r0 + x->n; r += R) {
-        const int64_t n = r + R < e->shape[0] ? R : e->shape[0] - r;
-        x->sums[(r - x->r0) / R] = ckpt_checksum_rows(x->buf + (r - x->r0) * cols, r, n, cols);
+    const int64_t R = ckpt_block_rows(e->ndim, e->shape), nb = ckpt_n_blocks(e->ndim, e->shape);
+    uint64_t *sums = trd_calloc((size_t)(nb ? nb : 1), sizeof(uint64_t), "checksums");
+    for (int64_t b = 0; b < nb; b++) {
+        const int64_t r0 = b * R, n = r0 + R < e->shape[0] ? R : e->shape[0] - r0;
+        sums[b] = ckpt_checksum_rows(w + r0 * e->shape[1], r0, n, e->shape[1]);
     }
-}
-
-static void *imp_reader(void *arg)
-{
-    ImpPipe *p = arg;
-    Imp *im = p->im;
-    int code = TRD_EXIT_OK;
-    for (int i = 0; i < p->t->n && code == TRD_EXIT_OK; i++) {
-        const ParamSpec *ps = &p->t->p[i];
-        const CkptEntry *e = &p->e[i];
-        const int64_t rows = e->shape[0], cols = e->shape[1],
-                      R = ckpt_block_rows(e->ndim, e->shape);
-        char hf[HF_NAME_IMPORT];
-        const StFile *f = NULL;
-        const StTensor *st = NULL;
-        const int plain = plain_source(im, ps, hf);
-        if (plain)
-            code = st_locate(&im->st, hf, rows, ps->ndim == 2 ? cols : 0, &f, &st, im->err);
-        const int64_t step = plain ? IMP_PIECE_BLOCKS * R : rows;
-        int64_t bad = 0, r0 = 0;
-        do {
-            ImpPiece *x = reader_piece(p);
-            if (!x)
-                return NULL;
-            const int64_t n = r0 + step < rows ? step : rows - r0;
-            x->tensor = i;
-            x->r0 = r0;
-            x->n = n;
-            x->last = r0 + n == rows;
-            x->buf = grow_buf(x->buf, &x->cap, (size_t)(n * cols), sizeof(float), e->name);
-            x->sums = grow_buf(x->sums, &x->sums_cap, (size_t)((n + R - 1) / R + 1),
-                               sizeof(uint64_t), "checksums");
-            if (code == TRD_EXIT_OK)
-                code = plain ? st_read_rows(f, st, r0, n, ps->ndim == 2 ? cols : 0, x->buf, im->err)
-                             : fill(im, ps, rows, x->buf);
-            if (code == TRD_EXIT_OK)
-                check_piece(e, x, &bad);
-            if (code == TRD_EXIT_OK && x->last && bad) {
-                ckpt_err(im->err, "%s: tensor '%s' has %lld non-finite values", p->dir, ps->name,
-                         (long long)bad);
-                code = TRD_EXIT_INPUT;
-            }
-            x->code = code;
-            pipe_bump(p, &p->filled);
-            r0 += n;
-        } while (code == TRD_EXIT_OK && r0 < rows);
-    }
-    return NULL;
-}
-
-static void *imp_writer(void *arg)
-{
-    ImpPipe *p = arg;
-    for (int64_t k = 0;; k++) {
-        if (!pipe_wait(p, &p->handed, k))
-            return NULL;
-        const ImpPiece *x = &p->piece[k % IMP_SLOTS];
-        const CkptEntry *e = &p->e[x->tensor];
-        if (!p->err_no &&
-            ckpt_raw_write(p->raw, (const char *)x->buf, (size_t)(x->n * e->shape[1]) * 4, x->at)) {
-            pthread_mutex_lock(&p->mu);
-            p->err_no = errno ? errno : EIO;
-            p->err_tensor = x->tensor;
-            pthread_mutex_unlock(&p->mu);
-        }
-        pipe_bump(p, &p->written);
-    }
-}
-
-static int write_failed(const ImpPipe *p, const char *path, char err[CFG_ERR])
-{
-    ckpt_err(err, "%s: cannot write tensor '%s': %s", path, p->e[p->err_tensor].name,
-             strerror(p->err_no));
-    return TRD_EXIT_RUNTIME;
-}
-
-/* Every tensor of the table into group, as the pieces come: the dataset
- * created at the first (allocated now and never filled: the values go
- * straight to its bytes in the file, as a save writes them), the checksums
- * stored at the last. */
-static int write_tensors(ImpPipe *p, hid_t group, const char *path, char err[CFG_ERR])
-{
-    int code = TRD_EXIT_OK;
-    hid_t d = -1, space = -1, dcpl = -1;
-    haddr_t at = HADDR_UNDEF;
-    uint64_t *sums = NULL;
-    for (int64_t k = 0; code == TRD_EXIT_OK; k++) {
-        pipe_wait(p, &p->filled, k);
-        ImpPiece *x = &p->piece[k % IMP_SLOTS];
-        if (x->code != TRD_EXIT_OK) {
-            snprintf(err, CFG_ERR, "%s", p->im->err);
-            code = x->code;
-            break;
-        }
-        const CkptEntry *e = &p->e[x->tensor];
-        const int64_t R = ckpt_block_rows(e->ndim, e->shape);
-        if (x->r0 == 0) {
-            const int64_t nb = ckpt_n_blocks(e->ndim, e->shape);
-            free(sums);
-            sums = trd_calloc((size_t)(nb ? nb : 1), sizeof(uint64_t), "checksums");
-            dcpl = H5Pcreate(H5P_DATASET_CREATE);
-            H5Pset_layout(dcpl, H5D_CONTIGUOUS);
-            H5Pset_alloc_time(dcpl, H5D_ALLOC_TIME_EARLY);
-            H5Pset_fill_time(dcpl, H5D_FILL_TIME_NEVER);
-            space = ckpt_space(e->ndim, e->shape);
-            d = H5Dcreate2(group, e->name, H5T_IEEE_F32LE, space, H5P_DEFAULT, dcpl, H5P_DEFAULT);
-            at = d >= 0 ? H5Dget_offset(d) : HADDR_UNDEF;
-        }
-        memcpy(sums + x->r0 / R, x->sums, (size_t)((x->n + R - 1) / R) * sizeof(uint64_t));
-        x->at = (off_t)at + (off_t)(x->r0 * e->shape[1] * 4);
-        const int last = x->last, tensor = x->tensor;
-        if (at != HADDR_UNDEF)
-            pipe_bump(p, &p->handed); /* x is the writer's from here */
-        int ok = at != HADDR_UNDEF;
-        if (last) {
-            ok = ok && ckpt_put_checksums(d, e, sums) == 0;
-            if (d >= 0)
-                H5Dclose(d);
-            H5Sclose(space);
-            H5Pclose(dcpl);
-            d = -1;
-        }
-        if (!ok) {
-            char why[256];
-            ckpt_h5_reason(why, sizeof why);
-            ckpt_err(err, "%s: cannot write tensor '%s': %s", path, p->e[tensor].name,
-                     why[0] ? why : strerror(errno));
-            code = TRD_EXIT_RUNTIME;
-        } else if (p->err_no) {
-            code = write_failed(p, path, err);
-        } else if (last && tensor == p->t->n - 1) {
-            break;
-        }
-    }
-    if (d >= 0) {
+    /* Allocated now and never filled: the values go straight to the
+     * dataset's bytes in the file (ckpt_raw.c), as a save writes them. */
+    hid_t dcpl = H5Pcreate(H5P_DATASET_CREATE);
+    H5Pset_layout(dcpl, H5D_CONTIGUOUS);
+    H5Pset_alloc_time(dcpl, H5D_ALLOC_TIME_EARLY);
+    H5Pset_fill_time(dcpl, H5D_FILL_TIME_NEVER);
+    hid_t space = ckpt_space(e->ndim, e->shape);
+    hid_t d = H5Dcreate2(group, e->name, H5T_IEEE_F32LE, space, H5P_DEFAULT, dcpl, H5P_DEFAULT);
+    const haddr_t at = d >= 0 ? H5Dget_offset(d) : HADDR_UNDEF;
+    int ok = at != HADDR_UNDEF &&
+             ckpt_raw_write(raw, (const char *)w, (size_t)e->nbytes, (off_t)at) == 0 &&
+             ckpt_put_checksums(d, e, sums) == 0;
+    const int saved = errno;
+    if (d >= 0)
         H5Dclose(d);
-        H5Sclose(space);
-        H5Pclose(dcpl);
-    }
+    H5Sclose(space);
+    H5Pclose(dcpl);
     free(sums);
-    return code;
-}
-
-/* Run the three over the table; 0, or an exit code with err. */
-static int import_tensors(Imp *im, const ParamTable *t, const CkptEntry *e, const char *dir,
-                          CkptRaw *raw, hid_t group, const char *path, char err[CFG_ERR])
-{
-    if (t->n == 0)
-        return TRD_EXIT_OK;
-    ImpPipe p;
-    memset(&p, 0, sizeof p);
-    p.im = im;
-    p.t = t;
-    p.e = e;
-    p.dir = dir;
-    p.raw = raw;
-    pthread_mutex_init(&p.mu, NULL);
-    pthread_cond_init(&p.cv, NULL);
-    TRD_ASSERT(pthread_create(&p.reader, NULL, imp_reader, &p) == 0);
-    TRD_ASSERT(pthread_create(&p.writer, NULL, imp_writer, &p) == 0);
-    int code = write_tensors(&p, group, path, err);
-    /* The writer finishes what it was handed; then both end. */
-    pipe_wait(&p, &p.written, p.handed - 1);
-    pthread_mutex_lock(&p.mu);
-    p.stop = 1;
-    pthread_cond_broadcast(&p.cv);
-    pthread_mutex_unlock(&p.mu);
-    pthread_join(p.reader, NULL);
-    pthread_join(p.writer, NULL);
-    if (code == TRD_EXIT_OK && p.err_no)
-        code = write_failed(&p, path, err);
-    pthread_mutex_destroy(&p.mu);
-    pthread_cond_destroy(&p.cv);
-    for (int i = 0; i < IMP_SLOTS; i++) {
-        free(p.piece[i].buf);
-        free(p.piece[i].sums);
+    if (!ok) {
+        char why[256];
+        ckpt_h5_reason(why, sizeof why);
+        ckpt_err(im->err, "%s: cannot write tensor '%s': %s", path, e->name,
+                 why[0] ? why : strerror(saved));
+        return TRD_EXIT_RUNTIME;
     }
-    return code;
+    return TRD_EXIT_OK;
 }
 
 static int dir_exists(const char *p)
@@ -1070,6 +788,8 @@ int ckpt_hf_import(const char *hf_dir, const char *out_dir, char *const *sets, i
     code = st_set_open(&im.st, hf_dir, err);
     ParamTable t = {0};
     CkptEntry *e = NULL;
+    float *w = NULL;
+    size_t w_cap = 0;
     CkptRaw raw;
     int raw_open = 0;
     hid_t f = -1, group = -1;
@@ -1096,7 +816,7 @@ int ckpt_hf_import(const char *hf_dir, const char *out_dir, char *const *sets, i
         goto done;
     }
     raw_open = 1;
-    for (int i = 0; i < t.n; i++) {
+    for (int i = 0; i < t.n && code == TRD_EXIT_OK; i++) {
         const ParamSpec *p = &t.p[i];
         CkptEntry *x = &e[i];
         snprintf(x->name, sizeof x->name, "%s", p->name);
@@ -1107,8 +827,21 @@ int ckpt_hf_import(const char *hf_dir, const char *out_dir, char *const *sets, i
         x->shape[0] = p->real_rows;
         x->shape[1] = p->shape[1];
         x->nbytes = x->shape[0] * x->shape[1] * (int64_t)sizeof(float);
+        /* One buffer for every tensor: a fresh one each time (freed back
+         * to the kernel) was page faults and zeroing of the whole model. */
+        if ((size_t)x->nbytes > w_cap) {
+            free(w);
+            w_cap = (size_t)x->nbytes;
+            w = trd_malloc(w_cap, "import tensor");
+        }
+        code = fill_finite(&im, p, x->shape[0], w, hf_dir);
+        if (code)
+            snprintf(err, CFG_ERR, "%s", im.err);
+        else
+            code = write_tensor(&im, group, &raw, x, w, path);
+        if (code && !err[0])
+            snprintf(err, CFG_ERR, "%s", im.err);
     }
-    code = import_tensors(&im, &t, e, hf_dir, &raw, group, path, err);
     H5Gclose(group);
     group = -1;
     raw_open = 0;
@@ -1165,6 +898,7 @@ done:
     if (code && dir_exists(tmp))
         ckpt_rm_tree(tmp);
     free(e);
+    free(w);
     free(im.scratch);
     params_free(&t);
     st_set_close(&im.st);

@@ -9,10 +9,11 @@
  * through its checksum blocks and written at its offset.  Under mpiexec -n
  * N the tensors are split between the ranks (about even in bytes): rank 0
  * creates the shard files at their full size, every rank writes its own
- * tensors in place, rank 0 publishes.  A plain copy never holds
- * more than one checksum block (about 4 MiB); a transform that needs the
- * whole source (Conv1D transposes, the qkv split) holds that one tensor and
- * writes its output a row at a time.  Layout and conventions:
+ * tensors in place, rank 0 publishes.  A reader thread reads ahead of
+ * the conversion and a writer thread writes behind it (hf_pipe_start,
+ * sink_open): a plain copy holds a few checksum blocks (about 4 MiB each);
+ * a transform that needs the whole source (Conv1D transposes, the qkv
+ * split) holds two tensors at most.  Layout and conventions:
  * docs/checkpoint.md, "Export to Hugging Face". */
 #include "checkpoint/ckpt_internal.h"
 

@@ -9,10 +9,11 @@
  * through its checksum blocks and written at its offset.  Under mpiexec -n
  * N the tensors are split between the ranks (about even in bytes): rank 0
  * creates the shard files at their full size, every rank writes its own
- * tensors in place, rank 0 publishes.  A plain copy never holds
- * more than one checksum block (about 4 MiB); a transform that needs the
- * whole source (Conv1D transposes, the qkv split) holds that one tensor and
- * writes its output a row at a time.  Layout and conventions:
+ * tensors in place, rank 0 publishes.  A reader thread reads ahead of
+ * the conversion and a writer thread writes behind it (hf_pipe_start,
+ * sink_open): a plain copy holds a few checksum blocks (about 4 MiB each);
+ * a transform that needs the whole source (Conv1D transposes, the qkv
+ * split) holds two tensors at most.  Layout and conventions:
  * docs/checkpoint.md, "Export to Hugging Face". */
 #include "checkpoint/ckpt_internal.h"
 
@@ -20,6 +21,7 @@
 #include <ctype.h>
 #include <dirent.h>
 #include <errno.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -69,11 +71,12 @@ typedef struct {
     HfTensor *t;
     int n, cap;
     int n_shards;
-    /* The last whole source tensor read (the qkv feeds three outputs). */
+    /* The sources, read ahead by a thread (below); the last whole one
+     * taken from it (the qkv feeds three outputs). */
+    struct HfPipe *pipe;
     const CkptEntry *cached;
-    float *cache;
-    size_t cache_cap; /* floats; kept across tensors (no page faults anew) */
-    float *tbuf;      /* a transposed tensor */
+    const float *cache;
+    float *tbuf; /* a transposed tensor */
     size_t tbuf_cap;
     /* Output staging for one row (converted) and file accounting. */
     void *stage;
@@ -239,78 +242,87 @@ static void hf_shard_name(const Hf *h, int shard, char *out, size_t n)
         snprintf(out, n, "model-%05d-of-%05d.safetensors", shard + 1, h->n_shards);
 }
 
-/* ---- reading the checkpoint ------------------------------------------- */
+/* ---- reading the checkpoint: a thread ahead of the writer ------------- */
 
-typedef int (*BlockFn)(Hf *h, const float *rows, int64_t r0, int64_t n, void *ctx);
+/* What this rank reads, in the order its writer uses it: a HF_COPY source a
+ * checksum block at a time, any other source whole (once for consecutive
+ * outputs of one source: the q, k and v of a fused qkv). */
+typedef struct {
+    const CkptEntry *e;
+    int whole;
+} HfRead;
 
-/* Read e a checksum block at a time, verify each block and hand it to fn.
- * Returns 0, or an exit code with h->err naming the file and tensor: 1 for
- * a damaged checkpoint (unreadable file, checksum mismatch). */
-static int hf_read_blocks(Hf *h, const CkptEntry *e, BlockFn fn, void *ctx)
+/* A reader thread reads and verifies the sources while the main thread
+ * converts and writes the ones before, as dd streams: serially the disk sat
+ * idle during every write and the writes during every read.  Two pools of
+ * slots, each used in order: blocks (a few checksum blocks ahead) and whole
+ * tensors (the one being converted and the next), so memory stays a few
+ * blocks and two tensors whatever the model.  Only the reader calls HDF5
+ * while it runs (HDF5 is not thread-safe here). */
+enum { HF_BLOCK_SLOTS = 4, HF_WHOLE_SLOTS = 2, HF_POOLS = 2 };
+
+typedef struct {
+    float *buf;
+    size_t cap; /* floats; kept across uses (no page faults anew) */
+    int code;   /* the read failed: the reader's err says why */
+} HfSlot;
+
+typedef struct {
+    HfSlot slot[HF_WHOLE_SLOTS > HF_BLOCK_SLOTS ? HF_WHOLE_SLOTS : HF_BLOCK_SLOTS];
+    int n;
+    int64_t filled, used; /* slots handed over, slots given back */
+} HfPool;
+
+typedef struct HfPipe {
+    HfRead *reads;
+    int n_reads;
+    HfPool pool[HF_POOLS]; /* [0] blocks, [1] whole tensors */
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int stop; /* the writer failed: the reader ends */
+    pthread_t thread;
+    int running;
+    char err[CFG_ERR]; /* the reader's first error */
+} HfPipe;
+
+/* The reader's next free slot of pool k (NULL: the writer stopped). */
+static HfSlot *pipe_free_slot(HfPipe *p, int k)
 {
-    char path[CKPT_FILE_PATH], dset[CKPT_PATH_NAME], why[256];
-    snprintf(path, sizeof path, "%s/%s", h->step_dir, e->file);
-    snprintf(dset, sizeof dset, "%s/%s", e->kind, e->name);
-    hid_t fapl = ckpt_serial_fapl();
-    hid_t f = H5Fopen(path, H5F_ACC_RDONLY, fapl);
-    H5Pclose(fapl);
-    if (f < 0) {
-        ckpt_h5_reason(why, sizeof why);
-        ckpt_err(h->err, "%s: cannot open (missing, truncated or corrupted?) for tensor '%s': %s",
-                 path, e->name, why);
-        return TRD_EXIT_RUNTIME;
-    }
-    hid_t d = H5Dopen2(f, dset, H5P_DEFAULT);
-    uint64_t *sums = NULL;
-    int code = TRD_EXIT_OK;
-    if (d < 0) {
-        ckpt_err(h->err, "%s: tensor '%s': no dataset '/%s'", path, e->name, dset);
-        code = TRD_EXIT_RUNTIME;
-    } else if (ckpt_get_checksums(d, e, &sums) != 0) {
-        ckpt_err(h->err, "%s: tensor '%s' (dataset '/%s') has no valid checksum attributes", path,
-                 e->name, dset);
-        code = TRD_EXIT_RUNTIME;
-    }
-    const int64_t R = ckpt_block_rows(e->ndim, e->shape), cols = e->shape[1];
-    float *buf = code ? NULL : trd_malloc((size_t)(R * cols) * sizeof(float), e->name);
-    hid_t fs = d >= 0 ? H5Dget_space(d) : -1;
-    for (int64_t r0 = 0; code == TRD_EXIT_OK && r0 < e->shape[0]; r0 += R) {
-        const int64_t n = r0 + R < e->shape[0] ? R : e->shape[0] - r0;
-        hsize_t start[2] = {(hsize_t)r0, 0}, count[2] = {(hsize_t)n, (hsize_t)cols};
-        H5Sselect_hyperslab(fs, H5S_SELECT_SET, start, NULL, count, NULL);
-        hid_t ms = H5Screate_simple(e->ndim, count, NULL);
-        herr_t r = H5Dread(d, H5T_NATIVE_FLOAT, ms, fs, H5P_DEFAULT, buf);
-        H5Sclose(ms);
-        if (r < 0) {
-            ckpt_h5_reason(why, sizeof why);
-            ckpt_err(h->err, "%s: cannot read tensor '%s' (dataset '/%s') rows %lld..%lld: %s",
-                     path, e->name, dset, (long long)r0, (long long)(r0 + n), why);
-            code = TRD_EXIT_RUNTIME;
-        } else if (ckpt_checksum_rows(buf, r0, n, cols) != sums[r0 / R]) {
-            ckpt_err(h->err,
-                     "%s: tensor '%s' (dataset '/%s'): checksum mismatch in the block "
-                     "at row %lld — the file is corrupted",
-                     path, e->name, dset, (long long)r0);
-            code = TRD_EXIT_RUNTIME;
-        } else {
-            code = fn(h, buf, r0, n, ctx);
-        }
-    }
-    if (fs >= 0)
-        H5Sclose(fs);
-    free(buf);
-    free(sums);
-    if (d >= 0)
-        H5Dclose(d);
-    H5Fclose(f);
-    return code;
+    HfPool *q = &p->pool[k];
+    pthread_mutex_lock(&p->mu);
+    while (!p->stop && q->filled - q->used == q->n)
+        pthread_cond_wait(&p->cv, &p->mu);
+    HfSlot *s = p->stop ? NULL : &q->slot[q->filled % q->n];
+    pthread_mutex_unlock(&p->mu);
+    return s;
 }
 
-static int gather_block(Hf *h, const float *rows, int64_t r0, int64_t n, void *ctx)
+static void pipe_hand_over(HfPipe *p, int k)
 {
-    const int64_t cols = ((const CkptEntry *)ctx)->shape[1];
-    memcpy(h->cache + r0 * cols, rows, (size_t)(n * cols) * sizeof(float));
-    return TRD_EXIT_OK;
+    pthread_mutex_lock(&p->mu);
+    p->pool[k].filled++;
+    pthread_cond_broadcast(&p->cv);
+    pthread_mutex_unlock(&p->mu);
+}
+
+/* The writer's next slot of pool k, once the reader has filled it. */
+static HfSlot *pipe_take(HfPipe *p, int k)
+{
+    HfPool *q = &p->pool[k];
+    pthread_mutex_lock(&p->mu);
+    while (q->filled == q->used)
+        pthread_cond_wait(&p->cv, &p->mu);
+    HfSlot *s = &q->slot[q->used % q->n];
+    pthread_mutex_unlock(&p->mu);
+    return s;
+}
+
+static void pipe_give_back(HfPipe *p, int k)
+{
+    pthread_mutex_lock(&p->mu);
+    p->pool[k].used++;
+    pthread_cond_broadcast(&p->cv);
+    pthread_mutex_unlock(&p->mu);
 }
 
 /* buf with room for n floats: reallocated only to grow, so the pages of
@@ -325,17 +337,174 @@ static float *grow(float *buf, size_t *cap, size_t n, const char *what)
     return trd_malloc(n * sizeof(float), what);
 }
 
-/* The whole tensor e (kept until another one is asked for). */
+/* Read source r into slots, verifying every block: each block into a slot
+ * of its own, or the whole tensor into one.  Returns 0; or -1 when the
+ * writer stopped; or an exit code (1: an unreadable file, a checksum
+ * mismatch), with p->err naming the file and tensor, after handing over a
+ * slot marked with it, so the writer meets the error where it would have
+ * read that data. */
+static int hf_read_source(const Hf *h, HfPipe *p, const HfRead *r)
+{
+    const CkptEntry *e = r->e;
+    const int k = r->whole;
+    char path[CKPT_FILE_PATH], dset[CKPT_PATH_NAME], why[256];
+    snprintf(path, sizeof path, "%s/%s", h->step_dir, e->file);
+    snprintf(dset, sizeof dset, "%s/%s", e->kind, e->name);
+    hid_t fapl = ckpt_serial_fapl();
+    hid_t f = H5Fopen(path, H5F_ACC_RDONLY, fapl);
+    H5Pclose(fapl);
+    int code = TRD_EXIT_OK;
+    hid_t d = -1;
+    uint64_t *sums = NULL;
+    if (f < 0) {
+        ckpt_h5_reason(why, sizeof why);
+        ckpt_err(p->err, "%s: cannot open (missing, truncated or corrupted?) for tensor '%s': %s",
+                 path, e->name, why);
+        code = TRD_EXIT_RUNTIME;
+    } else if ((d = H5Dopen2(f, dset, H5P_DEFAULT)) < 0) {
+        ckpt_err(p->err, "%s: tensor '%s': no dataset '/%s'", path, e->name, dset);
+        code = TRD_EXIT_RUNTIME;
+    } else if (ckpt_get_checksums(d, e, &sums) != 0) {
+        ckpt_err(p->err, "%s: tensor '%s' (dataset '/%s') has no valid checksum attributes", path,
+                 e->name, dset);
+        code = TRD_EXIT_RUNTIME;
+    }
+    const int64_t R = ckpt_block_rows(e->ndim, e->shape), cols = e->shape[1];
+    hid_t fs = d >= 0 ? H5Dget_space(d) : -1;
+    HfSlot *s = k ? pipe_free_slot(p, k) : NULL;
+    if (k && !s)
+        code = -1;
+    else if (k)
+        s->buf = grow(s->buf, &s->cap, (size_t)(e->shape[0] * cols), e->name);
+    for (int64_t r0 = 0; code == TRD_EXIT_OK && r0 < e->shape[0]; r0 += R) {
+        const int64_t n = r0 + R < e->shape[0] ? R : e->shape[0] - r0;
+        if (!s && !(s = pipe_free_slot(p, k))) {
+            code = -1;
+            break;
+        }
+        if (!k)
+            s->buf = grow(s->buf, &s->cap, (size_t)(n * cols), e->name);
+        float *buf = s->buf + (k ? r0 * cols : 0);
+        hsize_t start[2] = {(hsize_t)r0, 0}, count[2] = {(hsize_t)n, (hsize_t)cols};
+        H5Sselect_hyperslab(fs, H5S_SELECT_SET, start, NULL, count, NULL);
+        hid_t ms = H5Screate_simple(e->ndim, count, NULL);
+        herr_t rc = H5Dread(d, H5T_NATIVE_FLOAT, ms, fs, H5P_DEFAULT, buf);
+        H5Sclose(ms);
+        if (rc < 0) {
+            ckpt_h5_reason(why, sizeof why);
+            ckpt_err(p->err, "%s: cannot read tensor '%s' (dataset '/%s') rows %lld..%lld: %s",
+                     path, e->name, dset, (long long)r0, (long long)(r0 + n), why);
+            code = TRD_EXIT_RUNTIME;
+        } else if (ckpt_checksum_rows(buf, r0, n, cols) != sums[r0 / R]) {
+            ckpt_err(p->err,
+                     "%s: tensor '%s' (dataset '/%s'): checksum mismatch in the block "
+                     "at row %lld — the file is corrupted",
+                     path, e->name, dset, (long long)r0);
+            code = TRD_EXIT_RUNTIME;
+        } else if (!k) {
+            s->code = TRD_EXIT_OK;
+            pipe_hand_over(p, k);
+            s = NULL;
+        }
+    }
+    if (code > 0 && !s)
+        s = pipe_free_slot(p, k);
+    if (s && code >= 0) { /* a whole tensor, or the slot marked with the error */
+        s->code = code;
+        pipe_hand_over(p, k);
+    }
+    if (fs >= 0)
+        H5Sclose(fs);
+    free(sums);
+    if (d >= 0)
+        H5Dclose(d);
+    if (f >= 0)
+        H5Fclose(f);
+    return code;
+}
+
+static void *hf_reader(void *arg)
+{
+    const Hf *h = arg;
+    HfPipe *p = h->pipe;
+    for (int i = 0; i < p->n_reads && hf_read_source(h, p, &p->reads[i]) == TRD_EXIT_OK; i++)
+        ;
+    return NULL;
+}
+
+/* Start the reader over this rank's reads (their order is hf_write_mine's). */
+static void hf_pipe_start(Hf *h, HfPipe *p)
+{
+    memset(p, 0, sizeof *p);
+    p->reads = trd_calloc((size_t)(h->n ? h->n : 1), sizeof *p->reads, "export reads");
+    const CkptEntry *last_whole = NULL;
+    for (int shard = 0; shard < h->n_shards; shard++)
+        for (int i = 0; i < h->n; i++) {
+            const HfTensor *t = &h->t[i];
+            if (t->shard != shard || t->owner != h->rank)
+                continue;
+            const int whole = t->op != HF_COPY;
+            if (whole && t->src == last_whole)
+                continue;
+            p->reads[p->n_reads++] = (HfRead){t->src, whole};
+            if (whole)
+                last_whole = t->src;
+        }
+    p->pool[0].n = HF_BLOCK_SLOTS;
+    p->pool[1].n = HF_WHOLE_SLOTS;
+    pthread_mutex_init(&p->mu, NULL);
+    pthread_cond_init(&p->cv, NULL);
+    h->pipe = p;
+    p->running = pthread_create(&p->thread, NULL, hf_reader, h) == 0;
+    TRD_ASSERT(p->running);
+}
+
+/* Stop the reader (when the writer ends early) and free the slots. */
+static void hf_pipe_end(Hf *h, HfPipe *p)
+{
+    pthread_mutex_lock(&p->mu);
+    p->stop = 1;
+    pthread_cond_broadcast(&p->cv);
+    pthread_mutex_unlock(&p->mu);
+    if (p->running)
+        pthread_join(p->thread, NULL);
+    pthread_mutex_destroy(&p->mu);
+    pthread_cond_destroy(&p->cv);
+    for (int k = 0; k < HF_POOLS; k++)
+        for (int i = 0; i < p->pool[k].n; i++)
+            free(p->pool[k].slot[i].buf);
+    free(p->reads);
+    h->pipe = NULL;
+}
+
+/* The next slot of pool k from the reader, or its error (into h->err). */
+static int hf_take(Hf *h, int k, HfSlot **slot)
+{
+    *slot = pipe_take(h->pipe, k);
+    if ((*slot)->code != TRD_EXIT_OK) {
+        snprintf(h->err, CFG_ERR, "%s", h->pipe->err);
+        return (*slot)->code;
+    }
+    return TRD_EXIT_OK;
+}
+
+/* The whole tensor e into h->cache (kept until another one is asked for). */
 static int hf_whole(Hf *h, const CkptEntry *e)
 {
     if (h->cached == e)
         return TRD_EXIT_OK;
+    if (h->cached)
+        pipe_give_back(h->pipe, 1);
     h->cached = NULL;
-    h->cache = grow(h->cache, &h->cache_cap, (size_t)(e->shape[0] * e->shape[1]), e->name);
-    const int code = hf_read_blocks(h, e, gather_block, (void *)e);
-    if (code == TRD_EXIT_OK)
-        h->cached = e;
-    return code;
+    HfSlot *s;
+    const int code = hf_take(h, 1, &s);
+    if (code != TRD_EXIT_OK) {
+        pipe_give_back(h->pipe, 1);
+        return code;
+    }
+    h->cached = e;
+    h->cache = s->buf;
+    return TRD_EXIT_OK;
 }
 
 /* ---- writing ----------------------------------------------------------- */
@@ -344,29 +513,104 @@ static int hf_whole(Hf *h, const CkptEntry *e)
  * (ckpt_raw.c: O_DIRECT where the file system allows).  Through stdio, the
  * copies into the page cache were a third of an export's time.  buf[lead]
  * holds file offset `at`, lead = at % CKPT_RAW_ALIGN, so the buffer is
- * aligned as the file is and whole blocks go out without another copy. */
+ * aligned as the file is and whole blocks go out without another copy.
+ * A thread of the sink writes the full buffers, in order, while the next
+ * one fills: a direct write returns when the bytes are on the disk, and
+ * waiting for it held up the conversion of the next rows. */
+enum { SINK_CAP = CKPT_RAW_STAGE + CKPT_RAW_ALIGN, SINK_BUFS = 3 };
+
+typedef struct {
+    size_t lead, n;
+    off_t at;
+} SinkJob;
+
 typedef struct {
     CkptRaw raw;
     const char *path;
-    char *buf; /* CKPT_RAW_STAGE + CKPT_RAW_ALIGN bytes, aligned */
+    char *buf; /* the one being filled: bufs[queued % SINK_BUFS] */
     size_t lead, n;
     off_t at;
+    char *bufs[SINK_BUFS]; /* SINK_CAP bytes each, aligned */
+    SinkJob job[SINK_BUFS];
+    int64_t queued, done; /* buffers handed to the writer, written */
+    int closing, err_no;  /* err_no: the first write's failure */
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    pthread_t thread;
 } Sink;
 
-enum { SINK_CAP = CKPT_RAW_STAGE + CKPT_RAW_ALIGN };
+static void *sink_writer(void *arg)
+{
+    Sink *s = arg;
+    pthread_mutex_lock(&s->mu);
+    for (;;) {
+        while (s->done == s->queued && !s->closing)
+            pthread_cond_wait(&s->cv, &s->mu);
+        if (s->done == s->queued)
+            break;
+        const SinkJob j = s->job[s->done % SINK_BUFS];
+        const char *buf = s->bufs[s->done % SINK_BUFS];
+        const int failed = s->err_no != 0;
+        pthread_mutex_unlock(&s->mu);
+        const int rc = failed ? 0 : ckpt_raw_write(&s->raw, buf + j.lead, j.n, j.at);
+        const int err_no = rc != 0 ? (errno ? errno : EIO) : 0;
+        pthread_mutex_lock(&s->mu);
+        if (err_no && !s->err_no)
+            s->err_no = err_no;
+        s->done++;
+        pthread_cond_broadcast(&s->cv);
+    }
+    pthread_mutex_unlock(&s->mu);
+    return NULL;
+}
 
+/* Open path for writing with the sink's buffers and thread; -1 with errno. */
+static int sink_open(Sink *s, const char *path)
+{
+    memset(s, 0, sizeof *s);
+    s->path = path;
+    if (ckpt_raw_open(&s->raw, path) != 0)
+        return -1;
+    for (int i = 0; i < SINK_BUFS; i++)
+        if (posix_memalign((void **)&s->bufs[i], CKPT_RAW_ALIGN, SINK_CAP) != 0) {
+            for (int k = 0; k < i; k++)
+                free(s->bufs[k]);
+            ckpt_raw_close(&s->raw, 0);
+            errno = ENOMEM;
+            return -1;
+        }
+    s->buf = s->bufs[0];
+    pthread_mutex_init(&s->mu, NULL);
+    pthread_cond_init(&s->cv, NULL);
+    TRD_ASSERT(pthread_create(&s->thread, NULL, sink_writer, s) == 0);
+    return 0;
+}
+
+/* The writer's failure, as a serial write would have reported it. */
+static int sink_failed(Hf *h, Sink *s)
+{
+    ckpt_err(h->err, "%s: cannot write: %s", s->path, strerror(s->err_no));
+    return TRD_EXIT_RUNTIME;
+}
+
+/* Hand the buffer being filled to the writer and take the next free one. */
 static int sink_flush(Hf *h, Sink *s)
 {
     if (!s->n)
-        return TRD_EXIT_OK;
-    if (ckpt_raw_write(&s->raw, s->buf + s->lead, s->n, s->at) != 0) {
-        ckpt_err(h->err, "%s: cannot write: %s", s->path, strerror(errno));
-        return TRD_EXIT_RUNTIME;
-    }
+        return s->err_no ? sink_failed(h, s) : TRD_EXIT_OK;
+    pthread_mutex_lock(&s->mu);
+    s->job[s->queued % SINK_BUFS] = (SinkJob){s->lead, s->n, s->at};
+    s->queued++;
+    pthread_cond_broadcast(&s->cv);
+    while (s->queued - s->done == SINK_BUFS)
+        pthread_cond_wait(&s->cv, &s->mu);
+    const int err_no = s->err_no;
+    pthread_mutex_unlock(&s->mu);
+    s->buf = s->bufs[s->queued % SINK_BUFS];
     s->at += (off_t)s->n;
     s->n = 0;
     s->lead = (size_t)(s->at % CKPT_RAW_ALIGN);
-    return TRD_EXIT_OK;
+    return err_no ? sink_failed(h, s) : TRD_EXIT_OK;
 }
 
 static int sink_seek(Hf *h, Sink *s, off_t at)
@@ -374,6 +618,30 @@ static int sink_seek(Hf *h, Sink *s, off_t at)
     const int code = sink_flush(h, s);
     s->at = at;
     s->lead = (size_t)(at % CKPT_RAW_ALIGN);
+    return code;
+}
+
+/* Flush, wait for every write, end the thread and close (fsync when the
+ * export so far succeeded).  Returns code, or the first failure. */
+static int sink_close(Hf *h, Sink *s, int code)
+{
+    if (code == TRD_EXIT_OK)
+        code = sink_flush(h, s);
+    pthread_mutex_lock(&s->mu);
+    s->closing = 1;
+    pthread_cond_broadcast(&s->cv);
+    pthread_mutex_unlock(&s->mu);
+    pthread_join(s->thread, NULL);
+    pthread_mutex_destroy(&s->mu);
+    pthread_cond_destroy(&s->cv);
+    if (code == TRD_EXIT_OK && s->err_no)
+        code = sink_failed(h, s);
+    if (ckpt_raw_close(&s->raw, code == TRD_EXIT_OK) != 0 && code == TRD_EXIT_OK) {
+        ckpt_err(h->err, "%s: cannot write: %s", s->path, strerror(errno));
+        code = TRD_EXIT_RUNTIME;
+    }
+    for (int i = 0; i < SINK_BUFS; i++)
+        free(s->bufs[i]);
     return code;
 }
 
@@ -415,18 +683,6 @@ static int hf_emit(Hf *h, Sink *s, const float *x, size_t n)
         return TRD_EXIT_RUNTIME;
     h->written += (int64_t)bytes;
     return TRD_EXIT_OK;
-}
-
-typedef struct {
-    Sink *sink;
-    int64_t cols;
-} EmitCtx;
-
-static int emit_block(Hf *h, const float *rows, int64_t r0, int64_t n, void *ctx)
-{
-    (void)r0;
-    const EmitCtx *c = ctx;
-    return hf_emit(h, c->sink, rows, (size_t)(n * c->cols));
 }
 
 /* Head dimension d of HF's half-split RoPE convention holds what trident's
@@ -473,8 +729,18 @@ static int hf_write_tensor(Hf *h, const HfTensor *t, Sink *s)
 {
     const CkptEntry *e = t->src;
     if (t->op == HF_COPY) {
-        EmitCtx ctx = {s, e->shape[1]};
-        return hf_read_blocks(h, e, emit_block, &ctx);
+        /* A checksum block at a time, as the reader hands them over. */
+        const int64_t R = ckpt_block_rows(e->ndim, e->shape);
+        int code = TRD_EXIT_OK;
+        for (int64_t r0 = 0; code == TRD_EXIT_OK && r0 < e->shape[0]; r0 += R) {
+            const int64_t n = r0 + R < e->shape[0] ? R : e->shape[0] - r0;
+            HfSlot *b;
+            code = hf_take(h, 0, &b);
+            if (code == TRD_EXIT_OK)
+                code = hf_emit(h, s, b->buf, (size_t)(n * e->shape[1]));
+            pipe_give_back(h->pipe, 0);
+        }
+        return code;
     }
     int code = hf_whole(h, e);
     if (code != TRD_EXIT_OK)
@@ -608,7 +874,7 @@ static int hf_create_shard(Hf *h, int shard)
 }
 
 /* This rank's tensors, each written at its place in its shard. */
-static int hf_write_mine(Hf *h)
+static int hf_write_shards(Hf *h)
 {
     int code = TRD_EXIT_OK;
     for (int shard = 0; shard < h->n_shards && code == TRD_EXIT_OK; shard++) {
@@ -619,12 +885,9 @@ static int hf_write_mine(Hf *h)
             continue;
         char path[CKPT_FILE_PATH];
         hf_shard_path(h, shard, 1, path, sizeof path);
-        Sink s = {.path = path};
-        if (ckpt_raw_open(&s.raw, path) != 0 ||
-            posix_memalign((void **)&s.buf, CKPT_RAW_ALIGN, SINK_CAP) != 0) {
+        Sink s;
+        if (sink_open(&s, path) != 0) {
             ckpt_err(h->err, "%s: cannot open for writing: %s", path, strerror(errno));
-            if (s.raw.fd >= 0)
-                ckpt_raw_close(&s.raw, 0);
             return TRD_EXIT_RUNTIME;
         }
         uint64_t len;
@@ -637,14 +900,20 @@ static int hf_write_mine(Hf *h)
             if (code == TRD_EXIT_OK)
                 code = hf_write_tensor(h, t, &s);
         }
-        if (code == TRD_EXIT_OK)
-            code = sink_flush(h, &s);
-        if (ckpt_raw_close(&s.raw, code == TRD_EXIT_OK) != 0 && code == TRD_EXIT_OK) {
-            ckpt_err(h->err, "%s: cannot write: %s", path, strerror(errno));
-            code = TRD_EXIT_RUNTIME;
-        }
-        free(s.buf);
+        code = sink_close(h, &s, code);
     }
+    return code;
+}
+
+/* The same, with the reader thread running ahead. */
+static int hf_write_mine(Hf *h)
+{
+    HfPipe p;
+    hf_pipe_start(h, &p);
+    const int code = hf_write_shards(h);
+    hf_pipe_end(h, &p);
+    h->cached = NULL;
+    h->cache = NULL;
     return code;
 }
 
@@ -1026,7 +1295,6 @@ int ckpt_hf_export(const char *arg, const char *out_dir, int bf16, int64_t max_s
                h.size > 1 ? ", tensors split over the ranks" : "");
 fail:
     free(h.t);
-    free(h.cache);
     free(h.tbuf);
     free(h.stage);
     ckpt_index_free(&ix);

@@ -14,7 +14,6 @@ typedef float real;
 #define OPS_API static
 #define RM(fn)  fn##f
 #define GEMM    cblas_sgemm
-#define GEMV    cblas_sgemv
 #include "backend/cpu_ops.inc"
 
 /* Round to nearest, ties to even, on the bits: adding 0x7fff plus the lowest

@@ -6,7 +6,8 @@
  * (matrix-vector products), plus the key/value cache up to the position.
  * The limit is bandwidth / bytes per token, the bandwidth the faster of a
  * STREAM-like copy (bytes read + written per second) and a read (a sum) of
- * a 1 GiB buffer on all threads, measured between the decode rounds (on
+ * a 1 GiB buffer on all threads, in memory allocated as the weights' is
+ * (the CPU backend's: huge pages), measured between the decode rounds (on
  * the GPU: a device-to-device copy of 1 GiB, read + written).  Rounds
  * alternate, and the best of each is reported (the machine's speed drifts).
  *
@@ -42,8 +43,10 @@ static double now_s(void)
  * sum, which is what a matrix-vector product does with its matrix). */
 static void bandwidth(size_t n, double *copy_bw, double *read_bw)
 {
-    float *a = malloc(n), *b = malloc(n);
-    TRD_ASSERT(a && b);
+    /* The CPU backend's memory, as the weights': huge pages where the
+     * system gives them (cpu.c), which raise the bandwidth of a stream. */
+    const Backend *cpu = backend_cpu();
+    float *a = cpu->alloc(n, "bandwidth probe"), *b = cpu->alloc(n, "bandwidth probe");
     const size_t m = n / sizeof(float);
 #pragma omp parallel for schedule(static)
     for (size_t i = 0; i < m; i++)
@@ -67,8 +70,8 @@ static void bandwidth(size_t n, double *copy_bw, double *read_bw)
     }
     volatile double sink = sum;
     (void)sink;
-    free(a);
-    free(b);
+    cpu->release(a);
+    cpu->release(b);
     *copy_bw = 2.0 * (double)n / best_copy;
     *read_bw = (double)n / best_read;
 }

@@ -6,12 +6,14 @@
  * (matrix-vector products), plus the key/value cache up to the position.
  * The limit is bandwidth / bytes per token, the bandwidth the faster of a
  * STREAM-like copy (bytes read + written per second) and a read (a sum) of
- * a 1 GiB buffer on all threads, measured between the decode rounds (on
+ * a 1 GiB buffer on all threads, in memory allocated as the weights' is
+ * (the CPU backend's: huge pages), measured between the decode rounds (on
  * the GPU: a device-to-device copy of 1 GiB, read + written).  Rounds
  * alternate, and the best of each is reported (the machine's speed drifts).
  *
  *   bench_decode [--layers L --hidden C --heads H --vocab V --seq T
- *                 --tokens N --rounds R --arch gpt2|llama --backend cpu|cuda]
+ *                 --tokens N --rounds R --arch gpt2|llama --backend cpu|cuda --ops]
+ * --ops: then one more round with every op timed (CPU), printed per token.
  * Default: GPT-2 124M, a 1-token prompt, 128 new tokens, 3 rounds. */
 #include <stdio.h>
 #include <stdlib.h>
@@ -41,8 +43,10 @@ static double now_s(void)
  * sum, which is what a matrix-vector product does with its matrix). */
 static void bandwidth(size_t n, double *copy_bw, double *read_bw)
 {
-    float *a = malloc(n), *b = malloc(n);
-    TRD_ASSERT(a && b);
+    /* The CPU backend's memory, as the weights': huge pages where the
+     * system gives them (cpu.c), which raise the bandwidth of a stream. */
+    const Backend *cpu = backend_cpu();
+    float *a = cpu->alloc(n, "bandwidth probe"), *b = cpu->alloc(n, "bandwidth probe");
     const size_t m = n / sizeof(float);
 #pragma omp parallel for schedule(static)
     for (size_t i = 0; i < m; i++)
@@ -66,10 +70,124 @@ static void bandwidth(size_t n, double *copy_bw, double *read_bw)
     }
     volatile double sink = sum;
     (void)sink;
-    free(a);
-    free(b);
+    cpu->release(a);
+    cpu->release(b);
     *copy_bw = 2.0 * (double)n / best_copy;
     *read_bw = (double)n / best_read;
+}
+
+/* --ops: the time of each op of the decode steps, by op and shape.  The
+ * model runs over a copy of the backend's table whose ops are replaced by
+ * timed wrappers for the profiled round only. */
+enum { MAX_SLOTS = 32 };
+static struct {
+    char name[48];
+    double s, bytes;
+    long calls;
+} slots[MAX_SLOTS];
+static const Backend *inner;
+static double t_op;
+
+static void op_done(const char *name, double bytes)
+{
+    const double dt = now_s() - t_op;
+    int i = 0;
+    while (i < MAX_SLOTS && slots[i].calls && strcmp(slots[i].name, name))
+        i++;
+    TRD_ASSERT(i < MAX_SLOTS);
+    snprintf(slots[i].name, sizeof slots[i].name, "%s", name);
+    slots[i].s += dt;
+    slots[i].bytes += bytes;
+    slots[i].calls++;
+}
+
+static void timed_matmul_forward(float *out, const float *inp, const float *weight,
+                                 const float *bias, int N, int C, int OC)
+{
+    char name[48];
+    snprintf(name, sizeof name, "matmul %dx%d%s", OC, C, bias ? " +bias" : "");
+    t_op = now_s();
+    inner->matmul_forward(out, inp, weight, bias, N, C, OC);
+    op_done(name, 4.0 * OC * C);
+}
+static void timed_layernorm_forward(float *out, float *mean, float *rstd, const float *inp,
+                                    const float *w, const float *b, int N, int C, float eps)
+{
+    t_op = now_s();
+    inner->layernorm_forward(out, mean, rstd, inp, w, b, N, C, eps);
+    op_done("layernorm", 0);
+}
+static void timed_rmsnorm_forward(float *out, float *rstd, const float *inp, const float *w, int N,
+                                  int C, float eps)
+{
+    t_op = now_s();
+    inner->rmsnorm_forward(out, rstd, inp, w, N, C, eps);
+    op_done("rmsnorm", 0);
+}
+static void timed_attention_decode(float *out, const float *qkv, float *kc, float *vc, int n,
+                                   int pos0, int H, int KVH, int hs)
+{
+    t_op = now_s();
+    inner->attention_decode(out, qkv, kc, vc, n, pos0, H, KVH, hs);
+    op_done("attention_decode", 2.0 * 4 * (pos0 + n) * KVH * hs);
+}
+static void timed_rope_decode(float *qkv, int n, int pos0, int H, int KVH, int hs, float theta)
+{
+    t_op = now_s();
+    inner->rope_decode(qkv, n, pos0, H, KVH, hs, theta);
+    op_done("rope_decode", 0);
+}
+static void timed_add(float *out, const float *a, const float *b, size_t n)
+{
+    t_op = now_s();
+    inner->add(out, a, b, n);
+    op_done("add", 0);
+}
+static void timed_gelu_forward(float *out, const float *inp, size_t n)
+{
+    t_op = now_s();
+    inner->gelu_forward(out, inp, n);
+    op_done("gelu", 0);
+}
+static void timed_swiglu_forward(float *out, const float *gate, const float *up, size_t n)
+{
+    t_op = now_s();
+    inner->swiglu_forward(out, gate, up, n);
+    op_done("swiglu", 0);
+}
+static void timed_embedding_forward(float *out, const int32_t *tokens, const float *wte,
+                                    const float *wpe, int N, int T, int C, int vocab_start, int V)
+{
+    t_op = now_s();
+    inner->embedding_forward(out, tokens, wte, wpe, N, T, C, vocab_start, V);
+    op_done("embedding", 0);
+}
+static void timed_to_backend(void *dst, const void *host, size_t bytes)
+{
+    t_op = now_s();
+    inner->to_backend(dst, host, bytes);
+    op_done("to_backend", 0);
+}
+static void timed_to_host(void *host, const void *src, size_t bytes)
+{
+    t_op = now_s();
+    inner->to_host(host, src, bytes);
+    op_done("to_host (logits)", 0);
+}
+
+static void time_ops(Backend *t)
+{
+    t->matmul_forward = timed_matmul_forward;
+    t->layernorm_forward = timed_layernorm_forward;
+    t->rmsnorm_forward = timed_rmsnorm_forward;
+    t->attention_decode = timed_attention_decode;
+    t->rope_decode = timed_rope_decode;
+    t->add = timed_add;
+    t->gelu_forward = timed_gelu_forward;
+    t->swiglu_forward = timed_swiglu_forward;
+    t->embedding_forward = timed_embedding_forward;
+    t->to_backend = timed_to_backend;
+    t->to_host = timed_to_host;
 }
 
 /* The GPU's copy bandwidth (bytes read + written per second), best of 3
@@ -110,8 +228,15 @@ int main(int argc, char **argv)
     cfg.model.seq_len = 1024;
     cfg.training.micro_batch = cfg.training.global_batch = cfg.training.steps = 1;
     snprintf(cfg.data.path, sizeof cfg.data.path, "unused");
-    int tokens = 128, rounds = 3, cuda = 0;
-    for (int i = 1; i + 1 < argc; i += 2) {
+    int tokens = 128, rounds = 3, cuda = 0, ops = 0;
+    for (int i = 1; i < argc; i += 2) {
+        if (!strcmp(argv[i], "--ops")) {
+            ops = 1;
+            i--;
+            continue;
+        }
+        if (i + 1 >= argc)
+            trd_fatal(TRD_EXIT_INPUT, NULL, "%s needs a value", argv[i]);
         const int v = atoi(argv[i + 1]);
         if (!strcmp(argv[i], "--layers"))
             cfg.model.layers = v;
@@ -152,8 +277,13 @@ int main(int argc, char **argv)
                   "--backend cuda: built without CUDA");
 #endif
     }
+    if (ops && cuda)
+        trd_fatal(TRD_EXIT_INPUT, NULL, "--ops times the CPU backend's ops only");
+    /* The model runs over a copy of the table, which --ops changes later. */
+    Backend table = *be;
+    inner = be;
     ParamShard sh = params_full_shard(&cfg.model);
-    Model *m = model_create(&cfg, be, &sh, 1);
+    Model *m = model_create(&cfg, &table, &sh, 1);
     Decoder *dc = decoder_create(m, tokens + 1);
     int32_t *ids = malloc((size_t)(tokens + 1) * sizeof *ids);
     ids[0] = 0;
@@ -221,6 +351,43 @@ int main(int argc, char **argv)
     printf("ratio to the limit       %.3f   (%s)\n", best_tps / limit,
            cuda ? "no goal is set for the GPU"
                 : "goal >= 0.7, where llama.cpp's CPU decoding runs");
+    if (ops) {
+        /* One more round with every op timed: per token, by op and shape. */
+        time_ops(&table);
+        decoder_reset(dc);
+        const float *logits = decoder_step(dc, ids, 1);
+        memset(slots, 0, sizeof slots);
+        double argmax_s = 0;
+        const double t0 = now_s();
+        for (int t = 1; t <= tokens; t++) {
+            const double ta = now_s();
+            int best = 0;
+            for (int v = 1; v < cfg.model.vocab; v++)
+                best = logits[v] > logits[best] ? v : best;
+            ids[t] = best;
+            argmax_s += now_s() - ta;
+            logits = decoder_step(dc, ids + t, 1);
+        }
+        const double total = now_s() - t0;
+        double in_ops = 0;
+        printf("\nper token, op by op (%.1f tokens/s in this round, every op timed):\n",
+               tokens / total);
+        printf("  %-26s %6s %9s %6s %9s\n", "op", "calls", "ms", "share", "GB/s");
+        for (int i = 0; i < MAX_SLOTS && slots[i].calls; i++) {
+            in_ops += slots[i].s;
+            printf("  %-26s %6.0f %9.3f %5.1f%%", slots[i].name, (double)slots[i].calls / tokens,
+                   1e3 * slots[i].s / tokens, 100 * slots[i].s / total);
+            if (slots[i].bytes > 0)
+                printf(" %9.2f", 1e-9 * slots[i].bytes / slots[i].s);
+            printf("\n");
+        }
+        printf("  %-26s %6d %9.3f %5.1f%%\n", "argmax (bench loop)", 1, 1e3 * argmax_s / tokens,
+               100 * argmax_s / total);
+        printf("  %-26s %6s %9.3f %5.1f%%\n", "rest (between ops)", "",
+               1e3 * (total - in_ops - argmax_s) / tokens,
+               100 * (total - in_ops - argmax_s) / total);
+        printf("  %-26s %6s %9.3f\n", "token", "", 1e3 * total / tokens);
+    }
     free(ids);
     decoder_free(dc);
     model_free(m);

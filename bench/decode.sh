@@ -4,6 +4,7 @@
 # same run.
 #   bench/decode.sh                   GPT-2 124M, 128 new tokens, 3 rounds
 #   bench/decode.sh --tokens 256      more tokens (a longer cache)
+#   bench/decode.sh --ops             then the time of each op of a token
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/build.sh >/dev/null

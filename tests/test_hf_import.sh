@@ -12,7 +12,8 @@
 #     of a bf16 run's master weights = from its checkpoint; a gpt2 with a
 #     shorter seq_len takes the first rows of wpe; a mismatched model exits
 #     2 naming both values; a resumed run ignores init_from;
-#   - ckpt import's argument errors (exit 2);
+#   - ckpt import's argument errors (exit 2); a full disk (exit 1, nothing
+#     left behind);
 #   - bad safetensors (crafted by a short python script): exit 2 naming the
 #     file and the tensor, never a crash.
 . "$(dirname "$0")/e2e.sh"
@@ -75,6 +76,23 @@ ok "llama bf16: BF16 widened exactly (re-export as bf16 is byte-identical)" \
 import "$out/g.hf" "$out/g.imp"
 ok "import into a directory that holds a step 0: exit 2, not overwritten" \
     bash -c "[ $rc -eq 2 ] && grep -q 'not overwritten' '$out/i.log'"
+
+# A full disk (a 4 MiB tmpfs, as root; the model is 13 MB): exit 1 naming
+# the file, no step left behind.  The sink's thread writes behind the
+# conversion, so the failure surfaces at a later write or at the close.
+mnt="$out/mnt"
+mkdir -p "$mnt"
+if mount -t tmpfs -o size=4M tmpfs "$mnt" 2>/dev/null; then
+    trap 'umount "$mnt" 2>/dev/null; rm -rf "$out"' EXIT
+    timeout 60 "$TRIDENT" ckpt import --from hf --out "$mnt/x" "$out/g.hf" > "$out/i.log" 2>&1
+    r=$?
+    ok "import onto a full disk: exit $r (want 1), 'stage_0.h5: cannot write.*No space left'" \
+        bash -c "[ $r -eq 1 ] && grep -q 'stage_0.h5: cannot write.*No space left' '$out/i.log'"
+    ok "import onto a full disk: no step left behind" bash -c "! ls -d '$mnt/x'/step_* > /dev/null 2>&1"
+    umount "$mnt"
+else
+    echo "FAIL: cannot mount a tmpfs for the full-disk case (run as root)"; fails=$((fails + 1))
+fi
 
 for args in "--out $out/x $out/g.hf:--from hf is required" "--from onnx --out $out/x $out/g.hf:--from hf is required" \
             "--from hf $out/g.hf:--out is required" "--from hf --out $out/x:HF_DIR) is required" \

@@ -11,7 +11,7 @@
  * creates the shard files at their full size, every rank writes its own
  * tensors in place, rank 0 publishes.  A reader thread reads ahead of
  * the conversion and a writer thread writes behind it (hf_pipe_start,
- * sink_open): a plain copy holds a few checksum blocks (about 4 MiB each);
+ * ckpt_sink_open): a plain copy holds a few checksum blocks (about 4 MiB each);
  * a transform that needs the whole source (Conv1D transposes, the qkv
  * split) holds two tensors at most.  Layout and conventions:
  * docs/checkpoint.md, "Export to Hugging Face". */
@@ -509,158 +509,17 @@ static int hf_whole(Hf *h, const CkptEntry *e)
 
 /* ---- writing ----------------------------------------------------------- */
 
-/* A shard's bytes, gathered into large writes at their file offsets
- * (ckpt_raw.c: O_DIRECT where the file system allows).  Through stdio, the
- * copies into the page cache were a third of an export's time.  buf[lead]
- * holds file offset `at`, lead = at % CKPT_RAW_ALIGN, so the buffer is
- * aligned as the file is and whole blocks go out without another copy.
- * A thread of the sink writes the full buffers, in order, while the next
- * one fills: a direct write returns when the bytes are on the disk, and
- * waiting for it held up the conversion of the next rows. */
-enum { SINK_CAP = CKPT_RAW_STAGE + CKPT_RAW_ALIGN, SINK_BUFS = 3 };
-
-typedef struct {
-    size_t lead, n;
-    off_t at;
-} SinkJob;
-
-typedef struct {
-    CkptRaw raw;
-    const char *path;
-    char *buf; /* the one being filled: bufs[queued % SINK_BUFS] */
-    size_t lead, n;
-    off_t at;
-    char *bufs[SINK_BUFS]; /* SINK_CAP bytes each, aligned */
-    SinkJob job[SINK_BUFS];
-    int64_t queued, done; /* buffers handed to the writer, written */
-    int closing, err_no;  /* err_no: the first write's failure */
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    pthread_t thread;
-} Sink;
-
-static void *sink_writer(void *arg)
+/* The export's failure to write a shard (the sink's errno). */
+static int sink_failed(Hf *h, const CkptSink *s)
 {
-    Sink *s = arg;
-    pthread_mutex_lock(&s->mu);
-    for (;;) {
-        while (s->done == s->queued && !s->closing)
-            pthread_cond_wait(&s->cv, &s->mu);
-        if (s->done == s->queued)
-            break;
-        const SinkJob j = s->job[s->done % SINK_BUFS];
-        const char *buf = s->bufs[s->done % SINK_BUFS];
-        const int failed = s->err_no != 0;
-        pthread_mutex_unlock(&s->mu);
-        const int rc = failed ? 0 : ckpt_raw_write(&s->raw, buf + j.lead, j.n, j.at);
-        const int err_no = rc != 0 ? (errno ? errno : EIO) : 0;
-        pthread_mutex_lock(&s->mu);
-        if (err_no && !s->err_no)
-            s->err_no = err_no;
-        s->done++;
-        pthread_cond_broadcast(&s->cv);
-    }
-    pthread_mutex_unlock(&s->mu);
-    return NULL;
-}
-
-/* Open path for writing with the sink's buffers and thread; -1 with errno. */
-static int sink_open(Sink *s, const char *path)
-{
-    memset(s, 0, sizeof *s);
-    s->path = path;
-    if (ckpt_raw_open(&s->raw, path) != 0)
-        return -1;
-    for (int i = 0; i < SINK_BUFS; i++)
-        if (posix_memalign((void **)&s->bufs[i], CKPT_RAW_ALIGN, SINK_CAP) != 0) {
-            for (int k = 0; k < i; k++)
-                free(s->bufs[k]);
-            ckpt_raw_close(&s->raw, 0);
-            errno = ENOMEM;
-            return -1;
-        }
-    s->buf = s->bufs[0];
-    pthread_mutex_init(&s->mu, NULL);
-    pthread_cond_init(&s->cv, NULL);
-    TRD_ASSERT(pthread_create(&s->thread, NULL, sink_writer, s) == 0);
-    return 0;
-}
-
-/* The writer's failure, as a serial write would have reported it. */
-static int sink_failed(Hf *h, Sink *s)
-{
-    ckpt_err(h->err, "%s: cannot write: %s", s->path, strerror(s->err_no));
+    ckpt_err(h->err, "%s: cannot write: %s", s->path, strerror(errno));
     return TRD_EXIT_RUNTIME;
-}
-
-/* Hand the buffer being filled to the writer and take the next free one. */
-static int sink_flush(Hf *h, Sink *s)
-{
-    if (!s->n)
-        return s->err_no ? sink_failed(h, s) : TRD_EXIT_OK;
-    pthread_mutex_lock(&s->mu);
-    s->job[s->queued % SINK_BUFS] = (SinkJob){s->lead, s->n, s->at};
-    s->queued++;
-    pthread_cond_broadcast(&s->cv);
-    while (s->queued - s->done == SINK_BUFS)
-        pthread_cond_wait(&s->cv, &s->mu);
-    const int err_no = s->err_no;
-    pthread_mutex_unlock(&s->mu);
-    s->buf = s->bufs[s->queued % SINK_BUFS];
-    s->at += (off_t)s->n;
-    s->n = 0;
-    s->lead = (size_t)(s->at % CKPT_RAW_ALIGN);
-    return err_no ? sink_failed(h, s) : TRD_EXIT_OK;
-}
-
-static int sink_seek(Hf *h, Sink *s, off_t at)
-{
-    const int code = sink_flush(h, s);
-    s->at = at;
-    s->lead = (size_t)(at % CKPT_RAW_ALIGN);
-    return code;
-}
-
-/* Flush, wait for every write, end the thread and close (fsync when the
- * export so far succeeded).  Returns code, or the first failure. */
-static int sink_close(Hf *h, Sink *s, int code)
-{
-    if (code == TRD_EXIT_OK)
-        code = sink_flush(h, s);
-    pthread_mutex_lock(&s->mu);
-    s->closing = 1;
-    pthread_cond_broadcast(&s->cv);
-    pthread_mutex_unlock(&s->mu);
-    pthread_join(s->thread, NULL);
-    pthread_mutex_destroy(&s->mu);
-    pthread_cond_destroy(&s->cv);
-    if (code == TRD_EXIT_OK && s->err_no)
-        code = sink_failed(h, s);
-    if (ckpt_raw_close(&s->raw, code == TRD_EXIT_OK) != 0 && code == TRD_EXIT_OK) {
-        ckpt_err(h->err, "%s: cannot write: %s", s->path, strerror(errno));
-        code = TRD_EXIT_RUNTIME;
-    }
-    for (int i = 0; i < SINK_BUFS; i++)
-        free(s->bufs[i]);
-    return code;
-}
-
-static int sink_put(Hf *h, Sink *s, const char *src, size_t bytes)
-{
-    while (bytes > 0) {
-        const size_t room = SINK_CAP - s->lead - s->n, m = bytes < room ? bytes : room;
-        memcpy(s->buf + s->lead + s->n, src, m);
-        s->n += m, src += m, bytes -= m;
-        if (s->lead + s->n == SINK_CAP && sink_flush(h, s) != TRD_EXIT_OK)
-            return TRD_EXIT_RUNTIME;
-    }
-    return TRD_EXIT_OK;
 }
 
 /* n floats, converted to the export dtype: fp32 as they are, bf16 rounded
  * to nearest even by the same bf16_round the trainer uses (the upper 16 bits
  * of the rounded float are the bf16). */
-static int hf_emit(Hf *h, Sink *s, const float *x, size_t n)
+static int hf_emit(Hf *h, CkptSink *s, const float *x, size_t n)
 {
     const size_t bytes = n * (h->bf16 ? 2 : 4);
     const void *src = x;
@@ -679,8 +538,8 @@ static int hf_emit(Hf *h, Sink *s, const float *x, size_t n)
         }
         src = o;
     }
-    if (sink_put(h, s, src, bytes) != TRD_EXIT_OK)
-        return TRD_EXIT_RUNTIME;
+    if (ckpt_sink_put(s, src, bytes) != 0)
+        return sink_failed(h, s);
     h->written += (int64_t)bytes;
     return TRD_EXIT_OK;
 }
@@ -725,7 +584,7 @@ static int64_t qkv_src_row(const Hf *h, int part, int64_t j)
     return ckpt_hf_qkv_src_row(h->heads, h->kv_heads, h->hs, part, j);
 }
 
-static int hf_write_tensor(Hf *h, const HfTensor *t, Sink *s)
+static int hf_write_tensor(Hf *h, const HfTensor *t, CkptSink *s)
 {
     const CkptEntry *e = t->src;
     if (t->op == HF_COPY) {
@@ -885,8 +744,8 @@ static int hf_write_shards(Hf *h)
             continue;
         char path[CKPT_FILE_PATH];
         hf_shard_path(h, shard, 1, path, sizeof path);
-        Sink s;
-        if (sink_open(&s, path) != 0) {
+        CkptSink s;
+        if (ckpt_sink_open(&s, path) != 0) {
             ckpt_err(h->err, "%s: cannot open for writing: %s", path, strerror(errno));
             return TRD_EXIT_RUNTIME;
         }
@@ -896,11 +755,14 @@ static int hf_write_shards(Hf *h)
             const HfTensor *t = &h->t[i];
             if (t->shard != shard || t->owner != h->rank)
                 continue;
-            code = sink_seek(h, &s, (off_t)(8 + len + (uint64_t)t->offset));
+            code = ckpt_sink_seek(&s, (off_t)(8 + len + (uint64_t)t->offset)) == 0
+                       ? TRD_EXIT_OK
+                       : sink_failed(h, &s);
             if (code == TRD_EXIT_OK)
                 code = hf_write_tensor(h, t, &s);
         }
-        code = sink_close(h, &s, code);
+        if (ckpt_sink_close(&s, code == TRD_EXIT_OK) != 0 && code == TRD_EXIT_OK)
+            code = sink_failed(h, &s);
     }
     return code;
 }

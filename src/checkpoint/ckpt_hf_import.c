@@ -62,7 +62,12 @@ typedef struct {
     cJSON *weight_map; /* NULL: one model.safetensors */
     cJSON *index_doc;
     int want_bf16; /* -1: config.json does not say */
+    int prefetch;  /* st_read only asks the kernel to read ahead (ST_PREFETCHED) */
 } StSet;
+
+/* What st_read returns in prefetch mode: the tensor's bytes were asked for
+ * (posix_fadvise WILLNEED), none were read.  Not an exit code. */
+enum { ST_PREFETCHED = -1 };
 
 static int tensor_cmp(const void *a, const void *b)
 {
@@ -356,6 +361,8 @@ static int st_read(StSet *s, const char *name, int64_t r, int64_t c, float *out,
         for (int i = 0; e && i < s->n_files && !f; i++)
             if (!strcmp(strrchr(s->f[i].path, '/') + 1, e->valuestring))
                 f = &s->f[i];
+        if (!f && s->prefetch)
+            return ST_PREFETCHED; /* the real read reports it */
         if (!f) {
             ckpt_err(err, "%s/model.safetensors.index.json: required tensor '%s' is missing",
                      s->dir, name);
@@ -365,6 +372,13 @@ static int st_read(StSet *s, const char *name, int64_t r, int64_t c, float *out,
         f = &s->f[0];
     }
     t = st_find_in(f, name);
+    if (s->prefetch) {
+        /* The kernel reads these bytes while the tensor before is
+         * converted and written; the real read then finds them cached. */
+        if (t)
+            (void)posix_fadvise(f->fd, t->begin, t->end - t->begin, POSIX_FADV_WILLNEED);
+        return ST_PREFETCHED;
+    }
     if (!t) {
         ckpt_err(err, "%s: required tensor '%s' is missing", f->path, name);
         return TRD_EXIT_INPUT;
@@ -583,15 +597,17 @@ static int read_qkv(Imp *im, int l, int bias, float *out)
         snprintf(name, sizeof name, "transformer.h.%d.attn.c_attn.%s", l, bias ? "bias" : "weight");
         float *w = scratch(im, bias ? A3 : C * A3);
         int code = st_read(&im->st, name, bias ? A3 : C, bias ? 0 : A3, w, im->err);
+        if (code)
+            return code;
         int64_t *row = trd_malloc((size_t)A3 * sizeof *row, "c_attn row map");
         for (int64_t j = 0; j < A3; j++)
             row[j] = ckpt_hf_qkv_src_row(H, KV, hs, QKV_ALL, j);
-        for (int64_t j = 0; code == 0 && bias && j < A3; j++)
+        for (int64_t j = 0; bias && j < A3; j++)
             out[row[j]] = w[j];
-        if (code == 0 && !bias) /* [C, 3A]: column j is trident row row[j] */
+        if (!bias) /* [C, 3A]: column j is trident row row[j] */
             ckpt_transpose(w, C, A3, NULL, row, out);
         free(row);
-        return code;
+        return 0;
     }
     static const char *const proj[3] = {"q_proj", "k_proj", "v_proj"};
     for (int part = QKV_Q; part <= QKV_V; part++) {
@@ -599,13 +615,15 @@ static int read_qkv(Imp *im, int l, int bias, float *out)
         snprintf(name, sizeof name, "model.layers.%d.self_attn.%s.weight", l, proj[part]);
         float *w = scratch(im, rows * C);
         int code = st_read(&im->st, name, rows, C, w, im->err);
+        if (code == ST_PREFETCHED)
+            continue; /* ask for k and v too */
         if (code)
             return code;
         for (int64_t j = 0; j < rows; j++)
             memcpy(out + ckpt_hf_qkv_src_row(H, KV, hs, part, j) * C, w + j * C,
                    (size_t)C * sizeof(float));
     }
-    return 0;
+    return im->st.prefetch ? ST_PREFETCHED : 0;
 }
 
 /* Trident tensor p (global shape [rows, cols], real rows only) into out. */
@@ -684,10 +702,34 @@ static int fill_finite(Imp *im, const ParamSpec *p, int64_t rows, float *out, co
     return code;
 }
 
+enum { PREFETCH_AHEAD = 64 << 20 };
+
+/* Ask the kernel to read the HF bytes of tensor p ahead (fill's sources,
+ * nothing converted), so that reading them overlaps the tensor before. */
+static void prefetch(Imp *im, const ParamSpec *p)
+{
+    im->st.prefetch = 1;
+    (void)fill(im, p, p->real_rows, NULL);
+    im->st.prefetch = 0;
+}
+
 /* ---- writing the checkpoint ------------------------------------------- */
 
-static int write_tensor(Imp *im, hid_t group, CkptRaw *raw, const CkptEntry *e, const float *w,
-                        const char *path)
+/* Tensors below this size are copied into the sink's buffers; larger ones
+ * are written from their own buffer, which then stays busy until *ticket. */
+enum { SINK_COPY_BELOW = 1 << 20 };
+
+static int sink_tensor(CkptSink *sink, const float *w, size_t n, off_t at, int64_t *ticket)
+{
+    *ticket = 0;
+    if (n < SINK_COPY_BELOW)
+        return ckpt_sink_seek(sink, at) == 0 && ckpt_sink_put(sink, w, n) == 0 ? 0 : -1;
+    *ticket = ckpt_sink_write_ref(sink, w, n, at);
+    return *ticket > 0 ? 0 : -1;
+}
+
+static int write_tensor(Imp *im, hid_t group, CkptSink *sink, const CkptEntry *e, const float *w,
+                        const char *path, int64_t *ticket)
 {
     const int64_t R = ckpt_block_rows(e->ndim, e->shape), nb = ckpt_n_blocks(e->ndim, e->shape);
     uint64_t *sums = trd_calloc((size_t)(nb ? nb : 1), sizeof(uint64_t), "checksums");
@@ -696,7 +738,8 @@ static int write_tensor(Imp *im, hid_t group, CkptRaw *raw, const CkptEntry *e, 
         sums[b] = ckpt_checksum_rows(w + r0 * e->shape[1], r0, n, e->shape[1]);
     }
     /* Allocated now and never filled: the values go straight to the
-     * dataset's bytes in the file (ckpt_raw.c), as a save writes them. */
+     * dataset's bytes in the file (ckpt_raw.c), as a save writes them,
+     * by the sink's thread while the next tensor is read and converted. */
     hid_t dcpl = H5Pcreate(H5P_DATASET_CREATE);
     H5Pset_layout(dcpl, H5D_CONTIGUOUS);
     H5Pset_alloc_time(dcpl, H5D_ALLOC_TIME_EARLY);
@@ -704,8 +747,7 @@ static int write_tensor(Imp *im, hid_t group, CkptRaw *raw, const CkptEntry *e, 
     hid_t space = ckpt_space(e->ndim, e->shape);
     hid_t d = H5Dcreate2(group, e->name, H5T_IEEE_F32LE, space, H5P_DEFAULT, dcpl, H5P_DEFAULT);
     const haddr_t at = d >= 0 ? H5Dget_offset(d) : HADDR_UNDEF;
-    int ok = at != HADDR_UNDEF &&
-             ckpt_raw_write(raw, (const char *)w, (size_t)e->nbytes, (off_t)at) == 0 &&
+    int ok = at != HADDR_UNDEF && sink_tensor(sink, w, (size_t)e->nbytes, (off_t)at, ticket) == 0 &&
              ckpt_put_checksums(d, e, sums) == 0;
     const int saved = errno;
     if (d >= 0)
@@ -714,10 +756,16 @@ static int write_tensor(Imp *im, hid_t group, CkptRaw *raw, const CkptEntry *e, 
     H5Pclose(dcpl);
     free(sums);
     if (!ok) {
+        /* A write behind us that failed (a full disk) is the cause of
+         * whatever failed here, HDF5's allocation included. */
+        const int behind = ckpt_sink_error(sink);
         char why[256];
         ckpt_h5_reason(why, sizeof why);
-        ckpt_err(im->err, "%s: cannot write tensor '%s': %s", path, e->name,
-                 why[0] ? why : strerror(saved));
+        if (behind)
+            ckpt_err(im->err, "%s: cannot write: %s", path, strerror(behind));
+        else
+            ckpt_err(im->err, "%s: cannot write tensor '%s': %s", path, e->name,
+                     why[0] ? why : strerror(saved));
         return TRD_EXIT_RUNTIME;
     }
     return TRD_EXIT_OK;
@@ -788,10 +836,15 @@ int ckpt_hf_import(const char *hf_dir, const char *out_dir, char *const *sets, i
     code = st_set_open(&im.st, hf_dir, err);
     ParamTable t = {0};
     CkptEntry *e = NULL;
-    float *w = NULL;
-    size_t w_cap = 0;
-    CkptRaw raw;
-    int raw_open = 0;
+    /* Buffers: two for the large tensors, taken in turn, one written from
+     * (by the sink's thread) while the next large tensor fills the other;
+     * the third for the small ones, which the sink copies at once. */
+    float *w[3] = {NULL, NULL, NULL};
+    size_t w_cap[3] = {0, 0, 0};
+    int64_t w_ticket[3] = {0, 0, 0};
+    int n_large = 0;
+    CkptSink sink;
+    int sink_open = 0;
     hid_t f = -1, group = -1;
     char path[CKPT_FILE_PATH];
     if (code)
@@ -805,17 +858,20 @@ int ckpt_hf_import(const char *hf_dir, const char *out_dir, char *const *sets, i
     e = trd_calloc((size_t)t.n, sizeof *e, "checkpoint index");
     snprintf(path, sizeof path, "%s/stage_0.h5", tmp);
     hid_t fapl = ckpt_serial_fapl();
+    TRD_ASSERT(ckpt_fapl_tensor_layout(fapl) == 0);
     f = H5Fcreate(path, H5F_ACC_TRUNC, H5P_DEFAULT, fapl);
     H5Pclose(fapl);
     group = f >= 0
                 ? H5Gcreate2(f, ckpt_kind_names[CKPT_PARAMS], H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT)
                 : -1;
-    if (group < 0 || ckpt_raw_open(&raw, path) != 0) {
+    if (group < 0 || ckpt_sink_open(&sink, path) != 0) {
         ckpt_err(err, "%s: cannot create", path);
         code = TRD_EXIT_RUNTIME;
         goto done;
     }
-    raw_open = 1;
+    sink_open = 1;
+    int ahead = 0;           /* tensors [0, ahead) were prefetched */
+    int64_t ahead_bytes = 0; /* of them, not yet converted */
     for (int i = 0; i < t.n && code == TRD_EXIT_OK; i++) {
         const ParamSpec *p = &t.p[i];
         CkptEntry *x = &e[i];
@@ -827,26 +883,39 @@ int ckpt_hf_import(const char *hf_dir, const char *out_dir, char *const *sets, i
         x->shape[0] = p->real_rows;
         x->shape[1] = p->shape[1];
         x->nbytes = x->shape[0] * x->shape[1] * (int64_t)sizeof(float);
-        /* One buffer for every tensor: a fresh one each time (freed back
-         * to the kernel) was page faults and zeroing of the whole model. */
-        if ((size_t)x->nbytes > w_cap) {
-            free(w);
-            w_cap = (size_t)x->nbytes;
-            w = trd_malloc(w_cap, "import tensor");
+        /* Buffers reused across tensors: a fresh one each time (freed back
+         * to the kernel) was page faults and zeroing of the whole model.
+         * Aligned like the tensor's place in the file (ckpt_fapl_tensor_
+         * layout), so the direct writes need no staging copy. */
+        const int k = x->nbytes < SINK_COPY_BELOW ? 2 : n_large++ & 1;
+        ckpt_sink_wait(&sink, w_ticket[k]);
+        if ((size_t)x->nbytes > w_cap[k]) {
+            free(w[k]);
+            w_cap[k] = (size_t)x->nbytes;
+            if (posix_memalign((void **)&w[k], CKPT_RAW_ALIGN, w_cap[k]) != 0)
+                trd_fatal(TRD_EXIT_RUNTIME, NULL, "out of memory: import tensor (%zu bytes)",
+                          w_cap[k]);
         }
-        code = fill_finite(&im, p, x->shape[0], w, hf_dir);
+        /* Keep the kernel reading up to PREFETCH_AHEAD bytes past this
+         * tensor (at least the next one) while it is converted and written. */
+        for (; ahead < t.n && (ahead <= i + 1 || ahead_bytes < PREFETCH_AHEAD); ahead++) {
+            prefetch(&im, &t.p[ahead]);
+            ahead_bytes += t.p[ahead].real_rows * t.p[ahead].shape[1] * (int64_t)sizeof(float);
+        }
+        ahead_bytes -= x->nbytes;
+        code = fill_finite(&im, p, x->shape[0], w[k], hf_dir);
         if (code)
             snprintf(err, CFG_ERR, "%s", im.err);
         else
-            code = write_tensor(&im, group, &raw, x, w, path);
+            code = write_tensor(&im, group, &sink, x, w[k], path, &w_ticket[k]);
         if (code && !err[0])
             snprintf(err, CFG_ERR, "%s", im.err);
     }
     H5Gclose(group);
     group = -1;
-    raw_open = 0;
-    if (ckpt_raw_close(&raw, code == 0) != 0 && code == 0) {
-        ckpt_err(err, "%s: cannot sync: %s", path, strerror(errno));
+    sink_open = 0;
+    if (ckpt_sink_close(&sink, code == 0) != 0 && code == 0) {
+        ckpt_err(err, "%s: cannot write: %s", path, strerror(errno));
         code = TRD_EXIT_RUNTIME;
     }
     if (H5Fclose(f) < 0 && code == 0) {
@@ -889,8 +958,8 @@ int ckpt_hf_import(const char *hf_dir, const char *out_dir, char *const *sets, i
                t.n, config_arch_name(m->arch), m->layers, m->hidden, m->heads, m->kv_heads,
                m->vocab, m->tie_embeddings ? "tied" : "untied", hf_dir, final);
 done:
-    if (raw_open)
-        ckpt_raw_close(&raw, 0);
+    if (sink_open)
+        ckpt_sink_close(&sink, 0);
     if (group >= 0)
         H5Gclose(group);
     if (f >= 0)
@@ -898,7 +967,8 @@ done:
     if (code && dir_exists(tmp))
         ckpt_rm_tree(tmp);
     free(e);
-    free(w);
+    for (int k = 0; k < 3; k++)
+        free(w[k]);
     free(im.scratch);
     params_free(&t);
     st_set_close(&im.st);

@@ -13,6 +13,7 @@
 #define TRD_CKPT_INTERNAL_H
 
 #include <hdf5.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <sys/types.h>
 
@@ -84,6 +85,58 @@ int ckpt_raw_open(CkptRaw *w, const char *path);
 int ckpt_raw_write(CkptRaw *w, const char *src, size_t n, off_t at);
 /* fsync (when sync) and close: 0, or -1 with errno. */
 int ckpt_raw_close(CkptRaw *w, int sync);
+
+/* A file's bytes through CkptRaw, written behind the caller by a thread of
+ * the sink.  put() copies into one of CKPT_SINK_BUFS buffers of
+ * CKPT_RAW_STAGE bytes, aligned as the file is (buf[lead] holds offset
+ * `at`, lead = at % CKPT_RAW_ALIGN, so whole blocks go out with O_DIRECT
+ * and no other copy), and a full buffer goes to the writer while the next
+ * fills; write_ref() hands over the caller's own bytes, uncopied.  A direct
+ * write returns only when its bytes are on the disk: done in line, it held
+ * up the work that makes the next bytes (an export's conversion, an
+ * import's reads and transposes).  Each call returns 0, or -1 with errno:
+ * the first failure of any write so far. */
+enum { CKPT_SINK_CAP = CKPT_RAW_STAGE + CKPT_RAW_ALIGN, CKPT_SINK_BUFS = 3, CKPT_SINK_JOBS = 16 };
+typedef struct {
+    const char *src;
+    size_t n;
+    off_t at;
+} CkptSinkJob;
+typedef struct {
+    CkptRaw raw;
+    const char *path;
+    char *buf; /* being filled, or NULL: bufs[n_bufs % CKPT_SINK_BUFS] is next */
+    size_t lead, n;
+    off_t at;
+    char *bufs[CKPT_SINK_BUFS];         /* CKPT_SINK_CAP bytes each, aligned */
+    int64_t buf_ticket[CKPT_SINK_BUFS]; /* the job that last wrote each */
+    int64_t n_bufs;                     /* buffers taken so far */
+    CkptSinkJob job[CKPT_SINK_JOBS];    /* a ring: job t at t % CKPT_SINK_JOBS */
+    int64_t queued, done; /* jobs handed to the writer, written (ticket t: the t-th) */
+    int closing, err_no;  /* err_no: the first write's failure */
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    pthread_t thread;
+} CkptSink;
+/* Open path (which must exist) and start the writer. */
+int ckpt_sink_open(CkptSink *s, const char *path);
+/* The next bytes go to file offset at (what was put before is handed over). */
+int ckpt_sink_seek(CkptSink *s, off_t at);
+int ckpt_sink_put(CkptSink *s, const void *src, size_t bytes);
+/* n bytes of the caller's src at file offset at, written by the thread
+ * from src itself (no copy; whole blocks go out directly when src is
+ * aligned as the file is): what was put before is handed over first.
+ * Returns a ticket (> 0) for ckpt_sink_wait, or -1 with errno.  src must
+ * stay untouched until then. */
+int64_t ckpt_sink_write_ref(CkptSink *s, const void *src, size_t n, off_t at);
+/* Wait until the write of ticket t is done (t <= 0: nothing to wait for). */
+void ckpt_sink_wait(CkptSink *s, int64_t t);
+/* The first failed write's errno, or 0, once the buffers handed to the
+ * writer so far are written. */
+int ckpt_sink_error(CkptSink *s);
+/* Hand over the rest, wait for every write, end the thread, fsync (when
+ * sync) and close. */
+int ckpt_sink_close(CkptSink *s, int sync);
 
 /* out[(omap ? omap[j] : j) * r + i] = in[(imap ? imap[i] : i) * c + j] for
  * i < r, j < c: a transpose with optional row maps (the Hugging Face
@@ -196,6 +249,10 @@ int ckpt_agree(Comm *world, int rc, char err[CFG_ERR]);
 /* File access properties for serial opens (index, tools): sec2 driver,
  * no file locking. */
 hid_t ckpt_serial_fapl(void);
+/* A stage file's layout (on a file access list): metadata in 4 MiB
+ * blocks, tensors of 64 KiB or more on CKPT_RAW_ALIGN boundaries.  0, or
+ * -1 when HDF5 refuses. */
+int ckpt_fapl_tensor_layout(hid_t fapl);
 /* Silence HDF5's own error printing while we report errors ourselves. */
 void ckpt_h5_quiet(void);
 /* The innermost HDF5 error message, for the user ("checksum failed"...). */

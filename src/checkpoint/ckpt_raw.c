@@ -13,9 +13,11 @@
  * written both ways: direct writes cover whole blocks inside one piece,
  * buffered ones the blocks a piece shares with its neighbours. */
 #include "checkpoint/ckpt_internal.h"
+#include "core/error.h"
 
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -93,5 +95,174 @@ int ckpt_raw_close(CkptRaw *w, int sync)
         close(w->fd);
     free(w->stage);
     errno = saved;
+    return rc;
+}
+
+/* ---- CkptSink: the writes behind the caller ----------------------------- */
+
+static void *sink_writer(void *arg)
+{
+    CkptSink *s = arg;
+    pthread_mutex_lock(&s->mu);
+    for (;;) {
+        while (s->done == s->queued && !s->closing)
+            pthread_cond_wait(&s->cv, &s->mu);
+        if (s->done == s->queued)
+            break;
+        const CkptSinkJob j = s->job[s->done % CKPT_SINK_JOBS];
+        const int failed = s->err_no != 0;
+        pthread_mutex_unlock(&s->mu);
+        const int rc = failed ? 0 : ckpt_raw_write(&s->raw, j.src, j.n, j.at);
+        const int err_no = rc != 0 ? (errno ? errno : EIO) : 0;
+        pthread_mutex_lock(&s->mu);
+        if (err_no && !s->err_no)
+            s->err_no = err_no;
+        s->done++;
+        pthread_cond_broadcast(&s->cv);
+    }
+    pthread_mutex_unlock(&s->mu);
+    return NULL;
+}
+
+int ckpt_sink_open(CkptSink *s, const char *path)
+{
+    memset(s, 0, sizeof *s);
+    s->path = path;
+    if (ckpt_raw_open(&s->raw, path) != 0)
+        return -1;
+    for (int i = 0; i < CKPT_SINK_BUFS; i++)
+        if (posix_memalign((void **)&s->bufs[i], CKPT_RAW_ALIGN, CKPT_SINK_CAP) != 0) {
+            for (int k = 0; k < i; k++)
+                free(s->bufs[k]);
+            ckpt_raw_close(&s->raw, 0);
+            errno = ENOMEM;
+            return -1;
+        }
+    pthread_mutex_init(&s->mu, NULL);
+    pthread_cond_init(&s->cv, NULL);
+    TRD_ASSERT(pthread_create(&s->thread, NULL, sink_writer, s) == 0);
+    return 0;
+}
+
+/* errno = the first write's failure: -1, else 0. */
+static int sink_status(int err_no)
+{
+    if (!err_no)
+        return 0;
+    errno = err_no;
+    return -1;
+}
+
+/* Hand job j to the writer (waiting while the ring is full): its ticket. */
+static int64_t sink_queue(CkptSink *s, CkptSinkJob j, int *err_no)
+{
+    pthread_mutex_lock(&s->mu);
+    while (s->queued - s->done == CKPT_SINK_JOBS)
+        pthread_cond_wait(&s->cv, &s->mu);
+    s->job[s->queued % CKPT_SINK_JOBS] = j;
+    const int64_t ticket = ++s->queued;
+    pthread_cond_broadcast(&s->cv);
+    *err_no = s->err_no;
+    pthread_mutex_unlock(&s->mu);
+    return ticket;
+}
+
+void ckpt_sink_wait(CkptSink *s, int64_t t)
+{
+    pthread_mutex_lock(&s->mu);
+    while (s->done < t)
+        pthread_cond_wait(&s->cv, &s->mu);
+    pthread_mutex_unlock(&s->mu);
+}
+
+/* Hand the buffer being filled to the writer. */
+static int sink_flush(CkptSink *s)
+{
+    int err_no = 0;
+    if (s->n) {
+        const int b = (int)(s->n_bufs % CKPT_SINK_BUFS);
+        s->buf_ticket[b] = sink_queue(s, (CkptSinkJob){s->buf + s->lead, s->n, s->at}, &err_no);
+        s->n_bufs++;
+        s->at += (off_t)s->n;
+        s->n = 0;
+        s->lead = (size_t)(s->at % CKPT_RAW_ALIGN);
+    } else {
+        pthread_mutex_lock(&s->mu);
+        err_no = s->err_no;
+        pthread_mutex_unlock(&s->mu);
+    }
+    s->buf = NULL;
+    return sink_status(err_no);
+}
+
+int ckpt_sink_seek(CkptSink *s, off_t at)
+{
+    const int rc = sink_flush(s);
+    const int err_no = errno;
+    s->at = at;
+    s->lead = (size_t)(at % CKPT_RAW_ALIGN);
+    errno = err_no;
+    return rc;
+}
+
+int ckpt_sink_put(CkptSink *s, const void *src, size_t bytes)
+{
+    const char *p = src;
+    while (bytes > 0) {
+        if (!s->buf) { /* the next buffer, once its last write is done */
+            const int b = (int)(s->n_bufs % CKPT_SINK_BUFS);
+            ckpt_sink_wait(s, s->buf_ticket[b]);
+            s->buf = s->bufs[b];
+        }
+        const size_t room = CKPT_SINK_CAP - s->lead - s->n, m = bytes < room ? bytes : room;
+        memcpy(s->buf + s->lead + s->n, p, m);
+        s->n += m, p += m, bytes -= m;
+        if (s->lead + s->n == CKPT_SINK_CAP && sink_flush(s) != 0)
+            return -1;
+    }
+    return 0;
+}
+
+int64_t ckpt_sink_write_ref(CkptSink *s, const void *src, size_t n, off_t at)
+{
+    if (sink_flush(s) != 0)
+        return -1;
+    int err_no;
+    const int64_t ticket = sink_queue(s, (CkptSinkJob){src, n, at}, &err_no);
+    s->at = at + (off_t)n;
+    s->lead = (size_t)(s->at % CKPT_RAW_ALIGN);
+    return sink_status(err_no) == 0 ? ticket : -1;
+}
+
+int ckpt_sink_error(CkptSink *s)
+{
+    pthread_mutex_lock(&s->mu);
+    while (s->done < s->queued)
+        pthread_cond_wait(&s->cv, &s->mu);
+    const int err_no = s->err_no;
+    pthread_mutex_unlock(&s->mu);
+    return err_no;
+}
+
+int ckpt_sink_close(CkptSink *s, int sync)
+{
+    int rc = sync ? sink_flush(s) : 0;
+    pthread_mutex_lock(&s->mu);
+    s->closing = 1;
+    pthread_cond_broadcast(&s->cv);
+    pthread_mutex_unlock(&s->mu);
+    pthread_join(s->thread, NULL);
+    pthread_mutex_destroy(&s->mu);
+    pthread_cond_destroy(&s->cv);
+    if (rc == 0 && sync)
+        rc = sink_status(s->err_no);
+    int err_no = errno;
+    if (ckpt_raw_close(&s->raw, sync && rc == 0) != 0 && rc == 0) {
+        rc = -1;
+        err_no = errno;
+    }
+    for (int i = 0; i < CKPT_SINK_BUFS; i++)
+        free(s->bufs[i]);
+    errno = err_no;
     return rc;
 }

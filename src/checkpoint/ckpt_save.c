@@ -294,14 +294,9 @@ static int write_stage(const char *path, const CkptShardView *v, const Catalog *
     MPI_Info info;
     MPI_Info_create(&info);
     MPI_Info_set(info, "romio_ds_write", "disable");
-    /* Metadata (object headers, attributes, group indexes) gathered in
-     * 4 MiB blocks instead of scattered between the tensors: a reader
-     * opening hundreds of datasets from a cold cache then reads a few
-     * blocks, not hundreds of seeks.  Tensors start on 4 KiB boundaries. */
     hid_t fapl = H5Pcreate(H5P_FILE_ACCESS);
     TRD_ASSERT(fapl >= 0 && H5Pset_fapl_mpio(fapl, comm_mpi(stage), info) >= 0 &&
-               H5Pset_meta_block_size(fapl, 4 << 20) >= 0 &&
-               H5Pset_alignment(fapl, 64 << 10, 4 << 10) >= 0);
+               ckpt_fapl_tensor_layout(fapl) == 0);
     /* Collective: every rank of the stage gets the same outcome. */
     hid_t f = H5Fcreate(path, H5F_ACC_TRUNC, H5P_DEFAULT, fapl);
     H5Pclose(fapl);

@@ -918,6 +918,11 @@ int ckpt_hf_import(const char *hf_dir, const char *out_dir, char *const *sets, i
         ckpt_err(err, "%s: cannot write: %s", path, strerror(errno));
         code = TRD_EXIT_RUNTIME;
     }
+    /* A failed import is removed below.  Its tensor bytes go first: on a
+     * full disk HDF5's close must still write its metadata, and a close
+     * that fails leaves the library to crash in its exit handler. */
+    if (code)
+        (void)truncate(path, 0);
     if (H5Fclose(f) < 0 && code == 0) {
         ckpt_err(err, "%s: cannot close", path);
         code = TRD_EXIT_RUNTIME;

@@ -363,17 +363,17 @@ static void progress(Prep *p, uint64_t file_bytes_now, int last)
         format_duration(el * ((double)p->total_bytes - done) / done, d, sizeof d);
         snprintf(eta, sizeof eta, ", ETA %s", d);
     }
-    fprintf(stderr, "%sprepare-data: %llu documents, %.1f", p->tty ? "\r" : "",
-            (unsigned long long)docs, trd_mib((size_t)done));
+    /* One write of the whole line: under mpiexec, stdout and stderr reach
+     * the same file through separate pipes, and a line written in pieces
+     * came out with the summary's stdout in its middle. */
+    char total[64] = " MiB";
     if (p->total_bytes)
-        fprintf(stderr, " / %.1f MiB (%.0f%%)", trd_mib(p->total_bytes),
-                100.0 * done / (double)p->total_bytes);
-    else
-        fprintf(stderr, " MiB");
-    fprintf(stderr, ", %.1f MiB/s, %.0f tokens/s%s%s", el > 0 ? trd_mib((size_t)done) / el : 0.0,
-            el > 0 ? (double)tokens / el : 0.0, eta, p->tty && !last ? "\033[K" : "\n");
-    if (last && p->tty)
-        fputc('\n', stderr);
+        snprintf(total, sizeof total, " / %.1f MiB (%.0f%%)", trd_mib(p->total_bytes),
+                 100.0 * done / (double)p->total_bytes);
+    fprintf(stderr, "%sprepare-data: %llu documents, %.1f%s, %.1f MiB/s, %.0f tokens/s%s%s%s",
+            p->tty ? "\r" : "", (unsigned long long)docs, trd_mib((size_t)done), total,
+            el > 0 ? trd_mib((size_t)done) / el : 0.0, el > 0 ? (double)tokens / el : 0.0, eta,
+            p->tty && !last ? "\033[K" : "\n", last && p->tty ? "\n" : "");
     fflush(stderr);
 }
 

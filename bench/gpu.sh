@@ -71,7 +71,7 @@ echo "trident: $(basename "$cfg" .yaml), batch $batch x $seq, bf16: $tps tokens/
 
 if [ -n "$llmc" ]; then
     shard=$out/brown_llmc
-    [ -f "$shard.bin" ] || "$trident" prepare-data --input data/brown/txt/c?? --tokenizer gpt2 \
+    [ -f "$shard.bin" ] || "$trident" prepare-data --input data/brown/txt --tokenizer gpt2 \
         --format llmc --out "$shard" >/dev/null
     make -C "$llmc" train_gpt2cu USE_CUDNN="${USE_CUDNN:-1}" >/dev/null
     "$llmc/train_gpt2cu" -i "$shard.bin" -j "$shard.bin" -e "$depth" -b "$batch" -t "$seq" \

@@ -6,7 +6,8 @@
 #
 #   bench/gpu.sh                        124M, micro-batch 8 x 1024, 30 steps
 #   bench/gpu.sh --model 1.5b --batch 4
-#   bench/gpu.sh --llmc ~/llm.c         also build and run llm.c (make train_gpt2cu)
+#   bench/gpu.sh --llmc ~/llm.c         also build and run llm.c (make train_gpt2cu;
+#                                       USE_CUDNN=0 where no cuDNN frontend is installed)
 #   bench/gpu.sh --trident BIN          a trident built elsewhere (-Dcuda=enabled)
 #   bench/gpu.sh --seq 64 --steps 4 --config configs/tiny.yaml   (a quick check)
 #
@@ -75,7 +76,7 @@ if [ -n "$llmc" ]; then
         --format llmc --out "$shard" >/dev/null
     make -C "$llmc" train_gpt2cu USE_CUDNN="${USE_CUDNN:-1}" >/dev/null
     "$llmc/train_gpt2cu" -i "$shard.bin" -j "$shard.bin" -e "$depth" -b "$batch" -t "$seq" \
-        -d $((batch * seq)) -x "$steps" -v 0 -s 0 -n 0 -y 0 -l 1e-4 \
+        -d $((batch * seq)) -x "$steps" -v $((steps + 1)) -m 1 -s 0 -n 0 -y 0 -l 1e-4 \
         > "$out/llmc.log" 2>&1 || { tail -20 "$out/llmc.log"; exit 1; }
     ltps=$(awk '/^step/ { split($0, f, "|"); n++; if (n > 3) { s = f[length(f)];
             gsub(/[^0-9.]/, "", s); print s } }' "$out/llmc.log" | median)

@@ -50,6 +50,7 @@ typedef struct {
 typedef struct {
     char path[CKPT_FILE_PATH];
     int fd;
+    int fd_direct; /* O_DIRECT, or -1 (ckpt import's reads ahead) */
     int64_t size;
     StTensor *t;
     int n;
@@ -62,12 +63,23 @@ typedef struct {
     cJSON *weight_map; /* NULL: one model.safetensors */
     cJSON *index_doc;
     int want_bf16; /* -1: config.json does not say */
-    int prefetch;  /* st_read only asks the kernel to read ahead (ST_PREFETCHED) */
+    /* Planning: st_get only appends the tensor's bytes to the plan
+     * (returning ST_PLANNED); a source then reads the plan ahead of the
+     * st_get calls that follow, made in the same order. */
+    int planning;
+    CkptSourceRead *plan;
+    const StTensor **plan_t; /* the tensor of each read, to check the order */
+    int n_plan, plan_cap;
+    CkptSource *src; /* NULL: st_get reads with pread */
+    int held;        /* a view into the source's ring awaits st_done */
+    void *raw;       /* without a source: a tensor's bytes */
+    float *wide;     /* a BF16 tensor widened */
+    size_t raw_cap, wide_cap;
 } StSet;
 
-/* What st_read returns in prefetch mode: the tensor's bytes were asked for
- * (posix_fadvise WILLNEED), none were read.  Not an exit code. */
-enum { ST_PREFETCHED = -1 };
+/* What st_get returns while planning: the tensor's bytes were planned,
+ * none were read.  Not an exit code. */
+enum { ST_PLANNED = -1 };
 
 static int tensor_cmp(const void *a, const void *b)
 {
@@ -95,7 +107,9 @@ static void st_close(StFile *f)
     free(f->t);
     if (f->fd >= 0)
         close(f->fd);
-    f->fd = -1;
+    if (f->fd_direct >= 0)
+        close(f->fd_direct);
+    f->fd = f->fd_direct = -1;
     f->t = NULL;
     f->n = 0;
 }
@@ -105,9 +119,9 @@ static void st_close(StFile *f)
 static int st_open(StFile *f, const char *path, char err[CFG_ERR])
 {
     memset(f, 0, sizeof *f);
-    f->fd = -1;
     snprintf(f->path, sizeof f->path, "%s", path);
     f->fd = open(path, O_RDONLY | O_CLOEXEC);
+    f->fd_direct = f->fd >= 0 ? open(path, O_RDONLY | O_CLOEXEC | O_DIRECT) : -1;
     struct stat st;
     if (f->fd < 0 || fstat(f->fd, &st) != 0 || !S_ISREG(st.st_mode)) {
         ckpt_err(err, "%s: cannot open: %s", path, f->fd < 0 ? strerror(errno) : "not a file");
@@ -343,26 +357,49 @@ static int st_set_open(StSet *s, const char *dir, char err[CFG_ERR])
     return st_open(&s->f[0], path, err);
 }
 
+/* The view st_get gave is done with (its bytes in the source's ring go
+ * back to the reads ahead). */
+static void st_done(StSet *s)
+{
+    if (s->held)
+        ckpt_source_release(s->src);
+    s->held = 0;
+}
+
 static void st_set_close(StSet *s)
 {
     for (int i = 0; i < s->n_files; i++)
         st_close(&s->f[i]);
     cJSON_Delete(s->index_doc);
+    free(s->plan);
+    free(s->plan_t);
+    free(s->raw);
+    free(s->wide);
 }
 
-/* HF tensor `name` of shape [r, c] (c == 0: a vector of r) read whole into
- * out as fp32 (BF16 widened exactly: its bits are the upper half). */
-static int st_read(StSet *s, const char *name, int64_t r, int64_t c, float *out, char err[CFG_ERR])
+static void *grow_to(void *buf, size_t *cap, size_t n, const char *what)
 {
-    const StFile *f = NULL;
-    const StTensor *t = NULL;
+    if (n <= *cap)
+        return buf;
+    free(buf);
+    *cap = n;
+    return trd_malloc(n, what);
+}
+
+/* HF tensor `name` and its file, checked to have shape [r, c] (c == 0: a
+ * vector of r) and config.json's dtype.  While planning nothing is checked
+ * (the real read reports it) and a missing tensor is ST_PLANNED. */
+static int st_lookup(StSet *s, const char *name, int64_t r, int64_t c, StFile **file,
+                     const StTensor **tensor, char err[CFG_ERR])
+{
+    StFile *f = NULL;
     if (s->weight_map) {
         const cJSON *e = cJSON_GetObjectItemCaseSensitive(s->weight_map, name);
         for (int i = 0; e && i < s->n_files && !f; i++)
             if (!strcmp(strrchr(s->f[i].path, '/') + 1, e->valuestring))
                 f = &s->f[i];
-        if (!f && s->prefetch)
-            return ST_PREFETCHED; /* the real read reports it */
+        if (!f && s->planning)
+            return ST_PLANNED;
         if (!f) {
             ckpt_err(err, "%s/model.safetensors.index.json: required tensor '%s' is missing",
                      s->dir, name);
@@ -371,14 +408,11 @@ static int st_read(StSet *s, const char *name, int64_t r, int64_t c, float *out,
     } else {
         f = &s->f[0];
     }
-    t = st_find_in(f, name);
-    if (s->prefetch) {
-        /* The kernel reads these bytes while the tensor before is
-         * converted and written; the real read then finds them cached. */
-        if (t)
-            (void)posix_fadvise(f->fd, t->begin, t->end - t->begin, POSIX_FADV_WILLNEED);
-        return ST_PREFETCHED;
-    }
+    const StTensor *t = st_find_in(f, name);
+    *file = f;
+    *tensor = t;
+    if (s->planning)
+        return t ? TRD_EXIT_OK : ST_PLANNED;
     if (!t) {
         ckpt_err(err, "%s: required tensor '%s' is missing", f->path, name);
         return TRD_EXIT_INPUT;
@@ -398,29 +432,110 @@ static int st_read(StSet *s, const char *name, int64_t r, int64_t c, float *out,
                  t->bf16 ? "BF16" : "F32", s->want_bf16 ? "bfloat16" : "float32");
         return TRD_EXIT_INPUT;
     }
-    const int64_t n = r * (c ? c : 1), bytes = t->end - t->begin;
-    void *dst = t->bf16 ? trd_malloc((size_t)bytes + 1, "bf16 tensor") : (void *)out;
-    int64_t at = 0;
-    while (at < bytes) {
-        const ssize_t got = pread(f->fd, (char *)dst + at, (size_t)(bytes - at), t->begin + at);
-        if (got <= 0) {
-            if (t->bf16)
-                free(dst);
-            ckpt_err(err, "%s: tensor '%s': %s at byte %lld: truncated?", f->path, name,
-                     got < 0 ? strerror(errno) : "end of file", (long long)(t->begin + at));
-            return TRD_EXIT_INPUT;
+    return TRD_EXIT_OK;
+}
+
+/* Plan the read of elements [e0, e0 + n) of t. */
+static void st_plan(StSet *s, const StFile *f, const StTensor *t, int64_t e0, int64_t n)
+{
+    const int64_t size = t->bf16 ? 2 : 4;
+    if (s->n_plan == s->plan_cap) {
+        s->plan_cap = s->plan_cap ? 2 * s->plan_cap : 64;
+        s->plan = realloc(s->plan, (size_t)s->plan_cap * sizeof *s->plan);
+        s->plan_t = realloc(s->plan_t, (size_t)s->plan_cap * sizeof *s->plan_t);
+        TRD_ASSERT(s->plan && s->plan_t);
+    }
+    s->plan_t[s->n_plan] = t;
+    s->plan[s->n_plan++] =
+        (CkptSourceRead){f->fd, f->fd_direct, t->begin + e0 * size, (size_t)(n * size)};
+}
+
+/* Elements [e0, e0 + n) of t as fp32 (BF16 widened exactly: its bits are
+ * the upper half): into out when out is given, else *view points at them
+ * until st_done.  From the source (the plan's next read, which must be
+ * these bytes), or read with pread. */
+static int st_fetch(StSet *s, StFile *f, const StTensor *t, int64_t e0, int64_t n, float *out,
+                    const float **view, char err[CFG_ERR])
+{
+    const int64_t bytes = n * (t->bf16 ? 2 : 4), begin = t->begin + e0 * (t->bf16 ? 2 : 4);
+    const void *src = NULL;
+    off_t fail = begin;
+    int why = 0; /* an errno, or -1: the file ends */
+    if (s->src) {
+        const int64_t k = s->src->taken;
+        TRD_ASSERT(k < s->n_plan && s->plan_t[k] == t && s->plan[k].at == begin &&
+                   s->plan[k].n == (size_t)bytes);
+        why = ckpt_source_take(s->src, &src, &fail);
+        s->held = 1;
+    } else {
+        char *dst = (char *)out; /* F32 into out as it is */
+        if (t->bf16 || !out)
+            dst = s->raw = grow_to(s->raw, &s->raw_cap, (size_t)bytes + 1, "safetensors tensor");
+        for (int64_t at = 0; at < bytes && !why;) {
+            const ssize_t got = pread(f->fd, dst + at, (size_t)(bytes - at), begin + at);
+            if (got <= 0) {
+                why = got < 0 ? errno : -1;
+                fail = begin + at;
+            }
+            at += got > 0 ? got : 0;
         }
-        at += got;
+        src = dst;
+    }
+    if (why) {
+        st_done(s);
+        ckpt_err(err, "%s: tensor '%s': %s at byte %lld: truncated?", f->path, t->name,
+                 why > 0 ? strerror(why) : "end of file", (long long)fail);
+        return TRD_EXIT_INPUT;
+    }
+    if ((uintptr_t)src % (t->bf16 ? 2 : 4) && (t->bf16 || !out)) {
+        /* The data of a file whose header is not padded to 8 bytes: its
+         * values are loaded from aligned memory. */
+        s->raw = grow_to(s->raw, &s->raw_cap, (size_t)bytes + 1, "safetensors tensor");
+        memcpy(s->raw, src, (size_t)bytes);
+        st_done(s);
+        src = s->raw;
     }
     if (t->bf16) {
-        const uint16_t *h = dst;
+        float *dst = out;
+        if (!dst)
+            dst = s->wide = grow_to(s->wide, &s->wide_cap, (size_t)n * 4, "widened tensor");
+        const uint16_t *h = src;
         for (int64_t i = 0; i < n; i++) {
             const uint32_t bits = (uint32_t)h[i] << 16;
-            memcpy(&out[i], &bits, 4);
+            memcpy(&dst[i], &bits, 4);
         }
-        free(dst);
+        st_done(s);
+        src = dst;
+    } else if (out && src != out) {
+        memcpy(out, src, (size_t)bytes);
+        st_done(s);
     }
+    if (view)
+        *view = src;
     return TRD_EXIT_OK;
+}
+
+/* HF tensor `name` of shape [r, c] (c == 0: a vector of r), whole, as
+ * st_fetch gives it; while planning, its read is planned (ST_PLANNED). */
+static int st_get(StSet *s, const char *name, int64_t r, int64_t c, float *out, const float **view,
+                  char err[CFG_ERR])
+{
+    StFile *f;
+    const StTensor *t;
+    const int code = st_lookup(s, name, r, c, &f, &t, err);
+    if (code)
+        return code;
+    if (s->planning) {
+        st_plan(s, f, t, 0, r * (c ? c : 1));
+        return ST_PLANNED;
+    }
+    return st_fetch(s, f, t, 0, r * (c ? c : 1), out, view, err);
+}
+
+/* Into out (see st_get). */
+static int st_read(StSet *s, const char *name, int64_t r, int64_t c, float *out, char err[CFG_ERR])
+{
+    return st_get(s, name, r, c, out, NULL, err);
 }
 
 /* ---- config.json -> the model ---------------------------------------- */
@@ -560,28 +675,17 @@ typedef struct {
     const ModelConfig *m;
     int64_t hs;
     int64_t n_positions; /* config.json's (gpt2 wpe rows); m->seq_len may be fewer */
-    float *scratch;      /* one HF tensor */
-    size_t scratch_cap;
     char err[CFG_ERR];
 } Imp;
-
-static float *scratch(Imp *im, int64_t n)
-{
-    if ((size_t)n > im->scratch_cap) {
-        free(im->scratch);
-        im->scratch = trd_malloc((size_t)n * sizeof(float), "import scratch");
-        im->scratch_cap = (size_t)n;
-    }
-    return im->scratch;
-}
 
 /* HF [r, c] read and stored transposed into out [c, r] (GPT-2's Conv1D). */
 static int read_t(Imp *im, const char *name, int64_t r, int64_t c, float *out)
 {
-    float *w = scratch(im, r * c);
-    int code = st_read(&im->st, name, r, c, w, im->err);
+    const float *w;
+    const int code = st_get(&im->st, name, r, c, NULL, &w, im->err);
     if (code == 0)
         ckpt_transpose(w, r, c, NULL, NULL, out);
+    st_done(&im->st);
     return code;
 }
 
@@ -595,8 +699,8 @@ static int read_qkv(Imp *im, int l, int bias, float *out)
         /* c_attn: [C, 3A] weight (column j = trident row src(j)), [3A] bias. */
         const int64_t A3 = 3 * H * hs;
         snprintf(name, sizeof name, "transformer.h.%d.attn.c_attn.%s", l, bias ? "bias" : "weight");
-        float *w = scratch(im, bias ? A3 : C * A3);
-        int code = st_read(&im->st, name, bias ? A3 : C, bias ? 0 : A3, w, im->err);
+        const float *w;
+        const int code = st_get(&im->st, name, bias ? A3 : C, bias ? 0 : A3, NULL, &w, im->err);
         if (code)
             return code;
         int64_t *row = trd_malloc((size_t)A3 * sizeof *row, "c_attn row map");
@@ -607,55 +711,80 @@ static int read_qkv(Imp *im, int l, int bias, float *out)
         if (!bias) /* [C, 3A]: column j is trident row row[j] */
             ckpt_transpose(w, C, A3, NULL, row, out);
         free(row);
+        st_done(&im->st);
         return 0;
     }
     static const char *const proj[3] = {"q_proj", "k_proj", "v_proj"};
     for (int part = QKV_Q; part <= QKV_V; part++) {
         const int64_t rows = (part == QKV_Q ? H : KV) * hs;
         snprintf(name, sizeof name, "model.layers.%d.self_attn.%s.weight", l, proj[part]);
-        float *w = scratch(im, rows * C);
-        int code = st_read(&im->st, name, rows, C, w, im->err);
-        if (code == ST_PREFETCHED)
-            continue; /* ask for k and v too */
+        const float *w;
+        const int code = st_get(&im->st, name, rows, C, NULL, &w, im->err);
+        if (code == ST_PLANNED)
+            continue; /* plan k and v too */
         if (code)
             return code;
         for (int64_t j = 0; j < rows; j++)
             memcpy(out + ckpt_hf_qkv_src_row(H, KV, hs, part, j) * C, w + j * C,
                    (size_t)C * sizeof(float));
+        st_done(&im->st);
     }
-    return im->st.prefetch ? ST_PREFETCHED : 0;
+    return im->st.planning ? ST_PLANNED : 0;
 }
 
-/* Trident tensor p (global shape [rows, cols], real rows only) into out. */
-static int fill(Imp *im, const ParamSpec *p, int64_t rows, float *out)
+/* Where trident tensor p comes from: one HF tensor as it is (COPY), its
+ * transpose (GPT-2's Conv1D), its first rows (GPT-2's wpe, when seq_len
+ * is below n_positions), or the q, k and v of layer `layer` (QKV). */
+typedef enum { SRC_COPY, SRC_TRANSPOSE, SRC_FIRST_ROWS, SRC_QKV } SrcOp;
+typedef struct {
+    SrcOp op;
+    char name[HF_NAME_IMPORT]; /* the HF tensor (not for SRC_QKV) */
+    int64_t r, c;              /* its shape (c == 0: a vector of r) */
+    int layer, bias;           /* SRC_QKV: the layer, the bias or the weight */
+} Src;
+
+/* The source of p (global shape [rows, cols], real rows only): 0, or exit
+ * 2 for a tensor with none. */
+static int resolve(Imp *im, const ParamSpec *p, int64_t rows, Src *s)
 {
     const int g = im->m->arch == ARCH_GPT2;
     const int64_t cols = p->ndim == 2 ? p->shape[1] : 0;
-    char hf[HF_NAME_IMPORT], rest[PARAM_NAME];
+    char rest[PARAM_NAME];
     int l;
-    if (!strcmp(p->name, "embed.wte.weight"))
-        return st_read(&im->st, g ? "transformer.wte.weight" : "model.embed_tokens.weight", rows,
-                       cols, out, im->err);
-    if (!strcmp(p->name, "embed.wpe.weight")) {
-        float *w = scratch(im, im->n_positions * cols);
-        const int code =
-            st_read(&im->st, "transformer.wpe.weight", im->n_positions, cols, w, im->err);
-        if (code == 0)
-            memcpy(out, w, (size_t)(rows * cols) * sizeof(float));
-        return code;
+    memset(s, 0, sizeof *s);
+    s->op = SRC_COPY;
+    s->r = rows;
+    s->c = cols;
+    if (!strcmp(p->name, "embed.wte.weight")) {
+        snprintf(s->name, sizeof s->name,
+                 g ? "transformer.wte.weight" : "model.embed_tokens.weight");
+        return TRD_EXIT_OK;
     }
-    if (!strcmp(p->name, "head.weight"))
-        return st_read(&im->st, "lm_head.weight", rows, cols, out, im->err);
+    if (!strcmp(p->name, "embed.wpe.weight")) {
+        snprintf(s->name, sizeof s->name, "transformer.wpe.weight");
+        s->op = SRC_FIRST_ROWS;
+        s->r = im->n_positions;
+        return TRD_EXIT_OK;
+    }
+    if (!strcmp(p->name, "head.weight")) {
+        snprintf(s->name, sizeof s->name, "lm_head.weight");
+        return TRD_EXIT_OK;
+    }
     if (!strncmp(p->name, "final_norm.", 11)) {
-        snprintf(hf, sizeof hf, "%s.%s", g ? "transformer.ln_f" : "model.norm", p->name + 11);
-        return st_read(&im->st, hf, rows, 0, out, im->err);
+        snprintf(s->name, sizeof s->name, "%s.%s", g ? "transformer.ln_f" : "model.norm",
+                 p->name + 11);
+        return TRD_EXIT_OK;
     }
     if (sscanf(p->name, "layers.%d.%63s", &l, rest) != 2) {
         ckpt_err(im->err, "tensor '%s' has no Hugging Face source", p->name);
         return TRD_EXIT_INPUT;
     }
-    if (!strcmp(rest, "attn.qkv.weight") || !strcmp(rest, "attn.qkv.bias"))
-        return read_qkv(im, l, p->ndim == 1, out);
+    if (!strcmp(rest, "attn.qkv.weight") || !strcmp(rest, "attn.qkv.bias")) {
+        s->op = SRC_QKV;
+        s->layer = l;
+        s->bias = p->ndim == 1;
+        return TRD_EXIT_OK;
+    }
     static const struct {
         const char *trd, *gpt2, *llama;
         int transpose;
@@ -678,12 +807,40 @@ static int fill(Imp *im, const ParamSpec *p, int64_t rows, float *out)
         const char *src = g ? map[i].gpt2 : map[i].llama;
         if (strcmp(rest, map[i].trd) || !src)
             continue;
-        snprintf(hf, sizeof hf, g ? "transformer.h.%d.%s" : "model.layers.%d.%s", l, src);
-        if (g && map[i].transpose) /* Conv1D: HF [in, out] = trident [out, in]^T */
-            return read_t(im, hf, cols, rows, out);
-        return st_read(&im->st, hf, rows, cols, out, im->err);
+        snprintf(s->name, sizeof s->name, g ? "transformer.h.%d.%s" : "model.layers.%d.%s", l, src);
+        if (g && map[i].transpose) { /* Conv1D: HF [in, out] = trident [out, in]^T */
+            s->op = SRC_TRANSPOSE;
+            s->r = cols;
+            s->c = rows;
+        }
+        return TRD_EXIT_OK;
     }
     ckpt_err(im->err, "tensor '%s' has no Hugging Face source", p->name);
+    return TRD_EXIT_INPUT;
+}
+
+/* Trident tensor p (global shape [rows, cols], real rows only) into out. */
+static int fill(Imp *im, const ParamSpec *p, int64_t rows, float *out)
+{
+    Src s;
+    int code = resolve(im, p, rows, &s);
+    if (code)
+        return code;
+    const float *w;
+    switch (s.op) {
+    case SRC_COPY:
+        return st_read(&im->st, s.name, s.r, s.c, out, im->err);
+    case SRC_TRANSPOSE:
+        return read_t(im, s.name, s.r, s.c, out);
+    case SRC_FIRST_ROWS:
+        code = st_get(&im->st, s.name, s.r, s.c, NULL, &w, im->err);
+        if (code == 0)
+            memcpy(out, w, (size_t)(rows * s.c) * sizeof(float));
+        st_done(&im->st);
+        return code;
+    case SRC_QKV:
+        return read_qkv(im, s.layer, s.bias, out);
+    }
     return TRD_EXIT_INPUT;
 }
 
@@ -702,73 +859,175 @@ static int fill_finite(Imp *im, const ParamSpec *p, int64_t rows, float *out, co
     return code;
 }
 
-enum { PREFETCH_AHEAD = 64 << 20 };
-
-/* Ask the kernel to read the HF bytes of tensor p ahead (fill's sources,
- * nothing converted), so that reading them overlaps the tensor before. */
-static void prefetch(Imp *im, const ParamSpec *p)
-{
-    im->st.prefetch = 1;
-    (void)fill(im, p, p->real_rows, NULL);
-    im->st.prefetch = 0;
-}
-
 /* ---- writing the checkpoint ------------------------------------------- */
 
-/* Tensors below this size are copied into the sink's buffers; larger ones
- * are written from their own buffer, which then stays busy until *ticket. */
-enum { SINK_COPY_BELOW = 1 << 20 };
+/* A tensor being written: its dataset, created contiguous, allocated now
+ * and never filled (the values go straight to the dataset's bytes in the
+ * file, ckpt_raw.c, as a save writes them, by the sink's thread while the
+ * next tensor is read and converted), and its checksums. */
+typedef struct {
+    hid_t d;
+    off_t at;
+    uint64_t *sums;
+    int64_t block_rows;
+} OutTensor;
 
-static int sink_tensor(CkptSink *sink, const float *w, size_t n, off_t at, int64_t *ticket)
+static int out_open(hid_t group, const CkptEntry *e, OutTensor *o)
 {
-    *ticket = 0;
-    if (n < SINK_COPY_BELOW)
-        return ckpt_sink_seek(sink, at) == 0 && ckpt_sink_put(sink, w, n) == 0 ? 0 : -1;
-    *ticket = ckpt_sink_write_ref(sink, w, n, at);
-    return *ticket > 0 ? 0 : -1;
-}
-
-static int write_tensor(Imp *im, hid_t group, CkptSink *sink, const CkptEntry *e, const float *w,
-                        const char *path, int64_t *ticket)
-{
-    const int64_t R = ckpt_block_rows(e->ndim, e->shape), nb = ckpt_n_blocks(e->ndim, e->shape);
-    uint64_t *sums = trd_calloc((size_t)(nb ? nb : 1), sizeof(uint64_t), "checksums");
-    for (int64_t b = 0; b < nb; b++) {
-        const int64_t r0 = b * R, n = r0 + R < e->shape[0] ? R : e->shape[0] - r0;
-        sums[b] = ckpt_checksum_rows(w + r0 * e->shape[1], r0, n, e->shape[1]);
-    }
-    /* Allocated now and never filled: the values go straight to the
-     * dataset's bytes in the file (ckpt_raw.c), as a save writes them,
-     * by the sink's thread while the next tensor is read and converted. */
+    const int64_t nb = ckpt_n_blocks(e->ndim, e->shape);
+    o->sums = trd_calloc((size_t)(nb ? nb : 1), sizeof(uint64_t), "checksums");
+    o->block_rows = ckpt_block_rows(e->ndim, e->shape);
     hid_t dcpl = H5Pcreate(H5P_DATASET_CREATE);
     H5Pset_layout(dcpl, H5D_CONTIGUOUS);
     H5Pset_alloc_time(dcpl, H5D_ALLOC_TIME_EARLY);
     H5Pset_fill_time(dcpl, H5D_FILL_TIME_NEVER);
     hid_t space = ckpt_space(e->ndim, e->shape);
-    hid_t d = H5Dcreate2(group, e->name, H5T_IEEE_F32LE, space, H5P_DEFAULT, dcpl, H5P_DEFAULT);
-    const haddr_t at = d >= 0 ? H5Dget_offset(d) : HADDR_UNDEF;
-    int ok = at != HADDR_UNDEF && sink_tensor(sink, w, (size_t)e->nbytes, (off_t)at, ticket) == 0 &&
-             ckpt_put_checksums(d, e, sums) == 0;
-    const int saved = errno;
-    if (d >= 0)
-        H5Dclose(d);
+    o->d = H5Dcreate2(group, e->name, H5T_IEEE_F32LE, space, H5P_DEFAULT, dcpl, H5P_DEFAULT);
+    const haddr_t at = o->d >= 0 ? H5Dget_offset(o->d) : HADDR_UNDEF;
     H5Sclose(space);
     H5Pclose(dcpl);
-    free(sums);
-    if (!ok) {
-        /* A write behind us that failed (a full disk) is the cause of
-         * whatever failed here, HDF5's allocation included. */
-        const int behind = ckpt_sink_error(sink);
-        char why[256];
-        ckpt_h5_reason(why, sizeof why);
-        if (behind)
-            ckpt_err(im->err, "%s: cannot write: %s", path, strerror(behind));
+    o->at = (off_t)at;
+    return at != HADDR_UNDEF ? 0 : -1;
+}
+
+/* The checksums of rows [r0, r0 + n) (whole checksum blocks, or the
+ * tensor's last rows), held at w. */
+static void out_sums(OutTensor *o, const CkptEntry *e, const float *w, int64_t r0, int64_t n)
+{
+    const int64_t R = o->block_rows, cols = e->shape[1];
+    for (int64_t b = r0; b < r0 + n; b += R)
+        o->sums[b / R] =
+            ckpt_checksum_rows(w + (b - r0) * cols, b, R < r0 + n - b ? R : r0 + n - b, cols);
+}
+
+static void out_drop(OutTensor *o)
+{
+    if (o->d >= 0)
+        H5Dclose(o->d);
+    free(o->sums);
+}
+
+/* Store the checksums (when ok) and close: TRD_EXIT_OK, or exit 1 with a
+ * message in im->err. */
+static int out_close(Imp *im, CkptSink *sink, const CkptEntry *e, OutTensor *o, int ok,
+                     const char *path)
+{
+    ok = ok && ckpt_put_checksums(o->d, e, o->sums) == 0;
+    const int saved = errno;
+    out_drop(o);
+    if (ok)
+        return TRD_EXIT_OK;
+    /* A write behind us that failed (a full disk) is the cause of whatever
+     * failed here, HDF5's allocation included. */
+    const int behind = ckpt_sink_error(sink);
+    char why[256];
+    ckpt_h5_reason(why, sizeof why);
+    if (behind)
+        ckpt_err(im->err, "%s: cannot write: %s", path, strerror(behind));
+    else
+        ckpt_err(im->err, "%s: cannot write tensor '%s': %s", path, e->name,
+                 why[0] ? why : strerror(saved));
+    return TRD_EXIT_RUNTIME;
+}
+
+/* Tensors below this size are copied into the sink's buffers; larger ones
+ * are written from their own buffer, which then stays busy until *ticket. */
+enum { SINK_COPY_BELOW = 1 << 20 };
+
+/* Tensor e, converted whole into w (fill_finite), into the file. */
+static int write_tensor(Imp *im, hid_t group, CkptSink *sink, const CkptEntry *e, const float *w,
+                        const char *path, int64_t *ticket)
+{
+    OutTensor o;
+    int ok = out_open(group, e, &o) == 0;
+    *ticket = 0;
+    if (ok) {
+        out_sums(&o, e, w, 0, e->shape[0]);
+        if (e->nbytes < SINK_COPY_BELOW)
+            ok = ckpt_sink_seek(sink, o.at) == 0 && ckpt_sink_put(sink, w, (size_t)e->nbytes) == 0;
         else
-            ckpt_err(im->err, "%s: cannot write tensor '%s': %s", path, e->name,
-                     why[0] ? why : strerror(saved));
-        return TRD_EXIT_RUNTIME;
+            ok = (*ticket = ckpt_sink_write_ref(sink, w, (size_t)e->nbytes, o.at)) > 0;
     }
-    return TRD_EXIT_OK;
+    return out_close(im, sink, e, &o, ok, path);
+}
+
+/* A SRC_COPY tensor goes from the source's ring to the sink's buffers a
+ * piece of this many checksum blocks at a time (about 8 MiB): its write
+ * starts before the rest of it is read, and it is never whole in memory. */
+enum { STREAM_BLOCKS = 2 };
+
+static int64_t stream_rows(const CkptEntry *e)
+{
+    return STREAM_BLOCKS * ckpt_block_rows(e->ndim, e->shape);
+}
+
+/* Plan the reads of stream_tensor. */
+static void plan_stream(Imp *im, const Src *src, const CkptEntry *e)
+{
+    StFile *f;
+    const StTensor *t;
+    if (st_lookup(&im->st, src->name, src->r, src->c, &f, &t, im->err) != TRD_EXIT_OK)
+        return; /* the real read reports it */
+    const int64_t step = stream_rows(e), cols = e->shape[1];
+    for (int64_t r0 = 0; r0 < e->shape[0]; r0 += step)
+        st_plan(&im->st, f, t, r0 * cols,
+                (step < e->shape[0] - r0 ? step : e->shape[0] - r0) * cols);
+}
+
+/* Tensor e, an HF tensor as it is (SRC_COPY), read, checked finite and
+ * written a piece at a time. */
+static int stream_tensor(Imp *im, hid_t group, CkptSink *sink, const CkptEntry *e, const Src *src,
+                         const char *path, const char *dir)
+{
+    StFile *f;
+    const StTensor *t;
+    int code = st_lookup(&im->st, src->name, src->r, src->c, &f, &t, im->err);
+    if (code)
+        return code;
+    OutTensor o;
+    int ok = out_open(group, e, &o) == 0 && ckpt_sink_seek(sink, o.at) == 0;
+    const int64_t step = stream_rows(e), cols = e->shape[1];
+    int64_t bad = 0;
+    for (int64_t r0 = 0; ok && r0 < e->shape[0]; r0 += step) {
+        const int64_t n = step < e->shape[0] - r0 ? step : e->shape[0] - r0;
+        const float *w;
+        code = st_fetch(&im->st, f, t, r0 * cols, n * cols, NULL, &w, im->err);
+        if (code)
+            break;
+        for (int64_t j = 0; j < n * cols; j++)
+            bad += !isfinite(w[j]);
+        out_sums(&o, e, w, r0, n);
+        ok = ckpt_sink_put(sink, w, (size_t)(n * cols) * sizeof(float)) == 0;
+        st_done(&im->st);
+    }
+    if (code) { /* a read failed: its message stands */
+        out_drop(&o);
+        return code;
+    }
+    code = out_close(im, sink, e, &o, ok, path);
+    if (code == TRD_EXIT_OK && bad) {
+        ckpt_err(im->err, "%s: tensor '%s' has %lld non-finite values", dir, e->name,
+                 (long long)bad);
+        code = TRD_EXIT_INPUT;
+    }
+    return code;
+}
+
+/* The reads of tensors t (their entries e), in the order the import makes
+ * them, into im->st's plan (nothing read, nothing converted). */
+static void plan(Imp *im, const ParamTable *t, const CkptEntry *e)
+{
+    im->st.planning = 1;
+    for (int i = 0; i < t->n; i++) {
+        Src src;
+        if (resolve(im, &t->p[i], e[i].shape[0], &src) != TRD_EXIT_OK)
+            continue;
+        if (src.op == SRC_COPY)
+            plan_stream(im, &src, &e[i]);
+        else
+            (void)fill(im, &t->p[i], e[i].shape[0], NULL);
+    }
+    im->st.planning = 0;
 }
 
 static int dir_exists(const char *p)
@@ -844,6 +1103,7 @@ int ckpt_hf_import(const char *hf_dir, const char *out_dir, char *const *sets, i
     int64_t w_ticket[3] = {0, 0, 0};
     int n_large = 0;
     CkptSink sink;
+    CkptSource src;
     int sink_open = 0;
     hid_t f = -1, group = -1;
     char path[CKPT_FILE_PATH];
@@ -870,9 +1130,7 @@ int ckpt_hf_import(const char *hf_dir, const char *out_dir, char *const *sets, i
         goto done;
     }
     sink_open = 1;
-    int ahead = 0;           /* tensors [0, ahead) were prefetched */
-    int64_t ahead_bytes = 0; /* of them, not yet converted */
-    for (int i = 0; i < t.n && code == TRD_EXIT_OK; i++) {
+    for (int i = 0; i < t.n; i++) {
         const ParamSpec *p = &t.p[i];
         CkptEntry *x = &e[i];
         snprintf(x->name, sizeof x->name, "%s", p->name);
@@ -883,32 +1141,38 @@ int ckpt_hf_import(const char *hf_dir, const char *out_dir, char *const *sets, i
         x->shape[0] = p->real_rows;
         x->shape[1] = p->shape[1];
         x->nbytes = x->shape[0] * x->shape[1] * (int64_t)sizeof(float);
-        /* Buffers reused across tensors: a fresh one each time (freed back
-         * to the kernel) was page faults and zeroing of the whole model.
-         * Aligned like the tensor's place in the file (ckpt_fapl_tensor_
-         * layout), so the direct writes need no staging copy. */
-        const int k = x->nbytes < SINK_COPY_BELOW ? 2 : n_large++ & 1;
-        ckpt_sink_wait(&sink, w_ticket[k]);
-        if ((size_t)x->nbytes > w_cap[k]) {
-            free(w[k]);
-            w_cap[k] = (size_t)x->nbytes;
-            if (posix_memalign((void **)&w[k], CKPT_RAW_ALIGN, w_cap[k]) != 0)
-                trd_fatal(TRD_EXIT_RUNTIME, NULL, "out of memory: import tensor (%zu bytes)",
-                          w_cap[k]);
+    }
+    /* A thread reads the sources ahead of the conversion (ckpt_raw.c). */
+    plan(&im, &t, e);
+    ckpt_source_open(&src, im.st.plan, im.st.n_plan);
+    im.st.src = &src;
+    for (int i = 0; i < t.n && code == TRD_EXIT_OK; i++) {
+        const ParamSpec *p = &t.p[i];
+        const CkptEntry *x = &e[i];
+        Src from;
+        code = resolve(&im, p, x->shape[0], &from);
+        if (code == TRD_EXIT_OK && from.op == SRC_COPY) {
+            code = stream_tensor(&im, group, &sink, x, &from, path, hf_dir);
+        } else if (code == TRD_EXIT_OK) {
+            /* Converted whole into buffers reused across tensors (a fresh
+             * one each time, freed back to the kernel, was page faults and
+             * zeroing of the whole model), aligned like the tensor's place
+             * in the file (ckpt_fapl_tensor_layout) so that the direct
+             * writes need no staging copy. */
+            const int k = x->nbytes < SINK_COPY_BELOW ? 2 : n_large++ & 1;
+            ckpt_sink_wait(&sink, w_ticket[k]);
+            if ((size_t)x->nbytes > w_cap[k]) {
+                free(w[k]);
+                w_cap[k] = (size_t)x->nbytes;
+                if (posix_memalign((void **)&w[k], CKPT_RAW_ALIGN, w_cap[k]) != 0)
+                    trd_fatal(TRD_EXIT_RUNTIME, NULL, "out of memory: import tensor (%zu bytes)",
+                              w_cap[k]);
+            }
+            code = fill_finite(&im, p, x->shape[0], w[k], hf_dir);
+            if (code == TRD_EXIT_OK)
+                code = write_tensor(&im, group, &sink, x, w[k], path, &w_ticket[k]);
         }
-        /* Keep the kernel reading up to PREFETCH_AHEAD bytes past this
-         * tensor (at least the next one) while it is converted and written. */
-        for (; ahead < t.n && (ahead <= i + 1 || ahead_bytes < PREFETCH_AHEAD); ahead++) {
-            prefetch(&im, &t.p[ahead]);
-            ahead_bytes += t.p[ahead].real_rows * t.p[ahead].shape[1] * (int64_t)sizeof(float);
-        }
-        ahead_bytes -= x->nbytes;
-        code = fill_finite(&im, p, x->shape[0], w[k], hf_dir);
         if (code)
-            snprintf(err, CFG_ERR, "%s", im.err);
-        else
-            code = write_tensor(&im, group, &sink, x, w[k], path, &w_ticket[k]);
-        if (code && !err[0])
             snprintf(err, CFG_ERR, "%s", im.err);
     }
     H5Gclose(group);
@@ -963,6 +1227,8 @@ int ckpt_hf_import(const char *hf_dir, const char *out_dir, char *const *sets, i
                t.n, config_arch_name(m->arch), m->layers, m->hidden, m->heads, m->kv_heads,
                m->vocab, m->tie_embeddings ? "tied" : "untied", hf_dir, final);
 done:
+    if (im.st.src)
+        ckpt_source_close(im.st.src);
     if (sink_open)
         ckpt_sink_close(&sink, 0);
     if (group >= 0)
@@ -974,7 +1240,6 @@ done:
     free(e);
     for (int k = 0; k < 3; k++)
         free(w[k]);
-    free(im.scratch);
     params_free(&t);
     st_set_close(&im.st);
     return code;
@@ -1096,7 +1361,6 @@ int ckpt_hf_load_weights(const char *hf_dir, const CkptShardView *v, const Model
         code = st_set_open(&im.st, hf_dir, err);
     if (!code)
         code = read_pieces(&im, v, hf_dir, err);
-    free(im.scratch);
     st_set_close(&im.st);
     /* Every rank reads: the lowest failing rank's message for all. */
     int worst = code;

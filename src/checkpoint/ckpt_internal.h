@@ -134,9 +134,53 @@ void ckpt_sink_wait(CkptSink *s, int64_t t);
 /* The first failed write's errno, or 0, once the buffers handed to the
  * writer so far are written. */
 int ckpt_sink_error(CkptSink *s);
+
 /* Hand over the rest, wait for every write, end the thread, fsync (when
  * sync) and close. */
 int ckpt_sink_close(CkptSink *s, int sync);
+
+/* Reads ahead of the caller: the byte ranges of a plan, in its order, read
+ * by a thread of the source into one ring buffer with O_DIRECT where the
+ * file system allows it (through the page cache a cold read cost the
+ * import as much CPU as its transposes: page allocation and a copy of
+ * every byte).  The caller takes the reads in the plan's order and
+ * releases each (oldest first) when done with its bytes; the thread reads
+ * on while there is room.  The ring holds max(CKPT_SOURCE_RING, the
+ * largest read) bytes. */
+enum { CKPT_SOURCE_RING = 256 << 20, CKPT_SOURCE_CHUNK = 16 << 20 };
+typedef struct {
+    int fd;        /* buffered */
+    int fd_direct; /* O_DIRECT on the same file, or -1 */
+    off_t at;
+    size_t n;
+} CkptSourceRead;
+typedef struct {
+    const CkptSourceRead *plan;
+    int n;
+    char *ring; /* cap bytes, aligned */
+    size_t cap;
+    int64_t *pos;     /* per read: its first aligned block's place (ring + pos % cap) */
+    int *err;         /* per read: 0, an errno, or -1 (the file ends before the read) */
+    off_t *err_at;    /* per read: the file offset where it failed */
+    int64_t wpos;     /* the end of the last read placed */
+    int64_t freed;    /* the end of the last read released */
+    int64_t read;     /* reads done (handed over), in order */
+    int64_t released; /* reads the caller released, in order */
+    int64_t taken;    /* reads the caller took */
+    int stop;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    pthread_t thread;
+} CkptSource;
+/* Start reading plan[0..n) (which must outlive the source). */
+void ckpt_source_open(CkptSource *s, const CkptSourceRead *plan, int n);
+/* The next read of the plan: *bytes points at its n bytes (valid until it
+ * is released).  Returns 0, or its error (see err above) with *at. */
+int ckpt_source_take(CkptSource *s, const void **bytes, off_t *at);
+/* The oldest read taken and not yet released is done with. */
+void ckpt_source_release(CkptSource *s);
+/* Stop reading (reads not yet taken are dropped) and free the ring. */
+void ckpt_source_close(CkptSource *s);
 
 /* out[(omap ? omap[j] : j) * r + i] = in[(imap ? imap[i] : i) * c + j] for
  * i < r, j < c: a transpose with optional row maps (the Hugging Face

@@ -21,6 +21,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 int ckpt_raw_open(CkptRaw *w, const char *path)
@@ -265,4 +266,157 @@ int ckpt_sink_close(CkptSink *s, int sync)
         free(s->bufs[i]);
     errno = err_no;
     return rc;
+}
+
+/* ---- CkptSource: the reads ahead of the caller -------------------------- */
+
+static size_t source_span(const CkptSourceRead *r)
+{
+    if (r->n == 0)
+        return 0;
+    const off_t a0 = r->at / CKPT_RAW_ALIGN * CKPT_RAW_ALIGN;
+    const off_t a1 = (r->at + (off_t)r->n + CKPT_RAW_ALIGN - 1) / CKPT_RAW_ALIGN * CKPT_RAW_ALIGN;
+    return (size_t)(a1 - a0);
+}
+
+/* Where read i's span goes, once there is room (the mutex held): a
+ * position in the stream of bytes the ring has held, its place in the ring
+ * that modulo cap.  A span never wraps (it starts the ring over instead)
+ * and the spans held lie between freed and freed + cap.  -1: stopped. */
+static int64_t source_place(CkptSource *s, int64_t i, size_t span)
+{
+    const int64_t cap = (int64_t)s->cap;
+    for (;;) {
+        if (s->stop)
+            return -1;
+        int64_t p = s->wpos;
+        if (i == s->released) /* nothing held: start at the ring's beginning */
+            s->freed = p = (p + cap - 1) / cap * cap;
+        if (p % cap + (int64_t)span > cap)
+            p = (p / cap + 1) * cap;
+        if (p + (int64_t)span <= s->freed + cap)
+            return p;
+        pthread_cond_wait(&s->cv, &s->mu);
+    }
+}
+
+/* Read r into dst (its first aligned block there): 0, an errno, or -1
+ * with *at where the file ended. */
+static int source_read(const CkptSourceRead *r, char *dst, off_t *at)
+{
+    const off_t a0 = r->at / CKPT_RAW_ALIGN * CKPT_RAW_ALIGN, end = r->at + (off_t)r->n;
+    int direct = r->fd_direct >= 0;
+    off_t pos = direct ? a0 : r->at;
+    while (pos < end) {
+        const off_t want_end = direct ? (off_t)(a0 + source_span(r)) : end;
+        const size_t want = (size_t)(want_end - pos) < CKPT_SOURCE_CHUNK ? (size_t)(want_end - pos)
+                                                                         : CKPT_SOURCE_CHUNK;
+        const ssize_t got = pread(direct ? r->fd_direct : r->fd, dst + (pos - a0), want, pos);
+        if (got < 0 && errno == EINTR)
+            continue;
+        if (got < 0 && errno == EINVAL && direct) { /* no O_DIRECT here after all */
+            direct = 0;
+            pos = pos > r->at ? pos : r->at;
+            continue;
+        }
+        if (got < 0)
+            return errno;
+        pos += got;
+        /* O_DIRECT reads whole blocks except at the end of the file. */
+        if (pos < end && (got == 0 || (direct && got % CKPT_RAW_ALIGN))) {
+            *at = pos;
+            return -1;
+        }
+    }
+    return 0;
+}
+
+static void *source_reader(void *arg)
+{
+    CkptSource *s = arg;
+    pthread_mutex_lock(&s->mu);
+    for (int64_t i = 0; i < s->n; i++) {
+        const CkptSourceRead *r = &s->plan[i];
+        const size_t span = source_span(r);
+        const int64_t at = source_place(s, i, span);
+        if (at < 0)
+            break;
+        s->pos[i] = at;
+        s->wpos = at + (int64_t)span;
+        pthread_mutex_unlock(&s->mu);
+        off_t fail = 0;
+        const int err = source_read(r, s->ring + at % (int64_t)s->cap, &fail);
+        pthread_mutex_lock(&s->mu);
+        s->err[i] = err;
+        s->err_at[i] = fail;
+        s->read++;
+        pthread_cond_broadcast(&s->cv);
+    }
+    pthread_mutex_unlock(&s->mu);
+    return NULL;
+}
+
+void ckpt_source_open(CkptSource *s, const CkptSourceRead *plan, int n)
+{
+    memset(s, 0, sizeof *s);
+    s->plan = plan;
+    s->n = n;
+    size_t total = 0, largest = 0;
+    for (int i = 0; i < n; i++) {
+        const size_t span = source_span(&plan[i]);
+        total += span;
+        largest = span > largest ? span : largest;
+    }
+    s->cap = total < CKPT_SOURCE_RING ? total : CKPT_SOURCE_RING;
+    s->cap = s->cap > largest ? s->cap : largest;
+    s->cap = s->cap ? s->cap : CKPT_RAW_ALIGN;
+    if (posix_memalign((void **)&s->ring, CKPT_RAW_ALIGN, s->cap) != 0)
+        trd_fatal(TRD_EXIT_RUNTIME, NULL, "out of memory: read-ahead ring (%zu bytes)", s->cap);
+#ifdef MADV_HUGEPAGE
+    (void)madvise(s->ring, s->cap, MADV_HUGEPAGE); /* fewer faults on first use */
+#endif
+    s->pos = trd_calloc((size_t)n + 1, sizeof *s->pos, "read-ahead plan");
+    s->err = trd_calloc((size_t)n + 1, sizeof *s->err, "read-ahead plan");
+    s->err_at = trd_calloc((size_t)n + 1, sizeof *s->err_at, "read-ahead plan");
+    pthread_mutex_init(&s->mu, NULL);
+    pthread_cond_init(&s->cv, NULL);
+    TRD_ASSERT(pthread_create(&s->thread, NULL, source_reader, s) == 0);
+}
+
+int ckpt_source_take(CkptSource *s, const void **bytes, off_t *at)
+{
+    pthread_mutex_lock(&s->mu);
+    TRD_ASSERT(s->taken < s->n);
+    while (s->read <= s->taken)
+        pthread_cond_wait(&s->cv, &s->mu);
+    const int64_t i = s->taken++;
+    pthread_mutex_unlock(&s->mu);
+    *bytes = s->ring + s->pos[i] % (int64_t)s->cap + s->plan[i].at % CKPT_RAW_ALIGN;
+    *at = s->err_at[i];
+    return s->err[i];
+}
+
+void ckpt_source_release(CkptSource *s)
+{
+    pthread_mutex_lock(&s->mu);
+    TRD_ASSERT(s->released < s->taken);
+    s->freed = s->pos[s->released] + (int64_t)source_span(&s->plan[s->released]);
+    s->released++;
+    pthread_cond_broadcast(&s->cv);
+    pthread_mutex_unlock(&s->mu);
+}
+
+void ckpt_source_close(CkptSource *s)
+{
+    pthread_mutex_lock(&s->mu);
+    s->stop = 1;
+    pthread_cond_broadcast(&s->cv);
+    pthread_mutex_unlock(&s->mu);
+    pthread_join(s->thread, NULL);
+    pthread_mutex_destroy(&s->mu);
+    pthread_cond_destroy(&s->cv);
+    free(s->ring);
+    free(s->pos);
+    free(s->err);
+    free(s->err_at);
 }

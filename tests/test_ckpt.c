@@ -728,6 +728,73 @@ static void test_reliability(const char *good, const Config *g32, const Layout *
     MPI_Barrier(MPI_COMM_WORLD);
 }
 
+/* CkptSource (ckpt_raw.c), the import's reads ahead: reads at unaligned
+ * offsets, empty ones and one past the end of the file, through a ring far
+ * smaller than all of them (it wraps many times) while the caller holds up
+ * to three reads at once; with O_DIRECT and through the page cache; and a
+ * source closed with reads still in flight. */
+static void test_source(void)
+{
+    char path[600];
+    snprintf(path, sizeof path, "%s/source.bin", g_root);
+    const size_t size = (1 << 20) + 123;
+    unsigned char *data = malloc(size);
+    TRD_ASSERT(data);
+    for (size_t i = 0; i < size; i++)
+        data[i] = (unsigned char)(i * 131 + i / 4096);
+    FILE *f = fopen(path, "wb");
+    TRD_ASSERT(f && fwrite(data, 1, size, f) == size && fclose(f) == 0);
+    enum { N = 1000, RING = 256 << 10 }; /* the ring holds the 3 reads held and the next */
+    CkptSourceRead plan[N];
+    uint64_t x = 12345;
+    size_t total = 0;
+    for (int direct = 1; direct >= 0; direct--) {
+        const int fd = open(path, O_RDONLY), fdd = direct ? open(path, O_RDONLY | O_DIRECT) : -1;
+        CHECK(fd >= 0 && (!direct || fdd >= 0), "source: open %s (O_DIRECT %d)", path, direct);
+        for (int i = 0; i < N; i++) {
+            x = x * 6364136223846793005ull + 1442695040888963407ull;
+            const size_t n = i % 17 == 0 ? 0 : (size_t)(x >> 33) % 40000;
+            const off_t at = (off_t)((x >> 13) % (size - n));
+            plan[i] = (CkptSourceRead){fd, fdd, at, n};
+            total += n;
+        }
+        plan[N - 1] = (CkptSourceRead){fd, fdd, (off_t)size - 10, 100}; /* past the end */
+        CkptSource src;
+        ckpt_source_open(&src, plan, N, RING);
+        CHECK(src.cap == RING && total > 20 * (size_t)RING, "source: ring %zu for %zu bytes",
+              src.cap, total);
+        int bad = 0, held = 0;
+        for (int i = 0; i < N - 1; i++) {
+            const void *b;
+            off_t fail;
+            const int err = ckpt_source_take(&src, &b, &fail);
+            bad += err != 0 || memcmp(b, data + plan[i].at, plan[i].n) != 0;
+            if (++held >= 1 + i % 3) /* hold 1, 2 or 3 reads, then release them */
+                for (; held > 0; held--)
+                    ckpt_source_release(&src);
+        }
+        CHECK(bad == 0, "source (O_DIRECT %d): %d of %d reads wrong", direct, bad, N - 1);
+        const void *b;
+        off_t fail = 0;
+        const int err = ckpt_source_take(&src, &b, &fail);
+        CHECK(err == -1 && fail == (off_t)size, "source (O_DIRECT %d): past the end: %d at %lld",
+              direct, err, (long long)fail);
+        ckpt_source_close(&src);
+        /* Closed early: the threads stop, waiting for room or not. */
+        ckpt_source_open(&src, plan, N, RING);
+        for (int i = 0; i < 5; i++) {
+            CHECK(ckpt_source_take(&src, &b, &fail) == 0, "source: read %d before the close", i);
+            ckpt_source_release(&src);
+        }
+        ckpt_source_close(&src);
+        close(fd);
+        if (fdd >= 0)
+            close(fdd);
+    }
+    unlink(path);
+    free(data);
+}
+
 int main(int argc, char **argv)
 {
     if (!mpi_test_child())
@@ -746,6 +813,7 @@ int main(int argc, char **argv)
         snprintf(g_root, sizeof g_root, "/tmp/trd_ckpt_XXXXXX");
         TRD_ASSERT(mkdtemp(g_root));
         test_slab();
+        test_source();
     }
     MPI_Bcast(g_root, sizeof g_root, MPI_CHAR, 0, MPI_COMM_WORLD);
     ckpt_h5_quiet();

@@ -1144,7 +1144,7 @@ int ckpt_hf_import(const char *hf_dir, const char *out_dir, char *const *sets, i
     }
     /* A thread reads the sources ahead of the conversion (ckpt_raw.c). */
     plan(&im, &t, e);
-    ckpt_source_open(&src, im.st.plan, im.st.n_plan);
+    ckpt_source_open(&src, im.st.plan, im.st.n_plan, 0);
     im.st.src = &src;
     for (int i = 0; i < t.n && code == TRD_EXIT_OK; i++) {
         const ParamSpec *p = &t.p[i];

@@ -86,6 +86,16 @@ int ckpt_raw_write(CkptRaw *w, const char *src, size_t n, off_t at);
 /* fsync (when sync) and close: 0, or -1 with errno. */
 int ckpt_raw_close(CkptRaw *w, int sync);
 
+/* Reading the other way: bytes [at, at + n) of a file into dst, memory
+ * aligned to CKPT_RAW_ALIGN with room for ckpt_raw_span(at, n) bytes.  With
+ * O_DIRECT through fd_direct where that works (the whole blocks around the
+ * bytes), else with pread through fd; either way the bytes land at dst + at
+ * % CKPT_RAW_ALIGN.  Returns 0, an errno, or -1 when the file ends before
+ * at + n, with *fail the offset where it went wrong. */
+enum { CKPT_RAW_READ_CHUNK = 16 << 20 };
+size_t ckpt_raw_span(off_t at, size_t n);
+int ckpt_raw_read(int fd, int fd_direct, off_t at, size_t n, char *dst, off_t *fail);
+
 /* A file's bytes through CkptRaw, written behind the caller by a thread of
  * the sink.  put() copies into one of CKPT_SINK_BUFS buffers of
  * CKPT_RAW_STAGE bytes, aligned as the file is (buf[lead] holds offset
@@ -140,14 +150,13 @@ int ckpt_sink_error(CkptSink *s);
 int ckpt_sink_close(CkptSink *s, int sync);
 
 /* Reads ahead of the caller: the byte ranges of a plan, in its order, read
- * by a thread of the source into one ring buffer with O_DIRECT where the
- * file system allows it (through the page cache a cold read cost the
- * import as much CPU as its transposes: page allocation and a copy of
- * every byte).  The caller takes the reads in the plan's order and
- * releases each (oldest first) when done with its bytes; the thread reads
- * on while there is room.  The ring holds max(CKPT_SOURCE_RING, the
- * largest read) bytes. */
-enum { CKPT_SOURCE_RING = 256 << 20, CKPT_SOURCE_CHUNK = 16 << 20 };
+ * by CKPT_SOURCE_THREADS threads of the source (reads in flight at once)
+ * into one ring buffer with O_DIRECT where the file system allows it
+ * (through the page cache a cold read cost the import as much CPU as its
+ * transposes: page allocation and a copy of every byte).  The caller takes
+ * the reads in the plan's order and releases each (oldest first) when done
+ * with its bytes; the threads read on while there is room. */
+enum { CKPT_SOURCE_RING = 256 << 20, CKPT_SOURCE_THREADS = 2 };
 typedef struct {
     int fd;        /* buffered */
     int fd_direct; /* O_DIRECT on the same file, or -1 */
@@ -162,18 +171,22 @@ typedef struct {
     int64_t *pos;     /* per read: its first aligned block's place (ring + pos % cap) */
     int *err;         /* per read: 0, an errno, or -1 (the file ends before the read) */
     off_t *err_at;    /* per read: the file offset where it failed */
+    char *done;       /* per read: read (or failed) */
+    int64_t claimed;  /* reads a thread has taken on */
+    int64_t placed;   /* reads given their place in the ring, in order */
     int64_t wpos;     /* the end of the last read placed */
     int64_t freed;    /* the end of the last read released */
-    int64_t read;     /* reads done (handed over), in order */
+    int64_t read;     /* reads done, all those before too */
     int64_t released; /* reads the caller released, in order */
     int64_t taken;    /* reads the caller took */
     int stop;
     pthread_mutex_t mu;
     pthread_cond_t cv;
-    pthread_t thread;
+    pthread_t thread[CKPT_SOURCE_THREADS];
 } CkptSource;
-/* Start reading plan[0..n) (which must outlive the source). */
-void ckpt_source_open(CkptSource *s, const CkptSourceRead *plan, int n);
+/* Start reading plan[0..n) (which must outlive the source) into a ring of
+ * ring bytes (0: CKPT_SOURCE_RING), or of the largest read when larger. */
+void ckpt_source_open(CkptSource *s, const CkptSourceRead *plan, int n, size_t ring);
 /* The next read of the plan: *bytes points at its n bytes (valid until it
  * is released).  Returns 0, or its error (see err above) with *at. */
 int ckpt_source_take(CkptSource *s, const void **bytes, off_t *at);

@@ -99,6 +99,47 @@ int ckpt_raw_close(CkptRaw *w, int sync)
     return rc;
 }
 
+size_t ckpt_raw_span(off_t at, size_t n)
+{
+    if (n == 0)
+        return 0;
+    const off_t a0 = at / CKPT_RAW_ALIGN * CKPT_RAW_ALIGN;
+    const off_t a1 = (at + (off_t)n + CKPT_RAW_ALIGN - 1) / CKPT_RAW_ALIGN * CKPT_RAW_ALIGN;
+    return (size_t)(a1 - a0);
+}
+
+int ckpt_raw_read(int fd, int fd_direct, off_t at, size_t n, char *dst, off_t *fail)
+{
+    const off_t a0 = at / CKPT_RAW_ALIGN * CKPT_RAW_ALIGN, end = at + (off_t)n;
+    int direct = fd_direct >= 0 && n > 0;
+    off_t pos = direct ? a0 : at;
+    while (pos < end) {
+        const off_t want_end = direct ? a0 + (off_t)ckpt_raw_span(at, n) : end;
+        const size_t want = (size_t)(want_end - pos) < CKPT_RAW_READ_CHUNK
+                                ? (size_t)(want_end - pos)
+                                : CKPT_RAW_READ_CHUNK;
+        const ssize_t got = pread(direct ? fd_direct : fd, dst + (pos - a0), want, pos);
+        if (got < 0 && errno == EINTR)
+            continue;
+        if (got < 0 && errno == EINVAL && direct) { /* no O_DIRECT here after all */
+            direct = 0;
+            pos = pos > at ? pos : at;
+            continue;
+        }
+        if (got < 0) {
+            *fail = pos;
+            return errno;
+        }
+        pos += got;
+        /* O_DIRECT reads whole blocks except at the end of the file. */
+        if (pos < end && (got == 0 || (direct && got % CKPT_RAW_ALIGN))) {
+            *fail = pos;
+            return -1;
+        }
+    }
+    return 0;
+}
+
 /* ---- CkptSink: the writes behind the caller ----------------------------- */
 
 static void *sink_writer(void *arg)
@@ -270,15 +311,6 @@ int ckpt_sink_close(CkptSink *s, int sync)
 
 /* ---- CkptSource: the reads ahead of the caller -------------------------- */
 
-static size_t source_span(const CkptSourceRead *r)
-{
-    if (r->n == 0)
-        return 0;
-    const off_t a0 = r->at / CKPT_RAW_ALIGN * CKPT_RAW_ALIGN;
-    const off_t a1 = (r->at + (off_t)r->n + CKPT_RAW_ALIGN - 1) / CKPT_RAW_ALIGN * CKPT_RAW_ALIGN;
-    return (size_t)(a1 - a0);
-}
-
 /* Where read i's span goes, once there is room (the mutex held): a
  * position in the stream of bytes the ring has held, its place in the ring
  * that modulo cap.  A span never wraps (it starts the ring over instead)
@@ -300,74 +332,57 @@ static int64_t source_place(CkptSource *s, int64_t i, size_t span)
     }
 }
 
-/* Read r into dst (its first aligned block there): 0, an errno, or -1
- * with *at where the file ended. */
-static int source_read(const CkptSourceRead *r, char *dst, off_t *at)
-{
-    const off_t a0 = r->at / CKPT_RAW_ALIGN * CKPT_RAW_ALIGN, end = r->at + (off_t)r->n;
-    int direct = r->fd_direct >= 0;
-    off_t pos = direct ? a0 : r->at;
-    while (pos < end) {
-        const off_t want_end = direct ? (off_t)(a0 + source_span(r)) : end;
-        const size_t want = (size_t)(want_end - pos) < CKPT_SOURCE_CHUNK ? (size_t)(want_end - pos)
-                                                                         : CKPT_SOURCE_CHUNK;
-        const ssize_t got = pread(direct ? r->fd_direct : r->fd, dst + (pos - a0), want, pos);
-        if (got < 0 && errno == EINTR)
-            continue;
-        if (got < 0 && errno == EINVAL && direct) { /* no O_DIRECT here after all */
-            direct = 0;
-            pos = pos > r->at ? pos : r->at;
-            continue;
-        }
-        if (got < 0)
-            return errno;
-        pos += got;
-        /* O_DIRECT reads whole blocks except at the end of the file. */
-        if (pos < end && (got == 0 || (direct && got % CKPT_RAW_ALIGN))) {
-            *at = pos;
-            return -1;
-        }
-    }
-    return 0;
-}
-
+/* Each of the source's threads claims the next read, places it in the
+ * ring (in the plan's order), reads it, and marks it done: with
+ * CKPT_SOURCE_THREADS reads in flight the disk has work queued while a
+ * read completes (one at a time, an O_DIRECT read left it idle between
+ * reads, where the page cache's readahead keeps it busy). */
 static void *source_reader(void *arg)
 {
     CkptSource *s = arg;
     pthread_mutex_lock(&s->mu);
-    for (int64_t i = 0; i < s->n; i++) {
+    while (!s->stop && s->claimed < s->n) {
+        const int64_t i = s->claimed++;
+        while (!s->stop && s->placed < i)
+            pthread_cond_wait(&s->cv, &s->mu);
         const CkptSourceRead *r = &s->plan[i];
-        const size_t span = source_span(r);
-        const int64_t at = source_place(s, i, span);
+        const size_t span = ckpt_raw_span(r->at, r->n);
+        const int64_t at = s->stop ? -1 : source_place(s, i, span);
         if (at < 0)
             break;
         s->pos[i] = at;
         s->wpos = at + (int64_t)span;
+        s->placed++;
+        pthread_cond_broadcast(&s->cv);
         pthread_mutex_unlock(&s->mu);
         off_t fail = 0;
-        const int err = source_read(r, s->ring + at % (int64_t)s->cap, &fail);
+        const int err =
+            ckpt_raw_read(r->fd, r->fd_direct, r->at, r->n, s->ring + at % (int64_t)s->cap, &fail);
         pthread_mutex_lock(&s->mu);
         s->err[i] = err;
         s->err_at[i] = fail;
-        s->read++;
+        s->done[i] = 1;
+        while (s->read < s->n && s->done[s->read])
+            s->read++;
         pthread_cond_broadcast(&s->cv);
     }
     pthread_mutex_unlock(&s->mu);
     return NULL;
 }
 
-void ckpt_source_open(CkptSource *s, const CkptSourceRead *plan, int n)
+void ckpt_source_open(CkptSource *s, const CkptSourceRead *plan, int n, size_t ring)
 {
     memset(s, 0, sizeof *s);
     s->plan = plan;
     s->n = n;
     size_t total = 0, largest = 0;
     for (int i = 0; i < n; i++) {
-        const size_t span = source_span(&plan[i]);
+        const size_t span = ckpt_raw_span(plan[i].at, plan[i].n);
         total += span;
         largest = span > largest ? span : largest;
     }
-    s->cap = total < CKPT_SOURCE_RING ? total : CKPT_SOURCE_RING;
+    ring = ring ? ring / CKPT_RAW_ALIGN * CKPT_RAW_ALIGN : CKPT_SOURCE_RING;
+    s->cap = total < ring ? total : ring;
     s->cap = s->cap > largest ? s->cap : largest;
     s->cap = s->cap ? s->cap : CKPT_RAW_ALIGN;
     if (posix_memalign((void **)&s->ring, CKPT_RAW_ALIGN, s->cap) != 0)
@@ -378,9 +393,11 @@ void ckpt_source_open(CkptSource *s, const CkptSourceRead *plan, int n)
     s->pos = trd_calloc((size_t)n + 1, sizeof *s->pos, "read-ahead plan");
     s->err = trd_calloc((size_t)n + 1, sizeof *s->err, "read-ahead plan");
     s->err_at = trd_calloc((size_t)n + 1, sizeof *s->err_at, "read-ahead plan");
+    s->done = trd_calloc((size_t)n + 1, 1, "read-ahead plan");
     pthread_mutex_init(&s->mu, NULL);
     pthread_cond_init(&s->cv, NULL);
-    TRD_ASSERT(pthread_create(&s->thread, NULL, source_reader, s) == 0);
+    for (int t = 0; t < CKPT_SOURCE_THREADS; t++)
+        TRD_ASSERT(pthread_create(&s->thread[t], NULL, source_reader, s) == 0);
 }
 
 int ckpt_source_take(CkptSource *s, const void **bytes, off_t *at)
@@ -400,7 +417,8 @@ void ckpt_source_release(CkptSource *s)
 {
     pthread_mutex_lock(&s->mu);
     TRD_ASSERT(s->released < s->taken);
-    s->freed = s->pos[s->released] + (int64_t)source_span(&s->plan[s->released]);
+    s->freed = s->pos[s->released] +
+               (int64_t)ckpt_raw_span(s->plan[s->released].at, s->plan[s->released].n);
     s->released++;
     pthread_cond_broadcast(&s->cv);
     pthread_mutex_unlock(&s->mu);
@@ -412,10 +430,12 @@ void ckpt_source_close(CkptSource *s)
     s->stop = 1;
     pthread_cond_broadcast(&s->cv);
     pthread_mutex_unlock(&s->mu);
-    pthread_join(s->thread, NULL);
+    for (int t = 0; t < CKPT_SOURCE_THREADS; t++)
+        pthread_join(s->thread[t], NULL);
     pthread_mutex_destroy(&s->mu);
     pthread_cond_destroy(&s->cv);
     free(s->ring);
+    free(s->done);
     free(s->pos);
     free(s->err);
     free(s->err_at);

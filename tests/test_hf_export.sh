@@ -16,7 +16,9 @@
 #     wrong RoPE pairing changes the loss in the second digit);
 #   - bad input (exit 2: not a checkpoint, bad options, OUTDIR not a
 #     directory, a gpt2 with grouped-query attention), a corrupted tensor and
-#     a full disk (exit 1, file and tensor named, no weights left behind).
+#     a full disk (exit 1, file and tensor named, no weights left behind);
+#   - a checkpoint with a chunked dataset (rewritten by h5py): the reads
+#     from it on go through HDF5, the same files byte for byte.
 . "$(dirname "$0")/e2e.sh"
 
 py=/usr/bin/python3   # Debian's, with numpy and h5py (scripts/install_deps.sh)
@@ -162,6 +164,25 @@ bad "corrupted tensor" 1 "stage_1.h5: tensor 'layers.1.mlp.up.weight'.*checksum 
     --format hf --out "$out/bad.hf" "$out/bad.ckpt"
 ok "corrupted tensor: no weights left behind" \
     bash -c "! ls '$out/bad.hf'/*.safetensors* > /dev/null 2>&1"
+
+# A checkpoint whose tensors are not where trident puts them (one rewritten
+# chunked by h5py, so it has no raw offset): the reads from it on go
+# through HDF5 instead of O_DIRECT, and the files are the same byte for byte.
+cp -r "$out/l/ckpt" "$out/chunked.ckpt"
+"$py" - "$out/chunked.ckpt/$step" <<'EOF'
+import sys, h5py
+with h5py.File(f"{sys.argv[1]}/stage_0.h5", "r+") as f:
+    name = "params/layers.0.mlp.gate.weight"
+    data, attrs = f[name][...], dict(f[name].attrs)
+    del f[name]
+    d = f.create_dataset(name, data=data, chunks=(4, data.shape[1]))
+    for k, v in attrs.items():
+        d.attrs[k] = v
+EOF
+"$TRIDENT" ckpt export --format hf --out "$out/chunked.hf" "$out/chunked.ckpt" > "$out/x.log" 2>&1
+rc=$?
+ok "a chunked dataset (read through HDF5): exit $rc, the same model.safetensors" \
+    bash -c "[ $rc -eq 0 ] && cmp '$out/l.hf/model.safetensors' '$out/chunked.hf/model.safetensors'"
 
 # A gpt2 with grouped-query attention has no GPT2LMHeadModel equivalent.
 run gq 1 --set model.layers=1 --set model.kv_heads=2 --set training.steps=1

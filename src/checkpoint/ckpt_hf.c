@@ -13,7 +13,10 @@
  * the conversion and a writer thread writes behind it (hf_pipe_start,
  * ckpt_sink_open): a plain copy holds a few checksum blocks (about 4 MiB each);
  * a transform that needs the whole source (Conv1D transposes, the qkv
- * split) holds two tensors at most.  Layout and conventions:
+ * split) holds two tensors at most.  The reader takes the tensors' bytes
+ * from a CkptSource, which reads them at their datasets' offsets with
+ * O_DIRECT ahead of it (hf_plan_raw); HDF5 reads a dataset that is not
+ * where trident puts it.  Layout and conventions:
  * docs/checkpoint.md, "Export to Hugging Face". */
 #include "checkpoint/ckpt_internal.h"
 
@@ -21,6 +24,7 @@
 #include <ctype.h>
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -250,6 +254,12 @@ static void hf_shard_name(const Hf *h, int shard, char *out, size_t n)
 typedef struct {
     const CkptEntry *e;
     int whole;
+    /* Found before the reader starts (hf_plan_raw): e's float32 values lie
+     * at base in its stage file, open as fd (and fd_direct), and sums are
+     * its checksums.  base < 0: read through HDF5 by the reader. */
+    int64_t base;
+    int fd, fd_direct;
+    uint64_t *sums;
 } HfRead;
 
 /* A reader thread reads and verifies the sources while the main thread
@@ -276,6 +286,15 @@ typedef struct {
 typedef struct HfPipe {
     HfRead *reads;
     int n_reads;
+    /* The raw reads' bytes, read ahead with O_DIRECT by a CkptSource
+     * (ckpt_raw.c): through the page cache a cold read cost as much CPU
+     * as the conversion.  One source read per whole tensor or block. */
+    CkptSourceRead *plan;
+    int n_plan;
+    CkptSource src;
+    int src_open;
+    int *fds; /* the stage files opened for it: pairs fd, fd_direct */
+    int n_fds;
     HfPool pool[HF_POOLS]; /* [0] blocks, [1] whole tensors */
     pthread_mutex_t mu;
     pthread_cond_t cv;
@@ -423,13 +442,145 @@ static int hf_read_source(const Hf *h, HfPipe *p, const HfRead *r)
     return code;
 }
 
+/* hf_read_source for a read with a raw place (r->base >= 0): its blocks
+ * from the source, in the plan's order, verified and copied into slots. */
+static int hf_read_raw(const Hf *h, HfPipe *p, const HfRead *r)
+{
+    const CkptEntry *e = r->e;
+    const int k = r->whole;
+    const int64_t R = ckpt_block_rows(e->ndim, e->shape), cols = e->shape[1];
+    HfSlot *s = k ? pipe_free_slot(p, k) : NULL;
+    if (k && !s)
+        return -1;
+    if (k)
+        s->buf = grow(s->buf, &s->cap, (size_t)(e->shape[0] * cols), e->name);
+    int code = TRD_EXIT_OK;
+    /* A whole tensor is one source read, a block each otherwise. */
+    const float *whole = NULL;
+    for (int64_t r0 = 0; code == TRD_EXIT_OK && r0 < e->shape[0]; r0 += R) {
+        const int64_t n = r0 + R < e->shape[0] ? R : e->shape[0] - r0;
+        if (!s && !(s = pipe_free_slot(p, k)))
+            return -1;
+        if (!k)
+            s->buf = grow(s->buf, &s->cap, (size_t)(n * cols), e->name);
+        const void *bytes = NULL;
+        off_t fail = 0;
+        int err = 0;
+        if (!k || r0 == 0) {
+            err = ckpt_source_take(&p->src, &bytes, &fail);
+            whole = bytes;
+        }
+        float *buf = s->buf + (k ? r0 * cols : 0);
+        if (!err) /* (the source's bytes need not be aligned for floats) */
+            memcpy(buf, k ? (const char *)whole + r0 * cols * (int64_t)sizeof(float) : bytes,
+                   (size_t)(n * cols) * sizeof(float));
+        if (!k || r0 + n == e->shape[0] || err)
+            ckpt_source_release(&p->src);
+        if (err) {
+            ckpt_err(p->err, "%s/%s: cannot read tensor '%s' rows %lld..%lld: %s at byte %lld",
+                     h->step_dir, e->file, e->name, (long long)(k ? 0 : r0),
+                     (long long)(k ? e->shape[0] : r0 + n),
+                     err > 0 ? strerror(err) : "the file ends", (long long)fail);
+            code = TRD_EXIT_RUNTIME;
+        } else if (ckpt_checksum_rows(buf, r0, n, cols) != r->sums[r0 / R]) {
+            ckpt_err(p->err,
+                     "%s/%s: tensor '%s' (dataset '/%s/%s'): checksum mismatch in the block "
+                     "at row %lld — the file is corrupted",
+                     h->step_dir, e->file, e->name, e->kind, e->name, (long long)r0);
+            code = TRD_EXIT_RUNTIME;
+        } else if (!k) {
+            s->code = TRD_EXIT_OK;
+            pipe_hand_over(p, k);
+            s = NULL;
+        }
+    }
+    if (code > 0 && !s)
+        s = pipe_free_slot(p, k);
+    if (s) { /* a whole tensor, or the slot marked with the error */
+        s->code = code;
+        pipe_hand_over(p, k);
+    }
+    return code;
+}
+
 static void *hf_reader(void *arg)
 {
     const Hf *h = arg;
     HfPipe *p = h->pipe;
-    for (int i = 0; i < p->n_reads && hf_read_source(h, p, &p->reads[i]) == TRD_EXIT_OK; i++)
-        ;
+    for (int i = 0; i < p->n_reads; i++) {
+        const HfRead *r = &p->reads[i];
+        if ((r->base >= 0 ? hf_read_raw(h, p, r) : hf_read_source(h, p, r)) != TRD_EXIT_OK)
+            break;
+    }
     return NULL;
+}
+
+/* The raw place of each read, in order, while every step so far has one:
+ * the dataset is float32, contiguous and allocated (as trident writes every
+ * tensor, ckpt_raw.c), and its checksums are readable.  The first read
+ * without one, and all after it, go through HDF5 (which also reports what
+ * is wrong with them, where the writer meets them). */
+static void hf_plan_raw(const Hf *h, HfPipe *p)
+{
+    char path[CKPT_FILE_PATH], dset[CKPT_PATH_NAME];
+    int cap = 0;
+    for (int i = 0; i < p->n_reads; i++)
+        p->reads[i].base = -1;
+    for (int i = 0; i < p->n_reads; i++) {
+        HfRead *r = &p->reads[i];
+        const CkptEntry *e = r->e;
+        snprintf(path, sizeof path, "%s/%s", h->step_dir, e->file);
+        snprintf(dset, sizeof dset, "%s/%s", e->kind, e->name);
+        hid_t fapl = ckpt_serial_fapl();
+        hid_t f = H5Fopen(path, H5F_ACC_RDONLY, fapl);
+        H5Pclose(fapl);
+        hid_t d = f >= 0 ? H5Dopen2(f, dset, H5P_DEFAULT) : -1;
+        hid_t type = d >= 0 ? H5Dget_type(d) : -1;
+        haddr_t base = HADDR_UNDEF;
+        if (type >= 0 && H5Tequal(type, H5T_IEEE_F32LE) > 0 &&
+            ckpt_get_checksums(d, e, &r->sums) == 0)
+            base = H5Dget_offset(d);
+        if (type >= 0)
+            H5Tclose(type);
+        if (d >= 0)
+            H5Dclose(d);
+        if (f >= 0)
+            H5Fclose(f);
+        /* Each stage file once. */
+        int fd = -1, fd_direct = -1;
+        for (int j = 0; j < i && fd < 0; j++)
+            if (p->reads[j].base >= 0 && !strcmp(p->reads[j].e->file, e->file)) {
+                fd = p->reads[j].fd;
+                fd_direct = p->reads[j].fd_direct;
+            }
+        if (base != HADDR_UNDEF && fd < 0 && (fd = open(path, O_RDONLY | O_CLOEXEC)) >= 0) {
+            fd_direct = open(path, O_RDONLY | O_CLOEXEC | O_DIRECT);
+            p->fds = realloc(p->fds, (size_t)(p->n_fds + 2) * sizeof *p->fds);
+            TRD_ASSERT(p->fds);
+            p->fds[p->n_fds++] = fd;
+            p->fds[p->n_fds++] = fd_direct;
+        }
+        if (base == HADDR_UNDEF || fd < 0) {
+            free(r->sums);
+            r->sums = NULL;
+            break;
+        }
+        r->base = (int64_t)base;
+        r->fd = fd;
+        r->fd_direct = fd_direct;
+        const int64_t R = ckpt_block_rows(e->ndim, e->shape), row = e->shape[1] * 4;
+        for (int64_t r0 = 0; r0 < e->shape[0]; r0 += r->whole ? e->shape[0] : R) {
+            const int64_t n =
+                r->whole ? e->shape[0] : (r0 + R < e->shape[0] ? R : e->shape[0] - r0);
+            if (p->n_plan == cap) {
+                cap = cap ? 2 * cap : 64;
+                p->plan = realloc(p->plan, (size_t)cap * sizeof *p->plan);
+                TRD_ASSERT(p->plan);
+            }
+            p->plan[p->n_plan++] =
+                (CkptSourceRead){fd, fd_direct, (off_t)(r->base + r0 * row), (size_t)(n * row)};
+        }
+    }
 }
 
 /* Start the reader over this rank's reads (their order is hf_write_mine's). */
@@ -446,12 +597,17 @@ static void hf_pipe_start(Hf *h, HfPipe *p)
             const int whole = t->op != HF_COPY;
             if (whole && t->src == last_whole)
                 continue;
-            p->reads[p->n_reads++] = (HfRead){t->src, whole};
+            p->reads[p->n_reads++] = (HfRead){t->src, whole, -1, -1, -1, NULL};
             if (whole)
                 last_whole = t->src;
         }
     p->pool[0].n = HF_BLOCK_SLOTS;
     p->pool[1].n = HF_WHOLE_SLOTS;
+    hf_plan_raw(h, p);
+    if (p->n_plan) {
+        ckpt_source_open(&p->src, p->plan, p->n_plan, 0);
+        p->src_open = 1;
+    }
     pthread_mutex_init(&p->mu, NULL);
     pthread_cond_init(&p->cv, NULL);
     h->pipe = p;
@@ -468,6 +624,15 @@ static void hf_pipe_end(Hf *h, HfPipe *p)
     pthread_mutex_unlock(&p->mu);
     if (p->running)
         pthread_join(p->thread, NULL);
+    if (p->src_open)
+        ckpt_source_close(&p->src);
+    for (int i = 0; i < p->n_fds; i++)
+        if (p->fds[i] >= 0)
+            close(p->fds[i]);
+    free(p->fds);
+    free(p->plan);
+    for (int i = 0; i < p->n_reads; i++)
+        free(p->reads[i].sums);
     pthread_mutex_destroy(&p->mu);
     pthread_cond_destroy(&p->cv);
     for (int k = 0; k < HF_POOLS; k++)

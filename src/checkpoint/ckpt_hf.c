@@ -80,8 +80,13 @@ typedef struct {
     struct HfPipe *pipe;
     const CkptEntry *cached;
     const float *cache;
-    float *tbuf; /* a transposed tensor */
-    size_t tbuf_cap;
+    /* Transposed tensors, two in turn: one written by the sink's thread
+     * straight from its buffer while the next is transposed into the
+     * other (each aligned as its place in the file, so no copy is made). */
+    char *tbuf[2];
+    size_t tbuf_cap[2];
+    int64_t tbuf_ticket[2];
+    int n_tbuf;
     /* Output staging for one row (converted) and file accounting. */
     void *stage;
     size_t stage_cap;
@@ -749,7 +754,8 @@ static int64_t qkv_src_row(const Hf *h, int part, int64_t j)
     return ckpt_hf_qkv_src_row(h->heads, h->kv_heads, h->hs, part, j);
 }
 
-static int hf_write_tensor(Hf *h, const HfTensor *t, CkptSink *s)
+/* Tensor t, at file offset at of the shard s writes. */
+static int hf_write_tensor(Hf *h, const HfTensor *t, CkptSink *s, off_t at)
 {
     const CkptEntry *e = t->src;
     if (t->op == HF_COPY) {
@@ -784,13 +790,27 @@ static int hf_write_tensor(Hf *h, const HfTensor *t, CkptSink *s)
         int64_t *src = trd_malloc((size_t)ocols * sizeof *src, "export column map");
         for (int64_t j = 0; j < ocols; j++)
             src[j] = t->op == HF_TRANSPOSE ? j : qkv_src_row(h, QKV_ALL, j);
-        h->tbuf = grow(h->tbuf, &h->tbuf_cap, (size_t)(orows * ocols), "export transpose");
-        float *o = h->tbuf;
+        const int k = h->n_tbuf++ & 1;
+        ckpt_sink_wait(s, h->tbuf_ticket[k]);
+        const size_t n = (size_t)(orows * ocols), need = n * sizeof(float) + CKPT_RAW_ALIGN;
+        if (need > h->tbuf_cap[k]) {
+            free(h->tbuf[k]);
+            h->tbuf_cap[k] = need;
+            if (posix_memalign((void **)&h->tbuf[k], CKPT_RAW_ALIGN, need) != 0)
+                trd_fatal(TRD_EXIT_RUNTIME, NULL, "out of memory: export transpose (%zu bytes)",
+                          need);
+        }
+        float *o = (float *)(h->tbuf[k] + at % CKPT_RAW_ALIGN);
         TRD_ASSERT(orows == cols); /* o[i * ocols + j] = w[src[j] * cols + i] */
         ckpt_transpose(w, ocols, cols, src, NULL, o);
-        code = hf_emit(h, s, o, (size_t)(orows * ocols));
         free(src);
-        return code;
+        if (h->bf16)
+            return hf_emit(h, s, o, n);
+        h->tbuf_ticket[k] = ckpt_sink_write_ref(s, o, n * sizeof(float), at);
+        if (h->tbuf_ticket[k] < 0)
+            return sink_failed(h, s);
+        h->written += (int64_t)(n * sizeof(float));
+        return TRD_EXIT_OK;
     }
     float *row = trd_malloc((size_t)ocols * sizeof(float), "export row");
     for (int64_t i = 0; i < orows && code == TRD_EXIT_OK; i++) {
@@ -916,15 +936,15 @@ static int hf_write_shards(Hf *h)
         }
         uint64_t len;
         free(hf_header(h, shard, &len));
+        h->tbuf_ticket[0] = h->tbuf_ticket[1] = 0; /* tickets of this sink */
         for (int i = 0; i < h->n && code == TRD_EXIT_OK; i++) {
             const HfTensor *t = &h->t[i];
             if (t->shard != shard || t->owner != h->rank)
                 continue;
-            code = ckpt_sink_seek(&s, (off_t)(8 + len + (uint64_t)t->offset)) == 0
-                       ? TRD_EXIT_OK
-                       : sink_failed(h, &s);
+            const off_t at = (off_t)(8 + len + (uint64_t)t->offset);
+            code = ckpt_sink_seek(&s, at) == 0 ? TRD_EXIT_OK : sink_failed(h, &s);
             if (code == TRD_EXIT_OK)
-                code = hf_write_tensor(h, t, &s);
+                code = hf_write_tensor(h, t, &s, at);
         }
         if (ckpt_sink_close(&s, code == TRD_EXIT_OK) != 0 && code == TRD_EXIT_OK)
             code = sink_failed(h, &s);
@@ -1322,7 +1342,8 @@ int ckpt_hf_export(const char *arg, const char *out_dir, int bf16, int64_t max_s
                h.size > 1 ? ", tensors split over the ranks" : "");
 fail:
     free(h.t);
-    free(h.tbuf);
+    free(h.tbuf[0]);
+    free(h.tbuf[1]);
     free(h.stage);
     ckpt_index_free(&ix);
     if (code != TRD_EXIT_OK && h.rank == 0)

@@ -6,15 +6,20 @@
  * bounded by the file and by 100 MB before anything is allocated, the JSON
  * goes through cJSON, every tensor's dtype and shape must be what
  * config.json implies, its data_offsets must lie inside the file and not
- * overlap another's, and the data is read with pread at checked offsets
- * (a short read is a truncated file).  Bad input is exit 2 naming the file
+ * overlap another's, and the data is read at those checked offsets (a
+ * short read is a truncated file).  Bad input is exit 2 naming the file
  * and the tensor.
  *
  * Driven by trident's parameter table for the model config.json describes
  * (params_build, one rank): each trident tensor is made from its HF
- * source(s) in memory (one tensor, plus the HF tensor being read), checked
- * finite, and written with its checksum blocks into stage_0.h5.  Layout:
- * docs/checkpoint.md, "Import from Hugging Face". */
+ * source(s), checked finite, and written with its checksum blocks into
+ * stage_0.h5.  `ckpt import` plans every read first (the same mapping, run
+ * dry) and a CkptSource reads them ahead with O_DIRECT; a tensor taken as
+ * it is goes through in pieces of 2 checksum blocks, a converted one
+ * (transposed, the qkv) is made whole in one of two buffers, written from
+ * there while the next is made.  `checkpoint.init_from` reads with pread,
+ * each rank the tensors it holds a piece of.  Layout: docs/checkpoint.md,
+ * "Import from Hugging Face". */
 #include "checkpoint/ckpt_internal.h"
 
 #include <cjson/cJSON.h>
@@ -891,13 +896,12 @@ static int out_open(hid_t group, const CkptEntry *e, OutTensor *o)
 }
 
 /* The checksums of rows [r0, r0 + n) (whole checksum blocks, or the
- * tensor's last rows), held at w. */
-static void out_sums(OutTensor *o, const CkptEntry *e, const float *w, int64_t r0, int64_t n)
+ * tensor's last rows), held at w, added to o's; returns how many of the
+ * values are NaN or Inf (found in the same pass, as a save finds them). */
+static int64_t out_sums(OutTensor *o, const CkptEntry *e, const float *w, int64_t r0, int64_t n)
 {
-    const int64_t R = o->block_rows, cols = e->shape[1];
-    for (int64_t b = r0; b < r0 + n; b += R)
-        o->sums[b / R] =
-            ckpt_checksum_rows(w + (b - r0) * cols, b, R < r0 + n - b ? R : r0 + n - b, cols);
+    const CkptSlab rows = {.b = {{r0, 0, n, e->shape[1]}}, .n = 1};
+    return ckpt_checksum_slab(&rows, e->shape[1], o->block_rows, w, o->sums);
 }
 
 static void out_drop(OutTensor *o)
@@ -934,15 +938,22 @@ static int out_close(Imp *im, CkptSink *sink, const CkptEntry *e, OutTensor *o, 
  * are written from their own buffer, which then stays busy until *ticket. */
 enum { SINK_COPY_BELOW = 1 << 20 };
 
-/* Tensor e, converted whole into w (fill_finite), into the file. */
+/* Tensor e, converted whole into w (fill), into the file; a tensor with
+ * NaN or Inf is refused (exit 2, named). */
 static int write_tensor(Imp *im, hid_t group, CkptSink *sink, const CkptEntry *e, const float *w,
-                        const char *path, int64_t *ticket)
+                        const char *path, const char *dir, int64_t *ticket)
 {
     OutTensor o;
     int ok = out_open(group, e, &o) == 0;
     *ticket = 0;
     if (ok) {
-        out_sums(&o, e, w, 0, e->shape[0]);
+        const int64_t bad = out_sums(&o, e, w, 0, e->shape[0]);
+        if (bad) {
+            out_drop(&o);
+            ckpt_err(im->err, "%s: tensor '%s' has %lld non-finite values", dir, e->name,
+                     (long long)bad);
+            return TRD_EXIT_INPUT;
+        }
         if (e->nbytes < SINK_COPY_BELOW)
             ok = ckpt_sink_seek(sink, o.at) == 0 && ckpt_sink_put(sink, w, (size_t)e->nbytes) == 0;
         else
@@ -994,9 +1005,7 @@ static int stream_tensor(Imp *im, hid_t group, CkptSink *sink, const CkptEntry *
         code = st_fetch(&im->st, f, t, r0 * cols, n * cols, NULL, &w, im->err);
         if (code)
             break;
-        for (int64_t j = 0; j < n * cols; j++)
-            bad += !isfinite(w[j]);
-        out_sums(&o, e, w, r0, n);
+        bad += out_sums(&o, e, w, r0, n);
         ok = ckpt_sink_put(sink, w, (size_t)(n * cols) * sizeof(float)) == 0;
         st_done(&im->st);
     }
@@ -1168,9 +1177,9 @@ int ckpt_hf_import(const char *hf_dir, const char *out_dir, char *const *sets, i
                     trd_fatal(TRD_EXIT_RUNTIME, NULL, "out of memory: import tensor (%zu bytes)",
                               w_cap[k]);
             }
-            code = fill_finite(&im, p, x->shape[0], w[k], hf_dir);
+            code = fill(&im, p, x->shape[0], w[k]);
             if (code == TRD_EXIT_OK)
-                code = write_tensor(&im, group, &sink, x, w[k], path, &w_ticket[k]);
+                code = write_tensor(&im, group, &sink, x, w[k], path, hf_dir, &w_ticket[k]);
         }
         if (code)
             snprintf(err, CFG_ERR, "%s", im.err);

@@ -362,36 +362,41 @@ static float *grow(float *buf, size_t *cap, size_t n, const char *what)
 }
 
 /* Read source r into slots, verifying every block: each block into a slot
- * of its own, or the whole tensor into one.  Returns 0; or -1 when the
- * writer stopped; or an exit code (1: an unreadable file, a checksum
- * mismatch), with p->err naming the file and tensor, after handing over a
- * slot marked with it, so the writer meets the error where it would have
- * read that data. */
+ * of its own, or the whole tensor into one.  The bytes come from the
+ * source read ahead (r->base >= 0: a block, or the whole tensor at its
+ * first block, copied out of the ring), else through HDF5.  Returns 0; or
+ * -1 when the writer stopped; or an exit code (1: an unreadable file, a
+ * checksum mismatch), with p->err naming the file and tensor, after
+ * handing over a slot marked with it, so the writer meets the error where
+ * it would have read that data. */
 static int hf_read_source(const Hf *h, HfPipe *p, const HfRead *r)
 {
     const CkptEntry *e = r->e;
-    const int k = r->whole;
+    const int k = r->whole, raw = r->base >= 0;
     char path[CKPT_FILE_PATH], dset[CKPT_PATH_NAME], why[256];
     snprintf(path, sizeof path, "%s/%s", h->step_dir, e->file);
     snprintf(dset, sizeof dset, "%s/%s", e->kind, e->name);
-    hid_t fapl = ckpt_serial_fapl();
-    hid_t f = H5Fopen(path, H5F_ACC_RDONLY, fapl);
-    H5Pclose(fapl);
     int code = TRD_EXIT_OK;
-    hid_t d = -1;
-    uint64_t *sums = NULL;
-    if (f < 0) {
-        ckpt_h5_reason(why, sizeof why);
-        ckpt_err(p->err, "%s: cannot open (missing, truncated or corrupted?) for tensor '%s': %s",
-                 path, e->name, why);
-        code = TRD_EXIT_RUNTIME;
-    } else if ((d = H5Dopen2(f, dset, H5P_DEFAULT)) < 0) {
-        ckpt_err(p->err, "%s: tensor '%s': no dataset '/%s'", path, e->name, dset);
-        code = TRD_EXIT_RUNTIME;
-    } else if (ckpt_get_checksums(d, e, &sums) != 0) {
-        ckpt_err(p->err, "%s: tensor '%s' (dataset '/%s') has no valid checksum attributes", path,
-                 e->name, dset);
-        code = TRD_EXIT_RUNTIME;
+    hid_t f = -1, d = -1;
+    uint64_t *sums = r->sums;
+    if (!raw) {
+        hid_t fapl = ckpt_serial_fapl();
+        f = H5Fopen(path, H5F_ACC_RDONLY, fapl);
+        H5Pclose(fapl);
+        if (f < 0) {
+            ckpt_h5_reason(why, sizeof why);
+            ckpt_err(p->err,
+                     "%s: cannot open (missing, truncated or corrupted?) for tensor '%s': %s", path,
+                     e->name, why);
+            code = TRD_EXIT_RUNTIME;
+        } else if ((d = H5Dopen2(f, dset, H5P_DEFAULT)) < 0) {
+            ckpt_err(p->err, "%s: tensor '%s': no dataset '/%s'", path, e->name, dset);
+            code = TRD_EXIT_RUNTIME;
+        } else if (ckpt_get_checksums(d, e, &sums) != 0) {
+            ckpt_err(p->err, "%s: tensor '%s' (dataset '/%s') has no valid checksum attributes",
+                     path, e->name, dset);
+            code = TRD_EXIT_RUNTIME;
+        }
     }
     const int64_t R = ckpt_block_rows(e->ndim, e->shape), cols = e->shape[1];
     hid_t fs = d >= 0 ? H5Dget_space(d) : -1;
@@ -400,6 +405,7 @@ static int hf_read_source(const Hf *h, HfPipe *p, const HfRead *r)
         code = -1;
     else if (k)
         s->buf = grow(s->buf, &s->cap, (size_t)(e->shape[0] * cols), e->name);
+    const char *ring = NULL; /* raw and whole: the tensor's bytes in the ring */
     for (int64_t r0 = 0; code == TRD_EXIT_OK && r0 < e->shape[0]; r0 += R) {
         const int64_t n = r0 + R < e->shape[0] ? R : e->shape[0] - r0;
         if (!s && !(s = pipe_free_slot(p, k))) {
@@ -409,15 +415,35 @@ static int hf_read_source(const Hf *h, HfPipe *p, const HfRead *r)
         if (!k)
             s->buf = grow(s->buf, &s->cap, (size_t)(n * cols), e->name);
         float *buf = s->buf + (k ? r0 * cols : 0);
-        hsize_t start[2] = {(hsize_t)r0, 0}, count[2] = {(hsize_t)n, (hsize_t)cols};
-        H5Sselect_hyperslab(fs, H5S_SELECT_SET, start, NULL, count, NULL);
-        hid_t ms = H5Screate_simple(e->ndim, count, NULL);
-        herr_t rc = H5Dread(d, H5T_NATIVE_FLOAT, ms, fs, H5P_DEFAULT, buf);
-        H5Sclose(ms);
-        if (rc < 0) {
-            ckpt_h5_reason(why, sizeof why);
+        int failed = 0;
+        if (raw) {
+            const void *bytes = NULL;
+            off_t at = 0;
+            const int err = !k || r0 == 0 ? ckpt_source_take(&p->src, &bytes, &at) : 0;
+            if (!k || r0 == 0)
+                ring = bytes;
+            if (!err) /* (the ring's bytes need not be aligned for floats) */
+                memcpy(buf, ring + (k ? r0 * cols * (int64_t)sizeof(float) : 0),
+                       (size_t)(n * cols) * sizeof(float));
+            if (err || !k || r0 + n == e->shape[0])
+                ckpt_source_release(&p->src);
+            if (err)
+                snprintf(why, sizeof why, "%s at byte %lld",
+                         err > 0 ? strerror(err) : "the file ends", (long long)at);
+            failed = err != 0;
+        } else {
+            hsize_t start[2] = {(hsize_t)r0, 0}, count[2] = {(hsize_t)n, (hsize_t)cols};
+            H5Sselect_hyperslab(fs, H5S_SELECT_SET, start, NULL, count, NULL);
+            hid_t ms = H5Screate_simple(e->ndim, count, NULL);
+            failed = H5Dread(d, H5T_NATIVE_FLOAT, ms, fs, H5P_DEFAULT, buf) < 0;
+            H5Sclose(ms);
+            if (failed)
+                ckpt_h5_reason(why, sizeof why);
+        }
+        if (failed) { /* (a whole tensor from the ring is one read of all its rows) */
+            const int64_t hi = raw && k ? e->shape[0] : r0 + n;
             ckpt_err(p->err, "%s: cannot read tensor '%s' (dataset '/%s') rows %lld..%lld: %s",
-                     path, e->name, dset, (long long)r0, (long long)(r0 + n), why);
+                     path, e->name, dset, (long long)r0, (long long)hi, why);
             code = TRD_EXIT_RUNTIME;
         } else if (ckpt_checksum_rows(buf, r0, n, cols) != sums[r0 / R]) {
             ckpt_err(p->err,
@@ -439,7 +465,8 @@ static int hf_read_source(const Hf *h, HfPipe *p, const HfRead *r)
     }
     if (fs >= 0)
         H5Sclose(fs);
-    free(sums);
+    if (!raw)
+        free(sums);
     if (d >= 0)
         H5Dclose(d);
     if (f >= 0)
@@ -447,76 +474,12 @@ static int hf_read_source(const Hf *h, HfPipe *p, const HfRead *r)
     return code;
 }
 
-/* hf_read_source for a read with a raw place (r->base >= 0): its blocks
- * from the source, in the plan's order, verified and copied into slots. */
-static int hf_read_raw(const Hf *h, HfPipe *p, const HfRead *r)
-{
-    const CkptEntry *e = r->e;
-    const int k = r->whole;
-    const int64_t R = ckpt_block_rows(e->ndim, e->shape), cols = e->shape[1];
-    HfSlot *s = k ? pipe_free_slot(p, k) : NULL;
-    if (k && !s)
-        return -1;
-    if (k)
-        s->buf = grow(s->buf, &s->cap, (size_t)(e->shape[0] * cols), e->name);
-    int code = TRD_EXIT_OK;
-    /* A whole tensor is one source read, a block each otherwise. */
-    const float *whole = NULL;
-    for (int64_t r0 = 0; code == TRD_EXIT_OK && r0 < e->shape[0]; r0 += R) {
-        const int64_t n = r0 + R < e->shape[0] ? R : e->shape[0] - r0;
-        if (!s && !(s = pipe_free_slot(p, k)))
-            return -1;
-        if (!k)
-            s->buf = grow(s->buf, &s->cap, (size_t)(n * cols), e->name);
-        const void *bytes = NULL;
-        off_t fail = 0;
-        int err = 0;
-        if (!k || r0 == 0) {
-            err = ckpt_source_take(&p->src, &bytes, &fail);
-            whole = bytes;
-        }
-        float *buf = s->buf + (k ? r0 * cols : 0);
-        if (!err) /* (the source's bytes need not be aligned for floats) */
-            memcpy(buf, k ? (const char *)whole + r0 * cols * (int64_t)sizeof(float) : bytes,
-                   (size_t)(n * cols) * sizeof(float));
-        if (!k || r0 + n == e->shape[0] || err)
-            ckpt_source_release(&p->src);
-        if (err) {
-            ckpt_err(p->err, "%s/%s: cannot read tensor '%s' rows %lld..%lld: %s at byte %lld",
-                     h->step_dir, e->file, e->name, (long long)(k ? 0 : r0),
-                     (long long)(k ? e->shape[0] : r0 + n),
-                     err > 0 ? strerror(err) : "the file ends", (long long)fail);
-            code = TRD_EXIT_RUNTIME;
-        } else if (ckpt_checksum_rows(buf, r0, n, cols) != r->sums[r0 / R]) {
-            ckpt_err(p->err,
-                     "%s/%s: tensor '%s' (dataset '/%s/%s'): checksum mismatch in the block "
-                     "at row %lld — the file is corrupted",
-                     h->step_dir, e->file, e->name, e->kind, e->name, (long long)r0);
-            code = TRD_EXIT_RUNTIME;
-        } else if (!k) {
-            s->code = TRD_EXIT_OK;
-            pipe_hand_over(p, k);
-            s = NULL;
-        }
-    }
-    if (code > 0 && !s)
-        s = pipe_free_slot(p, k);
-    if (s) { /* a whole tensor, or the slot marked with the error */
-        s->code = code;
-        pipe_hand_over(p, k);
-    }
-    return code;
-}
-
 static void *hf_reader(void *arg)
 {
     const Hf *h = arg;
     HfPipe *p = h->pipe;
-    for (int i = 0; i < p->n_reads; i++) {
-        const HfRead *r = &p->reads[i];
-        if ((r->base >= 0 ? hf_read_raw(h, p, r) : hf_read_source(h, p, r)) != TRD_EXIT_OK)
-            break;
-    }
+    for (int i = 0; i < p->n_reads && hf_read_source(h, p, &p->reads[i]) == TRD_EXIT_OK; i++)
+        ;
     return NULL;
 }
 

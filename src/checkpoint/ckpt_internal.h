@@ -97,8 +97,8 @@ size_t ckpt_raw_span(off_t at, size_t n);
 int ckpt_raw_read(int fd, int fd_direct, off_t at, size_t n, char *dst, off_t *fail);
 
 /* A file's bytes through CkptRaw, written behind the caller by a thread of
- * the sink.  put() copies into one of CKPT_SINK_BUFS buffers of
- * CKPT_RAW_STAGE bytes, aligned as the file is (buf[lead] holds offset
+ * the sink.  put() copies into one of CKPT_SINK_BUFS buffers of 32 MiB,
+ * aligned as the file is (buf[lead] holds offset
  * `at`, lead = at % CKPT_RAW_ALIGN, so whole blocks go out with O_DIRECT
  * and no other copy), and a full buffer goes to the writer while the next
  * fills; write_ref() hands over the caller's own bytes, uncopied.  A direct
@@ -106,7 +106,7 @@ int ckpt_raw_read(int fd, int fd_direct, off_t at, size_t n, char *dst, off_t *f
  * up the work that makes the next bytes (an export's conversion, an
  * import's reads and transposes).  Each call returns 0, or -1 with errno:
  * the first failure of any write so far. */
-enum { CKPT_SINK_CAP = CKPT_RAW_STAGE + CKPT_RAW_ALIGN, CKPT_SINK_BUFS = 3, CKPT_SINK_JOBS = 16 };
+enum { CKPT_SINK_CAP = (32 << 20) + CKPT_RAW_ALIGN, CKPT_SINK_BUFS = 3, CKPT_SINK_JOBS = 16 };
 typedef struct {
     const char *src;
     size_t n;

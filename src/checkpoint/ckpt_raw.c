@@ -68,10 +68,13 @@ int ckpt_raw_write(CkptRaw *w, const char *src, size_t n, off_t at)
         return -1;
     src += head, at += (off_t)head, n -= head;
     for (size_t mid = n / CKPT_RAW_ALIGN * CKPT_RAW_ALIGN; mid > 0;) {
-        const size_t m = mid < CKPT_RAW_STAGE ? mid : CKPT_RAW_STAGE;
-        /* Memory aligned like the file goes out as it is. */
+        /* Memory aligned like the file goes out as it is, in one call (the
+         * disk gets all of its requests at once); other memory through the
+         * staging buffer. */
+        const int staged = (uintptr_t)src % CKPT_RAW_ALIGN != 0;
+        const size_t m = !staged || mid < CKPT_RAW_STAGE ? mid : CKPT_RAW_STAGE;
         const char *p = src;
-        if ((uintptr_t)src % CKPT_RAW_ALIGN) {
+        if (staged) {
             memcpy(w->stage, src, m);
             p = w->stage;
         }

@@ -728,6 +728,43 @@ static void test_reliability(const char *good, const Config *g32, const Layout *
     MPI_Barrier(MPI_COMM_WORLD);
 }
 
+/* ckpt_transpose against the definition, element by element: shapes with
+ * and without edges beyond its 8 x 8 blocks and 64 x 64 panels, with and
+ * without row maps (reversed input rows, permuted output rows). */
+static void test_transpose(void)
+{
+    const int64_t shapes[][2] = {{1, 1}, {8, 8}, {7, 13}, {64, 64}, {65, 129}, {200, 72}, {3, 500}};
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+        const int64_t r = shapes[s][0], c = shapes[s][1];
+        float *in = trd_malloc((size_t)(r * c) * sizeof(float), "transpose in");
+        float *out = trd_malloc((size_t)(r * c) * sizeof(float), "transpose out");
+        int64_t *imap = trd_malloc((size_t)r * sizeof(int64_t), "imap");
+        int64_t *omap = trd_malloc((size_t)c * sizeof(int64_t), "omap");
+        for (int64_t k = 0; k < r * c; k++)
+            in[k] = (float)k + 0.5f;
+        for (int64_t i = 0; i < r; i++)
+            imap[i] = r - 1 - i;
+        for (int64_t j = 0; j < c; j++)
+            omap[j] = (j * 7 + 3) % c; /* a permutation: no c here is a multiple of 7 */
+        for (int maps = 0; maps < 4; maps++) {
+            const int64_t *im = maps & 1 ? imap : NULL, *om = maps & 2 ? omap : NULL;
+            for (int64_t k = 0; k < r * c; k++)
+                out[k] = -1.0f;
+            ckpt_transpose(in, r, c, im, om, out);
+            int64_t bad = 0;
+            for (int64_t i = 0; i < r; i++)
+                for (int64_t j = 0; j < c; j++)
+                    bad += out[(om ? om[j] : j) * r + i] != in[(im ? im[i] : i) * c + j];
+            CHECK(bad == 0, "transpose %lld x %lld, maps %d: %lld elements wrong", (long long)r,
+                  (long long)c, maps, (long long)bad);
+        }
+        free(in);
+        free(out);
+        free(imap);
+        free(omap);
+    }
+}
+
 /* CkptSource (ckpt_raw.c), the import's reads ahead: reads at unaligned
  * offsets, empty ones and one past the end of the file, through a ring far
  * smaller than all of them (it wraps many times) while the caller holds up
@@ -813,6 +850,7 @@ int main(int argc, char **argv)
         snprintf(g_root, sizeof g_root, "/tmp/trd_ckpt_XXXXXX");
         TRD_ASSERT(mkdtemp(g_root));
         test_slab();
+        test_transpose();
         test_source();
     }
     MPI_Bcast(g_root, sizeof g_root, MPI_CHAR, 0, MPI_COMM_WORLD);

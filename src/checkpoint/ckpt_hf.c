@@ -278,7 +278,7 @@ enum { HF_BLOCK_SLOTS = 4, HF_WHOLE_SLOTS = 2, HF_POOLS = 2 };
 
 typedef struct {
     float *buf;
-    size_t cap; /* floats; kept across uses (no page faults anew) */
+    size_t cap; /* bytes; kept across uses (no page faults anew) */
     int code;   /* the read failed: the reader's err says why */
 } HfSlot;
 
@@ -349,18 +349,6 @@ static void pipe_give_back(HfPipe *p, int k)
     pthread_mutex_unlock(&p->mu);
 }
 
-/* buf with room for n floats: reallocated only to grow, so the pages of
- * one tensor are reused by the next instead of faulted in and zeroed anew
- * (a fresh buffer per tensor was a third of an export's system time). */
-static float *grow(float *buf, size_t *cap, size_t n, const char *what)
-{
-    if (n <= *cap)
-        return buf;
-    free(buf);
-    *cap = n;
-    return trd_malloc(n * sizeof(float), what);
-}
-
 /* Read source r into slots, verifying every block: each block into a slot
  * of its own, or the whole tensor into one.  The bytes come from the
  * source read ahead (r->base >= 0: a block, or the whole tensor at its
@@ -404,7 +392,8 @@ static int hf_read_source(const Hf *h, HfPipe *p, const HfRead *r)
     if (k && !s)
         code = -1;
     else if (k)
-        s->buf = grow(s->buf, &s->cap, (size_t)(e->shape[0] * cols), e->name);
+        s->buf =
+            ckpt_io_grow(s->buf, &s->cap, (size_t)(e->shape[0] * cols) * sizeof(float), e->name);
     const char *ring = NULL; /* raw and whole: the tensor's bytes in the ring */
     for (int64_t r0 = 0; code == TRD_EXIT_OK && r0 < e->shape[0]; r0 += R) {
         const int64_t n = r0 + R < e->shape[0] ? R : e->shape[0] - r0;
@@ -413,7 +402,7 @@ static int hf_read_source(const Hf *h, HfPipe *p, const HfRead *r)
             break;
         }
         if (!k)
-            s->buf = grow(s->buf, &s->cap, (size_t)(n * cols), e->name);
+            s->buf = ckpt_io_grow(s->buf, &s->cap, (size_t)(n * cols) * sizeof(float), e->name);
         float *buf = s->buf + (k ? r0 * cols : 0);
         int failed = 0;
         if (raw) {
@@ -756,13 +745,7 @@ static int hf_write_tensor(Hf *h, const HfTensor *t, CkptSink *s, off_t at)
         const int k = h->n_tbuf++ & 1;
         ckpt_sink_wait(s, h->tbuf_ticket[k]);
         const size_t n = (size_t)(orows * ocols), need = n * sizeof(float) + CKPT_RAW_ALIGN;
-        if (need > h->tbuf_cap[k]) {
-            free(h->tbuf[k]);
-            h->tbuf_cap[k] = need;
-            if (posix_memalign((void **)&h->tbuf[k], CKPT_RAW_ALIGN, need) != 0)
-                trd_fatal(TRD_EXIT_RUNTIME, NULL, "out of memory: export transpose (%zu bytes)",
-                          need);
-        }
+        h->tbuf[k] = ckpt_io_grow(h->tbuf[k], &h->tbuf_cap[k], need, "export transpose");
         float *o = (float *)(h->tbuf[k] + at % CKPT_RAW_ALIGN);
         TRD_ASSERT(orows == cols); /* o[i * ocols + j] = w[src[j] * cols + i] */
         ckpt_transpose(w, ocols, cols, src, NULL, o);

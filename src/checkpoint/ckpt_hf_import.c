@@ -382,15 +382,6 @@ static void st_set_close(StSet *s)
     free(s->wide);
 }
 
-static void *grow_to(void *buf, size_t *cap, size_t n, const char *what)
-{
-    if (n <= *cap)
-        return buf;
-    free(buf);
-    *cap = n;
-    return trd_malloc(n, what);
-}
-
 /* HF tensor `name` and its file, checked to have shape [r, c] (c == 0: a
  * vector of r) and config.json's dtype.  While planning nothing is checked
  * (the real read reports it) and a missing tensor is ST_PLANNED. */
@@ -475,7 +466,8 @@ static int st_fetch(StSet *s, StFile *f, const StTensor *t, int64_t e0, int64_t 
     } else {
         char *dst = (char *)out; /* F32 into out as it is */
         if (t->bf16 || !out)
-            dst = s->raw = grow_to(s->raw, &s->raw_cap, (size_t)bytes + 1, "safetensors tensor");
+            dst = s->raw =
+                ckpt_io_grow(s->raw, &s->raw_cap, (size_t)bytes + 1, "safetensors tensor");
         for (int64_t at = 0; at < bytes && !why;) {
             const ssize_t got = pread(f->fd, dst + at, (size_t)(bytes - at), begin + at);
             if (got <= 0) {
@@ -495,7 +487,7 @@ static int st_fetch(StSet *s, StFile *f, const StTensor *t, int64_t e0, int64_t 
     if ((uintptr_t)src % (t->bf16 ? 2 : 4) && (t->bf16 || !out)) {
         /* The data of a file whose header is not padded to 8 bytes: its
          * values are loaded from aligned memory. */
-        s->raw = grow_to(s->raw, &s->raw_cap, (size_t)bytes + 1, "safetensors tensor");
+        s->raw = ckpt_io_grow(s->raw, &s->raw_cap, (size_t)bytes + 1, "safetensors tensor");
         memcpy(s->raw, src, (size_t)bytes);
         st_done(s);
         src = s->raw;
@@ -503,7 +495,7 @@ static int st_fetch(StSet *s, StFile *f, const StTensor *t, int64_t e0, int64_t 
     if (t->bf16) {
         float *dst = out;
         if (!dst)
-            dst = s->wide = grow_to(s->wide, &s->wide_cap, (size_t)n * 4, "widened tensor");
+            dst = s->wide = ckpt_io_grow(s->wide, &s->wide_cap, (size_t)n * 4, "widened tensor");
         const uint16_t *h = src;
         for (int64_t i = 0; i < n; i++) {
             const uint32_t bits = (uint32_t)h[i] << 16;
@@ -1170,13 +1162,7 @@ int ckpt_hf_import(const char *hf_dir, const char *out_dir, char *const *sets, i
              * writes need no staging copy. */
             const int k = x->nbytes < SINK_COPY_BELOW ? 2 : n_large++ & 1;
             ckpt_sink_wait(&sink, w_ticket[k]);
-            if ((size_t)x->nbytes > w_cap[k]) {
-                free(w[k]);
-                w_cap[k] = (size_t)x->nbytes;
-                if (posix_memalign((void **)&w[k], CKPT_RAW_ALIGN, w_cap[k]) != 0)
-                    trd_fatal(TRD_EXIT_RUNTIME, NULL, "out of memory: import tensor (%zu bytes)",
-                              w_cap[k]);
-            }
+            w[k] = ckpt_io_grow(w[k], &w_cap[k], (size_t)x->nbytes, "import tensor");
             code = fill(&im, p, x->shape[0], w[k]);
             if (code == TRD_EXIT_OK)
                 code = write_tensor(&im, group, &sink, x, w[k], path, hf_dir, &w_ticket[k]);

@@ -179,24 +179,60 @@ hid_t ckpt_space(int ndim, const int64_t shape[2])
     return s;
 }
 
+/* Eight rows of 8 floats, src[k][j0 .. j0 + 8), transposed in registers
+ * into dst[k][i0 .. i0 + 8): three rounds of interleaving pairs, of
+ * singles, then of pairs, then of halves (GCC's vector extensions: AVX
+ * shuffles with -march=native, SSE pairs without). */
+typedef float V8 __attribute__((vector_size(32)));
+
+static inline void transpose8(const float *const *src, int64_t j0, float *const *dst, int64_t i0)
+{
+    V8 a[8], b[8];
+    for (int k = 0; k < 8; k++)
+        memcpy(&a[k], src[k] + j0, sizeof a[k]);
+    for (int k = 0; k < 8; k += 2) {
+        b[k] = __builtin_shufflevector(a[k], a[k + 1], 0, 8, 1, 9, 4, 12, 5, 13);
+        b[k + 1] = __builtin_shufflevector(a[k], a[k + 1], 2, 10, 3, 11, 6, 14, 7, 15);
+    }
+    for (int k = 0; k < 8; k += 4)
+        for (int h = 0; h < 2; h++) {
+            a[k + 2 * h] =
+                __builtin_shufflevector(b[k + h], b[k + h + 2], 0, 1, 8, 9, 4, 5, 12, 13);
+            a[k + 2 * h + 1] =
+                __builtin_shufflevector(b[k + h], b[k + h + 2], 2, 3, 10, 11, 6, 7, 14, 15);
+        }
+    for (int k = 0; k < 4; k++) {
+        b[k] = __builtin_shufflevector(a[k], a[k + 4], 0, 1, 2, 3, 8, 9, 10, 11);
+        b[k + 4] = __builtin_shufflevector(a[k], a[k + 4], 4, 5, 6, 7, 12, 13, 14, 15);
+    }
+    for (int k = 0; k < 8; k++)
+        memcpy(dst[k] + i0, &b[k], sizeof b[k]);
+}
+
 void ckpt_transpose(const float *in, int64_t r, int64_t c, const int64_t *imap, const int64_t *omap,
                     float *out)
 {
-    /* Through a transposed tile on the stack: each output row piece then
-     * goes out as up to 32 consecutive floats.  Stored straight from the
-     * source, 32 stores 4 KiB apart (r = 1024) fall into one L1 set and
-     * evict each other: an import's transposes took twice the time. */
-    float tile[32][32];
-    for (int64_t i0 = 0; i0 < r; i0 += 32)
-        for (int64_t j0 = 0; j0 < c; j0 += 32) {
-            const int64_t ni = r - i0 < 32 ? r - i0 : 32, nj = c - j0 < 32 ? c - j0 : 32;
-            for (int64_t i = 0; i < ni; i++) {
-                const float *row = in + (imap ? imap[i0 + i] : i0 + i) * c + j0;
-                for (int64_t j = 0; j < nj; j++)
-                    tile[j][i] = row[j];
-            }
+    /* Panels of 64 x 64, in 8 x 8 blocks transposed in registers: 3x the
+     * speed of going through a tile in memory (2.6 against 8 GB/s of a
+     * 16 MiB matrix that is not in the cache), which an import spends on
+     * its main thread for every Conv1D weight. */
+    enum { P = 64 };
+    const float *src[P];
+    float *dst[P];
+    for (int64_t i0 = 0; i0 < r; i0 += P) {
+        const int64_t ni = r - i0 < P ? r - i0 : P, ni8 = ni / 8 * 8;
+        for (int64_t i = 0; i < ni; i++)
+            src[i] = in + (imap ? imap[i0 + i] : i0 + i) * c;
+        for (int64_t j0 = 0; j0 < c; j0 += P) {
+            const int64_t nj = c - j0 < P ? c - j0 : P, nj8 = nj / 8 * 8;
             for (int64_t j = 0; j < nj; j++)
-                memcpy(out + (omap ? omap[j0 + j] : j0 + j) * r + i0, tile[j],
-                       (size_t)ni * sizeof(float));
+                dst[j] = out + (omap ? omap[j0 + j] : j0 + j) * r + i0;
+            for (int64_t j = 0; j < nj8; j += 8)
+                for (int64_t i = 0; i < ni8; i += 8)
+                    transpose8(src + i, j0 + j, dst + j, i);
+            for (int64_t j = 0; j < nj; j++) /* the edges, one float at a time */
+                for (int64_t i = j < nj8 ? ni8 : 0; i < ni; i++)
+                    dst[j][i] = src[i][j0 + j];
         }
+    }
 }

@@ -102,6 +102,28 @@ int ckpt_raw_close(CkptRaw *w, int sync)
     return rc;
 }
 
+void *ckpt_io_alloc(size_t n, const char *what)
+{
+    enum { HUGE_PAGE = 2 << 20 };
+    void *p = NULL;
+    if (posix_memalign(&p, n >= HUGE_PAGE ? HUGE_PAGE : CKPT_RAW_ALIGN, n ? n : 1) != 0)
+        trd_fatal(TRD_EXIT_RUNTIME, NULL, "out of memory: %s (%zu bytes)", what, n);
+#ifdef MADV_HUGEPAGE
+    if (n >= HUGE_PAGE)
+        (void)madvise(p, n, MADV_HUGEPAGE);
+#endif
+    return p;
+}
+
+void *ckpt_io_grow(void *buf, size_t *cap, size_t n, const char *what)
+{
+    if (n <= *cap)
+        return buf;
+    free(buf);
+    *cap = n;
+    return ckpt_io_alloc(n, what);
+}
+
 size_t ckpt_raw_span(off_t at, size_t n)
 {
     if (n == 0)
@@ -388,11 +410,7 @@ void ckpt_source_open(CkptSource *s, const CkptSourceRead *plan, int n, size_t r
     s->cap = total < ring ? total : ring;
     s->cap = s->cap > largest ? s->cap : largest;
     s->cap = s->cap ? s->cap : CKPT_RAW_ALIGN;
-    if (posix_memalign((void **)&s->ring, CKPT_RAW_ALIGN, s->cap) != 0)
-        trd_fatal(TRD_EXIT_RUNTIME, NULL, "out of memory: read-ahead ring (%zu bytes)", s->cap);
-#ifdef MADV_HUGEPAGE
-    (void)madvise(s->ring, s->cap, MADV_HUGEPAGE); /* fewer faults on first use */
-#endif
+    s->ring = ckpt_io_alloc(s->cap, "read-ahead ring");
     s->pos = trd_calloc((size_t)n + 1, sizeof *s->pos, "read-ahead plan");
     s->err = trd_calloc((size_t)n + 1, sizeof *s->err, "read-ahead plan");
     s->err_at = trd_calloc((size_t)n + 1, sizeof *s->err_at, "read-ahead plan");

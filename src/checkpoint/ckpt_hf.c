@@ -736,7 +736,7 @@ static int hf_write_tensor(Hf *h, const HfTensor *t, CkptSink *s, off_t at)
     if (t->ndim == 2 && (t->op == HF_TRANSPOSE || t->part == QKV_ALL)) {
         /* Output column j is source row src[j] (Conv1D: j itself; c_attn:
          * the qkv row it comes from), read down its length: the whole
-         * tensor at once, in 32 x 32 tiles.  A column walk per output row
+         * tensor at once, in 8 x 8 blocks.  A column walk per output row
          * misses the cache on every element (a GPT-2 MLP matrix's rows are
          * 4096 floats apart), which was most of the export's time. */
         int64_t *src = trd_malloc((size_t)ocols * sizeof *src, "export column map");

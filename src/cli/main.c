@@ -35,8 +35,20 @@ static void usage(FILE *f)
         fprintf(f, "  %-13s %s\n", commands[i].name, commands[i].summary);
 }
 
+/* OpenBLAS (the pthreads build, Debian's default) starts a pool of one
+ * thread per core but one when it is loaded, and each spins for about 0.1 s
+ * before it sleeps.  trident calls BLAS on one thread inside its own
+ * OpenMP split (backend/cpu_ops.inc), and most commands never call it, so
+ * the pool is stopped before anything runs; OpenBLAS starts it again at
+ * its first call.  Two ranks of a small `ckpt export` on 2 cores took
+ * 146 ms with the pools spinning, 96 ms without.  Weak: another BLAS
+ * library has no such function. */
+extern int blas_thread_shutdown_(void) __attribute__((weak));
+
 int main(int argc, char **argv)
 {
+    if (blas_thread_shutdown_)
+        (void)blas_thread_shutdown_();
     if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
         usage(argc < 2 ? stderr : stdout);
         return argc < 2 ? TRD_EXIT_INPUT : TRD_EXIT_OK;

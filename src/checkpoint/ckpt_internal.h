@@ -168,9 +168,9 @@ int ckpt_sink_close(CkptSink *s, int sync);
  * transposes: page allocation and a copy of every byte).  The caller takes
  * the reads in the plan's order and releases each (oldest first) when done
  * with its bytes; the threads read on while there is room.  The ring is
- * 128 MiB: a 256 MiB one made the import 9% and the export 4% slower on
- * the development VM (fresh memory is costly there, every page is zeroed
- * on its first read), 64 to 160 MiB were as fast as 128. */
+ * 128 MiB: with 256 MiB the import took 1.09-1.2x and the export 1.04x
+ * the time on the development VM (fresh memory is costly there, and every
+ * page is zeroed on its first read); 64 to 160 MiB were as fast as 128. */
 enum { CKPT_SOURCE_RING = 128 << 20, CKPT_SOURCE_THREADS = 2 };
 typedef struct {
     int fd;        /* buffered */

@@ -162,18 +162,19 @@ static double attn_flops(int B, int T, int H, int hs, int products)
     return 2.0 * hs * products * (double)B * H * T * (T + 1) / 2;
 }
 
-static void p_attention_forward(float *out, float *lse, const float *qkv, int B, int T, int H,
-                                int KVH, int hs)
+static void p_attention_forward(float *out, float *lse, const float *q, const float *kv,
+                                const AttnArgs *a)
 {
-    TIMED(OP_ATTN, attn_flops(B, T, H, hs, 2),
-          base->attention_forward(out, lse, qkv, B, T, H, KVH, hs));
+    TIMED(OP_ATTN, attn_flops(a->B, a->Tq, a->H, a->hs, 2),
+          base->attention_forward(out, lse, q, kv, a));
 }
 
-static void p_attention_backward(float *dqkv, const float *dout, const float *qkv, const float *out,
-                                 const float *lse, int B, int T, int H, int KVH, int hs)
+static void p_attention_backward(float *dq, float *dkv, const float *dout, const float *q,
+                                 const float *kv, const float *out, const float *lse,
+                                 const AttnArgs *a)
 {
-    TIMED(OP_ATTN_B, attn_flops(B, T, H, hs, 5),
-          base->attention_backward(dqkv, dout, qkv, out, lse, B, T, H, KVH, hs));
+    TIMED(OP_ATTN_B, attn_flops(a->B, a->Tq, a->H, a->hs, 5),
+          base->attention_backward(dq, dkv, dout, q, kv, out, lse, a));
 }
 
 /* Bytes below: each float read or written once (4 bytes). */

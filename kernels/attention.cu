@@ -19,6 +19,12 @@
  *                     and their query rows streaming.
  * Both recompute p = exp(s - lse) and ds = p (dp - D), D = dout . out.
  *
+ * One call attends query rows to key rows as AttnArgs (backend.h) says:
+ * by global position (blocks of a sequence split over ranks) and within
+ * documents (packed sequences); a query row's keys are one contiguous
+ * range [u0, u1), so a query tile walks the union of its rows' ranges and
+ * each pair outside the row's own range is skipped.
+ *
  * Head size up to HS_MAX (128): the per-thread register arrays are sized
  * for it.  fp32 throughout, IEEE expf. */
 #include "ops.cuh"
@@ -43,6 +49,7 @@ __device__ inline size_t q_off(int h, int Q, int hs)
 __device__ inline size_t k_off(int g, int Q, int hs) { return ((size_t)g * (Q + 2) + Q) * hs; }
 
 __device__ inline int imin(int a, int b) { return a < b ? a : b; }
+__device__ inline int imax(int a, int b) { return a > b ? a : b; }
 
 /* Sum over the 8 threads of a row group (lanes differing in the low 3 bits);
  * every thread of the block must call it together. */
@@ -94,70 +101,113 @@ __device__ inline void stage_row(float *sh, const float *row, int c, int hs)
 }
 
 struct Shape {
-    int T, H, KVH, hs, Q, width, tiles;
+    int Tq, Tk, H, KVH, hs, Q, width, kvw, qtiles, ktiles, q_pos0, k_pos0, kv_packed, merge;
+    const int32_t *pos;
     float scale;
 };
 
+/* Offset, in a row of kv, of group g's key head (the value head follows). */
+__device__ inline size_t kv_k_off(int g, const Shape &s)
+{
+    return s.kv_packed ? (size_t)g * 2 * s.hs : k_off(g, s.Q, s.hs);
+}
+
+/* The keys [*u0, *u1) of the key block that query row t of sequence b sees
+ * (AttnArgs's rule); *u0 >= *u1 when none. */
+__device__ inline void key_range(const Shape &s, int b, int t, int *u0, int *u1)
+{
+    const int qp = s.q_pos0 + t;
+    const int first = s.pos ? qp - s.pos[(size_t)b * s.Tq + t] : 0;
+    *u0 = imax(first - s.k_pos0, 0);
+    *u1 = imin(qp - s.k_pos0 + 1, s.Tk);
+}
+
 /* The key and value rows k0 .. k0+ROWS-1 of the kv head at kh into ks, vs
- * (zeros past T), between barriers: the previous tile is consumed first. */
+ * (zeros past Tk), between barriers: the previous tile is consumed first. */
 __device__ inline void stage_kv_tile(float *ks, float *vs, const float *kh, int k0, const Shape &s)
 {
     const int r = threadIdx.x / GROUP, c = threadIdx.x % GROUP, u = k0 + r;
-    const float *krow = u < s.T ? kh + (size_t)u * s.width : NULL;
+    const float *krow = u < s.Tk ? kh + (size_t)u * s.kvw : NULL;
     __syncthreads();
     stage_row(ks + r * STRIDE, krow, c, s.hs);
     stage_row(vs + r * STRIDE, krow ? krow + s.hs : NULL, c, s.hs);
     __syncthreads();
 }
 
-static Shape shape_of(int T, int H, int KVH, int hs)
+/* The keys a query tile needs: the union [*lo, *hi) of its rows' ranges
+ * (empty: *lo >= *hi), the same for every thread of the block. */
+__device__ inline void tile_key_range(int u0, int u1, int *lo, int *hi)
+{
+    __shared__ int lo_s[ROWS], hi_s[ROWS];
+    const int r = threadIdx.x / GROUP;
+    __syncthreads();
+    if (threadIdx.x % GROUP == 0) {
+        lo_s[r] = u0 < u1 ? u0 : 0x7fffffff;
+        hi_s[r] = u0 < u1 ? u1 : 0;
+    }
+    __syncthreads();
+    int l = 0x7fffffff, h = 0;
+    for (int i = 0; i < ROWS; i++) {
+        l = imin(l, lo_s[i]);
+        h = imax(h, hi_s[i]);
+    }
+    *lo = l, *hi = h;
+}
+
+static Shape shape_of(const AttnArgs *a)
 {
     Shape s;
-    s.T = T, s.H = H, s.KVH = KVH, s.hs = hs, s.Q = H / KVH;
-    s.width = (H + 2 * KVH) * hs;
-    s.tiles = (T + ROWS - 1) / ROWS;
-    s.scale = 1 / sqrtf((float)hs);
+    s.Tq = a->Tq, s.Tk = a->Tk, s.H = a->H, s.KVH = a->KVH, s.hs = a->hs, s.Q = a->H / a->KVH;
+    s.width = (a->H + 2 * a->KVH) * a->hs;
+    s.kvw = a->kv_packed ? 2 * a->KVH * a->hs : s.width;
+    s.qtiles = (a->Tq + ROWS - 1) / ROWS;
+    s.ktiles = (a->Tk + ROWS - 1) / ROWS;
+    s.q_pos0 = a->q_pos0, s.k_pos0 = a->k_pos0;
+    s.kv_packed = a->kv_packed, s.merge = a->merge;
+    s.pos = a->pos;
+    s.scale = 1 / sqrtf((float)a->hs);
     return s;
 }
 
 /* Block -> (b, head, tile), the costliest tiles first: a causal query tile
  * costs more the later it is (heavy = the last tile first), a key tile the
  * earlier it is. */
-__device__ inline void block_coords(const Shape &s, int heads, int last_first, int *b, int *head,
+__device__ inline void block_coords(int tiles, int heads, int last_first, int *b, int *head,
                                     int *tile)
 {
-    int k = blockIdx.x % s.tiles;
-    *tile = last_first ? s.tiles - 1 - k : k;
-    *head = blockIdx.x / s.tiles % heads;
-    *b = blockIdx.x / (s.tiles * heads);
+    int k = blockIdx.x % tiles;
+    *tile = last_first ? tiles - 1 - k : k;
+    *head = blockIdx.x / tiles % heads;
+    *b = blockIdx.x / (tiles * heads);
 }
 
 __global__ void __launch_bounds__(ATT_BLOCK)
-    attention_forward_kernel(float *out, float *lse, const float *qkv, Shape s)
+    attention_forward_kernel(float *out, float *lse, const float *qkv, const float *kv, Shape s)
 {
     __shared__ float ks[ROWS * STRIDE], vs[ROWS * STRIDE];
     int b, h, tile;
-    block_coords(s, s.H, 1, &b, &h, &tile);
+    block_coords(s.qtiles, s.H, 1, &b, &h, &tile);
     const int r = threadIdx.x / GROUP, c = threadIdx.x % GROUP, hs = s.hs;
-    const int t = tile * ROWS + r, valid = t < s.T;
-    const float *base = qkv + (size_t)b * s.T * s.width;
-    const float *kh = base + k_off(h / s.Q, s.Q, hs);
+    const int t = tile * ROWS + r, valid = t < s.Tq;
+    const float *kh = kv + (size_t)b * s.Tk * s.kvw + kv_k_off(h / s.Q, s);
 
     float q[PER], o[PER];
-    load_row(q, valid ? base + (size_t)t * s.width + q_off(h, s.Q, hs) : NULL, c, hs);
+    load_row(q, valid ? qkv + ((size_t)b * s.Tq + t) * s.width + q_off(h, s.Q, hs) : NULL, c, hs);
 #pragma unroll
     for (int j = 0; j < PER; j++)
         o[j] = 0;
     float m = -INFINITY, l = 0;
 
-    /* the tile's last query row sees the keys up to it */
-    const int last = imin(s.T, (tile + 1) * ROWS) - 1;
-    for (int k0 = 0; k0 <= last; k0 += ROWS) {
+    int u0 = 0, u1 = 0, lo, hi;
+    if (valid)
+        key_range(s, b, t, &u0, &u1);
+    tile_key_range(u0, u1, &lo, &hi);
+    for (int k0 = lo; k0 < hi; k0 += ROWS) {
         stage_kv_tile(ks, vs, kh, k0, s);
-        const int n = imin(ROWS, last + 1 - k0);
+        const int n = imin(ROWS, hi - k0);
         for (int j = 0; j < n; j++) {
             float sc = group_sum(part_dot(q, ks + j * STRIDE, c)) * s.scale;
-            if (!valid || k0 + j > t)
+            if (k0 + j < u0 || k0 + j >= u1)
                 continue;
             float m_new = fmaxf(m, sc);
             float alpha = expf(m - m_new), p = expf(sc - m_new);
@@ -169,37 +219,50 @@ __global__ void __launch_bounds__(ATT_BLOCK)
             m = m_new;
         }
     }
+    float *lrow = lse + ((size_t)b * s.H + h) * s.Tq + t;
+    /* The lse merged into, read by thread 0 of the row and shared (every
+     * thread reads it before thread 0 writes the new one). */
+    const float la = s.merge ? group_sum(valid && c == 0 ? *lrow : 0.0f) : 0.0f;
     if (!valid)
         return;
-    float *orow = out + ((size_t)b * s.T + t) * s.H * hs + (size_t)h * hs;
-    float inv = 1 / l;
+    float *orow = out + ((size_t)b * s.Tq + t) * s.H * hs + (size_t)h * hs;
+    /* this block's result: o * inv, log-sum-exp lb (-inf and 0: no key) */
+    float inv = l > 0 ? 1 / l : 0.0f, lb = l > 0 ? m + logf(l) : -INFINITY, wa = 0, wb = 1;
+    float ltot = lb;
+    if (s.merge) { /* log-sum-exp merge with what out and lse hold */
+        const float mx = fmaxf(la, lb);
+        if (mx == -INFINITY)
+            return; /* neither saw a key: out stays 0 */
+        const float ea = expf(la - mx), eb = expf(lb - mx), tot = ea + eb;
+        wa = ea / tot, wb = eb / tot, ltot = mx + logf(tot);
+    }
 #pragma unroll
     for (int j = 0; j < PER; j++) {
         int i = c + GROUP * j;
         if (i < hs)
-            orow[i] = o[j] * inv;
+            orow[i] = (s.merge ? wa * orow[i] : 0.0f) + wb * (o[j] * inv);
     }
     if (c == 0)
-        lse[((size_t)b * s.H + h) * s.T + t] = m + logf(l);
+        *lrow = ltot;
 }
 
-/* dq[t] += scale * sum_{u <= t} p (dp - D_t) k_u for the rows of one query
- * tile of head h. */
+/* dq[t] += scale * sum_u p (dp - D_t) k_u over the keys u row t sees, for
+ * the rows of one query tile of head h. */
 __global__ void __launch_bounds__(ATT_BLOCK)
-    attention_dq_kernel(float *dqkv, const float *dout, const float *qkv, const float *out,
-                        const float *lse, Shape s)
+    attention_dq_kernel(float *dq_buf, const float *dout, const float *qkv, const float *kv,
+                        const float *out, const float *lse, Shape s)
 {
     __shared__ float ks[ROWS * STRIDE], vs[ROWS * STRIDE];
     int b, h, tile;
-    block_coords(s, s.H, 1, &b, &h, &tile);
+    block_coords(s.qtiles, s.H, 1, &b, &h, &tile);
     const int r = threadIdx.x / GROUP, c = threadIdx.x % GROUP, hs = s.hs;
-    const int t = tile * ROWS + r, valid = t < s.T, ow = s.H * hs;
-    const float *base = qkv + (size_t)b * s.T * s.width;
-    const float *kh = base + k_off(h / s.Q, s.Q, hs);
-    const size_t orow = ((size_t)b * s.T + t) * ow + (size_t)h * hs;
+    const int t = tile * ROWS + r, valid = t < s.Tq, ow = s.H * hs;
+    const size_t qrow = ((size_t)b * s.Tq + t) * s.width + q_off(h, s.Q, hs);
+    const float *kh = kv + (size_t)b * s.Tk * s.kvw + kv_k_off(h / s.Q, s);
+    const size_t orow = ((size_t)b * s.Tq + t) * ow + (size_t)h * hs;
 
     float q[PER], d[PER], dq[PER];
-    load_row(q, valid ? base + (size_t)t * s.width + q_off(h, s.Q, hs) : NULL, c, hs);
+    load_row(q, valid ? qkv + qrow : NULL, c, hs);
     load_row(d, valid ? dout + orow : NULL, c, hs);
     load_row(dq, valid ? out + orow : NULL, c, hs); /* out, for D; then dq */
     float D = 0;
@@ -209,17 +272,20 @@ __global__ void __launch_bounds__(ATT_BLOCK)
         dq[j] = 0;
     }
     D = group_sum(D);
-    const float L = valid ? lse[((size_t)b * s.H + h) * s.T + t] : 0.0f;
+    const float L = valid ? lse[((size_t)b * s.H + h) * s.Tq + t] : 0.0f;
 
-    const int last = imin(s.T, (tile + 1) * ROWS) - 1;
-    for (int k0 = 0; k0 <= last; k0 += ROWS) {
+    int u0 = 0, u1 = 0, lo, hi;
+    if (valid)
+        key_range(s, b, t, &u0, &u1);
+    tile_key_range(u0, u1, &lo, &hi);
+    for (int k0 = lo; k0 < hi; k0 += ROWS) {
         stage_kv_tile(ks, vs, kh, k0, s);
-        const int n = imin(ROWS, last + 1 - k0);
+        const int n = imin(ROWS, hi - k0);
         for (int j = 0; j < n; j++) {
             const float *k = ks + j * STRIDE;
             float sc = group_sum(part_dot(q, k, c)) * s.scale;
             float dp = group_sum(part_dot(d, vs + j * STRIDE, c));
-            if (!valid || k0 + j > t)
+            if (k0 + j < u0 || k0 + j >= u1)
                 continue;
             float ds = expf(sc - L) * (dp - D) * s.scale;
 #pragma unroll
@@ -229,24 +295,27 @@ __global__ void __launch_bounds__(ATT_BLOCK)
     }
     if (!valid)
         return;
-    add_to_row(dqkv + ((size_t)b * s.T + t) * s.width + q_off(h, s.Q, hs), dq, c, hs);
+    add_to_row(dq_buf + qrow, dq, c, hs);
 }
 
 /* For the keys of one key tile of kv group g, summed over the group's query
- * heads and the query rows t >= u:
- *   dk_u += scale * p (dp - D_t) q_t;  dv_u += p dout_t */
+ * heads and the query rows that see them:
+ *   dk_u += scale * p (dp - D_t) q_t;  dv_u += p dout_t
+ * Query rows before the tile's first key position never see it (causal),
+ * so the walk starts at the first that can. */
 __global__ void __launch_bounds__(ATT_BLOCK)
-    attention_dkv_kernel(float *dqkv, const float *dout, const float *qkv, const float *out,
-                         const float *lse, Shape s)
+    attention_dkv_kernel(float *dkv, const float *dout, const float *qkv, const float *kv,
+                         const float *out, const float *lse, Shape s)
 {
     __shared__ float qs[ROWS * STRIDE], ds_[ROWS * STRIDE];
     __shared__ float Ls[ROWS], Ds[ROWS];
+    __shared__ int First[ROWS], Qp[ROWS]; /* per staged query row: first key position seen, own */
     int b, g, tile;
-    block_coords(s, s.KVH, 0, &b, &g, &tile);
+    block_coords(s.ktiles, s.KVH, 0, &b, &g, &tile);
     const int r = threadIdx.x / GROUP, c = threadIdx.x % GROUP, hs = s.hs;
-    const int u = tile * ROWS + r, valid = u < s.T, ow = s.H * hs;
-    const float *base = qkv + (size_t)b * s.T * s.width;
-    const float *krow = valid ? base + (size_t)u * s.width + k_off(g, s.Q, hs) : NULL;
+    const int u = tile * ROWS + r, valid = u < s.Tk, ow = s.H * hs, kp = s.k_pos0 + u;
+    const size_t krow_at = ((size_t)b * s.Tk + u) * s.kvw + kv_k_off(g, s);
+    const float *krow = valid ? kv + krow_at : NULL;
 
     float k[PER], v[PER], dk[PER], dv[PER];
     load_row(k, krow, c, hs);
@@ -255,29 +324,36 @@ __global__ void __launch_bounds__(ATT_BLOCK)
     for (int j = 0; j < PER; j++)
         dk[j] = dv[j] = 0;
 
+    /* the first query row at or after the tile's first key position */
+    const int tstart = imax(0, s.k_pos0 + tile * ROWS - s.q_pos0);
     for (int h = g * s.Q; h < (g + 1) * s.Q; h++) {
         const size_t qo = q_off(h, s.Q, hs);
-        for (int t0 = tile * ROWS; t0 < s.T; t0 += ROWS) {
-            /* Stage query rows t0.. of head h: q, dout, and per row lse and D. */
+        for (int t0 = tstart; t0 < s.Tq; t0 += ROWS) {
+            /* Stage query rows t0.. of head h: q, dout, and per row lse, D
+             * and the positions that bound the keys it sees. */
             __syncthreads();
-            const int t_r = t0 + r, has = t_r < s.T;
-            const size_t orow = ((size_t)b * s.T + t_r) * ow + (size_t)h * hs;
-            stage_row(qs + r * STRIDE, has ? base + (size_t)t_r * s.width + qo : NULL, c, hs);
+            const int t_r = t0 + r, has = t_r < s.Tq;
+            const size_t orow = ((size_t)b * s.Tq + t_r) * ow + (size_t)h * hs;
+            stage_row(qs + r * STRIDE, has ? qkv + ((size_t)b * s.Tq + t_r) * s.width + qo : NULL,
+                      c, hs);
             stage_row(ds_ + r * STRIDE, has ? dout + orow : NULL, c, hs);
             float o[PER];
             load_row(o, has ? out + orow : NULL, c, hs);
             float D = group_sum(part_dot(o, ds_ + r * STRIDE, c));
             if (c == 0) {
+                const int qp = s.q_pos0 + t_r;
                 Ds[r] = D;
-                Ls[r] = has ? lse[((size_t)b * s.H + h) * s.T + t_r] : 0.0f;
+                Ls[r] = has ? lse[((size_t)b * s.H + h) * s.Tq + t_r] : 0.0f;
+                Qp[r] = has ? qp : -1; /* a missing row sees no key */
+                First[r] = has && s.pos ? qp - s.pos[(size_t)b * s.Tq + t_r] : 0;
             }
             __syncthreads();
-            const int n = imin(ROWS, s.T - t0);
+            const int n = imin(ROWS, s.Tq - t0);
             for (int j = 0; j < n; j++) {
                 const float *qr = qs + j * STRIDE, *dr = ds_ + j * STRIDE;
                 float sc = group_sum(part_dot(k, qr, c)) * s.scale;
                 float dp = group_sum(part_dot(v, dr, c));
-                if (!valid || t0 + j < u)
+                if (!valid || kp > Qp[j] || kp < First[j])
                     continue;
                 float p = expf(sc - Ls[j]), dsc = p * (dp - Ds[j]) * s.scale;
 #pragma unroll
@@ -290,51 +366,52 @@ __global__ void __launch_bounds__(ATT_BLOCK)
     }
     if (!valid)
         return;
-    float *gk = dqkv + ((size_t)b * s.T + u) * s.width + k_off(g, s.Q, hs);
-    add_to_row(gk, dk, c, hs);
-    add_to_row(gk + hs, dv, c, hs);
+    add_to_row(dkv + krow_at, dk, c, hs);
+    add_to_row(dkv + krow_at + hs, dv, c, hs);
 }
 
 /* The grid: one block per (b, head, tile), within gridDim.x's limit. */
-static unsigned tile_blocks(int B, int heads, const Shape &s)
+static unsigned tile_blocks(int B, int heads, int tiles)
 {
-    size_t n = (size_t)B * (size_t)heads * (size_t)s.tiles;
+    size_t n = (size_t)B * (size_t)heads * (size_t)tiles;
     TRD_ASSERT(n <= 0x7fffffffu);
     return (unsigned)n;
 }
 
-static void check_shape(int H, int KVH, int hs)
+static void check_args(const AttnArgs *a)
 {
-    TRD_ASSERT(KVH > 0 && H % KVH == 0);
-    if (hs > HS_MAX)
+    TRD_ASSERT(a->KVH > 0 && a->H % a->KVH == 0);
+    TRD_ASSERT(a->B >= 0 && a->Tq >= 0 && a->Tk >= 0 && a->q_pos0 >= 0 && a->k_pos0 >= 0);
+    if (a->hs > HS_MAX)
         trd_fatal(TRD_EXIT_INPUT, "use hidden / heads <= 128 with backend: cuda",
-                  "attention: head size %d is larger than the CUDA kernels' limit %d", hs,
+                  "attention: head size %d is larger than the CUDA kernels' limit %d", a->hs,
                   (int)HS_MAX);
 }
 
-void cuda_attention_forward(float *out, float *lse, const float *qkv, int B, int T, int H, int KVH,
-                            int hs)
+void cuda_attention_forward(float *out, float *lse, const float *q, const float *kv,
+                            const AttnArgs *a)
 {
-    check_shape(H, KVH, hs);
-    if (B <= 0 || T <= 0 || H <= 0 || hs <= 0)
+    check_args(a);
+    if (a->B <= 0 || a->Tq <= 0 || a->H <= 0 || a->hs <= 0)
         return;
-    const Shape s = shape_of(T, H, KVH, hs);
-    attention_forward_kernel<<<tile_blocks(B, H, s), ATT_BLOCK, 0, cuda_stream()>>>(out, lse, qkv,
-                                                                                    s);
+    const Shape s = shape_of(a);
+    attention_forward_kernel<<<tile_blocks(a->B, a->H, s.qtiles), ATT_BLOCK, 0, cuda_stream()>>>(
+        out, lse, q, kv, s);
     CUDA_CHECK_LAUNCH();
 }
 
-void cuda_attention_backward(float *dqkv, const float *dout, const float *qkv, const float *out,
-                             const float *lse, int B, int T, int H, int KVH, int hs)
+void cuda_attention_backward(float *dq, float *dkv, const float *dout, const float *q,
+                             const float *kv, const float *out, const float *lse,
+                             const AttnArgs *a)
 {
-    check_shape(H, KVH, hs);
-    if (B <= 0 || T <= 0 || H <= 0 || hs <= 0)
+    check_args(a);
+    if (a->B <= 0 || a->Tq <= 0 || a->Tk <= 0 || a->H <= 0 || a->hs <= 0)
         return;
-    const Shape s = shape_of(T, H, KVH, hs);
-    attention_dq_kernel<<<tile_blocks(B, H, s), ATT_BLOCK, 0, cuda_stream()>>>(dqkv, dout, qkv, out,
-                                                                               lse, s);
+    const Shape s = shape_of(a);
+    attention_dq_kernel<<<tile_blocks(a->B, a->H, s.qtiles), ATT_BLOCK, 0, cuda_stream()>>>(
+        dq, dout, q, kv, out, lse, s);
     CUDA_CHECK_LAUNCH();
-    attention_dkv_kernel<<<tile_blocks(B, KVH, s), ATT_BLOCK, 0, cuda_stream()>>>(dqkv, dout, qkv,
-                                                                                  out, lse, s);
+    attention_dkv_kernel<<<tile_blocks(a->B, a->KVH, s.ktiles), ATT_BLOCK, 0, cuda_stream()>>>(
+        dkv, dout, q, kv, out, lse, s);
     CUDA_CHECK_LAUNCH();
 }

@@ -43,8 +43,10 @@ void cuda_swiglu_backward(float *dgate, float *dup, const float *dout, const flo
                           const float *up, size_t n);
 
 /* rope.cu */
-void cuda_rope_forward(float *qkv, int N, int T, int H, int KVH, int hs, float theta);
-void cuda_rope_backward(float *dqkv, int N, int T, int H, int KVH, int hs, float theta);
+void cuda_rope_forward(float *qkv, const int32_t *pos, int N, int T, int pos0, int H, int KVH,
+                       int hs, float theta);
+void cuda_rope_backward(float *dqkv, const int32_t *pos, int N, int T, int pos0, int H, int KVH,
+                        int hs, float theta);
 void cuda_rope_decode(float *qkv, int n, int pos0, int H, int KVH, int hs, float theta);
 
 /* decode.cu */
@@ -52,10 +54,11 @@ void cuda_attention_decode(float *out, const float *qkv, float *kcache, float *v
                            int pos0, int H, int KVH, int hs);
 
 /* attention.cu */
-void cuda_attention_forward(float *out, float *lse, const float *qkv, int B, int T, int H, int KVH,
-                            int hs);
-void cuda_attention_backward(float *dqkv, const float *dout, const float *qkv, const float *out,
-                             const float *lse, int B, int T, int H, int KVH, int hs);
+void cuda_attention_forward(float *out, float *lse, const float *q, const float *kv,
+                            const AttnArgs *a);
+void cuda_attention_backward(float *dq, float *dkv, const float *dout, const float *q,
+                             const float *kv, const float *out, const float *lse,
+                             const AttnArgs *a);
 
 /* crossentropy.cu */
 void cuda_crossentropy_forward(float *losses, const float *logits, const int32_t *targets, int N,

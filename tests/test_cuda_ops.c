@@ -95,12 +95,14 @@ static float *fetch(const float *dev, size_t n)
 
 /* One check per array: the worst element against
  * |got - want| <= rtol * (|want| + max |want|); rtol = 0 asks for equal bits
- * (0 and -0 apart, which compare equal). */
+ * (0 and -0 apart, which compare equal).  Infinities (the lse of a row that
+ * sees no key) must be equal, and do not count in max |want|. */
 static void compare(const char *what, const float *got, const float *want, size_t n, double rtol)
 {
     double scale = 0;
     for (size_t i = 0; i < n; i++)
-        scale = fmax(scale, fabs(want[i]));
+        if (isfinite(want[i]))
+            scale = fmax(scale, fabs(want[i]));
     size_t worst = 0;
     double worst_excess = -INFINITY;
     for (size_t i = 0; i < n; i++) {
@@ -109,6 +111,8 @@ static void compare(const char *what, const float *got, const float *want, size_
             excess = INFINITY;
         else if (isnan(got[i]))
             excess = -1;
+        else if (isinf(got[i]) || isinf(want[i]))
+            excess = got[i] == want[i] ? -1 : INFINITY;
         if (excess > worst_excess) {
             worst_excess = excess;
             worst = i;
@@ -384,55 +388,135 @@ static void test_swiglu(size_t n)
 
 /* ----------------------------------------------------------------- rope */
 
-static void test_rope(int B, int T, int H, int KVH, int hs, float theta)
+/* Positions within packed documents: rows of each sequence cut into
+ * documents of lengths len[0], len[1], ... (cycled), so pos restarts at 0
+ * at each cut. */
+static int32_t *doc_positions(int B, int T, const int *len, int nlen)
 {
-    char what[128];
+    int32_t *pos = malloc((size_t)B * T * sizeof *pos);
+    for (int b = 0, k = 0; b < B; b++)
+        for (int t = 0, at = 0; t < T; t++, at++) {
+            if (at == len[k % nlen])
+                at = 0, k++;
+            pos[(size_t)b * T + t] = at;
+        }
+    return pos;
+}
+
+/* pos: NULL (row n at pos0 + n % T) or positions per row. */
+static void test_rope(int B, int T, int H, int KVH, int hs, float theta, int pos0,
+                      const int32_t *pos)
+{
+    char what[160];
     int N = B * T;
     size_t n = (size_t)N * (H + 2 * KVH) * hs;
     float *qkv = hrand(n, 1), *d_qkv = dcopyf(qkv, n);
-    cpu->rope_forward(qkv, N, T, H, KVH, hs, theta);
-    gpu->rope_forward(d_qkv, N, T, H, KVH, hs, theta);
-    snprintf(what, sizeof what, "rope B=%d T=%d H=%d KVH=%d hs=%d theta=%g forward", B, T, H, KVH,
-             hs, theta);
+    int32_t *d_pos = pos ? dcopy(pos, (size_t)N * sizeof *pos) : NULL;
+    cpu->rope_forward(qkv, pos, N, T, pos0, H, KVH, hs, theta);
+    gpu->rope_forward(d_qkv, d_pos, N, T, pos0, H, KVH, hs, theta);
+    snprintf(what, sizeof what, "rope B=%d T=%d H=%d KVH=%d hs=%d theta=%g pos0=%d%s forward", B,
+             T, H, KVH, hs, theta, pos0, pos ? " documents" : "");
     compare_dev(what, d_qkv, qkv, n, R_ELEM);
     float *g = hrand(n, 1), *d_g = dcopyf(g, n);
-    cpu->rope_backward(g, N, T, H, KVH, hs, theta);
-    gpu->rope_backward(d_g, N, T, H, KVH, hs, theta);
-    snprintf(what, sizeof what, "rope B=%d T=%d H=%d KVH=%d hs=%d backward", B, T, H, KVH, hs);
+    cpu->rope_backward(g, pos, N, T, pos0, H, KVH, hs, theta);
+    gpu->rope_backward(d_g, d_pos, N, T, pos0, H, KVH, hs, theta);
+    snprintf(what, sizeof what, "rope B=%d T=%d H=%d KVH=%d hs=%d pos0=%d%s backward", B, T, H, KVH,
+             hs, pos0, pos ? " documents" : "");
     compare_dev(what, d_g, g, n, R_ELEM);
     free(qkv), free(g);
-    backend_cuda_free(d_qkv), backend_cuda_free(d_g);
+    backend_cuda_free(d_qkv), backend_cuda_free(d_g), backend_cuda_free(d_pos);
 }
 
 /* ------------------------------------------------------------ attention */
 
-static void test_attention(int B, int T, int H, int KVH, int hs)
+/* One call with the arguments a (a->pos: host positions, copied to the
+ * device here).  q and kv are separate buffers unless self (then a->Tq ==
+ * a->Tk and kv is q, as in training).  out and lse start random on both
+ * backends: with a->merge that is the partial result merged into (lse kept
+ * finite), without it everything must be overwritten; dq and dkv start
+ * random, so the accumulation (+=) is checked too. */
+static void test_attention_args(const AttnArgs *a, int self, const char *label)
 {
-    char what[128];
-    size_t nq = (size_t)B * T * (H + 2 * KVH) * hs, no = (size_t)B * T * H * hs;
-    size_t nl = (size_t)B * H * T;
-    float *qkv = hrand(nq, 2), *out = hrand(no, 1), *lse = hrand(nl, 1);
-    float *dout = hrand(no, 1), *dqkv = hrand(nq, 1);
-    float *d_qkv = dcopyf(qkv, nq), *d_out = dcopyf(out, no), *d_lse = dcopyf(lse, nl);
-    float *d_dout = dcopyf(dout, no), *d_dqkv = dcopyf(dqkv, nq);
+    char what[192];
+    const int B = a->B, H = a->H, KVH = a->KVH, hs = a->hs;
+    const int W = (H + 2 * KVH) * hs, kvw = a->kv_packed ? 2 * KVH * hs : W;
+    size_t nq = (size_t)B * a->Tq * W, nkv = (size_t)B * a->Tk * kvw;
+    size_t no = (size_t)B * a->Tq * H * hs, nl = (size_t)B * H * a->Tq;
+    float *q = hrand(nq, 2), *kv = self ? q : hrand(nkv, 2), *out = hrand(no, 1);
+    float *lse = hrand(nl, 1), *dout = hrand(no, 1), *dq = hrand(nq, 1);
+    float *dkv = self ? dq : hrand(nkv, 1);
+    float *d_q = dcopyf(q, nq), *d_kv = self ? d_q : dcopyf(kv, nkv), *d_out = dcopyf(out, no);
+    float *d_lse = dcopyf(lse, nl), *d_dout = dcopyf(dout, no), *d_dq = dcopyf(dq, nq);
+    float *d_dkv = self ? d_dq : dcopyf(dkv, nkv);
+    AttnArgs ga = *a;
+    int32_t *d_pos = a->pos ? dcopy(a->pos, (size_t)B * a->Tq * sizeof(int32_t)) : NULL;
+    ga.pos = d_pos;
 
-    cpu->attention_forward(out, lse, qkv, B, T, H, KVH, hs);
-    gpu->attention_forward(d_out, d_lse, d_qkv, B, T, H, KVH, hs);
-    snprintf(what, sizeof what, "attention B=%d T=%d H=%d KVH=%d hs=%d lse", B, T, H, KVH, hs);
+    cpu->attention_forward(out, lse, q, kv, a);
+    gpu->attention_forward(d_out, d_lse, d_q, d_kv, &ga);
+    snprintf(what, sizeof what, "attention B=%d Tq=%d Tk=%d H=%d KVH=%d hs=%d%s lse", B, a->Tq,
+             a->Tk, H, KVH, hs, label);
     compare_dev(what, d_lse, lse, nl, R_RED);
-    snprintf(what, sizeof what, "attention B=%d T=%d H=%d KVH=%d hs=%d out", B, T, H, KVH, hs);
+    snprintf(what, sizeof what, "attention B=%d Tq=%d Tk=%d H=%d KVH=%d hs=%d%s out", B, a->Tq,
+             a->Tk, H, KVH, hs, label);
     compare_dev(what, d_out, out, no, R_RED);
 
-    /* each backend from its own out and lse, as in training; dqkv starts
-     * random on both, so the accumulation (+=) is checked too */
-    cpu->attention_backward(dqkv, dout, qkv, out, lse, B, T, H, KVH, hs);
-    gpu->attention_backward(d_dqkv, d_dout, d_qkv, d_out, d_lse, B, T, H, KVH, hs);
-    snprintf(what, sizeof what, "attention B=%d T=%d H=%d KVH=%d hs=%d dqkv", B, T, H, KVH, hs);
-    compare_dev(what, d_dqkv, dqkv, nq, R_RED);
+    /* each backend from its own out and lse, as in training */
+    cpu->attention_backward(dq, dkv, dout, q, kv, out, lse, a);
+    gpu->attention_backward(d_dq, d_dkv, d_dout, d_q, d_kv, d_out, d_lse, &ga);
+    snprintf(what, sizeof what, "attention B=%d Tq=%d Tk=%d H=%d KVH=%d hs=%d%s dq", B, a->Tq,
+             a->Tk, H, KVH, hs, label);
+    compare_dev(what, d_dq, dq, nq, R_RED);
+    if (!self) {
+        snprintf(what, sizeof what, "attention B=%d Tq=%d Tk=%d H=%d KVH=%d hs=%d%s dkv", B, a->Tq,
+                 a->Tk, H, KVH, hs, label);
+        compare_dev(what, d_dkv, dkv, nkv, R_RED);
+    }
 
-    free(qkv), free(out), free(lse), free(dout), free(dqkv);
-    backend_cuda_free(d_qkv), backend_cuda_free(d_out), backend_cuda_free(d_lse);
-    backend_cuda_free(d_dout), backend_cuda_free(d_dqkv);
+    free(q), free(out), free(lse), free(dout), free(dq);
+    if (!self)
+        free(kv), free(dkv), backend_cuda_free(d_kv), backend_cuda_free(d_dkv);
+    backend_cuda_free(d_q), backend_cuda_free(d_out), backend_cuda_free(d_lse);
+    backend_cuda_free(d_dout), backend_cuda_free(d_dq), backend_cuda_free(d_pos);
+}
+
+static void test_attention(int B, int T, int H, int KVH, int hs)
+{
+    const AttnArgs a = attn_args(B, T, H, KVH, hs);
+    test_attention_args(&a, 1, "");
+}
+
+/* Packed documents (whole sequences, self-attention), and a block pair of a
+ * sequence split over ranks: query rows at q_pos0, keys at k_pos0 (before,
+ * overlapping or after the queries), separate buffers, keys in either
+ * layout, merged or not, with documents across the blocks. */
+static void test_attention_blocks(int B, int H, int KVH, int hs)
+{
+    const int lens[] = {5, 1, 40, 17, 3};
+    int32_t *pos = doc_positions(B, 70, lens, 5);
+    AttnArgs a = attn_args(B, 70, H, KVH, hs);
+    a.pos = pos;
+    test_attention_args(&a, 1, " documents");
+
+    const int qp[] = {64, 32, 0, 96}, kp[] = {0, 32, 64, 40};
+    for (int i = 0; i < 4; i++) {
+        AttnArgs c = attn_args(B, 32, H, KVH, hs);
+        c.Tk = 50, c.q_pos0 = qp[i], c.k_pos0 = kp[i];
+        c.kv_packed = i % 2, c.merge = i >= 2;
+        char label[96];
+        snprintf(label, sizeof label, " q_pos0=%d k_pos0=%d packed=%d merge=%d", qp[i], kp[i],
+                 c.kv_packed, c.merge);
+        test_attention_args(&c, 0, label);
+        /* documents: this block's rows are rows qp.. of a packed sequence */
+        int32_t *whole = doc_positions(B, 128, lens, 5), *mine = malloc((size_t)B * 32 * 4);
+        for (int b = 0; b < B; b++)
+            memcpy(mine + (size_t)b * 32, whole + (size_t)b * 128 + qp[i], 32 * sizeof *mine);
+        c.pos = mine;
+        strncat(label, " documents", sizeof label - strlen(label) - 1);
+        test_attention_args(&c, 0, label);
+        free(whole), free(mine);
+    }
+    free(pos);
 }
 
 /* ------------------------------------------------------------- decoding */
@@ -911,10 +995,14 @@ int main(void)
     test_swiglu(1001);
     test_swiglu(300000);
 
-    test_rope(2, 5, 4, 2, 4, 10000.0f);
-    test_rope(1, 300, 8, 2, 64, 10000.0f); /* hs/2 = 32 pairs, long positions */
-    test_rope(3, 7, 3, 3, 6, 500000.0f);   /* MHA, odd head count */
-    test_rope(2, 9, 4, 1, 2, 10000.0f);    /* MQA, one pair per head */
+    test_rope(2, 5, 4, 2, 4, 10000.0f, 0, NULL);
+    test_rope(1, 300, 8, 2, 64, 10000.0f, 0, NULL); /* hs/2 = 32 pairs, long positions */
+    test_rope(3, 7, 3, 3, 6, 500000.0f, 0, NULL);   /* MHA, odd head count */
+    test_rope(2, 9, 4, 1, 2, 10000.0f, 0, NULL);    /* MQA, one pair per head */
+    test_rope(2, 9, 4, 2, 4, 10000.0f, 4096, NULL); /* a sequence shard at 4096 */
+    int32_t *dpos = doc_positions(2, 9, (const int[]){4, 3}, 2);
+    test_rope(2, 9, 4, 2, 4, 10000.0f, 0, dpos); /* packed documents */
+    free(dpos);
 
     test_attention(2, 5, 4, 2, 4);    /* GQA */
     test_attention(1, 37, 6, 2, 16);  /* GQA, odd T */
@@ -923,6 +1011,8 @@ int main(void)
     test_attention(1, 1, 2, 1, 4);    /* a single position */
     test_attention(1, 70, 2, 2, 128); /* the largest head size, partial last tile */
     test_attention(2, 64, 4, 2, 100); /* hs not a multiple of 8, whole tiles */
+    test_attention_blocks(2, 4, 2, 16); /* GQA */
+    test_attention_blocks(1, 3, 3, 8);  /* MHA */
     test_decode(9, 4, 2, 16);         /* GQA */
     test_decode(40, 2, 2, 128);       /* MHA, the largest head size */
     test_decode(7, 6, 1, 36);         /* MQA, hs not a multiple of 32 */

@@ -573,7 +573,7 @@ static size_t qkv_size(void) { return (size_t)S.B * S.T * (S.H + 2 * S.KVH) * S.
 static double rope_loss(void)
 {
     memcpy(S.out, S.inp, qkv_size() * sizeof(double));
-    cpu_rope_forward_f64(S.out, S.B * S.T, S.T, S.H, S.KVH, S.hs, S.theta);
+    cpu_rope_forward_f64(S.out, NULL, S.B * S.T, S.T, 0, S.H, S.KVH, S.hs, S.theta);
     return dotd(S.out, S.r, qkv_size());
 }
 
@@ -581,7 +581,7 @@ static double rope_loss(void)
 static void rope_back(void)
 {
     memcpy(S.tmp, S.r, qkv_size() * sizeof(double));
-    cpu_rope_backward_f64(S.tmp, S.B * S.T, S.T, S.H, S.KVH, S.hs, S.theta);
+    cpu_rope_backward_f64(S.tmp, NULL, S.B * S.T, S.T, 0, S.H, S.KVH, S.hs, S.theta);
     for (size_t i = 0; i < qkv_size(); i++)
         S.dinp[i] += S.tmp[i];
 }
@@ -616,11 +616,11 @@ static void test_rope(void)
     check_grads("rope", rope_loss, rope_back, v, 1, 0);
 
     float *fq = tof(S.inp, n), *fr = tof(S.r, n);
-    cpu->rope_forward(fq, N, S.T, S.H, S.KVH, S.hs, S.theta);
+    cpu->rope_forward(fq, NULL, N, S.T, 0, S.H, S.KVH, S.hs, S.theta);
     check_f32("rope fp32 forward", fq, S.out, n, 1e-5, 1e-6);
     memcpy(S.tmp, S.r, n * 8);
-    cpu_rope_backward_f64(S.tmp, N, S.T, S.H, S.KVH, S.hs, S.theta);
-    cpu->rope_backward(fr, N, S.T, S.H, S.KVH, S.hs, S.theta);
+    cpu_rope_backward_f64(S.tmp, NULL, N, S.T, 0, S.H, S.KVH, S.hs, S.theta);
+    cpu->rope_backward(fr, NULL, N, S.T, 0, S.H, S.KVH, S.hs, S.theta);
     check_f32("rope fp32 backward", fr, S.tmp, n, 1e-5, 1e-6);
     free(fq), free(fr), free(want);
     free(S.inp), free(S.out), free(S.r), free(S.tmp), free(S.dinp);
@@ -630,14 +630,16 @@ static void test_rope(void)
 
 static double att_loss(void)
 {
-    cpu_attention_forward_f64(S.out, S.att, S.inp, S.B, S.T, S.H, S.KVH, S.hs);
+    const AttnArgs a = attn_args(S.B, S.T, S.H, S.KVH, S.hs);
+    cpu_attention_forward_f64(S.out, S.att, S.inp, S.inp, &a);
     return dotd(S.out, S.r, (size_t)S.B * S.T * S.H * S.hs);
 }
 
 /* From the out and lse of the forward just before (check_grads's order). */
 static void att_back(void)
 {
-    cpu_attention_backward_f64(S.dinp, S.r, S.inp, S.out, S.att, S.B, S.T, S.H, S.KVH, S.hs);
+    const AttnArgs a = attn_args(S.B, S.T, S.H, S.KVH, S.hs);
+    cpu_attention_backward_f64(S.dinp, S.dinp, S.r, S.inp, S.inp, S.out, S.att, &a);
 }
 
 /* Causal softmax attention written directly from backend.h: out, and the
@@ -680,8 +682,9 @@ static void test_decode(int H, int KVH, int hs, int T)
     float *out_full = calloc((size_t)T * O, sizeof(float)), *lse = calloc((size_t)H * T, 4);
     float *out = calloc((size_t)T * O, sizeof(float));
     float *kc = calloc((size_t)T * KVH * hs, 4), *vc = calloc((size_t)T * KVH * hs, 4);
-    cpu->rope_forward(full, T, T, H, KVH, hs, 10000.0f);
-    cpu->attention_forward(out_full, lse, full, 1, T, H, KVH, hs);
+    cpu->rope_forward(full, NULL, T, T, 0, H, KVH, hs, 10000.0f);
+    const AttnArgs a = attn_args(1, T, H, KVH, hs);
+    cpu->attention_forward(out_full, lse, full, full, &a);
     const int cut[] = {0, 5, 6, 7, 8, T};
     for (int i = 0; i + 1 < (int)(sizeof cut / sizeof *cut); i++) {
         const int pos = cut[i], n = cut[i + 1] - cut[i];
@@ -740,15 +743,175 @@ static void test_attention(int H, int KVH)
     float *fq = tof(S.inp, n), *fr = tof(S.r, no), *fo = malloc(no * 4);
     float *fl = malloc(nl * 4), *fd = calloc(n, 4);
     att_loss();
-    cpu->attention_forward(fo, fl, fq, S.B, S.T, H, KVH, S.hs);
+    const AttnArgs a = attn_args(S.B, S.T, H, KVH, S.hs);
+    cpu->attention_forward(fo, fl, fq, fq, &a);
     check_f32("attention fp32 out", fo, S.out, no, 1e-5, 1e-6);
     check_f32("attention fp32 lse", fl, S.att, nl, 1e-5, 1e-6);
     memset(S.dinp, 0, n * 8);
     att_back();
-    cpu->attention_backward(fd, fr, fq, fo, fl, S.B, S.T, H, KVH, S.hs);
+    cpu->attention_backward(fd, fd, fr, fq, fq, fo, fl, &a);
     check_f32("attention fp32 dqkv", fd, S.dinp, n, 1e-4, 1e-5);
     free(fq), free(fr), free(fo), free(fl), free(fd), free(want), free(want_lse);
     free(S.inp), free(S.out), free(S.r), free(S.dinp), free(S.att);
+}
+
+/* Positions within documents of lengths len[0], len[1], ... (cycled over
+ * the rows of all sequences): pos restarts at 0 where a document starts. */
+static int32_t *doc_positions(int B, int T, const int *len, int nlen)
+{
+    int32_t *pos = malloc((size_t)B * T * sizeof *pos);
+    for (int b = 0, k = 0; b < B; b++)
+        for (int t = 0, at = 0; t < T; t++, at++) {
+            if (at == len[k % nlen])
+                at = 0, k++;
+            pos[(size_t)b * T + t] = at;
+        }
+    return pos;
+}
+
+/* Rows r0 .. r0+n-1 of each of B sequences of T rows of width W. */
+static double *rows_of(const double *x, int B, int T, int W, int r0, int n)
+{
+    double *y = malloc((size_t)B * n * W * sizeof *y);
+    for (int b = 0; b < B; b++)
+        memcpy(y + (size_t)b * n * W, x + ((size_t)b * T + r0) * W, (size_t)n * W * sizeof *y);
+    return y;
+}
+
+/* Packed documents (AttnArgs.pos): each document of a packed window,
+ * attended on its own as a whole sequence, gives the packed window's rows
+ * of out, lse and dqkv exactly, and RoPE turns its rows as positions from 0. */
+static void test_attention_documents(int H, int KVH)
+{
+    const int B = 2, T = 13, hs = 4, W = (H + 2 * KVH) * hs, O = H * hs;
+    const int lens[] = {5, 1, 4, 3, 7};
+    int32_t *pos = doc_positions(B, T, lens, 5);
+    size_t n = (size_t)B * T * W, no = (size_t)B * T * O, nl = (size_t)B * H * T;
+    double *qkv = rnd(n), *out = zeros(no), *lse = zeros(nl), *dout = rnd(no), *dqkv = zeros(n);
+    for (size_t i = 0; i < n; i++)
+        qkv[i] *= 2;
+    double *roped = copy(qkv, n);
+    cpu_rope_forward_f64(roped, pos, B * T, T, 0, H, KVH, hs, 10000.0f);
+    AttnArgs a = attn_args(B, T, H, KVH, hs);
+    a.pos = pos;
+    cpu_attention_forward_f64(out, lse, qkv, qkv, &a);
+    cpu_attention_backward_f64(dqkv, dqkv, dout, qkv, qkv, out, lse, &a);
+
+    int docs = 0, ok = 1;
+    for (int b = 0; b < B; b++)
+        for (int s = 0; s < T;) {
+            int e = s + 1;
+            while (e < T && pos[(size_t)b * T + e] != 0)
+                e++;
+            const int L = e - s;
+            double *q1 = rows_of(qkv + (size_t)b * T * W, 1, T, W, s, L), *r1 = copy(q1, (size_t)L * W);
+            double *o1 = zeros((size_t)L * O), *l1 = zeros((size_t)H * L), *g1 = zeros((size_t)L * W);
+            double *d1 = rows_of(dout + (size_t)b * T * O, 1, T, O, s, L);
+            AttnArgs one = attn_args(1, L, H, KVH, hs);
+            cpu_attention_forward_f64(o1, l1, q1, q1, &one);
+            cpu_attention_backward_f64(g1, g1, d1, q1, q1, o1, l1, &one);
+            cpu_rope_forward_f64(r1, NULL, L, L, 0, H, KVH, hs, 10000.0f);
+            for (int t = 0; t < L; t++) {
+                const size_t row = (size_t)b * T + s + t;
+                ok &= !memcmp(o1 + (size_t)t * O, out + row * O, (size_t)O * sizeof(double));
+                ok &= !memcmp(g1 + (size_t)t * W, dqkv + row * W, (size_t)W * sizeof(double));
+                ok &= !memcmp(r1 + (size_t)t * W, roped + row * W, (size_t)W * sizeof(double));
+                for (int h = 0; h < H; h++)
+                    ok &= l1[(size_t)h * L + t] == lse[((size_t)b * H + h) * T + s + t];
+            }
+            free(q1), free(r1), free(o1), free(l1), free(g1), free(d1);
+            docs++, s = e;
+        }
+    CHECK(ok && docs == 7,
+          "attention H=%d KVH=%d: %d packed documents equal each document on its own "
+          "(out, lse, dqkv, rope; bitwise)", H, KVH, docs);
+    free(pos), free(qkv), free(roped), free(out), free(lse), free(dout), free(dqkv);
+}
+
+/* A sequence split into 3 blocks of rows, as ranks of a context-parallel
+ * group hold it: query block i attends to key blocks 0, 1, 2 (those after
+ * it see nothing) in calls with their global offsets, merged through lse,
+ * keys in the fused or the packed layout, with or without documents; the
+ * merged out and lse equal one call over the whole sequence, and the
+ * gradients of the block pairs, from the final out and lse, add up to the
+ * whole one's. */
+static void test_attention_split(int H, int KVH, int packed, int documents)
+{
+    enum { B = 2, P = 3, R = 5, T = P * R };
+    const int hs = 4, W = (H + 2 * KVH) * hs, O = H * hs, KW = packed ? 2 * KVH * hs : W;
+    const int Q = H / KVH, lens[] = {4, 9, 2, 6};
+    int32_t *pos = documents ? doc_positions(B, T, lens, 4) : NULL;
+    size_t n = (size_t)B * T * W, no = (size_t)B * T * O, nl = (size_t)B * H * T;
+    double *qkv = rnd(n), *out = zeros(no), *lse = zeros(nl), *dout = rnd(no), *dqkv = zeros(n);
+    for (size_t i = 0; i < n; i++)
+        qkv[i] *= 2;
+    AttnArgs a = attn_args(B, T, H, KVH, hs);
+    a.pos = pos;
+    cpu_attention_forward_f64(out, lse, qkv, qkv, &a);
+    cpu_attention_backward_f64(dqkv, dqkv, dout, qkv, qkv, out, lse, &a);
+
+    double *q[P], *kv[P], *o[P], *l[P], *d[P], *dq[P], *dkv[P];
+    int32_t *bpos[P];
+    for (int i = 0; i < P; i++) {
+        q[i] = rows_of(qkv, B, T, W, i * R, R);
+        kv[i] = calloc((size_t)B * R * KW, sizeof(double));
+        for (size_t r = 0; r < (size_t)B * R; r++) /* its key and value heads */
+            for (int g = 0; g < KVH; g++)
+                memcpy(kv[i] + r * KW + (packed ? (size_t)g * 2 * hs : ((size_t)g * (Q + 2) + Q) * hs),
+                       q[i] + r * W + ((size_t)g * (Q + 2) + Q) * hs, 2 * (size_t)hs * sizeof(double));
+        o[i] = zeros((size_t)B * R * O), l[i] = zeros((size_t)B * H * R);
+        d[i] = rows_of(dout, B, T, O, i * R, R);
+        dq[i] = zeros((size_t)B * R * W), dkv[i] = zeros((size_t)B * R * KW);
+        bpos[i] = NULL;
+        if (pos) {
+            bpos[i] = malloc((size_t)B * R * sizeof(int32_t));
+            for (int b = 0; b < B; b++)
+                memcpy(bpos[i] + b * R, pos + (size_t)b * T + i * R, R * sizeof(int32_t));
+        }
+    }
+    for (int i = 0; i < P; i++)
+        for (int j = 0; j < P; j++) {
+            AttnArgs c = attn_args(B, R, H, KVH, hs);
+            c.q_pos0 = i * R, c.k_pos0 = j * R, c.pos = bpos[i], c.kv_packed = packed, c.merge = j > 0;
+            cpu_attention_forward_f64(o[i], l[i], q[i], kv[j], &c);
+        }
+    for (int i = 0; i < P; i++)
+        for (int j = 0; j < P; j++) {
+            AttnArgs c = attn_args(B, R, H, KVH, hs);
+            c.q_pos0 = i * R, c.k_pos0 = j * R, c.pos = bpos[i], c.kv_packed = packed;
+            cpu_attention_backward_f64(dq[i], dkv[j], d[i], q[i], kv[j], o[i], l[i], &c);
+        }
+    /* the pieces back in the whole layout */
+    double *got_o = zeros(no), *got_l = zeros(nl), *got_d = zeros(n);
+    for (int i = 0; i < P; i++)
+        for (int b = 0; b < B; b++)
+            for (int t = 0; t < R; t++) {
+                const size_t row = (size_t)b * T + i * R + t, r = (size_t)b * R + t;
+                memcpy(got_o + row * O, o[i] + r * O, (size_t)O * sizeof(double));
+                for (int h = 0; h < H; h++)
+                    got_l[((size_t)b * H + h) * T + i * R + t] = l[i][((size_t)b * H + h) * R + t];
+                for (int k = 0; k < W; k++) /* dq[i] holds the query heads, zeros elsewhere */
+                    got_d[row * W + k] += dq[i][r * W + k];
+                for (int g = 0; g < KVH; g++)
+                    for (int k = 0; k < 2 * hs; k++)
+                        got_d[row * W + ((size_t)g * (Q + 2) + Q) * hs + k] +=
+                            dkv[i][r * KW + (packed ? (size_t)g * 2 * hs : ((size_t)g * (Q + 2) + Q) * hs) + k];
+            }
+    char what[128];
+    snprintf(what, sizeof what, "attention H=%d KVH=%d in %d blocks, packed %d, documents %d: out",
+             H, KVH, P, packed, documents);
+    check_arrays(what, got_o, out, no, 1e-12, 1e-13);
+    snprintf(what, sizeof what, "attention H=%d KVH=%d in %d blocks, packed %d, documents %d: lse",
+             H, KVH, P, packed, documents);
+    check_arrays(what, got_l, lse, nl, 1e-12, 1e-13);
+    snprintf(what, sizeof what, "attention H=%d KVH=%d in %d blocks, packed %d, documents %d: dqkv",
+             H, KVH, P, packed, documents);
+    check_arrays(what, got_d, dqkv, n, 1e-11, 1e-12);
+    for (int i = 0; i < P; i++)
+        free(q[i]), free(kv[i]), free(o[i]), free(l[i]), free(d[i]), free(dq[i]), free(dkv[i]),
+            free(bpos[i]);
+    free(pos), free(qkv), free(out), free(lse), free(dout), free(dqkv), free(got_o), free(got_l),
+        free(got_d);
 }
 
 /* ---------------------------------------------------------- crossentropy */
@@ -969,6 +1132,13 @@ int main(void)
     test_attention(4, 4); /* multi-head */
     test_attention(4, 2); /* grouped-query */
     test_attention(4, 1); /* multi-query */
+    test_attention_documents(4, 2);
+    test_attention_documents(3, 3);
+    for (int packed = 0; packed < 2; packed++)
+        for (int documents = 0; documents < 2; documents++) {
+            test_attention_split(4, 2, packed, documents);
+            test_attention_split(2, 1, packed, documents);
+        }
     test_decode(4, 4, 8, 11);
     test_decode(4, 2, 6, 11);
     test_decode(4, 1, 4, 11);

@@ -23,6 +23,38 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/* The attention of one call: which query rows, which key rows, which
+ * pairs count.  Rows carry global positions within their sequence: query
+ * row t (0 <= t < Tq) is at q_pos0 + t, key row u at k_pos0 + u.  Whole
+ * sequences are q_pos0 = k_pos0 = 0, Tq = Tk = T; a sequence split into
+ * blocks over ranks (context parallelism) attends block pairs, each call
+ * with its own offsets, merged through lse.
+ * A query sees key u when
+ *   k_pos0 + u <= q_pos0 + t                        (causal), and
+ *   k_pos0 + u >= q_pos0 + t - pos[b*Tq + t]        (its own document)
+ * pos (backend memory, or NULL: one document per sequence) is the query
+ * row's position within its document, as RoPE and learned positions use
+ * it: a document starts where pos is 0, so packed documents never see
+ * each other.  It is Hugging Face's position_ids of packed sequences. */
+typedef struct {
+    int B, Tq, Tk, H, KVH, hs;
+    int q_pos0, k_pos0;
+    const int32_t *pos;
+    /* Layout of kv's rows: 0, the fused qkv layout (above); 1, only the
+     * key and value heads, [KVH][key, value] of hs each (what a rank sends
+     * when it shares its keys and values). */
+    int kv_packed;
+    /* attention_forward: 1 combines with the out and lse already there. */
+    int merge;
+} AttnArgs;
+
+/* Whole sequences of T rows (no offsets, no documents, no merge). */
+static inline AttnArgs attn_args(int B, int T, int H, int KVH, int hs)
+{
+    AttnArgs a = {B, T, T, H, KVH, hs, 0, 0, NULL, 0, 0};
+    return a;
+}
+
 typedef struct {
     const char *name;
 
@@ -89,23 +121,42 @@ typedef struct {
                             const float *up, size_t n);
 
     /* Rotary embedding, in place on the q and k heads of a qkv buffer
-     * [N, (H + 2*KVH)*hs] (layout above); position of row n is n % T.
-     * Backward applies the inverse rotation to dqkv in place. */
-    void (*rope_forward)(float *qkv, int N, int T, int H, int KVH, int hs, float theta);
-    void (*rope_backward)(float *dqkv, int N, int T, int H, int KVH, int hs, float theta);
+     * [N, (H + 2*KVH)*hs] (layout above).  Row n's position is pos[n] when
+     * pos != NULL (packed documents: positions restart at each document),
+     * else pos0 + n % T (pos0: the global position of a sequence shard's
+     * first row; 0 for whole sequences).  Backward applies the inverse
+     * rotation to dqkv in place. */
+    void (*rope_forward)(float *qkv, const int32_t *pos, int N, int T, int pos0, int H, int KVH,
+                         int hs, float theta);
+    void (*rope_backward)(float *dqkv, const int32_t *pos, int N, int T, int pos0, int H, int KVH,
+                          int hs, float theta);
 
     /* Causal self-attention, in the form of flash attention: nothing of size
-     * T x T is kept.  qkv [B*T, (H+2*KVH)*hs] -> out [B*T, H*hs] (heads in
-     * order), scale 1/sqrt(hs).  lse [B, H, T] receives each query row's
-     * log-sum-exp of its scaled scores, log sum_{u<=t} exp(q_t.k_u * scale),
-     * from which backward recomputes the probabilities
-     * p[t,u] = exp(q_t.k_u * scale - lse[t]). */
-    void (*attention_forward)(float *out, float *lse, const float *qkv, int B, int T, int H,
-                              int KVH, int hs);
-    /* dqkv += the gradient through the attention, given dout and forward's
-     * out and lse (out gives D_t = dout_t . out_t = sum_u p dp). */
-    void (*attention_backward)(float *dqkv, const float *dout, const float *qkv, const float *out,
-                               const float *lse, int B, int T, int H, int KVH, int hs);
+     * Tq x Tk is kept.  One call attends the query rows of a qkv buffer q
+     * [B*Tq, (H+2*KVH)*hs] (only its query heads are read) to the key and
+     * value rows of kv [B*Tk, ...] (only their key and value heads are
+     * read; the layout is AttnArgs.kv_packed's), which may be the same
+     * buffer.  out [B*Tq, H*hs] (heads in order), scale 1/sqrt(hs).
+     * Which keys a query sees is AttnArgs's rule (causal by global
+     * position, within its document).  lse [B, H, Tq] receives each query
+     * row's log-sum-exp of its scaled scores over the keys it sees,
+     * log sum_u exp(q_t.k_u * scale) (-inf and out 0 where it sees none),
+     * from which backward recomputes p[t,u] = exp(q_t.k_u * scale - lse[t]).
+     * With a.merge, out and lse hold on entry the result over other keys
+     * (an earlier block of a sequence split over ranks), and the two are
+     * combined exactly: lse = log(exp(lse) + exp(lse_block)), out the
+     * average of the two outputs weighted by exp(lse_part - lse). */
+    void (*attention_forward)(float *out, float *lse, const float *q, const float *kv,
+                              const AttnArgs *a);
+    /* dq (q's layout; query heads) and dkv (kv's layout; key and value
+     * heads) += the gradient through one call's attention, given dout and
+     * the FINAL out and lse (after every merge: then p and D_t = dout_t .
+     * out_t = sum_u p dp are those of the whole softmax, and the gradients
+     * of the blocks add up to the whole).  dq may equal dkv when q equals kv
+     * (the heads written are disjoint).  a.merge is ignored. */
+    void (*attention_backward)(float *dq, float *dkv, const float *dout, const float *q,
+                               const float *kv, const float *out, const float *lse,
+                               const AttnArgs *a);
 
     /* ---- decoding: generation with a key/value cache, one sequence ----
      * rope_decode: rope_forward's rotation of n qkv rows at positions

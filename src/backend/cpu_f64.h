@@ -12,6 +12,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "backend/backend.h" /* AttnArgs */
+
 void cpu_matmul_forward_f64(double *out, const double *inp, const double *weight,
                             const double *bias, int N, int C, int OC);
 void cpu_matmul_backward_f64(double *dinp, double *dweight, double *dbias, const double *dout,
@@ -34,13 +36,15 @@ void cpu_gelu_backward_f64(double *dinp, const double *inp, const double *dout, 
 void cpu_swiglu_forward_f64(double *out, const double *gate, const double *up, size_t n);
 void cpu_swiglu_backward_f64(double *dgate, double *dup, const double *dout, const double *gate,
                              const double *up, size_t n);
-void cpu_rope_forward_f64(double *qkv, int N, int T, int H, int KVH, int hs, float theta);
-void cpu_rope_backward_f64(double *dqkv, int N, int T, int H, int KVH, int hs, float theta);
-void cpu_attention_forward_f64(double *out, double *lse, const double *qkv, int B, int T, int H,
-                               int KVH, int hs);
-void cpu_attention_backward_f64(double *dqkv, const double *dout, const double *qkv,
-                                const double *out, const double *lse, int B, int T, int H, int KVH,
-                                int hs);
+void cpu_rope_forward_f64(double *qkv, const int32_t *pos, int N, int T, int pos0, int H, int KVH,
+                          int hs, float theta);
+void cpu_rope_backward_f64(double *dqkv, const int32_t *pos, int N, int T, int pos0, int H, int KVH,
+                           int hs, float theta);
+void cpu_attention_forward_f64(double *out, double *lse, const double *q, const double *kv,
+                               const AttnArgs *a);
+void cpu_attention_backward_f64(double *dq, double *dkv, const double *dout, const double *q,
+                                const double *kv, const double *out, const double *lse,
+                                const AttnArgs *a);
 void cpu_crossentropy_forward_f64(double *losses, const double *logits, const int32_t *targets,
                                   int N, int V, int Vp);
 void cpu_crossentropy_backward_f64(double *logits, const int32_t *targets, float dloss, int N,

@@ -637,8 +637,9 @@ static void block_forward(Model *m, int i, int need_output)
     norm_forward(m, a->ln1, a->ln1_mean, a->ln1_rstd, x, p->ln1_w, p->ln1_b);
     be->matmul_forward(a->qkv, a->ln1, p->qkv_w, p->qkv_b, d->N, d->C, d->QKV);
     if (!d->gpt2)
-        be->rope_forward(a->qkv, d->N, d->T, d->H, d->KVH, d->hs, d->theta);
-    be->attention_forward(a->atty, a->lse, a->qkv, d->B, d->T, d->H, d->KVH, d->hs);
+        be->rope_forward(a->qkv, NULL, d->N, d->T, 0, d->H, d->KVH, d->hs, d->theta);
+    const AttnArgs aa = attn_args(d->B, d->T, d->H, d->KVH, d->hs);
+    be->attention_forward(a->atty, a->lse, a->qkv, a->qkv, &aa);
     row_linear_forward(m, m->s.branch, a->atty, p->attn_proj_w, p->attn_proj_b, d->H * d->hs);
     be->add(a->res_mid, x, m->s.branch, NsC);
 
@@ -730,13 +731,14 @@ void model_block_backward(Model *m, int l)
     const LayerParams *p = &m->lp[i], *g = &m->lg[i];
     const LayerActs *a = &m->cur.la[i];
     const size_t N = (size_t)d->N, NC = N * (size_t)d->C;
+    const AttnArgs aa = attn_args(d->B, d->T, d->H, d->KVH, d->hs);
 
     tp_group_check(&m->tp);
     if (m->recompute == RECOMPUTE_FULL)
         block_forward(m, i, 0);
     else if (m->recompute == RECOMPUTE_SELECTIVE)
         /* Into the shared atty and lse, from this layer's own qkv. */
-        be->attention_forward(a->atty, a->lse, a->qkv, d->B, d->T, d->H, d->KVH, d->hs);
+        be->attention_forward(a->atty, a->lse, a->qkv, a->qkv, &aa);
 
     /* MLP branch: its output joined the stream by addition, so its gradient is dres. */
     const float *dout = tp_row_output_backward(&m->tp, s->dres, s->full, d->N, d->C);
@@ -753,10 +755,9 @@ void model_block_backward(Model *m, int l)
     be->matmul_backward(s->datty, g->attn_proj_w, g->attn_proj_b, dout, a->atty, p->attn_proj_w,
                         d->N, d->H * d->hs, d->C);
     zero(m, s->dqkv, N * (size_t)d->QKV);
-    be->attention_backward(s->dqkv, s->datty, a->qkv, a->atty, a->lse, d->B, d->T, d->H, d->KVH,
-                           d->hs);
+    be->attention_backward(s->dqkv, s->dqkv, s->datty, a->qkv, a->qkv, a->atty, a->lse, &aa);
     if (!d->gpt2) /* dqkv was w.r.t. rotated q, k: rotate back */
-        be->rope_backward(s->dqkv, d->N, d->T, d->H, d->KVH, d->hs, d->theta);
+        be->rope_backward(s->dqkv, NULL, d->N, d->T, 0, d->H, d->KVH, d->hs, d->theta);
     zero(m, s->dln, NC);
     qkv_weight_backward(m, p, g, a);
     norm_backward(m, s->dres, g->ln1_w, g->ln1_b, s->dln, m->cur.resid[i], p->ln1_w, a->ln1_mean,

@@ -215,18 +215,19 @@ static void p_crossentropy_backward(float *logits, const int32_t *targets, float
     TIMED(OP_CE_B, 8.0 * N * Vp, base->crossentropy_backward(logits, targets, dloss, N, V, Vp));
 }
 
-static void p_embedding_forward(float *out, const int32_t *tokens, const float *wte,
-                                const float *wpe, int N, int T, int C, int vocab_start, int V)
+static void p_embedding_forward(float *out, const int32_t *tokens, const int32_t *pos,
+                                const float *wte, const float *wpe, int N, int T, int C,
+                                int vocab_start, int V)
 {
     TIMED(OP_EMB, 12.0 * N * C,
-          base->embedding_forward(out, tokens, wte, wpe, N, T, C, vocab_start, V));
+          base->embedding_forward(out, tokens, pos, wte, wpe, N, T, C, vocab_start, V));
 }
 
 static void p_embedding_backward(float *dwte, float *dwpe, const float *dout, const int32_t *tokens,
-                                 int N, int T, int C, int vocab_start, int V)
+                                 const int32_t *pos, int N, int T, int C, int vocab_start, int V)
 {
     TIMED(OP_EMB_B, 20.0 * N * C,
-          base->embedding_backward(dwte, dwpe, dout, tokens, N, T, C, vocab_start, V));
+          base->embedding_backward(dwte, dwpe, dout, tokens, pos, N, T, C, vocab_start, V));
 }
 
 static void p_add(float *out, const float *a, const float *b, size_t n)

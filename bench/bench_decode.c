@@ -155,11 +155,12 @@ static void timed_swiglu_forward(float *out, const float *gate, const float *up,
     inner->swiglu_forward(out, gate, up, n);
     op_done("swiglu", 0);
 }
-static void timed_embedding_forward(float *out, const int32_t *tokens, const float *wte,
-                                    const float *wpe, int N, int T, int C, int vocab_start, int V)
+static void timed_embedding_forward(float *out, const int32_t *tokens, const int32_t *pos,
+                                    const float *wte, const float *wpe, int N, int T, int C,
+                                    int vocab_start, int V)
 {
     t_op = now_s();
-    inner->embedding_forward(out, tokens, wte, wpe, N, T, C, vocab_start, V);
+    inner->embedding_forward(out, tokens, pos, wte, wpe, N, T, C, vocab_start, V);
     op_done("embedding", 0);
 }
 static void timed_to_backend(void *dst, const void *host, size_t bytes)

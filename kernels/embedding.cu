@@ -11,9 +11,9 @@ __device__ inline int emb_row(int32_t token, int vocab_start, int V)
 }
 
 /* One thread per output element. */
-__global__ void embedding_forward_kernel(float *out, const int32_t *tokens, const float *wte,
-                                         const float *wpe, int N, int T, int C, int vocab_start,
-                                         int V)
+__global__ void embedding_forward_kernel(float *out, const int32_t *tokens, const int32_t *pos,
+                                         const float *wte, const float *wpe, int N, int T, int C,
+                                         int vocab_start, int V)
 {
     size_t total = (size_t)N * C;
     GRID_STRIDE(i, total)
@@ -23,7 +23,7 @@ __global__ void embedding_forward_kernel(float *out, const int32_t *tokens, cons
         if (r < 0)
             out[i] = 0;
         else if (wpe)
-            out[i] = wte[(size_t)r * C + c] + wpe[(size_t)(n % T) * C + c];
+            out[i] = wte[(size_t)r * C + c] + wpe[(size_t)(pos ? pos[n] : n % T) * C + c];
         else
             out[i] = wte[(size_t)r * C + c];
     }
@@ -35,8 +35,8 @@ __global__ void embedding_forward_kernel(float *out, const int32_t *tokens, cons
  * element receives its terms in row order, exactly as on the CPU (same
  * bits).  Slow for long sequences; a sorted-token kernel comes later. */
 __global__ void embedding_backward_kernel(float *dwte, float *dwpe, const float *dout,
-                                          const int32_t *tokens, int N, int T, int C,
-                                          int vocab_start, int V)
+                                          const int32_t *tokens, const int32_t *pos, int N, int T,
+                                          int C, int vocab_start, int V)
 {
     int c = blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= C)
@@ -49,26 +49,28 @@ __global__ void embedding_backward_kernel(float *dwte, float *dwpe, const float 
         if (dwte)
             dwte[(size_t)r * C + c] += d;
         if (dwpe)
-            dwpe[(size_t)(n % T) * C + c] += d;
+            dwpe[(size_t)(pos ? pos[n] : n % T) * C + c] += d;
     }
 }
 
-void cuda_embedding_forward(float *out, const int32_t *tokens, const float *wte, const float *wpe,
-                            int N, int T, int C, int vocab_start, int V)
+void cuda_embedding_forward(float *out, const int32_t *tokens, const int32_t *pos,
+                            const float *wte, const float *wpe, int N, int T, int C,
+                            int vocab_start, int V)
 {
     if (N <= 0 || C <= 0)
         return;
     embedding_forward_kernel<<<cuda_blocks((size_t)N * C), CUDA_THREADS, 0, cuda_stream()>>>(
-        out, tokens, wte, wpe, N, T, C, vocab_start, V);
+        out, tokens, pos, wte, wpe, N, T, C, vocab_start, V);
     CUDA_CHECK_LAUNCH();
 }
 
 void cuda_embedding_backward(float *dwte, float *dwpe, const float *dout, const int32_t *tokens,
-                             int N, int T, int C, int vocab_start, int V)
+                             const int32_t *pos, int N, int T, int C, int vocab_start, int V)
 {
     if (N <= 0 || C <= 0 || (!dwte && !dwpe))
         return;
     embedding_backward_kernel<<<(C + CUDA_THREADS - 1) / CUDA_THREADS, CUDA_THREADS, 0,
-                                cuda_stream()>>>(dwte, dwpe, dout, tokens, N, T, C, vocab_start, V);
+                                cuda_stream()>>>(dwte, dwpe, dout, tokens, pos, N, T, C, vocab_start,
+                                                                 V);
     CUDA_CHECK_LAUNCH();
 }

@@ -192,7 +192,7 @@ static void test_matmul(int N, int C, int OC, int with_bias)
 /* Tokens drawn from [-3, vocab_start + V + 10): negative ones, ones below
  * the slice and above it, and repeats; the first four are set so that
  * every case is there whatever the draw. */
-static void test_embedding(int B, int T, int C, int vocab_start, int V)
+static void test_embedding(int B, int T, int C, int vocab_start, int V, const int32_t *pos)
 {
     char what[128];
     int N = B * T;
@@ -208,33 +208,35 @@ static void test_embedding(int B, int T, int C, int vocab_start, int V)
     CHECK(foreign > 0 && foreign < N, "embedding test: %d foreign tokens of %d", foreign, N);
     float *wte = hrand(nte, 1), *wpe = hrand(npe, 1), *out = hrand(no, 1);
     float *dout = hrand(no, 1), *dwte = hrand(nte, 1), *dwpe = hrand(npe, 1);
-    int32_t *d_tok = dcopy(tok, N * sizeof *tok);
+    int32_t *d_tok = dcopy(tok, N * sizeof *tok), *d_pos = pos ? dcopy(pos, N * sizeof *pos) : NULL;
     float *d_wte = dcopyf(wte, nte), *d_wpe = dcopyf(wpe, npe), *d_out = dcopyf(out, no);
     float *d_dout = dcopyf(dout, no), *d_dwte = dcopyf(dwte, nte), *d_dwpe = dcopyf(dwpe, npe);
 
     for (int with_wpe = 1; with_wpe >= 0; with_wpe--) {
-        cpu->embedding_forward(out, tok, wte, with_wpe ? wpe : NULL, N, T, C, vocab_start, V);
-        gpu->embedding_forward(d_out, d_tok, d_wte, with_wpe ? d_wpe : NULL, N, T, C, vocab_start,
-                               V);
-        snprintf(what, sizeof what, "embedding N=%d C=%d start=%d V=%d%s out", N, C, vocab_start, V,
-                 with_wpe ? "" : " (no wpe)");
+        cpu->embedding_forward(out, tok, pos, wte, with_wpe ? wpe : NULL, N, T, C, vocab_start, V);
+        gpu->embedding_forward(d_out, d_tok, d_pos, d_wte, with_wpe ? d_wpe : NULL, N, T, C,
+                               vocab_start, V);
+        snprintf(what, sizeof what, "embedding N=%d C=%d start=%d V=%d%s%s out", N, C, vocab_start,
+                 V, with_wpe ? "" : " (no wpe)", pos ? " documents" : "");
         compare_dev(what, d_out, out, no, R_EXACT);
     }
-    cpu->embedding_backward(dwte, dwpe, dout, tok, N, T, C, vocab_start, V);
-    gpu->embedding_backward(d_dwte, d_dwpe, d_dout, d_tok, N, T, C, vocab_start, V);
-    cpu->embedding_backward(dwte, NULL, dout, tok, N, T, C, vocab_start, V);
-    gpu->embedding_backward(d_dwte, NULL, d_dout, d_tok, N, T, C, vocab_start, V);
-    cpu->embedding_backward(NULL, dwpe, dout, tok, N, T, C, vocab_start, V);
-    gpu->embedding_backward(NULL, d_dwpe, d_dout, d_tok, N, T, C, vocab_start, V);
-    snprintf(what, sizeof what, "embedding N=%d C=%d start=%d dwte", N, C, vocab_start);
+    cpu->embedding_backward(dwte, dwpe, dout, tok, pos, N, T, C, vocab_start, V);
+    gpu->embedding_backward(d_dwte, d_dwpe, d_dout, d_tok, d_pos, N, T, C, vocab_start, V);
+    cpu->embedding_backward(dwte, NULL, dout, tok, pos, N, T, C, vocab_start, V);
+    gpu->embedding_backward(d_dwte, NULL, d_dout, d_tok, d_pos, N, T, C, vocab_start, V);
+    cpu->embedding_backward(NULL, dwpe, dout, tok, pos, N, T, C, vocab_start, V);
+    gpu->embedding_backward(NULL, d_dwpe, d_dout, d_tok, d_pos, N, T, C, vocab_start, V);
+    snprintf(what, sizeof what, "embedding N=%d C=%d start=%d%s dwte", N, C, vocab_start,
+             pos ? " documents" : "");
     compare_dev(what, d_dwte, dwte, nte, R_EXACT);
-    snprintf(what, sizeof what, "embedding N=%d C=%d start=%d dwpe", N, C, vocab_start);
+    snprintf(what, sizeof what, "embedding N=%d C=%d start=%d%s dwpe", N, C, vocab_start,
+             pos ? " documents" : "");
     compare_dev(what, d_dwpe, dwpe, npe, R_EXACT);
 
     free(tok), free(wte), free(wpe), free(out), free(dout), free(dwte), free(dwpe);
     backend_cuda_free(d_tok), backend_cuda_free(d_wte), backend_cuda_free(d_wpe);
     backend_cuda_free(d_out), backend_cuda_free(d_dout), backend_cuda_free(d_dwte);
-    backend_cuda_free(d_dwpe);
+    backend_cuda_free(d_dwpe), backend_cuda_free(d_pos);
 }
 
 /* ---------------------------------------------------------------- norms */
@@ -979,9 +981,12 @@ int main(void)
     cpu = backend_cpu();
     gpu = backend_cuda();
 
-    test_embedding(2, 4, 8, 3, 5);
-    test_embedding(5, 8, 75, 20, 50);    /* odd sizes, vocab slice not at 0 */
-    test_embedding(4, 64, 300, 0, 1000); /* several blocks of channels */
+    test_embedding(2, 4, 8, 3, 5, NULL);
+    test_embedding(5, 8, 75, 20, 50, NULL);    /* odd sizes, vocab slice not at 0 */
+    test_embedding(4, 64, 300, 0, 1000, NULL); /* several blocks of channels */
+    int32_t *epos = doc_positions(4, 64, (const int[]){7, 30, 1, 50}, 4);
+    test_embedding(4, 64, 300, 0, 1000, epos); /* packed documents */
+    free(epos);
 
     int shapes[][2] = {{37, 75}, {16, 1000}, {5, 3}, {3, 256}, {2, 4097}};
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {

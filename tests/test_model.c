@@ -8,7 +8,10 @@
  *   - the loss at init is close to ln(V);
  *   - backward accumulates: two backwards at loss_scale 0.5 equal one at 1;
  *   - padded vocabulary rows get no gradient;
- *   - SGD on one fixed batch memorises it.
+ *   - SGD on one fixed batch memorises it;
+ *   - packed documents (model_set_positions): finite differences hold, and
+ *     every token's loss in a packed window equals its loss with its
+ *     document alone at the start of a sequence.
  * Plus activation memory per recompute mode and the FLOP formula. */
 #include <math.h>
 #include <stdio.h>
@@ -152,11 +155,17 @@ static void gradient_of(Model *m, const int32_t *tok, const int32_t *tgt)
     model_backward(m, 1.0f);
 }
 
-static void test_gradcheck(ModelArch arch, Recompute rc, const char *label)
+/* Document positions of the packed test batch: sequence 0 holds documents
+ * of 3, 1 and 4 tokens, sequence 1 of 6 and 2 (batch_positions' form). */
+static const int32_t doc_pos[N] = {0, 1, 2, 0, 0, 1, 2, 3, 0, 1, 2, 3, 4, 5, 0, 1};
+
+/* pos: NULL, or packed documents' positions for every forward. */
+static void test_gradcheck(ModelArch arch, Recompute rc, const int32_t *pos, const char *label)
 {
     /* A larger init than training uses, so the function is far from linear
      * in every tensor and each part of backward is exercised. */
     Model *m = tiny_model(arch, rc, 0.2f);
+    model_set_positions(m, pos);
     Config c;
     tiny_config(&c, arch, rc, 0.2f);
     const ParamTable *t = model_params(m);
@@ -185,6 +194,40 @@ static void test_gradcheck(ModelArch arch, Recompute rc, const char *label)
         check_direction(m, tok, tgt, d, 1e-3, 1e-2, what);
     }
     free(d);
+    model_free(m);
+}
+
+/* Each token of a packed window (doc_pos) has the loss it has with its
+ * document alone at the start of a sequence (the rest of that sequence
+ * other tokens, which a causal model cannot see): one forward per token,
+ * only its target counted. */
+static void test_documents_alone(ModelArch arch, Recompute rc, const char *label)
+{
+    Model *m = tiny_model(arch, rc, 0.2f);
+    int32_t tok[N], tgt[N], one[N], alone[N], filler[N];
+    make_batch(tok, tgt, 5, 0);
+    make_batch(filler, one, 6, 0);
+    double worst = 0;
+    int tokens = 0;
+    for (int n = 0; n < N; n++) {
+        for (int i = 0; i < N; i++)
+            one[i] = i == n ? tgt[n] : -1;
+        model_set_positions(m, doc_pos);
+        const float packed = model_forward(m, tok, one);
+        /* its document's tokens up to n, from position 0 of sequence 0 */
+        const int start = n - doc_pos[n];
+        memcpy(alone, filler, sizeof alone);
+        memcpy(alone, tok + start, (size_t)(doc_pos[n] + 1) * sizeof *alone);
+        for (int i = 0; i < N; i++)
+            one[i] = i == doc_pos[n] ? tgt[n] : -1;
+        model_set_positions(m, NULL);
+        const float single = model_forward(m, alone, one);
+        const double e = fabs((double)packed - single) / fabs((double)single);
+        worst = e > worst ? e : worst;
+        tokens++;
+    }
+    CHECK(worst <= 1e-5, "%s: %d tokens of packed documents have their loss alone (worst rel %.3g)",
+          label, tokens, worst);
     model_free(m);
 }
 
@@ -415,7 +458,11 @@ int main(void)
         for (int r = 0; r < 3; r++) {
             char label[64];
             snprintf(label, sizeof label, "%s/%s", arch, mode_names[r]);
-            test_gradcheck(arches[a], modes[r], label);
+            test_gradcheck(arches[a], modes[r], NULL, label);
+            char dlabel[80];
+            snprintf(dlabel, sizeof dlabel, "%s documents", label);
+            test_gradcheck(arches[a], modes[r], doc_pos, dlabel);
+            test_documents_alone(arches[a], modes[r], dlabel);
             test_init_loss(arches[a], modes[r], label);
             test_accumulation(arches[a], modes[r], label);
             test_activation_sets(arches[a], modes[r], label);

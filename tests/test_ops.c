@@ -166,6 +166,7 @@ static struct {
     double *inp, *weight, *bias, *out, *r, *mean, *rstd, *att, *tmp; /* att: lse */
     double *dinp, *dweight, *dbias, *inp2, *dinp2;
     int32_t *tokens;
+    const int32_t *pos; /* embedding: positions in documents, or NULL */
 } S;
 
 /* --------------------------------------------------------------- matmul */
@@ -334,13 +335,13 @@ static void test_matmul_bf16(int N, int C, int OC)
 
 static double emb_loss(void)
 {
-    cpu_embedding_forward_f64(S.out, S.tokens, S.weight, S.bias, S.N, S.T, S.C, S.vocab_start, S.V);
+    cpu_embedding_forward_f64(S.out, S.tokens, S.pos, S.weight, S.bias, S.N, S.T, S.C, S.vocab_start, S.V);
     return dotd(S.out, S.r, (size_t)S.N * S.C);
 }
 
 static void emb_back(void)
 {
-    cpu_embedding_backward_f64(S.dweight, S.bias ? S.dbias : NULL, S.r, S.tokens, S.N, S.T, S.C,
+    cpu_embedding_backward_f64(S.dweight, S.bias ? S.dbias : NULL, S.r, S.tokens, S.pos, S.N, S.T, S.C,
                                S.vocab_start, S.V);
 }
 
@@ -378,6 +379,21 @@ static void test_embedding(void)
                      S.dbias[2 * C + c] == 0 && S.dbias[1 * C + c] != 0;
     CHECK(untouched, "embedding backward: foreign tokens give no gradient");
 
+    /* packed documents: row n takes position pos[n] */
+    int32_t pos[] = {0, 1, 0, 1, 2, 0, 1, 2};
+    S.pos = pos;
+    emb_loss();
+    exact = 1;
+    for (int n = 0; n < N; n++)
+        for (int c = 0; c < C; c++) {
+            int r = tokens[n] - 3;
+            double want = (r >= 0 && r < V) ? S.weight[r * C + c] + S.bias[pos[n] * C + c] : 0;
+            exact &= S.out[n * C + c] == want;
+        }
+    CHECK(exact, "embedding forward with document positions: rows take wpe[pos[n]]");
+    check_grads("embedding (documents)", emb_loss, emb_back, vars, 2, 1);
+    S.pos = NULL;
+
     /* without positions */
     double *saved_wpe = S.bias;
     S.bias = NULL;
@@ -391,11 +407,11 @@ static void test_embedding(void)
     float *fwte = tof(S.weight, V * C), *fwpe = tof(S.bias, T * C), *fr = tof(S.r, N * C);
     float *fo = malloc(N * C * 4), *fdwte = calloc(V * C, 4), *fdwpe = calloc(T * C, 4);
     emb_loss();
-    cpu->embedding_forward(fo, tokens, fwte, fwpe, N, T, C, 3, V);
+    cpu->embedding_forward(fo, tokens, NULL, fwte, fwpe, N, T, C, 3, V);
     check_f32("embedding fp32 out", fo, S.out, N * C, 1e-6, 1e-6);
     memset(S.dweight, 0, V * C * 8), memset(S.dbias, 0, T * C * 8);
     emb_back();
-    cpu->embedding_backward(fdwte, fdwpe, fr, tokens, N, T, C, 3, V);
+    cpu->embedding_backward(fdwte, fdwpe, fr, tokens, NULL, N, T, C, 3, V);
     check_f32("embedding fp32 dwte", fdwte, S.dweight, V * C, 1e-6, 1e-6);
     check_f32("embedding fp32 dwpe", fdwpe, S.dbias, T * C, 1e-6, 1e-6);
     free(fwte), free(fwpe), free(fr), free(fo), free(fdwte), free(fdwpe);

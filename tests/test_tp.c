@@ -154,20 +154,21 @@ static void check_embedding(Comm *tpc, int sp)
     fill(wte, Vp * C, 1, 8);
     fill(wpe, T * C, 1, 9);
     fill(dout, N * C, 1, 10);
-    be->embedding_forward(out, tok, wte, wpe, N, T, C, 0, Vp);
+    be->embedding_forward(out, tok, NULL, wte, wpe, N, T, C, 0, Vp);
     float dwte[Vp * C] = {0}, dwpe[T * C] = {0};
-    be->embedding_backward(dwte, dwpe, dout, tok, N, T, C, 0, Vp);
+    be->embedding_backward(dwte, dwpe, dout, tok, NULL, N, T, C, 0, Vp);
 
     float outl[N * C], full[N * C], dwtel[Vp * C] = {0}, dwpel[T * C] = {0}, scratch[T * C];
-    tp_embedding_forward(be, &g, outl, full, tok, wte + (size_t)r * Vl * C, wpe, N, T, C, r * Vl,
-                         Vl);
+    tp_embedding_forward(be, &g, outl, full, tok, NULL, wte + (size_t)r * Vl * C, wpe, N, T, C,
+                         r * Vl, Vl);
     CHECK(worst(outl, tp_my_rows(&g, out, N, C), (size_t)n * C, 1e-6, 1e-7) <= 1, "%s: output rows",
           what);
     float doutl[N * C];
     memcpy(doutl, tp_my_rows(&g, dout, N, C), (size_t)n * C * sizeof(float));
     /* Twice: the second adds to the first, as micro-batches do. */
     for (int k = 0; k < 2; k++)
-        tp_embedding_backward(be, &g, dwtel, dwpel, scratch, doutl, full, tok, N, T, C, r * Vl, Vl);
+        tp_embedding_backward(be, &g, dwtel, dwpel, scratch, doutl, full, tok, NULL, N, T, C,
+                              r * Vl, Vl);
     for (size_t i = 0; i < (size_t)Vp * C; i++)
         dwte[i] *= 2;
     for (size_t i = 0; i < (size_t)T * C; i++)

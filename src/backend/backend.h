@@ -91,12 +91,14 @@ typedef struct {
     void (*matmul_backward)(float *dinp, float *dweight, float *dbias, const float *dout,
                             const float *inp, const float *weight, int N, int C, int OC);
 
-    /* out[n,c] = wte[tokens[n]-vocab_start, c] (+ wpe[n % T, c] when wpe != NULL).
-     * Tokens outside [vocab_start, vocab_start+V) give zeros (vocab-parallel). */
-    void (*embedding_forward)(float *out, const int32_t *tokens, const float *wte, const float *wpe,
-                              int N, int T, int C, int vocab_start, int V);
+    /* out[n,c] = wte[tokens[n]-vocab_start, c] (+ wpe[p, c] when wpe != NULL,
+     * p = pos[n] with packed documents, else n % T).  Tokens outside
+     * [vocab_start, vocab_start+V) give zeros (vocab-parallel). */
+    void (*embedding_forward)(float *out, const int32_t *tokens, const int32_t *pos,
+                              const float *wte, const float *wpe, int N, int T, int C,
+                              int vocab_start, int V);
     void (*embedding_backward)(float *dwte, float *dwpe, const float *dout, const int32_t *tokens,
-                               int N, int T, int C, int vocab_start, int V);
+                               const int32_t *pos, int N, int T, int C, int vocab_start, int V);
 
     /* LayerNorm over C: out = (x-mean)*rstd*w + b; saves mean[N], rstd[N]. */
     void (*layernorm_forward)(float *out, float *mean, float *rstd, const float *inp,

@@ -18,10 +18,12 @@ void cpu_matmul_forward_f64(double *out, const double *inp, const double *weight
                             const double *bias, int N, int C, int OC);
 void cpu_matmul_backward_f64(double *dinp, double *dweight, double *dbias, const double *dout,
                              const double *inp, const double *weight, int N, int C, int OC);
-void cpu_embedding_forward_f64(double *out, const int32_t *tokens, const double *wte,
-                               const double *wpe, int N, int T, int C, int vocab_start, int V);
+void cpu_embedding_forward_f64(double *out, const int32_t *tokens, const int32_t *pos,
+                               const double *wte, const double *wpe, int N, int T, int C,
+                               int vocab_start, int V);
 void cpu_embedding_backward_f64(double *dwte, double *dwpe, const double *dout,
-                                const int32_t *tokens, int N, int T, int C, int vocab_start, int V);
+                                const int32_t *tokens, const int32_t *pos, int N, int T, int C,
+                                int vocab_start, int V);
 void cpu_layernorm_forward_f64(double *out, double *mean, double *rstd, const double *inp,
                                const double *weight, const double *bias, int N, int C, float eps);
 void cpu_layernorm_backward_f64(double *dinp, double *dweight, double *dbias, const double *dout,

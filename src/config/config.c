@@ -154,6 +154,8 @@ static const KeyDesc KEYS[] = {
     NAMES(data, val_blend, K_BLEND, false),
     KEY(data, val_every, K_INT),
     KEY(data, val_sequences, K_INT),
+    KEY(data, document_mask, K_BOOL),
+    KEY(data, eot, K_INT),
 
     STR(checkpoint, dir, false),
     KEY(checkpoint, every, K_INT),
@@ -613,6 +615,7 @@ void config_defaults(Config *cfg)
 
     cfg->data.format = DATA_MEGATRON;
     cfg->data.val_sequences = 32;
+    cfg->data.eot = -1;
 
     cfg->checkpoint.keep = 2;
     cfg->checkpoint.resume = RESUME_AUTO;

@@ -105,6 +105,12 @@ typedef struct {
     int val_every;     /* steps between validations (0: only at the end) */
     int val_sequences; /* sequences per validation: the first N of the validation
                              * stream, whatever the layout and micro_batch */
+    /* Packed documents: a sequence holds documents ended by the token eot;
+     * with document_mask each attends only within its own document, with
+     * positions restarting at each (Megatron's --reset-position-ids and
+     * --reset-attention-mask). */
+    int document_mask;
+    int eot; /* -1: not set */
 } DataConfig;
 
 typedef struct {

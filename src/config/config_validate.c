@@ -124,6 +124,13 @@ static int check_ranges(Checker *c)
         return verr(c, "model.norm_eps", "model.norm_eps (%g) must be > 0", m->norm_eps);
     if (!(m->init_std > 0))
         return verr(c, "model.init_std", "model.init_std (%g) must be > 0", m->init_std);
+    if (g->data.document_mask && g->data.eot < 0)
+        return verr(c, "data.document_mask",
+                    "data.document_mask needs data.eot, the token that ends each document "
+                    "(prepare-data prints it: `EOT 50256` for gpt2)");
+    if (g->data.eot < -1 || g->data.eot >= m->vocab)
+        return verr(c, "data.eot", "data.eot (%d) must be a token id in [0, model.vocab %d)",
+                    g->data.eot, m->vocab);
     if (!g->data.path[0] && !g->data.blend[0])
         return verr(c, "data.path",
                     "data.path is required (the dataset prefix or file), or data.blend");

@@ -94,3 +94,13 @@ int blend_read(Blend *b, uint64_t p, int32_t *tokens, int32_t *targets, char err
     int d = blend_pick(b, p, &k);
     return sampler_read(&b->sampler[d], &b->data[d], k, b->vocab, tokens, targets, err);
 }
+
+void batch_positions(const int32_t *tokens, int B, int T, int eot, int32_t *pos)
+{
+    for (size_t b = 0; b < (size_t)B; b++) {
+        const int32_t *tok = tokens + b * (size_t)T;
+        int32_t *p = pos + b * (size_t)T;
+        for (int t = 0; t < T; t++)
+            p[t] = t == 0 || tok[t - 1] == eot ? 0 : p[t - 1] + 1;
+    }
+}

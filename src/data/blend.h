@@ -52,6 +52,13 @@ void blend_counts(Blend *b, uint64_t p, uint64_t *count);
 /* The sample at position p: tokens[t], targets[t], t < seq_len. */
 int blend_read(Blend *b, uint64_t p, int32_t *tokens, int32_t *targets, char err[CFG_ERR]);
 
+/* Packed documents: pos[b*T + t] = token t's position within its document
+ * in each of B sequences of T tokens, where a document ends with the token
+ * eot (which belongs to it): 0 at t = 0 and after each eot, else one more
+ * than the token before.  Megatron's reset_position_ids; the attention
+ * mask follows from it (backend.h, AttnArgs). */
+void batch_positions(const int32_t *tokens, int B, int T, int eot, int32_t *pos);
+
 /* The seed of dataset d's sample order. */
 uint64_t blend_seed(uint64_t seed, int d);
 

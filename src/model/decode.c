@@ -129,7 +129,7 @@ const float *decoder_step(Decoder *dc, const int32_t *tokens, int n)
         TRD_ASSERT(tokens[i] >= 0 && tokens[i] < d->vocab);
     be->to_backend(dc->ids, tokens, (size_t)n * sizeof(int32_t));
     /* Position of row i is i % T with T = n: the position table from row pos. */
-    be->embedding_forward(dc->x, dc->ids, m->op.wte,
+    be->embedding_forward(dc->x, dc->ids, NULL, m->op.wte,
                           m->op.wpe ? m->op.wpe + (size_t)dc->pos * d->C : NULL, n, n, d->C, 0,
                           d->Vp);
     for (int l = 0; l < m->nl; l++)

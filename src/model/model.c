@@ -336,9 +336,9 @@ static void alloc_activation_sets(Model *m, int n)
     free(m->cur.la);
     m->acts_numel = count.used * (size_t)n;
     m->acts = m->be->alloc(m->acts_numel * sizeof(float), "activations");
-    const size_t N2 = 2 * (size_t)m->d.N;
+    const size_t N3 = 3 * (size_t)m->d.N; /* tokens, targets, positions */
     if (m->be->device)
-        m->ids = m->be->alloc((size_t)n * N2 * sizeof(int32_t), "token ids");
+        m->ids = m->be->alloc((size_t)n * N3 * sizeof(int32_t), "token ids");
     m->sets = trd_calloc((size_t)n, sizeof(ActSet), "activation sets");
     m->n_sets = n;
     Carver carve = {.base = m->acts};
@@ -346,9 +346,9 @@ static void alloc_activation_sets(Model *m, int n)
         ActSet *a = &m->sets[k];
         a->resid = trd_calloc((size_t)m->nl + 1, sizeof(float *), "residual pointers");
         a->la = trd_calloc((size_t)m->nl + 1, sizeof(LayerActs), "layer activation pointers");
-        a->tokens = trd_calloc(N2, sizeof(int32_t), "tokens and targets");
+        a->tokens = trd_calloc(N3, sizeof(int32_t), "tokens, targets and positions");
         a->targets = a->tokens + m->d.N;
-        a->ids = m->be->device ? m->ids + (size_t)k * N2 : a->tokens;
+        a->ids = m->be->device ? m->ids + (size_t)k * N3 : a->tokens;
         m->cur = *a;
         carve_activations(m, &carve);
         *a = m->cur;
@@ -362,6 +362,20 @@ void model_set_activation_sets(Model *m, int n)
 {
     TRD_ASSERT(n >= 1);
     alloc_activation_sets(m, n);
+}
+
+void model_set_positions(Model *m, const int32_t *pos)
+{
+    const size_t N = (size_t)m->d.N;
+    if (!pos) {
+        m->cur.pos = NULL;
+        return;
+    }
+    int32_t *host = m->cur.tokens + 2 * N, *ids = m->cur.ids + 2 * N;
+    memcpy(host, pos, N * sizeof(int32_t));
+    if (m->be->device)
+        m->be->to_backend(ids, pos, N * sizeof(int32_t));
+    m->cur.pos = ids;
 }
 
 void model_use_activation_set(Model *m, int k)
@@ -571,8 +585,8 @@ void model_embed_forward(Model *m, const int32_t *tokens)
     if (m->be->device)
         m->be->to_backend(m->cur.ids, tokens, (size_t)d->N * sizeof(int32_t));
     float *full = tp_sequence_parallel(&m->tp) ? m->s.full : m->cur.resid[0];
-    tp_embedding_forward(m->be, &m->tp, m->cur.resid[0], full, m->cur.ids, m->op.wte, m->op.wpe,
-                         d->N, d->T, d->C, d->vocab_start, d->Vp);
+    tp_embedding_forward(m->be, &m->tp, m->cur.resid[0], full, m->cur.ids, m->cur.pos, m->op.wte,
+                         m->op.wpe, d->N, d->T, d->C, d->vocab_start, d->Vp);
 }
 
 /* Reads the residual-stream gradient left by the first local layer. */
@@ -581,7 +595,7 @@ void model_embed_backward(Model *m)
     const Dims *d = &m->d;
     TRD_ASSERT(m->sh.has_embed);
     tp_embedding_backward(m->be, &m->tp, m->og.wte, m->og.wpe, m->s.dwpe_part, m->s.dres, m->s.full,
-                          m->cur.ids, d->N, d->T, d->C, d->vocab_start, d->Vp);
+                          m->cur.ids, m->cur.pos, d->N, d->T, d->C, d->vocab_start, d->Vp);
 }
 
 /* ---- block -------------------------------------------------------------- */
@@ -622,6 +636,15 @@ static void mlp_forward(const Model *m, const LayerParams *p, LayerActs *a)
     }
 }
 
+/* The attention of this rank's heads over whole sequences, within the
+ * documents model_set_positions gave. */
+static AttnArgs model_attn_args(const Model *m)
+{
+    AttnArgs a = attn_args(m->d.B, m->d.T, m->d.H, m->d.KVH, m->d.hs);
+    a.pos = m->cur.pos;
+    return a;
+}
+
 /* Layer i (local index) from resid[i].  With need_output == 0 (recompute
  * inside backward) the last projection is skipped: backward needs only its
  * input, and resid[i+1] must not be touched. */
@@ -637,8 +660,8 @@ static void block_forward(Model *m, int i, int need_output)
     norm_forward(m, a->ln1, a->ln1_mean, a->ln1_rstd, x, p->ln1_w, p->ln1_b);
     be->matmul_forward(a->qkv, a->ln1, p->qkv_w, p->qkv_b, d->N, d->C, d->QKV);
     if (!d->gpt2)
-        be->rope_forward(a->qkv, NULL, d->N, d->T, 0, d->H, d->KVH, d->hs, d->theta);
-    const AttnArgs aa = attn_args(d->B, d->T, d->H, d->KVH, d->hs);
+        be->rope_forward(a->qkv, m->cur.pos, d->N, d->T, 0, d->H, d->KVH, d->hs, d->theta);
+    const AttnArgs aa = model_attn_args(m);
     be->attention_forward(a->atty, a->lse, a->qkv, a->qkv, &aa);
     row_linear_forward(m, m->s.branch, a->atty, p->attn_proj_w, p->attn_proj_b, d->H * d->hs);
     be->add(a->res_mid, x, m->s.branch, NsC);
@@ -731,7 +754,7 @@ void model_block_backward(Model *m, int l)
     const LayerParams *p = &m->lp[i], *g = &m->lg[i];
     const LayerActs *a = &m->cur.la[i];
     const size_t N = (size_t)d->N, NC = N * (size_t)d->C;
-    const AttnArgs aa = attn_args(d->B, d->T, d->H, d->KVH, d->hs);
+    const AttnArgs aa = model_attn_args(m);
 
     tp_group_check(&m->tp);
     if (m->recompute == RECOMPUTE_FULL)
@@ -757,7 +780,7 @@ void model_block_backward(Model *m, int l)
     zero(m, s->dqkv, N * (size_t)d->QKV);
     be->attention_backward(s->dqkv, s->dqkv, s->datty, a->qkv, a->qkv, a->atty, a->lse, &aa);
     if (!d->gpt2) /* dqkv was w.r.t. rotated q, k: rotate back */
-        be->rope_backward(s->dqkv, NULL, d->N, d->T, 0, d->H, d->KVH, d->hs, d->theta);
+        be->rope_backward(s->dqkv, m->cur.pos, d->N, d->T, 0, d->H, d->KVH, d->hs, d->theta);
     zero(m, s->dln, NC);
     qkv_weight_backward(m, p, g, a);
     norm_backward(m, s->dres, g->ln1_w, g->ln1_b, s->dln, m->cur.resid[i], p->ln1_w, a->ln1_mean,

@@ -106,6 +106,13 @@ void model_set_tensor_parallel(Model *m, Comm *tp);
 void model_set_activation_sets(Model *m, int n);
 void model_use_activation_set(Model *m, int k);
 
+/* Packed documents (data.document_mask): pos [B*T] in host memory, each
+ * token's position within its document (0 where one starts, see
+ * batch_positions), for the next forward and backward of the selected
+ * activation set: attention stays within a document, RoPE and learned
+ * positions count from its start.  NULL: each sequence is one document. */
+void model_set_positions(Model *m, const int32_t *pos);
+
 /* Rows of the residual stream this rank holds: B*T, or B*T / tp with
  * sequence parallelism (this rank's block of the b-major token rows).
  * model_stage_input/output and model_grad_stream are [rows, hidden]. */

@@ -121,8 +121,10 @@ typedef struct {
     LayerActs *la; /* [nl] */
     HeadActs ha;
     int32_t *tokens, *targets; /* [N] each, host copies of this micro-batch's */
-    int32_t *ids;              /* [2N]: the same in backend memory (tokens, then
-                                     * targets); the host copies with the CPU backend */
+    int32_t *ids;              /* [3N]: the same in backend memory (tokens, targets,
+                                * then positions); the host copies with the CPU backend */
+    const int32_t *pos;        /* ids + 2N once model_set_positions gave them, else
+                                * NULL (each sequence one document) */
     int counted;               /* targets >= 0 in it */
 } ActSet;
 

@@ -23,7 +23,7 @@ struct PpStage {
     LayerRange layers[CFG_MAX_VIRTUAL];
     int slots[CFG_MAX_VIRTUAL];    /* activation sets of chunk c */
     float *gsend[CFG_MAX_VIRTUAL]; /* chunk c: slots[c] outgoing gradients [act_elems] */
-    const int32_t *tokens, *targets;
+    const int32_t *tokens, *targets, *pos; /* pos: NULL without data.document_mask */
     float loss_scale;
     double loss_sum;
 };
@@ -69,7 +69,9 @@ static void stage_forward(void *ctx, int mb, int chunk)
 {
     PpStage *p = ctx;
     const size_t at = (size_t)mb * (size_t)p->BT;
-    p->loss_sum += zero_chunk_forward(p->z, use_set(p, mb, chunk), p->layers[chunk],
+    Model *m = use_set(p, mb, chunk);
+    model_set_positions(m, p->pos ? p->pos + at : NULL); /* kept in the set for backward */
+    p->loss_sum += zero_chunk_forward(p->z, m, p->layers[chunk],
                                       first_stage(p, chunk) ? p->tokens + at : NULL,
                                       last_stage(p, chunk) ? p->targets + at : NULL);
 }
@@ -184,10 +186,12 @@ static void trace_step(const PpStage *p)
     }
 }
 
-double pp_stage_step(PpStage *p, const int32_t *tokens, const int32_t *targets, float loss_scale)
+double pp_stage_step(PpStage *p, const int32_t *tokens, const int32_t *targets,
+                     const int32_t *pos, float loss_scale)
 {
     p->tokens = tokens;
     p->targets = targets;
+    p->pos = pos;
     p->loss_scale = loss_scale;
     p->loss_sum = 0;
     char err[CFG_ERR];
@@ -197,7 +201,8 @@ double pp_stage_step(PpStage *p, const int32_t *tokens, const int32_t *targets, 
     return p->loss_sum;
 }
 
-double pp_stage_forward(PpStage *p, const int32_t *tokens, const int32_t *targets)
+double pp_stage_forward(PpStage *p, const int32_t *tokens, const int32_t *targets,
+                        const int32_t *pos)
 {
     /* Through the model stages in order: chunk c of this rank takes its
      * input from the rank before (the last rank, for c > 0 on rank 0). */
@@ -206,6 +211,7 @@ double pp_stage_forward(PpStage *p, const int32_t *tokens, const int32_t *target
     for (int c = 0; c < p->v; c++) {
         Model *m = use_set(p, 0, c);
         const int first = first_stage(p, c), last = last_stage(p, c);
+        model_set_positions(m, pos);
         if (!first)
             comm_recv_f32(p->pp, model_stage_input(m), n, prev, ACT_TAG);
         const float loss =

@@ -35,11 +35,13 @@ void pp_stage_free(PpStage *p);
  * (PP_REDUCE) the engine finishes the gradients' reduction
  * (zero_finish_grads).  Returns the sum over micro-batches of their mean
  * loss on the last stage, 0 on the others. */
-double pp_stage_step(PpStage *p, const int32_t *tokens, const int32_t *targets, float loss_scale);
+double pp_stage_step(PpStage *p, const int32_t *tokens, const int32_t *targets,
+                     const int32_t *pos, float loss_scale);
 
 /* Forward only, one micro-batch through all stages in turn (validation).
  * Returns its mean loss on the last stage, 0 elsewhere. */
-double pp_stage_forward(PpStage *p, const int32_t *tokens, const int32_t *targets);
+double pp_stage_forward(PpStage *p, const int32_t *tokens, const int32_t *targets,
+                        const int32_t *pos);
 
 /* Timing of the last pp_stage_step: compute and waiting per rank, and spans. */
 const PpExecStats *pp_stage_stats(const PpStage *p);

@@ -106,17 +106,19 @@ void tp_kv_allreduce(TpGroup *g, float *rows, size_t n);
  * rows, positions included), then the row-output boundary sums them: the
  * embedding is a row-parallel layer over the vocabulary.
  * out: [tp_stream_rows, C] (the residual stream entering layer 0);
- * full: [N, C] scratch, may equal out when not SP.  wpe may be NULL. */
+ * full: [N, C] scratch, may equal out when not SP.  wpe may be NULL; pos
+ * (packed documents' positions, backend.h) may be NULL. */
 void tp_embedding_forward(const Backend *be, TpGroup *g, float *out, float *full,
-                          const int32_t *tokens, const float *wte, const float *wpe, int N, int T,
-                          int C, int vocab_start, int Vp);
+                          const int32_t *tokens, const int32_t *pos, const float *wte,
+                          const float *wpe, int N, int T, int C, int vocab_start, int Vp);
 /* dout: the stream gradient [tp_stream_rows, C].  Adds into dwte (complete:
  * this rank's rows) and dwpe (may be NULL): each rank's position gradient is
  * partial (its tokens only), so with tp > 1 it goes through dwpe_scratch
  * [T, C] and tp_add_reduced_grad.  full: [N, C] scratch, not overlapping dout. */
 void tp_embedding_backward(const Backend *be, TpGroup *g, float *dwte, float *dwpe,
                            float *dwpe_scratch, const float *dout, float *full,
-                           const int32_t *tokens, int N, int T, int C, int vocab_start, int Vp);
+                           const int32_t *tokens, const int32_t *pos, int N, int T, int C,
+                           int vocab_start, int Vp);
 
 /* ---- vocabulary-parallel cross-entropy (vocab_parallel.c) ----
  * logits [N, Vp]: this rank's columns, global vocabulary [vocab_start,

@@ -8,16 +8,16 @@
 /* ---- embedding ---- */
 
 void tp_embedding_forward(const Backend *be, TpGroup *g, float *out, float *full,
-                          const int32_t *tokens, const float *wte, const float *wpe, int N, int T,
-                          int C, int vocab_start, int Vp)
+                          const int32_t *tokens, const int32_t *pos, const float *wte,
+                          const float *wpe, int N, int T, int C, int vocab_start, int Vp)
 {
     if (!tp_active(g)) {
-        be->embedding_forward(out, tokens, wte, wpe, N, T, C, vocab_start, Vp);
+        be->embedding_forward(out, tokens, pos, wte, wpe, N, T, C, vocab_start, Vp);
         return;
     }
     /* Tokens outside this rank's range give zero rows (positions included,
      * backend.h), so the sum over ranks is wte + wpe exactly once per row. */
-    be->embedding_forward(full, tokens, wte, wpe, N, T, C, vocab_start, Vp);
+    be->embedding_forward(full, tokens, pos, wte, wpe, N, T, C, vocab_start, Vp);
     tp_row_output_forward(g, full, NULL, N, C);
     if (out != full)
         be->copy(out, full, (size_t)tp_stream_rows(g, N) * (size_t)C * sizeof(float));
@@ -25,10 +25,11 @@ void tp_embedding_forward(const Backend *be, TpGroup *g, float *out, float *full
 
 void tp_embedding_backward(const Backend *be, TpGroup *g, float *dwte, float *dwpe,
                            float *dwpe_scratch, const float *dout, float *full,
-                           const int32_t *tokens, int N, int T, int C, int vocab_start, int Vp)
+                           const int32_t *tokens, const int32_t *pos, int N, int T, int C,
+                           int vocab_start, int Vp)
 {
     if (!tp_active(g)) {
-        be->embedding_backward(dwte, dwpe, dout, tokens, N, T, C, vocab_start, Vp);
+        be->embedding_backward(dwte, dwpe, dout, tokens, pos, N, T, C, vocab_start, Vp);
         return;
     }
     const float *d = tp_row_output_backward(g, dout, full, N, C);
@@ -36,7 +37,8 @@ void tp_embedding_backward(const Backend *be, TpGroup *g, float *dwte, float *dw
      * dwpe: only the rows whose token this rank owns; summed over TP. */
     if (dwpe)
         be->zero(dwpe_scratch, (size_t)T * (size_t)C * sizeof(float));
-    be->embedding_backward(dwte, dwpe ? dwpe_scratch : NULL, d, tokens, N, T, C, vocab_start, Vp);
+    be->embedding_backward(dwte, dwpe ? dwpe_scratch : NULL, d, tokens, pos, N, T, C, vocab_start,
+                           Vp);
     if (dwpe)
         tp_add_reduced_grad(g, dwpe, dwpe_scratch, (size_t)T * (size_t)C);
 }

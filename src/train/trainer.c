@@ -50,15 +50,20 @@ static void open_data(Trainer *tr, Comm *world)
                           "%s", err);
 }
 
-/* Fill one micro-batch (tok, tgt: [B*T]) with the sequences at global
- * stream positions first, first+1, ... */
-static void read_batch(Trainer *tr, Blend *data, uint64_t first, int32_t *tok, int32_t *tgt)
+/* Fill micro-batch j (tokens, targets and, with data.document_mask,
+ * positions: [B*T] each at j*B*T) with the sequences at global stream
+ * positions first, first+1, ... */
+static void read_batch(Trainer *tr, Blend *data, uint64_t first, int j)
 {
     const int B = tr->cfg->training.micro_batch, T = tr->cfg->model.seq_len;
+    const size_t at = (size_t)j * (size_t)B * (size_t)T;
+    int32_t *tok = tr->tokens + at, *tgt = tr->targets + at;
     char err[CFG_ERR];
     for (int b = 0; b < B; b++)
         if (blend_read(data, first + (uint64_t)b, tok + b * T, tgt + b * T, err) != 0)
             trd_fatal(TRD_EXIT_INPUT, NULL, "%s", err);
+    if (tr->pos)
+        batch_positions(tok, B, T, tr->cfg->data.eot, tr->pos + at);
 }
 
 int trainer_data_seen(Trainer *tr, int steps, TrainerDataset *out)
@@ -92,8 +97,9 @@ static double one_step(Trainer *tr, int step, double *grad_norm, float *lr, int 
     progress_step(step + 1, 0);
     zero_begin_step(tr->zero);
     const size_t BT = (size_t)B * (size_t)cfg->model.seq_len;
-    const int needs_data =
-        !tr->pipe || tr->comms.pp.rank == 0 || tr->comms.pp.rank == tr->comms.pp.size - 1;
+    /* (every stage attends within the documents of the batch) */
+    const int needs_data = !tr->pipe || tr->pos || tr->comms.pp.rank == 0 ||
+                           tr->comms.pp.rank == tr->comms.pp.size - 1;
     const double t_data = comm_wtime();
     for (int j = 0; needs_data && j < tr->n_micro; j++) {
         /* The global batch is positions [step*GB, (step+1)*GB) of the sample
@@ -102,16 +108,17 @@ static double one_step(Trainer *tr, int step, double *grad_norm, float *lr, int 
         uint64_t first = tr->start_position +
                          (uint64_t)(step - tr->start_step) * (uint64_t)cfg->training.global_batch +
                          (uint64_t)(j * tr->dp + tr->dp_rank) * (uint64_t)B;
-        read_batch(tr, &tr->train_data, first, tr->tokens + j * BT, tr->targets + j * BT);
+        read_batch(tr, &tr->train_data, first, j);
     }
     *data_ms = 1e3 * (comm_wtime() - t_data);
     double loss = 0;
     if (tr->pipe) {
-        loss = pp_stage_step(tr->pipe, tr->tokens, tr->targets, loss_scale);
+        loss = pp_stage_step(tr->pipe, tr->tokens, tr->targets, tr->pos, loss_scale);
         comm_allreduce_f64(&tr->comms.pp, &loss, 1); /* only the last stage has it */
     } else {
         for (int j = 0; j < tr->n_micro; j++) {
             progress_step(step + 1, j + 1); /* for the watchdog's message */
+            model_set_positions(trainer_model(tr, 0), tr->pos ? tr->pos + j * BT : NULL);
             loss += zero_forward_backward(tr->zero, tr->tokens + j * BT, tr->targets + j * BT,
                                           loss_scale, j == tr->n_micro - 1);
         }
@@ -175,14 +182,15 @@ double trainer_validate(Trainer *tr, double *counted_tokens)
     for (int r = 0; r < rounds; r++) {
         const int j = r * tr->dp + tr->dp_rank;
         const int rows = j < batches ? (n - j * B < B ? n - j * B : B) : 0;
-        read_batch(tr, &tr->val_data, (uint64_t)(rows ? j : 0) * (uint64_t)B, tr->tokens,
-                   tr->targets);
+        read_batch(tr, &tr->val_data, (uint64_t)(rows ? j : 0) * (uint64_t)B, 0);
         for (size_t i = (size_t)rows * (size_t)T; i < (size_t)B * (size_t)T; i++)
             tr->targets[i] = -1;
         double counted = 0;
         for (size_t i = 0; i < (size_t)rows * (size_t)T; i++)
             counted += tr->targets[i] >= 0;
-        double loss = tr->pipe ? pp_stage_forward(tr->pipe, tr->tokens, tr->targets)
+        if (!tr->pipe)
+            model_set_positions(trainer_model(tr, 0), tr->pos);
+        double loss = tr->pipe ? pp_stage_forward(tr->pipe, tr->tokens, tr->targets, tr->pos)
                                : zero_forward(tr->zero, tr->tokens, tr->targets);
         sum += loss * counted; /* the model's loss is the mean over counted rows */
         tokens += counted;
@@ -324,6 +332,8 @@ Trainer *trainer_create(const Config *cfg, Comm world, TrainerMode mode)
     const size_t BT = (size_t)cfg->training.micro_batch * (size_t)cfg->model.seq_len;
     tr->tokens = trd_malloc((size_t)tr->n_micro * BT * sizeof(int32_t), "token batches");
     tr->targets = trd_malloc((size_t)tr->n_micro * BT * sizeof(int32_t), "target batches");
+    if (cfg->data.document_mask)
+        tr->pos = trd_malloc((size_t)tr->n_micro * BT * sizeof(int32_t), "document positions");
     tr->info = (TrainerInfo){.be = tr->be,
                              .topo = &tr->topo,
                              .comms = &tr->comms,
@@ -351,6 +361,7 @@ void trainer_destroy(Trainer *tr)
     ckpt_async_free(tr->async);
     free(tr->tokens);
     free(tr->targets);
+    free(tr->pos);
     trainer_ckpt_teardown(tr);
     pp_stage_free(tr->pipe);
     zero_free(tr->zero);

@@ -6,8 +6,9 @@
 # same curve as one rank (docs/design.md, invariant 1): tp 2 with sequence
 # parallelism, pp 2, dp 2 with ZeRO 1 and 3, for GPT-2 (learned positions)
 # and Llama (RoPE, GQA), per-step loss within relative 1e-5 for 8 steps.
-# The mask changes the curve (the key is not ignored), and a mask without
-# its end-of-document token is refused.  (Each document's tokens against
+# With data.eod_mask_loss the same holds while micro-batches count different
+# numbers of targets.  The mask changes the curve (the key is not ignored),
+# and a mask without its end-of-document token is refused.  (Each document's tokens against
 # the document alone: tests/test_model.c.)
 . "$(dirname "$0")/e2e.sh"
 
@@ -44,6 +45,17 @@ run llama_dp2_zero1 2 "${llama[@]}" --set topology.dp=2 --set topology.zero=1
 compare llama llama_dp2_zero1
 run llama_recompute 1 "${llama[@]}" --set training.recompute=full
 compare llama llama_recompute
+
+# data.eod_mask_loss: the targets that end a document count no loss, so
+# micro-batches count different numbers of targets; the step's loss and
+# gradient are the mean over every counted token of the global batch
+# whatever the split (1 rank with 4 micro-batches or 1, dp 2 x pp 2).
+eod=(--set data.eod_mask_loss=true)
+run gpt2_eod 1 "${eod[@]}"
+run gpt2_eod_mb4 1 "${eod[@]}" --set training.micro_batch=4
+compare gpt2_eod gpt2_eod_mb4
+run gpt2_eod_dp2_pp2 4 "${eod[@]}" --set topology.dp=2 --set topology.pp=2
+compare gpt2_eod gpt2_eod_dp2_pp2
 
 # Without the mask the same data trains another curve.
 run gpt2_nomask 1 --set data.document_mask=false

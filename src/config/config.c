@@ -155,6 +155,7 @@ static const KeyDesc KEYS[] = {
     KEY(data, val_every, K_INT),
     KEY(data, val_sequences, K_INT),
     KEY(data, document_mask, K_BOOL),
+    KEY(data, eod_mask_loss, K_BOOL),
     KEY(data, eot, K_INT),
 
     STR(checkpoint, dir, false),

@@ -110,7 +110,8 @@ typedef struct {
      * positions restarting at each (Megatron's --reset-position-ids and
      * --reset-attention-mask). */
     int document_mask;
-    int eot; /* -1: not set */
+    int eod_mask_loss; /* targets that are eot count no loss (Megatron's --eod-mask-loss) */
+    int eot;           /* -1: not set */
 } DataConfig;
 
 typedef struct {

@@ -128,6 +128,10 @@ static int check_ranges(Checker *c)
         return verr(c, "data.document_mask",
                     "data.document_mask needs data.eot, the token that ends each document "
                     "(prepare-data prints it: `EOT 50256` for gpt2)");
+    if (g->data.eod_mask_loss && g->data.eot < 0)
+        return verr(c, "data.eod_mask_loss",
+                    "data.eod_mask_loss needs data.eot, the token that ends each document "
+                    "(prepare-data prints it: `EOT 50256` for gpt2)");
     if (g->data.eot < -1 || g->data.eot >= m->vocab)
         return verr(c, "data.eot", "data.eot (%d) must be a token id in [0, model.vocab %d)",
                     g->data.eot, m->vocab);

@@ -24,8 +24,8 @@ struct PpStage {
     int slots[CFG_MAX_VIRTUAL];    /* activation sets of chunk c */
     float *gsend[CFG_MAX_VIRTUAL]; /* chunk c: slots[c] outgoing gradients [act_elems] */
     const int32_t *tokens, *targets, *pos; /* pos: NULL without data.document_mask */
-    float loss_scale;
-    double loss_sum;
+    const float *loss_scale; /* [n_micro]: micro-batch mb's gradient scale */
+    double loss_sum;         /* the losses weighted by loss_scale (last stage) */
 };
 
 /* Model stage c * pp + rank is the first / the last of the whole model. */
@@ -71,7 +71,7 @@ static void stage_forward(void *ctx, int mb, int chunk)
     const size_t at = (size_t)mb * (size_t)p->BT;
     Model *m = use_set(p, mb, chunk);
     model_set_positions(m, p->pos ? p->pos + at : NULL); /* kept in the set for backward */
-    p->loss_sum += zero_chunk_forward(p->z, m, p->layers[chunk],
+    p->loss_sum += p->loss_scale[mb] * zero_chunk_forward(p->z, m, p->layers[chunk],
                                       first_stage(p, chunk) ? p->tokens + at : NULL,
                                       last_stage(p, chunk) ? p->targets + at : NULL);
 }
@@ -83,7 +83,7 @@ static void stage_backward(void *ctx, int mb, int chunk)
     Model *m = use_set(p, mb, chunk);
     /* Not the last stage: the received gradient already sits in the
      * model's gradient stream, where the last block's backward reads it. */
-    zero_chunk_backward(p->z, m, p->layers[chunk], last_stage(p, chunk), first, p->loss_scale,
+    zero_chunk_backward(p->z, m, p->layers[chunk], last_stage(p, chunk), first, p->loss_scale[mb],
                         mb == p->n_micro - 1);
     if (!first) /* the input gradient leaves from the micro-batch's own slot */
         zero_backend(p->z)->copy(grad_out_of(p, mb, chunk), model_grad_stream(m),
@@ -187,7 +187,7 @@ static void trace_step(const PpStage *p)
 }
 
 double pp_stage_step(PpStage *p, const int32_t *tokens, const int32_t *targets,
-                     const int32_t *pos, float loss_scale)
+                     const int32_t *pos, const float *loss_scale)
 {
     p->tokens = tokens;
     p->targets = targets;

@@ -64,6 +64,39 @@ static void read_batch(Trainer *tr, Blend *data, uint64_t first, int j)
             trd_fatal(TRD_EXIT_INPUT, NULL, "%s", err);
     if (tr->pos)
         batch_positions(tok, B, T, tr->cfg->data.eot, tr->pos + at);
+    if (tr->cfg->data.eod_mask_loss)
+        for (size_t i = 0; i < (size_t)B * (size_t)T; i++)
+            if (tgt[i] == tr->cfg->data.eot)
+                tgt[i] = -1;
+}
+
+/* Each micro-batch's loss_scale: its share of the targets the whole step
+ * counts (over its micro-batches and the DP ranks).  The model averages a
+ * micro-batch's loss over its counted targets, so with these shares the
+ * gradient is the mean over every counted token of the global batch,
+ * whatever the layout and micro-batch split, also when targets are masked
+ * (data.eod_mask_loss) and micro-batches count different numbers.  With
+ * every target counted each share is 1 / (n_micro * dp).  Ranks without
+ * the data (middle pipeline stages) never use them: their DP group skips
+ * the reduction alike. */
+static double counted_targets(const Trainer *tr, int j)
+{
+    const size_t BT = (size_t)tr->cfg->training.micro_batch * (size_t)tr->cfg->model.seq_len;
+    double n = 0;
+    for (size_t i = 0; i < BT; i++)
+        n += tr->targets[(size_t)j * BT + i] >= 0;
+    return n;
+}
+
+static void loss_shares(Trainer *tr, int has_data)
+{
+    double total = 0;
+    for (int j = 0; has_data && j < tr->n_micro; j++)
+        total += counted_targets(tr, j);
+    if (has_data)
+        comm_allreduce_f64(&tr->comms.dp, &total, 1);
+    for (int j = 0; j < tr->n_micro; j++)
+        tr->loss_share[j] = total > 0 ? (float)(counted_targets(tr, j) / total) : 0.0f;
 }
 
 int trainer_data_seen(Trainer *tr, int steps, TrainerDataset *out)
@@ -89,9 +122,6 @@ static double one_step(Trainer *tr, int step, double *grad_norm, float *lr, int 
 {
     const Config *cfg = tr->cfg;
     const int B = cfg->training.micro_batch;
-    /* Pre-scaled so that the sum over DP ranks of the accumulated gradients
-     * is the mean over the global batch. */
-    const float loss_scale = 1.0f / (float)(tr->n_micro * tr->dp);
     const double t_step = comm_wtime();
 
     progress_step(step + 1, 0);
@@ -110,21 +140,25 @@ static double one_step(Trainer *tr, int step, double *grad_norm, float *lr, int 
                          (uint64_t)(j * tr->dp + tr->dp_rank) * (uint64_t)B;
         read_batch(tr, &tr->train_data, first, j);
     }
+    loss_shares(tr, needs_data);
     *data_ms = 1e3 * (comm_wtime() - t_data);
+    /* The micro-batches' mean losses weighted by their shares: the mean over
+     * every counted token of the step, once summed over DP. */
     double loss = 0;
     if (tr->pipe) {
-        loss = pp_stage_step(tr->pipe, tr->tokens, tr->targets, tr->pos, loss_scale);
+        loss = pp_stage_step(tr->pipe, tr->tokens, tr->targets, tr->pos, tr->loss_share);
         comm_allreduce_f64(&tr->comms.pp, &loss, 1); /* only the last stage has it */
     } else {
         for (int j = 0; j < tr->n_micro; j++) {
             progress_step(step + 1, j + 1); /* for the watchdog's message */
             model_set_positions(trainer_model(tr, 0), tr->pos ? tr->pos + j * BT : NULL);
-            loss += zero_forward_backward(tr->zero, tr->tokens + j * BT, tr->targets + j * BT,
-                                          loss_scale, j == tr->n_micro - 1);
+            loss += tr->loss_share[j] * zero_forward_backward(tr->zero, tr->tokens + j * BT,
+                                                              tr->targets + j * BT,
+                                                              tr->loss_share[j],
+                                                              j == tr->n_micro - 1);
         }
         zero_finish_grads(tr->zero);
     }
-    loss /= tr->n_micro * tr->dp;
     comm_allreduce_f64(&tr->comms.dp, &loss, 1);
 
     double sumsq = zero_grad_sumsq(tr->zero);
@@ -334,6 +368,7 @@ Trainer *trainer_create(const Config *cfg, Comm world, TrainerMode mode)
     tr->targets = trd_malloc((size_t)tr->n_micro * BT * sizeof(int32_t), "target batches");
     if (cfg->data.document_mask)
         tr->pos = trd_malloc((size_t)tr->n_micro * BT * sizeof(int32_t), "document positions");
+    tr->loss_share = trd_malloc((size_t)tr->n_micro * sizeof(float), "loss shares");
     tr->info = (TrainerInfo){.be = tr->be,
                              .topo = &tr->topo,
                              .comms = &tr->comms,
@@ -362,6 +397,7 @@ void trainer_destroy(Trainer *tr)
     free(tr->tokens);
     free(tr->targets);
     free(tr->pos);
+    free(tr->loss_share);
     trainer_ckpt_teardown(tr);
     pp_stage_free(tr->pipe);
     zero_free(tr->zero);

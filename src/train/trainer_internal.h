@@ -25,6 +25,7 @@ struct Trainer {
     Blend train_data, val_data; /* one dataset, or data.blend's (data/blend.h) */
     int32_t *tokens, *targets;  /* the step's micro-batches: [n_micro][B*T] */
     int32_t *pos;               /* data.document_mask: their positions in documents */
+    float *loss_share;          /* [n_micro]: each one's share of the step's counted targets */
     int dp, dp_rank, n_micro;
     PpStage *pipe;               /* pp > 1 */
     CkptShardView ckpt;          /* what this rank saves and loads (host memory) */

@@ -25,19 +25,23 @@
  * range [u0, u1), so a query tile walks the union of its rows' ranges and
  * each pair outside the row's own range is skipped.
  *
- * Head size up to HS_MAX (128): the per-thread register arrays are sized
- * for it.  fp32 throughout, IEEE expf. */
+ * Head size up to HS_MAX (128).  Each kernel is compiled for PER = 4, 8
+ * and 16 channels per thread (head sizes up to 32, 64 and 128) and the
+ * smallest that holds the head runs: register arrays and shared rows sized
+ * for 128 would spend half of every dot product and shared-memory load on
+ * zero padding at GPT-2's 64.  fp32 throughout, IEEE expf. */
 #include "ops.cuh"
 
 enum {
     ROWS = 32,                /* rows of a tile (queries or keys) */
     GROUP = 8,                /* threads per row */
     ATT_BLOCK = ROWS * GROUP, /* 256 threads */
-    HS_MAX = 128,
-    PER = HS_MAX / GROUP,   /* channels per thread, at most */
-    STRIDE = HS_MAX + GROUP /* shared row stride: a warp's 4 rows x 8 lanes
-                                 * land in 32 different banks */
+    HS_MAX = 128
 };
+
+/* Shared row stride for PER channels per thread: PER * GROUP + GROUP, so a
+ * warp's 4 rows x 8 lanes land in 32 different banks. */
+#define STRIDE (PER * GROUP + GROUP)
 
 /* Offsets, inside a row of the fused qkv buffer, of query head h and of the
  * key head of group g (the value head follows the key head). */
@@ -62,7 +66,7 @@ __device__ inline float group_sum(float v)
 
 /* This thread's channels of a row: x[c + GROUP*j], zero past hs or when
  * the row does not exist (row == NULL). */
-__device__ inline void load_row(float r[PER], const float *row, int c, int hs)
+template <int PER> __device__ inline void load_row(float (&r)[PER], const float *row, int c, int hs)
 {
 #pragma unroll
     for (int j = 0; j < PER; j++) {
@@ -72,7 +76,7 @@ __device__ inline void load_row(float r[PER], const float *row, int c, int hs)
 }
 
 /* Partial dot product of this thread's channels with shared row s. */
-__device__ inline float part_dot(const float r[PER], const float *s, int c)
+template <int PER> __device__ inline float part_dot(const float (&r)[PER], const float *s, int c)
 {
     float acc = 0;
 #pragma unroll
@@ -82,7 +86,8 @@ __device__ inline float part_dot(const float r[PER], const float *s, int c)
 }
 
 /* row[c + GROUP*j] += r[j] for this thread's channels below hs. */
-__device__ inline void add_to_row(float *row, const float r[PER], int c, int hs)
+template <int PER>
+__device__ inline void add_to_row(float *row, const float (&r)[PER], int c, int hs)
 {
 #pragma unroll
     for (int j = 0; j < PER; j++) {
@@ -94,9 +99,9 @@ __device__ inline void add_to_row(float *row, const float r[PER], int c, int hs)
 
 /* Thread (r, c) copies its channels of global row `row` (NULL: zeros) into
  * shared row r. */
-__device__ inline void stage_row(float *sh, const float *row, int c, int hs)
+template <int PER> __device__ inline void stage_row(float *sh, const float *row, int c, int hs)
 {
-    for (int i = c; i < HS_MAX; i += GROUP)
+    for (int i = c; i < PER * GROUP; i += GROUP)
         sh[i] = row && i < hs ? row[i] : 0.0f;
 }
 
@@ -124,13 +129,14 @@ __device__ inline void key_range(const Shape &s, int b, int t, int *u0, int *u1)
 
 /* The key and value rows k0 .. k0+ROWS-1 of the kv head at kh into ks, vs
  * (zeros past Tk), between barriers: the previous tile is consumed first. */
+template <int PER>
 __device__ inline void stage_kv_tile(float *ks, float *vs, const float *kh, int k0, const Shape &s)
 {
     const int r = threadIdx.x / GROUP, c = threadIdx.x % GROUP, u = k0 + r;
     const float *krow = u < s.Tk ? kh + (size_t)u * s.kvw : NULL;
     __syncthreads();
-    stage_row(ks + r * STRIDE, krow, c, s.hs);
-    stage_row(vs + r * STRIDE, krow ? krow + s.hs : NULL, c, s.hs);
+    stage_row<PER>(ks + r * STRIDE, krow, c, s.hs);
+    stage_row<PER>(vs + r * STRIDE, krow ? krow + s.hs : NULL, c, s.hs);
     __syncthreads();
 }
 
@@ -181,6 +187,7 @@ __device__ inline void block_coords(int tiles, int heads, int last_first, int *b
     *b = blockIdx.x / (tiles * heads);
 }
 
+template <int PER>
 __global__ void __launch_bounds__(ATT_BLOCK)
     attention_forward_kernel(float *out, float *lse, const float *qkv, const float *kv, Shape s)
 {
@@ -203,7 +210,7 @@ __global__ void __launch_bounds__(ATT_BLOCK)
         key_range(s, b, t, &u0, &u1);
     tile_key_range(u0, u1, &lo, &hi);
     for (int k0 = lo; k0 < hi; k0 += ROWS) {
-        stage_kv_tile(ks, vs, kh, k0, s);
+        stage_kv_tile<PER>(ks, vs, kh, k0, s);
         const int n = imin(ROWS, hi - k0);
         for (int j = 0; j < n; j++) {
             float sc = group_sum(part_dot(q, ks + j * STRIDE, c)) * s.scale;
@@ -248,6 +255,7 @@ __global__ void __launch_bounds__(ATT_BLOCK)
 
 /* dq[t] += scale * sum_u p (dp - D_t) k_u over the keys u row t sees, for
  * the rows of one query tile of head h. */
+template <int PER>
 __global__ void __launch_bounds__(ATT_BLOCK)
     attention_dq_kernel(float *dq_buf, const float *dout, const float *qkv, const float *kv,
                         const float *out, const float *lse, Shape s)
@@ -279,7 +287,7 @@ __global__ void __launch_bounds__(ATT_BLOCK)
         key_range(s, b, t, &u0, &u1);
     tile_key_range(u0, u1, &lo, &hi);
     for (int k0 = lo; k0 < hi; k0 += ROWS) {
-        stage_kv_tile(ks, vs, kh, k0, s);
+        stage_kv_tile<PER>(ks, vs, kh, k0, s);
         const int n = imin(ROWS, hi - k0);
         for (int j = 0; j < n; j++) {
             const float *k = ks + j * STRIDE;
@@ -303,6 +311,7 @@ __global__ void __launch_bounds__(ATT_BLOCK)
  *   dk_u += scale * p (dp - D_t) q_t;  dv_u += p dout_t
  * Query rows before the tile's first key position never see it (causal),
  * so the walk starts at the first that can. */
+template <int PER>
 __global__ void __launch_bounds__(ATT_BLOCK)
     attention_dkv_kernel(float *dkv, const float *dout, const float *qkv, const float *kv,
                          const float *out, const float *lse, Shape s)
@@ -334,9 +343,9 @@ __global__ void __launch_bounds__(ATT_BLOCK)
             __syncthreads();
             const int t_r = t0 + r, has = t_r < s.Tq;
             const size_t orow = ((size_t)b * s.Tq + t_r) * ow + (size_t)h * hs;
-            stage_row(qs + r * STRIDE, has ? qkv + ((size_t)b * s.Tq + t_r) * s.width + qo : NULL,
+            stage_row<PER>(qs + r * STRIDE, has ? qkv + ((size_t)b * s.Tq + t_r) * s.width + qo : NULL,
                       c, hs);
-            stage_row(ds_ + r * STRIDE, has ? dout + orow : NULL, c, hs);
+            stage_row<PER>(ds_ + r * STRIDE, has ? dout + orow : NULL, c, hs);
             float o[PER];
             load_row(o, has ? out + orow : NULL, c, hs);
             float D = group_sum(part_dot(o, ds_ + r * STRIDE, c));
@@ -388,6 +397,29 @@ static void check_args(const AttnArgs *a)
                   (int)HS_MAX);
 }
 
+/* The kernels for PER channels per thread. */
+template <int PER>
+static void forward_launch(float *out, float *lse, const float *q, const float *kv,
+                           const AttnArgs *a, const Shape &s)
+{
+    attention_forward_kernel<PER><<<tile_blocks(a->B, a->H, s.qtiles), ATT_BLOCK, 0,
+                                    cuda_stream()>>>(out, lse, q, kv, s);
+    CUDA_CHECK_LAUNCH();
+}
+
+template <int PER>
+static void backward_launch(float *dq, float *dkv, const float *dout, const float *q,
+                            const float *kv, const float *out, const float *lse, const AttnArgs *a,
+                            const Shape &s)
+{
+    attention_dq_kernel<PER><<<tile_blocks(a->B, a->H, s.qtiles), ATT_BLOCK, 0, cuda_stream()>>>(
+        dq, dout, q, kv, out, lse, s);
+    CUDA_CHECK_LAUNCH();
+    attention_dkv_kernel<PER><<<tile_blocks(a->B, a->KVH, s.ktiles), ATT_BLOCK, 0,
+                                cuda_stream()>>>(dkv, dout, q, kv, out, lse, s);
+    CUDA_CHECK_LAUNCH();
+}
+
 void cuda_attention_forward(float *out, float *lse, const float *q, const float *kv,
                             const AttnArgs *a)
 {
@@ -395,9 +427,12 @@ void cuda_attention_forward(float *out, float *lse, const float *q, const float 
     if (a->B <= 0 || a->Tq <= 0 || a->H <= 0 || a->hs <= 0)
         return;
     const Shape s = shape_of(a);
-    attention_forward_kernel<<<tile_blocks(a->B, a->H, s.qtiles), ATT_BLOCK, 0, cuda_stream()>>>(
-        out, lse, q, kv, s);
-    CUDA_CHECK_LAUNCH();
+    if (a->hs <= 4 * GROUP)
+        forward_launch<4>(out, lse, q, kv, a, s);
+    else if (a->hs <= 8 * GROUP)
+        forward_launch<8>(out, lse, q, kv, a, s);
+    else
+        forward_launch<16>(out, lse, q, kv, a, s);
 }
 
 void cuda_attention_backward(float *dq, float *dkv, const float *dout, const float *q,
@@ -408,10 +443,10 @@ void cuda_attention_backward(float *dq, float *dkv, const float *dout, const flo
     if (a->B <= 0 || a->Tq <= 0 || a->Tk <= 0 || a->H <= 0 || a->hs <= 0)
         return;
     const Shape s = shape_of(a);
-    attention_dq_kernel<<<tile_blocks(a->B, a->H, s.qtiles), ATT_BLOCK, 0, cuda_stream()>>>(
-        dq, dout, q, kv, out, lse, s);
-    CUDA_CHECK_LAUNCH();
-    attention_dkv_kernel<<<tile_blocks(a->B, a->KVH, s.ktiles), ATT_BLOCK, 0, cuda_stream()>>>(
-        dkv, dout, q, kv, out, lse, s);
-    CUDA_CHECK_LAUNCH();
+    if (a->hs <= 4 * GROUP)
+        backward_launch<4>(dq, dkv, dout, q, kv, out, lse, a, s);
+    else if (a->hs <= 8 * GROUP)
+        backward_launch<8>(dq, dkv, dout, q, kv, out, lse, a, s);
+    else
+        backward_launch<16>(dq, dkv, dout, q, kv, out, lse, a, s);
 }

@@ -1,0 +1,53 @@
+/* cp_attention.h — attention over a sequence split across the ranks of a
+ * context-parallel group (the first piece of topology.cp; docs/design.md).
+ *
+ * Each of B sequences of T = 2 * cp * L positions is cut into 2cp chunks of
+ * L rows; rank r holds chunks r and 2cp-1-r, so that under the causal mask
+ * every rank has the same work (an early chunk sees few keys, its partner
+ * many).  A rank's buffers hold its two chunks one after the other, each a
+ * whole [B, L] block: qkv [2][B*L][(H+2KVH)*hs], out [2][B*L][H*hs],
+ * lse [2][B][H][L], pos (packed documents, or NULL) [2][B*L].
+ *
+ * Scheme: all-gather of the keys and values (as Llama 3 trained long
+ * context): every rank gathers the group's qkv rows once per layer, then
+ * attends each of its query chunks to every key chunk at or before it,
+ * merging by log-sum-exp in order of position (AttnArgs.merge).  Backward
+ * recomputes nothing across ranks: each rank's key/value gradients for
+ * every chunk are reduce-scattered back to their owners.  Exact: the
+ * result equals one rank's attention over the whole sequence up to the
+ * order of sums (tests/test_cp.c).
+ *
+ * Bytes a rank sends per layer (ring algorithms): forward all-gather and
+ * backward reduce-scatter of n = B * 2L * (H+2KVH) * hs floats each, (cp-1) n
+ * each way.  The gathered rows are whole qkv rows; gathering only the key
+ * and value heads (AttnArgs.kv_packed) cuts that by (H+2KVH) / (2KVH). */
+#ifndef TRD_CONTEXT_PAR_CP_ATTENTION_H
+#define TRD_CONTEXT_PAR_CP_ATTENTION_H
+
+#include "backend/backend.h"
+#include "comm/comm.h"
+
+typedef struct {
+    const Backend *be;
+    Comm *cp;
+    int B, L, H, KVH, hs;
+    float *kv;  /* [cp][2][B*L][width]: every rank's qkv rows, gathered */
+    float *dkv; /* the same shape: key and value gradients for every rank's rows */
+} CpAttention;
+
+/* The chunk (0 .. 2cp-1) that rank r's local chunk c (0 or 1) is. */
+static inline int cp_chunk(int cp, int r, int c) { return c == 0 ? r : 2 * cp - 1 - r; }
+
+/* Buffers in the backend's memory for a group cp (which must outlive it). */
+void cp_attention_init(CpAttention *a, const Backend *be, Comm *cp, int B, int L, int H, int KVH,
+                       int hs);
+void cp_attention_free(CpAttention *a);
+
+/* out, lse = attention of this rank's query rows over the whole sequence. */
+void cp_attention_forward(CpAttention *a, float *out, float *lse, const float *qkv,
+                          const int32_t *pos);
+/* dqkv += the gradient through cp_attention_forward (from its out, lse). */
+void cp_attention_backward(CpAttention *a, float *dqkv, const float *dout, const float *qkv,
+                           const float *out, const float *lse, const int32_t *pos);
+
+#endif

@@ -26,6 +26,53 @@ expect 0 "--set key.path=value" "$TRIDENT" train --help
 expect 0 "--input" "$TRIDENT" prepare-data --help
 expect 2 "missing CONFIG" "$TRIDENT" train
 
+# --help on every command and sub-form: usage on stdout, exit 0, nothing run.
+for cmd in train run prepare-data tokenize data "data inspect" ckpt "ckpt inspect" \
+    "ckpt verify" "ckpt export" "ckpt import" topology plan eval generate report; do
+    # shellcheck disable=SC2086  # the sub-form is its own word
+    expect 0 "usage: trident ${cmd%% *}" "$TRIDENT" $cmd --help
+done
+for form in inspect verify export import; do
+    expect 0 "usage: trident ckpt $form" "$TRIDENT" ckpt "$form" --help
+    expect 0 "usage: trident ckpt $form" "$TRIDENT" ckpt "$form" -h
+    expect 0 "usage: trident ckpt $form" "$TRIDENT" ckpt "$form" "$tmp/nowhere" --help
+    # Only its own usage, no error after it.
+    out=$("$TRIDENT" ckpt "$form" --help 2>&1)
+    checks=$((checks + 1))
+    if grep -q "error" <<<"$out"; then
+        fails=$((fails + 1)); echo "FAIL: ckpt $form --help printed an error"
+    fi
+done
+# Errors name the command's own arguments, not training keys.
+expect 2 "ckpt inspect: the checkpoint (DIR) is required" "$TRIDENT" ckpt inspect
+expect 2 "ckpt verify: the checkpoint (DIR) is required" "$TRIDENT" ckpt verify
+expect 2 "ckpt inspect: DIR $tmp/nowhere: no such checkpoint directory" \
+    "$TRIDENT" ckpt inspect "$tmp/nowhere"
+expect 2 "ckpt verify: DIR $tmp/nowhere: no such checkpoint directory" \
+    "$TRIDENT" ckpt verify "$tmp/nowhere"
+expect 2 "ckpt export: DIR $tmp/nowhere: no such checkpoint directory" \
+    "$TRIDENT" ckpt export "$tmp/nowhere" --out "$tmp/x.h5"
+expect 2 "ckpt inspect: unknown or extra argument '--bogus'" "$TRIDENT" ckpt inspect "$tmp" --bogus
+expect 2 "ckpt: unknown sub-form 'inpsect'" "$TRIDENT" ckpt inpsect "$tmp"
+expect 2 "ckpt: a sub-form is required" "$TRIDENT" ckpt
+for form in inspect verify export; do
+    out=$("$TRIDENT" ckpt "$form" "$tmp/nowhere" 2>&1)
+    checks=$((checks + 1))
+    if grep -q "checkpoint\.resume\|checkpoint\.init_from" <<<"$out"; then
+        fails=$((fails + 1)); echo "FAIL: ckpt $form names a training key: $out"
+    fi
+done
+# Help lists every exit code and every sub-form.
+for code in "0 success" "2 bad input" "1 runtime" "75 stopped"; do
+    expect 0 "$code" "$TRIDENT" --help
+    expect 0 "$code" "$TRIDENT" train --help
+    expect 0 "$code" "$TRIDENT" run --help
+done
+for form in inspect verify export import; do
+    expect 0 "trident ckpt $form" "$TRIDENT" ckpt --help
+    expect 0 "$form" "$TRIDENT" --help
+done
+
 cat > "$tmp/bad_key.yaml" <<'Y'
 model:
   layers: 2

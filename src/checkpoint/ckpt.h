@@ -189,7 +189,8 @@ int ckpt_hf_load_weights(const char *hf_dir, const CkptShardView *v, const Model
 /* The step directory to resume from: kind AUTO -> <dir>/latest if it exists,
  * else the newest complete step_<N> whose index verifies (err then holds a
  * note saying which, to print), else none; NEVER -> none; PATH -> `path`
- * (must be a checkpoint).  Returns 1 with out set, 0 for none, -1 with err
+ * (must be a checkpoint; err names the path, the caller the key or
+ * argument it came from).  Returns 1 with out set, 0 for none, -1 with err
  * (also: step directories but no latest, and none verifies).  No MPI: call
  * it on every rank or on rank 0 and broadcast. */
 int ckpt_resolve(const char *dir, ResumeKind kind, const char *path, char out[CFG_STR],

@@ -86,8 +86,8 @@ int trainer_resume(Trainer *tr)
     const int rank = tr->topo.rank;
     int rc = ckpt_resolve(c->dir, c->resume, c->resume_path, dir, err);
     if (rc < 0)
-        guard_exit_agreed(rank, TRD_EXIT_INPUT, "check checkpoint.dir and checkpoint.resume", "%s",
-                          err);
+        guard_exit_agreed(rank, TRD_EXIT_INPUT, "check checkpoint.dir and checkpoint.resume",
+                          "%s%s", c->resume == RESUME_PATH ? "checkpoint.resume: " : "", err);
     if (rc == 0)
         return 0;
     if (err[0] && rank == 0)

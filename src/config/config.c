@@ -34,6 +34,7 @@ _Static_assert(sizeof(ResumeKind) == sizeof(int), "enum fields must be int-sized
 typedef enum {
     K_INT,       /* int */
     K_INT_AUTO,  /* int, or "auto" stored as 0 */
+    K_EVERY,     /* int >= 0, or "auto" stored as CKPT_EVERY_AUTO */
     K_U64,       /* uint64_t, non-negative */
     K_FLOAT,     /* float, finite */
     K_BOOL,      /* int 0/1 from true/false */
@@ -156,7 +157,7 @@ static const KeyDesc KEYS[] = {
     KEY(data, val_sequences, K_INT),
 
     STR(checkpoint, dir, false),
-    KEY(checkpoint, every, K_INT),
+    KEY(checkpoint, every, K_EVERY),
     KEY(checkpoint, keep, K_INT),
     ENUM(checkpoint, async, ASYNC_NAMES),
     {"checkpoint", "resume", K_RESUME, OFF(checkpoint, resume), OFF(checkpoint, resume_path), NULL,
@@ -518,6 +519,16 @@ static int set_scalar(Config *cfg, const KeyDesc *k, const char *s, Why *why)
             return fail(why, "expected an integer or auto, got %s", shown(s, b));
         }
         return parse_int(s, (int *)field, why);
+    case K_EVERY:
+        if (!strcmp(s, "auto")) {
+            *(int *)field = CKPT_EVERY_AUTO;
+            return 0;
+        }
+        if (!all_digits(*s == '+' ? s + 1 : s)) {
+            char b[80];
+            return fail(why, "expected a number of steps >= 0 or auto, got %s", shown(s, b));
+        }
+        return parse_int(s, (int *)field, why);
     case K_U64:
         return parse_u64(s, (uint64_t *)field, why);
     case K_FLOAT:
@@ -614,6 +625,9 @@ void config_defaults(Config *cfg)
     cfg->data.format = DATA_MEGATRON;
     cfg->data.val_sequences = 32;
 
+    /* Checkpoints unless asked not to: a preempted or crashed job resumes. */
+    strcpy(cfg->checkpoint.dir, "auto");
+    cfg->checkpoint.every = CKPT_EVERY_AUTO;
     cfg->checkpoint.keep = 2;
     cfg->checkpoint.resume = RESUME_AUTO;
     cfg->backend = BACKEND_CPU;
@@ -1326,6 +1340,12 @@ static void write_value(FILE *f, const Config *cfg, const KeyDesc *k)
         break;
     case K_INT_AUTO:
         if (iv == 0)
+            fputs("auto", f);
+        else
+            fprintf(f, "%d", iv);
+        break;
+    case K_EVERY:
+        if (iv == CKPT_EVERY_AUTO)
             fputs("auto", f);
         else
             fprintf(f, "%d", iv);

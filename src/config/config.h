@@ -107,10 +107,17 @@ typedef struct {
                              * stream, whatever the layout and micro_batch */
 } DataConfig;
 
+/* checkpoint.every auto: a save once CKPT_AUTO_INTERVAL_S seconds of
+ * training have passed since the last one, or 50 times the last save's
+ * blocking time if that is longer (so saving costs at most 2 %). */
+#define CKPT_EVERY_AUTO (-1)
+#define CKPT_AUTO_INTERVAL_S 1800
+
 typedef struct {
-    char dir[CFG_STR]; /* empty: no checkpoints; "auto" in YAML means <run.dir>/ckpt,
-                             * resolved by validation */
-    int every;         /* 0: only at the end */
+    char dir[CFG_STR]; /* empty: no checkpoints; "auto" (the default) means
+                        * <run.dir>/ckpt, resolved by validation */
+    int every;         /* steps between saves; 0: only at the end; CKPT_EVERY_AUTO
+                        * (the default): by time, src/train/train.c */
     int keep;          /* checkpoints kept (>= 1) */
     AsyncKind async;   /* write in the background from a host snapshot */
     ResumeKind resume;

@@ -110,7 +110,7 @@ typedef struct {
 /* checkpoint.every auto: a save once CKPT_AUTO_INTERVAL_S seconds of
  * training have passed since the last one, or 50 times the last save's
  * blocking time if that is longer (so saving costs at most 2 %). */
-#define CKPT_EVERY_AUTO (-1)
+#define CKPT_EVERY_AUTO      (-1)
 #define CKPT_AUTO_INTERVAL_S 1800
 
 typedef struct {

@@ -419,9 +419,9 @@ int train_run(const Config *cfg, Comm world)
         }
         if (sample_tok && (step + 1) % cfg->training.sample_every == 0)
             print_sample(tr, cfg, sample_tok, step + 1);
-        const int saved = ck->dir[0] && (last || (ck->every > 0 && (step + 1) % ck->every == 0) ||
-                                         (ck->every == CKPT_EVERY_AUTO &&
-                                          auto_save_due(&autosave, &world)));
+        const int saved =
+            ck->dir[0] && (last || (ck->every > 0 && (step + 1) % ck->every == 0) ||
+                           (ck->every == CKPT_EVERY_AUTO && auto_save_due(&autosave, &world)));
         if (saved) {
             const double t_save = now_s();
             trainer_save(tr, step + 1, last);

@@ -106,5 +106,16 @@ checks=$((checks + 1))
 # A layout trident refuses: a clear message, exit 2, on every rank.
 expect 2 "ZeRO-3 re-gathers" mpiexec -n 2 "$TRIDENT" train "$tmp/ok.yaml" --set topology.pp=2 --set topology.zero=3 --set topology.dp=1
 
+# The GPU template runs the CUDA build (build-cuda/trident) unless TRIDENT
+# says otherwise; the CPU template runs build/.  (No Slurm needed: the
+# binary check comes first.)
+mkdir -p "$tmp/home" && ln -s "$PWD/slurm" "$tmp/home/slurm"
+expect 2 "no trident binary at $tmp/home/build-cuda/trident" \
+    env -u TRIDENT SLURM_JOB_ID=1 TRIDENT_HOME="$tmp/home" bash slurm/train_gpu.sbatch configs/tiny.yaml
+expect 2 "no trident binary at $tmp/home/build/trident" \
+    env -u TRIDENT SLURM_JOB_ID=1 TRIDENT_HOME="$tmp/home" bash slurm/train_cpu.sbatch configs/tiny.yaml
+expect 2 "no trident binary at $tmp/elsewhere" \
+    env TRIDENT="$tmp/elsewhere" SLURM_JOB_ID=1 TRIDENT_HOME="$tmp/home" bash slurm/train_gpu.sbatch configs/tiny.yaml
+
 echo "cli: $checks checks, $fails failed"
 [ "$fails" -eq 0 ]

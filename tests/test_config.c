@@ -636,6 +636,39 @@ static void test_reliability_keys(void)
     remove(path);
 }
 
+/* checkpoint.init_from in the file: the model section may be left out
+ * (a front end fills it from the source); config_model_given says which
+ * keys the file and --set gave.  Without init_from the keys stay required. */
+static void test_init_from_model(void)
+{
+    char path[64], err[CFG_ERR] = "";
+    snprintf(path, sizeof path, "/tmp/trident_test_init_%d.yaml", (int)getpid());
+    const char *body = "training: {steps: 2, global_batch: 8, lr: 1.0e-3}\n"
+                       "data: {path: data/x}\n";
+    FILE *f = fopen(path, "w");
+    CHECK(f != NULL, "cannot write %s", path);
+    if (!f)
+        return;
+    fprintf(f, "%scheckpoint: {init_from: hf/model}\nmodel: {seq_len: 64}\n", body);
+    fclose(f);
+    Config c;
+    CHECK(config_load(&c, path, err) == 0, "no model section with init_from: %s", err);
+    CHECK(config_model_given(&c, "seq_len") && !config_model_given(&c, "layers") &&
+              !config_model_given(&c, "arch"),
+          "given: seq_len only");
+    CHECK(config_set(&c, "model.hidden=64", err) == 0 && config_model_given(&c, "hidden"),
+          "--set gives a key");
+    f = fopen(path, "w");
+    if (f) {
+        fprintf(f, "%s", body);
+        fclose(f);
+    }
+    CHECK(config_load(&c, path, err) == -1 && strstr(err, "model.layers") &&
+              strstr(err, "missing required key"),
+          "without init_from the model keys are required: %s", err);
+    remove(path);
+}
+
 int main(void)
 {
     const char *root = getenv("TRIDENT_SOURCE_ROOT");
@@ -649,5 +682,6 @@ int main(void)
     test_round_trip();
     test_data_keys();
     test_reliability_keys();
+    test_init_from_model();
     return check_summary("config");
 }

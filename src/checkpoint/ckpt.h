@@ -173,6 +173,14 @@ int ckpt_load_weights(const char *step_dir, const CkptShardView *v, const Config
 int ckpt_hf_import(const char *hf_dir, const char *out_dir, char *const *sets, int n_sets,
                    int replace, char err[CFG_ERR]);
 
+/* checkpoint.init_from's model: every model key cfg's file and --set left
+ * out (config_model_given) is taken from the source, a Hugging Face
+ * directory's config.json or a trident checkpoint's index; the keys given
+ * stay, to be compared with the source when its weights are read.  No-op
+ * without init_from.  Returns 0 or 2 with err (a source that is not
+ * there or not a model trident has). */
+int ckpt_fill_model(Config *cfg, char err[CFG_ERR]);
+
 /* checkpoint.init_from of a Hugging Face directory (as ckpt_hf_import
  * reads it), without a converted copy: every rank reads, from the mapped
  * safetensors files, the tensors its view holds any of, converts each to

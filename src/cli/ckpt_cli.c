@@ -41,10 +41,11 @@ static const Form forms[] = {
      "            --max-shard-size (default 5GB; e.g. 500MB, 100KiB, bytes)\n"},
     {"import", "trident ckpt import --from hf HF_DIR --out CKPTDIR [--set key=value ...]",
      "  import --from hf\n"
-     "            a Hugging Face directory (GPT2LMHeadModel or LlamaForCausalLM; F32\n"
-     "            or BF16 safetensors) as a weights-only checkpoint at step 0 in\n"
-     "            CKPTDIR, for checkpoint.init_from; the model comes from its\n"
-     "            config.json; --set records run/data keys and model.seq_len\n"},
+     "            a Hugging Face directory (GPT2LMHeadModel or LlamaForCausalLM; F32,\n"
+     "            F16 or BF16 safetensors, widened exactly to fp32) as a weights-only\n"
+     "            checkpoint at step 0 in CKPTDIR, for checkpoint.init_from; the model\n"
+     "            comes from its config.json; --set records run/data keys and\n"
+     "            model.seq_len\n"},
 };
 enum { N_FORMS = sizeof forms / sizeof forms[0] };
 

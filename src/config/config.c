@@ -914,8 +914,12 @@ static int load_section(Loader *L, const char *section, yaml_node_t *val)
 static int check_required(Loader *L, const yaml_mark_t *section_mark, const bool *section_seen)
 {
     const int path = find_key("data", "path"), blend = find_key("data", "blend");
+    /* With checkpoint.init_from the model comes from the source (a
+     * front end fills what the file leaves out: config_model_given). */
+    const int init = L->set_line[find_key("checkpoint", "init_from")] != 0;
     for (int i = 0; i < N_KEYS; i++) {
-        if (!KEYS[i].required || L->set_line[i] || (i == path && L->set_line[blend]))
+        if (!KEYS[i].required || L->set_line[i] || (i == path && L->set_line[blend]) ||
+            (init && !strcmp(KEYS[i].section, "model")))
             continue;
         yaml_mark_t at = {0, 0, 0};
         for (int s = 0; SECTIONS[s]; s++)
@@ -1305,6 +1309,12 @@ void config_where(const Config *cfg, const char *key, char *buf, size_t n)
         snprintf(buf, n, "%s:%d:%d", file, cfg->origin.line[i], cfg->origin.col[i]);
     else
         snprintf(buf, n, "%s", file);
+}
+
+int config_model_given(const Config *cfg, const char *name)
+{
+    const int i = find_key("model", name);
+    return i >= 0 && (cfg->origin.line[i] || cfg->origin.set[i][0]);
 }
 
 /* ------------------------------------------------------------------------ */

@@ -186,6 +186,11 @@ int config_validate(Config *cfg, int world, char err[CFG_ERR]);
  * derived value).  key is the full name, e.g. "training.lr". */
 void config_where(const Config *cfg, const char *key, char *buf, size_t n);
 
+/* Whether model.<name> was written in the file or by --set (not a default):
+ * with checkpoint.init_from, the keys left out come from the source, and
+ * the file may leave the whole model section out. */
+int config_model_given(const Config *cfg, const char *name);
+
 /* Write the config back as YAML (saved with runs and checkpoints). */
 int config_write_yaml(const Config *cfg, const char *path, char err[CFG_ERR]);
 

@@ -117,5 +117,29 @@ expect 2 "no trident binary at $tmp/home/build/trident" \
 expect 2 "no trident binary at $tmp/elsewhere" \
     env TRIDENT="$tmp/elsewhere" SLURM_JOB_ID=1 TRIDENT_HOME="$tmp/home" bash slurm/train_gpu.sbatch configs/tiny.yaml
 
+# Statements in the docs, not only commands: the ckpt synopses quoted in
+# docs/checkpoint.md are the help's, and the error texts quoted in
+# docs/tensor_parallel.md are what the program prints.
+help=$("$TRIDENT" ckpt --help | tr '\n' ' ' | tr -s ' ')
+while IFS= read -r line; do
+    line=$(sed 's/ *#.*//' <<<"$line" | tr -s ' ')
+    checks=$((checks + 1))
+    grep -qF -- "$line" <<<"$help" ||
+        { fails=$((fails + 1)); echo "FAIL: docs/checkpoint.md quotes '$line', not in trident ckpt --help"; }
+done < <(grep '^trident ckpt ' docs/checkpoint.md)
+tp_quote() { # the backquoted message of docs/tensor_parallel.md that starts with $1
+    grep -o "\`$1[^\`]*\`" docs/tensor_parallel.md | head -1 | tr -d '`'
+}
+for q in "model.heads (4) must|--world 3 --set topology.tp=3" \
+    "model.kv_heads (6) and|--world 4 --set topology.tp=4 --set model.arch=llama --set model.heads=12 --set model.hidden=384 --set model.kv_heads=6" \
+    "model.ffn_hidden (500)|--world 8 --set topology.tp=8 --set model.heads=8 --set model.ffn_hidden=500" \
+    "model.seq_len (20)|--world 8 --set topology.tp=8 --set model.heads=8 --set model.seq_len=20 --set topology.sequence_parallel=true" \
+    "topology.tp 8 does not fit|--world 8 --ranks-per-node 4 --set topology.tp=8 --set model.heads=8"; do
+    msg=$(tp_quote "${q%%|*}")
+    [ -n "$msg" ] || { fails=$((fails + 1)); echo "FAIL: docs/tensor_parallel.md no longer quotes '${q%%|*}'"; continue; }
+    # shellcheck disable=SC2086  # the options are words
+    expect 2 "$msg" "$TRIDENT" topology configs/tiny.yaml ${q#*|}
+done
+
 echo "cli: $checks checks, $fails failed"
 [ "$fails" -eq 0 ]

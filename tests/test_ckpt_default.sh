@@ -2,7 +2,8 @@
 # Checkpoints by default (issue 35): a config with no checkpoint section
 # saves into <run.dir>/ckpt (checkpoint.dir auto, checkpoint.every auto:
 # by time, and at the end), says so at start, records `every: auto` in the
-# resolved config, and a second run with more steps resumes from it.
+# resolved config, and a second run with more steps resumes from it (with
+# a note that the LR schedule is recomputed over the new training.steps).
 . "$(dirname "$0")/e2e.sh"
 
 # configs/tiny.yaml without its checkpoint section: every key at its default.
@@ -29,6 +30,9 @@ check "resolved config says dir: <run.dir>/ckpt" grep -q "^  dir: \"$out/run/ckp
 timeout 300 "$TRIDENT" train "$out/nockpt.yaml" "${small[@]}" --set training.steps=5 \
     > "$out/second.log" 2>&1 || { echo "FAIL: second run exited $?"; tail -20 "$out/second.log"; exit 1; }
 check "the second run resumes from step 3" grep -q "resumed from .*step_00000003" "$out/second.log"
+# It had 3 steps, this one 5: the LR schedule changes shape, and says so.
+check "raising training.steps on resume is said" \
+    grep -q "note: training.steps 5, the checkpoint's run had 3: the learning-rate schedule is recomputed" "$out/second.log"
 
 # checkpoint.dir "" still turns them off.
 timeout 300 "$TRIDENT" train "$out/nockpt.yaml" "${small[@]}" --set training.steps=1 \

@@ -63,6 +63,9 @@ for form in inspect verify export; do
     fi
 done
 # Help lists every exit code and every sub-form.
+for cmd in train run prepare-data tokenize data topology plan eval generate report ckpt; do
+    expect 0 "Exit codes: 0" "$TRIDENT" "$cmd" --help
+done
 for code in "0 success" "2 bad input" "1 runtime" "75 stopped"; do
     expect 0 "$code" "$TRIDENT" --help
     expect 0 "$code" "$TRIDENT" train --help

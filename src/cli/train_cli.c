@@ -33,8 +33,8 @@ static void usage_run(FILE *f)
                "WORLD defaults to topology.tp * topology.pp * topology.dp of the config\n"
                "(dp must then be a number, not auto).\n"
                "  --set key.path=value   override one config key (repeatable)\n"
-               "Exit codes: those of train: 0 success, 2 bad input, 1 runtime failure\n"
-               "(any rank's crash too), 75 stopped after saving a checkpoint.\n");
+               "Exit codes: 0 success, 2 bad input, 1 runtime failure (any rank's crash\n"
+               "too), 75 stopped after saving a checkpoint (as train).\n");
 }
 
 /* Load, override and validate; on bad input every rank exits 2 (they all

@@ -6,7 +6,9 @@
 #   trident_job_init CONFIG [--set k=v ...]   binary, log, header
 #   trident_job_run srun ... "$TRIDENT" train CONFIG [--set ...]
 #
-# Environment read: TRIDENT (binary; default <repo>/build/trident),
+# Environment read: TRIDENT (binary; default TRIDENT_BUILD/trident, where a
+# template sets TRIDENT_BUILD: <repo>/build for the CPU template,
+# <repo>/build-cuda for the GPU one),
 # TRIDENT_LOG_DIR (default $SLURM_SUBMIT_DIR/logs), TRIDENT_REQUEUE (1: requeue
 # the job when trident stops on a signal, the default; 0: just exit).
 
@@ -43,8 +45,11 @@ trident_run_name() { # config, args...
 trident_job_init() { # config, args...
     : "${SLURM_JOB_ID:?run this through sbatch (SLURM_JOB_ID is not set)}"
     [ $# -ge 1 ] || { tj_say "usage: sbatch $0 CONFIG [--set key=value ...]" >&2; exit 2; }
-    TRIDENT=${TRIDENT:-$TRIDENT_HOME/build/trident}
-    [ -x "$TRIDENT" ] || { tj_say "no trident binary at $TRIDENT: build it (scripts/build.sh) or set TRIDENT" >&2; exit 2; }
+    local build=${TRIDENT_BUILD:-$TRIDENT_HOME/build}
+    TRIDENT=${TRIDENT:-$build/trident}
+    local how="scripts/build.sh"
+    [ "${build##*/}" = build-cuda ] && how="BUILD_DIR=build-cuda scripts/build.sh -Dcuda=enabled, docs/cuda.md"
+    [ -x "$TRIDENT" ] || { tj_say "no trident binary at $TRIDENT: build it ($how) or set TRIDENT" >&2; exit 2; }
     [ -r "$1" ] || { tj_say "config $1 not found (relative paths are from $PWD)" >&2; exit 2; }
     TRIDENT_RUN_NAME=$(trident_run_name "$@")
     local dir=${TRIDENT_LOG_DIR:-${SLURM_SUBMIT_DIR:-$PWD}/logs}

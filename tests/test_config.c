@@ -198,9 +198,10 @@ static void test_defaults(void)
     CHECK(c.data.format == DATA_MEGATRON && c.data.val_every == 0 && c.data.val_sequences == 32 &&
               !c.data.val_path[0],
           "data");
-    CHECK(c.checkpoint.keep == 2 && c.checkpoint.every == 0 && c.checkpoint.resume == RESUME_AUTO &&
-              !c.checkpoint.dir[0],
-          "checkpoint");
+    /* Checkpoints by default: <run.dir>/ckpt, saved by time (issue 35). */
+    CHECK(c.checkpoint.keep == 2 && c.checkpoint.every == CKPT_EVERY_AUTO &&
+              c.checkpoint.resume == RESUME_AUTO && !strcmp(c.checkpoint.dir, "auto"),
+          "checkpoint: dir '%s' every %d", c.checkpoint.dir, c.checkpoint.every);
     CHECK(c.backend == BACKEND_CPU, "backend");
 
     /* Derived values for gpt2: kv = heads, ffn = 4*hidden, tied embeddings. */
@@ -210,6 +211,8 @@ static void test_defaults(void)
           "gpt2 derived: kv %d ffn %d tie %d", c.model.kv_heads, c.model.ffn_hidden,
           c.model.tie_embeddings);
     CHECK(c.topology.dp == 0, "dp stays auto without a world size");
+    CHECK(!strcmp(c.checkpoint.dir, "runs/trident/ckpt"), "checkpoint.dir auto -> '%s'",
+          c.checkpoint.dir);
 
     /* Llama: untied, ffn = 8/3*64 = 170.7 -> 192. */
     CHECK(config_load(&c, path, err) == 0, "%s", err);
@@ -249,6 +252,13 @@ static void test_set(void)
     CHECK(c.topology.n_stage_layers == 0, "empty list clears stage_layers");
     CHECK(config_set(&c, "topology.dp=auto", err) == 0 && c.topology.dp == 0, "dp auto");
     CHECK(config_set(&c, "topology.dp=3", err) == 0 && c.topology.dp == 3, "dp 3");
+    CHECK(config_set(&c, "checkpoint.every=0", err) == 0 && c.checkpoint.every == 0, "every 0");
+    CHECK(config_set(&c, "checkpoint.every=auto", err) == 0 &&
+              c.checkpoint.every == CKPT_EVERY_AUTO,
+          "every auto");
+    CHECK(config_set(&c, "checkpoint.every=-1", err) == -1 && strstr(err, "checkpoint.every") &&
+              strstr(err, "auto"),
+          "every -1 is refused (auto is written auto): %s", err);
     CHECK(config_set(&c, "model.arch=llama", err) == 0 && c.model.arch == ARCH_LLAMA, "arch");
     CHECK(config_set(&c, "topology.sequence_parallel=true", err) == 0 &&
               c.topology.sequence_parallel == 1,
@@ -502,6 +512,7 @@ static void test_round_trip(void)
     CHECK(config_set(&a, "data.val_path=true", err) == 0, "%s", err);
     CHECK(config_set(&a, "training.lr=0.000123456789", err) == 0, "%s", err);
     CHECK(config_set(&a, "model.tie_embeddings=auto", err) == 0, "%s", err);
+    CHECK(config_set(&a, "checkpoint.every=auto", err) == 0, "%s", err);
 
     /* Unvalidated first (tie_embeddings auto, dp auto), then validated. */
     for (int pass = 0; pass < 2; pass++) {
@@ -625,6 +636,39 @@ static void test_reliability_keys(void)
     remove(path);
 }
 
+/* checkpoint.init_from in the file: the model section may be left out
+ * (a front end fills it from the source); config_model_given says which
+ * keys the file and --set gave.  Without init_from the keys stay required. */
+static void test_init_from_model(void)
+{
+    char path[64], err[CFG_ERR] = "";
+    snprintf(path, sizeof path, "/tmp/trident_test_init_%d.yaml", (int)getpid());
+    const char *body = "training: {steps: 2, global_batch: 8, lr: 1.0e-3}\n"
+                       "data: {path: data/x}\n";
+    FILE *f = fopen(path, "w");
+    CHECK(f != NULL, "cannot write %s", path);
+    if (!f)
+        return;
+    fprintf(f, "%scheckpoint: {init_from: hf/model}\nmodel: {seq_len: 64}\n", body);
+    fclose(f);
+    Config c;
+    CHECK(config_load(&c, path, err) == 0, "no model section with init_from: %s", err);
+    CHECK(config_model_given(&c, "seq_len") && !config_model_given(&c, "layers") &&
+              !config_model_given(&c, "arch"),
+          "given: seq_len only");
+    CHECK(config_set(&c, "model.hidden=64", err) == 0 && config_model_given(&c, "hidden"),
+          "--set gives a key");
+    f = fopen(path, "w");
+    if (f) {
+        fprintf(f, "%s", body);
+        fclose(f);
+    }
+    CHECK(config_load(&c, path, err) == -1 && strstr(err, "model.layers") &&
+              strstr(err, "missing required key"),
+          "without init_from the model keys are required: %s", err);
+    remove(path);
+}
+
 int main(void)
 {
     const char *root = getenv("TRIDENT_SOURCE_ROOT");
@@ -638,5 +682,6 @@ int main(void)
     test_round_trip();
     test_data_keys();
     test_reliability_keys();
+    test_init_from_model();
     return check_summary("config");
 }

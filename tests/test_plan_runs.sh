@@ -9,8 +9,10 @@
 #  2. Communication: comm_bytes of step 2 (what src/comm counts on rank 0's
 #     data-parallel communicator; step 1 also holds ZeRO's start-up gather)
 #     equals the plan's DP bytes per step exactly.
-#  3. Published runs (configs/published/): the plan fits the GPU the run used
-#     and its MFU is within 10 points of the published figure.
+#  3. Published runs (configs/published/): the plan (--storage bf16, as
+#     they stored) fits the GPU the run used and its MFU is within 10 points
+#     of the published figure; without --storage a bf16 CUDA plan counts
+#     the fp32 buffers trident allocates today and states its GEMM efficiency.
 #  4. Every committed config plans on its cluster; --search returns a
 #     layout that fits; a config that cannot fit says so and what would.
 . "$(dirname "$0")/e2e.sh"
@@ -83,7 +85,8 @@ published=("narayanan2021_145b a100-80gb:192x8 0.35"
            "megatron_h100_175b h100-sxm:16x8 0.44")
 for p in "${published[@]}"; do
     read -r cfg cluster mfu <<<"$p"
-    "$TRIDENT" plan "configs/published/$cfg.yaml" --cluster "$cluster" --json > "$out/$cfg.json" \
+    # --storage bf16: these runs stored bf16 weights, gradients and activations.
+    "$TRIDENT" plan "configs/published/$cfg.yaml" --cluster "$cluster" --storage bf16 --json > "$out/$cfg.json" \
         || { echo "FAIL: plan $cfg"; fails=$((fails + 1)); continue; }
     python3 - "$out/$cfg.json" "$cfg" "$mfu" <<'PY' || fails=$((fails + 1))
 import json, sys
@@ -95,6 +98,27 @@ print(f"{'ok  ' if ok else 'FAIL'} {name}: {gib:.1f} GiB per GPU of {r['capacity
 sys.exit(0 if ok else 1)
 PY
 done
+
+# What the CUDA backend allocates today: fp32 weights, gradients and
+# activations, also for a bf16 run (2 bytes only with --storage bf16); the
+# throughput says what GEMM efficiency it assumes.
+"$TRIDENT" plan configs/gpt2_124m.yaml --cluster h200:1x1 --json > "$out/s32.json" &&
+    "$TRIDENT" plan configs/gpt2_124m.yaml --cluster h200:1x1 --storage bf16 --json > "$out/s16.json" &&
+    "$TRIDENT" plan configs/gpt2_124m.yaml --cluster h200:1x1 > "$out/s32.txt" ||
+    { echo "FAIL: plan gpt2_124m on h200"; fails=$((fails + 1)); }
+python3 - "$out/s32.json" "$out/s16.json" <<'PY' || fails=$((fails + 1))
+import json, sys
+a, b = (json.load(open(p)) for p in sys.argv[1:3])
+ok = (a["elem_param"], a["elem_act"], b["elem_param"], b["elem_act"]) == (4, 4, 2, 2) and \
+    a["stages"][0]["params"] == 2 * b["stages"][0]["params"] and a["gemm_efficiency"] == 0.57
+print(f"{'ok  ' if ok else 'FAIL'} storage: cuda bf16 plans {a['elem_param']}-byte weights "
+      f"({b['elem_param']} with --storage bf16), gemm_efficiency {a['gemm_efficiency']}")
+sys.exit(0 if ok else 1)
+PY
+grep -q "^assumes: compute at gemm_efficiency 0.57 of the 989 TFLOP/s peak" "$out/s32.txt" &&
+    grep -q "^bytes per element: weights 4, gradients 4, activations 4" "$out/s32.txt" &&
+    echo "ok   the plan states its storage and its assumed GEMM efficiency" ||
+    { echo "FAIL: the plan's text lacks its storage or GEMM efficiency"; fails=$((fails + 1)); }
 
 # Every committed config plans on the cluster its '# plan:' line names.
 for f in configs/*.yaml; do

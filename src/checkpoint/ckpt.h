@@ -173,6 +173,14 @@ int ckpt_load_weights(const char *step_dir, const CkptShardView *v, const Config
 int ckpt_hf_import(const char *hf_dir, const char *out_dir, char *const *sets, int n_sets,
                    int replace, char err[CFG_ERR]);
 
+/* checkpoint.init_from's model: every model key cfg's file and --set left
+ * out (config_model_given) is taken from the source, a Hugging Face
+ * directory's config.json or a trident checkpoint's index; the keys given
+ * stay, to be compared with the source when its weights are read.  No-op
+ * without init_from.  Returns 0 or 2 with err (a source that is not
+ * there or not a model trident has). */
+int ckpt_fill_model(Config *cfg, char err[CFG_ERR]);
+
 /* checkpoint.init_from of a Hugging Face directory (as ckpt_hf_import
  * reads it), without a converted copy: every rank reads, from the mapped
  * safetensors files, the tensors its view holds any of, converts each to
@@ -189,7 +197,8 @@ int ckpt_hf_load_weights(const char *hf_dir, const CkptShardView *v, const Model
 /* The step directory to resume from: kind AUTO -> <dir>/latest if it exists,
  * else the newest complete step_<N> whose index verifies (err then holds a
  * note saying which, to print), else none; NEVER -> none; PATH -> `path`
- * (must be a checkpoint).  Returns 1 with out set, 0 for none, -1 with err
+ * (must be a checkpoint; err names the path, the caller the key or
+ * argument it came from).  Returns 1 with out set, 0 for none, -1 with err
  * (also: step directories but no latest, and none verifies).  No MPI: call
  * it on every rank or on rank 0 and broadcast. */
 int ckpt_resolve(const char *dir, ResumeKind kind, const char *path, char out[CFG_STR],

@@ -44,9 +44,15 @@
 
 /* ---- safetensors ------------------------------------------------------ */
 
+/* The dtypes read: published checkpoints come in all three.  Each is
+ * widened exactly to fp32 (every BF16 and F16 value is an fp32 value). */
+typedef enum { ST_F32, ST_BF16, ST_F16 } StDtype;
+static const char *const st_dtype_names[] = {"F32", "BF16", "F16"};
+static const char *const st_torch_names[] = {"float32", "bfloat16", "float16"};
+
 typedef struct {
     char *name;
-    int bf16; /* BF16, else F32 */
+    StDtype dtype;
     int ndim;
     int64_t shape[2];   /* shape[1] == 1 when ndim == 1 */
     int64_t begin, end; /* absolute file offsets */
@@ -67,7 +73,7 @@ typedef struct {
     int n_files;
     cJSON *weight_map; /* NULL: one model.safetensors */
     cJSON *index_doc;
-    int want_bf16; /* -1: config.json does not say */
+    int want_dtype; /* an StDtype, or -1: config.json does not say */
     /* Planning: st_get only appends the tensor's bytes to the plan
      * (returning ST_PLANNED); a source then reads the plan ahead of the
      * st_get calls that follow, made in the same order. */
@@ -78,13 +84,37 @@ typedef struct {
     CkptSource *src; /* NULL: st_get reads with pread */
     int held;        /* a view into the source's ring awaits st_done */
     void *raw;       /* without a source: a tensor's bytes */
-    float *wide;     /* a BF16 tensor widened */
+    float *wide;     /* a BF16 or F16 tensor widened */
     size_t raw_cap, wide_cap;
 } StSet;
 
 /* What st_get returns while planning: the tensor's bytes were planned,
  * none were read.  Not an exit code. */
 enum { ST_PLANNED = -1 };
+
+/* Bytes per element. */
+static int64_t st_size(const StTensor *t) { return t->dtype == ST_F32 ? 4 : 2; }
+
+/* IEEE half to float, exactly: normal numbers rebias the exponent,
+ * subnormals are normalised (fp32 holds them as normal numbers), Inf and
+ * NaN keep their payload. */
+static uint32_t st_half_bits(uint16_t h)
+{
+    const uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+    uint32_t exp = (h >> 10) & 0x1fu, man = h & 0x3ffu;
+    if (exp == 0x1f)
+        return sign | 0x7f800000u | man << 13;
+    if (exp)
+        return sign | (exp + 112) << 23 | man << 13;
+    if (!man)
+        return sign;
+    exp = 113; /* 2^-14 is exponent 113; shift until the leading bit is bit 10 */
+    while (!(man & 0x400u)) {
+        man <<= 1;
+        exp--;
+    }
+    return sign | exp << 23 | (man & 0x3ffu) << 13;
+}
 
 static int tensor_cmp(const void *a, const void *b)
 {
@@ -184,13 +214,17 @@ static int st_open(StFile *f, const char *path, char err[CFG_ERR])
             code = TRD_EXIT_INPUT;
             break;
         }
-        if (strcmp(dt->valuestring, "F32") && strcmp(dt->valuestring, "BF16")) {
-            ckpt_err(err, "%s: tensor '%s': dtype %s (trident reads F32 and BF16)", path, t->name,
-                     dt->valuestring);
+        int kind = -1;
+        for (int k = 0; k < 3; k++)
+            if (!strcmp(dt->valuestring, st_dtype_names[k]))
+                kind = k;
+        if (kind < 0) {
+            ckpt_err(err, "%s: tensor '%s': dtype %s (trident reads F32, F16 and BF16)", path,
+                     t->name, dt->valuestring);
             code = TRD_EXIT_INPUT;
             break;
         }
-        t->bf16 = !strcmp(dt->valuestring, "BF16");
+        t->dtype = (StDtype)kind;
         t->ndim = cJSON_GetArraySize(sh);
         int ok = t->ndim == 1 || t->ndim == 2;
         t->shape[1] = 1;
@@ -209,7 +243,7 @@ static int st_open(StFile *f, const char *path, char err[CFG_ERR])
         }
         const int64_t b = json_int(cJSON_GetArrayItem(off, 0), 0, INT64_MAX / 2, &ok);
         const int64_t e = json_int(cJSON_GetArrayItem(off, 1), 0, INT64_MAX / 2, &ok);
-        const int64_t want = t->shape[0] * t->shape[1] * (t->bf16 ? 2 : 4);
+        const int64_t want = t->shape[0] * t->shape[1] * st_size(t);
         if (!ok || e < b) {
             ckpt_err(err, "%s: tensor '%s': data_offsets are not integers 0 <= begin <= end", path,
                      t->name);
@@ -423,9 +457,9 @@ static int st_lookup(StSet *s, const char *name, int64_t r, int64_t c, StFile **
                  want);
         return TRD_EXIT_INPUT;
     }
-    if (s->want_bf16 >= 0 && t->bf16 != s->want_bf16) {
+    if (s->want_dtype >= 0 && (int)t->dtype != s->want_dtype) {
         ckpt_err(err, "%s: tensor '%s' is %s, config.json's torch_dtype says %s", f->path, name,
-                 t->bf16 ? "BF16" : "F32", s->want_bf16 ? "bfloat16" : "float32");
+                 st_dtype_names[t->dtype], st_torch_names[s->want_dtype]);
         return TRD_EXIT_INPUT;
     }
     return TRD_EXIT_OK;
@@ -434,7 +468,7 @@ static int st_lookup(StSet *s, const char *name, int64_t r, int64_t c, StFile **
 /* Plan the read of elements [e0, e0 + n) of t. */
 static void st_plan(StSet *s, const StFile *f, const StTensor *t, int64_t e0, int64_t n)
 {
-    const int64_t size = t->bf16 ? 2 : 4;
+    const int64_t size = st_size(t);
     if (s->n_plan == s->plan_cap) {
         s->plan_cap = s->plan_cap ? 2 * s->plan_cap : 64;
         s->plan = realloc(s->plan, (size_t)s->plan_cap * sizeof *s->plan);
@@ -447,13 +481,14 @@ static void st_plan(StSet *s, const StFile *f, const StTensor *t, int64_t e0, in
 }
 
 /* Elements [e0, e0 + n) of t as fp32 (BF16 widened exactly: its bits are
- * the upper half): into out when out is given, else *view points at them
+ * the upper half; F16 by st_half_bits): into out when out is given, else *view points at them
  * until st_done.  From the source (the plan's next read, which must be
  * these bytes), or read with pread. */
 static int st_fetch(StSet *s, StFile *f, const StTensor *t, int64_t e0, int64_t n, float *out,
                     const float **view, char err[CFG_ERR])
 {
-    const int64_t bytes = n * (t->bf16 ? 2 : 4), begin = t->begin + e0 * (t->bf16 ? 2 : 4);
+    const int narrow = t->dtype != ST_F32;
+    const int64_t bytes = n * st_size(t), begin = t->begin + e0 * st_size(t);
     const void *src = NULL;
     off_t fail = begin;
     int why = 0; /* an errno, or -1: the file ends */
@@ -465,7 +500,7 @@ static int st_fetch(StSet *s, StFile *f, const StTensor *t, int64_t e0, int64_t 
         s->held = 1;
     } else {
         char *dst = (char *)out; /* F32 into out as it is */
-        if (t->bf16 || !out)
+        if (narrow || !out)
             dst = s->raw =
                 ckpt_io_grow(s->raw, &s->raw_cap, (size_t)bytes + 1, "safetensors tensor");
         for (int64_t at = 0; at < bytes && !why;) {
@@ -484,7 +519,7 @@ static int st_fetch(StSet *s, StFile *f, const StTensor *t, int64_t e0, int64_t 
                  why > 0 ? strerror(why) : "end of file", (long long)fail);
         return TRD_EXIT_INPUT;
     }
-    if ((uintptr_t)src % (t->bf16 ? 2 : 4) && (t->bf16 || !out)) {
+    if ((uintptr_t)src % (uintptr_t)st_size(t) && (narrow || !out)) {
         /* The data of a file whose header is not padded to 8 bytes: its
          * values are loaded from aligned memory. */
         s->raw = ckpt_io_grow(s->raw, &s->raw_cap, (size_t)bytes + 1, "safetensors tensor");
@@ -492,15 +527,21 @@ static int st_fetch(StSet *s, StFile *f, const StTensor *t, int64_t e0, int64_t 
         st_done(s);
         src = s->raw;
     }
-    if (t->bf16) {
+    if (narrow) {
         float *dst = out;
         if (!dst)
             dst = s->wide = ckpt_io_grow(s->wide, &s->wide_cap, (size_t)n * 4, "widened tensor");
         const uint16_t *h = src;
-        for (int64_t i = 0; i < n; i++) {
-            const uint32_t bits = (uint32_t)h[i] << 16;
-            memcpy(&dst[i], &bits, 4);
-        }
+        if (t->dtype == ST_BF16)
+            for (int64_t i = 0; i < n; i++) {
+                const uint32_t bits = (uint32_t)h[i] << 16;
+                memcpy(&dst[i], &bits, 4);
+            }
+        else
+            for (int64_t i = 0; i < n; i++) {
+                const uint32_t bits = st_half_bits(h[i]);
+                memcpy(&dst[i], &bits, 4);
+            }
         st_done(s);
         src = dst;
     } else if (out && src != out) {
@@ -581,7 +622,7 @@ static int cfg_bool(const cJSON *doc, const char *key, int def)
 }
 
 /* The model of config.json into m (trident's names). */
-static int read_model(const char *dir, ModelConfig *m, int *want_bf16, char err[CFG_ERR])
+static int read_model(const char *dir, ModelConfig *m, int *want_dtype, char err[CFG_ERR])
 {
     char path[CKPT_FILE_PATH + 16];
     snprintf(path, sizeof path, "%s/config.json", dir);
@@ -635,12 +676,28 @@ static int read_model(const char *dir, ModelConfig *m, int *want_bf16, char err[
         int hd = 0;
         code = code ? code : cfg_int(doc, path, "head_dim", m->hidden / m->heads, &hd, err);
         const cJSON *rs = cJSON_GetObjectItemCaseSensitive(doc, "rope_scaling");
-        if (!code && (hd * m->heads != m->hidden || (rs && !cJSON_IsNull(rs)) ||
-                      cfg_bool(doc, "attention_bias", 0) || cfg_bool(doc, "mlp_bias", 0))) {
+        const cJSON *rt = rs ? cJSON_GetObjectItemCaseSensitive(rs, "rope_type") : NULL;
+        if (!rt && rs)
+            rt = cJSON_GetObjectItemCaseSensitive(rs, "type");
+        if (code)
+            ; /* reported above */
+        else if (hd * m->heads != m->hidden) {
             ckpt_err(err,
-                     "%s: head_dim %d x heads %d != hidden %d, rope_scaling, "
-                     "attention_bias or mlp_bias: not a model trident has",
+                     "%s: head_dim %d x heads %d != hidden %d: trident's head size is "
+                     "hidden / heads",
                      path, hd, m->heads, m->hidden);
+            code = TRD_EXIT_INPUT;
+        } else if (rs && !cJSON_IsNull(rs)) {
+            /* Llama 3.1's "llama3" changes the RoPE frequencies: not built
+             * yet (docs/checkpoint.md, "What import refuses"). */
+            ckpt_err(err,
+                     "%s: rope_scaling (rope_type \"%s\"): trident's RoPE has no frequency "
+                     "scaling yet; it imports models without rope_scaling",
+                     path, cJSON_IsString(rt) ? rt->valuestring : "?");
+            code = TRD_EXIT_INPUT;
+        } else if (cfg_bool(doc, "attention_bias", 0) || cfg_bool(doc, "mlp_bias", 0)) {
+            ckpt_err(err, "%s: %s true: trident's Llama has no biases", path,
+                     cfg_bool(doc, "attention_bias", 0) ? "attention_bias" : "mlp_bias");
             code = TRD_EXIT_INPUT;
         }
     }
@@ -652,12 +709,12 @@ static int read_model(const char *dir, ModelConfig *m, int *want_bf16, char err[
         code = TRD_EXIT_INPUT;
     }
     const cJSON *dt = cJSON_GetObjectItemCaseSensitive(doc, "torch_dtype");
-    *want_bf16 = !cJSON_IsString(dt)                    ? -1
-                 : !strcmp(dt->valuestring, "bfloat16") ? 1
-                 : !strcmp(dt->valuestring, "float32")  ? 0
-                                                        : 2;
-    if (!code && *want_bf16 == 2) {
-        ckpt_err(err, "%s: torch_dtype \"%s\" (trident reads float32 and bfloat16)", path,
+    *want_dtype = -1;
+    for (int k = 0; k < 3 && cJSON_IsString(dt); k++)
+        if (!strcmp(dt->valuestring, st_torch_names[k]))
+            *want_dtype = k;
+    if (!code && cJSON_IsString(dt) && *want_dtype < 0) {
+        ckpt_err(err, "%s: torch_dtype \"%s\" (trident reads float32, float16 and bfloat16)", path,
                  dt->valuestring);
         code = TRD_EXIT_INPUT;
     }
@@ -1062,7 +1119,7 @@ int ckpt_hf_import(const char *hf_dir, const char *out_dir, char *const *sets, i
     Imp im;
     memset(&im, 0, sizeof im);
     ModelConfig *m = &cfg.model;
-    int code = read_model(hf_dir, m, &im.st.want_bf16, err);
+    int code = read_model(hf_dir, m, &im.st.want_dtype, err);
     if (code)
         return code;
     /* A shorter context than the model's: gpt2 keeps the first seq_len rows
@@ -1336,7 +1393,7 @@ int ckpt_hf_load_weights(const char *hf_dir, const CkptShardView *v, const Model
     Imp im;
     memset(&im, 0, sizeof im);
     ModelConfig *m = &hf.model;
-    int code = read_model(hf_dir, m, &im.st.want_bf16, err);
+    int code = read_model(hf_dir, m, &im.st.want_dtype, err);
     /* gpt2 keeps the first seq_len rows of its position embedding
      * (n_positions is an upper bound); llama's RoPE has no such table. */
     im.n_positions = m->seq_len;
@@ -1361,4 +1418,85 @@ int ckpt_hf_load_weights(const char *hf_dir, const CkptShardView *v, const Model
     int worst = code;
     comm_allreduce_max_i32(v->world, &worst, 1);
     return ckpt_agree(v->world, code, err) != 0 ? worst : TRD_EXIT_OK;
+}
+
+/* ---- the model of checkpoint.init_from's source ------------------------- */
+
+/* A trident checkpoint's model, from its index. */
+static int index_model(const char *src, ModelConfig *m, char err[CFG_ERR])
+{
+    char step[CFG_STR], path[CKPT_FILE_PATH];
+    if (ckpt_resolve(NULL, RESUME_PATH, src, step, err) != 1)
+        return TRD_EXIT_INPUT;
+    snprintf(path, sizeof path, "%s/index.h5", step);
+    CkptIndex ix;
+    if (ckpt_index_read(path, &ix, err) != 0)
+        return TRD_EXIT_INPUT;
+    m->arch = !strcmp(ix.arch, "llama") ? ARCH_LLAMA : ARCH_GPT2;
+    m->layers = ix.layers;
+    m->hidden = ix.hidden;
+    m->heads = ix.heads;
+    m->kv_heads = ix.kv_heads;
+    m->ffn_hidden = ix.ffn_hidden;
+    m->vocab = ix.vocab;
+    m->seq_len = ix.seq_len;
+    m->tie_embeddings = ix.tie_embeddings;
+    if (ix.has_norms) {
+        m->norm_eps = (float)ix.norm_eps;
+        m->rope_theta = (float)ix.rope_theta;
+    }
+    ckpt_index_free(&ix);
+    return TRD_EXIT_OK;
+}
+
+int ckpt_fill_model(Config *cfg, char err[CFG_ERR])
+{
+    const char *src = cfg->checkpoint.init_from;
+    static const char *const keys[] = {"arch",           "layers",     "hidden",    "heads",
+                                       "kv_heads",       "ffn_hidden", "vocab",     "seq_len",
+                                       "tie_embeddings", "norm_eps",   "rope_theta"};
+    int missing = 0;
+    for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++)
+        missing += !config_model_given(cfg, keys[i]);
+    /* A config that gives every key does not need the source here (a
+     * resumed run whose source has gone still starts). */
+    if (!src[0] || !missing)
+        return TRD_EXIT_OK;
+    char json[CKPT_FILE_PATH + 16];
+    snprintf(json, sizeof json, "%s/config.json", src);
+    struct stat st;
+    ModelConfig m = cfg->model;
+    int code, dtype;
+    char why[CFG_ERR];
+    if (stat(json, &st) == 0)
+        code = read_model(src, &m, &dtype, why);
+    else if (stat(src, &st) == 0 && S_ISDIR(st.st_mode))
+        code = index_model(src, &m, why);
+    else {
+        ckpt_err(why, "%s: no such directory", src);
+        code = TRD_EXIT_INPUT;
+    }
+    if (code) {
+        ckpt_err(err, "checkpoint.init_from: %s", why);
+        return code;
+    }
+    /* What the config says stays (a difference is reported, naming both
+     * values, when the weights are read); the rest is the source's. */
+    ModelConfig *c = &cfg->model;
+#define TAKE(f)                                                                                    \
+    if (!config_model_given(cfg, #f))                                                              \
+        c->f = m.f;
+    TAKE(arch)
+    TAKE(layers)
+    TAKE(hidden)
+    TAKE(heads)
+    TAKE(kv_heads)
+    TAKE(ffn_hidden)
+    TAKE(vocab)
+    TAKE(seq_len)
+    TAKE(tie_embeddings)
+    TAKE(norm_eps)
+    TAKE(rope_theta)
+#undef TAKE
+    return TRD_EXIT_OK;
 }

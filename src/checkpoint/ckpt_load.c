@@ -178,12 +178,12 @@ int ckpt_resolve(const char *dir, ResumeKind kind, const char *path, char out[CF
         return 1;
     }
     if (!is_dir(path)) {
-        ckpt_err(err, "%s: checkpoint.resume: no such checkpoint directory", path);
+        ckpt_err(err, "%s: no such checkpoint directory", path);
         return -1;
     }
     int rc = follow_latest(path, out, err);
     if (rc == 0)
-        ckpt_err(err, "%s: checkpoint.resume: not a checkpoint (no index.h5, no latest)", path);
+        ckpt_err(err, "%s: not a checkpoint (no index.h5, no latest)", path);
     return rc == 1 ? 1 : -1;
 }
 

@@ -3,6 +3,7 @@
 
 #include <string.h>
 
+#include "checkpoint/ckpt.h"
 #include "core/error.h"
 
 int cli_take_set(CliConfig *c, int argc, char **argv, int *i)
@@ -56,7 +57,8 @@ int cli_apply_sets(Config *cfg, const CliConfig *c, char err[CFG_ERR])
 
 int cli_read_config(Config *cfg, const CliConfig *c, int world, char err[CFG_ERR])
 {
-    if (config_load(cfg, c->config_path, err) != 0 || cli_apply_sets(cfg, c, err) != 0)
+    if (config_load(cfg, c->config_path, err) != 0 || cli_apply_sets(cfg, c, err) != 0 ||
+        ckpt_fill_model(cfg, err) != 0)
         return -1;
     return world >= 0 ? config_validate(cfg, world, err) : 0;
 }

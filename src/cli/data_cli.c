@@ -13,19 +13,22 @@
 
 static void usage(FILE *f)
 {
-    fprintf(f, "usage: trident data inspect PREFIX|PATTERN|CONFIG [--sample N] [--tokenizer NAME]\n"
-               "                            [--format megatron|llmc] [--seq-len L] [--seed S]\n"
-               "                            [--set key.path=value ...]\n\n"
-               "  PREFIX     a dataset (a Megatron prefix or an llm.c shard), a quoted glob\n"
-               "             pattern or a comma list of them: one dataset of many shards\n"
-               "  CONFIG     a run's YAML config (.yaml/.yml): its data.path or data.blend, its\n"
-               "             validation data, and the realized share of each blended dataset\n"
-               "  --sample N print global sample N (default 0) as the model reads it, decoded\n"
-               "  --tokenizer byte|gpt2|cl100k_base|o200k_base, or a SentencePiece FILE.model:\n"
-               "             to decode (default: by the model's vocabulary, or by the dataset's\n"
-               "             largest id)\n"
-               "  --seq-len, --seed  the sample order of a PREFIX (default 1024, 1234; a CONFIG\n"
-               "             gives its own)\n");
+    fprintf(
+        f,
+        "usage: trident data inspect PREFIX|PATTERN|CONFIG [--sample N] [--tokenizer NAME]\n"
+        "                            [--format megatron|llmc] [--seq-len L] [--seed S]\n"
+        "                            [--set key.path=value ...]\n\n"
+        "  PREFIX     a dataset (a Megatron prefix or an llm.c shard), a quoted glob\n"
+        "             pattern or a comma list of them: one dataset of many shards\n"
+        "  CONFIG     a run's YAML config (.yaml/.yml): its data.path or data.blend, its\n"
+        "             validation data, and the realized share of each blended dataset\n"
+        "  --sample N print global sample N (default 0) as the model reads it, decoded\n"
+        "  --tokenizer byte|gpt2|cl100k_base|o200k_base, or a SentencePiece FILE.model:\n"
+        "             to decode (default: by the model's vocabulary, or by the dataset's\n"
+        "             largest id)\n"
+        "  --seq-len, --seed  the sample order of a PREFIX (default 1024, 1234; a CONFIG\n"
+        "             gives its own)\n"
+        "Exit codes: 0 success, 2 bad input (arguments, a missing or bad dataset), 1 failure.\n");
 }
 
 typedef struct {

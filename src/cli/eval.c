@@ -38,7 +38,8 @@ static const char usage[] =
     "  --data        the dataset (trident prepare-data's PREFIX, or an llm.c shard)\n"
     "  --sequences   how many sequences of model.seq_len + 1 tokens (default: every\n"
     "                whole sequence of the dataset)\n"
-    "  --micro-batch sequences per forward on each data-parallel rank (default 4)\n";
+    "  --micro-batch sequences per forward on each data-parallel rank (default 4)\n"
+    "Exit codes: 0 success, 2 bad input (arguments, checkpoint, data), 1 failure.\n";
 
 typedef struct {
     const char *source, *data, *format;

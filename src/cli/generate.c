@@ -56,7 +56,8 @@ static const char usage[] =
     "  --no-cache        recompute the whole sequence for every token (for checking)\n"
     "  --ids             print the token ids (prompt | continuation) instead of text\n"
     "  --dump-logits F   write the logits each token was drawn from to F (float32,\n"
-    "                    [new tokens][vocab], for checking against another model)\n";
+    "                    [new tokens][vocab], for checking against another model)\n"
+    "Exit codes: 0 success, 2 bad input (arguments, not a checkpoint), 1 failure.\n";
 
 typedef struct {
     const char *source, *prompt, *tokenizer, *backend, *dump;

@@ -18,7 +18,9 @@ static const Command commands[] = {
     {"prepare-data", data_prepare_main, "tokenize text files into a Megatron .bin/.idx dataset"},
     {"tokenize", data_tokenize_main, "print the token ids of a text file"},
     {"data", data_main, "what a dataset or a config's data blend holds (trident data inspect)"},
-    {"ckpt", ckpt_main, "inspect or export a checkpoint (trident ckpt --help)"},
+    {"ckpt", ckpt_main,
+     "inspect, verify, export (HDF5 or Hugging Face) or import (Hugging Face)\n"
+     "                a checkpoint (trident ckpt --help, trident ckpt FORM --help)"},
     {"topology", topology_main,
      "print the rank map of a config for a world size, without launching"},
     {"plan", plan_main, "memory, communication and time of a config on a cluster, without running"},
@@ -33,6 +35,9 @@ static void usage(FILE *f)
     fprintf(f, "usage: trident COMMAND [ARGS]   (trident COMMAND --help for details)\n\n");
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
         fprintf(f, "  %-13s %s\n", commands[i].name, commands[i].summary);
+    fprintf(f, "\nExit codes: 0 success, 2 bad input (arguments, config, data), 1 runtime\n"
+               "failure, 75 stopped after saving a checkpoint on SIGUSR1/SIGTERM (train, run:\n"
+               "run it again and it resumes; docs/slurm.md).\n");
 }
 
 /* OpenBLAS (the pthreads build, Debian's default) starts a pool of one

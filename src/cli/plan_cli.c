@@ -18,6 +18,7 @@ typedef struct {
     CliConfig cli; /* CONFIG and --set */
     const char *cluster;
     int search, top, json;
+    int bf16_storage; /* --storage bf16 */
 } Args;
 
 static void usage(FILE *f)
@@ -38,6 +39,10 @@ static void usage(FILE *f)
             "                     virtual_stages, recompute) of the whole cluster\n"
             "  --top N            candidates --search prints (default 5)\n"
             "  --json             one JSON object (per-stage memory and bytes) instead\n"
+            "  --storage fp32|bf16  bytes of weights, gradients and activations: fp32\n"
+            "                     (default) is what trident allocates today on both\n"
+            "                     backends; bf16 plans a bf16 run as Megatron-LM stores\n"
+            "                     it (2 bytes each, fp32 master weights and moments)\n"
             "  --set key.path=value  override one config key (repeatable)\n"
             "Exit codes: 0 (also when the layout does not fit: the report says so), 2 bad input.\n",
             cluster_preset_names());
@@ -55,6 +60,11 @@ static int option(void *ctx, int argc, char **argv, int *i)
         a->search = 1;
     } else if (!strcmp(s, "--json")) {
         a->json = 1;
+    } else if (!strcmp(s, "--storage") && has_value) {
+        const char *v = argv[++*i];
+        if (strcmp(v, "fp32") && strcmp(v, "bf16"))
+            trd_fatal(TRD_EXIT_INPUT, NULL, "--storage '%s': expected fp32 or bf16", v);
+        a->bf16_storage = !strcmp(v, "bf16");
     } else if (!strcmp(s, "--top") && has_value) {
         char *end = NULL;
         errno = 0;
@@ -115,10 +125,12 @@ static void print_layout(FILE *f, const Config *cfg, const PlanCluster *c, const
             r->global_batch, r->micro_batch, r->n_micro, r->dp, r->global_batch * mc->seq_len);
     fprintf(f,
             "bytes per element: weights %d, gradients %d, activations %d, optimizer state 4 "
-            "(%s backend, %s)\n\n",
+            "(%s backend, %s; %s)\n\n",
             r->elem_param, r->elem_grad, r->elem_act,
             cfg->backend == BACKEND_CUDA ? "cuda" : "cpu reference",
-            config_precision_name(cfg->training.precision));
+            config_precision_name(cfg->training.precision),
+            c->bf16_storage ? "--storage bf16: as Megatron-LM stores a bf16 run"
+                            : "as trident allocates today; --storage bf16 for 2-byte storage");
 }
 
 static void print_memory(FILE *f, const PlanResult *r)
@@ -165,7 +177,7 @@ static void print_comm(FILE *f, const PlanResult *r)
         print_bytes_row(f, "embed", 2, r->pp_link, r->embed_bytes, "tied embedding all-reduce");
 }
 
-static void print_time(FILE *f, const PlanResult *r)
+static void print_time(FILE *f, const PlanCluster *c, const PlanResult *r)
 {
     double t_c = 0, t_tp = 0, t_p2p = 0;
     for (int k = 0; k < r->pp; k++)
@@ -183,6 +195,12 @@ static void print_time(FILE *f, const PlanResult *r)
             r->t_step, r->t_pipe, r->t_dp_exposed, r->t_embed);
     fprintf(f, "throughput: %.0f tokens/s | %.1f TFLOP/s per GPU (model FLOPs) | MFU %.1f%%\n",
             r->tokens_per_s, r->tflops_per_gpu, 100 * r->mfu);
+    fprintf(f,
+            "assumes: compute at gemm_efficiency %.2f of the %.0f TFLOP/s peak, the figure "
+            "fitted to\n  Megatron-LM's published runs (docs/plan.md); trident's CUDA backend "
+            "is far below it today\n  (GPT-2 124M on one H200: 3.5%% MFU, 0.13 of llm.c; "
+            "docs/cuda.md)\n",
+            c->gemm_efficiency, c->peak_tflops);
 }
 
 void plan_print(FILE *f, const Config *cfg, const PlanCluster *c, const PlanResult *r)
@@ -190,13 +208,15 @@ void plan_print(FILE *f, const Config *cfg, const PlanCluster *c, const PlanResu
     print_layout(f, cfg, c, r);
     print_memory(f, r);
     print_comm(f, r);
-    print_time(f, r);
+    print_time(f, c, r);
 }
 
-static void print_json(FILE *f, const PlanResult *r)
+static void print_json(FILE *f, const PlanCluster *c, const PlanResult *r)
 {
+    fprintf(f, "{\"gemm_efficiency\": %.6g, \"elem_param\": %d, \"elem_act\": %d, ",
+            c->gemm_efficiency, r->elem_param, r->elem_act);
     fprintf(f,
-            "{\"tp\": %d, \"pp\": %d, \"dp\": %d, \"zero\": %d, \"micro_batch\": %d, "
+            "\"tp\": %d, \"pp\": %d, \"dp\": %d, \"zero\": %d, \"micro_batch\": %d, "
             "\"n_micro\": %d, \"fits\": %s, \"capacity\": %.0f, \"worst\": %d, "
             "\"step_s\": %.6g, \"tokens_per_s\": %.6g, \"mfu\": %.6g, "
             "\"model_flops_step\": %.17g, \"stages\": [",
@@ -290,6 +310,7 @@ int plan_main(int argc, char **argv)
     }
     if (!a.cluster)
         default_cluster(&cfg, world, &c);
+    c.bf16_storage = a.bf16_storage;
     if (world > cluster_gpus(&c))
         trd_fatal(TRD_EXIT_INPUT, "give a larger --cluster (PRESET:NODESxGPUS) or a smaller layout",
                   "the layout needs %d GPUs; cluster %s has %d", world, c.name, cluster_gpus(&c));
@@ -306,7 +327,7 @@ int plan_main(int argc, char **argv)
     if (plan_evaluate(&cfg, &c, &r, err) != 0)
         trd_fatal(TRD_EXIT_INPUT, NULL, "%s", err);
     if (a.json) {
-        print_json(stdout, &r);
+        print_json(stdout, &c, &r);
         return TRD_EXIT_OK;
     }
     printf("trident plan: %s\n", a.cli.config_path);

@@ -63,7 +63,8 @@ static const char prepare_usage[] =
     "  --shards           one dataset per rank instead of one merged dataset:\n"
     "                     PREFIX-00000-of-00004 ... PREFIX-00003-of-00004 (and\n"
     "                     PREFIX_val-...), in input order\n"
-    "  --help             this text\n";
+    "  --help             this text\n"
+    "Exit codes: 0 success, 2 bad input (arguments, a bad document; on any rank), 1 failure.\n";
 
 static const char tokenize_usage[] =
     "usage: trident tokenize [--tokenizer byte|gpt2|tiktoken|sentencepiece]\n"
@@ -75,7 +76,8 @@ static const char tokenize_usage[] =
     "The tokenizer defaults to gpt2, its files to those scripts/get_corpus.sh installs.\n"
     "Ill-formed UTF-8 reads as U+FFFD, as in the reference encoders.\n"
     "--decode: the file holds ids (separated by white space); print their text and\n"
-    "a newline.\n";
+    "a newline.\n"
+    "Exit codes: 0 success, 2 bad input (arguments, an unreadable file), 1 failure.\n";
 
 static int usage_error(const char *cmd, const char *usage, const char *fmt, const char *arg)
 {

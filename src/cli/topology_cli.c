@@ -22,24 +22,26 @@ typedef struct {
 
 static void usage(FILE *f)
 {
-    fprintf(f, "usage: trident topology CONFIG [--world N] [--ranks-per-node G] [--json | "
-               "--summary]\n"
-               "                         [--schedule | --schedule-comm] [--micro-batches M]\n"
-               "                         [--set key.path=value ...]\n\n"
-               "Print which node, local rank, (tp, dp, pp) coordinates and TP, DP and PP\n"
-               "groups every rank of a run of CONFIG would have.  Nothing is launched.\n\n"
-               "  --world N            number of ranks (default: tp x pp x dp of the config)\n"
-               "  --ranks-per-node G   ranks on each node (default: topology.ranks_per_node,\n"
-               "                       else all ranks on one node)\n"
-               "  --json               one JSON object instead of the table\n"
-               "  --summary            the summary lines only, no per-rank table\n"
-               "  --schedule           the summary, then the pipeline schedule of every stage\n"
-               "                       (topology.pp, .schedule, .virtual_stages), its bubble\n"
-               "                       and activation memory (see docs/pipeline.md)\n"
-               "  --schedule-comm      the same with every send and receive\n"
-               "  --micro-batches M    micro-batches per step for --schedule (default:\n"
-               "                       global_batch / (micro_batch x dp))\n"
-               "  --set key.path=value override one config key (repeatable)\n");
+    fprintf(
+        f, "usage: trident topology CONFIG [--world N] [--ranks-per-node G] [--json | "
+           "--summary]\n"
+           "                         [--schedule | --schedule-comm] [--micro-batches M]\n"
+           "                         [--set key.path=value ...]\n\n"
+           "Print which node, local rank, (tp, dp, pp) coordinates and TP, DP and PP\n"
+           "groups every rank of a run of CONFIG would have.  Nothing is launched.\n\n"
+           "  --world N            number of ranks (default: tp x pp x dp of the config)\n"
+           "  --ranks-per-node G   ranks on each node (default: topology.ranks_per_node,\n"
+           "                       else all ranks on one node)\n"
+           "  --json               one JSON object instead of the table\n"
+           "  --summary            the summary lines only, no per-rank table\n"
+           "  --schedule           the summary, then the pipeline schedule of every stage\n"
+           "                       (topology.pp, .schedule, .virtual_stages), its bubble\n"
+           "                       and activation memory (see docs/pipeline.md)\n"
+           "  --schedule-comm      the same with every send and receive\n"
+           "  --micro-batches M    micro-batches per step for --schedule (default:\n"
+           "                       global_batch / (micro_batch x dp))\n"
+           "  --set key.path=value override one config key (repeatable)\n"
+           "Exit codes: 0 success, 2 bad input (arguments, config, a layout that does not fit).\n");
 }
 
 static int parse_count(const char *opt, const char *s)

@@ -22,7 +22,8 @@ static void usage_train(FILE *f)
                "                         e.g. --set training.steps=100 --set model.arch=llama\n"
                "Writes <run.dir>/metrics.jsonl, <run.dir>/config.yaml and TensorBoard events in\n"
                "<run.dir>/tb/ (docs/monitoring.md; `trident report RUN_DIR` makes an HTML page).\n"
-               "Exit codes: 0 success, 2 bad input, 1 runtime failure.\n");
+               "Exit codes: 0 success, 2 bad input, 1 runtime failure, 75 stopped after\n"
+               "saving a checkpoint on SIGUSR1/SIGTERM (run it again and it resumes).\n");
 }
 
 static void usage_run(FILE *f)
@@ -30,7 +31,10 @@ static void usage_run(FILE *f)
     fprintf(f, "usage: trident run CONFIG [-n WORLD] [--set key.path=value ...]\n\n"
                "Launches `mpiexec -n WORLD trident train CONFIG ...` on this machine.\n"
                "WORLD defaults to topology.tp * topology.pp * topology.dp of the config\n"
-               "(dp must then be a number, not auto).\n");
+               "(dp must then be a number, not auto).\n"
+               "  --set key.path=value   override one config key (repeatable)\n"
+               "Exit codes: 0 success, 2 bad input, 1 runtime failure (any rank's crash\n"
+               "too), 75 stopped after saving a checkpoint (as train).\n");
 }
 
 /* Load, override and validate; on bad input every rank exits 2 (they all

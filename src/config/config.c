@@ -34,6 +34,7 @@ _Static_assert(sizeof(ResumeKind) == sizeof(int), "enum fields must be int-sized
 typedef enum {
     K_INT,       /* int */
     K_INT_AUTO,  /* int, or "auto" stored as 0 */
+    K_EVERY,     /* int >= 0, or "auto" stored as CKPT_EVERY_AUTO */
     K_U64,       /* uint64_t, non-negative */
     K_FLOAT,     /* float, finite */
     K_BOOL,      /* int 0/1 from true/false */
@@ -159,7 +160,7 @@ static const KeyDesc KEYS[] = {
     KEY(data, eot, K_INT),
 
     STR(checkpoint, dir, false),
-    KEY(checkpoint, every, K_INT),
+    KEY(checkpoint, every, K_EVERY),
     KEY(checkpoint, keep, K_INT),
     ENUM(checkpoint, async, ASYNC_NAMES),
     {"checkpoint", "resume", K_RESUME, OFF(checkpoint, resume), OFF(checkpoint, resume_path), NULL,
@@ -521,6 +522,16 @@ static int set_scalar(Config *cfg, const KeyDesc *k, const char *s, Why *why)
             return fail(why, "expected an integer or auto, got %s", shown(s, b));
         }
         return parse_int(s, (int *)field, why);
+    case K_EVERY:
+        if (!strcmp(s, "auto")) {
+            *(int *)field = CKPT_EVERY_AUTO;
+            return 0;
+        }
+        if (!all_digits(*s == '+' ? s + 1 : s)) {
+            char b[80];
+            return fail(why, "expected a number of steps >= 0 or auto, got %s", shown(s, b));
+        }
+        return parse_int(s, (int *)field, why);
     case K_U64:
         return parse_u64(s, (uint64_t *)field, why);
     case K_FLOAT:
@@ -618,6 +629,9 @@ void config_defaults(Config *cfg)
     cfg->data.val_sequences = 32;
     cfg->data.eot = -1;
 
+    /* Checkpoints unless asked not to: a preempted or crashed job resumes. */
+    strcpy(cfg->checkpoint.dir, "auto");
+    cfg->checkpoint.every = CKPT_EVERY_AUTO;
     cfg->checkpoint.keep = 2;
     cfg->checkpoint.resume = RESUME_AUTO;
     cfg->backend = BACKEND_CPU;
@@ -904,8 +918,12 @@ static int load_section(Loader *L, const char *section, yaml_node_t *val)
 static int check_required(Loader *L, const yaml_mark_t *section_mark, const bool *section_seen)
 {
     const int path = find_key("data", "path"), blend = find_key("data", "blend");
+    /* With checkpoint.init_from the model comes from the source (a
+     * front end fills what the file leaves out: config_model_given). */
+    const int init = L->set_line[find_key("checkpoint", "init_from")] != 0;
     for (int i = 0; i < N_KEYS; i++) {
-        if (!KEYS[i].required || L->set_line[i] || (i == path && L->set_line[blend]))
+        if (!KEYS[i].required || L->set_line[i] || (i == path && L->set_line[blend]) ||
+            (init && !strcmp(KEYS[i].section, "model")))
             continue;
         yaml_mark_t at = {0, 0, 0};
         for (int s = 0; SECTIONS[s]; s++)
@@ -1297,6 +1315,12 @@ void config_where(const Config *cfg, const char *key, char *buf, size_t n)
         snprintf(buf, n, "%s", file);
 }
 
+int config_model_given(const Config *cfg, const char *name)
+{
+    const int i = find_key("model", name);
+    return i >= 0 && (cfg->origin.line[i] || cfg->origin.set[i][0]);
+}
+
 /* ------------------------------------------------------------------------ */
 /* YAML output                                                               */
 /* ------------------------------------------------------------------------ */
@@ -1330,6 +1354,12 @@ static void write_value(FILE *f, const Config *cfg, const KeyDesc *k)
         break;
     case K_INT_AUTO:
         if (iv == 0)
+            fputs("auto", f);
+        else
+            fprintf(f, "%d", iv);
+        break;
+    case K_EVERY:
+        if (iv == CKPT_EVERY_AUTO)
             fputs("auto", f);
         else
             fprintf(f, "%d", iv);

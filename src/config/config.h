@@ -114,10 +114,17 @@ typedef struct {
     int eot;           /* -1: not set */
 } DataConfig;
 
+/* checkpoint.every auto: a save once CKPT_AUTO_INTERVAL_S seconds of
+ * training have passed since the last one, or 50 times the last save's
+ * blocking time if that is longer (so saving costs at most 2 %). */
+#define CKPT_EVERY_AUTO      (-1)
+#define CKPT_AUTO_INTERVAL_S 1800
+
 typedef struct {
-    char dir[CFG_STR]; /* empty: no checkpoints; "auto" in YAML means <run.dir>/ckpt,
-                             * resolved by validation */
-    int every;         /* 0: only at the end */
+    char dir[CFG_STR]; /* empty: no checkpoints; "auto" (the default) means
+                        * <run.dir>/ckpt, resolved by validation */
+    int every;         /* steps between saves; 0: only at the end; CKPT_EVERY_AUTO
+                        * (the default): by time, src/train/train.c */
     int keep;          /* checkpoints kept (>= 1) */
     AsyncKind async;   /* write in the background from a host snapshot */
     ResumeKind resume;
@@ -185,6 +192,11 @@ int config_validate(Config *cfg, int world, char err[CFG_ERR]);
  * (the value in the YAML file), "--set a.b=v", or "FILE" (a default or a
  * derived value).  key is the full name, e.g. "training.lr". */
 void config_where(const Config *cfg, const char *key, char *buf, size_t n);
+
+/* Whether model.<name> was written in the file or by --set (not a default):
+ * with checkpoint.init_from, the keys left out come from the source, and
+ * the file may leave the whole model section out. */
+int config_model_given(const Config *cfg, const char *name);
 
 /* Write the config back as YAML (saved with runs and checkpoints). */
 int config_write_yaml(const Config *cfg, const char *path, char err[CFG_ERR]);

@@ -108,7 +108,7 @@ static int check_ranges(Checker *c)
         {"training.sample_every", tr->sample_every, 0},
         {"data.val_every", g->data.val_every, 0},
         {"data.val_sequences", g->data.val_sequences, 1},
-        {"checkpoint.every", g->checkpoint.every, 0},
+        {"checkpoint.every", g->checkpoint.every, CKPT_EVERY_AUTO},
         {"checkpoint.keep", g->checkpoint.keep, 1},
         {"training.max_skipped", tr->max_skipped, 1},
     };

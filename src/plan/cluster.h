@@ -29,6 +29,11 @@ typedef struct {
     double network_gbps, network_latency_us; /* between nodes, per GPU */
     double gemm_efficiency;                  /* achieved fraction of peak for the model's GEMMs */
     double comm_efficiency;                  /* achieved fraction of nominal link bandwidth */
+    /* Not the machine's but the plan's: count 2-byte weights, gradients
+     * and activations for a bf16 run (`plan --storage bf16`: Megatron-LM's
+     * storage, and trident's once its CUDA backend stores bf16).  0, the
+     * default: what trident allocates today, fp32 on both backends. */
+    int bf16_storage;
 } PlanCluster;
 
 /* Preset by name; nodes is 1.  Returns 0, or -1 with the preset names in err. */

@@ -371,11 +371,13 @@ int plan_evaluate(const Config *cfg, const PlanCluster *c, PlanResult *r, char e
     r->world = t->tp * t->pp * t->dp;
     r->global_batch = cfg->training.global_batch;
     r->n_micro = cfg->training.global_batch / (cfg->training.micro_batch * t->dp);
-    /* The CPU reference keeps everything in fp32 whatever the precision
-     * (bf16 there is a rounding of fp32 values); a GPU run in bf16 keeps
-     * weights, gradients and activations in 16 bits and the optimizer's
-     * master weights and moments in fp32 (ZeRO paper, 2 + 2 + 12 bytes). */
-    const int half = cfg->backend == BACKEND_CUDA && cfg->training.precision == PREC_BF16;
+    /* What the backends allocate today: fp32 weights, gradients and
+     * activations whatever the precision (on the CPU bf16 is a rounding of
+     * fp32 values; the CUDA backend keeps fp32 buffers and rounds for its
+     * bf16 GEMMs).  With c->bf16_storage a bf16 run keeps them in 16 bits
+     * and the optimizer's master weights and moments in fp32 (ZeRO paper,
+     * 2 + 2 + 12 bytes), as Megatron-LM does: the published comparisons. */
+    const int half = c->bf16_storage && cfg->training.precision == PREC_BF16;
     r->elem_param = r->elem_grad = r->elem_act = half ? 2 : 4;
     const int gpn = c->gpus_per_node;
     r->tp_link = group_link(t, "tp", t->tp, gpn);

@@ -237,6 +237,39 @@ static void check_run_dir(const Config *cfg, int resumed, Comm *world)
                       cfg->checkpoint.dir[0] ? cfg->checkpoint.dir : "checkpoint.dir (unset)");
 }
 
+/* checkpoint.every auto (config.h): due once the time since the last
+ * save (or the start) reaches the interval, or 50 times the last save's
+ * blocking time when that is longer, so saving costs at most 2 % of the
+ * run.  Clocks differ between ranks: the flag is all-reduced so that
+ * every rank saves after the same step. */
+typedef struct {
+    double since; /* when the last save ended (or the loop began) */
+    double cost;  /* seconds the last save blocked training */
+} AutoSave;
+
+static int auto_save_due(const AutoSave *a, Comm *world)
+{
+    double wait = 50 * a->cost;
+    if (wait < CKPT_AUTO_INTERVAL_S)
+        wait = CKPT_AUTO_INTERVAL_S;
+    int due = now_s() - a->since >= wait;
+    comm_allreduce_max_i32(world, &due, 1);
+    return due;
+}
+
+static void print_every(const CheckpointConfig *ck)
+{
+    if (ck->every == CKPT_EVERY_AUTO)
+        printf(" | checkpoints: %s every %d min of training (checkpoint.every auto) and at the "
+               "end, newest %d kept\n",
+               ck->dir, CKPT_AUTO_INTERVAL_S / 60, ck->keep);
+    else if (ck->every > 0)
+        printf(" | checkpoints: %s every %d steps and at the end, newest %d kept\n", ck->dir,
+               ck->every, ck->keep);
+    else
+        printf(" | checkpoints: %s at the end\n", ck->dir);
+}
+
 /* Where this run's results go: a user should not have to read the config
  * to find them. */
 static void print_outputs(const Config *cfg)
@@ -249,11 +282,8 @@ static void print_outputs(const Config *cfg)
         printf(", %s/tb/", cfg->run.dir);
     if (!ck->dir[0])
         printf(" | checkpoints: none (set checkpoint.dir to keep the run)\n");
-    else if (ck->every > 0)
-        printf(" | checkpoints: %s every %d steps and at the end, newest %d kept\n", ck->dir,
-               ck->every, ck->keep);
     else
-        printf(" | checkpoints: %s at the end\n", ck->dir);
+        print_every(ck);
     fflush(stdout);
 }
 
@@ -343,6 +373,7 @@ int train_run(const Config *cfg, Comm world)
     watchdog_start(cfg->training.hang_timeout, world.rank, world.size, cfg->run.dir,
                    cfg->training.trace);
     int done = in->start_step; /* steps trained by the end */
+    AutoSave autosave = {.since = t_loop};
     for (int step = in->start_step; step < cfg->training.steps; step++) {
         straggler_begin();
         const double t0 = now_s();
@@ -388,10 +419,15 @@ int train_run(const Config *cfg, Comm world)
         }
         if (sample_tok && (step + 1) % cfg->training.sample_every == 0)
             print_sample(tr, cfg, sample_tok, step + 1);
-        const int saved = ck->dir[0] && (last || (ck->every > 0 && (step + 1) % ck->every == 0));
-        if (saved)
+        const int saved =
+            ck->dir[0] && (last || (ck->every > 0 && (step + 1) % ck->every == 0) ||
+                           (ck->every == CKPT_EVERY_AUTO && auto_save_due(&autosave, &world)));
+        if (saved) {
+            const double t_save = now_s();
             trainer_save(tr, step + 1, last);
-        else
+            autosave.since = now_s();
+            autosave.cost = autosave.since - t_save;
+        } else
             trainer_poll_save(tr, 0); /* a finished background write: report it */
         /* A signal reaches the ranks at different moments; the all-reduced
          * flag makes them all stop after this same step (src/train/preempt.h). */

@@ -9,6 +9,7 @@
 #include "core/error.h"
 #include "comm/trace.h"
 #include "model/params.h"
+#include "train/lr_schedule.h"
 #include "train/trainer_internal.h"
 
 /* Point the checkpoint view at the engine's buffers. */
@@ -76,6 +77,30 @@ static void round_weights(Trainer *tr)
 
 /* checkpoint.resume: auto (latest if any), never, or a step directory.
  * Returns whether the run continues from a checkpoint. */
+/* A resume with another training.steps than the saved run's: the LR
+ * schedule is a function of training.steps, so the decay is recomputed
+ * over the new total and the rate jumps at this step.  Said, not refused:
+ * extending a run is legitimate (docs/checkpoint.md, "Raising
+ * training.steps on resume").  Rank 0; a checkpoint without a readable
+ * config.yaml says nothing. */
+static void note_steps_change(const char *dir, const Config *cfg, int64_t step)
+{
+    char path[CFG_STR + 16], err[CFG_ERR];
+    snprintf(path, sizeof path, "%s/config.yaml", dir);
+    Config *saved = malloc(sizeof *saved);
+    if (!saved)
+        return;
+    const TrainingConfig *t = &cfg->training;
+    if (config_load(saved, path, err) == 0 && saved->training.steps != t->steps &&
+        t->decay != DECAY_CONSTANT)
+        printf("note: training.steps %d, the checkpoint's run had %d: the learning-rate "
+               "schedule is recomputed over %d steps, so the rate at step %lld jumps from "
+               "%.3g to %.3g (docs/checkpoint.md, \"Raising training.steps on resume\")\n",
+               t->steps, saved->training.steps, t->steps, (long long)step,
+               (double)schedule_lr(&saved->training, (int)step), (double)schedule_lr(t, (int)step));
+    free(saved);
+}
+
 int trainer_resume(Trainer *tr)
 {
     const CheckpointConfig *c = &tr->cfg->checkpoint;
@@ -86,8 +111,8 @@ int trainer_resume(Trainer *tr)
     const int rank = tr->topo.rank;
     int rc = ckpt_resolve(c->dir, c->resume, c->resume_path, dir, err);
     if (rc < 0)
-        guard_exit_agreed(rank, TRD_EXIT_INPUT, "check checkpoint.dir and checkpoint.resume", "%s",
-                          err);
+        guard_exit_agreed(rank, TRD_EXIT_INPUT, "check checkpoint.dir and checkpoint.resume",
+                          "%s%s", c->resume == RESUME_PATH ? "checkpoint.resume: " : "", err);
     if (rc == 0)
         return 0;
     if (err[0] && rank == 0)
@@ -118,6 +143,8 @@ int trainer_resume(Trainer *tr)
                dir, tr->start_step, (unsigned long long)tr->start_position,
                (unsigned long long)tr->start_position * (unsigned long long)tr->cfg->model.seq_len,
                (long long)st.lr_step, (long long)st.adam_t);
+    if (rank == 0)
+        note_steps_change(dir, tr->cfg, st.step);
     return 1;
 }
 

@@ -44,6 +44,36 @@ cudaStream_t cuda_stream(void);
 void *cuda_malloc_async(size_t bytes, const char *what);
 void cuda_free_async(void *dev);
 
+/* A BackendRange as the multi-range kernels read it: vstart is where the
+ * range begins in the ranges' concatenation, so a grid-stride loop over
+ * that concatenation finds its range by search (cuda_range_find). */
+struct CudaRange {
+    size_t lo, hi, vstart;
+    int decay;
+};
+/* The ranges of one call site in device memory, uploaded only when they
+ * change (steady training passes the same table every step: no copy, no
+ * allocation).  *total receives the elements they cover. */
+struct CudaRanges {
+    CudaRange *dev, *host; /* host: what dev holds */
+    int n, cap;
+};
+const CudaRange *cuda_ranges_upload(CudaRanges *c, const BackendRange *r, int n, size_t *total);
+/* the index of the range holding concatenated element i (the last range
+ * whose vstart <= i; ranges are non-empty) */
+__device__ inline int cuda_range_find(const CudaRange *r, int n, size_t i)
+{
+    int a = 0, b = n - 1;
+    while (a < b) {
+        int m = (a + b + 1) / 2;
+        if (r[m].vstart <= i)
+            a = m;
+        else
+            b = m - 1;
+    }
+    return a;
+}
+
 /* Launch sizes.  Elementwise kernels loop with a grid stride, so the grid
  * is capped and any n (size_t) is covered. */
 enum { CUDA_THREADS = 256 };

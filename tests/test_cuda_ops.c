@@ -780,7 +780,77 @@ static void test_sumsq_exact(void)
     backend_cuda_free(d);
 }
 
+/* sumsq_ranges: ranges with gaps, a range inside one element, an empty
+ * range, ranges not in address order, and one range longer than the grid
+ * (the grid-stride loop crosses range boundaries): against the CPU
+ * reference (the per-range sums in order) and exactly on integers. */
+static void test_sumsq_ranges(size_t n)
+{
+    float *x = hrand(n, 1), *d_x = dcopyf(x, n);
+    const BackendRange r[] = {{3, 5, 0},   {5, 5, 0},      {n / 2, n - 7, 0},
+                              {10, 11, 0}, {20, n / 3, 0}, {n - 1, n, 0}};
+    const int k = sizeof r / sizeof r[0];
+    double want = cpu->sumsq_ranges(x, r, k), got = gpu->sumsq_ranges(d_x, r, k);
+    double again = gpu->sumsq_ranges(d_x, r, k);
+    char what[80];
+    snprintf(what, sizeof what, "sumsq_ranges n=%zu", n);
+    CHECK_CLOSE(got, want, 1e-10, 0, what);
+    CHECK(got == again, "%s is deterministic: %.17g then %.17g", what, got, again);
+    double direct = 0;
+    for (int j = 0; j < k; j++)
+        direct += cpu->sumsq(x + r[j].lo, r[j].hi - r[j].lo);
+    CHECK(want == direct, "cpu sumsq_ranges is the per-range sumsq in order");
+    CHECK(gpu->sumsq_ranges(d_x, r, 0) == 0.0, "sumsq_ranges of no range");
+    for (size_t i = 0; i < n; i++)
+        x[i] = (float)(i % 1000);
+    backend_cuda_to_device(d_x, x, n * sizeof *x);
+    double exact = 0;
+    for (int j = 0; j < k; j++)
+        for (size_t i = r[j].lo; i < r[j].hi; i++)
+            exact += (double)x[i] * x[i];
+    got = gpu->sumsq_ranges(d_x, r, k);
+    CHECK(got == exact, "sumsq_ranges of integers n=%zu: %.17g, want %.17g", n, got, exact);
+    free(x), backend_cuda_free(d_x);
+}
+
 /* ---------------------------------------------------------------- adamw */
+
+/* adamw_ranges against the CPU's adamw_ranges (itself adamw per range):
+ * decay on some ranges, gaps that must stay untouched, fp32 and bf16. */
+static void test_adamw_ranges(size_t n)
+{
+    const float lr = 3e-3f, b1 = 0.9f, b2 = 0.95f, eps = 1e-8f, wd = 0.1f;
+    const BackendRange r[] = {{0, 7, 1}, {7, 300, 0}, {310, n / 2, 1}, {n / 2, n - 3, 0}};
+    const int k = sizeof r / sizeof r[0];
+    for (int bf16 = 0; bf16 <= 1; bf16++) {
+        float *master = hrand(n, 1), *m = hrand(n, 1e-3f), *v = hrand(n, 1e-3f);
+        float *param = hrand(n, 1), *grad = hrand(n, 1);
+        for (size_t i = 0; i < n; i++)
+            v[i] = fabsf(v[i]);
+        float *d_master = dcopyf(master, n), *d_m = dcopyf(m, n), *d_v = dcopyf(v, n);
+        float *d_param = dcopyf(param, n), *d_grad = dcopyf(grad, n);
+        float *p = bf16 ? param : master, *d_p = bf16 ? d_param : d_master;
+        for (int t = 1; t <= 2; t++) {
+            cpu->adamw_ranges(p, master, grad, m, v, r, k, lr, b1, b2, eps, wd, 0.37f, t, bf16);
+            gpu->adamw_ranges(d_p, d_master, d_grad, d_m, d_v, r, k, lr, b1, b2, eps, wd, 0.37f, t,
+                              bf16);
+        }
+        char what[80];
+        snprintf(what, sizeof what, "adamw_ranges%s master", bf16 ? " (bf16)" : "");
+        compare_dev(what, d_master, master, n, R_ELEM);
+        snprintf(what, sizeof what, "adamw_ranges%s m", bf16 ? " (bf16)" : "");
+        compare_dev(what, d_m, m, n, R_ELEM);
+        snprintf(what, sizeof what, "adamw_ranges%s v", bf16 ? " (bf16)" : "");
+        compare_dev(what, d_v, v, n, R_ELEM);
+        if (bf16) {
+            snprintf(what, sizeof what, "adamw_ranges (bf16) param");
+            compare_dev(what, d_param, param, n, 1.0 / 128);
+        }
+        free(master), free(m), free(v), free(param), free(grad);
+        backend_cuda_free(d_master), backend_cuda_free(d_m), backend_cuda_free(d_v);
+        backend_cuda_free(d_param), backend_cuda_free(d_grad);
+    }
+}
 
 static void test_adamw(size_t n)
 {
@@ -860,7 +930,7 @@ static void test_table(void)
               g->attention_forward && g->attention_backward && g->crossentropy_forward &&
               g->crossentropy_backward && g->vocab_max && g->vocab_sumexp && g->vocab_loss &&
               g->vocab_backward && g->add_bias && g->add && g->accumulate && g->sumsq && g->scale &&
-              g->adamw,
+              g->adamw && g->sumsq_ranges && g->adamw_ranges,
           "the CUDA table fills every op");
     CHECK(strcmp(g->name, "cuda") == 0, "table name %s", g->name);
 }
@@ -949,8 +1019,12 @@ int main(void)
     /* more than 65535 blocks of 256: the grid-stride loops wrap */
     test_vector((size_t)17 * 1000 * 1000 + 3);
     test_sumsq_exact();
+    test_sumsq_ranges(1001);
+    /* more elements than the 65536 threads of the reduction */
+    test_sumsq_ranges((size_t)300 * 1000 + 11);
 
     test_adamw(10007);
+    test_adamw_ranges(10007);
     test_bf16_rounding();
 
     backend_cuda_synchronize();

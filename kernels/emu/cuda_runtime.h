@@ -134,8 +134,9 @@ inline cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned)
     return cudaSuccess;
 }
 inline cudaError_t cudaStreamDestroy(cudaStream_t) { return cudaSuccess; }
-inline cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaSuccess; }
-inline cudaError_t cudaDeviceSynchronize() { return cudaSuccess; }
+/* The waits do nothing here but are counted (emu_stats below). */
+cudaError_t cudaStreamSynchronize(cudaStream_t);
+cudaError_t cudaDeviceSynchronize();
 inline cudaError_t cudaEventCreate(cudaEvent_t *e)
 {
     *e = 0;
@@ -149,7 +150,7 @@ inline cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned)
 inline cudaError_t cudaEventQuery(cudaEvent_t) { return cudaSuccess; }
 inline cudaError_t cudaEventDestroy(cudaEvent_t) { return cudaSuccess; }
 inline cudaError_t cudaEventRecord(cudaEvent_t, cudaStream_t = 0) { return cudaSuccess; }
-inline cudaError_t cudaEventSynchronize(cudaEvent_t) { return cudaSuccess; }
+cudaError_t cudaEventSynchronize(cudaEvent_t);
 inline cudaError_t cudaStreamWaitEvent(cudaStream_t, cudaEvent_t, unsigned = 0)
 {
     return cudaSuccess;
@@ -188,6 +189,23 @@ template <class T> T __shfl_xor_sync(unsigned mask, T v, int o)
     }
     return (T)emu_shfl_xor((double)v, o);
 }
+
+/* -------------------------------------------------------- step counts */
+
+/* With TRD_EMU_STATS=FILE, what the host asks of the device is counted and
+ * appended to FILE at every emu_stats_step (the trainer's step boundary,
+ * through backend_cuda_step_end): kernel launches per kernel name with
+ * their fewest and most threads (grid x block), host synchronizations,
+ * copies per direction, memsets, device allocations and frees, pinned host
+ * allocations, cuBLAS GEMMs and their FLOPs (2mnk).  A host
+ * synchronization is a wait of the host for the device: a stream, device
+ * or event synchronize, a synchronous cudaMemcpy / cudaMemcpyFromSymbol,
+ * and an asynchronous copy to pageable (not cudaMallocHost) host memory,
+ * which CUDA completes before returning.  An asynchronous copy from
+ * pageable host memory is staged by the driver without waiting for the
+ * device, so it is a copy, not a synchronization.  The file format is in
+ * docs/cuda.md ("Step budget"). */
+extern "C" void emu_stats_step(int step);
 
 /* ---------------------------------------------------------- launches */
 

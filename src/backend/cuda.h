@@ -64,6 +64,11 @@ void backend_cuda_host_free(void *host);
  * or a cross-entropy target outside the vocabulary found since. */
 void backend_cuda_synchronize(void);
 
+/* The trainer's step `step` (1-based) ends here: a mark for the
+ * emulation's step counts (TRD_EMU_STATS, docs/cuda.md "Step budget");
+ * nothing on a GPU. */
+void backend_cuda_step_end(int step);
+
 #ifdef __cplusplus
 }
 #endif

@@ -148,6 +148,10 @@ TrainerStep trainer_step(Trainer *tr, int step)
 {
     TrainerStep r = {0};
     r.loss = one_step(tr, step, &r.grad_norm, &r.lr, &r.skipped, &r.data_ms);
+#ifdef TRD_HAVE_CUDA
+    if (tr->be->device)
+        backend_cuda_step_end(step + 1);
+#endif
     if (++tr->steps_taken == 1) /* staging buffers pooled by the first step */
         tr->staged_first = comm_staging().allocations;
     const ZeroStats zs = zero_take_stats(tr->zero);

@@ -137,4 +137,44 @@ __device__ inline float block_max(float v)
     return m;
 }
 
+/* Column sums of a [N, W] row-major array, deterministic and parallel
+ * over rows as well as columns: a block of COLSUM_COLS x COLSUM_GROUPS
+ * threads covers COLSUM_COLS neighbouring columns (a warp reads 32
+ * neighbouring floats of a row); thread (g, lane) sums rows g, g + G,
+ * g + 2G, ... of its column in order, and colsum_groups adds the G
+ * partials of each column in order.  The order is fixed, so the bits are
+ * the same on every run (not the CPU's, which sums the rows in order);
+ * each thread walks N / G rows, not all N. */
+enum { COLSUM_COLS = 32, COLSUM_GROUPS = 32 };
+
+static inline unsigned colsum_blocks(int W)
+{
+    return (unsigned)((W + COLSUM_COLS - 1) / COLSUM_COLS);
+}
+
+/* this thread's column (may be >= W: it then adds nothing but must still
+ * reach the barriers) and its row group */
+__device__ inline int colsum_col(void)
+{
+    return blockIdx.x * COLSUM_COLS + threadIdx.x % COLSUM_COLS;
+}
+__device__ inline int colsum_group(void) { return threadIdx.x / COLSUM_COLS; }
+
+/* The sum of v over the row groups of this thread's column, in group
+ * order, returned to group 0 (the others get 0).  Every thread of the
+ * block must call it; it may be called again at once. */
+__device__ inline float colsum_groups(float v)
+{
+    __shared__ float part[COLSUM_GROUPS][COLSUM_COLS];
+    int lane = threadIdx.x % COLSUM_COLS, g = colsum_group();
+    part[g][lane] = v;
+    __syncthreads();
+    float s = 0;
+    if (g == 0)
+        for (int k = 0; k < COLSUM_GROUPS; k++)
+            s += part[k][lane];
+    __syncthreads();
+    return s;
+}
+
 #endif

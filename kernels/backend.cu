@@ -271,12 +271,11 @@ extern "C" void backend_cuda_synchronize(void)
     cuda_crossentropy_report_targets();
 }
 
-extern "C" void backend_cuda_step_end(int step)
+extern "C" void backend_cuda_step_end(int step, double wall_ms)
 {
+    cuda_profile_step(step, wall_ms);
 #ifdef TRD_CUDA_EMULATED
     emu_stats_step(step);
-#else
-    (void)step;
 #endif
 }
 

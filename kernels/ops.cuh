@@ -84,6 +84,9 @@ double cuda_sumsq(const float *x, size_t n);
 double cuda_sumsq_ranges(const float *x, const BackendRange *ranges, int n);
 void cuda_scale(float *x, float s, size_t n);
 
+/* profile.cu: a step's end for TRIDENT_PROFILE (nothing when it is off) */
+void cuda_profile_step(int step, double wall_ms);
+
 /* adamw.cu */
 void cuda_adamw_ranges(float *param, float *master, const float *grad, float *m, float *v,
                        const BackendRange *ranges, int n, float lr, float beta1, float beta2,

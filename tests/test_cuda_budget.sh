@@ -88,5 +88,48 @@ for cfg in gpt2_bf16 llama; do
     TRD_EMU_STATS="$out/$cfg.stats" run "$cfg" 1 "${extra[@]}"
     budget "$cfg"
 done
+# TRIDENT_PROFILE=1 (docs/cuda.md "Profile"): the table and run.dir's
+# profile.tsv, checked for shape (the emulation's times mean nothing): the
+# header, 7 numeric fields a row, the calls a step of known ops (GPT-2 with
+# 2 layers: 4 linears a layer + the head = 9 matmul_forward, one adamw, one
+# sumsq_ranges), and the ops' ms plus the idle row adding up to the wall.
+TRIDENT_PROFILE=1 run profile 1 --set model.seq_len=32 --set training.steps=3 --set training.global_batch=2 \
+    --set training.micro_batch=2 --set data.val_sequences=2 --set training.precision=fp32
+python3 - "$out/profile" "$out/profile.log" <<'PY' || fails=$((fails + 1))
+import sys
+d, log = sys.argv[1], open(sys.argv[2]).read()
+bad = []
+if "profile (TRIDENT_PROFILE, 2 steps after the first" not in log:
+    bad.append("no profile table on stdout")
+try:
+    rows = [l.rstrip("\n").split("\t") for l in open(f"{d}/profile.tsv")]
+except OSError as e:
+    rows, bad = [], bad + [f"no profile.tsv: {e}"]
+head = "op calls_per_step ms_per_step pct_of_step gb_per_s tflop_per_s us_per_call".split()
+if rows and rows[0] != head:
+    bad.append(f"header {rows[0]}")
+ops = {}
+for r in rows[1:]:
+    try:
+        ops[r[0]] = [float(x) for x in r[1:]]
+        assert len(r) == 7
+    except (ValueError, AssertionError):
+        bad.append(f"bad row {r}")
+want = {"matmul_forward": 9, "matmul_backward": 9, "adamw": 1, "sumsq_ranges": 1}
+for k, n in want.items():
+    if k not in ops or ops[k][0] != n:
+        bad.append(f"{k}: {ops.get(k, ['missing'])[0]} calls a step, want {n}")
+if "step_wall" in ops and "gpu_idle" in ops:
+    total = sum(v[1] for k, v in ops.items() if k != "step_wall")
+    if abs(total - ops["step_wall"][1]) > 1e-3 * ops["step_wall"][1] + 0.01:
+        bad.append(f"ops + idle {total} ms != step wall {ops['step_wall'][1]} ms")
+else:
+    bad.append("no gpu_idle / step_wall rows")
+print(f"{'FAIL' if bad else 'ok  '} profile: {len(ops)} rows in profile.tsv, table on stdout")
+for b in bad:
+    print(f"     {b}")
+sys.exit(1 if bad else 0)
+PY
+
 [ "$fails" -eq 0 ] && echo "PASS cuda_budget" || echo "FAIL cuda_budget: $fails"
 exit $((fails > 0))

@@ -137,19 +137,15 @@ inline cudaError_t cudaStreamDestroy(cudaStream_t) { return cudaSuccess; }
 /* The waits do nothing here but are counted (emu_stats below). */
 cudaError_t cudaStreamSynchronize(cudaStream_t);
 cudaError_t cudaDeviceSynchronize();
-inline cudaError_t cudaEventCreate(cudaEvent_t *e)
-{
-    *e = 0;
-    return cudaSuccess;
-}
-inline cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned)
-{
-    *e = 0;
-    return cudaSuccess;
-}
+/* An event holds the host time of its last record: work runs at once, so
+ * that is when the work before it ended, and cudaEventElapsedTime gives
+ * the emulation's (meaningless for a GPU) time between two records. */
+cudaError_t cudaEventCreate(cudaEvent_t *e);
+inline cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned) { return cudaEventCreate(e); }
 inline cudaError_t cudaEventQuery(cudaEvent_t) { return cudaSuccess; }
-inline cudaError_t cudaEventDestroy(cudaEvent_t) { return cudaSuccess; }
-inline cudaError_t cudaEventRecord(cudaEvent_t, cudaStream_t = 0) { return cudaSuccess; }
+cudaError_t cudaEventDestroy(cudaEvent_t e);
+cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t = 0);
+cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t start, cudaEvent_t end);
 cudaError_t cudaEventSynchronize(cudaEvent_t);
 inline cudaError_t cudaStreamWaitEvent(cudaStream_t, cudaEvent_t, unsigned = 0)
 {

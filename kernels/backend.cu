@@ -118,6 +118,40 @@ void cuda_free_async(void *dev)
     CUDA_CHECK(cudaFreeAsync(dev, cuda_stream()));
 }
 
+const CudaRange *cuda_ranges_upload(CudaRanges *c, const BackendRange *r, int n, size_t *total)
+{
+    if (n > c->cap) {
+        /* a few KiB, stream-ordered, and like cuBLAS's workspace outside
+         * the memory report (which counts the model's categories) */
+        if (c->dev)
+            CUDA_CHECK(cudaFreeAsync(c->dev, cuda_stream()));
+        free(c->host);
+        c->cap = n;
+        c->dev = NULL;
+        CUDA_CHECK(cudaMallocAsync((void **)&c->dev, (size_t)n * sizeof(CudaRange), cuda_stream()));
+        c->host = (CudaRange *)malloc((size_t)n * sizeof(CudaRange));
+        if (!c->host)
+            trd_fatal(TRD_EXIT_RUNTIME, NULL, "out of host memory for a range table");
+        c->n = -1; /* nothing uploaded yet */
+    }
+    size_t v = 0;
+    int changed = n != c->n;
+    for (int k = 0; k < n; k++) {
+        CudaRange e = {r[k].lo, r[k].hi, v, r[k].decay};
+        const CudaRange *o = &c->host[k];
+        changed = changed || o->lo != e.lo || o->hi != e.hi || o->vstart != e.vstart ||
+                  o->decay != e.decay;
+        c->host[k] = e;
+        v += r[k].hi - r[k].lo;
+    }
+    *total = v;
+    if (changed && n > 0) /* from pageable memory: staged by the driver, no wait */
+        CUDA_CHECK(cudaMemcpyAsync(c->dev, c->host, (size_t)n * sizeof(CudaRange),
+                                   cudaMemcpyHostToDevice, cuda_stream()));
+    c->n = n;
+    return c->dev;
+}
+
 extern "C" void *backend_cuda_calloc(size_t bytes, const char *what)
 {
     void *p = backend_cuda_malloc(bytes, what);
@@ -145,22 +179,69 @@ extern "C" void backend_cuda_copy(void *dst, const void *src, size_t bytes)
         CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, cuda_stream()));
 }
 
+/* Page-locked buffers: the live ones of backend_cuda_host_alloc (the
+ * kernels' own result buffers among them).  A copy between the device and one of them is
+ * asynchronous, so the host must wait before it reuses or reads it; a copy
+ * from pageable memory is staged by the driver before cudaMemcpyAsync
+ * returns, and one into pageable memory returns only once it is done. */
+static struct {
+    const char **ptr;
+    size_t *bytes;
+    int n, cap;
+} pinned;
+
+static void pinned_add(const void *p, size_t bytes)
+{
+    if (pinned.n == pinned.cap) {
+        pinned.cap = pinned.cap ? 2 * pinned.cap : 16;
+        pinned.ptr = (const char **)realloc(pinned.ptr, (size_t)pinned.cap * sizeof(char *));
+        pinned.bytes = (size_t *)realloc(pinned.bytes, (size_t)pinned.cap * sizeof(size_t));
+        if (!pinned.ptr || !pinned.bytes)
+            trd_fatal(TRD_EXIT_RUNTIME, NULL, "out of host memory tracking pinned buffers");
+    }
+    pinned.ptr[pinned.n] = (const char *)p;
+    pinned.bytes[pinned.n++] = bytes;
+}
+
+static void pinned_remove(const void *p)
+{
+    for (int i = 0; i < pinned.n; i++)
+        if (pinned.ptr[i] == p) {
+            pinned.ptr[i] = pinned.ptr[--pinned.n];
+            pinned.bytes[i] = pinned.bytes[pinned.n];
+            return;
+        }
+}
+
+static int is_pinned(const void *p)
+{
+    const char *c = (const char *)p;
+    for (int i = 0; i < pinned.n; i++)
+        if (c >= pinned.ptr[i] && c < pinned.ptr[i] + pinned.bytes[i])
+            return 1;
+    return 0;
+}
+
 extern "C" void backend_cuda_to_device(void *dev, const void *host, size_t bytes)
 {
     if (!bytes)
         return;
     CUDA_CHECK(cudaMemcpyAsync(dev, host, bytes, cudaMemcpyHostToDevice, cuda_stream()));
-    CUDA_CHECK(cudaStreamSynchronize(cuda_stream()));
+    if (is_pinned(host)) /* the caller may overwrite it on return */
+        CUDA_CHECK(cudaStreamSynchronize(cuda_stream()));
 }
 
+/* Wait for the device once, with the cross-entropy flag fetched before the
+ * wait (crossentropy.cu) and checked after it: results read on the host
+ * must not come from an invalid target. */
 extern "C" void backend_cuda_to_host(void *host, const void *dev, size_t bytes)
 {
-    if (bytes) {
+    cuda_crossentropy_fetch_targets();
+    if (bytes)
         CUDA_CHECK(cudaMemcpyAsync(host, dev, bytes, cudaMemcpyDeviceToHost, cuda_stream()));
+    if (!bytes || is_pinned(host)) /* else the copy itself waited */
         CUDA_CHECK(cudaStreamSynchronize(cuda_stream()));
-    }
-    /* results read on the host must not come from an invalid target */
-    cuda_crossentropy_check_targets();
+    cuda_crossentropy_report_targets();
 }
 
 extern "C" void *backend_cuda_host_alloc(size_t bytes, const char *what)
@@ -171,19 +252,31 @@ extern "C" void *backend_cuda_host_alloc(size_t bytes, const char *what)
         trd_fatal(TRD_EXIT_RUNTIME, "page-locked host memory is limited (ulimit -l, RAM)",
                   "cudaMallocHost of %.1f MiB for %s: %s", trd_mib(bytes), what,
                   cudaGetErrorString(err));
+    pinned_add(p, bytes ? bytes : 1);
     return p;
 }
 
 extern "C" void backend_cuda_host_free(void *host)
 {
-    if (host)
-        CUDA_CHECK(cudaFreeHost(host));
+    if (!host)
+        return;
+    pinned_remove(host);
+    CUDA_CHECK(cudaFreeHost(host));
 }
 
 extern "C" void backend_cuda_synchronize(void)
 {
+    cuda_crossentropy_fetch_targets();
     CUDA_CHECK(cudaStreamSynchronize(cuda_stream()));
-    cuda_crossentropy_check_targets();
+    cuda_crossentropy_report_targets();
+}
+
+extern "C" void backend_cuda_step_end(int step, double wall_ms)
+{
+    cuda_profile_step(step, wall_ms);
+#ifdef TRD_CUDA_EMULATED
+    emu_stats_step(step);
+#endif
 }
 
 static const Backend cuda_backend = {
@@ -225,8 +318,10 @@ static const Backend cuda_backend = {
     .add = cuda_add,
     .accumulate = cuda_accumulate,
     .sumsq = cuda_sumsq,
+    .sumsq_ranges = cuda_sumsq_ranges,
     .scale = cuda_scale,
     .adamw = cuda_adamw,
+    .adamw_ranges = cuda_adamw_ranges,
 };
 
 extern "C" const Backend *backend_cuda(void) { return &cuda_backend; }

@@ -44,6 +44,36 @@ cudaStream_t cuda_stream(void);
 void *cuda_malloc_async(size_t bytes, const char *what);
 void cuda_free_async(void *dev);
 
+/* A BackendRange as the multi-range kernels read it: vstart is where the
+ * range begins in the ranges' concatenation, so a grid-stride loop over
+ * that concatenation finds its range by search (cuda_range_find). */
+struct CudaRange {
+    size_t lo, hi, vstart;
+    int decay;
+};
+/* The ranges of one call site in device memory, uploaded only when they
+ * change (steady training passes the same table every step: no copy, no
+ * allocation).  *total receives the elements they cover. */
+struct CudaRanges {
+    CudaRange *dev, *host; /* host: what dev holds */
+    int n, cap;
+};
+const CudaRange *cuda_ranges_upload(CudaRanges *c, const BackendRange *r, int n, size_t *total);
+/* the index of the range holding concatenated element i (the last range
+ * whose vstart <= i; ranges are non-empty) */
+__device__ inline int cuda_range_find(const CudaRange *r, int n, size_t i)
+{
+    int a = 0, b = n - 1;
+    while (a < b) {
+        int m = (a + b + 1) / 2;
+        if (r[m].vstart <= i)
+            a = m;
+        else
+            b = m - 1;
+    }
+    return a;
+}
+
 /* Launch sizes.  Elementwise kernels loop with a grid stride, so the grid
  * is capped and any n (size_t) is covered. */
 enum { CUDA_THREADS = 256 };
@@ -105,6 +135,46 @@ __device__ inline float block_max(float v)
     m = warp_max(m);
     __syncthreads();
     return m;
+}
+
+/* Column sums of a [N, W] row-major array, deterministic and parallel
+ * over rows as well as columns: a block of COLSUM_COLS x COLSUM_GROUPS
+ * threads covers COLSUM_COLS neighbouring columns (a warp reads 32
+ * neighbouring floats of a row); thread (g, lane) sums rows g, g + G,
+ * g + 2G, ... of its column in order, and colsum_groups adds the G
+ * partials of each column in order.  The order is fixed, so the bits are
+ * the same on every run (not the CPU's, which sums the rows in order);
+ * each thread walks N / G rows, not all N. */
+enum { COLSUM_COLS = 32, COLSUM_GROUPS = 32 };
+
+static inline unsigned colsum_blocks(int W)
+{
+    return (unsigned)((W + COLSUM_COLS - 1) / COLSUM_COLS);
+}
+
+/* this thread's column (may be >= W: it then adds nothing but must still
+ * reach the barriers) and its row group */
+__device__ inline int colsum_col(void)
+{
+    return blockIdx.x * COLSUM_COLS + threadIdx.x % COLSUM_COLS;
+}
+__device__ inline int colsum_group(void) { return threadIdx.x / COLSUM_COLS; }
+
+/* The sum of v over the row groups of this thread's column, in group
+ * order, returned to group 0 (the others get 0).  Every thread of the
+ * block must call it; it may be called again at once. */
+__device__ inline float colsum_groups(float v)
+{
+    __shared__ float part[COLSUM_GROUPS][COLSUM_COLS];
+    int lane = threadIdx.x % COLSUM_COLS, g = colsum_group();
+    part[g][lane] = v;
+    __syncthreads();
+    float s = 0;
+    if (g == 0)
+        for (int k = 0; k < COLSUM_GROUPS; k++)
+            s += part[k][lane];
+    __syncthreads();
+    return s;
 }
 
 #endif

@@ -7,8 +7,9 @@
  * A target >= V is a tokenizer / config mismatch.  The CPU backend checks
  * the targets before computing; here the kernel can only flag the first
  * bad row it meets in device memory (and leaves that row's loss NaN), and
- * the run ends at the next synchronizing call (sumsq, a copy to the host,
- * backend_cuda_synchronize) with the CPU's message.
+ * the run ends at the next call that waits for the device (sumsq, a copy
+ * to the host, backend_cuda_synchronize) with the CPU's message: the flag
+ * travels with that wait, at no wait of its own.
  *
  * The vocabulary-parallel ops (vocab_*) split the same computation around
  * the all-reduces of tensor parallelism; they are at the end. */
@@ -16,15 +17,18 @@
 
 enum { CE_THREADS = 256 };
 
-/* The first bad row met (-1: none), its target and V. */
-__device__ int ce_bad_row = -1;
-__device__ int ce_bad_target, ce_bad_vocab;
+/* The first bad row met (row -1: none), its target and V: one symbol, so
+ * that the host fetches it with one copy. */
+struct CeBad {
+    int row, target, vocab;
+};
+__device__ CeBad ce_bad = {-1, 0, 0};
 
 __device__ inline void ce_flag(int n, int target, int V)
 {
-    if (atomicCAS(&ce_bad_row, -1, n) == -1) {
-        ce_bad_target = target;
-        ce_bad_vocab = V;
+    if (atomicCAS(&ce_bad.row, -1, n) == -1) {
+        ce_bad.target = target;
+        ce_bad.vocab = V;
     }
 }
 
@@ -222,19 +226,26 @@ void cuda_vocab_backward(float *logits, const float *stats, const int32_t *targe
     CUDA_CHECK_LAUNCH();
 }
 
-void cuda_crossentropy_check_targets(void)
+/* where the flag lands on the host: page-locked, so that the copy does
+ * not wait for the device by itself */
+static CeBad *ce_bad_host;
+
+void cuda_crossentropy_fetch_targets(void)
 {
-    int row = -1, target = 0, vocab = 0;
+    if (!ce_bad_host) {
+        ce_bad_host = (CeBad *)backend_cuda_host_alloc(sizeof *ce_bad_host, "target check");
+        ce_bad_host->row = -1;
+    }
     /* on the ops' stream, after every op issued so far */
-    CUDA_CHECK(cudaMemcpyFromSymbolAsync(&row, ce_bad_row, sizeof row, 0, cudaMemcpyDeviceToHost,
-                                         cuda_stream()));
-    CUDA_CHECK(cudaMemcpyFromSymbolAsync(&target, ce_bad_target, sizeof target, 0,
+    CUDA_CHECK(cudaMemcpyFromSymbolAsync(ce_bad_host, ce_bad, sizeof *ce_bad_host, 0,
                                          cudaMemcpyDeviceToHost, cuda_stream()));
-    CUDA_CHECK(cudaMemcpyFromSymbolAsync(&vocab, ce_bad_vocab, sizeof vocab, 0,
-                                         cudaMemcpyDeviceToHost, cuda_stream()));
-    CUDA_CHECK(cudaStreamSynchronize(cuda_stream()));
-    if (row < 0)
+}
+
+void cuda_crossentropy_report_targets(void)
+{
+    if (!ce_bad_host || ce_bad_host->row < 0)
         return;
     trd_fatal(TRD_EXIT_RUNTIME, "the tokenizer's vocabulary must fit model.vocab_size",
-              "target token %d at row %d is outside the vocabulary [0, %d)", target, row, vocab);
+              "target token %d at row %d is outside the vocabulary [0, %d)", ce_bad_host->target,
+              ce_bad_host->row, ce_bad_host->vocab);
 }

@@ -63,19 +63,18 @@ __global__ void bias_broadcast_kernel(float *out, const float *bias, int N, int 
     out[i] = bias[i % OC];
 }
 
-/* dbias[o] += sum_n dout[n, o]: one thread per column, rows in order, the
- * column sum in a register first and added once, exactly as the CPU's
- * col_sum_acc (same order, same bits).  Neighbouring threads read
- * neighbouring columns, so each row is read coalesced. */
+/* dbias[o] += sum_n dout[n, o]: the column sum (colsum_groups: rows in
+ * groups, a fixed order) in a register first, then added once. */
 __global__ void col_sum_acc_kernel(float *acc, const float *x, int N, int W)
 {
-    int c = blockIdx.x * blockDim.x + threadIdx.x;
-    if (c >= W)
-        return;
+    int c = colsum_col();
     float s = 0;
-    for (int n = 0; n < N; n++)
-        s += x[(size_t)n * W + c];
-    acc[c] += s;
+    if (c < W)
+        for (int n = colsum_group(); n < N; n += COLSUM_GROUPS)
+            s += x[(size_t)n * W + c];
+    s = colsum_groups(s);
+    if (colsum_group() == 0 && c < W)
+        acc[c] += s;
 }
 
 void cuda_matmul_forward(float *out, const float *inp, const float *weight, const float *bias,
@@ -110,8 +109,8 @@ void cuda_matmul_backward(float *dinp, float *dweight, float *dbias, const float
         CUBLAS_CHECK(cublasSgemm(blas_handle(), CUBLAS_OP_N, CUBLAS_OP_T, C, OC, N, &alpha, inp, C,
                                  dout, OC, &beta, dweight, C));
     if (dbias) {
-        col_sum_acc_kernel<<<(OC + CUDA_THREADS - 1) / CUDA_THREADS, CUDA_THREADS, 0,
-                             cuda_stream()>>>(dbias, dout, N, OC);
+        col_sum_acc_kernel<<<colsum_blocks(OC), COLSUM_COLS * COLSUM_GROUPS, 0, cuda_stream()>>>(
+            dbias, dout, N, OC);
         CUDA_CHECK_LAUNCH();
     }
 }
@@ -192,8 +191,8 @@ void cuda_matmul_backward_bf16(float *dinp, float *dweight, float *dbias, const 
                       1, dweight, C);
     }
     if (dbias) { /* the fp32 sum of dout, as backend_cpu_bf16 */
-        col_sum_acc_kernel<<<(OC + CUDA_THREADS - 1) / CUDA_THREADS, CUDA_THREADS, 0,
-                             cuda_stream()>>>(dbias, dout, N, OC);
+        col_sum_acc_kernel<<<colsum_blocks(OC), COLSUM_COLS * COLSUM_GROUPS, 0, cuda_stream()>>>(
+            dbias, dout, N, OC);
         CUDA_CHECK_LAUNCH();
     }
 }

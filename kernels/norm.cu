@@ -2,8 +2,8 @@
  *
  * Per-row statistics: one block of NORM_THREADS per row, block reductions
  * in fp32 (the CPU also sums in fp32, in another order).  Weight and bias
- * gradients: one thread per channel walks the rows in order, as the CPU's
- * column blocks do. */
+ * gradients: column sums over the rows in groups (colsum_groups,
+ * common.cuh), in a fixed order. */
 #include "ops.cuh"
 
 enum { NORM_THREADS = 256 };
@@ -60,15 +60,18 @@ __global__ void layernorm_backward_params_kernel(float *dweight, float *dbias, c
                                                  const float *inp, const float *mean,
                                                  const float *rstd, int N, int C)
 {
-    int c = blockIdx.x * blockDim.x + threadIdx.x;
-    if (c >= C)
-        return;
+    int c = colsum_col();
     float sw = 0, sb = 0;
-    for (int n = 0; n < N; n++) {
-        float d = dout[(size_t)n * C + c], x = inp[(size_t)n * C + c];
-        sw += d * (x - mean[n]) * rstd[n];
-        sb += d;
-    }
+    if (c < C)
+        for (int n = colsum_group(); n < N; n += COLSUM_GROUPS) {
+            float d = dout[(size_t)n * C + c], x = inp[(size_t)n * C + c];
+            sw += d * (x - mean[n]) * rstd[n];
+            sb += d;
+        }
+    sw = colsum_groups(sw);
+    sb = colsum_groups(sb);
+    if (colsum_group() != 0 || c >= C)
+        return;
     if (dweight)
         dweight[c] += sw;
     if (dbias)
@@ -97,7 +100,7 @@ void cuda_layernorm_backward(float *dinp, float *dweight, float *dbias, const fl
         CUDA_CHECK_LAUNCH();
     }
     if (dweight || dbias) {
-        layernorm_backward_params_kernel<<<(C + CUDA_THREADS - 1) / CUDA_THREADS, CUDA_THREADS, 0,
+        layernorm_backward_params_kernel<<<colsum_blocks(C), COLSUM_COLS * COLSUM_GROUPS, 0,
                                            cuda_stream()>>>(dweight, dbias, dout, inp, mean, rstd,
                                                             N, C);
         CUDA_CHECK_LAUNCH();
@@ -141,13 +144,14 @@ __global__ void rmsnorm_backward_dinp_kernel(float *dinp, const float *dout, con
 __global__ void rmsnorm_backward_dweight_kernel(float *dweight, const float *dout, const float *inp,
                                                 const float *rstd, int N, int C)
 {
-    int c = blockIdx.x * blockDim.x + threadIdx.x;
-    if (c >= C)
-        return;
+    int c = colsum_col();
     float sw = 0;
-    for (int n = 0; n < N; n++)
-        sw += dout[(size_t)n * C + c] * inp[(size_t)n * C + c] * rstd[n];
-    dweight[c] += sw;
+    if (c < C)
+        for (int n = colsum_group(); n < N; n += COLSUM_GROUPS)
+            sw += dout[(size_t)n * C + c] * inp[(size_t)n * C + c] * rstd[n];
+    sw = colsum_groups(sw);
+    if (colsum_group() == 0 && c < C)
+        dweight[c] += sw;
 }
 
 void cuda_rmsnorm_forward(float *out, float *rstd, const float *inp, const float *weight, int N,
@@ -170,7 +174,7 @@ void cuda_rmsnorm_backward(float *dinp, float *dweight, const float *dout, const
         CUDA_CHECK_LAUNCH();
     }
     if (dweight) {
-        rmsnorm_backward_dweight_kernel<<<(C + CUDA_THREADS - 1) / CUDA_THREADS, CUDA_THREADS, 0,
+        rmsnorm_backward_dweight_kernel<<<colsum_blocks(C), COLSUM_COLS * COLSUM_GROUPS, 0,
                                           cuda_stream()>>>(dweight, dout, inp, rstd, N, C);
         CUDA_CHECK_LAUNCH();
     }

@@ -66,10 +66,13 @@ void cuda_crossentropy_forward(float *losses, const float *logits, const int32_t
                                int V, int Vp);
 void cuda_crossentropy_backward(float *logits, const int32_t *targets, float dloss, int N, int V,
                                 int Vp);
-/* Ends the run when a kernel since the last call met a target >= V (the
- * CPU backend checks before computing; the GPU can only flag it).
- * Synchronizes. */
-void cuda_crossentropy_check_targets(void);
+/* A target >= V ends the run (the CPU backend checks before computing;
+ * the GPU can only flag it).  fetch enqueues the copy of the flag into
+ * page-locked memory, without waiting; report, called once the host has
+ * waited for the device after a fetch, ends the run when a kernel before
+ * the fetch met such a target.  So the check costs no wait of its own. */
+void cuda_crossentropy_fetch_targets(void);
+void cuda_crossentropy_report_targets(void);
 void cuda_vocab_max(float *stats, const float *logits, int N, int V, int Vp);
 void cuda_vocab_sumexp(float *stats, const float *logits, const int32_t *targets, int N, int V,
                        int Vp, int vocab_start);
@@ -82,9 +85,16 @@ void cuda_add_bias(float *y, const float *bias, int rows, int C);
 void cuda_add(float *out, const float *a, const float *b, size_t n);
 void cuda_accumulate(float *y, const float *x, size_t n);
 double cuda_sumsq(const float *x, size_t n);
+double cuda_sumsq_ranges(const float *x, const BackendRange *ranges, int n);
 void cuda_scale(float *x, float s, size_t n);
 
+/* profile.cu: a step's end for TRIDENT_PROFILE (nothing when it is off) */
+void cuda_profile_step(int step, double wall_ms);
+
 /* adamw.cu */
+void cuda_adamw_ranges(float *param, float *master, const float *grad, float *m, float *v,
+                       const BackendRange *ranges, int n, float lr, float beta1, float beta2,
+                       float eps, float weight_decay, float grad_scale, int t, int round_bf16);
 void cuda_adamw(float *param, float *master, const float *grad, float *m, float *v, size_t n,
                 float lr, float beta1, float beta2, float eps, float weight_decay, float grad_scale,
                 int t, int round_bf16);

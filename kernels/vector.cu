@@ -88,6 +88,43 @@ __global__ void sumsq_total_kernel(void)
         sumsq_total = s;
 }
 
+/* sum of squares over the concatenation of ranges r[0 .. nr) of x, total
+ * elements, in the shape of sumsq_blocks_kernel */
+__global__ void sumsq_ranges_kernel(const float *x, const CudaRange *r, int nr, size_t total)
+{
+    double s = 0;
+    int k = -1;
+    GRID_STRIDE(i, total)
+    {
+        /* i only grows: search once, then step forward */
+        if (k < 0)
+            k = cuda_range_find(r, nr, i);
+        while (i >= r[k].vstart + (r[k].hi - r[k].lo))
+            k++;
+        double v = x[r[k].lo + (i - r[k].vstart)];
+        s += v * v;
+    }
+    s = block_sum(s);
+    if (threadIdx.x == 0)
+        sumsq_part[blockIdx.x] = s;
+}
+
+/* The total of sumsq_total_kernel to the host, with the cross-entropy
+ * flag, in one wait: into page-locked memory, so neither copy waits by
+ * itself. */
+static double read_total(void)
+{
+    static double *host;
+    if (!host)
+        host = (double *)backend_cuda_host_alloc(sizeof *host, "sum of squares");
+    CUDA_CHECK(cudaMemcpyFromSymbolAsync(host, sumsq_total, sizeof *host, 0, cudaMemcpyDeviceToHost,
+                                         cuda_stream()));
+    cuda_crossentropy_fetch_targets();
+    CUDA_CHECK(cudaStreamSynchronize(cuda_stream()));
+    cuda_crossentropy_report_targets();
+    return *host;
+}
+
 double cuda_sumsq(const float *x, size_t n)
 {
     if (!n)
@@ -96,11 +133,19 @@ double cuda_sumsq(const float *x, size_t n)
     CUDA_CHECK_LAUNCH();
     sumsq_total_kernel<<<1, SUMSQ_BLOCKS, 0, cuda_stream()>>>();
     CUDA_CHECK_LAUNCH();
-    double total = 0;
-    CUDA_CHECK(cudaMemcpyFromSymbolAsync(&total, sumsq_total, sizeof total, 0,
-                                         cudaMemcpyDeviceToHost, cuda_stream()));
-    CUDA_CHECK(cudaStreamSynchronize(cuda_stream()));
-    /* a synchronizing call: report a bad cross-entropy target now */
-    cuda_crossentropy_check_targets();
-    return total;
+    return read_total();
+}
+
+double cuda_sumsq_ranges(const float *x, const BackendRange *ranges, int n)
+{
+    static CudaRanges table;
+    size_t total = 0;
+    const CudaRange *r = cuda_ranges_upload(&table, ranges, n, &total);
+    if (!total)
+        return 0;
+    sumsq_ranges_kernel<<<SUMSQ_BLOCKS, CUDA_THREADS, 0, cuda_stream()>>>(x, r, n, total);
+    CUDA_CHECK_LAUNCH();
+    sumsq_total_kernel<<<1, SUMSQ_BLOCKS, 0, cuda_stream()>>>();
+    CUDA_CHECK_LAUNCH();
+    return read_total();
 }

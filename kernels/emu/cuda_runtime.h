@@ -134,22 +134,19 @@ inline cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned)
     return cudaSuccess;
 }
 inline cudaError_t cudaStreamDestroy(cudaStream_t) { return cudaSuccess; }
-inline cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaSuccess; }
-inline cudaError_t cudaDeviceSynchronize() { return cudaSuccess; }
-inline cudaError_t cudaEventCreate(cudaEvent_t *e)
-{
-    *e = 0;
-    return cudaSuccess;
-}
-inline cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned)
-{
-    *e = 0;
-    return cudaSuccess;
-}
+/* The waits do nothing here but are counted (emu_stats below). */
+cudaError_t cudaStreamSynchronize(cudaStream_t);
+cudaError_t cudaDeviceSynchronize();
+/* An event holds the host time of its last record: work runs at once, so
+ * that is when the work before it ended, and cudaEventElapsedTime gives
+ * the emulation's (meaningless for a GPU) time between two records. */
+cudaError_t cudaEventCreate(cudaEvent_t *e);
+inline cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned) { return cudaEventCreate(e); }
 inline cudaError_t cudaEventQuery(cudaEvent_t) { return cudaSuccess; }
-inline cudaError_t cudaEventDestroy(cudaEvent_t) { return cudaSuccess; }
-inline cudaError_t cudaEventRecord(cudaEvent_t, cudaStream_t = 0) { return cudaSuccess; }
-inline cudaError_t cudaEventSynchronize(cudaEvent_t) { return cudaSuccess; }
+cudaError_t cudaEventDestroy(cudaEvent_t e);
+cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t = 0);
+cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t start, cudaEvent_t end);
+cudaError_t cudaEventSynchronize(cudaEvent_t);
 inline cudaError_t cudaStreamWaitEvent(cudaStream_t, cudaEvent_t, unsigned = 0)
 {
     return cudaSuccess;
@@ -188,6 +185,23 @@ template <class T> T __shfl_xor_sync(unsigned mask, T v, int o)
     }
     return (T)emu_shfl_xor((double)v, o);
 }
+
+/* -------------------------------------------------------- step counts */
+
+/* With TRD_EMU_STATS=FILE, what the host asks of the device is counted and
+ * appended to FILE at every emu_stats_step (the trainer's step boundary,
+ * through backend_cuda_step_end): kernel launches per kernel name with
+ * their fewest and most threads (grid x block), host synchronizations,
+ * copies per direction, memsets, device allocations and frees, pinned host
+ * allocations, cuBLAS GEMMs and their FLOPs (2mnk).  A host
+ * synchronization is a wait of the host for the device: a stream, device
+ * or event synchronize, a synchronous cudaMemcpy / cudaMemcpyFromSymbol,
+ * and an asynchronous copy to pageable (not cudaMallocHost) host memory,
+ * which CUDA completes before returning.  An asynchronous copy from
+ * pageable host memory is staged by the driver without waiting for the
+ * device, so it is a copy, not a synchronization.  The file format is in
+ * docs/cuda.md ("Step budget"). */
+extern "C" void emu_stats_step(int step);
 
 /* ---------------------------------------------------------- launches */
 

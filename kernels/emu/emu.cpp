@@ -30,10 +30,12 @@
 #include <vector>
 #include <execinfo.h>
 #include <map>
+#include <string>
 #include <signal.h>
 #include <stdarg.h>
 #include <sys/mman.h>
 #include <ucontext.h>
+#include <time.h>
 #include <unistd.h>
 
 #if defined(__SANITIZE_ADDRESS__)
@@ -94,6 +96,113 @@ cudaError_t cudaGetDeviceProperties(cudaDeviceProp *p, int d)
     snprintf(p->name, sizeof p->name, "CPU emulation (kernels/emu)");
     p->major = 9, p->minor = 0;
     p->totalGlobalMem = (size_t)sysconf(_SC_PHYS_PAGES) * (size_t)sysconf(_SC_PAGESIZE);
+    return cudaSuccess;
+}
+
+/* ------------------------------------------------------- step counts */
+
+/* What the host asked of the device since the last step mark
+ * (cuda_runtime.h, emu_stats_step).  Counted always (a few adds per
+ * call); written only with TRD_EMU_STATS. */
+struct KernelCount {
+    long launches = 0;
+    unsigned long long threads_min = ~0ull, threads_max = 0;
+};
+static struct {
+    long syncs, h2d, d2h, d2d, memsets, mallocs, frees, host_allocs, gemms;
+    double h2d_bytes, d2h_bytes, gemm_flops;
+    std::map<std::string, KernelCount> kernels;
+} stats;
+
+static void count_sync() { stats.syncs++; }
+
+static void count_launch(const char *name, unsigned long long threads)
+{
+    KernelCount &k = stats.kernels[name];
+    k.launches++;
+    k.threads_min = std::min(k.threads_min, threads);
+    k.threads_max = std::max(k.threads_max, threads);
+}
+
+/* One "step" line with the totals, then one "kernel" line per kernel name
+ * (tab-separated, docs/cuda.md), and the counts start again. */
+extern "C" void emu_stats_step(int step)
+{
+    const char *path = getenv("TRD_EMU_STATS");
+    if (path && *path) {
+        FILE *f = fopen(path, "a");
+        if (!f)
+            die("TRD_EMU_STATS=%s: %s", path, strerror(errno));
+        long launches = 0;
+        for (auto &kv : stats.kernels)
+            launches += kv.second.launches;
+        fprintf(f, "step\t%d\tlaunches\t%ld\tsyncs\t%ld\th2d\t%ld\td2h\t%ld\td2d\t%ld\t"
+                   "memsets\t%ld\tmallocs\t%ld\tfrees\t%ld\thost_allocs\t%ld\tgemms\t%ld\t"
+                   "gemm_flops\t%.0f\th2d_bytes\t%.0f\td2h_bytes\t%.0f\n",
+                step, launches, stats.syncs, stats.h2d, stats.d2h, stats.d2d, stats.memsets,
+                stats.mallocs, stats.frees, stats.host_allocs, stats.gemms, stats.gemm_flops,
+                stats.h2d_bytes, stats.d2h_bytes);
+        for (auto &kv : stats.kernels)
+            fprintf(f, "kernel\t%d\t%s\t%ld\t%llu\t%llu\n", step, kv.first.c_str(),
+                    kv.second.launches, kv.second.threads_min, kv.second.threads_max);
+        if (fclose(f) != 0)
+            die("TRD_EMU_STATS=%s: %s", path, strerror(errno));
+    }
+    stats.kernels.clear();
+    stats.syncs = stats.h2d = stats.d2h = stats.d2d = stats.memsets = 0;
+    stats.mallocs = stats.frees = stats.host_allocs = stats.gemms = 0;
+    stats.h2d_bytes = stats.d2h_bytes = stats.gemm_flops = 0;
+}
+
+cudaError_t cudaStreamSynchronize(cudaStream_t)
+{
+    count_sync();
+    return cudaSuccess;
+}
+
+cudaError_t cudaDeviceSynchronize()
+{
+    count_sync();
+    return cudaSuccess;
+}
+
+cudaError_t cudaEventSynchronize(cudaEvent_t)
+{
+    count_sync();
+    return cudaSuccess;
+}
+
+struct emu_event {
+    double t; /* seconds, CLOCK_MONOTONIC, of the last record; < 0: never */
+};
+
+cudaError_t cudaEventCreate(cudaEvent_t *e)
+{
+    *e = new emu_event{-1};
+    return cudaSuccess;
+}
+
+cudaError_t cudaEventDestroy(cudaEvent_t e)
+{
+    delete e;
+    return cudaSuccess;
+}
+
+cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t)
+{
+    if (!e)
+        return cudaErrorInvalidValue;
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    e->t = (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+    return cudaSuccess;
+}
+
+cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t start, cudaEvent_t end)
+{
+    if (!start || !end || start->t < 0 || end->t < 0)
+        return cudaErrorInvalidValue;
+    *ms = (float)(1e3 * (end->t - start->t));
     return cudaSuccess;
 }
 
@@ -235,6 +344,7 @@ cudaError_t cudaMalloc(void **p, size_t n)
     EMU_POISON(a.map, (size_t)(a.ptr - a.map));
     EMU_POISON(a.ptr + n, map_size - (size_t)(a.ptr - a.map) - n);
     allocs[(uintptr_t)m] = a;
+    stats.mallocs++;
     *p = a.ptr;
     return cudaSuccess;
 }
@@ -251,6 +361,7 @@ cudaError_t cudaFree(void *p)
         die("cudaFree: the pointer is not the start of its device allocation (%p; the "
             "allocation is %zu bytes at %p)", p, a->size, (void *)a->ptr);
     Alloc gone = *a;
+    stats.frees++;
     allocs.erase((uintptr_t)gone.map);
     EMU_UNPOISON(gone.map, gone.map_size);
     if (munmap(gone.map, gone.map_size) != 0)
@@ -266,6 +377,7 @@ cudaError_t cudaMallocHost(void **p, size_t n)
     if (!*p)
         return cudaErrorMemoryAllocation;
     pinned[(uintptr_t)*p] = n;
+    stats.host_allocs++;
     return cudaSuccess;
 }
 
@@ -330,6 +442,32 @@ void emu_check_kernel_pointer(const char *name, int index, const void *p)
     }
 }
 
+/* whether [p, p + n) lies in one live cudaMallocHost buffer */
+static bool is_pinned(const void *p, size_t n)
+{
+    auto it = pinned.upper_bound((uintptr_t)p);
+    if (it == pinned.begin())
+        return false;
+    --it;
+    return (uintptr_t)p + n <= it->first + it->second;
+}
+
+/* A copy counted by direction; `sync`: the call itself waits for the
+ * device (cuda_runtime.h, "step counts"), and so does an asynchronous
+ * copy into pageable host memory. */
+static void count_copy(cudaMemcpyKind kind, const void *dst, size_t n, bool sync)
+{
+    if (kind == cudaMemcpyHostToDevice)
+        stats.h2d++, stats.h2d_bytes += (double)n;
+    else if (kind == cudaMemcpyDeviceToHost) {
+        stats.d2h++, stats.d2h_bytes += (double)n;
+        sync = sync || !is_pinned(dst, n);
+    } else if (kind == cudaMemcpyDeviceToDevice)
+        stats.d2d++;
+    if (sync)
+        count_sync();
+}
+
 static const char *kind_name(cudaMemcpyKind kind)
 {
     switch (kind) {
@@ -372,12 +510,14 @@ cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n, cudaMemcpyKind
                             cudaStream_t)
 {
     copy_checked("cudaMemcpyAsync", dst, src, n, kind);
+    count_copy(kind, dst, n, false);
     return cudaSuccess;
 }
 
 cudaError_t cudaMemcpy(void *dst, const void *src, size_t n, cudaMemcpyKind kind)
 {
     copy_checked("cudaMemcpy", dst, src, n, kind);
+    count_copy(kind, dst, n, true);
     return cudaSuccess;
 }
 
@@ -386,6 +526,7 @@ static void memset_checked(const char *call, void *p, int v, size_t n)
     if (n == 0)
         return;
     emu_check_device(call, "dst", p, n);
+    stats.memsets++;
     emu_device_scope open;
     memset(p, v, n);
 }
@@ -417,6 +558,8 @@ void emu_copy_from_symbol(const char *call, void *dst, const void *sym, size_t s
     else
         die("%s: kind %s (a copy from a symbol is DeviceToHost or DeviceToDevice)", call,
             kind_name(kind));
+    /* the synchronous form (no "Async" in its name) waits */
+    count_copy(kind, dst, n, strstr(call, "Async") == nullptr);
     emu_device_scope open;
     memcpy(dst, (const char *)sym + off, n);
 }
@@ -622,6 +765,7 @@ void emu_run(unsigned grid, unsigned block, size_t shmem, const std::function<vo
 {
     if (block == 0 || block > 1024 || grid == 0 || shmem)
         die("%s: bad launch <<<%u, %u, %zu>>>", name, grid, block, shmem);
+    count_launch(name, (unsigned long long)grid * block);
     gridDim.x = grid;
     blockDim.x = block;
     emu_device_scope open;
@@ -636,6 +780,12 @@ void emu_run(unsigned grid, unsigned block, size_t shmem, const std::function<vo
 struct emu_cublas { int x; };
 cublasStatus_t cublasCreate(cublasHandle_t *h) { *h = new emu_cublas(); return 0; }
 cublasStatus_t cublasDestroy(cublasHandle_t h) { delete h; return 0; }
+
+static void count_gemm(int m, int n, int k)
+{
+    stats.gemms++;
+    stats.gemm_flops += 2.0 * m * n * k;
+}
 
 /* a column-major rows x cols matrix with leading dimension ld, in device
  * memory and within its allocation */
@@ -684,6 +834,7 @@ cublasStatus_t cublasSgemm(cublasHandle_t h, cublasOperation_t ta, cublasOperati
                                    beta, C, ldc, sizeof(float), &empty);
     if (st != CUBLAS_STATUS_SUCCESS || empty)
         return st;
+    count_gemm(m, n, k);
     emu_device_scope open;
     cblas_sgemm(CblasColMajor, na ? CblasNoTrans : CblasTrans, nb ? CblasNoTrans : CblasTrans,
                 m, n, k, *alpha, A, lda, B, ldb, *beta, C, ldc);
@@ -718,6 +869,7 @@ cublasStatus_t cublasGemmEx(cublasHandle_t h, cublasOperation_t ta, cublasOperat
     if (st != CUBLAS_STATUS_SUCCESS || empty)
         return st;
     const int ar = na ? m : k, ac = na ? k : m, br = nb ? k : n, bc = nb ? n : k;
+    count_gemm(m, n, k);
     emu_device_scope open;
     std::vector<float> a = k > 0 ? widen(A, matrix_elems(ar, ac, lda)) : std::vector<float>(1);
     std::vector<float> b = k > 0 ? widen(B, matrix_elems(br, bc, ldb)) : std::vector<float>(1);

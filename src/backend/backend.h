@@ -55,6 +55,14 @@ static inline AttnArgs attn_args(int B, int T, int H, int KVH, int hs)
     return a;
 }
 
+/* A run [lo, hi) of a flat buffer, in elements, for the ops that cover
+ * many tensors in one pass (sumsq_ranges, adamw_ranges); `decay`: the
+ * run's parameters take weight decay (adamw_ranges only). */
+typedef struct {
+    size_t lo, hi;
+    int decay;
+} BackendRange;
+
 typedef struct {
     const char *name;
 
@@ -218,6 +226,11 @@ typedef struct {
     void (*accumulate)(float *y, const float *x, size_t n);
     /* sum of squares, accumulated in double */
     double (*sumsq)(const float *x, size_t n);
+    /* The sum over ranges[0 .. n) (host memory) of sumsq(x + lo, hi - lo):
+     * the gradient norm of many tensors in one pass (CUDA: one reduction
+     * and one read, not one per tensor).  Deterministic: the same input
+     * gives the same bits; the CPU adds the ranges' sumsq in order. */
+    double (*sumsq_ranges)(const float *x, const BackendRange *ranges, int n);
     /* x *= s */
     void (*scale)(float *x, float s, size_t n);
 
@@ -232,6 +245,14 @@ typedef struct {
     void (*adamw)(float *param, float *master, const float *grad, float *m, float *v, size_t n,
                   float lr, float beta1, float beta2, float eps, float weight_decay,
                   float grad_scale, int t, int round_bf16);
+    /* adamw over every range of the flat buffers (ranges in host memory,
+     * offsets into param, master, grad, m and v), with weight_decay where
+     * the range's decay is set and 0 elsewhere: the same arithmetic per
+     * element as adamw, so the same bits, in one pass over all the tensors
+     * (CUDA: one launch instead of one per tensor). */
+    void (*adamw_ranges)(float *param, float *master, const float *grad, float *m, float *v,
+                         const BackendRange *ranges, int n, float lr, float beta1, float beta2,
+                         float eps, float weight_decay, float grad_scale, int t, int round_bf16);
 } Backend;
 
 /* The CPU reference backend. */

@@ -215,6 +215,26 @@ static void cpu_copy(void *dst, const void *src, size_t bytes)
         memcpy(dst, src, bytes);
 }
 
+/* The reference of the one-pass ops: one call per range, in order. */
+static double cpu_sumsq_ranges(const float *x, const BackendRange *ranges, int n)
+{
+    double total = 0;
+    for (int k = 0; k < n; k++)
+        total += cpu_sumsq(x + ranges[k].lo, ranges[k].hi - ranges[k].lo);
+    return total;
+}
+
+static void cpu_adamw_ranges(float *param, float *master, const float *grad, float *m, float *v,
+                             const BackendRange *ranges, int n, float lr, float beta1, float beta2,
+                             float eps, float weight_decay, float grad_scale, int t, int round_bf16)
+{
+    for (int k = 0; k < n; k++) {
+        const size_t lo = ranges[k].lo;
+        cpu_adamw(param + lo, master + lo, grad + lo, m + lo, v + lo, ranges[k].hi - lo, lr, beta1,
+                  beta2, eps, ranges[k].decay ? weight_decay : 0.0f, grad_scale, t, round_bf16);
+    }
+}
+
 static const Backend cpu_backend = {
     .name = "cpu",
     .device = 0,
@@ -254,8 +274,10 @@ static const Backend cpu_backend = {
     .add = cpu_add,
     .accumulate = cpu_accumulate,
     .sumsq = cpu_sumsq,
+    .sumsq_ranges = cpu_sumsq_ranges,
     .scale = cpu_scale,
     .adamw = cpu_adamw,
+    .adamw_ranges = cpu_adamw_ranges,
 };
 
 const Backend *backend_cpu(void) { return &cpu_backend; }

@@ -64,6 +64,18 @@ void backend_cuda_host_free(void *host);
  * or a cross-entropy target outside the vocabulary found since. */
 void backend_cuda_synchronize(void);
 
+/* The trainer's step `step` (1-based) ends here, after wall_ms of host
+ * time: a mark for the emulation's step counts (TRD_EMU_STATS, docs/cuda.md
+ * "Step budget") and for the profile. */
+void backend_cuda_step_end(int step, double wall_ms);
+
+/* TRIDENT_PROFILE=1 (docs/cuda.md "Profile"): `base` with every op timed
+ * on the device by CUDA events; and, at the end of the run, the table of
+ * what the steps after the first spent per op, on stdout and in
+ * DIR/profile.tsv (nothing when the profiled table was never made). */
+const Backend *backend_cuda_profiled(const Backend *base);
+void backend_cuda_profile_report(const char *dir);
+
 #ifdef __cplusplus
 }
 #endif

@@ -295,7 +295,10 @@ int params_row_owned(const ParamTable *t, const ParamSpec *p, int64_t r)
 double params_grad_sumsq(const ParamTable *t, const Backend *be, const float *g, size_t lo,
                          size_t hi)
 {
-    double total = 0.0;
+    /* The owned runs of every tensor, then one backend call over all of
+     * them: on a GPU one reduction and one wait, not one per tensor. */
+    BackendRange *r = trd_malloc(2 * (size_t)t->n * sizeof *r + 1, "gradient norm ranges");
+    int n = 0;
     for (int i = 0; i < t->n; i++) {
         const ParamSpec *p = &t->p[i];
         const size_t a = p->offset > lo ? p->offset : lo;
@@ -304,7 +307,7 @@ double params_grad_sumsq(const ParamTable *t, const Backend *be, const float *g,
             continue;
         const size_t cols = (size_t)p->local_shape[1];
         /* Ownership is per row (replicated kv rows), and owned rows come in
-         * at most two runs per tensor: sum each run with one backend call. */
+         * at most two runs per tensor (the size of r). */
         size_t run = a; /* start of the current owned run */
         int owned = 0;
         for (size_t k = a; k < b;) {
@@ -315,13 +318,15 @@ double params_grad_sumsq(const ParamTable *t, const Backend *be, const float *g,
             if (mine && !owned)
                 run = k;
             if (!mine && owned)
-                total += be->sumsq(g + (run - lo), k - run);
+                r[n++] = (BackendRange){.lo = run - lo, .hi = k - lo};
             owned = mine;
             k = e;
         }
         if (owned)
-            total += be->sumsq(g + (run - lo), b - run);
+            r[n++] = (BackendRange){.lo = run - lo, .hi = b - lo};
     }
+    const double total = n ? be->sumsq_ranges(g, r, n) : 0.0;
+    free(r);
     return total;
 }
 

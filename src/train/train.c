@@ -12,6 +12,9 @@
 #include <sys/stat.h>
 #include <time.h>
 
+#ifdef TRD_HAVE_CUDA
+#include "backend/cuda.h"
+#endif
 #include "core/error.h"
 #include "core/rng.h"
 #include "data/prepare.h"
@@ -448,6 +451,10 @@ int train_run(const Config *cfg, Comm world)
     if (rank0 && cfg->data.blend[0])
         print_data_seen(tr, done);
     trainer_report_device_memory(tr);
+#ifdef TRD_HAVE_CUDA
+    if (rank0 && cfg->backend == BACKEND_CUDA) /* TRIDENT_PROFILE's table, when it is on */
+        backend_cuda_profile_report(cfg->run.dir);
+#endif
     dump_weights(tr);
     watchdog_stop();
     if (sample_tok)

@@ -188,7 +188,14 @@ static double one_step(Trainer *tr, int step, double *grad_norm, float *lr, int 
 TrainerStep trainer_step(Trainer *tr, int step)
 {
     TrainerStep r = {0};
+#ifdef TRD_HAVE_CUDA
+    const double t0 = comm_wtime(); /* the profile's step wall time */
+#endif
     r.loss = one_step(tr, step, &r.grad_norm, &r.lr, &r.skipped, &r.data_ms);
+#ifdef TRD_HAVE_CUDA
+    if (tr->be->device)
+        backend_cuda_step_end(step + 1, 1e3 * (comm_wtime() - t0));
+#endif
     if (++tr->steps_taken == 1) /* staging buffers pooled by the first step */
         tr->staged_first = comm_staging().allocations;
     const ZeroStats zs = zero_take_stats(tr->zero);
@@ -309,7 +316,9 @@ static const Backend *pick_backend(const Config *cfg, int rank)
         return bf16 ? backend_cpu_bf16() : backend_cpu();
 #ifdef TRD_HAVE_CUDA
     (void)rank;
-    return bf16 ? backend_cuda_bf16() : backend_cuda();
+    const Backend *be = bf16 ? backend_cuda_bf16() : backend_cuda();
+    const char *prof = getenv("TRIDENT_PROFILE");
+    return prof && strcmp(prof, "1") == 0 ? backend_cuda_profiled(be) : be;
 #else
     guard_exit_agreed(rank, TRD_EXIT_INPUT,
                       "set backend: cpu, or rebuild with -Dcuda=enabled (docs/cuda.md)",

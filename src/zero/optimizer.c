@@ -54,20 +54,28 @@ void optimizer_step(Optimizer *o, float *params, const float *grads, float lr,
                     const TrainingConfig *tc)
 {
     o->t++;
-    /* One call per tensor (or the part of it in our range): weight decay is
-     * a per-tensor property. */
+    /* One backend call for every tensor (or the part of it in our range):
+     * weight decay is a per-tensor property, so a run per tensor, merged
+     * with the previous one when both decay alike (the flat buffers hold
+     * the tensors back to back). */
+    BackendRange *r = trd_malloc((size_t)o->table->n * sizeof *r + 1, "optimizer ranges");
+    int n = 0;
     for (int i = 0; i < o->table->n; i++) {
         const ParamSpec *p = &o->table->p[i];
         size_t lo = p->offset > o->begin ? p->offset : o->begin;
         size_t hi = p->offset + p->numel < o->end ? p->offset + p->numel : o->end;
         if (lo >= hi)
             continue;
-        size_t s = lo - o->begin;
-        float *master = o->master ? o->master + s : params + s;
-        o->be->adamw(params + s, master, grads + s, o->m + s, o->v + s, hi - lo, lr, tc->beta1,
-                     tc->beta2, tc->eps, p->decay ? tc->weight_decay : 0.0f, o->grad_scale, o->t,
-                     o->bf16);
+        const BackendRange run = {.lo = lo - o->begin, .hi = hi - o->begin, .decay = p->decay};
+        if (n && r[n - 1].hi == run.lo && r[n - 1].decay == run.decay)
+            r[n - 1].hi = run.hi;
+        else
+            r[n++] = run;
     }
+    float *master = o->master ? o->master : params;
+    o->be->adamw_ranges(params, master, grads, o->m, o->v, r, n, lr, tc->beta1, tc->beta2, tc->eps,
+                        tc->weight_decay, o->grad_scale, o->t, o->bf16);
+    free(r);
     o->grad_scale = 1.0f;
 }
 

@@ -1,0 +1,425 @@
+/* profile.cu — TRIDENT_PROFILE=1: the device time of every Backend op,
+ * measured with a pair of CUDA events around each call on the ops'
+ * stream, summed per op name over the steps after the first (which
+ * allocates), with the op's nominal bytes and FLOPs (what it must read,
+ * write and multiply at the least; 0 where not stated) for GB/s and
+ * TFLOP/s.  At the end of the run rank 0 prints a table and writes
+ * run.dir/profile.tsv (docs/cuda.md, "Profile").  Without TRIDENT_PROFILE
+ * nothing here runs: the trainer takes the plain table.
+ *
+ * Ops nest (an op's own memset or copy is not seen: only table calls are
+ * wrapped), and the events of one step are read once, at its end: one
+ * extra host synchronization per step while profiling. */
+#include "ops.cuh"
+
+#include <stdio.h>
+#include <string.h>
+
+enum { PROF_PAIRS = 8192, PROF_OPS = 64 };
+
+typedef struct {
+    const char *name;
+    double calls, ms, bytes, flops;
+} ProfOp;
+
+static struct {
+    const Backend *base;
+    cudaEvent_t ev[2 * PROF_PAIRS];
+    int op[PROF_PAIRS];
+    double bytes[PROF_PAIRS], flops[PROF_PAIRS];
+    int pairs, dropped; /* this step's; pairs beyond PROF_PAIRS dropped */
+    ProfOp ops[PROF_OPS];
+    int nops, steps;
+    double wall_ms;
+} prof;
+
+static int prof_op_index(const char *name)
+{
+    for (int i = 0; i < prof.nops; i++)
+        if (prof.ops[i].name == name || strcmp(prof.ops[i].name, name) == 0)
+            return i;
+    if (prof.nops == PROF_OPS)
+        trd_fatal(TRD_EXIT_RUNTIME, NULL, "TRIDENT_PROFILE: more than %d op names", PROF_OPS);
+    prof.ops[prof.nops].name = name;
+    return prof.nops++;
+}
+
+/* the pair of this call, or -1 when the step's pairs are used up */
+static int prof_begin(void)
+{
+    if (prof.pairs == PROF_PAIRS) {
+        prof.dropped++;
+        return -1;
+    }
+    int k = prof.pairs++;
+    if (!prof.ev[2 * k]) {
+        CUDA_CHECK(cudaEventCreate(&prof.ev[2 * k]));
+        CUDA_CHECK(cudaEventCreate(&prof.ev[2 * k + 1]));
+    }
+    CUDA_CHECK(cudaEventRecord(prof.ev[2 * k], cuda_stream()));
+    return k;
+}
+
+static void prof_end(int k, const char *name, double bytes, double flops)
+{
+    if (k < 0)
+        return;
+    CUDA_CHECK(cudaEventRecord(prof.ev[2 * k + 1], cuda_stream()));
+    prof.op[k] = prof_op_index(name);
+    prof.bytes[k] = bytes;
+    prof.flops[k] = flops;
+}
+
+/* step ends: read its events (one wait), add them unless it is step 1 */
+void cuda_profile_step(int step, double wall_ms)
+{
+    if (!prof.base)
+        return;
+    if (prof.pairs)
+        CUDA_CHECK(cudaEventSynchronize(prof.ev[2 * prof.pairs - 1]));
+    if (step > 1) {
+        for (int k = 0; k < prof.pairs; k++) {
+            float ms = 0;
+            CUDA_CHECK(cudaEventElapsedTime(&ms, prof.ev[2 * k], prof.ev[2 * k + 1]));
+            ProfOp *o = &prof.ops[prof.op[k]];
+            o->calls += 1;
+            o->ms += ms;
+            o->bytes += prof.bytes[k];
+            o->flops += prof.flops[k];
+        }
+        prof.steps++;
+        prof.wall_ms += wall_ms;
+    }
+    prof.pairs = 0;
+}
+
+/* ---- the wrapped table: each op timed, with its nominal bytes / FLOPs ---- */
+
+#define F4 4.0 /* bytes of an fp32 element */
+#define TIMED(name, bytes, flops, call)                                                            \
+    do {                                                                                           \
+        int k_ = prof_begin();                                                                     \
+        prof.base->call;                                                                           \
+        prof_end(k_, name, bytes, flops);                                                          \
+    } while (0)
+
+static void p_zero(void *p, size_t b) { TIMED("zero", (double)b, 0, zero(p, b)); }
+static void p_copy(void *d, const void *s, size_t b)
+{
+    TIMED("copy", 2.0 * (double)b, 0, copy(d, s, b));
+}
+static void p_to_backend(void *d, const void *h, size_t b)
+{
+    TIMED("to_backend", (double)b, 0, to_backend(d, h, b));
+}
+static void p_to_host(void *h, const void *d, size_t b)
+{
+    TIMED("to_host", (double)b, 0, to_host(h, d, b));
+}
+
+static void p_matmul_forward(float *out, const float *inp, const float *w, const float *b, int N,
+                             int C, int OC)
+{
+    double n = N, c = C, oc = OC;
+    TIMED("matmul_forward", F4 * (n * c + oc * c + n * oc + (b ? oc : 0)), 2 * n * c * oc,
+          matmul_forward(out, inp, w, b, N, C, OC));
+}
+
+static void p_matmul_backward(float *dinp, float *dw, float *db, const float *dout,
+                              const float *inp, const float *w, int N, int C, int OC)
+{
+    double n = N, c = C, oc = OC;
+    double bytes = F4 * n * oc + (dinp ? F4 * (oc * c + 2 * n * c) : 0) +
+                   (dw ? F4 * (n * c + 2 * oc * c) : 0) + (db ? F4 * 2 * oc : 0);
+    double flops = (dinp ? 2 * n * c * oc : 0) + (dw ? 2 * n * c * oc : 0);
+    TIMED("matmul_backward", bytes, flops, matmul_backward(dinp, dw, db, dout, inp, w, N, C, OC));
+}
+
+static void p_embedding_forward(float *out, const int32_t *tok, const int32_t *pos,
+                                const float *wte, const float *wpe, int N, int T, int C, int vs,
+                                int V)
+{
+    TIMED("embedding_forward", F4 * (double)N * C * (wpe ? 3 : 2), 0,
+          embedding_forward(out, tok, pos, wte, wpe, N, T, C, vs, V));
+}
+
+static void p_embedding_backward(float *dwte, float *dwpe, const float *dout, const int32_t *tok,
+                                 const int32_t *pos, int N, int T, int C, int vs, int V)
+{
+    TIMED("embedding_backward", F4 * (double)N * C * 3, 0,
+          embedding_backward(dwte, dwpe, dout, tok, pos, N, T, C, vs, V));
+}
+
+static void p_layernorm_forward(float *out, float *mean, float *rstd, const float *inp,
+                                const float *w, const float *b, int N, int C, float eps)
+{
+    TIMED("layernorm_forward", F4 * 2.0 * N * C, 0,
+          layernorm_forward(out, mean, rstd, inp, w, b, N, C, eps));
+}
+
+static void p_layernorm_backward(float *dinp, float *dw, float *db, const float *dout,
+                                 const float *inp, const float *w, const float *mean,
+                                 const float *rstd, int N, int C)
+{
+    TIMED("layernorm_backward", F4 * 4.0 * N * C, 0,
+          layernorm_backward(dinp, dw, db, dout, inp, w, mean, rstd, N, C));
+}
+
+static void p_rmsnorm_forward(float *out, float *rstd, const float *inp, const float *w, int N,
+                              int C, float eps)
+{
+    TIMED("rmsnorm_forward", F4 * 2.0 * N * C, 0, rmsnorm_forward(out, rstd, inp, w, N, C, eps));
+}
+
+static void p_rmsnorm_backward(float *dinp, float *dw, const float *dout, const float *inp,
+                               const float *w, const float *rstd, int N, int C)
+{
+    TIMED("rmsnorm_backward", F4 * 4.0 * N * C, 0,
+          rmsnorm_backward(dinp, dw, dout, inp, w, rstd, N, C));
+}
+
+static void p_gelu_forward(float *out, const float *inp, size_t n)
+{
+    TIMED("gelu_forward", F4 * 2.0 * n, 0, gelu_forward(out, inp, n));
+}
+
+static void p_gelu_backward(float *dinp, const float *inp, const float *dout, size_t n)
+{
+    TIMED("gelu_backward", F4 * 4.0 * n, 0, gelu_backward(dinp, inp, dout, n));
+}
+
+static void p_swiglu_forward(float *out, const float *gate, const float *up, size_t n)
+{
+    TIMED("swiglu_forward", F4 * 3.0 * n, 0, swiglu_forward(out, gate, up, n));
+}
+
+static void p_swiglu_backward(float *dgate, float *dup, const float *dout, const float *gate,
+                              const float *up, size_t n)
+{
+    TIMED("swiglu_backward", F4 * 7.0 * n, 0, swiglu_backward(dgate, dup, dout, gate, up, n));
+}
+
+static void p_rope_forward(float *qkv, const int32_t *pos, int N, int T, int pos0, int H, int KVH,
+                           int hs, float theta)
+{
+    TIMED("rope_forward", F4 * 2.0 * N * (H + KVH) * hs, 0,
+          rope_forward(qkv, pos, N, T, pos0, H, KVH, hs, theta));
+}
+
+static void p_rope_backward(float *dqkv, const int32_t *pos, int N, int T, int pos0, int H,
+                            int KVH, int hs, float theta)
+{
+    TIMED("rope_backward", F4 * 2.0 * N * (H + KVH) * hs, 0,
+          rope_backward(dqkv, pos, N, T, pos0, H, KVH, hs, theta));
+}
+
+/* causal attention of whole sequences: about half of the T x T scores; 2
+ * products forward, 5 backward (as the study counts).  A block pair or
+ * packed documents do less; the nominal count is the whole causal one. */
+static double attn_flops(const AttnArgs *a, int products)
+{
+    return 2.0 * products * a->B * a->H * ((double)a->Tq * (a->Tq + 1) / 2) * a->hs;
+}
+
+static void p_attention_forward(float *out, float *lse, const float *q, const float *kv,
+                                const AttnArgs *a)
+{
+    double N = (double)a->B * a->Tq;
+    TIMED("attention_forward", F4 * N * ((a->H + 2 * a->KVH) * a->hs + a->H * a->hs + a->H),
+          attn_flops(a, 2), attention_forward(out, lse, q, kv, a));
+}
+
+static void p_attention_backward(float *dq, float *dkv, const float *dout, const float *q,
+                                 const float *kv, const float *out, const float *lse,
+                                 const AttnArgs *a)
+{
+    double N = (double)a->B * a->Tq;
+    TIMED("attention_backward",
+          F4 * N * (3 * (a->H + 2 * a->KVH) * a->hs + 2 * a->H * a->hs + a->H), attn_flops(a, 5),
+          attention_backward(dq, dkv, dout, q, kv, out, lse, a));
+}
+
+static void p_crossentropy_forward(float *losses, const float *logits, const int32_t *t, int N,
+                                   int V, int Vp)
+{
+    TIMED("crossentropy_forward", F4 * (double)N * Vp, 0,
+          crossentropy_forward(losses, logits, t, N, V, Vp));
+}
+
+static void p_crossentropy_backward(float *logits, const int32_t *t, float dloss, int N, int V,
+                                    int Vp)
+{
+    TIMED("crossentropy_backward", F4 * 2.0 * N * Vp, 0,
+          crossentropy_backward(logits, t, dloss, N, V, Vp));
+}
+
+static void p_vocab_max(float *stats, const float *logits, int N, int V, int Vp)
+{
+    TIMED("vocab_max", F4 * (double)N * Vp, 0, vocab_max(stats, logits, N, V, Vp));
+}
+
+static void p_vocab_sumexp(float *stats, const float *logits, const int32_t *t, int N, int V,
+                           int Vp, int vs)
+{
+    TIMED("vocab_sumexp", F4 * (double)N * Vp, 0, vocab_sumexp(stats, logits, t, N, V, Vp, vs));
+}
+
+static void p_vocab_loss(float *losses, const float *stats, const int32_t *t, int N)
+{
+    TIMED("vocab_loss", F4 * 4.0 * N, 0, vocab_loss(losses, stats, t, N));
+}
+
+static void p_vocab_backward(float *logits, const float *stats, const int32_t *t, float dloss,
+                             int N, int V, int Vp, int vs)
+{
+    TIMED("vocab_backward", F4 * 2.0 * N * Vp, 0,
+          vocab_backward(logits, stats, t, dloss, N, V, Vp, vs));
+}
+
+static void p_add_bias(float *y, const float *bias, int rows, int C)
+{
+    TIMED("add_bias", F4 * 2.0 * rows * C, 0, add_bias(y, bias, rows, C));
+}
+
+static void p_add(float *out, const float *a, const float *b, size_t n)
+{
+    TIMED("add", F4 * 3.0 * n, 0, add(out, a, b, n));
+}
+
+static void p_accumulate(float *y, const float *x, size_t n)
+{
+    TIMED("accumulate", F4 * 3.0 * n, 0, accumulate(y, x, n));
+}
+
+static double p_sumsq_ranges(const float *x, const BackendRange *r, int n)
+{
+    double elems = 0;
+    for (int k = 0; k < n; k++)
+        elems += (double)(r[k].hi - r[k].lo);
+    int k = prof_begin();
+    double s = prof.base->sumsq_ranges(x, r, n);
+    prof_end(k, "sumsq_ranges", F4 * elems, 0);
+    return s;
+}
+
+static void p_scale(float *x, float s, size_t n)
+{
+    TIMED("scale", F4 * 2.0 * n, 0, scale(x, s, n));
+}
+
+static void p_adamw_ranges(float *param, float *master, const float *grad, float *m, float *v,
+                           const BackendRange *r, int n, float lr, float b1, float b2, float eps,
+                           float wd, float gs, int t, int bf16)
+{
+    double elems = 0;
+    for (int k = 0; k < n; k++)
+        elems += (double)(r[k].hi - r[k].lo);
+    /* read grad, m, v, master; write m, v, master, param */
+    TIMED("adamw", F4 * 8.0 * elems, 0,
+          adamw_ranges(param, master, grad, m, v, r, n, lr, b1, b2, eps, wd, gs, t, bf16));
+}
+
+extern "C" const Backend *backend_cuda_profiled(const Backend *base)
+{
+    static Backend t;
+    prof.base = base;
+    t = *base;
+    t.zero = p_zero;
+    t.copy = p_copy;
+    t.to_backend = p_to_backend;
+    t.to_host = p_to_host;
+    t.matmul_forward = p_matmul_forward;
+    t.matmul_backward = p_matmul_backward;
+    t.embedding_forward = p_embedding_forward;
+    t.embedding_backward = p_embedding_backward;
+    t.layernorm_forward = p_layernorm_forward;
+    t.layernorm_backward = p_layernorm_backward;
+    t.rmsnorm_forward = p_rmsnorm_forward;
+    t.rmsnorm_backward = p_rmsnorm_backward;
+    t.gelu_forward = p_gelu_forward;
+    t.gelu_backward = p_gelu_backward;
+    t.swiglu_forward = p_swiglu_forward;
+    t.swiglu_backward = p_swiglu_backward;
+    t.rope_forward = p_rope_forward;
+    t.rope_backward = p_rope_backward;
+    t.attention_forward = p_attention_forward;
+    t.attention_backward = p_attention_backward;
+    t.crossentropy_forward = p_crossentropy_forward;
+    t.crossentropy_backward = p_crossentropy_backward;
+    t.vocab_max = p_vocab_max;
+    t.vocab_sumexp = p_vocab_sumexp;
+    t.vocab_loss = p_vocab_loss;
+    t.vocab_backward = p_vocab_backward;
+    t.add_bias = p_add_bias;
+    t.add = p_add;
+    t.accumulate = p_accumulate;
+    t.sumsq_ranges = p_sumsq_ranges;
+    t.scale = p_scale;
+    t.adamw_ranges = p_adamw_ranges;
+    return &t;
+}
+
+/* One row per op, costliest first, then the step's wall time and what of
+ * it no op covered (host work, waits, launch gaps: "GPU idle"). */
+static void prof_write(FILE *f, int tsv)
+{
+    const double steps = prof.steps, wall = prof.wall_ms / steps;
+    int order[PROF_OPS];
+    for (int i = 0; i < prof.nops; i++)
+        order[i] = i;
+    for (int i = 1; i < prof.nops; i++) /* insertion sort by ms, descending */
+        for (int j = i; j > 0 && prof.ops[order[j]].ms > prof.ops[order[j - 1]].ms; j--) {
+            int x = order[j];
+            order[j] = order[j - 1], order[j - 1] = x;
+        }
+    if (tsv)
+        fprintf(f, "op\tcalls_per_step\tms_per_step\tpct_of_step\tgb_per_s\ttflop_per_s\t"
+                   "us_per_call\n");
+    else
+        fprintf(f,
+                "profile (TRIDENT_PROFILE, %d steps after the first, device time per op):\n"
+                "%-22s %10s %10s %9s %9s %9s %10s\n",
+                prof.steps, "op", "calls/step", "ms/step", "% of step", "GB/s", "TFLOP/s",
+                "us/call");
+    double covered = 0;
+    for (int i = 0; i < prof.nops; i++) {
+        const ProfOp *o = &prof.ops[order[i]];
+        double ms = o->ms / steps, s = o->ms * 1e-3;
+        covered += ms;
+        double gbs = s > 0 ? o->bytes / s * 1e-9 : 0, tfs = s > 0 ? o->flops / s * 1e-12 : 0;
+        fprintf(f,
+                tsv ? "%s\t%g\t%.4f\t%.2f\t%.1f\t%.3f\t%.2f\n"
+                    : "%-22s %10g %10.4f %9.2f %9.1f %9.3f %10.2f\n",
+                o->name, o->calls / steps, ms, wall > 0 ? 100 * ms / wall : 0, gbs, tfs,
+                o->calls > 0 ? 1e3 * o->ms / o->calls : 0);
+    }
+    const double idle = wall - covered, pct = wall > 0 ? 100 * idle / wall : 0;
+    if (tsv)
+        fprintf(f, "gpu_idle\t0\t%.4f\t%.2f\t0\t0\t0\nstep_wall\t0\t%.4f\t100\t0\t0\t0\n", idle,
+                pct, wall);
+    else
+        fprintf(f, "%-22s %10s %10.4f %9.2f\n%-22s %10s %10.4f %9.2f\n", "GPU idle (no op)", "",
+                idle, pct, "step wall", "", wall, 100.0);
+}
+
+extern "C" void backend_cuda_profile_report(const char *dir)
+{
+    if (!prof.base)
+        return;
+    if (prof.steps == 0) {
+        printf("profile (TRIDENT_PROFILE): no step after the first, nothing to report\n");
+        return;
+    }
+    if (prof.dropped)
+        printf("profile: %d calls beyond %d a step were not timed\n", prof.dropped, PROF_PAIRS);
+    prof_write(stdout, 0);
+    char path[4096];
+    snprintf(path, sizeof path, "%s/profile.tsv", dir);
+    FILE *f = fopen(path, "w");
+    if (!f)
+        trd_fatal(TRD_EXIT_RUNTIME, "check that run.dir is writable", "cannot write %s", path);
+    prof_write(f, 1);
+    if (fclose(f) != 0)
+        trd_fatal(TRD_EXIT_RUNTIME, "check that run.dir is writable", "cannot write %s", path);
+    printf("profile: %s\n", path);
+}

@@ -1,0 +1,135 @@
+#!/usr/bin/env bash
+# The step budget of the CUDA backend, counted by the emulation
+# (kernels/emu, TRD_EMU_STATS; docs/cuda.md "Step budget"): what the host
+# asks of the device in a steady training step (step 2: step 1 allocates
+# the bf16 slots, the range tables and the pinned result buffers), for a
+# small GPT-2 with bf16 GEMMs (as bench/gpu.sh runs it) and a small Llama
+# (GQA, RMSNorm, SwiGLU, RoPE) in fp32, one rank.  About 20 s of CPU each.
+# Rules, each on step 2:
+#   syncs    at most SYNCS host synchronizations: 2, the loss (read by
+#            the model's head) and the gradient norm (read by the trainer
+#            for clipping, the non-finite guard and the log), each with the
+#            cross-entropy target check riding along;
+#   memory   no device allocation or free, no pinned host allocation;
+#   serial   every kernel launch has at least N threads (grid x block),
+#            N = B*T the token rows of the micro-batch (512 here, more than
+#            four times the hidden size): a kernel whose parallelism is a
+#            column count (one thread per column, each looping over all N
+#            rows) has fewer.  Exempt: the finishing stages of two-stage
+#            reductions, which loop over a fixed number of partials
+#            whatever N (FINISH below);
+#   launches at most LAUNCH_PER_LAYER * layers + LAUNCH_FIXED kernel
+#            launches (the emulation does not see cuBLAS's own kernels;
+#            its GEMMs are counted apart).
+# KNOWN_SERIAL lists serial kernels still to be fixed (none now: issue 30
+# item 3 made the column sums and the embedding backward parallel); the
+# test fails when another kernel is serial, and when a listed one no
+# longer is (then take it off the list).
+. "$(dirname "$0")/e2e.sh"
+
+SYNCS=${TRIDENT_BUDGET_SYNCS:-2}
+LAUNCH_PER_LAYER=41
+LAUNCH_FIXED=17
+FINISH="sumsq_total_kernel"
+KNOWN_SERIAL=""
+
+small=(--set checkpoint.dir= --set model.layers=2 --set model.hidden=64 --set model.heads=4
+       --set model.seq_len=64 --set training.steps=2 --set training.warmup_steps=1
+       --set training.global_batch=8 --set training.micro_batch=8 --set data.val_every=1000 --set data.val_sequences=8
+       --set run.log_every=1 --set backend=cuda)
+llama=(--set model.arch=llama --set model.kv_heads=2)
+
+budget() { # name: check step 3 of $out/name.stats
+    python3 - "$out/$1.stats" "$1" "$SYNCS" "$LAUNCH_PER_LAYER" "$LAUNCH_FIXED" "$FINISH" \
+        "$KNOWN_SERIAL" <<'PY' || fails=$((fails + 1))
+import sys
+path, name, syncs, per_layer, fixed = sys.argv[1], sys.argv[2], *map(int, sys.argv[3:6])
+finish, known = set(sys.argv[6].split()), set(sys.argv[7].split())
+N, layers, step = 8 * 64, 2, 2
+tot, kernels = None, {}
+for line in open(path):
+    f = line.rstrip("\n").split("\t")
+    if f[0] == "step" and int(f[1]) == step:
+        tot = {f[i]: float(f[i + 1]) for i in range(2, len(f), 2)}
+    elif f[0] == "kernel" and int(f[1]) == step:
+        kernels[f[2]] = (int(f[3]), int(f[4]))
+bad = []
+if tot is None:
+    bad.append(f"no counts for step {step}")
+    tot = {}
+else:
+    if tot["syncs"] > syncs:
+        bad.append(f"{tot['syncs']:.0f} host synchronizations (budget {syncs})")
+    for k in ("mallocs", "frees", "host_allocs"):
+        if tot[k]:
+            bad.append(f"{tot[k]:.0f} {k} in a steady step")
+    limit = per_layer * layers + fixed
+    if tot["launches"] > limit:
+        bad.append(f"{tot['launches']:.0f} launches (budget {limit})")
+serial = {k for k, (n, tmin) in kernels.items() if tmin < N and k not in finish}
+for k in sorted(serial - known):
+    bad.append(f"serial reduction: {k} launched with {kernels[k][1]} threads for {N} rows")
+for k in sorted((known & set(kernels)) - serial):
+    bad.append(f"{k} is no longer serial: take it off KNOWN_SERIAL")
+summary = ", ".join(f"{k} {tot.get(k, 0):.0f}" for k in
+                    ("launches", "syncs", "h2d", "d2h", "memsets", "mallocs", "gemms"))
+print(f"{'FAIL' if bad else 'ok  '} {name} step {step}: {summary}; "
+      f"serial (known, issue 30): {' '.join(sorted(serial)) or 'none'}")
+for b in bad:
+    print(f"     {b}")
+sys.exit(1 if bad else 0)
+PY
+}
+
+for cfg in gpt2_bf16 llama; do
+    extra=(--set training.precision=bf16)
+    [ $cfg = llama ] && extra=("${llama[@]}")
+    rm -f "$out/$cfg.stats"
+    TRD_EMU_STATS="$out/$cfg.stats" run "$cfg" 1 "${extra[@]}"
+    budget "$cfg"
+done
+# TRIDENT_PROFILE=1 (docs/cuda.md "Profile"): the table and run.dir's
+# profile.tsv, checked for shape (the emulation's times mean nothing): the
+# header, 7 numeric fields a row, the calls a step of known ops (GPT-2 with
+# 2 layers: 4 linears a layer + the head = 9 matmul_forward, one adamw, one
+# sumsq_ranges), and the ops' ms plus the idle row adding up to the wall.
+TRIDENT_PROFILE=1 run profile 1 --set model.seq_len=32 --set training.steps=3 --set training.global_batch=2 \
+    --set training.micro_batch=2 --set data.val_sequences=2 --set training.precision=fp32
+python3 - "$out/profile" "$out/profile.log" <<'PY' || fails=$((fails + 1))
+import sys
+d, log = sys.argv[1], open(sys.argv[2]).read()
+bad = []
+if "profile (TRIDENT_PROFILE, 2 steps after the first" not in log:
+    bad.append("no profile table on stdout")
+try:
+    rows = [l.rstrip("\n").split("\t") for l in open(f"{d}/profile.tsv")]
+except OSError as e:
+    rows, bad = [], bad + [f"no profile.tsv: {e}"]
+head = "op calls_per_step ms_per_step pct_of_step gb_per_s tflop_per_s us_per_call".split()
+if rows and rows[0] != head:
+    bad.append(f"header {rows[0]}")
+ops = {}
+for r in rows[1:]:
+    try:
+        ops[r[0]] = [float(x) for x in r[1:]]
+        assert len(r) == 7
+    except (ValueError, AssertionError):
+        bad.append(f"bad row {r}")
+want = {"matmul_forward": 9, "matmul_backward": 9, "adamw": 1, "sumsq_ranges": 1}
+for k, n in want.items():
+    if k not in ops or ops[k][0] != n:
+        bad.append(f"{k}: {ops.get(k, ['missing'])[0]} calls a step, want {n}")
+if "step_wall" in ops and "gpu_idle" in ops:
+    total = sum(v[1] for k, v in ops.items() if k != "step_wall")
+    if abs(total - ops["step_wall"][1]) > 1e-3 * ops["step_wall"][1] + 0.01:
+        bad.append(f"ops + idle {total} ms != step wall {ops['step_wall'][1]} ms")
+else:
+    bad.append("no gpu_idle / step_wall rows")
+print(f"{'FAIL' if bad else 'ok  '} profile: {len(ops)} rows in profile.tsv, table on stdout")
+for b in bad:
+    print(f"     {b}")
+sys.exit(1 if bad else 0)
+PY
+
+[ "$fails" -eq 0 ] && echo "PASS cuda_budget" || echo "FAIL cuda_budget: $fails"
+exit $((fails > 0))

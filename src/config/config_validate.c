@@ -208,6 +208,14 @@ static int check_sizes(Checker *c)
     /* micro_batch auto is at most the global batch */
     const int64_t C = m->hidden, L = m->layers, T = m->seq_len,
                   B = tr->micro_batch ? tr->micro_batch : tr->global_batch;
+    /* Per-layer tables come before any byte count is checked: 4e7 layers
+     * of hidden 128 pass the parameter bound below but make a parameter
+     * table of gigabytes (issue 34). */
+    if (m->layers > CFG_MAX_LAYERS)
+        return verr(c, "model.layers",
+                    "model.layers (%d) is more than %d, the most trident builds a model of "
+                    "(the deepest published models have about 128 layers)",
+                    m->layers, CFG_MAX_LAYERS);
     /* resolve_model's default ffn_hidden, here in 64 bits. */
     int64_t F = m->ffn_hidden;
     if (F == 0)

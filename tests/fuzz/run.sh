@@ -20,7 +20,7 @@ trap 'rm -rf "$tmp"' EXIT
 mkdir "$tmp/corpus" "$tmp/scratch"
 export TMPDIR=$tmp/scratch
 n=$(find "${dirs[@]}" -type f | wc -l)
-if ! "$bin" "${FUZZ_OPTS[@]}" -runs=0 "${dirs[@]}" >"$tmp/replay.log" 2>&1; then
+if ! "$bin" "${FUZZ_OPTS[@]}" -runs=0 -artifact_prefix="$tmp/" "${dirs[@]}" >"$tmp/replay.log" 2>&1; then
     tail -40 "$tmp/replay.log"
     echo "FAIL: $name: a seed or regression input crashes ($n inputs)"
     exit 1

@@ -10,7 +10,8 @@ pkgs=(build-essential pkg-config meson ninja-build libyaml-dev mpich libmpich-de
       python3-h5py hdf5-tools   # the docs' h5py snippet and h5dump (docs/checkpoint.md)
       libprotobuf-c-dev protobuf-c-compiler  # TensorBoard event files (src/train/tensorboard.c)
       chromium python3-pil      # tests/test_tensorboard.sh renders the report
-      clang-format)             # scripts/check_format.sh: the C style (.clang-format)
+      clang-format              # scripts/check_format.sh: the C style (.clang-format)
+      clang libclang-rt-14-dev libomp-dev)  # tests/fuzz: libFuzzer (-fsanitize=fuzzer), OpenMP under clang
 # Tools that may come from elsewhere than Debian (a nodesource node, say):
 # a working command is enough, and installing Debian's package beside it
 # can conflict.

@@ -2,6 +2,7 @@
 # The test command: install what is missing, build (warnings are errors),
 # fetch the corpus and the reference tokenizer, run every test, then the
 # unit tests again under AddressSanitizer + UndefinedBehaviorSanitizer,
+# every input parser's fuzz harness for a few seconds (tests/fuzz),
 # (with a CUDA toolkit) build the CUDA backend and run two tests with it, and
 # build the CUDA backend on the CPU emulation of the CUDA runtime and run the
 # CUDA ops and training tests there (suite emu; no GPU needed).
@@ -31,6 +32,17 @@ count build-sanitize
 ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 \
     meson test -C build-sanitize --suite mpi --print-errorlogs --num-processes 1
 count build-sanitize
+
+# Every input parser under libFuzzer (tests/fuzz, issue 34; clang, ASan and
+# UBSan): each harness over its seeds and regression inputs, then 3 s of
+# fuzzing (suite fuzz; bench/fuzz.sh fuzzes for minutes).
+if CC=clang CXX=clang++ BUILD_DIR=build-fuzz scripts/build.sh -Dwerror=true -Dfuzz=true \
+    -Db_sanitize=address,undefined -Db_lundef=false -Dbuildtype=debug -Doptimization=1; then
+    meson test -C build-fuzz --suite fuzz --print-errorlogs --num-processes 1
+    count build-fuzz
+else
+    echo "FAIL: the fuzz build (build-fuzz, -Dfuzz=true)"; failed=$((failed + 1))
+fi
 
 # With a CUDA toolkit: the CUDA backend must compile and link (issue 8), and
 # the binary with it must still run everything on the CPU where there is no

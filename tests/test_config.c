@@ -334,6 +334,9 @@ static void test_validate(void)
 
     /* ranges */
     expect_invalid(WORDS("model.layers=0"), 0, WORDS("model.layers", ">= 1"));
+    /* Issue 34: 4e7 layers of hidden 128 pass the 2^48-parameter bound but
+     * built a parameter table of gigabytes before the memory check. */
+    expect_invalid(WORDS("model.layers=40000000"), 0, WORDS("model.layers", "4096"));
     expect_invalid(WORDS("model.hidden=0"), 0, WORDS("model.hidden", ">= 1"));
     expect_invalid(WORDS("model.heads=0"), 0, WORDS("model.heads", ">= 1"));
     expect_invalid(WORDS("model.vocab=0"), 0, WORDS("model.vocab", ">= 1"));

@@ -125,6 +125,12 @@ int main(void)
     CHECK(params_padded_vocab(&m, 1) == 56 && params_padded_vocab(&m, 4) == 64,
           "padded vocab %d %d", params_padded_vocab(&m, 1), params_padded_vocab(&m, 4));
     CHECK(params_count_real(&m) == t.numel - (Vp - 50) * C, "real count excludes padding");
+    /* Issue 34: a multiple near 2^31 (config_validate allows it while the
+     * padded size fits 32 bits) wrapped vocab + mult - 1 to a negative. */
+    ModelConfig wide = m;
+    wide.vocab_pad_multiple = INT32_MAX;
+    CHECK(params_padded_vocab(&wide, 1) == INT32_MAX, "padded vocab near 2^31: %d",
+          params_padded_vocab(&wide, 1));
     CHECK(params_find(&t, "head.weight") == NULL, "tied: no head");
 
     /* Offsets are contiguous in table order; layers contiguous. */

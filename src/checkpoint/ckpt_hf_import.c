@@ -416,6 +416,15 @@ static void st_set_close(StSet *s)
     free(s->wide);
 }
 
+int ckpt_hf_check_safetensors(const char *dir, char err[CFG_ERR])
+{
+    StSet *s = trd_calloc(1, sizeof *s, "safetensors files");
+    const int code = st_set_open(s, dir, err);
+    st_set_close(s);
+    free(s);
+    return code;
+}
+
 /* HF tensor `name` and its file, checked to have shape [r, c] (c == 0: a
  * vector of r) and config.json's dtype.  While planning nothing is checked
  * (the real read reports it) and a missing tensor is ST_PLANNED. */
@@ -622,7 +631,7 @@ static int cfg_bool(const cJSON *doc, const char *key, int def)
 }
 
 /* The model of config.json into m (trident's names). */
-static int read_model(const char *dir, ModelConfig *m, int *want_dtype, char err[CFG_ERR])
+int ckpt_hf_read_model(const char *dir, ModelConfig *m, int *want_dtype, char err[CFG_ERR])
 {
     char path[CKPT_FILE_PATH + 16];
     snprintf(path, sizeof path, "%s/config.json", dir);
@@ -1119,7 +1128,7 @@ int ckpt_hf_import(const char *hf_dir, const char *out_dir, char *const *sets, i
     Imp im;
     memset(&im, 0, sizeof im);
     ModelConfig *m = &cfg.model;
-    int code = read_model(hf_dir, m, &im.st.want_dtype, err);
+    int code = ckpt_hf_read_model(hf_dir, m, &im.st.want_dtype, err);
     if (code)
         return code;
     /* A shorter context than the model's: gpt2 keeps the first seq_len rows
@@ -1393,7 +1402,7 @@ int ckpt_hf_load_weights(const char *hf_dir, const CkptShardView *v, const Model
     Imp im;
     memset(&im, 0, sizeof im);
     ModelConfig *m = &hf.model;
-    int code = read_model(hf_dir, m, &im.st.want_dtype, err);
+    int code = ckpt_hf_read_model(hf_dir, m, &im.st.want_dtype, err);
     /* gpt2 keeps the first seq_len rows of its position embedding
      * (n_positions is an upper bound); llama's RoPE has no such table. */
     im.n_positions = m->seq_len;
@@ -1469,7 +1478,7 @@ int ckpt_fill_model(Config *cfg, char err[CFG_ERR])
     int code, dtype;
     char why[CFG_ERR];
     if (stat(json, &st) == 0)
-        code = read_model(src, &m, &dtype, why);
+        code = ckpt_hf_read_model(src, &m, &dtype, why);
     else if (stat(src, &st) == 0 && S_ISDIR(st.st_mode))
         code = index_model(src, &m, why);
     else {

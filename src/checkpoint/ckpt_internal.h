@@ -355,4 +355,15 @@ int64_t ckpt_hf_qkv_src_row(int64_t heads, int64_t kv_heads, int64_t hs, int par
 
 /* ---- Hugging Face import (ckpt_hf_import.c): ckpt_hf_import, in ckpt.h ---- */
 
+/* The parsers of an HF directory, as ckpt_hf_import and checkpoint.init_from
+ * run them first (also the entry points of tests/fuzz).  Each returns 0, or
+ * TRD_EXIT_INPUT with a message naming the file in err. */
+/* dir/config.json into m (trident's names); *want_dtype (an StDtype) from torch_dtype
+ * (-1: not given). */
+int ckpt_hf_read_model(const char *dir, ModelConfig *m, int *want_dtype, char err[CFG_ERR]);
+/* dir/model.safetensors, or dir/model.safetensors.index.json and its
+ * shards: every header read and checked (dtypes, shapes, offsets inside
+ * the file, no overlaps), then closed. */
+int ckpt_hf_check_safetensors(const char *dir, char err[CFG_ERR]);
+
 #endif

@@ -1035,17 +1035,20 @@ static unsigned char *read_file(const char *path, size_t *len, char *err)
         close(fd);
         return NULL;
     }
-    /* One byte more than the limit tells a file that grew since fstat. */
-    unsigned char *buf = malloc(CFG_MAX_BYTES + 1);
-    size_t n = buf ? fread(buf, 1, CFG_MAX_BYTES + 1, f) : 0;
+    /* The size fstat gave (at most 1 MiB), and one byte more, which tells
+     * a file that grew since: a buffer of the file's size, not of the
+     * limit (every rank loads the config). */
+    const size_t size = (size_t)st.st_size;
+    unsigned char *buf = malloc(size + 1);
+    size_t n = buf ? fread(buf, 1, size + 1, f) : 0;
     int bad = !buf || ferror(f);
     int saved = errno;
     fclose(f);
-    if (bad || n > CFG_MAX_BYTES) {
+    if (bad || n > size) {
         put_err(err, "%s: cannot read config: %s", path,
                 !buf  ? "out of memory"
                 : bad ? strerror(saved)
-                      : "it grew past 1 MiB");
+                      : "it grew while being read");
         free(buf);
         return NULL;
     }

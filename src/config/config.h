@@ -18,6 +18,10 @@
 #define CFG_MAX_VIRTUAL 16 /* topology.virtual_stages: model chunks per pipeline rank */
 #define CFG_MAX_KEYS    96 /* capacity of the key table (config.c asserts it) */
 #define CFG_SET_ARG     96 /* an --set argument, as kept for error messages */
+/* model.layers at most: the parameter table, the stage split and the
+ * schedules hold a few entries per layer, built before the memory check;
+ * the deepest published models have about 128 layers. */
+#define CFG_MAX_LAYERS 4096
 
 typedef enum { ARCH_GPT2 = 0, ARCH_LLAMA = 1 } ModelArch;
 typedef enum { SCHED_1F1B = 0, SCHED_INTERLEAVED = 1, SCHED_GPIPE = 2 } ScheduleKind;

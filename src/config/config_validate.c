@@ -271,6 +271,15 @@ static int check_sizes(Checker *c)
                     "training.global_batch (%d) x model.seq_len (%d) = %lld tokens per step, "
                     "more than 2^31; use a smaller global_batch or seq_len",
                     tr->global_batch, m->seq_len, (long long)tr->global_batch * T);
+    /* Per-layer tables are built before any byte count is checked (the
+     * memory check's plan): 4e7 layers of hidden 128 and vocab 257 pass the
+     * bounds above but make a parameter table of gigabytes (issue 34).
+     * Last, so that sizes which overflow are reported as such. */
+    if (m->layers > CFG_MAX_LAYERS)
+        return verr(c, "model.layers",
+                    "model.layers (%d) is more than %d, the most trident builds a model of "
+                    "(the deepest published models have about 128 layers)",
+                    m->layers, CFG_MAX_LAYERS);
     return 0;
 }
 

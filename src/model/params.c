@@ -49,8 +49,10 @@ int params_shard_chunk_of(const ParamShard *sh, int l)
 
 int params_padded_vocab(const ModelConfig *m, int tp)
 {
-    int mult = tp * (m->vocab_pad_multiple > 0 ? m->vocab_pad_multiple : 1);
-    return (m->vocab + mult - 1) / mult * mult;
+    /* In 64 bits: vocab + mult - 1 wraps an int for a mult near 2^31,
+     * which config_validate allows as long as the padded size fits. */
+    const int64_t mult = (int64_t)tp * (m->vocab_pad_multiple > 0 ? m->vocab_pad_multiple : 1);
+    return (int)(((int64_t)m->vocab + mult - 1) / mult * mult);
 }
 
 typedef struct {

@@ -248,9 +248,14 @@ static void stage_comm(const Config *cfg, const PlanResult *r, int rank, const P
         uint64_t sends = 2 * (uint64_t)t->virtual_stages - (rank == t->pp - 1) - (rank == 0);
         st->pp_bytes_step = sends * (uint64_t)r->n_micro * stream_elems(cfg) * 4u;
     }
-    /* The trainer all-reduces the step's loss over DP, and the ZeRO engine
-     * the rest (zero_plan_step_bytes). */
-    st->dp_bytes_step = zero_plan_step_bytes(cfg, sh, t->dp, r->n_micro) + ring(2, 2, t->dp);
+    /* The trainer all-reduces over DP the step's loss and, on the stages
+     * that read the batch (all with data.document_mask), the count of its
+     * targets (one double each), and the ZeRO engine the rest
+     * (zero_plan_step_bytes). */
+    const int reads_batch =
+        t->pp == 1 || cfg->data.document_mask || rank == 0 || rank == t->pp - 1;
+    st->dp_bytes_step = zero_plan_step_bytes(cfg, sh, t->dp, r->n_micro) + ring(2, 2, t->dp) +
+                        (reads_batch ? ring(2, 2, t->dp) : 0);
     if (cfg->model.tie_embeddings && t->pp > 1 && (sh->has_embed || sh->has_head)) {
         ParamTable tab;
         params_build(&tab, &cfg->model, sh);

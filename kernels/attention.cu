@@ -343,8 +343,8 @@ __global__ void __launch_bounds__(ATT_BLOCK)
             __syncthreads();
             const int t_r = t0 + r, has = t_r < s.Tq;
             const size_t orow = ((size_t)b * s.Tq + t_r) * ow + (size_t)h * hs;
-            stage_row<PER>(qs + r * STRIDE, has ? qkv + ((size_t)b * s.Tq + t_r) * s.width + qo : NULL,
-                      c, hs);
+            stage_row<PER>(qs + r * STRIDE,
+                           has ? qkv + ((size_t)b * s.Tq + t_r) * s.width + qo : NULL, c, hs);
             stage_row<PER>(ds_ + r * STRIDE, has ? dout + orow : NULL, c, hs);
             float o[PER];
             load_row(o, has ? out + orow : NULL, c, hs);
@@ -402,8 +402,8 @@ template <int PER>
 static void forward_launch(float *out, float *lse, const float *q, const float *kv,
                            const AttnArgs *a, const Shape &s)
 {
-    attention_forward_kernel<PER><<<tile_blocks(a->B, a->H, s.qtiles), ATT_BLOCK, 0,
-                                    cuda_stream()>>>(out, lse, q, kv, s);
+    attention_forward_kernel<PER>
+        <<<tile_blocks(a->B, a->H, s.qtiles), ATT_BLOCK, 0, cuda_stream()>>>(out, lse, q, kv, s);
     CUDA_CHECK_LAUNCH();
 }
 
@@ -415,8 +415,8 @@ static void backward_launch(float *dq, float *dkv, const float *dout, const floa
     attention_dq_kernel<PER><<<tile_blocks(a->B, a->H, s.qtiles), ATT_BLOCK, 0, cuda_stream()>>>(
         dq, dout, q, kv, out, lse, s);
     CUDA_CHECK_LAUNCH();
-    attention_dkv_kernel<PER><<<tile_blocks(a->B, a->KVH, s.ktiles), ATT_BLOCK, 0,
-                                cuda_stream()>>>(dkv, dout, q, kv, out, lse, s);
+    attention_dkv_kernel<PER><<<tile_blocks(a->B, a->KVH, s.ktiles), ATT_BLOCK, 0, cuda_stream()>>>(
+        dkv, dout, q, kv, out, lse, s);
     CUDA_CHECK_LAUNCH();
 }
 
@@ -436,8 +436,7 @@ void cuda_attention_forward(float *out, float *lse, const float *q, const float 
 }
 
 void cuda_attention_backward(float *dq, float *dkv, const float *dout, const float *q,
-                             const float *kv, const float *out, const float *lse,
-                             const AttnArgs *a)
+                             const float *kv, const float *out, const float *lse, const AttnArgs *a)
 {
     check_args(a);
     if (a->B <= 0 || a->Tq <= 0 || a->Tk <= 0 || a->H <= 0 || a->hs <= 0)

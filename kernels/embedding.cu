@@ -130,9 +130,8 @@ __global__ void emb_dwpe_chain_kernel(float *dwpe, const float *dout, const int3
     }
 }
 
-void cuda_embedding_forward(float *out, const int32_t *tokens, const int32_t *pos,
-                            const float *wte, const float *wpe, int N, int T, int C,
-                            int vocab_start, int V)
+void cuda_embedding_forward(float *out, const int32_t *tokens, const int32_t *pos, const float *wte,
+                            const float *wpe, int N, int T, int C, int vocab_start, int V)
 {
     if (N <= 0 || C <= 0)
         return;

@@ -19,9 +19,8 @@ void cuda_matmul_backward_bf16(float *dinp, float *dweight, float *dbias, const 
                                const float *inp, const float *weight, int N, int C, int OC);
 
 /* embedding.cu */
-void cuda_embedding_forward(float *out, const int32_t *tokens, const int32_t *pos,
-                            const float *wte, const float *wpe, int N, int T, int C,
-                            int vocab_start, int V);
+void cuda_embedding_forward(float *out, const int32_t *tokens, const int32_t *pos, const float *wte,
+                            const float *wpe, int N, int T, int C, int vocab_start, int V);
 void cuda_embedding_backward(float *dwte, float *dwpe, const float *dout, const int32_t *tokens,
                              const int32_t *pos, int N, int T, int C, int vocab_start, int V);
 

@@ -206,8 +206,8 @@ static void p_rope_forward(float *qkv, const int32_t *pos, int N, int T, int pos
           rope_forward(qkv, pos, N, T, pos0, H, KVH, hs, theta));
 }
 
-static void p_rope_backward(float *dqkv, const int32_t *pos, int N, int T, int pos0, int H,
-                            int KVH, int hs, float theta)
+static void p_rope_backward(float *dqkv, const int32_t *pos, int N, int T, int pos0, int H, int KVH,
+                            int hs, float theta)
 {
     TIMED("rope_backward", F4 * 2.0 * N * (H + KVH) * hs, 0,
           rope_backward(dqkv, pos, N, T, pos0, H, KVH, hs, theta));

@@ -17,7 +17,8 @@ __global__ void rope_kernel(float *qkv, const int32_t *pos, int N, int T, int po
     GRID_STRIDE(idx, total)
     {
         int n = (int)(idx / half), i = (int)(idx % half);
-        double ang = sign * (double)(pos ? pos[n] : pos0 + n % T) * pow((double)theta, -2.0 * i / hs);
+        double ang =
+            sign * (double)(pos ? pos[n] : pos0 + n % T) * pow((double)theta, -2.0 * i / hs);
         float c = (float)cos(ang), s = (float)sin(ang);
         float *row = qkv + (size_t)n * width;
         for (int g = 0; g < KVH; g++) {

@@ -433,8 +433,8 @@ static void test_rope(int B, int T, int H, int KVH, int hs, float theta, int pos
     int32_t *d_pos = pos ? dcopy(pos, (size_t)N * sizeof *pos) : NULL;
     cpu->rope_forward(qkv, pos, N, T, pos0, H, KVH, hs, theta);
     gpu->rope_forward(d_qkv, d_pos, N, T, pos0, H, KVH, hs, theta);
-    snprintf(what, sizeof what, "rope B=%d T=%d H=%d KVH=%d hs=%d theta=%g pos0=%d%s forward", B,
-             T, H, KVH, hs, theta, pos0, pos ? " documents" : "");
+    snprintf(what, sizeof what, "rope B=%d T=%d H=%d KVH=%d hs=%d theta=%g pos0=%d%s forward", B, T,
+             H, KVH, hs, theta, pos0, pos ? " documents" : "");
     compare_dev(what, d_qkv, qkv, n, R_ELEM);
     float *g = hrand(n, 1), *d_g = dcopyf(g, n);
     cpu->rope_backward(g, pos, N, T, pos0, H, KVH, hs, theta);
@@ -1099,18 +1099,18 @@ int main(void)
     test_rope(2, 9, 4, 2, 4, 10000.0f, 0, dpos); /* packed documents */
     free(dpos);
 
-    test_attention(2, 5, 4, 2, 4);    /* GQA */
-    test_attention(1, 37, 6, 2, 16);  /* GQA, odd T */
-    test_attention(2, 300, 4, 1, 64); /* MQA, ten query and key tiles */
-    test_attention(3, 17, 3, 3, 8);   /* MHA */
-    test_attention(1, 1, 2, 1, 4);    /* a single position */
-    test_attention(1, 70, 2, 2, 128); /* the largest head size, partial last tile */
-    test_attention(2, 64, 4, 2, 100); /* hs not a multiple of 8, whole tiles */
+    test_attention(2, 5, 4, 2, 4);      /* GQA */
+    test_attention(1, 37, 6, 2, 16);    /* GQA, odd T */
+    test_attention(2, 300, 4, 1, 64);   /* MQA, ten query and key tiles */
+    test_attention(3, 17, 3, 3, 8);     /* MHA */
+    test_attention(1, 1, 2, 1, 4);      /* a single position */
+    test_attention(1, 70, 2, 2, 128);   /* the largest head size, partial last tile */
+    test_attention(2, 64, 4, 2, 100);   /* hs not a multiple of 8, whole tiles */
     test_attention_blocks(2, 4, 2, 16); /* GQA */
     test_attention_blocks(1, 3, 3, 8);  /* MHA */
-    test_decode(9, 4, 2, 16);         /* GQA */
-    test_decode(40, 2, 2, 128);       /* MHA, the largest head size */
-    test_decode(7, 6, 1, 36);         /* MQA, hs not a multiple of 32 */
+    test_decode(9, 4, 2, 16);           /* GQA */
+    test_decode(40, 2, 2, 128);         /* MHA, the largest head size */
+    test_decode(7, 6, 1, 36);           /* MQA, hs not a multiple of 32 */
 
     test_crossentropy(37, 1000, 1024);
     test_crossentropy(8, 50257, 50304); /* GPT-2 vocabulary, padded */

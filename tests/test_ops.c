@@ -335,14 +335,15 @@ static void test_matmul_bf16(int N, int C, int OC)
 
 static double emb_loss(void)
 {
-    cpu_embedding_forward_f64(S.out, S.tokens, S.pos, S.weight, S.bias, S.N, S.T, S.C, S.vocab_start, S.V);
+    cpu_embedding_forward_f64(S.out, S.tokens, S.pos, S.weight, S.bias, S.N, S.T, S.C,
+                              S.vocab_start, S.V);
     return dotd(S.out, S.r, (size_t)S.N * S.C);
 }
 
 static void emb_back(void)
 {
-    cpu_embedding_backward_f64(S.dweight, S.bias ? S.dbias : NULL, S.r, S.tokens, S.pos, S.N, S.T, S.C,
-                               S.vocab_start, S.V);
+    cpu_embedding_backward_f64(S.dweight, S.bias ? S.dbias : NULL, S.r, S.tokens, S.pos, S.N, S.T,
+                               S.C, S.vocab_start, S.V);
 }
 
 static void test_embedding(void)
@@ -820,8 +821,10 @@ static void test_attention_documents(int H, int KVH)
             while (e < T && pos[(size_t)b * T + e] != 0)
                 e++;
             const int L = e - s;
-            double *q1 = rows_of(qkv + (size_t)b * T * W, 1, T, W, s, L), *r1 = copy(q1, (size_t)L * W);
-            double *o1 = zeros((size_t)L * O), *l1 = zeros((size_t)H * L), *g1 = zeros((size_t)L * W);
+            double *q1 = rows_of(qkv + (size_t)b * T * W, 1, T, W, s, L),
+                   *r1 = copy(q1, (size_t)L * W);
+            double *o1 = zeros((size_t)L * O), *l1 = zeros((size_t)H * L),
+                   *g1 = zeros((size_t)L * W);
             double *d1 = rows_of(dout + (size_t)b * T * O, 1, T, O, s, L);
             AttnArgs one = attn_args(1, L, H, KVH, hs);
             cpu_attention_forward_f64(o1, l1, q1, q1, &one);
@@ -840,7 +843,8 @@ static void test_attention_documents(int H, int KVH)
         }
     CHECK(ok && docs == 7,
           "attention H=%d KVH=%d: %d packed documents equal each document on its own "
-          "(out, lse, dqkv, rope; bitwise)", H, KVH, docs);
+          "(out, lse, dqkv, rope; bitwise)",
+          H, KVH, docs);
     free(pos), free(qkv), free(roped), free(out), free(lse), free(dout), free(dqkv);
 }
 
@@ -873,8 +877,9 @@ static void test_attention_split(int H, int KVH, int packed, int documents)
         kv[i] = calloc((size_t)B * R * KW, sizeof(double));
         for (size_t r = 0; r < (size_t)B * R; r++) /* its key and value heads */
             for (int g = 0; g < KVH; g++)
-                memcpy(kv[i] + r * KW + (packed ? (size_t)g * 2 * hs : ((size_t)g * (Q + 2) + Q) * hs),
-                       q[i] + r * W + ((size_t)g * (Q + 2) + Q) * hs, 2 * (size_t)hs * sizeof(double));
+                memcpy(
+                    kv[i] + r * KW + (packed ? (size_t)g * 2 * hs : ((size_t)g * (Q + 2) + Q) * hs),
+                    q[i] + r * W + ((size_t)g * (Q + 2) + Q) * hs, 2 * (size_t)hs * sizeof(double));
         o[i] = zeros((size_t)B * R * O), l[i] = zeros((size_t)B * H * R);
         d[i] = rows_of(dout, B, T, O, i * R, R);
         dq[i] = zeros((size_t)B * R * W), dkv[i] = zeros((size_t)B * R * KW);
@@ -888,7 +893,8 @@ static void test_attention_split(int H, int KVH, int packed, int documents)
     for (int i = 0; i < P; i++)
         for (int j = 0; j < P; j++) {
             AttnArgs c = attn_args(B, R, H, KVH, hs);
-            c.q_pos0 = i * R, c.k_pos0 = j * R, c.pos = bpos[i], c.kv_packed = packed, c.merge = j > 0;
+            c.q_pos0 = i * R, c.k_pos0 = j * R, c.pos = bpos[i], c.kv_packed = packed,
+            c.merge = j > 0;
             cpu_attention_forward_f64(o[i], l[i], q[i], kv[j], &c);
         }
     for (int i = 0; i < P; i++)
@@ -911,7 +917,9 @@ static void test_attention_split(int H, int KVH, int packed, int documents)
                 for (int g = 0; g < KVH; g++)
                     for (int k = 0; k < 2 * hs; k++)
                         got_d[row * W + ((size_t)g * (Q + 2) + Q) * hs + k] +=
-                            dkv[i][r * KW + (packed ? (size_t)g * 2 * hs : ((size_t)g * (Q + 2) + Q) * hs) + k];
+                            dkv[i]
+                               [r * KW +
+                                (packed ? (size_t)g * 2 * hs : ((size_t)g * (Q + 2) + Q) * hs) + k];
             }
     char what[128];
     snprintf(what, sizeof what, "attention H=%d KVH=%d in %d blocks, packed %d, documents %d: out",

@@ -21,11 +21,11 @@ struct PpStage {
     int v;                     /* model chunks on this rank (virtual stages) */
     Model *m[CFG_MAX_VIRTUAL]; /* chunk c: model stage c * pp + rank */
     LayerRange layers[CFG_MAX_VIRTUAL];
-    int slots[CFG_MAX_VIRTUAL];    /* activation sets of chunk c */
-    float *gsend[CFG_MAX_VIRTUAL]; /* chunk c: slots[c] outgoing gradients [act_elems] */
+    int slots[CFG_MAX_VIRTUAL];            /* activation sets of chunk c */
+    float *gsend[CFG_MAX_VIRTUAL];         /* chunk c: slots[c] outgoing gradients [act_elems] */
     const int32_t *tokens, *targets, *pos; /* pos: NULL without data.document_mask */
-    const float *loss_scale; /* [n_micro]: micro-batch mb's gradient scale */
-    double loss_sum;         /* the losses weighted by loss_scale (last stage) */
+    const float *loss_scale;               /* [n_micro]: micro-batch mb's gradient scale */
+    double loss_sum;                       /* the losses weighted by loss_scale (last stage) */
 };
 
 /* Model stage c * pp + rank is the first / the last of the whole model. */
@@ -71,9 +71,10 @@ static void stage_forward(void *ctx, int mb, int chunk)
     const size_t at = (size_t)mb * (size_t)p->BT;
     Model *m = use_set(p, mb, chunk);
     model_set_positions(m, p->pos ? p->pos + at : NULL); /* kept in the set for backward */
-    p->loss_sum += p->loss_scale[mb] * zero_chunk_forward(p->z, m, p->layers[chunk],
-                                      first_stage(p, chunk) ? p->tokens + at : NULL,
-                                      last_stage(p, chunk) ? p->targets + at : NULL);
+    p->loss_sum +=
+        p->loss_scale[mb] * zero_chunk_forward(p->z, m, p->layers[chunk],
+                                               first_stage(p, chunk) ? p->tokens + at : NULL,
+                                               last_stage(p, chunk) ? p->targets + at : NULL);
 }
 
 static void stage_backward(void *ctx, int mb, int chunk)
@@ -186,8 +187,8 @@ static void trace_step(const PpStage *p)
     }
 }
 
-double pp_stage_step(PpStage *p, const int32_t *tokens, const int32_t *targets,
-                     const int32_t *pos, const float *loss_scale)
+double pp_stage_step(PpStage *p, const int32_t *tokens, const int32_t *targets, const int32_t *pos,
+                     const float *loss_scale)
 {
     p->tokens = tokens;
     p->targets = targets;

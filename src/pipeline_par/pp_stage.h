@@ -35,8 +35,8 @@ void pp_stage_free(PpStage *p);
  * (PP_REDUCE) the engine finishes the gradients' reduction
  * (zero_finish_grads).  Returns the sum over micro-batches of their mean
  * loss on the last stage, 0 on the others. */
-double pp_stage_step(PpStage *p, const int32_t *tokens, const int32_t *targets,
-                     const int32_t *pos, const float *loss_scale);
+double pp_stage_step(PpStage *p, const int32_t *tokens, const int32_t *targets, const int32_t *pos,
+                     const float *loss_scale);
 
 /* Forward only, one micro-batch through all stages in turn (validation).
  * Returns its mean loss on the last stage, 0 elsewhere. */

@@ -252,8 +252,7 @@ static void stage_comm(const Config *cfg, const PlanResult *r, int rank, const P
      * that read the batch (all with data.document_mask), the count of its
      * targets (one double each), and the ZeRO engine the rest
      * (zero_plan_step_bytes). */
-    const int reads_batch =
-        t->pp == 1 || cfg->data.document_mask || rank == 0 || rank == t->pp - 1;
+    const int reads_batch = t->pp == 1 || cfg->data.document_mask || rank == 0 || rank == t->pp - 1;
     st->dp_bytes_step = zero_plan_step_bytes(cfg, sh, t->dp, r->n_micro) + ring(2, 2, t->dp) +
                         (reads_batch ? ring(2, 2, t->dp) : 0);
     if (cfg->model.tie_embeddings && t->pp > 1 && (sh->has_embed || sh->has_head)) {

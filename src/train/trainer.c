@@ -152,10 +152,9 @@ static double one_step(Trainer *tr, int step, double *grad_norm, float *lr, int 
         for (int j = 0; j < tr->n_micro; j++) {
             progress_step(step + 1, j + 1); /* for the watchdog's message */
             model_set_positions(trainer_model(tr, 0), tr->pos ? tr->pos + j * BT : NULL);
-            loss += tr->loss_share[j] * zero_forward_backward(tr->zero, tr->tokens + j * BT,
-                                                              tr->targets + j * BT,
-                                                              tr->loss_share[j],
-                                                              j == tr->n_micro - 1);
+            loss += tr->loss_share[j] *
+                    zero_forward_backward(tr->zero, tr->tokens + j * BT, tr->targets + j * BT,
+                                          tr->loss_share[j], j == tr->n_micro - 1);
         }
         zero_finish_grads(tr->zero);
     }

@@ -336,7 +336,7 @@ static void alloc_activation_sets(Model *m, int n)
     free(m->cur.la);
     m->acts_numel = count.used * (size_t)n;
     m->acts = m->be->alloc(m->acts_numel * sizeof(float), "activations");
-    const size_t N3 = 3 * (size_t)m->d.N; /* tokens, targets, positions */
+    const size_t N3 = ID_ROWS * (size_t)m->d.N;
     if (m->be->device)
         m->ids = m->be->alloc((size_t)n * N3 * sizeof(int32_t), "token ids");
     m->sets = trd_calloc((size_t)n, sizeof(ActSet), "activation sets");
@@ -511,8 +511,8 @@ MemoryReport model_memory(const Model *m)
     MemoryReport r = {0};
     r.params = m->params ? m->table.numel * sizeof(float) : 0;
     r.grads = m->grads ? m->table.numel * sizeof(float) : 0;
-    r.activations =
-        m->acts_numel * sizeof(float) + (size_t)m->n_sets * 2 * (size_t)m->d.N * sizeof(int32_t);
+    r.activations = m->acts_numel * sizeof(float) +
+                    (size_t)m->n_sets * ID_ROWS * (size_t)m->d.N * sizeof(int32_t);
     r.scratch = m->scratch_numel * sizeof(float);
     return r;
 }
@@ -926,7 +926,7 @@ MemoryReport model_plan_memory(const Config *cfg, const ParamShard *sh, int B, i
     params_free(&m.table);
     MemoryReport r = {0};
     r.activations =
-        (size_t)n_sets * (acts.used * sizeof(float) + 2 * (size_t)m.d.N * sizeof(int32_t));
+        (size_t)n_sets * (acts.used * sizeof(float) + ID_ROWS * (size_t)m.d.N * sizeof(int32_t));
     r.scratch = scratch.used * sizeof(float);
     return r;
 }

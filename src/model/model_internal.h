@@ -115,6 +115,10 @@ typedef struct {
     float *kv_keep;   /* [2hs*(C+1)] replicated kv rows' accumulated gradient */
 } Scratch;
 
+/* Token ids an activation set keeps per row: its token, its target and its
+ * position in its document (ActSet.ids). */
+enum { ID_ROWS = 3 };
+
 /* Everything one micro-batch leaves for its backward. */
 typedef struct {
     float **resid; /* [nl + 1] x [Ns, C]: resid[i] enters local layer i */

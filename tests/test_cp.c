@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "check.h"
+#include "doc_positions.h"
 #include "mpi_test.h"
 #include "comm/comm.h"
 #include "context_par/cp_attention.h"
@@ -56,16 +57,8 @@ static void check_cp(Comm *cp, int H, int KVH, int documents)
     rng = 88172645463325252ull + (uint64_t)(H * 10 + KVH); /* the same on every rank */
     float *qkv = rnd(nq, 2), *dout = rnd(no, 1);
     int32_t *pos = NULL;
-    if (documents) { /* documents of 3, 11, 1, 7 tokens, cycled */
-        const int len[] = {3, 11, 1, 7};
-        pos = malloc((size_t)B * T * sizeof *pos);
-        for (int b = 0, k = 0; b < B; b++)
-            for (int t = 0, at = 0; t < T; t++, at++) {
-                if (at == len[k % 4])
-                    at = 0, k++;
-                pos[(size_t)b * T + t] = at;
-            }
-    }
+    if (documents) /* documents of 3, 11, 1, 7 tokens, cycled */
+        pos = doc_positions(B, T, (const int[]){3, 11, 1, 7}, 4);
     /* the whole sequence on one rank */
     float *out = calloc(no, 4), *lse = calloc(nl, 4), *dqkv = calloc(nq, 4);
     AttnArgs whole = attn_args(B, T, H, KVH, hs);

@@ -43,6 +43,7 @@
 #include "backend/backend.h"
 #include "backend/cuda.h"
 #include "check.h"
+#include "doc_positions.h"
 
 static const Backend *cpu, *gpu;
 
@@ -406,21 +407,6 @@ static void test_swiglu(size_t n)
 }
 
 /* ----------------------------------------------------------------- rope */
-
-/* Positions within packed documents: rows of each sequence cut into
- * documents of lengths len[0], len[1], ... (cycled), so pos restarts at 0
- * at each cut. */
-static int32_t *doc_positions(int B, int T, const int *len, int nlen)
-{
-    int32_t *pos = malloc((size_t)B * T * sizeof *pos);
-    for (int b = 0, k = 0; b < B; b++)
-        for (int t = 0, at = 0; t < T; t++, at++) {
-            if (at == len[k % nlen])
-                at = 0, k++;
-            pos[(size_t)b * T + t] = at;
-        }
-    return pos;
-}
 
 /* pos: NULL (row n at pos0 + n % T) or positions per row. */
 static void test_rope(int B, int T, int H, int KVH, int hs, float theta, int pos0,

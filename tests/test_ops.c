@@ -18,6 +18,7 @@
 #include "backend/backend.h"
 #include "backend/cpu_f64.h"
 #include "check.h"
+#include "doc_positions.h"
 
 /* ------------------------------------------------------------- helpers */
 
@@ -770,20 +771,6 @@ static void test_attention(int H, int KVH)
     check_f32("attention fp32 dqkv", fd, S.dinp, n, 1e-4, 1e-5);
     free(fq), free(fr), free(fo), free(fl), free(fd), free(want), free(want_lse);
     free(S.inp), free(S.out), free(S.r), free(S.dinp), free(S.att);
-}
-
-/* Positions within documents of lengths len[0], len[1], ... (cycled over
- * the rows of all sequences): pos restarts at 0 where a document starts. */
-static int32_t *doc_positions(int B, int T, const int *len, int nlen)
-{
-    int32_t *pos = malloc((size_t)B * T * sizeof *pos);
-    for (int b = 0, k = 0; b < B; b++)
-        for (int t = 0, at = 0; t < T; t++, at++) {
-            if (at == len[k % nlen])
-                at = 0, k++;
-            pos[(size_t)b * T + t] = at;
-        }
-    return pos;
 }
 
 /* Rows r0 .. r0+n-1 of each of B sequences of T rows of width W. */

@@ -11,6 +11,14 @@ static size_t width(const CpAttention *a) { return (size_t)(a->H + 2 * a->KVH) *
 /* Floats of one rank's two chunks of qkv rows. */
 static size_t rank_elems(const CpAttention *a) { return 2 * chunk_rows(a) * width(a); }
 
+size_t cp_attention_bytes(int cp, int B, int L, int H, int KVH, int hs)
+{
+    if (cp <= 1)
+        return 0;
+    return 2 * (size_t)cp * 2 * (size_t)B * (size_t)L * (size_t)(H + 2 * KVH) * (size_t)hs *
+           sizeof(float);
+}
+
 void cp_attention_init(CpAttention *a, const Backend *be, Comm *cp, int B, int L, int H, int KVH,
                        int hs)
 {
@@ -26,6 +34,16 @@ void cp_attention_free(CpAttention *a)
     a->be->release(a->kv);
     a->be->release(a->dkv);
     a->kv = a->dkv = NULL;
+    a->gathered = NULL;
+}
+
+/* Every rank's rows of qkv into a->kv. */
+static void gather(CpAttention *a, const float *qkv)
+{
+    const size_t n = rank_elems(a);
+    a->be->copy(a->kv + (size_t)a->cp->rank * n, qkv, n * sizeof(float));
+    comm_allgather_block_f32(a->cp, a->kv, n);
+    a->gathered = qkv;
 }
 
 /* The arguments of query chunk c of this rank against chunk d of rank s. */
@@ -55,9 +73,7 @@ void cp_attention_forward(CpAttention *a, float *out, float *lse, const float *q
                           const int32_t *pos)
 {
     const int cp = a->cp->size, r = a->cp->rank;
-    const size_t n = rank_elems(a);
-    a->be->copy(a->kv + (size_t)r * n, qkv, n * sizeof(float));
-    comm_allgather_block_f32(a->cp, a->kv, n);
+    gather(a, qkv);
     const size_t qn = chunk_rows(a) * width(a), on = chunk_rows(a) * (size_t)a->H * a->hs;
     for (int c = 0; c < 2; c++) {
         /* key chunks in order of position, up to this query chunk's own */
@@ -79,7 +95,8 @@ void cp_attention_backward(CpAttention *a, float *dqkv, const float *dout, const
     const int cp = a->cp->size, r = a->cp->rank;
     const size_t n = rank_elems(a);
     const size_t qn = chunk_rows(a) * width(a), on = chunk_rows(a) * (size_t)a->H * a->hs;
-    /* a->kv still holds the gathered rows of the forward just before */
+    if (a->gathered != qkv) /* the last forward was another layer's */
+        gather(a, qkv);
     a->be->zero(a->dkv, (size_t)cp * n * sizeof(float));
     for (int c = 0; c < 2; c++)
         for (int k = 0; k <= cp_chunk(cp, r, c); k++) {

@@ -36,8 +36,8 @@ typedef struct {
     const Backend *be;
     Comm *cp;
     int B, L, H, KVH, hs;
-    float *kv;  /* [cp][2][B*L][width]: every rank's qkv rows, gathered */
-    float *dkv; /* the same shape: key and value gradients for every rank's rows */
+    float *kv;             /* [cp][2][B*L][width]: every rank's qkv rows, gathered */
+    float *dkv;            /* the same shape: key and value gradients for every rank's rows */
     const float *gathered; /* the qkv whose rows kv holds (backward re-gathers others) */
 } CpAttention;
 

@@ -395,8 +395,8 @@ static int config_cp(const Config *cfg)
     const int cp = cfg->topology.cp > 1 ? cfg->topology.cp : 1;
     if (cp > 1 && cfg->model.seq_len % (2 * cp))
         trd_fatal(TRD_EXIT_INPUT, "see docs/context_parallel.md",
-                  "model: seq_len %d is not divisible by 2 x topology.cp (%d)",
-                  cfg->model.seq_len, cp);
+                  "model: seq_len %d is not divisible by 2 x topology.cp (%d)", cfg->model.seq_len,
+                  cp);
     return cp;
 }
 

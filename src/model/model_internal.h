@@ -142,8 +142,8 @@ struct Model {
     Recompute recompute;
     ParamTable table;
     TpGroup tp;
-    int cp;            /* ranks sharing each sequence (1: none) */
-    CpAttention cpa;   /* cp > 1: attention across them (model_set_context_parallel) */
+    int cp;          /* ranks sharing each sequence (1: none) */
+    CpAttention cpa; /* cp > 1: attention across them (model_set_context_parallel) */
     Dims d;
     int nl; /* local layers: sh.chunk[0].end - sh.chunk[0].begin */
 

@@ -70,10 +70,10 @@ typedef struct {
     Comm tp, dp, pp; /* dp: the dp x cp ranks holding the same weights, over
                         which gradients are reduced and ZeRO shards */
     Comm cp;         /* the cp ranks holding the same sequences (size 1: none) */
-    Comm mp;    /* model parallel: the tp x pp ranks with this rank's dp
+    Comm mp;         /* model parallel: the tp x pp ranks with this rank's dp
                      coordinate (one model replica), for the gradient norm;
                      rank = pp * tp_size + tp */
-    Comm embed; /* first and last pipeline stage with this rank's (tp, dp),
+    Comm embed;      /* first and last pipeline stage with this rank's (tp, dp),
                      to all-reduce tied embedding gradients; rank 0 = first
                      stage.  Only when pp > 1 and this rank is on the first or
                      last stage; otherwise comm_none(): rank -1, size 0. */

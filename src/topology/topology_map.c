@@ -143,8 +143,7 @@ static void print_summary(FILE *f, const Topology *t, const char *order)
         fprintf(f,
                 "rank map: world %d = tp %d x dp %d x pp %d, order %s (fastest first), "
                 "%d node%s x %d ranks\n",
-                t->world, tp, dp, pp, order, t->nodes, t->nodes == 1 ? "" : "s",
-                t->ranks_per_node);
+                t->world, tp, dp, pp, order, t->nodes, t->nodes == 1 ? "" : "s", t->ranks_per_node);
     fprintf(f,
             "groups: %d TP of %d, %d DP of %d, %d PP of %d, %d model-parallel (tp x pp) "
             "of %d, ",

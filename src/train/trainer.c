@@ -414,8 +414,8 @@ Trainer *trainer_create(const Config *cfg, Comm world, TrainerMode mode)
     if (cfg->data.document_mask || tr->cp > 1)
         tr->pos = trd_malloc((size_t)tr->n_micro * BT * sizeof(int32_t), "token positions");
     if (tr->cp > 1)
-        tr->whole = trd_malloc(3 * (size_t)cfg->training.micro_batch *
-                                   (size_t)cfg->model.seq_len * sizeof(int32_t),
+        tr->whole = trd_malloc(3 * (size_t)cfg->training.micro_batch * (size_t)cfg->model.seq_len *
+                                   sizeof(int32_t),
                                "whole sequences");
     tr->loss_share = trd_malloc((size_t)tr->n_micro * sizeof(float), "loss shares");
     tr->info = (TrainerInfo){.be = tr->be,

@@ -6,6 +6,8 @@
 # cp 2 x pp 2, cp 2 x dp 2 with ZeRO 1 and 3 (GPT-2); Llama with GQA and
 # packed documents at cp 4 and cp 2 x tp 2.  A checkpoint saved at cp 2
 # resumes at cp 1 and one saved at cp 1 resumes at cp 2, the curve going on.
+# eval and generate are cp-free: from the cp 2 run's checkpoint they give
+# what they give from the 1-rank run's (eval also on cp 2 itself).
 # A seq_len the chunks do not divide is refused at the key, exit 2.
 # The Brown texts in bytes (vocab 257): at 1024 tokens a sequence, GPT-2's
 # vocabulary would make the classifier 99 % of the test's time.
@@ -57,6 +59,37 @@ resume() { # name ranks from_run [--set ...]
 }
 resume resume_cp2_on_1 1 gpt2_cp2
 resume resume_1_on_cp2 2 gpt2 --set topology.cp=2
+
+# eval (mean loss of 8 validation sequences) and greedy generation from
+# step 4 of the 1-rank and the cp 2 runs: the same numbers and tokens.
+ev() { # name ranks ckpt [--set ...]
+    local name=$1 n=$2 ck=$3; shift 3
+    timeout 300 mpiexec -n "$n" "$TRIDENT" eval "$ck" --data "$out/bytes" --sequences 8 \
+        --micro-batch 1 "$@" > "$out/$name.eval" 2>&1 ||
+        { echo "FAIL: eval $name: $(tail -2 "$out/$name.eval")"; fails=$((fails + 1)); }
+}
+ev ev_1 1 "$out/gpt2/ckpt"
+ev ev_cp2 1 "$out/gpt2_cp2/ckpt"
+ev ev_cp2_on_cp2 2 "$out/gpt2_cp2/ckpt" --set topology.cp=2
+for name in gpt2 gpt2_cp2; do
+    timeout 300 "$TRIDENT" generate "$out/$name/ckpt" --prompt "The jury said" --greedy --ids \
+        --max-new-tokens 16 > "$out/$name.gen" 2> "$out/$name.gen.log" ||
+        { echo "FAIL: generate $name: $(tail -2 "$out/$name.gen.log")"; fails=$((fails + 1)); }
+done
+python3 - "$out" <<'PY' || fails=$((fails + 1))
+import re, sys
+out = sys.argv[1]
+def loss(name):
+    m = re.search(r"loss ([0-9.]+)", open(f"{out}/{name}.eval").read())
+    return float(m.group(1)) if m else None
+a, b, c = loss("ev_1"), loss("ev_cp2"), loss("ev_cp2_on_cp2")
+g1, g2 = (open(f"{out}/{n}.gen").read().strip() for n in ("gpt2", "gpt2_cp2"))
+ok = None not in (a, b, c) and abs(a - b) <= 1e-5 * a and abs(a - c) <= 1e-5 * a
+ok = ok and g1 != "" and g1 == g2
+print(f"{'ok  ' if ok else 'FAIL'} eval from the cp 2 checkpoint {b} (on cp 2: {c}) vs {a} "
+      f"from the 1-rank one; greedy tokens {'equal' if g1 == g2 else 'differ'}: {g2}")
+sys.exit(0 if ok else 1)
+PY
 
 llama=(--set model.arch=llama --set model.kv_heads=2 --set data.document_mask=true
        --set data.eot=256)

@@ -42,7 +42,9 @@ static void gather(CpAttention *a, const float *qkv)
 {
     const size_t n = rank_elems(a);
     a->be->copy(a->kv + (size_t)a->cp->rank * n, qkv, n * sizeof(float));
+    const double t0 = comm_wtime();
     comm_allgather_block_f32(a->cp, a->kv, n);
+    a->comm_s += comm_wtime() - t0;
     a->gathered = qkv;
 }
 
@@ -109,6 +111,8 @@ void cp_attention_backward(CpAttention *a, float *dqkv, const float *dout, const
                                       &x);
         }
     /* every rank's key and value gradients of my rows, summed, into dkv[0, n) */
+    const double t0 = comm_wtime();
     comm_reduce_scatter_block_f32(a->cp, a->dkv, n);
+    a->comm_s += comm_wtime() - t0;
     a->be->accumulate(dqkv, a->dkv, n);
 }

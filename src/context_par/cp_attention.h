@@ -39,6 +39,7 @@ typedef struct {
     float *kv;             /* [cp][2][B*L][width]: every rank's qkv rows, gathered */
     float *dkv;            /* the same shape: key and value gradients for every rank's rows */
     const float *gathered; /* the qkv whose rows kv holds (backward re-gathers others) */
+    double comm_s;         /* seconds in the exchange so far (the caller resets it) */
 } CpAttention;
 
 /* Bytes of the two buffers for a group of cp (0 when cp is 1). */

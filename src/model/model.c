@@ -466,6 +466,13 @@ void model_set_context_parallel(Model *m, Comm *cp)
         cp_attention_init(&m->cpa, m->be, cp, m->d.B / 2, m->d.T, m->d.H, m->d.KVH, m->d.hs);
 }
 
+double model_take_cp_seconds(Model *m)
+{
+    const double s = m->cpa.comm_s;
+    m->cpa.comm_s = 0;
+    return s;
+}
+
 Model *model_create(const Config *cfg, const Backend *be, const ParamShard *sh, int B)
 {
     Model *m = create(cfg, be, sh, B, 1);

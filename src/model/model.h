@@ -110,6 +110,8 @@ void model_set_tensor_parallel(Model *m, Comm *tp);
 /* The context-parallel group (its size topology.cp of the config the model
  * was created with); it must outlive the model, like tp. */
 void model_set_context_parallel(Model *m, Comm *cp);
+/* Seconds its context-parallel exchange took since the last call. */
+double model_take_cp_seconds(Model *m);
 
 /* Activation sets: one per micro-batch a pipeline stage holds between its
  * forward and its backward (default 1).  Setting the count reallocates

@@ -237,6 +237,15 @@ TrainerStep trainer_step(Trainer *tr, int step)
     r.comm_ms = 1e3 * zs.exposed_comm_s;
     r.comm_bytes = zs.bytes;
     r.pp_idle = tr->pipe ? pp_exec_idle_fraction(pp_stage_stats(tr->pipe), &tr->comms.pp) : -1;
+    r.cp_ms = -1;
+    if (tr->cp > 1) {
+        double s = 0;
+        for (int c = 0; c < zero_chunks(tr->zero); c++)
+            s += model_take_cp_seconds(zero_chunk_model(tr->zero, c));
+        r.cp_ms = 1e3 * s;
+        r.cp_bytes = tr->comms.cp.bytes_sent;
+        tr->comms.cp.bytes_sent = 0;
+    }
     return r;
 }
 

@@ -4,14 +4,17 @@
 #     against the scheme's formula: per layer and micro-batch an all-gather
 #     of the rank's qkv rows forward, an all-gather and a reduce-scatter of
 #     their gradients backward, 3 (cp-1) n floats for n = B x seq/cp x
-#     (H + 2 KVH) x head size (the ratio must be 1.000);
+#     (H + 2 KVH) x head size, less one all-gather per micro-batch: the
+#     last layer's backward finds its rows still gathered, so (3L-1) (cp-1) n
+#     for L layers without recompute (the ratio must be 1.000);
 #  2. activation (+ scratch) memory per rank at cp 1, 2, 4 against cp 1's,
 #     measured by the trainer's report (ideal ~ 1/cp; the K/V buffers of
 #     the exchange are cp x one layer's qkv rows, which does not shrink);
 #  3. the exchange's time as a share of the step (it is blocking today, so
 #     all of it is exposed);
 #  4. from the planner: the longest sequence (a power of 2) Llama 7B trains
-#     on 8 H100s at cp 1, 2, 4, 8 (tp = 8 / cp, recompute full, ZeRO 3).
+#     with tp 8 on one node of H100s times cp 1, 2, 4, 8 nodes (recompute
+#     full, ZeRO 3).
 # A tiny Llama with GQA on the Brown texts in bytes (vocab 257), on this
 # machine's cores.
 #   bench/cp.sh [SEQ]              sequence length (default 4096)
@@ -57,7 +60,7 @@ if cp == 1:
     sys.exit(0)
 last = rows[-1]
 n = 1 * seq // cp * (H + 2 * KVH) * (C // H)
-formula = L * 3 * (cp - 1) * n * 4
+formula = (3 * L - 1) * (cp - 1) * n * 4
 ratio = last["cp_bytes"] / formula
 base = json.load(open(f"{out}/cp1.mem"))
 print(f"{cp:3d} {last['cp_bytes']:14d} {formula:14d} {ratio:7.3f} {mem(rows[0]):12.1f} "
@@ -67,17 +70,17 @@ PY
 done
 
 echo
-echo "planner: the longest sequence Llama 7B trains on one node of 8 H100s (80 GiB),"
-echo "tp = 8 / cp with sequence parallelism, ZeRO 3, recompute full, micro_batch 1:"
+echo "planner: the longest sequence (a power of 2) Llama 7B trains with tp 8 (one node of"
+echo "8 H100s, 80 GiB) x cp nodes, sequence parallelism, ZeRO 3, recompute full, micro_batch 1:"
 for cp in 1 2 4 8; do
-    tp=$((8 / cp)) best=none
-    for s in 8192 16384 32768 65536 131072 262144 524288 1048576; do
-        args=(--set topology.tp=$tp --set topology.cp=$cp --set topology.dp=1 --set topology.pp=1
-              --set topology.zero=3 --set topology.sequence_parallel=$([ $tp -gt 1 ] && echo true || echo false)
-              --set training.recompute=full --set training.global_batch=1 --set training.micro_batch=1
-              --set model.seq_len=$s)
-        if "$trident" plan configs/llama_7b.yaml --cluster h100-sxm:1x8 "${args[@]}" 2>/dev/null |
-            grep -q "^fits:"; then best=$s; else break; fi
+    best=none
+    for s in 16384 32768 65536 131072 262144 524288 1048576 2097152; do
+        args=(--set topology.tp=8 --set topology.cp=$cp --set topology.dp=1 --set topology.pp=1
+              --set topology.zero=3 --set topology.sequence_parallel=true
+              --set training.recompute=full --set training.global_batch=1
+              --set training.micro_batch=1 --set model.seq_len=$s)
+        if "$trident" plan configs/llama_7b.yaml --cluster h100-sxm:${cp}x8 "${args[@]}" \
+            2>/dev/null | grep -q "^fits:"; then best=$s; else break; fi
     done
-    echo "  cp $cp (tp $tp): seq_len $best"
+    echo "  cp $cp ($((8 * cp)) GPUs): seq_len $best"
 done

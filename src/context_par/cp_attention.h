@@ -23,8 +23,10 @@
  * Bytes a rank sends per layer (ring algorithms), n = B * 2L * (H+2KVH) * hs
  * floats: (cp-1) n for the forward all-gather, (cp-1) n for the backward's
  * reduce-scatter, and (cp-1) n for the backward's all-gather when it
- * gathers again (always in a model of several layers without recompute:
- * 3 (cp-1) n).  The gathered rows are whole qkv rows; gathering only the key
+ * gathers again: in a model of L layers without recompute, every layer's
+ * backward but the last one's, (3L-1) (cp-1) n per micro-batch; with
+ * recompute, or a pipeline that runs other micro-batches in between,
+ * 3L (cp-1) n.  The gathered rows are whole qkv rows; gathering only the key
  * and value heads (AttnArgs.kv_packed) would cut that by (H+2KVH) / (2KVH). */
 #ifndef TRD_CONTEXT_PAR_CP_ATTENTION_H
 #define TRD_CONTEXT_PAR_CP_ATTENTION_H

@@ -268,14 +268,18 @@ static void stage_comm(const Config *cfg, const PlanResult *r, int rank, const P
     /* Context parallelism (context_par/cp_attention.h): per layer and
      * micro-batch an all-gather of the rank's qkv rows forward, and in
      * backward an all-gather again and a reduce-scatter of their gradients:
-     * 3 (cp-1) n floats, n = the rank's rows x its qkv width. */
+     * 3 (cp-1) n floats, n = the rank's rows x its qkv width; the last
+     * layer's backward finds its rows still gathered when nothing ran
+     * between (pp 1, no recompute). */
     if (cp_of(t) > 1) {
         const int cp = cp_of(t), H = cfg->model.heads / t->tp;
         const int KVH = cfg->model.kv_heads % t->tp ? 1 : cfg->model.kv_heads / t->tp;
         const uint64_t n = (uint64_t)cfg->training.micro_batch * (uint64_t)cfg->model.seq_len /
                            (uint64_t)cp * (uint64_t)(H + 2 * KVH) *
                            (uint64_t)(cfg->model.hidden / cfg->model.heads);
-        st->cp_bytes_mb = 3 * (uint64_t)params_shard_layers(sh) * ring(n * (uint64_t)cp, 1, cp);
+        const int held = t->pp == 1 && cfg->training.recompute == RECOMPUTE_NONE;
+        st->cp_bytes_mb = (3 * (uint64_t)params_shard_layers(sh) - (uint64_t)held) *
+                          ring(n * (uint64_t)cp, 1, cp);
     }
     if (cfg->model.tie_embeddings && t->pp > 1 && (sh->has_embed || sh->has_head)) {
         ParamTable tab;

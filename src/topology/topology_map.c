@@ -145,9 +145,9 @@ static void print_summary(FILE *f, const Topology *t, const char *order)
                 "%d node%s x %d ranks\n",
                 t->world, tp, dp, pp, order, t->nodes, t->nodes == 1 ? "" : "s", t->ranks_per_node);
     fprintf(f,
-            "groups: %d TP of %d, %d DP of %d, %d PP of %d, %d model-parallel (tp x pp) "
+            "groups: %d TP of %d, %d DP%s of %d, %d PP of %d, %d model-parallel (tp x pp) "
             "of %d, ",
-            dp * pp, tp, tp * pp, dp, tp * dp, pp, dp, tp * pp);
+            dp * pp, tp, tp * pp, cp > 1 ? " (dp x cp)" : "", dp, tp * dp, pp, dp, tp * pp);
     if (pp > 1)
         fprintf(f, "%d embedding (first + last stage) of 2\n", tp * dp);
     else

@@ -85,12 +85,18 @@ int layout_check_tp(const ModelConfig *m, int tp, int sequence_parallel, int cp,
                     m->ffn_hidden, tp);
     /* a rank's token rows: its 1/cp of every sequence */
     const long long rows = (long long)(micro_batch > 0 ? micro_batch : 1) * m->seq_len / cp;
-    if (sequence_parallel && tp > 1 && rows % tp)
+    if (sequence_parallel && tp > 1 && rows % tp && cp > 1)
         return fail(e, "model.seq_len",
                     "model.seq_len (%d) / topology.cp (%d) must be divisible by topology.tp "
                     "(%d) with topology.sequence_parallel (each tp rank holds a slice of the "
                     "token rows); change seq_len or turn it off",
                     m->seq_len, cp, tp);
+    if (sequence_parallel && tp > 1 && rows % tp)
+        return fail(e, "model.seq_len",
+                    "model.seq_len (%d) must be divisible by topology.tp "
+                    "(%d) with topology.sequence_parallel (each tp rank holds a slice of the "
+                    "token rows); change seq_len or turn it off",
+                    m->seq_len, tp);
     return 0;
 }
 

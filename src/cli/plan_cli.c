@@ -202,7 +202,7 @@ static void print_time(FILE *f, const PlanCluster *c, const PlanResult *r)
             "\ntime per micro-batch (slowest stage): compute %.2f ms, TP %.2f ms, PP p2p %.2f ms",
             1e3 * t_c, 1e3 * t_tp, 1e3 * t_p2p);
     if (r->cp > 1)
-        fprintf(f, ", CP %.2f ms (not overlapped)", 1e3 * t_cp);
+        fprintf(f, ", CP %.2f ms (counted as exposed)", 1e3 * t_cp);
     fputc('\n', f);
     fprintf(f, "pipeline bubble: %.1f%% of the pipeline phase (pp %d, %d micro-batches, v %d)\n",
             100 * r->bubble, r->pp, r->n_micro, r->virtual_stages);

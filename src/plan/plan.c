@@ -313,7 +313,8 @@ static void stage_microbatch_time(const Config *cfg, const PlanCluster *c, const
     if (t->pp > 1)
         st->t_p2p = 2.0 * t->virtual_stages *
                     comm_time(c, r->pp_link, (double)stream_elems(cfg) * r->elem_act, 1, 2);
-    /* the cp exchange is blocking today: all of it is exposed */
+    /* the cp exchange, all counted as exposed: an upper bound (the forward's
+     * all-gather overlaps the blocks a rank holds the keys of) */
     st->t_cp = comm_time(c, r->cp_link, (double)st->cp_bytes_mb * r->elem_act / 4,
                          3 * params_shard_layers(sh), cp_of(t));
     st->t_mb = st->t_compute + st->t_tp + st->t_p2p + st->t_cp;

@@ -269,11 +269,16 @@ static void print_search(const Config *cfg, const PlanCluster *c, int top)
            1e-9 * (double)params_count_real(&cfg->model));
     printf("search: %d valid layouts evaluated, %d fit; best %d by estimated tokens/s:\n\n", tried,
            fit, n < top ? n : top);
-    printf("  #  tp  pp   dp zero mb  v recompute  GiB/GPU   step s   tokens/s    MFU  why\n");
+    const int cp = plan_search_cp(cfg); /* a cp column, for long sequences */
+    printf("  #  tp  pp   dp%s zero mb  v recompute  GiB/GPU   step s   tokens/s    MFU  why\n",
+           cp ? "  cp" : "");
     for (int i = 0; i < n; i++) {
         const PlanResult *r = &best[i].r;
-        printf("%3d %3d %3d %4d %4d %2d %2d %-9s %8.1f %8.3f %10.0f %5.1f%%  %s%s\n", i + 1, r->tp,
-               r->pp, r->dp, r->zero, r->micro_batch, r->virtual_stages,
+        char cpcol[16] = "";
+        if (cp)
+            snprintf(cpcol, sizeof cpcol, " %3d", r->cp);
+        printf("%3d %3d %3d %4d%s %4d %2d %2d %-9s %8.1f %8.3f %10.0f %5.1f%%  %s%s\n", i + 1,
+               r->tp, r->pp, r->dp, cpcol, r->zero, r->micro_batch, r->virtual_stages,
                recompute_name(r->recompute), r->st[r->worst].total / GIB, r->t_step,
                r->tokens_per_s, 100 * r->mfu, r->fits ? "" : "DOES NOT FIT: ", best[i].why);
     }

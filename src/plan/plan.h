@@ -93,6 +93,11 @@ typedef struct {
     char why[256];
 } PlanCandidate;
 
+/* Context parallelism is searched for sequences this long and longer
+ * (shorter ones' activations are small next to the weights). */
+#define PLAN_CP_MIN_SEQ 8192
+int plan_search_cp(const Config *cfg);
+
 /* Fill up to max candidates (best first); *n_fit the number that fit,
  * *n_tried the layouts evaluated.  Returns the number written. */
 int plan_search(const Config *cfg, const PlanCluster *c, PlanCandidate *out, int max, int *n_fit,

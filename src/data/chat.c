@@ -40,7 +40,8 @@ static const Builtin builtins[] = {
     /* Llama 3 chat. */
     {"llama3",
      "<|begin_of_text|>",
-     {"<|start_header_id|>system<|end_header_id|>\n\n", "<|start_header_id|>user<|end_header_id|>\n\n",
+     {"<|start_header_id|>system<|end_header_id|>\n\n",
+      "<|start_header_id|>user<|end_header_id|>\n\n",
       "<|start_header_id|>assistant<|end_header_id|>\n\n"},
      {"<|eot_id|>", "<|eot_id|>", "<|eot_id|>"},
      NULL},
@@ -116,10 +117,9 @@ static int load_file(ChatTemplate *t, const char *path, char err[CFG_ERR])
         for (const cJSON *f = k->child; f && !rc; f = f->next)
             if (strcmp(f->string, "prefix") && strcmp(f->string, "suffix") &&
                 (r != CHAT_USER || strcmp(f->string, "prefix_after_system")))
-                rc = trd_errorf(err,
-                                "chat template %s: unknown key \"%s\" in \"%s\" (prefix, suffix%s)",
-                                path, f->string, k->string,
-                                r == CHAT_USER ? ", prefix_after_system" : "");
+                rc = trd_errorf(
+                    err, "chat template %s: unknown key \"%s\" in \"%s\" (prefix, suffix%s)", path,
+                    f->string, k->string, r == CHAT_USER ? ", prefix_after_system" : "");
         char where[CFG_STR + 32];
         snprintf(where, sizeof where, "chat template %s, \"%s\"", path, k->string);
         ChatRole *role = &t->role[r];
@@ -326,7 +326,8 @@ int chat_render(const ChatTemplate *t, struct Tokenizer *tok, const cJSON *ex, C
     int last = -1, n_assistant = 0;
     if (pair) {
         const char *prompt = member_string(ex, "prompt", "the example", err);
-        const char *completion = prompt ? member_string(ex, "completion", "the example", err) : NULL;
+        const char *completion =
+            prompt ? member_string(ex, "completion", "the example", err) : NULL;
         if (!completion)
             return -1;
         if (!*completion)

@@ -2,13 +2,16 @@
 """Check a `prepare-data --template` dataset against an independent rendering.
 
   chat_data_check.py EXAMPLES.jsonl PREFIX TEMPLATE TOKENIZER [NODE_PKG]
+  chat_data_check.py EXAMPLES.jsonl PREFIX TEMPLATE spm MODEL CONTROL[,CONTROL...]
 
 EXAMPLES.jsonl: the examples given to prepare-data; PREFIX: its --out.
 TEMPLATE: plain, chatml, llama2, llama3 or a FILE.json (read here with
 json); TOKENIZER: byte (ids = the UTF-8 bytes, EOT 256), gpt2 (npm
 gpt-3-encoder at NODE_PKG, EOT 50256) or cl100k_base (npm js-tiktoken at
 NODE_PKG, EOT 100257; template text encoded with its special tokens
-allowed, message text with none).
+allowed, message text with none) or spm (Debian's spm_encode, one piece a
+line, so no piece may hold a line break; in template text the CONTROL
+pieces named are their ids as spm_export_vocab lists them; EOT </s>).
 
 The chat formats are written here from their model cards (ChatML, Llama 2's
 [INST] <<SYS>>, Llama 3's header ids), not from trident's tables; each
@@ -86,7 +89,37 @@ def render(template, ex):
     return pieces, int(msgs[-1]["role"] == "assistant")
 
 
+def encode_spm(model, controls, pieces):
+    vocab = subprocess.run(["spm_export_vocab", f"--model={model}"], capture_output=True,
+                           text=True, check=True).stdout.split("\n")
+    ids = {line.split("\t")[0]: i for i, line in enumerate(vocab) if line}
+    parts = []  # (piece index, text to encode or a control id)
+    for k, (text, tmpl, _) in enumerate(pieces):
+        if "\n" in text:
+            fail(f"spm: piece {text!r} has a line break")
+        while tmpl and text:
+            at = [(text.find(c), c) for c in controls if c in text]
+            if not at:
+                break
+            i, c = min(at)
+            parts += [(k, text[:i]), (k, ids[c])]
+            text = text[i + len(c):]
+        parts.append((k, text))
+    lines = [p for _, p in parts if isinstance(p, str)]
+    r = subprocess.run(["spm_encode", f"--model={model}", "--output_format=id"],
+                       input="".join(l + "\n" for l in lines), capture_output=True, text=True,
+                       check=True)
+    encoded = iter(r.stdout.split("\n"))
+    out = [[] for _ in pieces]
+    for k, p in parts:
+        out[k] += [p] if isinstance(p, int) else [int(x) for x in next(encoded).split()]
+    return out, ids["</s>"]
+
+
 def encode_all(tokenizer, pkg, pieces):
+    if tokenizer == "spm":
+        model, controls = pkg.split(" ", 1)
+        return encode_spm(model, controls.split(","), pieces)
     if tokenizer == "byte":
         return [list(text.encode()) for text, _, _ in pieces], 256
     if tokenizer == "gpt2":
@@ -118,7 +151,7 @@ def read_dataset(prefix):
 
 def main():
     examples, prefix, template, tokenizer = sys.argv[1:5]
-    pkg = sys.argv[5] if len(sys.argv) > 5 else None
+    pkg = " ".join(sys.argv[5:]) or None
     exs = [json.loads(l) for l in open(examples) if l.strip()]
     pieces, eot_mask, owner = [], [], []
     for i, ex in enumerate(exs):

@@ -2,9 +2,11 @@
 #include "data/chat.h"
 
 #include <cjson/cJSON.h>
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "core/error.h"
 #include "data/prepare.h"
@@ -84,6 +86,8 @@ static int file_string(const cJSON *o, const char *key, const char *where, char 
  * but at least the assistant's role; other keys are errors. */
 static int load_file(ChatTemplate *t, const char *path, char err[CFG_ERR])
 {
+    if (access(path, R_OK) != 0)
+        return trd_errorf(err, "cannot read the chat template %s: %s", path, strerror(errno));
     size_t len;
     char *text = data_read_input(path, &len);
     cJSON *j = cJSON_ParseWithLength(text, len);

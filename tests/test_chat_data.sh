@@ -10,7 +10,8 @@
 #    cross-entropy computed in numpy from the exported model
 #    (tests/hf_export_check.py's forward), and metrics.jsonl counts one
 #    trained token per sequence, also across a resume;
-# 3. with the masks, every layout (dp 2 with ZeRO 1; tp 2 with sequence
+# 3. prepare-data under mpiexec writes what one process writes; with the
+#    masks, every layout (dp 2 with ZeRO 1; tp 2 with sequence
 #    parallelism x pp 2) trains the curve of one rank (fp32, 1e-5) and
 #    counts the same trained tokens, fewer than the batch holds;
 # 4. bad input exits 2 naming the file and line: an unknown or missing
@@ -127,6 +128,20 @@ with open(sys.argv[1], "w") as f:
 PY
 "$TRIDENT" prepare-data --input "$out/chat.jsonl" --tokenizer byte --template chatml --out "$out/chat" \
     > "$out/prep.log" 2>&1 || { echo "FAIL: prepare-data chat"; cat "$out/prep.log"; exit 1; }
+# Under mpiexec the ranks share the examples; the dataset, its validation
+# split and their masks are those of one process, byte for byte.
+"$TRIDENT" prepare-data --input "$out/chat.jsonl" --tokenizer byte --template llama3 --val-every 3 \
+    --out "$out/p1" > "$out/prep.log" 2>&1 &&
+    timeout 120 mpiexec -n 2 "$TRIDENT" prepare-data --input "$out/chat.jsonl" --tokenizer byte \
+        --template llama3 --val-every 3 --out "$out/p2" > "$out/prep2.log" 2>&1 ||
+    { echo "FAIL: prepare-data --val-every 3, 1 and 2 processes"; cat "$out/prep.log" "$out/prep2.log"; exit 1; }
+same=1
+for f in .bin .idx .mask _val.bin _val.idx _val.mask; do
+    cmp -s "$out/p1$f" "$out/p2$f" || { echo "FAIL: mpiexec -n 2 wrote another p2$f"; same=0; }
+done
+[ "$same" = 1 ] && [ -s "$out/p2_val.mask" ] && [ ! -e "$out/p2.rank00000.tmp.mask" ] &&
+    echo "ok   mpiexec -n 2 prepare-data --template: the same dataset, split and masks" ||
+    fails=$((fails + 1))
 small=(--set checkpoint.dir= --set model.layers=2 --set model.hidden=64 --set model.heads=4
        --set model.seq_len=64 --set model.vocab=257 --set training.steps=6
        --set training.warmup_steps=2 --set training.lr=1e-3 --set training.global_batch=4

@@ -198,22 +198,29 @@ static void output_add(Output *o, const int32_t *ids, const uint8_t *mask, size_
     o->tokens += n;
 }
 
+/* The mask under its name, before the dataset's .idx makes the dataset
+ * visible: a reader never sees the dataset without its mask. */
+static void output_publish_mask(Output *o)
+{
+    char tmp[CFG_STR + 16], path[CFG_STR + 16];
+    if (!o->mask)
+        return;
+    snprintf(tmp, sizeof tmp, "%s.mask.tmp", o->prefix);
+    snprintf(path, sizeof path, "%s.mask", o->prefix);
+    if (fclose(o->mask) != 0 || rename(tmp, path) != 0)
+        trd_fatal(TRD_EXIT_RUNTIME, NULL, "cannot write %s: %s", path, strerror(errno));
+}
+
 static void output_close(Output *o, const char *label)
 {
     char err[CFG_ERR], path[CFG_STR + 8];
+    output_publish_mask(o);
     snprintf(path, sizeof path, "%s.bin", o->prefix);
     int rc =
         o->llmc ? dataset_write_llmc(path, o->all, o->n_all, err) : dataset_writer_close(o->w, err);
     if (rc != 0)
         trd_fatal(TRD_EXIT_RUNTIME, NULL, "%s", err);
     free(o->all);
-    if (o->mask) { /* renamed after the .idx: a mask is never newer than its dataset's */
-        char tmp[CFG_STR + 16];
-        snprintf(tmp, sizeof tmp, "%s.mask.tmp", o->prefix);
-        snprintf(path, sizeof path, "%s.mask", o->prefix);
-        if (fclose(o->mask) != 0 || rename(tmp, path) != 0)
-            trd_fatal(TRD_EXIT_RUNTIME, NULL, "cannot write %s: %s", path, strerror(errno));
-    }
     printf("  %-5s %s%s: %llu documents, %llu tokens\n", label, o->prefix,
            o->llmc   ? ".bin"
            : o->mask ? ".{bin,idx,mask}"
@@ -450,7 +457,7 @@ static void add_example(Prep *p, const cJSON *j, size_t len, const char *file, u
         bad_doc(p, file, line, "%s", err);
         return;
     }
-    long k = p->a->val_every;
+    long k = p->job ? 0 : p->a->val_every; /* a rank's spool: split later */
     int to_val = k && (long)(p->docs % (uint64_t)k) == k - 1;
     output_add(to_val ? &p->val : &p->train, x->ids, x->mask, x->n);
     for (size_t i = 0; i < x->n; i++)
@@ -659,6 +666,8 @@ static void add_share(Prep *p, const InputList *docs)
         }
         if (is_jsonl(path, fmt))
             add_jsonl_file(p, path, &u[i]);
+        else if (p->chat)
+            bad_doc(p, path, 1, "--template reads JSON lines of examples, this is a text file");
         else
             add_text_file(p, path);
     }
@@ -682,9 +691,11 @@ static void finish_job(Prep *p, int llmc, int token_bytes)
     }
     char spool[CFG_STR];
     snprintf(spool, sizeof spool, "%s", p->train.prefix);
+    output_publish_mask(&p->train);
     if (dataset_writer_close(p->train.w, err) != 0)
         trd_fatal(TRD_EXIT_RUNTIME, NULL, "%s", err);
-    PrepWrite w = {p->a->out, spool, llmc, token_bytes, p->a->shards, p->a->val_every};
+    PrepWrite w = {p->a->out,    spool,           llmc,           token_bytes,
+                   p->a->shards, p->a->val_every, p->chat != NULL};
     PrepSplit split[2] = {{0, 0}, {0, 0}};
     prep_job_write(p->job, &w, split);
 
@@ -699,6 +710,7 @@ static void finish_job(Prep *p, int llmc, int token_bytes)
     p->docs = p->sums[PREP_DOCS];
     p->bytes_text = prep_job_sum(p->job, p->bytes_text);
     p->t_encode = prep_job_max(p->job, p->t_encode);
+    p->trained = prep_job_sum(p->job, p->trained);
     Output *o[2] = {&p->train, &p->val};
     for (int s = 0; s < (p->a->val_every ? 2 : 1); s++) {
         Output *out = o[s];
@@ -720,13 +732,10 @@ static void finish_job(Prep *p, int llmc, int token_bytes)
 }
 
 /* --template: the template, and the combinations it does not take. */
-static void setup_chat(Prep *p, ChatTemplate *chat, int llmc)
+static void setup_chat(Prep *p, ChatTemplate *chat, int llmc, int rank0)
 {
     char err[CFG_ERR], unmapped[256];
     const PrepareArgs *a = p->a;
-    if (p->job)
-        trd_fatal(TRD_EXIT_INPUT, "run prepare-data --template as one process (no mpiexec)",
-                  "--template: instruction data is prepared by one process for now");
     if (llmc)
         trd_fatal(TRD_EXIT_INPUT, "use --format megatron",
                   "--template writes a loss mask beside a Megatron dataset; llm.c shards have "
@@ -735,11 +744,12 @@ static void setup_chat(Prep *p, ChatTemplate *chat, int llmc)
         trd_fatal(TRD_EXIT_INPUT, "see docs/data.md, \"Instruction and chat data\"", "%s", err);
     p->chat = chat;
     chat_template_unmapped(chat, p->tok, unmapped, sizeof unmapped);
-    printf("  template %s: examples {\"prompt\", \"completion\"} or {\"messages\"}, loss mask "
-           "in PREFIX.mask%s%s%s\n",
-           chat->name,
-           unmapped[0] ? "; not special tokens of this tokenizer (encoded as text): " : "",
-           unmapped, a->workers > 1 ? "; one worker (--workers is for text)" : "");
+    if (rank0)
+        printf("  template %s: examples {\"prompt\", \"completion\"} or {\"messages\"}, loss mask "
+               "in PREFIX.mask%s%s%s\n",
+               chat->name,
+               unmapped[0] ? "; not special tokens of this tokenizer (encoded as text): " : "",
+               unmapped, a->workers > 1 ? "; one worker (--workers is for text)" : "");
 }
 
 int data_prepare(const PrepareArgs *args)
@@ -804,9 +814,9 @@ int data_prepare(const PrepareArgs *args)
 
     ChatTemplate chat;
     if (a.chat_template) {
-        setup_chat(&p, &chat, llmc);
+        setup_chat(&p, &chat, llmc, rank0);
         output_open_mask(&p.train);
-        if (a.val_every)
+        if (a.val_every && !p.job)
             output_open_mask(&p.val);
     }
 
@@ -833,6 +843,10 @@ int data_prepare(const PrepareArgs *args)
     free(p.ids);
     free(p.batch);
     if (!rank0) {
+        if (p.chat) {
+            chat_template_free(p.chat);
+            chat_tokens_free(&p.chat_x);
+        }
         for (int w = 0; w < p.workers; w++)
             tokenizer_free(p.toks[w]);
         free(p.toks);

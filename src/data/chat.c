@@ -183,6 +183,8 @@ void chat_tokens_free(ChatTokens *x)
 /* The mask of the ids appended since `from`: m.  -1 when out of memory. */
 static int mark(ChatTokens *x, size_t from, uint8_t m)
 {
+    if (x->n == from) /* nothing appended (an empty piece): mask may still be NULL */
+        return 0;
     if (x->n > x->mask_cap) {
         size_t c = x->cap > x->n ? x->cap : x->n;
         uint8_t *p = realloc(x->mask, c);

@@ -186,6 +186,25 @@ for p in '<sep>' '<cls>' '@@'; do
     [[ -n $id && $ids == *" $id "* ]] || fail "unigram: user-defined piece $p (id $id) not in:$ids"
 done
 
+# Chat templates (prepare-data --template): <s>, </s> and the control
+# symbol <ctl> in a template are their ids, in a message text; the
+# user-defined <sep> is its piece anywhere.  Against tests/chat_data_check.py's
+# rendering with spm_encode (no line breaks: it encodes line by line).
+cat > "$tmp/chat.jsonl" <<'EOF'
+{"prompt": "Translate to French: cheese", "completion": " fromage"}
+{"messages": [{"role": "user", "content": "Peru? <sep> <ctl> </s>"}, {"role": "assistant", "content": "Lima."}, {"role": "user", "content": "And Chile?"}, {"role": "assistant", "content": "Santiago, café."}]}
+EOF
+cat > "$tmp/chat_tmpl.json" <<'EOF'
+{"bos": "<s>", "user": {"prefix": "<ctl>Q: ", "suffix": " <sep>"}, "assistant": {"prefix": "A:", "suffix": "</s><ctl>"}}
+EOF
+for t in llama2 "$tmp/chat_tmpl.json"; do
+    "$trident" prepare-data --input "$tmp/chat.jsonl" --tokenizer sentencepiece \
+        --model "$tmp/unigram.model" --template "$t" --out "$tmp/chat" > "$tmp/chat.log" 2>&1 ||
+        { cat "$tmp/chat.log"; fail "prepare-data --template $t"; }
+    /usr/bin/python3 tests/chat_data_check.py "$tmp/chat.jsonl" "$tmp/chat" "$t" spm \
+        "$tmp/unigram.model" '<s>,</s>,<ctl>' || fail "chat template $t"
+done
+
 # Token width: the word model's ids go past 65535 (int32, checked above);
 # llm.c shards are uint16 and refuse it.
 rc=0

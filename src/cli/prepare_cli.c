@@ -21,6 +21,7 @@ static const char prepare_usage[] =
     "                            [--model FILE.model]\n"
     "                            --out PREFIX [--format megatron|llmc] [--val-every K]\n"
     "                            [--workers N] [--progress] [--shards]\n"
+    "                            [--template plain|chatml|llama2|llama3|FILE.json]\n"
     "       mpiexec -n RANKS trident prepare-data ...   (the same options)\n"
     "\n"
     "Tokenize documents into a training dataset: each text file is one document,\n"
@@ -63,6 +64,12 @@ static const char prepare_usage[] =
     "  --shards           one dataset per rank instead of one merged dataset:\n"
     "                     PREFIX-00000-of-00004 ... PREFIX-00003-of-00004 (and\n"
     "                     PREFIX_val-...), in input order\n"
+    "  --template T       instruction and chat data: each JSON line is {\"prompt\",\n"
+    "                     \"completion\"} or {\"messages\": [{\"role\", \"content\"}, ...]},\n"
+    "                     rendered with template T (plain, chatml, llama2, llama3, or a\n"
+    "                     FILE.json of per-role prefixes and suffixes); writes\n"
+    "                     PREFIX.mask beside the dataset, a byte per token: 1 where the\n"
+    "                     model learns (assistant turns), 0 elsewhere (docs/data.md)\n"
     "  --help             this text\n"
     "Exit codes: 0 success, 2 bad input (arguments, a bad document; on any rank), 1 failure.\n";
 
@@ -174,6 +181,8 @@ static int parse_prepare(int argc, char **argv, PrepareArgs *a)
             dst = &a->format;
         else if (strcmp(o, "--ext") == 0)
             dst = &a->ext;
+        else if (strcmp(o, "--template") == 0)
+            dst = &a->chat_template;
         else if (strcmp(o, "--val-every") != 0 && strcmp(o, "--workers") != 0)
             return usage_error(cmd, prepare_usage, "unknown argument '%s'", o);
         /* --ext '' (files without an extension) is a value, not a missing one */

@@ -212,6 +212,48 @@ static int megatron_check_tables(const char *idx_path, const unsigned char *p, u
     return 0;
 }
 
+/* PREFIX.mask: its size (bytes), or -1 when there is none. */
+static int64_t mask_size(const char *prefix)
+{
+    char path[CFG_STR + 8];
+    struct stat st;
+    snprintf(path, sizeof path, "%s.mask", prefix);
+    return stat(path, &st) == 0 ? (int64_t)st.st_size : -1;
+}
+
+static int mask_mismatch(const TokenDataset *ds, int64_t bytes, char err[CFG_ERR])
+{
+    return trd_errorf(err,
+                      "%s.mask does not match its tokens: %lld bytes, the dataset has %llu "
+                      "tokens (a byte each)\n---> make the dataset and its mask together with "
+                      "`trident prepare-data --template`",
+                      ds->path, (long long)bytes, (unsigned long long)ds->n_tokens);
+}
+
+/* The loss mask beside a Megatron pair, when there is one: a byte per
+ * token; with check, every byte 0 or 1. */
+static int open_mask(TokenDataset *ds, int check, char err[CFG_ERR])
+{
+    char path[CFG_STR + 8];
+    int64_t bytes = mask_size(ds->path);
+    if (bytes < 0)
+        return 0;
+    if ((uint64_t)bytes != ds->n_tokens)
+        return mask_mismatch(ds, bytes, err);
+    snprintf(path, sizeof path, "%s.mask", ds->path);
+    if (map_file(path, &ds->mask_map, &ds->mask_bytes, err) != 0)
+        return -1;
+    ds->has_mask = 1;
+    ds->mask = ds->mask_map;
+    for (size_t i = 0; check && i < ds->mask_bytes; i++)
+        if (ds->mask[i] > 1)
+            return trd_errorf(err,
+                              "%s: byte %zu is %d; a loss mask holds 0 (not trained) or 1 "
+                              "(trained)",
+                              path, i, ds->mask[i]);
+    return 0;
+}
+
 static int open_megatron(TokenDataset *ds, const char *path, int check_tables, char err[CFG_ERR])
 {
     char idx_path[CFG_STR + 8], bin_path[CFG_STR + 8];
@@ -244,7 +286,7 @@ static int open_megatron(TokenDataset *ds, const char *path, int check_tables, c
             ds->bin_bytes < need ? "shorter" : "longer");
     ds->tokens = ds->bin_map;
     ds->n_docs = n_doc - 1;
-    return 0;
+    return open_mask(ds, check_tables, err);
 }
 
 static int open_llmc(TokenDataset *ds, const char *path, char err[CFG_ERR])
@@ -343,6 +385,10 @@ int dataset_probe(TokenDataset *ds, const char *path, DataFormat fmt, char err[C
                           (unsigned long long)bin_size, ds->token_bytes == 2 ? "uint16" : "int32");
     ds->n_tokens = bin_size / (uint64_t)ds->token_bytes;
     ds->n_docs = n_doc ? n_doc - 1 : 0;
+    const int64_t mask = mask_size(ds->path);
+    if (mask >= 0 && (uint64_t)mask != ds->n_tokens)
+        return mask_mismatch(ds, mask, err);
+    ds->has_mask = mask >= 0;
     return 0;
 }
 
@@ -368,6 +414,9 @@ void dataset_close(TokenDataset *ds)
 {
     unmap(&ds->bin_map, &ds->bin_bytes);
     unmap(&ds->idx_map, &ds->idx_bytes);
+    unmap(&ds->mask_map, &ds->mask_bytes);
+    ds->mask = NULL;
+    ds->has_mask = 0;
     ds->tokens = NULL;
     ds->n_tokens = 0;
     ds->n_docs = 0;

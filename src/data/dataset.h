@@ -31,6 +31,12 @@ typedef struct {
     uint64_t n_tokens;
     uint64_t n_docs; /* megatron: documents in the index; llmc: 1 per shard
                                   * (the format has no document index) */
+    /* Megatron: the loss mask PREFIX.mask beside the pair when there is one
+     * (prepare-data --template): a byte per token, 1 trained, 0 not. */
+    int has_mask;
+    void *mask_map;
+    size_t mask_bytes;
+    const uint8_t *mask; /* NULL when none */
 } TokenDataset;
 
 /* Open and validate a dataset.  Megatron: `path` is the prefix (a path

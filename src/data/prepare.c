@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "core/error.h"
+#include "data/chat.h"
 #include "data/dataset.h"
 #include "data/inputs.h"
 #include "data/prepare_job.h"
@@ -143,6 +144,7 @@ typedef struct {
     int llmc;
     DatasetWriter *w; /* megatron */
     int32_t *all;     /* llmc: every token, written at the end */
+    FILE *mask;       /* --template: PREFIX.mask.tmp, a byte per token */
     size_t n_all, cap_all;
     uint64_t docs, tokens;
 } Output;
@@ -160,9 +162,21 @@ static void output_open(Output *o, const char *prefix, int llmc, int token_bytes
         trd_fatal(TRD_EXIT_RUNTIME, NULL, "%s", err);
 }
 
-static void output_add(Output *o, const int32_t *ids, size_t n)
+/* The loss mask beside a Megatron dataset: PREFIX.mask (docs/data.md). */
+static void output_open_mask(Output *o)
+{
+    char path[CFG_STR + 16];
+    snprintf(path, sizeof path, "%s.mask.tmp", o->prefix);
+    if (!(o->mask = fopen(path, "wb")))
+        trd_fatal(TRD_EXIT_RUNTIME, NULL, "cannot create %s: %s", path, strerror(errno));
+}
+
+static void output_add(Output *o, const int32_t *ids, const uint8_t *mask, size_t n)
 {
     char err[CFG_ERR];
+    if (o->mask && fwrite(mask, 1, n, o->mask) != n)
+        trd_fatal(TRD_EXIT_RUNTIME, NULL, "cannot write %s.mask.tmp: %s", o->prefix,
+                  strerror(errno));
     if (!o->llmc) {
         if (dataset_writer_add(o->w, ids, n, err) != 0)
             trd_fatal(TRD_EXIT_RUNTIME, NULL, "%s", err);
@@ -184,9 +198,23 @@ static void output_add(Output *o, const int32_t *ids, size_t n)
     o->tokens += n;
 }
 
+/* The mask under its name, before the dataset's .idx makes the dataset
+ * visible: a reader never sees the dataset without its mask. */
+static void output_publish_mask(Output *o)
+{
+    char tmp[CFG_STR + 16], path[CFG_STR + 16];
+    if (!o->mask)
+        return;
+    snprintf(tmp, sizeof tmp, "%s.mask.tmp", o->prefix);
+    snprintf(path, sizeof path, "%s.mask", o->prefix);
+    if (fclose(o->mask) != 0 || rename(tmp, path) != 0)
+        trd_fatal(TRD_EXIT_RUNTIME, NULL, "cannot write %s: %s", path, strerror(errno));
+}
+
 static void output_close(Output *o, const char *label)
 {
     char err[CFG_ERR], path[CFG_STR + 8];
+    output_publish_mask(o);
     snprintf(path, sizeof path, "%s.bin", o->prefix);
     int rc =
         o->llmc ? dataset_write_llmc(path, o->all, o->n_all, err) : dataset_writer_close(o->w, err);
@@ -194,8 +222,10 @@ static void output_close(Output *o, const char *label)
         trd_fatal(TRD_EXIT_RUNTIME, NULL, "%s", err);
     free(o->all);
     printf("  %-5s %s%s: %llu documents, %llu tokens\n", label, o->prefix,
-           o->llmc ? ".bin" : ".{bin,idx}", (unsigned long long)o->docs,
-           (unsigned long long)o->tokens);
+           o->llmc   ? ".bin"
+           : o->mask ? ".{bin,idx,mask}"
+                     : ".{bin,idx}",
+           (unsigned long long)o->docs, (unsigned long long)o->tokens);
 }
 
 /* Whether a file is JSON lines: by its name (.jsonl or .json, before a
@@ -244,6 +274,10 @@ typedef struct {
     uint64_t sums[PREP_COUNTERS]; /* the job's totals, as last summed */
     int stop, failed;
     char fail_msg[TRD_ERR];
+    /* --template: examples rendered with a chat template, with their mask. */
+    ChatTemplate *chat;
+    ChatTokens chat_x;
+    uint64_t trained;             /* tokens of mask 1 */
     const char *part_path;        /* this rank's share starts inside this file ... */
     uint64_t part_lo, part_lines; /* ... at this byte, after this many lines */
     int part_counted;
@@ -272,6 +306,8 @@ static void discard_outputs(const Prep *p)
         if (!o[i]->prefix[0] || o[i]->llmc)
             continue;
         snprintf(path, sizeof path, "%s.bin.tmp", o[i]->prefix);
+        unlink(path);
+        snprintf(path, sizeof path, "%s.mask.tmp", o[i]->prefix);
         unlink(path);
     }
 }
@@ -401,7 +437,31 @@ static void commit_doc(Prep *p, int32_t **ids, size_t n, size_t *cap, size_t len
     (*ids)[n++] = tokenizer_eot(p->tok);
     long k = p->job ? 0 : p->a->val_every; /* a rank's spool: split later */
     int to_val = k && (long)(p->docs % (uint64_t)k) == k - 1;
-    output_add(to_val ? &p->val : &p->train, *ids, n);
+    output_add(to_val ? &p->val : &p->train, *ids, NULL, n);
+    p->docs++;
+    p->bytes_text += len;
+}
+
+/* --template: one example, rendered with its mask, to its split. */
+static void add_example(Prep *p, const cJSON *j, size_t len, const char *file, uint64_t line)
+{
+    char err[CFG_ERR];
+    ChatTokens *x = &p->chat_x;
+    double te = now_s();
+    int rc = chat_render(p->chat, p->tok, j, x, err);
+    p->t_encode += now_s() - te;
+    if (rc == -2)
+        trd_fatal(TRD_EXIT_RUNTIME, NULL, "out of memory tokenizing %s:%llu", file,
+                  (unsigned long long)line);
+    if (rc != 0) {
+        bad_doc(p, file, line, "%s", err);
+        return;
+    }
+    long k = p->job ? 0 : p->a->val_every; /* a rank's spool: split later */
+    int to_val = k && (long)(p->docs % (uint64_t)k) == k - 1;
+    output_add(to_val ? &p->val : &p->train, x->ids, x->mask, x->n);
+    for (size_t i = 0; i < x->n; i++)
+        p->trained += x->mask[i];
     p->docs++;
     p->bytes_text += len;
 }
@@ -555,6 +615,12 @@ static void add_jsonl_file(Prep *p, const char *path, const PrepUnit *u)
                     (size_t)(end - line));
         } else if (!cJSON_IsObject(j)) {
             bad_doc(p, path, lineno, "not a JSON object (%s)", json_type(j));
+        } else if (p->chat) {
+            if (p->check_utf8 && unicode_invalid_at((const unsigned char *)line, len) < len)
+                bad_utf8(p, line, unicode_invalid_at((const unsigned char *)line, len), path,
+                         lineno, 0);
+            else
+                add_example(p, j, len, path, lineno);
         } else {
             const cJSON *v = cJSON_GetObjectItemCaseSensitive(j, key);
             if (!v)
@@ -600,6 +666,8 @@ static void add_share(Prep *p, const InputList *docs)
         }
         if (is_jsonl(path, fmt))
             add_jsonl_file(p, path, &u[i]);
+        else if (p->chat)
+            bad_doc(p, path, 1, "--template reads JSON lines of examples, this is a text file");
         else
             add_text_file(p, path);
     }
@@ -623,9 +691,11 @@ static void finish_job(Prep *p, int llmc, int token_bytes)
     }
     char spool[CFG_STR];
     snprintf(spool, sizeof spool, "%s", p->train.prefix);
+    output_publish_mask(&p->train);
     if (dataset_writer_close(p->train.w, err) != 0)
         trd_fatal(TRD_EXIT_RUNTIME, NULL, "%s", err);
-    PrepWrite w = {p->a->out, spool, llmc, token_bytes, p->a->shards, p->a->val_every};
+    PrepWrite w = {p->a->out,    spool,           llmc,           token_bytes,
+                   p->a->shards, p->a->val_every, p->chat != NULL};
     PrepSplit split[2] = {{0, 0}, {0, 0}};
     prep_job_write(p->job, &w, split);
 
@@ -640,6 +710,7 @@ static void finish_job(Prep *p, int llmc, int token_bytes)
     p->docs = p->sums[PREP_DOCS];
     p->bytes_text = prep_job_sum(p->job, p->bytes_text);
     p->t_encode = prep_job_max(p->job, p->t_encode);
+    p->trained = prep_job_sum(p->job, p->trained);
     Output *o[2] = {&p->train, &p->val};
     for (int s = 0; s < (p->a->val_every ? 2 : 1); s++) {
         Output *out = o[s];
@@ -658,6 +729,27 @@ static void finish_job(Prep *p, int llmc, int token_bytes)
                    llmc ? ".bin" : ".{bin,idx}", (unsigned long long)out->docs,
                    (unsigned long long)out->tokens);
     }
+}
+
+/* --template: the template, and the combinations it does not take. */
+static void setup_chat(Prep *p, ChatTemplate *chat, int llmc, int rank0)
+{
+    char err[CFG_ERR], unmapped[256];
+    const PrepareArgs *a = p->a;
+    if (llmc)
+        trd_fatal(TRD_EXIT_INPUT, "use --format megatron",
+                  "--template writes a loss mask beside a Megatron dataset; llm.c shards have "
+                  "no place for it");
+    if (chat_template_load(chat, a->chat_template, err) != 0)
+        trd_fatal(TRD_EXIT_INPUT, "see docs/data.md, \"Instruction and chat data\"", "%s", err);
+    p->chat = chat;
+    chat_template_unmapped(chat, p->tok, unmapped, sizeof unmapped);
+    if (rank0)
+        printf("  template %s: examples {\"prompt\", \"completion\"} or {\"messages\"}, loss mask "
+               "in PREFIX.mask%s%s%s\n",
+               chat->name,
+               unmapped[0] ? "; not special tokens of this tokenizer (encoded as text): " : "",
+               unmapped, a->workers > 1 ? "; one worker (--workers is for text)" : "");
 }
 
 int data_prepare(const PrepareArgs *args)
@@ -720,10 +812,24 @@ int data_prepare(const PrepareArgs *args)
     if (a.val_every && !p.job)
         output_open(&p.val, val_prefix, llmc, token_bytes);
 
+    ChatTemplate chat;
+    if (a.chat_template) {
+        setup_chat(&p, &chat, llmc, rank0);
+        output_open_mask(&p.train);
+        if (a.val_every && !p.job)
+            output_open_mask(&p.val);
+    }
+
     p.t0 = p.t_last = now_s();
     if (p.job)
         add_share(&p, &docs);
     for (size_t f = 0; f < docs.n && !p.job; f++) {
+        if (p.chat && !is_jsonl(docs.paths[f], a.input_format)) {
+            discard_outputs(&p);
+            trd_fatal(TRD_EXIT_INPUT, "give JSON lines files (.jsonl), or --input-format jsonl",
+                      "%s: --template reads JSON lines of examples, this is a text file",
+                      docs.paths[f]);
+        }
         if (is_jsonl(docs.paths[f], a.input_format))
             add_jsonl_file(&p, docs.paths[f], NULL);
         else
@@ -737,6 +843,10 @@ int data_prepare(const PrepareArgs *args)
     free(p.ids);
     free(p.batch);
     if (!rank0) {
+        if (p.chat) {
+            chat_template_free(p.chat);
+            chat_tokens_free(&p.chat_x);
+        }
         for (int w = 0; w < p.workers; w++)
             tokenizer_free(p.toks[w]);
         free(p.toks);
@@ -771,6 +881,12 @@ int data_prepare(const PrepareArgs *args)
            p.t_encode > 0 ? (double)tokens / p.t_encode : 0.0);
     if (p.bad)
         printf("  skipped %llu bad documents\n", (unsigned long long)p.bad);
+    if (p.chat) {
+        printf("  loss mask: %llu of %llu tokens trained (mask 1)\n", (unsigned long long)p.trained,
+               (unsigned long long)tokens);
+        chat_template_free(p.chat);
+        chat_tokens_free(&p.chat_x);
+    }
     for (int w = 0; w < p.workers; w++)
         tokenizer_free(p.toks[w]);
     free(p.toks);

@@ -17,7 +17,8 @@
 typedef struct {
     const char *tokenizer, *vocab, *merges, *out, *format, *ext;
     const char *encoding, *ranks, *model, *input_format, *json_key;
-    const char **inputs; /* files, directories, quoted patterns */
+    const char *chat_template; /* --template: instruction/chat examples with a loss mask */
+    const char **inputs;       /* files, directories, quoted patterns */
     int n_inputs, skip_bad, progress;
     int shards; /* one dataset per rank: PREFIX-00003-of-00004 */
     long val_every, workers;

@@ -2,6 +2,8 @@
  * prepare_job.h).  Every call to another rank goes through src/comm. */
 #include "data/prepare_job.h"
 
+#include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -287,12 +289,48 @@ static int32_t *spool_open(TokenDataset *ds, const char *spool, uint64_t *n)
 
 static void spool_remove(const char *spool)
 {
-    const char *ext[] = {".bin", ".idx", ".bin.tmp", ".idx.tmp"};
+    const char *ext[] = {".bin", ".idx", ".bin.tmp", ".idx.tmp", ".mask", ".mask.tmp"};
     char path[CFG_STR + 16];
-    for (int i = 0; i < 4; i++) {
+    for (int i = 0; i < 6; i++) {
         snprintf(path, sizeof path, "%s%s", spool, ext[i]);
         unlink(path);
     }
+}
+
+/* The loss mask of a split (--template), written in parts as the tokens
+ * are: PREFIX.mask.tmp made at its full size by its owner (create), each
+ * rank's bytes at its first token's offset, renamed before the dataset is
+ * published, so that a visible dataset has its mask. */
+static int mask_open(const char *prefix, uint64_t bytes, int create)
+{
+    char path[1024]; /* a prefix of prep_job_write, and ".mask.tmp" */
+    snprintf(path, sizeof path, "%s.mask.tmp", prefix);
+    int fd = open(path, O_WRONLY | (create ? O_CREAT | O_TRUNC : 0), 0666);
+    if (fd < 0 || (create && ftruncate(fd, (off_t)bytes) != 0))
+        trd_fatal(TRD_EXIT_RUNTIME, NULL, "cannot create %s: %s", path, strerror(errno));
+    return fd;
+}
+
+static void mask_write(int fd, const uint8_t *m, uint64_t n, uint64_t at, const char *prefix)
+{
+    while (n > 0) {
+        ssize_t k = pwrite(fd, m, n, (off_t)at);
+        if (k <= 0)
+            trd_fatal(TRD_EXIT_RUNTIME, NULL, "cannot write %s.mask.tmp: %s", prefix,
+                      strerror(errno));
+        m += k;
+        n -= (uint64_t)k;
+        at += (uint64_t)k;
+    }
+}
+
+static void mask_publish(const char *prefix)
+{
+    char tmp[1024], path[1024];
+    snprintf(tmp, sizeof tmp, "%s.mask.tmp", prefix);
+    snprintf(path, sizeof path, "%s.mask", prefix);
+    if (rename(tmp, path) != 0)
+        trd_fatal(TRD_EXIT_RUNTIME, NULL, "cannot rename %s: %s", tmp, strerror(errno));
 }
 
 void prep_job_write(PrepJob *j, const PrepWrite *w, PrepSplit split[2])
@@ -344,8 +382,16 @@ void prep_job_write(PrepJob *j, const PrepWrite *w, PrepSplit split[2])
          * rank its own. */
         if ((w->shards || R == 0) && dataset_parts_create(&shape[s], err) != 0)
             trd_fatal(TRD_EXIT_RUNTIME, NULL, "%s", err);
+        if (w->mask && (w->shards || R == 0))
+            close(mask_open(prefix[s], shape[s].tokens, 1));
     }
     comm_barrier(c); /* the files exist before anyone opens them */
+    if (w->mask && !ds.mask)
+        trd_fatal(TRD_EXIT_RUNTIME, NULL, "%s: the spool has no loss mask", w->spool);
+    int mask_fd[2] = {-1, -1};
+    uint64_t mask_at[2] = {first[0][1], first[1][1]};
+    for (int s = 0; s < n_split && w->mask; s++)
+        mask_fd[s] = mask_open(prefix[s], 0, 0);
 
     DatasetPart *part[2] = {NULL, NULL};
     for (int s = 0; s < n_split; s++)
@@ -361,21 +407,32 @@ void prep_job_write(PrepJob *j, const PrepWrite *w, PrepSplit split[2])
             k += (uint64_t)len[e++];
         if (dataset_part_add(part[s], tok + at * (uint64_t)w->token_bytes, len + i, e - i, err))
             trd_fatal(TRD_EXIT_RUNTIME, NULL, "%s", err);
+        if (w->mask) {
+            mask_write(mask_fd[s], ds.mask + at, k, mask_at[s], prefix[s]);
+            mask_at[s] += k;
+        }
         at += k;
         i = e;
     }
-    for (int s = 0; s < n_split; s++)
+    for (int s = 0; s < n_split; s++) {
         if (dataset_part_close(part[s], err) != 0)
             trd_fatal(TRD_EXIT_RUNTIME, NULL, "%s", err);
+        if (mask_fd[s] >= 0 && close(mask_fd[s]) != 0)
+            trd_fatal(TRD_EXIT_RUNTIME, NULL, "cannot write %s.mask.tmp: %s", prefix[s],
+                      strerror(errno));
+    }
     dataset_close(&ds);
     free(len);
     spool_remove(w->spool);
     /* Renamed only when every rank has written its part: a rank that
      * failed to write has ended the job (exit 1) before this barrier. */
     comm_barrier(c);
-    for (int s = 0; s < n_split; s++)
+    for (int s = 0; s < n_split; s++) {
+        if (w->mask && (w->shards || R == 0))
+            mask_publish(prefix[s]);
         if ((w->shards || R == 0) && dataset_parts_publish(&shape[s], err) != 0)
             trd_fatal(TRD_EXIT_RUNTIME, NULL, "%s", err);
+    }
     comm_barrier(c); /* every shard is in place when rank 0 reports */
     free(all);
 }

@@ -88,6 +88,7 @@ typedef struct {
     const char *spool; /* this rank's spool (a Megatron dataset) */
     int llmc, token_bytes, shards;
     long val_every;
+    int mask; /* --template: the spool's loss mask (SPOOL.mask) into PREFIX.mask too */
 } PrepWrite;
 
 /* Documents and tokens written to a split (train, val) over all ranks. */

@@ -131,5 +131,20 @@ int sampler_read(const Sampler *s, TokenStream *ds, uint64_t position, int vocab
     }
     tokens[0] = (int32_t)first;
     memcpy(tokens + 1, targets, (size_t)(s->seq_len - 1) * sizeof *tokens);
+    if (ds->has_mask) {
+        /* The mask is the predicted token's: target t is stream[start+t+1],
+         * so its byte is mask[start+t+1]; an untrained one becomes -1,
+         * which the loss does not count (the input token keeps its id). */
+        enum { CHUNK = 4096 };
+        uint8_t m[CHUNK];
+        for (int t0 = 0; t0 < s->seq_len; t0 += CHUNK) {
+            int k = s->seq_len - t0 < CHUNK ? s->seq_len - t0 : CHUNK;
+            if (stream_read_mask(ds, start + 1 + (uint64_t)t0, (size_t)k, m, err) != 0)
+                return -1;
+            for (int t = 0; t < k; t++)
+                if (!m[t])
+                    targets[t0 + t] = -1;
+        }
+    }
     return 0;
 }

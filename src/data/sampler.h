@@ -38,7 +38,9 @@ uint64_t sampler_index(const Sampler *s, uint64_t position);
 uint64_t sampler_permute(uint64_t slot, uint64_t n, uint64_t key);
 
 /* Fill one sequence: tokens[t] = stream[i*seq_len + t], targets[t] =
- * stream[i*seq_len + t + 1], t < seq_len, i = sampler_index(position).
+ * stream[i*seq_len + t + 1], t < seq_len, i = sampler_index(position);
+ * with a loss mask (instruction data), targets[t] = -1 (not counted in the
+ * loss) where the mask of stream[i*seq_len + t + 1] is 0.
  * Returns -1 with err if a token >= vocab (names the shard, position and
  * value), or if a shard fails its checks when first mapped. */
 int sampler_read(const Sampler *s, TokenStream *ds, uint64_t position, int vocab, int32_t *tokens,

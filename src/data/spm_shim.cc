@@ -61,6 +61,18 @@ extern "C" int spm_piece_size(const SpmModel *m) { return m->sp.GetPieceSize(); 
 extern "C" int spm_eos_id(const SpmModel *m) { return m->sp.eos_id(); }
 extern "C" int spm_is_control(const SpmModel *m, int id) { return m->sp.IsControl(id); }
 
+extern "C" int spm_special_id(const SpmModel *m, const char *text, size_t len)
+{
+    try {
+        const int id = m->sp.PieceToId(std::string_view(text, len));
+        if (id < 0 || id >= m->sp.GetPieceSize() || id == m->sp.unk_id())
+            return -1;
+        return m->sp.IsControl(id) ? id : -1; /* user-defined pieces: Encode finds them */
+    } catch (const std::exception &) {
+        return -1;
+    }
+}
+
 extern "C" int spm_encode(const SpmModel *m, const char *text, size_t len, int32_t **ids, size_t *n,
                           size_t *cap)
 {

@@ -21,6 +21,10 @@ void spm_free(SpmModel *m);
 int spm_piece_size(const SpmModel *m); /* ids 0..size-1 */
 int spm_eos_id(const SpmModel *m);     /* -1 when the model has none */
 int spm_is_control(const SpmModel *m, int id);
+/* The id of a control piece spelled text[0..len) ("<s>", "</s>"), else
+ * -1: the pieces that encoding text never yields from their spelling
+ * (user-defined pieces, such as an added "<|im_start|>", it does). */
+int spm_special_id(const SpmModel *m, const char *text, size_t len);
 
 /* Append the ids of len bytes of text (the library's normalization and
  * segmentation, as spm_encode: no BOS or EOS added), growing *ids with

@@ -118,6 +118,16 @@ int stream_open(TokenStream *s, const char *spec, DataFormat fmt, char err[CFG_E
         sh->n_tokens = head.n_tokens;
         sh->n_docs = head.n_docs;
         sh->token_bytes = head.token_bytes;
+        sh->has_mask = head.has_mask;
+        if (i > 0 && sh->has_mask != s->has_mask) {
+            bad = trd_errorf(err,
+                             "%s has %s loss mask (.mask) and %s %s: the shards of a dataset "
+                             "are all instruction data (prepare-data --template) or none is",
+                             sh->path, sh->has_mask ? "a" : "no", s->shards[0].path,
+                             s->has_mask ? "has one" : "has none");
+            break;
+        }
+        s->has_mask = sh->has_mask;
         s->n_tokens += head.n_tokens;
         s->n_docs += head.n_docs;
         if (head.token_bytes > s->token_bytes)
@@ -196,7 +206,9 @@ static int map_shard(TokenStream *s, int i, char err[CFG_ERR])
     return 0;
 }
 
-int stream_read(TokenStream *s, uint64_t first, size_t n, uint32_t *out, char err[CFG_ERR])
+/* Tokens (out) or mask bytes (mask) of [first, first + n), shard by shard. */
+static int read_span(TokenStream *s, uint64_t first, size_t n, uint32_t *out, uint8_t *mask,
+                     char err[CFG_ERR])
 {
     if (n == 0)
         return 0;
@@ -219,14 +231,21 @@ int stream_read(TokenStream *s, uint64_t first, size_t n, uint32_t *out, char er
         if (take > n)
             take = n;
         const TokenDataset *ds = sh->ds;
-        if (ds->token_bytes == 2) {
+        if (mask) {
+            if (ds->mask)
+                memcpy(mask, ds->mask + at, take);
+            else
+                memset(mask, 1, take);
+            mask += take;
+        } else if (ds->token_bytes == 2) {
             const uint16_t *t = (const uint16_t *)ds->tokens + at;
             for (uint64_t k = 0; k < take; k++)
                 out[k] = t[k];
         } else {
             memcpy(out, (const int32_t *)ds->tokens + at, take * sizeof *out);
         }
-        out += take;
+        if (out)
+            out += take;
         first += take;
         n -= take;
         s->last = i;
@@ -234,4 +253,14 @@ int stream_read(TokenStream *s, uint64_t first, size_t n, uint32_t *out, char er
             i++;
     }
     return 0;
+}
+
+int stream_read(TokenStream *s, uint64_t first, size_t n, uint32_t *out, char err[CFG_ERR])
+{
+    return read_span(s, first, n, out, NULL, err);
+}
+
+int stream_read_mask(TokenStream *s, uint64_t first, size_t n, uint8_t *out, char err[CFG_ERR])
+{
+    return read_span(s, first, n, NULL, out, err);
 }

@@ -30,6 +30,7 @@ typedef struct {
     TokenDataset *ds; /* NULL while not mapped */
     uint64_t used;    /* last use, for the LRU */
     int checked;      /* its index was walked once: later maps skip that */
+    int has_mask;     /* a loss mask beside it (dataset.h) */
 } StreamShard;
 
 typedef struct {
@@ -41,7 +42,8 @@ typedef struct {
     int token_bytes;        /* the widest shard's */
     int n_mapped, n_opened; /* mapped now; mappings made so far */
     uint64_t clock;
-    int last; /* shard of the last read: reads are mostly local */
+    int last;     /* shard of the last read: reads are mostly local */
+    int has_mask; /* every shard has a loss mask (all or none may) */
 } TokenStream;
 
 /* Expand spec and read every shard's header.  0, or -1 with a message
@@ -53,6 +55,10 @@ void stream_close(TokenStream *s);
  * int32 token that is negative reads as a huge id).  Maps shards as
  * needed; -1 with err when a shard fails its checks on first use. */
 int stream_read(TokenStream *s, uint64_t first, size_t n, uint32_t *out, char err[CFG_ERR]);
+
+/* The loss mask of tokens [first, first + n) into out (0 or 1; all 1 for
+ * a stream without masks).  Maps shards as stream_read does. */
+int stream_read_mask(TokenStream *s, uint64_t first, size_t n, uint8_t *out, char err[CFG_ERR]);
 
 /* The shard holding stream position pos (pos < n_tokens). */
 int stream_shard_of(const TokenStream *s, uint64_t pos);

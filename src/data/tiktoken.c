@@ -262,6 +262,19 @@ int tiktoken_load(Tiktoken *t, const char *path, const char *encoding, char err[
     return 0;
 }
 
+int tiktoken_special(const Tiktoken *t, const char *text, size_t len)
+{
+    for (size_t e = 0; e < sizeof encodings / sizeof *encodings; e++) {
+        if (strcmp(encodings[e].name, t->name))
+            continue;
+        for (int k = 0; k < encodings[e].n_specials; k++)
+            if (strlen(encodings[e].specials[k].text) == len &&
+                !memcmp(encodings[e].specials[k].text, text, len))
+                return encodings[e].specials[k].id;
+    }
+    return -1;
+}
+
 void tiktoken_free(Tiktoken *t)
 {
     strmap_free(&t->ranks);

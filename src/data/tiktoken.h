@@ -45,6 +45,9 @@ extern const char tiktoken_encodings[];
  * encoding (rank count, special ids). */
 int tiktoken_load(Tiktoken *t, const char *ranks_path, const char *encoding, char err[CFG_ERR]);
 void tiktoken_free(Tiktoken *t);
+/* The id of the special token spelled by text[0..len) ("<|endofprompt|>"),
+ * or -1 when the encoding has none of that name. */
+int tiktoken_special(const Tiktoken *t, const char *text, size_t len);
 /* Append the ids of len bytes of text (ill-formed UTF-8 reads as U+FFFD).
  * 0, or -1 when out of memory. */
 int tiktoken_encode(Tiktoken *t, const char *text, size_t len, int32_t **ids, size_t *n,

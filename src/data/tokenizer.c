@@ -122,6 +122,15 @@ const char *tokenizer_name(const Tokenizer *t)
                                      : "byte";
 }
 
+int tokenizer_special(const Tokenizer *t, const char *text, size_t len)
+{
+    if (t->kind == TOK_TIKTOKEN)
+        return tiktoken_special(&t->tik, text, len);
+    if (t->kind == TOK_SPM)
+        return spm_special_id(t->spm, text, len);
+    return len == sizeof eot_text - 1 && !memcmp(text, eot_text, len) ? t->eot : -1;
+}
+
 int tokenizer_encode(Tokenizer *t, const char *text, size_t len, int32_t **ids, size_t *n,
                      size_t *cap)
 {

@@ -45,6 +45,16 @@ const char *tokenizer_name(const Tokenizer *t); /* "byte", "gpt2", "cl100k_base"
 int tokenizer_encode(Tokenizer *t, const char *text, size_t len, int32_t **ids, size_t *n,
                      size_t *cap);
 
+/* The id of the special token spelled text[0..len), or -1: "<|endoftext|>"
+ * for byte and gpt2 (their only special token, EOT); the encoding's
+ * specials for tiktoken (cl100k_base: <|endoftext|>, <|fim_prefix|>,
+ * <|fim_middle|>, <|fim_suffix|>, <|endofprompt|>); the control pieces of
+ * a SentencePiece model (<s>, </s>, ...; its user-defined pieces encoding
+ * finds in text).  Encoding
+ * never yields them from their spelling: a chat template's markers go
+ * through this (data/chat.h). */
+int tokenizer_special(const Tokenizer *t, const char *text, size_t len);
+
 /* Decode ids to a malloc'd NUL-terminated string (NULL when out of memory).
  * EOT decodes as "<|endoftext|>" (sentencepiece: as the library decodes
  * it, to nothing, as every control piece), an id outside the vocabulary as

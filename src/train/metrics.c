@@ -62,10 +62,11 @@ void metrics_record(Metrics *m, const StepMetrics *s)
     fprintf(m->jsonl,
             "{\"step\": %d, \"loss\": %s, \"lr\": %.6g, \"grad_norm\": %s, \"tokens\": %lld, "
             "\"step_ms\": %.3f, \"tokens_per_s\": %.1f, \"mfu\": %.4f, \"comm_ms\": %.3f, "
-            "\"comm_bytes\": %llu, \"data_ms\": %.3f",
+            "\"comm_bytes\": %llu, \"data_ms\": %.3f, \"trained_tokens\": %lld, "
+            "\"trained_tokens_total\": %lld",
             s->step, json_number(s->loss, "%.7g", loss), s->lr,
             json_number(s->grad_norm, "%.6g", norm), s->tokens, s->step_ms, s->tokens_per_s, s->mfu,
-            s->comm_ms, s->comm_bytes, s->data_ms);
+            s->comm_ms, s->comm_bytes, s->data_ms, s->trained_tokens, s->trained_tokens_total);
     if (s->val_loss >= 0)
         fprintf(m->jsonl, ", \"val_loss\": %.7g", s->val_loss);
     if (s->pp_idle >= 0)

@@ -9,6 +9,9 @@ typedef struct {
     int step; /* 1-based: optimizer steps completed */
     double loss, lr, grad_norm;
     long long tokens; /* tokens trained on so far */
+    /* Targets the loss counted (those not masked: instruction data's loss
+     * mask, data.eod_mask_loss): this step's, and all steps' so far. */
+    long long trained_tokens, trained_tokens_total;
     double step_ms, tokens_per_s, mfu;
     double comm_ms;                /* exposed (not overlapped) DP communication */
     double data_ms;                /* reading and assembling this rank's batches */

@@ -376,6 +376,7 @@ int train_run(const Config *cfg, Comm world)
     watchdog_start(cfg->training.hang_timeout, world.rank, world.size, cfg->run.dir,
                    cfg->training.trace);
     int done = in->start_step; /* steps trained by the end */
+    long long trained_total = rank0 ? (long long)trainer_trained_before(tr) : 0;
     AutoSave autosave = {.since = t_loop};
     for (int step = in->start_step; step < cfg->training.steps; step++) {
         straggler_begin();
@@ -383,6 +384,7 @@ int train_run(const Config *cfg, Comm world)
         const TrainerStep r = trainer_step(tr, step);
         const double dt = now_s() - t0;
         done = step + 1;
+        trained_total += (long long)r.trained;
         straggler_end(&world, step + 1, dt, cfg->run.log_every, cfg->training.straggler_threshold);
 
         StepMetrics s = {.step = step + 1,
@@ -390,6 +392,8 @@ int train_run(const Config *cfg, Comm world)
                          .lr = r.lr,
                          .grad_norm = r.grad_norm,
                          .tokens = (long long)(step + 1) * tokens_per_step,
+                         .trained_tokens = (long long)r.trained,
+                         .trained_tokens_total = trained_total,
                          .step_ms = 1e3 * dt,
                          .tokens_per_s = (double)tokens_per_step / dt,
                          .mfu =

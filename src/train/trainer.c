@@ -130,6 +130,7 @@ static void loss_shares(Trainer *tr, int has_data)
         total += counted_targets(tr, j);
     if (has_data)
         comm_allreduce_f64(&tr->comms.dp, &total, 1);
+    tr->step_trained = total;
     for (int j = 0; j < tr->n_micro; j++)
         tr->loss_share[j] = total > 0 ? (float)(counted_targets(tr, j) / total) : 0.0f;
 }
@@ -246,7 +247,32 @@ TrainerStep trainer_step(Trainer *tr, int step)
         r.cp_bytes = tr->comms.cp.bytes_sent;
         tr->comms.cp.bytes_sent = 0;
     }
+    r.trained = tr->step_trained;
     return r;
+}
+
+uint64_t trainer_trained_before(Trainer *tr)
+{
+    const Config *cfg = tr->cfg;
+    const int T = cfg->model.seq_len;
+    Blend *b = &tr->train_data;
+    int masked = cfg->data.eod_mask_loss;
+    for (int d = 0; d < b->n; d++)
+        masked |= b->data[d].has_mask;
+    if (!masked)
+        return tr->start_position * (uint64_t)T;
+    int32_t *tok = trd_malloc(2 * (size_t)T * sizeof *tok, "a sample");
+    int32_t *tgt = tok + T;
+    char err[CFG_ERR];
+    uint64_t n = 0;
+    for (uint64_t p = 0; p < tr->start_position; p++) {
+        if (blend_read(b, p, tok, tgt, err) != 0)
+            trd_fatal(TRD_EXIT_INPUT, NULL, "%s", err);
+        for (int t = 0; t < T; t++)
+            n += tgt[t] >= 0 && !(cfg->data.eod_mask_loss && tgt[t] == cfg->data.eot);
+    }
+    free(tok);
+    return n;
 }
 
 /* The mean loss per token of a fixed validation set, whatever the layout:

@@ -90,8 +90,16 @@ typedef struct {
     double cp_ms;                  /* the context-parallel exchange (blocking, so exposed);
                                       -1: no cp */
     unsigned long long cp_bytes;   /* bytes this rank sent in it */
+    double trained;                /* targets the loss counted, over the global batch (not -1: the
+                       instruction data's mask, data.eod_mask_loss); rank 0 has it */
 } TrainerStep;
 TrainerStep trainer_step(Trainer *tr, int step);
+
+/* The targets counted in the samples before this run's first one (a
+ * resume continues the count): seq_len each unless the data has a loss
+ * mask or data.eod_mask_loss is on, when they are read again (one pass
+ * over the samples trained so far).  Not collective. */
+uint64_t trainer_trained_before(Trainer *tr);
 
 /* The mean loss per token of the validation set (data.val_sequences
  * sequences, the same ones on every layout); tokens: how many counted. */

@@ -44,6 +44,7 @@ struct Trainer {
     int nccl;                    /* device buffers go through NCCL (topology.comm) */
     int start_step;              /* first step of this run (> 0 when resumed) */
     uint64_t start_position;     /* sample stream position at start_step */
+    double step_trained;         /* targets the last step counted (global: summed over DP) */
     int resumed;
     int steps_taken;       /* trainer_step calls so far */
     uint64_t staged_first; /* staging buffers allocated by the end of the first step */

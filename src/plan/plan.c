@@ -313,10 +313,22 @@ static void stage_microbatch_time(const Config *cfg, const PlanCluster *c, const
     if (t->pp > 1)
         st->t_p2p = 2.0 * t->virtual_stages *
                     comm_time(c, r->pp_link, (double)stream_elems(cfg) * r->elem_act, 1, 2);
-    /* the cp exchange, all counted as exposed: an upper bound (the forward's
-     * all-gather overlaps the blocks a rank holds the keys of) */
-    st->t_cp = comm_time(c, r->cp_link, (double)st->cp_bytes_mb * r->elem_act / 4,
-                         3 * params_shard_layers(sh), cp_of(t));
+    /* The cp exchange, per layer: each all-gather runs beside the attention
+     * blocks whose keys the rank holds, 3 of its 2cp + 1 (forward, and the
+     * backward's at twice the work), and is exposed only beyond them; the
+     * reduce-scatter of the gradients is exposed whole. */
+    const int layers = params_shard_layers(sh), cp = cp_of(t);
+    if (cp > 1 && layers > 0) {
+        const int held = t->pp == 1 && cfg->training.recompute == RECOMPUTE_NONE;
+        const int calls = 3 * layers - held; /* as stage_comm counts the bytes */
+        const double one =
+            comm_time(c, r->cp_link, (double)st->cp_bytes_mb / calls * r->elem_act / 4, 1, cp);
+        const double local =
+            3.0 / (2 * cp + 1) * f.attn_fwd / layers / (c->peak_tflops * 1e12 * c->gemm_efficiency);
+        const int regathers = calls - 2 * layers; /* the backward's all-gathers */
+        st->t_cp_total = one * calls;
+        st->t_cp = layers * (fmax(one - local, 0) + one) + regathers * fmax(one - 2 * local, 0);
+    }
     st->t_mb = st->t_compute + st->t_tp + st->t_p2p + st->t_cp;
 }
 

@@ -35,10 +35,11 @@ typedef struct {
      * false on the CPU, and a device backend's host copies of its state */
     double host_ckpt;
     /* per micro-batch, this rank */
-    double flops;                              /* forward + backward, recomputation included */
-    double gemm_flops;                         /* of which weight GEMMs without recomputation (the
+    double flops;                        /* forward + backward, recomputation included */
+    double gemm_flops;                   /* of which weight GEMMs without recomputation (the
                                * shapes the backend multiplies: 6 x rows x weights) */
-    double t_compute, t_tp, t_p2p, t_cp, t_mb; /* seconds */
+    double t_compute, t_tp, t_p2p, t_mb; /* seconds */
+    double t_cp, t_cp_total;             /* the cp exchange: exposed (in t_mb), and all of it */
     /* what src/comm counts on this rank (fp32 elements, the trainer's rule) */
     uint64_t tp_bytes_mb;      /* TP communicator, one micro-batch */
     uint64_t kv_bytes_mb;      /* the kv-sharing sub-group (tp > kv_heads) */

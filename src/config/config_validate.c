@@ -310,12 +310,31 @@ static int check_sizes(Checker *c)
     int64_t wide = F > Vp ? F : Vp, rows, acts, scores;
     bool ok = mul3(B, T, wide, &rows) && !__builtin_mul_overflow(rows, L + 1, &acts) &&
               mul3(B, m->heads, T, &scores) && !__builtin_mul_overflow(scores, T, &scores);
-    if (!ok || acts > SIZE_LIMIT || scores > SIZE_LIMIT)
-        return verr(c, "training.micro_batch",
-                    "training.micro_batch (%d) x model.seq_len (%d) with model.layers (%d) "
-                    "and model.hidden (%d) give more than 2^48 activation elements per "
-                    "micro-batch; use a smaller micro_batch, seq_len or model",
-                    tr->micro_batch, m->seq_len, m->layers, m->hidden);
+    if (!ok || acts > SIZE_LIMIT || scores > SIZE_LIMIT) {
+        /* Placed at the key to change: the batch, unless one sequence is
+         * already too much (then the layers, or seq_len for the scores). */
+        int64_t rows1, acts1, scores1;
+        const bool one = mul3(1, T, wide, &rows1) &&
+                         !__builtin_mul_overflow(rows1, L + 1, &acts1) && acts1 <= SIZE_LIMIT;
+        const bool one_scores = mul3(m->heads, T, T, &scores1) && scores1 <= SIZE_LIMIT;
+        const char *key = !one_scores       ? "model.seq_len"
+                          : !one            ? "model.layers"
+                          : tr->micro_batch ? "training.micro_batch"
+                                            : "training.global_batch";
+        char batch[96];
+        if (tr->micro_batch)
+            snprintf(batch, sizeof batch, "training.micro_batch (%d)", tr->micro_batch);
+        else /* auto: up to the whole global batch on one rank */
+            snprintf(batch, sizeof batch,
+                     "training.micro_batch (auto: up to training.global_batch, %d)",
+                     tr->global_batch);
+        return verr(c, key,
+                    "%s x model.seq_len (%d) with model.layers (%d) and model.hidden (%d) give "
+                    "more than 2^48 activation elements per micro-batch; use a smaller %s, "
+                    "seq_len or model",
+                    batch, m->seq_len, m->layers, m->hidden,
+                    tr->micro_batch ? "micro_batch" : "global_batch (or micro_batch)");
+    }
     /* Tokens per step are reported as 32-bit counts, tokens so far as 64-bit. */
     int64_t step_tokens, run_tokens;
     if (__builtin_mul_overflow((int64_t)tr->global_batch, T, &step_tokens) ||

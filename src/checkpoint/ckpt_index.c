@@ -17,6 +17,7 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <stdbool.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -516,8 +517,13 @@ int ckpt_index_check(const char *path, const CkptIndex *ix, char err[CFG_ERR])
                  INT32_MAX);
     }
     const char *group = "state";
+    /* tp x pp x dp in 64 bits overflows for sizes near 2^31 (fuzzing,
+     * issue 34): an overflow is a mismatch. */
+    int64_t ranks = 0;
+    const bool wrapped = __builtin_mul_overflow((int64_t)ix->tp, (int64_t)ix->pp, &ranks) ||
+                         __builtin_mul_overflow(ranks, (int64_t)ix->dp, &ranks);
     if (!bad && (ix->tp < 1 || ix->pp < 1 || ix->pp > CFG_MAX_STAGES || ix->dp < 1 ||
-                 ix->zero < 0 || ix->zero > 3 || (int64_t)ix->tp * ix->pp * ix->dp != ix->world)) {
+                 ix->zero < 0 || ix->zero > 3 || wrapped || ranks != ix->world)) {
         /* The saving layout is only reported (a load reads the global
          * layout), but a value no run can have is damage too. */
         group = "topology";

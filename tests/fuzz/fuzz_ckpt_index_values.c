@@ -55,15 +55,24 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         void *p;
         size_t n;
     } field[] = {
-        {&ix.state.step, 8},   {&ix.state.sampler_position, 8},
-        {&ix.state.lr_step, 8}, {&ix.state.adam_t, 8},
-        {&ix.layers, 4},       {&ix.hidden, 4},
-        {&ix.heads, 4},        {&ix.kv_heads, 4},
-        {&ix.ffn_hidden, 4},   {&ix.vocab, 4},
-        {&ix.seq_len, 4},      {&ix.tie_embeddings, 4},
-        {&ix.tp, 4},           {&ix.pp, 4},
-        {&ix.dp, 4},           {&ix.zero, 4},
-        {&ix.world, 4},        {ix.stage_layers, sizeof ix.stage_layers},
+        {&ix.state.step, 8},
+        {&ix.state.sampler_position, 8},
+        {&ix.state.lr_step, 8},
+        {&ix.state.adam_t, 8},
+        {&ix.layers, 4},
+        {&ix.hidden, 4},
+        {&ix.heads, 4},
+        {&ix.kv_heads, 4},
+        {&ix.ffn_hidden, 4},
+        {&ix.vocab, 4},
+        {&ix.seq_len, 4},
+        {&ix.tie_embeddings, 4},
+        {&ix.tp, 4},
+        {&ix.pp, 4},
+        {&ix.dp, 4},
+        {&ix.zero, 4},
+        {&ix.world, 4},
+        {ix.stage_layers, sizeof ix.stage_layers},
     };
     for (size_t i = 0; i < sizeof field / sizeof field[0] && size; i++) {
         const size_t n = size < field[i].n ? size : field[i].n;

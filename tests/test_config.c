@@ -337,6 +337,21 @@ static void test_validate(void)
     /* Issue 34: 4e7 layers of hidden 128 pass the 2^48-parameter bound but
      * built a parameter table of gigabytes before the memory check. */
     expect_invalid(WORDS("model.layers=40000000"), 0, WORDS("model.layers", "4096"));
+    /* Issue 34: token batches a typo can give, refused at validation with
+     * the key the user wrote (micro_batch auto: the global batch) and the
+     * limit, before anything proportional to them is allocated. */
+    expect_invalid(WORDS("training.micro_batch=auto", "training.global_batch=1000000000",
+                         "model.seq_len=1024"),
+                   0,
+                   WORDS("--set training.global_batch=1000000000", "2^48",
+                         "auto: up to training.global_batch"));
+    expect_invalid(WORDS("training.micro_batch=1000000000", "training.global_batch=1000000000",
+                         "model.seq_len=1024"),
+                   0, WORDS("--set training.micro_batch=1000000000", "2^48"));
+    expect_invalid(WORDS("model.seq_len=1000000000"), 0,
+                   WORDS("model.seq_len (1000000000)", "2^4"));
+    expect_invalid(WORDS("training.micro_batch=1", "training.global_batch=1000000000"), 0,
+                   WORDS("--set training.global_batch=1000000000", "2^31"));
     expect_invalid(WORDS("model.hidden=0"), 0, WORDS("model.hidden", ">= 1"));
     expect_invalid(WORDS("model.heads=0"), 0, WORDS("model.heads", ">= 1"));
     expect_invalid(WORDS("model.vocab=0"), 0, WORDS("model.vocab", ">= 1"));

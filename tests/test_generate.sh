@@ -156,6 +156,19 @@ PY
 "$TRIDENT" eval "$out/gpt2/ckpt" > "$out/bad.log" 2>&1
 rc=$?
 ok "eval without --data: exit 2 ($rc)" bash -c "[ $rc -eq 2 ] && grep -q 'no --data' '$out/bad.log'"
+# Issue 34: counts a typo gives, refused at once naming the option and the
+# limit (more sequences than the dataset holds ran the validation pass
+# round and round for hours).
+bad_eval() { # what, expected message, args...
+    local what=$1 want=$2; shift 2
+    timeout 60 "$TRIDENT" eval "$out/gpt2/ckpt" --data data/brown/gpt2_val "$@" > "$out/bad.log" 2>&1
+    local rc=$?
+    ok "eval, $what: exit 2 ($rc) saying '$want'" \
+        bash -c "[ $rc -eq 2 ] && grep -qF -- \"$want\" '$out/bad.log'"
+}
+bad_eval "--sequences 1e9" "--sequences 1000000000: data/brown/gpt2_val holds" --sequences 1000000000
+bad_eval "--micro-batch 1e9" "--micro-batch 1000000000 x 1 data-parallel rank(s)" --micro-batch 1000000000
+bad_eval "--sequences 2^31-1" "--sequences needs an integer from 1 to 1073741824" --sequences 2147483647
 
 echo "generate: $fails failed"
 [ "$fails" -eq 0 ]

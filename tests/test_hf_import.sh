@@ -359,6 +359,10 @@ elif case == "rope_scaling":  # Llama 3.1's: not built yet, refused by name
                          "high_freq_factor": 4.0, "original_max_position_embeddings": 8192})
 elif case == "arch":
     config(architectures=["BertForMaskedLM"], model_type="bert")
+elif case == "layers":         # issue 34: a size a typo gives, bounded like a config's
+    config(n_layer=1000000000)
+elif case == "n_inner":        # issue 34: checked against the file before the buffers
+    config(n_inner=1000000000)
 elif case.startswith("nan_"):  # one value NaN, one Inf (read in pieces / whole)
     name = {"nan_wte": "transformer.wte.weight", "nan_fc": "transformer.h.1.mlp.c_fc.weight"}[case]
     h, d = header()
@@ -391,6 +395,8 @@ bad_st missing "$out/g.hf" "bad_missing.hf/$f: required tensor 'transformer.h.1.
 bad_st shard "$out/l.hf" "bad_shard.hf/model.safetensors.index.json: shard .*model-00002-of-.* (of tensor '.*') is missing"
 bad_st rope_scaling "$out/l.hf" "bad_rope_scaling.hf/config.json: rope_scaling (rope_type .llama3.): trident.s RoPE has no frequency scaling yet"
 bad_st arch "$out/g.hf" "bad_arch.hf/config.json: architectures .*BertForMaskedLM.*, model_type .bert.: trident imports"
+bad_st layers "$out/g.hf" "bad_layers.hf/config.json: model.layers (1000000000) is more than 4096"
+bad_st n_inner "$out/g.hf" "bad_n_inner.hf/$f: tensor 'transformer.h.0.mlp.c_fc.weight' has shape \[64, 256\], config.json implies \[64, 1000000000\]"
 bad_st nan_wte "$out/g.hf" "bad_nan_wte.hf: tensor 'embed.wte.weight' has 2 non-finite values"
 bad_st nan_fc "$out/g.hf" "bad_nan_fc.hf: tensor 'layers.1.mlp.fc.weight' has 2 non-finite values"
 

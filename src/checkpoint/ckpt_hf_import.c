@@ -426,8 +426,10 @@ int ckpt_hf_check_safetensors(const char *dir, char err[CFG_ERR])
 }
 
 /* HF tensor `name` and its file, checked to have shape [r, c] (c == 0: a
- * vector of r) and config.json's dtype.  While planning nothing is checked
- * (the real read reports it) and a missing tensor is ST_PLANNED. */
+ * vector of r) and config.json's dtype.  Planning checks the same: the
+ * plan sizes its reads (and the read-ahead ring) from [r, c], config.json's
+ * shape, so a tensor that is missing or of another shape must stop it
+ * before anything of that size is allocated (issue 34). */
 static int st_lookup(StSet *s, const char *name, int64_t r, int64_t c, StFile **file,
                      const StTensor **tensor, char err[CFG_ERR])
 {
@@ -437,8 +439,6 @@ static int st_lookup(StSet *s, const char *name, int64_t r, int64_t c, StFile **
         for (int i = 0; e && i < s->n_files && !f; i++)
             if (!strcmp(strrchr(s->f[i].path, '/') + 1, e->valuestring))
                 f = &s->f[i];
-        if (!f && s->planning)
-            return ST_PLANNED;
         if (!f) {
             ckpt_err(err, "%s/model.safetensors.index.json: required tensor '%s' is missing",
                      s->dir, name);
@@ -450,8 +450,6 @@ static int st_lookup(StSet *s, const char *name, int64_t r, int64_t c, StFile **
     const StTensor *t = st_find_in(f, name);
     *file = f;
     *tensor = t;
-    if (s->planning)
-        return t ? TRD_EXIT_OK : ST_PLANNED;
     if (!t) {
         ckpt_err(err, "%s: required tensor '%s' is missing", f->path, name);
         return TRD_EXIT_INPUT;
@@ -715,6 +713,13 @@ int ckpt_hf_read_model(const char *dir, ModelConfig *m, int *want_dtype, char er
                  "%s: hidden %d, heads %d, kv_heads %d: heads must divide hidden (an even "
                  "head size) and kv_heads divide heads",
                  path, m->hidden, m->heads, m->kv_heads);
+        code = TRD_EXIT_INPUT;
+    }
+    /* The sizes a trident config may have, before anything proportional to
+     * them is built (the import's parameter table, its buffers). */
+    char why[CFG_ERR];
+    if (!code && config_model_sizes(m, why) != 0) {
+        ckpt_err(err, "%s: %s", path, why);
         code = TRD_EXIT_INPUT;
     }
     const cJSON *dt = cJSON_GetObjectItemCaseSensitive(doc, "torch_dtype");
@@ -1030,17 +1035,19 @@ static int64_t stream_rows(const CkptEntry *e)
     return STREAM_BLOCKS * ckpt_block_rows(e->ndim, e->shape);
 }
 
-/* Plan the reads of stream_tensor. */
-static void plan_stream(Imp *im, const Src *src, const CkptEntry *e)
+/* Plan the reads of stream_tensor: 0, or the lookup's error. */
+static int plan_stream(Imp *im, const Src *src, const CkptEntry *e)
 {
     StFile *f;
     const StTensor *t;
-    if (st_lookup(&im->st, src->name, src->r, src->c, &f, &t, im->err) != TRD_EXIT_OK)
-        return; /* the real read reports it */
+    const int code = st_lookup(&im->st, src->name, src->r, src->c, &f, &t, im->err);
+    if (code != TRD_EXIT_OK)
+        return code;
     const int64_t step = stream_rows(e), cols = e->shape[1];
     for (int64_t r0 = 0; r0 < e->shape[0]; r0 += step)
         st_plan(&im->st, f, t, r0 * cols,
                 (step < e->shape[0] - r0 ? step : e->shape[0] - r0) * cols);
+    return TRD_EXIT_OK;
 }
 
 /* Tensor e, an HF tensor as it is (SRC_COPY), read, checked finite and
@@ -1081,20 +1088,24 @@ static int stream_tensor(Imp *im, hid_t group, CkptSink *sink, const CkptEntry *
 }
 
 /* The reads of tensors t (their entries e), in the order the import makes
- * them, into im->st's plan (nothing read, nothing converted). */
-static void plan(Imp *im, const ParamTable *t, const CkptEntry *e)
+ * them, into im->st's plan (nothing read, nothing converted): 0, or exit 2
+ * with im->err for the first tensor that has no source of the shape and
+ * dtype config.json implies. */
+static int plan(Imp *im, const ParamTable *t, const CkptEntry *e)
 {
+    int code = TRD_EXIT_OK;
     im->st.planning = 1;
-    for (int i = 0; i < t->n; i++) {
+    for (int i = 0; i < t->n && code == TRD_EXIT_OK; i++) {
         Src src;
-        if (resolve(im, &t->p[i], e[i].shape[0], &src) != TRD_EXIT_OK)
-            continue;
-        if (src.op == SRC_COPY)
-            plan_stream(im, &src, &e[i]);
-        else
-            (void)fill(im, &t->p[i], e[i].shape[0], NULL);
+        code = resolve(im, &t->p[i], e[i].shape[0], &src);
+        if (code == TRD_EXIT_OK && src.op == SRC_COPY)
+            code = plan_stream(im, &src, &e[i]);
+        else if (code == TRD_EXIT_OK &&
+                 (code = fill(im, &t->p[i], e[i].shape[0], NULL)) == ST_PLANNED)
+            code = TRD_EXIT_OK;
     }
     im->st.planning = 0;
+    return code;
 }
 
 static int dir_exists(const char *p)
@@ -1176,13 +1187,31 @@ int ckpt_hf_import(const char *hf_dir, const char *out_dir, char *const *sets, i
     char path[CKPT_FILE_PATH];
     if (code)
         goto done;
+    ParamShard sh = params_full_shard(m);
+    params_build(&t, m, &sh);
+    e = trd_calloc((size_t)t.n, sizeof *e, "checkpoint index");
+    for (int i = 0; i < t.n; i++) {
+        const ParamSpec *p = &t.p[i];
+        CkptEntry *x = &e[i];
+        snprintf(x->name, sizeof x->name, "%s", p->name);
+        snprintf(x->kind, sizeof x->kind, "%s", ckpt_kind_names[CKPT_PARAMS]);
+        snprintf(x->file, sizeof x->file, "stage_0.h5");
+        snprintf(x->dtype, sizeof x->dtype, "float32");
+        x->ndim = p->ndim;
+        x->shape[0] = p->real_rows;
+        x->shape[1] = p->shape[1];
+        x->nbytes = x->shape[0] * x->shape[1] * (int64_t)sizeof(float);
+    }
+    /* Every tensor's source, shape and dtype checked (the plan of the
+     * reads) before anything is created or allocated for it. */
+    if ((code = plan(&im, &t, e)) != TRD_EXIT_OK) {
+        snprintf(err, CFG_ERR, "%s", im.err);
+        goto done;
+    }
     if (ckpt_prepare_tmp(out_dir, tmp, err) != 0) {
         code = TRD_EXIT_INPUT;
         goto done;
     }
-    ParamShard sh = params_full_shard(m);
-    params_build(&t, m, &sh);
-    e = trd_calloc((size_t)t.n, sizeof *e, "checkpoint index");
     snprintf(path, sizeof path, "%s/stage_0.h5", tmp);
     hid_t fapl = ckpt_serial_fapl();
     TRD_ASSERT(ckpt_fapl_tensor_layout(fapl) == 0);
@@ -1197,20 +1226,7 @@ int ckpt_hf_import(const char *hf_dir, const char *out_dir, char *const *sets, i
         goto done;
     }
     sink_open = 1;
-    for (int i = 0; i < t.n; i++) {
-        const ParamSpec *p = &t.p[i];
-        CkptEntry *x = &e[i];
-        snprintf(x->name, sizeof x->name, "%s", p->name);
-        snprintf(x->kind, sizeof x->kind, "%s", ckpt_kind_names[CKPT_PARAMS]);
-        snprintf(x->file, sizeof x->file, "stage_0.h5");
-        snprintf(x->dtype, sizeof x->dtype, "float32");
-        x->ndim = p->ndim;
-        x->shape[0] = p->real_rows;
-        x->shape[1] = p->shape[1];
-        x->nbytes = x->shape[0] * x->shape[1] * (int64_t)sizeof(float);
-    }
     /* A thread reads the sources ahead of the conversion (ckpt_raw.c). */
-    plan(&im, &t, e);
     ckpt_source_open(&src, im.st.plan, im.st.n_plan, 0);
     im.st.src = &src;
     for (int i = 0; i < t.n && code == TRD_EXIT_OK; i++) {

@@ -17,6 +17,7 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <stdbool.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -489,7 +490,7 @@ static int read_tensors(hid_t f, CkptIndex *ix)
 /* Ranges every index must satisfy whoever wrote it: a value outside them
  * is damage the checksums could not see (an older index has none) or a
  * writer's bug, and resuming from it would train on a wrong state. */
-static int check_state(const char *path, const CkptIndex *ix, char err[CFG_ERR])
+int ckpt_index_check(const char *path, const CkptIndex *ix, char err[CFG_ERR])
 {
     const CkptState *s = &ix->state;
     const char *bad = NULL;
@@ -516,17 +517,56 @@ static int check_state(const char *path, const CkptIndex *ix, char err[CFG_ERR])
                  INT32_MAX);
     }
     const char *group = "state";
-    if (!bad && (ix->tp < 1 || ix->pp < 1 || ix->dp < 1 || ix->zero < 0 || ix->zero > 3 ||
-                 (int64_t)ix->tp * ix->pp * ix->dp != ix->world)) {
+    /* tp x pp x dp in 64 bits overflows for sizes near 2^31 (fuzzing,
+     * issue 34): an overflow is a mismatch. */
+    int64_t ranks = 0;
+    const bool wrapped = __builtin_mul_overflow((int64_t)ix->tp, (int64_t)ix->pp, &ranks) ||
+                         __builtin_mul_overflow(ranks, (int64_t)ix->dp, &ranks);
+    if (!bad && (ix->tp < 1 || ix->pp < 1 || ix->pp > CFG_MAX_STAGES || ix->dp < 1 ||
+                 ix->zero < 0 || ix->zero > 3 || wrapped || ranks != ix->world)) {
         /* The saving layout is only reported (a load reads the global
          * layout), but a value no run can have is damage too. */
         group = "topology";
         bad = ix->zero < 0 || ix->zero > 3 ? "zero" : "world";
         snprintf(why, sizeof why,
                  "tp %d, pp %d, dp %d, zero %d, world %d: expected sizes >= 1, "
-                 "zero 0..3, world = tp x pp x dp",
+                 "zero 0..3, pp at most the stage limit, world = tp x pp x dp",
                  ix->tp, ix->pp, ix->dp, ix->zero, ix->world);
     }
+    if (!bad && (ix->heads < 1 || ix->kv_heads < 1 || ix->hidden < 1 || ix->hidden % ix->heads ||
+                 ix->heads % ix->kv_heads || ix->tie_embeddings < 0 || ix->tie_embeddings > 1)) {
+        group = "model";
+        bad = "heads";
+        snprintf(why, sizeof why,
+                 "hidden %d, heads %d, kv_heads %d, tie_embeddings %d: expected heads dividing "
+                 "hidden, kv_heads dividing heads, tie_embeddings 0 or 1",
+                 ix->hidden, ix->heads, ix->kv_heads, ix->tie_embeddings);
+    }
+    if (!bad) {
+        /* The sizes a config may have: an export or a resume builds tables
+         * and loops from them (issue 34). */
+        const ModelConfig m = {.layers = ix->layers,
+                               .hidden = ix->hidden,
+                               .heads = ix->heads,
+                               .kv_heads = ix->kv_heads,
+                               .ffn_hidden = ix->ffn_hidden,
+                               .vocab = ix->vocab,
+                               .seq_len = ix->seq_len,
+                               .vocab_pad_multiple = 1};
+        char sizes[CFG_ERR];
+        if (config_model_sizes(&m, sizes) != 0) {
+            group = "model";
+            bad = "layers";
+            snprintf(why, sizeof why, "%.150s", sizes);
+        }
+    }
+    for (int st = 0; !bad && st < ix->pp; st++)
+        if (ix->stage_layers[st] < 0 || ix->stage_layers[st] > ix->layers) {
+            group = "topology";
+            bad = "stage_layers";
+            snprintf(why, sizeof why, "stage %d has %d layers, expected 0..layers (%d)", st,
+                     ix->stage_layers[st], ix->layers);
+        }
     if (!bad)
         return 0;
     ckpt_err(err, "%s: attribute '/%s/%s' is out of range (%s) — the index is corrupted", path,
@@ -566,7 +606,7 @@ int ckpt_index_read(const char *path, CkptIndex *ix, char err[CFG_ERR])
         rc = -1;
     } else if (rc != 0)
         ckpt_err(err, "%s: bad checkpoint index: missing or unreadable %s", path, what);
-    else if (check_state(path, ix, err) != 0)
+    else if (ckpt_index_check(path, ix, err) != 0)
         rc = -1;
     else if ((rc = read_tensors(f, ix)) != 0)
         ckpt_err(err, "%s: bad checkpoint index: unreadable dataset 'tensors'", path);

@@ -272,6 +272,13 @@ typedef struct {
 int ckpt_index_write(const char *path, const CkptIndex *ix, char err[CFG_ERR]);
 /* Read index.h5. Returns 0 or -1 with err naming the file. */
 int ckpt_index_read(const char *path, CkptIndex *ix, char err[CFG_ERR]);
+/* The ranges ckpt_index_read checks the values read against, on values in
+ * memory (the fuzz harness ckpt_index_values calls it as the reader does):
+ * /state (step, lr_step, adam_t, sampler_position), /topology (sizes,
+ * world, stage layers) and /model (heads dividing hidden, the sizes a
+ * config may have: config_model_sizes).  0, or -1 with err naming path
+ * and the attribute. */
+int ckpt_index_check(const char *path, const CkptIndex *ix, char err[CFG_ERR]);
 /* The run and model fields of an index from cfg (seed, data path, arch,
  * precision, the model's shape, eps and RoPE base). */
 void ckpt_index_describe(CkptIndex *ix, const Config *cfg, Precision precision);

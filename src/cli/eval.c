@@ -86,8 +86,12 @@ static int parse(int argc, char **argv, EvalArgs *a, int rank)
             char *end;
             errno = 0;
             long x = strtol(v, &end, 10);
-            if (*end || errno || x < 1 || x > (1L << 30))
-                return bad(rank, "needs a positive integer, got '%s'", v);
+            if (*end || errno || x < 1 || x > (1L << 30)) {
+                char why[CFG_STR + 64];
+                snprintf(why, sizeof why, "%s needs an integer from 1 to %ld, got '%.200s'", o,
+                         1L << 30, v);
+                return bad(rank, "%s", why);
+            }
             *(!strcmp(o, "--sequences") ? &a->sequences : &a->micro) = x;
         } else
             return bad(rank, "unknown argument '%s'", o);
@@ -200,10 +204,30 @@ int eval_main(int argc, char **argv)
     const int dp = cfg.topology.dp > 0 ? cfg.topology.dp : (mp > 0 ? world.size / mp : 1);
     cfg.training.micro_batch = (int)a.micro;
     cfg.training.global_batch = (int)a.micro * (dp > 0 ? dp : 1);
-    long n = a.sequences;
-    if (!n && (n = whole_sequences(&a, &cfg, err)) < 0)
+    /* Sequences beyond the dataset's would be evaluated again (the
+     * validation pass wraps around): --sequences 1000000000 of a small
+     * dataset ran for hours instead of saying so (issue 34). */
+    const long whole = whole_sequences(&a, &cfg, err);
+    if (whole < 0)
         refuse(world.rank, err);
+    if (a.sequences > whole) {
+        snprintf(err, CFG_ERR,
+                 "--sequences %ld: %s holds %ld sequences of model.seq_len + 1 = %lld tokens; "
+                 "ask for at most that many (or leave --sequences out: all of them)",
+                 a.sequences, a.data, whole, (long long)cfg.model.seq_len + 1);
+        refuse(world.rank, err);
+    }
+    const long n = a.sequences ? a.sequences : whole;
     cfg.data.val_sequences = (int)(n < (1L << 30) ? n : (1L << 30));
+    /* The micro-batch's tokens, named by the option that gave them (the
+     * config check would name training.global_batch, which eval sets). */
+    if ((long long)a.micro * (dp > 0 ? dp : 1) * ((long long)cfg.model.seq_len + 1) > INT32_MAX) {
+        snprintf(err, CFG_ERR,
+                 "--micro-batch %ld x %d data-parallel rank(s) x (model.seq_len %d + 1) tokens "
+                 "per forward is more than 2^31; use a smaller --micro-batch",
+                 a.micro, dp > 0 ? dp : 1, cfg.model.seq_len);
+        refuse(world.rank, err);
+    }
     if (config_validate(&cfg, world.size, err) != 0)
         refuse(world.rank, err);
 

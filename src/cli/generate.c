@@ -82,8 +82,8 @@ static int number(const char *opt, const char *v, double lo, double hi, double *
     errno = 0;
     double x = strtod(v, &end);
     if (*end || errno || !(x >= lo && x <= hi)) {
-        fprintf(stderr, "trident generate: %s needs a number from %g to %g, got '%s'\n", opt, lo,
-                hi, v);
+        fprintf(stderr, "trident generate: %s needs a number from %.16g to %.16g, got '%s'\n", opt,
+                lo, hi, v);
         return -1;
     }
     *out = x;

@@ -193,6 +193,13 @@ int config_set(Config *cfg, const char *assignment, char err[CFG_ERR]);
  * world) and check ranges and consistency.  world <= 0 skips world checks. */
 int config_validate(Config *cfg, int world, char err[CFG_ERR]);
 
+/* The bounds config_validate puts on a model's own sizes, for a model read
+ * from elsewhere (a Hugging Face config.json): layers, hidden, vocab and
+ * seq_len >= 1; ffn_hidden and the padded vocabulary in 32 bits; fewer
+ * than 2^48 parameters; at most CFG_MAX_LAYERS layers.  0, or -1 with err
+ * (the trident key and the limit, no place: the caller names the file). */
+int config_model_sizes(const ModelConfig *m, char err[CFG_ERR]);
+
 /* The place a key's value came from, for a message about it: "FILE:L:C"
  * (the value in the YAML file), "--set a.b=v", or "FILE" (a default or a
  * derived value).  key is the full name, e.g. "training.lr". */

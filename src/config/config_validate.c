@@ -213,30 +213,34 @@ static bool mul3(int64_t a, int64_t b, int64_t c, int64_t *out)
     return !__builtin_mul_overflow(a, b, &ab) && !__builtin_mul_overflow(ab, c, out);
 }
 
-static int check_sizes(Checker *c)
+/* The model's own sizes: ffn_hidden and the padded vocabulary in 32 bits,
+ * the parameter count below 2^48.  NULL, or the key to blame with why. */
+static const char *model_sizes(const ModelConfig *m, int tp, int64_t *F_out, int64_t *Vp_out,
+                               char *why, size_t n)
 {
-    const ModelConfig *m = &c->cfg->model;
-    const TopologyConfig *t = &c->cfg->topology;
-    const TrainingConfig *tr = &c->cfg->training;
-    /* micro_batch auto is at most the global batch */
-    const int64_t C = m->hidden, L = m->layers, T = m->seq_len,
-                  B = tr->micro_batch ? tr->micro_batch : tr->global_batch;
+    const int64_t C = m->hidden, L = m->layers, T = m->seq_len;
     /* resolve_model's default ffn_hidden, here in 64 bits. */
     int64_t F = m->ffn_hidden;
     if (F == 0)
         F = m->arch == ARCH_GPT2 ? 4 * C : ((8 * C + 2) / 3 + 63) / 64 * 64;
-    if (F > INT32_MAX)
-        return verr(c, "model.hidden",
-                    "model.ffn_hidden would be %lld (from model.hidden %d), beyond 32 bits; "
-                    "use a smaller hidden",
-                    (long long)F, m->hidden);
-    const int64_t mult = (int64_t)t->tp * m->vocab_pad_multiple;
+    *F_out = F;
+    if (F > INT32_MAX) {
+        snprintf(why, n,
+                 "model.ffn_hidden would be %lld (from model.hidden %d), beyond 32 bits; "
+                 "use a smaller hidden",
+                 (long long)F, m->hidden);
+        return "model.hidden";
+    }
+    const int64_t mult = (int64_t)tp * m->vocab_pad_multiple;
     const int64_t Vp = ((int64_t)m->vocab + mult - 1) / mult * mult;
-    if (Vp > INT32_MAX)
-        return verr(c, "model.vocab",
-                    "model.vocab (%d) padded to a multiple of topology.tp (%d) x "
-                    "model.vocab_pad_multiple (%d) is %lld, beyond 32 bits",
-                    m->vocab, t->tp, m->vocab_pad_multiple, (long long)Vp);
+    *Vp_out = Vp;
+    if (Vp > INT32_MAX) {
+        snprintf(why, n,
+                 "model.vocab (%d) padded to a multiple of topology.tp (%d) x "
+                 "model.vocab_pad_multiple (%d) is %lld, beyond 32 bits",
+                 m->vocab, tp, m->vocab_pad_multiple, (long long)Vp);
+        return "model.vocab";
+    }
     /* Weights: the attention and MLP matrices of every layer (kv heads
      * counted as full heads, an upper bound), two embedding tables, the
      * position table. */
@@ -246,24 +250,93 @@ static int check_sizes(Checker *c)
         !__builtin_mul_overflow(L, layer, &blocks) && mul3(2, Vp, C, &embed) &&
         !__builtin_mul_overflow(T, C, &pos) && !__builtin_add_overflow(blocks, embed, &total) &&
         !__builtin_add_overflow(total, pos, &total);
-    if (!ok || total > SIZE_LIMIT)
-        return verr(c, "model.layers",
-                    "model.layers (%d) x model.hidden (%d) (ffn %lld, vocab %d) give %s "
-                    "parameters, more than 2^48 (%lld); trident's sizes are 64-bit byte "
-                    "counts, so such a model is refused; use a smaller model",
-                    m->layers, m->hidden, (long long)F, m->vocab,
-                    ok ? "about that many" : "an overflowing count of", (long long)SIZE_LIMIT);
+    if (!ok || total > SIZE_LIMIT) {
+        snprintf(why, n,
+                 "model.layers (%d) x model.hidden (%d) (ffn %lld, vocab %d) give %s "
+                 "parameters, more than 2^48 (%lld); trident's sizes are 64-bit byte "
+                 "counts, so such a model is refused; use a smaller model",
+                 m->layers, m->hidden, (long long)F, m->vocab,
+                 ok ? "about that many" : "an overflowing count of", (long long)SIZE_LIMIT);
+        return "model.layers";
+    }
+    return NULL;
+}
+
+/* Per-layer tables are built before any byte count is checked (the memory
+ * check's plan, the import's parameter table): 4e7 layers of hidden 128
+ * and vocab 257 pass the bounds above but make a parameter table of
+ * gigabytes (issue 34).  Checked last, so that sizes which overflow are
+ * reported as such. */
+static const char *model_layers(const ModelConfig *m, char *why, size_t n)
+{
+    if (m->layers <= CFG_MAX_LAYERS)
+        return NULL;
+    snprintf(why, n,
+             "model.layers (%d) is more than %d, the most trident builds a model of "
+             "(the deepest published models have about 128 layers)",
+             m->layers, CFG_MAX_LAYERS);
+    return "model.layers";
+}
+
+int config_model_sizes(const ModelConfig *model, char err[CFG_ERR])
+{
+    ModelConfig m = *model;
+    if (m.vocab_pad_multiple < 1) /* unset: the vocabulary as it is */
+        m.vocab_pad_multiple = 1;
+    if (m.layers < 1 || m.hidden < 1 || m.vocab < 1 || m.seq_len < 1 || m.ffn_hidden < 0) {
+        snprintf(err, CFG_ERR,
+                 "model.layers %d, hidden %d, vocab %d and seq_len %d must be >= 1, "
+                 "ffn_hidden %d >= 0",
+                 m.layers, m.hidden, m.vocab, m.seq_len, m.ffn_hidden);
+        return -1;
+    }
+    int64_t F, Vp;
+    return model_sizes(&m, 1, &F, &Vp, err, CFG_ERR) || model_layers(&m, err, CFG_ERR) ? -1 : 0;
+}
+
+static int check_sizes(Checker *c)
+{
+    const ModelConfig *m = &c->cfg->model;
+    const TopologyConfig *t = &c->cfg->topology;
+    const TrainingConfig *tr = &c->cfg->training;
+    /* micro_batch auto is at most the global batch */
+    const int64_t L = m->layers, T = m->seq_len,
+                  B = tr->micro_batch ? tr->micro_batch : tr->global_batch;
+    char why[CFG_ERR];
+    int64_t F, Vp;
+    const char *key = model_sizes(m, t->tp, &F, &Vp, why, sizeof why);
+    if (key)
+        return verr(c, key, "%s", why);
     /* Activations of one micro-batch: the widest row of every layer, and
      * the attention scores (B x heads x T x T). */
     int64_t wide = F > Vp ? F : Vp, rows, acts, scores;
-    ok = mul3(B, T, wide, &rows) && !__builtin_mul_overflow(rows, L + 1, &acts) &&
-         mul3(B, m->heads, T, &scores) && !__builtin_mul_overflow(scores, T, &scores);
-    if (!ok || acts > SIZE_LIMIT || scores > SIZE_LIMIT)
-        return verr(c, "training.micro_batch",
-                    "training.micro_batch (%d) x model.seq_len (%d) with model.layers (%d) "
-                    "and model.hidden (%d) give more than 2^48 activation elements per "
-                    "micro-batch; use a smaller micro_batch, seq_len or model",
-                    tr->micro_batch, m->seq_len, m->layers, m->hidden);
+    bool ok = mul3(B, T, wide, &rows) && !__builtin_mul_overflow(rows, L + 1, &acts) &&
+              mul3(B, m->heads, T, &scores) && !__builtin_mul_overflow(scores, T, &scores);
+    if (!ok || acts > SIZE_LIMIT || scores > SIZE_LIMIT) {
+        /* Placed at the key to change: the batch, unless one sequence is
+         * already too much (then the layers, or seq_len for the scores). */
+        int64_t rows1, acts1, scores1;
+        const bool one = mul3(1, T, wide, &rows1) &&
+                         !__builtin_mul_overflow(rows1, L + 1, &acts1) && acts1 <= SIZE_LIMIT;
+        const bool one_scores = mul3(m->heads, T, T, &scores1) && scores1 <= SIZE_LIMIT;
+        const char *key = !one_scores       ? "model.seq_len"
+                          : !one            ? "model.layers"
+                          : tr->micro_batch ? "training.micro_batch"
+                                            : "training.global_batch";
+        char batch[96];
+        if (tr->micro_batch)
+            snprintf(batch, sizeof batch, "training.micro_batch (%d)", tr->micro_batch);
+        else /* auto: up to the whole global batch on one rank */
+            snprintf(batch, sizeof batch,
+                     "training.micro_batch (auto: up to training.global_batch, %d)",
+                     tr->global_batch);
+        return verr(c, key,
+                    "%s x model.seq_len (%d) with model.layers (%d) and model.hidden (%d) give "
+                    "more than 2^48 activation elements per micro-batch; use a smaller %s, "
+                    "seq_len or model",
+                    batch, m->seq_len, m->layers, m->hidden,
+                    tr->micro_batch ? "micro_batch" : "global_batch (or micro_batch)");
+    }
     /* Tokens per step are reported as 32-bit counts, tokens so far as 64-bit. */
     int64_t step_tokens, run_tokens;
     if (__builtin_mul_overflow((int64_t)tr->global_batch, T, &step_tokens) ||
@@ -273,15 +346,8 @@ static int check_sizes(Checker *c)
                     "training.global_batch (%d) x model.seq_len (%d) = %lld tokens per step, "
                     "more than 2^31; use a smaller global_batch or seq_len",
                     tr->global_batch, m->seq_len, (long long)tr->global_batch * T);
-    /* Per-layer tables are built before any byte count is checked (the
-     * memory check's plan): 4e7 layers of hidden 128 and vocab 257 pass the
-     * bounds above but make a parameter table of gigabytes (issue 34).
-     * Last, so that sizes which overflow are reported as such. */
-    if (m->layers > CFG_MAX_LAYERS)
-        return verr(c, "model.layers",
-                    "model.layers (%d) is more than %d, the most trident builds a model of "
-                    "(the deepest published models have about 128 layers)",
-                    m->layers, CFG_MAX_LAYERS);
+    if ((key = model_layers(m, why, sizeof why)))
+        return verr(c, key, "%s", why);
     return 0;
 }
 

@@ -18,8 +18,8 @@ int sampler_init(Sampler *s, const TokenStream *ds, int seq_len, uint64_t seed, 
     }
     if (ds->n_tokens < (uint64_t)seq_len + 1) {
         snprintf(err, CFG_ERR,
-                 "%.400s: %llu tokens are too few for one sample of seq_len %d (needs %d tokens)",
-                 ds->name, (unsigned long long)ds->n_tokens, seq_len, seq_len + 1);
+                 "%.400s: %llu tokens are too few for one sample of seq_len %d (needs %lld tokens)",
+                 ds->name, (unsigned long long)ds->n_tokens, seq_len, (long long)seq_len + 1);
         return -1;
     }
     s->seed = seed;

@@ -59,6 +59,9 @@ rm -rf "$out/trident"
     --set data.path=data/brown/gpt2 --set data.format=megatron --set data.val_path= \
     --set checkpoint.dir= --set run.dir="$out/trident" --set run.log_every=1 \
     > "$out/trident.log" 2>&1 || { tail -20 "$out/trident.log"; exit 1; }
+# (one rank: the step's loss, gradient norm, clip factor and skip decision
+# stay on the device, one host wait a step, and the classifier is the fused
+# cross-entropy; the backend line says "host waits a step: 1")
 grep -m1 "^backend:" "$out/trident.log"
 col() { python3 -c '
 import json, sys

@@ -38,8 +38,13 @@ __device__ inline void adamw_one(float *param, float *master, const float *grad,
 __global__ void adamw_ranges_kernel(float *param, float *master, const float *grad, float *m,
                                     float *v, const CudaRange *r, int nr, size_t total, float lr,
                                     float b1, float b2, float eps, float wd, float gs, float bc1,
-                                    float bc2, int round_bf16)
+                                    float bc2, int round_bf16, const BackendStepState *st)
 {
+    if (st) { /* the step decided on the device (backend.h grad_check) */
+        if (st->skip)
+            return;
+        gs *= (float)st->grad_scale;
+    }
     int k = -1;
     GRID_STRIDE(i, total)
     {
@@ -78,7 +83,8 @@ void cuda_adamw(float *param, float *master, const float *grad, float *m, float 
 
 void cuda_adamw_ranges(float *param, float *master, const float *grad, float *m, float *v,
                        const BackendRange *ranges, int n, float lr, float beta1, float beta2,
-                       float eps, float weight_decay, float grad_scale, int t, int round_bf16)
+                       float eps, float weight_decay, float grad_scale, int t, int round_bf16,
+                       const BackendStepState *state)
 {
     static CudaRanges table;
     size_t total = 0;
@@ -89,6 +95,6 @@ void cuda_adamw_ranges(float *param, float *master, const float *grad, float *m,
     float bc2 = (float)(1.0 - pow((double)beta2, t));
     adamw_ranges_kernel<<<cuda_blocks(total), CUDA_THREADS, 0, cuda_stream()>>>(
         param, master, grad, m, v, r, n, total, lr, beta1, beta2, eps, weight_decay, grad_scale,
-        bc1, bc2, round_bf16);
+        bc1, bc2, round_bf16, state);
     CUDA_CHECK_LAUNCH();
 }

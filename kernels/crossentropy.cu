@@ -95,6 +95,64 @@ __global__ void crossentropy_backward_kernel(float *logits, const int32_t *targe
         x[v] = 0; /* padded columns are not part of the model */
 }
 
+/* The forward and the backward of a row in one kernel (llm.c's fused
+ * classifier): one read of the row for its max and sum (an online
+ * softmax: each thread keeps its running max and the sum of exp scaled to
+ * it, merged over the block once), then one read and one write for
+ * dlogits in place.  The unfused pair reads the row 5 times and writes it
+ * twice. */
+__global__ void crossentropy_fused_kernel(float *losses, float *logits, const int32_t *targets,
+                                          float dloss, int V, int Vp)
+{
+    int n = blockIdx.x, tgt = targets[n];
+    float *x = logits + (size_t)n * Vp;
+    if (tgt < 0) { /* ignored row: loss 0, no gradient */
+        if (threadIdx.x == 0)
+            losses[n] = 0;
+        for (int v = threadIdx.x; v < Vp; v += blockDim.x)
+            x[v] = 0;
+        return;
+    }
+    float mx = -INFINITY, sum = 0;
+    for (int v = threadIdx.x; v < V; v += blockDim.x) {
+        float xv = x[v];
+        if (xv > mx) { /* rescale the sum so far to the new max */
+            sum = sum * expf(mx - xv) + 1.0f;
+            mx = xv;
+        } else if (mx > -INFINITY) { /* else xv is -inf too: exp 0 */
+            sum += expf(xv - mx);
+        }
+    }
+    float bmx = block_max(mx);
+    sum = block_sum(mx == -INFINITY ? 0.0f : sum * expf(mx - bmx));
+    if (threadIdx.x == 0) {
+        if (tgt >= V) {
+            ce_flag(n, tgt, V);
+            losses[n] = NAN;
+        } else {
+            losses[n] = logf(sum) + bmx - x[tgt];
+        }
+    }
+    __syncthreads(); /* x[tgt] is read above before any thread overwrites it */
+    float k = dloss / sum;
+    for (int v = threadIdx.x; v < V; v += blockDim.x) {
+        float g = expf(x[v] - bmx) * k;
+        x[v] = v == tgt ? g - dloss : g;
+    }
+    for (int v = V + threadIdx.x; v < Vp; v += blockDim.x)
+        x[v] = 0; /* padded columns are not part of the model */
+}
+
+void cuda_crossentropy_fused(float *losses, float *logits, const int32_t *targets, float dloss,
+                             int N, int V, int Vp)
+{
+    if (N <= 0)
+        return;
+    crossentropy_fused_kernel<<<N, CE_THREADS, 0, cuda_stream()>>>(losses, logits, targets, dloss,
+                                                                   V, Vp);
+    CUDA_CHECK_LAUNCH();
+}
+
 void cuda_crossentropy_forward(float *losses, const float *logits, const int32_t *targets, int N,
                                int V, int Vp)
 {

@@ -179,3 +179,58 @@ void cuda_rmsnorm_backward(float *dinp, float *dweight, const float *dout, const
         CUDA_CHECK_LAUNCH();
     }
 }
+
+/* ------------------------------------------- residual add + norm, fused */
+
+/* res = a + b, then the norm of res (rms: RMSNorm, else LayerNorm): the
+ * arithmetic of add_kernel and of the norm's forward kernel above, so the
+ * bits of the unfused pair; each thread reads back only the res elements it
+ * wrote itself (the same c), so no barrier is needed before the norm's
+ * passes.  a and b are read once, res written once: the add's separate
+ * pass (3 row reads and a write) becomes one. */
+__global__ void residual_norm_forward_kernel(float *res, float *out, float *mean, float *rstd,
+                                             const float *a, const float *b, const float *weight,
+                                             const float *bias, int C, float eps, int rms)
+{
+    int n = blockIdx.x;
+    const float *xa = a + (size_t)n * C, *xb = b + (size_t)n * C;
+    float *x = res + (size_t)n * C, *o = out + (size_t)n * C;
+    float s = 0;
+    for (int c = threadIdx.x; c < C; c += blockDim.x) {
+        float r = xa[c] + xb[c];
+        x[c] = r;
+        s += rms ? r * r : r;
+    }
+    if (rms) {
+        float rs = 1 / sqrtf(block_sum(s) / C + eps);
+        for (int c = threadIdx.x; c < C; c += blockDim.x)
+            o[c] = x[c] * rs * weight[c];
+        if (threadIdx.x == 0)
+            rstd[n] = rs;
+        return;
+    }
+    float mu = block_sum(s) / C;
+    float v = 0;
+    for (int c = threadIdx.x; c < C; c += blockDim.x)
+        v += (x[c] - mu) * (x[c] - mu);
+    float rs = 1 / sqrtf(block_sum(v) / C + eps);
+    for (int c = threadIdx.x; c < C; c += blockDim.x) {
+        float y = (x[c] - mu) * rs * weight[c];
+        o[c] = bias ? y + bias[c] : y;
+    }
+    if (threadIdx.x == 0) {
+        mean[n] = mu;
+        rstd[n] = rs;
+    }
+}
+
+void cuda_residual_norm_forward(float *res, float *out, float *mean, float *rstd, const float *a,
+                                const float *b, const float *weight, const float *bias, int N,
+                                int C, float eps, int rms)
+{
+    if (N <= 0 || C <= 0)
+        return;
+    residual_norm_forward_kernel<<<N, NORM_THREADS, 0, cuda_stream()>>>(res, out, mean, rstd, a, b,
+                                                                        weight, bias, C, eps, rms);
+    CUDA_CHECK_LAUNCH();
+}

@@ -35,6 +35,10 @@ void cuda_rmsnorm_forward(float *out, float *rstd, const float *inp, const float
 void cuda_rmsnorm_backward(float *dinp, float *dweight, const float *dout, const float *inp,
                            const float *weight, const float *rstd, int N, int C);
 
+void cuda_residual_norm_forward(float *res, float *out, float *mean, float *rstd, const float *a,
+                                const float *b, const float *weight, const float *bias, int N,
+                                int C, float eps, int rms);
+
 /* activation.cu */
 void cuda_gelu_forward(float *out, const float *inp, size_t n);
 void cuda_gelu_backward(float *dinp, const float *inp, const float *dout, size_t n);
@@ -65,6 +69,8 @@ void cuda_crossentropy_forward(float *losses, const float *logits, const int32_t
                                int V, int Vp);
 void cuda_crossentropy_backward(float *logits, const int32_t *targets, float dloss, int N, int V,
                                 int Vp);
+void cuda_crossentropy_fused(float *losses, float *logits, const int32_t *targets, float dloss,
+                             int N, int V, int Vp);
 /* A target >= V ends the run (the CPU backend checks before computing;
  * the GPU can only flag it).  fetch enqueues the copy of the flag into
  * page-locked memory, without waiting; report, called once the host has
@@ -85,6 +91,10 @@ void cuda_add(float *out, const float *a, const float *b, size_t n);
 void cuda_accumulate(float *y, const float *x, size_t n);
 double cuda_sumsq(const float *x, size_t n);
 double cuda_sumsq_ranges(const float *x, const BackendRange *ranges, int n);
+void cuda_grad_check(BackendStepState *st, const float *g, const BackendRange *ranges, int n,
+                     float clip);
+void cuda_loss_add(BackendStepState *st, const float *losses, const int32_t *targets, int N,
+                   float share);
 void cuda_scale(float *x, float s, size_t n);
 
 /* profile.cu: a step's end for TRIDENT_PROFILE (nothing when it is off) */
@@ -93,7 +103,8 @@ void cuda_profile_step(int step, double wall_ms);
 /* adamw.cu */
 void cuda_adamw_ranges(float *param, float *master, const float *grad, float *m, float *v,
                        const BackendRange *ranges, int n, float lr, float beta1, float beta2,
-                       float eps, float weight_decay, float grad_scale, int t, int round_bf16);
+                       float eps, float weight_decay, float grad_scale, int t, int round_bf16,
+                       const BackendStepState *state);
 void cuda_adamw(float *param, float *master, const float *grad, float *m, float *v, size_t n,
                 float lr, float beta1, float beta2, float eps, float weight_decay, float grad_scale,
                 int t, int round_bf16);

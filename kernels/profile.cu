@@ -239,11 +239,29 @@ static void p_attention_backward(float *dq, float *dkv, const float *dout, const
           attention_backward(dq, dkv, dout, q, kv, out, lse, a));
 }
 
+/* a and b read, res and out written (the norm's re-reads of res hit the
+ * cache), its weight and bias */
+static void p_residual_norm_forward(float *res, float *out, float *mean, float *rstd,
+                                    const float *a, const float *b, const float *w,
+                                    const float *bias, int N, int C, float eps, int rms)
+{
+    TIMED("residual_norm_forward", F4 * 4.0 * N * C, 0,
+          residual_norm_forward(res, out, mean, rstd, a, b, w, bias, N, C, eps, rms));
+}
+
 static void p_crossentropy_forward(float *losses, const float *logits, const int32_t *t, int N,
                                    int V, int Vp)
 {
     TIMED("crossentropy_forward", F4 * (double)N * Vp, 0,
           crossentropy_forward(losses, logits, t, N, V, Vp));
+}
+
+/* one read for the max and sum, one read and one write for dlogits */
+static void p_crossentropy_fused(float *losses, float *logits, const int32_t *t, float dloss, int N,
+                                 int V, int Vp)
+{
+    TIMED("crossentropy_fused", F4 * 3.0 * N * Vp, 0,
+          crossentropy_fused(losses, logits, t, dloss, N, V, Vp));
 }
 
 static void p_crossentropy_backward(float *logits, const int32_t *t, float dloss, int N, int V,
@@ -302,6 +320,21 @@ static double p_sumsq_ranges(const float *x, const BackendRange *r, int n)
     return s;
 }
 
+static void p_grad_check(BackendStepState *st, const float *g, const BackendRange *r, int n,
+                         float clip)
+{
+    double elems = 0;
+    for (int k = 0; k < n; k++)
+        elems += (double)(r[k].hi - r[k].lo);
+    TIMED("grad_check", F4 * elems, 0, grad_check(st, g, r, n, clip));
+}
+
+static void p_loss_add(BackendStepState *st, const float *losses, const int32_t *targets, int N,
+                       float share)
+{
+    TIMED("loss_add", F4 * 2.0 * N, 0, loss_add(st, losses, targets, N, share));
+}
+
 static void p_scale(float *x, float s, size_t n)
 {
     TIMED("scale", F4 * 2.0 * n, 0, scale(x, s, n));
@@ -309,14 +342,14 @@ static void p_scale(float *x, float s, size_t n)
 
 static void p_adamw_ranges(float *param, float *master, const float *grad, float *m, float *v,
                            const BackendRange *r, int n, float lr, float b1, float b2, float eps,
-                           float wd, float gs, int t, int bf16)
+                           float wd, float gs, int t, int bf16, const BackendStepState *st)
 {
     double elems = 0;
     for (int k = 0; k < n; k++)
         elems += (double)(r[k].hi - r[k].lo);
     /* read grad, m, v, master; write m, v, master, param */
     TIMED("adamw", F4 * 8.0 * elems, 0,
-          adamw_ranges(param, master, grad, m, v, r, n, lr, b1, b2, eps, wd, gs, t, bf16));
+          adamw_ranges(param, master, grad, m, v, r, n, lr, b1, b2, eps, wd, gs, t, bf16, st));
 }
 
 extern "C" const Backend *backend_cuda_profiled(const Backend *base)
@@ -346,6 +379,9 @@ extern "C" const Backend *backend_cuda_profiled(const Backend *base)
     t.attention_backward = p_attention_backward;
     t.crossentropy_forward = p_crossentropy_forward;
     t.crossentropy_backward = p_crossentropy_backward;
+    t.crossentropy_fused = p_crossentropy_fused;
+    t.residual_norm_forward = p_residual_norm_forward;
+    t.loss_add = p_loss_add;
     t.vocab_max = p_vocab_max;
     t.vocab_sumexp = p_vocab_sumexp;
     t.vocab_loss = p_vocab_loss;
@@ -354,6 +390,7 @@ extern "C" const Backend *backend_cuda_profiled(const Backend *base)
     t.add = p_add;
     t.accumulate = p_accumulate;
     t.sumsq_ranges = p_sumsq_ranges;
+    t.grad_check = p_grad_check;
     t.scale = p_scale;
     t.adamw_ranges = p_adamw_ranges;
     return &t;

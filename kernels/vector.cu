@@ -1,5 +1,6 @@
-/* vector.cu — the elementwise helpers (add_bias, add, accumulate, scale)
- * and the sum of squares behind the gradient norm. */
+/* vector.cu — the elementwise helpers (add_bias, add, accumulate, scale),
+ * the sum of squares behind the gradient norm, and the step's scalars kept
+ * on the device (loss_add, grad_check: backend.h's BackendStepState). */
 #include "ops.cuh"
 
 /* y[r, c] += bias[c], one thread per element of y */
@@ -148,4 +149,68 @@ double cuda_sumsq_ranges(const float *x, const BackendRange *ranges, int n)
     sumsq_total_kernel<<<1, SUMSQ_BLOCKS, 0, cuda_stream()>>>();
     CUDA_CHECK_LAUNCH();
     return read_total();
+}
+
+/* sumsq_total_kernel's sum, then the step's decision from it and the loss
+ * already in s (backend.h grad_check), by thread 0: the host's arithmetic
+ * in trainer.c, so that AdamW reads the clip factor and the skip flag from
+ * device memory and the host never waits for them. */
+__global__ void grad_check_total_kernel(BackendStepState *st, float clip, int empty)
+{
+    double s = block_sum(empty ? 0.0 : sumsq_part[threadIdx.x]);
+    if (threadIdx.x == 0) {
+        double norm = sqrt(s);
+        int skip = !(isfinite(st->loss) && isfinite(norm));
+        st->sumsq = s;
+        st->skip = skip;
+        st->grad_scale = !skip && clip > 0 && norm > clip ? clip / (float)(norm + 1e-6) : 1.0f;
+    }
+}
+
+void cuda_grad_check(BackendStepState *st, const float *g, const BackendRange *ranges, int n,
+                     float clip)
+{
+    static CudaRanges table;
+    size_t total = 0;
+    const CudaRange *r = cuda_ranges_upload(&table, ranges, n, &total);
+    if (total) {
+        sumsq_ranges_kernel<<<SUMSQ_BLOCKS, CUDA_THREADS, 0, cuda_stream()>>>(g, r, n, total);
+        CUDA_CHECK_LAUNCH();
+    }
+    grad_check_total_kernel<<<1, SUMSQ_BLOCKS, 0, cuda_stream()>>>(st, clip, total == 0);
+    CUDA_CHECK_LAUNCH();
+}
+
+/* The loss of a micro-batch into the step's sum (backend.h loss_add): one
+ * block, each thread adding every LOSS_THREADS-th row in double, then the
+ * block's sum in a fixed order (deterministic); the fp32 mean and its
+ * share as model.c and the trainer compute them on the host.  At GPT-2's
+ * 8192 rows a thread adds 8 losses (32 KiB read in all). */
+enum { LOSS_THREADS = 1024 };
+
+__global__ void loss_add_kernel(BackendStepState *st, const float *losses, const int32_t *targets,
+                                int N, float share)
+{
+    double s = 0;
+    int counted = 0;
+    for (int n = threadIdx.x; n < N; n += blockDim.x)
+        if (targets[n] >= 0) {
+            s += losses[n];
+            counted++;
+        }
+    s = block_sum(s);
+    counted = block_sum(counted);
+    if (threadIdx.x == 0) {
+        float mean = counted ? (float)(s / counted) : 0.0f;
+        st->loss += share * mean;
+    }
+}
+
+void cuda_loss_add(BackendStepState *st, const float *losses, const int32_t *targets, int N,
+                   float share)
+{
+    if (N <= 0)
+        return;
+    loss_add_kernel<<<1, LOSS_THREADS, 0, cuda_stream()>>>(st, losses, targets, N, share);
+    CUDA_CHECK_LAUNCH();
 }

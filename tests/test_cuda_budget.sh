@@ -6,10 +6,11 @@
 # small GPT-2 with bf16 GEMMs (as bench/gpu.sh runs it) and a small Llama
 # (GQA, RMSNorm, SwiGLU, RoPE) in fp32, one rank.  About 20 s of CPU each.
 # Rules, each on step 2:
-#   syncs    at most SYNCS host synchronizations: 2, the loss (read by
-#            the model's head) and the gradient norm (read by the trainer
-#            for clipping, the non-finite guard and the log), each with the
-#            cross-entropy target check riding along;
+#   syncs    at most SYNCS host synchronizations: 1, the read of the
+#            step's scalars at its end (loss, gradient norm, skip decision:
+#            trainer.c device_step), with the cross-entropy target check
+#            riding along; the clip factor and the skip decision stay on
+#            the device, where AdamW reads them;
 #   memory   no device allocation or free, no pinned host allocation;
 #   serial   every kernel launch has at least N threads (grid x block),
 #            N = B*T the token rows of the micro-batch (512 here, more than
@@ -17,7 +18,8 @@
 #            column count (one thread per column, each looping over all N
 #            rows) has fewer.  Exempt: the finishing stages of two-stage
 #            reductions, which loop over a fixed number of partials
-#            whatever N (FINISH below);
+#            whatever N (FINISH below: the gradient norm's finishing
+#            block, which also makes the step's decision);
 #   launches at most LAUNCH_PER_LAYER * layers + LAUNCH_FIXED kernel
 #            launches (the emulation does not see cuBLAS's own kernels;
 #            its GEMMs are counted apart).
@@ -27,10 +29,10 @@
 # longer is (then take it off the list).
 . "$(dirname "$0")/e2e.sh"
 
-SYNCS=${TRIDENT_BUDGET_SYNCS:-2}
-LAUNCH_PER_LAYER=41
+SYNCS=${TRIDENT_BUDGET_SYNCS:-1}
+LAUNCH_PER_LAYER=40
 LAUNCH_FIXED=17
-FINISH="sumsq_total_kernel"
+FINISH="sumsq_total_kernel grad_check_total_kernel"
 KNOWN_SERIAL=""
 
 small=(--set checkpoint.dir= --set model.layers=2 --set model.hidden=64 --set model.heads=4
@@ -92,7 +94,9 @@ done
 # profile.tsv, checked for shape (the emulation's times mean nothing): the
 # header, 7 numeric fields a row, the calls a step of known ops (GPT-2 with
 # 2 layers: 4 linears a layer + the head = 9 matmul_forward, one adamw, one
-# sumsq_ranges), and the ops' ms plus the idle row adding up to the wall.
+# grad_check, one fused cross-entropy and its loss_add, no unfused one,
+# one read to the host, one fused residual add + LayerNorm a layer),
+# and the ops' ms plus the idle row adding up to the wall.
 TRIDENT_PROFILE=1 run profile 1 --set model.seq_len=32 --set training.steps=3 --set training.global_batch=2 \
     --set training.micro_batch=2 --set data.val_sequences=2 --set training.precision=fp32
 python3 - "$out/profile" "$out/profile.log" <<'PY' || fails=$((fails + 1))
@@ -115,10 +119,14 @@ for r in rows[1:]:
         assert len(r) == 7
     except (ValueError, AssertionError):
         bad.append(f"bad row {r}")
-want = {"matmul_forward": 9, "matmul_backward": 9, "adamw": 1, "sumsq_ranges": 1}
+want = {"matmul_forward": 9, "matmul_backward": 9, "adamw": 1, "grad_check": 1,
+        "crossentropy_fused": 1, "loss_add": 1, "to_host": 1, "residual_norm_forward": 2}
 for k, n in want.items():
     if k not in ops or ops[k][0] != n:
         bad.append(f"{k}: {ops.get(k, ['missing'])[0]} calls a step, want {n}")
+for k in ("crossentropy_forward", "crossentropy_backward", "sumsq_ranges"):
+    if k in ops and ops[k][0] > 0:  # (validation's forward runs unfused, not in a step)
+        bad.append(f"{k}: {ops[k][0]} calls a step, want none (fused / on the device)")
 if "step_wall" in ops and "gpu_idle" in ops:
     total = sum(v[1] for k, v in ops.items() if k != "step_wall")
     if abs(total - ops["step_wall"][1]) > 1e-3 * ops["step_wall"][1] + 0.01:

@@ -314,6 +314,46 @@ static void test_layernorm(int N, int C, int with_bias)
     backend_cuda_free(d_db);
 }
 
+/* residual_norm_forward (LayerNorm with and without bias, RMSNorm) against
+ * the CPU's add then norm: the sum with equal bits (one fp32 add each), the
+ * norm within a reduction's tolerance; then with res aliasing a, the
+ * model's in-place use, which must give the same. */
+static void test_residual_norm(int N, int C, int with_bias, int rms)
+{
+    char what[128];
+    size_t n = (size_t)N * C;
+    float *a = norm_input(n), *b = hrand(n, 0.5f), *w = hrand(C, 1);
+    float *bias = with_bias ? hrand(C, 1) : NULL;
+    float *res = hrand(n, 1), *out = hrand(n, 1), *mean = hrand(N, 1), *rstd = hrand(N, 1);
+    float *d_a = dcopyf(a, n), *d_b = dcopyf(b, n), *d_w = dcopyf(w, C);
+    float *d_bias = bias ? dcopyf(bias, C) : NULL, *d_res = dcopyf(res, n);
+    float *d_out = dcopyf(out, n), *d_mean = dcopyf(mean, N), *d_rstd = dcopyf(rstd, N);
+    const char *kind = rms ? "rmsnorm" : with_bias ? "layernorm" : "layernorm (no bias)";
+
+    cpu->residual_norm_forward(res, out, mean, rstd, a, b, w, bias, N, C, 1e-5f, rms);
+    gpu->residual_norm_forward(d_res, d_out, d_mean, d_rstd, d_a, d_b, d_w, d_bias, N, C, 1e-5f,
+                               rms);
+    snprintf(what, sizeof what, "residual %s N=%d C=%d res", kind, N, C);
+    compare_dev(what, d_res, res, n, 0);
+    snprintf(what, sizeof what, "residual %s N=%d C=%d out", kind, N, C);
+    compare_dev(what, d_out, out, n, R_RED);
+    snprintf(what, sizeof what, "residual %s N=%d C=%d rstd", kind, N, C);
+    compare_dev(what, d_rstd, rstd, N, R_RED);
+    if (!rms) {
+        snprintf(what, sizeof what, "residual %s N=%d C=%d mean", kind, N, C);
+        compare_dev(what, d_mean, mean, N, R_RED);
+    }
+    gpu->residual_norm_forward(d_a, d_out, d_mean, d_rstd, d_a, d_b, d_w, d_bias, N, C, 1e-5f, rms);
+    snprintf(what, sizeof what, "residual %s N=%d C=%d res in place", kind, N, C);
+    compare_dev(what, d_a, res, n, 0);
+    snprintf(what, sizeof what, "residual %s N=%d C=%d out, res in place", kind, N, C);
+    compare_dev(what, d_out, out, n, R_RED);
+    free(a), free(b), free(w), free(bias), free(res), free(out), free(mean), free(rstd);
+    backend_cuda_free(d_a), backend_cuda_free(d_b), backend_cuda_free(d_w);
+    backend_cuda_free(d_bias), backend_cuda_free(d_res), backend_cuda_free(d_out);
+    backend_cuda_free(d_mean), backend_cuda_free(d_rstd);
+}
+
 static void test_rmsnorm(int N, int C)
 {
     char what[128];
@@ -595,6 +635,48 @@ static void test_crossentropy(int N, int V, int Vp)
                 zeros_ok &= got[(size_t)r * Vp + v] == 0;
     CHECK(zeros_ok, "crossentropy N=%d V=%d Vp=%d: ignored rows and padding get exactly 0", N, V,
           Vp);
+    free(got), free(tgt), free(logits), free(losses);
+    backend_cuda_free(d_tgt), backend_cuda_free(d_logits), backend_cuda_free(d_losses);
+}
+
+/* crossentropy_fused against the CPU's forward then backward (the
+ * reference): per-row losses and dlogits in place, ignored rows and
+ * padding exactly 0, with -inf logits (a thread's first column among
+ * them) and a per-micro-batch dloss. */
+static void test_crossentropy_fused(int N, int V, int Vp, float dloss)
+{
+    char what[128];
+    size_t n = (size_t)N * Vp;
+    int32_t *tgt = malloc(N * sizeof *tgt);
+    for (int r = 0; r < N; r++)
+        tgt[r] = r % 5 == 1 ? -1 : r % 5 == 3 ? -7 : irand(0, V);
+    tgt[N - 1] = V - 1;
+    float *logits = hrand(n, 4), *losses = hrand(N, 1);
+    for (int r = 0; r < N; r++)
+        for (int v = V; v < Vp; v++)
+            logits[(size_t)r * Vp + v] = 30;
+    for (int v = 0; v < V && v < 300; v += 3) /* row 0: masked columns */
+        logits[v] = -INFINITY;
+    tgt[0] = V > 1 ? 1 : 0;
+    if (V > 1)
+        logits[1] = 0.5f;
+    int32_t *d_tgt = dcopy(tgt, N * sizeof *tgt);
+    float *d_logits = dcopyf(logits, n), *d_losses = dcopyf(losses, N);
+    cpu->crossentropy_forward(losses, logits, tgt, N, V, Vp);
+    cpu->crossentropy_backward(logits, tgt, dloss, N, V, Vp);
+    gpu->crossentropy_fused(d_losses, d_logits, d_tgt, dloss, N, V, Vp);
+    snprintf(what, sizeof what, "crossentropy_fused N=%d V=%d Vp=%d losses", N, V, Vp);
+    compare_dev(what, d_losses, losses, N, R_RED);
+    float *got = fetch(d_logits, n);
+    snprintf(what, sizeof what, "crossentropy_fused N=%d V=%d Vp=%d dlogits", N, V, Vp);
+    compare(what, got, logits, n, R_RED);
+    int zeros_ok = 1;
+    for (int r = 0; r < N; r++)
+        for (int v = 0; v < Vp; v++)
+            if (tgt[r] < 0 || v >= V)
+                zeros_ok &= got[(size_t)r * Vp + v] == 0;
+    CHECK(zeros_ok, "crossentropy_fused N=%d V=%d Vp=%d: ignored rows and padding get exactly 0", N,
+          V, Vp);
     free(got), free(tgt), free(logits), free(losses);
     backend_cuda_free(d_tgt), backend_cuda_free(d_logits), backend_cuda_free(d_losses);
 }
@@ -902,6 +984,84 @@ static void test_sumsq_ranges(size_t n)
     free(x), backend_cuda_free(d_x);
 }
 
+/* ------------------------------------------------------ the step state */
+
+static BackendStepState fetch_state(const BackendStepState *d)
+{
+    BackendStepState h;
+    backend_cuda_to_host(&h, d, sizeof h);
+    return h;
+}
+
+/* loss_add (two micro-batches, shares, ignored rows, one with no counted
+ * row) and grad_check (clipped, not clipped, no clipping, a non-finite
+ * gradient, a non-finite loss) against the CPU's, which are the host
+ * arithmetic of model.c and trainer.c. */
+static void test_step_state(size_t n)
+{
+    const int N = 700;
+    float *losses = hrand(N, 3);
+    int32_t *tgt = malloc(N * sizeof *tgt), *none = malloc(N * sizeof *none);
+    for (int r = 0; r < N; r++) {
+        losses[r] = fabsf(losses[r]);
+        tgt[r] = r % 7 == 2 ? -1 : r;
+        none[r] = -1;
+    }
+    float *g = hrand(n, 0.01f);
+    const BackendRange rg[] = {{3, 500, 1}, {600, n - 2, 0}};
+    float *d_losses = dcopyf(losses, N), *d_g = dcopyf(g, n);
+    int32_t *d_tgt = dcopy(tgt, N * sizeof *tgt), *d_none = dcopy(none, N * sizeof *none);
+    BackendStepState *d_st = backend_cuda_malloc(sizeof *d_st, "step state");
+    /* clip thresholds: below the norm (clipped), above it, 0 (off) */
+    const float clips[] = {0.05f, 1e3f, 0.0f};
+    for (int c = 0; c < 3; c++) {
+        BackendStepState st = {0};
+        backend_cuda_zero(d_st, sizeof *d_st);
+        cpu->loss_add(&st, losses, tgt, N, 0.25f);
+        gpu->loss_add(d_st, d_losses, d_tgt, N, 0.25f);
+        cpu->loss_add(&st, losses, none, N, 0.5f); /* counts nothing: adds 0 */
+        gpu->loss_add(d_st, d_losses, d_none, N, 0.5f);
+        cpu->loss_add(&st, losses + 1, tgt + 1, N - 1, 0.25f);
+        gpu->loss_add(d_st, d_losses + 1, d_tgt + 1, N - 1, 0.25f);
+        cpu->grad_check(&st, g, rg, 2, clips[c]);
+        gpu->grad_check(d_st, d_g, rg, 2, clips[c]);
+        BackendStepState got = fetch_state(d_st);
+        CHECK(fabs(got.loss - st.loss) <= 1e-6 * st.loss && st.loss > 0,
+              "loss_add clip %g: gpu %.17g, cpu %.17g", clips[c], got.loss, st.loss);
+        CHECK(fabs(got.sumsq - st.sumsq) <= 1e-10 * st.sumsq, "grad_check sumsq: %.17g, want %.17g",
+              got.sumsq, st.sumsq);
+        CHECK(got.skip == 0 && st.skip == 0, "grad_check clip %g: finite, not skipped", clips[c]);
+        CHECK(fabs(got.grad_scale - st.grad_scale) <= 1e-6 * st.grad_scale &&
+                  (c == 0 ? st.grad_scale < 1 : st.grad_scale == 1),
+              "grad_check clip %g (norm %g): scale gpu %.9g, cpu %.9g", clips[c], sqrt(st.sumsq),
+              got.grad_scale, st.grad_scale);
+    }
+    /* a NaN in the gradient, then an infinite loss: skipped, scale 1 */
+    for (int k = 0; k < 2; k++) {
+        BackendStepState st = {0};
+        backend_cuda_zero(d_st, sizeof *d_st);
+        if (k == 0) {
+            g[700] = NAN;
+        } else {
+            g[700] = 0;
+            losses[5] = INFINITY;
+        }
+        backend_cuda_to_device(d_g, g, n * sizeof *g);
+        backend_cuda_to_device(d_losses, losses, N * sizeof *losses);
+        cpu->loss_add(&st, losses, tgt, N, 1.0f);
+        gpu->loss_add(d_st, d_losses, d_tgt, N, 1.0f);
+        cpu->grad_check(&st, g, rg, 2, 0.05f);
+        gpu->grad_check(d_st, d_g, rg, 2, 0.05f);
+        BackendStepState got = fetch_state(d_st);
+        CHECK(st.skip == 1 && got.skip == 1 && got.grad_scale == 1 && st.grad_scale == 1,
+              "grad_check with a non-finite %s: skip gpu %g cpu %g, scale gpu %g",
+              k ? "loss" : "gradient", got.skip, st.skip, got.grad_scale);
+    }
+    free(losses), free(tgt), free(none), free(g);
+    backend_cuda_free(d_losses), backend_cuda_free(d_g), backend_cuda_free(d_tgt);
+    backend_cuda_free(d_none), backend_cuda_free(d_st);
+}
+
 /* ---------------------------------------------------------------- adamw */
 
 /* adamw_ranges against the CPU's adamw_ranges (itself adamw per range):
@@ -920,9 +1080,10 @@ static void test_adamw_ranges(size_t n)
         float *d_param = dcopyf(param, n), *d_grad = dcopyf(grad, n);
         float *p = bf16 ? param : master, *d_p = bf16 ? d_param : d_master;
         for (int t = 1; t <= 2; t++) {
-            cpu->adamw_ranges(p, master, grad, m, v, r, k, lr, b1, b2, eps, wd, 0.37f, t, bf16);
+            cpu->adamw_ranges(p, master, grad, m, v, r, k, lr, b1, b2, eps, wd, 0.37f, t, bf16,
+                              NULL);
             gpu->adamw_ranges(d_p, d_master, d_grad, d_m, d_v, r, k, lr, b1, b2, eps, wd, 0.37f, t,
-                              bf16);
+                              bf16, NULL);
         }
         char what[80];
         snprintf(what, sizeof what, "adamw_ranges%s master", bf16 ? " (bf16)" : "");
@@ -1007,6 +1168,37 @@ static void test_bf16_rounding(void)
     backend_cuda_free(d_v), backend_cuda_free(d_p);
 }
 
+/* adamw_ranges reading the step's decision from device memory: a clip
+ * factor multiplies grad_scale (the CPU's adamw_ranges with the product
+ * is the reference), and a skip leaves every buffer as it was. */
+static void test_adamw_state(size_t n)
+{
+    const float lr = 3e-3f, b1 = 0.9f, b2 = 0.95f, eps = 1e-8f, wd = 0.1f;
+    const BackendRange r[] = {{0, 100, 1}, {100, n, 0}};
+    float *master = hrand(n, 1), *m = hrand(n, 1e-3f), *v = hrand(n, 1e-3f), *grad = hrand(n, 1);
+    for (size_t i = 0; i < n; i++)
+        v[i] = fabsf(v[i]);
+    float *d_master = dcopyf(master, n), *d_m = dcopyf(m, n), *d_v = dcopyf(v, n);
+    float *d_grad = dcopyf(grad, n);
+    BackendStepState skip = {.loss = NAN, .grad_scale = 1, .skip = 1};
+    BackendStepState clip = {.grad_scale = 0.3, .skip = 0};
+    BackendStepState *d_skip = dcopy(&skip, sizeof skip), *d_clip = dcopy(&clip, sizeof clip);
+    gpu->adamw_ranges(d_master, d_master, d_grad, d_m, d_v, r, 2, lr, b1, b2, eps, wd, 0.5f, 3, 0,
+                      d_skip);
+    compare_dev("adamw_ranges skipped: master unchanged", d_master, master, n, 0);
+    compare_dev("adamw_ranges skipped: m unchanged", d_m, m, n, 0);
+    compare_dev("adamw_ranges skipped: v unchanged", d_v, v, n, 0);
+    gpu->adamw_ranges(d_master, d_master, d_grad, d_m, d_v, r, 2, lr, b1, b2, eps, wd, 0.5f, 3, 0,
+                      d_clip);
+    cpu->adamw_ranges(master, master, grad, m, v, r, 2, lr, b1, b2, eps, wd, 0.5f * 0.3f, 3, 0,
+                      NULL);
+    compare_dev("adamw_ranges with a device clip factor: master", d_master, master, n, R_ELEM);
+    compare_dev("adamw_ranges with a device clip factor: m", d_m, m, n, R_ELEM);
+    free(master), free(m), free(v), free(grad);
+    backend_cuda_free(d_master), backend_cuda_free(d_m), backend_cuda_free(d_v);
+    backend_cuda_free(d_grad), backend_cuda_free(d_skip), backend_cuda_free(d_clip);
+}
+
 /* ----------------------------------------------------------------- main */
 
 static void test_table(void)
@@ -1019,7 +1211,8 @@ static void test_table(void)
               g->attention_forward && g->attention_backward && g->crossentropy_forward &&
               g->crossentropy_backward && g->vocab_max && g->vocab_sumexp && g->vocab_loss &&
               g->vocab_backward && g->add_bias && g->add && g->accumulate && g->sumsq && g->scale &&
-              g->adamw && g->sumsq_ranges && g->adamw_ranges,
+              g->adamw && g->sumsq_ranges && g->adamw_ranges && g->crossentropy_fused &&
+              g->loss_add && g->grad_check && g->residual_norm_forward,
           "the CUDA table fills every op");
     CHECK(strcmp(g->name, "cuda") == 0, "table name %s", g->name);
 }
@@ -1069,6 +1262,9 @@ int main(void)
         test_layernorm(shapes[s][0], shapes[s][1], 1);
         test_layernorm(shapes[s][0], shapes[s][1], 0);
         test_rmsnorm(shapes[s][0], shapes[s][1]);
+        test_residual_norm(shapes[s][0], shapes[s][1], 1, 0);
+        test_residual_norm(shapes[s][0], shapes[s][1], 0, 0);
+        test_residual_norm(shapes[s][0], shapes[s][1], 0, 1);
     }
 
     test_gelu(1001);
@@ -1101,6 +1297,9 @@ int main(void)
     test_crossentropy(37, 1000, 1024);
     test_crossentropy(8, 50257, 50304); /* GPT-2 vocabulary, padded */
     test_crossentropy(5, 3, 3);         /* no padding, V below a warp */
+    test_crossentropy_fused(37, 1000, 1024, 0.7f);
+    test_crossentropy_fused(8, 50257, 50304, 1.0f / 4000); /* GPT-2, a micro-batch's share */
+    test_crossentropy_fused(5, 3, 3, 0.25f);
 
     test_vocab(37, 1000, 1024, 1024);   /* slice not at 0, padded */
     test_vocab(300, 777, 800, 3000);    /* more rows than threads of a block */
@@ -1126,6 +1325,8 @@ int main(void)
 
     test_adamw(10007);
     test_adamw_ranges(10007);
+    test_adamw_state(5003);
+    test_step_state(100003);
     test_bf16_rounding();
 
     backend_cuda_synchronize();

@@ -106,6 +106,27 @@ if [ "$rc" -eq 2 ] && grep -q "needs [0-9.]* GiB (parameters .*); 1 rank(s) shar
 else
     echo "FAIL: too big for the device: exit $rc: $(tail -2 "$out/too_big.log")"; fails=$((fails + 1))
 fi
+# training.nonfinite decided on the device (one rank: trainer.c
+# device_step; AdamW reads the skip flag there): lr 1e6 blows the weights
+# up, steps 3-5 have a NaN gradient norm (with a finite loss) and are
+# skipped, and the third skip in a row ends the run with exit 1, as on the
+# CPU (tests/test_ckpt_faults.sh).  Shorter rows, one micro-batch, no
+# validation: about 4 s of CPU for the emulated run.
+for be in cpu cuda; do
+    timeout 120 "$TRIDENT" train configs/tiny.yaml "${small[@]}" --set backend=$be \
+        --set training.lr=1e6 --set training.nonfinite=skip --set training.max_skipped=3 \
+        --set model.seq_len=16 --set training.global_batch=2 --set data.val_every=1000 \
+        --set run.dir="$out/skip_$be" > "$out/skip_$be.log" 2>&1
+    echo "$? $(grep -c "update skipped" "$out/skip_$be.log") $(grep -o "step [0-9]*: 3 steps in a row" \
+        "$out/skip_$be.log")" > "$out/skip_$be.result"
+done
+if [ "$(cat "$out/skip_cuda.result")" = "1 3 step 5: 3 steps in a row" ] &&
+   cmp -s "$out/skip_cpu.result" "$out/skip_cuda.result"; then
+    echo "ok   nonfinite skip on the device: 3 updates skipped, exit 1 at step 5, as on the CPU"
+else
+    echo "FAIL: nonfinite skip: cuda '$(cat "$out/skip_cuda.result")', cpu '$(cat "$out/skip_cpu.result")'"
+    fails=$((fails + 1))
+fi
 grep -q "backend: cuda on" "$out/gpt2_cuda.log" ||
     { echo "FAIL: the cuda run does not report its device"; fails=$((fails + 1)); }
 # Every device buffer is one of the memory report's categories: rank 0's

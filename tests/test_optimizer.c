@@ -1,6 +1,7 @@
 /* AdamW over the parameter table: decay only where the table says so,
  * bf16 weights as rounded copies of fp32 master weights, and an owned range
  * that covers part of a tensor (the ZeRO case) updating only that part. */
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -96,8 +97,34 @@ int main(void)
           outside, inside, end - begin);
     optimizer_free(&o);
 
+    /* The step decided in backend memory (optimizer_use_state): a skipped
+     * step changes nothing and, taken off the count, leaves the next step
+     * the very first one's; a clip factor there scales the gradient as
+     * optimizer_scale_grads does. */
+    float *p1 = malloc(t.numel * sizeof(float));
+    memcpy(p, p0, t.numel * sizeof(float));
+    optimizer_init(&o, &t, be, p, 0, t.numel, PREC_FP32);
+    const BackendStepState skip = {.loss = NAN, .grad_scale = 1, .skip = 1};
+    optimizer_use_state(&o, &skip);
+    optimizer_step(&o, p, g, 0.01f, &tc);
+    CHECK(memcmp(p, p0, t.numel * sizeof(float)) == 0, "a skipped step leaves the weights");
+    optimizer_skipped(&o);
+    CHECK(o.t == 0 && o.state == NULL, "skipped: off the count (t %d), state used once", o.t);
+    const BackendStepState clip = {.loss = 1, .grad_scale = 0.25, .skip = 0};
+    optimizer_use_state(&o, &clip);
+    optimizer_step(&o, p, g, 0.01f, &tc);
+    optimizer_free(&o);
+    memcpy(p1, p0, t.numel * sizeof(float));
+    optimizer_init(&o, &t, be, p1, 0, t.numel, PREC_FP32);
+    optimizer_scale_grads(&o, 0.25f);
+    optimizer_step(&o, p1, g, 0.01f, &tc);
+    CHECK(memcmp(p, p1, t.numel * sizeof(float)) == 0 && o.t == 1,
+          "skipped, then clipped on the state: the bits of a first step clipped on the host");
+    optimizer_free(&o);
+
     free(p);
     free(p0);
+    free(p1);
     free(g);
     params_free(&t);
     return check_summary("optimizer");

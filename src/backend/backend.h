@@ -63,6 +63,20 @@ typedef struct {
     int decay;
 } BackendRange;
 
+/* The scalars of a training step, kept in backend memory so that the host
+ * waits for the device once a step, reading them at its end (CUDA: one
+ * copy, one synchronization), while the device decides the update by
+ * itself: loss_add sums the loss, grad_check the gradient norm, the clip
+ * factor and the skip decision, which adamw_ranges reads.  The caller
+ * zeroes it at the start of a step.  Doubles, so that the host reads the
+ * same values the host path computes. */
+typedef struct {
+    double loss;       /* sum over loss_add calls: the step's mean loss */
+    double sumsq;      /* the gradient's sum of squares (grad_check) */
+    double grad_scale; /* clipping's factor (grad_check; 1: not clipped) */
+    double skip;       /* 1: the loss or the gradient norm is not finite */
+} BackendStepState;
+
 typedef struct {
     const char *name;
 
@@ -120,6 +134,15 @@ typedef struct {
                             int C, float eps);
     void (*rmsnorm_backward)(float *dinp, float *dweight, const float *dout, const float *inp,
                              const float *weight, const float *rstd, int N, int C);
+
+    /* The residual add and the norm that reads its sum, in one pass where
+     * the backend can (CUDA: one block per row reads a and b once and
+     * writes res and out): res = a + b (add), then layernorm_forward of res
+     * into out, mean, rstd (rms 0), or rmsnorm_forward of res into out,
+     * rstd (rms 1: mean and bias unused).  res may alias a. */
+    void (*residual_norm_forward)(float *res, float *out, float *mean, float *rstd, const float *a,
+                                  const float *b, const float *weight, const float *bias, int N,
+                                  int C, float eps, int rms);
 
     /* GELU, tanh approximation (GPT-2). */
     void (*gelu_forward)(float *out, const float *inp, size_t n);
@@ -192,6 +215,18 @@ typedef struct {
                                  int V, int Vp);
     void (*crossentropy_backward)(float *logits, const int32_t *targets, float dloss, int N, int V,
                                   int Vp);
+    /* crossentropy_forward then crossentropy_backward with dloss, in one
+     * pass per row where the backend can (CUDA: one kernel reads each row
+     * of logits once for its max and sum and writes dlogits in place, as
+     * llm.c's fused classifier): losses and dlogits as the two calls give
+     * them, for a forward whose backward follows at once (training). */
+    void (*crossentropy_fused)(float *losses, float *logits, const int32_t *targets, float dloss,
+                               int N, int V, int Vp);
+    /* s->loss += share * mean, mean the fp32 mean of losses[n] over the
+     * rows with targets[n] >= 0 (summed in double; 0 when there is none):
+     * model_head_forward's loss, kept in backend memory. */
+    void (*loss_add)(BackendStepState *s, const float *losses, const int32_t *targets, int N,
+                     float share);
 
     /* Vocabulary-parallel cross-entropy (src/tensor_par/vocab_parallel.c):
      * the loss over a vocabulary split across TP ranks, in passes around
@@ -231,6 +266,14 @@ typedef struct {
      * and one read, not one per tensor).  Deterministic: the same input
      * gives the same bits; the CPU adds the ranges' sumsq in order. */
     double (*sumsq_ranges)(const float *x, const BackendRange *ranges, int n);
+    /* The step's gradient decision in backend memory, from sumsq_ranges
+     * over the gradient g and the loss in s: s->sumsq = the sum of squares;
+     * s->skip = 1 when s->loss or sqrt(s->sumsq) is not finite, else 0;
+     * s->grad_scale = clip / (float)(norm + 1e-6) (in fp32) when clip > 0
+     * and norm > clip and not skipped, else 1: the trainer's host
+     * arithmetic (trainer.c), on the device. */
+    void (*grad_check)(BackendStepState *s, const float *g, const BackendRange *ranges, int n,
+                       float clip);
     /* x *= s */
     void (*scale)(float *x, float s, size_t n);
 
@@ -250,9 +293,13 @@ typedef struct {
      * the range's decay is set and 0 elsewhere: the same arithmetic per
      * element as adamw, so the same bits, in one pass over all the tensors
      * (CUDA: one launch instead of one per tensor). */
+    /* With state != NULL (backend memory, grad_check's): nothing changes
+     * when state->skip, and the gradient scale is grad_scale *
+     * (float)state->grad_scale: the update decided on the device. */
     void (*adamw_ranges)(float *param, float *master, const float *grad, float *m, float *v,
                          const BackendRange *ranges, int n, float lr, float beta1, float beta2,
-                         float eps, float weight_decay, float grad_scale, int t, int round_bf16);
+                         float eps, float weight_decay, float grad_scale, int t, int round_bf16,
+                         const BackendStepState *state);
 } Backend;
 
 /* The CPU reference backend. */

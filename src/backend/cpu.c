@@ -226,13 +226,63 @@ static double cpu_sumsq_ranges(const float *x, const BackendRange *ranges, int n
 
 static void cpu_adamw_ranges(float *param, float *master, const float *grad, float *m, float *v,
                              const BackendRange *ranges, int n, float lr, float beta1, float beta2,
-                             float eps, float weight_decay, float grad_scale, int t, int round_bf16)
+                             float eps, float weight_decay, float grad_scale, int t, int round_bf16,
+                             const BackendStepState *state)
 {
+    if (state && state->skip)
+        return;
+    if (state)
+        grad_scale *= (float)state->grad_scale;
     for (int k = 0; k < n; k++) {
         const size_t lo = ranges[k].lo;
         cpu_adamw(param + lo, master + lo, grad + lo, m + lo, v + lo, ranges[k].hi - lo, lr, beta1,
                   beta2, eps, ranges[k].decay ? weight_decay : 0.0f, grad_scale, t, round_bf16);
     }
+}
+
+/* The reference: the two ops in turn, so the bits of the unfused pair. */
+static void cpu_residual_norm_forward(float *res, float *out, float *mean, float *rstd,
+                                      const float *a, const float *b, const float *weight,
+                                      const float *bias, int N, int C, float eps, int rms)
+{
+    cpu_add(res, a, b, (size_t)N * (size_t)C);
+    if (rms)
+        cpu_rmsnorm_forward(out, rstd, res, weight, N, C, eps);
+    else
+        cpu_layernorm_forward(out, mean, rstd, res, weight, bias, N, C, eps);
+}
+
+static void cpu_crossentropy_fused(float *losses, float *logits, const int32_t *targets,
+                                   float dloss, int N, int V, int Vp)
+{
+    cpu_crossentropy_forward(losses, logits, targets, N, V, Vp);
+    cpu_crossentropy_backward(logits, targets, dloss, N, V, Vp);
+}
+
+/* The host arithmetic of model_head_forward and the trainer: the mean in
+ * double over the counted rows in order, rounded to fp32, times the share
+ * in fp32. */
+static void cpu_loss_add(BackendStepState *s, const float *losses, const int32_t *targets, int N,
+                         float share)
+{
+    double sum = 0;
+    int counted = 0;
+    for (int n = 0; n < N; n++)
+        if (targets[n] >= 0) {
+            sum += losses[n];
+            counted++;
+        }
+    const float mean = counted ? (float)(sum / counted) : 0.0f;
+    s->loss += share * mean;
+}
+
+static void cpu_grad_check(BackendStepState *s, const float *g, const BackendRange *ranges, int n,
+                           float clip)
+{
+    s->sumsq = cpu_sumsq_ranges(g, ranges, n);
+    const double norm = sqrt(s->sumsq);
+    s->skip = !(isfinite(s->loss) && isfinite(norm));
+    s->grad_scale = !s->skip && clip > 0 && norm > clip ? clip / (float)(norm + 1e-6) : 1.0f;
 }
 
 static const Backend cpu_backend = {
@@ -254,6 +304,7 @@ static const Backend cpu_backend = {
     .layernorm_backward = cpu_layernorm_backward,
     .rmsnorm_forward = cpu_rmsnorm_forward,
     .rmsnorm_backward = cpu_rmsnorm_backward,
+    .residual_norm_forward = cpu_residual_norm_forward,
     .gelu_forward = cpu_gelu_forward,
     .gelu_backward = cpu_gelu_backward,
     .swiglu_forward = cpu_swiglu_forward,
@@ -266,6 +317,8 @@ static const Backend cpu_backend = {
     .attention_decode = cpu_attention_decode,
     .crossentropy_forward = cpu_crossentropy_forward,
     .crossentropy_backward = cpu_crossentropy_backward,
+    .crossentropy_fused = cpu_crossentropy_fused,
+    .loss_add = cpu_loss_add,
     .vocab_max = cpu_vocab_max,
     .vocab_sumexp = cpu_vocab_sumexp,
     .vocab_loss = cpu_vocab_loss,
@@ -275,6 +328,7 @@ static const Backend cpu_backend = {
     .accumulate = cpu_accumulate,
     .sumsq = cpu_sumsq,
     .sumsq_ranges = cpu_sumsq_ranges,
+    .grad_check = cpu_grad_check,
     .scale = cpu_scale,
     .adamw = cpu_adamw,
     .adamw_ranges = cpu_adamw_ranges,

@@ -268,6 +268,9 @@ static void carve_scratch(Model *m, Carver *c)
     const Dims *d = &m->d;
     const size_t N = (size_t)d->N, NC = N * (size_t)d->C, NF = N * (size_t)d->F;
     const int blocks = m->nl > 0, tp = tp_active(&m->tp);
+    /* first: the buffer's start is aligned for the doubles it holds */
+    const size_t step_floats = (sizeof(BackendStepState) + sizeof(float) - 1) / sizeof(float);
+    m->s.step = take(c, m->sh.has_head ? step_floats : 0);
     m->s.dres = take(c, (size_t)d->Ns * (size_t)d->C);
     m->s.dln = take(c, NC);
     m->s.branch = take(c, blocks ? NC : 0);
@@ -580,6 +583,18 @@ static void norm_forward(Model *m, float *out, float *mean, float *rstd, const f
     tp_column_input_forward(&m->tp, out, d->N, d->C);
 }
 
+/* res = a + b (the residual stream, d.Ns rows), then norm_forward of res:
+ * the backend's residual_norm_forward, one pass instead of two. */
+static void residual_norm_forward(Model *m, float *res, float *out, float *mean, float *rstd,
+                                  const float *a, const float *b, const float *w, const float *bias)
+{
+    const Dims *d = &m->d;
+    float *mine = tp_my_rows(&m->tp, out, d->N, d->C);
+    m->be->residual_norm_forward(res, mine, mean, rstd, a, b, w, bias, d->Ns, d->C, d->eps,
+                                 !d->gpt2);
+    tp_column_input_forward(&m->tp, out, d->N, d->C);
+}
+
 /* dout [N, C] holds this rank's partial gradient at the norm's output (the
  * column-parallel layers' input): reduced first (all-reduce, or
  * reduce-scatter into its first d.Ns rows under SP), then the norm's
@@ -713,9 +728,8 @@ static void block_forward(Model *m, int i, int need_output)
         be->rope_forward(a->qkv, m->cur.pos, d->N, d->T, 0, d->H, d->KVH, d->hs, d->theta);
     attention_forward(m, a);
     row_linear_forward(m, m->s.branch, a->atty, p->attn_proj_w, p->attn_proj_b, d->H * d->hs);
-    be->add(a->res_mid, x, m->s.branch, NsC);
-
-    norm_forward(m, a->ln2, a->ln2_mean, a->ln2_rstd, a->res_mid, p->ln2_w, p->ln2_b);
+    residual_norm_forward(m, a->res_mid, a->ln2, a->ln2_mean, a->ln2_rstd, x, m->s.branch, p->ln2_w,
+                          p->ln2_b);
     mlp_forward(m, p, a);
     if (!need_output)
         return;
@@ -859,11 +873,26 @@ float model_head_forward(Model *m, const int32_t *targets)
     norm_forward(m, h->lnf, h->lnf_mean, h->lnf_rstd, m->cur.resid[m->nl], m->op.lnf_w,
                  m->op.lnf_b);
     be->matmul_forward(h->logits, h->lnf, m->op.head_w, NULL, d->N, d->C, d->Vp);
-    if (tp_active(&m->tp))
+    int counted = 0;
+    for (int n = 0; n < d->N; n++)
+        counted += m->cur.targets[n] >= 0;
+    m->cur.counted = counted;
+    const int fuse = m->fuse_next && !tp_active(&m->tp);
+    m->cur.ce_fused = fuse;
+    m->cur.ce_scale = m->fuse_scale;
+    m->fuse_next = 0;
+    if (fuse) /* model_head_backward's dloss */
+        be->crossentropy_fused(h->losses, h->logits, dev_targets,
+                               counted ? m->fuse_scale / (float)counted : 0.0f, d->N, d->V, d->Vp);
+    else if (tp_active(&m->tp))
         tp_crossentropy_forward(&m->tp, h->losses, h->ce_stats, h->logits, dev_targets,
                                 m->cur.targets, d->N, d->V, d->Vp, d->vocab_start, d->vocab);
     else
         be->crossentropy_forward(h->losses, h->logits, dev_targets, d->N, d->V, d->Vp);
+    if (fuse && m->step_state) { /* summed in backend memory: no wait here */
+        be->loss_add(m->step_state, h->losses, dev_targets, d->N, m->cur.ce_scale);
+        return 0.0f;
+    }
 
     const float *losses = h->losses;
     if (be->device) {
@@ -871,16 +900,24 @@ float model_head_forward(Model *m, const int32_t *targets)
         losses = m->host_losses;
     }
     double sum = 0.0;
-    int counted = 0;
-    for (int n = 0; n < d->N; n++) {
-        if (m->cur.targets[n] < 0)
-            continue;
-        sum += losses[n];
-        counted++;
-    }
-    m->cur.counted = counted;
+    for (int n = 0; n < d->N; n++)
+        if (m->cur.targets[n] >= 0)
+            sum += losses[n];
     return counted ? (float)(sum / counted) : 0.0f;
 }
+
+void model_head_fuse(Model *m, float loss_scale)
+{
+    m->fuse_next = 1;
+    m->fuse_scale = loss_scale;
+}
+
+BackendStepState *model_step_state(Model *m)
+{
+    return m->sh.has_head ? (BackendStepState *)(void *)m->s.step : NULL;
+}
+
+void model_set_step_state(Model *m, BackendStepState *s) { m->step_state = s; }
 
 /* Starts the residual-stream gradient: s.dres is SET (zeroed, then the
  * final norm's backward adds into it), since nothing flowed into it yet. */
@@ -894,7 +931,9 @@ void model_head_backward(Model *m, float loss_scale)
 
     /* d(loss_scale * mean loss)/d loss[n] for every counted position. */
     const float dloss = m->cur.counted ? loss_scale / (float)m->cur.counted : 0.0f;
-    if (tp_active(&m->tp))
+    if (m->cur.ce_fused) /* the forward wrote dlogits already, with this scale */
+        TRD_ASSERT(m->cur.ce_scale == loss_scale);
+    else if (tp_active(&m->tp))
         tp_crossentropy_backward(&m->tp, h->logits, h->ce_stats, m->cur.ids + d->N, dloss, d->N,
                                  d->V, d->Vp, d->vocab_start);
     else

@@ -86,6 +86,20 @@ void model_embed_forward(Model *m, const int32_t *tokens);
 void model_block_forward(Model *m, int l);
 float model_head_forward(Model *m, const int32_t *targets); /* mean loss */
 void model_head_backward(Model *m, float loss_scale);
+/* Training: the next head forward's backward follows with loss_scale, so
+ * the forward computes the loss and the logits' gradient in one pass
+ * (the backend's crossentropy_fused; not with a vocabulary split over TP
+ * ranks) and model_head_backward starts from there.  For the next head
+ * forward only. */
+void model_head_fuse(Model *m, float loss_scale);
+/* s (backend memory, or NULL): a fused head forward (model_head_fuse)
+ * adds loss_scale times its mean loss to s->loss (the backend's loss_add)
+ * and returns 0, instead of reading the losses back to the host, which
+ * waits for the device.  The trainer reads s once a step. */
+void model_set_step_state(Model *m, BackendStepState *s);
+/* Backend memory for that state, in the model's scratch (so in its memory
+ * report and its plan), on the rank that holds the head; NULL elsewhere. */
+BackendStepState *model_step_state(Model *m);
 void model_block_backward(Model *m, int l);
 void model_embed_backward(Model *m);
 float *model_stage_input(Model *m);

@@ -116,6 +116,8 @@ typedef struct {
     float *norm_part; /* [2C] SP: a norm's partial weight/bias gradient */
     float *dwpe_part; /* [T, C] partial position-embedding gradient */
     float *kv_keep;   /* [2hs*(C+1)] replicated kv rows' accumulated gradient */
+    /* head only, first (aligned for its doubles): a BackendStepState */
+    float *step;
 } Scratch;
 
 /* Token ids an activation set keeps per row: its token, its target and its
@@ -133,6 +135,8 @@ typedef struct {
     const int32_t *pos;        /* ids + 2N once model_set_positions gave them, else
                                 * NULL (each sequence one document) */
     int counted;               /* targets >= 0 in it */
+    int ce_fused;              /* its head forward wrote the dlogits too (model_head_fuse) */
+    float ce_scale;            /* with the loss scale ce_scale */
 } ActSet;
 
 struct Model {
@@ -147,9 +151,12 @@ struct Model {
     Dims d;
     int nl; /* local layers: sh.chunk[0].end - sh.chunk[0].begin */
 
-    float *params, *grads; /* [table.numel] each, or NULL when the caller binds */
-    float *host_losses;    /* [N] the head's losses read back (device backends) */
-    LayerParams *lp, *lg;  /* [nl]: parameters, gradients */
+    float *params, *grads;        /* [table.numel] each, or NULL when the caller binds */
+    float *host_losses;           /* [N] the head's losses read back (device backends) */
+    int fuse_next;                /* model_head_fuse: the next head forward fuses its backward */
+    float fuse_scale;             /* with this loss scale */
+    BackendStepState *step_state; /* model_set_step_state, or NULL */
+    LayerParams *lp, *lg;         /* [nl]: parameters, gradients */
     OuterParams op, og;
     GroupOffsets *lo_off; /* [nl] */
     GroupOffsets outer_off;

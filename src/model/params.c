@@ -294,11 +294,11 @@ int params_row_owned(const ParamTable *t, const ParamSpec *p, int64_t r)
     return t->tp_rank % p->kv_share == 0;
 }
 
-double params_grad_sumsq(const ParamTable *t, const Backend *be, const float *g, size_t lo,
-                         size_t hi)
+/* The owned runs of every tensor in [lo, hi), offsets from lo, into a new
+ * array (*n of them), for one backend call over all of them: on a GPU one
+ * reduction, not one per tensor. */
+static BackendRange *owned_ranges(const ParamTable *t, size_t lo, size_t hi, int *count)
 {
-    /* The owned runs of every tensor, then one backend call over all of
-     * them: on a GPU one reduction and one wait, not one per tensor. */
     BackendRange *r = trd_malloc(2 * (size_t)t->n * sizeof *r + 1, "gradient norm ranges");
     int n = 0;
     for (int i = 0; i < t->n; i++) {
@@ -327,9 +327,27 @@ double params_grad_sumsq(const ParamTable *t, const Backend *be, const float *g,
         if (owned)
             r[n++] = (BackendRange){.lo = run - lo, .hi = b - lo};
     }
+    *count = n;
+    return r;
+}
+
+double params_grad_sumsq(const ParamTable *t, const Backend *be, const float *g, size_t lo,
+                         size_t hi)
+{
+    int n;
+    BackendRange *r = owned_ranges(t, lo, hi, &n);
     const double total = n ? be->sumsq_ranges(g, r, n) : 0.0;
     free(r);
     return total;
+}
+
+void params_grad_check(const ParamTable *t, const Backend *be, const float *g, size_t lo, size_t hi,
+                       BackendStepState *state, float clip)
+{
+    int n;
+    BackendRange *r = owned_ranges(t, lo, hi, &n);
+    be->grad_check(state, g, r, n, clip);
+    free(r);
 }
 
 size_t params_count_real(const ModelConfig *m)

@@ -140,6 +140,12 @@ int params_row_owned(const ParamTable *t, const ParamSpec *p, int64_t r);
  * of the whole model's gradient, replicated tensors counted once. */
 double params_grad_sumsq(const ParamTable *t, const Backend *be, const float *g, size_t lo,
                          size_t hi);
+/* The same sum into state->sumsq, with the step's decision from it (the
+ * backend's grad_check, clip the gradient clipping threshold): all of it
+ * in be's memory, for a run whose whole gradient is this rank's (one rank:
+ * no sum over other ranks to wait for). */
+void params_grad_check(const ParamTable *t, const Backend *be, const float *g, size_t lo, size_t hi,
+                       BackendStepState *state, float clip);
 
 /* Parameters of the whole model that actually carry information (padding
  * rows excluded), for reporting and FLOP counts. */

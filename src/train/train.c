@@ -79,10 +79,13 @@ static void print_start(Trainer *tr, const Config *cfg, double peak)
            cfg->training.global_batch, in->n_micro, cfg->training.micro_batch, in->dp,
            cfg->training.global_batch * mc->seq_len, cfg->topology.zero);
     if (in->be->device)
-        printf("backend: %s on %s | MFU against %.1f TFLOP/s | precision %s | comm %s\n",
+        printf("backend: %s on %s | MFU against %.1f TFLOP/s | precision %s | comm %s | "
+               "host waits a step: %s\n",
                in->be->name, in->device, 1e-12 * peak,
                config_precision_name(cfg->training.precision),
-               in->nccl ? "nccl" : "mpi (host staging)");
+               in->nccl ? "nccl" : "mpi (host staging)",
+               in->device_step ? "1 (loss, norm, clip and skip on the device)"
+                               : "1 a micro-batch (loss) + 1 (norm)");
     else
         printf("backend: cpu (%d OpenMP threads per rank), BLAS SGEMM peak %.1f GFLOP/s | "
                "precision %s\n",

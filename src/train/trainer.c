@@ -152,6 +152,43 @@ int trainer_data_seen(Trainer *tr, int steps, TrainerDataset *out)
     return b->n;
 }
 
+/* one_step on one rank with a device backend: the same step with one wait
+ * for the device.  The loss is summed (loss_add), the gradient norm, the
+ * clip factor and the non-finite decision made (grad_check) and AdamW run
+ * or skipped (adamw_ranges reading that decision) all on the device; then
+ * one read of the step's scalars.  The host's guard then sees what the
+ * device saw: a stop ends the run with the parameters not updated, as the
+ * host path stops before the update; a skip takes the step off AdamW's
+ * count, the only host-side state of an update the device did not make. */
+static double device_step(Trainer *tr, int step, double *grad_norm, float *lr, int *skipped)
+{
+    const Config *cfg = tr->cfg;
+    const size_t BT = (size_t)cfg->training.micro_batch * (size_t)cfg->model.seq_len;
+    tr->be->zero(tr->step_dev, sizeof *tr->step_dev);
+    for (int j = 0; j < tr->n_micro; j++) {
+        progress_step(step + 1, j + 1);
+        model_set_positions(trainer_model(tr, 0), tr->pos ? tr->pos + j * BT : NULL);
+        zero_forward_backward(tr->zero, tr->tokens + j * BT, tr->targets + j * BT,
+                              tr->loss_share[j], j == tr->n_micro - 1);
+    }
+    zero_finish_grads(tr->zero);
+    zero_grad_check(tr->zero, tr->step_dev, cfg->training.grad_clip);
+    *lr = schedule_lr(&cfg->training, step);
+    const double t_opt = comm_wtime();
+    zero_optimizer_step(tr->zero, *lr, &cfg->training);
+    tr->be->to_host(tr->step_host, tr->step_dev, sizeof *tr->step_host); /* the step's one wait */
+    const double loss = tr->step_host->loss;
+    *grad_norm = sqrt(tr->step_host->sumsq);
+    *skipped =
+        guard_nonfinite(&tr->guard, &cfg->training, step + 1, loss, *grad_norm, tr->topo.rank);
+    TRD_ASSERT(*skipped == (tr->step_host->skip != 0)); /* the same test on the same values */
+    if (*skipped)
+        zero_optimizer_skipped(tr->zero);
+    else if (trace_active())
+        trace_span("optimizer", TRACE_COMPUTE, t_opt, comm_wtime(), -1, -1, 0);
+    return loss;
+}
+
 /* One optimizer step; returns the mean loss over the global batch. */
 static double one_step(Trainer *tr, int step, double *grad_norm, float *lr, int *skipped,
                        double *data_ms)
@@ -179,6 +216,15 @@ static double one_step(Trainer *tr, int step, double *grad_norm, float *lr, int 
     }
     loss_shares(tr, needs_data);
     *data_ms = 1e3 * (comm_wtime() - t_data);
+    if (tr->step_dev) {
+        const double loss = device_step(tr, step, grad_norm, lr, skipped);
+        if (trace_active()) {
+            char name[32];
+            snprintf(name, sizeof name, "step %d", step + 1);
+            trace_span(name, TRACE_STEP, t_step, comm_wtime(), -1, -1, 0);
+        }
+        return loss;
+    }
     /* The micro-batches' mean losses weighted by their shares: the mean over
      * every counted token of the step, once summed over DP. */
     double loss = 0;
@@ -453,6 +499,11 @@ Trainer *trainer_create(const Config *cfg, Comm world, TrainerMode mode)
                                    sizeof(int32_t),
                                "whole sequences");
     tr->loss_share = trd_malloc((size_t)tr->n_micro * sizeof(float), "loss shares");
+    if (tr->be->device && tr->topo.world == 1 && !tr->pipe) {
+        tr->step_dev = model_step_state(trainer_model(tr, 0));
+        tr->step_host = tr->be->host_alloc(sizeof *tr->step_host, "the step's scalars");
+        model_set_step_state(trainer_model(tr, 0), tr->step_dev);
+    }
     tr->info = (TrainerInfo){.be = tr->be,
                              .topo = &tr->topo,
                              .comms = &tr->comms,
@@ -463,7 +514,8 @@ Trainer *trainer_create(const Config *cfg, Comm world, TrainerMode mode)
                              .has_val = tr->info.has_val,
                              .n_datasets = tr->train_data.n,
                              .device = tr->device,
-                             .nccl = tr->nccl};
+                             .nccl = tr->nccl,
+                             .device_step = tr->step_dev != NULL};
     return tr;
 }
 
@@ -483,6 +535,8 @@ void trainer_destroy(Trainer *tr)
     free(tr->pos);
     free(tr->whole);
     free(tr->loss_share);
+    if (tr->step_dev) /* (step_dev is the model's) */
+        tr->be->host_release(tr->step_host);
     trainer_ckpt_teardown(tr);
     pp_stage_free(tr->pipe);
     zero_free(tr->zero);

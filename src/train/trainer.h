@@ -53,6 +53,8 @@ typedef struct {
     int n_datasets;     /* of the training data: 1, or data.blend's count */
     const char *device; /* device backends: the GPU's name; "" on the CPU */
     int nccl;           /* device buffers go through NCCL */
+    int device_step;    /* the step's loss, norm and update decided on the device: one
+                         * host wait a step (one rank; trainer.c device_step) */
 } TrainerInfo;
 
 /* Build everything for one rank of cfg's layout on world.  cfg must have

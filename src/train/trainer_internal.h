@@ -49,6 +49,10 @@ struct Trainer {
     int steps_taken;       /* trainer_step calls so far */
     uint64_t staged_first; /* staging buffers allocated by the end of the first step */
     NonfiniteGuard guard;  /* training.nonfinite: skipped steps */
+    /* One rank on a device: the step's loss, gradient norm and update
+     * decision kept in device memory and read once, at the step's end
+     * (one_step); NULL otherwise. */
+    BackendStepState *step_dev, *step_host;
 };
 
 /* trainer_device.c */

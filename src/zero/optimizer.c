@@ -74,12 +74,21 @@ void optimizer_step(Optimizer *o, float *params, const float *grads, float lr,
     }
     float *master = o->master ? o->master : params;
     o->be->adamw_ranges(params, master, grads, o->m, o->v, r, n, lr, tc->beta1, tc->beta2, tc->eps,
-                        tc->weight_decay, o->grad_scale, o->t, o->bf16);
+                        tc->weight_decay, o->grad_scale, o->t, o->bf16, o->state);
     free(r);
     o->grad_scale = 1.0f;
+    o->state = NULL;
 }
 
 void optimizer_scale_grads(Optimizer *o, float s) { o->grad_scale *= s; }
+
+void optimizer_use_state(Optimizer *o, const BackendStepState *s) { o->state = s; }
+
+void optimizer_skipped(Optimizer *o)
+{
+    TRD_ASSERT(o->t > 0);
+    o->t--;
+}
 
 size_t optimizer_bytes(const Optimizer *o)
 {

@@ -23,6 +23,7 @@ typedef struct {
     int bf16;          /* params are bf16-rounded copies of master */
     int t;             /* optimizer steps taken (bias correction) */
     float grad_scale;  /* factor of the next step's gradients (optimizer_scale_grads) */
+    const BackendStepState *state; /* the next step's device decision, or NULL */
 } Optimizer;
 
 /* Allocate state for the owned flat range [begin, end).  `params` holds
@@ -44,6 +45,14 @@ void optimizer_step(Optimizer *o, float *params, const float *grads, float lr,
  * and written once more for it; the buffer itself is left unscaled.  The
  * factor returns to 1 after the step. */
 void optimizer_scale_grads(Optimizer *o, float s);
+
+/* The next optimizer_step takes its clip factor and its skip decision
+ * from s (backend memory, written by the backend's grad_check before the
+ * step runs): the host does not wait for the gradient norm.  Once the host
+ * has read s and the step was skipped there, optimizer_skipped takes the
+ * step off the count t, which the device left unchanged with the rest. */
+void optimizer_use_state(Optimizer *o, const BackendStepState *s);
+void optimizer_skipped(Optimizer *o);
 
 size_t optimizer_bytes(const Optimizer *o);
 

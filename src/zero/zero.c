@@ -490,6 +490,8 @@ float zero_forward_backward(Zero *z, const int32_t *tokens, const int32_t *targe
                             float loss_scale, int last_micro)
 {
     const double t0 = comm_wtime();
+    if (z->has_head) /* the backward follows at once: the head may fuse them */
+        model_head_fuse(z->model[0], loss_scale);
     const float loss = zero_forward(z, tokens, targets);
     const double t1 = comm_wtime();
     zero_chunk_backward(z, z->model[0], z->sh.chunk[0], z->has_head, z->has_embed, loss_scale,
@@ -520,6 +522,18 @@ double zero_grad_sumsq(Zero *z)
     comm_allreduce_f64(z->dp, &s, 1);
     return s;
 }
+
+void zero_grad_check(Zero *z, BackendStepState *state, float clip)
+{
+    TRD_ASSERT(z->dp->size == 1); /* the whole gradient is this rank's */
+    if (z->stage == 0)
+        params_grad_check(z->t, z->be, z->grads, 0, z->P, state, clip);
+    else
+        params_grad_check(z->t, z->be, z->gshard, z->own_lo, z->own_hi, state, clip);
+    optimizer_use_state(&z->opt, state);
+}
+
+void zero_optimizer_skipped(Zero *z) { optimizer_skipped(&z->opt); }
 
 void zero_scale_grads(Zero *z, float s) { optimizer_scale_grads(&z->opt, s); }
 

@@ -109,6 +109,14 @@ void zero_finish_grads(Zero *z);
  * owner only): summed over the model-parallel group it is the whole
  * model's. */
 double zero_grad_sumsq(Zero *z);
+/* One rank holding the whole gradient (dp 1, no other model-parallel
+ * rank): the gradient norm and the step's decision in backend memory
+ * (params_grad_check into state), and the next zero_optimizer_step takes
+ * its clip factor and skip decision from there, without the host waiting
+ * (optimizer_use_state).  zero_optimizer_skipped: the host read a skip
+ * decision after the step (optimizer_skipped). */
+void zero_grad_check(Zero *z, BackendStepState *state, float clip);
+void zero_optimizer_skipped(Zero *z);
 /* Clipping: the next zero_optimizer_step reads the gradients times s
  * (applied inside its AdamW pass: optimizer_scale_grads). */
 void zero_scale_grads(Zero *z, float s);

@@ -34,6 +34,11 @@ typedef struct Model Model;
 
 /* Build a model for this shard and micro-batch size B (sequences of
  * cfg->model.seq_len).  Parameters are initialised from cfg->run.seed. */
+/* The RoPE frequencies of a model config, computed once per model and
+ * passed to the rope ops (arch llama; scaling only with
+ * model.rope_scaling). */
+RopeFreq model_rope_freq(const ModelConfig *mc);
+
 Model *model_create(const Config *cfg, const Backend *be, const ParamShard *sh, int B);
 void model_free(Model *m);
 

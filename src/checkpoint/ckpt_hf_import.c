@@ -659,11 +659,13 @@ static int read_rope_scaling(const cJSON *doc, const char *path, ModelConfig *m,
         return TRD_EXIT_INPUT;
     }
     m->rope_scaling = ROPE_SCALING_LLAMA3;
-    int code = cfg_num(rs, path, "factor", -1, &m->rope_factor, err);
-    code = code ? code : cfg_num(rs, path, "low_freq_factor", -1, &m->rope_low_freq_factor, err);
-    code = code ? code : cfg_num(rs, path, "high_freq_factor", -1, &m->rope_high_freq_factor, err);
+    char where[CKPT_FILE_PATH + 64];
+    snprintf(where, sizeof where, "%s: rope_scaling", path);
+    int code = cfg_num(rs, where, "factor", -1, &m->rope_factor, err);
+    code = code ? code : cfg_num(rs, where, "low_freq_factor", -1, &m->rope_low_freq_factor, err);
+    code = code ? code : cfg_num(rs, where, "high_freq_factor", -1, &m->rope_high_freq_factor, err);
     code = code ? code
-                : cfg_int(rs, path, "original_max_position_embeddings", -1,
+                : cfg_int(rs, where, "original_max_position_embeddings", -1,
                           &m->rope_original_max_position_embeddings, err);
     if (!code && !(m->rope_factor >= 1 && m->rope_high_freq_factor > m->rope_low_freq_factor)) {
         ckpt_err(err,

@@ -15,7 +15,9 @@
 #   collectives and point-to-point);
 #   tp 2 with sequence parallelism (GPT-2) and with split kv heads (Llama),
 #   and tp 2 x pp 2;
-# packed documents (data.document_mask), Llama;
+# packed documents (data.document_mask), Llama, also with context
+# parallelism (cp 2: the K/V all-gather and gradient reduce-scatter of
+# device buffers, merged attention blocks);
 # a checkpoint saved by a CUDA run resumes bit for bit on CUDA and on the
 # CPU within the same tolerance; the device memory peak equals the report
 # (one rank, and rank 0 of an interleaved pipeline);
@@ -144,6 +146,8 @@ docs=(--set data.document_mask=true --set data.eot=13)
 run llama_docs 1 "${llama[@]}" "${docs[@]}"
 run llama_docs_cuda 1 "${llama[@]}" "${docs[@]}" "${cuda[@]}"
 compare llama_docs llama_docs_cuda "$TOL"
+run llama_docs_cp2_cuda 2 "${llama[@]}" "${docs[@]}" --set topology.cp=2 "${cuda[@]}"
+compare llama_docs llama_docs_cp2_cuda "$TOL"
 
 run llama_full 1 "${llama[@]}" --set training.recompute=full
 run llama_full_cuda 1 "${llama[@]}" --set training.recompute=full "${cuda[@]}"

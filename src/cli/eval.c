@@ -196,7 +196,7 @@ int eval_main(int argc, char **argv)
     snprintf(cfg.data.path, sizeof cfg.data.path, "%s", a.data);
     snprintf(cfg.data.val_path, sizeof cfg.data.val_path, "%s", a.data);
     cfg.data.blend[0] = cfg.data.val_blend[0] = '\0'; /* the run's blend: not evaluated */
-    const int mp = cfg.topology.tp * cfg.topology.pp;
+    const int mp = cfg.topology.tp * cfg.topology.pp * cfg.topology.cp;
     const int dp = cfg.topology.dp > 0 ? cfg.topology.dp : (mp > 0 ? world.size / mp : 1);
     cfg.training.micro_batch = (int)a.micro;
     cfg.training.global_batch = (int)a.micro * (dp > 0 ? dp : 1);

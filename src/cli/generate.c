@@ -240,7 +240,7 @@ static Model *load_model(const char *step, const GenArgs *a, Config *cfg, const 
     if (config_load(cfg, path, err) != 0)
         trd_fatal(TRD_EXIT_INPUT, NULL, "%s", err);
     /* One rank, whatever layout saved it: the checkpoint is global. */
-    cfg->topology.tp = cfg->topology.pp = cfg->topology.dp = 1;
+    cfg->topology.tp = cfg->topology.pp = cfg->topology.dp = cfg->topology.cp = 1;
     cfg->topology.zero = 0;
     cfg->topology.virtual_stages = 1;
     cfg->topology.stage_layers[0] = 0;

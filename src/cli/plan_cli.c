@@ -115,12 +115,20 @@ static void print_layout(FILE *f, const Config *cfg, const PlanCluster *c, const
             config_arch_name(mc->arch), mc->layers, mc->hidden, mc->heads, mc->kv_heads,
             mc->ffn_hidden, mc->vocab, params_padded_vocab(mc, r->tp), mc->seq_len,
             1e-9 * (double)params_count_real(mc));
+    char cp[32] = "";
+    if (r->cp > 1)
+        snprintf(cp, sizeof cp, " x cp %d", r->cp);
     fprintf(f,
-            "layout: tp %d (%s) x pp %d (%s) x dp %d (%s) = %d GPUs | zero %d | %s schedule, "
+            "layout: tp %d (%s) x pp %d (%s) x dp %d (%s)%s = %d GPUs | zero %d | %s schedule, "
             "virtual stages %d | sequence parallel %s | recompute %s\n",
             r->tp, plan_link_name(r->tp_link), r->pp, plan_link_name(r->pp_link), r->dp,
-            plan_link_name(r->dp_link), r->world, r->zero, pp_schedule_name(r->schedule),
+            plan_link_name(r->dp_link), cp, r->world, r->zero, pp_schedule_name(r->schedule),
             r->virtual_stages, r->sp ? "on" : "off", recompute_name(r->recompute));
+    if (r->cp > 1)
+        fprintf(f,
+                "context parallel: cp %d (%s), each rank holding %d of every sequence's %d "
+                "tokens; gradients and ZeRO over dp x cp = %d ranks\n",
+                r->cp, plan_link_name(r->cp_link), mc->seq_len / r->cp, mc->seq_len, r->dp * r->cp);
     fprintf(f, "batch: global %d = micro_batch %d x %d micro-batches x dp %d | %d tokens/step\n",
             r->global_batch, r->micro_batch, r->n_micro, r->dp, r->global_batch * mc->seq_len);
     fprintf(f,
@@ -170,25 +178,32 @@ static void print_comm(FILE *f, const PlanResult *r)
     print_bytes_row(f, "tp", r->tp, r->tp_link, r->tp_bytes,
                     r->sp ? "all-gather/reduce-scatter per layer" : "all-reduce per layer");
     print_bytes_row(f, "pp", r->pp, r->pp_link, r->pp_bytes, "activations and their gradients");
-    print_bytes_row(f, "dp", r->dp, r->dp_link, r->dp_bytes,
+    print_bytes_row(f, r->cp > 1 ? "dp x cp" : "dp", r->dp * r->cp, r->dp_link, r->dp_bytes,
                     r->zero <= 1 ? "gradient buckets (+ parameter all-gather with zero 1)"
                                  : "per-micro-batch reduce-scatter (+ gathers)");
     if (r->embed_bytes > 0)
         print_bytes_row(f, "embed", 2, r->pp_link, r->embed_bytes, "tied embedding all-reduce");
+    if (r->cp > 1)
+        print_bytes_row(f, "cp", r->cp, r->cp_link, r->cp_bytes,
+                        "K/V all-gathers (2) and gradient reduce-scatter per layer");
 }
 
 static void print_time(FILE *f, const PlanCluster *c, const PlanResult *r)
 {
-    double t_c = 0, t_tp = 0, t_p2p = 0;
+    double t_c = 0, t_tp = 0, t_p2p = 0, t_cp = 0;
     for (int k = 0; k < r->pp; k++)
-        if (r->st[k].t_mb > t_c + t_tp + t_p2p) {
+        if (r->st[k].t_mb > t_c + t_tp + t_p2p + t_cp) {
             t_c = r->st[k].t_compute;
             t_tp = r->st[k].t_tp;
             t_p2p = r->st[k].t_p2p;
+            t_cp = r->st[k].t_cp;
         }
     fprintf(f,
-            "\ntime per micro-batch (slowest stage): compute %.2f ms, TP %.2f ms, PP p2p %.2f ms\n",
+            "\ntime per micro-batch (slowest stage): compute %.2f ms, TP %.2f ms, PP p2p %.2f ms",
             1e3 * t_c, 1e3 * t_tp, 1e3 * t_p2p);
+    if (r->cp > 1)
+        fprintf(f, ", CP %.2f ms (counted as exposed)", 1e3 * t_cp);
+    fputc('\n', f);
     fprintf(f, "pipeline bubble: %.1f%% of the pipeline phase (pp %d, %d micro-batches, v %d)\n",
             100 * r->bubble, r->pp, r->n_micro, r->virtual_stages);
     fprintf(f, "step: %.3f s = pipeline %.3f + DP exposed and optimizer %.3f + embedding %.3f\n",
@@ -254,11 +269,16 @@ static void print_search(const Config *cfg, const PlanCluster *c, int top)
            1e-9 * (double)params_count_real(&cfg->model));
     printf("search: %d valid layouts evaluated, %d fit; best %d by estimated tokens/s:\n\n", tried,
            fit, n < top ? n : top);
-    printf("  #  tp  pp   dp zero mb  v recompute  GiB/GPU   step s   tokens/s    MFU  why\n");
+    const int cp = plan_search_cp(cfg); /* a cp column, for long sequences */
+    printf("  #  tp  pp   dp%s zero mb  v recompute  GiB/GPU   step s   tokens/s    MFU  why\n",
+           cp ? "  cp" : "");
     for (int i = 0; i < n; i++) {
         const PlanResult *r = &best[i].r;
-        printf("%3d %3d %3d %4d %4d %2d %2d %-9s %8.1f %8.3f %10.0f %5.1f%%  %s%s\n", i + 1, r->tp,
-               r->pp, r->dp, r->zero, r->micro_batch, r->virtual_stages,
+        char cpcol[16] = "";
+        if (cp)
+            snprintf(cpcol, sizeof cpcol, " %3d", r->cp);
+        printf("%3d %3d %3d %4d%s %4d %2d %2d %-9s %8.1f %8.3f %10.0f %5.1f%%  %s%s\n", i + 1,
+               r->tp, r->pp, r->dp, cpcol, r->zero, r->micro_batch, r->virtual_stages,
                recompute_name(r->recompute), r->st[r->worst].total / GIB, r->t_step,
                r->tokens_per_s, 100 * r->mfu, r->fits ? "" : "DOES NOT FIT: ", best[i].why);
     }
@@ -295,14 +315,14 @@ int plan_main(int argc, char **argv)
     if (a.cluster && cluster_load(a.cluster, &c, err) != 0)
         trd_fatal(TRD_EXIT_INPUT, "see docs/plan.md for the cluster keys and presets", "%s", err);
     const TopologyConfig *t = &cfg.topology;
-    int world = t->dp > 0 ? t->tp * t->pp * t->dp : 0;
+    int world = t->dp > 0 ? t->tp * t->pp * t->cp * t->dp : 0;
     if (a.search && !a.cluster)
         trd_fatal(TRD_EXIT_INPUT, "e.g. --cluster a100-80gb:16x8",
                   "--search needs --cluster: it lays out the whole cluster");
     if (a.search || (!world && a.cluster))
         world = cluster_gpus(&c);
     if (!world) { /* dp auto and no cluster: the one data-parallel replica of tp x pp */
-        world = t->tp * t->pp;
+        world = t->tp * t->pp * t->cp;
         fprintf(stderr,
                 "plan: topology.dp is auto and no --cluster: planning dp 1 (%d ranks); "
                 "give --cluster or --set topology.dp=N for another world\n",

@@ -101,7 +101,7 @@ static int world_of(const Args *a, const Config *cfg)
     if (t->dp == 0)
         trd_fatal(TRD_EXIT_INPUT, "e.g. trident topology CONFIG --world 16 --ranks-per-node 8",
                   "topology.dp is auto, so the world size is not known; give --world N");
-    return t->tp * t->pp * t->dp;
+    return t->tp * t->pp * t->cp * t->dp;
 }
 
 /* The pipeline schedule of every stage of cfg (validated, so dp is known),

@@ -30,7 +30,7 @@ static void usage_run(FILE *f)
 {
     fprintf(f, "usage: trident run CONFIG [-n WORLD] [--set key.path=value ...]\n\n"
                "Launches `mpiexec -n WORLD trident train CONFIG ...` on this machine.\n"
-               "WORLD defaults to topology.tp * topology.pp * topology.dp of the config\n"
+               "WORLD defaults to topology.tp * pp * cp * dp of the config\n"
                "(dp must then be a number, not auto).\n"
                "  --set key.path=value   override one config key (repeatable)\n"
                "Exit codes: 0 success, 2 bad input, 1 runtime failure (any rank's crash\n"
@@ -89,7 +89,7 @@ int run_main(int argc, char **argv)
         if (cfg.topology.dp == 0)
             trd_fatal(TRD_EXIT_INPUT, "pass -n WORLD or set topology.dp to a number",
                       "topology.dp is auto, so the world size is unknown");
-        world = cfg.topology.tp * cfg.topology.pp * cfg.topology.dp;
+        world = cfg.topology.tp * cfg.topology.pp * cfg.topology.cp * cfg.topology.dp;
     }
     /* The world-dependent rules too, before anything is launched: a bad
      * layout is one message and exit 2, not one per rank. */

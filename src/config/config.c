@@ -121,6 +121,7 @@ static const KeyDesc KEYS[] = {
 
     KEY(topology, tp, K_INT),
     KEY(topology, pp, K_INT),
+    KEY(topology, cp, K_INT),
     KEY(topology, dp, K_INT_AUTO),
     KEY(topology, zero, K_INT),
     KEY(topology, ranks_per_node, K_INT_AUTO),
@@ -612,6 +613,7 @@ void config_defaults(Config *cfg)
     TopologyConfig *t = &cfg->topology;
     t->tp = 1;
     t->pp = 1;
+    t->cp = 1;
     t->schedule = SCHED_1F1B;
     t->virtual_stages = 1;
     strcpy(t->order, "tp-dp-pp");

@@ -67,7 +67,8 @@ typedef struct {
 
 typedef struct {
     int tp, pp;
-    int dp;             /* 0 means "auto": world / (tp*pp) */
+    int cp;             /* context parallel: ranks sharing each sequence (default 1) */
+    int dp;             /* 0 means "auto": world / (tp*cp*pp) */
     int zero;           /* 0..3 */
     int ranks_per_node; /* 0 means "auto" */
     int sequence_parallel;

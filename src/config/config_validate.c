@@ -95,6 +95,7 @@ static int check_ranges(Checker *c)
         {"model.seq_len", m->seq_len, 1},
         {"topology.tp", t->tp, 1},
         {"topology.pp", t->pp, 1},
+        {"topology.cp", t->cp, 1},
         {"topology.dp", t->dp, 0},
         {"topology.zero", t->zero, 0},
         {"topology.ranks_per_node", t->ranks_per_node, 0},
@@ -175,12 +176,13 @@ static int check_optimizer(Checker *c)
         return verr(c, "training.weight_decay", "training.weight_decay (%g) must be >= 0",
                     tr->weight_decay);
     const TopologyConfig *t = &c->cfg->topology;
-    if (tr->sample_every > 0 && (t->tp > 1 || t->pp > 1 || t->zero == 3))
+    if (tr->sample_every > 0 && (t->tp > 1 || t->pp > 1 || t->cp > 1 || t->zero == 3))
         return verr(c, "training.sample_every",
-                    "training.sample_every needs the whole model on "
-                    "rank 0 (topology.tp 1, topology.pp 1, topology.zero 0-2); here tp %d, pp %d, "
-                    "zero %d: sample from a checkpoint with `trident generate` instead",
-                    t->tp, t->pp, t->zero);
+                    "training.sample_every needs the whole model and whole sequences on "
+                    "rank 0 (topology.tp 1, topology.pp 1, topology.cp 1, topology.zero 0-2); "
+                    "here tp %d, pp %d, cp %d, zero %d: sample from a checkpoint with `trident "
+                    "generate` instead",
+                    t->tp, t->pp, t->cp, t->zero);
     if (tr->sample_every > 0 && c->cfg->model.vocab != 50257 && c->cfg->model.vocab != 257)
         return verr(c, "training.sample_every",
                     "training.sample_every decodes with the GPT-2 "
@@ -375,21 +377,24 @@ static int check_world(Checker *c, Config *cfg, int world)
 {
     TopologyConfig *t = &cfg->topology;
     const TrainingConfig *tr = &cfg->training;
-    long long mp = (long long)t->tp * t->pp;
+    long long mp = (long long)t->tp * t->pp * t->cp;
+    char what[64]; /* "topology.tp (2) x topology.pp (1)", with cp when > 1 */
+    int n = snprintf(what, sizeof what, "topology.tp (%d) x topology.pp (%d)", t->tp, t->pp);
+    if (t->cp > 1)
+        snprintf(what + n, sizeof what - (size_t)n, " x topology.cp (%d)", t->cp);
     if (world > 0) {
         if (t->dp == 0) {
             if (world % mp)
                 return verr(c, "topology.tp",
-                            "the world size %d is not divisible by topology.tp (%d) x "
-                            "topology.pp (%d) = %lld; launch a multiple of %lld ranks",
-                            world, t->tp, t->pp, mp, mp);
+                            "the world size %d is not divisible by %s = %lld; launch a "
+                            "multiple of %lld ranks",
+                            world, what, mp, mp);
             t->dp = (int)(world / mp);
         } else if (mp * t->dp != world) {
             return verr(c, "topology.dp",
-                        "topology.tp (%d) x topology.pp (%d) x topology.dp (%d) = %lld but "
-                        "the world size is %d; set dp: auto or launch %lld rank%s",
-                        t->tp, t->pp, t->dp, mp * t->dp, world, mp * t->dp,
-                        mp * t->dp == 1 ? "" : "s");
+                        "%s x topology.dp (%d) = %lld but the world size is %d; set dp: auto "
+                        "or launch %lld rank%s",
+                        what, t->dp, mp * t->dp, world, mp * t->dp, mp * t->dp == 1 ? "" : "s");
         }
     }
     if (t->dp == 0) /* dp unknown (no world yet): micro_batch auto waits for it */

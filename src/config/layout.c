@@ -95,7 +95,7 @@ int layout_check_model(const ModelConfig *m, LayoutError *e)
     return layout_check_rope_scaling(m, e);
 }
 
-int layout_check_tp(const ModelConfig *m, int tp, int sequence_parallel, int micro_batch,
+int layout_check_tp(const ModelConfig *m, int tp, int sequence_parallel, int cp, int micro_batch,
                     LayoutError *e)
 {
     char d[256];
@@ -119,7 +119,14 @@ int layout_check_tp(const ModelConfig *m, int tp, int sequence_parallel, int mic
                     "model.ffn_hidden (%d) must be divisible by topology.tp "
                     "(%d)",
                     m->ffn_hidden, tp);
-    const long long rows = (long long)(micro_batch > 0 ? micro_batch : 1) * m->seq_len;
+    /* a rank's token rows: its 1/cp of every sequence */
+    const long long rows = (long long)(micro_batch > 0 ? micro_batch : 1) * m->seq_len / cp;
+    if (sequence_parallel && tp > 1 && rows % tp && cp > 1)
+        return fail(e, "model.seq_len",
+                    "model.seq_len (%d) / topology.cp (%d) must be divisible by topology.tp "
+                    "(%d) with topology.sequence_parallel (each tp rank holds a slice of the "
+                    "token rows); change seq_len or turn it off",
+                    m->seq_len, cp, tp);
     if (sequence_parallel && tp > 1 && rows % tp)
         return fail(e, "model.seq_len",
                     "model.seq_len (%d) must be divisible by topology.tp "
@@ -176,6 +183,26 @@ static int check_stages(const ModelConfig *m, const TopologyConfig *t, LayoutErr
     return 0;
 }
 
+/* Context parallelism: every sequence is cut into 2 cp chunks and cp rank
+ * r holds chunks r and 2cp-1-r (docs/context_parallel.md). */
+static int check_cp(const ModelConfig *m, const TopologyConfig *t, LayoutError *e)
+{
+    if (t->cp < 1)
+        return fail(e, "topology.cp", "topology.cp (%d) must be >= 1 (1: no context parallelism)",
+                    t->cp);
+    if (t->cp > 1 && m->seq_len % (2 * t->cp)) {
+        char d[256];
+        trd_divisors(m->seq_len % 2 ? 1 : m->seq_len / 2, d, sizeof d);
+        return fail(e, "topology.cp",
+                    "model.seq_len (%d) must be divisible by 2 x topology.cp (%d): each cp "
+                    "rank holds two chunks of seq_len / (2 cp) positions, one early and one "
+                    "late, so that the causal attention work is even; use cp one of %s, or a "
+                    "seq_len that is a multiple of %d",
+                    m->seq_len, t->cp, d, 2 * t->cp);
+    }
+    return 0;
+}
+
 /* What the engine does not run, though each setting alone is fine. */
 static int check_refused(const ModelConfig *m, const TopologyConfig *t, LayoutError *e)
 {
@@ -203,8 +230,8 @@ static int check_refused(const ModelConfig *m, const TopologyConfig *t, LayoutEr
 
 int layout_check(const ModelConfig *m, const TopologyConfig *t, LayoutError *e)
 {
-    if (layout_check_model(m, e) || check_stages(m, t, e) ||
-        layout_check_tp(m, t->tp, t->sequence_parallel, 0, e) || check_refused(m, t, e))
+    if (layout_check_model(m, e) || check_stages(m, t, e) || check_cp(m, t, e) ||
+        layout_check_tp(m, t->tp, t->sequence_parallel, t->cp, 0, e) || check_refused(m, t, e))
         return -1;
     return 0;
 }

@@ -22,8 +22,9 @@ int layout_check_model(const ModelConfig *m, LayoutError *e);
 
 /* The model split over tp ranks: heads, kv heads (split or replicated) and
  * ffn_hidden; with sequence parallelism the token rows of a micro-batch of
- * micro_batch sequences (0: of any micro-batch, i.e. of one sequence). */
-int layout_check_tp(const ModelConfig *m, int tp, int sequence_parallel, int micro_batch,
+ * micro_batch sequences (0: of any micro-batch, i.e. of one sequence), of
+ * which a rank holds 1/cp. */
+int layout_check_tp(const ModelConfig *m, int tp, int sequence_parallel, int cp, int micro_batch,
                     LayoutError *e);
 
 /* A whole layout: the model, tp, the pipeline's stages and virtual stages,

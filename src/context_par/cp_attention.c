@@ -11,6 +11,14 @@ static size_t width(const CpAttention *a) { return (size_t)(a->H + 2 * a->KVH) *
 /* Floats of one rank's two chunks of qkv rows. */
 static size_t rank_elems(const CpAttention *a) { return 2 * chunk_rows(a) * width(a); }
 
+size_t cp_attention_bytes(int cp, int B, int L, int H, int KVH, int hs)
+{
+    if (cp <= 1)
+        return 0;
+    return 2 * (size_t)cp * 2 * (size_t)B * (size_t)L * (size_t)(H + 2 * KVH) * (size_t)hs *
+           sizeof(float);
+}
+
 void cp_attention_init(CpAttention *a, const Backend *be, Comm *cp, int B, int L, int H, int KVH,
                        int hs)
 {
@@ -26,6 +34,27 @@ void cp_attention_free(CpAttention *a)
     a->be->release(a->kv);
     a->be->release(a->dkv);
     a->kv = a->dkv = NULL;
+    a->gathered = NULL;
+}
+
+/* Every rank's rows of qkv into a->kv, started (finish_gather waits). */
+static CommHandle start_gather(CpAttention *a, const float *qkv)
+{
+    const size_t n = rank_elems(a), cp = (size_t)a->cp->size;
+    float *mine = a->kv + (size_t)a->cp->rank * n;
+    a->be->copy(mine, qkv, n * sizeof(float));
+    const double t0 = comm_wtime();
+    CommHandle h = comm_iallgather_range_f32(a->cp, mine, a->kv, 0, cp * n, n);
+    a->comm_s += comm_wtime() - t0;
+    a->gathered = qkv;
+    return h;
+}
+
+static void finish_gather(CpAttention *a, CommHandle *h)
+{
+    const double t0 = comm_wtime();
+    comm_wait(h);
+    a->comm_s += comm_wtime() - t0;
 }
 
 /* The arguments of query chunk c of this rank against chunk d of rank s. */
@@ -51,25 +80,42 @@ static const float *kv_block(const CpAttention *a, const float *all, int s, int 
     return all + ((size_t)s * 2 + (size_t)d) * chunk_rows(a) * width(a);
 }
 
+/* The key/value rows of rank s's chunk d: this rank's own from qkv (usable
+ * while the gather is in flight), the others' from the gathered all. */
+static const float *kv_rows(const CpAttention *a, const float *all, const float *qkv, int s, int d)
+{
+    if (s == a->cp->rank)
+        return qkv + (size_t)d * chunk_rows(a) * width(a);
+    return kv_block(a, all, s, d);
+}
+
+/* Each query chunk attends to the key chunks at or before it.  The blocks
+ * whose keys this rank holds run first, while the other ranks' rows are
+ * gathered (pass 0), the rest once they are here (pass 1); the log-sum-exp
+ * merge makes the order immaterial up to rounding. */
 void cp_attention_forward(CpAttention *a, float *out, float *lse, const float *qkv,
                           const int32_t *pos)
 {
     const int cp = a->cp->size, r = a->cp->rank;
-    const size_t n = rank_elems(a);
-    a->be->copy(a->kv + (size_t)r * n, qkv, n * sizeof(float));
-    comm_allgather_block_f32(a->cp, a->kv, n);
+    CommHandle h = start_gather(a, qkv);
     const size_t qn = chunk_rows(a) * width(a), on = chunk_rows(a) * (size_t)a->H * a->hs;
-    for (int c = 0; c < 2; c++) {
-        /* key chunks in order of position, up to this query chunk's own */
-        for (int k = 0; k <= cp_chunk(cp, r, c); k++) {
-            int s, d;
-            owner_of(cp, k, &s, &d);
-            AttnArgs x = block_args(a, c, s, d, pos);
-            x.merge = k > 0;
-            a->be->attention_forward(out + (size_t)c * on,
-                                     lse + (size_t)c * (size_t)a->B * a->H * a->L, qkv + c * qn,
-                                     kv_block(a, a->kv, s, d), &x);
-        }
+    const size_t ln = (size_t)a->B * a->H * a->L;
+    int first[2] = {1, 1};
+    for (int pass = 0; pass < 2; pass++) {
+        if (pass == 1)
+            finish_gather(a, &h);
+        for (int c = 0; c < 2; c++)
+            for (int k = 0; k <= cp_chunk(cp, r, c); k++) {
+                int s, d;
+                owner_of(cp, k, &s, &d);
+                if ((s == r) != (pass == 0))
+                    continue;
+                AttnArgs x = block_args(a, c, s, d, pos);
+                x.merge = !first[c];
+                first[c] = 0;
+                a->be->attention_forward(out + c * on, lse + c * ln, qkv + c * qn,
+                                         kv_rows(a, a->kv, qkv, s, d), &x);
+            }
     }
 }
 
@@ -79,19 +125,29 @@ void cp_attention_backward(CpAttention *a, float *dqkv, const float *dout, const
     const int cp = a->cp->size, r = a->cp->rank;
     const size_t n = rank_elems(a);
     const size_t qn = chunk_rows(a) * width(a), on = chunk_rows(a) * (size_t)a->H * a->hs;
-    /* a->kv still holds the gathered rows of the forward just before */
+    const size_t ln = (size_t)a->B * a->H * a->L;
+    /* the rows gathered again unless the last forward was this layer's */
+    const int again = a->gathered != qkv;
+    CommHandle h = again ? start_gather(a, qkv) : comm_handle_none();
     a->be->zero(a->dkv, (size_t)cp * n * sizeof(float));
-    for (int c = 0; c < 2; c++)
-        for (int k = 0; k <= cp_chunk(cp, r, c); k++) {
-            int s, d;
-            owner_of(cp, k, &s, &d);
-            const AttnArgs x = block_args(a, c, s, d, pos);
-            a->be->attention_backward(dqkv + c * qn, (float *)kv_block(a, a->dkv, s, d),
-                                      dout + c * on, qkv + c * qn, kv_block(a, a->kv, s, d),
-                                      out + c * on, lse + (size_t)c * (size_t)a->B * a->H * a->L,
-                                      &x);
-        }
+    for (int pass = 0; pass < 2; pass++) {
+        if (pass == 1 && again)
+            finish_gather(a, &h);
+        for (int c = 0; c < 2; c++)
+            for (int k = 0; k <= cp_chunk(cp, r, c); k++) {
+                int s, d;
+                owner_of(cp, k, &s, &d);
+                if ((s == r) != (pass == 0))
+                    continue;
+                const AttnArgs x = block_args(a, c, s, d, pos);
+                a->be->attention_backward(dqkv + c * qn, (float *)kv_block(a, a->dkv, s, d),
+                                          dout + c * on, qkv + c * qn, kv_rows(a, a->kv, qkv, s, d),
+                                          out + c * on, lse + c * ln, &x);
+            }
+    }
     /* every rank's key and value gradients of my rows, summed, into dkv[0, n) */
+    const double t0 = comm_wtime();
     comm_reduce_scatter_block_f32(a->cp, a->dkv, n);
+    a->comm_s += comm_wtime() - t0;
     a->be->accumulate(dqkv, a->dkv, n);
 }

@@ -12,15 +12,22 @@
  * context): every rank gathers the group's qkv rows once per layer, then
  * attends each of its query chunks to every key chunk at or before it,
  * merging by log-sum-exp in order of position (AttnArgs.merge).  Backward
- * recomputes nothing across ranks: each rank's key/value gradients for
- * every chunk are reduce-scattered back to their owners.  Exact: the
- * result equals one rank's attention over the whole sequence up to the
- * order of sums (tests/test_cp.c).
+ * needs the gathered rows again: it reuses them when they are still those
+ * of its qkv (the layer's forward just before: a single layer, or
+ * recomputation), else gathers them once more, since keeping every layer's
+ * gathered rows would cost cp x the layer's qkv activations.  Each rank's
+ * key/value gradients for every chunk are then reduce-scattered back to
+ * their owners.  Exact: the result equals one rank's attention over the
+ * whole sequence up to the order of sums (tests/test_cp.c).
  *
- * Bytes a rank sends per layer (ring algorithms): forward all-gather and
- * backward reduce-scatter of n = B * 2L * (H+2KVH) * hs floats each, (cp-1) n
- * each way.  The gathered rows are whole qkv rows; gathering only the key
- * and value heads (AttnArgs.kv_packed) cuts that by (H+2KVH) / (2KVH). */
+ * Bytes a rank sends per layer (ring algorithms), n = B * 2L * (H+2KVH) * hs
+ * floats: (cp-1) n for the forward all-gather, (cp-1) n for the backward's
+ * reduce-scatter, and (cp-1) n for the backward's all-gather when it
+ * gathers again: in a model of L layers without recompute, every layer's
+ * backward but the last one's, (3L-1) (cp-1) n per micro-batch; with
+ * recompute, or a pipeline that runs other micro-batches in between,
+ * 3L (cp-1) n.  The gathered rows are whole qkv rows; gathering only the key
+ * and value heads (AttnArgs.kv_packed) would cut that by (H+2KVH) / (2KVH). */
 #ifndef TRD_CONTEXT_PAR_CP_ATTENTION_H
 #define TRD_CONTEXT_PAR_CP_ATTENTION_H
 
@@ -31,9 +38,14 @@ typedef struct {
     const Backend *be;
     Comm *cp;
     int B, L, H, KVH, hs;
-    float *kv;  /* [cp][2][B*L][width]: every rank's qkv rows, gathered */
-    float *dkv; /* the same shape: key and value gradients for every rank's rows */
+    float *kv;             /* [cp][2][B*L][width]: every rank's qkv rows, gathered */
+    float *dkv;            /* the same shape: key and value gradients for every rank's rows */
+    const float *gathered; /* the qkv whose rows kv holds (backward re-gathers others) */
+    double comm_s;         /* seconds in the exchange so far (the caller resets it) */
 } CpAttention;
+
+/* Bytes of the two buffers for a group of cp (0 when cp is 1). */
+size_t cp_attention_bytes(int cp, int B, int L, int H, int KVH, int hs);
 
 /* The chunk (0 .. 2cp-1) that rank r's local chunk c (0 or 1) is. */
 static inline int cp_chunk(int cp, int r, int c) { return c == 0 ? r : 2 * cp - 1 - r; }

@@ -139,9 +139,12 @@ static Dims make_dims(const Model *m, int B)
     const int tp = m->sh.tp;
     Dims d = {0};
     d.gpt2 = mc->arch == ARCH_GPT2;
-    d.B = B;
-    d.T = mc->seq_len;
-    d.N = B * mc->seq_len;
+    /* Context parallel: this rank's two chunks of each sequence, chunk-major
+     * ([2][B][T/(2cp)], the layout of cp_attention.h), as 2B short sequences. */
+    d.B = m->cp > 1 ? 2 * B : B;
+    d.T = m->cp > 1 ? mc->seq_len / (2 * m->cp) : mc->seq_len;
+    d.Tw = mc->seq_len;
+    d.N = d.B * d.T;
     d.Ns = tp_stream_rows(&m->tp, d.N);
     d.C = mc->hidden;
     d.hs = mc->hidden / mc->heads;
@@ -287,7 +290,7 @@ static void carve_scratch(Model *m, Carver *c)
     m->s.dfc_act = take(c, blocks ? NF : 0);
     m->s.full = take(c, tp ? NC : 0);
     m->s.norm_part = take(c, tp_sequence_parallel(&m->tp) ? 2 * (size_t)d->C : 0);
-    m->s.dwpe_part = take(c, tp && d->gpt2 && m->sh.has_embed ? (size_t)d->T * (size_t)d->C : 0);
+    m->s.dwpe_part = take(c, tp && d->gpt2 && m->sh.has_embed ? (size_t)d->Tw * (size_t)d->C : 0);
     const size_t kv_rows = 2 * (size_t)d->hs;
     m->s.kv_keep = take(c, blocks && m->tp.kv_share > 1 ? kv_rows * (size_t)(d->C + 1) : 0);
 }
@@ -310,13 +313,13 @@ static void check_config(const ModelConfig *mc, int B)
 
 /* The layout rules (config/layout.h), for models built without a
  * validated config. */
-static void check_tp(const ModelConfig *mc, const ParamShard *sh, int sp, int B)
+static void check_tp(const ModelConfig *mc, const ParamShard *sh, int sp, int cp, int B)
 {
     const char *hint = "check model and topology.tp (see docs/config.md)";
     LayoutError e;
     if (sh->tp_rank < 0 || sh->tp_rank >= sh->tp)
         trd_fatal(TRD_EXIT_INPUT, hint, "model: tp rank %d of %d", sh->tp_rank, sh->tp);
-    if (layout_check_tp(mc, sh->tp, sp, B, &e) != 0)
+    if (layout_check_tp(mc, sh->tp, sp, cp, B, &e) != 0)
         trd_fatal(TRD_EXIT_INPUT, hint, "%s", e.msg);
 }
 
@@ -398,11 +401,23 @@ void model_use_activation_set(Model *m, int k)
     m->cur = m->sets[k];
 }
 
-Model *model_create_unbound(const Config *cfg, const Backend *be, const ParamShard *sh, int B)
+/* topology.cp of cfg, checked (a config built by hand may leave it 0). */
+static int config_cp(const Config *cfg)
+{
+    const int cp = cfg->topology.cp > 1 ? cfg->topology.cp : 1;
+    if (cp > 1 && cfg->model.seq_len % (2 * cp))
+        trd_fatal(TRD_EXIT_INPUT, "see docs/context_parallel.md",
+                  "model: seq_len %d is not divisible by 2 x topology.cp (%d)", cfg->model.seq_len,
+                  cp);
+    return cp;
+}
+
+static Model *create(const Config *cfg, const Backend *be, const ParamShard *sh, int B, int cp)
 {
     check_config(&cfg->model, B);
     Model *m = trd_calloc(1, sizeof *m, "model");
     m->be = be;
+    m->cp = cp;
     m->mc = cfg->model;
     m->sh = *sh;
     m->recompute = cfg->training.recompute;
@@ -410,7 +425,7 @@ Model *model_create_unbound(const Config *cfg, const Backend *be, const ParamSha
     m->nl = sh->chunk[0].end - sh->chunk[0].begin;
     TRD_ASSERT(m->nl >= 0);
     const int sp = cfg->topology.sequence_parallel;
-    check_tp(&m->mc, sh, sp, B);
+    check_tp(&m->mc, sh, sp, cp, B);
     const int kv_share = m->mc.kv_heads % sh->tp ? sh->tp / m->mc.kv_heads : 1;
     m->tp = tp_group_layout(be, sh->tp, sh->tp_rank, sp, kv_share);
     params_build(&m->table, &m->mc, sh);
@@ -451,9 +466,28 @@ Model *model_create_unbound(const Config *cfg, const Backend *be, const ParamSha
     return m;
 }
 
+Model *model_create_unbound(const Config *cfg, const Backend *be, const ParamShard *sh, int B)
+{
+    return create(cfg, be, sh, B, config_cp(cfg));
+}
+
+void model_set_context_parallel(Model *m, Comm *cp)
+{
+    TRD_ASSERT(cp->size == m->cp);
+    if (m->cp > 1)
+        cp_attention_init(&m->cpa, m->be, cp, m->d.B / 2, m->d.T, m->d.H, m->d.KVH, m->d.hs);
+}
+
+double model_take_cp_seconds(Model *m)
+{
+    const double s = m->cpa.comm_s;
+    m->cpa.comm_s = 0;
+    return s;
+}
+
 Model *model_create(const Config *cfg, const Backend *be, const ParamShard *sh, int B)
 {
-    Model *m = model_create_unbound(cfg, be, sh, B);
+    Model *m = create(cfg, be, sh, B, 1);
     const size_t bytes = m->table.numel * sizeof(float);
     m->params = be->alloc(bytes, "parameters");
     m->grads = be->alloc(bytes, "gradients");
@@ -506,6 +540,8 @@ void model_free(Model *m)
     free(m->lo_off);
     free_activation_sets(m);
     m->be->release(m->scratch_buf);
+    if (m->cpa.kv)
+        cp_attention_free(&m->cpa);
     free(m);
 }
 
@@ -525,7 +561,8 @@ MemoryReport model_memory(const Model *m)
     r.grads = m->grads ? m->table.numel * sizeof(float) : 0;
     r.activations = m->acts_numel * sizeof(float) +
                     (size_t)m->n_sets * ID_ROWS * (size_t)m->d.N * sizeof(int32_t);
-    r.scratch = m->scratch_numel * sizeof(float);
+    r.scratch = m->scratch_numel * sizeof(float) +
+                cp_attention_bytes(m->cp, m->d.B / 2, m->d.T, m->d.H, m->d.KVH, m->d.hs);
     return r;
 }
 
@@ -598,7 +635,7 @@ void model_embed_forward(Model *m, const int32_t *tokens)
         m->be->to_backend(m->cur.ids, tokens, (size_t)d->N * sizeof(int32_t));
     float *full = tp_sequence_parallel(&m->tp) ? m->s.full : m->cur.resid[0];
     tp_embedding_forward(m->be, &m->tp, m->cur.resid[0], full, m->cur.ids, m->cur.pos, m->op.wte,
-                         m->op.wpe, d->N, d->T, d->C, d->vocab_start, d->Vp);
+                         m->op.wpe, d->N, d->Tw, d->C, d->vocab_start, d->Vp);
 }
 
 /* Reads the residual-stream gradient left by the first local layer. */
@@ -607,7 +644,7 @@ void model_embed_backward(Model *m)
     const Dims *d = &m->d;
     TRD_ASSERT(m->sh.has_embed);
     tp_embedding_backward(m->be, &m->tp, m->og.wte, m->og.wpe, m->s.dwpe_part, m->s.dres, m->s.full,
-                          m->cur.ids, m->cur.pos, d->N, d->T, d->C, d->vocab_start, d->Vp);
+                          m->cur.ids, m->cur.pos, d->N, d->Tw, d->C, d->vocab_start, d->Vp);
 }
 
 /* ---- block -------------------------------------------------------------- */
@@ -657,6 +694,19 @@ static AttnArgs model_attn_args(const Model *m)
     return a;
 }
 
+/* a->atty, a->lse from a->qkv: over whole sequences here, or across the
+ * context-parallel group, whose positions model_set_positions always gives. */
+static void attention_forward(Model *m, LayerActs *a)
+{
+    if (m->cp > 1) {
+        TRD_ASSERT(m->cur.pos && m->cpa.kv);
+        cp_attention_forward(&m->cpa, a->atty, a->lse, a->qkv, m->cur.pos);
+        return;
+    }
+    const AttnArgs aa = model_attn_args(m);
+    m->be->attention_forward(a->atty, a->lse, a->qkv, a->qkv, &aa);
+}
+
 /* Layer i (local index) from resid[i].  With need_output == 0 (recompute
  * inside backward) the last projection is skipped: backward needs only its
  * input, and resid[i+1] must not be touched. */
@@ -673,8 +723,7 @@ static void block_forward(Model *m, int i, int need_output)
     be->matmul_forward(a->qkv, a->ln1, p->qkv_w, p->qkv_b, d->N, d->C, d->QKV);
     if (!d->gpt2)
         be->rope_forward(a->qkv, m->cur.pos, d->N, d->T, 0, d->H, d->KVH, d->hs, d->rope);
-    const AttnArgs aa = model_attn_args(m);
-    be->attention_forward(a->atty, a->lse, a->qkv, a->qkv, &aa);
+    attention_forward(m, a);
     row_linear_forward(m, m->s.branch, a->atty, p->attn_proj_w, p->attn_proj_b, d->H * d->hs);
     be->add(a->res_mid, x, m->s.branch, NsC);
 
@@ -766,14 +815,13 @@ void model_block_backward(Model *m, int l)
     const LayerParams *p = &m->lp[i], *g = &m->lg[i];
     const LayerActs *a = &m->cur.la[i];
     const size_t N = (size_t)d->N, NC = N * (size_t)d->C;
-    const AttnArgs aa = model_attn_args(m);
 
     tp_group_check(&m->tp);
     if (m->recompute == RECOMPUTE_FULL)
         block_forward(m, i, 0);
     else if (m->recompute == RECOMPUTE_SELECTIVE)
         /* Into the shared atty and lse, from this layer's own qkv. */
-        be->attention_forward(a->atty, a->lse, a->qkv, a->qkv, &aa);
+        attention_forward(m, (LayerActs *)a);
 
     /* MLP branch: its output joined the stream by addition, so its gradient is dres. */
     const float *dout = tp_row_output_backward(&m->tp, s->dres, s->full, d->N, d->C);
@@ -790,7 +838,12 @@ void model_block_backward(Model *m, int l)
     be->matmul_backward(s->datty, g->attn_proj_w, g->attn_proj_b, dout, a->atty, p->attn_proj_w,
                         d->N, d->H * d->hs, d->C);
     zero(m, s->dqkv, N * (size_t)d->QKV);
-    be->attention_backward(s->dqkv, s->dqkv, s->datty, a->qkv, a->qkv, a->atty, a->lse, &aa);
+    if (m->cp > 1) {
+        cp_attention_backward(&m->cpa, s->dqkv, s->datty, a->qkv, a->atty, a->lse, m->cur.pos);
+    } else {
+        const AttnArgs aa = model_attn_args(m);
+        be->attention_backward(s->dqkv, s->dqkv, s->datty, a->qkv, a->qkv, a->atty, a->lse, &aa);
+    }
     if (!d->gpt2) /* dqkv was w.r.t. rotated q, k: rotate back */
         be->rope_backward(s->dqkv, m->cur.pos, d->N, d->T, 0, d->H, d->KVH, d->hs, d->rope);
     zero(m, s->dln, NC);
@@ -922,7 +975,8 @@ MemoryReport model_plan_memory(const Config *cfg, const ParamShard *sh, int B, i
     Model m = {.mc = cfg->model, .sh = *sh, .recompute = cfg->training.recompute};
     m.nl = sh->chunk[0].end - sh->chunk[0].begin;
     const int sp = cfg->topology.sequence_parallel;
-    check_tp(&m.mc, sh, sp, B);
+    m.cp = config_cp(cfg);
+    check_tp(&m.mc, sh, sp, m.cp, B);
     const int kv_share = m.mc.kv_heads % sh->tp ? sh->tp / m.mc.kv_heads : 1;
     m.tp = tp_group_layout(NULL, sh->tp, sh->tp_rank, sp, kv_share); /* sizes only */
     params_build(&m.table, &m.mc, sh);
@@ -939,6 +993,7 @@ MemoryReport model_plan_memory(const Config *cfg, const ParamShard *sh, int B, i
     MemoryReport r = {0};
     r.activations =
         (size_t)n_sets * (acts.used * sizeof(float) + ID_ROWS * (size_t)m.d.N * sizeof(int32_t));
-    r.scratch = scratch.used * sizeof(float);
+    r.scratch = scratch.used * sizeof(float) +
+                cp_attention_bytes(m.cp, m.d.B / 2, m.d.T, m.d.H, m.d.KVH, m.d.hs);
     return r;
 }

@@ -32,19 +32,27 @@ typedef struct {
 
 typedef struct Model Model;
 
-/* Build a model for this shard and micro-batch size B (sequences of
- * cfg->model.seq_len).  Parameters are initialised from cfg->run.seed. */
 /* The RoPE frequencies of a model config, computed once per model and
  * passed to the rope ops (arch llama; scaling only with
  * model.rope_scaling). */
 RopeFreq model_rope_freq(const ModelConfig *mc);
 
+/* Build a model for this shard and micro-batch size B (sequences of
+ * cfg->model.seq_len, whole: no context parallelism, whatever the config
+ * says; for inference and tests).  Parameters are initialised from
+ * cfg->run.seed. */
 Model *model_create(const Config *cfg, const Backend *be, const ParamShard *sh, int B);
 void model_free(Model *m);
 
 /* The same without parameter and gradient storage (ZeRO owns it): every
  * group must be bound with model_bind before it runs, and parameters are
- * not initialised here.  model_param_buffer/model_grad_buffer return NULL. */
+ * not initialised here.  model_param_buffer/model_grad_buffer return NULL.
+ * This is the trainer's model: with topology.cp > 1 it holds this rank's
+ * two chunks of each of the B sequences (cp_attention.h's layout: the rows
+ * of chunk 0 of every sequence, then those of chunk 1), needs
+ * model_set_context_parallel and, before every forward, model_set_positions
+ * with the global positions of its rows (or, with documents, their
+ * positions in their document). */
 Model *model_create_unbound(const Config *cfg, const Backend *be, const ParamShard *sh, int B);
 
 /* Point a group's tensors (PARAMS_OUTER or a global layer index) at storage
@@ -103,6 +111,12 @@ int model_vocab_padded(const Model *m);
  * on all TP ranks; after backward every replicated tensor's gradient is
  * complete and equal on all TP ranks (model.c says per tensor how). */
 void model_set_tensor_parallel(Model *m, Comm *tp);
+
+/* The context-parallel group (its size topology.cp of the config the model
+ * was created with); it must outlive the model, like tp. */
+void model_set_context_parallel(Model *m, Comm *cp);
+/* Seconds its context-parallel exchange took since the last call. */
+double model_take_cp_seconds(Model *m);
 
 /* Activation sets: one per micro-batch a pipeline stage holds between its
  * forward and its backward (default 1).  Setting the count reallocates

@@ -6,12 +6,15 @@
 #define TRD_MODEL_INTERNAL_H
 
 #include "model/model.h"
+#include "context_par/cp_attention.h"
 #include "tensor_par/tensor_par.h"
 
 /* Sizes of one step, local to this rank. */
 typedef struct {
     int gpt2;
-    int B, T, N, C;  /* N = B*T token rows */
+    int B, T, N, C;  /* N = B*T token rows; with context parallelism B is 2 x the
+                        micro-batch (each sequence's two chunks) and T a chunk */
+    int Tw;          /* rows of the position table: model.seq_len */
     int Ns;          /* rows of the residual stream held: N, or N/tp with SP */
     int hs;          /* head size */
     int H, KVH;      /* local query heads and kv heads */
@@ -140,6 +143,8 @@ struct Model {
     Recompute recompute;
     ParamTable table;
     TpGroup tp;
+    int cp;          /* ranks sharing each sequence (1: none) */
+    CpAttention cpa; /* cp > 1: attention across them (model_set_context_parallel) */
     Dims d;
     int nl; /* local layers: sh.chunk[0].end - sh.chunk[0].begin */
 

@@ -121,7 +121,8 @@ PpStage *pp_stage_create(const Config *cfg, Zero *z, Comm *pp, int n_micro, char
     p->pp = pp;
     p->n_micro = n_micro;
     p->v = v;
-    p->BT = cfg->training.micro_batch * cfg->model.seq_len;
+    p->BT = cfg->training.micro_batch * cfg->model.seq_len /
+            (cfg->topology.cp > 1 ? cfg->topology.cp : 1); /* rows */
     if (pp_schedule_build(&p->sched, cfg->topology.schedule, pp->size, pp->rank, n_micro, v, err) !=
         0) {
         free(p);

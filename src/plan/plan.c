@@ -38,6 +38,9 @@ static uint64_t ring(uint64_t n, int passes, int p)
 
 /* ---- layout and links ------------------------------------------------------ */
 
+/* topology.cp, 1 in a config built by hand without it. */
+static int cp_of(const TopologyConfig *t) { return t->cp > 1 ? t->cp : 1; }
+
 /* Ranks between neighbours of a group in topology.order ("tp-dp-pp": TP
  * fastest): the product of the sizes of the dimensions before it. */
 static int group_stride(const TopologyConfig *t, const char *dim)
@@ -46,7 +49,8 @@ static int group_stride(const TopologyConfig *t, const char *dim)
     for (const char *o = t->order; *o; o += o[2] ? 3 : 2) {
         if (!strncmp(o, dim, 2))
             return stride;
-        stride *= !strncmp(o, "tp", 2) ? t->tp : !strncmp(o, "dp", 2) ? t->dp : t->pp;
+        /* the dp axis holds dp x cp ranks, cp its fastest part */
+        stride *= !strncmp(o, "tp", 2) ? t->tp : !strncmp(o, "dp", 2) ? t->dp * cp_of(t) : t->pp;
         if (!o[2])
             break;
     }
@@ -149,7 +153,9 @@ static StageFlops stage_flops(const Config *cfg, const ParamShard *sh)
     const ModelConfig *mc = &cfg->model;
     ParamTable t;
     params_build(&t, mc, sh);
-    const double N = (double)cfg->training.micro_batch * mc->seq_len;
+    /* this rank's rows: 1/cp of each sequence, each row attending to as
+     * many keys on average as without cp (the chunks are balanced) */
+    const double N = (double)cfg->training.micro_batch * mc->seq_len / cp_of(&cfg->topology);
     double block = 0, proj = 0, head = 0;
     for (int i = 0; i < t.n; i++) {
         const ParamSpec *p = &t.p[i];
@@ -196,7 +202,8 @@ static int chunk_slots(const Config *cfg, int pp_rank, int n_micro, int chunk, c
 static uint64_t stream_elems(const Config *cfg)
 {
     const TopologyConfig *t = &cfg->topology;
-    const uint64_t N = (uint64_t)cfg->training.micro_batch * (uint64_t)cfg->model.seq_len;
+    const uint64_t N =
+        (uint64_t)cfg->training.micro_batch * (uint64_t)cfg->model.seq_len / (uint64_t)cp_of(t);
     const int sp = t->sequence_parallel && t->tp > 1;
     return (sp ? N / (uint64_t)t->tp : N) * (uint64_t)cfg->model.hidden;
 }
@@ -206,7 +213,8 @@ static uint64_t stream_elems(const Config *cfg)
 static int stage_memory(const Config *cfg, const PlanCluster *c, const PlanResult *r, int rank,
                         const ParamShard *sh, PlanStage *st, char err[CFG_ERR])
 {
-    const ZeroMemory zm = zero_plan_memory(cfg, sh, cfg->topology.dp, 0);
+    const ZeroMemory zm =
+        zero_plan_memory(cfg, sh, cfg->topology.dp * cp_of(&cfg->topology), 0); /* dp x cp */
     double acts = 0, scratch = 0;
     for (int k = 0; k < sh->n_chunks; k++) {
         const ParamShard one = params_chunk_shard(sh, k);
@@ -252,9 +260,27 @@ static void stage_comm(const Config *cfg, const PlanResult *r, int rank, const P
      * that read the batch (all with data.document_mask), the count of its
      * targets (one double each), and the ZeRO engine the rest
      * (zero_plan_step_bytes). */
-    const int reads_batch = t->pp == 1 || cfg->data.document_mask || rank == 0 || rank == t->pp - 1;
-    st->dp_bytes_step = zero_plan_step_bytes(cfg, sh, t->dp, r->n_micro) + ring(2, 2, t->dp) +
-                        (reads_batch ? ring(2, 2, t->dp) : 0);
+    const int D = t->dp * cp_of(t); /* gradients and ZeRO shards over dp x cp */
+    const int reads_batch =
+        t->pp == 1 || cfg->data.document_mask || cp_of(t) > 1 || rank == 0 || rank == t->pp - 1;
+    st->dp_bytes_step = zero_plan_step_bytes(cfg, sh, D, r->n_micro) + ring(2, 2, D) +
+                        (reads_batch ? ring(2, 2, D) : 0);
+    /* Context parallelism (context_par/cp_attention.h): per layer and
+     * micro-batch an all-gather of the rank's qkv rows forward, and in
+     * backward an all-gather again and a reduce-scatter of their gradients:
+     * 3 (cp-1) n floats, n = the rank's rows x its qkv width; the last
+     * layer's backward finds its rows still gathered when nothing ran
+     * between (pp 1, no recompute). */
+    if (cp_of(t) > 1) {
+        const int cp = cp_of(t), H = cfg->model.heads / t->tp;
+        const int KVH = cfg->model.kv_heads % t->tp ? 1 : cfg->model.kv_heads / t->tp;
+        const uint64_t n = (uint64_t)cfg->training.micro_batch * (uint64_t)cfg->model.seq_len /
+                           (uint64_t)cp * (uint64_t)(H + 2 * KVH) *
+                           (uint64_t)(cfg->model.hidden / cfg->model.heads);
+        const int held = t->pp == 1 && cfg->training.recompute == RECOMPUTE_NONE;
+        st->cp_bytes_mb = (3 * (uint64_t)params_shard_layers(sh) - (uint64_t)held) *
+                          ring(n * (uint64_t)cp, 1, cp);
+    }
     if (cfg->model.tie_embeddings && t->pp > 1 && (sh->has_embed || sh->has_head)) {
         ParamTable tab;
         params_build(&tab, &cfg->model, sh);
@@ -287,7 +313,11 @@ static void stage_microbatch_time(const Config *cfg, const PlanCluster *c, const
     if (t->pp > 1)
         st->t_p2p = 2.0 * t->virtual_stages *
                     comm_time(c, r->pp_link, (double)stream_elems(cfg) * r->elem_act, 1, 2);
-    st->t_mb = st->t_compute + st->t_tp + st->t_p2p;
+    /* the cp exchange, all counted as exposed: an upper bound (the forward's
+     * all-gather overlaps the blocks a rank holds the keys of) */
+    st->t_cp = comm_time(c, r->cp_link, (double)st->cp_bytes_mb * r->elem_act / 4,
+                         3 * params_shard_layers(sh), cp_of(t));
+    st->t_mb = st->t_compute + st->t_tp + st->t_p2p + st->t_cp;
 }
 
 /* Data parallelism and the optimizer, once a step.  Stages 0-1 reduce once,
@@ -304,19 +334,20 @@ static void stage_step_time(const Config *cfg, const PlanCluster *c, const PlanR
     params_build(&tab, &cfg->model, sh);
     const double P = (double)tab.numel;
     params_free(&tab);
-    if (t->dp > 1) {
+    const int D = t->dp * cp_of(t);
+    if (D > 1) {
         const double t_dp =
-            comm_time(c, r->dp_link, (double)st->dp_bytes_step * r->elem_grad / 4, 4, t->dp);
-        const double gather_bytes = (double)ring((uint64_t)P, 1, t->dp) * r->elem_param / 4;
+            comm_time(c, r->dp_link, (double)st->dp_bytes_step * r->elem_grad / 4, 4, D);
+        const double gather_bytes = (double)ring((uint64_t)P, 1, D) * r->elem_param / 4;
         const double t_gather =
-            t->zero == 1 || t->zero == 2 ? comm_time(c, r->dp_link, gather_bytes, 1, t->dp) : 0;
+            t->zero == 1 || t->zero == 2 ? comm_time(c, r->dp_link, gather_bytes, 1, D) : 0;
         const double t_red = t_dp - t_gather, t_bwd = st->t_compute * 2 / 3;
         if (t->zero <= 1)
             st->t_dp_exposed = fmax(t_red - t_bwd, t_red * 0.1) + t_gather;
         else
             st->t_dp_exposed = r->n_micro * fmax(t_red / r->n_micro - st->t_compute, 0) + t_gather;
     }
-    const double own = t->zero == 0 ? P : ceil(P / t->dp);
+    const double own = t->zero == 0 ? P : ceil(P / D);
     st->t_optimizer =
         2 * (st->optimizer + own * (r->elem_param + r->elem_grad)) / (c->hbm_gbps * 1e9);
 }
@@ -372,7 +403,8 @@ int plan_evaluate(const Config *cfg, const PlanCluster *c, PlanResult *r, char e
     r->sp = t->sequence_parallel && t->tp > 1;
     r->recompute = cfg->training.recompute;
     r->schedule = t->schedule;
-    r->world = t->tp * t->pp * t->dp;
+    r->cp = cp_of(t);
+    r->world = t->tp * t->pp * t->dp * r->cp;
     r->global_batch = cfg->training.global_batch;
     r->n_micro = cfg->training.global_batch / (cfg->training.micro_batch * t->dp);
     /* What the backends allocate today: fp32 weights, gradients and
@@ -385,7 +417,8 @@ int plan_evaluate(const Config *cfg, const PlanCluster *c, PlanResult *r, char e
     r->elem_param = r->elem_grad = r->elem_act = half ? 2 : 4;
     const int gpn = c->gpus_per_node;
     r->tp_link = group_link(t, "tp", t->tp, gpn);
-    r->dp_link = group_link(t, "dp", t->dp, gpn);
+    r->dp_link = group_link(t, "dp", t->dp * r->cp, gpn);
+    r->cp_link = group_link(t, "dp", r->cp, gpn); /* the first cp of the dp axis */
     r->pp_link = group_link(t, "pp", t->pp, gpn);
     r->capacity = c->gpu_memory_gib * GIB;
 
@@ -402,6 +435,7 @@ int plan_evaluate(const Config *cfg, const PlanCluster *c, PlanResult *r, char e
                                             r->elem_act / 4);
         r->pp_bytes = fmax(r->pp_bytes, (double)s->pp_bytes_step * r->elem_act / 4);
         r->dp_bytes = fmax(r->dp_bytes, (double)s->dp_bytes_step * r->elem_grad / 4);
+        r->cp_bytes = fmax(r->cp_bytes, (double)s->cp_bytes_mb * r->n_micro * r->elem_act / 4);
         r->embed_bytes = fmax(r->embed_bytes, (double)s->embed_bytes_step * r->elem_grad / 4);
     }
     r->fits = r->st[r->worst].total <= r->capacity;

@@ -35,16 +35,17 @@ typedef struct {
      * false on the CPU, and a device backend's host copies of its state */
     double host_ckpt;
     /* per micro-batch, this rank */
-    double flops;                        /* forward + backward, recomputation included */
-    double gemm_flops;                   /* of which weight GEMMs without recomputation (the
+    double flops;                              /* forward + backward, recomputation included */
+    double gemm_flops;                         /* of which weight GEMMs without recomputation (the
                                * shapes the backend multiplies: 6 x rows x weights) */
-    double t_compute, t_tp, t_p2p, t_mb; /* seconds */
+    double t_compute, t_tp, t_p2p, t_cp, t_mb; /* seconds */
     /* what src/comm counts on this rank (fp32 elements, the trainer's rule) */
     uint64_t tp_bytes_mb;      /* TP communicator, one micro-batch */
     uint64_t kv_bytes_mb;      /* the kv-sharing sub-group (tp > kv_heads) */
     uint64_t pp_bytes_step;    /* pipeline sends of one step */
     uint64_t dp_bytes_step;    /* DP communicator, one step (the metrics' comm_bytes) */
     uint64_t embed_bytes_step; /* tied-embedding all-reduce, first and last stage */
+    uint64_t cp_bytes_mb;      /* the context-parallel K/V exchange, one micro-batch */
     double t_dp_exposed, t_optimizer;
 } PlanStage;
 
@@ -55,12 +56,13 @@ typedef enum { LINK_NONE = 0, LINK_NVLINK = 1, LINK_NETWORK = 2 } PlanLink;
 typedef struct {
     /* the layout */
     int tp, pp, dp, zero, micro_batch, virtual_stages, sp;
+    int cp; /* context parallel (the dp axis holds dp x cp ranks) */
     Recompute recompute;
     ScheduleKind schedule;
     int world, n_micro, global_batch;
     /* bytes per element on the device */
     int elem_param, elem_grad, elem_act;
-    PlanLink tp_link, dp_link, pp_link;
+    PlanLink tp_link, dp_link, pp_link, cp_link;
 
     PlanStage st[CFG_MAX_STAGES];
     int worst;       /* the pipeline rank with the most memory */
@@ -68,7 +70,7 @@ typedef struct {
     int fits;
 
     /* per step, the worst stage's rank, device bytes */
-    double tp_bytes, pp_bytes, dp_bytes, embed_bytes;
+    double tp_bytes, pp_bytes, dp_bytes, embed_bytes, cp_bytes;
 
     double bubble; /* idle share of the pipeline part of the step */
     double t_pipe, t_dp_exposed, t_optimizer, t_embed, t_step;
@@ -90,6 +92,11 @@ typedef struct {
     PlanResult r;
     char why[256];
 } PlanCandidate;
+
+/* Context parallelism is searched for sequences this long and longer
+ * (shorter ones' activations are small next to the weights). */
+#define PLAN_CP_MIN_SEQ 8192
+int plan_search_cp(const Config *cfg);
 
 /* Fill up to max candidates (best first); *n_fit the number that fit,
  * *n_tried the layouts evaluated.  Returns the number written. */

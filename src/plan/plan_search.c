@@ -3,7 +3,9 @@
  * Enumerated: tp (divisors of the GPUs per node, so TP stays on NVLink),
  * pp (divisors of what is left, up to the layer count), dp the rest; ZeRO
  * stage 0-3; micro-batch 1, 2, 4, 8 (dividing the per-rank batch); virtual
- * stages 1, 2, 4 with pp > 1; recompute none, selective, full.  Sequence
+ * stages 1, 2, 4 with pp > 1; recompute none, selective, full; context
+ * parallelism cp 1, 2, 4, ... (dividing what tp and pp leave, 2 cp dividing
+ * seq_len) for sequences of PLAN_CP_MIN_SEQ tokens and more.  Sequence
  * parallelism is on whenever tp > 1 (it only saves memory; the bytes are
  * the same).  Each candidate goes through the trainer's config validation
  * and refusals, then plan_evaluate; those that fit are ranked by tokens/s,
@@ -49,18 +51,24 @@ static void explain(PlanCandidate *c, double capacity)
 {
     const PlanResult *r = &c->r;
     const PlanStage *w = &r->st[r->worst];
-    double tp_share = 0, p2p_share = 0;
+    double tp_share = 0, p2p_share = 0, cp_share = 0;
     for (int k = 0; k < r->pp; k++) {
         tp_share = fmax(tp_share, r->st[k].t_tp * r->n_micro / r->t_step);
         p2p_share = fmax(p2p_share, r->st[k].t_p2p * r->n_micro / r->t_step);
+        cp_share = fmax(cp_share, r->st[k].t_cp * r->n_micro / r->t_step);
     }
-    snprintf(c->why, sizeof c->why,
-             "%.1f/%.0f GiB; bubble %.1f%%; TP comm %.1f%% of step (%s); PP p2p %.1f%%; "
-             "DP+optimizer %.1f%%",
-             w->total / GIB, capacity / GIB, 100 * r->bubble * r->t_pipe / r->t_step,
-             100 * tp_share, plan_link_name(r->tp_link), 100 * p2p_share,
-             100 * r->t_dp_exposed / r->t_step);
+    const int n = snprintf(c->why, sizeof c->why,
+                           "%.1f/%.0f GiB; bubble %.1f%%; TP comm %.1f%% of step (%s); PP p2p "
+                           "%.1f%%; DP+optimizer %.1f%%",
+                           w->total / GIB, capacity / GIB, 100 * r->bubble * r->t_pipe / r->t_step,
+                           100 * tp_share, plan_link_name(r->tp_link), 100 * p2p_share,
+                           100 * r->t_dp_exposed / r->t_step);
+    if (r->cp > 1 && n > 0 && (size_t)n < sizeof c->why)
+        snprintf(c->why + n, sizeof c->why - (size_t)n, "; CP comm %.1f%% (%s)", 100 * cp_share,
+                 plan_link_name(r->cp_link));
 }
+
+int plan_search_cp(const Config *cfg) { return cfg->model.seq_len >= PLAN_CP_MIN_SEQ; }
 
 /* The trainer's own config validation decides what a valid layout is. */
 static int valid(Config *cfg, int world)
@@ -84,27 +92,33 @@ int plan_search(const Config *cfg, const PlanCluster *c, PlanCandidate *out, int
         for (int pp = 1; pp <= cfg->model.layers && pp <= CFG_MAX_STAGES; pp++) {
             if ((world / tp) % pp || world % tp)
                 continue;
-            const int dp = world / (tp * pp);
-            for (int z = 0; z <= 3; z++)
-                for (size_t mi = 0; mi < sizeof micro / sizeof *micro; mi++)
-                    for (size_t vi = 0; vi < sizeof virt / sizeof *virt; vi++)
-                        for (size_t ri = 0; ri < sizeof rcs / sizeof *rcs; ri++) {
-                            const int v = virt[vi];
-                            if (v > 1 && (pp == 1 || cfg->model.layers % (pp * v)))
-                                continue;
-                            Config cand = *cfg;
-                            plan_apply_layout(&cand, tp, pp, dp, z, micro[mi], v, rcs[ri]);
-                            cand.topology.ranks_per_node = gpn < world ? gpn : world;
-                            if (!valid(&cand, world))
-                                continue;
-                            PlanResult r;
-                            char err[CFG_ERR];
-                            if (plan_evaluate(&cand, c, &r, err) != 0)
-                                continue;
-                            (*n_tried)++;
-                            *n_fit += r.fits;
-                            keep(out, max, &n, &r);
-                        }
+            const int max_cp = plan_search_cp(cfg) ? world / (tp * pp) : 1;
+            for (int cp = 1; cp <= max_cp; cp *= 2) {
+                if ((world / (tp * pp)) % cp || (cp > 1 && cfg->model.seq_len % (2 * cp)))
+                    continue;
+                const int dp = world / (tp * pp * cp);
+                for (int z = 0; z <= 3; z++)
+                    for (size_t mi = 0; mi < sizeof micro / sizeof *micro; mi++)
+                        for (size_t vi = 0; vi < sizeof virt / sizeof *virt; vi++)
+                            for (size_t ri = 0; ri < sizeof rcs / sizeof *rcs; ri++) {
+                                const int v = virt[vi];
+                                if (v > 1 && (pp == 1 || cfg->model.layers % (pp * v)))
+                                    continue;
+                                Config cand = *cfg;
+                                plan_apply_layout(&cand, tp, pp, dp, z, micro[mi], v, rcs[ri]);
+                                cand.topology.cp = cp;
+                                cand.topology.ranks_per_node = gpn < world ? gpn : world;
+                                if (!valid(&cand, world))
+                                    continue;
+                                PlanResult r;
+                                char err[CFG_ERR];
+                                if (plan_evaluate(&cand, c, &r, err) != 0)
+                                    continue;
+                                (*n_tried)++;
+                                *n_fit += r.fits;
+                                keep(out, max, &n, &r);
+                            }
+            }
         }
     }
     for (int i = 0; i < n; i++)
@@ -124,11 +138,14 @@ int plan_suggest(const Config *cfg, const PlanCluster *c, char *buf, size_t len)
         return -1;
     }
     const PlanResult *r = &best.r;
+    char cp[16] = "";
+    if (r->cp > 1)
+        snprintf(cp, sizeof cp, ", cp %d", r->cp);
     snprintf(buf, len,
-             "tp %d, pp %d, dp %d, zero %d, micro_batch %d, virtual_stages %d, recompute %s: "
+             "tp %d, pp %d, dp %d%s, zero %d, micro_batch %d, virtual_stages %d, recompute %s: "
              "%.1f GiB per GPU, %.0f tokens/s, MFU %.1f%% (best of %d layouts that fit; "
              "trident plan --search lists more)",
-             r->tp, r->pp, r->dp, r->zero, r->micro_batch, r->virtual_stages,
+             r->tp, r->pp, r->dp, cp, r->zero, r->micro_batch, r->virtual_stages,
              r->recompute == RECOMPUTE_NONE        ? "none"
              : r->recompute == RECOMPUTE_SELECTIVE ? "selective"
                                                    : "full",

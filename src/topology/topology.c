@@ -50,34 +50,38 @@ TopoGroup topology_group_of(const Topology *t, int rank, TopoAxis axis)
         .first = rank - c * t->stride[axis], .stride = t->stride[axis], .size = t->size[axis]};
 }
 
-/* Sizes from the config: dp 0 means world / (tp * pp). */
+/* Sizes from the config: dp 0 means world / (tp * cp * pp). */
 static int set_sizes(Topology *t, const TopologyConfig *tc, int world, char err[CFG_ERR])
 {
     if (world < 1)
         return trd_errorf(err, "the world size (%d) must be >= 1", world);
-    if (tc->tp < 1 || tc->pp < 1 || tc->dp < 0)
+    const int cp = tc->cp > 0 ? tc->cp : 1; /* 0: a config built by hand without cp */
+    if (tc->tp < 1 || tc->pp < 1 || tc->dp < 0 || tc->cp < 0)
         return trd_errorf(err,
-                          "topology.tp (%d) and topology.pp (%d) must be >= 1 and "
-                          "topology.dp (%d) >= 0 (0 = auto)",
-                          tc->tp, tc->pp, tc->dp);
-    long long mp = (long long)tc->tp * tc->pp;
+                          "topology.tp (%d), topology.pp (%d) and topology.cp (%d) must be >= 1 "
+                          "and topology.dp (%d) >= 0 (0 = auto)",
+                          tc->tp, tc->pp, tc->cp, tc->dp);
+    long long mp = (long long)tc->tp * tc->pp * cp;
     int dp = tc->dp;
     if (dp == 0) {
         if (world % mp)
             return trd_errorf(err,
                               "the world size %d is not divisible by topology.tp (%d) x "
-                              "topology.pp (%d) = %lld; launch a multiple of %lld ranks",
-                              world, tc->tp, tc->pp, mp, mp);
+                              "topology.pp (%d) x topology.cp (%d) = %lld; launch a multiple "
+                              "of %lld ranks",
+                              world, tc->tp, tc->pp, cp, mp, mp);
         dp = (int)(world / mp);
     }
     if (mp * dp != world)
         return trd_errorf(err,
-                          "topology.tp (%d) x topology.pp (%d) x topology.dp (%d) = %lld but "
-                          "the world size is %d; set dp: auto or launch %lld ranks",
-                          tc->tp, tc->pp, dp, mp * dp, world, mp * dp);
+                          "topology.tp (%d) x topology.pp (%d) x topology.cp (%d) x "
+                          "topology.dp (%d) = %lld but the world size is %d; set dp: auto or "
+                          "launch %lld ranks",
+                          tc->tp, tc->pp, cp, dp, mp * dp, world, mp * dp);
     t->world = world;
+    t->cp = cp;
     t->size[TOPO_TP] = tc->tp;
-    t->size[TOPO_DP] = dp;
+    t->size[TOPO_DP] = dp * cp;
     t->size[TOPO_PP] = tc->pp;
     return 0;
 }
@@ -226,6 +230,11 @@ int topology_build(Topology *t, const TopologyConfig *tc, int world, int ranks_p
     t->local_rank = rank % t->ranks_per_node;
     for (int a = 0; a < TOPO_AXES; a++)
         t->group[a] = topology_group_of(t, rank, (TopoAxis)a);
+    t->cp_rank = t->coord[TOPO_DP] % t->cp;
+    t->data_rank = t->coord[TOPO_DP] / t->cp;
+    t->cp_group = (TopoGroup){.first = rank - t->cp_rank * t->stride[TOPO_DP],
+                              .stride = t->stride[TOPO_DP],
+                              .size = t->cp};
     return 0;
 }
 

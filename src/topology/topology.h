@@ -4,6 +4,10 @@
  * This is the one place that does rank arithmetic (docs/design.md: "parallel state
  * is one module"); every other module asks it.  The layout is a 3-D mesh
  * tp x dp x pp laid over the world ranks in the order of topology.order,
+ * where the dp axis holds dp x cp ranks with cp (context parallelism: the
+ * ranks that share each sequence) its fastest part, so that with the
+ * default order a cp group is the ranks tp apart next to a TP group
+ * (Megatron-LM's tp-cp-dp-pp),
  * fastest axis first (default "tp-dp-pp": a TP group is consecutive ranks on
  * one node, pipeline stages are the slowest axis and land on different
  * nodes).  Along any axis a group is an arithmetic progression of ranks, so a
@@ -36,7 +40,8 @@ typedef struct {
 typedef struct {
     /* The mesh (the same on every rank). */
     int world;
-    int size[TOPO_AXES];       /* tp, dp, pp */
+    int size[TOPO_AXES];       /* tp, dp x cp, pp */
+    int cp;                    /* context parallel: the fastest cp of the dp axis */
     int stride[TOPO_AXES];     /* rank distance of one step along each axis */
     TopoAxis order[TOPO_AXES]; /* fastest first */
     int ranks_per_node;        /* >= 1; every node runs this many consecutive ranks */
@@ -49,9 +54,12 @@ typedef struct {
 
     /* This rank. */
     int rank;
-    int coord[TOPO_AXES]; /* tp_rank, dp_rank, pp_rank */
+    int coord[TOPO_AXES]; /* tp_rank, dp axis rank (data replica * cp + cp_rank), pp_rank */
+    int cp_rank;          /* coord[TOPO_DP] % cp: which chunks of every sequence */
+    int data_rank;        /* coord[TOPO_DP] / cp: which sequences */
     int node, local_rank;
-    TopoGroup group[TOPO_AXES]; /* this rank's TP, DP and PP groups */
+    TopoGroup group[TOPO_AXES]; /* this rank's TP, DP (dp x cp) and PP groups */
+    TopoGroup cp_group;         /* the ranks sharing this rank's sequences */
 } Topology;
 
 /* The communicators of one rank's groups, created once by topology_init.
@@ -59,11 +67,13 @@ typedef struct {
  * tp coordinate, and so on. */
 typedef struct {
     Comm world;
-    Comm tp, dp, pp;
-    Comm mp;    /* model parallel: the tp x pp ranks with this rank's dp
+    Comm tp, dp, pp; /* dp: the dp x cp ranks holding the same weights, over
+                        which gradients are reduced and ZeRO shards */
+    Comm cp;         /* the cp ranks holding the same sequences (size 1: none) */
+    Comm mp;         /* model parallel: the tp x pp ranks with this rank's dp
                      coordinate (one model replica), for the gradient norm;
                      rank = pp * tp_size + tp */
-    Comm embed; /* first and last pipeline stage with this rank's (tp, dp),
+    Comm embed;      /* first and last pipeline stage with this rank's (tp, dp),
                      to all-reduce tied embedding gradients; rank 0 = first
                      stage.  Only when pp > 1 and this rank is on the first or
                      last stage; otherwise comm_none(): rank -1, size 0. */

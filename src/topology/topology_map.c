@@ -116,23 +116,49 @@ static void stage_nodes(FILE *f, const Topology *t, int stage, int json)
     }
 }
 
+/* 1 when every cp group lies on one node. */
+static int cp_inside_node(const Topology *t)
+{
+    const int last = (t->cp - 1) * t->stride[TOPO_DP];
+    for (int r = 0; r < t->world; r++) {
+        int c[TOPO_AXES];
+        topology_coords_of(t, r, c);
+        const int first = r - c[TOPO_DP] % t->cp * t->stride[TOPO_DP];
+        if (topology_node_of(t, first) != topology_node_of(t, first + last))
+            return 0;
+    }
+    return 1;
+}
+
 static void print_summary(FILE *f, const Topology *t, const char *order)
 {
-    int tp = t->size[TOPO_TP], dp = t->size[TOPO_DP], pp = t->size[TOPO_PP];
+    int tp = t->size[TOPO_TP], dp = t->size[TOPO_DP], pp = t->size[TOPO_PP], cp = t->cp;
+    if (cp > 1)
+        fprintf(f,
+                "rank map: world %d = tp %d x cp %d x dp %d x pp %d, order %s (fastest first; "
+                "cp is the fastest part of dp), %d node%s x %d ranks\n",
+                t->world, tp, cp, dp / cp, pp, order, t->nodes, t->nodes == 1 ? "" : "s",
+                t->ranks_per_node);
+    else
+        fprintf(f,
+                "rank map: world %d = tp %d x dp %d x pp %d, order %s (fastest first), "
+                "%d node%s x %d ranks\n",
+                t->world, tp, dp, pp, order, t->nodes, t->nodes == 1 ? "" : "s", t->ranks_per_node);
     fprintf(f,
-            "rank map: world %d = tp %d x dp %d x pp %d, order %s (fastest first), "
-            "%d node%s x %d ranks\n",
-            t->world, tp, dp, pp, order, t->nodes, t->nodes == 1 ? "" : "s", t->ranks_per_node);
-    fprintf(f,
-            "groups: %d TP of %d, %d DP of %d, %d PP of %d, %d model-parallel (tp x pp) "
+            "groups: %d TP of %d, %d DP%s of %d, %d PP of %d, %d model-parallel (tp x pp) "
             "of %d, ",
-            dp * pp, tp, tp * pp, dp, tp * dp, pp, dp, tp * pp);
+            dp * pp, tp, tp * pp, cp > 1 ? " (dp x cp)" : "", dp, tp * dp, pp, dp, tp * pp);
     if (pp > 1)
         fprintf(f, "%d embedding (first + last stage) of 2\n", tp * dp);
     else
         fprintf(f, "no embedding groups (pp 1)\n");
     fprintf(f, "TP groups inside one node: %s\n",
             t->tp_inside_node ? "yes" : "no (allowed by topology.allow_tp_across_nodes)");
+    if (cp > 1)
+        fprintf(f,
+                "CP groups: %d of %d (ranks %d apart, inside each DP group of %d), inside one "
+                "node: %s\n",
+                t->world / cp, cp, t->stride[TOPO_DP], dp, cp_inside_node(t) ? "yes" : "no");
     fprintf(f, "pipeline stages:");
     for (int s = 0; s < pp; s++) {
         int n_nodes = 0;

@@ -122,6 +122,7 @@ static void create_comms(const Topology *t, TopologyComms *c, Comm world)
     c->tp = comm_split(&world, t->group[TOPO_TP].first, x[TOPO_TP]);
     c->dp = comm_split(&world, t->group[TOPO_DP].first, x[TOPO_DP]);
     c->pp = comm_split(&world, t->group[TOPO_PP].first, x[TOPO_PP]);
+    c->cp = comm_split(&world, t->cp_group.first, t->cp_rank);
     c->mp = comm_split(&world, x[TOPO_DP], x[TOPO_PP] * t->size[TOPO_TP] + x[TOPO_TP]);
     /* Tied embeddings live on the first stage (input) and the last (output
      * head); their gradients are summed between exactly those two ranks. */
@@ -130,6 +131,7 @@ static void create_comms(const Topology *t, TopologyComms *c, Comm world)
     c->embed = comm_split(&world, color, x[TOPO_PP] == 0 ? 0 : 1);
     comm_set_name(&c->tp, "tp");
     comm_set_name(&c->dp, "dp");
+    comm_set_name(&c->cp, "cp");
     comm_set_name(&c->pp, "pp");
     comm_set_name(&c->mp, "mp");
     comm_set_name(&c->embed, "embed");
@@ -189,6 +191,7 @@ void topology_comms_free(TopologyComms *c)
     topology_set_live(0, 0, NULL, NULL, 0);
     comm_free(&c->tp);
     comm_free(&c->dp);
+    comm_free(&c->cp);
     comm_free(&c->pp);
     comm_free(&c->mp);
     comm_free(&c->embed);

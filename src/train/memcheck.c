@@ -32,7 +32,7 @@ static int plan_job(const Config *cfg, int ranks_per_node, PlanResult *r)
     char err[CFG_ERR];
     if (cluster_preset("cpu", &c, err) != 0)
         return -1;
-    const int world = cfg->topology.tp * cfg->topology.pp * cfg->topology.dp;
+    const int world = cfg->topology.tp * cfg->topology.pp * cfg->topology.dp * cfg->topology.cp;
     c.gpus_per_node = ranks_per_node > 0 ? ranks_per_node : 1;
     c.nodes = (world + c.gpus_per_node - 1) / c.gpus_per_node;
     c.reserve_gib = 0;

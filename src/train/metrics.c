@@ -70,6 +70,8 @@ void metrics_record(Metrics *m, const StepMetrics *s)
         fprintf(m->jsonl, ", \"val_loss\": %.7g", s->val_loss);
     if (s->pp_idle >= 0)
         fprintf(m->jsonl, ", \"pp_idle\": %.4f", s->pp_idle);
+    if (s->cp_ms >= 0)
+        fprintf(m->jsonl, ", \"cp_ms\": %.3f, \"cp_bytes\": %llu", s->cp_ms, s->cp_bytes);
     if (s->extra)
         fprintf(m->jsonl, ", %s", s->extra);
     fputs("}\n", m->jsonl);

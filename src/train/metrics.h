@@ -13,10 +13,12 @@ typedef struct {
     double comm_ms;                /* exposed (not overlapped) DP communication */
     double data_ms;                /* reading and assembling this rank's batches */
     unsigned long long comm_bytes; /* payload bytes this rank handed to DP collectives */
-    double pp_idle;          /* pipeline: measured idle fraction of the step (< 0: no pipeline) */
-    double val_loss;         /* < 0: not computed this step */
-    const char *extra;       /* NULL, or more JSON members ("\"k\": v, ...") */
-    double elapsed_s, eta_s; /* since this run's first step, and to its last (log line) */
+    double pp_idle; /* pipeline: measured idle fraction of the step (< 0: no pipeline) */
+    double cp_ms;   /* context parallel: time in its K/V exchange (< 0: no cp) */
+    unsigned long long cp_bytes; /* ... and the bytes this rank sent in it */
+    double val_loss;             /* < 0: not computed this step */
+    const char *extra;           /* NULL, or more JSON members ("\"k\": v, ...") */
+    double elapsed_s, eta_s;     /* since this run's first step, and to its last (log line) */
 } StepMetrics;
 
 typedef struct {

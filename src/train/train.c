@@ -401,6 +401,8 @@ int train_run(const Config *cfg, Comm world)
                          .data_ms = r.data_ms,
                          .comm_bytes = r.comm_bytes,
                          .pp_idle = r.pp_idle,
+                         .cp_ms = r.cp_ms,
+                         .cp_bytes = r.cp_bytes,
                          .val_loss = -1,
                          .extra = step == in->start_step ? memory : NULL};
         char extra[sizeof memory + 64 * CFG_MAX_BLEND];

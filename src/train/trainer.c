@@ -14,6 +14,7 @@
 #include "backend/cuda.h"
 #endif
 #include "config/layout.h"
+#include "context_par/cp_attention.h"
 #include "core/error.h"
 #include "core/progress.h"
 #include "comm/trace.h"
@@ -50,24 +51,59 @@ static void open_data(Trainer *tr, Comm *world)
                           "%s", err);
 }
 
-/* Fill micro-batch j (tokens, targets and, with data.document_mask,
- * positions: [B*T] each at j*B*T) with the sequences at global stream
- * positions first, first+1, ... */
-static void read_batch(Trainer *tr, Blend *data, uint64_t first, int j)
+/* The positions of B sequences of T tokens: in their documents with
+ * data.document_mask, else 0 .. T-1 (needed with context parallelism,
+ * whose rows are not in order). */
+static void positions(const Trainer *tr, const int32_t *tok, int B, int T, int32_t *pos)
+{
+    if (tr->cfg->data.document_mask) {
+        batch_positions(tok, B, T, tr->cfg->data.eot, pos);
+        return;
+    }
+    for (int b = 0; b < B; b++)
+        for (int t = 0; t < T; t++)
+            pos[(size_t)b * T + t] = t;
+}
+
+/* This rank's rows of B whole sequences (src [B][T]) into dst: its two
+ * chunks of each, chunk-major (context_par/cp_attention.h). */
+static void cut_chunks(const Trainer *tr, const int32_t *src, int B, int T, int32_t *dst)
+{
+    const int cp = tr->cp, L = T / (2 * cp);
+    for (int c = 0; c < 2; c++)
+        for (int b = 0; b < B; b++)
+            memcpy(dst + ((size_t)c * B + b) * L,
+                   src + (size_t)b * T + (size_t)cp_chunk(cp, tr->topo.cp_rank, c) * L,
+                   (size_t)L * sizeof(int32_t));
+}
+
+/* Fill micro-batch j (tokens, targets and positions, where kept: rows
+ * each at j * rows) with the sequences at global stream positions first,
+ * first+1, ...; sequences from `valid` on get no targets. */
+static void read_batch(Trainer *tr, Blend *data, uint64_t first, int j, int valid)
 {
     const int B = tr->cfg->training.micro_batch, T = tr->cfg->model.seq_len;
-    const size_t at = (size_t)j * (size_t)B * (size_t)T;
-    int32_t *tok = tr->tokens + at, *tgt = tr->targets + at;
+    const size_t at = (size_t)j * tr->rows, BT = (size_t)B * (size_t)T;
+    int32_t *tok = tr->cp > 1 ? tr->whole : tr->tokens + at;
+    int32_t *tgt = tr->cp > 1 ? tr->whole + BT : tr->targets + at;
+    int32_t *pos = tr->cp > 1 ? tr->whole + 2 * BT : tr->pos ? tr->pos + at : NULL;
     char err[CFG_ERR];
     for (int b = 0; b < B; b++)
         if (blend_read(data, first + (uint64_t)b, tok + b * T, tgt + b * T, err) != 0)
             trd_fatal(TRD_EXIT_INPUT, NULL, "%s", err);
-    if (tr->pos)
-        batch_positions(tok, B, T, tr->cfg->data.eot, tr->pos + at);
+    if (pos)
+        positions(tr, tok, B, T, pos);
+    for (size_t i = (size_t)valid * (size_t)T; i < BT; i++)
+        tgt[i] = -1;
     if (tr->cfg->data.eod_mask_loss)
-        for (size_t i = 0; i < (size_t)B * (size_t)T; i++)
+        for (size_t i = 0; i < BT; i++)
             if (tgt[i] == tr->cfg->data.eot)
                 tgt[i] = -1;
+    if (tr->cp > 1) {
+        cut_chunks(tr, tok, B, T, tr->tokens + at);
+        cut_chunks(tr, tgt, B, T, tr->targets + at);
+        cut_chunks(tr, pos, B, T, tr->pos + at);
+    }
 }
 
 /* Each micro-batch's loss_scale: its share of the targets the whole step
@@ -81,10 +117,9 @@ static void read_batch(Trainer *tr, Blend *data, uint64_t first, int j)
  * the reduction alike. */
 static double counted_targets(const Trainer *tr, int j)
 {
-    const size_t BT = (size_t)tr->cfg->training.micro_batch * (size_t)tr->cfg->model.seq_len;
     double n = 0;
-    for (size_t i = 0; i < BT; i++)
-        n += tr->targets[(size_t)j * BT + i] >= 0;
+    for (size_t i = 0; i < tr->rows; i++)
+        n += tr->targets[(size_t)j * tr->rows + i] >= 0;
     return n;
 }
 
@@ -126,8 +161,9 @@ static double one_step(Trainer *tr, int step, double *grad_norm, float *lr, int 
 
     progress_step(step + 1, 0);
     zero_begin_step(tr->zero);
-    const size_t BT = (size_t)B * (size_t)cfg->model.seq_len;
-    /* (every stage attends within the documents of the batch) */
+    const size_t BT = tr->rows;
+    /* (every stage attends within the documents of the batch, or needs the
+     * positions of its rows with cp) */
     const int needs_data = !tr->pipe || tr->pos || tr->comms.pp.rank == 0 ||
                            tr->comms.pp.rank == tr->comms.pp.size - 1;
     const double t_data = comm_wtime();
@@ -138,7 +174,7 @@ static double one_step(Trainer *tr, int step, double *grad_norm, float *lr, int 
         uint64_t first = tr->start_position +
                          (uint64_t)(step - tr->start_step) * (uint64_t)cfg->training.global_batch +
                          (uint64_t)(j * tr->dp + tr->dp_rank) * (uint64_t)B;
-        read_batch(tr, &tr->train_data, first, j);
+        read_batch(tr, &tr->train_data, first, j, B);
     }
     loss_shares(tr, needs_data);
     *data_ms = 1e3 * (comm_wtime() - t_data);
@@ -201,6 +237,15 @@ TrainerStep trainer_step(Trainer *tr, int step)
     r.comm_ms = 1e3 * zs.exposed_comm_s;
     r.comm_bytes = zs.bytes;
     r.pp_idle = tr->pipe ? pp_exec_idle_fraction(pp_stage_stats(tr->pipe), &tr->comms.pp) : -1;
+    r.cp_ms = -1;
+    if (tr->cp > 1) {
+        double s = 0;
+        for (int c = 0; c < zero_chunks(tr->zero); c++)
+            s += model_take_cp_seconds(zero_chunk_model(tr->zero, c));
+        r.cp_ms = 1e3 * s;
+        r.cp_bytes = tr->comms.cp.bytes_sent;
+        tr->comms.cp.bytes_sent = 0;
+    }
     return r;
 }
 
@@ -212,7 +257,7 @@ TrainerStep trainer_step(Trainer *tr, int step)
  * per-token losses (in another order). */
 double trainer_validate(Trainer *tr, double *counted_tokens)
 {
-    const int B = tr->cfg->training.micro_batch, T = tr->cfg->model.seq_len;
+    const int B = tr->cfg->training.micro_batch;
     const int n = tr->cfg->data.val_sequences, batches = (n + B - 1) / B;
     /* Every DP rank runs the same number of forwards (ZeRO-3 gathers inside
      * them are collective); a rank past the end runs one with no target. */
@@ -222,11 +267,9 @@ double trainer_validate(Trainer *tr, double *counted_tokens)
     for (int r = 0; r < rounds; r++) {
         const int j = r * tr->dp + tr->dp_rank;
         const int rows = j < batches ? (n - j * B < B ? n - j * B : B) : 0;
-        read_batch(tr, &tr->val_data, (uint64_t)(rows ? j : 0) * (uint64_t)B, 0);
-        for (size_t i = (size_t)rows * (size_t)T; i < (size_t)B * (size_t)T; i++)
-            tr->targets[i] = -1;
+        read_batch(tr, &tr->val_data, (uint64_t)(rows ? j : 0) * (uint64_t)B, 0, rows);
         double counted = 0;
-        for (size_t i = 0; i < (size_t)rows * (size_t)T; i++)
+        for (size_t i = 0; i < tr->rows; i++)
             counted += tr->targets[i] >= 0;
         if (!tr->pipe)
             model_set_positions(trainer_model(tr, 0), tr->pos);
@@ -335,9 +378,11 @@ Trainer *trainer_create(const Config *cfg, Comm world, TrainerMode mode)
     topology_init(&tr->topo, &tr->comms, &cfg->topology, world);
     trainer_set_threads(world);
     trainer_use_device(tr);
-    tr->dp = tr->comms.dp.size;
-    tr->dp_rank = tr->comms.dp.rank;
+    tr->cp = tr->topo.cp;
+    tr->dp = tr->comms.dp.size / tr->cp;
+    tr->dp_rank = tr->topo.data_rank;
     tr->n_micro = cfg->training.global_batch / (cfg->training.micro_batch * tr->dp);
+    tr->rows = (size_t)cfg->training.micro_batch * (size_t)cfg->model.seq_len / (size_t)tr->cp;
 
     open_data(tr, &world);
     memcheck(cfg, tr->topo.ranks_per_node,
@@ -353,6 +398,7 @@ Trainer *trainer_create(const Config *cfg, Comm world, TrainerMode mode)
         const ParamShard chunk = params_chunk_shard(&shard, c);
         tr->models[c] = model_create_unbound(cfg, tr->be, &chunk, cfg->training.micro_batch);
         model_set_tensor_parallel(tr->models[c], &tr->comms.tp);
+        model_set_context_parallel(tr->models[c], &tr->comms.cp);
     }
     /* A tied embedding split over the first and last stage: its gradient
      * is summed over the embedding group before its DP bucket goes out. */
@@ -371,11 +417,15 @@ Trainer *trainer_create(const Config *cfg, Comm world, TrainerMode mode)
     trainer_init_from(tr, tr->resumed);
     if (async)
         tr->async = ckpt_async_create(&tr->ckpt, !tr->be->device);
-    const size_t BT = (size_t)cfg->training.micro_batch * (size_t)cfg->model.seq_len;
+    const size_t BT = tr->rows;
     tr->tokens = trd_malloc((size_t)tr->n_micro * BT * sizeof(int32_t), "token batches");
     tr->targets = trd_malloc((size_t)tr->n_micro * BT * sizeof(int32_t), "target batches");
-    if (cfg->data.document_mask)
-        tr->pos = trd_malloc((size_t)tr->n_micro * BT * sizeof(int32_t), "document positions");
+    if (cfg->data.document_mask || tr->cp > 1)
+        tr->pos = trd_malloc((size_t)tr->n_micro * BT * sizeof(int32_t), "token positions");
+    if (tr->cp > 1)
+        tr->whole = trd_malloc(3 * (size_t)cfg->training.micro_batch * (size_t)cfg->model.seq_len *
+                                   sizeof(int32_t),
+                               "whole sequences");
     tr->loss_share = trd_malloc((size_t)tr->n_micro * sizeof(float), "loss shares");
     tr->info = (TrainerInfo){.be = tr->be,
                              .topo = &tr->topo,
@@ -405,6 +455,7 @@ void trainer_destroy(Trainer *tr)
     free(tr->tokens);
     free(tr->targets);
     free(tr->pos);
+    free(tr->whole);
     free(tr->loss_share);
     trainer_ckpt_teardown(tr);
     pp_stage_free(tr->pipe);

@@ -87,6 +87,9 @@ typedef struct {
     double data_ms;                /* reading this rank's samples (data loading) */
     unsigned long long comm_bytes; /* payload bytes this rank handed to DP collectives */
     double pp_idle;                /* fraction of the step the pipeline waited; -1: no pipeline */
+    double cp_ms;                  /* the context-parallel exchange (blocking, so exposed);
+                                      -1: no cp */
+    unsigned long long cp_bytes;   /* bytes this rank sent in it */
 } TrainerStep;
 TrainerStep trainer_step(Trainer *tr, int step);
 

@@ -22,11 +22,16 @@ struct Trainer {
     TopologyComms comms;
     Model *models[CFG_MAX_VIRTUAL]; /* this rank's model chunks (bound by the engine) */
     Zero *zero;
-    Blend train_data, val_data; /* one dataset, or data.blend's (data/blend.h) */
-    int32_t *tokens, *targets;  /* the step's micro-batches: [n_micro][B*T] */
-    int32_t *pos;               /* data.document_mask: their positions in documents */
-    float *loss_share;          /* [n_micro]: each one's share of the step's counted targets */
-    int dp, dp_rank, n_micro;
+    Blend train_data, val_data;  /* one dataset, or data.blend's (data/blend.h) */
+    int32_t *tokens, *targets;   /* the step's micro-batches: [n_micro][B*T/cp] */
+    int32_t *pos;                /* data.document_mask: their positions in documents;
+                                   cp > 1: their global positions (or in documents) */
+    int32_t *whole;              /* cp > 1: one micro-batch's whole sequences, before
+                                   this rank's chunks are cut out: [3][B*T] */
+    float *loss_share;           /* [n_micro]: each one's share of the step's counted targets */
+    int dp, dp_rank, n_micro;    /* dp: replicas reading different sequences (not cp) */
+    int cp;                      /* topology.cp: ranks sharing each sequence */
+    size_t rows;                 /* a micro-batch's token rows here: B*T/cp */
     PpStage *pipe;               /* pp > 1 */
     CkptShardView ckpt;          /* what this rank saves and loads (host memory) */
     Comm ckpt_world;             /* the world the checkpoint's collectives run on */

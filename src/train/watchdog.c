@@ -214,6 +214,7 @@ static void *watch(void *arg)
     /* Look a few times per timeout, at most once a second. */
     const double period = W.timeout_s >= 5 ? 1.0 : W.timeout_s / 5.0;
     uint64_t seen = progress_ticks();
+    int started_seen = progress_started();
     double since = mono(), progressed = wall(), last_beat = -1e30;
     pthread_mutex_lock(&W.mu);
     while (!W.stop) {
@@ -237,15 +238,22 @@ static void *watch(void *arg)
         }
         const uint64_t now_ticks = progress_ticks();
         const double now = mono();
+        /* Before the first step only a wait on other ranks (NCCL's
+         * initialisation, a collective of the checkpoint load) can fire:
+         * start-up's own work (data, model, the SGEMM probe) has no marks
+         * and may take longer than a tight timeout, and its gaps do not
+         * count toward the longest gap. */
+        const int started = progress_started();
         if (now_ticks != seen) {
-            if (now - since > W.longest_gap)
+            if (started && started_seen && now - since > W.longest_gap)
                 W.longest_gap = now - since;
+            started_seen = started;
             seen = now_ticks;
             since = now;
             progressed = wall();
-        } else if (now - since >= timeout_of()) {
+        } else if (started ? now - since >= timeout_of() : progress_wait_s() >= timeout_of()) {
             beat(progressed, 1);
-            fire(now - since);
+            fire(started ? now - since : progress_wait_s());
         }
         if (now - last_beat >= W.beat_every) {
             beat(progressed, now - since >= period);

@@ -11,9 +11,9 @@
 #   ```text, yaml, c, js, json   not commands: output, synopses, config, code
 #   ```text expect    what the sh block just before it prints: each line must
 #                     be a line of that block's output (stdout and stderr),
-#                     in order, where `...` stands for any text (timings,
-#                     paths); so quoted help texts, error messages and
-#                     outputs are the program's own
+#                     in order (other lines may come between), where `...`
+#                     stands for any text (timings, paths); so quoted help
+#                     texts, error messages and outputs are the program's own
 #
 # A block without a language fails the test, so a new command cannot slip in
 # unmarked.  Each doc runs top to bottom in its own fresh copy of the
@@ -103,11 +103,13 @@ PY
 }
 
 # expect_lines EXPECTED OUTPUT: every non-empty line of EXPECTED is a line of
-# OUTPUT, in order ("..." matches any text; spaces at the ends ignored).
+# OUTPUT, in order, other lines between them allowed ("..." within a line
+# matches any text, a line of "..." alone stands for lines left out;
+# spaces at the ends ignored).
 expect_lines() {
     python3 - "$1" "$2" <<'PY'
 import re, sys
-want = [l.strip() for l in open(sys.argv[1]) if l.strip()]
+want = [l.strip() for l in open(sys.argv[1]) if l.strip() and l.strip() != "..."]
 got = [l.strip() for l in open(sys.argv[2], errors="replace")]
 at = 0
 for w in want:

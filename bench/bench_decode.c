@@ -131,10 +131,10 @@ static void timed_attention_decode(float *out, const float *qkv, float *kc, floa
     inner->attention_decode(out, qkv, kc, vc, n, pos0, H, KVH, hs);
     op_done("attention_decode", 2.0 * 4 * (pos0 + n) * KVH * hs);
 }
-static void timed_rope_decode(float *qkv, int n, int pos0, int H, int KVH, int hs, float theta)
+static void timed_rope_decode(float *qkv, int n, int pos0, int H, int KVH, int hs, RopeFreq rf)
 {
     t_op = now_s();
-    inner->rope_decode(qkv, n, pos0, H, KVH, hs, theta);
+    inner->rope_decode(qkv, n, pos0, H, KVH, hs, rf);
     op_done("rope_decode", 0);
 }
 static void timed_add(float *out, const float *a, const float *b, size_t n)

@@ -7,6 +7,8 @@
 #include "common.cuh"
 
 #include <nccl.h>
+#include <pthread.h>
+#include <stdio.h>
 #include <string.h>
 
 extern "C" {
@@ -15,13 +17,17 @@ extern "C" {
 
 static_assert(sizeof(ncclUniqueId) == COMM_NCCL_ID_BYTES, "ncclUniqueId size changed");
 
+/* A failed call aborts every communicator first: the job ends, and no
+ * NCCL kernel may stay behind on the GPU waiting for peers. */
 #define NCCL_CHECK(call)                                                                           \
     do {                                                                                           \
         ncclResult_t r_ = (call);                                                                  \
-        if (r_ != ncclSuccess)                                                                     \
+        if (r_ != ncclSuccess) {                                                                   \
+            comm_nccl_abort_all();                                                                 \
             trd_fatal(TRD_EXIT_RUNTIME,                                                            \
                       "NCCL_DEBUG=WARN says more; another rank may have failed first",             \
                       "%s:%d: %s: %s", __FILE__, __LINE__, #call, ncclGetErrorString(r_));         \
+        }                                                                                          \
     } while (0)
 
 struct CommNccl {
@@ -29,7 +35,16 @@ struct CommNccl {
     cudaStream_t stream;
     cudaEvent_t ready; /* the compute stream's position when an op is issued */
     int rank, size;
+    /* For comm_nccl_fault/pending, read by any thread (a torn read can
+     * garble a message, never crash: the strings stay NUL-terminated). */
+    char label[128];
+    const char *last_op;  /* "all-reduce"..., NULL before the first */
+    cudaEvent_t last;     /* recorded after the last op on the stream */
+    volatile int issuing; /* inside the NCCL call of last_op */
+    CommNccl *next;       /* the live communicators (live, under live_mu) */
 };
+static CommNccl *live;
+static pthread_mutex_t live_mu = PTHREAD_MUTEX_INITIALIZER;
 
 /* Ops keep their event; released ones wait in a free list for reuse (the
  * same few are in flight every step, and creating events is not free). */
@@ -56,7 +71,65 @@ static CommNccl *wrap(ncclComm_t comm)
      * wait for it and it for the default stream, and nothing overlaps. */
     CUDA_CHECK(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking));
     c->ready = new_event();
+    c->last = new_event();
+    snprintf(c->label, sizeof c->label, "a communicator of %d ranks", c->size);
+    pthread_mutex_lock(&live_mu);
+    c->next = live;
+    live = c;
+    pthread_mutex_unlock(&live_mu);
     return c;
+}
+
+extern "C" void comm_nccl_set_label(CommNccl *c, const char *label)
+{
+    if (c)
+        snprintf(c->label, sizeof c->label, "%s", label);
+}
+
+extern "C" int comm_nccl_fault(char *buf, size_t n)
+{
+    int found = 0;
+    pthread_mutex_lock(&live_mu);
+    for (CommNccl *c = live; c && !found; c = c->next) {
+        ncclResult_t r = ncclSuccess;
+        if (ncclCommGetAsyncError(c->comm, &r) != ncclSuccess)
+            continue; /* the query itself failed: nothing to say */
+        if (r == ncclSuccess || r == ncclInProgress)
+            continue;
+        snprintf(buf, n, "NCCL reports an asynchronous error on %s: %s; its last operation: %s",
+                 c->label, ncclGetErrorString(r), c->last_op ? c->last_op : "none");
+        found = 1;
+    }
+    pthread_mutex_unlock(&live_mu);
+    return found;
+}
+
+extern "C" int comm_nccl_pending(char *buf, size_t n)
+{
+    int found = 0;
+    pthread_mutex_lock(&live_mu);
+    for (CommNccl *c = live; c && !found; c = c->next) {
+        if (!c->last_op)
+            continue;
+        if (c->issuing)
+            snprintf(buf, n, "NCCL %s on %s has not returned", c->last_op, c->label);
+        else if (cudaEventQuery(c->last) == cudaErrorNotReady)
+            snprintf(buf, n, "NCCL %s on %s has not completed on the GPU", c->last_op, c->label);
+        else
+            continue;
+        found = 1;
+    }
+    pthread_mutex_unlock(&live_mu);
+    return found;
+}
+
+extern "C" void comm_nccl_abort_all(void)
+{
+    /* No lock: the main thread may hold none, but a thread stuck while
+     * holding live_mu must not stop the abort (the list only grows at
+     * start-up and shrinks at the end). */
+    for (CommNccl *c = live; c; c = c->next)
+        (void)ncclCommAbort(c->comm);
 }
 
 extern "C" void comm_nccl_unique_id(unsigned char id[COMM_NCCL_ID_BYTES])
@@ -88,23 +161,36 @@ extern "C" void comm_nccl_free(CommNccl *c)
 {
     if (!c)
         return;
+    pthread_mutex_lock(&live_mu);
+    for (CommNccl **p = &live; *p; p = &(*p)->next)
+        if (*p == c) {
+            *p = c->next;
+            break;
+        }
+    pthread_mutex_unlock(&live_mu);
     CUDA_CHECK(cudaStreamSynchronize(c->stream));
     NCCL_CHECK(ncclCommDestroy(c->comm));
+    CUDA_CHECK(cudaEventDestroy(c->last));
     CUDA_CHECK(cudaEventDestroy(c->ready));
     CUDA_CHECK(cudaStreamDestroy(c->stream));
     free(c);
 }
 
-/* Before an op: c's stream waits for what the compute stream has so far. */
-static void begin(CommNccl *c)
+/* Before an op: c's stream waits for what the compute stream has so far;
+ * the op is c's last, and its call is under way. */
+static void begin(CommNccl *c, const char *what)
 {
     CUDA_CHECK(cudaEventRecord(c->ready, cuda_stream()));
     CUDA_CHECK(cudaStreamWaitEvent(c->stream, c->ready, 0));
+    c->last_op = what;
+    c->issuing = 1;
 }
 
 /* After an op: its completion event. */
 static CommNcclOp *end(CommNccl *c)
 {
+    c->issuing = 0;
+    CUDA_CHECK(cudaEventRecord(c->last, c->stream));
     CommNcclOp *op = free_ops;
     if (op)
         free_ops = op->next;
@@ -140,7 +226,7 @@ extern "C" int comm_nccl_test(CommNcclOp *op)
 
 extern "C" CommNcclOp *comm_nccl_allreduce(CommNccl *c, float *buf, size_t n, int max)
 {
-    begin(c);
+    begin(c, "all-reduce");
     NCCL_CHECK(
         ncclAllReduce(buf, buf, n, ncclFloat32, max ? ncclMax : ncclSum, c->comm, c->stream));
     return end(c);
@@ -148,7 +234,7 @@ extern "C" CommNcclOp *comm_nccl_allreduce(CommNccl *c, float *buf, size_t n, in
 
 extern "C" CommNcclOp *comm_nccl_allgather_block(CommNccl *c, float *buf, size_t n)
 {
-    begin(c);
+    begin(c, "all-gather");
     /* In place: NCCL's send buffer is this rank's block of the result. */
     NCCL_CHECK(ncclAllGather(buf + (size_t)c->rank * n, buf, n, ncclFloat32, c->comm, c->stream));
     return end(c);
@@ -156,7 +242,7 @@ extern "C" CommNcclOp *comm_nccl_allgather_block(CommNccl *c, float *buf, size_t
 
 extern "C" CommNcclOp *comm_nccl_reduce_scatter_block(CommNccl *c, float *buf, size_t n)
 {
-    begin(c);
+    begin(c, "reduce-scatter");
     /* In place, NCCL leaves block `rank` where it was; comm.h wants it first. */
     float *mine = buf + (size_t)c->rank * n;
     NCCL_CHECK(ncclReduceScatter(buf, mine, n, ncclFloat32, ncclSum, c->comm, c->stream));
@@ -172,7 +258,7 @@ extern "C" CommNcclOp *comm_nccl_reduce_scatter_block(CommNccl *c, float *buf, s
 extern "C" CommNcclOp *comm_nccl_reduce_parts(CommNccl *c, const float *send, float *recv,
                                               const int *counts, const int *displs)
 {
-    begin(c);
+    begin(c, "reduce (ZeRO parts)");
     NCCL_CHECK(ncclGroupStart());
     for (int r = 0; r < c->size; r++)
         if (counts[r] > 0)
@@ -185,7 +271,7 @@ extern "C" CommNcclOp *comm_nccl_reduce_parts(CommNccl *c, const float *send, fl
 extern "C" CommNcclOp *comm_nccl_gather_parts(CommNccl *c, const float *mine, float *out,
                                               const int *counts, const int *displs)
 {
-    begin(c);
+    begin(c, "broadcast (ZeRO parts)");
     NCCL_CHECK(ncclGroupStart());
     for (int r = 0; r < c->size; r++)
         if (counts[r] > 0)
@@ -197,14 +283,14 @@ extern "C" CommNcclOp *comm_nccl_gather_parts(CommNccl *c, const float *mine, fl
 
 extern "C" CommNcclOp *comm_nccl_send(CommNccl *c, const float *buf, size_t n, int peer)
 {
-    begin(c);
+    begin(c, "send");
     NCCL_CHECK(ncclSend(buf, n, ncclFloat32, peer, c->comm, c->stream));
     return end(c);
 }
 
 extern "C" CommNcclOp *comm_nccl_recv(CommNccl *c, float *buf, size_t n, int peer)
 {
-    begin(c);
+    begin(c, "receive");
     NCCL_CHECK(ncclRecv(buf, n, ncclFloat32, peer, c->comm, c->stream));
     return end(c);
 }

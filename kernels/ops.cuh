@@ -48,10 +48,10 @@ void cuda_swiglu_backward(float *dgate, float *dup, const float *dout, const flo
 
 /* rope.cu */
 void cuda_rope_forward(float *qkv, const int32_t *pos, int N, int T, int pos0, int H, int KVH,
-                       int hs, float theta);
+                       int hs, RopeFreq rf);
 void cuda_rope_backward(float *dqkv, const int32_t *pos, int N, int T, int pos0, int H, int KVH,
-                        int hs, float theta);
-void cuda_rope_decode(float *qkv, int n, int pos0, int H, int KVH, int hs, float theta);
+                        int hs, RopeFreq rf);
+void cuda_rope_decode(float *qkv, int n, int pos0, int H, int KVH, int hs, RopeFreq rf);
 
 /* decode.cu */
 void cuda_attention_decode(float *out, const float *qkv, float *kcache, float *vcache, int n,

@@ -200,17 +200,17 @@ static void p_swiglu_backward(float *dgate, float *dup, const float *dout, const
 }
 
 static void p_rope_forward(float *qkv, const int32_t *pos, int N, int T, int pos0, int H, int KVH,
-                           int hs, float theta)
+                           int hs, RopeFreq rf)
 {
     TIMED("rope_forward", F4 * 2.0 * N * (H + KVH) * hs, 0,
-          rope_forward(qkv, pos, N, T, pos0, H, KVH, hs, theta));
+          rope_forward(qkv, pos, N, T, pos0, H, KVH, hs, rf));
 }
 
 static void p_rope_backward(float *dqkv, const int32_t *pos, int N, int T, int pos0, int H, int KVH,
-                            int hs, float theta)
+                            int hs, RopeFreq rf)
 {
     TIMED("rope_backward", F4 * 2.0 * N * (H + KVH) * hs, 0,
-          rope_backward(dqkv, pos, N, T, pos0, H, KVH, hs, theta));
+          rope_backward(dqkv, pos, N, T, pos0, H, KVH, hs, rf));
 }
 
 /* causal attention of whole sequences: about half of the T x T scores; 2

@@ -1,6 +1,6 @@
 /* rope.cu — rotary embedding in place on the q and k heads of a fused qkv
  * buffer (layout in backend.h), interleaved pairs (2i, 2i+1) turned by
- * pos * theta^(-2i/hs), pos = pos[n] (packed documents) or pos0 + n % T
+ * pos * rope_inv_freq(rf, i, hs) (backend.h), pos = pos[n] (packed documents) or pos0 + n % T
  * (decoding: pos0 + n).  As on the CPU the angle, its cosine
  * and its sine are computed in double (pos * freq loses digits in fp32 at
  * long contexts) and rounded to fp32 once; backward turns by -angle. */
@@ -10,15 +10,14 @@
  * Q query heads and the key head of every kv group (they are adjacent;
  * the value head after them is left alone). */
 __global__ void rope_kernel(float *qkv, const int32_t *pos, int N, int T, int pos0, int H, int KVH,
-                            int hs, float theta, double sign)
+                            int hs, RopeFreq rf, double sign)
 {
     int half = hs / 2, Q = H / KVH, width = (H + 2 * KVH) * hs;
     size_t total = (size_t)N * half;
     GRID_STRIDE(idx, total)
     {
         int n = (int)(idx / half), i = (int)(idx % half);
-        double ang =
-            sign * (double)(pos ? pos[n] : pos0 + n % T) * pow((double)theta, -2.0 * i / hs);
+        double ang = sign * (double)(pos ? pos[n] : pos0 + n % T) * rope_inv_freq(rf, i, hs);
         float c = (float)cos(ang), s = (float)sin(ang);
         float *row = qkv + (size_t)n * width;
         for (int g = 0; g < KVH; g++) {
@@ -34,31 +33,31 @@ __global__ void rope_kernel(float *qkv, const int32_t *pos, int N, int T, int po
 }
 
 static void rope_apply(float *qkv, const int32_t *pos, int N, int T, int pos0, int H, int KVH,
-                       int hs, float theta, double sign)
+                       int hs, RopeFreq rf, double sign)
 {
     TRD_ASSERT(KVH > 0 && H % KVH == 0 && hs % 2 == 0);
     if (N <= 0 || hs <= 0)
         return;
     rope_kernel<<<cuda_blocks((size_t)N * (hs / 2)), CUDA_THREADS, 0, cuda_stream()>>>(
-        qkv, pos, N, T, pos0, H, KVH, hs, theta, sign);
+        qkv, pos, N, T, pos0, H, KVH, hs, rf, sign);
     CUDA_CHECK_LAUNCH();
 }
 
 void cuda_rope_forward(float *qkv, const int32_t *pos, int N, int T, int pos0, int H, int KVH,
-                       int hs, float theta)
+                       int hs, RopeFreq rf)
 {
-    rope_apply(qkv, pos, N, T, pos0, H, KVH, hs, theta, 1.0);
+    rope_apply(qkv, pos, N, T, pos0, H, KVH, hs, rf, 1.0);
 }
 
 /* Rows of one sequence from position pos0 (decoding). */
-void cuda_rope_decode(float *qkv, int n, int pos0, int H, int KVH, int hs, float theta)
+void cuda_rope_decode(float *qkv, int n, int pos0, int H, int KVH, int hs, RopeFreq rf)
 {
-    rope_apply(qkv, NULL, n, n > 0 ? n : 1, pos0, H, KVH, hs, theta, 1.0);
+    rope_apply(qkv, NULL, n, n > 0 ? n : 1, pos0, H, KVH, hs, rf, 1.0);
 }
 
 /* In place: dqkv holds d(rotated) on entry and d(unrotated) on return. */
 void cuda_rope_backward(float *dqkv, const int32_t *pos, int N, int T, int pos0, int H, int KVH,
-                        int hs, float theta)
+                        int hs, RopeFreq rf)
 {
-    rope_apply(dqkv, pos, N, T, pos0, H, KVH, hs, theta, -1.0);
+    rope_apply(dqkv, pos, N, T, pos0, H, KVH, hs, rf, -1.0);
 }

@@ -31,6 +31,9 @@ import sys
 import h5py
 import numpy as np
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from rope_llama3_ref import llama3_inv_freq  # noqa: E402
+
 
 def fail(msg):
     print(f"hf_export_check: FAIL: {msg}", file=sys.stderr)
@@ -277,6 +280,12 @@ def hf_forward(cfg, t, ids):
     eps, theta = cfg["rms_norm_eps"], cfg["rope_theta"]
     hs = C // H
     inv = 1.0 / theta ** (np.arange(0, hs, 2) / hs)
+    rs = cfg.get("rope_scaling")
+    if rs and rs.get("rope_type", rs.get("type")) == "llama3":   # Llama 3.1's
+        inv = llama3_inv_freq(theta, hs, rs["factor"], rs["low_freq_factor"],
+                              rs["high_freq_factor"], rs["original_max_position_embeddings"])
+    elif rs and rs.get("rope_type", rs.get("type")) != "default":
+        fail(f"hf_forward: rope_scaling {rs} is not modelled here")
     ang = np.outer(np.arange(T), inv)
     emb = np.concatenate([ang, ang], -1)
     cos, sin = np.cos(emb), np.sin(emb)

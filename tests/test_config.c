@@ -387,6 +387,23 @@ static void test_validate(void)
                    WORDS("even", "llama", "RoPE"));
     expect_invalid(WORDS("model.arch=llama", "model.rope_theta=0"), 0,
                    WORDS("model.rope_theta", "llama"));
+    /* Llama 3's RoPE scaling: its four parameters, in range, on llama only */
+#define LLAMA3                                                                                     \
+    "model.arch=llama", "model.rope_scaling=llama3", "model.rope_factor=8",                        \
+        "model.rope_low_freq_factor=1", "model.rope_high_freq_factor=4",                           \
+        "model.rope_original_max_position_embeddings=8192"
+    expect_invalid(WORDS(LLAMA3, "model.rope_factor=0.5"), 0,
+                   WORDS("--set model.rope_factor=0.5", "model.rope_factor (0.5)", ">= 1"));
+    expect_invalid(WORDS(LLAMA3, "model.rope_high_freq_factor=1"), 0,
+                   WORDS("model.rope_high_freq_factor (1)", "greater"));
+    expect_invalid(WORDS(LLAMA3, "model.rope_original_max_position_embeddings=0"), 0,
+                   WORDS("model.rope_original_max_position_embeddings (0)", ">= 1"));
+    expect_invalid(WORDS("model.arch=llama", "model.rope_scaling=llama3"), 0,
+                   WORDS("model.rope_factor (0)", ">= 1"));
+    expect_invalid(WORDS(LLAMA3, "model.arch=gpt2"), 0, WORDS("rope_scaling", "arch llama"));
+    expect_invalid(WORDS("model.arch=llama", "model.rope_factor=8"), 0,
+                   WORDS("model.rope_factor", "apply only with", "llama3"));
+#undef LLAMA3
 
     /* topology */
     expect_invalid(WORDS("topology.virtual_stages=2"), 0,

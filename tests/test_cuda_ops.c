@@ -449,7 +449,7 @@ static void test_swiglu(size_t n)
 /* ----------------------------------------------------------------- rope */
 
 /* pos: NULL (row n at pos0 + n % T) or positions per row. */
-static void test_rope(int B, int T, int H, int KVH, int hs, float theta, int pos0,
+static void test_rope(int B, int T, int H, int KVH, int hs, RopeFreq rf, int pos0,
                       const int32_t *pos)
 {
     char what[160];
@@ -457,14 +457,15 @@ static void test_rope(int B, int T, int H, int KVH, int hs, float theta, int pos
     size_t n = (size_t)N * (H + 2 * KVH) * hs;
     float *qkv = hrand(n, 1), *d_qkv = dcopyf(qkv, n);
     int32_t *d_pos = pos ? dcopy(pos, (size_t)N * sizeof *pos) : NULL;
-    cpu->rope_forward(qkv, pos, N, T, pos0, H, KVH, hs, theta);
-    gpu->rope_forward(d_qkv, d_pos, N, T, pos0, H, KVH, hs, theta);
-    snprintf(what, sizeof what, "rope B=%d T=%d H=%d KVH=%d hs=%d theta=%g pos0=%d%s forward", B, T,
-             H, KVH, hs, theta, pos0, pos ? " documents" : "");
+    cpu->rope_forward(qkv, pos, N, T, pos0, H, KVH, hs, rf);
+    gpu->rope_forward(d_qkv, d_pos, N, T, pos0, H, KVH, hs, rf);
+    snprintf(what, sizeof what,
+             "rope B=%d T=%d H=%d KVH=%d hs=%d theta=%g factor=%g pos0=%d%s forward", B, T, H, KVH,
+             hs, rf.theta, rf.factor, pos0, pos ? " documents" : "");
     compare_dev(what, d_qkv, qkv, n, R_ELEM);
     float *g = hrand(n, 1), *d_g = dcopyf(g, n);
-    cpu->rope_backward(g, pos, N, T, pos0, H, KVH, hs, theta);
-    gpu->rope_backward(d_g, d_pos, N, T, pos0, H, KVH, hs, theta);
+    cpu->rope_backward(g, pos, N, T, pos0, H, KVH, hs, rf);
+    gpu->rope_backward(d_g, d_pos, N, T, pos0, H, KVH, hs, rf);
     snprintf(what, sizeof what, "rope B=%d T=%d H=%d KVH=%d hs=%d pos0=%d%s backward", B, T, H, KVH,
              hs, pos0, pos ? " documents" : "");
     compare_dev(what, d_g, g, n, R_ELEM);
@@ -580,8 +581,8 @@ static void test_decode(int T, int H, int KVH, int hs)
     for (int pos = 0; pos < T;) {
         const int n = pos == 0 ? (T + 1) / 2 : pos + 3 < T && pos % 2 ? 3 : 1;
         const int m = pos + n > T ? T - pos : n;
-        cpu->rope_decode(qkv + (size_t)pos * W, m, pos, H, KVH, hs, 10000.0f);
-        gpu->rope_decode(d_qkv + (size_t)pos * W, m, pos, H, KVH, hs, 10000.0f);
+        cpu->rope_decode(qkv + (size_t)pos * W, m, pos, H, KVH, hs, (RopeFreq){.theta = 1e4});
+        gpu->rope_decode(d_qkv + (size_t)pos * W, m, pos, H, KVH, hs, (RopeFreq){.theta = 1e4});
         cpu->attention_decode(out + (size_t)pos * O, qkv + (size_t)pos * W, kc, vc, m, pos, H, KVH,
                               hs);
         gpu->attention_decode(d_out + (size_t)pos * O, d_qkv + (size_t)pos * W, d_kc, d_vc, m, pos,
@@ -1272,13 +1273,22 @@ int main(void)
     test_swiglu(1001);
     test_swiglu(300000);
 
-    test_rope(2, 5, 4, 2, 4, 10000.0f, 0, NULL);
-    test_rope(1, 300, 8, 2, 64, 10000.0f, 0, NULL); /* hs/2 = 32 pairs, long positions */
-    test_rope(3, 7, 3, 3, 6, 500000.0f, 0, NULL);   /* MHA, odd head count */
-    test_rope(2, 9, 4, 1, 2, 10000.0f, 0, NULL);    /* MQA, one pair per head */
-    test_rope(2, 9, 4, 2, 4, 10000.0f, 4096, NULL); /* a sequence shard at 4096 */
+    test_rope(2, 5, 4, 2, 4, (RopeFreq){.theta = 1e4}, 0, NULL);
+    test_rope(1, 300, 8, 2, 64, (RopeFreq){.theta = 1e4}, 0,
+              NULL); /* hs/2 = 32 pairs, long positions */
+    test_rope(3, 7, 3, 3, 6, (RopeFreq){.theta = 5e5}, 0, NULL);    /* MHA, odd head count */
+    test_rope(2, 9, 4, 1, 2, (RopeFreq){.theta = 1e4}, 0, NULL);    /* MQA, one pair per head */
+    test_rope(2, 9, 4, 2, 4, (RopeFreq){.theta = 1e4}, 4096, NULL); /* a sequence shard at 4096 */
     int32_t *dpos = doc_positions(2, 9, (const int[]){4, 3}, 2);
-    test_rope(2, 9, 4, 2, 4, 10000.0f, 0, dpos); /* packed documents */
+    test_rope(2, 9, 4, 2, 4, (RopeFreq){.theta = 1e4}, 0, dpos); /* packed documents */
+    /* Llama 3.1's scaling: 32 pairs over the three bands, long positions */
+    test_rope(1, 300, 8, 2, 64,
+              (RopeFreq){.theta = 5e5,
+                         .factor = 8,
+                         .low_freq_factor = 1,
+                         .high_freq_factor = 4,
+                         .original_max = 8192},
+              7000, NULL);
     free(dpos);
 
     test_attention(2, 5, 4, 2, 4);      /* GQA */

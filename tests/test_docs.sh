@@ -9,6 +9,11 @@
 #   ```sh ci          not run here: scripts/test.sh itself runs these steps (the CUDA builds)
 #   ```sh long        not run here: over ten minutes on 2 cores (a benchmark); run by hand
 #   ```text, yaml, c, js, json   not commands: output, synopses, config, code
+#   ```text expect    what the sh block just before it prints: each line must
+#                     be a line of that block's output (stdout and stderr),
+#                     in order (other lines may come between), where `...`
+#                     stands for any text (timings, paths); so quoted help
+#                     texts, error messages and outputs are the program's own
 #
 # A block without a language fails the test, so a new command cannot slip in
 # unmarked.  Each doc runs top to bottom in its own fresh copy of the
@@ -58,13 +63,16 @@ for doc in docs:
         lang = info[0] if info else ""
         mark = info[1] if len(info) > 1 else ""
         where = f"{doc}:{start}"
-        if lang not in known or (mark and (lang != "sh" or mark not in marks)):
+        expect = lang == "text" and mark == "expect"
+        if lang not in known or (mark and not expect and (lang != "sh" or mark not in marks)):
             print(f"FAIL {where}: a code block must say what it is: ```sh, ```sh gpu, "
                   f"```sh cluster, ```python, ```text, ```yaml, ```c or ```js (got '{m.group(2)}')",
                   file=sys.stderr)
             bad += 1
             continue
         kind = lang if lang in ("sh", "python") and not mark else "skip-" + (mark or lang)
+        if expect:
+            kind = "expect"
         n += 1
         path = f"{out}/{doc.replace('/', '_')}.{n:02d}.{lang}"
         open(path, "w").write("\n".join(body) + "\n")
@@ -94,11 +102,32 @@ open(sys.argv[1], "w").write("\n".join(out))
 PY
 }
 
-fails=0 ran=0 skipped=0 current=""
+# expect_lines EXPECTED OUTPUT: every non-empty line of EXPECTED is a line of
+# OUTPUT, in order, other lines between them allowed ("..." within a line
+# matches any text, a line of "..." alone stands for lines left out;
+# spaces at the ends ignored).
+expect_lines() {
+    python3 - "$1" "$2" <<'PY'
+import re, sys
+want = [l.strip() for l in open(sys.argv[1]) if l.strip() and l.strip() != "..."]
+got = [l.strip() for l in open(sys.argv[2], errors="replace")]
+at = 0
+for w in want:
+    pat = re.compile("^" + ".*".join(re.escape(p) for p in w.split("...")) + "$")
+    while at < len(got) and not pat.match(got[at]):
+        at += 1
+    if at == len(got):
+        print(f"not printed (in this order): {w}")
+        sys.exit(1)
+    at += 1
+PY
+}
+
+fails=0 ran=0 skipped=0 current="" last_log=""
 declare -A skips=()
 while read -r doc kind file line; do
     if [ "$doc" != "$current" ]; then
-        current=$doc
+        current=$doc last_log=""
         box="$tmp/box-${doc//\//_}"
         mkdir -p "$box"
         git ls-files -z --cached --others --exclude-standard |
@@ -109,7 +138,19 @@ while read -r doc kind file line; do
     fi
     case $kind in
     skip-*) skipped=$((skipped + 1)); skips[${kind#skip-}]=$(( ${skips[${kind#skip-}]:-0} + 1 )); continue ;;
+    expect)
+        ran=$((ran + 1))
+        if [ -n "$last_log" ] && expect_lines "$file" "$last_log" > "$file.why" 2>&1; then
+            echo "ok   $doc:$line (expected output of the block above)"
+        else
+            fails=$((fails + 1))
+            echo "FAIL $doc:$line: the quoted output is not what the sh block above prints"
+            [ -n "$last_log" ] || echo "    (no sh block of this doc ran before it)"
+            sed 's/^/    /' "$file.why"
+        fi
+        continue ;;
     esac
+    last_log=$file.log
     ran=$((ran + 1))
     if [ "$kind" = sh ]; then
         shorten "$file"

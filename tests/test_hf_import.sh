@@ -354,8 +354,8 @@ elif case == "missing":       # an entry removed from the header
 elif case == "shard":         # a shard the index names removed
     os.remove(os.path.join(dst, "model-00002-of-%05d.safetensors"
                            % len([f for f in os.listdir(dst) if f.startswith("model-")])))
-elif case == "rope_scaling":  # Llama 3.1's: not built yet, refused by name
-    config(rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+elif case == "rope_scaling":  # Llama 3.1's without one of its parameters
+    config(rope_scaling={"rope_type": "llama3", "factor": 8.0,
                          "high_freq_factor": 4.0, "original_max_position_embeddings": 8192})
 elif case == "arch":
     config(architectures=["BertForMaskedLM"], model_type="bert")
@@ -393,7 +393,7 @@ bad_st dtype16 "$out/g.hf" "bad_dtype16.hf/$f: tensor '.*' is F32, config.json's
 bad_st truncated "$out/g.hf" "bad_truncated.hf/$f: tensor '.*': data_offsets .* past the end of the file .*truncated"
 bad_st missing "$out/g.hf" "bad_missing.hf/$f: required tensor 'transformer.h.1.mlp.c_fc.bias' is missing"
 bad_st shard "$out/l.hf" "bad_shard.hf/model.safetensors.index.json: shard .*model-00002-of-.* (of tensor '.*') is missing"
-bad_st rope_scaling "$out/l.hf" "bad_rope_scaling.hf/config.json: rope_scaling (rope_type .llama3.): trident.s RoPE has no frequency scaling yet"
+bad_st rope_scaling "$out/l.hf" "bad_rope_scaling.hf/config.json: rope_scaling: .low_freq_factor. is missing"
 bad_st arch "$out/g.hf" "bad_arch.hf/config.json: architectures .*BertForMaskedLM.*, model_type .bert.: trident imports"
 bad_st layers "$out/g.hf" "bad_layers.hf/config.json: model.layers (1000000000) is more than 4096"
 bad_st n_inner "$out/g.hf" "bad_n_inner.hf/$f: tensor 'transformer.h.0.mlp.c_fc.weight' has shape \[64, 256\], config.json implies \[64, 1000000000\]"

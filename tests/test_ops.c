@@ -163,7 +163,8 @@ static void check_grads(const char *op, LossFn loss, BackFn backward, Var *vars,
 /* The shapes and buffers of the op under test (one op at a time). */
 static struct {
     int N, C, OC, B, T, H, KVH, hs, vocab_start, V, Vp;
-    float theta, dloss;
+    float dloss;
+    RopeFreq rf;
     double *inp, *weight, *bias, *out, *r, *mean, *rstd, *att, *tmp; /* att: lse */
     double *dinp, *dweight, *dbias, *inp2, *dinp2;
     int32_t *tokens;
@@ -591,7 +592,7 @@ static size_t qkv_size(void) { return (size_t)S.B * S.T * (S.H + 2 * S.KVH) * S.
 static double rope_loss(void)
 {
     memcpy(S.out, S.inp, qkv_size() * sizeof(double));
-    cpu_rope_forward_f64(S.out, NULL, S.B * S.T, S.T, 0, S.H, S.KVH, S.hs, S.theta);
+    cpu_rope_forward_f64(S.out, NULL, S.B * S.T, S.T, 0, S.H, S.KVH, S.hs, S.rf);
     return dotd(S.out, S.r, qkv_size());
 }
 
@@ -599,46 +600,52 @@ static double rope_loss(void)
 static void rope_back(void)
 {
     memcpy(S.tmp, S.r, qkv_size() * sizeof(double));
-    cpu_rope_backward_f64(S.tmp, NULL, S.B * S.T, S.T, 0, S.H, S.KVH, S.hs, S.theta);
+    cpu_rope_backward_f64(S.tmp, NULL, S.B * S.T, S.T, 0, S.H, S.KVH, S.hs, S.rf);
     for (size_t i = 0; i < qkv_size(); i++)
         S.dinp[i] += S.tmp[i];
 }
 
-static void test_rope(void)
+/* inv_freq[i]: the expected frequency of pair i (from outside the code
+ * under test). */
+static void test_rope(RopeFreq rf, int hs, const double *inv_freq, const char *what)
 {
     const Backend *cpu = backend_cpu();
-    S.B = 2, S.T = 5, S.H = 4, S.KVH = 2, S.hs = 4, S.theta = 10000.0f;
+    S.B = 2, S.T = 5, S.H = 4, S.KVH = 2, S.hs = hs, S.rf = rf;
     int Q = S.H / S.KVH, W = (S.H + 2 * S.KVH) * S.hs, N = S.B * S.T;
     size_t n = qkv_size();
     S.inp = rnd(n), S.out = zeros(n), S.r = rnd(n), S.tmp = zeros(n), S.dinp = zeros(n);
 
     /* forward from the definition: pair (2i, 2i+1) of q and k heads turned
-     * by pos * theta^(-2i/hs); value heads untouched */
+     * by pos * inv_freq[i]; value heads untouched */
     rope_loss();
     double *want = copy(S.inp, n);
     for (int row = 0; row < N; row++)
         for (int g = 0; g < S.KVH; g++)
             for (int j = 0; j <= Q; j++) /* Q query heads, then the key head */
                 for (int i = 0; i < S.hs / 2; i++) {
-                    double a = (row % S.T) * pow(S.theta, -2.0 * i / S.hs);
+                    double a = (row % S.T) * inv_freq[i];
                     double *p = want + (size_t)row * W + (g * (Q + 2) + j) * S.hs + 2 * i;
                     double x0 = p[0], x1 = p[1];
                     p[0] = x0 * cos(a) - x1 * sin(a);
                     p[1] = x0 * sin(a) + x1 * cos(a);
                 }
-    check_arrays("rope forward", S.out, want, n, 1e-13, 1e-14);
-    /* one spot value: row 1 (pos 1), first query head, pair 0, angle 1 rad */
+    char name[96];
+    snprintf(name, sizeof name, "rope%s forward", what);
+    check_arrays(name, S.out, want, n, 1e-13, 1e-14);
+    /* one spot value: row 1 (pos 1), first query head, pair 0, angle 1 rad
+     * (pair 0 is never scaled: the shortest wavelength) */
     double x0 = S.inp[W], x1 = S.inp[W + 1];
     CHECK_CLOSE(S.out[W], x0 * cos(1.0) - x1 * sin(1.0), 1e-13, 1e-14, "rope pos 1");
     Var v[] = {{"qkv", S.inp, S.dinp, n}};
-    check_grads("rope", rope_loss, rope_back, v, 1, 0);
+    snprintf(name, sizeof name, "rope%s", what);
+    check_grads(name, rope_loss, rope_back, v, 1, 0);
 
     float *fq = tof(S.inp, n), *fr = tof(S.r, n);
-    cpu->rope_forward(fq, NULL, N, S.T, 0, S.H, S.KVH, S.hs, S.theta);
+    cpu->rope_forward(fq, NULL, N, S.T, 0, S.H, S.KVH, S.hs, S.rf);
     check_f32("rope fp32 forward", fq, S.out, n, 1e-5, 1e-6);
     memcpy(S.tmp, S.r, n * 8);
-    cpu_rope_backward_f64(S.tmp, NULL, N, S.T, 0, S.H, S.KVH, S.hs, S.theta);
-    cpu->rope_backward(fr, NULL, N, S.T, 0, S.H, S.KVH, S.hs, S.theta);
+    cpu_rope_backward_f64(S.tmp, NULL, N, S.T, 0, S.H, S.KVH, S.hs, S.rf);
+    cpu->rope_backward(fr, NULL, N, S.T, 0, S.H, S.KVH, S.hs, S.rf);
     check_f32("rope fp32 backward", fr, S.tmp, n, 1e-5, 1e-6);
     free(fq), free(fr), free(want);
     free(S.inp), free(S.out), free(S.r), free(S.tmp), free(S.dinp);
@@ -700,13 +707,13 @@ static void test_decode(int H, int KVH, int hs, int T)
     float *out_full = calloc((size_t)T * O, sizeof(float)), *lse = calloc((size_t)H * T, 4);
     float *out = calloc((size_t)T * O, sizeof(float));
     float *kc = calloc((size_t)T * KVH * hs, 4), *vc = calloc((size_t)T * KVH * hs, 4);
-    cpu->rope_forward(full, NULL, T, T, 0, H, KVH, hs, 10000.0f);
+    cpu->rope_forward(full, NULL, T, T, 0, H, KVH, hs, (RopeFreq){.theta = 1e4});
     const AttnArgs a = attn_args(1, T, H, KVH, hs);
     cpu->attention_forward(out_full, lse, full, full, &a);
     const int cut[] = {0, 5, 6, 7, 8, T};
     for (int i = 0; i + 1 < (int)(sizeof cut / sizeof *cut); i++) {
         const int pos = cut[i], n = cut[i + 1] - cut[i];
-        cpu->rope_decode(pieces + (size_t)pos * W, n, pos, H, KVH, hs, 10000.0f);
+        cpu->rope_decode(pieces + (size_t)pos * W, n, pos, H, KVH, hs, (RopeFreq){.theta = 1e4});
         cpu->attention_decode(out + (size_t)pos * O, pieces + (size_t)pos * W, kc, vc, n, pos, H,
                               KVH, hs);
     }
@@ -795,7 +802,7 @@ static void test_attention_documents(int H, int KVH)
     for (size_t i = 0; i < n; i++)
         qkv[i] *= 2;
     double *roped = copy(qkv, n);
-    cpu_rope_forward_f64(roped, pos, B * T, T, 0, H, KVH, hs, 10000.0f);
+    cpu_rope_forward_f64(roped, pos, B * T, T, 0, H, KVH, hs, (RopeFreq){.theta = 1e4});
     AttnArgs a = attn_args(B, T, H, KVH, hs);
     a.pos = pos;
     cpu_attention_forward_f64(out, lse, qkv, qkv, &a);
@@ -816,7 +823,7 @@ static void test_attention_documents(int H, int KVH)
             AttnArgs one = attn_args(1, L, H, KVH, hs);
             cpu_attention_forward_f64(o1, l1, q1, q1, &one);
             cpu_attention_backward_f64(g1, g1, d1, q1, q1, o1, l1, &one);
-            cpu_rope_forward_f64(r1, NULL, L, L, 0, H, KVH, hs, 10000.0f);
+            cpu_rope_forward_f64(r1, NULL, L, L, 0, H, KVH, hs, (RopeFreq){.theta = 1e4});
             for (int t = 0; t < L; t++) {
                 const size_t row = (size_t)b * T + s + t;
                 ok &= !memcmp(o1 + (size_t)t * O, out + row * O, (size_t)O * sizeof(double));
@@ -1139,7 +1146,18 @@ int main(void)
     test_embedding();
     test_norms();
     test_activations();
-    test_rope();
+    test_rope((RopeFreq){.theta = 1e4}, 4, (const double[]){1, 1e-2}, "");
+    /* Llama 3's scaling with a short original context, so that the four
+     * pairs fall in all three bands (wavelengths 6.3 and 63 against 25 and
+     * 100: unchanged, interpolated, scaled twice).  The frequencies are
+     * Hugging Face's formula in numpy:
+     *   tests/rope_llama3_ref.py 10000 8 8 1 4 100 */
+    test_rope((RopeFreq){.theta = 1e4,
+                         .factor = 8,
+                         .low_freq_factor = 1,
+                         .high_freq_factor = 4,
+                         .original_max = 100},
+              8, (const double[]){1, 0.02975352506846948, 0.00125, 0.000125}, " llama3");
     test_attention(4, 4); /* multi-head */
     test_attention(4, 2); /* grouped-query */
     test_attention(4, 1); /* multi-query */

@@ -13,7 +13,15 @@
  *   (MPI_Issend): the next call on the same communicator first waits until
  *   the receiver has taken it, as NCCL's stream order does, so sends and
  *   receives that cross on one communicator deadlock here as on GPUs;
- *   ncclRecv waits for its message and checks its length. */
+ *   ncclRecv waits for its message and checks its length;
+ * - faults on demand, for the tests of docs/reliability.md:
+ *   TRIDENT_EMU_NCCL_FAULT=KIND:CALL:RANK:N makes world rank RANK's Nth
+ *   call of CALL (ncclAllReduce, ncclSend...; 1-based, counted over every
+ *   communicator) fail as NCCL would: KIND error runs the call and then
+ *   reports ncclRemoteError from ncclCommGetAsyncError on its communicator
+ *   (a peer or the network failed after the launch); KIND hang never
+ *   returns until ncclCommAbort (a peer that never joins).  ncclCommAbort
+ *   marks the communicator aborted; its calls then fail. */
 #pragma once
 #include <cstddef>
 #include <cuda_runtime.h>
@@ -24,7 +32,9 @@ typedef enum {
     ncclSystemError = 2,
     ncclInternalError = 3,
     ncclInvalidArgument = 4,
-    ncclInvalidUsage = 5
+    ncclInvalidUsage = 5,
+    ncclRemoteError = 6,
+    ncclInProgress = 7
 } ncclResult_t;
 typedef enum { ncclFloat32 = 7, ncclFloat = 7 } ncclDataType_t;
 typedef enum { ncclSum = 0, ncclMax = 2 } ncclRedOp_t;
@@ -43,6 +53,8 @@ ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t *newc
 ncclResult_t ncclCommDestroy(ncclComm_t comm);
 ncclResult_t ncclCommUserRank(ncclComm_t comm, int *rank);
 ncclResult_t ncclCommCount(ncclComm_t comm, int *count);
+ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t *async_error);
+ncclResult_t ncclCommAbort(ncclComm_t comm);
 
 ncclResult_t ncclGroupStart();
 ncclResult_t ncclGroupEnd();

@@ -3,10 +3,15 @@
  * sizes its counts imply, opens device memory while MPI touches it, and
  * returns ncclInvalidUsage / ncclSystemError with a line on stderr
  * ("emu: ncclX: ...") when something is wrong. */
+#include <atomic>
 #include <climits>
 #include <cstdarg>
+#include <cstdlib>
 #include <cstring>
+#include <map>
 #include <mpi.h>
+#include <string>
+#include <unistd.h>
 #include <nccl.h>
 #include <vector>
 
@@ -21,6 +26,8 @@ struct emu_nccl {
     int rank, size;
     MPI_Request send;          /* MPI_Issend of send_data, or MPI_REQUEST_NULL */
     std::vector<float> send_data;
+    std::atomic<int> async_error{ncclSuccess}; /* a fault's ncclRemoteError */
+    std::atomic<int> aborted{0};
 };
 
 static ncclResult_t fail(ncclResult_t r, const char *fmt, ...)
@@ -46,9 +53,57 @@ static void drain(ncclComm_t c)
         MPI_Wait(&c->send, MPI_STATUS_IGNORE);
 }
 
+/* TRIDENT_EMU_NCCL_FAULT (nccl.h here): whether this call is the one to
+ * fail, and how ('e' error, 'h' hang; 0 none). */
+static char fault_here(const char *call)
+{
+    static int parsed;
+    static char kind;
+    static std::string which;
+    static int rank = -1, nth;
+    static std::map<std::string, int> calls;
+    if (!parsed) {
+        parsed = 1;
+        const char *s = getenv("TRIDENT_EMU_NCCL_FAULT");
+        char k[16] = "", c[64] = "";
+        if (s && sscanf(s, "%15[a-z]:%63[A-Za-z]:%d:%d", k, c, &rank, &nth) == 4 &&
+            (!strcmp(k, "error") || !strcmp(k, "hang"))) {
+            kind = k[0];
+            which = c;
+        } else if (s && *s)
+            fprintf(stderr, "emu: TRIDENT_EMU_NCCL_FAULT=%s: expected KIND:CALL:RANK:N\n", s);
+    }
+    if (!kind || which != call)
+        return 0;
+    int me = 0;
+    MPI_Comm_rank(MPI_COMM_WORLD, &me);
+    return me == rank && ++calls[which] == nth ? kind : 0;
+}
+
+/* A call in which the fault plays: a hang waits for ncclCommAbort (from
+ * another thread) and then fails; an error is reported later, by
+ * ncclCommGetAsyncError, as NCCL does. */
+static ncclResult_t play_fault(const char *call, ncclComm_t comm)
+{
+    const char kind = fault_here(call);
+    if (kind == 'h') {
+        fprintf(stderr, "emu: %s: fault: hangs until ncclCommAbort\n", call);
+        while (!comm->aborted)
+            usleep(10000);
+        return fail(ncclSystemError, "%s: communicator aborted", call);
+    }
+    if (kind == 'e') {
+        fprintf(stderr, "emu: %s: fault: an asynchronous error (ncclRemoteError)\n", call);
+        comm->async_error = ncclRemoteError;
+    }
+    return ncclSuccess;
+}
+
 static ncclResult_t check_args(const char *call, ncclDataType_t type, size_t count,
                                ncclComm_t comm)
 {
+    if (comm && comm->aborted)
+        return fail(ncclInvalidUsage, "%s: the communicator was aborted", call);
     drain(comm);
     if (type != ncclFloat32)
         return fail(ncclInvalidArgument, "%s: only float32 is emulated", call);
@@ -75,6 +130,7 @@ const char *ncclGetErrorString(ncclResult_t r)
     case ncclInvalidArgument: return "invalid argument (emulated NCCL)";
     case ncclInvalidUsage: return "invalid usage (emulated NCCL)";
     case ncclSystemError: return "system error (emulated NCCL)";
+    case ncclRemoteError: return "remote process exited or there was a network error (emulated NCCL)";
     default: return "error (emulated NCCL)";
     }
 }
@@ -93,10 +149,16 @@ ncclResult_t ncclCommInitRank(ncclComm_t *comm, int nranks, ncclUniqueId id, int
     MPI_Comm_rank(MPI_COMM_WORLD, &me);
     if (strcmp(id.internal, "emulated") != 0)
         return fail(ncclInvalidArgument, "ncclCommInitRank: id not from ncclGetUniqueId");
+    if (fault_here("ncclCommInitRank") == 'h') { /* a rank that never joins */
+        fprintf(stderr, "emu: ncclCommInitRank: fault: never returns\n");
+        for (;;)
+            usleep(10000);
+    }
     if (nranks != world || rank != me)
         return fail(ncclInvalidUsage, "ncclCommInitRank: the emulation makes only the world "
                     "(rank %d of %d asked; world rank %d of %d)", rank, nranks, me, world);
-    emu_nccl *c = new emu_nccl{MPI_COMM_NULL, rank, nranks, MPI_REQUEST_NULL, {}};
+    emu_nccl *c = new emu_nccl;
+    c->mpi = MPI_COMM_NULL, c->rank = rank, c->size = nranks, c->send = MPI_REQUEST_NULL;
     ncclResult_t r = mpi(MPI_Comm_dup(MPI_COMM_WORLD, &c->mpi), "ncclCommInitRank");
     *comm = c;
     return r;
@@ -113,7 +175,8 @@ ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t *newc
                          "ncclCommSplit");
     *newcomm = NULL;
     if (r == ncclSuccess && m != MPI_COMM_NULL) {
-        emu_nccl *c = new emu_nccl{m, 0, 0, MPI_REQUEST_NULL, {}};
+        emu_nccl *c = new emu_nccl;
+        c->mpi = m, c->rank = 0, c->size = 0, c->send = MPI_REQUEST_NULL;
         MPI_Comm_rank(m, &c->rank);
         MPI_Comm_size(m, &c->size);
         *newcomm = c;
@@ -141,6 +204,22 @@ ncclResult_t ncclCommCount(ncclComm_t comm, int *count)
     return ncclSuccess;
 }
 
+ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t *async_error)
+{
+    *async_error = (ncclResult_t)comm->async_error.load();
+    return ncclSuccess;
+}
+
+/* Only marks the communicator: the emulation's calls run in the calling
+ * thread, and a hung one returns when it sees the mark.  Its MPI
+ * communicator is left to MPI_Abort or the end of the process. */
+ncclResult_t ncclCommAbort(ncclComm_t comm)
+{
+    if (comm)
+        comm->aborted = 1;
+    return ncclSuccess;
+}
+
 /* Calls run at once; every rank makes the calls of a group in the same
  * order, so running them in that order is a valid schedule for
  * collectives (not for sends and receives, which nccl.cu never groups). */
@@ -165,6 +244,8 @@ ncclResult_t ncclAllReduce(const void *send, void *recv, size_t count, ncclDataT
     const char *call = "ncclAllReduce";
     if (ncclResult_t r = check_args(call, type, count, comm))
         return r;
+    if (ncclResult_t r = play_fault(call, comm))
+        return r;
     check_buf(call, "sendbuff", send, count);
     check_buf(call, "recvbuff", recv, count);
     emu_device_scope scope;
@@ -177,6 +258,8 @@ ncclResult_t ncclAllGather(const void *send, void *recv, size_t count, ncclDataT
 {
     const char *call = "ncclAllGather";
     if (ncclResult_t r = check_args(call, type, count, comm))
+        return r;
+    if (ncclResult_t r = play_fault(call, comm))
         return r;
     check_buf(call, "sendbuff", send, count);
     check_buf(call, "recvbuff", recv, count * (size_t)comm->size);
@@ -198,6 +281,8 @@ ncclResult_t ncclReduceScatter(const void *send, void *recv, size_t count, ncclD
     const char *call = "ncclReduceScatter";
     if (ncclResult_t r = check_args(call, type, count, comm))
         return r;
+    if (ncclResult_t r = play_fault(call, comm))
+        return r;
     check_buf(call, "sendbuff", send, count * (size_t)comm->size);
     check_buf(call, "recvbuff", recv, count);
     emu_device_scope scope;
@@ -216,6 +301,8 @@ ncclResult_t ncclReduce(const void *send, void *recv, size_t count, ncclDataType
 {
     const char *call = "ncclReduce";
     if (ncclResult_t r = check_args(call, type, count, comm))
+        return r;
+    if (ncclResult_t r = play_fault(call, comm))
         return r;
     if (root < 0 || root >= comm->size)
         return fail(ncclInvalidArgument, "%s: root %d of %d ranks", call, root, comm->size);
@@ -238,6 +325,8 @@ ncclResult_t ncclBroadcast(const void *send, void *recv, size_t count, ncclDataT
     const char *call = "ncclBroadcast";
     if (ncclResult_t r = check_args(call, type, count, comm))
         return r;
+    if (ncclResult_t r = play_fault(call, comm))
+        return r;
     if (root < 0 || root >= comm->size)
         return fail(ncclInvalidArgument, "%s: root %d of %d ranks", call, root, comm->size);
     if (comm->rank == root)
@@ -256,6 +345,8 @@ ncclResult_t ncclSend(const void *send, size_t count, ncclDataType_t type, int p
 {
     const char *call = "ncclSend";
     if (ncclResult_t r = check_args(call, type, count, comm))
+        return r;
+    if (ncclResult_t r = play_fault(call, comm))
         return r;
     if (peer < 0 || peer >= comm->size || peer == comm->rank)
         return fail(ncclInvalidArgument, "%s: peer %d (rank %d of %d)", call, peer, comm->rank,
@@ -278,6 +369,8 @@ ncclResult_t ncclRecv(void *recv, size_t count, ncclDataType_t type, int peer, n
 {
     const char *call = "ncclRecv";
     if (ncclResult_t r = check_args(call, type, count, comm))
+        return r;
+    if (ncclResult_t r = play_fault(call, comm))
         return r;
     if (peer < 0 || peer >= comm->size || peer == comm->rank)
         return fail(ncclInvalidArgument, "%s: peer %d (rank %d of %d)", call, peer, comm->rank,

@@ -20,8 +20,49 @@
 #ifndef TRD_BACKEND_H
 #define TRD_BACKEND_H
 
+#include <math.h>
 #include <stddef.h>
 #include <stdint.h>
+
+/* RoPE's frequencies, the same for every op that rotates (training,
+ * decoding, both backends): pair i of a head of size hs turns by
+ * pos * rope_inv_freq(rf, i, hs).  The parameters travel by value and the
+ * frequency is computed where it is used, so there is no table to
+ * allocate, upload or keep in step between backends (docs/design.md,
+ * "RoPE frequencies"). */
+typedef struct {
+    double theta; /* base: the unscaled frequency of pair i is theta^(-2i/hs) */
+    /* Llama 3's scaling (Hugging Face's rope_type "llama3"); factor 0: none.
+     * Wavelengths 2 pi / f shorter than original_max / high_freq_factor
+     * keep their frequency, those longer than original_max /
+     * low_freq_factor are divided by factor, and those between are
+     * interpolated, smooth in original_max / wavelength. */
+    double factor, low_freq_factor, high_freq_factor, original_max;
+} RopeFreq;
+
+/* In CUDA code (nvcc, or the CPU emulation of it) the function is also a
+ * device function. */
+#if defined(__host__) && defined(__device__)
+#define TRD_HOST_DEVICE __host__ __device__
+#else
+#define TRD_HOST_DEVICE
+#endif
+
+/* Hugging Face's _compute_llama3_parameters, one pair at a time, in double. */
+TRD_HOST_DEVICE static inline double rope_inv_freq(RopeFreq rf, int i, int hs)
+{
+    const double f = pow(rf.theta, -2.0 * i / hs);
+    if (!(rf.factor > 0))
+        return f;
+    const double wavelen = 6.283185307179586 / f;
+    if (wavelen < rf.original_max / rf.high_freq_factor)
+        return f; /* high frequencies: unchanged */
+    if (wavelen > rf.original_max / rf.low_freq_factor)
+        return f / rf.factor; /* low frequencies: scaled */
+    const double s = (rf.original_max / wavelen - rf.low_freq_factor) /
+                     (rf.high_freq_factor - rf.low_freq_factor);
+    return (1 - s) * f / rf.factor + s * f;
+}
 
 /* The attention of one call: which query rows, which key rows, which
  * pairs count.  Rows carry global positions within their sequence: query
@@ -160,9 +201,9 @@ typedef struct {
      * first row; 0 for whole sequences).  Backward applies the inverse
      * rotation to dqkv in place. */
     void (*rope_forward)(float *qkv, const int32_t *pos, int N, int T, int pos0, int H, int KVH,
-                         int hs, float theta);
+                         int hs, RopeFreq rf);
     void (*rope_backward)(float *dqkv, const int32_t *pos, int N, int T, int pos0, int H, int KVH,
-                          int hs, float theta);
+                          int hs, RopeFreq rf);
 
     /* Causal self-attention, in the form of flash attention: nothing of size
      * Tq x Tk is kept.  One call attends the query rows of a qkv buffer q
@@ -201,7 +242,7 @@ typedef struct {
      * position: out [n, H*hs], heads in order.  For those rows this is
      * attention_forward's output over the whole sequence, without
      * recomputing the earlier rows' keys and values. */
-    void (*rope_decode)(float *qkv, int n, int pos0, int H, int KVH, int hs, float theta);
+    void (*rope_decode)(float *qkv, int n, int pos0, int H, int KVH, int hs, RopeFreq rf);
     void (*attention_decode)(float *out, const float *qkv, float *kcache, float *vcache, int n,
                              int pos0, int H, int KVH, int hs);
 

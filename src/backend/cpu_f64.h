@@ -39,9 +39,9 @@ void cpu_swiglu_forward_f64(double *out, const double *gate, const double *up, s
 void cpu_swiglu_backward_f64(double *dgate, double *dup, const double *dout, const double *gate,
                              const double *up, size_t n);
 void cpu_rope_forward_f64(double *qkv, const int32_t *pos, int N, int T, int pos0, int H, int KVH,
-                          int hs, float theta);
+                          int hs, RopeFreq rf);
 void cpu_rope_backward_f64(double *dqkv, const int32_t *pos, int N, int T, int pos0, int H, int KVH,
-                           int hs, float theta);
+                           int hs, RopeFreq rf);
 void cpu_attention_forward_f64(double *out, double *lse, const double *q, const double *kv,
                                const AttnArgs *a);
 void cpu_attention_backward_f64(double *dq, double *dkv, const double *dout, const double *q,

@@ -1015,7 +1015,15 @@ static int hf_write_configs(Hf *h)
         cJSON_AddStringToObject(c, "hidden_act", "silu");
         cJSON_AddNumberToObject(c, "rms_norm_eps", eps);
         cJSON_AddNumberToObject(c, "rope_theta", theta);
-        cJSON_AddNullToObject(c, "rope_scaling");
+        if (ix->rope_llama3) {
+            cJSON *rs = cJSON_AddObjectToObject(c, "rope_scaling");
+            cJSON_AddStringToObject(rs, "rope_type", "llama3");
+            cJSON_AddNumberToObject(rs, "factor", ix->rope_params[0]);
+            cJSON_AddNumberToObject(rs, "low_freq_factor", ix->rope_params[1]);
+            cJSON_AddNumberToObject(rs, "high_freq_factor", ix->rope_params[2]);
+            cJSON_AddNumberToObject(rs, "original_max_position_embeddings", ix->rope_params[3]);
+        } else
+            cJSON_AddNullToObject(c, "rope_scaling");
         cJSON_AddBoolToObject(c, "attention_bias", 0);
         cJSON_AddBoolToObject(c, "mlp_bias", 0);
         cJSON_AddNumberToObject(c, "attention_dropout", 0);

@@ -610,6 +610,10 @@ static int cfg_num(const cJSON *doc, const char *path, const char *key, double d
                    char err[CFG_ERR])
 {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(doc, key);
+    if (!v && def < 0) {
+        ckpt_err(err, "%s: \"%s\" is missing", path, key);
+        return TRD_EXIT_INPUT;
+    }
     if (!v) {
         *out = (float)def;
         return 0;
@@ -626,6 +630,49 @@ static int cfg_bool(const cJSON *doc, const char *key, int def)
 {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(doc, key);
     return cJSON_IsBool(v) ? cJSON_IsTrue(v) : def;
+}
+
+/* config.json's rope_scaling into m: absent, null or rope_type "default"
+ * is none; "llama3" takes its four parameters; any other kind (linear,
+ * dynamic, yarn, longrope...) is refused by name. */
+static int read_rope_scaling(const cJSON *doc, const char *path, ModelConfig *m, char err[CFG_ERR])
+{
+    const cJSON *rs = cJSON_GetObjectItemCaseSensitive(doc, "rope_scaling");
+    if (!rs || cJSON_IsNull(rs))
+        return 0;
+    const cJSON *rt = cJSON_GetObjectItemCaseSensitive(rs, "rope_type");
+    if (!rt) /* the older name */
+        rt = cJSON_GetObjectItemCaseSensitive(rs, "type");
+    if (!cJSON_IsObject(rs) || !cJSON_IsString(rt)) {
+        ckpt_err(err, "%s: rope_scaling must be null or an object with a rope_type", path);
+        return TRD_EXIT_INPUT;
+    }
+    if (!strcmp(rt->valuestring, "default"))
+        return 0;
+    if (strcmp(rt->valuestring, "llama3")) {
+        ckpt_err(err,
+                 "%s: rope_scaling rope_type \"%.40s\": trident scales RoPE the Llama 3 way "
+                 "(rope_type llama3) only",
+                 path, rt->valuestring);
+        return TRD_EXIT_INPUT;
+    }
+    m->rope_scaling = ROPE_SCALING_LLAMA3;
+    char where[CKPT_FILE_PATH + 64];
+    snprintf(where, sizeof where, "%s: rope_scaling", path);
+    int code = cfg_num(rs, where, "factor", -1, &m->rope_factor, err);
+    code = code ? code : cfg_num(rs, where, "low_freq_factor", -1, &m->rope_low_freq_factor, err);
+    code = code ? code : cfg_num(rs, where, "high_freq_factor", -1, &m->rope_high_freq_factor, err);
+    code = code ? code
+                : cfg_int(rs, where, "original_max_position_embeddings", -1,
+                          &m->rope_original_max_position_embeddings, err);
+    if (!code && !(m->rope_factor >= 1 && m->rope_high_freq_factor > m->rope_low_freq_factor)) {
+        ckpt_err(err,
+                 "%s: rope_scaling llama3: factor %g must be >= 1 and high_freq_factor %g "
+                 "greater than low_freq_factor %g",
+                 path, m->rope_factor, m->rope_high_freq_factor, m->rope_low_freq_factor);
+        code = TRD_EXIT_INPUT;
+    }
+    return code;
 }
 
 /* The model of config.json into m (trident's names). */
@@ -653,6 +700,9 @@ int ckpt_hf_read_model(const char *dir, ModelConfig *m, int *want_dtype, char er
         return TRD_EXIT_INPUT;
     }
     m->arch = gpt2 ? ARCH_GPT2 : ARCH_LLAMA;
+    m->rope_scaling = ROPE_SCALING_NONE;
+    m->rope_factor = m->rope_low_freq_factor = m->rope_high_freq_factor = 0;
+    m->rope_original_max_position_embeddings = 0;
     if (gpt2) {
         code = cfg_int(doc, path, "vocab_size", -1, &m->vocab, err);
         code = code ? code : cfg_int(doc, path, "n_positions", -1, &m->seq_len, err);
@@ -682,10 +732,6 @@ int ckpt_hf_read_model(const char *dir, ModelConfig *m, int *want_dtype, char er
         m->tie_embeddings = cfg_bool(doc, "tie_word_embeddings", 0);
         int hd = 0;
         code = code ? code : cfg_int(doc, path, "head_dim", m->hidden / m->heads, &hd, err);
-        const cJSON *rs = cJSON_GetObjectItemCaseSensitive(doc, "rope_scaling");
-        const cJSON *rt = rs ? cJSON_GetObjectItemCaseSensitive(rs, "rope_type") : NULL;
-        if (!rt && rs)
-            rt = cJSON_GetObjectItemCaseSensitive(rs, "type");
         if (code)
             ; /* reported above */
         else if (hd * m->heads != m->hidden) {
@@ -694,15 +740,9 @@ int ckpt_hf_read_model(const char *dir, ModelConfig *m, int *want_dtype, char er
                      "hidden / heads",
                      path, hd, m->heads, m->hidden);
             code = TRD_EXIT_INPUT;
-        } else if (rs && !cJSON_IsNull(rs)) {
-            /* Llama 3.1's "llama3" changes the RoPE frequencies: not built
-             * yet (docs/checkpoint.md, "What import refuses"). */
-            ckpt_err(err,
-                     "%s: rope_scaling (rope_type \"%s\"): trident's RoPE has no frequency "
-                     "scaling yet; it imports models without rope_scaling",
-                     path, cJSON_IsString(rt) ? rt->valuestring : "?");
-            code = TRD_EXIT_INPUT;
-        } else if (cfg_bool(doc, "attention_bias", 0) || cfg_bool(doc, "mlp_bias", 0)) {
+        } else if ((code = read_rope_scaling(doc, path, m, err)) != 0)
+            ; /* reported */
+        else if (cfg_bool(doc, "attention_bias", 0) || cfg_bool(doc, "mlp_bias", 0)) {
             ckpt_err(err, "%s: %s true: trident's Llama has no biases", path,
                      cfg_bool(doc, "attention_bias", 0) ? "attention_bias" : "mlp_bias");
             code = TRD_EXIT_INPUT;
@@ -1356,6 +1396,13 @@ static int same_model(const char *dir, const ModelConfig *hf, const ModelConfig 
                  eps ? m->norm_eps : m->rope_theta);
         return TRD_EXIT_INPUT;
     }
+    if (!config_rope_scaling_same(hf, m)) {
+        char a[160], b[160];
+        config_rope_scaling_text(hf, a, sizeof a);
+        config_rope_scaling_text(m, b, sizeof b);
+        ckpt_err(err, "model.rope_scaling is %s in %s/config.json, %s in the config", a, dir, b);
+        return TRD_EXIT_INPUT;
+    }
     return TRD_EXIT_OK;
 }
 
@@ -1470,6 +1517,7 @@ static int index_model(const char *src, ModelConfig *m, char err[CFG_ERR])
         m->norm_eps = (float)ix.norm_eps;
         m->rope_theta = (float)ix.rope_theta;
     }
+    ckpt_index_rope_scaling(&ix, m);
     ckpt_index_free(&ix);
     return TRD_EXIT_OK;
 }
@@ -1477,9 +1525,9 @@ static int index_model(const char *src, ModelConfig *m, char err[CFG_ERR])
 int ckpt_fill_model(Config *cfg, char err[CFG_ERR])
 {
     const char *src = cfg->checkpoint.init_from;
-    static const char *const keys[] = {"arch",           "layers",     "hidden",    "heads",
-                                       "kv_heads",       "ffn_hidden", "vocab",     "seq_len",
-                                       "tie_embeddings", "norm_eps",   "rope_theta"};
+    static const char *const keys[] = {
+        "arch",  "layers",  "hidden",         "heads",    "kv_heads",   "ffn_hidden",
+        "vocab", "seq_len", "tie_embeddings", "norm_eps", "rope_theta", "rope_scaling"};
     int missing = 0;
     for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++)
         missing += !config_model_given(cfg, keys[i]);
@@ -1522,6 +1570,14 @@ int ckpt_fill_model(Config *cfg, char err[CFG_ERR])
     TAKE(tie_embeddings)
     TAKE(norm_eps)
     TAKE(rope_theta)
+    /* the scaling's parameters go with it */
+    if (!config_model_given(cfg, "rope_scaling")) {
+        c->rope_scaling = m.rope_scaling;
+        c->rope_factor = m.rope_factor;
+        c->rope_low_freq_factor = m.rope_low_freq_factor;
+        c->rope_high_freq_factor = m.rope_high_freq_factor;
+        c->rope_original_max_position_embeddings = m.rope_original_max_position_embeddings;
+    }
 #undef TAKE
     return TRD_EXIT_OK;
 }

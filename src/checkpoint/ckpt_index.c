@@ -14,6 +14,7 @@
 #include "checkpoint/ckpt_internal.h"
 
 #include <errno.h>
+#include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -132,6 +133,21 @@ static int get_ints(hid_t loc, const char *name, int *v, int max)
     hid_t sp = H5Aget_space(a);
     hssize_t n = sp >= 0 ? H5Sget_simple_extent_npoints(sp) : -1;
     int rc = n >= 0 && n <= max && H5Aread(a, H5T_NATIVE_INT, v) >= 0 ? 0 : -1;
+    if (sp >= 0)
+        H5Sclose(sp);
+    H5Aclose(a);
+    return rc;
+}
+
+/* A double array attribute of exactly n elements. */
+static int get_doubles(hid_t loc, const char *name, double *v, int n)
+{
+    hid_t a = H5Aopen(loc, name, H5P_DEFAULT);
+    if (a < 0)
+        return -1;
+    hid_t sp = H5Aget_space(a);
+    hssize_t got = sp >= 0 ? H5Sget_simple_extent_npoints(sp) : -1;
+    int rc = got == n && H5Aread(a, H5T_NATIVE_DOUBLE, v) >= 0 ? 0 : -1;
     if (sp >= 0)
         H5Sclose(sp);
     H5Aclose(a);
@@ -294,6 +310,8 @@ static int write_groups(hid_t f, const CkptIndex *ix)
         bad |= put_i64(g, mi[i].k, mi[i].v);
     bad |= put_attr(g, "norm_eps", H5T_NATIVE_DOUBLE, 0, &ix->norm_eps);
     bad |= put_attr(g, "rope_theta", H5T_NATIVE_DOUBLE, 0, &ix->rope_theta);
+    if (ix->rope_llama3)
+        bad |= put_attr(g, "rope_scaling_llama3", H5T_NATIVE_DOUBLE, 4, ix->rope_params);
     H5Gclose(g);
 
     g = H5Gcreate2(f, "topology", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
@@ -438,6 +456,14 @@ static int read_groups(hid_t f, CkptIndex *ix, const char **what, const char **b
     bad |= get_int(g, "tie_embeddings", &ix->tie_embeddings);
     ix->has_norms = get_attr(g, "norm_eps", H5T_NATIVE_DOUBLE, &ix->norm_eps) == 0 &&
                     get_attr(g, "rope_theta", H5T_NATIVE_DOUBLE, &ix->rope_theta) == 0;
+    ix->rope_llama3 = H5Aexists(g, "rope_scaling_llama3") > 0;
+    if (ix->rope_llama3) {
+        bad |= get_doubles(g, "rope_scaling_llama3", ix->rope_params, 4);
+        /* read into floats and an int later: in range, or a bad index */
+        for (int i = 0; i < 3; i++)
+            bad |= !(fabs(ix->rope_params[i]) <= 3e38);
+        bad |= !(ix->rope_params[3] >= 0 && ix->rope_params[3] <= INT32_MAX);
+    }
     H5Gclose(g);
     if (bad)
         return -1;
@@ -749,4 +775,17 @@ void ckpt_index_describe(CkptIndex *ix, const Config *cfg, Precision precision)
     ix->tie_embeddings = m->tie_embeddings;
     ix->norm_eps = m->norm_eps;
     ix->rope_theta = m->rope_theta;
+    ix->rope_llama3 = m->rope_scaling == ROPE_SCALING_LLAMA3;
+    const double p[4] = {m->rope_factor, m->rope_low_freq_factor, m->rope_high_freq_factor,
+                         m->rope_original_max_position_embeddings};
+    memcpy(ix->rope_params, ix->rope_llama3 ? p : (const double[4]){0}, sizeof p);
+}
+
+void ckpt_index_rope_scaling(const CkptIndex *ix, ModelConfig *m)
+{
+    m->rope_scaling = ix->rope_llama3 ? ROPE_SCALING_LLAMA3 : ROPE_SCALING_NONE;
+    m->rope_factor = ix->rope_llama3 ? (float)ix->rope_params[0] : 0;
+    m->rope_low_freq_factor = ix->rope_llama3 ? (float)ix->rope_params[1] : 0;
+    m->rope_high_freq_factor = ix->rope_llama3 ? (float)ix->rope_params[2] : 0;
+    m->rope_original_max_position_embeddings = ix->rope_llama3 ? (int)ix->rope_params[3] : 0;
 }

@@ -261,6 +261,11 @@ typedef struct {
     int layers, hidden, heads, kv_heads, ffn_hidden, vocab, seq_len, tie_embeddings;
     double norm_eps, rope_theta;
     int has_norms; /* norm_eps, rope_theta recorded (older: 0) */
+    /* model.rope_scaling: the attribute rope_scaling_llama3 (factor,
+     * low_freq_factor, high_freq_factor, original_max_position_embeddings)
+     * exists only for llama3; none (and older indexes) have none. */
+    int rope_llama3;
+    double rope_params[4];
     int tp, pp, dp, zero, world;
     int stage_layers[CFG_MAX_STAGES];
     int n;
@@ -290,6 +295,8 @@ void *ckpt_index_pack(const CkptIndex *ix, size_t *bytes);
 void ckpt_index_unpack(CkptIndex *ix, const void *buf);
 /* One line describing the saved model, for error messages. */
 void ckpt_index_model_line(const CkptIndex *ix, char *out, size_t n);
+/* The index's RoPE scaling into m's model.rope_* fields. */
+void ckpt_index_rope_scaling(const CkptIndex *ix, ModelConfig *m);
 
 /* ---- file system, rank 0 (ckpt_publish.c) ---- */
 

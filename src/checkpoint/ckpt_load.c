@@ -345,6 +345,16 @@ static int check_hparams(const char *dir, const CkptIndex *ix, const ModelConfig
                  eps ? "norm_eps" : "rope_theta", sa, sb);
         return -1;
     }
+    ModelConfig saved = *m;
+    ckpt_index_rope_scaling(ix, &saved);
+    if (!config_rope_scaling_same(&saved, m)) {
+        char sa[160], sb[160];
+        config_rope_scaling_text(&saved, sa, sizeof sa);
+        config_rope_scaling_text(m, sb, sizeof sb);
+        ckpt_err(err, "%s/index.h5: model.rope_scaling is %s in the checkpoint, %s in the config",
+                 dir, sa, sb);
+        return -1;
+    }
     return 0;
 }
 

@@ -57,6 +57,13 @@ int ckpt_inspect(const char *arg, int check)
     printf("model: %s, seq_len %d, precision %s", line, ix.seq_len, ix.precision);
     if (ix.has_norms)
         printf(", norm_eps %g, rope_theta %g", ix.norm_eps, ix.rope_theta);
+    if (ix.rope_llama3) {
+        ModelConfig m = {0};
+        char rs[160];
+        ckpt_index_rope_scaling(&ix, &m);
+        config_rope_scaling_text(&m, rs, sizeof rs);
+        printf(", rope_scaling %s", rs);
+    }
     printf("\n");
     printf("topology: tp %d, pp %d, dp %d, zero %d, world %d, stage_layers [", ix.tp, ix.pp, ix.dp,
            ix.zero, ix.world);

@@ -207,6 +207,10 @@ static Tokenizer *open_tokenizer(const GenArgs *a, const Config *cfg)
         snprintf(v, sizeof v, "%s/vocab.json", a->source);
         snprintf(m, sizeof m, "%s/merges.txt", a->source);
         t = tokenizer_gpt2(v, m, err);
+    } else if (!a->tokenizer && is_file(a->source, "tokenizer.json")) {
+        char j[CFG_STR + 16];
+        snprintf(j, sizeof j, "%s/tokenizer.json", a->source);
+        t = tokenizer_hf_json(j, err);
     } else {
         const char *name = a->tokenizer                ? a->tokenizer
                            : cfg->model.vocab == 50257 ? "gpt2"

@@ -15,7 +15,7 @@
 static const char prepare_usage[] =
     "usage: trident prepare-data --input PATH [PATH ...] [--ext EXT[,EXT]]\n"
     "                            [--input-format auto|text|jsonl] [--json-key KEY] [--skip-bad]\n"
-    "                            --tokenizer byte|gpt2|tiktoken|sentencepiece\n"
+    "                            --tokenizer byte|gpt2|tiktoken|sentencepiece|hf\n"
     "                            [--vocab encoder.json --merges vocab.bpe]\n"
     "                            [--encoding cl100k_base|o200k_base] [--ranks FILE.tiktoken]\n"
     "                            [--model FILE.model]\n"
@@ -45,7 +45,9 @@ static const char prepare_usage[] =
     "                     report them; without it the first one is an error (exit 2)\n"
     "  --tokenizer NAME   byte (ids 0..255 + EOT 256), gpt2 (GPT-2 BPE, vocab 50257),\n"
     "                     tiktoken (a .tiktoken ranks file and --encoding) or\n"
-    "                     sentencepiece (a SentencePiece --model; EOT its </s>)\n"
+    "                     sentencepiece (a SentencePiece --model; EOT its </s>) or\n"
+    "                     hf (a Hugging Face tokenizer.json as --model: byte-level BPE\n"
+    "                     with GPT-2's pre-tokenizer; others are refused by name)\n"
     "  --vocab FILE       GPT-2 encoder.json (default " DATA_GPT2_ENCODER_DEFAULT ",\n"
     "                     from the current directory, else from trident's source tree)\n"
     "  --merges FILE      GPT-2 vocab.bpe (default " DATA_GPT2_MERGES_DEFAULT ")\n"
@@ -54,7 +56,8 @@ static const char prepare_usage[] =
     "  --ranks FILE       tiktoken ranks (default .cache/tiktoken/ENCODING.tiktoken, which\n"
     "                     scripts/get_tiktoken.sh writes)\n"
     "  --model FILE       sentencepiece: the .model file (spm_train's, Llama 2's\n"
-    "                     tokenizer.model ...); vocab = its pieces, EOT = its eos id\n"
+    "                     tokenizer.model ...); vocab = its pieces, EOT = its eos id;\n"
+    "                     hf: the tokenizer.json (EOT its <|endoftext|>)\n"
     "  --out PREFIX       megatron: writes PREFIX.bin + PREFIX.idx; llmc: writes PREFIX.bin\n"
     "  --format FMT       megatron (default) or llmc (llm.c shard, uint16 tokens)\n"
     "  --val-every K      every K-th document (index % K == K-1) goes to PREFIX_val\n"
@@ -74,7 +77,7 @@ static const char prepare_usage[] =
     "Exit codes: 0 success, 2 bad input (arguments, a bad document; on any rank), 1 failure.\n";
 
 static const char tokenize_usage[] =
-    "usage: trident tokenize [--tokenizer byte|gpt2|tiktoken|sentencepiece]\n"
+    "usage: trident tokenize [--tokenizer byte|gpt2|tiktoken|sentencepiece|hf]\n"
     "                        [--vocab encoder.json --merges vocab.bpe]\n"
     "                        [--encoding cl100k_base|o200k_base] [--ranks FILE.tiktoken]\n"
     "                        [--model FILE.model] [--decode] FILE|-\n"
@@ -94,21 +97,23 @@ static int usage_error(const char *cmd, const char *usage, const char *fmt, cons
     return TRD_EXIT_INPUT;
 }
 
-#define TOKENIZERS "byte, gpt2, tiktoken or sentencepiece"
+#define TOKENIZERS "byte, gpt2, tiktoken, sentencepiece or hf"
 
 /* A tokenizer name that is not known, or sentencepiece without --model
  * (or --model without it): the usage error, and 1. */
 static int tokenizer_args_error(const char *name, const char *model, const char *cmd,
                                 const char *usage)
 {
-    const int spm = !strcmp(name, "sentencepiece");
-    if (strcmp(name, "byte") && strcmp(name, "gpt2") && strcmp(name, "tiktoken") && !spm)
+    const int spm = !strcmp(name, "sentencepiece"), hf = !strcmp(name, "hf");
+    if (strcmp(name, "byte") && strcmp(name, "gpt2") && strcmp(name, "tiktoken") && !spm && !hf)
         return usage_error(cmd, usage, "unknown tokenizer '%s' (" TOKENIZERS ")", name) != 0;
     if (spm && !model)
         return usage_error(cmd, usage, "%s",
                            "--tokenizer sentencepiece needs --model FILE.model") != 0;
-    if (!spm && model)
-        return usage_error(cmd, usage, "--model is for --tokenizer sentencepiece, not '%s'",
+    if (hf && !model)
+        return usage_error(cmd, usage, "%s", "--tokenizer hf needs --model tokenizer.json") != 0;
+    if (!spm && !hf && model)
+        return usage_error(cmd, usage, "--model is for --tokenizer sentencepiece or hf, not '%s'",
                            name) != 0;
     return 0;
 }

@@ -93,6 +93,7 @@ void comm_before_finalize(void (*fn)(void)) { before_finalize = fn; }
 
 _Noreturn void comm_abort(int code)
 {
+    comm_nccl_abort_all(); /* no NCCL kernel left waiting on the GPU */
     MPI_Abort(MPI_COMM_WORLD, code);
     _exit(code); /* MPI_Abort does not return; if it did, still end */
 }
@@ -191,7 +192,14 @@ Comm comm_world(void)
     return c;
 }
 
-void comm_set_name(Comm *c, const char *name) { snprintf(c->name, sizeof c->name, "%s", name); }
+static void nccl_label(const Comm *c, const char *what);
+
+void comm_set_name(Comm *c, const char *name)
+{
+    snprintf(c->name, sizeof c->name, "%s", name);
+    if (c->nccl)
+        nccl_label(c, "group ");
+}
 
 void comm_use_memory(Comm *c, const Backend *be) { c->mem = be && be->device ? be : NULL; }
 
@@ -213,6 +221,14 @@ static int group_color(const Comm *g)
     return root;
 }
 
+/* "group dp (ranks 0,1)", for NCCL's messages. */
+static void nccl_label(const Comm *c, const char *what)
+{
+    char label[128];
+    snprintf(label, sizeof label, "%s%s (ranks %s)", what, c->name[0] ? c->name : "?", c->members);
+    comm_nccl_set_label(c->nccl, label);
+}
+
 void comm_use_nccl(Comm *world, Comm *const *groups, int n)
 {
     TRD_ASSERT(world->handle == MPI_COMM_WORLD && world->mem);
@@ -220,15 +236,39 @@ void comm_use_nccl(Comm *world, Comm *const *groups, int n)
     if (world->rank == 0)
         comm_nccl_unique_id(id);
     check(MPI_Bcast(id, sizeof id, MPI_BYTE, 0, MPI_COMM_WORLD), "broadcast of the NCCL id");
+    /* Collective over every rank, and it blocks until all have joined: a
+     * wait the watchdog can name. */
+    wait_begin(world, "NCCL initialisation", -1);
     world->nccl = comm_nccl_init(id, world->size, world->rank);
+    nccl_label(world, "group ");
     for (int i = 0; i < n; i++) {
         Comm *g = groups[i];
         if (g == world)
             continue;
         TRD_ASSERT(g->handle == MPI_COMM_NULL || g->mem);
         g->nccl = comm_nccl_split(world->nccl, group_color(g), g->rank);
+        if (g->nccl)
+            nccl_label(g, "group ");
+    }
+    wait_end();
+}
+
+/* An NCCL fault reported asynchronously (a peer gone, a network error)
+ * ends the job here, naming the communicator, rather than at a later
+ * hang; every communicator is aborted first. */
+static void nccl_check_faults(void)
+{
+    char why[320];
+    if (comm_nccl_fault(why, sizeof why)) {
+        comm_nccl_abort_all();
+        trd_fatal(TRD_EXIT_RUNTIME,
+                  "NCCL_DEBUG=WARN says more; the failed peer's own log says why it failed", "%s",
+                  why);
     }
 }
+
+int comm_async_fault(char *buf, size_t n) { return comm_nccl_fault(buf, n); }
+int comm_unfinished(char *buf, size_t n) { return comm_nccl_pending(buf, n); }
 
 int comm_stream_ordered(const Comm *c) { return c->nccl != NULL; }
 
@@ -257,6 +297,12 @@ void comm_open_channel(Comm *c, int src, int dst, int tag)
                         .dst = dst,
                         .tag = tag,
                         .nccl = comm_nccl_split(c->nccl, member ? 0 : -1, c->rank == src ? 0 : 1)};
+    if (ch->nccl) {
+        char label[128];
+        snprintf(label, sizeof label, "the channel %d -> %d of group %s (ranks %s)", src, dst,
+                 c->name, c->members);
+        comm_nccl_set_label(ch->nccl, label);
+    }
 }
 
 /* ---- host staging of device buffers (comm_use_memory) ---- */
@@ -376,6 +422,8 @@ Comm comm_split(const Comm *parent, int color, int key)
     MPI_Comm_rank(c.handle, &c.rank);
     MPI_Comm_size(c.handle, &c.size);
     set_members(&c);
+    if (c.nccl)
+        nccl_label(&c, "group "); /* again when its creator names it */
     return c;
 }
 
@@ -724,8 +772,10 @@ void comm_wait(CommHandle *h)
     const int pending = h->op || h->req != MPI_REQUEST_NULL;
     if (pending)
         handle_wait_begin(h);
-    if (h->op)
+    if (h->op) {
         comm_nccl_wait(h->op);
+        nccl_check_faults();
+    }
     h->op = NULL;
     if (h->req != MPI_REQUEST_NULL)
         check(MPI_Wait(&h->req, MPI_STATUS_IGNORE), "wait");
@@ -739,6 +789,8 @@ int comm_test(CommHandle *h)
 {
     const int pending = h->op || h->req != MPI_REQUEST_NULL;
     int done = !h->op || comm_nccl_test(h->op);
+    if (h->op)
+        nccl_check_faults();
     if (done)
         h->op = NULL;
     if (done && h->req != MPI_REQUEST_NULL)

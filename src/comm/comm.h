@@ -66,6 +66,14 @@ void comm_before_finalize(void (*fn)(void));
 /* End the whole job now with `code` (MPI_Abort of the world): for a rank
  * that cannot agree with the others, such as the watchdog's thread. */
 _Noreturn void comm_abort(int code);
+/* For the watchdog's thread (any thread may call them).  Under NCCL, 1
+ * with a description in buf when a communicator reports an asynchronous
+ * error (comm_async_fault) or when its last operation has not finished
+ * (comm_unfinished: under NCCL comm_wait returns before the GPU is done,
+ * so a stuck collective is found here, not in the rank's open wait);
+ * always 0 without NCCL.  comm_abort aborts the NCCL communicators. */
+int comm_async_fault(char *buf, size_t n);
+int comm_unfinished(char *buf, size_t n);
 /* Whether a launcher (mpiexec, srun --mpi=...) started this process as a
  * rank of a job, from its environment; needs no MPI.  For commands that run
  * as one plain process unless launched (prepare-data). */

@@ -12,8 +12,15 @@
  * has passed.  Gradient reduction on the communicator's stream thus
  * overlaps the backward kernels issued after it.
  *
- * Every call is checked; a failure ends the job with NCCL's reason
- * (trd_fatal, exit 1).  Only built with TRD_HAVE_NCCL. */
+ * Every call is checked; a failure aborts every communicator
+ * (ncclCommAbort) and ends the job with NCCL's reason (trd_fatal, exit 1).
+ *
+ * Faults that come later (a peer gone, a network error: NCCL's
+ * asynchronous errors) and operations that never finish are found by
+ * comm_nccl_fault and comm_nccl_pending, which any thread may call (the
+ * watchdog's, while the main thread waits); comm_nccl_abort_all aborts
+ * every communicator so that no kernel stays stuck on the GPU when the job
+ * ends (docs/reliability.md, "NCCL").  Only built with TRD_HAVE_NCCL. */
 #ifndef TRD_COMM_NCCL_H
 #define TRD_COMM_NCCL_H
 
@@ -35,6 +42,20 @@ CommNccl *comm_nccl_init(const unsigned char id[COMM_NCCL_ID_BYTES], int nranks,
  * communicator, ordered by key; color < 0 joins none and gets NULL. */
 CommNccl *comm_nccl_split(CommNccl *parent, int color, int key);
 void comm_nccl_free(CommNccl *c);
+/* What c connects, for messages: "group dp (ranks 0,1)". */
+void comm_nccl_set_label(CommNccl *c, const char *label);
+
+/* Any thread.  1, with "NCCL reports an asynchronous error on group dp
+ * (ranks 0,1): REASON; its last operation: all-reduce" in buf, when a live
+ * communicator has one (ncclCommGetAsyncError); else 0. */
+int comm_nccl_fault(char *buf, size_t n);
+/* Any thread.  1, with "NCCL all-reduce on group dp (ranks 0,1) has not
+ * completed on the GPU" (or "... has not returned", when the call itself
+ * blocks) in buf, when a communicator's last operation is unfinished. */
+int comm_nccl_pending(char *buf, size_t n);
+/* Any thread: ncclCommAbort on every live communicator (they are not
+ * usable afterwards; the job is ending). */
+void comm_nccl_abort_all(void);
 
 /* Sum (or max) all-reduce of n floats in place. */
 CommNcclOp *comm_nccl_allreduce(CommNccl *c, float *buf, size_t n, int max);

@@ -26,6 +26,7 @@
 /* Enum fields are stored through an int pointer by the table code. */
 _Static_assert(sizeof(ModelArch) == sizeof(int), "enum fields must be int-sized");
 _Static_assert(sizeof(ResumeKind) == sizeof(int), "enum fields must be int-sized");
+_Static_assert(sizeof(RopeScaling) == sizeof(int), "enum fields must be int-sized");
 
 /* ------------------------------------------------------------------------ */
 /* The key table                                                             */
@@ -68,6 +69,7 @@ static const char *const BACKEND_NAMES[] = {"cpu", "cuda", NULL};
 static const char *const COMM_NAMES[] = {"auto", "mpi", "nccl", NULL};
 static const char *const NONFINITE_NAMES[] = {"stop", "skip", NULL};
 static const char *const ASYNC_NAMES[] = {"auto", "true", "false", NULL};
+static const char *const ROPE_SCALING_NAMES[] = {"none", "llama3", NULL};
 
 #define OFF(sec, field) offsetof(Config, sec.field)
 #define KEY(sec, field, kind)                                                                      \
@@ -110,6 +112,11 @@ static const KeyDesc KEYS[] = {
     KEY(model, tie_embeddings, K_BOOL_AUTO),
     KEY(model, norm_eps, K_FLOAT),
     KEY(model, rope_theta, K_FLOAT),
+    ENUM(model, rope_scaling, ROPE_SCALING_NAMES),
+    KEY(model, rope_factor, K_FLOAT),
+    KEY(model, rope_low_freq_factor, K_FLOAT),
+    KEY(model, rope_high_freq_factor, K_FLOAT),
+    KEY(model, rope_original_max_position_embeddings, K_INT),
     KEY(model, init_std, K_FLOAT),
 
     KEY(topology, tp, K_INT),
@@ -690,6 +697,29 @@ const char *config_data_name(const DataConfig *d) { return d->blend[0] ? d->blen
 const char *config_arch_name(ModelArch a) { return (unsigned)a < 2 ? ARCH_NAMES[a] : "?"; }
 
 const char *config_precision_name(Precision p) { return (unsigned)p < 2 ? PREC_NAMES[p] : "?"; }
+
+void config_rope_scaling_text(const ModelConfig *m, char *out, size_t n)
+{
+    if (m->rope_scaling != ROPE_SCALING_LLAMA3)
+        snprintf(out, n, "none");
+    else
+        snprintf(out, n,
+                 "llama3 (factor %.9g, low_freq_factor %.9g, high_freq_factor %.9g, "
+                 "original_max_position_embeddings %d)",
+                 m->rope_factor, m->rope_low_freq_factor, m->rope_high_freq_factor,
+                 m->rope_original_max_position_embeddings);
+}
+
+int config_rope_scaling_same(const ModelConfig *a, const ModelConfig *b)
+{
+    if (a->rope_scaling != b->rope_scaling)
+        return 0;
+    return a->rope_scaling == ROPE_SCALING_NONE ||
+           (a->rope_factor == b->rope_factor &&
+            a->rope_low_freq_factor == b->rope_low_freq_factor &&
+            a->rope_high_freq_factor == b->rope_high_freq_factor &&
+            a->rope_original_max_position_embeddings == b->rope_original_max_position_embeddings);
+}
 
 /* ------------------------------------------------------------------------ */
 /* YAML loading                                                              */

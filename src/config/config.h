@@ -33,6 +33,7 @@ typedef enum { BACKEND_CPU = 0, BACKEND_CUDA = 1 } BackendKind;
 typedef enum { RESUME_AUTO = 0, RESUME_NEVER = 1, RESUME_PATH = 2 } ResumeKind;
 typedef enum { COMM_AUTO = 0, COMM_MPI = 1, COMM_NCCL = 2 } CommKind;
 typedef enum { NONFINITE_STOP = 0, NONFINITE_SKIP = 1 } NonfiniteKind;
+typedef enum { ROPE_SCALING_NONE = 0, ROPE_SCALING_LLAMA3 = 1 } RopeScaling;
 /* checkpoint.async: auto is on where the MPI library runs threads and the
  * host snapshot fits beside the rest (docs/checkpoint.md). */
 typedef enum { ASYNC_AUTO = 0, ASYNC_ON = 1, ASYNC_OFF = 2 } AsyncKind;
@@ -56,7 +57,12 @@ typedef struct {
     int tie_embeddings; /* default 1 for gpt2, 0 for llama */
     float norm_eps;     /* default 1e-5 */
     float rope_theta;   /* default 10000 (llama only) */
-    float init_std;     /* default 0.02 */
+    /* RoPE frequency scaling (llama only): none, or Llama 3's (Hugging Face's
+     * rope_type "llama3") with its four parameters, all required then. */
+    RopeScaling rope_scaling;
+    float rope_factor, rope_low_freq_factor, rope_high_freq_factor;
+    int rope_original_max_position_embeddings;
+    float init_std; /* default 0.02 */
 } ModelConfig;
 
 typedef struct {
@@ -216,5 +222,13 @@ int config_write_yaml(const Config *cfg, const char *path, char err[CFG_ERR]);
 /* Names for enums, for logs and YAML output. */
 const char *config_arch_name(ModelArch a);
 const char *config_precision_name(Precision p);
+
+/* model.rope_scaling for messages: "none", or "llama3 (factor 8,
+ * low_freq_factor 1, high_freq_factor 4,
+ * original_max_position_embeddings 8192)". */
+void config_rope_scaling_text(const ModelConfig *m, char *out, size_t n);
+/* 1 when a and b scale RoPE the same way (the parameters of "none" are
+ * not compared). */
+int config_rope_scaling_same(const ModelConfig *a, const ModelConfig *b);
 
 #endif

@@ -21,6 +21,42 @@ static int fail(LayoutError *e, const char *key, const char *fmt, ...)
     return -1;
 }
 
+/* model.rope_scaling: Llama 3's needs its four parameters, in the ranges
+ * where its formula is defined (rope_inv_freq, backend.h); the
+ * parameters without it are a mistake worth naming. */
+static int layout_check_rope_scaling(const ModelConfig *m, LayoutError *e)
+{
+    if (m->rope_scaling == ROPE_SCALING_NONE) {
+        if (m->rope_factor != 0 || m->rope_low_freq_factor != 0 || m->rope_high_freq_factor != 0 ||
+            m->rope_original_max_position_embeddings != 0)
+            return fail(e, "model.rope_scaling",
+                        "model.rope_factor, rope_low_freq_factor, rope_high_freq_factor and "
+                        "rope_original_max_position_embeddings apply only with "
+                        "model.rope_scaling: llama3 (it is none)");
+        return 0;
+    }
+    if (m->arch != ARCH_LLAMA)
+        return fail(e, "model.rope_scaling",
+                    "model.rope_scaling: llama3 needs arch llama (gpt2 has learned positions)");
+    if (!(m->rope_factor >= 1))
+        return fail(e, "model.rope_factor",
+                    "model.rope_factor (%g) must be >= 1 with model.rope_scaling: llama3 "
+                    "(Llama 3.1: 8)",
+                    m->rope_factor);
+    if (!(m->rope_low_freq_factor > 0) || !(m->rope_high_freq_factor > m->rope_low_freq_factor))
+        return fail(e, "model.rope_high_freq_factor",
+                    "model.rope_low_freq_factor (%g) must be > 0 and "
+                    "model.rope_high_freq_factor (%g) greater than it with "
+                    "model.rope_scaling: llama3 (Llama 3.1: 1 and 4)",
+                    m->rope_low_freq_factor, m->rope_high_freq_factor);
+    if (m->rope_original_max_position_embeddings < 1)
+        return fail(e, "model.rope_original_max_position_embeddings",
+                    "model.rope_original_max_position_embeddings (%d) must be >= 1 with "
+                    "model.rope_scaling: llama3 (Llama 3.1: 8192)",
+                    m->rope_original_max_position_embeddings);
+    return 0;
+}
+
 int layout_check_model(const ModelConfig *m, LayoutError *e)
 {
     if (m->heads < 1 || m->kv_heads < 1)
@@ -56,7 +92,7 @@ int layout_check_model(const ModelConfig *m, LayoutError *e)
                         "llama (RoPE is its only position encoding)",
                         m->rope_theta);
     }
-    return 0;
+    return layout_check_rope_scaling(m, e);
 }
 
 int layout_check_tp(const ModelConfig *m, int tp, int sequence_parallel, int cp, int micro_batch,

@@ -72,6 +72,9 @@ void progress_done(void)
     atomic_fetch_add_explicit(&P.ticks, 1, memory_order_release);
 }
 
+int progress_started(void) { return P.step > 0; }
+double progress_wait_s(void) { return P.waiting && P.timed ? mono() - P.since : -1; }
+
 uint64_t progress_ticks(void) { return atomic_load_explicit(&P.ticks, memory_order_acquire); }
 
 void progress_describe(char *buf, size_t len)

@@ -36,6 +36,12 @@ void progress_poll(const char *op, const char *group, const char *members, int p
 /* The wait ended (the operation completed): progress. */
 void progress_done(void);
 
+/* Whether the trainer has marked a step (start-up is over). */
+int progress_started(void);
+/* Seconds the open wait on other ranks has lasted, or -1 when none is
+ * open. */
+double progress_wait_s(void);
+
 /* Bumped by every mark and completion. */
 uint64_t progress_ticks(void);
 /* "in all-reduce on group dp (ranks 0,1) at step 5 micro-batch 2", or

@@ -46,6 +46,11 @@ typedef struct {
 
 /* Read encoder.json and vocab.bpe.  0, or -1 with err naming the file. */
 int bpe_load(Bpe *b, const char *encoder_json, const char *vocab_bpe, char err[CFG_ERR]);
+/* The same tables from a Hugging Face tokenizer.json of GPT-2's kind
+ * (model BPE, pre_tokenizer ByteLevel with GPT-2's pattern): model.vocab,
+ * model.merges and added_tokens.  Other kinds (WordPiece, Unigram, other
+ * pre-tokenizers) are refused naming them.  0, or -1 with err. */
+int bpe_load_hf(Bpe *b, const char *tokenizer_json, char err[CFG_ERR]);
 void bpe_free(Bpe *b);
 /* Pre-tokenize with GPT-2's pattern, merge each piece, append the ids. */
 int bpe_encode(Bpe *b, const char *text, size_t len, int32_t **ids, size_t *n, size_t *cap);

@@ -197,15 +197,12 @@ static int build_tokens(Bpe *b, const StrMap *enc, const char *path, char err[CF
     return rc;
 }
 
-static int load_encoder(Bpe *b, StrMap *enc, const char *path, char err[CFG_ERR])
+/* path names the text in messages (read from it, or made from it). */
+static int load_encoder(Bpe *b, StrMap *enc, const char *path, const char *text, size_t len,
+                        char err[CFG_ERR])
 {
-    char *text;
-    size_t len;
-    if (read_file(path, &text, &len, err) != 0)
-        return -1;
     int rc = strmap_init(enc, 65536) != 0 ? trd_errorf(err, "%s: out of memory", path)
                                           : parse_encoder(path, text, len, enc, err);
-    free(text);
     if (rc != 0 || build_tokens(b, enc, path, err) != 0)
         return -1;
     for (int c = 0; c < 256; c++) {
@@ -364,12 +361,9 @@ static int build_pairs(Bpe *b, const Merges *m, const StrMap *enc, const char *p
     return rc;
 }
 
-static int load_merges(Bpe *b, const StrMap *enc, const char *path, char err[CFG_ERR])
+static int load_merges(Bpe *b, const StrMap *enc, const char *path, char *text, size_t len,
+                       char err[CFG_ERR])
 {
-    char *text;
-    size_t len;
-    if (read_file(path, &text, &len, err) != 0)
-        return -1;
     Merges m = {0};
     int rc = parse_merges(path, text, len, &m, err);
     if (rc == 0 && m.n == 0)
@@ -377,25 +371,169 @@ static int load_merges(Bpe *b, const StrMap *enc, const char *path, char err[CFG
                         path);
     if (rc == 0)
         rc = build_pairs(b, &m, enc, path, err);
-    free(text);
     free(m.keys);
     free(m.off);
     free(m.xlen);
     return rc;
 }
 
-int bpe_load(Bpe *b, const char *encoder_json, const char *vocab_bpe, char err[CFG_ERR])
+/* The tables from the texts of encoder.json and vocab.bpe (merges is
+ * written into while parsing). */
+static int load_texts(Bpe *b, const char *enc_path, const char *enc_text, size_t enc_len,
+                      const char *merges_path, char *merges, size_t merges_len, char err[CFG_ERR])
 {
     memset(b, 0, sizeof *b);
     StrMap enc = {0};
-    int rc = load_encoder(b, &enc, encoder_json, err);
+    int rc = load_encoder(b, &enc, enc_path, enc_text, enc_len, err);
     if (rc == 0)
-        rc = load_merges(b, &enc, vocab_bpe, err);
+        rc = load_merges(b, &enc, merges_path, merges, merges_len, err);
     if (rc == 0 && strmap_init(&b->cache, 1 << 16) != 0)
         rc = trd_errorf(err, "out of memory for the tokenizer cache");
     strmap_free(&enc);
     if (rc != 0)
         bpe_free(b);
+    return rc;
+}
+
+int bpe_load(Bpe *b, const char *encoder_json, const char *vocab_bpe, char err[CFG_ERR])
+{
+    char *enc = NULL, *merges = NULL;
+    size_t enc_len = 0, merges_len = 0;
+    memset(b, 0, sizeof *b);
+    int rc = read_file(encoder_json, &enc, &enc_len, err);
+    if (rc == 0)
+        rc = read_file(vocab_bpe, &merges, &merges_len, err);
+    if (rc == 0)
+        rc = load_texts(b, encoder_json, enc, enc_len, vocab_bpe, merges, merges_len, err);
+    free(enc);
+    free(merges);
+    return rc;
+}
+
+/* ---- tokenizer.json (Hugging Face tokenizers) ---------------------------- */
+
+/* Why a tokenizer.json is not GPT-2's kind of BPE, or NULL: the model must
+ * be BPE and the text must be split by ByteLevel with GPT-2's pattern
+ * (use_regex, no prefix space); anything else would give other tokens. */
+static const char *hf_unsupported(const cJSON *doc, char *why, size_t n)
+{
+    const cJSON *model = cJSON_GetObjectItemCaseSensitive(doc, "model");
+    const cJSON *type = cJSON_GetObjectItemCaseSensitive(model, "type");
+    if (!cJSON_IsString(type)) {
+        snprintf(why, n, "no model.type");
+        return why;
+    }
+    if (strcmp(type->valuestring, "BPE")) {
+        snprintf(why, n,
+                 "model.type \"%.40s\": trident reads byte-level BPE tokenizers only (not "
+                 "WordPiece, Unigram or WordLevel)",
+                 type->valuestring);
+        return why;
+    }
+    const cJSON *pre = cJSON_GetObjectItemCaseSensitive(doc, "pre_tokenizer");
+    const cJSON *pt = cJSON_GetObjectItemCaseSensitive(pre, "type");
+    if (!cJSON_IsString(pt) || strcmp(pt->valuestring, "ByteLevel")) {
+        snprintf(why, n,
+                 "pre_tokenizer %.40s: trident splits text with GPT-2's pattern (a ByteLevel "
+                 "pre_tokenizer) only",
+                 cJSON_IsString(pt) ? pt->valuestring : "(none)");
+        return why;
+    }
+    if (cJSON_IsFalse(cJSON_GetObjectItemCaseSensitive(pre, "use_regex")) ||
+        cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(pre, "add_prefix_space"))) {
+        snprintf(why, n,
+                 "pre_tokenizer ByteLevel with use_regex false or add_prefix_space true: "
+                 "trident splits text as GPT-2 does (use_regex true, no prefix space)");
+        return why;
+    }
+    if (cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(model, "byte_fallback")) ||
+        cJSON_IsString(cJSON_GetObjectItemCaseSensitive(model, "continuing_subword_prefix"))) {
+        snprintf(why, n, "model.byte_fallback or continuing_subword_prefix: not GPT-2's BPE");
+        return why;
+    }
+    return NULL;
+}
+
+/* "#version" and one "X Y" line per merge, from model.merges (strings "X Y"
+ * or pairs ["X", "Y"]); NULL with err when a merge is neither. */
+static char *hf_merges_text(const char *path, const cJSON *merges, size_t *len, char err[CFG_ERR])
+{
+    size_t cap = 64;
+    const cJSON *m;
+    cJSON_ArrayForEach(m, merges)
+    {
+        if (cJSON_IsString(m))
+            cap += strlen(m->valuestring) + 1;
+        else if (cJSON_GetArraySize(m) == 2 && cJSON_IsString(cJSON_GetArrayItem(m, 0)) &&
+                 cJSON_IsString(cJSON_GetArrayItem(m, 1)))
+            cap += strlen(cJSON_GetArrayItem(m, 0)->valuestring) +
+                   strlen(cJSON_GetArrayItem(m, 1)->valuestring) + 2;
+        else {
+            trd_errorf(err, "%s: model.merges holds something other than \"X Y\" or [X, Y]", path);
+            return NULL;
+        }
+    }
+    char *text = malloc(cap);
+    if (!text) {
+        trd_errorf(err, "%s: out of memory for the merges", path);
+        return NULL;
+    }
+    size_t n = (size_t)snprintf(text, cap, "#version: tokenizer.json\n");
+    cJSON_ArrayForEach(m, merges)
+    {
+        if (cJSON_IsString(m))
+            n += (size_t)snprintf(text + n, cap - n, "%s\n", m->valuestring);
+        else
+            n += (size_t)snprintf(text + n, cap - n, "%s %s\n",
+                                  cJSON_GetArrayItem(m, 0)->valuestring,
+                                  cJSON_GetArrayItem(m, 1)->valuestring);
+    }
+    *len = n;
+    return text;
+}
+
+int bpe_load_hf(Bpe *b, const char *tokenizer_json, char err[CFG_ERR])
+{
+    char *text = NULL, *merges = NULL, *enc = NULL, why[200];
+    size_t len = 0, merges_len = 0;
+    memset(b, 0, sizeof *b);
+    if (read_file(tokenizer_json, &text, &len, err) != 0)
+        return -1;
+    int rc = -1;
+    cJSON *doc = cJSON_ParseWithLength(text, len);
+    const cJSON *model = cJSON_GetObjectItemCaseSensitive(doc, "model");
+    cJSON *vocab = cJSON_Duplicate(cJSON_GetObjectItemCaseSensitive(model, "vocab"), 1);
+    if (!doc)
+        trd_errorf(err, "%s: not valid JSON", tokenizer_json);
+    else if (hf_unsupported(doc, why, sizeof why))
+        trd_errorf(err, "%s: %s", tokenizer_json, why);
+    else if (!cJSON_IsObject(vocab))
+        trd_errorf(err, "%s: model.vocab is not an object of token -> id", tokenizer_json);
+    else if ((merges =
+                  hf_merges_text(tokenizer_json, cJSON_GetObjectItemCaseSensitive(model, "merges"),
+                                 &merges_len, err)) != NULL) {
+        /* added_tokens (<|endoftext|>...) join the vocabulary when absent */
+        const cJSON *t;
+        cJSON_ArrayForEach(t, cJSON_GetObjectItemCaseSensitive(doc, "added_tokens"))
+        {
+            const cJSON *content = cJSON_GetObjectItemCaseSensitive(t, "content");
+            const cJSON *id = cJSON_GetObjectItemCaseSensitive(t, "id");
+            if (cJSON_IsString(content) && cJSON_IsNumber(id) &&
+                !cJSON_GetObjectItemCaseSensitive(vocab, content->valuestring))
+                cJSON_AddNumberToObject(vocab, content->valuestring, id->valuedouble);
+        }
+        enc = cJSON_PrintUnformatted(vocab);
+        if (!enc)
+            trd_errorf(err, "%s: out of memory for the vocabulary", tokenizer_json);
+        else
+            rc = load_texts(b, tokenizer_json, enc, strlen(enc), tokenizer_json, merges, merges_len,
+                            err);
+    }
+    cJSON_free(enc);
+    free(merges);
+    cJSON_Delete(vocab);
+    cJSON_Delete(doc);
+    free(text);
     return rc;
 }
 

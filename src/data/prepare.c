@@ -36,6 +36,8 @@ Tokenizer *data_tokenizer_make(const TokenizerSpec *ts)
     Tokenizer *t;
     if (strcmp(ts->name, "sentencepiece") == 0) {
         t = tokenizer_sentencepiece(ts->model, err);
+    } else if (strcmp(ts->name, "hf") == 0) {
+        t = tokenizer_hf_json(ts->model, err);
     } else if (strcmp(ts->name, "tiktoken") == 0) {
         char rel[512], rbuf[4096];
         const char *ranks = ts->ranks;
@@ -72,9 +74,11 @@ Tokenizer *data_tokenizer_named(const char *name, char *err)
     size_t n = strlen(name);
     if (n > 6 && !strcmp(name + n - 6, ".model"))
         return tokenizer_sentencepiece(name, err);
+    if (n > 5 && !strcmp(name + n - 5, ".json"))
+        return tokenizer_hf_json(name, err);
     snprintf(err, CFG_ERR,
-             "unknown tokenizer '%s' (byte, gpt2, cl100k_base, o200k_base or a SentencePiece "
-             "FILE.model)",
+             "unknown tokenizer '%s' (byte, gpt2, cl100k_base, o200k_base, a SentencePiece "
+             "FILE.model or a Hugging Face tokenizer.json)",
              name);
     return NULL;
 }

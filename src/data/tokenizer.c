@@ -48,6 +48,23 @@ Tokenizer *tokenizer_gpt2(const char *encoder_json, const char *vocab_bpe, char 
     return t;
 }
 
+Tokenizer *tokenizer_hf_json(const char *tokenizer_json, char err[CFG_ERR])
+{
+    Tokenizer *t = calloc(1, sizeof *t);
+    if (!t) {
+        snprintf(err, CFG_ERR, "out of memory for the tokenizer");
+        return NULL;
+    }
+    if (bpe_load_hf(&t->bpe, tokenizer_json, err) != 0) {
+        free(t);
+        return NULL;
+    }
+    t->kind = TOK_GPT2; /* GPT-2's algorithm, this file's vocabulary */
+    t->vocab = t->bpe.vocab;
+    t->eot = t->bpe.eot;
+    return t;
+}
+
 Tokenizer *tokenizer_tiktoken(const char *ranks, const char *encoding, char err[CFG_ERR])
 {
     Tokenizer *t = calloc(1, sizeof *t);

@@ -26,6 +26,8 @@ Tokenizer *tokenizer_byte(void); /* ids 0..255 = bytes, EOT = 256, vocab 257 */
 /* NULL with a message naming the file in err when a file is missing or
  * malformed. */
 Tokenizer *tokenizer_gpt2(const char *encoder_json, const char *vocab_bpe, char err[CFG_ERR]);
+/* GPT-2's kind of BPE from a Hugging Face tokenizer.json (bpe_load_hf). */
+Tokenizer *tokenizer_hf_json(const char *tokenizer_json, char err[CFG_ERR]);
 /* encoding: cl100k_base or o200k_base (the pattern and special tokens). */
 Tokenizer *tokenizer_tiktoken(const char *ranks, const char *encoding, char err[CFG_ERR]);
 /* vocab = the model's piece count, EOT = its eos id; a model without an

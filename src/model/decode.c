@@ -102,7 +102,7 @@ static void layer(Decoder *dc, int l, int n)
     norm(dc, dc->ln, dc->x, p->ln1_w, p->ln1_b, n);
     be->matmul_forward(dc->qkv, dc->ln, p->qkv_w, p->qkv_b, n, d->C, d->QKV);
     if (!d->gpt2)
-        be->rope_decode(dc->qkv, n, dc->pos, d->H, d->KVH, d->hs, d->theta);
+        be->rope_decode(dc->qkv, n, dc->pos, d->H, d->KVH, d->hs, d->rope);
     be->attention_decode(dc->atty, dc->qkv, dc->kc[l], dc->vc[l], n, dc->pos, d->H, d->KVH, d->hs);
     be->matmul_forward(dc->branch, dc->atty, p->attn_proj_w, p->attn_proj_b, n, d->H * d->hs, d->C);
     be->add(dc->x, dc->x, dc->branch, nC);

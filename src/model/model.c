@@ -121,6 +121,18 @@ static void bind_outer(OuterParams *op, const GroupOffsets *g, float *storage, i
 /* Local sizes of this tensor-parallel rank: its query heads, kv heads (its
  * own, or the one group it shares), MLP columns and vocabulary rows.  The
  * table says the same (checked against it in model_create_unbound). */
+RopeFreq model_rope_freq(const ModelConfig *mc)
+{
+    RopeFreq rf = {.theta = mc->rope_theta};
+    if (mc->rope_scaling == ROPE_SCALING_LLAMA3) {
+        rf.factor = mc->rope_factor;
+        rf.low_freq_factor = mc->rope_low_freq_factor;
+        rf.high_freq_factor = mc->rope_high_freq_factor;
+        rf.original_max = mc->rope_original_max_position_embeddings;
+    }
+    return rf;
+}
+
 static Dims make_dims(const Model *m, int B)
 {
     const ModelConfig *mc = &m->mc;
@@ -137,7 +149,7 @@ static Dims make_dims(const Model *m, int B)
     d.C = mc->hidden;
     d.hs = mc->hidden / mc->heads;
     d.eps = mc->norm_eps;
-    d.theta = mc->rope_theta;
+    d.rope = model_rope_freq(mc);
 
     d.H = mc->heads / tp;
     d.KVH = mc->kv_heads % tp == 0 ? mc->kv_heads / tp : 1;
@@ -725,7 +737,7 @@ static void block_forward(Model *m, int i, int need_output)
     norm_forward(m, a->ln1, a->ln1_mean, a->ln1_rstd, x, p->ln1_w, p->ln1_b);
     be->matmul_forward(a->qkv, a->ln1, p->qkv_w, p->qkv_b, d->N, d->C, d->QKV);
     if (!d->gpt2)
-        be->rope_forward(a->qkv, m->cur.pos, d->N, d->T, 0, d->H, d->KVH, d->hs, d->theta);
+        be->rope_forward(a->qkv, m->cur.pos, d->N, d->T, 0, d->H, d->KVH, d->hs, d->rope);
     attention_forward(m, a);
     row_linear_forward(m, m->s.branch, a->atty, p->attn_proj_w, p->attn_proj_b, d->H * d->hs);
     residual_norm_forward(m, a->res_mid, a->ln2, a->ln2_mean, a->ln2_rstd, x, m->s.branch, p->ln2_w,
@@ -847,7 +859,7 @@ void model_block_backward(Model *m, int l)
         be->attention_backward(s->dqkv, s->dqkv, s->datty, a->qkv, a->qkv, a->atty, a->lse, &aa);
     }
     if (!d->gpt2) /* dqkv was w.r.t. rotated q, k: rotate back */
-        be->rope_backward(s->dqkv, m->cur.pos, d->N, d->T, 0, d->H, d->KVH, d->hs, d->theta);
+        be->rope_backward(s->dqkv, m->cur.pos, d->N, d->T, 0, d->H, d->KVH, d->hs, d->rope);
     zero(m, s->dln, NC);
     qkv_weight_backward(m, p, g, a);
     norm_backward(m, s->dres, g->ln1_w, g->ln1_b, s->dln, m->cur.resid[i], p->ln1_w, a->ln1_mean,

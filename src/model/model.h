@@ -32,6 +32,11 @@ typedef struct {
 
 typedef struct Model Model;
 
+/* The RoPE frequencies of a model config, computed once per model and
+ * passed to the rope ops (arch llama; scaling only with
+ * model.rope_scaling). */
+RopeFreq model_rope_freq(const ModelConfig *mc);
+
 /* Build a model for this shard and micro-batch size B (sequences of
  * cfg->model.seq_len, whole: no context parallelism, whatever the config
  * says; for inference and tests).  Parameters are initialised from

@@ -24,7 +24,8 @@ typedef struct {
     int V;           /* of which real: columns the loss counts */
     int vocab_start; /* first global vocabulary row held */
     int vocab;       /* the whole real vocabulary (targets are below it) */
-    float eps, theta;
+    float eps;
+    RopeFreq rope; /* model_rope_freq(mc) */
 } Dims;
 
 /* One layer's tensors in a flat buffer (parameters or gradients).  Absent

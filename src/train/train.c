@@ -347,6 +347,11 @@ static void print_data_seen(Trainer *tr, int steps)
 int train_run(const Config *cfg, Comm world)
 {
     preempt_install(); /* SIGUSR1/SIGTERM/SIGINT: stop at an agreed step, checkpointed */
+    /* From the start: start-up waits on other ranks too (NCCL's
+     * initialisation, the checkpoint's agreement), and a rank that never
+     * joins must end the job there as well. */
+    watchdog_start(cfg->training.hang_timeout, world.rank, world.size, cfg->run.dir,
+                   cfg->training.trace);
     Trainer *tr = trainer_create(cfg, world, TRAINER_TRAIN);
     const TrainerInfo *in = trainer_info(tr);
     check_run_dir(cfg, in->resumed, &world);
@@ -376,8 +381,6 @@ int train_run(const Config *cfg, Comm world)
     const CheckpointConfig *ck = &cfg->checkpoint;
     const double t_loop = now_s();
     int exit_code = TRD_EXIT_OK;
-    watchdog_start(cfg->training.hang_timeout, world.rank, world.size, cfg->run.dir,
-                   cfg->training.trace);
     int done = in->start_step; /* steps trained by the end */
     long long trained_total = rank0 ? (long long)trainer_trained_before(tr) : 0;
     AutoSave autosave = {.since = t_loop};

@@ -57,8 +57,27 @@ static void heartbeat_path(char *buf, size_t len)
 /* Write this rank's slot: alive now, last progress `progressed` (wall
  * time), and where it is when it has been idle for a beat.  Best effort:
  * a failed write only leaves the slot older. */
+/* The heartbeat file, once the run directory exists (the watchdog starts
+ * before start-up makes it); other failures are said once. */
+static void open_beat(void)
+{
+    static int warned;
+    char path[CFG_STR + 32];
+    heartbeat_path(path, sizeof path);
+    W.beat_fd = open(path, O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
+    if (W.beat_fd < 0 && errno != ENOENT && !warned) {
+        warned = 1;
+        fprintf(stderr,
+                "trident: warning: rank %d: cannot open %s (%s): a hang will not name "
+                "stopped peers\n",
+                W.rank, path, strerror(errno));
+    }
+}
+
 static void beat(double progressed, int idle)
 {
+    if (W.beat_fd < 0)
+        open_beat();
     if (W.beat_fd < 0)
         return;
     char slot[SLOT], where[256] = "making progress";
@@ -145,6 +164,11 @@ static _Noreturn void fire(double idle)
     char where[256];
     progress_describe(where, sizeof where);
     say("trident: error: rank %d: no progress for %.0f s %s\n", W.rank, idle, where);
+    /* Under NCCL the open wait above may be long over: the collective that
+     * holds the GPU is NCCL's last unfinished operation. */
+    char nccl[320];
+    if (comm_unfinished(nccl, sizeof nccl))
+        say("trident: rank %d: %s\n", W.rank, nccl);
     /* The ranks it waits for, as their heartbeats tell. */
     int peers[64];
     const int np = progress_waiting_on(peers, 64);
@@ -190,6 +214,7 @@ static void *watch(void *arg)
     /* Look a few times per timeout, at most once a second. */
     const double period = W.timeout_s >= 5 ? 1.0 : W.timeout_s / 5.0;
     uint64_t seen = progress_ticks();
+    int started_seen = progress_started();
     double since = mono(), progressed = wall(), last_beat = -1e30;
     pthread_mutex_lock(&W.mu);
     while (!W.stop) {
@@ -201,17 +226,34 @@ static void *watch(void *arg)
         pthread_cond_timedwait(&W.cv, &W.mu, &until);
         if (W.stop)
             break;
+        /* NCCL's asynchronous errors, polled while the main thread waits
+         * (it may be stuck in a kernel that will never finish): abort. */
+        char why[320];
+        if (comm_async_fault(why, sizeof why)) {
+            say("trident: error: rank %d: %s\n", W.rank, why);
+            say("---> NCCL_DEBUG=WARN says more; the failed peer's own log says why it failed; "
+                "aborting the NCCL communicators and ending the job so it can be requeued\n");
+            nanosleep(&(struct timespec){.tv_nsec = 200 * 1000 * 1000}, NULL);
+            comm_abort(TRD_EXIT_RUNTIME);
+        }
         const uint64_t now_ticks = progress_ticks();
         const double now = mono();
+        /* Before the first step only a wait on other ranks (NCCL's
+         * initialisation, a collective of the checkpoint load) can fire:
+         * start-up's own work (data, model, the SGEMM probe) has no marks
+         * and may take longer than a tight timeout, and its gaps do not
+         * count toward the longest gap. */
+        const int started = progress_started();
         if (now_ticks != seen) {
-            if (now - since > W.longest_gap)
+            if (started && started_seen && now - since > W.longest_gap)
                 W.longest_gap = now - since;
+            started_seen = started;
             seen = now_ticks;
             since = now;
             progressed = wall();
-        } else if (now - since >= timeout_of()) {
+        } else if (started ? now - since >= timeout_of() : progress_wait_s() >= timeout_of()) {
             beat(progressed, 1);
-            fire(now - since);
+            fire(started ? now - since : progress_wait_s());
         }
         if (now - last_beat >= W.beat_every) {
             beat(progressed, now - since >= period);
@@ -233,14 +275,8 @@ void watchdog_start(int timeout_s, int world_rank, int world_size, const char *r
     snprintf(W.run_dir, sizeof W.run_dir, "%s", run_dir);
     W.longest_gap = 0;
     W.beat_every = timeout_s / 10.0 < 0.5 ? 0.5 : timeout_s / 10.0 > 30 ? 30 : timeout_s / 10.0;
-    char path[CFG_STR + 32];
-    heartbeat_path(path, sizeof path);
-    W.beat_fd = open(path, O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
-    if (W.beat_fd < 0)
-        fprintf(stderr,
-                "trident: warning: rank %d: cannot open %s (%s): a hang will not name "
-                "stopped peers\n",
-                world_rank, path, strerror(errno));
+    W.beat_fd = -1;
+    open_beat();
     beat(wall(), 0); /* the slot exists from the start: a rank stopped at once is named too */
     /* The condition variable times out on the monotonic clock: a clock
      * step (NTP) must neither fire nor silence the watchdog. */

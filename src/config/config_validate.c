@@ -178,10 +178,10 @@ static int check_optimizer(Checker *c)
     const TopologyConfig *t = &c->cfg->topology;
     if (tr->sample_every > 0 && (t->tp > 1 || t->pp > 1 || t->cp > 1 || t->zero == 3))
         return verr(c, "training.sample_every",
-                    "training.sample_every needs the whole model and whole sequences on "
-                    "rank 0 (topology.tp 1, topology.pp 1, topology.cp 1, topology.zero 0-2); "
-                    "here tp %d, pp %d, cp %d, zero %d: sample from a checkpoint with `trident "
-                    "generate` instead",
+                    "training.sample_every needs the whole model on rank 0, and whole "
+                    "sequences (topology.tp 1, topology.pp 1, topology.cp 1, topology.zero "
+                    "0-2); here tp %d, pp %d, cp %d, zero %d: sample from a checkpoint with "
+                    "`trident generate` instead",
                     t->tp, t->pp, t->cp, t->zero);
     if (tr->sample_every > 0 && c->cfg->model.vocab != 50257 && c->cfg->model.vocab != 257)
         return verr(c, "training.sample_every",

@@ -2,6 +2,8 @@
  * all-gathered keys and values (cp_attention.h). */
 #include "context_par/cp_attention.h"
 
+#include <stdlib.h>
+
 #include "core/error.h"
 
 static size_t chunk_rows(const CpAttention *a) { return (size_t)a->B * (size_t)a->L; }
@@ -19,6 +21,39 @@ size_t cp_attention_bytes(int cp, int B, int L, int H, int KVH, int hs)
            sizeof(float);
 }
 
+/* Rank s's chunk d that holds key chunk k (0 .. 2cp-1). */
+static void owner_of(int cp, int k, int *s, int *d)
+{
+    *d = k >= cp;
+    *s = *d ? 2 * cp - 1 - k : k;
+}
+
+/* Each query chunk attends to the key chunks at or before it.  The blocks
+ * whose keys this rank holds run first, while the other ranks' rows are
+ * gathered, the rest once they are here; the log-sum-exp merge makes the
+ * order immaterial up to rounding. */
+static void plan_blocks(CpAttention *a)
+{
+    const int cp = a->cp->size, r = a->cp->rank;
+    a->blocks = trd_calloc(2 * (size_t)cp + 1, sizeof *a->blocks, "context-parallel blocks");
+    int n = 0, first[2] = {1, 1};
+    for (int local = 1; local >= 0; local--) {
+        if (!local)
+            a->n_local = n;
+        for (int c = 0; c < 2; c++)
+            for (int k = 0; k <= cp_chunk(cp, r, c); k++) {
+                int s, d;
+                owner_of(cp, k, &s, &d);
+                if ((s == r) != local)
+                    continue;
+                a->blocks[n++] = (CpBlock){.c = c, .s = s, .d = d, .merge = !first[c]};
+                first[c] = 0;
+            }
+    }
+    a->n_blocks = n;
+    TRD_ASSERT(n == 2 * cp + 1);
+}
+
 void cp_attention_init(CpAttention *a, const Backend *be, Comm *cp, int B, int L, int H, int KVH,
                        int hs)
 {
@@ -27,6 +62,7 @@ void cp_attention_init(CpAttention *a, const Backend *be, Comm *cp, int B, int L
     const size_t bytes = (size_t)cp->size * rank_elems(a) * sizeof(float);
     a->kv = be->alloc(bytes, "context-parallel keys and values");
     a->dkv = be->alloc(bytes, "context-parallel key and value gradients");
+    plan_blocks(a);
 }
 
 void cp_attention_free(CpAttention *a)
@@ -35,6 +71,8 @@ void cp_attention_free(CpAttention *a)
     a->be->release(a->dkv);
     a->kv = a->dkv = NULL;
     a->gathered = NULL;
+    free(a->blocks);
+    a->blocks = NULL;
 }
 
 /* Every rank's rows of qkv into a->kv, started (finish_gather waits). */
@@ -68,13 +106,6 @@ static AttnArgs block_args(const CpAttention *a, int c, int s, int d, const int3
     return x;
 }
 
-/* Rank s's chunk d that holds key chunk k (0 .. 2cp-1). */
-static void owner_of(int cp, int k, int *s, int *d)
-{
-    *d = k >= cp;
-    *s = *d ? 2 * cp - 1 - k : k;
-}
-
 static const float *kv_block(const CpAttention *a, const float *all, int s, int d)
 {
     return all + ((size_t)s * 2 + (size_t)d) * chunk_rows(a) * width(a);
@@ -89,61 +120,42 @@ static const float *kv_rows(const CpAttention *a, const float *all, const float 
     return kv_block(a, all, s, d);
 }
 
-/* Each query chunk attends to the key chunks at or before it.  The blocks
- * whose keys this rank holds run first, while the other ranks' rows are
- * gathered (pass 0), the rest once they are here (pass 1); the log-sum-exp
- * merge makes the order immaterial up to rounding. */
 void cp_attention_forward(CpAttention *a, float *out, float *lse, const float *qkv,
                           const int32_t *pos)
 {
-    const int cp = a->cp->size, r = a->cp->rank;
     CommHandle h = start_gather(a, qkv);
     const size_t qn = chunk_rows(a) * width(a), on = chunk_rows(a) * (size_t)a->H * a->hs;
     const size_t ln = (size_t)a->B * a->H * a->L;
-    int first[2] = {1, 1};
-    for (int pass = 0; pass < 2; pass++) {
-        if (pass == 1)
+    for (int i = 0; i < a->n_blocks; i++) {
+        const CpBlock *b = &a->blocks[i];
+        if (i == a->n_local)
             finish_gather(a, &h);
-        for (int c = 0; c < 2; c++)
-            for (int k = 0; k <= cp_chunk(cp, r, c); k++) {
-                int s, d;
-                owner_of(cp, k, &s, &d);
-                if ((s == r) != (pass == 0))
-                    continue;
-                AttnArgs x = block_args(a, c, s, d, pos);
-                x.merge = !first[c];
-                first[c] = 0;
-                a->be->attention_forward(out + c * on, lse + c * ln, qkv + c * qn,
-                                         kv_rows(a, a->kv, qkv, s, d), &x);
-            }
+        AttnArgs x = block_args(a, b->c, b->s, b->d, pos);
+        x.merge = b->merge;
+        a->be->attention_forward(out + b->c * on, lse + b->c * ln, qkv + b->c * qn,
+                                 kv_rows(a, a->kv, qkv, b->s, b->d), &x);
     }
 }
 
 void cp_attention_backward(CpAttention *a, float *dqkv, const float *dout, const float *qkv,
                            const float *out, const float *lse, const int32_t *pos)
 {
-    const int cp = a->cp->size, r = a->cp->rank;
     const size_t n = rank_elems(a);
     const size_t qn = chunk_rows(a) * width(a), on = chunk_rows(a) * (size_t)a->H * a->hs;
     const size_t ln = (size_t)a->B * a->H * a->L;
     /* the rows gathered again unless the last forward was this layer's */
     const int again = a->gathered != qkv;
     CommHandle h = again ? start_gather(a, qkv) : comm_handle_none();
-    a->be->zero(a->dkv, (size_t)cp * n * sizeof(float));
-    for (int pass = 0; pass < 2; pass++) {
-        if (pass == 1 && again)
+    a->be->zero(a->dkv, (size_t)a->cp->size * n * sizeof(float));
+    for (int i = 0; i < a->n_blocks; i++) {
+        const CpBlock *b = &a->blocks[i];
+        if (i == a->n_local && again)
             finish_gather(a, &h);
-        for (int c = 0; c < 2; c++)
-            for (int k = 0; k <= cp_chunk(cp, r, c); k++) {
-                int s, d;
-                owner_of(cp, k, &s, &d);
-                if ((s == r) != (pass == 0))
-                    continue;
-                const AttnArgs x = block_args(a, c, s, d, pos);
-                a->be->attention_backward(dqkv + c * qn, (float *)kv_block(a, a->dkv, s, d),
-                                          dout + c * on, qkv + c * qn, kv_rows(a, a->kv, qkv, s, d),
-                                          out + c * on, lse + c * ln, &x);
-            }
+        const AttnArgs x = block_args(a, b->c, b->s, b->d, pos);
+        a->be->attention_backward(dqkv + b->c * qn, (float *)kv_block(a, a->dkv, b->s, b->d),
+                                  dout + b->c * on, qkv + b->c * qn,
+                                  kv_rows(a, a->kv, qkv, b->s, b->d), out + b->c * on,
+                                  lse + b->c * ln, &x);
     }
     /* every rank's key and value gradients of my rows, summed, into dkv[0, n) */
     const double t0 = comm_wtime();

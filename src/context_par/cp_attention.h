@@ -34,6 +34,12 @@
 #include "backend/backend.h"
 #include "comm/comm.h"
 
+/* One block of a rank's attention: its query chunk c (0 or 1) against
+ * chunk d of rank s's rows; merge 0 for the first block of c. */
+typedef struct {
+    int c, s, d, merge;
+} CpBlock;
+
 typedef struct {
     const Backend *be;
     Comm *cp;
@@ -42,6 +48,8 @@ typedef struct {
     float *dkv;            /* the same shape: key and value gradients for every rank's rows */
     const float *gathered; /* the qkv whose rows kv holds (backward re-gathers others) */
     double comm_s;         /* seconds in the exchange so far (the caller resets it) */
+    CpBlock *blocks;       /* the 2cp + 1 blocks in the order they run */
+    int n_blocks, n_local; /* the first n_local need no gathered rows */
 } CpAttention;
 
 /* Bytes of the two buffers for a group of cp (0 when cp is 1). */

@@ -13,34 +13,17 @@
 
 #include "checkpoint/ckpt_internal.h"
 #include "fuzz.h"
+#include "fuzz_index.h"
 
 static CkptIndex base; /* the values of a real index */
 
 static void setup(void)
 {
-    static Config cfg;
-    char err[CFG_ERR];
-    if (config_load(&cfg, TRD_SOURCE_ROOT "/tests/fuzz/seeds/config/tiny.yaml", err) ||
-        config_validate(&cfg, 1, err)) {
-        fprintf(stderr, "fuzz_ckpt_index_values: %s\n", err);
-        abort();
-    }
-    CkptIndex ix = {.tp = 1, .pp = 1, .dp = 1, .world = 1, .n = 1};
-    ckpt_index_describe(&ix, &cfg, PREC_FP32);
-    ix.stage_layers[0] = cfg.model.layers;
-    ix.state = (CkptState){.step = 10, .sampler_position = 80, .lr_step = 10, .adam_t = 10};
-    ix.yaml = "run:\n  name: fuzz\n";
-    CkptEntry e = {.name = "wte.weight",
-                   .kind = "params",
-                   .file = "stage_0.h5",
-                   .dtype = "float32",
-                   .ndim = 2,
-                   .shape = {50304, 128},
-                   .nbytes = 50304 * 128 * 4};
-    ix.e = &e;
     char path[600];
     snprintf(path, sizeof path, "%s/index.h5", fuzz_dir());
-    if (ckpt_index_write(path, &ix, err) != 0 || ckpt_index_read(path, &base, err) != 0) {
+    fuzz_write_index(path, "fuzz_ckpt_index_values");
+    char err[CFG_ERR];
+    if (ckpt_index_read(path, &base, err) != 0) {
         fprintf(stderr, "fuzz_ckpt_index_values: %s\n", err);
         abort();
     }

@@ -10,15 +10,10 @@ enum { NORM_THREADS = 256 };
 
 /* --------------------------------------------------------------- layernorm */
 
-__global__ void layernorm_forward_kernel(float *out, float *mean, float *rstd, const float *inp,
-                                         const float *weight, const float *bias, int C, float eps)
+/* Row n of a LayerNorm from this thread's part s of the row's sum. */
+__device__ void layernorm_row(float *o, float *mean, float *rstd, const float *x, float s,
+                              const float *weight, const float *bias, int C, float eps, int n)
 {
-    int n = blockIdx.x;
-    const float *x = inp + (size_t)n * C;
-    float *o = out + (size_t)n * C;
-    float s = 0;
-    for (int c = threadIdx.x; c < C; c += blockDim.x)
-        s += x[c];
     float mu = block_sum(s) / C;
     /* two passes: the variance of shifted values does not cancel */
     float v = 0;
@@ -33,6 +28,17 @@ __global__ void layernorm_forward_kernel(float *out, float *mean, float *rstd, c
         mean[n] = mu;
         rstd[n] = rs;
     }
+}
+
+__global__ void layernorm_forward_kernel(float *out, float *mean, float *rstd, const float *inp,
+                                         const float *weight, const float *bias, int C, float eps)
+{
+    int n = blockIdx.x;
+    const float *x = inp + (size_t)n * C;
+    float s = 0;
+    for (int c = threadIdx.x; c < C; c += blockDim.x)
+        s += x[c];
+    layernorm_row(out + (size_t)n * C, mean, rstd, x, s, weight, bias, C, eps, n);
 }
 
 /* dx += rstd * (g - mean(g) - xh * mean(g*xh)), g = dout*w, xh = (x-mu)*rstd */
@@ -209,19 +215,7 @@ __global__ void residual_norm_forward_kernel(float *res, float *out, float *mean
             rstd[n] = rs;
         return;
     }
-    float mu = block_sum(s) / C;
-    float v = 0;
-    for (int c = threadIdx.x; c < C; c += blockDim.x)
-        v += (x[c] - mu) * (x[c] - mu);
-    float rs = 1 / sqrtf(block_sum(v) / C + eps);
-    for (int c = threadIdx.x; c < C; c += blockDim.x) {
-        float y = (x[c] - mu) * rs * weight[c];
-        o[c] = bias ? y + bias[c] : y;
-    }
-    if (threadIdx.x == 0) {
-        mean[n] = mu;
-        rstd[n] = rs;
-    }
+    layernorm_row(o, mean, rstd, x, s, weight, bias, C, eps, n);
 }
 
 void cuda_residual_norm_forward(float *res, float *out, float *mean, float *rstd, const float *a,

@@ -59,9 +59,14 @@ __device__ inline int imax(int a, int b) { return a > b ? a : b; }
  * every thread of the block must call it together. */
 __device__ inline float group_sum(float v)
 {
+#if defined(TRD_CUDA_EMULATED) /* the same butterfly at one barrier (kernels/emu) */
+    return emu_warp_butterfly(
+        v, [](float a, float b) { return a + b; }, GROUP / 2);
+#else
     for (int o = GROUP / 2; o > 0; o >>= 1)
         v += __shfl_xor_sync(0xffffffffu, v, o);
     return v;
+#endif
 }
 
 /* This thread's channels of a row: x[c + GROUP*j], zero past hs or when

@@ -95,6 +95,18 @@ static inline unsigned cuda_blocks(size_t n)
 /* Sum / max of one value per thread over the whole block (blockDim.x a
  * multiple of 32, at most 1024); every thread gets the result.  The
  * trailing __syncthreads lets a caller reduce again with the same scratch. */
+#if defined(TRD_CUDA_EMULATED)
+/* the emulation runs the same butterfly at one barrier (kernels/emu) */
+template <typename T> __device__ inline T warp_sum(T v)
+{
+    return emu_warp_butterfly(v, [](T a, T b) { return a + b; });
+}
+
+__device__ inline float warp_max(float v)
+{
+    return emu_warp_butterfly(v, [](float a, float b) { return fmaxf(a, b); });
+}
+#else
 template <typename T> __device__ inline T warp_sum(T v)
 {
     for (int o = 16; o > 0; o >>= 1)
@@ -108,7 +120,22 @@ __device__ inline float warp_max(float v)
         v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
     return v;
 }
+#endif
 
+#if defined(TRD_CUDA_EMULATED)
+/* the emulation runs the same butterflies at one barrier (kernels/emu) */
+template <typename T> __device__ inline T block_sum(T v)
+{
+    return emu_block_butterfly(
+        v, [](T a, T b) { return a + b; }, (T)0);
+}
+
+__device__ inline float block_max(float v)
+{
+    return emu_block_butterfly(
+        v, [](float a, float b) { return fmaxf(a, b); }, -INFINITY);
+}
+#else
 template <typename T> __device__ inline T block_sum(T v)
 {
     __shared__ T part[32];
@@ -136,6 +163,7 @@ __device__ inline float block_max(float v)
     __syncthreads();
     return m;
 }
+#endif
 
 /* Column sums of a [N, W] row-major array, deterministic and parallel
  * over rows as well as columns: a block of COLSUM_COLS x COLSUM_GROUPS

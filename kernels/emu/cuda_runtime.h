@@ -177,6 +177,62 @@ inline int atomicCAS(int *a, int cmp, int val)
 void __syncthreads();
 /* every thread of the block must shuffle together (as block_sum does) */
 double emu_shfl_xor(double v, int o);
+const double *emu_warp_values(double v);
+/* An xor butterfly over a warp's 32 values: for o = top, top / 2, .. 1,
+ * lane l's value becomes op(its value, lane l ^ o's). */
+template <class T, class Op> void emu_butterfly(T (&x)[32], Op op, int top)
+{
+    T y[32];
+    for (int o = top; o > 0; o >>= 1) {
+        for (int l = 0; l < 32; l++)
+            y[l] = op(x[l], x[l ^ o]);
+        for (int l = 0; l < 32; l++)
+            x[l] = y[l];
+    }
+}
+
+/* warp_sum and warp_max (five shuffles) at one barrier instead of five:
+ * the same operations on the same values in the same order, so the same
+ * result bit for bit. */
+template <class T, class Op> T emu_warp_butterfly(T v, Op op, int top = 16)
+{
+    const double *w = emu_warp_values((double)v);
+    T x[32];
+    for (int l = 0; l < 32; l++)
+        x[l] = (T)w[l];
+    emu_butterfly(x, op, top);
+    return x[threadIdx.x % 32];
+}
+
+/* block_sum and block_max (two warp butterflies and two __syncthreads) at
+ * one barrier, computed once for the block: each warp's butterfly, lane
+ * 0's result as its partial, the partials (identity past the last warp)
+ * through a butterfly again.  The butterflies of a sum or a max leave the
+ * same value in every lane (op is commutative), so every thread's result
+ * is lane 0's. */
+const double *emu_block_values(double v, double **slot, int *fresh);
+template <class T, class Op> T emu_block_butterfly(T v, Op op, T identity)
+{
+    double *slot;
+    int fresh;
+    const double *all = emu_block_values((double)v, &slot, &fresh);
+    if (fresh) {
+        int nwarps = blockDim.x / 32;
+        T part[32], x[32];
+        for (int w = 0; w < 32; w++) {
+            part[w] = identity;
+            if (w >= nwarps)
+                continue;
+            for (int l = 0; l < 32; l++)
+                x[l] = (T)all[32 * w + l];
+            emu_butterfly(x, op, 16);
+            part[w] = x[0];
+        }
+        emu_butterfly(part, op, 16);
+        *slot = (double)part[0];
+    }
+    return (T)*slot;
+}
 template <class T> T __shfl_xor_sync(unsigned mask, T v, int o)
 {
     if (mask != 0xffffffffu) {

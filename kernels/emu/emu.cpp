@@ -651,7 +651,19 @@ static const void *sched_bottom; /* the scheduler's stack, for ASan */
 static size_t sched_size;
 static int cur = -1;
 static const std::function<void()> *cur_fn;
-static double shfl_buf[1024];
+/* A shuffle's values, in two buffers used in turn by each thread (its
+ * parity): a thread that has read shuffle n's values may write shuffle
+ * n + 1's before the others have read shuffle n's, but not shuffle n + 2's,
+ * whose barrier every thread must pass first.  So a shuffle is one barrier,
+ * not two. */
+static double shfl_buf[2][1024];
+static unsigned char shfl_par[1024];
+/* A block reduction's result, one per parity, computed by the first thread
+ * to read the values of reduction number gen (every thread counts its
+ * shuffles and reductions: the same count in every thread of a block). */
+static long shfl_gen[1024];
+static long slot_gen[2];
+static double slot_val[2];
 
 /* from fiber `cur` back to the scheduler; returns when resumed */
 static void to_sched()
@@ -682,16 +694,37 @@ static void yield_to_sched()
 
 void __syncthreads() { yield_to_sched(); }
 
-double emu_shfl_xor(double v, int o)
+/* Every thread's value to the block, one barrier: the 32 values of the
+ * caller's warp (valid until the caller's next shuffle but one). */
+const double *emu_warp_values(double v)
 {
-    int t = threadIdx.x, lane = t % 32, src = (t - lane) + (lane ^ o);
+    int t = threadIdx.x, p = shfl_par[t];
     if (blockDim.x % 32)
         die("blockDim not a multiple of 32");
-    shfl_buf[t] = v;
+    shfl_par[t] ^= 1;
+    shfl_gen[t]++;
+    shfl_buf[p][t] = v;
     yield_to_sched();
-    double r = shfl_buf[src];
-    yield_to_sched();
-    return r;
+    return &shfl_buf[p][t - t % 32];
+}
+
+/* The same for the whole block: all blockDim.x values, and the slot of
+ * this reduction's result, *fresh when the caller is the first to read
+ * (it then computes the result into the slot; the others read it). */
+const double *emu_block_values(double v, double **slot, int *fresh)
+{
+    int t = threadIdx.x;
+    const double *warp = emu_warp_values(v);
+    int p = shfl_par[t] ^ 1; /* the parity emu_warp_values used */
+    *fresh = slot_gen[p] != shfl_gen[t];
+    slot_gen[p] = shfl_gen[t];
+    *slot = &slot_val[p];
+    return warp - (t - t % 32);
+}
+
+double emu_shfl_xor(double v, int o)
+{
+    return emu_warp_values(v)[(threadIdx.x % 32) ^ o];
 }
 
 static void make_fiber(Fiber &f)
@@ -723,6 +756,9 @@ static void resume(unsigned t)
 static void run_block(unsigned block, const std::function<void()> &f)
 {
     cur_fn = &f;
+    memset(shfl_par, 0, block);
+    memset(shfl_gen, 0, block * sizeof shfl_gen[0]);
+    slot_gen[0] = slot_gen[1] = -1;
     if (!fib[0].stack)
         make_fiber(fib[0]);
     fib[0].done = 0;

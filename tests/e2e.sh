@@ -8,7 +8,12 @@
 #                                counting a failed run in $fails;
 #   curves REF NAME [options]    compares $out/NAME's loss curve with
 #                                $out/REF's (tests/curves.py), counting a
-#                                difference in $fails.
+#                                difference in $fails;
+#   byte_data                    writes $out/bytes (the paragraphs of 8
+#                                Brown texts in bytes, vocab 257) and sets
+#                                ${bytes[@]}, the overrides that train on it:
+#                                with GPT-2's vocabulary the classifier is
+#                                most of a tiny model's time.
 set -uo pipefail
 : "${TRIDENT:?TRIDENT must point at the built binary}"
 cd "${TRIDENT_SOURCE_ROOT:-.}" || exit 1
@@ -30,4 +35,18 @@ run() {
 
 curves() {
     python3 tests/curves.py "$out/$1" "$out/$2" "${@:3}" || fails=$((fails + 1))
+}
+
+byte_data() {
+    python3 - "$out/bytes.jsonl" <<'PY'
+import glob, json, sys
+with open(sys.argv[1], "w") as f:
+    for path in sorted(glob.glob("data/brown/txt/c*"))[:8]:
+        for para in open(path).read().split("\n\n"):
+            if para.strip():
+                f.write(json.dumps({"text": " ".join(para.split())}) + "\n")
+PY
+    "$TRIDENT" prepare-data --input "$out/bytes.jsonl" --tokenizer byte --out "$out/bytes" \
+        > "$out/prepare.log" 2>&1 || { echo "FAIL: prepare-data"; cat "$out/prepare.log"; exit 1; }
+    bytes=(--set model.vocab=257 --set data.path="$out/bytes" --set data.val_path="$out/bytes")
 }

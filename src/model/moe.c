@@ -118,9 +118,9 @@ static void mlp_in_forward(const Model *m, float *fc, float *up, float *act, con
 
 /* From dact (the gradient at act, overwritten as scratch is not needed):
  * ADDS the weight gradients and dx [n, C] += the gradient at x. */
-static void mlp_in_backward(const Model *m, float *dx, float *g_fc_w, float *g_fc_b,
-                            float *g_up_w, const float *dact, const float *fc, const float *up,
-                            const float *x, const float *fc_w, const float *up_w, int n, int F)
+static void mlp_in_backward(const Model *m, float *dx, float *g_fc_w, float *g_fc_b, float *g_up_w,
+                            const float *dact, const float *fc, const float *up, const float *x,
+                            const float *fc_w, const float *up_w, int n, int F)
 {
     const Backend *be = m->be;
     const Scratch *s = &m->s;
@@ -203,9 +203,9 @@ void moe_backward(Model *m, const LayerParams *p, const LayerParams *g, const La
         const size_t eF = (size_t)e * Fe * C;
         float *dact = s->dfc_act; /* [n, Fe] */
         zero(m, dact, (size_t)n * Fe);
-        be->matmul_backward(dact, g->x_proj_w + eF, g->x_proj_b ? g->x_proj_b + (size_t)e * C : NULL,
-                            s->x_dy + (size_t)o * C, a->x_act + (size_t)o * Fe, p->x_proj_w + eF, n,
-                            Fe, C);
+        be->matmul_backward(
+            dact, g->x_proj_w + eF, g->x_proj_b ? g->x_proj_b + (size_t)e * C : NULL,
+            s->x_dy + (size_t)o * C, a->x_act + (size_t)o * Fe, p->x_proj_w + eF, n, Fe, C);
         mlp_in_backward(m, s->x_dx + (size_t)o * C, g->x_fc_w + eF,
                         g->x_fc_b ? g->x_fc_b + (size_t)e * Fe : NULL,
                         g->x_up_w ? g->x_up_w + eF : NULL, dact, a->x_fc + (size_t)o * Fe,

@@ -90,12 +90,11 @@ static void dump(const char *path, const Config *c, const Model *m, const int32_
     FILE *f = fopen(path, "w");
     TRD_ASSERT(f);
     fprintf(f, "gpt2 %d\n", mc->arch == ARCH_GPT2);
-    fprintf(f, "dims %d %d %d %d %d %d %d\n", mc->layers, mc->hidden, mc->heads, mc->kv_heads, B,
-            T, V);
-    fprintf(f, "moe %d %d %d %d %d %.9g %.9g %.9g\n", mc->moe_experts, mc->moe_top_k,
-            mc->moe_every, mc->moe_ffn_hidden, mc->moe_shared_experts,
-            (double)mc->moe_aux_loss_coef, (double)mc->moe_z_loss_coef,
-            (double)mc->moe_capacity_factor);
+    fprintf(f, "dims %d %d %d %d %d %d %d\n", mc->layers, mc->hidden, mc->heads, mc->kv_heads, B, T,
+            V);
+    fprintf(f, "moe %d %d %d %d %d %.9g %.9g %.9g\n", mc->moe_experts, mc->moe_top_k, mc->moe_every,
+            mc->moe_ffn_hidden, mc->moe_shared_experts, (double)mc->moe_aux_loss_coef,
+            (double)mc->moe_z_loss_coef, (double)mc->moe_capacity_factor);
     fprintf(f, "eps %.9g\nrope %.9g\n", (double)mc->norm_eps, (double)mc->rope_theta);
     fprintf(f, "tokens");
     for (int n = 0; n < N; n++)

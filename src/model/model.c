@@ -545,7 +545,7 @@ static Model *create(const Config *cfg, const Backend *be, const ParamShard *sh,
     m->scratch_buf = be->alloc(m->scratch_numel * sizeof(float), "backward scratch");
     if (be->device && sh->has_head)
         m->host_losses = trd_calloc((size_t)m->d.N, sizeof(float), "losses read back");
-    m->loss_scale = 1.0f;
+    m->loss_scale = NAN; /* a backward whose scale nobody set shows at once */
     if (m->d.E > 0) {
         if (!be->moe_router_forward)
             trd_fatal(TRD_EXIT_INPUT, "use backend: cpu for model.moe (docs/moe.md)",

@@ -8,7 +8,8 @@
  *     and a dense layer before the MoE layer, 8 experts at capacity 0.6;
  *   - the router's ties go to the lower expert index;
  *   - recompute full gives the gradients of recompute none;
- *   - backward accumulates: two at loss scale 0.5 equal one at 1. */
+ *   - backward accumulates: two at loss scale 0.5 equal one at 1;
+ *   - the planner's active parameter count. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -203,6 +204,27 @@ static void recompute_and_accumulate(const Case *k)
     model_free(b);
 }
 
+/* Active parameters: the total less (E - k) / E of every MoE layer's
+ * expert tensors, from the table. */
+static void active_count(const Case *k)
+{
+    Config c;
+    moe_config(&c, k, RECOMPUTE_NONE);
+    ModelConfig mc = c.model;
+    mc.vocab_pad_multiple = 1;
+    ParamShard sh = params_full_shard(&mc);
+    ParamTable t;
+    params_build(&t, &mc, &sh);
+    double idle = 0;
+    for (int i = 0; i < t.n; i++)
+        if (strstr(t.p[i].name, ".moe.experts."))
+            idle += (double)t.p[i].numel * (k->experts - k->top_k) / k->experts;
+    CHECK_CLOSE((double)params_count_active(&c.model), (double)t.global_numel - idle, 0, 0.5,
+                "active parameters");
+    CHECK(params_count_real(&c.model) == t.global_numel, "total parameters");
+    params_free(&t);
+}
+
 int main(void)
 {
     const Case gpt2_top2_shared = {ARCH_GPT2, 4, 2, 1, 24, 1, 0.0f};
@@ -217,5 +239,7 @@ int main(void)
     ties();
     recompute_and_accumulate(&gpt2_top2_shared);
     recompute_and_accumulate(&llama_top1_capacity);
+    active_count(&gpt2_top2_shared);
+    active_count(&llama_top1_capacity);
     return check_summary("moe");
 }

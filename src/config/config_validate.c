@@ -539,15 +539,7 @@ static int check_moe(Checker *c, ModelConfig *m)
                     m->moe_z_loss_coef);
     if (m->moe_ffn_hidden == 0)
         m->moe_ffn_hidden = m->ffn_hidden;
-    if (t->tp > 1 || t->cp > 1 || t->sequence_parallel)
-        return verr(c,
-                    t->tp > 1   ? "topology.tp"
-                    : t->cp > 1 ? "topology.cp"
-                                : "topology.sequence_parallel",
-                    "model.moe does not compose with tensor, context or sequence parallelism "
-                    "yet (topology.tp %d, cp %d, sequence_parallel %s); use tp: 1, cp: 1, "
-                    "sequence_parallel: false (data and pipeline parallelism and ZeRO work)",
-                    t->tp, t->cp, t->sequence_parallel ? "true" : "false");
+    /* tp, cp and sequence parallelism: refused by the layout rules (layout.c) */
     if (c->cfg->backend != BACKEND_CPU)
         return verr(c, "backend",
                     "model.moe runs on the CPU backend only so far (its CUDA kernels are not "

@@ -396,6 +396,20 @@ void params_grad_check(const ParamTable *t, const Backend *be, const float *g, s
     free(r);
 }
 
+size_t params_count_active(const ModelConfig *m)
+{
+    const size_t total = params_count_real(m);
+    if (m->moe_experts == 0)
+        return total;
+    const size_t C = (size_t)m->hidden, Fe = (size_t)config_moe_ffn(m);
+    const size_t expert = m->arch == ARCH_GPT2 ? 2 * C * Fe + Fe + C : 3 * C * Fe;
+    size_t idle = 0;
+    for (int l = 0; l < m->layers; l++)
+        if (config_moe_layer(m, l))
+            idle += (size_t)(m->moe_experts - m->moe_top_k) * expert;
+    return total - idle;
+}
+
 size_t params_count_real(const ModelConfig *m)
 {
     ModelConfig unpadded = *m;

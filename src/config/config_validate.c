@@ -540,10 +540,6 @@ static int check_moe(Checker *c, ModelConfig *m)
     if (m->moe_ffn_hidden == 0)
         m->moe_ffn_hidden = m->ffn_hidden;
     /* tp, cp and sequence parallelism: refused by the layout rules (layout.c) */
-    if (c->cfg->backend != BACKEND_CPU)
-        return verr(c, "backend",
-                    "model.moe runs on the CPU backend only so far (its CUDA kernels are not "
-                    "written yet); use backend: cpu");
     if (m->moe_experts % t->ep)
         return verr(c, "topology.ep",
                     "topology.ep (%d) must divide model.moe.experts (%d): each expert-parallel "

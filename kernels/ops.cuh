@@ -46,6 +46,19 @@ void cuda_swiglu_forward(float *out, const float *gate, const float *up, size_t 
 void cuda_swiglu_backward(float *dgate, float *dup, const float *dout, const float *gate,
                           const float *up, size_t n);
 
+/* moe.cu */
+void cuda_moe_router_forward(float *probs, float *lse, int32_t *idx, float *w, const float *logits,
+                             int N, int E, int k);
+void cuda_moe_router_backward(float *dlogits, const float *dw, const float *probs, const float *lse,
+                              const int32_t *idx, const float *w, const float *aux_dp,
+                              float z_scale, int N, int E, int k);
+void cuda_moe_gather(float *out, const float *inp, const int32_t *slot, int R, int C, int k);
+void cuda_moe_scatter_add(float *dinp, const float *dout, const int32_t *slot, int R, int C, int k);
+void cuda_moe_combine_forward(float *out, const float *y, const float *w, const int32_t *slot,
+                              int R, int C, int k);
+void cuda_moe_combine_backward(float *dy, float *dw, const float *dout, const float *y,
+                               const float *w, const int32_t *slot, int R, int C, int k);
+
 /* rope.cu */
 void cuda_rope_forward(float *qkv, const int32_t *pos, int N, int T, int pos0, int H, int KVH,
                        int hs, RopeFreq rf);

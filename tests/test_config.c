@@ -534,6 +534,89 @@ static void test_value_places(void)
           "renamed key: %s", err);
 }
 
+/* model.moe: a mapping inside model, or model.moe.KEY with --set; its
+ * errors at FILE:LINE:COL of the value; the writer's form reads back. */
+static void test_moe_keys(void)
+{
+    char path[64], err[CFG_ERR] = "", out[64];
+    if (temp_yaml("moe",
+                  "model:\n"
+                  "  layers: 2\n"
+                  "  hidden: 64\n"
+                  "  heads: 4\n"
+                  "  vocab: 256\n"
+                  "  seq_len: 32\n"
+                  "  moe:\n"
+                  "    experts: 4\n"
+                  "    top_k: 5\n"
+                  "    capacity_factor: 1.25\n"
+                  "    shared_experts: 1\n"
+                  "training: {steps: 10, global_batch: 8, lr: 1e-3}\n"
+                  "data: {path: data/x}\n",
+                  path))
+        return;
+    Config c;
+    CHECK(config_load(&c, path, err) == 0, "load: %s", err);
+    CHECK(c.model.moe_experts == 4 && c.model.moe_top_k == 5 &&
+              c.model.moe_capacity_factor == 1.25f && c.model.moe_shared_experts == 1 &&
+              c.model.moe_every == 1 && c.model.moe_aux_loss_coef == 0.01f,
+          "moe keys and defaults");
+    char want[160];
+    snprintf(want, sizeof want, "%s:9:12: model.moe.top_k (5) must be between 1 and", path);
+    CHECK(config_validate(&c, 1, err) == -1 && !strncmp(err, want, strlen(want)),
+          "top_k: want '%s', got '%s'", want, err);
+    CHECK(config_set(&c, "model.moe.top_k=2", err) == 0, "%s", err);
+    CHECK(config_validate(&c, 1, err) == 0, "valid now: %s", err);
+    CHECK(c.model.moe_ffn_hidden == 256, "moe.ffn_hidden resolved to ffn_hidden: %d",
+          c.model.moe_ffn_hidden);
+    /* Written as "moe.KEY: V" lines of model, and read back the same. */
+    Config b;
+    snprintf(out, sizeof out, "/tmp/trident_test_moe_out_%d.yaml", (int)getpid());
+    CHECK(config_write_yaml(&c, out, err) == 0, "write: %s", err);
+    CHECK(config_load(&b, out, err) == 0, "reload: %s", err);
+    memcpy(b.source, c.source, sizeof b.source);
+    memcpy(&b.origin, &c.origin, sizeof b.origin);
+    CHECK(memcmp(&b, &c, sizeof b) == 0, "moe round trip changed the config");
+    CHECK(config_set(&b, "model.moe.capacity_factor=dropless", err) == 0, "%s", err);
+    CHECK(config_write_yaml(&b, out, err) == 0 && config_load(&c, out, err) == 0 &&
+              c.model.moe_capacity_factor == 0,
+          "dropless round trip: %s", err);
+    remove(out);
+    remove(path);
+
+    if (temp_yaml("moe_bad",
+                  "model:\n"
+                  "  layers: 2\n"
+                  "  moe: {experts: 4, capacity_factor: 0}\n",
+                  path))
+        return;
+    snprintf(want, sizeof want, "%s:3:38: key 'model.moe.capacity_factor': expected a capacity",
+             path);
+    CHECK(config_load(&c, path, err) == -1 && !strncmp(err, want, strlen(want)),
+          "capacity 0: want '%s', got '%s'", want, err);
+    remove(path);
+    if (temp_yaml("moe_bad", "model:\n  moe: {experts: 4, topk: 2}\n", path))
+        return;
+    CHECK(config_load(&c, path, err) == -1 && strstr(err, ":2:21: key 'model.moe.topk'") &&
+              strstr(err, "did you mean 'moe.top_k'"),
+          "unknown moe key: %s", err);
+    remove(path);
+
+    expect_set_error("model.moe.capacity_factor=-1",
+                     WORDS("--set model.moe.capacity_factor=-1", "> 0", "dropless"));
+    expect_invalid(WORDS("model.moe.experts=4", "model.moe.every=5"), 0,
+                   WORDS("model.moe.every (5)", "model.layers (4)"));
+    expect_invalid(WORDS("model.moe.experts=4", "topology.tp=2"), 0,
+                   WORDS("--set topology.tp=2", "model.moe", "tensor"));
+    expect_invalid(WORDS("model.moe.experts=4", "topology.ep=3"), 0,
+                   WORDS("topology.ep (3)", "model.moe.experts (4)"));
+    expect_invalid(WORDS("model.moe.experts=4", "topology.ep=4"), 2,
+                   WORDS("topology.ep (4)", "topology.dp (2)"));
+    expect_invalid(WORDS("topology.ep=2"), 0, WORDS("topology.ep (2)", "model.moe.experts"));
+    expect_invalid(WORDS("model.moe.experts=4", "topology.ep=2"), 2,
+                   WORDS("topology.ep 2", "not implemented"));
+}
+
 /* Write the resolved config and read it back: the structs must be equal
  * byte for byte (source aside, which names the file read). */
 static void test_round_trip(void)
@@ -714,6 +797,7 @@ int main(void)
     test_set();
     test_validate();
     test_value_places();
+    test_moe_keys();
     test_round_trip();
     test_data_keys();
     test_reliability_keys();

@@ -1202,6 +1202,87 @@ static void test_adamw_state(size_t n)
 
 /* ----------------------------------------------------------------- main */
 
+/* The mixture-of-experts ops (kernels/moe.cu): the router over N rows of
+ * E logits (some rows tied: equal choices required), its backward, and
+ * the dispatch, combine and their backward over R of the N*k slots in a
+ * shuffled order (slots left out: dropped assignments). */
+static void test_moe(int N, int E, int k, int C, int R)
+{
+    char what[96];
+    float *logits = hrand((size_t)N * E, 3);
+    for (int e = 0; e < E; e++) /* row 0: all tied; row 1: two tied on top */
+        logits[e] = 0.5f;
+    if (N > 1 && E > 2)
+        logits[E + 1] = logits[E + 2] = 4.0f;
+    float *probs = hrand((size_t)N * E, 1), *lse = hrand((size_t)N, 1),
+          *w = hrand((size_t)N * k, 1);
+    int32_t *idx = calloc((size_t)N * k, sizeof *idx), *gidx = calloc((size_t)N * k, sizeof *gidx);
+    float *d_logits = dcopyf(logits, (size_t)N * E), *d_probs = dcopyf(probs, (size_t)N * E);
+    float *d_lse = dcopyf(lse, (size_t)N), *d_w = dcopyf(w, (size_t)N * k);
+    int32_t *d_idx = dcopy(idx, (size_t)N * k * sizeof *idx);
+    cpu->moe_router_forward(probs, lse, idx, w, logits, N, E, k);
+    gpu->moe_router_forward(d_probs, d_lse, d_idx, d_w, d_logits, N, E, k);
+    backend_cuda_to_host(gidx, d_idx, (size_t)N * k * sizeof *gidx);
+    int same = 1;
+    for (int i = 0; i < N * k; i++)
+        same &= gidx[i] == idx[i];
+    CHECK(same, "moe router N=%d E=%d k=%d: the same experts chosen", N, E, k);
+    snprintf(what, sizeof what, "moe router N=%d E=%d k=%d probs", N, E, k);
+    compare_dev(what, d_probs, probs, (size_t)N * E, R_ELEM);
+    snprintf(what, sizeof what, "moe router N=%d E=%d k=%d lse", N, E, k);
+    compare_dev(what, d_lse, lse, (size_t)N, R_ELEM);
+    snprintf(what, sizeof what, "moe router N=%d E=%d k=%d weights", N, E, k);
+    compare_dev(what, d_w, w, (size_t)N * k, R_ELEM);
+
+    float *dw = hrand((size_t)N * k, 1), *aux = hrand((size_t)E, 0.1f);
+    float *dl = hrand((size_t)N * E, 1);
+    float *d_dw = dcopyf(dw, (size_t)N * k), *d_aux = dcopyf(aux, (size_t)E);
+    float *d_dl = dcopyf(dl, (size_t)N * E);
+    cpu->moe_router_backward(dl, dw, probs, lse, idx, w, aux, 0.03f, N, E, k);
+    gpu->moe_router_backward(d_dl, d_dw, d_probs, d_lse, d_idx, d_w, d_aux, 0.03f, N, E, k);
+    snprintf(what, sizeof what, "moe router backward N=%d E=%d k=%d", N, E, k);
+    compare_dev(what, d_dl, dl, (size_t)N * E, R_ELEM);
+
+    /* R slots of the N*k, shuffled */
+    int32_t *slot = malloc((size_t)N * k * sizeof *slot);
+    for (int i = 0; i < N * k; i++)
+        slot[i] = i;
+    for (int i = N * k - 1; i > 0; i--) {
+        const int j = irand(0, i + 1), t = slot[i];
+        slot[i] = slot[j];
+        slot[j] = t;
+    }
+    int32_t *d_slot = dcopy(slot, (size_t)R * sizeof *slot);
+    float *x = hrand((size_t)N * C, 1), *xg = hrand((size_t)R * C, 1);
+    float *d_x = dcopyf(x, (size_t)N * C), *d_xg = dcopyf(xg, (size_t)R * C);
+    cpu->moe_gather(xg, x, slot, R, C, k);
+    gpu->moe_gather(d_xg, d_x, d_slot, R, C, k);
+    snprintf(what, sizeof what, "moe gather R=%d C=%d", R, C);
+    compare_dev(what, d_xg, xg, (size_t)R * C, R_EXACT);
+    cpu->moe_scatter_add(x, xg, slot, R, C, k);
+    gpu->moe_scatter_add(d_x, d_xg, d_slot, R, C, k);
+    snprintf(what, sizeof what, "moe scatter_add R=%d C=%d", R, C);
+    compare_dev(what, d_x, x, (size_t)N * C, R_EXACT);
+    cpu->moe_combine_forward(x, xg, w, slot, R, C, k);
+    gpu->moe_combine_forward(d_x, d_xg, d_w, d_slot, R, C, k);
+    snprintf(what, sizeof what, "moe combine R=%d C=%d", R, C);
+    compare_dev(what, d_x, x, (size_t)N * C, R_ELEM);
+    float *dy = hrand((size_t)R * C, 1), *d_dy = dcopyf(dy, (size_t)R * C);
+    cpu->moe_combine_backward(dy, dw, x, xg, w, slot, R, C, k);
+    gpu->moe_combine_backward(d_dy, d_dw, d_x, d_xg, d_w, d_slot, R, C, k);
+    snprintf(what, sizeof what, "moe combine backward R=%d C=%d dy", R, C);
+    compare_dev(what, d_dy, dy, (size_t)R * C, R_ELEM);
+    snprintf(what, sizeof what, "moe combine backward R=%d C=%d dw", R, C);
+    compare_dev(what, d_dw, dw, (size_t)N * k, R_RED);
+
+    free(logits), free(probs), free(lse), free(w), free(idx), free(gidx), free(dw), free(aux);
+    free(dl), free(slot), free(x), free(xg), free(dy);
+    backend_cuda_free(d_logits), backend_cuda_free(d_probs), backend_cuda_free(d_lse);
+    backend_cuda_free(d_w), backend_cuda_free(d_idx), backend_cuda_free(d_dw);
+    backend_cuda_free(d_aux), backend_cuda_free(d_dl), backend_cuda_free(d_slot);
+    backend_cuda_free(d_x), backend_cuda_free(d_xg), backend_cuda_free(d_dy);
+}
+
 static void test_table(void)
 {
     const Backend *g = gpu;
@@ -1213,7 +1294,9 @@ static void test_table(void)
               g->crossentropy_backward && g->vocab_max && g->vocab_sumexp && g->vocab_loss &&
               g->vocab_backward && g->add_bias && g->add && g->accumulate && g->sumsq && g->scale &&
               g->adamw && g->sumsq_ranges && g->adamw_ranges && g->crossentropy_fused &&
-              g->loss_add && g->grad_check && g->residual_norm_forward,
+              g->loss_add && g->grad_check && g->residual_norm_forward && g->moe_router_forward &&
+              g->moe_router_backward && g->moe_gather && g->moe_scatter_add &&
+              g->moe_combine_forward && g->moe_combine_backward,
           "the CUDA table fills every op");
     CHECK(strcmp(g->name, "cuda") == 0, "table name %s", g->name);
 }
@@ -1248,6 +1331,10 @@ int main(void)
     }
     cpu = backend_cpu();
     gpu = backend_cuda();
+
+    test_moe(40, 4, 2, 24, 70);  /* 10 of the 80 assignments dropped */
+    test_moe(33, 8, 1, 300, 33); /* top-1, every token kept, two blocks of columns */
+    test_moe(5, 3, 3, 7, 12);    /* k = E */
 
     test_embedding(2, 4, 8, 3, 5, NULL);
     test_embedding(5, 8, 75, 20, 50, NULL);    /* odd sizes, vocab slice not at 0 */

@@ -9,6 +9,7 @@
 # the real kernels.
 #
 # Per-step loss against the CPU run of the same config and seed, 8 steps:
+#   a mixture of experts (GPT-2, 4 experts, a shared one, capacity 1.0; 4 steps);
 #   GPT-2 and Llama (GQA) on 1 rank, fp32 and bf16 (bf16 GEMMs on both
 #   sides, within 1e-4), selective and full recompute;
 #   dp 2 with ZeRO 1 and ZeRO 3, and pp 2 with tied embeddings (staged
@@ -95,6 +96,13 @@ if grep -q "no CUDA device is visible" "$out/gpt2_cuda.log"; then
 fi
 run gpt2 1
 compare gpt2 gpt2_cuda "$TOL"
+# A mixture of experts (model.moe: router, dispatch and combine kernels,
+# the plan made on the host from the device's choices), 4 steps.
+moe=(--set model.moe.experts=4 --set model.moe.shared_experts=1 --set training.steps=4
+     --set model.moe.capacity_factor=1.0)
+run moe 1 "${moe[@]}"
+run moe_cuda 1 "${moe[@]}" "${cuda[@]}"
+curves moe moe_cuda --to 4 --rtol "$TOL" --norm-rtol "$(python3 -c "print(100 * $TOL)")"
 
 # A model whose state outgrows the device's memory is refused before any
 # allocation, naming the device and the planner's bytes (the emulated

@@ -194,6 +194,38 @@ typedef struct {
     void (*swiglu_backward)(float *dgate, float *dup, const float *dout, const float *gate,
                             const float *up, size_t n);
 
+    /* ---- mixture of experts (src/model/moe.c, docs/moe.md) ----
+     * Optional: NULL in a backend without them (the model refuses MoE then).
+     * moe_router_forward, per row n of logits [N, E]: probs = softmax,
+     * lse = log-sum-exp; idx [N, k] the k experts of the largest
+     * probabilities in descending order, ties to the lower expert index (so
+     * the routing is a pure function of the logits); w [N, k] their
+     * probabilities renormalised to sum 1 over the k (Mixtral's router). */
+    void (*moe_router_forward)(float *probs, float *lse, int32_t *idx, float *w,
+                               const float *logits, int N, int E, int k);
+    /* SETS dlogits [N, E] = the gradient through the softmax of
+     *   dw [N, k] (at w, through the renormalisation) plus aux_dp[e] on
+     *   every row's d probs[n, e] (the load-balancing loss), plus
+     *   z_scale * lse[n] * probs[n, e] added to dlogits (the z-loss
+     *   c/N sum lse^2 has d/dlogit = 2c/N lse p: z_scale = 2c/N). */
+    void (*moe_router_backward)(float *dlogits, const float *dw, const float *probs,
+                                const float *lse, const int32_t *idx, const float *w,
+                                const float *aux_dp, float z_scale, int N, int E, int k);
+    /* Dispatch: out[r] = inp[slot[r] / k] for r < R (rows [*, C]; slot[r] =
+     * n*k + j is token n's j-th choice). */
+    void (*moe_gather)(float *out, const float *inp, const int32_t *slot, int R, int C, int k);
+    /* Its backward: dinp[slot[r] / k] += dout[r], in order of r. */
+    void (*moe_scatter_add)(float *dinp, const float *dout, const int32_t *slot, int R, int C,
+                            int k);
+    /* Combine: out[slot[r] / k] += w[slot[r]] * y[r], in order of r. */
+    void (*moe_combine_forward)(float *out, const float *y, const float *w, const int32_t *slot,
+                                int R, int C, int k);
+    /* Its backward: SETS dy[r] = w[slot[r]] * dout[slot[r] / k] and
+     * dw[slot[r]] = dout[slot[r] / k] . y[r] (slots not in slot[0 .. R) are
+     * not written: the caller zeroes dw for dropped tokens). */
+    void (*moe_combine_backward)(float *dy, float *dw, const float *dout, const float *y,
+                                 const float *w, const int32_t *slot, int R, int C, int k);
+
     /* Rotary embedding, in place on the q and k heads of a qkv buffer
      * [N, (H + 2*KVH)*hs] (layout above).  Row n's position is pos[n] when
      * pos != NULL (packed documents: positions restart at each document),

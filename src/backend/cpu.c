@@ -285,6 +285,122 @@ static void cpu_grad_check(BackendStepState *s, const float *g, const BackendRan
     s->grad_scale = !s->skip && clip > 0 && norm > clip ? clip / (float)(norm + 1e-6) : 1.0f;
 }
 
+/* ---- mixture of experts (backend.h): per row, in order, so the same
+ * input gives the same bits ---- */
+
+static void cpu_moe_router_forward(float *probs, float *lse, int32_t *idx, float *w,
+                                   const float *logits, int N, int E, int k)
+{
+#pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++) {
+        const float *x = logits + (size_t)n * E;
+        float *p = probs + (size_t)n * E;
+        float mx = x[0];
+        for (int e = 1; e < E; e++)
+            mx = x[e] > mx ? x[e] : mx;
+        double sum = 0;
+        for (int e = 0; e < E; e++)
+            sum += exp((double)x[e] - mx);
+        for (int e = 0; e < E; e++)
+            p[e] = (float)(exp((double)x[e] - mx) / sum);
+        lse[n] = (float)(mx + log(sum));
+        /* Selection: the j-th pick is the largest probability not picked,
+         * the lowest index among equals (strictly greater replaces). */
+        int32_t *id = idx + (size_t)n * k;
+        double chosen = 0;
+        for (int j = 0; j < k; j++) {
+            int best = -1;
+            for (int e = 0; e < E; e++) {
+                int taken = 0;
+                for (int i = 0; i < j; i++)
+                    taken |= id[i] == e;
+                if (!taken && (best < 0 || p[e] > p[best]))
+                    best = e;
+            }
+            id[j] = best;
+            chosen += p[best];
+        }
+        for (int j = 0; j < k; j++)
+            w[(size_t)n * k + j] = (float)(p[id[j]] / chosen);
+    }
+}
+
+static void cpu_moe_router_backward(float *dlogits, const float *dw, const float *probs,
+                                    const float *lse, const int32_t *idx, const float *w,
+                                    const float *aux_dp, float z_scale, int N, int E, int k)
+{
+#pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++) {
+        const float *p = probs + (size_t)n * E;
+        float *dl = dlogits + (size_t)n * E;
+        const int32_t *id = idx + (size_t)n * k;
+        const float *wn = w + (size_t)n * k, *dwn = dw + (size_t)n * k;
+        /* w_j = p_j / S, S = sum of the chosen p: dp_j = (dw_j - sum_i dw_i w_i) / S */
+        double S = 0, dot = 0;
+        for (int j = 0; j < k; j++) {
+            S += p[id[j]];
+            dot += (double)dwn[j] * wn[j];
+        }
+        for (int e = 0; e < E; e++)
+            dl[e] = aux_dp ? aux_dp[e] : 0.0f; /* d probs first, in dl */
+        for (int j = 0; j < k; j++)
+            dl[id[j]] += (float)(((double)dwn[j] - dot) / S);
+        /* softmax: dlogit_e = p_e (dp_e - sum p dp) */
+        double pd = 0;
+        for (int e = 0; e < E; e++)
+            pd += (double)p[e] * dl[e];
+        for (int e = 0; e < E; e++)
+            dl[e] = (float)(p[e] * (dl[e] - pd) + (double)z_scale * lse[n] * p[e]);
+    }
+}
+
+static void cpu_moe_gather(float *out, const float *inp, const int32_t *slot, int R, int C, int k)
+{
+#pragma omp parallel for schedule(static)
+    for (int r = 0; r < R; r++)
+        memcpy(out + (size_t)r * C, inp + (size_t)(slot[r] / k) * C, (size_t)C * sizeof(float));
+}
+
+/* Rows may repeat (a token's k choices): sequential over r, parallel over c. */
+static void cpu_moe_scatter_add(float *dinp, const float *dout, const int32_t *slot, int R, int C,
+                                int k)
+{
+    for (int r = 0; r < R; r++) {
+        float *d = dinp + (size_t)(slot[r] / k) * C;
+        const float *g = dout + (size_t)r * C;
+        for (int c = 0; c < C; c++)
+            d[c] += g[c];
+    }
+}
+
+static void cpu_moe_combine_forward(float *out, const float *y, const float *w, const int32_t *slot,
+                                    int R, int C, int k)
+{
+    for (int r = 0; r < R; r++) {
+        float *o = out + (size_t)(slot[r] / k) * C;
+        const float *yr = y + (size_t)r * C, wr = w[slot[r]];
+        for (int c = 0; c < C; c++)
+            o[c] += wr * yr[c];
+    }
+}
+
+static void cpu_moe_combine_backward(float *dy, float *dw, const float *dout, const float *y,
+                                     const float *w, const int32_t *slot, int R, int C, int k)
+{
+#pragma omp parallel for schedule(static)
+    for (int r = 0; r < R; r++) {
+        const float *g = dout + (size_t)(slot[r] / k) * C, *yr = y + (size_t)r * C;
+        float *d = dy + (size_t)r * C;
+        const float wr = w[slot[r]];
+        double dot = 0;
+        for (int c = 0; c < C; c++) {
+            d[c] = wr * g[c];
+            dot += (double)g[c] * yr[c];
+        }
+        dw[slot[r]] = (float)dot; /* each slot appears once */
+    }
+}
+
 static const Backend cpu_backend = {
     .name = "cpu",
     .device = 0,
@@ -309,6 +425,12 @@ static const Backend cpu_backend = {
     .gelu_backward = cpu_gelu_backward,
     .swiglu_forward = cpu_swiglu_forward,
     .swiglu_backward = cpu_swiglu_backward,
+    .moe_router_forward = cpu_moe_router_forward,
+    .moe_router_backward = cpu_moe_router_backward,
+    .moe_gather = cpu_moe_gather,
+    .moe_scatter_add = cpu_moe_scatter_add,
+    .moe_combine_forward = cpu_moe_combine_forward,
+    .moe_combine_backward = cpu_moe_combine_backward,
     .rope_forward = cpu_rope_forward,
     .rope_backward = cpu_rope_backward,
     .attention_forward = cpu_attention_forward,

@@ -1518,6 +1518,7 @@ static int index_model(const char *src, ModelConfig *m, char err[CFG_ERR])
         m->rope_theta = (float)ix.rope_theta;
     }
     ckpt_index_rope_scaling(&ix, m);
+    ckpt_index_moe(&ix, m);
     ckpt_index_free(&ix);
     return TRD_EXIT_OK;
 }
@@ -1577,6 +1578,16 @@ int ckpt_fill_model(Config *cfg, char err[CFG_ERR])
         c->rope_low_freq_factor = m.rope_low_freq_factor;
         c->rope_high_freq_factor = m.rope_high_freq_factor;
         c->rope_original_max_position_embeddings = m.rope_original_max_position_embeddings;
+    }
+    if (!config_model_given(cfg, "moe.experts") && m.moe_experts > 0) { /* the experts, whole */
+        c->moe_experts = m.moe_experts;
+        c->moe_top_k = m.moe_top_k;
+        c->moe_every = m.moe_every;
+        c->moe_ffn_hidden = m.moe_ffn_hidden;
+        c->moe_shared_experts = m.moe_shared_experts;
+        c->moe_aux_loss_coef = m.moe_aux_loss_coef;
+        c->moe_z_loss_coef = m.moe_z_loss_coef;
+        c->moe_capacity_factor = m.moe_capacity_factor;
     }
 #undef TAKE
     return TRD_EXIT_OK;

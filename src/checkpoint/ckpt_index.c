@@ -312,6 +312,10 @@ static int write_groups(hid_t f, const CkptIndex *ix)
     bad |= put_attr(g, "rope_theta", H5T_NATIVE_DOUBLE, 0, &ix->rope_theta);
     if (ix->rope_llama3)
         bad |= put_attr(g, "rope_scaling_llama3", H5T_NATIVE_DOUBLE, 4, ix->rope_params);
+    if (ix->moe[0] > 0) {
+        bad |= put_attr(g, "moe", H5T_NATIVE_INT, 5, ix->moe);
+        bad |= put_attr(g, "moe_coefs", H5T_NATIVE_DOUBLE, 3, ix->moe_coefs);
+    }
     H5Gclose(g);
 
     g = H5Gcreate2(f, "topology", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
@@ -463,6 +467,12 @@ static int read_groups(hid_t f, CkptIndex *ix, const char **what, const char **b
         for (int i = 0; i < 3; i++)
             bad |= !(fabs(ix->rope_params[i]) <= 3e38);
         bad |= !(ix->rope_params[3] >= 0 && ix->rope_params[3] <= INT32_MAX);
+    }
+    if (H5Aexists(g, "moe") > 0) {
+        bad |= get_ints(g, "moe", ix->moe, 5) | get_doubles(g, "moe_coefs", ix->moe_coefs, 3);
+        bad |= ix->moe[0] < 1 || ix->moe[0] > MOE_MAX_EXPERTS;
+        for (int i = 0; i < 3; i++)
+            bad |= !(ix->moe_coefs[i] >= 0 && ix->moe_coefs[i] <= 3e38);
     }
     H5Gclose(g);
     if (bad)
@@ -697,6 +707,9 @@ void ckpt_index_model_line(const CkptIndex *ix, char *out, size_t n)
              "tie_embeddings %d",
              ix->arch, ix->layers, ix->hidden, ix->heads, ix->kv_heads, ix->ffn_hidden, ix->vocab,
              ix->tie_embeddings);
+    const size_t used = strlen(out);
+    if (ix->moe[0] > 0 && used < n)
+        snprintf(out + used, n - used, ", moe %d experts top-%d", ix->moe[0], ix->moe[1]);
 }
 
 /* ---- per-dataset checksums ---- */
@@ -779,6 +792,23 @@ void ckpt_index_describe(CkptIndex *ix, const Config *cfg, Precision precision)
     const double p[4] = {m->rope_factor, m->rope_low_freq_factor, m->rope_high_freq_factor,
                          m->rope_original_max_position_embeddings};
     memcpy(ix->rope_params, ix->rope_llama3 ? p : (const double[4]){0}, sizeof p);
+    const int moe[5] = {m->moe_experts, m->moe_top_k, m->moe_every, m->moe_ffn_hidden,
+                        m->moe_shared_experts};
+    const double coefs[3] = {m->moe_aux_loss_coef, m->moe_z_loss_coef, m->moe_capacity_factor};
+    memcpy(ix->moe, m->moe_experts > 0 ? moe : (const int[5]){0}, sizeof moe);
+    memcpy(ix->moe_coefs, m->moe_experts > 0 ? coefs : (const double[3]){0}, sizeof coefs);
+}
+
+void ckpt_index_moe(const CkptIndex *ix, ModelConfig *m)
+{
+    m->moe_experts = ix->moe[0];
+    m->moe_top_k = ix->moe[1];
+    m->moe_every = ix->moe[2];
+    m->moe_ffn_hidden = ix->moe[3];
+    m->moe_shared_experts = ix->moe[4];
+    m->moe_aux_loss_coef = (float)ix->moe_coefs[0];
+    m->moe_z_loss_coef = (float)ix->moe_coefs[1];
+    m->moe_capacity_factor = (float)ix->moe_coefs[2];
 }
 
 void ckpt_index_rope_scaling(const CkptIndex *ix, ModelConfig *m)

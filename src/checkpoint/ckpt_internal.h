@@ -266,6 +266,11 @@ typedef struct {
      * exists only for llama3; none (and older indexes) have none. */
     int rope_llama3;
     double rope_params[4];
+    /* model.moe: the attributes moe (experts, top_k, every, ffn_hidden,
+     * shared_experts) and moe_coefs (aux_loss_coef, z_loss_coef,
+     * capacity_factor) exist only for a mixture of experts; 0 without. */
+    int moe[5];
+    double moe_coefs[3];
     int tp, pp, dp, zero, world;
     int stage_layers[CFG_MAX_STAGES];
     int n;
@@ -297,6 +302,8 @@ void ckpt_index_unpack(CkptIndex *ix, const void *buf);
 void ckpt_index_model_line(const CkptIndex *ix, char *out, size_t n);
 /* The index's RoPE scaling into m's model.rope_* fields. */
 void ckpt_index_rope_scaling(const CkptIndex *ix, ModelConfig *m);
+/* model.moe of the index into m (all zero for a dense model). */
+void ckpt_index_moe(const CkptIndex *ix, ModelConfig *m);
 
 /* ---- file system, rank 0 (ckpt_publish.c) ---- */
 

@@ -227,6 +227,9 @@ static void model_line(const ModelConfig *m, char *out, size_t n)
              "tie_embeddings %d",
              config_arch_name(m->arch), m->layers, m->hidden, m->heads, m->kv_heads, m->ffn_hidden,
              m->vocab, m->tie_embeddings);
+    const size_t used = strlen(out);
+    if (m->moe_experts > 0 && used < n)
+        snprintf(out + used, n - used, ", moe %d experts top-%d", m->moe_experts, m->moe_top_k);
 }
 
 static void shape_str(char *out, size_t n, int ndim, const int64_t shape[2])
@@ -355,6 +358,19 @@ static int check_hparams(const char *dir, const CkptIndex *ix, const ModelConfig
                  dir, sa, sb);
         return -1;
     }
+    /* model.moe: the same experts and routing (dense: all 0 on both sides). */
+    ckpt_index_moe(ix, &saved);
+    const int ours[5] = {m->moe_experts, m->moe_experts ? m->moe_top_k : 0,
+                         m->moe_experts ? m->moe_every : 0, m->moe_experts ? m->moe_ffn_hidden : 0,
+                         m->moe_experts ? m->moe_shared_experts : 0};
+    static const char *const moe_keys[5] = {"experts", "top_k", "every", "ffn_hidden",
+                                            "shared_experts"};
+    for (int i = 0; i < 5; i++)
+        if (ix->moe[i] != ours[i]) {
+            ckpt_err(err, "%s/index.h5: model.moe.%s is %d in the checkpoint, %d in the config",
+                     dir, moe_keys[i], ix->moe[i], ours[i]);
+            return -1;
+        }
     return 0;
 }
 

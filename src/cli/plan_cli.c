@@ -115,6 +115,12 @@ static void print_layout(FILE *f, const Config *cfg, const PlanCluster *c, const
             config_arch_name(mc->arch), mc->layers, mc->hidden, mc->heads, mc->kv_heads,
             mc->ffn_hidden, mc->vocab, params_padded_vocab(mc, r->tp), mc->seq_len,
             1e-9 * (double)params_count_real(mc));
+    if (mc->moe_experts > 0)
+        fprintf(f,
+                "mixture of experts: %d experts, top-%d, every %d layer(s): %.4g M parameters, "
+                "%.4g M active per token\n",
+                mc->moe_experts, mc->moe_top_k, mc->moe_every, 1e-6 * (double)params_count_real(mc),
+                1e-6 * (double)params_count_active(mc));
     char cp[32] = "";
     if (r->cp > 1)
         snprintf(cp, sizeof cp, " x cp %d", r->cp);

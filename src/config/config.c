@@ -46,6 +46,7 @@ typedef enum {
     K_RESUME,    /* ResumeKind: auto | never | PATH (path stored at aux) */
     K_NAMES,     /* char[size]: a list of names, or one comma-separated string */
     K_BLEND,     /* char[size]: "W1 PATH1 W2 PATH2 ...", or a list of {path, weight} */
+    K_CAPACITY,  /* float > 0, or "dropless" stored as 0 (model.moe.capacity_factor) */
 } KeyKind;
 
 typedef struct {
@@ -118,9 +119,19 @@ static const KeyDesc KEYS[] = {
     KEY(model, rope_high_freq_factor, K_FLOAT),
     KEY(model, rope_original_max_position_embeddings, K_INT),
     KEY(model, init_std, K_FLOAT),
+    /* model.moe: a mapping inside model (load_key), or model.moe.KEY with --set. */
+    {"model", "moe.experts", K_INT, OFF(model, moe_experts), 0, NULL, false},
+    {"model", "moe.top_k", K_INT, OFF(model, moe_top_k), 0, NULL, false},
+    {"model", "moe.every", K_INT, OFF(model, moe_every), 0, NULL, false},
+    {"model", "moe.ffn_hidden", K_INT, OFF(model, moe_ffn_hidden), 0, NULL, false},
+    {"model", "moe.shared_experts", K_INT, OFF(model, moe_shared_experts), 0, NULL, false},
+    {"model", "moe.aux_loss_coef", K_FLOAT, OFF(model, moe_aux_loss_coef), 0, NULL, false},
+    {"model", "moe.z_loss_coef", K_FLOAT, OFF(model, moe_z_loss_coef), 0, NULL, false},
+    {"model", "moe.capacity_factor", K_CAPACITY, OFF(model, moe_capacity_factor), 0, NULL, false},
 
     KEY(topology, tp, K_INT),
     KEY(topology, pp, K_INT),
+    KEY(topology, ep, K_INT),
     KEY(topology, cp, K_INT),
     KEY(topology, dp, K_INT_AUTO),
     KEY(topology, zero, K_INT),
@@ -576,6 +587,20 @@ static int set_scalar(Config *cfg, const KeyDesc *k, const char *s, Why *why)
     }
     case K_INT_LIST:
         return fail(why, "expected a list of integers such as [3, 5], got a scalar '%s'", s);
+    case K_CAPACITY: {
+        if (!strcmp(s, "dropless")) {
+            *(float *)field = 0.0f;
+            return 0;
+        }
+        if (parse_float(s, (float *)field, why))
+            return -1;
+        if (!(*(float *)field > 0)) {
+            char b[80];
+            return fail(why, "expected a capacity factor > 0 (1.25 is usual), or dropless, got %s",
+                        shown(s, b));
+        }
+        return 0;
+    }
     }
     return fail(why, "internal error: unknown key kind");
 }
@@ -609,10 +634,15 @@ void config_defaults(Config *cfg)
     m->norm_eps = 1e-5f;
     m->rope_theta = 10000.0f;
     m->init_std = 0.02f;
+    m->moe_top_k = 2;
+    m->moe_every = 1;
+    m->moe_aux_loss_coef = 0.01f;
+    m->moe_z_loss_coef = 0.001f;
 
     TopologyConfig *t = &cfg->topology;
     t->tp = 1;
     t->pp = 1;
+    t->ep = 1;
     t->cp = 1;
     t->schedule = SCHED_1F1B;
     t->virtual_stages = 1;
@@ -869,11 +899,42 @@ static int load_blend(Loader *L, const KeyDesc *k, const char *full, yaml_node_t
     return set_joined(L, k, full, val, joined);
 }
 
+static int load_named(Loader *L, const char *section, const char *name, yaml_node_t *key,
+                      yaml_node_t *val);
+
+/* model.moe: a mapping whose keys are the table's "moe.KEY" entries of the
+ * model section (so --set model.moe.KEY=V and the YAML writer's
+ * "moe.KEY: V" lines reach the same entries). */
+static int load_moe(Loader *L, yaml_node_t *val)
+{
+    for (yaml_node_pair_t *p = val->data.mapping.pairs.start; p < val->data.mapping.pairs.top;
+         p++) {
+        yaml_node_t *k = yaml_document_get_node(L->doc, p->key);
+        yaml_node_t *v = yaml_document_get_node(L->doc, p->value);
+        if (k->type != YAML_SCALAR_NODE)
+            return load_error(L, k->start_mark,
+                              "key 'model.moe': a key must be a plain name, got %s", node_kind(k));
+        char name[64];
+        snprintf(name, sizeof name, "moe.%.40s", scalar_text(k));
+        if (load_named(L, "model", name, k, v))
+            return -1;
+    }
+    return 0;
+}
+
 /* One `key: value` pair of a section (or the top level, section ""). */
 static int load_key(Loader *L, const char *section, yaml_node_t *key, yaml_node_t *val)
 {
+    if (!strcmp(section, "model") && !strcmp(scalar_text(key), "moe") &&
+        val->type == YAML_MAPPING_NODE)
+        return load_moe(L, val);
+    return load_named(L, section, scalar_text(key), key, val);
+}
+
+static int load_named(Loader *L, const char *section, const char *name, yaml_node_t *key,
+                      yaml_node_t *val)
+{
     char full[64], sugg[128] = "", keys[512];
-    const char *name = scalar_text(key);
     if (section[0])
         snprintf(full, sizeof full, "%s.%.40s", section, name);
     else
@@ -1380,8 +1441,8 @@ static void write_value(FILE *f, const Config *cfg, const KeyDesc *k)
 {
     const char *field = (const char *)cfg + k->offset;
     int iv = 0;
-    if (k->kind != K_STR && k->kind != K_U64 && k->kind != K_FLOAT && k->kind != K_INT_LIST &&
-        k->kind != K_NAMES && k->kind != K_BLEND)
+    if (k->kind != K_STR && k->kind != K_U64 && k->kind != K_FLOAT && k->kind != K_CAPACITY &&
+        k->kind != K_INT_LIST && k->kind != K_NAMES && k->kind != K_BLEND)
         iv = *(const int *)field;
     switch (k->kind) {
     case K_INT:
@@ -1402,6 +1463,12 @@ static void write_value(FILE *f, const Config *cfg, const KeyDesc *k)
     case K_U64:
         fprintf(f, "%llu", (unsigned long long)*(const uint64_t *)field);
         break;
+    case K_CAPACITY:
+        if (*(const float *)field == 0.0f) {
+            fputs("dropless", f);
+            break;
+        }
+        /* fall through */
     case K_FLOAT:
         /* 9 significant digits reproduce every float exactly. */
         fprintf(f, "%.9g", (double)*(const float *)field);

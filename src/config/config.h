@@ -15,9 +15,9 @@
 #define CFG_PATHS       2048 /* data.path, data.blend...: lists of paths and patterns */
 #define CFG_ERR         1024 /* size of an error message buffer */
 #define CFG_MAX_STAGES  64
-#define CFG_MAX_VIRTUAL 16 /* topology.virtual_stages: model chunks per pipeline rank */
-#define CFG_MAX_KEYS    96 /* capacity of the key table (config.c asserts it) */
-#define CFG_SET_ARG     96 /* an --set argument, as kept for error messages */
+#define CFG_MAX_VIRTUAL 16  /* topology.virtual_stages: model chunks per pipeline rank */
+#define CFG_MAX_KEYS    112 /* capacity of the key table (config.c asserts it) */
+#define CFG_SET_ARG     96  /* an --set argument, as kept for error messages */
 /* model.layers at most: the parameter table, the stage split and the
  * schedules hold a few entries per layer, built before the memory check;
  * the deepest published models have about 128 layers. */
@@ -63,10 +63,36 @@ typedef struct {
     float rope_factor, rope_low_freq_factor, rope_high_freq_factor;
     int rope_original_max_position_embeddings;
     float init_std; /* default 0.02 */
+    /* Mixture of experts (model.moe, docs/moe.md); moe_experts 0: a dense model. */
+    int moe_experts;           /* E experts per MoE layer (0: none) */
+    int moe_top_k;             /* experts per token (default 2) */
+    int moe_every;             /* layer l is MoE when (l + 1) % every == 0 (default 1) */
+    int moe_ffn_hidden;        /* an expert's hidden size (0: model.ffn_hidden) */
+    int moe_shared_experts;    /* always-on experts, fused into one MLP of that many widths */
+    float moe_aux_loss_coef;   /* Switch/GShard load-balancing loss (default 0.01) */
+    float moe_z_loss_coef;     /* router z-loss (default 0.001) */
+    float moe_capacity_factor; /* 0: dropless (written `dropless`); > 0: capacity */
 } ModelConfig;
+
+/* The most experts a MoE layer may have (the route's host tables are sized by it). */
+#define MOE_MAX_EXPERTS 256
+
+/* Is layer l (0-based) a mixture-of-experts layer?  Every moe_every-th
+ * layer, the last of each run of moe_every: with every 2, layers 1, 3, ... */
+static inline int config_moe_layer(const ModelConfig *m, int l)
+{
+    return m->moe_experts > 0 && (l + 1) % (m->moe_every > 0 ? m->moe_every : 1) == 0;
+}
+
+/* An expert's hidden size: model.moe.ffn_hidden, or model.ffn_hidden when 0. */
+static inline int config_moe_ffn(const ModelConfig *m)
+{
+    return m->moe_ffn_hidden > 0 ? m->moe_ffn_hidden : m->ffn_hidden;
+}
 
 typedef struct {
     int tp, pp;
+    int ep;             /* expert parallel: ranks of dp sharing a layer's experts (default 1) */
     int cp;             /* context parallel: ranks sharing each sequence (default 1) */
     int dp;             /* 0 means "auto": world / (tp*cp*pp) */
     int zero;           /* 0..3 */

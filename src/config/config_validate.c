@@ -492,6 +492,73 @@ static int resolve_checkpoint_dir(Checker *c, Config *cfg)
     return 0;
 }
 
+/* model.moe's own ranges (resolving moe.ffn_hidden 0 to model.ffn_hidden),
+ * then what it composes with.  Before the world is known (dp 0) the
+ * expert-parallel rules wait for it. */
+static int check_moe(Checker *c, ModelConfig *m)
+{
+    const TopologyConfig *t = &c->cfg->topology;
+    if (t->ep < 1)
+        return verr(c, "topology.ep", "topology.ep (%d) must be >= 1", t->ep);
+    if (m->moe_experts == 0) {
+        if (t->ep > 1)
+            return verr(c, "topology.ep",
+                        "topology.ep (%d) splits the experts of a mixture of experts, but the "
+                        "model has none; set model.moe.experts or topology.ep: 1",
+                        t->ep);
+        return 0;
+    }
+    if (m->moe_experts < 1 || m->moe_experts > MOE_MAX_EXPERTS)
+        return verr(c, "model.moe.experts", "model.moe.experts (%d) must be between 1 and %d",
+                    m->moe_experts, MOE_MAX_EXPERTS);
+    if (m->moe_top_k < 1 || m->moe_top_k > m->moe_experts)
+        return verr(c, "model.moe.top_k",
+                    "model.moe.top_k (%d) must be between 1 and model.moe.experts (%d): a "
+                    "token goes to top_k different experts",
+                    m->moe_top_k, m->moe_experts);
+    if (m->moe_every < 1 || m->moe_every > m->layers)
+        return verr(c, "model.moe.every",
+                    "model.moe.every (%d) must be between 1 and model.layers (%d): layer l "
+                    "is a MoE layer when (l + 1) %% every == 0",
+                    m->moe_every, m->layers);
+    if (m->moe_ffn_hidden < 0)
+        return verr(c, "model.moe.ffn_hidden",
+                    "model.moe.ffn_hidden (%d) must be >= 0 (0: model.ffn_hidden)",
+                    m->moe_ffn_hidden);
+    if (m->moe_shared_experts < 0)
+        return verr(c, "model.moe.shared_experts", "model.moe.shared_experts (%d) must be >= 0",
+                    m->moe_shared_experts);
+    if ((long long)m->moe_shared_experts * m->moe_ffn_hidden > INT32_MAX / 2)
+        return verr(c, "model.moe.shared_experts",
+                    "model.moe.shared_experts x ffn_hidden is beyond 32 bits");
+    if (!(m->moe_aux_loss_coef >= 0))
+        return verr(c, "model.moe.aux_loss_coef", "model.moe.aux_loss_coef (%g) must be >= 0",
+                    m->moe_aux_loss_coef);
+    if (!(m->moe_z_loss_coef >= 0))
+        return verr(c, "model.moe.z_loss_coef", "model.moe.z_loss_coef (%g) must be >= 0",
+                    m->moe_z_loss_coef);
+    if (m->moe_ffn_hidden == 0)
+        m->moe_ffn_hidden = m->ffn_hidden;
+    /* tp, cp and sequence parallelism: refused by the layout rules (layout.c) */
+    if (m->moe_experts % t->ep)
+        return verr(c, "topology.ep",
+                    "topology.ep (%d) must divide model.moe.experts (%d): each expert-parallel "
+                    "rank holds experts / ep whole experts",
+                    t->ep, m->moe_experts);
+    if (t->dp > 0 && t->dp % t->ep)
+        return verr(c, "topology.ep",
+                    "topology.ep (%d) must divide topology.dp (%d): the expert-parallel "
+                    "groups are carved out of the data-parallel ranks; use an ep that divides "
+                    "%d",
+                    t->ep, t->dp, t->dp);
+    if (t->ep > 1)
+        return verr(c, "topology.ep",
+                    "topology.ep %d: expert parallelism is not implemented yet (the experts "
+                    "are replicated over data-parallel ranks); use topology.ep: 1",
+                    t->ep);
+    return 0;
+}
+
 int config_validate(Config *cfg, int world, char err[CFG_ERR])
 {
     Checker c = {.cfg = cfg, .err = err};
@@ -499,7 +566,7 @@ int config_validate(Config *cfg, int world, char err[CFG_ERR])
         check_sizes(&c) || resolve_checkpoint_dir(&c, cfg))
         return -1;
     resolve_model(&cfg->model);
-    if (check_topology(&c) || check_world(&c, cfg, world))
+    if (check_topology(&c) || check_world(&c, cfg, world) || check_moe(&c, &cfg->model))
         return -1;
     return 0;
 }

@@ -101,6 +101,15 @@ int layout_check_tp(const ModelConfig *m, int tp, int sequence_parallel, int cp,
     char d[256];
     if (tp < 1)
         return fail(e, "topology.tp", "topology.tp (%d) must be >= 1", tp);
+    if (m->moe_experts > 0 && (tp > 1 || cp > 1 || sequence_parallel))
+        return fail(e,
+                    tp > 1   ? "topology.tp"
+                    : cp > 1 ? "topology.cp"
+                             : "topology.sequence_parallel",
+                    "model.moe does not compose with tensor, context or sequence parallelism "
+                    "yet (topology.tp %d, cp %d, sequence_parallel %s); use tp: 1, cp: 1, "
+                    "sequence_parallel: false (data and pipeline parallelism and ZeRO work)",
+                    tp, cp, sequence_parallel ? "true" : "false");
     if (m->heads % tp) {
         trd_divisors(m->heads, d, sizeof d);
         return fail(e, "topology.tp",

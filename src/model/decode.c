@@ -32,6 +32,9 @@ Decoder *decoder_create(Model *m, int max_len)
     if (tp_active(&m->tp) || !m->sh.has_embed || !m->sh.has_head || m->nl != m->mc.layers)
         trd_fatal(TRD_EXIT_INPUT, "decode on one rank: tp 1, pp 1",
                   "decoding needs the whole model on one rank (tp 1, one pipeline stage)");
+    if (d->E > 0)
+        trd_fatal(TRD_EXIT_INPUT, "eval works on MoE checkpoints; generation does not yet",
+                  "decoding a mixture-of-experts model (model.moe) is not implemented yet");
     TRD_ASSERT(max_len >= 1 && max_len <= m->mc.seq_len);
     Decoder *dc = trd_calloc(1, sizeof *dc, "decoder");
     dc->m = m;

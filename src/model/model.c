@@ -61,6 +61,14 @@ static size_t offset_of(const ParamTable *t, const char *name)
     return p ? p->offset : NO_TENSOR;
 }
 
+/* Does the table hold layer l as a MoE layer (its router)? */
+static int moe_layer_in(const ParamTable *t, int l)
+{
+    char name[PARAM_NAME];
+    snprintf(name, sizeof name, "layers.%d.moe.router.weight", l);
+    return params_find(t, name) != NULL;
+}
+
 /* Field order of LayerParams, by tensor name. */
 static void layer_offsets(GroupOffsets *g, const ParamTable *t, int l, int gpt2)
 {
@@ -81,15 +89,33 @@ static void layer_offsets(GroupOffsets *g, const ParamTable *t, int l, int gpt2)
         "ln1.weight", NULL, "attn.qkv.weight", NULL, "attn.proj.weight", NULL,
         "ln2.weight", NULL, "mlp.gate.weight", NULL, "mlp.up.weight",    "mlp.down.weight",
         NULL};
+    /* A MoE layer: its shared experts in the MLP's fields, then the router
+     * and the stacked experts (absent tensors are simply not found). */
+    static const char *const gpt2_moe[LP_FIELDS] = {
+        [8] = "moe.shared.fc.weight",    [9] = "moe.shared.fc.bias",
+        [11] = "moe.shared.proj.weight", [12] = "moe.shared.proj.bias",
+        [13] = "moe.router.weight",      [14] = "moe.experts.fc.weight",
+        [15] = "moe.experts.fc.bias",    [17] = "moe.experts.proj.weight",
+        [18] = "moe.experts.proj.bias"};
+    static const char *const llama_moe[LP_FIELDS] = {
+        [8] = "moe.shared.gate.weight",   [10] = "moe.shared.up.weight",
+        [11] = "moe.shared.down.weight",  [13] = "moe.router.weight",
+        [14] = "moe.experts.gate.weight", [16] = "moe.experts.up.weight",
+        [17] = "moe.experts.down.weight"};
+    const int moe = moe_layer_in(t, l);
     const char *const *names = gpt2 ? gpt2_names : llama_names;
     for (int k = 0; k < LP_FIELDS; k++) {
+        const char *nm =
+            k < 8 || !moe ? (k < 13 ? names[k] : NULL) : (gpt2 ? gpt2_moe : llama_moe)[k];
         char name[PARAM_NAME];
-        snprintf(name, sizeof name, "layers.%d.%s", l, names[k] ? names[k] : "");
-        g->off[k] = names[k] ? offset_of(t, name) : NO_TENSOR;
+        snprintf(name, sizeof name, "layers.%d.%s", l, nm ? nm : "");
+        g->off[k] = nm ? offset_of(t, name) : NO_TENSOR;
     }
     params_group_range(t, l, &g->lo, &g->hi);
-    TRD_ASSERT(g->off[2] != NO_TENSOR && g->off[4] != NO_TENSOR && g->off[8] != NO_TENSOR &&
-               g->off[11] != NO_TENSOR && (gpt2 || g->off[10] != NO_TENSOR));
+    TRD_ASSERT(g->off[2] != NO_TENSOR && g->off[4] != NO_TENSOR);
+    TRD_ASSERT(moe ? g->off[13] != NO_TENSOR && g->off[14] != NO_TENSOR && g->off[17] != NO_TENSOR
+                   : g->off[8] != NO_TENSOR && g->off[11] != NO_TENSOR &&
+                         (gpt2 || g->off[10] != NO_TENSOR));
 }
 
 static void outer_offsets(GroupOffsets *g, const ParamTable *t)
@@ -155,6 +181,13 @@ static Dims make_dims(const Model *m, int B)
     d.KVH = mc->kv_heads % tp == 0 ? mc->kv_heads / tp : 1;
     d.QKV = (d.H + 2 * d.KVH) * d.hs;
     d.F = mc->ffn_hidden / tp;
+    if (mc->moe_experts > 0) {
+        d.E = mc->moe_experts;
+        d.K = mc->moe_top_k;
+        d.Fe = config_moe_ffn(mc);
+        d.Fs = mc->moe_shared_experts * d.Fe;
+        d.R = d.N * d.K;
+    }
 
     const ParamSpec *v = params_find(&m->table, "embed.wte.weight");
     if (!v)
@@ -167,9 +200,12 @@ static Dims make_dims(const Model *m, int B)
     return d;
 }
 
-static void layer_act_sizes(const Dims *d, size_t n[A_COUNT])
+/* The activations of a dense layer (moe 0) or of a MoE layer (moe 1),
+ * whose MLP fields hold its shared experts. */
+static void layer_act_sizes(const Dims *d, int moe, size_t n[A_COUNT])
 {
-    const size_t N = (size_t)d->N, C = (size_t)d->C, F = (size_t)d->F, Ns = (size_t)d->Ns;
+    const size_t N = (size_t)d->N, C = (size_t)d->C, Ns = (size_t)d->Ns;
+    const size_t F = (size_t)(moe ? d->Fs : d->F);
     n[A_LN1] = N * C;                 /* whole (gathered under SP) */
     n[A_LN1_MEAN] = d->gpt2 ? Ns : 0; /* RMSNorm keeps no mean */
     n[A_LN1_RSTD] = Ns;
@@ -183,6 +219,18 @@ static void layer_act_sizes(const Dims *d, size_t n[A_COUNT])
     n[A_FC] = N * F;
     n[A_UP] = d->gpt2 ? 0 : N * F;
     n[A_FC_ACT] = N * F;
+    const size_t E = moe ? (size_t)d->E : 0, R = moe ? (size_t)d->R : 0, Fe = (size_t)d->Fe;
+    n[A_R_LOGITS] = N * E;
+    n[A_R_PROBS] = N * E;
+    n[A_R_LSE] = moe ? N : 0;
+    n[A_R_W] = R;
+    n[A_R_IDX] = R;
+    n[A_R_SLOT] = R;
+    n[A_X_IN] = R * C;
+    n[A_X_FC] = R * Fe;
+    n[A_X_UP] = d->gpt2 ? 0 : R * Fe;
+    n[A_X_ACT] = R * Fe;
+    n[A_X_OUT] = R * C;
 }
 
 static void layer_act_slots(LayerActs *a, float **slot[A_COUNT])
@@ -200,6 +248,18 @@ static void layer_act_slots(LayerActs *a, float **slot[A_COUNT])
     slot[A_FC] = &a->fc;
     slot[A_UP] = &a->up;
     slot[A_FC_ACT] = &a->fc_act;
+    slot[A_R_LOGITS] = &a->r_logits;
+    slot[A_R_PROBS] = &a->r_probs;
+    slot[A_R_LSE] = &a->r_lse;
+    slot[A_R_W] = &a->r_w;
+    /* int32 ids in float-sized slots of the one activation buffer */
+    slot[A_R_IDX] = (float **)(void *)&a->r_idx;
+    slot[A_R_SLOT] = (float **)(void *)&a->r_slot;
+    slot[A_X_IN] = &a->x_in;
+    slot[A_X_FC] = &a->x_fc;
+    slot[A_X_UP] = &a->x_up;
+    slot[A_X_ACT] = &a->x_act;
+    slot[A_X_OUT] = &a->x_out;
 }
 
 /* Does each layer keep its own copy of this activation, or do all layers
@@ -245,8 +305,12 @@ static void carve_activations(Model *m, Carver *c)
 {
     const Dims *d = &m->d;
     const size_t NC = (size_t)d->N * (size_t)d->C, NsC = (size_t)d->Ns * (size_t)d->C;
-    size_t sz[A_COUNT];
-    layer_act_sizes(d, sz);
+    size_t sz[2][A_COUNT], most[A_COUNT]; /* dense, MoE; the larger for shared slots */
+    layer_act_sizes(d, 0, sz[0]);
+    layer_act_sizes(d, 1, sz[1]);
+    const int any_moe = d->E > 0;
+    for (int k = 0; k < A_COUNT; k++)
+        most[k] = any_moe && sz[1][k] > sz[0][k] ? sz[1][k] : sz[0][k];
 
     for (int i = 0; i <= m->nl; i++)
         m->cur.resid[i] = take(c, NsC);
@@ -256,13 +320,14 @@ static void carve_activations(Model *m, Carver *c)
     layer_act_slots(&shared, slot);
     for (int k = 0; k < A_COUNT; k++)
         if (m->nl > 0 && !kept_per_layer(m->recompute, k))
-            *slot[k] = take(c, sz[k]);
+            *slot[k] = take(c, most[k]);
     for (int i = 0; i < m->nl; i++) {
+        const int moe = config_moe_layer(&m->mc, m->sh.chunk[0].begin + i);
         m->cur.la[i] = shared;
         layer_act_slots(&m->cur.la[i], slot);
         for (int k = 0; k < A_COUNT; k++)
             if (kept_per_layer(m->recompute, k))
-                *slot[k] = take(c, sz[k]);
+                *slot[k] = take(c, sz[moe][k]);
     }
 
     if (m->sh.has_head) {
@@ -278,8 +343,15 @@ static void carve_activations(Model *m, Carver *c)
 static void carve_scratch(Model *m, Carver *c)
 {
     const Dims *d = &m->d;
-    const size_t N = (size_t)d->N, NC = N * (size_t)d->C, NF = N * (size_t)d->F;
+    const size_t N = (size_t)d->N, NC = N * (size_t)d->C;
+    /* dfc, dup, dfc_act serve the dense MLP, the shared experts and the experts */
+    size_t NF = N * (size_t)d->F;
+    if (N * (size_t)d->Fs > NF)
+        NF = N * (size_t)d->Fs;
+    if ((size_t)d->R * (size_t)d->Fe > NF)
+        NF = (size_t)d->R * (size_t)d->Fe;
     const int blocks = m->nl > 0, tp = tp_active(&m->tp);
+    const int moe = blocks && d->E > 0;
     /* first: the buffer's start is aligned for the doubles it holds */
     const size_t step_floats = (sizeof(BackendStepState) + sizeof(float) - 1) / sizeof(float);
     m->s.step = take(c, m->sh.has_head ? step_floats : 0);
@@ -296,6 +368,11 @@ static void carve_scratch(Model *m, Carver *c)
     m->s.dwpe_part = take(c, tp && d->gpt2 && m->sh.has_embed ? (size_t)d->Tw * (size_t)d->C : 0);
     const size_t kv_rows = 2 * (size_t)d->hs;
     m->s.kv_keep = take(c, blocks && m->tp.kv_share > 1 ? kv_rows * (size_t)(d->C + 1) : 0);
+    m->s.x_dy = take(c, moe ? (size_t)d->R * (size_t)d->C : 0);
+    m->s.x_dx = take(c, moe ? (size_t)d->R * (size_t)d->C : 0);
+    m->s.r_dw = take(c, moe ? (size_t)d->R : 0);
+    m->s.r_dlogits = take(c, moe ? N * (size_t)d->E : 0);
+    m->s.r_auxdp = take(c, moe ? (size_t)d->E : 0);
 }
 
 /* ---- create / free ------------------------------------------------------ */
@@ -330,6 +407,8 @@ static void free_activation_sets(Model *m)
 {
     for (int k = 0; k < m->n_sets; k++) {
         free(m->sets[k].resid);
+        if (m->sets[k].la)
+            free(m->sets[k].la[0].route); /* the set's routes, one allocation */
         free(m->sets[k].la);
         free(m->sets[k].tokens);
     }
@@ -370,6 +449,9 @@ static void alloc_activation_sets(Model *m, int n)
         m->cur = *a;
         carve_activations(m, &carve);
         *a = m->cur;
+        MoeRoute *routes = trd_calloc((size_t)m->nl + 1, sizeof(MoeRoute), "MoE routes");
+        for (int i = 0; i <= m->nl; i++)
+            a->la[i].route = &routes[i];
     }
     TRD_ASSERT(carve.used == m->acts_numel);
     m->cur_set = 0;
@@ -463,6 +545,17 @@ static Model *create(const Config *cfg, const Backend *be, const ParamShard *sh,
     m->scratch_buf = be->alloc(m->scratch_numel * sizeof(float), "backward scratch");
     if (be->device && sh->has_head)
         m->host_losses = trd_calloc((size_t)m->d.N, sizeof(float), "losses read back");
+    m->loss_scale = NAN; /* a backward whose scale nobody set shows at once */
+    if (m->d.E > 0) {
+        if (!be->moe_router_forward)
+            trd_fatal(TRD_EXIT_INPUT, "use backend: cpu for model.moe (docs/moe.md)",
+                      "model: the %s backend has no mixture-of-experts ops yet", be->name);
+        m->moe_idx_host = trd_calloc((size_t)m->d.R, sizeof(int32_t), "MoE routes read back");
+        m->moe_slot_host = trd_calloc((size_t)m->d.R, sizeof(int32_t), "MoE dispatch order");
+        m->moe_probs_host =
+            trd_calloc((size_t)m->d.N * (size_t)(m->d.E + 1), sizeof(float), "MoE router probs");
+        m->moe_lse_host = m->moe_probs_host + (size_t)m->d.N * (size_t)m->d.E;
+    }
     Carver scarve = {.base = m->scratch_buf};
     carve_scratch(m, &scarve);
 
@@ -538,6 +631,9 @@ void model_free(Model *m)
     m->be->release(m->params);
     m->be->release(m->grads);
     free(m->host_losses);
+    free(m->moe_idx_host);
+    free(m->moe_slot_host);
+    free(m->moe_probs_host);
     free(m->lp);
     free(m->lg);
     free(m->lo_off);
@@ -742,6 +838,12 @@ static void block_forward(Model *m, int i, int need_output)
     row_linear_forward(m, m->s.branch, a->atty, p->attn_proj_w, p->attn_proj_b, d->H * d->hs);
     residual_norm_forward(m, a->res_mid, a->ln2, a->ln2_mean, a->ln2_rstd, x, m->s.branch, p->ln2_w,
                           p->ln2_b);
+    if (p->router_w) { /* a MoE layer: its branch whole, or (recompute) its activations */
+        moe_forward(m, p, a, need_output ? m->s.branch : NULL);
+        if (need_output)
+            be->add(m->cur.resid[i + 1], a->res_mid, m->s.branch, NsC);
+        return;
+    }
     mlp_forward(m, p, a);
     if (!need_output)
         return;
@@ -839,10 +941,14 @@ void model_block_backward(Model *m, int l)
 
     /* MLP branch: its output joined the stream by addition, so its gradient is dres. */
     const float *dout = tp_row_output_backward(&m->tp, s->dres, s->full, d->N, d->C);
-    zero(m, s->dfc_act, N * (size_t)d->F);
-    be->matmul_backward(s->dfc_act, g->mlp_proj_w, g->mlp_proj_b, dout, a->fc_act, p->mlp_proj_w,
-                        d->N, d->F, d->C);
-    mlp_backward(m, p, g, a);
+    if (p->router_w) {
+        moe_backward(m, p, g, a, dout); /* sets dln */
+    } else {
+        zero(m, s->dfc_act, N * (size_t)d->F);
+        be->matmul_backward(s->dfc_act, g->mlp_proj_w, g->mlp_proj_b, dout, a->fc_act,
+                            p->mlp_proj_w, d->N, d->F, d->C);
+        mlp_backward(m, p, g, a);
+    }
     norm_backward(m, s->dres, g->ln2_w, g->ln2_b, s->dln, a->res_mid, p->ln2_w, a->ln2_mean,
                   a->ln2_rstd);
 
@@ -974,8 +1080,18 @@ float model_forward(Model *m, const int32_t *tokens, const int32_t *targets)
     return m->sh.has_head ? model_head_forward(m, targets) : 0.0f;
 }
 
+void model_set_loss_scale(Model *m, float loss_scale) { m->loss_scale = loss_scale; }
+
+MoeStats model_take_moe_stats(Model *m)
+{
+    const MoeStats s = m->moe_stats;
+    memset(&m->moe_stats, 0, sizeof m->moe_stats);
+    return s;
+}
+
 void model_backward(Model *m, float loss_scale)
 {
+    model_set_loss_scale(m, loss_scale);
     if (m->sh.has_head)
         model_head_backward(m, loss_scale);
     for (int l = m->sh.chunk[0].end - 1; l >= m->sh.chunk[0].begin; l--)
@@ -984,7 +1100,8 @@ void model_backward(Model *m, float loss_scale)
         model_embed_backward(m);
 }
 
-/* Model FLOPs per token of one forward + backward (the MFU convention):
+/* Model FLOPs per token of one forward + backward (the MFU convention;
+ * with model.moe the active weights: the MLPs a token goes through):
  *   6 * P_matmul + 12 * L * T * C
  * P_matmul = L * (qkv + attention projection + MLP weights) + V * C counts
  * every weight that takes part in a matrix multiply, the LM head included
@@ -1000,8 +1117,16 @@ double model_flops_per_token(const ModelConfig *mc)
     const double hs = C / H;
     const double qkv = (H + 2.0 * KVH) * hs * C;
     const double proj = H * hs * C;
-    const double mlp = (mc->arch == ARCH_GPT2 ? 2.0 : 3.0) * C * F;
-    const double matmul_params = L * (qkv + proj + mlp) + (double)mc->vocab * C;
+    const double per_f = (mc->arch == ARCH_GPT2 ? 2.0 : 3.0) * C;
+    /* A MoE layer's active weights per token: the router, top_k experts
+     * and the shared experts. */
+    double mlp_total = 0;
+    for (int l = 0; l < mc->layers; l++)
+        mlp_total += config_moe_layer(mc, l)
+                         ? (double)mc->moe_experts * C +
+                               per_f * config_moe_ffn(mc) * (mc->moe_top_k + mc->moe_shared_experts)
+                         : per_f * F;
+    const double matmul_params = L * (qkv + proj) + mlp_total + (double)mc->vocab * C;
     return 6.0 * matmul_params + 12.0 * L * T * C;
 }
 

@@ -111,6 +111,24 @@ float *model_stage_input(Model *m);
 float *model_stage_output(Model *m);
 float *model_grad_stream(Model *m);
 
+/* Mixture of experts (docs/moe.md).  The next backward's loss scale, for
+ * the router's load-balancing and z-losses (which enter the gradient in
+ * the MoE layers, on every pipeline stage, not through the head): set by
+ * model_backward and by the ZeRO driver before each block backward. */
+void model_set_loss_scale(Model *m, float loss_scale);
+
+/* What the forwards of the MoE layers held here saw since the last call
+ * (recomputation in backward not counted): sums over layers and
+ * micro-batches, to be added over ranks before use. */
+typedef struct {
+    double aux_sum, z_sum; /* load-balancing and z-loss values, before coefficients */
+    double layers;         /* (layer, micro-batch) pairs counted */
+    double tokens_min;     /* fewest assignments one expert got in one (layer, micro-batch) */
+    double tokens_max;     /* most */
+    double dropped;        /* assignments over capacity */
+} MoeStats;
+MoeStats model_take_moe_stats(Model *m);
+
 /* Local (tensor-parallel piece of the) padded vocabulary: logits columns. */
 int model_vocab_padded(const Model *m);
 

@@ -19,6 +19,9 @@ typedef struct {
     int hs;          /* head size */
     int H, KVH;      /* local query heads and kv heads */
     int QKV;         /* local rows of the fused qkv weight: (H + 2*KVH)*hs */
+    int E, K;        /* MoE: experts and top_k (0 for a dense model) */
+    int Fe, Fs;      /* MoE: an expert's hidden size; the shared experts' (0: none) */
+    int R;           /* MoE: most rows dispatched, N * K */
     int F;           /* local MLP hidden size */
     int Vp;          /* local (padded) vocabulary rows */
     int V;           /* of which real: columns the loss counts */
@@ -31,16 +34,23 @@ typedef struct {
 /* One layer's tensors in a flat buffer (parameters or gradients).  Absent
  * tensors (biases in Llama, `up` in GPT-2) are NULL.  The array view lets
  * model_bind re-point all of them at once. */
-enum { LP_FIELDS = 13 };
+enum { LP_FIELDS = 19 };
 typedef union {
     struct {
         float *ln1_w, *ln1_b;
         float *qkv_w, *qkv_b;
         float *attn_proj_w, *attn_proj_b;
         float *ln2_w, *ln2_b;
+        /* The MLP; in a MoE layer its shared experts (moe.shared.*), NULL
+         * without them. */
         float *fc_w, *fc_b;             /* GPT-2 mlp.fc; Llama mlp.gate */
         float *up_w;                    /* Llama mlp.up */
         float *mlp_proj_w, *mlp_proj_b; /* GPT-2 mlp.proj; Llama mlp.down */
+        /* MoE layers only (moe.router, moe.experts.*: E experts stacked by rows). */
+        float *router_w;            /* [E, C] */
+        float *x_fc_w, *x_fc_b;     /* [E*Fe, C], [E*Fe]: GPT-2 fc; Llama gate */
+        float *x_up_w;              /* [E*Fe, C] Llama up */
+        float *x_proj_w, *x_proj_b; /* [E*C, Fe], [E*C]: GPT-2 proj; Llama down */
     };
     float *f[LP_FIELDS];
 } LayerParams;
@@ -81,8 +91,30 @@ enum {
     A_FC,
     A_UP,
     A_FC_ACT,
+    /* MoE layers only (0 elsewhere); R = N * top_k rows at most */
+    A_R_LOGITS,
+    A_R_PROBS,
+    A_R_LSE,
+    A_R_W,
+    A_R_IDX,
+    A_R_SLOT,
+    A_X_IN,
+    A_X_FC,
+    A_X_UP,
+    A_X_ACT,
+    A_X_OUT,
     A_COUNT
 };
+
+/* A MoE layer's dispatch plan for one micro-batch, in host memory: which
+ * rows each expert got (the backend's r_slot holds the rows themselves). */
+typedef struct {
+    int R;                        /* rows dispatched: assignments kept */
+    int dropped;                  /* assignments over the capacity (0 when dropless) */
+    int off[MOE_MAX_EXPERTS + 1]; /* expert e's rows are [off[e], off[e+1]) */
+    int count[MOE_MAX_EXPERTS];   /* assignments the router made to e (before capacity) */
+    double aux, z;                /* load-balancing and z-loss, before their coefficients */
+} MoeRoute;
 typedef struct {
     float *ln1, *ln1_mean, *ln1_rstd; /* [N,C] whole, [Ns], [Ns] (mean: LayerNorm only) */
     float *qkv;                       /* [N, QKV], after RoPE */
@@ -93,6 +125,17 @@ typedef struct {
     float *fc;     /* [N, F] GPT-2: fc output before GELU; Llama: gate output */
     float *up;     /* [N, F] Llama: up output */
     float *fc_act; /* [N, F] GELU(fc) or silu(gate)*up: input of the projection */
+    /* MoE layers (src/model/moe.c); fc, up, fc_act are then the shared
+     * experts' [N, Fs] (absent without them). */
+    float *r_logits, *r_probs; /* [N, E] router logits and softmax */
+    float *r_lse;              /* [N] log-sum-exp of the logits (z-loss) */
+    float *r_w;                /* [N, k] the chosen experts' renormalised weights */
+    int32_t *r_idx;            /* [N, k] the chosen experts (floats' storage, same size) */
+    int32_t *r_slot;           /* [R] dispatched row r is assignment slot n*k + j */
+    float *x_in, *x_out;       /* [R, C] expert inputs (token rows by expert), outputs */
+    float *x_fc, *x_up;        /* [R, Fe] fc/gate and up outputs */
+    float *x_act;              /* [R, Fe] the expert projection's input */
+    MoeRoute *route;           /* host: this set's plan for the layer */
 } LayerActs;
 
 /* Head activations (last stage). */
@@ -119,6 +162,11 @@ typedef struct {
     float *kv_keep;   /* [2hs*(C+1)] replicated kv rows' accumulated gradient */
     /* head only, first (aligned for its doubles): a BackendStepState */
     float *step;
+    /* MoE layers: */
+    float *x_dy, *x_dx; /* [R, C] gradients at the experts' outputs and inputs */
+    float *r_dw;        /* [N, k] gradient at the routing weights */
+    float *r_dlogits;   /* [N, E] */
+    float *r_auxdp;     /* [E] the load-balancing loss's d / d probs[n, e] */
 } Scratch;
 
 /* Token ids an activation set keeps per row: its token, its target and its
@@ -176,6 +224,25 @@ struct Model {
     float *scratch_buf;
     size_t scratch_numel;
     Scratch s;
+
+    /* MoE: the loss scale of the next backward (model_set_loss_scale), host
+     * copies of the router's choices, and what forwards saw since the last
+     * model_take_moe_stats. */
+    float loss_scale;
+    int32_t *moe_idx_host, *moe_slot_host; /* [N*k], [R] (device backends) */
+    float *moe_probs_host, *moe_lse_host;  /* [N*E], [N] */
+    MoeStats moe_stats;
 };
+
+/* moe.c: a MoE layer's MLP branch.  Forward from a->ln2: fills a's router
+ * and expert activations and its route; with out != NULL SETS out [N, C] to
+ * the branch's output (shared experts plus the weighted experts), and
+ * counts the micro-batch in m->moe_stats.  Backward from dout [N, C], the
+ * gradient at that output: ADDS the parameter gradients into g and SETS
+ * m->s.dln to the gradient at ln2's output, the router's load-balancing
+ * and z-losses included with m->loss_scale. */
+void moe_forward(Model *m, const LayerParams *p, LayerActs *a, float *out);
+void moe_backward(Model *m, const LayerParams *p, const LayerParams *g, const LayerActs *a,
+                  const float *dout);
 
 #endif

@@ -144,6 +144,47 @@ static ParamSpec *add(Builder *b, int64_t rows, int64_t cols, int split_dim, Par
     return p;
 }
 
+/* The MLP of a mixture-of-experts layer (docs/moe.md): the router, the E
+ * experts stacked along the rows (expert e's rows are [e*R, (e+1)*R) of a
+ * tensor whose one expert has R rows), then the shared experts fused into
+ * one MLP of width shared_experts * Fe.  Replicated: tp is 1 with MoE. */
+static void add_moe(Builder *b, const ModelConfig *m, int l, float std, float std_out)
+{
+    const int64_t C = m->hidden, E = m->moe_experts, Fe = config_moe_ffn(m);
+    const int64_t Fs = (int64_t)m->moe_shared_experts * Fe;
+    const int gpt2 = m->arch == ARCH_GPT2;
+    add(b, E, C, -1, ROLE_BLOCK, l, INIT_NORMAL, std, "layers.%d.moe.router.weight", l);
+    if (gpt2) {
+        add(b, E * Fe, C, -1, ROLE_BLOCK, l, INIT_NORMAL, std, "layers.%d.moe.experts.fc.weight",
+            l);
+        add(b, E * Fe, 0, -1, ROLE_BLOCK, l, INIT_ZEROS, 0, "layers.%d.moe.experts.fc.bias", l);
+        add(b, E * C, Fe, -1, ROLE_BLOCK, l, INIT_NORMAL, std_out,
+            "layers.%d.moe.experts.proj.weight", l);
+        add(b, E * C, 0, -1, ROLE_BLOCK, l, INIT_ZEROS, 0, "layers.%d.moe.experts.proj.bias", l);
+    } else {
+        add(b, E * Fe, C, -1, ROLE_BLOCK, l, INIT_NORMAL, std, "layers.%d.moe.experts.gate.weight",
+            l);
+        add(b, E * Fe, C, -1, ROLE_BLOCK, l, INIT_NORMAL, std, "layers.%d.moe.experts.up.weight",
+            l);
+        add(b, E * C, Fe, -1, ROLE_BLOCK, l, INIT_NORMAL, std_out,
+            "layers.%d.moe.experts.down.weight", l);
+    }
+    if (Fs == 0)
+        return;
+    if (gpt2) {
+        add(b, Fs, C, -1, ROLE_BLOCK, l, INIT_NORMAL, std, "layers.%d.moe.shared.fc.weight", l);
+        add(b, Fs, 0, -1, ROLE_BLOCK, l, INIT_ZEROS, 0, "layers.%d.moe.shared.fc.bias", l);
+        add(b, C, Fs, -1, ROLE_BLOCK, l, INIT_NORMAL, std_out, "layers.%d.moe.shared.proj.weight",
+            l);
+        add(b, C, 0, -1, ROLE_BLOCK, l, INIT_ZEROS, 0, "layers.%d.moe.shared.proj.bias", l);
+    } else {
+        add(b, Fs, C, -1, ROLE_BLOCK, l, INIT_NORMAL, std, "layers.%d.moe.shared.gate.weight", l);
+        add(b, Fs, C, -1, ROLE_BLOCK, l, INIT_NORMAL, std, "layers.%d.moe.shared.up.weight", l);
+        add(b, C, Fs, -1, ROLE_BLOCK, l, INIT_NORMAL, std_out, "layers.%d.moe.shared.down.weight",
+            l);
+    }
+}
+
 /* The tensors of transformer layer l, in the order the model reads them. */
 static void add_layer(Builder *b, const ModelConfig *m, int l, int64_t qkv_rows, float std,
                       float std_out)
@@ -161,8 +202,13 @@ static void add_layer(Builder *b, const ModelConfig *m, int l, int64_t qkv_rows,
     if (gpt2)
         add(b, C, 0, -1, ROLE_BLOCK, l, INIT_ZEROS, 0, "layers.%d.attn.proj.bias", l);
     add(b, C, 0, -1, ROLE_BLOCK, l, INIT_ONES, 0, "layers.%d.ln2.weight", l);
-    if (gpt2) {
+    if (gpt2)
         add(b, C, 0, -1, ROLE_BLOCK, l, INIT_ZEROS, 0, "layers.%d.ln2.bias", l);
+    if (config_moe_layer(m, l)) {
+        add_moe(b, m, l, std, std_out);
+        return;
+    }
+    if (gpt2) {
         add(b, F, C, 0, ROLE_BLOCK, l, INIT_NORMAL, std, "layers.%d.mlp.fc.weight", l);
         add(b, F, 0, 0, ROLE_BLOCK, l, INIT_ZEROS, 0, "layers.%d.mlp.fc.bias", l);
         add(b, C, F, 1, ROLE_BLOCK, l, INIT_NORMAL, std_out, "layers.%d.mlp.proj.weight", l);
@@ -348,6 +394,20 @@ void params_grad_check(const ParamTable *t, const Backend *be, const float *g, s
     BackendRange *r = owned_ranges(t, lo, hi, &n);
     be->grad_check(state, g, r, n, clip);
     free(r);
+}
+
+size_t params_count_active(const ModelConfig *m)
+{
+    const size_t total = params_count_real(m);
+    if (m->moe_experts == 0)
+        return total;
+    const size_t C = (size_t)m->hidden, Fe = (size_t)config_moe_ffn(m);
+    const size_t expert = m->arch == ARCH_GPT2 ? 2 * C * Fe + Fe + C : 3 * C * Fe;
+    size_t idle = 0;
+    for (int l = 0; l < m->layers; l++)
+        if (config_moe_layer(m, l))
+            idle += (size_t)(m->moe_experts - m->moe_top_k) * expert;
+    return total - idle;
 }
 
 size_t params_count_real(const ModelConfig *m)

@@ -150,5 +150,9 @@ void params_grad_check(const ParamTable *t, const Backend *be, const float *g, s
 /* Parameters of the whole model that actually carry information (padding
  * rows excluded), for reporting and FLOP counts. */
 size_t params_count_real(const ModelConfig *m);
+/* Of those, the ones a token goes through: with model.moe, top_k of the
+ * experts of each MoE layer (and its router and shared experts); the
+ * whole model for a dense one. */
+size_t params_count_active(const ModelConfig *m);
 
 #endif

@@ -151,6 +151,40 @@ static void tb_memory(TbWriter *tb, const Trainer *tr, int step)
     tb_record_values(tb, step, "memory_bytes", names, bytes, 7);
 }
 
+/* model.moe: the router's statistics of this step's forwards, over every
+ * rank (each holds its micro-batches' MoE layers), as metrics.jsonl
+ * members: the load-balancing and z-loss values per MoE layer and
+ * micro-batch (mean; before their coefficients), the fewest and most
+ * assignments one expert got in one layer and micro-batch, and the
+ * assignments dropped over capacity.  Collective; "" for a dense model. */
+static void moe_json(Trainer *tr, const Config *cfg, Comm *world, char *out, size_t n)
+{
+    out[0] = '\0';
+    if (cfg->model.moe_experts == 0)
+        return;
+    double sum[4] = {0}, most[2] = {-1e300, -1e300}; /* most: max, -min */
+    const int chunks = cfg->topology.virtual_stages > 1 ? cfg->topology.virtual_stages : 1;
+    for (int c = 0; c < chunks; c++) {
+        const MoeStats s = model_take_moe_stats(trainer_model(tr, c));
+        sum[0] += s.aux_sum;
+        sum[1] += s.z_sum;
+        sum[2] += s.layers;
+        sum[3] += s.dropped;
+        if (s.layers > 0) {
+            most[0] = s.tokens_max > most[0] ? s.tokens_max : most[0];
+            most[1] = -s.tokens_min > most[1] ? -s.tokens_min : most[1];
+        }
+    }
+    comm_allreduce_f64(world, sum, 4);
+    comm_allreduce_max_f64(world, most, 2);
+    if (sum[2] == 0)
+        return;
+    snprintf(out, n,
+             "\"moe_aux_loss\": %.6g, \"moe_z_loss\": %.6g, \"moe_tokens_per_expert_min\": %.0f, "
+             "\"moe_tokens_per_expert_max\": %.0f, \"moe_dropped\": %.0f",
+             sum[0] / sum[2], sum[1] / sum[2], -most[1], most[0], sum[3]);
+}
+
 /* training.sample_every: a continuation of end-of-text by the model as it
  * is now, as llm.c prints during training.  Rank 0 alone: with tp 1, pp 1
  * and ZeRO 0-2 (config validation) its model holds every weight.  Up to 64
@@ -412,17 +446,25 @@ int train_run(const Config *cfg, Comm world)
                          .cp_bytes = r.cp_bytes,
                          .val_loss = -1,
                          .extra = step == in->start_step ? memory : NULL};
-        char extra[sizeof memory + 64 * CFG_MAX_BLEND];
-        if (rank0 && cfg->data.blend[0]) {
-            data_json(tr, step + 1, extra, sizeof extra);
+        char extra[sizeof memory + 64 * CFG_MAX_BLEND + 256], moe[256];
+        moe_json(tr, cfg, &world, moe, sizeof moe);
+        if (rank0 && (cfg->data.blend[0] || moe[0])) {
+            extra[0] = '\0';
+            if (cfg->data.blend[0])
+                data_json(tr, step + 1, extra, sizeof extra);
+            if (moe[0])
+                snprintf(extra + strlen(extra), sizeof extra - strlen(extra), "%s%s",
+                         extra[0] ? ", " : "", moe);
             if (s.extra)
                 snprintf(extra + strlen(extra), sizeof extra - strlen(extra), ", %s", s.extra);
             s.extra = extra;
         }
         const int last = step + 1 == cfg->training.steps;
         const int every = cfg->data.val_every > 0 && (step + 1) % cfg->data.val_every == 0;
-        if (in->has_val && (last || every))
+        if (in->has_val && (last || every)) {
             s.val_loss = trainer_validate(tr, NULL);
+            moe_json(tr, cfg, &world, moe, sizeof moe); /* not training's: dropped */
+        }
         /* The ETA extrapolates this run's mean step time (validation included). */
         s.elapsed_s = now_s() - t_loop;
         s.eta_s = s.elapsed_s / (step + 1 - in->start_step) * (cfg->training.steps - step - 1);

@@ -466,6 +466,7 @@ void zero_chunk_backward(Zero *z, Model *m, LayerRange layers, int head, int emb
     /* The outer tensors' hooks go around the chunk that holds them. */
     if (head || embed)
         zero_before_outer_backward(z);
+    model_set_loss_scale(m, loss_scale); /* MoE layers' router losses */
     if (head)
         model_head_backward(m, loss_scale);
     for (int l = layers.end - 1; l >= layers.begin; l--) {

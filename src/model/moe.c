@@ -1,0 +1,229 @@
+/* moe.c — the MLP branch of a mixture-of-experts layer (docs/moe.md).
+ *
+ * Composed from six backend ops (router forward and backward, gather,
+ * scatter-add, combine forward and backward) and the ordinary matmuls, run
+ * on each expert's contiguous block of dispatched rows:
+ *
+ *   logits = ln2 @ router^T                 [N, E]
+ *   probs, idx, w = router(logits)          softmax, top-k, renormalised
+ *   plan (host): the (token, choice) slots in expert order, token order
+ *                within an expert; over capacity: dropped
+ *   x_in = gather(ln2, slot)                [R, C]
+ *   x_out[e's rows] = expert_e(x_in[e's rows])   (the model's MLP kind)
+ *   out = shared(ln2) + combine(x_out, w)   out[n] += w[n, j] * x_out[r]
+ *
+ * The router's losses (added to the training loss, per micro-batch, summed
+ * over MoE layers; loss = CE + aux_coef * sum aux + z_coef * sum z):
+ *   aux = E * sum_e f_e * P_e (Switch/GShard, Megatron's normalisation:
+ *         f_e = assignments to e / (N * k), before capacity, a constant;
+ *         P_e = mean over the N rows of probs[n, e]; 1 when balanced)
+ *   z   = mean over rows of lse(logits)^2 (ST-MoE)
+ * They enter the gradient here, through the router, scaled like the
+ * cross-entropy by the loss scale of the micro-batch. */
+#include "model/model_internal.h"
+
+#include <math.h>
+#include <string.h>
+
+#include "core/error.h"
+
+static void zero(const Model *m, float *x, size_t n) { m->be->zero(x, n * sizeof *x); }
+
+/* The dispatch plan from the router's choices (host copies): counts,
+ * capacity, each expert's rows, and the losses' values. */
+static void moe_plan(Model *m, LayerActs *a)
+{
+    const Backend *be = m->be;
+    const Dims *d = &m->d;
+    const int N = d->N, E = d->E, K = d->K;
+    const int32_t *idx = a->r_idx;
+    const float *probs = a->r_probs, *lse = a->r_lse;
+    if (be->device) {
+        be->to_host(m->moe_idx_host, a->r_idx, (size_t)N * K * sizeof(int32_t));
+        be->to_host(m->moe_probs_host, a->r_probs, (size_t)N * E * sizeof(float));
+        be->to_host(m->moe_lse_host, a->r_lse, (size_t)N * sizeof(float));
+        idx = m->moe_idx_host;
+        probs = m->moe_probs_host;
+        lse = m->moe_lse_host;
+    }
+    MoeRoute *rt = a->route;
+    memset(rt->count, 0, (size_t)E * sizeof(int));
+    for (int s = 0; s < N * K; s++)
+        rt->count[idx[s]]++;
+    /* Capacity: ceil(factor * N * k / E) rows per expert (GShard); dropless
+     * keeps all (an expert gets a token at most once, so at most N). */
+    const float cf = m->mc.moe_capacity_factor;
+    const int cap = cf > 0 ? (int)ceil((double)cf * N * K / E) : N;
+    rt->off[0] = 0;
+    for (int e = 0; e < E; e++)
+        rt->off[e + 1] = rt->off[e] + (rt->count[e] < cap ? rt->count[e] : cap);
+    rt->R = rt->off[E];
+    rt->dropped = N * K - rt->R;
+    /* Slots in expert order; within an expert in token order, so the first
+     * tokens of the micro-batch are kept when an expert overflows. */
+    int fill[MOE_MAX_EXPERTS];
+    memcpy(fill, rt->off, (size_t)E * sizeof(int));
+    int32_t *slot = be->device ? m->moe_slot_host : a->r_slot;
+    for (int s = 0; s < N * K; s++) {
+        const int e = idx[s];
+        if (fill[e] < rt->off[e + 1])
+            slot[fill[e]++] = s;
+    }
+    if (be->device)
+        be->to_backend(a->r_slot, slot, (size_t)rt->R * sizeof(int32_t));
+
+    double aux = 0, z = 0;
+    for (int e = 0; e < E; e++) {
+        double P = 0;
+        for (int n = 0; n < N; n++)
+            P += probs[(size_t)n * E + e];
+        aux += (double)rt->count[e] / ((double)N * K) * (P / N);
+    }
+    for (int n = 0; n < N; n++)
+        z += (double)lse[n] * lse[n];
+    rt->aux = aux * E;
+    rt->z = z / N;
+}
+
+static void moe_count(Model *m, const MoeRoute *rt)
+{
+    MoeStats *st = &m->moe_stats;
+    int lo = rt->count[0], hi = rt->count[0];
+    for (int e = 1; e < m->d.E; e++) {
+        lo = rt->count[e] < lo ? rt->count[e] : lo;
+        hi = rt->count[e] > hi ? rt->count[e] : hi;
+    }
+    st->tokens_min = st->layers == 0 || lo < st->tokens_min ? lo : st->tokens_min;
+    st->tokens_max = st->layers == 0 || hi > st->tokens_max ? hi : st->tokens_max;
+    st->aux_sum += rt->aux;
+    st->z_sum += rt->z;
+    st->dropped += rt->dropped;
+    st->layers += 1;
+}
+
+/* act = MLP activation of the fc (and up) outputs over n rows of width F. */
+static void mlp_in_forward(const Model *m, float *fc, float *up, float *act, const float *x,
+                           const float *fc_w, const float *fc_b, const float *up_w, int n, int F)
+{
+    const Backend *be = m->be;
+    const size_t nF = (size_t)n * (size_t)F;
+    be->matmul_forward(fc, x, fc_w, fc_b, n, m->d.C, F);
+    if (m->d.gpt2) {
+        be->gelu_forward(act, fc, nF);
+    } else {
+        be->matmul_forward(up, x, up_w, NULL, n, m->d.C, F);
+        be->swiglu_forward(act, fc, up, nF);
+    }
+}
+
+/* From dact (the gradient at act, overwritten as scratch is not needed):
+ * ADDS the weight gradients and dx [n, C] += the gradient at x. */
+static void mlp_in_backward(const Model *m, float *dx, float *g_fc_w, float *g_fc_b, float *g_up_w,
+                            const float *dact, const float *fc, const float *up, const float *x,
+                            const float *fc_w, const float *up_w, int n, int F)
+{
+    const Backend *be = m->be;
+    const Scratch *s = &m->s;
+    const size_t nF = (size_t)n * (size_t)F;
+    zero(m, s->dfc, nF);
+    if (m->d.gpt2) {
+        be->gelu_backward(s->dfc, fc, dact, nF);
+    } else {
+        zero(m, s->dup, nF);
+        be->swiglu_backward(s->dfc, s->dup, dact, fc, up, nF);
+        be->matmul_backward(dx, g_up_w, NULL, s->dup, x, up_w, n, m->d.C, F);
+    }
+    be->matmul_backward(dx, g_fc_w, g_fc_b, s->dfc, x, fc_w, n, m->d.C, F);
+}
+
+void moe_forward(Model *m, const LayerParams *p, LayerActs *a, float *out)
+{
+    const Backend *be = m->be;
+    const Dims *d = &m->d;
+    const int N = d->N, C = d->C, E = d->E, K = d->K, Fe = d->Fe;
+    be->matmul_forward(a->r_logits, a->ln2, p->router_w, NULL, N, C, E);
+    be->moe_router_forward(a->r_probs, a->r_lse, a->r_idx, a->r_w, a->r_logits, N, E, K);
+    moe_plan(m, a);
+    const MoeRoute *rt = a->route;
+    be->moe_gather(a->x_in, a->ln2, a->r_slot, rt->R, C, K);
+    for (int e = 0; e < E; e++) {
+        const int o = rt->off[e], n = rt->off[e + 1] - o;
+        if (n == 0)
+            continue;
+        const size_t eF = (size_t)e * Fe * C; /* expert e's first weight of fc/up and proj */
+        mlp_in_forward(m, a->x_fc + (size_t)o * Fe, a->x_up ? a->x_up + (size_t)o * Fe : NULL,
+                       a->x_act + (size_t)o * Fe, a->x_in + (size_t)o * C, p->x_fc_w + eF,
+                       p->x_fc_b ? p->x_fc_b + (size_t)e * Fe : NULL,
+                       p->x_up_w ? p->x_up_w + eF : NULL, n, Fe);
+        be->matmul_forward(a->x_out + (size_t)o * C, a->x_act + (size_t)o * Fe, p->x_proj_w + eF,
+                           p->x_proj_b ? p->x_proj_b + (size_t)e * C : NULL, n, Fe, C);
+    }
+    if (d->Fs > 0)
+        mlp_in_forward(m, a->fc, a->up, a->fc_act, a->ln2, p->fc_w, p->fc_b, p->up_w, N, d->Fs);
+    if (!out)
+        return; /* recompute in backward: the activations are what it needs */
+    if (d->Fs > 0)
+        be->matmul_forward(out, a->fc_act, p->mlp_proj_w, p->mlp_proj_b, N, d->Fs, C);
+    else
+        zero(m, out, (size_t)N * C);
+    be->moe_combine_forward(out, a->x_out, a->r_w, a->r_slot, rt->R, C, K);
+    moe_count(m, rt);
+}
+
+void moe_backward(Model *m, const LayerParams *p, const LayerParams *g, const LayerActs *a,
+                  const float *dout)
+{
+    const Backend *be = m->be;
+    const Dims *d = &m->d;
+    const Scratch *s = &m->s;
+    const int N = d->N, C = d->C, E = d->E, K = d->K, Fe = d->Fe;
+    const MoeRoute *rt = a->route;
+    zero(m, s->dln, (size_t)N * C);
+
+    /* Shared experts: an ordinary MLP of width Fs. */
+    if (d->Fs > 0) {
+        zero(m, s->dfc_act, (size_t)N * d->Fs);
+        be->matmul_backward(s->dfc_act, g->mlp_proj_w, g->mlp_proj_b, dout, a->fc_act,
+                            p->mlp_proj_w, N, d->Fs, C);
+        mlp_in_backward(m, s->dln, g->fc_w, g->fc_b, g->up_w, s->dfc_act, a->fc, a->up, a->ln2,
+                        p->fc_w, p->up_w, N, d->Fs);
+    }
+
+    /* Combine: gradients at the experts' outputs and at the routing weights
+     * (0 for dropped slots, which the combine never read). */
+    zero(m, s->r_dw, (size_t)N * K);
+    be->moe_combine_backward(s->x_dy, s->r_dw, dout, a->x_out, a->r_w, a->r_slot, rt->R, C, K);
+
+    /* Experts, each on its rows; then the rows back to their tokens. */
+    zero(m, s->x_dx, (size_t)rt->R * C);
+    for (int e = 0; e < E; e++) {
+        const int o = rt->off[e], n = rt->off[e + 1] - o;
+        if (n == 0)
+            continue;
+        const size_t eF = (size_t)e * Fe * C;
+        float *dact = s->dfc_act; /* [n, Fe] */
+        zero(m, dact, (size_t)n * Fe);
+        be->matmul_backward(
+            dact, g->x_proj_w + eF, g->x_proj_b ? g->x_proj_b + (size_t)e * C : NULL,
+            s->x_dy + (size_t)o * C, a->x_act + (size_t)o * Fe, p->x_proj_w + eF, n, Fe, C);
+        mlp_in_backward(m, s->x_dx + (size_t)o * C, g->x_fc_w + eF,
+                        g->x_fc_b ? g->x_fc_b + (size_t)e * Fe : NULL,
+                        g->x_up_w ? g->x_up_w + eF : NULL, dact, a->x_fc + (size_t)o * Fe,
+                        a->x_up ? a->x_up + (size_t)o * Fe : NULL, a->x_in + (size_t)o * C,
+                        p->x_fc_w + eF, p->x_up_w ? p->x_up_w + eF : NULL, n, Fe);
+    }
+    be->moe_scatter_add(s->dln, s->x_dx, a->r_slot, rt->R, C, K);
+
+    /* Router: the combine's weights, the load-balancing loss (d aux / d
+     * probs[n, e] = E * f_e / N, f_e constant) and the z-loss. */
+    const float scale = m->loss_scale;
+    float auxdp[MOE_MAX_EXPERTS];
+    for (int e = 0; e < E; e++)
+        auxdp[e] = (float)((double)scale * m->mc.moe_aux_loss_coef * E *
+                           ((double)rt->count[e] / ((double)N * K)) / N);
+    be->to_backend(s->r_auxdp, auxdp, (size_t)E * sizeof(float));
+    const float z_scale = (float)(2.0 * scale * m->mc.moe_z_loss_coef / N);
+    be->moe_router_backward(s->r_dlogits, s->r_dw, a->r_probs, a->r_lse, a->r_idx, a->r_w,
+                            s->r_auxdp, z_scale, N, E, K);
+    be->matmul_backward(s->dln, g->router_w, NULL, s->r_dlogits, a->ln2, p->router_w, N, C, E);
+}

@@ -1,0 +1,93 @@
+#!/usr/bin/env bash
+# Mixture of experts in training (model.moe, docs/moe.md): the layouts that
+# compose with it train the curve of one rank (fp32, per-step loss within
+# relative 1e-5, and the router's metrics equal): GPT-2 (4 experts, top-2,
+# a shared expert) at dp 2, pp 2, dp 2 with ZeRO 1 and 3; Llama (4
+# experts, top-1, capacity 1.0, every 2nd layer) at dp 2 with ZeRO 3 and
+# pp 2.  A checkpoint of the 1-rank run resumes at dp 2 and goes on as it
+# did; eval reads a MoE checkpoint.  Tiny: bytes, hidden 32, 2 layers,
+# seq 32, 3 steps, micro-batch 1 (the router's losses are per micro-batch).
+. "$(dirname "$0")/e2e.sh"
+
+python3 - "$out/bytes.jsonl" <<'PY'
+import glob, json, sys
+with open(sys.argv[1], "w") as f:
+    for path in sorted(glob.glob("data/brown/txt/c*"))[:2]:
+        for para in open(path).read().split("\n\n"):
+            if para.strip():
+                f.write(json.dumps({"text": " ".join(para.split())}) + "\n")
+PY
+"$TRIDENT" prepare-data --input "$out/bytes.jsonl" --tokenizer byte --out "$out/bytes" \
+    > "$out/prepare.log" 2>&1 || { echo "FAIL: prepare-data"; cat "$out/prepare.log"; exit 1; }
+
+small=(--set checkpoint.dir= --set model.layers=2 --set model.hidden=32 --set model.heads=4
+       --set model.vocab=257 --set model.seq_len=32 --set training.steps=3
+       --set training.warmup_steps=1 --set training.global_batch=4 --set training.micro_batch=1
+       --set data.path="$out/bytes" --set data.val_path= --set run.log_every=100
+       --set model.moe.experts=4 --set model.moe.shared_experts=1)
+llama=(--set model.arch=llama --set model.kv_heads=2 --set model.moe.top_k=1
+       --set model.moe.capacity_factor=1.0 --set model.moe.every=2 --set model.moe.shared_experts=0)
+
+# The loss curve, and the router's metrics of every step equal one rank's.
+compare() { # reference, name
+    curves "$1" "$2" --steps 3 --norm-rtol 1e-4
+    python3 - "$out/$1/metrics.jsonl" "$out/$2/metrics.jsonl" <<'PY' || fails=$((fails + 1))
+import json, sys
+a, b = ([json.loads(l) for l in open(p)] for p in sys.argv[1:3])
+keys = ["moe_aux_loss", "moe_z_loss", "moe_tokens_per_expert_min", "moe_tokens_per_expert_max",
+        "moe_dropped"]
+bad = [(r["step"], k, r[k], s[k]) for r, s in zip(a, b) for k in keys
+       if abs(r[k] - s[k]) > 1e-5 * abs(r[k])]
+print(("FAIL" if bad or len(a) != len(b) else "ok  ") + f" router metrics of {sys.argv[2]}: {bad}")
+sys.exit(1 if bad or len(a) != len(b) else 0)
+PY
+}
+
+RUN_CKPT=1 run gpt2 1 --set checkpoint.every=2
+run gpt2_dp2 2 --set topology.dp=2
+compare gpt2 gpt2_dp2
+run gpt2_pp2 2 --set topology.pp=2
+compare gpt2 gpt2_pp2
+for z in 1 3; do
+    run "gpt2_dp2_zero$z" 2 --set topology.dp=2 --set topology.zero="$z"
+    compare gpt2 "gpt2_dp2_zero$z"
+done
+run llama 1 "${llama[@]}"
+run llama_dp2_zero3 2 "${llama[@]}" --set topology.dp=2 --set topology.zero=3
+compare llama llama_dp2_zero3
+run llama_pp2 2 "${llama[@]}" --set topology.pp=2
+compare llama llama_pp2
+# The llama runs drop tokens (capacity 1.0, top-1): the metric says so.
+python3 - "$out/llama/metrics.jsonl" <<'PY' || fails=$((fails + 1))
+import json, sys
+d = [json.loads(l)["moe_dropped"] for l in open(sys.argv[1])]
+print(("ok  " if sum(d) > 0 else "FAIL") + f" llama dropped assignments per step: {d}")
+sys.exit(0 if sum(d) > 0 else 1)
+PY
+
+# Step 2 of the 1-rank run resumes at dp 2 and goes on as the 1-rank run.
+cp -r "$out/gpt2/ckpt" "$out/resume.ckpt"
+rm -rf "$out/resume.ckpt"/step_00000003
+echo step_00000002 > "$out/resume.ckpt/latest"
+run resume_dp2 2 --set topology.dp=2 --set checkpoint.dir="$out/resume.ckpt"
+grep -q "resumed from .*step_00000002" "$out/resume_dp2.log" \
+    || { echo "FAIL: resume_dp2 did not resume"; fails=$((fails + 1)); }
+curves gpt2 resume_dp2 --from 3 --to 3
+# A dense config does not load the MoE checkpoint: exit 2, the two models named.
+timeout 120 "$TRIDENT" train configs/tiny.yaml "${small[@]}" --set model.moe.experts=0 \
+    --set run.dir="$out/resume_dense" --set checkpoint.dir="$out/resume.ckpt" \
+    > "$out/resume_dense.log" 2>&1
+rc=$?
+if [ "$rc" -eq 2 ] && grep -q "saved model: .*moe 4 experts top-2; this model: .*tie_embeddings 1)" \
+    "$out/resume_dense.log"; then
+    echo "ok   a dense config refuses the MoE checkpoint (exit 2)"
+else
+    echo "FAIL: resume_dense exited $rc: $(tail -2 "$out/resume_dense.log")"; fails=$((fails + 1))
+fi
+# eval reads the MoE checkpoint.
+timeout 120 "$TRIDENT" eval "$out/gpt2/ckpt" --data "$out/bytes" --sequences 4 --micro-batch 1 \
+    > "$out/eval.log" 2>&1 && grep -q "loss" "$out/eval.log" \
+    || { echo "FAIL: eval: $(tail -2 "$out/eval.log")"; fails=$((fails + 1)); }
+
+echo "moe_train: $fails failed"
+[ "$fails" -eq 0 ]

@@ -118,6 +118,11 @@ static const KeyDesc KEYS[] = {
     KEY(model, rope_high_freq_factor, K_FLOAT),
     KEY(model, rope_original_max_position_embeddings, K_INT),
     KEY(model, init_std, K_FLOAT),
+    /* model.lora: a mapping inside model (load_key), --set model.lora.rank=8 */
+    KEY(model.lora, rank, K_INT),
+    KEY(model.lora, alpha, K_FLOAT),
+    KEY(model.lora, dropout, K_FLOAT),
+    NAMES(model.lora, targets, K_NAMES, false),
 
     KEY(topology, tp, K_INT),
     KEY(topology, pp, K_INT),
@@ -609,6 +614,8 @@ void config_defaults(Config *cfg)
     m->norm_eps = 1e-5f;
     m->rope_theta = 10000.0f;
     m->init_std = 0.02f;
+    m->lora.alpha = 16.0f;
+    strcpy(m->lora.targets, "qkv");
 
     TopologyConfig *t = &cfg->topology;
     t->tp = 1;
@@ -870,6 +877,8 @@ static int load_blend(Loader *L, const KeyDesc *k, const char *full, yaml_node_t
 }
 
 /* One `key: value` pair of a section (or the top level, section ""). */
+static int load_section(Loader *L, const char *section, yaml_node_t *val);
+
 static int load_key(Loader *L, const char *section, yaml_node_t *key, yaml_node_t *val)
 {
     char full[64], sugg[128] = "", keys[512];
@@ -879,6 +888,8 @@ static int load_key(Loader *L, const char *section, yaml_node_t *key, yaml_node_
     else
         snprintf(full, sizeof full, "%.40s", name);
 
+    if (!strcmp(section, "model") && !strcmp(name, "lora")) /* model.lora: {rank, ...} */
+        return load_section(L, "model.lora", val);
     int i = find_key(section, name);
     if (i < 0 && renamed_hint(full))
         return load_error(L, key->start_mark, "key '%s': %s", full, renamed_hint(full));
@@ -1277,7 +1288,7 @@ int config_set(Config *cfg, const char *assignment, char err[CFG_ERR])
 
     char section[64] = "";
     const char *name = key;
-    char *dot = strchr(key, '.');
+    char *dot = strrchr(key, '.'); /* model.lora.rank: section model.lora */
     if (dot && (size_t)(dot - key) < sizeof section) {
         memcpy(section, key, (size_t)(dot - key));
         section[dot - key] = '\0';
@@ -1335,7 +1346,7 @@ int config_set(Config *cfg, const char *assignment, char err[CFG_ERR])
 void config_where(const Config *cfg, const char *key, char *buf, size_t n)
 {
     char section[64] = "";
-    const char *name = key, *dot = strchr(key, '.');
+    const char *name = key, *dot = strrchr(key, '.');
     if (dot && (size_t)(dot - key) < sizeof section) {
         memcpy(section, key, (size_t)(dot - key));
         name = dot + 1;
@@ -1458,10 +1469,13 @@ int config_write_yaml(const Config *cfg, const char *path, char err[CFG_ERR])
         const KeyDesc *k = &KEYS[i];
         if (!section || strcmp(section, k->section)) {
             section = k->section;
-            if (section[0])
+            const char *sub = strchr(section, '.'); /* model.lora: nested in model */
+            if (sub)
+                fprintf(f, "  %s:\n", sub + 1);
+            else if (section[0])
                 fprintf(f, "%s:\n", section);
         }
-        fprintf(f, "%s%s: ", section[0] ? "  " : "", k->name);
+        fprintf(f, "%s%s: ", !section[0] ? "" : strchr(section, '.') ? "    " : "  ", k->name);
         write_value(f, cfg, k);
         fputc('\n', f);
     }
@@ -1478,4 +1492,37 @@ int config_write_yaml(const Config *cfg, const char *path, char err[CFG_ERR])
         return -1;
     }
     return 0;
+}
+
+int config_lora_mask(const char *targets, ModelArch arch, char *bad, size_t n)
+{
+    static const struct {
+        const char *name;
+        int bit;
+    } T[] = {{"qkv", LORA_QKV},
+             {"proj", LORA_PROJ},
+             {"fc", LORA_FC},
+             {"up", LORA_UP},
+             {"fcproj", LORA_FCPROJ}};
+    int mask = 0;
+    const char *s = targets;
+    while (*s) {
+        size_t len = strcspn(s, ",");
+        char name[64];
+        snprintf(name, sizeof name, "%.*s", (int)(len < 63 ? len : 63), s);
+        char *t = trim(name);
+        int bit = 0;
+        for (size_t i = 0; i < sizeof T / sizeof T[0]; i++)
+            if (!strcmp(t, T[i].name))
+                bit = T[i].bit;
+        if (bit == LORA_UP && arch != ARCH_LLAMA)
+            bit = 0; /* gpt2's MLP has no up projection */
+        if (!bit) {
+            snprintf(bad, n, "%s", t);
+            return -1;
+        }
+        mask |= bit;
+        s += len + (s[len] == ',');
+    }
+    return mask;
 }

@@ -46,6 +46,16 @@ typedef struct {
     int tensorboard; /* write TensorBoard event files under dir/tb (rank 0) */
 } RunConfig;
 
+/* model.lora: low-rank adapters on chosen linear layers, the rest of the
+ * model frozen (docs/finetune.md).  rank 0: no adapters, a plain model. */
+enum { LORA_QKV = 1, LORA_PROJ = 2, LORA_FC = 4, LORA_UP = 8, LORA_FCPROJ = 16 };
+typedef struct {
+    int rank;              /* r: A is [r, in], B is [out, r] */
+    float alpha;           /* the update is (alpha / r) B A */
+    float dropout;         /* on the adapter input; only 0 is implemented */
+    char targets[CFG_STR]; /* names, comma-separated: qkv, proj, fc, up, fcproj */
+} LoraConfig;
+
 typedef struct {
     ModelArch arch;
     int layers, hidden, heads;
@@ -63,6 +73,7 @@ typedef struct {
     float rope_factor, rope_low_freq_factor, rope_high_freq_factor;
     int rope_original_max_position_embeddings;
     float init_std; /* default 0.02 */
+    LoraConfig lora;
 } ModelConfig;
 
 typedef struct {
@@ -230,5 +241,9 @@ void config_rope_scaling_text(const ModelConfig *m, char *out, size_t n);
 /* 1 when a and b scale RoPE the same way (the parameters of "none" are
  * not compared). */
 int config_rope_scaling_same(const ModelConfig *a, const ModelConfig *b);
+
+/* model.lora.targets as LORA_* bits: 0 when empty, -1 with the unknown
+ * name in bad[n] when one is not a layer of `arch` (up: llama only). */
+int config_lora_mask(const char *targets, ModelArch arch, char *bad, size_t n);
 
 #endif

@@ -1524,7 +1524,10 @@ static int index_model(const char *src, ModelConfig *m, char err[CFG_ERR])
 
 int ckpt_fill_model(Config *cfg, char err[CFG_ERR])
 {
-    const char *src = cfg->checkpoint.init_from;
+    /* LoRA: the model is its base's (init_from may name adapters). */
+    const int lora = cfg->model.lora.rank > 0 && cfg->model.lora.base[0];
+    const char *src = lora ? cfg->model.lora.base : cfg->checkpoint.init_from;
+    const char *key = lora ? "model.lora.base" : "checkpoint.init_from";
     static const char *const keys[] = {
         "arch",  "layers",  "hidden",         "heads",    "kv_heads",   "ffn_hidden",
         "vocab", "seq_len", "tie_embeddings", "norm_eps", "rope_theta", "rope_scaling"};
@@ -1550,7 +1553,7 @@ int ckpt_fill_model(Config *cfg, char err[CFG_ERR])
         code = TRD_EXIT_INPUT;
     }
     if (code) {
-        ckpt_err(err, "checkpoint.init_from: %s", why);
+        ckpt_err(err, "%s: %s", key, why);
         return code;
     }
     /* What the config says stays (a difference is reported, naming both

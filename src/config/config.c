@@ -123,6 +123,7 @@ static const KeyDesc KEYS[] = {
     KEY(model.lora, alpha, K_FLOAT),
     KEY(model.lora, dropout, K_FLOAT),
     NAMES(model.lora, targets, K_NAMES, false),
+    STR(model.lora, base, false),
 
     KEY(topology, tp, K_INT),
     KEY(topology, pp, K_INT),
@@ -963,7 +964,8 @@ static int check_required(Loader *L, const yaml_mark_t *section_mark, const bool
     const int path = find_key("data", "path"), blend = find_key("data", "blend");
     /* With checkpoint.init_from the model comes from the source (a
      * front end fills what the file leaves out: config_model_given). */
-    const int init = L->set_line[find_key("checkpoint", "init_from")] != 0;
+    const int init = L->set_line[find_key("checkpoint", "init_from")] != 0 ||
+                     L->set_line[find_key("model.lora", "base")] != 0;
     for (int i = 0; i < N_KEYS; i++) {
         if (!KEYS[i].required || L->set_line[i] || (i == path && L->set_line[blend]) ||
             (init && !strcmp(KEYS[i].section, "model")))

@@ -54,6 +54,8 @@ typedef struct {
     float alpha;           /* the update is (alpha / r) B A */
     float dropout;         /* on the adapter input; only 0 is implemented */
     char targets[CFG_STR]; /* names, comma-separated: qkv, proj, fc, up, fcproj */
+    char base[CFG_STR];    /* the frozen base: a Hugging Face directory or a trident
+                            * checkpoint of the plain model ("": fresh from run.seed) */
 } LoraConfig;
 
 typedef struct {

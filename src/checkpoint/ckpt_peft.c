@@ -198,8 +198,9 @@ int ckpt_peft_export(const char *out_dir, const ParamTable *t, const float *data
                      const ModelConfig *m, char err[CFG_ERR])
 {
     if (m->arch != ARCH_LLAMA) {
-        ckpt_err(err, "peft export: arch %s: the PEFT layout is written for llama models "
-                      "(use --format hf for the merged model)",
+        ckpt_err(err,
+                 "peft export: arch %s: the PEFT layout is written for llama models "
+                 "(use --format hf for the merged model)",
                  config_arch_name(m->arch));
         return TRD_EXIT_INPUT;
     }

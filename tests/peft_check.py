@@ -94,4 +94,5 @@ def main():
           f"merged = base + (alpha/r) B A for each; {len(untouched)} other tensors equal the base's")
 
 
-main()
+if __name__ == "__main__":
+    main()

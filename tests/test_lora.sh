@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
 # LoRA (model.lora, docs/finetune.md) end to end, on a tiny Llama:
+#   - gradients and two AdamW steps against an independent numpy reference
+#     (tests/lora_ref.py, finite differences of a float64 HF Llama);
 #   - a plain base trained and saved, then adapters on every linear layer
 #     (qkv, proj, fc, up, fcproj) from it: tp 2 (with and without sequence
 #     parallelism), pp 2, dp 2 with ZeRO 1 and 3 train the curve of one rank
@@ -84,6 +86,31 @@ good = abs(a - b) <= 1e-5 * abs(b)
 print(f"{'ok  ' if good else 'FAIL'} eval with the adapters {a} = eval of the merged export {b}")
 sys.exit(0 if good else 1)
 PY
+
+# Gradients and steps against an independent numpy reference
+# (tests/lora_ref.py: HF Llama in float64, finite differences, AdamW): a
+# byte-level model trained on one 16-token sequence, adapters on qkv
+# (column-parallel) and fcproj (row-parallel).
+printf 'The jury said it' > "$out/one.txt"
+"$TRIDENT" prepare-data --input "$out/one.txt" --tokenizer byte --out "$out/one" > "$out/one.log" 2>&1 ||
+    { echo "FAIL: prepare-data: $(tail -2 "$out/one.log")"; fails=$((fails + 1)); }
+small=(--set model.arch=llama --set model.vocab=257 --set model.kv_heads=2 --set model.layers=2
+       --set model.hidden=32 --set model.heads=4 --set model.ffn_hidden=64 --set model.seq_len=16
+       --set data.path="$out/one" --set data.val_path= --set data.val_every=0
+       --set training.global_batch=1 --set training.micro_batch=1 --set training.warmup_steps=0
+       --set training.decay=constant --set training.weight_decay=0 --set training.grad_clip=0
+       --set run.log_every=100)
+RUN_CKPT=1 run bbase 1 --set training.steps=1
+RUN_CKPT=1 run bft 1 --set training.steps=2 --set training.lr=1e-3 --set checkpoint.every=1 \
+    --set checkpoint.keep=3 --set model.lora.rank=2 --set model.lora.alpha=4 \
+    --set model.lora.targets=qkv,fcproj --set model.lora.base="$out/bbase/ckpt"
+for x in "hf bbase.hf bbase/ckpt" "peft p1 bft/ckpt/step_00000001" "peft p2 bft/ckpt/step_00000002"; do
+    set -- $x
+    "$TRIDENT" ckpt export --format "$1" --out "$out/$2" "$out/$3" > "$out/$2.log" 2>&1 ||
+        { echo "FAIL: export --format $1 of $3: $(tail -2 "$out/$2.log")"; fails=$((fails + 1)); }
+done
+"$py" tests/lora_ref.py "$out/bbase.hf" "$out/p1" "$out/p2" "$out/bft/metrics.jsonl" \
+    "$(od -An -tu1 -v "$out/one.txt" | tr -s ' \n' ' ') 256" 1e-3 || fails=$((fails + 1))
 
 # Bad input: exit 2 with the reason.
 bad() { # what, expected text, trident args...

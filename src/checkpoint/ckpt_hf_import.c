@@ -1536,11 +1536,14 @@ int ckpt_fill_model(Config *cfg, char err[CFG_ERR])
         missing += !config_model_given(cfg, keys[i]);
     /* A config that gives every key does not need the source here (a
      * resumed run whose source has gone still starts). */
-    if (!src[0] || !missing)
+    struct stat st;
+    /* A LoRA base that is not there (yet): the config's own keys, for
+     * `plan` and `topology`; training says what is missing when it reads
+     * the base. */
+    if (!src[0] || !missing || (lora && stat(src, &st) != 0))
         return TRD_EXIT_OK;
     char json[CKPT_FILE_PATH + 16];
     snprintf(json, sizeof json, "%s/config.json", src);
-    struct stat st;
     ModelConfig m = cfg->model;
     int code, dtype;
     char why[CFG_ERR];

@@ -493,10 +493,15 @@ static int resolve_checkpoint_dir(Checker *c, Config *cfg)
 }
 
 /* model.lora (after resolve_model: kv_heads is known). */
-static int check_lora(Checker *c)
+static int check_lora(Checker *c, LoraConfig *lo)
 {
     const ModelConfig *m = &c->cfg->model;
-    const LoraConfig *lo = &m->lora;
+    /* "[qkv, up]" from --set: one plain form, "qkv,up", for every reader. */
+    char *w = lo->targets;
+    for (const char *r = lo->targets; *r; r++)
+        if (*r != ' ' && *r != '\t')
+            *w++ = *r;
+    *w = '\0';
     if (lo->rank < 0)
         return verr(c, "model.lora.rank", "model.lora.rank (%d) must be >= 0 (0: no adapters)",
                     lo->rank);
@@ -538,7 +543,7 @@ int config_validate(Config *cfg, int world, char err[CFG_ERR])
         check_sizes(&c) || resolve_checkpoint_dir(&c, cfg))
         return -1;
     resolve_model(&cfg->model);
-    if (check_lora(&c) || check_topology(&c) || check_world(&c, cfg, world))
+    if (check_lora(&c, &cfg->model.lora) || check_topology(&c) || check_world(&c, cfg, world))
         return -1;
     return 0;
 }

@@ -136,9 +136,12 @@ static void memory_json(Trainer *tr, char *buf, size_t cap)
     int n = snprintf(buf, cap,
                      "\"memory_bytes\": {\"params\": %zu, \"grads\": %zu, \"optimizer\": %zu, "
                      "\"zero_buffers\": %zu, \"activations\": %zu, \"scratch\": %zu, "
-                     "\"checkpoint_snapshot\": %zu}",
+                     "\"checkpoint_snapshot\": %zu",
                      mem.params, mem.grads, mem.optimizer, mem.buffers, mem.activations,
                      mem.scratch, snapshot);
+    if (mem.frozen) /* LoRA: the frozen base (params, grads, optimizer: the adapters) */
+        n += snprintf(buf + n, cap - (size_t)n, ", \"frozen_base\": %zu", mem.frozen);
+    n += snprintf(buf + n, cap - (size_t)n, "}");
     const int pp = comms->pp.size;
     if (pp == 1)
         return;

@@ -7,7 +7,8 @@
 #     parallelism), pp 2, dp 2 with ZeRO 1 and 3 train the curve of one rank
 #     (fp32, relative 1e-5 per step);
 #   - the memory record: gradients and optimizer state are the adapters'
-#     (4 and 8 bytes each), the frozen base is reported apart;
+#     (4 and 8 bytes each), the frozen base is reported apart; the 7B LoRA
+#     plan (configs/llama_7b_lora.yaml) fits one 24 GB GPU;
 #   - `ckpt export --format hf` (merged) read by an independent numpy
 #     forward gives the greedy tokens and logits of `trident generate` on the
 #     LoRA checkpoint (tests/generate_check.py); the HF directory generates
@@ -54,6 +55,13 @@ print(f"{'ok  ' if good else 'FAIL'} memory of {n} adapter params: grads {mem['g
 sys.exit(0 if good else 1)
 PY
 ok "the start-up line reports the frozen base" grep -q "frozen base per rank" "$out/ref.log"
+# The planner: a 7B LoRA plan fits one 24 GB GPU with 16-bit storage, its
+# gradients and optimizer state the adapters' (36 M parameters: 0.07 and
+# 0.40 GiB), the frozen base in params.
+"$TRIDENT" plan configs/llama_7b_lora.yaml --cluster rtx3090:1x1 --storage bf16 > "$out/plan.txt" 2>&1
+ok "plan: 7B LoRA fits one rtx3090" grep -q "^fits: " "$out/plan.txt"
+ok "plan: grads and optimizer of the adapters, the base in params" \
+    grep -qE "^      0     32         1    12\.62     0\.07      0\.40 " "$out/plan.txt"
 
 # Exports: the base, the merged model, the PEFT adapters.
 for x in "hf base.hf base/ckpt" "hf merged.hf ref/ckpt" "peft peft ref/ckpt"; do

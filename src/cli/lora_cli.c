@@ -76,6 +76,8 @@ int lora_export(const char *src, const char *out, int peft, int bf16, int64_t ma
         return TRD_EXIT_INPUT;
     }
     const int lora = step_config(step, &cfg, err);
+    if (lora < 0 && !peft) /* no config trident reads: the export says what it lacks */
+        return ckpt_hf_export(src, out, bf16, max_shard);
     if (lora < 0) {
         fprintf(stderr, "trident: error: ckpt export: %s\n", err);
         return TRD_EXIT_INPUT;

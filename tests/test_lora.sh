@@ -5,7 +5,7 @@
 #   - a plain base trained and saved, then adapters on every linear layer
 #     (qkv, proj, fc, up, fcproj) from it: tp 2 (with and without sequence
 #     parallelism), pp 2, dp 2 with ZeRO 1 and 3 train the curve of one rank
-#     (fp32, relative 1e-5 per step);
+#     (fp32, loss within relative 1e-5 per step, gradient norm 1e-3);
 #   - the memory record: gradients and optimizer state are the adapters'
 #     (4 and 8 bytes each), the frozen base is reported apart; the 7B LoRA
 #     plan (configs/llama_7b_lora.yaml) fits one 24 GB GPU;
@@ -46,7 +46,7 @@ run pp2 2 "${lora[@]}" --set topology.pp=2
 run dp2_zero1 2 "${lora[@]}" --set topology.dp=2 --set topology.zero=1
 run dp2_zero3 2 "${lora[@]}" --set topology.dp=2 --set topology.zero=3
 for l in tp2 sp2 pp2 dp2_zero1 dp2_zero3; do
-    curves ref "$l" --steps 4
+    curves ref "$l" --steps 4 --norm-rtol 1e-3 # the gradient norm: a missed TP sum of dA moves it by 3e-2
 done
 
 # Memory: the adapters' gradients and Adam state, not the model's.

@@ -19,6 +19,7 @@
 # packed documents (data.document_mask), Llama, also with context
 # parallelism (cp 2: the K/V all-gather and gradient reduce-scatter of
 # device buffers, merged attention blocks);
+# LoRA adapters on a frozen Llama (model.lora), 1 rank;
 # a checkpoint saved by a CUDA run resumes bit for bit on CUDA and on the
 # CPU within the same tolerance; the device memory peak equals the report
 # (one rank, and rank 0 of an interleaved pipeline);
@@ -182,6 +183,14 @@ run llama_docs_cuda 1 "${llama[@]}" "${docs[@]}" "${cuda[@]}"
 compare llama_docs llama_docs_cuda "$TOL"
 run llama_docs_cp2_cuda 2 "${llama[@]}" "${docs[@]}" --set topology.cp=2 "${cuda[@]}"
 compare llama_docs llama_docs_cp2_cuda "$TOL"
+
+# LoRA (model.lora): the frozen base in device memory, adapters on every
+# linear layer, the base's weight gradients skipped (docs/finetune.md).
+lora=(--set model.lora.rank=4 --set model.lora.targets=qkv,proj,fc,up,fcproj)
+run llama_lora 1 "${llama[@]}" "${lora[@]}"
+run llama_lora_cuda 1 "${llama[@]}" "${lora[@]}" "${cuda[@]}"
+compare llama_lora llama_lora_cuda "$TOL"
+peak_is_report llama_lora_cuda
 
 run llama_full 1 "${llama[@]}" --set training.recompute=full
 run llama_full_cuda 1 "${llama[@]}" --set training.recompute=full "${cuda[@]}"

@@ -226,4 +226,12 @@ int ckpt_hf_export(const char *arg, const char *out_dir, int bf16, int64_t max_s
  * "iB"); -1 when it is not a positive size. */
 int ckpt_hf_parse_size(const char *s, int64_t *out);
 
+/* `trident ckpt export --format peft`: the adapters of a LoRA model (t: the
+ * whole model's adapter table on one rank, data its values in host memory,
+ * m its model config) as a PEFT adapter directory out_dir
+ * (adapter_config.json, adapter_model.safetensors in PEFT's names for
+ * Llama, fp32).  Returns 0 or the exit code with err. */
+int ckpt_peft_export(const char *out_dir, const ParamTable *t, const float *data,
+                     const ModelConfig *m, char err[CFG_ERR]);
+
 #endif

@@ -1525,7 +1525,10 @@ static int index_model(const char *src, ModelConfig *m, char err[CFG_ERR])
 
 int ckpt_fill_model(Config *cfg, char err[CFG_ERR])
 {
-    const char *src = cfg->checkpoint.init_from;
+    /* LoRA: the model is its base's (init_from may name adapters). */
+    const int lora = cfg->model.lora.rank > 0 && cfg->model.lora.base[0];
+    const char *src = lora ? cfg->model.lora.base : cfg->checkpoint.init_from;
+    const char *key = lora ? "model.lora.base" : "checkpoint.init_from";
     static const char *const keys[] = {
         "arch",  "layers",  "hidden",         "heads",    "kv_heads",   "ffn_hidden",
         "vocab", "seq_len", "tie_embeddings", "norm_eps", "rope_theta", "rope_scaling"};
@@ -1534,11 +1537,14 @@ int ckpt_fill_model(Config *cfg, char err[CFG_ERR])
         missing += !config_model_given(cfg, keys[i]);
     /* A config that gives every key does not need the source here (a
      * resumed run whose source has gone still starts). */
-    if (!src[0] || !missing)
+    struct stat st;
+    /* A LoRA base that is not there (yet): the config's own keys, for
+     * `plan` and `topology`; training says what is missing when it reads
+     * the base. */
+    if (!src[0] || !missing || (lora && stat(src, &st) != 0))
         return TRD_EXIT_OK;
     char json[CKPT_FILE_PATH + 16];
     snprintf(json, sizeof json, "%s/config.json", src);
-    struct stat st;
     ModelConfig m = cfg->model;
     int code, dtype;
     char why[CFG_ERR];
@@ -1551,7 +1557,7 @@ int ckpt_fill_model(Config *cfg, char err[CFG_ERR])
         code = TRD_EXIT_INPUT;
     }
     if (code) {
-        ckpt_err(err, "checkpoint.init_from: %s", why);
+        ckpt_err(err, "%s: %s", key, why);
         return code;
     }
     /* What the config says stays (a difference is reported, naming both

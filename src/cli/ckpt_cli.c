@@ -29,7 +29,8 @@ static const Form forms[] = {
     {"export",
      "trident ckpt export DIR --out FILE [--master]\n"
      "       trident ckpt export --format hf --out OUTDIR [--dtype fp32|bf16]\n"
-     "                           [--max-shard-size SIZE] DIR",
+     "                           [--max-shard-size SIZE] DIR\n"
+     "       trident ckpt export --format peft --out OUTDIR DIR",
      "  export    the model weights (fp32, global shapes, unpadded vocabulary) as\n"
      "            one HDF5 file with a dataset per tensor, e.g. /embed.wte.weight;\n"
      "            (a bf16 run: the bf16 rounding of its master weights); --master\n"
@@ -38,7 +39,11 @@ static const Form forms[] = {
      "            a Hugging Face model directory (config.json, safetensors weights,\n"
      "            GPT-2 tokenizer files) for transformers' from_pretrained: gpt2 ->\n"
      "            GPT2LMHeadModel, llama -> LlamaForCausalLM; --dtype (default fp32),\n"
-     "            --max-shard-size (default 5GB; e.g. 500MB, 100KiB, bytes)\n"},
+     "            --max-shard-size (default 5GB; e.g. 500MB, 100KiB, bytes); of a LoRA\n"
+     "            checkpoint (model.lora) the merged model: base + (alpha/r) B A\n"
+     "  export --format peft\n"
+     "            a LoRA checkpoint's adapters as a PEFT adapter directory\n"
+     "            (adapter_config.json, adapter_model.safetensors; llama, fp32)\n"},
     {"import", "trident ckpt import --from hf HF_DIR --out CKPTDIR [--set key=value ...]",
      "  import --from hf\n"
      "            a Hugging Face directory (GPT2LMHeadModel or LlamaForCausalLM; F32,\n"
@@ -233,10 +238,16 @@ int ckpt_main(int argc, char **argv)
             if (master)
                 return fail(TRD_EXIT_INPUT, "ckpt export: --master is for --format h5 (--format "
                                             "hf takes the master weights when saved)");
-            return ckpt_hf_export(src, out, bf16, max_shard);
+            return lora_export(src, out, 0, bf16, max_shard); /* a LoRA one: merged */
+        }
+        if (!strcmp(format, "peft")) {
+            if (dtype || shard || master)
+                return fail(TRD_EXIT_INPUT, "ckpt export: --format peft takes no --dtype, "
+                                            "--max-shard-size or --master (fp32 adapters)");
+            return lora_export(src, out, 1, 0, 0);
         }
         if (strcmp(format, "h5"))
-            return fail(TRD_EXIT_INPUT, "ckpt export: --format must be h5 or hf");
+            return fail(TRD_EXIT_INPUT, "ckpt export: --format must be h5, hf or peft");
         if (dtype || shard)
             return fail(TRD_EXIT_INPUT, "ckpt export: --dtype and --max-shard-size are for "
                                         "--format hf");

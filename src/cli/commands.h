@@ -6,6 +6,8 @@
 #ifndef TRD_CLI_COMMANDS_H
 #define TRD_CLI_COMMANDS_H
 
+#include <stdint.h>
+
 int train_main(int argc, char **argv);         /* train_cli.c: one rank of a training job */
 int run_main(int argc, char **argv);           /* train_cli.c: mpiexec -n WORLD trident train */
 int data_prepare_main(int argc, char **argv);  /* prepare_cli.c: documents into a dataset */
@@ -17,5 +19,9 @@ int plan_main(int argc, char **argv);          /* plan_cli.c: memory, traffic, t
 int eval_main(int argc, char **argv);          /* eval.c: loss and perplexity, any layout */
 int generate_main(int argc, char **argv);      /* generate.c: text from a trained model */
 int report_main(int argc, char **argv);        /* report.c: one HTML page of a run */
+
+/* lora_cli.c: `ckpt export --format hf` (merged) or `--format peft` of a
+ * checkpoint; a plain one goes to the usual HF export (peft: refused). */
+int lora_export(const char *src, const char *out, int peft, int bf16, int64_t max_shard);
 
 #endif

@@ -160,6 +160,11 @@ static void print_memory(FILE *f, const PlanResult *r)
                 s->total / GIB, k == r->worst ? "  <- most" : "");
     }
     const PlanStage *w = &r->st[r->worst];
+    if (w->frozen > 0)
+        fprintf(f,
+                "lora: params hold the frozen base (%.2f GiB, no gradients, no optimizer "
+                "state) and the adapters (%.4f GiB); grads and optimizer are the adapters'\n",
+                w->frozen / GIB, (w->params - w->frozen) / GIB);
     if (w->host_ckpt > 0)
         fprintf(f,
                 "host memory per rank, beside the table: checkpoint snapshot %.2f GiB "

@@ -119,15 +119,21 @@ static const KeyDesc KEYS[] = {
     KEY(model, rope_high_freq_factor, K_FLOAT),
     KEY(model, rope_original_max_position_embeddings, K_INT),
     KEY(model, init_std, K_FLOAT),
-    /* model.moe: a mapping inside model (load_key), or model.moe.KEY with --set. */
-    {"model", "moe.experts", K_INT, OFF(model, moe_experts), 0, NULL, false},
-    {"model", "moe.top_k", K_INT, OFF(model, moe_top_k), 0, NULL, false},
-    {"model", "moe.every", K_INT, OFF(model, moe_every), 0, NULL, false},
-    {"model", "moe.ffn_hidden", K_INT, OFF(model, moe_ffn_hidden), 0, NULL, false},
-    {"model", "moe.shared_experts", K_INT, OFF(model, moe_shared_experts), 0, NULL, false},
-    {"model", "moe.aux_loss_coef", K_FLOAT, OFF(model, moe_aux_loss_coef), 0, NULL, false},
-    {"model", "moe.z_loss_coef", K_FLOAT, OFF(model, moe_z_loss_coef), 0, NULL, false},
-    {"model", "moe.capacity_factor", K_CAPACITY, OFF(model, moe_capacity_factor), 0, NULL, false},
+    /* model.lora: a mapping inside model (load_key), --set model.lora.rank=8 */
+    KEY(model.lora, rank, K_INT),
+    KEY(model.lora, alpha, K_FLOAT),
+    KEY(model.lora, dropout, K_FLOAT),
+    NAMES(model.lora, targets, K_NAMES, false),
+    STR(model.lora, base, false),
+    /* model.moe: a mapping inside model (load_key), --set model.moe.experts=8 */
+    {"model.moe", "experts", K_INT, OFF(model, moe_experts), 0, NULL, false},
+    {"model.moe", "top_k", K_INT, OFF(model, moe_top_k), 0, NULL, false},
+    {"model.moe", "every", K_INT, OFF(model, moe_every), 0, NULL, false},
+    {"model.moe", "ffn_hidden", K_INT, OFF(model, moe_ffn_hidden), 0, NULL, false},
+    {"model.moe", "shared_experts", K_INT, OFF(model, moe_shared_experts), 0, NULL, false},
+    {"model.moe", "aux_loss_coef", K_FLOAT, OFF(model, moe_aux_loss_coef), 0, NULL, false},
+    {"model.moe", "z_loss_coef", K_FLOAT, OFF(model, moe_z_loss_coef), 0, NULL, false},
+    {"model.moe", "capacity_factor", K_CAPACITY, OFF(model, moe_capacity_factor), 0, NULL, false},
 
     KEY(topology, tp, K_INT),
     KEY(topology, pp, K_INT),
@@ -638,6 +644,8 @@ void config_defaults(Config *cfg)
     m->moe_every = 1;
     m->moe_aux_loss_coef = 0.01f;
     m->moe_z_loss_coef = 0.001f;
+    m->lora.alpha = 16.0f;
+    strcpy(m->lora.targets, "qkv");
 
     TopologyConfig *t = &cfg->topology;
     t->tp = 1;
@@ -899,47 +907,23 @@ static int load_blend(Loader *L, const KeyDesc *k, const char *full, yaml_node_t
     return set_joined(L, k, full, val, joined);
 }
 
-static int load_named(Loader *L, const char *section, const char *name, yaml_node_t *key,
-                      yaml_node_t *val);
-
-/* model.moe: a mapping whose keys are the table's "moe.KEY" entries of the
- * model section (so --set model.moe.KEY=V and the YAML writer's
- * "moe.KEY: V" lines reach the same entries). */
-static int load_moe(Loader *L, yaml_node_t *val)
-{
-    for (yaml_node_pair_t *p = val->data.mapping.pairs.start; p < val->data.mapping.pairs.top;
-         p++) {
-        yaml_node_t *k = yaml_document_get_node(L->doc, p->key);
-        yaml_node_t *v = yaml_document_get_node(L->doc, p->value);
-        if (k->type != YAML_SCALAR_NODE)
-            return load_error(L, k->start_mark,
-                              "key 'model.moe': a key must be a plain name, got %s", node_kind(k));
-        char name[64];
-        snprintf(name, sizeof name, "moe.%.40s", scalar_text(k));
-        if (load_named(L, "model", name, k, v))
-            return -1;
-    }
-    return 0;
-}
-
 /* One `key: value` pair of a section (or the top level, section ""). */
+static int load_section(Loader *L, const char *section, yaml_node_t *val);
+
 static int load_key(Loader *L, const char *section, yaml_node_t *key, yaml_node_t *val)
 {
-    if (!strcmp(section, "model") && !strcmp(scalar_text(key), "moe") &&
-        val->type == YAML_MAPPING_NODE)
-        return load_moe(L, val);
-    return load_named(L, section, scalar_text(key), key, val);
-}
-
-static int load_named(Loader *L, const char *section, const char *name, yaml_node_t *key,
-                      yaml_node_t *val)
-{
     char full[64], sugg[128] = "", keys[512];
+    const char *name = scalar_text(key);
     if (section[0])
         snprintf(full, sizeof full, "%s.%.40s", section, name);
     else
         snprintf(full, sizeof full, "%.40s", name);
 
+    /* model.lora: {rank, ...} and model.moe: {experts, ...}, sections of their own */
+    if (!strcmp(section, "model") && !strcmp(name, "lora"))
+        return load_section(L, "model.lora", val);
+    if (!strcmp(section, "model") && !strcmp(name, "moe"))
+        return load_section(L, "model.moe", val);
     int i = find_key(section, name);
     if (i < 0 && renamed_hint(full))
         return load_error(L, key->start_mark, "key '%s': %s", full, renamed_hint(full));
@@ -1013,7 +997,8 @@ static int check_required(Loader *L, const yaml_mark_t *section_mark, const bool
     const int path = find_key("data", "path"), blend = find_key("data", "blend");
     /* With checkpoint.init_from the model comes from the source (a
      * front end fills what the file leaves out: config_model_given). */
-    const int init = L->set_line[find_key("checkpoint", "init_from")] != 0;
+    const int init = L->set_line[find_key("checkpoint", "init_from")] != 0 ||
+                     L->set_line[find_key("model.lora", "base")] != 0;
     for (int i = 0; i < N_KEYS; i++) {
         if (!KEYS[i].required || L->set_line[i] || (i == path && L->set_line[blend]) ||
             (init && !strcmp(KEYS[i].section, "model")))
@@ -1338,7 +1323,7 @@ int config_set(Config *cfg, const char *assignment, char err[CFG_ERR])
 
     char section[64] = "";
     const char *name = key;
-    char *dot = strchr(key, '.');
+    char *dot = strrchr(key, '.'); /* model.lora.rank: section model.lora */
     if (dot && (size_t)(dot - key) < sizeof section) {
         memcpy(section, key, (size_t)(dot - key));
         section[dot - key] = '\0';
@@ -1396,7 +1381,7 @@ int config_set(Config *cfg, const char *assignment, char err[CFG_ERR])
 void config_where(const Config *cfg, const char *key, char *buf, size_t n)
 {
     char section[64] = "";
-    const char *name = key, *dot = strchr(key, '.');
+    const char *name = key, *dot = strrchr(key, '.');
     if (dot && (size_t)(dot - key) < sizeof section) {
         memcpy(section, key, (size_t)(dot - key));
         name = dot + 1;
@@ -1413,7 +1398,14 @@ void config_where(const Config *cfg, const char *key, char *buf, size_t n)
 
 int config_model_given(const Config *cfg, const char *name)
 {
-    const int i = find_key("model", name);
+    /* "moe.experts": the key experts of the section model.moe */
+    char section[64] = "model";
+    const char *dot = strrchr(name, '.');
+    if (dot && (size_t)(dot - name) < sizeof section - 6) {
+        snprintf(section, sizeof section, "model.%.*s", (int)(dot - name), name);
+        name = dot + 1;
+    }
+    const int i = find_key(section, name);
     return i >= 0 && (cfg->origin.line[i] || cfg->origin.set[i][0]);
 }
 
@@ -1525,10 +1517,13 @@ int config_write_yaml(const Config *cfg, const char *path, char err[CFG_ERR])
         const KeyDesc *k = &KEYS[i];
         if (!section || strcmp(section, k->section)) {
             section = k->section;
-            if (section[0])
+            const char *sub = strchr(section, '.'); /* model.lora: nested in model */
+            if (sub)
+                fprintf(f, "  %s:\n", sub + 1);
+            else if (section[0])
                 fprintf(f, "%s:\n", section);
         }
-        fprintf(f, "%s%s: ", section[0] ? "  " : "", k->name);
+        fprintf(f, "%s%s: ", !section[0] ? "" : strchr(section, '.') ? "    " : "  ", k->name);
         write_value(f, cfg, k);
         fputc('\n', f);
     }
@@ -1545,4 +1540,37 @@ int config_write_yaml(const Config *cfg, const char *path, char err[CFG_ERR])
         return -1;
     }
     return 0;
+}
+
+int config_lora_mask(const char *targets, ModelArch arch, char *bad, size_t n)
+{
+    static const struct {
+        const char *name;
+        int bit;
+    } T[] = {{"qkv", LORA_QKV},
+             {"proj", LORA_PROJ},
+             {"fc", LORA_FC},
+             {"up", LORA_UP},
+             {"fcproj", LORA_FCPROJ}};
+    int mask = 0;
+    const char *s = targets;
+    while (*s) {
+        size_t len = strcspn(s, ",");
+        char name[64];
+        snprintf(name, sizeof name, "%.*s", (int)(len < 63 ? len : 63), s);
+        char *t = trim(name);
+        int bit = 0;
+        for (size_t i = 0; i < sizeof T / sizeof T[0]; i++)
+            if (!strcmp(t, T[i].name))
+                bit = T[i].bit;
+        if (bit == LORA_UP && arch != ARCH_LLAMA)
+            bit = 0; /* gpt2's MLP has no up projection */
+        if (!bit) {
+            snprintf(bad, n, "%s", t);
+            return -1;
+        }
+        mask |= bit;
+        s += len + (s[len] == ',');
+    }
+    return mask;
 }

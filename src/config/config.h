@@ -46,6 +46,18 @@ typedef struct {
     int tensorboard; /* write TensorBoard event files under dir/tb (rank 0) */
 } RunConfig;
 
+/* model.lora: low-rank adapters on chosen linear layers, the rest of the
+ * model frozen (docs/finetune.md).  rank 0: no adapters, a plain model. */
+enum { LORA_QKV = 1, LORA_PROJ = 2, LORA_FC = 4, LORA_UP = 8, LORA_FCPROJ = 16 };
+typedef struct {
+    int rank;              /* r: A is [r, in], B is [out, r] */
+    float alpha;           /* the update is (alpha / r) B A */
+    float dropout;         /* on the adapter input; only 0 is implemented */
+    char targets[CFG_STR]; /* names, comma-separated: qkv, proj, fc, up, fcproj */
+    char base[CFG_STR];    /* the frozen base: a Hugging Face directory or a trident
+                            * checkpoint of the plain model ("": fresh from run.seed) */
+} LoraConfig;
+
 typedef struct {
     ModelArch arch;
     int layers, hidden, heads;
@@ -72,6 +84,7 @@ typedef struct {
     float moe_aux_loss_coef;   /* Switch/GShard load-balancing loss (default 0.01) */
     float moe_z_loss_coef;     /* router z-loss (default 0.001) */
     float moe_capacity_factor; /* 0: dropless (written `dropless`); > 0: capacity */
+    LoraConfig lora;
 } ModelConfig;
 
 /* The most experts a MoE layer may have (the route's host tables are sized by it). */
@@ -256,5 +269,9 @@ void config_rope_scaling_text(const ModelConfig *m, char *out, size_t n);
 /* 1 when a and b scale RoPE the same way (the parameters of "none" are
  * not compared). */
 int config_rope_scaling_same(const ModelConfig *a, const ModelConfig *b);
+
+/* model.lora.targets as LORA_* bits: 0 when empty, -1 with the unknown
+ * name in bad[n] when one is not a layer of `arch` (up: llama only). */
+int config_lora_mask(const char *targets, ModelArch arch, char *bad, size_t n);
 
 #endif

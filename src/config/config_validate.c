@@ -539,6 +539,10 @@ static int check_moe(Checker *c, ModelConfig *m)
                     m->moe_z_loss_coef);
     if (m->moe_ffn_hidden == 0)
         m->moe_ffn_hidden = m->ffn_hidden;
+    if (m->lora.rank > 0)
+        return verr(c, "model.lora.rank",
+                    "model.lora with model.moe: adapters on a mixture of experts are not "
+                    "supported yet; fine-tune it without model.lora (or set model.lora.rank: 0)");
     /* tp, cp and sequence parallelism: refused by the layout rules (layout.c) */
     if (m->moe_experts % t->ep)
         return verr(c, "topology.ep",
@@ -559,6 +563,50 @@ static int check_moe(Checker *c, ModelConfig *m)
     return 0;
 }
 
+/* model.lora (after resolve_model: kv_heads is known). */
+static int check_lora(Checker *c, LoraConfig *lo)
+{
+    const ModelConfig *m = &c->cfg->model;
+    /* "[qkv, up]" from --set: one plain form, "qkv,up", for every reader. */
+    char *w = lo->targets;
+    for (const char *r = lo->targets; *r; r++)
+        if (*r != ' ' && *r != '\t')
+            *w++ = *r;
+    *w = '\0';
+    if (lo->rank < 0)
+        return verr(c, "model.lora.rank", "model.lora.rank (%d) must be >= 0 (0: no adapters)",
+                    lo->rank);
+    if (lo->rank == 0)
+        return 0;
+    if (!(lo->alpha > 0))
+        return verr(c, "model.lora.alpha", "model.lora.alpha (%g) must be > 0", lo->alpha);
+    if (lo->dropout != 0)
+        return verr(c, "model.lora.dropout",
+                    "model.lora.dropout (%g): only 0 is implemented (adapter dropout is not yet "
+                    "available); remove the key or set it to 0",
+                    lo->dropout);
+    char bad[64];
+    const int mask = config_lora_mask(lo->targets, m->arch, bad, sizeof bad);
+    if (mask < 0)
+        return verr(c, "model.lora.targets",
+                    "model.lora.targets: '%s' is not a linear layer of a %s model (expected "
+                    "names from qkv, proj, fc, %sfcproj)",
+                    bad, m->arch == ARCH_LLAMA ? "llama" : "gpt2",
+                    m->arch == ARCH_LLAMA ? "up, " : "");
+    if (mask == 0)
+        return verr(c, "model.lora.targets",
+                    "model.lora.targets is empty: name the layers to adapt (qkv, proj, fc, "
+                    "%sfcproj)",
+                    m->arch == ARCH_LLAMA ? "up, " : "");
+    const TopologyConfig *t = &c->cfg->topology;
+    if ((mask & LORA_QKV) && t->tp > m->kv_heads)
+        return verr(c, "model.lora.targets",
+                    "model.lora.targets: qkv with topology.tp (%d) > model.kv_heads (%d) is not "
+                    "supported (replicated kv rows); use tp <= %d or leave qkv out",
+                    t->tp, m->kv_heads, m->kv_heads);
+    return 0;
+}
+
 int config_validate(Config *cfg, int world, char err[CFG_ERR])
 {
     Checker c = {.cfg = cfg, .err = err};
@@ -566,7 +614,8 @@ int config_validate(Config *cfg, int world, char err[CFG_ERR])
         check_sizes(&c) || resolve_checkpoint_dir(&c, cfg))
         return -1;
     resolve_model(&cfg->model);
-    if (check_topology(&c) || check_world(&c, cfg, world) || check_moe(&c, &cfg->model))
+    if (check_lora(&c, &cfg->model.lora) || check_topology(&c) || check_world(&c, cfg, world) ||
+        check_moe(&c, &cfg->model))
         return -1;
     return 0;
 }

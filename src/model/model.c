@@ -128,6 +128,32 @@ static void outer_offsets(GroupOffsets *g, const ParamTable *t)
     params_group_range(t, PARAMS_OUTER, &g->lo, &g->hi);
 }
 
+/* Layer l's adapters in the trained table (LoraParams order). */
+static void lora_offsets(GroupOffsets *g, const ParamTable *t, int l)
+{
+    static const char *const base[LORA_TARGETS] = {"attn.qkv", "attn.proj", NULL, "mlp.up", NULL};
+    for (int k = 0; k < LP_FIELDS; k++)
+        g->off[k] = NO_TENSOR;
+    for (int k = 0; k < LORA_TARGETS; k++) {
+        const char *const alt[2] = {k == LT_FC       ? "mlp.fc"
+                                    : k == LT_FCPROJ ? "mlp.proj"
+                                                     : base[k],
+                                    k == LT_FC       ? "mlp.gate"
+                                    : k == LT_FCPROJ ? "mlp.down"
+                                                     : NULL};
+        for (int j = 0; j < 2 && alt[j]; j++) {
+            char name[PARAM_NAME];
+            snprintf(name, sizeof name, "layers.%d.%s.lora_A", l, alt[j]);
+            if (g->off[k] == NO_TENSOR)
+                g->off[k] = offset_of(t, name);
+            snprintf(name, sizeof name, "layers.%d.%s.lora_B", l, alt[j]);
+            if (g->off[LORA_TARGETS + k] == NO_TENSOR)
+                g->off[LORA_TARGETS + k] = offset_of(t, name);
+        }
+    }
+    params_group_range(t, l, &g->lo, &g->hi);
+}
+
 /* Point the fields at storage that holds the group's range [lo, hi). */
 static void bind_fields(float **f, int n, const GroupOffsets *g, float *storage)
 {
@@ -189,9 +215,10 @@ static Dims make_dims(const Model *m, int B)
         d.R = d.N * d.K;
     }
 
-    const ParamSpec *v = params_find(&m->table, "embed.wte.weight");
+    const ParamTable *wt = m->lora ? &m->base_table : &m->table;
+    const ParamSpec *v = params_find(wt, "embed.wte.weight");
     if (!v)
-        v = params_find(&m->table, "head.weight");
+        v = params_find(wt, "head.weight");
     d.Vp = v ? (int)v->local_shape[0] : 0;
     d.vocab_start = v ? (int)v->local_start[0] : 0;
     d.vocab = mc->vocab;
@@ -373,6 +400,11 @@ static void carve_scratch(Model *m, Carver *c)
     m->s.r_dw = take(c, moe ? (size_t)d->R : 0);
     m->s.r_dlogits = take(c, moe ? N * (size_t)d->E : 0);
     m->s.r_auxdp = take(c, moe ? (size_t)d->E : 0);
+    const size_t r = m->lora && blocks ? (size_t)m->mc.lora.rank : 0;
+    m->s.lora_t = take(c, N * r);
+    m->s.lora_dt = take(c, N * r);
+    m->s.lora_part = take(c, tp ? r * (size_t)d->C : 0);
+    m->s.frozen_sink = take(c, m->lora ? 2 * (size_t)d->C : 0);
 }
 
 /* ---- create / free ------------------------------------------------------ */
@@ -497,6 +529,28 @@ static int config_cp(const Config *cfg)
     return cp;
 }
 
+/* LoRA: the frozen weights, allocated and initialised from the seed as a
+ * plain model's are (the trainer then loads the base checkpoint over
+ * them: model_base_buffer), and bound once: they never move. */
+static void init_base(Model *m, uint64_t seed, int bf16)
+{
+    const ParamTable *t = &m->base_table;
+    const size_t bytes = t->numel * sizeof(float);
+    m->base = m->be->alloc(bytes ? bytes : sizeof(float), "frozen base weights");
+    float *init = m->be->device ? trd_calloc(t->numel + 1, sizeof(float), "base weights") : m->base;
+    params_init(t, init, seed);
+    if (bf16) /* bf16 training: weights are bf16 values (the base is never updated) */
+        for (size_t k = 0; k < t->numel; k++)
+            init[k] = bf16_round(init[k]);
+    if (init != m->base) {
+        m->be->to_backend(m->base, init, bytes);
+        free(init);
+    }
+    bind_outer(&m->op, &m->outer_off, m->base + m->outer_off.lo, m->mc.tie_embeddings);
+    for (int i = 0; i < m->nl; i++)
+        bind_fields(m->lp[i].f, LP_FIELDS, &m->lo_off[i], m->base + m->lo_off[i].lo);
+}
+
 static Model *create(const Config *cfg, const Backend *be, const ParamShard *sh, int B, int cp)
 {
     check_config(&cfg->model, B);
@@ -514,14 +568,27 @@ static Model *create(const Config *cfg, const Backend *be, const ParamShard *sh,
     const int kv_share = m->mc.kv_heads % sh->tp ? sh->tp / m->mc.kv_heads : 1;
     m->tp = tp_group_layout(be, sh->tp, sh->tp_rank, sp, kv_share);
     params_build(&m->table, &m->mc, sh);
+    m->lora = m->mc.lora.rank > 0;
+    if (m->lora) {
+        params_build_base(&m->base_table, &m->mc, sh);
+        m->lora_scale = m->mc.lora.alpha / (float)m->mc.lora.rank;
+    }
+    const ParamTable *wt = m->lora ? &m->base_table : &m->table; /* the weights */
 
     const int gpt2 = m->mc.arch == ARCH_GPT2;
     m->lp = trd_calloc((size_t)m->nl + 1, sizeof(LayerParams), "layer parameter pointers");
     m->lg = trd_calloc((size_t)m->nl + 1, sizeof(LayerParams), "layer gradient pointers");
     m->lo_off = trd_calloc((size_t)m->nl + 1, sizeof(GroupOffsets), "layer offsets");
     for (int i = 0; i < m->nl; i++)
-        layer_offsets(&m->lo_off[i], &m->table, sh->chunk[0].begin + i, gpt2);
-    outer_offsets(&m->outer_off, &m->table);
+        layer_offsets(&m->lo_off[i], wt, sh->chunk[0].begin + i, gpt2);
+    outer_offsets(&m->outer_off, wt);
+    if (m->lora) {
+        m->ap = trd_calloc((size_t)m->nl + 1, sizeof(LoraParams), "adapter pointers");
+        m->ag = trd_calloc((size_t)m->nl + 1, sizeof(LoraParams), "adapter gradient pointers");
+        m->lora_off = trd_calloc((size_t)m->nl + 1, sizeof(GroupOffsets), "adapter offsets");
+        for (int i = 0; i < m->nl; i++)
+            lora_offsets(&m->lora_off[i], &m->table, sh->chunk[0].begin + i);
+    }
     if (sh->has_head && m->mc.tie_embeddings && m->outer_off.off[0] == NO_TENSOR)
         trd_fatal(TRD_EXIT_INPUT,
                   "use untied embeddings (model.tie_embeddings: false) "
@@ -533,9 +600,11 @@ static Model *create(const Config *cfg, const Backend *be, const ParamShard *sh,
     if (m->nl > 0) { /* the table and the dims agree on the qkv split */
         char name[PARAM_NAME];
         snprintf(name, sizeof name, "layers.%d.attn.qkv.weight", sh->chunk[0].begin);
-        const ParamSpec *q = params_find(&m->table, name);
+        const ParamSpec *q = params_find(wt, name);
         TRD_ASSERT(q && q->local_shape[0] == m->d.QKV && q->kv_share == kv_share);
     }
+    if (m->lora)
+        init_base(m, cfg->run.seed, cfg->training.precision == PREC_BF16);
 
     alloc_activation_sets(m, 1);
 
@@ -596,7 +665,8 @@ Model *model_create(const Config *cfg, const Backend *be, const ParamShard *sh, 
     }
     model_bind(m, PARAMS_OUTER, m->params, m->grads);
     for (int l = sh->chunk[0].begin; l < sh->chunk[0].end; l++) {
-        size_t lo = m->lo_off[l - sh->chunk[0].begin].lo;
+        const int i = l - sh->chunk[0].begin;
+        size_t lo = m->lora ? m->lora_off[i].lo : m->lo_off[i].lo;
         model_bind(m, l, m->params + lo, m->grads + lo);
     }
     return m;
@@ -605,6 +675,17 @@ Model *model_create(const Config *cfg, const Backend *be, const ParamShard *sh, 
 void model_bind(Model *m, int group, float *params, float *grads)
 {
     const int tied = m->mc.tie_embeddings;
+    if (m->lora) { /* only the adapters are trained: nothing outside the layers */
+        if (group == PARAMS_OUTER)
+            return;
+        const int i = group - m->sh.chunk[0].begin;
+        TRD_ASSERT(i >= 0 && i < m->nl);
+        if (params)
+            bind_fields(m->ap[i].f, LF_FIELDS, &m->lora_off[i], params);
+        if (grads)
+            bind_fields(m->ag[i].f, LF_FIELDS, &m->lora_off[i], grads);
+        return;
+    }
     if (group == PARAMS_OUTER) {
         if (params)
             bind_outer(&m->op, &m->outer_off, params, tied);
@@ -628,6 +709,11 @@ void model_free(Model *m)
         return;
     tp_group_free(&m->tp);
     params_free(&m->table);
+    params_free(&m->base_table);
+    m->be->release(m->base);
+    free(m->ap);
+    free(m->ag);
+    free(m->lora_off);
     m->be->release(m->params);
     m->be->release(m->grads);
     free(m->host_losses);
@@ -645,6 +731,8 @@ void model_free(Model *m)
 }
 
 const ParamTable *model_params(const Model *m) { return &m->table; }
+const ParamTable *model_base_params(const Model *m) { return m->lora ? &m->base_table : NULL; }
+float *model_base_buffer(Model *m) { return m->lora ? m->base : NULL; }
 float *model_param_buffer(Model *m) { return m->params; }
 float *model_grad_buffer(Model *m) { return m->grads; }
 float *model_stage_input(Model *m) { return m->cur.resid[0]; }
@@ -657,6 +745,7 @@ MemoryReport model_memory(const Model *m)
 {
     MemoryReport r = {0};
     r.params = m->params ? m->table.numel * sizeof(float) : 0;
+    r.frozen = m->lora ? m->base_table.numel * sizeof(float) : 0;
     r.grads = m->grads ? m->table.numel * sizeof(float) : 0;
     r.activations = m->acts_numel * sizeof(float) +
                     (size_t)m->n_sets * ID_ROWS * (size_t)m->d.N * sizeof(int32_t);
@@ -713,10 +802,15 @@ static void norm_backward(Model *m, float *dinp, float *dw, float *db, float *do
                           const float *inp, const float *w, const float *mean, const float *rstd)
 {
     const Dims *d = &m->d;
-    const int sp = tp_sequence_parallel(&m->tp);
+    int sp = tp_sequence_parallel(&m->tp);
     tp_column_input_backward(&m->tp, dout, d->N, d->C);
     float *gw = dw, *gb = db;
-    if (sp) {
+    if (!dw) { /* a frozen norm (LoRA): its weight gradient is dropped */
+        gw = m->s.frozen_sink;
+        gb = NULL;
+        sp = 0;
+        zero(m, gw, (size_t)d->C);
+    } else if (sp) {
         gw = m->s.norm_part;
         gb = db ? m->s.norm_part + d->C : NULL;
         zero(m, m->s.norm_part, 2 * (size_t)d->C);
@@ -754,6 +848,8 @@ void model_embed_backward(Model *m)
 {
     const Dims *d = &m->d;
     TRD_ASSERT(m->sh.has_embed);
+    if (m->lora) /* frozen: the embedding's backward is only its weight gradient */
+        return;
     tp_embedding_backward(m->be, &m->tp, m->og.wte, m->og.wpe, m->s.dwpe_part, m->s.dres, m->s.full,
                           m->cur.ids, m->cur.pos, d->N, d->Tw, d->C, d->vocab_start, d->Vp);
 }
@@ -766,32 +862,99 @@ static int local_layer(const Model *m, int l)
     return l - m->sh.chunk[0].begin;
 }
 
+/* ---- LoRA adapters ------------------------------------------------------
+ * y = x W^T + s (x A^T) B^T, s = alpha / r, on this rank's piece: a
+ * column-parallel base (qkv, fc/gate, up) holds whole x, its B rows and
+ * all of A; a row-parallel one (proj, down) its columns of x and A and all
+ * of B, so its adapter's output is a partial sum like the base's and is
+ * added BEFORE the base's reduction over TP (one reduction for both). */
+
+/* out [N, n_out] += s (x [N, n_in] A^T) B^T for target k of local layer i;
+ * tmp [N, n_out] is scratch. */
+static void lora_forward(Model *m, int i, int k, float *out, const float *x, int n_in, int n_out,
+                         float *tmp)
+{
+    if (!m->lora || m->lora_merged || !m->ap[i].a[k])
+        return;
+    const Backend *be = m->be;
+    const int N = m->d.N, r = m->mc.lora.rank;
+    be->matmul_forward(m->s.lora_t, x, m->ap[i].a[k], NULL, N, n_in, r);
+    be->scale(m->s.lora_t, m->lora_scale, (size_t)N * (size_t)r);
+    be->matmul_forward(tmp, m->s.lora_t, m->ap[i].b[k], NULL, N, r, n_out);
+    be->accumulate(out, tmp, (size_t)N * (size_t)n_out);
+}
+
+/* The adapter's backward: dout [N, n_out] (whole rows for a row-parallel
+ * base), x its input; ADDS into dA, dB and dx.  The inner activation
+ * t = s x A^T is recomputed (N x r, cheaper than keeping it per layer).
+ * With tp > 1 a replicated factor's gradient is a partial sum here: A's of
+ * a column-parallel base (dt sums over the ranks' B rows), B's of a
+ * row-parallel one (t sums over the ranks' columns); it goes through
+ * lora_part and tp_add_reduced_grad, as the norms' do under SP.  dx is
+ * this rank's part, reduced with the base's (column input backward). */
+static void lora_backward(Model *m, int i, int k, const float *dout, const float *x, float *dx,
+                          int n_in, int n_out, int col)
+{
+    if (!m->lora || !m->ap[i].a[k])
+        return;
+    TRD_ASSERT(!m->lora_merged);
+    const Backend *be = m->be;
+    const int N = m->d.N, r = m->mc.lora.rank, tp = tp_active(&m->tp);
+    const float *A = m->ap[i].a[k], *B = m->ap[i].b[k];
+    float *dA = m->ag[i].a[k], *dB = m->ag[i].b[k], *t = m->s.lora_t, *dt = m->s.lora_dt;
+    const size_t Nr = (size_t)N * (size_t)r;
+    be->matmul_forward(t, x, A, NULL, N, n_in, r);
+    be->scale(t, m->lora_scale, Nr);
+    if (tp && !col) { /* dB = dout^T t, t partial */
+        zero(m, m->s.lora_part, (size_t)n_out * (size_t)r);
+        be->matmul_backward(NULL, m->s.lora_part, NULL, dout, t, B, N, r, n_out);
+        tp_add_reduced_grad(&m->tp, dB, m->s.lora_part, (size_t)n_out * (size_t)r);
+    } else {
+        be->matmul_backward(NULL, dB, NULL, dout, t, B, N, r, n_out);
+    }
+    zero(m, dt, Nr); /* dt = s dout B */
+    be->matmul_backward(dt, NULL, NULL, dout, NULL, B, N, r, n_out);
+    be->scale(dt, m->lora_scale, Nr);
+    if (tp && col) { /* dA = dt^T x, dt partial */
+        zero(m, m->s.lora_part, (size_t)r * (size_t)n_in);
+        be->matmul_backward(NULL, m->s.lora_part, NULL, dt, x, A, N, n_in, r);
+        tp_add_reduced_grad(&m->tp, dA, m->s.lora_part, (size_t)r * (size_t)n_in);
+    } else {
+        be->matmul_backward(NULL, dA, NULL, dt, x, A, N, n_in, r);
+    }
+    be->matmul_backward(dx, NULL, NULL, dt, NULL, A, N, n_in, r);
+}
+
 /* Row-parallel linear: out [N, C] = inp [N, K] @ W^T over this rank's K
  * columns, then the row output boundary (sum over TP, kept rows: out's
  * first d.Ns) and the replicated bias, once. */
 static void row_linear_forward(Model *m, float *out, const float *inp, const float *w,
-                               const float *b, int K)
+                               const float *b, int K, int i, int k)
 {
     const Dims *d = &m->d;
     if (!tp_active(&m->tp)) {
         m->be->matmul_forward(out, inp, w, b, d->N, K, d->C);
+        lora_forward(m, i, k, out, inp, K, d->C, m->s.dln);
         return;
     }
     m->be->matmul_forward(out, inp, w, NULL, d->N, K, d->C);
+    lora_forward(m, i, k, out, inp, K, d->C, m->s.dln); /* partial, like out */
     tp_row_output_forward(&m->tp, out, b, d->N, d->C);
 }
 
 /* MLP up to the input of its projection: fc_act = act(fc(ln2)). */
-static void mlp_forward(const Model *m, const LayerParams *p, LayerActs *a)
+static void mlp_forward(Model *m, int i, const LayerParams *p, LayerActs *a)
 {
     const Backend *be = m->be;
     const Dims *d = &m->d;
     const size_t NF = (size_t)d->N * (size_t)d->F;
     be->matmul_forward(a->fc, a->ln2, p->fc_w, p->fc_b, d->N, d->C, d->F);
+    lora_forward(m, i, LT_FC, a->fc, a->ln2, d->C, d->F, m->s.dfc);
     if (d->gpt2) {
         be->gelu_forward(a->fc_act, a->fc, NF);
     } else {
         be->matmul_forward(a->up, a->ln2, p->up_w, NULL, d->N, d->C, d->F);
+        lora_forward(m, i, LT_UP, a->up, a->ln2, d->C, d->F, m->s.dup);
         be->swiglu_forward(a->fc_act, a->fc, a->up, NF);
     }
 }
@@ -832,10 +995,12 @@ static void block_forward(Model *m, int i, int need_output)
 
     norm_forward(m, a->ln1, a->ln1_mean, a->ln1_rstd, x, p->ln1_w, p->ln1_b);
     be->matmul_forward(a->qkv, a->ln1, p->qkv_w, p->qkv_b, d->N, d->C, d->QKV);
+    lora_forward(m, i, LT_QKV, a->qkv, a->ln1, d->C, d->QKV, m->s.dqkv);
     if (!d->gpt2)
         be->rope_forward(a->qkv, m->cur.pos, d->N, d->T, 0, d->H, d->KVH, d->hs, d->rope);
     attention_forward(m, a);
-    row_linear_forward(m, m->s.branch, a->atty, p->attn_proj_w, p->attn_proj_b, d->H * d->hs);
+    row_linear_forward(m, m->s.branch, a->atty, p->attn_proj_w, p->attn_proj_b, d->H * d->hs, i,
+                       LT_PROJ);
     residual_norm_forward(m, a->res_mid, a->ln2, a->ln2_mean, a->ln2_rstd, x, m->s.branch, p->ln2_w,
                           p->ln2_b);
     if (p->router_w) { /* a MoE layer: its branch whole, or (recompute) its activations */
@@ -844,10 +1009,10 @@ static void block_forward(Model *m, int i, int need_output)
             be->add(m->cur.resid[i + 1], a->res_mid, m->s.branch, NsC);
         return;
     }
-    mlp_forward(m, p, a);
+    mlp_forward(m, i, p, a);
     if (!need_output)
         return;
-    row_linear_forward(m, m->s.branch, a->fc_act, p->mlp_proj_w, p->mlp_proj_b, d->F);
+    row_linear_forward(m, m->s.branch, a->fc_act, p->mlp_proj_w, p->mlp_proj_b, d->F, i, LT_FCPROJ);
     be->add(m->cur.resid[i + 1], a->res_mid, m->s.branch, NsC);
 }
 
@@ -859,7 +1024,7 @@ void model_block_forward(Model *m, int l)
 
 /* Gradient at the MLP projection's input (dfc_act) -> gradient at ln2's
  * output (dln, overwritten). */
-static void mlp_backward(const Model *m, const LayerParams *p, const LayerParams *g,
+static void mlp_backward(Model *m, int i, const LayerParams *p, const LayerParams *g,
                          const LayerActs *a)
 {
     const Backend *be = m->be;
@@ -875,8 +1040,10 @@ static void mlp_backward(const Model *m, const LayerParams *p, const LayerParams
         be->swiglu_backward(s->dfc, s->dup, s->dfc_act, a->fc, a->up, NF);
         /* ln2's output feeds both gate and up: the two contributions add in dln. */
         be->matmul_backward(s->dln, g->up_w, NULL, s->dup, a->ln2, p->up_w, d->N, d->C, d->F);
+        lora_backward(m, i, LT_UP, s->dup, a->ln2, s->dln, d->C, d->F, 1);
     }
     be->matmul_backward(s->dln, g->fc_w, g->fc_b, s->dfc, a->ln2, p->fc_w, d->N, d->C, d->F);
+    lora_backward(m, i, LT_FC, s->dfc, a->ln2, s->dln, d->C, d->F, 1);
 }
 
 /* The fused qkv weight (and bias) gradient.  Replicated kv rows (kv_share
@@ -889,6 +1056,10 @@ static void qkv_weight_backward(Model *m, const LayerParams *p, const LayerParam
 {
     const Dims *d = &m->d;
     const Scratch *s = &m->s;
+    if (!g->qkv_w) { /* frozen (LoRA): the input gradient only */
+        m->be->matmul_backward(s->dln, NULL, NULL, s->dqkv, a->ln1, p->qkv_w, d->N, d->C, d->QKV);
+        return;
+    }
     const int shared = m->tp.kv_share > 1;
     const size_t kv_w = 2 * (size_t)d->hs * (size_t)d->C, kv_b = 2 * (size_t)d->hs;
     float *gw = g->qkv_w + (size_t)d->H * (size_t)d->hs * (size_t)d->C;
@@ -947,7 +1118,8 @@ void model_block_backward(Model *m, int l)
         zero(m, s->dfc_act, N * (size_t)d->F);
         be->matmul_backward(s->dfc_act, g->mlp_proj_w, g->mlp_proj_b, dout, a->fc_act,
                             p->mlp_proj_w, d->N, d->F, d->C);
-        mlp_backward(m, p, g, a);
+        lora_backward(m, i, LT_FCPROJ, dout, a->fc_act, s->dfc_act, d->F, d->C, 0);
+        mlp_backward(m, i, p, g, a);
     }
     norm_backward(m, s->dres, g->ln2_w, g->ln2_b, s->dln, a->res_mid, p->ln2_w, a->ln2_mean,
                   a->ln2_rstd);
@@ -957,6 +1129,7 @@ void model_block_backward(Model *m, int l)
     zero(m, s->datty, N * (size_t)d->H * (size_t)d->hs);
     be->matmul_backward(s->datty, g->attn_proj_w, g->attn_proj_b, dout, a->atty, p->attn_proj_w,
                         d->N, d->H * d->hs, d->C);
+    lora_backward(m, i, LT_PROJ, dout, a->atty, s->datty, d->H * d->hs, d->C, 0);
     zero(m, s->dqkv, N * (size_t)d->QKV);
     if (m->cp > 1) {
         cp_attention_backward(&m->cpa, s->dqkv, s->datty, a->qkv, a->atty, a->lse, m->cur.pos);
@@ -968,6 +1141,7 @@ void model_block_backward(Model *m, int l)
         be->rope_backward(s->dqkv, m->cur.pos, d->N, d->T, 0, d->H, d->KVH, d->hs, d->rope);
     zero(m, s->dln, NC);
     qkv_weight_backward(m, p, g, a);
+    lora_backward(m, i, LT_QKV, s->dqkv, a->ln1, s->dln, d->C, d->QKV, 1);
     norm_backward(m, s->dres, g->ln1_w, g->ln1_b, s->dln, m->cur.resid[i], p->ln1_w, a->ln1_mean,
                   a->ln1_rstd);
 }
@@ -1160,4 +1334,50 @@ MemoryReport model_plan_memory(const Config *cfg, const ParamShard *sh, int B, i
     r.scratch = scratch.used * sizeof(float) +
                 cp_attention_bytes(m.cp, m.d.B / 2, m.d.T, m.d.H, m.d.KVH, m.d.hs);
     return r;
+}
+
+/* W [rows, cols] += s B [rows, r] A [r, cols], all host memory. */
+static void add_low_rank(float *w, const float *b, const float *a, int64_t rows, int64_t cols,
+                         int r, float s)
+{
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < rows; i++)
+        for (int k = 0; k < r; k++) {
+            const float f = s * b[i * r + k];
+            for (int64_t j = 0; j < cols; j++)
+                w[i * cols + j] += f * a[(int64_t)k * cols + j];
+        }
+}
+
+/* Merged in this rank's pieces: a column-parallel base's rows are its B
+ * rows times all of A, a row-parallel base's columns all of B times its
+ * A columns, so every piece merges alone. */
+void model_lora_merge(Model *m)
+{
+    if (!m->lora || m->lora_merged)
+        return;
+    const Backend *be = m->be;
+    const Dims *d = &m->d;
+    const int r = m->mc.lora.rank;
+    for (int i = 0; i < m->nl; i++) {
+        float *w[LORA_TARGETS] = {m->lp[i].qkv_w, m->lp[i].attn_proj_w, m->lp[i].fc_w,
+                                  m->lp[i].up_w, m->lp[i].mlp_proj_w};
+        const int64_t rows[LORA_TARGETS] = {d->QKV, d->C, d->F, d->F, d->C};
+        const int64_t cols[LORA_TARGETS] = {d->C, (int64_t)d->H * d->hs, d->C, d->C, d->F};
+        for (int k = 0; k < LORA_TARGETS; k++) {
+            if (!m->ap[i].a[k])
+                continue;
+            const size_t nw = (size_t)(rows[k] * cols[k]), na = (size_t)r * (size_t)cols[k],
+                         nb = (size_t)rows[k] * (size_t)r;
+            float *hw = trd_malloc((nw + na + nb) * sizeof(float), "merged weight");
+            float *ha = hw + nw, *hb = ha + na;
+            be->to_host(hw, w[k], nw * sizeof(float));
+            be->to_host(ha, m->ap[i].a[k], na * sizeof(float));
+            be->to_host(hb, m->ap[i].b[k], nb * sizeof(float));
+            add_low_rank(hw, hb, ha, rows[k], cols[k], r, m->lora_scale);
+            be->to_backend(w[k], hw, nw * sizeof(float));
+            free(hw);
+        }
+    }
+    m->lora_merged = 1;
 }

@@ -28,6 +28,7 @@
  * the model itself allocated; buffers bound from outside are not counted). */
 typedef struct {
     size_t params, grads, master, optimizer, buffers, activations, scratch;
+    size_t frozen; /* LoRA: the frozen base weights (params: the adapters) */
 } MemoryReport;
 
 typedef struct Model Model;
@@ -61,6 +62,16 @@ Model *model_create_unbound(const Config *cfg, const Backend *be, const ParamSha
 void model_bind(Model *m, int group, float *params, float *grads);
 
 const ParamTable *model_params(const Model *m);
+/* LoRA (model.lora.rank > 0): the frozen base weights' table and their
+ * buffer (backend memory, model_params' layout rules), which the caller
+ * may overwrite (a base checkpoint) before the first forward; NULL
+ * without LoRA. */
+const ParamTable *model_base_params(const Model *m);
+float *model_base_buffer(Model *m);
+/* LoRA: add (alpha/r) B A into each adapted base weight and drop the
+ * adapters from forward (generate and export run the merged model; no
+ * backward after it).  Reads the bound adapters.  No-op without LoRA. */
+void model_lora_merge(Model *m);
 float *model_param_buffer(Model *m); /* [params.numel] */
 float *model_grad_buffer(Model *m);  /* [params.numel] */
 MemoryReport model_memory(const Model *m);

@@ -55,6 +55,19 @@ typedef union {
     float *f[LP_FIELDS];
 } LayerParams;
 
+/* LoRA adapters of one layer in a flat buffer (parameters or gradients):
+ * A and B of each target, in LORA_* bit order (qkv, proj, fc/gate, up,
+ * fc proj/down); NULL where a target has none.  The bind offsets are a
+ * GroupOffsets' first LF_FIELDS. */
+enum { LORA_TARGETS = 5, LF_FIELDS = 2 * LORA_TARGETS };
+enum { LT_QKV = 0, LT_PROJ = 1, LT_FC = 2, LT_UP = 3, LT_FCPROJ = 4 };
+typedef union {
+    struct {
+        float *a[LORA_TARGETS], *b[LORA_TARGETS];
+    };
+    float *f[LF_FIELDS];
+} LoraParams;
+
 /* Embedding and head tensors in a flat buffer (NULL where not held). */
 enum { OP_FIELDS = 5 };
 typedef union {
@@ -160,6 +173,10 @@ typedef struct {
     float *norm_part; /* [2C] SP: a norm's partial weight/bias gradient */
     float *dwpe_part; /* [T, C] partial position-embedding gradient */
     float *kv_keep;   /* [2hs*(C+1)] replicated kv rows' accumulated gradient */
+    /* LoRA only: */
+    float *lora_t, *lora_dt; /* [N, r] the adapter's inner activation, its gradient */
+    float *lora_part;        /* [r, C] (tp > 1) a replicated adapter's partial gradient */
+    float *frozen_sink;      /* [2C] a frozen norm's weight gradient, computed and dropped */
     /* head only, first (aligned for its doubles): a BackendStepState */
     float *step;
     /* MoE layers: */
@@ -200,7 +217,18 @@ struct Model {
     Dims d;
     int nl; /* local layers: sh.chunk[0].end - sh.chunk[0].begin */
 
-    float *params, *grads;        /* [table.numel] each, or NULL when the caller binds */
+    float *params, *grads; /* [table.numel] each, or NULL when the caller binds */
+    /* LoRA (model.lora.rank > 0): `table` holds the trained adapters (ap,
+     * ag), base_table the frozen weights, in `base` (allocated and owned
+     * here, whatever binds the adapters); lp and op point into base, lg and
+     * og stay NULL: the base gets no gradient.  lora_merged: the adapters
+     * were added into base (model_lora_merge), forward skips them. */
+    int lora, lora_merged;
+    float lora_scale; /* alpha / r */
+    ParamTable base_table;
+    float *base;
+    LoraParams *ap, *ag;          /* [nl] */
+    GroupOffsets *lora_off;       /* [nl] */
     float *host_losses;           /* [N] the head's losses read back (device backends) */
     int fuse_next;                /* model_head_fuse: the next head forward fuses its backward */
     float fuse_scale;             /* with this loss scale */

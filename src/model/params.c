@@ -220,7 +220,59 @@ static void add_layer(Builder *b, const ModelConfig *m, int l, int64_t qkv_rows,
     }
 }
 
+/* One adapter pair on a linear layer "layers.l.<base>" of global shape
+ * [out, in]: col 1 for a column-parallel base (rows split; split QKV for
+ * the fused qkv), 0 for a row-parallel one (columns split). */
+static void add_lora(Builder *b, int l, const char *base, int64_t out, int64_t in, int col, int qkv,
+                     int r)
+{
+    const float bound = 1.0f / sqrtf((float)in);
+    add(b, r, in, col ? -1 : 1, ROLE_BLOCK, l, INIT_UNIFORM, bound, "layers.%d.%s.lora_A", l, base);
+    add(b, out, r, col ? (qkv ? SPLIT_QKV : 0) : -1, ROLE_BLOCK, l, INIT_ZEROS, 0,
+        "layers.%d.%s.lora_B", l, base);
+}
+
+static void build_lora(ParamTable *t, const ModelConfig *m, const ParamShard *sh)
+{
+    const int64_t C = m->hidden, hs = m->hidden / m->heads, F = m->ffn_hidden;
+    Builder b = {.t = t, .sh = sh, .hs = hs, .heads = m->heads, .kv_heads = m->kv_heads};
+    const int gpt2 = m->arch == ARCH_GPT2, r = m->lora.rank;
+    const int64_t qkv_rows = (int64_t)(m->heads + 2 * m->kv_heads) * hs;
+    char bad[64];
+    const int mask = config_lora_mask(m->lora.targets, m->arch, bad, sizeof bad);
+    if (mask < 0)
+        trd_fatal(TRD_EXIT_INPUT, "see docs/finetune.md",
+                  "model.lora.targets: '%s' is not a linear layer of this model", bad);
+    for (int c = 0; c < sh->n_chunks; c++)
+        for (int l = sh->chunk[c].begin; l < sh->chunk[c].end; l++) {
+            if (mask & LORA_QKV)
+                add_lora(&b, l, "attn.qkv", qkv_rows, C, 1, 1, r);
+            if (mask & LORA_PROJ)
+                add_lora(&b, l, "attn.proj", C, m->heads * hs, 0, 0, r);
+            if (mask & LORA_FC)
+                add_lora(&b, l, gpt2 ? "mlp.fc" : "mlp.gate", F, C, 1, 0, r);
+            if (mask & LORA_UP)
+                add_lora(&b, l, "mlp.up", F, C, 1, 0, r);
+            if (mask & LORA_FCPROJ)
+                add_lora(&b, l, gpt2 ? "mlp.proj" : "mlp.down", C, F, 0, 0, r);
+        }
+    for (int i = 0; i < t->n; i++)
+        t->p[i].decay = 1; /* both adapter matrices, as PEFT's optimizers see them */
+}
+
 void params_build(ParamTable *t, const ModelConfig *m, const ParamShard *sh)
+{
+    if (m->lora.rank > 0) {
+        memset(t, 0, sizeof *t);
+        t->tp = sh->tp;
+        t->tp_rank = sh->tp_rank;
+        build_lora(t, m, sh);
+        return;
+    }
+    params_build_base(t, m, sh);
+}
+
+void params_build_base(ParamTable *t, const ModelConfig *m, const ParamShard *sh)
 {
     memset(t, 0, sizeof *t);
     t->tp = sh->tp;
@@ -290,7 +342,7 @@ void params_init_range(const ParamTable *t, float *buf, uint64_t seed, size_t lo
         if (a >= b)
             continue;
         float *w = buf + (a - lo);
-        if (p->init != INIT_NORMAL) {
+        if (p->init != INIT_NORMAL && p->init != INIT_UNIFORM) {
             float v = p->init == INIT_ONES ? 1.0f : 0.0f;
             for (size_t k = 0; k < b - a; k++)
                 w[k] = v;
@@ -308,7 +360,12 @@ void params_init_range(const ParamTable *t, float *buf, uint64_t seed, size_t lo
             const uint64_t gidx = grow * (uint64_t)cols + (uint64_t)(p->local_start[1] + c);
             /* Vocabulary padding starts at zero: with no gradient and
              * decoupled decay it stays zero, whatever the optimizer does. */
-            w[k] = (int64_t)grow < p->real_rows ? p->std * rng_normal(key, gidx) : 0.0f;
+            if ((int64_t)grow >= p->real_rows)
+                w[k] = 0.0f;
+            else if (p->init == INIT_UNIFORM) /* 24 random bits: u in [0, 1) */
+                w[k] = p->std * (2.0f * (float)(rng_u64(key, gidx) >> 40) * 0x1p-24f - 1.0f);
+            else
+                w[k] = p->std * rng_normal(key, gidx);
         }
     }
 }
@@ -416,7 +473,7 @@ size_t params_count_real(const ModelConfig *m)
     unpadded.vocab_pad_multiple = 1;
     ParamShard sh = params_full_shard(&unpadded);
     ParamTable t;
-    params_build(&t, &unpadded, &sh);
+    params_build_base(&t, &unpadded, &sh);
     size_t n = t.global_numel;
     params_free(&t);
     return n;

@@ -22,7 +22,9 @@
 
 #define PARAM_NAME 64
 
-typedef enum { INIT_NORMAL = 0, INIT_ZEROS = 1, INIT_ONES = 2 } InitKind;
+/* INIT_UNIFORM: uniform in [-std, std) (LoRA's A, as PEFT's kaiming_uniform_
+ * with a = sqrt(5) draws it: bound 1/sqrt(in)). */
+typedef enum { INIT_NORMAL = 0, INIT_ZEROS = 1, INIT_ONES = 2, INIT_UNIFORM = 3 } InitKind;
 typedef enum { ROLE_EMBED = 0, ROLE_BLOCK = 1, ROLE_HEAD = 2 } ParamRole;
 
 typedef struct {
@@ -100,8 +102,19 @@ ParamShard params_full_shard(const ModelConfig *m);
 /* Padded vocabulary: a multiple of tp * vocab_pad_multiple. */
 int params_padded_vocab(const ModelConfig *m, int tp);
 
-/* Build the table for this shard (allocates t->p). */
+/* Build the table for this shard (allocates t->p): the TRAINED parameters.
+ * Without LoRA (model.lora.rank 0) the whole model; with LoRA only the
+ * adapters, per layer and target (LORA_* order) "layers.L.<base>.lora_A"
+ * [r, in] and ".lora_B" [out, r] (base: attn.qkv, attn.proj, mlp.fc or
+ * mlp.gate, mlp.up, mlp.proj or mlp.down).  A column-parallel base (qkv,
+ * fc/gate, up: rows split) has B split like its rows and A replicated; a
+ * row-parallel one (proj, down: columns split) has A split by columns and
+ * B replicated.  B starts at zero, A uniform in +-1/sqrt(in) (PEFT's
+ * default), so the adapted model starts as its base. */
 void params_build(ParamTable *t, const ModelConfig *m, const ParamShard *sh);
+/* The model's weights whatever model.lora says: with LoRA the frozen base
+ * the adapters apply to (same names and layout as a plain model's table). */
+void params_build_base(ParamTable *t, const ModelConfig *m, const ParamShard *sh);
 void params_free(ParamTable *t);
 
 /* Groups of the flat buffer that are gathered, bound and reduced together:

@@ -152,7 +152,7 @@ static StageFlops stage_flops(const Config *cfg, const ParamShard *sh)
 {
     const ModelConfig *mc = &cfg->model;
     ParamTable t;
-    params_build(&t, mc, sh);
+    params_build_base(&t, mc, sh); /* the model's weights, LoRA's frozen base included */
     /* this rank's rows: 1/cp of each sequence, each row attending to as
      * many keys on average as without cp (the chunks are balanced) */
     const double N = (double)cfg->training.micro_batch * mc->seq_len / cp_of(&cfg->topology);
@@ -227,8 +227,14 @@ static int stage_memory(const Config *cfg, const PlanCluster *c, const PlanResul
         if (cfg->topology.pp > 1 && pp_stage(cfg->topology.pp, rank, k) > 0)
             acts += (double)sets * (double)stream_elems(cfg) * 4; /* pp_stage_memory's messages */
         scratch += (double)mm.scratch;
+        if (cfg->model.lora.rank > 0) { /* the frozen base each chunk model holds */
+            ParamTable base;
+            params_build_base(&base, &cfg->model, &one);
+            st->frozen += (double)base.numel * r->elem_param;
+            params_free(&base);
+        }
     }
-    st->params = (double)zm.params * r->elem_param / 4;
+    st->params = (double)zm.params * r->elem_param / 4 + st->frozen;
     st->grads = (double)zm.grads * r->elem_grad / 4;
     st->optimizer = (double)zm.optimizer;
     st->buffers = (double)zm.buffers * r->elem_param / 4;

@@ -30,6 +30,8 @@ typedef struct {
     int inflight; /* micro-batches whose activations are held at peak */
     /* bytes on the device */
     double params, grads, optimizer, buffers, activations, scratch, reserve, total;
+    double frozen; /* LoRA: the frozen base weights (in params; params - frozen
+                    * are the adapters, the only state grads and optimizer hold) */
     /* host bytes, beside total: the checkpoint's host snapshot (fp32 weights
      * and optimizer state this rank holds) where checkpoint.async is not
      * false on the CPU, and a device backend's host copies of its state */

@@ -51,6 +51,17 @@ static void mkdir_p(const char *path)
                   strerror(errno));
 }
 
+/* The adapters' parameters of the whole model (LoRA). */
+static size_t lora_count(const ModelConfig *mc)
+{
+    ParamShard sh = params_full_shard(mc);
+    ParamTable t;
+    params_build(&t, mc, &sh);
+    const size_t n = t.global_numel;
+    params_free(&t);
+    return n;
+}
+
 static void print_start(Trainer *tr, const Config *cfg, double peak)
 {
     const TrainerInfo *in = trainer_info(tr);
@@ -74,6 +85,12 @@ static void print_start(Trainer *tr, const Config *cfg, double peak)
            "| activations %.1f | scratch %.1f | checkpoint snapshot %.1f\n",
            trd_mib(mem.params), trd_mib(mem.grads), trd_mib(mem.optimizer), trd_mib(mem.buffers),
            trd_mib(mem.activations), trd_mib(mem.scratch), trd_mib(snapshot));
+    if (mc->lora.rank > 0) /* params, grads and optimizer above are the adapters' */
+        printf("lora: rank %d alpha %g on %s | adapters %zu params (%.4f%% of the model) | "
+               "frozen base per rank %.1f MiB (%s, no gradients, no optimizer state)\n",
+               mc->lora.rank, (double)mc->lora.alpha, mc->lora.targets, lora_count(mc),
+               100.0 * (double)lora_count(mc) / (double)params_count_real(mc), trd_mib(mem.frozen),
+               config_precision_name(cfg->training.precision));
     printf("batch: global %d sequences = %d micro-steps x micro_batch %d x dp %d | %d tokens/step "
            "| zero %d\n",
            cfg->training.global_batch, in->n_micro, cfg->training.micro_batch, in->dp,
@@ -119,9 +136,12 @@ static void memory_json(Trainer *tr, char *buf, size_t cap)
     int n = snprintf(buf, cap,
                      "\"memory_bytes\": {\"params\": %zu, \"grads\": %zu, \"optimizer\": %zu, "
                      "\"zero_buffers\": %zu, \"activations\": %zu, \"scratch\": %zu, "
-                     "\"checkpoint_snapshot\": %zu}",
+                     "\"checkpoint_snapshot\": %zu",
                      mem.params, mem.grads, mem.optimizer, mem.buffers, mem.activations,
                      mem.scratch, snapshot);
+    if (mem.frozen) /* LoRA: the frozen base (params, grads, optimizer: the adapters) */
+        n += snprintf(buf + n, cap - (size_t)n, ", \"frozen_base\": %zu", mem.frozen);
+    n += snprintf(buf + n, cap - (size_t)n, "}");
     const int pp = comms->pp.size;
     if (pp == 1)
         return;

@@ -369,6 +369,7 @@ MemoryReport trainer_memory(const Trainer *tr, size_t *snapshot)
         MemoryReport cm = model_memory(zero_chunk_model(tr->zero, c));
         mem.activations += cm.activations;
         mem.scratch += cm.scratch;
+        mem.frozen += cm.frozen;
     }
     if (tr->pipe) /* the gradient messages of micro-batches in flight */
         mem.activations += pp_stage_memory(tr->pipe);
@@ -474,7 +475,9 @@ Trainer *trainer_create(const Config *cfg, Comm world, TrainerMode mode)
     }
     /* A tied embedding split over the first and last stage: its gradient
      * is summed over the embedding group before its DP bucket goes out. */
-    const int tied = tr->comms.pp.size > 1 && cfg->model.tie_embeddings && tr->comms.embed.size > 1;
+    const int tied = tr->comms.pp.size > 1 && cfg->model.tie_embeddings &&
+                     tr->comms.embed.size > 1 &&
+                     cfg->model.lora.rank == 0; /* LoRA: the embedding is frozen */
     tr->zero =
         zero_create(cfg, tr->be, &shard, tr->models, &tr->comms.dp, tied ? &tr->comms.embed : NULL);
     start_trace(tr);

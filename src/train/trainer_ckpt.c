@@ -153,10 +153,86 @@ int trainer_resume(Trainer *tr)
  * fresh optimizer, schedule and sampler.  Every rank reads its own pieces:
  * of the safetensors files (ckpt_hf_load_weights), or of the checkpoint the
  * way a resume does.  Ignored, with a note, when the run resumed. */
+/* LoRA's frozen base (model.lora.base: a Hugging Face directory or a
+ * trident checkpoint of the plain model) into the base weights of model m,
+ * every rank its whole pieces (no ZeRO sharding of frozen weights).
+ * Collective over world.  Returns 0, or the exit code with err. */
+static int read_lora_base(Model *m, const Config *cfg, const Backend *be, int pp_rank, Comm *world,
+                          char err[CFG_ERR])
+{
+    const char *src = cfg->model.lora.base;
+    char dir[CFG_STR], json[CFG_STR + 16];
+    snprintf(json, sizeof json, "%s/config.json", src);
+    struct stat st;
+    const int hf = stat(json, &st) == 0;
+    if (stat(src, &st) != 0 || !S_ISDIR(st.st_mode)) {
+        snprintf(err, CFG_ERR, "model.lora.base: %s: no such directory", src);
+        return TRD_EXIT_INPUT;
+    }
+    char why[CFG_ERR] = "";
+    if (!hf && ckpt_resolve(NULL, RESUME_PATH, src, dir, why) != 1) {
+        snprintf(err, CFG_ERR, "model.lora.base: %.900s", why);
+        return TRD_EXIT_INPUT;
+    }
+    const ParamTable *t = model_base_params(m);
+    const size_t bytes = t->numel * sizeof(float);
+    float *host = be->device ? trd_malloc(bytes + 1, "base weights") : model_base_buffer(m);
+    CkptShardView v;
+    ckpt_view_init(&v, t, 0, 0, 1, pp_rank, world);
+    v.part[CKPT_PARAMS].data = host;
+    int code = TRD_EXIT_OK;
+    if (hf)
+        code = ckpt_hf_load_weights(src, &v, &cfg->model, why);
+    else if (ckpt_load_weights(dir, &v, cfg, why) != 0)
+        code = TRD_EXIT_INPUT;
+    if (code != TRD_EXIT_OK)
+        snprintf(err, CFG_ERR, "model.lora.base: %.900s", why);
+    if (code == TRD_EXIT_OK && cfg->training.precision == PREC_BF16) /* bf16 weights */
+        for (size_t i = 0; i < t->numel; i++)
+            host[i] = bf16_round(host[i]);
+    if (host != model_base_buffer(m)) {
+        if (code == TRD_EXIT_OK)
+            be->to_backend(model_base_buffer(m), host, bytes);
+        free(host);
+    }
+    return code;
+}
+
+/* LoRA: the base at every start, a resume included (the run's own
+ * checkpoints hold the adapters only; their config names the base).
+ * Without model.lora.base the base is the fresh model of run.seed. */
+static void load_lora_base(Trainer *tr)
+{
+    const int rank = tr->topo.rank;
+    char err[CFG_ERR] = "";
+    if (!tr->cfg->model.lora.base[0]) {
+        if (rank == 0)
+            printf("note: model.lora without model.lora.base: the frozen base is a fresh model "
+                   "from run.seed\n");
+        return;
+    }
+    for (int c = 0; c < zero_chunks(tr->zero); c++) {
+        const int code = read_lora_base(zero_chunk_model(tr->zero, c), tr->cfg, tr->be,
+                                        tr->comms.pp.rank, &tr->ckpt_world, err);
+        if (code != TRD_EXIT_OK)
+            guard_exit_agreed(rank, code,
+                              "model.lora.base names the plain model the adapters apply to: a "
+                              "Hugging Face directory or a trident checkpoint",
+                              "%s", err);
+    }
+    if (rank == 0)
+        printf("lora: base weights from %s (frozen), adapters %s\n", tr->cfg->model.lora.base,
+               tr->resumed                        ? "resumed"
+               : tr->cfg->checkpoint.init_from[0] ? "from checkpoint.init_from"
+                                                  : "fresh: B = 0, the model starts as its base");
+}
+
 void trainer_init_from(Trainer *tr, int resumed)
 {
     const char *src = tr->cfg->checkpoint.init_from;
     const int rank = tr->topo.rank;
+    if (tr->cfg->model.lora.rank > 0) /* then init_from, if any, gives the adapters */
+        load_lora_base(tr);
     if (!src[0])
         return;
     if (resumed) {
@@ -327,6 +403,17 @@ Model *trainer_load_model(const Config *cfg, const Backend *be, const char *step
     if (be->device) {
         be->to_backend(model_param_buffer(m), host, t->numel * sizeof(float));
         free(host);
+    }
+    if (cfg->model.lora.rank > 0) { /* the adapters above; the base they apply to */
+        int code = TRD_EXIT_OK;
+        if (cfg->model.lora.base[0])
+            code = read_lora_base(m, cfg, be, 0, &world, err);
+        else
+            printf("note: the LoRA checkpoint names no model.lora.base: its base is the fresh "
+                   "model of run.seed\n");
+        if (code != TRD_EXIT_OK)
+            trd_fatal(code, "the base must be where the LoRA run read it", "%s", err);
+        model_lora_merge(m);
     }
     return m;
 }

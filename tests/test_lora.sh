@@ -1,0 +1,152 @@
+#!/usr/bin/env bash
+# LoRA (model.lora, docs/finetune.md) end to end, on a tiny Llama:
+#   - gradients and two AdamW steps against an independent numpy reference
+#     (tests/lora_ref.py, finite differences of a float64 HF Llama);
+#   - a plain base trained and saved, then adapters on every linear layer
+#     (qkv, proj, fc, up, fcproj) from it: tp 2 (with and without sequence
+#     parallelism), pp 2, dp 2 with ZeRO 1 and 3 train the curve of one rank
+#     (fp32, loss within relative 1e-5 per step, gradient norm 1e-3);
+#   - the memory record: gradients and optimizer state are the adapters'
+#     (4 and 8 bytes each), the frozen base is reported apart; the 7B LoRA
+#     plan (configs/llama_7b_lora.yaml) fits one 24 GB GPU;
+#   - `ckpt export --format hf` (merged) read by an independent numpy
+#     forward gives the greedy tokens and logits of `trident generate` on the
+#     LoRA checkpoint (tests/generate_check.py); the HF directory generates
+#     the same tokens; `trident eval` gives the merged export's loss;
+#   - `ckpt export --format peft` read back by tests/peft_check.py (its own
+#     safetensors parser): PEFT names and shapes, merged = base + (a/r) B A;
+#   - bad input exits 2: an unknown target (file:line:column), up on gpt2,
+#     dropout, a missing base, --format peft of a plain checkpoint.
+. "$(dirname "$0")/e2e.sh"
+py=/usr/bin/python3
+
+# Bytes (vocab 257): with GPT-2's vocabulary the frozen classifier would be
+# most of a tiny model's time.
+"$TRIDENT" prepare-data --input $(ls data/brown/txt/* | head -4) --tokenizer byte \
+    --out "$out/bytes" > "$out/bytes.log" 2>&1 ||
+    { echo "FAIL: prepare-data: $(tail -2 "$out/bytes.log")"; exit 1; }
+small=(--set model.vocab=257 --set data.path="$out/bytes" --set data.val_path="$out/bytes"
+       --set model.arch=llama --set model.kv_heads=2 --set model.layers=2 --set model.hidden=64
+       --set model.heads=4 --set model.seq_len=32 --set training.warmup_steps=0
+       --set training.lr=1e-2 --set training.global_batch=4 --set training.micro_batch=1
+       --set data.val_every=0 --set data.val_sequences=2 --set run.log_every=100
+       --set topology.bucket_mb=1)
+ok() { # what, condition...
+    local what=$1; shift
+    if "$@"; then echo "ok   $what"; else echo "FAIL: $what"; fails=$((fails + 1)); fi
+}
+
+RUN_CKPT=1 run base 1 --set training.steps=3
+lora=(--set model.lora.rank=4 --set model.lora.alpha=8 --set training.steps=4
+      --set model.lora.targets=qkv,proj,fc,up,fcproj --set model.lora.base="$out/base/ckpt")
+RUN_CKPT=1 run ref 1 "${lora[@]}"
+run tp2 2 "${lora[@]}" --set topology.tp=2
+run sp2 2 "${lora[@]}" --set topology.tp=2 --set topology.sequence_parallel=true
+run pp2 2 "${lora[@]}" --set topology.pp=2
+run dp2_zero1 2 "${lora[@]}" --set topology.dp=2 --set topology.zero=1
+run dp2_zero3 2 "${lora[@]}" --set topology.dp=2 --set topology.zero=3
+for l in tp2 sp2 pp2 dp2_zero1 dp2_zero3; do
+    curves ref "$l" --steps 4 --norm-rtol 1e-3 # the gradient norm: a missed TP sum of dA moves it by 3e-2
+done
+
+# Memory: the adapters' gradients and Adam state, not the model's.
+n=$(sed -n 's/.*| adapters \([0-9]*\) params.*/\1/p' "$out/ref.log")
+"$py" - "$out/ref/metrics.jsonl" "${n:-0}" <<'PY' || fails=$((fails + 1))
+import json, sys
+mem = json.loads(open(sys.argv[1]).readline())["memory_bytes"]
+n = int(sys.argv[2])
+good = n > 0 and mem["grads"] == 4 * n and mem["optimizer"] == 8 * n and mem["params"] == 4 * n
+print(f"{'ok  ' if good else 'FAIL'} memory of {n} adapter params: grads {mem['grads']}, "
+      f"optimizer {mem['optimizer']}, params {mem['params']} bytes (4, 8, 4 per adapter param)")
+sys.exit(0 if good else 1)
+PY
+ok "the start-up line reports the frozen base" grep -q "frozen base per rank" "$out/ref.log"
+# The planner: a 7B LoRA plan fits one 24 GB GPU with 16-bit storage, its
+# gradients and optimizer state the adapters' (36 M parameters: 0.07 and
+# 0.40 GiB), the frozen base in params.
+"$TRIDENT" plan configs/llama_7b_lora.yaml --cluster rtx3090:1x1 --storage bf16 > "$out/plan.txt" 2>&1
+ok "plan: 7B LoRA fits one rtx3090" grep -q "^fits: " "$out/plan.txt"
+ok "plan: grads and optimizer of the adapters, the base in params" \
+    grep -qE "^      0     32         1    12\.62     0\.07      0\.40 " "$out/plan.txt"
+
+# Exports: the base, the merged model, the PEFT adapters.
+for x in "hf base.hf base/ckpt" "hf merged.hf ref/ckpt" "peft peft ref/ckpt"; do
+    set -- $x
+    "$TRIDENT" ckpt export --format "$1" --out "$out/$2" "$out/$3" > "$out/$2.log" 2>&1 ||
+        { echo "FAIL: export --format $1 of $3: $(tail -2 "$out/$2.log")"; fails=$((fails + 1)); }
+done
+"$py" tests/peft_check.py "$out/peft" "$out/base.hf" "$out/merged.hf" || fails=$((fails + 1))
+
+prompt="The jury said that the city"
+"$TRIDENT" generate "$out/ref/ckpt" --prompt "$prompt" --max-new-tokens 12 --greedy --ids \
+    --dump-logits "$out/g.logits" > "$out/g.ids" 2> "$out/g.log"
+ok "generate on the LoRA checkpoint exits 0" test $? -eq 0
+"$py" tests/generate_check.py "$out/merged.hf" "$(cat "$out/g.ids")" "$out/g.logits" ||
+    fails=$((fails + 1))
+"$TRIDENT" generate "$out/merged.hf" --prompt "$prompt" --max-new-tokens 12 --greedy --ids \
+    > "$out/hf.ids" 2>/dev/null
+ok "the merged export generates the LoRA checkpoint's tokens" cmp -s "$out/g.ids" "$out/hf.ids"
+"$TRIDENT" generate "$out/base/ckpt" --prompt "$prompt" --max-new-tokens 12 --greedy --ids \
+    > "$out/base.ids" 2>/dev/null
+ok "the adapters change the base's tokens" bash -c "! cmp -s '$out/g.ids' '$out/base.ids'"
+for src in ref/ckpt merged.hf; do
+    "$TRIDENT" eval "$out/$src" --data "$out/bytes" --sequences 4 > "$out/eval.${src%%/*}" 2>&1 ||
+        { echo "FAIL: eval $src: $(tail -2 "$out/eval.${src%%/*}")"; fails=$((fails + 1)); }
+done
+"$py" - "$out/eval.ref" "$out/eval.merged.hf" <<'PY' || fails=$((fails + 1))
+import re, sys
+a, b = (float(re.search(r"loss ([0-9.]+)", open(f).read()).group(1)) for f in sys.argv[1:])
+good = abs(a - b) <= 1e-5 * abs(b)
+print(f"{'ok  ' if good else 'FAIL'} eval with the adapters {a} = eval of the merged export {b}")
+sys.exit(0 if good else 1)
+PY
+
+# Gradients and steps against an independent numpy reference
+# (tests/lora_ref.py: HF Llama in float64, finite differences, AdamW): a
+# byte-level model trained on one 16-token sequence, adapters on qkv
+# (column-parallel) and fcproj (row-parallel).
+printf 'The jury said it' > "$out/one.txt"
+"$TRIDENT" prepare-data --input "$out/one.txt" --tokenizer byte --out "$out/one" > "$out/one.log" 2>&1 ||
+    { echo "FAIL: prepare-data: $(tail -2 "$out/one.log")"; fails=$((fails + 1)); }
+small=(--set model.arch=llama --set model.vocab=257 --set model.kv_heads=2 --set model.layers=2
+       --set model.hidden=32 --set model.heads=4 --set model.ffn_hidden=64 --set model.seq_len=16
+       --set data.path="$out/one" --set data.val_path= --set data.val_every=0
+       --set training.global_batch=1 --set training.micro_batch=1 --set training.warmup_steps=0
+       --set training.decay=constant --set training.weight_decay=0 --set training.grad_clip=0
+       --set run.log_every=100)
+RUN_CKPT=1 run bbase 1 --set training.steps=1
+RUN_CKPT=1 run bft 1 --set training.steps=2 --set training.lr=1e-3 --set checkpoint.every=1 \
+    --set checkpoint.keep=3 --set model.lora.rank=2 --set model.lora.alpha=4 \
+    --set model.lora.targets=qkv,fcproj --set model.lora.base="$out/bbase/ckpt"
+for x in "hf bbase.hf bbase/ckpt" "peft p1 bft/ckpt/step_00000001" "peft p2 bft/ckpt/step_00000002"; do
+    set -- $x
+    "$TRIDENT" ckpt export --format "$1" --out "$out/$2" "$out/$3" > "$out/$2.log" 2>&1 ||
+        { echo "FAIL: export --format $1 of $3: $(tail -2 "$out/$2.log")"; fails=$((fails + 1)); }
+done
+"$py" tests/lora_ref.py "$out/bbase.hf" "$out/p1" "$out/p2" "$out/bft/metrics.jsonl" \
+    "$(od -An -tu1 -v "$out/one.txt" | tr -s ' \n' ' ') 256" 1e-3 || fails=$((fails + 1))
+
+# Bad input: exit 2 with the reason.
+bad() { # what, expected text, trident args...
+    local what=$1 want=$2; shift 2
+    "$TRIDENT" "$@" > "$out/bad.log" 2>&1
+    local rc=$?
+    if [ "$rc" -eq 2 ] && grep -q -- "$want" "$out/bad.log"; then echo "ok   $what: exit 2"
+    else echo "FAIL: $what: exit $rc, $(tail -2 "$out/bad.log")"; fails=$((fails + 1)); fi
+}
+sed 's/^  seq_len: 128/  seq_len: 128\n  lora:\n    rank: 4\n    targets: [qkv, attn]/' \
+    configs/tiny.yaml > "$out/bad.yaml"
+bad "an unknown target" "bad.yaml:23:14: model.lora.targets: 'attn' is not a linear layer" \
+    train "$out/bad.yaml" --set training.steps=1
+bad "up on gpt2" "'up' is not a linear layer of a gpt2" train configs/tiny.yaml \
+    --set model.lora.rank=4 --set model.lora.targets=qkv,up
+bad "dropout" "model.lora.dropout" train configs/tiny.yaml --set model.lora.rank=4 \
+    --set model.lora.dropout=0.1
+bad "a missing base" "model.lora.base" train configs/tiny.yaml "${small[@]}" \
+    --set run.dir="$out/nobase" --set checkpoint.dir= --set model.lora.rank=4 \
+    --set model.lora.base="$out/nothing"
+bad "--format peft of a plain checkpoint" "not a LoRA checkpoint" \
+    ckpt export --format peft --out "$out/p2" "$out/base/ckpt"
+
+echo "lora: $fails failed"
+[ "$fails" -eq 0 ]

@@ -146,8 +146,8 @@ void cuda_moe_gather(float *out, const float *inp, const int32_t *slot, int R, i
 {
     if (R <= 0 || C <= 0)
         return;
-    moe_gather_kernel<<<cuda_blocks((size_t)R * C), CUDA_THREADS, 0, cuda_stream()>>>(out, inp,
-                                                                                      slot, R, C, k);
+    moe_gather_kernel<<<cuda_blocks((size_t)R * C), CUDA_THREADS, 0, cuda_stream()>>>(
+        out, inp, slot, R, C, k);
     CUDA_CHECK_LAUNCH();
 }
 
@@ -165,8 +165,8 @@ void cuda_moe_combine_forward(float *out, const float *y, const float *w, const 
 {
     if (R <= 0 || C <= 0)
         return;
-    moe_combine_forward_kernel<<<blocks_of(C), CUDA_THREADS, 0, cuda_stream()>>>(out, y, w, slot,
-                                                                                 R, C, k);
+    moe_combine_forward_kernel<<<blocks_of(C), CUDA_THREADS, 0, cuda_stream()>>>(out, y, w, slot, R,
+                                                                                 C, k);
     CUDA_CHECK_LAUNCH();
 }
 
@@ -175,7 +175,7 @@ void cuda_moe_combine_backward(float *dy, float *dw, const float *dout, const fl
 {
     if (R <= 0)
         return;
-    moe_combine_backward_kernel<<<blocks_of(R), CUDA_THREADS, 0, cuda_stream()>>>(
-        dy, dw, dout, y, w, slot, R, C, k);
+    moe_combine_backward_kernel<<<blocks_of(R), CUDA_THREADS, 0, cuda_stream()>>>(dy, dw, dout, y,
+                                                                                  w, slot, R, C, k);
     CUDA_CHECK_LAUNCH();
 }

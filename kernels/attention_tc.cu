@@ -23,10 +23,9 @@
  * and its results in mma accumulators: each lane holds rows g and g+8 of
  * its warp's 16 (g = lane / 4), columns 2c, 2c+1 of each 8-wide tile
  * (c = lane % 4), so a row's statistics are sums over the 4 lanes of a
- * quad.  The B operands are read from shared memory as pairs: along a row
- * (32-bit loads) for q.k-like products, down a column (two 16-bit loads)
- * for P.v-like ones; ldmatrix.trans would do the latter in one instruction
- * and is the next step when a GPU measures this kernel. */
+ * quad.  The B operands come from the staged tiles: along a row (32-bit
+ * loads) for q.k-like products, down a column for P.v-like ones, as
+ * ldmatrix.trans gives it (mma.cuh). */
 #include "attention.cuh"
 #include "mma.cuh"
 
@@ -52,7 +51,8 @@ __device__ inline float quad_max(float v)
 __device__ inline float bf16r(float x) { return __bfloat162float(__float2bfloat16(x)); }
 
 /* Rows r0 .. r0+63 of a head (fp32, the row at head + row * ld) rounded to
- * bf16 into sh, zeros for rows outside [0, n).  The padding of 8 bf16
+ * bf16 into sh (16-byte aligned: the fragment loads read 32 bits), zeros
+ * for rows outside [0, n).  The padding of 8 bf16
  * puts consecutive rows 4 banks apart: the 8 rows x 4 pairs of a fragment
  * load land in 32 different banks. */
 template <int HS>
@@ -115,7 +115,7 @@ template <int HS>
 __device__ inline void tc_accumulate(float (&acc)[HS / 8][4], const float (&p)[8][4],
                                      const uint16_t (*xs)[HS + TC_PAD])
 {
-    const int lane = threadIdx.x % 32, g = lane / 4, c = lane % 4, ld = HS + TC_PAD;
+    const int lane = threadIdx.x % 32;
 #pragma unroll
     for (int kk = 0; kk < TC_STEPS; kk++) {
         const uint32_t a[4] = {mma_pack(p[2 * kk][0], p[2 * kk][1]),
@@ -124,8 +124,8 @@ __device__ inline void tc_accumulate(float (&acc)[HS / 8][4], const float (&p)[8
                                mma_pack(p[2 * kk + 1][2], p[2 * kk + 1][3])};
 #pragma unroll
         for (int n = 0; n < HS / 8; n++) {
-            const uint16_t *x = &xs[16 * kk + 2 * c][8 * n + g];
-            const uint32_t bf[2] = {mma_ld_pair(x, x + ld), mma_ld_pair(x + 8 * ld, x + 9 * ld)};
+            uint32_t bf[2];
+            mma_ldmatrix_x2_trans(bf, &xs[16 * kk + lane % 16][8 * n]);
             mma_bf16_16816(acc[n], a, bf);
         }
     }
@@ -169,7 +169,7 @@ template <int HS>
 __global__ void __launch_bounds__(TC_BLOCK)
     attention_tc_forward_kernel(float *out, float *lse, const float *qkv, const float *kv, Shape s)
 {
-    __shared__ uint16_t ks[TC_ROWS][HS + TC_PAD], vs[TC_ROWS][HS + TC_PAD];
+    __shared__ __align__(16) uint16_t ks[TC_ROWS][HS + TC_PAD], vs[TC_ROWS][HS + TC_PAD];
     int b, h, tile;
     block_coords(s.qtiles, s.H, 1, &b, &h, &tile);
     const int lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
@@ -257,7 +257,7 @@ __global__ void __launch_bounds__(TC_BLOCK)
     attention_tc_dq_kernel(float *dq_buf, const float *dout, const float *qkv, const float *kv,
                            const float *out, const float *lse, Shape s)
 {
-    __shared__ uint16_t ks[TC_ROWS][HS + TC_PAD], vs[TC_ROWS][HS + TC_PAD];
+    __shared__ __align__(16) uint16_t ks[TC_ROWS][HS + TC_PAD], vs[TC_ROWS][HS + TC_PAD];
     int b, h, tile;
     block_coords(s.qtiles, s.H, 1, &b, &h, &tile);
     const int lane = threadIdx.x % 32, g = lane / 4, c = lane % 4, ow = s.H * HS;
@@ -331,7 +331,7 @@ __global__ void __launch_bounds__(TC_BLOCK)
     attention_tc_dkv_kernel(float *dkv, const float *dout, const float *qkv, const float *kv,
                             const float *out, const float *lse, Shape s)
 {
-    __shared__ uint16_t qs[TC_ROWS][HS + TC_PAD], dos[TC_ROWS][HS + TC_PAD];
+    __shared__ __align__(16) uint16_t qs[TC_ROWS][HS + TC_PAD], dos[TC_ROWS][HS + TC_PAD];
     __shared__ float Ls[TC_ROWS], Ds[TC_ROWS];
     __shared__ int First[TC_ROWS],
         Qp[TC_ROWS]; /* per staged query row: first key position seen, own */

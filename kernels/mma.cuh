@@ -65,6 +65,36 @@ __device__ inline uint32_t mma_ld_pair(const uint16_t *lo, const uint16_t *hi)
     return (uint32_t)*lo | (uint32_t)*hi << 16;
 }
 
+/* ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16: two 8 x 8 bf16 matrices
+ * of shared memory, transposed, as a B fragment.  Lanes 0-7 give the rows
+ * of matrix 0 and lanes 8-15 those of matrix 1 (row = 8 bf16 from `row`,
+ * 16-byte aligned; the other lanes' addresses are not used); each lane
+ * receives r[i] = (M_i[2c][g], M_i[2c+1][g]) of matrix i (g = lane / 4,
+ * c = lane % 4): with M_0 = rows k .. k+7 and M_1 = rows k+8 .. k+15 of a
+ * row-major tile X, the B fragment of X[k .. k+15][n .. n+7]. */
+#ifdef TRD_CUDA_EMULATED
+
+inline void mma_ldmatrix_x2_trans(uint32_t (&r)[2], const uint16_t *row)
+{
+    const uint16_t *rows[32];
+    emu_warp_gather(&row, rows, sizeof row);
+    const int lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
+    for (int i = 0; i < 2; i++)
+        r[i] = mma_ld_pair(rows[8 * i + 2 * c] + g, rows[8 * i + 2 * c + 1] + g);
+}
+
+#else
+
+__device__ inline void mma_ldmatrix_x2_trans(uint32_t (&r)[2], const uint16_t *row)
+{
+    const unsigned addr = (unsigned)__cvta_generic_to_shared(row);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0, %1}, [%2];\n"
+                 : "=r"(r[0]), "=r"(r[1])
+                 : "r"(addr));
+}
+
+#endif
+
 #ifdef TRD_CUDA_EMULATED
 
 struct MmaLane {

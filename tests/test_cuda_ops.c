@@ -591,7 +591,8 @@ static void test_attention_blocks(int B, int H, int KVH, int hs)
  * plain product.  Small integers first, where every sum is exact in fp32,
  * so any element a lane loads or stores at the wrong place shows as an
  * inequality; then random bf16 values (products exact, 17-term fp32 sums
- * in another order: R_ELEM). */
+ * in another order: R_ELEM).  B by the per-lane formulas, then by
+ * ldmatrix.x2.trans (mma.cuh) from shared memory. */
 static void test_mma(void)
 {
     for (int exact = 1; exact >= 0; exact--) {
@@ -611,9 +612,13 @@ static void test_mma(void)
             }
         float *d_a = dcopyf(a, 16 * 16), *d_b = dcopyf(b, 16 * 8), *d_c = dcopyf(c, 16 * 8);
         float *d_d = backend_cuda_calloc(16 * 8 * sizeof(float), "mma d");
-        backend_cuda_mma_check(d_d, d_a, d_b, d_c);
-        compare_dev(exact ? "mma m16n8k16 bf16, integers" : "mma m16n8k16 bf16, random", d_d, want,
-                    16 * 8, exact ? R_EXACT : R_ELEM);
+        for (int ldm = 0; ldm <= 1; ldm++) {
+            char what[96];
+            snprintf(what, sizeof what, "mma m16n8k16 bf16, %s%s", exact ? "integers" : "random",
+                     ldm ? ", B by ldmatrix.trans" : "");
+            backend_cuda_mma_check(d_d, d_a, d_b, d_c, ldm);
+            compare_dev(what, d_d, want, 16 * 8, exact ? R_EXACT : R_ELEM);
+        }
         backend_cuda_free(d_a), backend_cuda_free(d_b), backend_cuda_free(d_c);
         backend_cuda_free(d_d);
     }

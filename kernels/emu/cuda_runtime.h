@@ -27,6 +27,7 @@
 #define __device__
 #define __host__
 #define __launch_bounds__(...)
+#define __align__(n) __attribute__((aligned(n)))
 /* blocks run one at a time: a static is the block's shared memory */
 #define __shared__ static
 struct dim3 {

@@ -51,6 +51,17 @@ import statistics, sys
 v = [float(x) for x in sys.stdin.read().split()]
 print(f"{statistics.median(v):.1f}" if v else "nan")'; }
 
+# The ops against the CPU first, on this GPU (tests/test_cuda_ops.c; among
+# them the tensor-core product of kernels/mma.cuh and the bf16 attention of
+# kernels/attention_tc.cu, which the emulation checks but no GPU has yet):
+# its summary line, and the failures if any (the figures below then come
+# from a wrong kernel).
+ops=$(dirname "$trident")/tests/test_cuda_ops
+if [ -x "$ops" ]; then
+    "$ops" > "$out/cuda_ops.log" 2>&1 || grep -m 10 FAIL "$out/cuda_ops.log" || true
+    tail -1 "$out/cuda_ops.log"
+fi
+
 rm -rf "$out/trident"
 "$trident" train "$cfg" --set backend=cuda --set training.precision=bf16 \
     --set training.steps="$steps" --set training.warmup_steps=1 \

@@ -25,35 +25,22 @@
  * range [u0, u1), so a query tile walks the union of its rows' ranges and
  * each pair outside the row's own range is skipped.
  *
- * Head size up to HS_MAX (128).  Each kernel is compiled for PER = 4, 8
+ * Head size up to ATT_HS_MAX (128).  Each kernel is compiled for PER = 4, 8
  * and 16 channels per thread (head sizes up to 32, 64 and 128) and the
  * smallest that holds the head runs: register arrays and shared rows sized
  * for 128 would spend half of every dot product and shared-memory load on
  * zero padding at GPT-2's 64.  fp32 throughout, IEEE expf. */
-#include "ops.cuh"
+#include "attention.cuh"
 
 enum {
-    ROWS = 32,                /* rows of a tile (queries or keys) */
-    GROUP = 8,                /* threads per row */
-    ATT_BLOCK = ROWS * GROUP, /* 256 threads */
-    HS_MAX = 128
+    ROWS = 32,               /* rows of a tile (queries or keys) */
+    GROUP = 8,               /* threads per row */
+    ATT_BLOCK = ROWS * GROUP /* 256 threads */
 };
 
 /* Shared row stride for PER channels per thread: PER * GROUP + GROUP, so a
  * warp's 4 rows x 8 lanes land in 32 different banks. */
 #define STRIDE (PER * GROUP + GROUP)
-
-/* Offsets, inside a row of the fused qkv buffer, of query head h and of the
- * key head of group g (the value head follows the key head). */
-__device__ inline size_t q_off(int h, int Q, int hs)
-{
-    return ((size_t)(h / Q) * (Q + 2) + h % Q) * hs;
-}
-
-__device__ inline size_t k_off(int g, int Q, int hs) { return ((size_t)g * (Q + 2) + Q) * hs; }
-
-__device__ inline int imin(int a, int b) { return a < b ? a : b; }
-__device__ inline int imax(int a, int b) { return a > b ? a : b; }
 
 /* Sum over the 8 threads of a row group (lanes differing in the low 3 bits);
  * every thread of the block must call it together. */
@@ -110,28 +97,6 @@ template <int PER> __device__ inline void stage_row(float *sh, const float *row,
         sh[i] = row && i < hs ? row[i] : 0.0f;
 }
 
-struct Shape {
-    int Tq, Tk, H, KVH, hs, Q, width, kvw, qtiles, ktiles, q_pos0, k_pos0, kv_packed, merge;
-    const int32_t *pos;
-    float scale;
-};
-
-/* Offset, in a row of kv, of group g's key head (the value head follows). */
-__device__ inline size_t kv_k_off(int g, const Shape &s)
-{
-    return s.kv_packed ? (size_t)g * 2 * s.hs : k_off(g, s.Q, s.hs);
-}
-
-/* The keys [*u0, *u1) of the key block that query row t of sequence b sees
- * (AttnArgs's rule); *u0 >= *u1 when none. */
-__device__ inline void key_range(const Shape &s, int b, int t, int *u0, int *u1)
-{
-    const int qp = s.q_pos0 + t;
-    const int first = s.pos ? qp - s.pos[(size_t)b * s.Tq + t] : 0;
-    *u0 = imax(first - s.k_pos0, 0);
-    *u1 = imin(qp - s.k_pos0 + 1, s.Tk);
-}
-
 /* The key and value rows k0 .. k0+ROWS-1 of the kv head at kh into ks, vs
  * (zeros past Tk), between barriers: the previous tile is consumed first. */
 template <int PER>
@@ -163,33 +128,6 @@ __device__ inline void tile_key_range(int u0, int u1, int *lo, int *hi)
         h = imax(h, hi_s[i]);
     }
     *lo = l, *hi = h;
-}
-
-static Shape shape_of(const AttnArgs *a)
-{
-    Shape s;
-    s.Tq = a->Tq, s.Tk = a->Tk, s.H = a->H, s.KVH = a->KVH, s.hs = a->hs, s.Q = a->H / a->KVH;
-    s.width = (a->H + 2 * a->KVH) * a->hs;
-    s.kvw = a->kv_packed ? 2 * a->KVH * a->hs : s.width;
-    s.qtiles = (a->Tq + ROWS - 1) / ROWS;
-    s.ktiles = (a->Tk + ROWS - 1) / ROWS;
-    s.q_pos0 = a->q_pos0, s.k_pos0 = a->k_pos0;
-    s.kv_packed = a->kv_packed, s.merge = a->merge;
-    s.pos = a->pos;
-    s.scale = 1 / sqrtf((float)a->hs);
-    return s;
-}
-
-/* Block -> (b, head, tile), the costliest tiles first: a causal query tile
- * costs more the later it is (heavy = the last tile first), a key tile the
- * earlier it is. */
-__device__ inline void block_coords(int tiles, int heads, int last_first, int *b, int *head,
-                                    int *tile)
-{
-    int k = blockIdx.x % tiles;
-    *tile = last_first ? tiles - 1 - k : k;
-    *head = blockIdx.x / tiles % heads;
-    *b = blockIdx.x / (tiles * heads);
 }
 
 template <int PER>
@@ -392,16 +330,6 @@ static unsigned tile_blocks(int B, int heads, int tiles)
     return (unsigned)n;
 }
 
-static void check_args(const AttnArgs *a)
-{
-    TRD_ASSERT(a->KVH > 0 && a->H % a->KVH == 0);
-    TRD_ASSERT(a->B >= 0 && a->Tq >= 0 && a->Tk >= 0 && a->q_pos0 >= 0 && a->k_pos0 >= 0);
-    if (a->hs > HS_MAX)
-        trd_fatal(TRD_EXIT_INPUT, "use hidden / heads <= 128 with backend: cuda",
-                  "attention: head size %d is larger than the CUDA kernels' limit %d", a->hs,
-                  (int)HS_MAX);
-}
-
 /* The kernels for PER channels per thread. */
 template <int PER>
 static void forward_launch(float *out, float *lse, const float *q, const float *kv,
@@ -428,10 +356,10 @@ static void backward_launch(float *dq, float *dkv, const float *dout, const floa
 void cuda_attention_forward(float *out, float *lse, const float *q, const float *kv,
                             const AttnArgs *a)
 {
-    check_args(a);
+    attn_check_args(a);
     if (a->B <= 0 || a->Tq <= 0 || a->H <= 0 || a->hs <= 0)
         return;
-    const Shape s = shape_of(a);
+    const Shape s = attn_shape(a, ROWS);
     if (a->hs <= 4 * GROUP)
         forward_launch<4>(out, lse, q, kv, a, s);
     else if (a->hs <= 8 * GROUP)
@@ -443,10 +371,10 @@ void cuda_attention_forward(float *out, float *lse, const float *q, const float 
 void cuda_attention_backward(float *dq, float *dkv, const float *dout, const float *q,
                              const float *kv, const float *out, const float *lse, const AttnArgs *a)
 {
-    check_args(a);
+    attn_check_args(a);
     if (a->B <= 0 || a->Tq <= 0 || a->Tk <= 0 || a->H <= 0 || a->hs <= 0)
         return;
-    const Shape s = shape_of(a);
+    const Shape s = attn_shape(a, ROWS);
     if (a->hs <= 4 * GROUP)
         backward_launch<4>(dq, dkv, dout, q, kv, out, lse, a, s);
     else if (a->hs <= 8 * GROUP)

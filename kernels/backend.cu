@@ -343,6 +343,8 @@ extern "C" const Backend *backend_cuda_bf16(void)
         t = cuda_backend;
         t.matmul_forward = cuda_matmul_forward_bf16;
         t.matmul_backward = cuda_matmul_backward_bf16;
+        t.attention_forward = cuda_attention_forward_bf16;
+        t.attention_backward = cuda_attention_backward_bf16;
     }
     return &t;
 }

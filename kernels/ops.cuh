@@ -76,6 +76,15 @@ void cuda_attention_forward(float *out, float *lse, const float *q, const float 
 void cuda_attention_backward(float *dq, float *dkv, const float *dout, const float *q,
                              const float *kv, const float *out, const float *lse,
                              const AttnArgs *a);
+/* attention_tc.cu, bf16 on tensor cores (backend_cuda_bf16): head sizes 64
+ * and 128 (cuda_attention_tc_serves); any other call goes to the fp32
+ * kernels above. */
+int cuda_attention_tc_serves(const AttnArgs *a);
+void cuda_attention_forward_bf16(float *out, float *lse, const float *q, const float *kv,
+                                 const AttnArgs *a);
+void cuda_attention_backward_bf16(float *dq, float *dkv, const float *dout, const float *q,
+                                  const float *kv, const float *out, const float *lse,
+                                  const AttnArgs *a);
 
 /* crossentropy.cu */
 void cuda_crossentropy_forward(float *losses, const float *logits, const int32_t *targets, int N,

@@ -137,6 +137,7 @@ static void compare_dev(const char *what, const float *dev, const float *want, s
 enum { R_EXACT = 0 };
 #define R_ELEM 1e-5
 #define R_RED  1e-4
+#define R_TC   4e-3
 
 /* --------------------------------------------------------------- matmul */
 
@@ -475,6 +476,21 @@ static void test_rope(int B, int T, int H, int KVH, int hs, RopeFreq rf, int pos
 
 /* ------------------------------------------------------------ attention */
 
+/* The tensor-core attention (backend_cuda_bf16, head sizes 64 and 128)
+ * while attn_tc: q, kv and dout rounded to bf16 before both backends see
+ * them, the CPU's fp32 attention the reference, out and the gradients
+ * within attn_rtol = R_TC (lse stays R_RED: its scores are fp32 sums of
+ * exact products), see docs/cuda.md "bf16 attention". */
+static int attn_tc;
+static const char *attn_tag = "";
+static double attn_rtol = R_RED;
+
+static void round_bf16(float *x, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        x[i] = bf16_round(x[i]);
+}
+
 /* One call with the arguments a (a->pos: host positions, copied to the
  * device here).  q and kv are separate buffers unless self (then a->Tq ==
  * a->Tk and kv is q, as in training).  out and lse start random on both
@@ -490,6 +506,11 @@ static void test_attention_args(const AttnArgs *a, int self, const char *label)
     size_t no = (size_t)B * a->Tq * H * hs, nl = (size_t)B * H * a->Tq;
     float *q = hrand(nq, 2), *kv = self ? q : hrand(nkv, 2), *out = hrand(no, 1);
     float *lse = hrand(nl, 1), *dout = hrand(no, 1), *dq = hrand(nq, 1);
+    if (attn_tc) { /* the bf16 kernels' operands, exact in bf16 on both sides */
+        round_bf16(q, nq), round_bf16(dout, no);
+        if (!self)
+            round_bf16(kv, nkv);
+    }
     float *dkv = self ? dq : hrand(nkv, 1);
     float *d_q = dcopyf(q, nq), *d_kv = self ? d_q : dcopyf(kv, nkv), *d_out = dcopyf(out, no);
     float *d_lse = dcopyf(lse, nl), *d_dout = dcopyf(dout, no), *d_dq = dcopyf(dq, nq);
@@ -500,23 +521,23 @@ static void test_attention_args(const AttnArgs *a, int self, const char *label)
 
     cpu->attention_forward(out, lse, q, kv, a);
     gpu->attention_forward(d_out, d_lse, d_q, d_kv, &ga);
-    snprintf(what, sizeof what, "attention B=%d Tq=%d Tk=%d H=%d KVH=%d hs=%d%s lse", B, a->Tq,
-             a->Tk, H, KVH, hs, label);
+    snprintf(what, sizeof what, "attention%s B=%d Tq=%d Tk=%d H=%d KVH=%d hs=%d%s lse", attn_tag, B,
+             a->Tq, a->Tk, H, KVH, hs, label);
     compare_dev(what, d_lse, lse, nl, R_RED);
-    snprintf(what, sizeof what, "attention B=%d Tq=%d Tk=%d H=%d KVH=%d hs=%d%s out", B, a->Tq,
-             a->Tk, H, KVH, hs, label);
-    compare_dev(what, d_out, out, no, R_RED);
+    snprintf(what, sizeof what, "attention%s B=%d Tq=%d Tk=%d H=%d KVH=%d hs=%d%s out", attn_tag, B,
+             a->Tq, a->Tk, H, KVH, hs, label);
+    compare_dev(what, d_out, out, no, attn_rtol);
 
     /* each backend from its own out and lse, as in training */
     cpu->attention_backward(dq, dkv, dout, q, kv, out, lse, a);
     gpu->attention_backward(d_dq, d_dkv, d_dout, d_q, d_kv, d_out, d_lse, &ga);
-    snprintf(what, sizeof what, "attention B=%d Tq=%d Tk=%d H=%d KVH=%d hs=%d%s dq", B, a->Tq,
-             a->Tk, H, KVH, hs, label);
-    compare_dev(what, d_dq, dq, nq, R_RED);
+    snprintf(what, sizeof what, "attention%s B=%d Tq=%d Tk=%d H=%d KVH=%d hs=%d%s dq", attn_tag, B,
+             a->Tq, a->Tk, H, KVH, hs, label);
+    compare_dev(what, d_dq, dq, nq, attn_rtol);
     if (!self) {
-        snprintf(what, sizeof what, "attention B=%d Tq=%d Tk=%d H=%d KVH=%d hs=%d%s dkv", B, a->Tq,
-                 a->Tk, H, KVH, hs, label);
-        compare_dev(what, d_dkv, dkv, nkv, R_RED);
+        snprintf(what, sizeof what, "attention%s B=%d Tq=%d Tk=%d H=%d KVH=%d hs=%d%s dkv",
+                 attn_tag, B, a->Tq, a->Tk, H, KVH, hs, label);
+        compare_dev(what, d_dkv, dkv, nkv, attn_rtol);
     }
 
     free(q), free(out), free(lse), free(dout), free(dq);
@@ -563,6 +584,44 @@ static void test_attention_blocks(int B, int H, int KVH, int hs)
         free(whole), free(mine);
     }
     free(pos);
+}
+
+/* The tensor-core product alone (kernels/mma.cuh through
+ * backend_cuda_mma_check): D = A B + C for one 16x8x16 tile, against the
+ * plain product.  Small integers first, where every sum is exact in fp32,
+ * so any element a lane loads or stores at the wrong place shows as an
+ * inequality; then random bf16 values (products exact, 17-term fp32 sums
+ * in another order: R_ELEM).  B by the per-lane formulas, then by
+ * ldmatrix.x2.trans (mma.cuh) from shared memory. */
+static void test_mma(void)
+{
+    for (int exact = 1; exact >= 0; exact--) {
+        float a[16 * 16], b[16 * 8], c[16 * 8], want[16 * 8];
+        for (int i = 0; i < 16 * 16; i++)
+            a[i] = exact ? (float)irand(-8, 8) : bf16_round((float)(4 * urand() - 2));
+        for (int i = 0; i < 16 * 8; i++) {
+            b[i] = exact ? (float)irand(-8, 8) : bf16_round((float)(4 * urand() - 2));
+            c[i] = exact ? (float)irand(-100, 100) : (float)(4 * urand() - 2);
+        }
+        for (int r = 0; r < 16; r++)
+            for (int n = 0; n < 8; n++) {
+                double acc = c[r * 8 + n];
+                for (int k = 0; k < 16; k++)
+                    acc += (double)a[r * 16 + k] * b[k * 8 + n];
+                want[r * 8 + n] = (float)acc;
+            }
+        float *d_a = dcopyf(a, 16 * 16), *d_b = dcopyf(b, 16 * 8), *d_c = dcopyf(c, 16 * 8);
+        float *d_d = backend_cuda_calloc(16 * 8 * sizeof(float), "mma d");
+        for (int ldm = 0; ldm <= 1; ldm++) {
+            char what[96];
+            snprintf(what, sizeof what, "mma m16n8k16 bf16, %s%s", exact ? "integers" : "random",
+                     ldm ? ", B by ldmatrix.trans" : "");
+            backend_cuda_mma_check(d_d, d_a, d_b, d_c, ldm);
+            compare_dev(what, d_d, want, 16 * 8, exact ? R_EXACT : R_ELEM);
+        }
+        backend_cuda_free(d_a), backend_cuda_free(d_b), backend_cuda_free(d_c);
+        backend_cuda_free(d_d);
+    }
 }
 
 /* ------------------------------------------------------------- decoding */
@@ -1387,9 +1446,26 @@ int main(void)
     test_attention(2, 64, 4, 2, 100);   /* hs not a multiple of 8, whole tiles */
     test_attention_blocks(2, 4, 2, 16); /* GQA */
     test_attention_blocks(1, 3, 3, 8);  /* MHA */
-    test_decode(9, 4, 2, 16);           /* GQA */
-    test_decode(40, 2, 2, 128);         /* MHA, the largest head size */
-    test_decode(7, 6, 1, 36);           /* MQA, hs not a multiple of 32 */
+
+    /* bf16 on tensor cores (backend_cuda_bf16), head sizes 64 and 128 */
+    test_mma();
+    gpu = backend_cuda_bf16();
+    CHECK(gpu->attention_forward != backend_cuda()->attention_forward &&
+              gpu->attention_backward != backend_cuda()->attention_backward,
+          "backend_cuda_bf16: attention through the tensor-core entry points");
+    attn_tc = 1, attn_tag = " tc", attn_rtol = R_TC;
+    test_attention(2, 70, 4, 2, 64);    /* GQA, B > 1, a partial second tile */
+    test_attention(1, 70, 2, 1, 128);   /* MQA, the largest head size */
+    test_attention(1, 200, 2, 2, 64);   /* MHA, four tiles: the softmax rescaled thrice */
+    test_attention_blocks(1, 2, 1, 64); /* documents, offsets, packed keys, merge */
+    attn_tag = " tc fallback", attn_rtol = R_RED;
+    test_attention(1, 37, 6, 2, 16); /* another head size: the fp32 kernels */
+    attn_tc = 0, attn_tag = "";
+    gpu = backend_cuda();
+
+    test_decode(9, 4, 2, 16);   /* GQA */
+    test_decode(40, 2, 2, 128); /* MHA, the largest head size */
+    test_decode(7, 6, 1, 36);   /* MQA, hs not a multiple of 32 */
 
     test_crossentropy(37, 1000, 1024);
     test_crossentropy(8, 50257, 50304); /* GPT-2 vocabulary, padded */

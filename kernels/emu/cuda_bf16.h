@@ -25,3 +25,7 @@ inline float __bfloat162float(__nv_bfloat16 b)
     memcpy(&f, &u, 4);
     return f;
 }
+
+/* The bits of a bf16 value, and the value of 16 bits (as the device's). */
+inline unsigned short __bfloat16_as_ushort(__nv_bfloat16 b) { return b.x; }
+inline __nv_bfloat16 __ushort_as_bfloat16(unsigned short u) { return __nv_bfloat16{u}; }

@@ -3,8 +3,8 @@
  * run without a GPU (meson -Demulate_cuda=true; docs/cuda.md).  A check
  * of indexing, block reductions, cuBLAS argument conventions and of which
  * memory the host code touches, not of GPU behaviour: blocks run one after
- * another, the threads of a block as fibers that switch at __syncthreads
- * and at warp shuffles.
+ * another, the threads of a block as fibers that switch at __syncthreads,
+ * at warp shuffles and at warp-level matrix products (kernels/mma.cuh).
  *
  * Device memory is strict (emu.cpp): every cudaMalloc is its own mapping,
  * inaccessible (PROT_NONE) except while emulated device work runs (a
@@ -27,6 +27,7 @@
 #define __device__
 #define __host__
 #define __launch_bounds__(...)
+#define __align__(n) __attribute__((aligned(n)))
 /* blocks run one at a time: a static is the block's shared memory */
 #define __shared__ static
 struct dim3 {
@@ -241,6 +242,12 @@ template <class T> T __shfl_xor_sync(unsigned mask, T v, int o)
     }
     return (T)emu_shfl_xor((double)v, o);
 }
+
+/* A warp-wide exchange for the emulated warp-level matrix operations
+ * (kernels/mma.cuh): each thread of the warp gives n bytes (n <= 64) and
+ * receives the 32 lanes' contributions in lane order in all[32 * n].  Like
+ * a shuffle, every thread of the block must call it together. */
+void emu_warp_gather(const void *mine, void *all, size_t n);
 
 /* -------------------------------------------------------- step counts */
 

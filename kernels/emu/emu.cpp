@@ -16,7 +16,8 @@
  *
  * Threads.  A block's threads are fibers (see ctx_switch).  Each round of the
  * scheduler resumes every live fiber once; a fiber runs until its next
- * barrier (__syncthreads, or either half of a shuffle) or its end, so a
+ * barrier (__syncthreads, a shuffle, or either half of a warp gather, the
+ * emulated tensor-core product's exchange) or its end, so a
  * round is exactly one barrier interval.  A block where some threads end
  * while others wait at a barrier aborts (undefined behaviour on a GPU).  A
  * block whose thread 0 meets no barrier runs its other threads as a plain
@@ -725,6 +726,23 @@ const double *emu_block_values(double v, double **slot, int *fresh)
 double emu_shfl_xor(double v, int o)
 {
     return emu_warp_values(v)[(threadIdx.x % 32) ^ o];
+}
+
+enum { GATHER_MAX = 64 };
+static unsigned char gather_buf[1024][GATHER_MAX];
+
+void emu_warp_gather(const void *mine, void *all, size_t n)
+{
+    int t = threadIdx.x, first = t - t % 32;
+    if (blockDim.x % 32)
+        die("blockDim not a multiple of 32");
+    if (n > GATHER_MAX)
+        die("emu_warp_gather: %zu bytes per lane, at most %d", n, (int)GATHER_MAX);
+    memcpy(gather_buf[t], mine, n);
+    yield_to_sched();
+    for (int l = 0; l < 32; l++)
+        memcpy((unsigned char *)all + (size_t)l * n, gather_buf[first + l], n);
+    yield_to_sched();
 }
 
 static void make_fiber(Fiber &f)

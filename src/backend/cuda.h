@@ -22,8 +22,19 @@ extern "C" {
 /* The CUDA ops table (matmuls through cuBLAS in strict fp32). */
 const Backend *backend_cuda(void);
 /* The same with bf16 GEMMs on tensor cores (the semantics of
- * backend_cpu_bf16 in backend.h). */
+ * backend_cpu_bf16 in backend.h) and, for head sizes 64 and 128, bf16
+ * flash attention on tensor cores (kernels/attention_tc.cu: bf16 operands,
+ * fp32 accumulation; its rounding and tolerance in docs/cuda.md). */
 const Backend *backend_cuda_bf16(void);
+
+/* D = A B + C through one warp's tensor-core instruction (kernels/mma.cuh,
+ * mma.sync m16n8k16 with bf16 operands, fp32 accumulation): A 16 x 16 and
+ * B 16 x 8 (element (k, n) at b[8k + n]) rounded to bf16, C and D 16 x 8,
+ * all row-major device arrays; ldmatrix_b: B's fragment loaded by
+ * ldmatrix.x2.trans from shared memory rather than element by element.
+ * For the test of the fragment layout. */
+void backend_cuda_mma_check(float *d, const float *a, const float *b, const float *c,
+                            int ldmatrix_b);
 
 /* Number of usable CUDA devices; 0 when there is no GPU or no driver
  * (never aborts, so a caller can fall back or skip). */

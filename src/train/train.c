@@ -74,6 +74,10 @@ static void print_start(Trainer *tr, const Config *cfg, double peak)
            "| activations %.1f | scratch %.1f | checkpoint snapshot %.1f\n",
            trd_mib(mem.params), trd_mib(mem.grads), trd_mib(mem.optimizer), trd_mib(mem.buffers),
            trd_mib(mem.activations), trd_mib(mem.scratch), trd_mib(snapshot));
+    if (mem.host_optimizer) /* topology.offload: not device memory, so not above */
+        printf("offloaded to host memory per rank (MiB): optimizer %.1f (fp32 master weights, "
+               "Adam m and v, gradient staging; page-locked)\n",
+               trd_mib(mem.host_optimizer));
     printf("batch: global %d sequences = %d micro-steps x micro_batch %d x dp %d | %d tokens/step "
            "| zero %d\n",
            cfg->training.global_batch, in->n_micro, cfg->training.micro_batch, in->dp,
@@ -122,6 +126,9 @@ static void memory_json(Trainer *tr, char *buf, size_t cap)
                      "\"checkpoint_snapshot\": %zu}",
                      mem.params, mem.grads, mem.optimizer, mem.buffers, mem.activations,
                      mem.scratch, snapshot);
+    if (mem.host_optimizer) /* host memory: not one of the device's categories */
+        n += snprintf(buf + n, cap - (size_t)n, ", \"host_memory_bytes\": {\"optimizer\": %zu}",
+                      mem.host_optimizer);
     const int pp = comms->pp.size;
     if (pp == 1)
         return;

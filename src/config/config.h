@@ -82,10 +82,11 @@ typedef struct {
     int stage_layers[CFG_MAX_STAGES];
     char order[16]; /* rank order, default "tp-dp-pp" */
     int allow_tp_across_nodes;
-    int bucket_mb;       /* DP gradient bucket size in MiB (default 25) */
-    CommKind comm;       /* what carries device buffers: auto (NCCL when every rank of
+    int bucket_mb; /* DP gradient bucket size in MiB (default 25) */
+    CommKind comm; /* what carries device buffers: auto (NCCL when every rank of
                              * a node has a GPU of its own), mpi (host staging), nccl */
-    OffloadKind offload; /* none (default) or optimizer: state in host memory */
+    /* none (default) or optimizer: the optimizer state in host memory */
+    OffloadKind offload;
 } TopologyConfig;
 
 typedef struct {

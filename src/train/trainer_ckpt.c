@@ -35,7 +35,7 @@ void trainer_ckpt_setup(Trainer *tr)
          * Offloaded optimizer state is host memory already, but it changes
          * while a background save writes: it gets a copy as well. */
         tr->ckpt_dev[k] = state[k];
-        tr->ckpt_dev_host[k] = zs.optimizer_on_host && k != CKPT_PARAMS;
+        tr->ckpt_host[k] = zs.optimizer_on_host && k != CKPT_PARAMS;
         r->data =
             trd_malloc((r->hi - r->lo ? r->hi - r->lo : 1) * sizeof(float), "checkpoint host copy");
     }
@@ -50,7 +50,7 @@ static void ckpt_sync(Trainer *tr, int to_host)
         if (!tr->ckpt_dev[k])
             continue;
         const size_t bytes = (r->hi - r->lo) * sizeof(float);
-        if (tr->ckpt_dev_host[k])
+        if (tr->ckpt_host[k])
             memcpy(to_host ? r->data : tr->ckpt_dev[k], to_host ? tr->ckpt_dev[k] : r->data, bytes);
         else if (to_host)
             tr->be->to_host(r->data, tr->ckpt_dev[k], bytes);

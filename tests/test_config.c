@@ -534,6 +534,35 @@ static void test_value_places(void)
           "renamed key: %s", err);
 }
 
+/* topology.offload: the optimizer state in host memory is a device
+ * backend's option; on the CPU backend it is refused at the key's place. */
+static void test_offload_key(void)
+{
+    char path[64], err[CFG_ERR] = "";
+    if (temp_yaml("offload",
+                  "model: {layers: 2, hidden: 64, heads: 4, vocab: 256, seq_len: 32}\n"
+                  "training: {steps: 10, global_batch: 8, lr: 1e-3}\n"
+                  "topology:\n"
+                  "  offload: optimizer\n"
+                  "data: {path: data/x}\n",
+                  path))
+        return;
+    Config c;
+    CHECK(config_load(&c, path, err) == 0, "load: %s", err);
+    CHECK(c.topology.offload == OFFLOAD_OPTIMIZER, "offload optimizer read");
+    char want[128];
+    snprintf(want, sizeof want, "%s:4:12: topology.offload moves the optimizer state", path);
+    CHECK(config_validate(&c, 1, err) == -1 && !strncmp(err, want, strlen(want)) &&
+              strstr(err, "backend: cuda"),
+          "offload on the cpu: want '%s', got '%s'", want, err);
+    CHECK(config_set(&c, "backend=cuda", err) == 0 && config_validate(&c, 1, err) == 0,
+          "offload with backend cuda is valid: %s", err);
+    remove(path);
+    config_defaults(&c);
+    CHECK(c.topology.offload == OFFLOAD_NONE, "offload none by default");
+    expect_set_error("topology.offload=params", WORDS("topology.offload", "none|optimizer"));
+}
+
 /* model.moe: a mapping inside model, or model.moe.KEY with --set; its
  * errors at FILE:LINE:COL of the value; the writer's form reads back. */
 static void test_moe_keys(void)
@@ -853,6 +882,7 @@ int main(void)
     test_set();
     test_validate();
     test_value_places();
+    test_offload_key();
     test_moe_keys();
     test_round_trip();
     test_data_keys();

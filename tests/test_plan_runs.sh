@@ -145,5 +145,26 @@ else
     echo "FAIL: no-fit report"; cat "$out/nofit.txt"; fails=$((fails + 1))
 fi
 
+# topology.offload (docs/finetune.md): Llama 7B on four 24 GB GPUs fits only
+# with the optimizer state in host memory; the best layout of --search is
+# offloaded, the committed config's layout does not fit without it, and a
+# host with too little RAM for the offloaded state does not fit either.
+"$TRIDENT" plan configs/llama_7b.yaml --cluster rtx3090:1x4 --search --top 3 > "$out/s7b.txt" 2>&1
+"$TRIDENT" plan configs/llama_7b.yaml --cluster rtx3090 --set topology.offload=none \
+    > "$out/p7b_none.txt" 2>&1
+printf 'preset: rtx3090\nhost_memory_gib: 64\n' > "$out/small_host.yaml"
+"$TRIDENT" plan configs/llama_7b.yaml --cluster "$out/small_host.yaml" > "$out/p7b_host.txt" 2>&1
+if grep -qE '^search: [0-9]+ valid layouts evaluated, [1-9][0-9]* fit' "$out/s7b.txt" &&
+   grep -E '^  1 ' "$out/s7b.txt" | grep -q ' optimizer ' &&
+   ! grep -E '^  1 ' "$out/s7b.txt" | grep -q 'DOES NOT FIT' &&
+   grep -q '^DOES NOT FIT: stage' "$out/p7b_none.txt" &&
+   grep -q "^DOES NOT FIT: the GPUs do .*host memory needs [0-9.]* GiB, more than its 64.00 GiB" \
+       "$out/p7b_host.txt"; then
+    echo "ok   offload: $(grep '^search:' "$out/s7b.txt" | cut -c9-60); best: $(grep -E '^  1 ' "$out/s7b.txt" | cut -c1-75)"
+else
+    echo "FAIL: offload plans"; cat "$out/s7b.txt" "$out/p7b_none.txt" "$out/p7b_host.txt"
+    fails=$((fails + 1))
+fi
+
 echo "plan_runs: $fails failed"
 [ "$fails" -eq 0 ]

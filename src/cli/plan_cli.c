@@ -170,10 +170,24 @@ static void print_memory(FILE *f, const PlanResult *r)
                 "host memory per rank, beside the table: checkpoint snapshot %.2f GiB "
                 "(checkpoint.async, or a GPU's host copies)\n",
                 w->host_ckpt / GIB);
+    if (r->offload)
+        fprintf(f,
+                "offload (topology.offload: optimizer): the optimizer state in host memory, "
+                "%.2f GiB per rank (fp32 master weights, Adam m and v, gradient staging);\n"
+                "  host memory per node %.2f of %.2f GiB (its ranks' offloaded state and "
+                "checkpoint copies)\n",
+                w->host_optimizer / GIB, r->host_node / GIB, r->host_capacity / GIB);
+    const int device_fits = w->total <= r->capacity;
     if (r->fits)
         fprintf(f,
                 "fits: the most loaded GPU (stage %d) needs %.2f of %.2f GiB (%.2f GiB free)\n\n",
                 r->worst, w->total / GIB, r->capacity / GIB, (r->capacity - w->total) / GIB);
+    else if (device_fits) /* offload: the host is what does not fit */
+        fprintf(f,
+                "DOES NOT FIT: the GPUs do (stage %d needs %.2f of %.2f GiB), but a node's host "
+                "memory needs %.2f GiB, more than its %.2f GiB\n\n",
+                r->worst, w->total / GIB, r->capacity / GIB, r->host_node / GIB,
+                r->host_capacity / GIB);
     else
         fprintf(f,
                 "DOES NOT FIT: stage %d needs %.2f GiB, %.2f GiB (%.0f%%) more than the "
@@ -221,6 +235,15 @@ static void print_time(FILE *f, const PlanCluster *c, const PlanResult *r)
             100 * r->bubble, r->pp, r->n_micro, r->virtual_stages);
     fprintf(f, "step: %.3f s = pipeline %.3f + DP exposed and optimizer %.3f + embedding %.3f\n",
             r->t_step, r->t_pipe, r->t_dp_exposed, r->t_embed);
+    if (r->offload) {
+        const PlanStage *w = &r->st[r->worst];
+        fprintf(f,
+                "offload: optimizer %.3f s a step = PCIe %.3f s (%.2f GiB: gradients down, "
+                "weights up, at %.0f GB/s x %.2f) + AdamW on the host %.3f s (8 fp32 passes at "
+                "%.0f GB/s shared by a node's ranks)\n",
+                w->t_optimizer, w->t_pcie, w->pcie_bytes_step / GIB, c->pcie_gbps,
+                c->comm_efficiency, w->t_host_adamw, c->host_memory_gbps);
+    }
     fprintf(f, "throughput: %.0f tokens/s | %.1f TFLOP/s per GPU (model FLOPs) | MFU %.1f%%\n",
             r->tokens_per_s, r->tflops_per_gpu, 100 * r->mfu);
     fprintf(f,
@@ -245,24 +268,28 @@ static void print_json(FILE *f, const PlanCluster *c, const PlanResult *r)
             c->gemm_efficiency, r->elem_param, r->elem_act);
     fprintf(f,
             "\"tp\": %d, \"pp\": %d, \"dp\": %d, \"zero\": %d, \"micro_batch\": %d, "
-            "\"n_micro\": %d, \"fits\": %s, \"capacity\": %.0f, \"worst\": %d, "
+            "\"n_micro\": %d, \"fits\": %s, \"capacity\": %.0f, \"worst\": %d, \"offload\": %s, "
+            "\"host_node\": %.0f, "
             "\"step_s\": %.6g, \"tokens_per_s\": %.6g, \"mfu\": %.6g, "
             "\"model_flops_step\": %.17g, \"stages\": [",
             r->tp, r->pp, r->dp, r->zero, r->micro_batch, r->n_micro, r->fits ? "true" : "false",
-            r->capacity, r->worst, r->t_step, r->tokens_per_s, r->mfu, r->model_flops_step);
+            r->capacity, r->worst, r->offload ? "true" : "false", r->host_node, r->t_step,
+            r->tokens_per_s, r->mfu, r->model_flops_step);
     for (int k = 0; k < r->pp; k++) {
         const PlanStage *s = &r->st[k];
-        fprintf(f,
-                "%s{\"layers\": %d, \"inflight\": %d, \"params\": %.0f, \"grads\": %.0f, "
-                "\"optimizer\": %.0f, \"buffers\": %.0f, \"activations\": %.0f, "
-                "\"scratch\": %.0f, \"total\": %.0f, \"host_ckpt\": %.0f, \"flops_mb\": %.17g, "
-                "\"gemm_flops_mb\": %.17g, \"tp_bytes_mb\": %llu, \"kv_bytes_mb\": %llu, "
-                "\"pp_bytes_step\": %llu, \"dp_bytes_step\": %llu, \"embed_bytes_step\": %llu}",
-                k ? ", " : "", s->layers, s->inflight, s->params, s->grads, s->optimizer,
-                s->buffers, s->activations, s->scratch, s->total, s->host_ckpt, s->flops,
-                s->gemm_flops, (unsigned long long)s->tp_bytes_mb,
-                (unsigned long long)s->kv_bytes_mb, (unsigned long long)s->pp_bytes_step,
-                (unsigned long long)s->dp_bytes_step, (unsigned long long)s->embed_bytes_step);
+        fprintf(
+            f,
+            "%s{\"layers\": %d, \"inflight\": %d, \"params\": %.0f, \"grads\": %.0f, "
+            "\"optimizer\": %.0f, \"buffers\": %.0f, \"activations\": %.0f, "
+            "\"scratch\": %.0f, \"total\": %.0f, \"host_ckpt\": %.0f, \"host_optimizer\": %.0f, "
+            "\"pcie_bytes_step\": %.0f, \"flops_mb\": %.17g, "
+            "\"gemm_flops_mb\": %.17g, \"tp_bytes_mb\": %llu, \"kv_bytes_mb\": %llu, "
+            "\"pp_bytes_step\": %llu, \"dp_bytes_step\": %llu, \"embed_bytes_step\": %llu}",
+            k ? ", " : "", s->layers, s->inflight, s->params, s->grads, s->optimizer, s->buffers,
+            s->activations, s->scratch, s->total, s->host_ckpt, s->host_optimizer,
+            s->pcie_bytes_step, s->flops, s->gemm_flops, (unsigned long long)s->tp_bytes_mb,
+            (unsigned long long)s->kv_bytes_mb, (unsigned long long)s->pp_bytes_step,
+            (unsigned long long)s->dp_bytes_step, (unsigned long long)s->embed_bytes_step);
     }
     fprintf(f, "]}\n");
 }
@@ -282,16 +309,18 @@ static void print_search(const Config *cfg, const PlanCluster *c, int top)
            1e-9 * (double)params_count_real(&cfg->model));
     printf("search: %d valid layouts evaluated, %d fit; best %d by estimated tokens/s:\n\n", tried,
            fit, n < top ? n : top);
-    const int cp = plan_search_cp(cfg); /* a cp column, for long sequences */
-    printf("  #  tp  pp   dp%s zero mb  v recompute  GiB/GPU   step s   tokens/s    MFU  why\n",
-           cp ? "  cp" : "");
+    const int cp = plan_search_cp(cfg);       /* a cp column, for long sequences */
+    const int off = plan_search_offload(cfg); /* an offload column, for GPUs */
+    printf("  #  tp  pp   dp%s zero%s mb  v recompute  GiB/GPU   step s   tokens/s    MFU  why\n",
+           cp ? "  cp" : "", off ? " offload  " : "");
     for (int i = 0; i < n; i++) {
         const PlanResult *r = &best[i].r;
         char cpcol[16] = "";
         if (cp)
             snprintf(cpcol, sizeof cpcol, " %3d", r->cp);
-        printf("%3d %3d %3d %4d%s %4d %2d %2d %-9s %8.1f %8.3f %10.0f %5.1f%%  %s%s\n", i + 1,
-               r->tp, r->pp, r->dp, cpcol, r->zero, r->micro_batch, r->virtual_stages,
+        const char *offcol = !off ? "" : r->offload ? " optimizer" : " none     ";
+        printf("%3d %3d %3d %4d%s %4d%s %2d %2d %-9s %8.1f %8.3f %10.0f %5.1f%%  %s%s\n", i + 1,
+               r->tp, r->pp, r->dp, cpcol, r->zero, offcol, r->micro_batch, r->virtual_stages,
                recompute_name(r->recompute), r->st[r->worst].total / GIB, r->t_step,
                r->tokens_per_s, 100 * r->mfu, r->fits ? "" : "DOES NOT FIT: ", best[i].why);
     }

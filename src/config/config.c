@@ -68,6 +68,7 @@ static const char *const RECOMPUTE_NAMES[] = {"none", "selective", "full", NULL}
 static const char *const FORMAT_NAMES[] = {"megatron", "llmc", NULL};
 static const char *const BACKEND_NAMES[] = {"cpu", "cuda", NULL};
 static const char *const COMM_NAMES[] = {"auto", "mpi", "nccl", NULL};
+static const char *const OFFLOAD_NAMES[] = {"none", "optimizer", NULL};
 static const char *const NONFINITE_NAMES[] = {"stop", "skip", NULL};
 static const char *const ASYNC_NAMES[] = {"auto", "true", "false", NULL};
 static const char *const ROPE_SCALING_NAMES[] = {"none", "llama3", NULL};
@@ -151,6 +152,7 @@ static const KeyDesc KEYS[] = {
     KEY(topology, allow_tp_across_nodes, K_BOOL),
     KEY(topology, bucket_mb, K_INT),
     ENUM(topology, comm, COMM_NAMES),
+    ENUM(topology, offload, OFFLOAD_NAMES),
 
     REQ(training, steps, K_INT),
     REQ(training, global_batch, K_INT),

@@ -32,6 +32,10 @@ typedef enum { DATA_MEGATRON = 0, DATA_LLMC = 1 } DataFormat;
 typedef enum { BACKEND_CPU = 0, BACKEND_CUDA = 1 } BackendKind;
 typedef enum { RESUME_AUTO = 0, RESUME_NEVER = 1, RESUME_PATH = 2 } ResumeKind;
 typedef enum { COMM_AUTO = 0, COMM_MPI = 1, COMM_NCCL = 2 } CommKind;
+/* topology.offload: where the optimizer's state lives (backend: cuda).
+ * optimizer: the fp32 master weights and Adam moments of the rank's shard in
+ * page-locked host memory, AdamW on the host's cores (docs/finetune.md). */
+typedef enum { OFFLOAD_NONE = 0, OFFLOAD_OPTIMIZER = 1 } OffloadKind;
 typedef enum { NONFINITE_STOP = 0, NONFINITE_SKIP = 1 } NonfiniteKind;
 typedef enum { ROPE_SCALING_NONE = 0, ROPE_SCALING_LLAMA3 = 1 } RopeScaling;
 /* checkpoint.async: auto is on where the MPI library runs threads and the
@@ -120,6 +124,8 @@ typedef struct {
     int bucket_mb; /* DP gradient bucket size in MiB (default 25) */
     CommKind comm; /* what carries device buffers: auto (NCCL when every rank of
                              * a node has a GPU of its own), mpi (host staging), nccl */
+    /* none (default) or optimizer: the optimizer state in host memory */
+    OffloadKind offload;
 } TopologyConfig;
 
 typedef struct {

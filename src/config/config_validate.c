@@ -397,6 +397,12 @@ static int check_topology(Checker *c)
         return verr(c, "topology.comm",
                     "topology.comm nccl moves device buffers and needs "
                     "backend: cuda; use comm: auto or mpi with backend: cpu");
+    /* The CPU backend's optimizer state is host memory already. */
+    if (t->offload != OFFLOAD_NONE && c->cfg->backend != BACKEND_CUDA)
+        return verr(c, "topology.offload",
+                    "topology.offload moves the optimizer state from GPU to host memory "
+                    "and needs backend: cuda; with backend: cpu the state is in host memory "
+                    "already: remove the key or set it to none");
     return 0;
 }
 

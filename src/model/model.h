@@ -28,7 +28,8 @@
  * the model itself allocated; buffers bound from outside are not counted). */
 typedef struct {
     size_t params, grads, master, optimizer, buffers, activations, scratch;
-    size_t frozen; /* LoRA: the frozen base weights (params: the adapters) */
+    size_t frozen;         /* LoRA: the frozen base weights (params: the adapters) */
+    size_t host_optimizer; /* topology.offload: optimizer state in host memory, not above */
 } MemoryReport;
 
 typedef struct Model Model;

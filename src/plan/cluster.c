@@ -18,15 +18,17 @@
 
 /* clang-format off */
 static const PlanCluster PRESETS[] = {
-    /* name          nodes gpn  mem   rsv  peak   hbm   nvlink lat  net  lat   gemm  comm  bf16 storage (plan --storage) */
-    {"a100-40gb",    1, 8,  40.0, 2.0, 312.0, 1555.0, 300.0, 5.0, 25.0, 10.0, 0.62, 0.80, 0},
-    {"a100-80gb",    1, 8,  80.0, 2.0, 312.0, 2039.0, 300.0, 5.0, 25.0, 10.0, 0.62, 0.80, 0},
-    {"h100-sxm",     1, 8,  80.0, 2.0, 989.0, 3350.0, 450.0, 5.0, 50.0, 10.0, 0.57, 0.80, 0},
-    {"h200",         1, 8, 140.0, 2.0, 989.0, 4800.0, 450.0, 5.0, 50.0, 10.0, 0.57, 0.80, 0},
-    /* Consumer cards in one box talk over PCIe 4.0 x16; nodes over 100 GbE shared by 4. */
-    {"rtx3090",      1, 4,  24.0, 1.5,  71.0,  936.0,  25.0, 10.0, 3.0, 20.0, 0.65, 0.80, 0},
+    /* name          nodes gpn  mem   rsv  peak   hbm   nvlink lat  net  lat   gemm  comm  bf16 storage (plan --storage)
+     *                                                                                       host GiB  pcie  host GB/s (offload) */
+    {"a100-40gb",    1, 8,  40.0, 2.0, 312.0, 1555.0, 300.0, 5.0, 25.0, 10.0, 0.62, 0.80, 0, 1024.0, 25.0, 409.6},
+    {"a100-80gb",    1, 8,  80.0, 2.0, 312.0, 2039.0, 300.0, 5.0, 25.0, 10.0, 0.62, 0.80, 0, 2048.0, 25.0, 409.6},
+    {"h100-sxm",     1, 8,  80.0, 2.0, 989.0, 3350.0, 450.0, 5.0, 50.0, 10.0, 0.57, 0.80, 0, 2048.0, 50.0, 614.4},
+    {"h200",         1, 8, 140.0, 2.0, 989.0, 4800.0, 450.0, 5.0, 50.0, 10.0, 0.57, 0.80, 0, 2048.0, 50.0, 614.4},
+    /* Consumer cards in one box talk over PCIe 4.0 x16; nodes over 100 GbE shared by 4.
+     * The box: a workstation board with 256 GiB of DDR4-3200 on 4 channels. */
+    {"rtx3090",      1, 4,  24.0, 1.5,  71.0,  936.0,  25.0, 10.0, 3.0, 20.0, 0.65, 0.80, 0,  256.0, 25.0, 102.4},
     /* The CPU reference backend (this machine's class): fp32, memory as RAM. */
-    {"cpu",          1, 1,  24.0, 0.0,   0.1,   20.0,  10.0, 2.0, 10.0,  5.0, 0.50, 0.50, 0},
+    {"cpu",          1, 1,  24.0, 0.0,   0.1,   20.0,  10.0, 2.0, 10.0,  5.0, 0.50, 0.50, 0,   24.0, 10.0,  20.0},
 };
 /* clang-format on */
 enum { N_PRESETS = sizeof PRESETS / sizeof PRESETS[0] };
@@ -87,6 +89,9 @@ static const Field FIELDS[] = {
     {"network_latency_us", F_NUM, offsetof(PlanCluster, network_latency_us), 0},
     {"gemm_efficiency", F_NUM, offsetof(PlanCluster, gemm_efficiency), 1e-3},
     {"comm_efficiency", F_NUM, offsetof(PlanCluster, comm_efficiency), 1e-3},
+    {"host_memory_gib", F_NUM, offsetof(PlanCluster, host_memory_gib), 1e-3},
+    {"pcie_gbps", F_NUM, offsetof(PlanCluster, pcie_gbps), 1e-6},
+    {"host_memory_gbps", F_NUM, offsetof(PlanCluster, host_memory_gbps), 1e-6},
 };
 enum { N_FIELDS = sizeof FIELDS / sizeof FIELDS[0] };
 

@@ -34,6 +34,11 @@ typedef struct {
      * storage, and trident's once its CUDA backend stores bf16).  0, the
      * default: what trident allocates today, fp32 on both backends. */
     int bf16_storage;
+    /* The host side, for topology.offload (the optimizer state in host
+     * memory, AdamW on the host's cores): RAM per node, the PCIe link of
+     * each GPU to it (GB/s per direction) and the node's memory bandwidth
+     * (GB/s), which the CPU AdamW of all its GPUs' ranks shares. */
+    double host_memory_gib, pcie_gbps, host_memory_gbps;
 } PlanCluster;
 
 /* Preset by name; nodes is 1.  Returns 0, or -1 with the preset names in err. */

@@ -243,7 +243,15 @@ static int stage_memory(const Config *cfg, const PlanCluster *c, const PlanResul
     st->reserve = c->reserve_gib * GIB;
     const CheckpointConfig *ck = &cfg->checkpoint;
     const int host_copy = cfg->backend == BACKEND_CUDA || ck->async != ASYNC_OFF;
-    st->host_ckpt = ck->dir[0] && host_copy ? (double)zm.params + (double)zm.optimizer : 0;
+    st->host_optimizer = (double)zm.host_optimizer;
+    /* The checkpoint's host copy of the optimizer state: m, v and bf16's
+     * master weights (offload keeps fp32's master and a staging buffer
+     * beside them, 4 of host_optimizer's elements, which it does not save). */
+    const double ckpt_optimizer =
+        cfg->topology.offload == OFFLOAD_OPTIMIZER
+            ? (double)zm.host_optimizer / 4 * (cfg->training.precision == PREC_BF16 ? 3 : 2)
+            : (double)zm.optimizer;
+    st->host_ckpt = ck->dir[0] && host_copy ? (double)zm.params + ckpt_optimizer : 0;
     st->total = st->params + st->grads + st->optimizer + st->buffers + st->activations +
                 st->scratch + st->reserve;
     return 0;
@@ -366,6 +374,18 @@ static void stage_step_time(const Config *cfg, const PlanCluster *c, const PlanR
             st->t_dp_exposed = r->n_micro * fmax(t_red / r->n_micro - st->t_compute, 0) + t_gather;
     }
     const double own = t->zero == 0 ? P : ceil(P / D);
+    if (t->offload == OFFLOAD_OPTIMIZER) {
+        /* optimizer.c's step, in turn: the owned gradients down, AdamW on
+         * the host (it reads the staged gradient, master, m and v and
+         * writes master, m, v and the weights: 8 fp32 passes), the weights
+         * up.  The node's ranks share its memory bandwidth. */
+        st->pcie_bytes_step = own * (r->elem_grad + r->elem_param);
+        st->t_pcie = st->pcie_bytes_step / (c->pcie_gbps * 1e9 * c->comm_efficiency);
+        const int sharers = c->gpus_per_node < r->world ? c->gpus_per_node : r->world;
+        st->t_host_adamw = own * 8 * 4 / (c->host_memory_gbps * 1e9 / sharers);
+        st->t_optimizer = st->t_pcie + st->t_host_adamw;
+        return;
+    }
     st->t_optimizer =
         2 * (st->optimizer + own * (r->elem_param + r->elem_grad)) / (c->hbm_gbps * 1e9);
 }
@@ -457,6 +477,15 @@ int plan_evaluate(const Config *cfg, const PlanCluster *c, PlanResult *r, char e
         r->embed_bytes = fmax(r->embed_bytes, (double)s->embed_bytes_step * r->elem_grad / 4);
     }
     r->fits = r->st[r->worst].total <= r->capacity;
+    r->offload = t->offload == OFFLOAD_OPTIMIZER;
+    if (r->offload) { /* the host must hold what its GPUs' ranks put there */
+        double host = 0;
+        for (int k = 0; k < t->pp; k++)
+            host = fmax(host, r->st[k].host_optimizer + r->st[k].host_ckpt);
+        r->host_node = host * (gpn < r->world ? gpn : r->world);
+        r->host_capacity = c->host_memory_gib * GIB;
+        r->fits = r->fits && r->host_node <= r->host_capacity;
+    }
 
     r->bubble = t->pp > 1 ? pp_bubble_fraction(t->pp, r->n_micro, t->virtual_stages) : 0;
     r->t_pipe = r->n_micro * t_max / (1 - r->bubble);

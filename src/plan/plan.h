@@ -36,6 +36,10 @@ typedef struct {
      * and optimizer state this rank holds) where checkpoint.async is not
      * false on the CPU, and a device backend's host copies of its state */
     double host_ckpt;
+    /* topology.offload: the optimizer state in host memory (not in total),
+     * the bytes over PCIe in one step (gradients down, weights up) and the
+     * optimizer's time in its parts (in t_optimizer) */
+    double host_optimizer, pcie_bytes_step, t_pcie, t_host_adamw;
     /* per micro-batch, this rank */
     double flops;                        /* forward + backward, recomputation included */
     double gemm_flops;                   /* of which weight GEMMs without recomputation (the
@@ -70,7 +74,11 @@ typedef struct {
     PlanStage st[CFG_MAX_STAGES];
     int worst;       /* the pipeline rank with the most memory */
     double capacity; /* device memory usable by trident, bytes */
-    int fits;
+    int fits;        /* in device memory, and with offload in host memory */
+    int offload;     /* topology.offload */
+    /* host bytes per node with offload: the ranks of a node, each its
+     * offloaded state and checkpoint copies (the most loaded stage's) */
+    double host_node, host_capacity;
 
     /* per step, the worst stage's rank, device bytes */
     double tp_bytes, pp_bytes, dp_bytes, embed_bytes, cp_bytes;
@@ -100,6 +108,8 @@ typedef struct {
  * (shorter ones' activations are small next to the weights). */
 #define PLAN_CP_MIN_SEQ 8192
 int plan_search_cp(const Config *cfg);
+/* topology.offload is searched (none, optimizer) for the CUDA backend. */
+int plan_search_offload(const Config *cfg);
 
 /* Fill up to max candidates (best first); *n_fit the number that fit,
  * *n_tried the layouts evaluated.  Returns the number written. */

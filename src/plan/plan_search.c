@@ -5,7 +5,8 @@
  * stage 0-3; micro-batch 1, 2, 4, 8 (dividing the per-rank batch); virtual
  * stages 1, 2, 4 with pp > 1; recompute none, selective, full; context
  * parallelism cp 1, 2, 4, ... (dividing what tp and pp leave, 2 cp dividing
- * seq_len) for sequences of PLAN_CP_MIN_SEQ tokens and more.  Sequence
+ * seq_len) for sequences of PLAN_CP_MIN_SEQ tokens and more; with the
+ * CUDA backend, topology.offload none and optimizer.  Sequence
  * parallelism is on whenever tp > 1 (it only saves memory; the bytes are
  * the same).  Each candidate goes through the trainer's config validation
  * and refusals, then plan_evaluate; those that fit are ranked by tokens/s,
@@ -63,12 +64,18 @@ static void explain(PlanCandidate *c, double capacity)
                            w->total / GIB, capacity / GIB, 100 * r->bubble * r->t_pipe / r->t_step,
                            100 * tp_share, plan_link_name(r->tp_link), 100 * p2p_share,
                            100 * r->t_dp_exposed / r->t_step);
-    if (r->cp > 1 && n > 0 && (size_t)n < sizeof c->why)
-        snprintf(c->why + n, sizeof c->why - (size_t)n, "; CP comm %.1f%% (%s)", 100 * cp_share,
-                 plan_link_name(r->cp_link));
+    int m = n;
+    if (r->cp > 1 && m > 0 && (size_t)m < sizeof c->why)
+        m += snprintf(c->why + m, sizeof c->why - (size_t)m, "; CP comm %.1f%% (%s)",
+                      100 * cp_share, plan_link_name(r->cp_link));
+    if (r->offload && m > 0 && (size_t)m < sizeof c->why)
+        snprintf(c->why + m, sizeof c->why - (size_t)m, "; host %.0f/%.0f GiB per node",
+                 r->host_node / GIB, r->host_capacity / GIB);
 }
 
 int plan_search_cp(const Config *cfg) { return cfg->model.seq_len >= PLAN_CP_MIN_SEQ; }
+
+int plan_search_offload(const Config *cfg) { return cfg->backend == BACKEND_CUDA; }
 
 /* The trainer's own config validation decides what a valid layout is. */
 static int valid(Config *cfg, int world)
@@ -97,27 +104,32 @@ int plan_search(const Config *cfg, const PlanCluster *c, PlanCandidate *out, int
                 if ((world / (tp * pp)) % cp || (cp > 1 && cfg->model.seq_len % (2 * cp)))
                     continue;
                 const int dp = world / (tp * pp * cp);
-                for (int z = 0; z <= 3; z++)
-                    for (size_t mi = 0; mi < sizeof micro / sizeof *micro; mi++)
-                        for (size_t vi = 0; vi < sizeof virt / sizeof *virt; vi++)
-                            for (size_t ri = 0; ri < sizeof rcs / sizeof *rcs; ri++) {
-                                const int v = virt[vi];
-                                if (v > 1 && (pp == 1 || cfg->model.layers % (pp * v)))
-                                    continue;
-                                Config cand = *cfg;
-                                plan_apply_layout(&cand, tp, pp, dp, z, micro[mi], v, rcs[ri]);
-                                cand.topology.cp = cp;
-                                cand.topology.ranks_per_node = gpn < world ? gpn : world;
-                                if (!valid(&cand, world))
-                                    continue;
-                                PlanResult r;
-                                char err[CFG_ERR];
-                                if (plan_evaluate(&cand, c, &r, err) != 0)
-                                    continue;
-                                (*n_tried)++;
-                                *n_fit += r.fits;
-                                keep(out, max, &n, &r);
-                            }
+                const int n_off = plan_search_offload(cfg) ? 2 : 1;
+                for (int off = 0; off < n_off; off++)
+                    for (int z = 0; z <= 3; z++)
+                        for (size_t mi = 0; mi < sizeof micro / sizeof *micro; mi++)
+                            for (size_t vi = 0; vi < sizeof virt / sizeof *virt; vi++)
+                                for (size_t ri = 0; ri < sizeof rcs / sizeof *rcs; ri++) {
+                                    const int v = virt[vi];
+                                    if (v > 1 && (pp == 1 || cfg->model.layers % (pp * v)))
+                                        continue;
+                                    Config cand = *cfg;
+                                    plan_apply_layout(&cand, tp, pp, dp, z, micro[mi], v, rcs[ri]);
+                                    cand.topology.cp = cp;
+                                    if (n_off > 1)
+                                        cand.topology.offload =
+                                            off ? OFFLOAD_OPTIMIZER : OFFLOAD_NONE;
+                                    cand.topology.ranks_per_node = gpn < world ? gpn : world;
+                                    if (!valid(&cand, world))
+                                        continue;
+                                    PlanResult r;
+                                    char err[CFG_ERR];
+                                    if (plan_evaluate(&cand, c, &r, err) != 0)
+                                        continue;
+                                    (*n_tried)++;
+                                    *n_fit += r.fits;
+                                    keep(out, max, &n, &r);
+                                }
             }
         }
     }
@@ -142,10 +154,11 @@ int plan_suggest(const Config *cfg, const PlanCluster *c, char *buf, size_t len)
     if (r->cp > 1)
         snprintf(cp, sizeof cp, ", cp %d", r->cp);
     snprintf(buf, len,
-             "tp %d, pp %d, dp %d%s, zero %d, micro_batch %d, virtual_stages %d, recompute %s: "
+             "tp %d, pp %d, dp %d%s, zero %d%s, micro_batch %d, virtual_stages %d, recompute %s: "
              "%.1f GiB per GPU, %.0f tokens/s, MFU %.1f%% (best of %d layouts that fit; "
              "trident plan --search lists more)",
-             r->tp, r->pp, r->dp, cp, r->zero, r->micro_batch, r->virtual_stages,
+             r->tp, r->pp, r->dp, cp, r->zero, r->offload ? ", offload optimizer" : "",
+             r->micro_batch, r->virtual_stages,
              r->recompute == RECOMPUTE_NONE        ? "none"
              : r->recompute == RECOMPUTE_SELECTIVE ? "selective"
                                                    : "full",

@@ -91,6 +91,10 @@ static void print_start(Trainer *tr, const Config *cfg, double peak)
                mc->lora.rank, (double)mc->lora.alpha, mc->lora.targets, lora_count(mc),
                100.0 * (double)lora_count(mc) / (double)params_count_real(mc), trd_mib(mem.frozen),
                config_precision_name(cfg->training.precision));
+    if (mem.host_optimizer) /* topology.offload: not device memory, so not above */
+        printf("offloaded to host memory per rank (MiB): optimizer %.1f (fp32 master weights, "
+               "Adam m and v, gradient staging; page-locked)\n",
+               trd_mib(mem.host_optimizer));
     printf("batch: global %d sequences = %d micro-steps x micro_batch %d x dp %d | %d tokens/step "
            "| zero %d\n",
            cfg->training.global_batch, in->n_micro, cfg->training.micro_batch, in->dp,
@@ -142,6 +146,9 @@ static void memory_json(Trainer *tr, char *buf, size_t cap)
     if (mem.frozen) /* LoRA: the frozen base (params, grads, optimizer: the adapters) */
         n += snprintf(buf + n, cap - (size_t)n, ", \"frozen_base\": %zu", mem.frozen);
     n += snprintf(buf + n, cap - (size_t)n, "}");
+    if (mem.host_optimizer) /* host memory: not one of the device's categories */
+        n += snprintf(buf + n, cap - (size_t)n, ", \"host_memory_bytes\": {\"optimizer\": %zu}",
+                      mem.host_optimizer);
     const int pp = comms->pp.size;
     if (pp == 1)
         return;

@@ -377,6 +377,7 @@ MemoryReport trainer_memory(const Trainer *tr, size_t *snapshot)
     mem.params = zm.params;
     mem.grads = zm.grads;
     mem.optimizer = zm.optimizer;
+    mem.host_optimizer = zm.host_optimizer;
     mem.buffers = zm.buffers;
     if (snapshot) /* a device backend's host copies are its snapshot: nothing more */
         *snapshot = tr->async && !tr->be->device ? ckpt_async_bytes(&tr->ckpt) : 0;

@@ -31,8 +31,11 @@ void trainer_ckpt_setup(Trainer *tr)
         r->data = state[k];
         if (!tr->be->device || !state[k])
             continue;
-        /* HDF5 reads and writes host memory: a host copy of each buffer. */
+        /* HDF5 reads and writes host memory: a host copy of each buffer.
+         * Offloaded optimizer state is host memory already, but it changes
+         * while a background save writes: it gets a copy as well. */
         tr->ckpt_dev[k] = state[k];
+        tr->ckpt_host[k] = zs.optimizer_on_host && k != CKPT_PARAMS;
         r->data =
             trd_malloc((r->hi - r->lo ? r->hi - r->lo : 1) * sizeof(float), "checkpoint host copy");
     }
@@ -47,7 +50,9 @@ static void ckpt_sync(Trainer *tr, int to_host)
         if (!tr->ckpt_dev[k])
             continue;
         const size_t bytes = (r->hi - r->lo) * sizeof(float);
-        if (to_host)
+        if (tr->ckpt_host[k])
+            memcpy(to_host ? r->data : tr->ckpt_dev[k], to_host ? tr->ckpt_dev[k] : r->data, bytes);
+        else if (to_host)
             tr->be->to_host(r->data, tr->ckpt_dev[k], bytes);
         else
             tr->be->to_backend(tr->ckpt_dev[k], r->data, bytes);
@@ -134,6 +139,7 @@ int trainer_resume(Trainer *tr)
     }
     round_weights(tr);
     ckpt_sync(tr, 0);
+    zero_params_loaded(tr->zero);
     *zero_state(tr->zero).adam_t = (int)st.adam_t;
     tr->start_step = (int)st.step;
     tr->start_position = st.sampler_position;
@@ -272,6 +278,7 @@ void trainer_init_from(Trainer *tr, int resumed)
                           "checkpoint.init_from: %s", err);
     round_weights(tr);
     ckpt_sync(tr, 0);
+    zero_params_loaded(tr->zero);
     if (rank == 0)
         printf("initialised from %s: weights of %s, step 0, fresh optimizer and data\n", src,
                hf ? "its safetensors (each rank read its own pieces)" : dir);

@@ -39,6 +39,7 @@ struct Trainer {
     double async_blocked_s;      /* the write in flight: what its save step blocked */
     float *ckpt_dev[CKPT_KINDS]; /* device backends: the engine's buffers that ckpt's
                                     host copies mirror (NULL: none, or host backend) */
+    int ckpt_host[CKPT_KINDS];   /* that buffer is host memory (topology.offload): memcpy */
     char device[128];            /* device backends: the device's name */
     MemBudget device_memory;     /* device backends: the memory the state lives in */
     int nccl;                    /* device buffers go through NCCL (topology.comm) */

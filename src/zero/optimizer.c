@@ -40,14 +40,76 @@ void optimizer_init(Optimizer *o, const ParamTable *t, const Backend *be, float 
     }
 }
 
+/* Zeroed page-locked host memory for the offloaded state (at least one
+ * element: a rank may own an empty range). */
+static float *host_state(const Backend *be, size_t n, const char *what)
+{
+    float *p = be->host_alloc((n ? n : 1) * sizeof(float), what);
+    memset(p, 0, (n ? n : 1) * sizeof(float));
+    return p;
+}
+
+void optimizer_init_offload(Optimizer *o, const ParamTable *t, const Backend *be, float *params,
+                            size_t begin, size_t end, Precision precision)
+{
+    memset(o, 0, sizeof *o);
+    o->table = t;
+    o->be = be;
+    o->begin = begin;
+    o->end = end;
+    o->bf16 = precision == PREC_BF16;
+    o->grad_scale = 1.0f;
+    o->offload = 1;
+    const size_t n = end - begin;
+    o->m = host_state(be, n, "Adam first moment (offloaded to host memory)");
+    o->v = host_state(be, n, "Adam second moment (offloaded to host memory)");
+    o->master = host_state(be, n, "fp32 master weights (offloaded to host memory)");
+    o->stage = host_state(be, n, "offload staging (gradients in, weights out)");
+    be->to_host(o->master, params, n * sizeof(float));
+    if (o->bf16) { /* the first forward already sees bf16 weights */
+        for (size_t i = 0; i < n; i++)
+            o->stage[i] = bf16_round(o->master[i]);
+        be->to_backend(params, o->stage, n * sizeof(float));
+    }
+}
+
 void optimizer_free(Optimizer *o)
 {
-    if (o->be) {
+    if (o->offload) {
+        o->be->host_release(o->m);
+        o->be->host_release(o->v);
+        o->be->host_release(o->master);
+        o->be->host_release(o->stage);
+    } else if (o->be) {
         o->be->release(o->m);
         o->be->release(o->v);
         o->be->release(o->master);
     }
     memset(o, 0, sizeof *o);
+}
+
+/* Offload: the gradients of the owned range to the host, the CPU
+ * backend's AdamW there (the reference's arithmetic, its OpenMP threads),
+ * the updated weights back.  One staging buffer serves both ways: AdamW
+ * reads grad[i] before it writes param[i], element by element, so with
+ * bf16 the rounded weights overwrite the gradients in place; with fp32 the
+ * weights are the master weights themselves. */
+static void step_on_host(Optimizer *o, float *params, const float *grads, const BackendRange *r,
+                         int nr, float lr, const TrainingConfig *tc)
+{
+    const size_t bytes = (o->end - o->begin) * sizeof(float);
+    BackendStepState st;
+    if (o->state) { /* the device's decision (grad_check): read, not recomputed */
+        o->be->to_host(&st, o->state, sizeof st);
+        if (st.skip)
+            return;
+    }
+    o->be->to_host(o->stage, grads, bytes);
+    float *out = o->bf16 ? o->stage : o->master;
+    backend_cpu()->adamw_ranges(out, o->master, o->stage, o->m, o->v, r, nr, lr, tc->beta1,
+                                tc->beta2, tc->eps, tc->weight_decay, o->grad_scale, o->t, o->bf16,
+                                o->state ? &st : NULL);
+    o->be->to_backend(params, out, bytes);
 }
 
 void optimizer_step(Optimizer *o, float *params, const float *grads, float lr,
@@ -72,9 +134,13 @@ void optimizer_step(Optimizer *o, float *params, const float *grads, float lr,
         else
             r[n++] = run;
     }
-    float *master = o->master ? o->master : params;
-    o->be->adamw_ranges(params, master, grads, o->m, o->v, r, n, lr, tc->beta1, tc->beta2, tc->eps,
-                        tc->weight_decay, o->grad_scale, o->t, o->bf16, o->state);
+    if (o->offload) {
+        step_on_host(o, params, grads, r, n, lr, tc);
+    } else {
+        float *master = o->master ? o->master : params;
+        o->be->adamw_ranges(params, master, grads, o->m, o->v, r, n, lr, tc->beta1, tc->beta2,
+                            tc->eps, tc->weight_decay, o->grad_scale, o->t, o->bf16, o->state);
+    }
     free(r);
     o->grad_scale = 1.0f;
     o->state = NULL;
@@ -90,8 +156,20 @@ void optimizer_skipped(Optimizer *o)
     o->t--;
 }
 
+void optimizer_params_loaded(Optimizer *o, const float *params)
+{
+    if (o->offload && !o->bf16)
+        o->be->to_host(o->master, params, (o->end - o->begin) * sizeof(float));
+}
+
 size_t optimizer_bytes(const Optimizer *o)
 {
     size_t n = o->end - o->begin;
-    return n * sizeof(float) * (o->master ? 3 : 2);
+    return o->offload ? 0 : n * sizeof(float) * (o->master ? 3 : 2);
+}
+
+size_t optimizer_host_bytes(const Optimizer *o)
+{
+    size_t n = o->end - o->begin;
+    return o->offload ? (n ? n : 1) * sizeof(float) * 4 : 0;
 }

@@ -4,7 +4,15 @@
  * whole buffer without ZeRO, this rank's shard with it (the range comes from
  * the parameter table; sharding lands with the ZeRO issue).  State is fp32:
  * Adam first and second moments, and fp32 master weights when the model's
- * weights are bf16 (training.precision: bf16). */
+ * weights are bf16 (training.precision: bf16).
+ *
+ * Offload (topology.offload: optimizer, a device backend): the state lives
+ * in the backend's page-locked host memory instead, fp32 master weights
+ * included whatever the precision (they are the weights AdamW updates; with
+ * fp32 they equal the device's weights).  A step copies the gradients of
+ * the owned range to the host, runs the CPU backend's AdamW there (OpenMP
+ * threads) and copies the updated weights back: two transfers of the
+ * range, and the same AdamW arithmetic as the CPU reference. */
 #ifndef TRD_OPTIMIZER_H
 #define TRD_OPTIMIZER_H
 
@@ -24,6 +32,8 @@ typedef struct {
     int t;             /* optimizer steps taken (bias correction) */
     float grad_scale;  /* factor of the next step's gradients (optimizer_scale_grads) */
     const BackendStepState *state; /* the next step's device decision, or NULL */
+    int offload;                   /* state in host memory, AdamW on the host */
+    float *stage; /* offload: page-locked [end-begin], the gradients in, the bf16 weights out */
 } Optimizer;
 
 /* Allocate state for the owned flat range [begin, end).  `params` holds
@@ -32,6 +42,10 @@ typedef struct {
  * bf16 weights. */
 void optimizer_init(Optimizer *o, const ParamTable *t, const Backend *be, float *params,
                     size_t begin, size_t end, Precision precision);
+/* The same with the state offloaded to host memory (see above); params
+ * stays in the backend's memory. */
+void optimizer_init_offload(Optimizer *o, const ParamTable *t, const Backend *be, float *params,
+                            size_t begin, size_t end, Precision precision);
 void optimizer_free(Optimizer *o);
 
 /* One AdamW step at learning rate lr: decay only on tensors whose
@@ -54,6 +68,15 @@ void optimizer_scale_grads(Optimizer *o, float s);
 void optimizer_use_state(Optimizer *o, const BackendStepState *s);
 void optimizer_skipped(Optimizer *o);
 
+/* The weights of the owned range were replaced (a checkpoint or
+ * checkpoint.init_from was loaded into params): with offload and fp32 the
+ * host's master copy is read back from params (bf16 loads the master
+ * weights themselves).  A no-op otherwise. */
+void optimizer_params_loaded(Optimizer *o, const float *params);
+
+/* Bytes of state in the backend's memory (0 with offload) and in host
+ * memory (offload: master, m, v and the staging buffer). */
 size_t optimizer_bytes(const Optimizer *o);
+size_t optimizer_host_bytes(const Optimizer *o);
 
 #endif

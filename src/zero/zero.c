@@ -321,16 +321,20 @@ Zero *zero_create(const Config *cfg, const Backend *be, const ParamShard *sh, Mo
         bind_outer_all(z, z->outer_p, NULL);
     }
 
+    /* topology.offload: the same ranges, the state in host memory. */
+    void (*opt_init)(Optimizer *, const ParamTable *, const Backend *, float *, size_t, size_t,
+                     Precision) =
+        cfg->topology.offload == OFFLOAD_OPTIMIZER ? optimizer_init_offload : optimizer_init;
     if (z->stage == 0) {
-        optimizer_init(&z->opt, z->t, be, z->params, 0, z->P, prec);
+        opt_init(&z->opt, z->t, be, z->params, 0, z->P, prec);
     } else if (z->stage <= 2) {
-        optimizer_init(&z->opt, z->t, be, z->params + z->own_lo, z->own_lo, z->own_hi, prec);
+        opt_init(&z->opt, z->t, be, z->params + z->own_lo, z->own_lo, z->own_hi, prec);
         /* bf16 rounded only our part: make every rank's copy whole again. */
         CommHandle h =
             comm_iallgather_range_f32(dp, z->params + z->own_lo, z->params, 0, z->P, z->S);
         comm_wait(&h);
     } else {
-        optimizer_init(&z->opt, z->t, be, z->pshard, z->own_lo, z->own_hi, prec);
+        opt_init(&z->opt, z->t, be, z->pshard, z->own_lo, z->own_hi, prec);
     }
     return z;
 }
@@ -560,11 +564,22 @@ void zero_optimizer_step(Zero *z, float lr, const TrainingConfig *tc)
 
 ZeroState zero_state(Zero *z)
 {
+    /* Offloaded fp32 keeps a master copy on the host that equals params:
+     * not a checkpoint kind (fp32 checkpoints hold params). */
     return (ZeroState){.params = z->params ? z->params : z->pshard,
-                       .master = z->opt.master,
+                       .master = z->opt.bf16 ? z->opt.master : NULL,
                        .m = z->opt.m,
                        .v = z->opt.v,
-                       .adam_t = &z->opt.t};
+                       .adam_t = &z->opt.t,
+                       .optimizer_on_host = z->opt.offload};
+}
+
+void zero_params_loaded(Zero *z)
+{
+    const float *owned = z->stage == 0   ? z->params
+                         : z->stage <= 2 ? z->params + z->own_lo
+                                         : z->pshard;
+    optimizer_params_loaded(&z->opt, owned);
 }
 
 ZeroMemory zero_memory(const Zero *z)
@@ -573,6 +588,7 @@ ZeroMemory zero_memory(const Zero *z)
     r.params = (z->params ? z->P : 0) * sizeof(float) + (z->pshard ? own_n(z) : 0) * sizeof(float);
     r.grads = (z->grads ? z->P : 0) * sizeof(float) + (z->gshard ? own_n(z) : 0) * sizeof(float);
     r.optimizer = optimizer_bytes(&z->opt);
+    r.host_optimizer = optimizer_host_bytes(&z->opt);
     r.buffers = z->buffer_bytes;
     return r;
 }
@@ -657,8 +673,11 @@ ZeroMemory zero_plan_memory(const Config *cfg, const ParamShard *sh, int dp, int
     ZeroMemory r = {0};
     r.params = (whole.params ? ps.P : own) * F;
     r.grads = ((whole.grads ? ps.P : 0) + (whole.optimizer ? 0 : own)) * F;
-    r.optimizer = (whole.optimizer ? ps.P : own) * F *
-                  (cfg->training.precision == PREC_BF16 ? 3 : 2); /* m, v [, master] */
+    const size_t opt_n = whole.optimizer ? ps.P : own;
+    if (cfg->topology.offload == OFFLOAD_OPTIMIZER) /* master, m, v and staging: optimizer.c */
+        r.host_optimizer = (opt_n ? opt_n : 1) * F * 4;
+    else /* m, v [, master] */
+        r.optimizer = opt_n * F * (cfg->training.precision == PREC_BF16 ? 3 : 2);
     if (stage >= 2) /* gradient slots and receive space (zero_create) */
         r.buffers = (ps.outer_n + outer_recv + 2 * (ps.max_layer + layer_recv)) * F;
     if (stage == 3) /* parameter slots */

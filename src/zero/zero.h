@@ -55,6 +55,7 @@ void zero_block(size_t P, int dp, int r, size_t *lo, size_t *hi);
 /* Byte counts of what the engine allocated. */
 typedef struct {
     size_t params, grads, optimizer, buffers; /* buffers: slots and receive space */
+    size_t host_optimizer; /* topology.offload: the state in host memory (optimizer is 0) */
 } ZeroMemory;
 
 /* Per-step timing: seconds spent waiting for communication that did not
@@ -133,8 +134,14 @@ float zero_forward(Zero *z, const int32_t *tokens, const int32_t *targets);
 typedef struct {
     float *params, *master, *m, *v;
     int *adam_t;
+    int optimizer_on_host; /* topology.offload: master, m and v are host memory */
 } ZeroState;
 ZeroState zero_state(Zero *z);
+/* The weights were replaced after zero_create (a resume or
+ * checkpoint.init_from wrote params): the optimizer's copies of them, where
+ * it keeps any apart from the checkpoint's kinds, are read again
+ * (optimizer_params_loaded). */
+void zero_params_loaded(Zero *z);
 
 ZeroMemory zero_memory(const Zero *z);
 /* Statistics since the last call (resets them). */

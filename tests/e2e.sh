@@ -9,8 +9,9 @@
 #   curves REF NAME [options]    compares $out/NAME's loss curve with
 #                                $out/REF's (tests/curves.py), counting a
 #                                difference in $fails;
-#   byte_data                    writes $out/bytes (the paragraphs of 8
-#                                Brown texts in bytes, vocab 257) and sets
+#   byte_data [N]                writes $out/bytes (the paragraphs of N
+#                                Brown texts, default 8, in bytes, vocab
+#                                257) and sets
 #                                ${bytes[@]}, the overrides that train on it:
 #                                with GPT-2's vocabulary the classifier is
 #                                most of a tiny model's time.
@@ -38,10 +39,10 @@ curves() {
 }
 
 byte_data() {
-    python3 - "$out/bytes.jsonl" <<'PY'
+    python3 - "$out/bytes.jsonl" "${1:-8}" <<'PY'
 import glob, json, sys
 with open(sys.argv[1], "w") as f:
-    for path in sorted(glob.glob("data/brown/txt/c*"))[:8]:
+    for path in sorted(glob.glob("data/brown/txt/c*"))[:int(sys.argv[2])]:
         for para in open(path).read().split("\n\n"):
             if para.strip():
                 f.write(json.dumps({"text": " ".join(para.split())}) + "\n")

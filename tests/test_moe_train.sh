@@ -9,16 +9,7 @@
 # seq 32, 3 steps, micro-batch 1 (the router's losses are per micro-batch).
 . "$(dirname "$0")/e2e.sh"
 
-python3 - "$out/bytes.jsonl" <<'PY'
-import glob, json, sys
-with open(sys.argv[1], "w") as f:
-    for path in sorted(glob.glob("data/brown/txt/c*"))[:2]:
-        for para in open(path).read().split("\n\n"):
-            if para.strip():
-                f.write(json.dumps({"text": " ".join(para.split())}) + "\n")
-PY
-"$TRIDENT" prepare-data --input "$out/bytes.jsonl" --tokenizer byte --out "$out/bytes" \
-    > "$out/prepare.log" 2>&1 || { echo "FAIL: prepare-data"; cat "$out/prepare.log"; exit 1; }
+byte_data 2
 
 small=(--set checkpoint.dir= --set model.layers=2 --set model.hidden=32 --set model.heads=4
        --set model.vocab=257 --set model.seq_len=32 --set training.steps=3

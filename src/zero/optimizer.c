@@ -20,8 +20,9 @@ static void round_to_bf16(const Backend *be, float *params, size_t n)
     }
 }
 
-void optimizer_init(Optimizer *o, const ParamTable *t, const Backend *be, float *params,
-                    size_t begin, size_t end, Precision precision)
+/* What both kinds of optimizer start with: the range it owns, no state yet. */
+static void optimizer_fields(Optimizer *o, const ParamTable *t, const Backend *be, size_t begin,
+                             size_t end, Precision precision)
 {
     memset(o, 0, sizeof *o);
     o->table = t;
@@ -30,6 +31,12 @@ void optimizer_init(Optimizer *o, const ParamTable *t, const Backend *be, float 
     o->end = end;
     o->bf16 = precision == PREC_BF16;
     o->grad_scale = 1.0f;
+}
+
+void optimizer_init(Optimizer *o, const ParamTable *t, const Backend *be, float *params,
+                    size_t begin, size_t end, Precision precision)
+{
+    optimizer_fields(o, t, be, begin, end, precision);
     size_t n = end - begin;
     o->m = be->alloc(n * sizeof(float), "Adam first moment");
     o->v = be->alloc(n * sizeof(float), "Adam second moment");
@@ -52,13 +59,7 @@ static float *host_state(const Backend *be, size_t n, const char *what)
 void optimizer_init_offload(Optimizer *o, const ParamTable *t, const Backend *be, float *params,
                             size_t begin, size_t end, Precision precision)
 {
-    memset(o, 0, sizeof *o);
-    o->table = t;
-    o->be = be;
-    o->begin = begin;
-    o->end = end;
-    o->bf16 = precision == PREC_BF16;
-    o->grad_scale = 1.0f;
+    optimizer_fields(o, t, be, begin, end, precision);
     o->offload = 1;
     const size_t n = end - begin;
     o->m = host_state(be, n, "Adam first moment (offloaded to host memory)");

@@ -93,6 +93,15 @@ resume() { # from, name, ranks, settings...
 resume gpt2 resume_dp2_ep2 2 --set topology.dp=2 "${ep[@]}"
 resume gpt2_ep2 resume_ep1 1
 cp -r "$out/gpt2/ckpt" "$out/resume.ckpt"
+# An ep that does not divide dp: exit 2 before anything runs, the rule named.
+timeout 60 "$TRIDENT" plan configs/tiny.yaml "${small[@]}" --set topology.dp=2 \
+    --set topology.ep=4 > "$out/ep_bad.log" 2>&1
+rc=$?
+if [ "$rc" -eq 2 ] && grep -q "topology.ep (4) must divide topology.dp (2)" "$out/ep_bad.log"; then
+    echo "ok   ep 4 of dp 2 refused (exit 2)"
+else
+    echo "FAIL: ep 4 of dp 2 exited $rc: $(tail -2 "$out/ep_bad.log")"; fails=$((fails + 1))
+fi
 # A dense config does not load the MoE checkpoint: exit 2, the two models named.
 timeout 120 "$TRIDENT" train configs/tiny.yaml "${small[@]}" --set model.moe.experts=0 \
     --set run.dir="$out/resume_dense" --set checkpoint.dir="$out/resume.ckpt" \

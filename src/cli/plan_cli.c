@@ -118,10 +118,10 @@ static void print_expert_parallel(FILE *f, const Config *cfg, const PlanResult *
         moe_layers += config_moe_layer(mc, l);
     fprintf(f,
             "expert parallel: ep %d of dp %d, each rank running %d of %d experts; all-to-all "
-            "%.3f MiB per rank per MoE layer and micro-batch (balanced routing), %.3f GiB per "
+            "%.4g MiB per rank per MoE layer and micro-batch (balanced routing), %.4g MiB per "
             "rank per step over %d MoE layer(s) / pp %d; expert weights replicated over dp\n",
             ep, r->dp, mc->moe_experts / ep, mc->moe_experts, layer / (1024.0 * 1024.0),
-            layer * r->n_micro * moe_layers / r->pp / GIB, moe_layers, r->pp);
+            layer * r->n_micro * moe_layers / r->pp / (1024.0 * 1024.0), moe_layers, r->pp);
 }
 
 static void print_layout(FILE *f, const Config *cfg, const PlanCluster *c, const PlanResult *r)

@@ -119,9 +119,10 @@ static void moe_exchange_counts(Model *m, MoeRoute *rt)
         rt->roff[i + 1] = rt->roff[i] + recv[i];
 }
 
-/* Rows of C floats: this rank's [R, C], in expert order, to the experts'
- * ranks, whose received rows land in [roff[E], C] (back 0); or the
- * received rows' results back to the ranks that sent them (back 1). */
+/* Rows of C floats.  back 0: this rank's [R, C], in expert order, to the
+ * experts' ranks; recv [roff[E], C] gets what the group sent this rank's
+ * experts, block by block.  back 1: the reverse, send [roff[E], C] (the
+ * results of those rows) back to the ranks that sent them, into recv [R, C]. */
 static void moe_exchange(const Model *m, const MoeRoute *rt, const float *send, float *recv,
                          int back)
 {

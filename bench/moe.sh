@@ -1,8 +1,15 @@
 #!/usr/bin/env bash
 # Mixture of experts (model.moe, docs/moe.md), measured on this machine's
-# cores: the step time of a MoE model against a dense model of the same
-# active FLOPs per token, in alternating rounds (the machine is shared: a
-# ratio from the same round, not an absolute time).
+# cores:
+#  1. expert parallelism (dp 2, ep 2): the all-to-all bytes each rank sent
+#     per MoE layer and micro-batch (the trace's "all-to-all ep" spans)
+#     against the formula for balanced routing, 4 exchanges (dispatch and
+#     combine, forward and backward) of the N x k x (ep-1)/ep rows that
+#     leave the rank, C floats each; the ratio is 1 up to the routing's
+#     imbalance; and the exchanges' time as a share of the step;
+#  2. the step time of a MoE model against a dense model of the same
+#     active FLOPs per token, in alternating rounds (the machine is shared:
+#     a ratio from the same round, not an absolute time).
 #   dense: Llama, SwiGLU MLP of width F = k x Fe
 #   MoE:   the same Llama with E experts of width Fe, top-k, every layer
 # Per token the experts' GEMMs are the dense MLP's (k x 3 x C x Fe
@@ -47,6 +54,31 @@ n = sum(s["params"] for s in p["stages"]) / p["elem_param"]
 print("%.4g M parameters" % (n / 1e6))')"
 echo "planner, moe: $("$trident" plan configs/tiny.yaml "${common[@]}" "${moe[@]}" 2>/dev/null |
     sed -n 's/^mixture of experts: .*: //p')"
+echo
+echo "1. expert parallelism: dp 2, ep 2, 3 steps, micro-batch $((B / 2)) per rank"
+OMP_NUM_THREADS=1 mpiexec -n 2 "$trident" train configs/tiny.yaml "${common[@]}" "${moe[@]}" \
+    --set training.steps=3 --set topology.dp=2 --set topology.ep=2 --set training.trace=true \
+    --set training.micro_batch=$((B / 2)) \
+    --set run.dir="$out/ep2" > "$out/ep2.log" 2>&1 || { tail -20 "$out/ep2.log"; exit 1; }
+python3 - "$out/ep2" $L $C $K $((B / 2)) $T 2 <<'PY'
+import json, sys
+d, L, C, K, mb, T, ep = sys.argv[1], *map(int, sys.argv[2:])
+ev = [e for e in json.load(open(f"{d}/trace.json"))["traceEvents"] if e.get("ph") == "X"]
+rows = [json.loads(l) for l in open(f"{d}/metrics.jsonl")]
+steps, n_micro = len(rows), 1
+for r in range(ep):
+    a2a = [e for e in ev if e["pid"] == r and e["name"].startswith("all-to-all ep")]
+    sent = sum(e["args"].get("bytes", 0) for e in a2a) / (steps * n_micro * L)
+    formula = 4 * mb * T * K * (ep - 1) / ep * C * 4
+    t = sum(e["dur"] for e in a2a) / 1e3
+    step_ms = sum(x["step_ms"] for x in rows)
+    print(f"  rank {r}: {sent:.0f} bytes per MoE layer and micro-batch, formula {formula:.0f}, "
+          f"ratio {sent / formula:.3f}; all-to-all {t:.0f} ms of {step_ms:.0f} ms of steps "
+          f"({t / step_ms:.3f}, blocking)")
+PY
+
+echo
+echo "2. MoE against dense at equal active FLOPs, 1 rank, $(nproc) threads"
 printf "%5s %12s %12s %8s\n" round "dense ms" "moe ms" ratio
 for r in $(seq 1 "$rounds"); do
     for m in dense moe; do

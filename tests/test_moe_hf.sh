@@ -84,5 +84,61 @@ sys.exit(0 if rel <= 1e-5 else 1)
 PY
 done
 
+# ---- export as MixtralForCausalLM ----
+export_hf() { # name, outdir, options...: exit status in $rc, output in $out/x.log
+    local name=$1 dir=$2; shift 2
+    timeout 120 "$TRIDENT" ckpt export --format hf --out "$dir" "$@" "$out/$name/ckpt" \
+        > "$out/x.log" 2>&1
+    rc=$?
+}
+verify() { # hf dir, checkpoint name: tests/hf_export_check.py
+    "$py" tests/hf_export_check.py "$1" "$out/$2/ckpt/$(cat "$out/$2/ckpt/latest")" > "$out/c.log" 2>&1
+    local r=$?
+    sed 's/^/     /' "$out/c.log"
+    return $r
+}
+export_hf llama "$out/llama.hf"
+ok "llama MoE: export (exit $rc)" test $rc -eq 0
+ok "config.json: MixtralForCausalLM, 4 local experts, 2 per token, intermediate_size the expert width" \
+    "$py" -c "import json, sys; c = json.load(open('$out/llama.hf/config.json'))
+sys.exit(not (c['architectures'] == ['MixtralForCausalLM'] and c['model_type'] == 'mixtral'
+              and c['num_local_experts'] == 4 and c['num_experts_per_tok'] == 2
+              and c['intermediate_size'] == 192 and abs(c['router_aux_loss_coef'] - 0.01) < 1e-7))"
+ok "Mixtral export: every tensor equals its trident source (experts sliced), the numpy Mixtral's logits = trident's" \
+    verify "$out/llama.hf" llama
+"$py" tests/generate_check.py "$out/llama.hf" "$(cat "$out/llama.ids")" "$out/llama.logits" \
+    || fails=$((fails + 1))
+export_hf llama "$out/llama.bf16" --dtype bf16
+ok "bf16 export (exit $rc): the experts rounded to nearest even" verify "$out/llama.bf16" llama
+export_hf llama "$out/llama.shards" --max-shard-size 100KB
+ok "sharded export (exit $rc, 100 KB shards: a stacked expert tensor spans shards)" \
+    verify "$out/llama.shards" llama
+timeout 120 mpiexec -n 3 "$TRIDENT" ckpt export --format hf --max-shard-size 100KB \
+    --out "$out/llama.shards3" "$out/llama/ckpt" > "$out/x.log" 2>&1
+rc=$?
+ok "sharded, 3 ranks (exit $rc): every file identical to one rank's" \
+    bash -c "[ $rc -eq 0 ] && for f in '$out/llama.shards'/*; do cmp -s \"\$f\" '$out/llama.shards3'/\"\$(basename \"\$f\")\" || exit 1; done"
+
+# What Mixtral cannot express: exit 2 naming it.  A capacity factor exports
+# with a note (Hugging Face runs dropless).
+one=(--set training.steps=1 --set model.arch=llama --set model.kv_heads=2)
+export RUN_CKPT=1
+run shared 1 "${one[@]}" --set model.moe.shared_experts=1
+run every2 1 "${one[@]}" --set model.moe.every=2
+run capacity 1 "${one[@]}" --set model.moe.capacity_factor=1.0
+unset RUN_CKPT
+refused() { # name, expected message
+    export_hf "$1" "$out/$1.hf"
+    ok "export of $1: exit 2 ($rc) saying '$2', no weights written" \
+        bash -c "[ $rc -eq 2 ] && grep -qF -- \"$2\" '$out/x.log' && ! ls '$out/$1.hf'/*.safetensors 2>/dev/null"
+}
+refused gpt2 "no Hugging Face export of a mixture-of-experts model with arch gpt2"
+refused shared "model.moe.shared_experts 1: MixtralForCausalLM has no shared experts"
+refused every2 "model.moe.every 2: every layer of MixtralForCausalLM is a MoE layer"
+export_hf capacity "$out/capacity.hf"
+ok "capacity factor: exports (exit $rc) with a note that Hugging Face runs dropless" \
+    bash -c "[ $rc -eq 0 ] && grep -q 'Hugging Face.s Mixtral runs dropless' '$out/x.log'"
+ok "capacity factor: the export checks" verify "$out/capacity.hf" capacity
+
 echo "moe_hf: $fails failed"
 [ "$fails" -eq 0 ]

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Mixture-of-experts models in and out (docs/moe.md, "Generation, export
-# and import"):
+# Mixture-of-experts models in and out (docs/moe.md, "Generation" and
+# "Hugging Face: Mixtral"):
 #   - generate: a gpt2 MoE (4 experts, top-2, a shared expert) and a llama
 #     MoE (4 experts, top-2, grouped-query attention), trained a few steps:
 #     the key/value cache gives the tokens and logits (1e-5) of --no-cache;
@@ -9,9 +9,25 @@
 #     the checkpoint: trident's model with tests/moe_ref.py's MoE layer,
 #     dropless, float64), and that numpy model's loss on a one-sequence
 #     dataset is trident eval's (the training forward): decoder = numpy =
-#     training forward.
+#     training forward; training.sample_every prints samples of a MoE model;
+#   - export of the llama MoE as MixtralForCausalLM: config.json; every
+#     tensor equal to its trident source (tests/hf_export_check.py, its own
+#     safetensors reader, the stacked experts sliced in numpy), and its
+#     numpy Mixtral forward (HF's sparse MoE block) gives trident's logits;
+#     trident generate's greedy tokens and logits are that Mixtral's
+#     (generate_check.py over the export); sharded over 3 ranks; what
+#     Mixtral cannot express (gpt2, shared experts, moe.every 2) exits 2
+#     naming it; a capacity factor exports with a note;
+#   - import: export -> import gives the checkpoint's tensors bit for bit,
+#     -> export again the same bytes; generate on the Mixtral directory
+#     gives the checkpoint's tokens; a Mixtral written by numpy
+#     (tests/mixtral_write.py) imports and generates the numpy Mixtral's
+#     greedy tokens and logits, and checkpoint.init_from it starts where
+#     the imported checkpoint does (a config with other experts: exit 2);
+#     a missing, duplicate or extra expert and a wrong shape exit 2 naming
+#     the file and the tensor.
 # Tiny: bytes, hidden 64, 2 layers, seq 64, 12 steps (init_std 0.2: sharper
-# logits, greedy tokens that vary).
+# logits, greedy tokens that vary); 1-step runs for the refusals.
 . "$(dirname "$0")/e2e.sh"
 py=/usr/bin/python3   # Debian's, with numpy and h5py (scripts/install_deps.sh)
 "$py" -c 'import numpy, h5py' 2>/dev/null ||
@@ -57,37 +73,40 @@ for m in gpt2 llama; do
         || fails=$((fails + 1))
     gen "$m.nocache" "$out/$m/ckpt" --prompt "$prompt" --max-new-tokens 16 --greedy --no-cache
     ok "$m MoE: the cache gives the tokens of --no-cache" cmp -s "$out/$m.ids" "$out/$m.nocache.ids"
-    "$py" - "$out/$m.logits" "$out/$m.nocache.logits" <<'PY' || fails=$((fails + 1))
-import sys, numpy as np
-a, b = (np.fromfile(f, dtype=np.float32) for f in sys.argv[1:])
-rel = float(np.abs(a - b).max() / np.abs(b).max()) if a.size == b.size and a.size else 1.0
-print(f"{'ok  ' if rel <= 1e-5 else 'FAIL'} the cache's logits equal --no-cache's: {rel:.2g} relative")
-sys.exit(0 if rel <= 1e-5 else 1)
-PY
     timeout 120 "$TRIDENT" eval "$out/$m/ckpt" --data "$out/one" --sequences 1 --micro-batch 1 \
         > "$out/$m.eval" 2>&1 || { echo "FAIL: eval $m: $(tail -2 "$out/$m.eval")"; fails=$((fails + 1)); }
-    "$py" - "$out/$m/ckpt" "$out/one.txt" "$out/$m.eval" <<'PY' || fails=$((fails + 1))
-import os, re, sys
+done
+# (one python for both models: its start is most of a check's time)
+"$py" - "$out" <<'PY' || fails=$((fails + 1))
+import re, sys
 import numpy as np
 sys.path.insert(0, "tests")
 from hf_export_check import cross_entropy, load_trident, trident_forward
-ck, text, log = sys.argv[1:]
-model, w, _ = load_trident(f"{ck}/{open(f'{ck}/latest').read().strip()}")
-T = int(model["seq_len"])
-ids = np.frombuffer(open(text, "rb").read(), np.uint8).astype(int)[:T + 1]
-want = cross_entropy(trident_forward(model, w, ids[:T]), ids[1:])
-got = float(re.search(r"\| loss ([0-9.]+)", open(log).read()).group(1))
-rel = abs(got - want) / want
-print(f"{'ok  ' if rel <= 1e-5 else 'FAIL'} eval's loss {got} (the training forward) = the numpy "
-      f"model's {want:.7g} ({rel:.1e} relative)")
-sys.exit(0 if rel <= 1e-5 else 1)
+out, bad = sys.argv[1], 0
+for m in ("gpt2", "llama"):
+    a, b = (np.fromfile(f"{out}/{m}{x}.logits", dtype=np.float32) for x in ("", ".nocache"))
+    rel = float(np.abs(a - b).max() / np.abs(b).max()) if a.size == b.size and a.size else 1.0
+    print(f"{'ok  ' if rel <= 1e-5 else 'FAIL'} {m} MoE: the cache's logits equal --no-cache's: "
+          f"{rel:.2g} relative")
+    bad += rel > 1e-5
+    ck = f"{out}/{m}/ckpt"
+    model, w, _ = load_trident(f"{ck}/{open(f'{ck}/latest').read().strip()}")
+    T = int(model["seq_len"])
+    ids = np.frombuffer(open(f"{out}/one.txt", "rb").read(), np.uint8).astype(int)[:T + 1]
+    want = cross_entropy(trident_forward(model, w, ids[:T]), ids[1:])
+    got = float(re.search(r"\| loss ([0-9.]+)", open(f"{out}/{m}.eval").read()).group(1))
+    rel = abs(got - want) / want
+    print(f"{'ok  ' if rel <= 1e-5 else 'FAIL'} {m} MoE: eval's loss {got} (the training forward) "
+          f"= the numpy model's {want:.7g} ({rel:.1e} relative)")
+    bad += rel > 1e-5
+sys.exit(1 if bad else 0)
 PY
-done
 
 # ---- export as MixtralForCausalLM ----
-export_hf() { # name, outdir, options...: exit status in $rc, output in $out/x.log
-    local name=$1 dir=$2; shift 2
-    timeout 120 "$TRIDENT" ckpt export --format hf --out "$dir" "$@" "$out/$name/ckpt" \
+export_hf() { # name (a run's checkpoint, or a checkpoint dir in $out), outdir, options...:
+    local name=$1 dir=$2 src="$out/$1/ckpt"; shift 2  # exit status in $rc, output in $out/x.log
+    [ -d "$src" ] || src="$out/$name"
+    timeout 120 "$TRIDENT" ckpt export --format hf --out "$dir" "$@" "$src" \
         > "$out/x.log" 2>&1
     rc=$?
 }
@@ -108,16 +127,14 @@ ok "Mixtral export: every tensor equals its trident source (experts sliced), the
     verify "$out/llama.hf" llama
 "$py" tests/generate_check.py "$out/llama.hf" "$(cat "$out/llama.ids")" "$out/llama.logits" \
     || fails=$((fails + 1))
-export_hf llama "$out/llama.bf16" --dtype bf16
-ok "bf16 export (exit $rc): the experts rounded to nearest even" verify "$out/llama.bf16" llama
-export_hf llama "$out/llama.shards" --max-shard-size 100KB
-ok "sharded export (exit $rc, 100 KB shards: a stacked expert tensor spans shards)" \
-    verify "$out/llama.shards" llama
+# Sharded (100 KB: a stacked expert tensor's experts in several shards),
+# its tensors split over 3 ranks.
 timeout 120 mpiexec -n 3 "$TRIDENT" ckpt export --format hf --max-shard-size 100KB \
     --out "$out/llama.shards3" "$out/llama/ckpt" > "$out/x.log" 2>&1
 rc=$?
-ok "sharded, 3 ranks (exit $rc): every file identical to one rank's" \
-    bash -c "[ $rc -eq 0 ] && for f in '$out/llama.shards'/*; do cmp -s \"\$f\" '$out/llama.shards3'/\"\$(basename \"\$f\")\" || exit 1; done"
+ok "sharded export on 3 ranks (exit $rc): 15 shards" \
+    test -f "$out/llama.shards3/model-00015-of-00015.safetensors"
+ok "sharded export on 3 ranks: index, shards and tensors check" verify "$out/llama.shards3" llama
 
 # What Mixtral cannot express: exit 2 naming it.  A capacity factor exports
 # with a note (Hugging Face runs dropless).
@@ -138,7 +155,63 @@ refused every2 "model.moe.every 2: every layer of MixtralForCausalLM is a MoE la
 export_hf capacity "$out/capacity.hf"
 ok "capacity factor: exports (exit $rc) with a note that Hugging Face runs dropless" \
     bash -c "[ $rc -eq 0 ] && grep -q 'Hugging Face.s Mixtral runs dropless' '$out/x.log'"
-ok "capacity factor: the export checks" verify "$out/capacity.hf" capacity
+
+# ---- import of MixtralForCausalLM ----
+import_hf() { # hf dir, out: exit status in $rc, output in $out/i.log
+    timeout 120 "$TRIDENT" ckpt import --from hf "$1" --out "$2" > "$out/i.log" 2>&1
+    rc=$?
+}
+import_hf "$out/llama.hf" "$out/llama.imp"
+ok "import of the Mixtral export (exit $rc)" test $rc -eq 0
+sed 's/^/     /' "$out/i.log"
+ok "export -> import: every tensor bit-identical to the checkpoint's" \
+    "$py" tests/hf_import_check.py "$out/llama/ckpt/$(cat "$out/llama/ckpt/latest")" \
+    "$out/llama.imp/step_00000000"
+export_hf llama.imp "$out/llama.again"
+ok "export -> import -> export: the same model.safetensors and config.json, byte for byte" \
+    bash -c "cmp -s '$out/llama.hf/model.safetensors' '$out/llama.again/model.safetensors' &&
+             cmp -s '$out/llama.hf/config.json' '$out/llama.again/config.json'"
+gen llama.hfgen "$out/llama.hf" --prompt "$prompt" --max-new-tokens 16 --greedy
+ok "generate on the Mixtral directory: the checkpoint's tokens" cmp -s "$out/llama.ids" "$out/llama.hfgen.ids"
+
+# A Mixtral written by numpy (tests/mixtral_write.py, rope_theta 1e6):
+# imported, it generates the numpy Mixtral's greedy tokens and logits.
+"$py" tests/mixtral_write.py "$out/mix.hf" "$out/missing.hf:missing" "$out/duplicate.hf:duplicate" \
+    "$out/extra.hf:extra" "$out/shape.hf:shape" || { echo "FAIL: mixtral_write.py"; fails=$((fails + 1)); }
+import_hf "$out/mix.hf" "$out/mix.imp"
+ok "import of a numpy-written Mixtral (exit $rc)" test $rc -eq 0
+gen mix "$out/mix.imp" --prompt "$prompt" --max-new-tokens 16 --greedy
+echo "     mixtral greedy ids: $(cat "$out/mix.ids")"
+"$py" tests/generate_check.py "$out/mix.hf" "$(cat "$out/mix.ids")" "$out/mix.logits" \
+    || fails=$((fails + 1))
+gen mix.hfgen "$out/mix.hf" --prompt "$prompt" --max-new-tokens 16 --greedy
+ok "generate on the numpy Mixtral's directory: the imported checkpoint's tokens" \
+    cmp -s "$out/mix.ids" "$out/mix.hfgen.ids"
+# checkpoint.init_from the directory: the first step's loss is the one from
+# the imported checkpoint; a config with other experts exits 2 naming both.
+mix=(--set model.arch=llama --set model.kv_heads=2 --set model.ffn_hidden=96
+     --set model.rope_theta=1000000 --set model.tie_embeddings=false --set training.steps=1)
+run init_hf 1 "${mix[@]}" --set checkpoint.init_from="$out/mix.hf"
+run init_ckpt 1 "${mix[@]}" --set checkpoint.init_from="$out/mix.imp"
+first_loss() { grep -o '"loss": [-0-9.e+]*' "$out/$1/metrics.jsonl" | head -1; }
+ok "init_from the Mixtral directory: step 1's loss = from the imported checkpoint ($(first_loss init_hf))" \
+    bash -c "[ -n \"$(first_loss init_hf)\" ] && [ \"$(first_loss init_hf)\" = \"$(first_loss init_ckpt)\" ]"
+timeout 120 "$TRIDENT" train configs/tiny.yaml "${small[@]}" "${mix[@]}" --set model.moe.top_k=1 \
+    --set checkpoint.init_from="$out/mix.hf" --set run.dir="$out/init_bad" > "$out/init_bad.log" 2>&1
+rc=$?
+ok "init_from with top_k 1: exit 2 ($rc) naming both values" \
+    bash -c "[ $rc -eq 2 ] && grep -q 'model.moe.top_k is 2 in .*config.json, 1 in the config' '$out/init_bad.log'"
+
+# Broken Mixtral directories: exit 2 naming the file and the tensor.
+broken() { # variant (tests/mixtral_write.py's), expected message
+    import_hf "$out/$1.hf" "$out/$1.imp"
+    ok "import, $1 expert: exit 2 ($rc) saying '$2', nothing written" \
+        bash -c "[ $rc -eq 2 ] && grep -qF -- \"$2\" '$out/i.log' && [ ! -e '$out/$1.imp/step_00000000' ]"
+}
+broken missing "model.safetensors: required tensor 'model.layers.1.block_sparse_moe.experts.3.w2.weight' is missing"
+broken duplicate "model.safetensors: tensor 'model.layers.0.block_sparse_moe.experts.0.w1.weight' appears twice in the header"
+broken extra "model.safetensors: tensor 'model.layers.0.block_sparse_moe.experts.4.w1.weight': config.json has 2 layers of 4 experts"
+broken shape "model.safetensors: tensor 'model.layers.0.block_sparse_moe.experts.2.w3.weight' has shape [64, 96], config.json implies [96, 64]"
 
 echo "moe_hf: $fails failed"
 [ "$fails" -eq 0 ]

@@ -153,8 +153,6 @@ static void st_close(StFile *f)
     f->n = 0;
 }
 
-/* Open and validate one safetensors file (header and offsets; the data is
- * read later).  Returns 0, or an exit code with err. */
 static int name_cmp(const void *a, const void *b)
 {
     return strcmp(*(const char *const *)a, *(const char *const *)b);
@@ -178,6 +176,8 @@ static int st_unique_names(const StFile *f, char err[CFG_ERR])
     return code;
 }
 
+/* Open and validate one safetensors file (header and offsets; the data is
+ * read later).  Returns 0, or an exit code with err. */
 static int st_open(StFile *f, const char *path, char err[CFG_ERR])
 {
     memset(f, 0, sizeof *f);

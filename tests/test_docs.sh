@@ -83,7 +83,7 @@ PY
 [ $? -eq 0 ] || { echo "FAIL: blocks without a language (above)"; exit 1; }
 
 # A logical line (continuations joined) that trains gets the small step
-# count before any trailing comment, redirection or pipe.
+# count before any trailing comment, redirection, pipe, && or ||.
 shorten() {
     python3 - "$1" <<'PY'
 import re, sys
@@ -95,7 +95,7 @@ for line in text.split("\n"):
         out.append("# (the test suite itself: not run from inside it) " + line)
         continue
     if re.search(r"trident (train|run)\b|quickstart\.sh|\.sbatch\b", code) and "--help" not in code:
-        m = re.search(r"\s+(#|>|\||&&)\s", line)
+        m = re.search(r"\s+(#|>|\|\||\||&&)\s", line)
         at = m.start() if m else len(line)
         line = line[:at] + " --set training.steps=2 --set data.val_sequences=8" + line[at:]
     out.append(line)

@@ -9,10 +9,11 @@
 #   - the memory record: gradients and optimizer state are the adapters'
 #     (4 and 8 bytes each), the frozen base is reported apart; the 7B LoRA
 #     plan (configs/llama_7b_lora.yaml) fits one 24 GB GPU;
-#   - `ckpt export --format hf` (merged) read by an independent numpy
-#     forward gives the greedy tokens and logits of `trident generate` on the
-#     LoRA checkpoint (tests/generate_check.py); the HF directory generates
-#     the same tokens; `trident eval` gives the merged export's loss;
+#   - `ckpt export --format hf` (merged, at the run's step) read by an
+#     independent numpy forward gives the greedy tokens and logits of
+#     `trident generate` on the LoRA checkpoint (tests/generate_check.py);
+#     the HF directory generates the same tokens; `trident eval` gives the
+#     merged export's loss;
 #   - `ckpt export --format peft` read back by tests/peft_check.py (its own
 #     safetensors parser): PEFT names and shapes, merged = base + (a/r) B A;
 #   - bad input exits 2: an unknown target (file:line:column), up on gpt2,
@@ -76,6 +77,8 @@ for x in "hf base.hf base/ckpt" "hf merged.hf ref/ckpt" "peft peft ref/ckpt"; do
         { echo "FAIL: export --format $1 of $3: $(tail -2 "$out/$2.log")"; fails=$((fails + 1)); }
 done
 "$py" tests/peft_check.py "$out/peft" "$out/base.hf" "$out/merged.hf" || fails=$((fails + 1))
+ok "the merged export is of the run's step (4), not step 0" \
+    grep -q "^exported .* tensors of step 4 " "$out/merged.hf.log"
 
 prompt="The jury said that the city"
 "$TRIDENT" generate "$out/ref/ckpt" --prompt "$prompt" --max-new-tokens 12 --greedy --ids \

@@ -4,7 +4,7 @@
 #     (tests/lora_ref.py, finite differences of a float64 HF Llama);
 #   - a plain base trained and saved, then adapters on every linear layer
 #     (qkv, proj, fc, up, fcproj) from it: tp 2 (with and without sequence
-#     parallelism), pp 2, dp 2 with ZeRO 1 and 3 train the curve of one rank
+#     parallelism), pp 2, dp 2 with ZeRO 1 and 3, cp 2 train the curve of one rank
 #     (fp32, loss within relative 1e-5 per step, gradient norm 1e-3);
 #   - the memory record: gradients and optimizer state are the adapters'
 #     (4 and 8 bytes each), the frozen base is reported apart; the 7B LoRA
@@ -16,8 +16,13 @@
 #     merged export's loss;
 #   - `ckpt export --format peft` read back by tests/peft_check.py (its own
 #     safetensors parser): PEFT names and shapes, merged = base + (a/r) B A;
+#   - adapter dropout (model.lora.dropout): the layouts above run with it
+#     (the same masks on every layout), validation drops nothing (= eval of
+#     the checkpoint), and a second reference run with dropout 0.25 on every
+#     target against lora_ref.py drawing the documented masks itself;
 #   - bad input exits 2: an unknown target (file:line:column), up on gpt2,
-#     dropout, a missing base, --format peft of a plain checkpoint.
+#     dropout out of [0, 1) or on cuda, a missing base, --format peft of a
+#     plain checkpoint.
 . "$(dirname "$0")/e2e.sh"
 py=/usr/bin/python3
 
@@ -38,15 +43,20 @@ ok() { # what, condition...
 }
 
 RUN_CKPT=1 run base 1 --set training.steps=3
+# With adapter dropout (model.lora.dropout): every layout draws the masks
+# of one rank (keyed by the token's place in the stream, the layer, the
+# target and the global column), so the curves still agree.
 lora=(--set model.lora.rank=4 --set model.lora.alpha=8 --set training.steps=4
-      --set model.lora.targets=qkv,proj,fc,up,fcproj --set model.lora.base="$out/base/ckpt")
+      --set model.lora.targets=qkv,proj,fc,up,fcproj --set model.lora.base="$out/base/ckpt"
+      --set model.lora.dropout=0.1 --set data.val_every=4)
 RUN_CKPT=1 run ref 1 "${lora[@]}"
 run tp2 2 "${lora[@]}" --set topology.tp=2
 run sp2 2 "${lora[@]}" --set topology.tp=2 --set topology.sequence_parallel=true
 run pp2 2 "${lora[@]}" --set topology.pp=2
 run dp2_zero1 2 "${lora[@]}" --set topology.dp=2 --set topology.zero=1
 run dp2_zero3 2 "${lora[@]}" --set topology.dp=2 --set topology.zero=3
-for l in tp2 sp2 pp2 dp2_zero1 dp2_zero3; do
+run cp2 2 "${lora[@]}" --set topology.cp=2 --set training.micro_batch=2
+for l in tp2 sp2 pp2 dp2_zero1 dp2_zero3 cp2; do
     curves ref "$l" --steps 4 --norm-rtol 1e-3 # the gradient norm: a missed TP sum of dA moves it by 3e-2
 done
 
@@ -103,6 +113,18 @@ good = abs(a - b) <= 1e-5 * abs(b)
 print(f"{'ok  ' if good else 'FAIL'} eval with the adapters {a} = eval of the merged export {b}")
 sys.exit(0 if good else 1)
 PY
+# Validation during training drops nothing: the run's last val_loss is
+# `trident eval`'s loss of its checkpoint (the same 2 sequences).
+"$TRIDENT" eval "$out/ref/ckpt" --data "$out/bytes" --sequences 2 > "$out/eval.val" 2>&1 ||
+    { echo "FAIL: eval --sequences 2: $(tail -2 "$out/eval.val")"; fails=$((fails + 1)); }
+"$py" - "$out/eval.val" "$out/ref/metrics.jsonl" <<'PY' || fails=$((fails + 1))
+import json, re, sys
+a = float(re.search(r"loss ([0-9.]+)", open(sys.argv[1]).read()).group(1))
+b = [json.loads(l) for l in open(sys.argv[2])][-1].get("val_loss", float("nan"))
+good = abs(a - b) <= 1e-5 * abs(a)
+print(f"{'ok  ' if good else 'FAIL'} validation of a dropout run {b} = eval of its checkpoint {a}")
+sys.exit(0 if good else 1)
+PY
 
 # Gradients and steps against an independent numpy reference
 # (tests/lora_ref.py: HF Llama in float64, finite differences, AdamW): a
@@ -128,6 +150,19 @@ for x in "hf bbase.hf bbase/ckpt" "peft p1 bft/ckpt/step_00000001" "peft p2 bft/
 done
 "$py" tests/lora_ref.py "$out/bbase.hf" "$out/p1" "$out/p2" "$out/bft/metrics.jsonl" \
     "$(od -An -tu1 -v "$out/one.txt" | tr -s ' \n' ' ') 256" 1e-3 || fails=$((fails + 1))
+# The same with dropout 0.25 on every target, the reference drawing the
+# documented masks itself (run.seed 1234 of configs/tiny.yaml).
+RUN_CKPT=1 run bdrop 1 --set training.steps=2 --set training.lr=1e-3 --set checkpoint.every=1 \
+    --set checkpoint.keep=3 --set model.lora.rank=2 --set model.lora.alpha=4 \
+    --set model.lora.targets=qkv,proj,fc,up,fcproj --set model.lora.dropout=0.25 \
+    --set model.lora.base="$out/bbase/ckpt"
+for x in "d1 bdrop/ckpt/step_00000001" "d2 bdrop/ckpt/step_00000002"; do
+    set -- $x
+    "$TRIDENT" ckpt export --format peft --out "$out/$1" "$out/$2" > "$out/$1.log" 2>&1 ||
+        { echo "FAIL: export --format peft of $2: $(tail -2 "$out/$1.log")"; fails=$((fails + 1)); }
+done
+"$py" tests/lora_ref.py "$out/bbase.hf" "$out/d1" "$out/d2" "$out/bdrop/metrics.jsonl" \
+    "$(od -An -tu1 -v "$out/one.txt" | tr -s ' \n' ' ') 256" 1e-3 0.25 1234 || fails=$((fails + 1))
 
 # Bad input: exit 2 with the reason.
 bad() { # what, expected text, trident args...
@@ -143,8 +178,10 @@ bad "an unknown target" "bad.yaml:23:14: model.lora.targets: 'attn' is not a lin
     train "$out/bad.yaml" --set training.steps=1
 bad "up on gpt2" "'up' is not a linear layer of a gpt2" train configs/tiny.yaml \
     --set model.lora.rank=4 --set model.lora.targets=qkv,up
-bad "dropout" "model.lora.dropout" train configs/tiny.yaml --set model.lora.rank=4 \
-    --set model.lora.dropout=0.1
+bad "dropout 1" "model.lora.dropout (1) must be in \[0, 1)" train configs/tiny.yaml \
+    --set model.lora.rank=4 --set model.lora.dropout=1
+bad "dropout on cuda" "model.lora.dropout (0.1) is implemented on the cpu backend only" \
+    train configs/tiny.yaml --set model.lora.rank=4 --set model.lora.dropout=0.1 --set backend=cuda
 bad "a missing base" "model.lora.base" train configs/tiny.yaml "${small[@]}" \
     --set run.dir="$out/nobase" --set checkpoint.dir= --set model.lora.rank=4 \
     --set model.lora.base="$out/nothing"

@@ -51,6 +51,7 @@
 
 #include "config/layout.h"
 #include "core/error.h"
+#include "core/rng.h"
 #include "tensor_par/tensor_par.h"
 
 /* ---- parameter lookup (create time only) -------------------------------- */
@@ -404,6 +405,9 @@ static void carve_scratch(Model *m, Carver *c)
     m->s.lora_t = take(c, N * r);
     m->s.lora_dt = take(c, N * r);
     m->s.lora_part = take(c, tp ? r * (size_t)d->C : 0);
+    size_t in = (size_t)d->C > (size_t)d->F ? (size_t)d->C : (size_t)d->F;
+    in = in > (size_t)d->H * (size_t)d->hs ? in : (size_t)d->H * (size_t)d->hs;
+    m->s.lora_x = take(c, r && m->mc.lora.dropout > 0 ? N * in : 0);
     m->s.frozen_sink = take(c, m->lora ? 2 * (size_t)d->C : 0);
 }
 
@@ -499,6 +503,7 @@ void model_set_activation_sets(Model *m, int n)
 void model_set_positions(Model *m, const int32_t *pos)
 {
     const size_t N = (size_t)m->d.N;
+    m->cur.drop_rows = NULL; /* a forward that names no rows drops nothing */
     if (!pos) {
         m->cur.pos = NULL;
         return;
@@ -509,6 +514,8 @@ void model_set_positions(Model *m, const int32_t *pos)
         m->be->to_backend(ids, pos, N * sizeof(int32_t));
     m->cur.pos = ids;
 }
+
+void model_set_dropout_rows(Model *m, const uint64_t *rows) { m->cur.drop_rows = rows; }
 
 void model_use_activation_set(Model *m, int k)
 {
@@ -572,6 +579,10 @@ static Model *create(const Config *cfg, const Backend *be, const ParamShard *sh,
     if (m->lora) {
         params_build_base(&m->base_table, &m->mc, sh);
         m->lora_scale = m->mc.lora.alpha / (float)m->mc.lora.rank;
+        m->drop_key = rng_mix(cfg->run.seed, rng_hash_str("model.lora.dropout"));
+        if (m->mc.lora.dropout > 0 && be->device)
+            trd_fatal(TRD_EXIT_INPUT, "set model.lora.dropout to 0 or use backend: cpu",
+                      "model: adapter dropout runs on the cpu backend only");
     }
     const ParamTable *wt = m->lora ? &m->base_table : &m->table; /* the weights */
 
@@ -869,15 +880,63 @@ static int local_layer(const Model *m, int l)
  * of B, so its adapter's output is a partial sum like the base's and is
  * added BEFORE the base's reduction over TP (one reduction for both). */
 
-/* out [N, n_out] += s (x [N, n_in] A^T) B^T for target k of local layer i;
+/* ---- adapter dropout (model.lora.dropout = p) ----------------------------
+ * PEFT's lora_dropout: the adapter of a layer sees dropout(x) = x * keep /
+ * (1 - p), the base weight x itself.  keep is 0 with probability p, drawn by
+ * Philox (core/rng.h) as a pure function of (run.seed, the global layer,
+ * the target, the row's place in the token stream, the column's global
+ * index): every layout draws the same mask for an element whichever rank
+ * holds it (a row-parallel base's columns start at tp_rank x n_in), and
+ * backward and a recomputing forward draw the forward's.  The rows' places
+ * come from model_set_dropout_rows; a forward without them (validation,
+ * eval, generate) drops nothing.  Element (row R, column c): counter
+ * (R, c / 4), word c % 4 of the four, dropped when below p x 2^32.
+ * Host loops: the CPU backend only (config validation refuses others). */
+static int lora_dropping(const Model *m) { return m->mc.lora.dropout > 0 && m->cur.drop_rows; }
+
+/* x [N, n_in] (this rank's columns from col0) *= keep / (1 - p), in place:
+ * the mask of target k of local layer i, on an input or on its gradient. */
+static void lora_dropout(const Model *m, int i, int k, float *x, int n_in, int col0)
+{
+    TRD_ASSERT(!m->be->device);
+    const float p = m->mc.lora.dropout, inv = 1.0f / (1.0f - p);
+    const double cut = (double)p * 4294967296.0;
+    const int l = m->sh.chunk[0].begin + i;
+    const uint64_t key = rng_mix(m->drop_key, (uint64_t)l * LORA_TARGETS + (uint64_t)k);
+    for (int n = 0; n < m->d.N; n++) {
+        float *xr = x + (size_t)n * (size_t)n_in;
+        uint32_t r[4];
+        for (int j = 0; j < n_in; j++) {
+            const uint64_t c = (uint64_t)col0 + (uint64_t)j;
+            if (j == 0 || c % 4 == 0)
+                rng_philox(r, m->cur.drop_rows[n], c / 4, key);
+            xr[j] = (double)r[c % 4] < cut ? 0.0f : xr[j] * inv;
+        }
+    }
+}
+
+/* The adapter's input: x, or dropout(x) in s.lora_x while dropping. */
+static const float *lora_input(Model *m, int i, int k, const float *x, int n_in, int col)
+{
+    if (!lora_dropping(m))
+        return x;
+    const size_t n = (size_t)m->d.N * (size_t)n_in;
+    m->be->copy(m->s.lora_x, x, n * sizeof(float));
+    lora_dropout(m, i, k, m->s.lora_x, n_in, col ? 0 : m->sh.tp_rank * n_in);
+    return m->s.lora_x;
+}
+
+/* out [N, n_out] += s (x [N, n_in] A^T) B^T for target k of local layer i
+ * (col: a column-parallel base, x whole; else x holds this rank's columns);
  * tmp [N, n_out] is scratch. */
 static void lora_forward(Model *m, int i, int k, float *out, const float *x, int n_in, int n_out,
-                         float *tmp)
+                         int col, float *tmp)
 {
     if (!m->lora || m->lora_merged || !m->ap[i].a[k])
         return;
     const Backend *be = m->be;
     const int N = m->d.N, r = m->mc.lora.rank;
+    x = lora_input(m, i, k, x, n_in, col);
     be->matmul_forward(m->s.lora_t, x, m->ap[i].a[k], NULL, N, n_in, r);
     be->scale(m->s.lora_t, m->lora_scale, (size_t)N * (size_t)r);
     be->matmul_forward(tmp, m->s.lora_t, m->ap[i].b[k], NULL, N, r, n_out);
@@ -903,6 +962,7 @@ static void lora_backward(Model *m, int i, int k, const float *dout, const float
     const float *A = m->ap[i].a[k], *B = m->ap[i].b[k];
     float *dA = m->ag[i].a[k], *dB = m->ag[i].b[k], *t = m->s.lora_t, *dt = m->s.lora_dt;
     const size_t Nr = (size_t)N * (size_t)r;
+    x = lora_input(m, i, k, x, n_in, col); /* the forward's mask, drawn again */
     be->matmul_forward(t, x, A, NULL, N, n_in, r);
     be->scale(t, m->lora_scale, Nr);
     if (tp && !col) { /* dB = dout^T t, t partial */
@@ -922,7 +982,17 @@ static void lora_backward(Model *m, int i, int k, const float *dout, const float
     } else {
         be->matmul_backward(NULL, dA, NULL, dt, x, A, N, n_in, r);
     }
-    be->matmul_backward(dx, NULL, NULL, dt, NULL, A, N, n_in, r);
+    if (!lora_dropping(m)) {
+        be->matmul_backward(dx, NULL, NULL, dt, NULL, A, N, n_in, r);
+        return;
+    }
+    /* dx += dropout'(dt A): the same mask and scale on the gradient (lora_x
+     * held dropout(x), no longer needed) */
+    const size_t n = (size_t)N * (size_t)n_in;
+    zero(m, m->s.lora_x, n);
+    be->matmul_backward(m->s.lora_x, NULL, NULL, dt, NULL, A, N, n_in, r);
+    lora_dropout(m, i, k, m->s.lora_x, n_in, col ? 0 : m->sh.tp_rank * n_in);
+    be->accumulate(dx, m->s.lora_x, n);
 }
 
 /* Row-parallel linear: out [N, C] = inp [N, K] @ W^T over this rank's K
@@ -934,11 +1004,11 @@ static void row_linear_forward(Model *m, float *out, const float *inp, const flo
     const Dims *d = &m->d;
     if (!tp_active(&m->tp)) {
         m->be->matmul_forward(out, inp, w, b, d->N, K, d->C);
-        lora_forward(m, i, k, out, inp, K, d->C, m->s.dln);
+        lora_forward(m, i, k, out, inp, K, d->C, 0, m->s.dln);
         return;
     }
     m->be->matmul_forward(out, inp, w, NULL, d->N, K, d->C);
-    lora_forward(m, i, k, out, inp, K, d->C, m->s.dln); /* partial, like out */
+    lora_forward(m, i, k, out, inp, K, d->C, 0, m->s.dln); /* partial, like out */
     tp_row_output_forward(&m->tp, out, b, d->N, d->C);
 }
 
@@ -949,12 +1019,12 @@ static void mlp_forward(Model *m, int i, const LayerParams *p, LayerActs *a)
     const Dims *d = &m->d;
     const size_t NF = (size_t)d->N * (size_t)d->F;
     be->matmul_forward(a->fc, a->ln2, p->fc_w, p->fc_b, d->N, d->C, d->F);
-    lora_forward(m, i, LT_FC, a->fc, a->ln2, d->C, d->F, m->s.dfc);
+    lora_forward(m, i, LT_FC, a->fc, a->ln2, d->C, d->F, 1, m->s.dfc);
     if (d->gpt2) {
         be->gelu_forward(a->fc_act, a->fc, NF);
     } else {
         be->matmul_forward(a->up, a->ln2, p->up_w, NULL, d->N, d->C, d->F);
-        lora_forward(m, i, LT_UP, a->up, a->ln2, d->C, d->F, m->s.dup);
+        lora_forward(m, i, LT_UP, a->up, a->ln2, d->C, d->F, 1, m->s.dup);
         be->swiglu_forward(a->fc_act, a->fc, a->up, NF);
     }
 }
@@ -995,7 +1065,7 @@ static void block_forward(Model *m, int i, int need_output)
 
     norm_forward(m, a->ln1, a->ln1_mean, a->ln1_rstd, x, p->ln1_w, p->ln1_b);
     be->matmul_forward(a->qkv, a->ln1, p->qkv_w, p->qkv_b, d->N, d->C, d->QKV);
-    lora_forward(m, i, LT_QKV, a->qkv, a->ln1, d->C, d->QKV, m->s.dqkv);
+    lora_forward(m, i, LT_QKV, a->qkv, a->ln1, d->C, d->QKV, 1, m->s.dqkv);
     if (!d->gpt2)
         be->rope_forward(a->qkv, m->cur.pos, d->N, d->T, 0, d->H, d->KVH, d->hs, d->rope);
     attention_forward(m, a);

@@ -175,6 +175,15 @@ void model_use_activation_set(Model *m, int k);
  * activation set: attention stays within a document, RoPE and learned
  * positions count from its start.  NULL: each sequence is one document. */
 void model_set_positions(Model *m, const int32_t *pos);
+/* LoRA adapter dropout (model.lora.dropout > 0; model.c: lora_dropout):
+ * rows [N] (host memory the caller keeps until the micro-batch's backward
+ * is done) gives each row of the next forward, in this model's row order,
+ * its place in the token stream: (sample stream position) x seq_len +
+ * (position in the sequence), which keys its dropout mask.  Kept in the
+ * selected activation set for its backward.  model_set_positions clears
+ * it: a forward that does not call this after it (validation) drops
+ * nothing, as one never set (eval, generate). */
+void model_set_dropout_rows(Model *m, const uint64_t *rows);
 
 /* Rows of the residual stream this rank holds: B*T, or B*T / tp with
  * sequence parallelism (this rank's block of the b-major token rows).

@@ -176,6 +176,7 @@ typedef struct {
     /* LoRA only: */
     float *lora_t, *lora_dt; /* [N, r] the adapter's inner activation, its gradient */
     float *lora_part;        /* [r, C] (tp > 1) a replicated adapter's partial gradient */
+    float *lora_x;           /* [N, max(C, F, H*hs)] (model.lora.dropout) dropout(x) */
     float *frozen_sink;      /* [2C] a frozen norm's weight gradient, computed and dropped */
     /* head only, first (aligned for its doubles): a BackendStepState */
     float *step;
@@ -200,6 +201,8 @@ typedef struct {
                                 * then positions); the host copies with the CPU backend */
     const int32_t *pos;        /* ids + 2N once model_set_positions gave them, else
                                 * NULL (each sequence one document) */
+    const uint64_t *drop_rows; /* [N] model_set_dropout_rows' (the caller's memory), or
+                                * NULL: no adapter dropout */
     int counted;               /* targets >= 0 in it */
     int ce_fused;              /* its head forward wrote the dlogits too (model_head_fuse) */
     float ce_scale;            /* with the loss scale ce_scale */
@@ -224,7 +227,8 @@ struct Model {
      * og stay NULL: the base gets no gradient.  lora_merged: the adapters
      * were added into base (model_lora_merge), forward skips them. */
     int lora, lora_merged;
-    float lora_scale; /* alpha / r */
+    float lora_scale;  /* alpha / r */
+    uint64_t drop_key; /* model.lora.dropout: the masks' Philox key, from run.seed */
     ParamTable base_table;
     float *base;
     LoraParams *ap, *ag;          /* [nl] */

@@ -16,6 +16,9 @@
 #     merged export's loss;
 #   - `ckpt export --format peft` read back by tests/peft_check.py (its own
 #     safetensors parser): PEFT names and shapes, merged = base + (a/r) B A;
+#   - the frozen base in bf16 (model.lora.base_dtype): equal to an fp32
+#     base rounded to bf16 beforehand, bit for bit; tp 2 equals one rank;
+#     the frozen base's bytes drop;
 #   - adapter dropout (model.lora.dropout): the layouts above run with it
 #     (the same masks on every layout), validation drops nothing (= eval of
 #     the checkpoint), and a second reference run with dropout 0.25 on every
@@ -59,6 +62,27 @@ run cp2 2 "${lora[@]}" --set topology.cp=2 --set training.micro_batch=2
 for l in tp2 sp2 pp2 dp2_zero1 dp2_zero3 cp2; do
     curves ref "$l" --steps 4 --norm-rtol 1e-3 # the gradient norm: a missed TP sum of dA moves it by 3e-2
 done
+
+# The frozen base stored in bf16 (model.lora.base_dtype): the same run as
+# an fp32 base whose weights were rounded to bf16 beforehand (the base's
+# HF export in bf16), bit for bit; on tp 2 the curve of one rank; the
+# frozen base's bytes drop (2 per weight plus one group widened to fp32).
+"$TRIDENT" ckpt export --format hf --dtype bf16 --out "$out/base16.hf" "$out/base/ckpt" \
+    > "$out/base16.log" 2>&1 || { echo "FAIL: export --dtype bf16"; fails=$((fails + 1)); }
+run b32 1 "${lora[@]}" --set model.lora.base="$out/base16.hf"
+run b16 1 "${lora[@]}" --set model.lora.base_dtype=bf16
+run b16_tp2 2 "${lora[@]}" --set model.lora.base_dtype=bf16 --set topology.tp=2
+curves b32 b16 --steps 4 --rtol 1e-7 --norm-rtol 1e-6
+curves b16 b16_tp2 --steps 4 --norm-rtol 1e-3
+"$py" - "$out/ref/metrics.jsonl" "$out/b16/metrics.jsonl" <<'PY' || fails=$((fails + 1))
+import json, sys
+f32, f16 = (json.loads(open(f).readline())["memory_bytes"]["frozen_base"] for f in sys.argv[1:])
+good = f32 / 2 < f16 < f32
+print(f"{'ok  ' if good else 'FAIL'} frozen base in bf16: {f16} bytes, in fp32 {f32} "
+      f"(half of it plus one group's fp32 scratch)")
+sys.exit(0 if good else 1)
+PY
+ok "the start-up line says bf16" grep -q "frozen base per rank .* (bf16, one layer" "$out/b16.log"
 
 # Memory: the adapters' gradients and Adam state, not the model's.
 n=$(sed -n 's/.*| adapters \([0-9]*\) params.*/\1/p' "$out/ref.log")

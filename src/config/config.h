@@ -60,6 +60,7 @@ typedef struct {
     char targets[CFG_STR]; /* names, comma-separated: qkv, proj, fc, up, fcproj */
     char base[CFG_STR];    /* the frozen base: a Hugging Face directory or a trident
                             * checkpoint of the plain model ("": fresh from run.seed) */
+    enum { LORA_BASE_FP32 = 0, LORA_BASE_BF16 = 1 } base_dtype; /* the base's storage */
 } LoraConfig;
 
 typedef struct {

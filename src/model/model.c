@@ -536,26 +536,102 @@ static int config_cp(const Config *cfg)
     return cp;
 }
 
-/* LoRA: the frozen weights, allocated and initialised from the seed as a
- * plain model's are (the trainer then loads the base checkpoint over
- * them: model_base_buffer), and bound once: they never move. */
-static void init_base(Model *m, uint64_t seed, int bf16)
+/* The largest group (PARAMS_OUTER or a layer of sh) of a base table. */
+static size_t widest_group(const ParamTable *t, const ParamShard *sh)
+{
+    size_t lo, hi, w = 0;
+    params_group_range(t, PARAMS_OUTER, &lo, &hi);
+    w = hi - lo;
+    for (int l = sh->chunk[0].begin; l < sh->chunk[0].end; l++) {
+        params_group_range(t, l, &lo, &hi);
+        w = hi - lo > w ? hi - lo : w;
+    }
+    return w;
+}
+
+size_t model_frozen_bytes(const ModelConfig *mc, const ParamShard *sh)
+{
+    if (mc->lora.rank <= 0)
+        return 0;
+    ParamTable t;
+    params_build_base(&t, mc, sh);
+    const size_t bytes = mc->lora.base_dtype == LORA_BASE_BF16
+                             ? t.numel * sizeof(uint16_t) + widest_group(&t, sh) * sizeof(float)
+                             : t.numel * sizeof(float);
+    params_free(&t);
+    return bytes;
+}
+
+/* LoRA: the frozen weights.  fp32 (model.lora.base_dtype): `base` holds
+ * them, bound once, never moved.  bf16: `base16` holds their bf16 bits and
+ * `base` is one fp32 scratch the size of the largest group, into which
+ * lora_widen writes the group a part of forward or backward is about to
+ * use, binding that group's pointers there (the other groups' pointers are
+ * stale until widened again).  Initialised from the seed as a plain
+ * model's are; the trainer then loads the base checkpoint over them
+ * (model_load_base). */
+static void init_base(Model *m, uint64_t seed, int round)
 {
     const ParamTable *t = &m->base_table;
-    const size_t bytes = t->numel * sizeof(float);
-    m->base = m->be->alloc(bytes ? bytes : sizeof(float), "frozen base weights");
-    float *init = m->be->device ? trd_calloc(t->numel + 1, sizeof(float), "base weights") : m->base;
+    const Backend *be = m->be;
+    m->base_bf16 = m->mc.lora.base_dtype == LORA_BASE_BF16;
+    m->wide = WIDE_NONE;
+    const size_t n = m->base_bf16 ? widest_group(t, &m->sh) : t->numel;
+    m->base =
+        be->alloc((n ? n : 1) * sizeof(float),
+                  m->base_bf16 ? "frozen base: one group widened to fp32" : "frozen base weights");
+    if (m->base_bf16)
+        m->base16 =
+            be->alloc((t->numel ? t->numel : 1) * sizeof(uint16_t), "frozen base weights (bf16)");
+    float *init = be->device || m->base_bf16
+                      ? trd_calloc(t->numel + 1, sizeof(float), "base weights")
+                      : m->base;
     params_init(t, init, seed);
-    if (bf16) /* bf16 training: weights are bf16 values (the base is never updated) */
+    if (round) /* bf16 training: weights are bf16 values (the base is never updated) */
         for (size_t k = 0; k < t->numel; k++)
             init[k] = bf16_round(init[k]);
-    if (init != m->base) {
-        m->be->to_backend(m->base, init, bytes);
+    model_load_base(m, init);
+    if (init != m->base)
         free(init);
-    }
+    if (m->base_bf16)
+        return;
     bind_outer(&m->op, &m->outer_off, m->base + m->outer_off.lo, m->mc.tie_embeddings);
     for (int i = 0; i < m->nl; i++)
         bind_fields(m->lp[i].f, LP_FIELDS, &m->lo_off[i], m->base + m->lo_off[i].lo);
+}
+
+void model_load_base(Model *m, const float *host)
+{
+    TRD_ASSERT(m->lora && !m->lora_merged);
+    const size_t numel = m->base_table.numel;
+    if (!m->base_bf16) {
+        if (host != m->base)
+            m->be->to_backend(m->base, host, numel * sizeof(float));
+        return;
+    }
+    uint16_t *bits = trd_malloc((numel + 1) * sizeof(uint16_t), "base weights in bf16");
+    for (size_t k = 0; k < numel; k++)
+        bits[k] = bf16_bits(host[k]); /* round to nearest even */
+    m->be->to_backend(m->base16, bits, numel * sizeof(uint16_t));
+    free(bits);
+    m->wide = WIDE_NONE; /* the scratch holds an older copy */
+}
+
+/* model.lora.base_dtype bf16: the group about to be used (WIDE_OUTER or a
+ * local layer) widened to fp32 in the scratch `base` and its pointers bound
+ * there; nothing when it is there already (one pass over a layer's weights
+ * per forward and per backward of it, the price of half the bytes). */
+static void lora_widen(Model *m, int group)
+{
+    if (!m->base_bf16 || m->wide == group)
+        return;
+    const GroupOffsets *g = group == WIDE_OUTER ? &m->outer_off : &m->lo_off[group];
+    m->be->widen_bf16(m->base, m->base16 + g->lo, g->hi - g->lo);
+    if (group == WIDE_OUTER)
+        bind_outer(&m->op, g, m->base, m->mc.tie_embeddings);
+    else
+        bind_fields(m->lp[group].f, LP_FIELDS, g, m->base);
+    m->wide = group;
 }
 
 static Model *create(const Config *cfg, const Backend *be, const ParamShard *sh, int B, int cp)
@@ -722,6 +798,7 @@ void model_free(Model *m)
     params_free(&m->table);
     params_free(&m->base_table);
     m->be->release(m->base);
+    m->be->release(m->base16);
     free(m->ap);
     free(m->ag);
     free(m->lora_off);
@@ -743,7 +820,7 @@ void model_free(Model *m)
 
 const ParamTable *model_params(const Model *m) { return &m->table; }
 const ParamTable *model_base_params(const Model *m) { return m->lora ? &m->base_table : NULL; }
-float *model_base_buffer(Model *m) { return m->lora ? m->base : NULL; }
+float *model_base_buffer(Model *m) { return m->lora && !m->base_bf16 ? m->base : NULL; }
 float *model_param_buffer(Model *m) { return m->params; }
 float *model_grad_buffer(Model *m) { return m->grads; }
 float *model_stage_input(Model *m) { return m->cur.resid[0]; }
@@ -756,7 +833,7 @@ MemoryReport model_memory(const Model *m)
 {
     MemoryReport r = {0};
     r.params = m->params ? m->table.numel * sizeof(float) : 0;
-    r.frozen = m->lora ? m->base_table.numel * sizeof(float) : 0;
+    r.frozen = m->lora ? model_frozen_bytes(&m->mc, &m->sh) : 0;
     r.grads = m->grads ? m->table.numel * sizeof(float) : 0;
     r.activations = m->acts_numel * sizeof(float) +
                     (size_t)m->n_sets * ID_ROWS * (size_t)m->d.N * sizeof(int32_t);
@@ -846,6 +923,7 @@ void model_embed_forward(Model *m, const int32_t *tokens)
     const Dims *d = &m->d;
     TRD_ASSERT(m->sh.has_embed);
     tp_group_check(&m->tp);
+    lora_widen(m, WIDE_OUTER);
     memcpy(m->cur.tokens, tokens, (size_t)d->N * sizeof(int32_t));
     if (m->be->device)
         m->be->to_backend(m->cur.ids, tokens, (size_t)d->N * sizeof(int32_t));
@@ -1089,6 +1167,7 @@ static void block_forward(Model *m, int i, int need_output)
 void model_block_forward(Model *m, int l)
 {
     tp_group_check(&m->tp);
+    lora_widen(m, local_layer(m, l));
     block_forward(m, local_layer(m, l), 1);
 }
 
@@ -1166,6 +1245,7 @@ static void qkv_weight_backward(Model *m, const LayerParams *p, const LayerParam
 void model_block_backward(Model *m, int l)
 {
     const int i = local_layer(m, l);
+    lora_widen(m, i); /* before p's fields are read */
     const Backend *be = m->be;
     const Dims *d = &m->d;
     const Scratch *s = &m->s;
@@ -1220,6 +1300,7 @@ void model_block_backward(Model *m, int l)
 
 float model_head_forward(Model *m, const int32_t *targets)
 {
+    lora_widen(m, WIDE_OUTER);
     const Backend *be = m->be;
     const Dims *d = &m->d;
     HeadActs *h = &m->cur.ha;
@@ -1285,6 +1366,7 @@ void model_set_step_state(Model *m, BackendStepState *s) { m->step_state = s; }
  * final norm's backward adds into it), since nothing flowed into it yet. */
 void model_head_backward(Model *m, float loss_scale)
 {
+    lora_widen(m, WIDE_OUTER);
     const Backend *be = m->be;
     const Dims *d = &m->d;
     const Scratch *s = &m->s;
@@ -1426,6 +1508,7 @@ void model_lora_merge(Model *m)
 {
     if (!m->lora || m->lora_merged)
         return;
+    TRD_ASSERT(!m->base_bf16); /* merged in fp32: trainer_load_model's models */
     const Backend *be = m->be;
     const Dims *d = &m->d;
     const int r = m->mc.lora.rank;

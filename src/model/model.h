@@ -68,7 +68,15 @@ const ParamTable *model_params(const Model *m);
  * may overwrite (a base checkpoint) before the first forward; NULL
  * without LoRA. */
 const ParamTable *model_base_params(const Model *m);
-float *model_base_buffer(Model *m);
+float *model_base_buffer(Model *m); /* NULL also with model.lora.base_dtype bf16 */
+/* LoRA: set the frozen base from host memory (fp32 values, model_base_params'
+ * layout): copied, or with model.lora.base_dtype bf16 rounded to bf16 (to
+ * nearest even) and stored as such. */
+void model_load_base(Model *m, const float *host);
+/* The bytes model.lora's frozen base takes on a rank holding shard sh:
+ * 4 per weight (fp32), or 2 per weight plus the fp32 scratch of its largest
+ * group (bf16); 0 without LoRA.  The memory report and the planner both. */
+size_t model_frozen_bytes(const ModelConfig *mc, const ParamShard *sh);
 /* LoRA: add (alpha/r) B A into each adapted base weight and drop the
  * adapters from forward (generate and export run the merged model; no
  * backward after it).  Reads the bound adapters.  No-op without LoRA. */

@@ -208,6 +208,8 @@ typedef struct {
     float ce_scale;            /* with the loss scale ce_scale */
 } ActSet;
 
+enum { WIDE_NONE = -2, WIDE_OUTER = -1 }; /* Model.wide besides local layer indices */
+
 struct Model {
     const Backend *be;
     ModelConfig mc;
@@ -230,8 +232,11 @@ struct Model {
     float lora_scale;  /* alpha / r */
     uint64_t drop_key; /* model.lora.dropout: the masks' Philox key, from run.seed */
     ParamTable base_table;
-    float *base;
-    LoraParams *ap, *ag;          /* [nl] */
+    float *base;      /* fp32 base, or (base_bf16) the scratch of the widened group */
+    uint16_t *base16; /* base_bf16 (model.lora.base_dtype bf16): the base's bf16 bits */
+    int base_bf16;
+    int wide;            /* base_bf16: the group in `base` (WIDE_OUTER, a local layer, WIDE_NONE) */
+    LoraParams *ap, *ag; /* [nl] */
     GroupOffsets *lora_off;       /* [nl] */
     float *host_losses;           /* [N] the head's losses read back (device backends) */
     int fuse_next;                /* model_head_fuse: the next head forward fuses its backward */

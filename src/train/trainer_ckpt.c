@@ -182,7 +182,8 @@ static int read_lora_base(Model *m, const Config *cfg, const Backend *be, int pp
     }
     const ParamTable *t = model_base_params(m);
     const size_t bytes = t->numel * sizeof(float);
-    float *host = be->device ? trd_malloc(bytes + 1, "base weights") : model_base_buffer(m);
+    float *in_place = be->device ? NULL : model_base_buffer(m); /* NULL: bf16 storage too */
+    float *host = in_place ? in_place : trd_malloc(bytes + 1, "base weights");
     CkptShardView v;
     ckpt_view_init(&v, t, 0, 0, 1, pp_rank, world);
     v.part[CKPT_PARAMS].data = host;
@@ -196,9 +197,9 @@ static int read_lora_base(Model *m, const Config *cfg, const Backend *be, int pp
     if (code == TRD_EXIT_OK && cfg->training.precision == PREC_BF16) /* bf16 weights */
         for (size_t i = 0; i < t->numel; i++)
             host[i] = bf16_round(host[i]);
-    if (host != model_base_buffer(m)) {
+    if (host != in_place) {
         if (code == TRD_EXIT_OK)
-            be->to_backend(model_base_buffer(m), host, bytes);
+            model_load_base(m, host); /* uploaded, or stored in bf16 */
         free(host);
     }
     return code;
@@ -393,9 +394,12 @@ void trainer_save(Trainer *tr, int steps_done, int wait)
                comm_wtime() - t0);
 }
 
-Model *trainer_load_model(const Config *cfg, const Backend *be, const char *step)
+Model *trainer_load_model(const Config *cfg_in, const Backend *be, const char *step)
 {
     char err[CFG_ERR];
+    Config copy = *cfg_in; /* the adapters merge into an fp32 base, whatever trained them */
+    copy.model.lora.base_dtype = LORA_BASE_FP32;
+    const Config *cfg = &copy;
     ParamShard sh = pp_rank_shard(&cfg->model, &cfg->topology, 0, 1, 0);
     Model *m = model_create(cfg, be, &sh, 1);
     const ParamTable *t = model_params(m);

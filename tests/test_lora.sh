@@ -96,13 +96,15 @@ print(f"{'ok  ' if good else 'FAIL'} memory of {n} adapter params: grads {mem['g
 sys.exit(0 if good else 1)
 PY
 ok "the start-up line reports the frozen base" grep -q "frozen base per rank" "$out/ref.log"
-# The planner: a 7B LoRA plan fits one 24 GB GPU with 16-bit storage, its
-# gradients and optimizer state the adapters' (36 M parameters: 0.07 and
-# 0.40 GiB), the frozen base in params.
-"$TRIDENT" plan configs/llama_7b_lora.yaml --cluster rtx3090:1x1 --storage bf16 > "$out/plan.txt" 2>&1
+# The planner: a 7B LoRA plan fits one 24 GB GPU, its base in bf16
+# (model.lora.base_dtype: 12.55 GiB plus a 0.98 GiB scratch), its gradients
+# and optimizer state the adapters' (36 M parameters: 0.13 and 0.40 GiB).
+"$TRIDENT" plan configs/llama_7b_lora.yaml --cluster rtx3090:1x1 > "$out/plan.txt" 2>&1
 ok "plan: 7B LoRA fits one rtx3090" grep -q "^fits: " "$out/plan.txt"
 ok "plan: grads and optimizer of the adapters, the base in params" \
-    grep -qE "^      0     32         1    12\.62     0\.07      0\.40 " "$out/plan.txt"
+    grep -qE "^      0     32         1    13\.66     0\.13      0\.40 " "$out/plan.txt"
+ok "plan: the bf16 base (2 bytes a weight) and its fp32 scratch" \
+    grep -q "frozen base (13\.53 GiB" "$out/plan.txt"
 
 # Exports: the base, the merged model, the PEFT adapters.
 for x in "hf base.hf base/ckpt" "hf merged.hf ref/ckpt" "peft peft ref/ckpt"; do

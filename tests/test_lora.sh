@@ -70,7 +70,7 @@ done
 "$TRIDENT" ckpt export --format hf --dtype bf16 --out "$out/base16.hf" "$out/base/ckpt" \
     > "$out/base16.log" 2>&1 || { echo "FAIL: export --dtype bf16"; fails=$((fails + 1)); }
 run b32 1 "${lora[@]}" --set model.lora.base="$out/base16.hf"
-run b16 1 "${lora[@]}" --set model.lora.base_dtype=bf16
+RUN_CKPT=1 run b16 1 "${lora[@]}" --set model.lora.base_dtype=bf16
 run b16_tp2 2 "${lora[@]}" --set model.lora.base_dtype=bf16 --set topology.tp=2
 curves b32 b16 --steps 4 --rtol 1e-7 --norm-rtol 1e-6
 curves b16 b16_tp2 --steps 4 --norm-rtol 1e-3
@@ -83,6 +83,25 @@ print(f"{'ok  ' if good else 'FAIL'} frozen base in bf16: {f16} bytes, in fp32 {
 sys.exit(0 if good else 1)
 PY
 ok "the start-up line says bf16" grep -q "frozen base per rank .* (bf16, one layer" "$out/b16.log"
+# eval of its checkpoint (base_dtype bf16 from its config) gives the run's
+# last validation loss; its merged export is the bf16-rounded base plus
+# (alpha/r) B A (the base of an fp32 inference model read rounded as trained).
+"$TRIDENT" eval "$out/b16/ckpt" --data "$out/bytes" --sequences 2 > "$out/eval.b16" 2>&1 ||
+    { echo "FAIL: eval of b16: $(tail -2 "$out/eval.b16")"; fails=$((fails + 1)); }
+"$py" - "$out/eval.b16" "$out/b16/metrics.jsonl" <<'PY' || fails=$((fails + 1))
+import json, re, sys
+a = float(re.search(r"loss ([0-9.]+)", open(sys.argv[1]).read()).group(1))
+b = [json.loads(l) for l in open(sys.argv[2])][-1].get("val_loss", float("nan"))
+good = abs(a - b) <= 1e-5 * abs(a)
+print(f"{'ok  ' if good else 'FAIL'} eval of a bf16-base checkpoint {a} = its run's validation {b}")
+sys.exit(0 if good else 1)
+PY
+for x in "hf m16.hf" "peft p16"; do
+    set -- $x
+    "$TRIDENT" ckpt export --format "$1" --out "$out/$2" "$out/b16/ckpt" > "$out/$2.log" 2>&1 ||
+        { echo "FAIL: export --format $1 of b16: $(tail -2 "$out/$2.log")"; fails=$((fails + 1)); }
+done
+"$py" tests/peft_check.py "$out/p16" "$out/base16.hf" "$out/m16.hf" || fails=$((fails + 1))
 
 # Memory: the adapters' gradients and Adam state, not the model's.
 n=$(sed -n 's/.*| adapters \([0-9]*\) params.*/\1/p' "$out/ref.log")

@@ -194,7 +194,10 @@ static int read_lora_base(Model *m, const Config *cfg, const Backend *be, int pp
         code = TRD_EXIT_INPUT;
     if (code != TRD_EXIT_OK)
         snprintf(err, CFG_ERR, "model.lora.base: %.900s", why);
-    if (code == TRD_EXIT_OK && cfg->training.precision == PREC_BF16) /* bf16 weights */
+    /* bf16 weights, or a base the run stored in bf16 (an inference model
+     * built in fp32 from its checkpoint: trainer_load_model) */
+    if (code == TRD_EXIT_OK &&
+        (cfg->training.precision == PREC_BF16 || cfg->model.lora.base_dtype == LORA_BASE_BF16))
         for (size_t i = 0; i < t->numel; i++)
             host[i] = bf16_round(host[i]);
     if (host != in_place) {
@@ -397,7 +400,9 @@ void trainer_save(Trainer *tr, int steps_done, int wait)
 Model *trainer_load_model(const Config *cfg_in, const Backend *be, const char *step)
 {
     char err[CFG_ERR];
-    Config copy = *cfg_in; /* the adapters merge into an fp32 base, whatever trained them */
+    /* The adapters merge into an fp32 base, whatever stored it: a run's bf16
+     * base is read rounded (read_lora_base with cfg_in), held in fp32. */
+    Config copy = *cfg_in;
     copy.model.lora.base_dtype = LORA_BASE_FP32;
     const Config *cfg = &copy;
     ParamShard sh = pp_rank_shard(&cfg->model, &cfg->topology, 0, 1, 0);
@@ -418,7 +423,7 @@ Model *trainer_load_model(const Config *cfg_in, const Backend *be, const char *s
     if (cfg->model.lora.rank > 0) { /* the adapters above; the base they apply to */
         int code = TRD_EXIT_OK;
         if (cfg->model.lora.base[0])
-            code = read_lora_base(m, cfg, be, 0, &world, err);
+            code = read_lora_base(m, cfg_in, be, 0, &world, err); /* rounded as trained */
         else
             printf("note: the LoRA checkpoint names no model.lora.base: its base is the fresh "
                    "model of run.seed\n");

@@ -427,6 +427,16 @@ Model *trainer_load_model(const Config *cfg_in, const Backend *be, const char *s
         else
             printf("note: the LoRA checkpoint names no model.lora.base: its base is the fresh "
                    "model of run.seed\n");
+        if (!cfg->model.lora.base[0] && cfg_in->model.lora.base_dtype == LORA_BASE_BF16) {
+            /* the fresh base, rounded as the run stored it */
+            const size_t n = model_base_params(m)->numel;
+            float *w = trd_malloc((n + 1) * sizeof(float), "base weights");
+            be->to_host(w, model_base_buffer(m), n * sizeof(float));
+            for (size_t i = 0; i < n; i++)
+                w[i] = bf16_round(w[i]);
+            model_load_base(m, w);
+            free(w);
+        }
         if (code != TRD_EXIT_OK)
             trd_fatal(code, "the base must be where the LoRA run read it", "%s", err);
         model_lora_merge(m);

@@ -4,11 +4,11 @@
 #     (tests/lora_ref.py, finite differences of a float64 HF Llama);
 #   - a plain base trained and saved, then adapters on every linear layer
 #     (qkv, proj, fc, up, fcproj) from it: tp 2 (with and without sequence
-#     parallelism), pp 2, dp 2 with ZeRO 1 and 3, cp 2 train the curve of one rank
-#     (fp32, loss within relative 1e-5 per step, gradient norm 1e-3);
+#     parallelism), pp 2, dp 2 with ZeRO 1 and 3, cp 2 train the curve of
+#     one rank (fp32, loss within relative 1e-5 per step, gradient norm 1e-3);
 #   - the memory record: gradients and optimizer state are the adapters'
 #     (4 and 8 bytes each), the frozen base is reported apart; the 7B LoRA
-#     plan (configs/llama_7b_lora.yaml) fits one 24 GB GPU;
+#     plan (configs/llama_7b_lora.yaml, base in bf16) fits one 24 GB GPU;
 #   - `ckpt export --format hf` (merged, at the run's step) read by an
 #     independent numpy forward gives the greedy tokens and logits of
 #     `trident generate` on the LoRA checkpoint (tests/generate_check.py);
@@ -18,7 +18,8 @@
 #     safetensors parser): PEFT names and shapes, merged = base + (a/r) B A;
 #   - the frozen base in bf16 (model.lora.base_dtype): equal to an fp32
 #     base rounded to bf16 beforehand, bit for bit; tp 2 equals one rank;
-#     the frozen base's bytes drop;
+#     the frozen base's bytes drop; its eval and merged export use the
+#     base rounded as trained; the 7B plan fits with it;
 #   - adapter dropout (model.lora.dropout): the layouts above run with it
 #     (the same masks on every layout), validation drops nothing (= eval of
 #     the checkpoint), and a second reference run with dropout 0.25 on every

@@ -2,11 +2,16 @@
 """Check `trident generate --greedy --ids` against greedy decoding by repeated
 full forwards of an independent model.
 
-  generate_check.py HF_DIR "PROMPT_IDS | GENERATED_IDS" [LOGITS_FILE]
+  generate_check.py HF_DIR|CHECKPOINT "PROMPT_IDS | GENERATED_IDS" [LOGITS_FILE]
 
-The reference is Hugging Face's GPT2LMHeadModel / LlamaForCausalLM written
-in numpy (float64) over the exported safetensors (tests/hf_export_check.py,
-its own safetensors reader): for every generated position it runs the whole
+The reference is Hugging Face's GPT2LMHeadModel / LlamaForCausalLM /
+MixtralForCausalLM written in numpy (float64) over the exported
+safetensors (tests/hf_export_check.py, its own safetensors reader), or,
+given a trident checkpoint (a directory with `latest` or index.h5),
+trident's model in numpy over its tensors (hf_export_check.trident_forward,
+with tests/moe_ref.py's mixture-of-experts layer, dropless, for a MoE
+model, which has no Hugging Face form when it is a gpt2): for every
+generated position it runs the whole
 sequence so far, without any cache, and takes the argmax.  trident's token
 must be that argmax, or, where the two best logits are closer than float32
 rounding can separate (relative 1e-5), the runner-up; the reference then
@@ -21,7 +26,20 @@ import sys
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from hf_export_check import hf_forward, load_hf  # noqa: E402
+from hf_export_check import hf_forward, load_hf, load_trident, trident_forward  # noqa: E402
+
+
+def reference(path):
+    """(vocab, forward(ids) -> logits [T, vocab]) of an HF directory or a checkpoint."""
+    if os.path.exists(f"{path}/latest"):
+        path = f"{path}/{open(f'{path}/latest').read().strip()}"
+    if os.path.exists(f"{path}/index.h5"):
+        model, w, _ = load_trident(path)
+        V = int(model["vocab"])
+        return V, lambda ids: trident_forward(model, w, ids)[:, :V]
+    cfg, t, _, _ = load_hf(path)
+    V = cfg["vocab_size"]
+    return V, lambda ids: hf_forward(cfg, t, ids)[:, :V]
 
 
 def main():
@@ -29,8 +47,7 @@ def main():
     prompt, gen = line.split("|")
     prompt = [int(t) for t in prompt.split()]
     gen = [int(t) for t in gen.split()]
-    cfg, t, _, _ = load_hf(hf_dir)
-    V = cfg["vocab_size"]
+    V, forward = reference(hf_dir)
     dumped = None
     if len(sys.argv) > 3:
         dumped = np.fromfile(sys.argv[3], dtype=np.float32).reshape(-1, V)
@@ -40,7 +57,7 @@ def main():
             sys.exit(1)
     ids, ties, worst = list(prompt), 0, 0.0
     for i, tok in enumerate(gen):
-        logits = hf_forward(cfg, t, np.array(ids))[-1][:V]
+        logits = forward(np.array(ids))[-1]
         if dumped is not None:
             rel = float(np.abs(dumped[i] - logits).max() / np.abs(logits).max())
             worst = max(worst, rel)
@@ -58,7 +75,7 @@ def main():
             ties += 1
         ids.append(tok)
     print(f"generate_check: {len(gen)} greedy tokens equal the argmax of repeated full "
-          f"forwards (HF conventions, float64, no cache; {ties} near-ties)"
+          f"forwards (float64, no cache; {ties} near-ties)"
           + (f"; logits within {worst:.2g} relative" if dumped is not None else ""))
 
 

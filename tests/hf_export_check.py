@@ -19,6 +19,10 @@ libraries (neither is installed here): numpy and h5py only.
    tensors (Conv1D, [Q|K|V], half-split rotate_half RoPE, repeated kv
    heads), and trident's over the checkpoint (fused per-kv-group qkv,
    interleaved-pair RoPE); their logits agree within 1e-5 relative.
+   MixtralForCausalLM (a llama checkpoint with model.moe) is Llama with
+   HF's MixtralSparseMoeBlock in place of the MLP (softmax over the
+   router's logits, top-k, renormalised, SwiGLU experts w2(silu(w1 x) *
+   w3 x)); trident's side is tests/moe_ref.py's MoE layer (dropless).
 4. with --tokens (T+1 ids) and --loss, trident's forward gives that mean
    cross-entropy (the val_loss trident printed for that one sequence): the
    check that the trident-convention forward is trident's.
@@ -136,9 +140,17 @@ def expected_shapes(cfg):
                       p + "self_attn.q_proj.weight": [H * hs, C],
                       p + "self_attn.k_proj.weight": [K * hs, C],
                       p + "self_attn.v_proj.weight": [K * hs, C],
-                      p + "self_attn.o_proj.weight": [C, H * hs],
-                      p + "mlp.gate_proj.weight": [F, C], p + "mlp.up_proj.weight": [F, C],
-                      p + "mlp.down_proj.weight": [C, F]})
+                      p + "self_attn.o_proj.weight": [C, H * hs]})
+            if cfg["model_type"] == "mixtral":   # intermediate_size: an expert's width
+                E = cfg["num_local_experts"]
+                s[p + "block_sparse_moe.gate.weight"] = [E, C]
+                for e in range(E):
+                    x = f"{p}block_sparse_moe.experts.{e}."
+                    s.update({x + "w1.weight": [F, C], x + "w3.weight": [F, C],
+                              x + "w2.weight": [C, F]})
+            else:
+                s.update({p + "mlp.gate_proj.weight": [F, C], p + "mlp.up_proj.weight": [F, C],
+                          p + "mlp.down_proj.weight": [C, F]})
     if not cfg["tie_word_embeddings"]:
         s["lm_head.weight"] = [V, C]
     return s
@@ -218,6 +230,13 @@ def to_hf(model, w):
             out[p + "self_attn.o_proj.weight"] = w[s + "attn.proj.weight"]
             out[p + "input_layernorm.weight"] = w[s + "ln1.weight"]
             out[p + "post_attention_layernorm.weight"] = w[s + "ln2.weight"]
+            if s + "moe.router.weight" in w:   # Mixtral: the stacked experts, one by one
+                E = w[s + "moe.router.weight"].shape[0]
+                out[p + "block_sparse_moe.gate.weight"] = w[s + "moe.router.weight"]
+                for name, src in (("w1", "gate"), ("w3", "up"), ("w2", "down")):
+                    for e, part in enumerate(np.split(w[s + f"moe.experts.{src}.weight"], E)):
+                        out[f"{p}block_sparse_moe.experts.{e}.{name}.weight"] = part
+                continue
             out[p + "mlp.gate_proj.weight"] = w[s + "mlp.gate.weight"]
             out[p + "mlp.up_proj.weight"] = w[s + "mlp.up.weight"]
             out[p + "mlp.down_proj.weight"] = w[s + "mlp.down.weight"]
@@ -254,6 +273,28 @@ def attend(q, k, v):
     p = np.exp(s - s.max(-1, keepdims=True))
     p /= p.sum(-1, keepdims=True)
     return (p @ v).transpose(1, 0, 2).reshape(T, -1)
+
+
+def mixtral_moe(cfg, t, p, m):
+    """HF's MixtralSparseMoeBlock over rows m [T, C]: softmax over the
+    router's logits, the top k (ties to the lower expert, as trident's
+    router breaks them), their weights renormalised to sum 1, each token
+    through its experts w2(silu(w1 x) * w3 x), weighted and summed."""
+    E, k = cfg["num_local_experts"], cfg["num_experts_per_tok"]
+    logits = m @ t[p + "gate.weight"].T
+    prob = np.exp(logits - logits.max(-1, keepdims=True))
+    prob /= prob.sum(-1, keepdims=True)
+    top = np.argsort(-prob, axis=1, kind="stable")[:, :k]
+    wts = np.take_along_axis(prob, top, 1)
+    wts /= wts.sum(1, keepdims=True)
+    out = np.zeros_like(m)
+    for e in range(E):
+        rows, j = np.nonzero(top == e)
+        if len(rows):
+            x, q = m[rows], f"{p}experts.{e}."
+            h = silu(x @ t[q + "w1.weight"].T) * (x @ t[q + "w3.weight"].T)
+            out[rows] += wts[rows, j][:, None] * (h @ t[q + "w2.weight"].T)
+    return out
 
 
 def hf_forward(cfg, t, ids):
@@ -306,6 +347,9 @@ def hf_forward(cfg, t, ids):
         k, v = np.repeat(k, H // K, axis=0), np.repeat(v, H // K, axis=0)   # repeat_kv
         x = x + attend(q, k, v) @ t[p + "self_attn.o_proj.weight"].T
         m = rmsnorm(x, t[p + "post_attention_layernorm.weight"], eps)
+        if cfg["model_type"] == "mixtral":
+            x = x + mixtral_moe(cfg, t, p + "block_sparse_moe.", m)
+            continue
         g = silu(m @ t[p + "mlp.gate_proj.weight"].T) * (m @ t[p + "mlp.up_proj.weight"].T)
         x = x + g @ t[p + "mlp.down_proj.weight"].T
     x = rmsnorm(x, t["model.norm.weight"], eps)
@@ -348,7 +392,13 @@ def trident_forward(model, w, ids):
         v = np.repeat(qkv[:, :, Q + 1].transpose(1, 0, 2), Q, axis=0)
         x = x + linear(attend(q, k, v), s + "attn.proj")
         m = norm(x, s + "ln2")
-        if llama:
+        if s + "moe.router.weight" in w:   # tests/moe_ref.py's layer, dropless
+            from moe_ref import moe_mlp
+            E, k, _, Fe, S = (int(v) for v in model["moe"])
+            mc = {"E": E, "K": k, "Fe": Fe or int(model["ffn_hidden"]), "S": S, "cf": 0,
+                  "gpt2": not llama}
+            x = x + moe_mlp(m, w, s, mc)[0]
+        elif llama:
             h = silu(linear(m, s + "mlp.gate")) * linear(m, s + "mlp.up")
             x = x + linear(h, s + "mlp.down")
         else:
@@ -389,7 +439,7 @@ def main():
 
     V = cfg["vocab_size"]
     prompt = np.array([464, 2068, 7586, 21831, 18045, 625, 262, 16931, 3290, 13, 50256, 40, 1101,
-                       V - 1, 0, 11][:int(model["seq_len"])])
+                       V - 1, 0, 11][:int(model["seq_len"])]) % V   # (a byte vocabulary too)
     a, b = hf_forward(cfg, hf, prompt), trident_forward(model, w, prompt)
     rel = float(np.abs(a - b).max() / np.abs(b).max())
     check(rel < 1e-5, f"logits of the HF forward and trident's differ: relative {rel:.3g}")

@@ -642,8 +642,27 @@ static void test_moe_keys(void)
     expect_invalid(WORDS("model.moe.experts=4", "topology.ep=4"), 2,
                    WORDS("topology.ep (4)", "topology.dp (2)"));
     expect_invalid(WORDS("topology.ep=2"), 0, WORDS("topology.ep (2)", "model.moe.experts"));
-    expect_invalid(WORDS("model.moe.experts=4", "topology.ep=2"), 2,
-                   WORDS("topology.ep 2", "not implemented"));
+    /* Expert parallelism: ep 2 of dp 2 over 4 experts is a layout. */
+    base_config(&c);
+    CHECK(config_set(&c, "model.moe.experts=4", err) == 0 &&
+              config_set(&c, "topology.ep=2", err) == 0 && config_validate(&c, 2, err) == 0,
+          "ep 2 with dp 2: %s", err);
+    /* From a file, the message is at the value of topology.ep. */
+    if (temp_yaml("moe_ep",
+                  "model: {layers: 2, hidden: 64, heads: 4, vocab: 256, seq_len: 32}\n"
+                  "training: {steps: 10, global_batch: 12, lr: 1e-3}\n"
+                  "data: {path: data/x}\n"
+                  "topology:\n"
+                  "  ep: 3\n",
+                  path))
+        return;
+    snprintf(want, sizeof want, "%s:5:7: ", path);
+    CHECK(config_load(&c, path, err) == 0 && config_set(&c, "model.moe.experts=4", err) == 0,
+          "load: %s", err);
+    CHECK(config_validate(&c, 3, err) == -1 && !strncmp(err, want, strlen(want)) &&
+              strstr(err, "topology.ep (3) must divide model.moe.experts (4)"),
+          "ep 3 of 4 experts: want '%s...', got '%s'", want, err);
+    remove(path);
 }
 
 /* Write the resolved config and read it back: the structs must be equal

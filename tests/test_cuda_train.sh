@@ -104,6 +104,9 @@ moe=(--set model.moe.experts=4 --set model.moe.shared_experts=1 --set training.s
 run moe 1 "${moe[@]}"
 run moe_cuda 1 "${moe[@]}" "${cuda[@]}"
 curves moe moe_cuda --to 4 --rtol "$TOL" --norm-rtol "$(python3 -c "print(100 * $TOL)")"
+# Expert parallelism: the all-to-all of device rows (staged through the host).
+run moe_cuda_ep2 2 "${moe[@]}" "${cuda[@]}" --set topology.dp=2 --set topology.ep=2
+curves moe moe_cuda_ep2 --to 4 --rtol "$TOL" --norm-rtol "$(python3 -c "print(100 * $TOL)")"
 
 # A model whose state outgrows the device's memory is refused before any
 # allocation, naming the device and the planner's bytes (the emulated

@@ -32,6 +32,10 @@ cd "${TRIDENT_SOURCE_ROOT:-.}"
 root=$(pwd)
 build=$(cd "$(dirname "$TRIDENT")" && pwd)
 [ -f data/brown/gpt2.idx ] || { echo "FAIL: data/brown/gpt2 missing: run scripts/get_corpus.sh"; exit 1; }
+# Debian's python3 for the helpers below and the ```python blocks: it has
+# h5py (install_deps.sh), and it starts in 0.1 s where a pyenv shim earlier
+# in PATH takes a second or more, twice for every block.
+py=python3; [ -x /usr/bin/python3 ] && py=/usr/bin/python3
 tmp=$(mktemp -d)
 # docs/slurm.md starts the local cluster and stops it in its last line; a
 # block that fails before that line must not leave the daemons running.
@@ -39,7 +43,7 @@ trap 'slurm/cluster/stop.sh >/dev/null 2>&1; rm -rf "$tmp"' EXIT
 docs=${TRIDENT_DOCS:-README.md $(ls docs/*.md)}
 
 # Split every doc into numbered block files; print "doc kind file line" rows.
-python3 - "$tmp/blocks" $docs > "$tmp/list" <<'PY' || exit 1
+"$py" - "$tmp/blocks" $docs > "$tmp/list" <<'PY' || exit 1
 import os, re, sys
 out, docs = sys.argv[1], sys.argv[2:]
 os.makedirs(out)
@@ -83,9 +87,9 @@ PY
 [ $? -eq 0 ] || { echo "FAIL: blocks without a language (above)"; exit 1; }
 
 # A logical line (continuations joined) that trains gets the small step
-# count before any trailing comment, redirection or pipe.
+# count before any trailing comment, redirection, pipe, && or ||.
 shorten() {
-    python3 - "$1" <<'PY'
+    "$py" - "$1" <<'PY'
 import re, sys
 text = open(sys.argv[1]).read().replace("\\\n", " ")
 out = []
@@ -95,7 +99,7 @@ for line in text.split("\n"):
         out.append("# (the test suite itself: not run from inside it) " + line)
         continue
     if re.search(r"trident (train|run)\b|quickstart\.sh|\.sbatch\b", code) and "--help" not in code:
-        m = re.search(r"\s+(#|>|\||&&)\s", line)
+        m = re.search(r"\s+(#|>|\|\||\||&&)\s", line)
         at = m.start() if m else len(line)
         line = line[:at] + " --set training.steps=2 --set data.val_sequences=8" + line[at:]
     out.append(line)
@@ -108,7 +112,7 @@ PY
 # matches any text, a line of "..." alone stands for lines left out;
 # spaces at the ends ignored).
 expect_lines() {
-    python3 - "$1" "$2" <<'PY'
+    "$py" - "$1" "$2" <<'PY'
 import re, sys
 want = [l.strip() for l in open(sys.argv[1]) if l.strip() and l.strip() != "..."]
 got = [l.strip() for l in open(sys.argv[2], errors="replace")]
@@ -157,9 +161,6 @@ while read -r doc kind file line; do
         shorten "$file"
         cmd=(bash -eo pipefail "$file")
     else
-        # Debian's python3, where install_deps.sh puts h5py (a pyenv or
-        # venv python3 earlier in PATH does not see it).
-        py=python3; [ -x /usr/bin/python3 ] && py=/usr/bin/python3
         cmd=("$py" "$file")
     fi
     start=$SECONDS

@@ -4,9 +4,13 @@
 # relative 1e-5, and the router's metrics equal): GPT-2 (4 experts, top-2,
 # a shared expert) at dp 2, pp 2, dp 2 with ZeRO 1 and 3; Llama (4
 # experts, top-1, capacity 1.0, every 2nd layer) at dp 2 with ZeRO 3 and
-# pp 2.  A checkpoint of the 1-rank run resumes at dp 2 and goes on as it
-# did; eval reads a MoE checkpoint.  Tiny: bytes, hidden 32, 2 layers,
-# seq 32, 3 steps, micro-batch 1 (the router's losses are per micro-batch).
+# pp 2.  Expert parallelism (topology.ep 2: the 4 experts split over 2
+# ranks, tokens sent to them by all-to-all): gpt2 at dp 2, dp 4, dp 2 with
+# ZeRO 1 and dp 2 x pp 2, llama (dropping) at dp 2 with ZeRO 3.  A
+# checkpoint of the 1-rank run resumes at dp 2 with ep 2, one of the ep 2
+# run resumes on one rank, and both go on as the 1-rank run did; eval
+# reads a MoE checkpoint.  Tiny: bytes, hidden 32, 2 layers, seq 32, 3
+# steps, micro-batch 1 (the router's losses are per micro-batch).
 . "$(dirname "$0")/e2e.sh"
 
 byte_data 2
@@ -48,6 +52,23 @@ run llama_dp2_zero3 2 "${llama[@]}" --set topology.dp=2 --set topology.zero=3
 compare llama llama_dp2_zero3
 run llama_pp2 2 "${llama[@]}" --set topology.pp=2
 compare llama llama_pp2
+# Expert parallelism: the experts split over ep ranks of dp, the same curve.
+ep=(--set topology.ep=2)
+RUN_CKPT=1 run gpt2_ep2 2 --set topology.dp=2 "${ep[@]}" --set checkpoint.every=2 \
+    --set training.trace=true
+compare gpt2 gpt2_ep2
+run gpt2_dp4_ep2 4 --set topology.dp=4 "${ep[@]}"
+compare gpt2 gpt2_dp4_ep2
+run gpt2_ep2_zero1 2 --set topology.dp=2 "${ep[@]}" --set topology.zero=1
+compare gpt2 gpt2_ep2_zero1
+run gpt2_ep2_pp2 4 --set topology.dp=2 --set topology.pp=2 "${ep[@]}"
+compare gpt2 gpt2_ep2_pp2
+run llama_ep2_zero3 2 "${llama[@]}" --set topology.dp=2 "${ep[@]}" --set topology.zero=3
+compare llama llama_ep2_zero3
+# The all-to-alls ran: the trace of ep 2 has them (the group "ep").
+grep -q "all-to-all ep" "$out/gpt2_ep2/trace.json" 2>/dev/null \
+    || { echo "FAIL: no all-to-all in gpt2_ep2's trace"; fails=$((fails + 1)); }
+
 # The llama runs drop tokens (capacity 1.0, top-1): the metric says so.
 python3 - "$out/llama/metrics.jsonl" <<'PY' || fails=$((fails + 1))
 import json, sys
@@ -56,14 +77,31 @@ print(("ok  " if sum(d) > 0 else "FAIL") + f" llama dropped assignments per step
 sys.exit(0 if sum(d) > 0 else 1)
 PY
 
-# Step 2 of the 1-rank run resumes at dp 2 and goes on as the 1-rank run.
+# Step 2 of the 1-rank run resumes at dp 2 with ep 2, and step 2 of the ep
+# 2 run on one rank; both go on as the 1-rank run (experts are saved whole).
+resume() { # from, name, ranks, settings...
+    local from=$1 name=$2 n=$3
+    shift 3
+    cp -r "$out/$from/ckpt" "$out/$name.ckpt"
+    rm -rf "$out/$name.ckpt"/step_00000003
+    echo step_00000002 > "$out/$name.ckpt/latest"
+    run "$name" "$n" --set checkpoint.dir="$out/$name.ckpt" "$@"
+    grep -q "resumed from .*step_00000002" "$out/$name.log" \
+        || { echo "FAIL: $name did not resume"; fails=$((fails + 1)); }
+    curves gpt2 "$name" --from 3 --to 3
+}
+resume gpt2 resume_dp2_ep2 2 --set topology.dp=2 "${ep[@]}"
+resume gpt2_ep2 resume_ep1 1
 cp -r "$out/gpt2/ckpt" "$out/resume.ckpt"
-rm -rf "$out/resume.ckpt"/step_00000003
-echo step_00000002 > "$out/resume.ckpt/latest"
-run resume_dp2 2 --set topology.dp=2 --set checkpoint.dir="$out/resume.ckpt"
-grep -q "resumed from .*step_00000002" "$out/resume_dp2.log" \
-    || { echo "FAIL: resume_dp2 did not resume"; fails=$((fails + 1)); }
-curves gpt2 resume_dp2 --from 3 --to 3
+# An ep that does not divide dp: exit 2 before anything runs, the rule named.
+timeout 60 "$TRIDENT" plan configs/tiny.yaml "${small[@]}" --set topology.dp=2 \
+    --set topology.ep=4 > "$out/ep_bad.log" 2>&1
+rc=$?
+if [ "$rc" -eq 2 ] && grep -q "topology.ep (4) must divide topology.dp (2)" "$out/ep_bad.log"; then
+    echo "ok   ep 4 of dp 2 refused (exit 2)"
+else
+    echo "FAIL: ep 4 of dp 2 exited $rc: $(tail -2 "$out/ep_bad.log")"; fails=$((fails + 1))
+fi
 # A dense config does not load the MoE checkpoint: exit 2, the two models named.
 timeout 120 "$TRIDENT" train configs/tiny.yaml "${small[@]}" --set model.moe.experts=0 \
     --set run.dir="$out/resume_dense" --set checkpoint.dir="$out/resume.ckpt" \

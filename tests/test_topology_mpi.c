@@ -128,6 +128,53 @@ static void run_case(const Case *k, Comm world)
     CHECK(!comm_is_member(&c.tp) && !comm_is_member(&c.mp), "%s: comms freed", k->name);
 }
 
+/* Expert parallelism: dp 4 with ep 2 gives the groups {0,1} and {2,3}
+ * (consecutive dp ranks), and the all-to-alls of src/comm move what each
+ * member addressed to each other one: ints, then floats in parts of
+ * different lengths (p + 2q + 1 floats from p to q, valued 100p + q). */
+static void run_ep(Comm world)
+{
+    Config cfg;
+    config_defaults(&cfg);
+    cfg.topology.dp = WORLD;
+    cfg.topology.ep = 2;
+    cfg.topology.ranks_per_node = WORLD;
+    Topology t;
+    TopologyComms c;
+    topology_init(&t, &c, &cfg.topology, world);
+    const int r = world.rank, q = c.ep.rank, n = c.ep.size;
+    CHECK(n == 2 && q == r % 2, "ep: rank %d is %d of %d", r, q, n);
+    CHECK(group_sum(&c.ep, r) == (r < 2 ? 1 : 5), "ep: rank %d ep sum", r);
+
+    int send_i[2] = {10 * q, 10 * q + 1}, recv_i[2] = {-1, -1};
+    comm_alltoall_i32(&c.ep, send_i, recv_i, 1);
+    for (int p = 0; p < n; p++)
+        CHECK(recv_i[p] == 10 * p + q, "ep: rank %d got %d from %d", r, recv_i[p], p);
+
+    size_t sc[2], sd[2], rc[2], rd[2], at = 0, rat = 0;
+    float send[8], recv[8];
+    for (int d = 0; d < n; d++) { /* to d: q + 2d + 1 floats; from d: d + 2q + 1 */
+        sc[d] = (size_t)(q + 2 * d + 1);
+        sd[d] = at;
+        for (size_t k = 0; k < sc[d]; k++)
+            send[at++] = (float)(100 * q + d);
+        rc[d] = (size_t)(d + 2 * q + 1);
+        rd[d] = rat;
+        rat += rc[d];
+    }
+    for (size_t k = 0; k < 8; k++)
+        recv[k] = -1;
+    const uint64_t before = c.ep.bytes_sent;
+    comm_alltoallv_f32(&c.ep, send, sc, sd, recv, rc, rd);
+    for (int p = 0; p < n; p++)
+        for (size_t k = 0; k < rc[p]; k++)
+            CHECK(recv[rd[p] + k] == (float)(100 * p + q), "ep: rank %d float %zu from %d is %g", r,
+                  k, p, recv[rd[p] + k]);
+    CHECK(c.ep.bytes_sent - before == sc[1 - q] * sizeof(float), "ep: rank %d counted %llu bytes",
+          r, (unsigned long long)(c.ep.bytes_sent - before));
+    topology_comms_free(&c);
+}
+
 int main(int argc, char **argv)
 {
     if (!mpi_test_child())
@@ -142,6 +189,7 @@ int main(int argc, char **argv)
     }
     for (size_t i = 0; i < sizeof CASES / sizeof CASES[0]; i++)
         run_case(&CASES[i], world);
+    run_ep(world);
 
     int failed = check_failures;
     comm_allreduce_max_i32(&world, &failed, 1);

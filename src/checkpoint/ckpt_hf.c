@@ -1,8 +1,8 @@
 /* ckpt_hf.c — `trident ckpt export --format hf --out DIR CKPT`: a checkpoint
  * as a Hugging Face model directory (config.json, generation_config.json,
  * safetensors weights, the GPT-2 tokenizer files) that
- * transformers' from_pretrained(DIR) loads as GPT2LMHeadModel or
- * LlamaForCausalLM.
+ * transformers' from_pretrained(DIR) loads as GPT2LMHeadModel,
+ * LlamaForCausalLM or (a llama with model.moe) MixtralForCausalLM.
  *
  * Streaming: the safetensors header is computed from the index alone
  * (every shape is known before any data is read), then each tensor is read
@@ -13,7 +13,7 @@
  * the conversion and a writer thread writes behind it (hf_pipe_start,
  * ckpt_sink_open): a plain copy holds a few checksum blocks (about 4 MiB each);
  * a transform that needs the whole source (Conv1D transposes, the qkv
- * split) holds two tensors at most.  The reader takes the tensors' bytes
+ * split, an expert's rows of the stacked experts) holds two tensors at most.  The reader takes the tensors' bytes
  * from a CkptSource, which reads them at their datasets' offsets with
  * O_DIRECT ahead of it (hf_plan_raw); HDF5 reads a dataset that is not
  * where trident puts it.  Layout and conventions:
@@ -52,13 +52,14 @@ typedef enum {
     HF_COPY,      /* the same values, row by row (streamed per checksum block) */
     HF_TRANSPOSE, /* GPT-2 Conv1D: HF stores [in, out], trident [out, in] */
     HF_QKV,       /* rows picked out of the fused per-kv-group qkv (below) */
+    HF_EXPERT,    /* expert `part`'s rows of a stacked [E x rows, cols] expert tensor */
 } HfOp;
 
 typedef struct {
     char name[HF_NAME]; /* HF name */
     const CkptEntry *src;
     HfOp op;
-    int part; /* HF_QKV */
+    int part; /* HF_QKV: QKV_*; HF_EXPERT: the expert */
     int ndim;
     int64_t shape[2];      /* HF shape; shape[1] == 1 when ndim == 1 */
     int64_t bytes, offset; /* in its shard's data section */
@@ -72,6 +73,7 @@ typedef struct {
     CkptKind kind; /* master weights when saved, else params */
     int bf16, gpt2;
     int64_t hs, heads, kv_heads;
+    int64_t experts, expert_ffn; /* Mixtral: E, an expert's width (0: a dense model) */
     HfTensor *t;
     int n, cap;
     int n_shards;
@@ -140,6 +142,8 @@ static int hf_add(Hf *h, const char *src, HfOp op, int part, int ndim, int64_t r
     } else if (op == HF_QKV) {
         want0 = (h->heads + 2 * h->kv_heads) * h->hs;
         want1 = ndim == 2 ? (part == QKV_ALL ? r : c) : 1;
+    } else if (op == HF_EXPERT) {
+        want0 = h->experts * r;
     }
     if (e->ndim != ndim || e->shape[0] != want0 || e->shape[1] != want1) {
         ckpt_err(h->err,
@@ -150,6 +154,30 @@ static int hf_add(Hf *h, const char *src, HfOp op, int part, int ndim, int64_t r
         return -1;
     }
     return 0;
+}
+
+/* Mixtral's MoE block of layer l: the router as it is, and each expert's
+ * w1 (gate, [Fe, C]), w3 (up, [Fe, C]) and w2 (down, [C, Fe]) sliced out of
+ * trident's stacked experts (expert e's rows e x R .. (e + 1) x R - 1),
+ * source by source so that each stacked tensor is read once. */
+static int hf_plan_mixtral(Hf *h, int l)
+{
+    const int64_t C = h->ix->hidden, Fe = h->expert_ffn;
+    static const struct {
+        const char *src, *hf;
+        int down;
+    } part[] = {{"gate", "w1", 0}, {"up", "w3", 0}, {"down", "w2", 1}};
+    char s[PARAM_NAME];
+    snprintf(s, sizeof s, "layers.%d.moe.router.weight", l);
+    int rc = hf_add(h, s, HF_COPY, 0, 2, h->experts, C,
+                    "model.layers.%d.block_sparse_moe.gate.weight", l);
+    for (int k = 0; k < 3 && rc == 0; k++) {
+        snprintf(s, sizeof s, "layers.%d.moe.experts.%s.weight", l, part[k].src);
+        for (int e = 0; e < h->experts && rc == 0; e++)
+            rc |= hf_add(h, s, HF_EXPERT, e, 2, part[k].down ? C : Fe, part[k].down ? Fe : C,
+                         "model.layers.%d.block_sparse_moe.experts.%d.%s.weight", l, e, part[k].hf);
+    }
+    return rc;
 }
 
 static int hf_plan(Hf *h)
@@ -206,6 +234,10 @@ static int hf_plan(Hf *h)
                          "model.layers.%d.self_attn.o_proj.weight", l);
             rc |= hf_add(h, SRC("ln2.weight"), HF_COPY, 0, 1, C, 0,
                          "model.layers.%d.post_attention_layernorm.weight", l);
+            if (h->experts > 0) {
+                rc |= hf_plan_mixtral(h, l);
+                continue;
+            }
             rc |= hf_add(h, SRC("mlp.gate.weight"), HF_COPY, 0, 2, F, C,
                          "model.layers.%d.mlp.gate_proj.weight", l);
             rc |= hf_add(h, SRC("mlp.up.weight"), HF_COPY, 0, 2, F, C,
@@ -729,6 +761,8 @@ static int hf_write_tensor(Hf *h, const HfTensor *t, CkptSink *s, off_t at)
         return code;
     const float *w = h->cache;
     const int64_t cols = e->shape[1];
+    if (t->op == HF_EXPERT) /* its rows, as they are */
+        return hf_emit(h, s, w + t->part * t->shape[0] * cols, (size_t)(t->shape[0] * cols));
     /* One output row at a time: [rows, cols] of the HF shape (a vector is
      * one row of its length). */
     const int64_t orows = t->ndim == 2 ? t->shape[0] : 1;
@@ -1002,11 +1036,23 @@ static int hf_write_configs(Hf *h)
         cJSON_AddNumberToObject(c, "attn_pdrop", 0);
         cJSON_AddBoolToObject(c, "scale_attn_weights", 1);
     } else {
-        cJSON_AddItemToArray(arch, cJSON_CreateString("LlamaForCausalLM"));
-        cJSON_AddStringToObject(c, "model_type", "llama");
+        const int mixtral = h->experts > 0;
+        cJSON_AddItemToArray(
+            arch, cJSON_CreateString(mixtral ? "MixtralForCausalLM" : "LlamaForCausalLM"));
+        cJSON_AddStringToObject(c, "model_type", mixtral ? "mixtral" : "llama");
         cJSON_AddNumberToObject(c, "vocab_size", ix->vocab);
         cJSON_AddNumberToObject(c, "hidden_size", ix->hidden);
-        cJSON_AddNumberToObject(c, "intermediate_size", ix->ffn_hidden);
+        /* Mixtral's intermediate_size is an expert's width. */
+        cJSON_AddNumberToObject(c, "intermediate_size",
+                                mixtral ? (double)h->expert_ffn : ix->ffn_hidden);
+        if (mixtral) {
+            cJSON_AddNumberToObject(c, "num_local_experts", (double)h->experts);
+            cJSON_AddNumberToObject(c, "num_experts_per_tok", ix->moe[1]);
+            cJSON_AddNumberToObject(c, "router_aux_loss_coef", ix->moe_coefs[0]);
+            cJSON_AddBoolToObject(c, "output_router_logits", 0);
+            cJSON_AddNumberToObject(c, "router_jitter_noise", 0);
+            cJSON_AddNullToObject(c, "sliding_window"); /* full attention, as trident's */
+        }
         cJSON_AddNumberToObject(c, "num_hidden_layers", ix->layers);
         cJSON_AddNumberToObject(c, "num_attention_heads", ix->heads);
         cJSON_AddNumberToObject(c, "num_key_value_heads", ix->kv_heads);
@@ -1024,8 +1070,10 @@ static int hf_write_configs(Hf *h)
             cJSON_AddNumberToObject(rs, "original_max_position_embeddings", ix->rope_params[3]);
         } else
             cJSON_AddNullToObject(c, "rope_scaling");
-        cJSON_AddBoolToObject(c, "attention_bias", 0);
-        cJSON_AddBoolToObject(c, "mlp_bias", 0);
+        if (!mixtral) {
+            cJSON_AddBoolToObject(c, "attention_bias", 0);
+            cJSON_AddBoolToObject(c, "mlp_bias", 0);
+        }
         cJSON_AddNumberToObject(c, "attention_dropout", 0);
     }
     cJSON_AddBoolToObject(c, "tie_word_embeddings", ix->tie_embeddings);
@@ -1192,6 +1240,44 @@ int ckpt_hf_parse_size(const char *s, int64_t *out)
     return -1;
 }
 
+/* A MoE checkpoint exports as MixtralForCausalLM: a llama whose every
+ * layer is a MoE layer without shared experts (h->experts set), else exit
+ * 2 naming what Mixtral cannot express.  A capacity factor exports (it is
+ * a training-time drop; Hugging Face runs Mixtral dropless): a note says so. */
+static int hf_mixtral_check(Hf *h, const char *step_dir)
+{
+    const CkptIndex *ix = h->ix;
+    const char *why = NULL;
+    char buf[160];
+    if (h->gpt2)
+        why = "arch gpt2: the Hugging Face MoE layout trident writes is MixtralForCausalLM, "
+              "a Llama (train with model.arch: llama)";
+    else if (ix->moe[4] > 0) {
+        snprintf(buf, sizeof buf,
+                 "model.moe.shared_experts %d: MixtralForCausalLM has no shared experts",
+                 ix->moe[4]);
+        why = buf;
+    } else if (ix->moe[2] != 1) {
+        snprintf(buf, sizeof buf,
+                 "model.moe.every %d: every layer of MixtralForCausalLM is a MoE layer "
+                 "(every 1)",
+                 ix->moe[2]);
+        why = buf;
+    }
+    if (why) {
+        ckpt_err(h->err, "%s: no Hugging Face export of a mixture-of-experts model with %s",
+                 step_dir, why);
+        return -1;
+    }
+    h->experts = ix->moe[0];
+    h->expert_ffn = ix->moe[3] > 0 ? ix->moe[3] : ix->ffn_hidden;
+    if (ix->moe_coefs[2] > 0 && h->rank == 0)
+        printf("note: trained with model.moe.capacity_factor %g (tokens over it dropped); "
+               "Hugging Face's Mixtral runs dropless, as trident generate does\n",
+               ix->moe_coefs[2]);
+    return 0;
+}
+
 static double now_s(void)
 {
     struct timespec ts;
@@ -1232,13 +1318,8 @@ int ckpt_hf_export(const char *arg, const char *out_dir, int bf16, int64_t max_s
     h.kv_heads = ix.kv_heads;
     h.hs = ix.heads > 0 ? ix.hidden / ix.heads : 0;
     int code = TRD_EXIT_INPUT;
-    if (ix.moe[0] > 0) {
-        ckpt_err(h.err,
-                 "%s: a mixture-of-experts model (model.moe) has no Hugging Face export yet "
-                 "(Mixtral's layout is planned, docs/moe.md)",
-                 step_dir);
+    if (ix.moe[0] > 0 && hf_mixtral_check(&h, step_dir) != 0)
         goto fail;
-    }
     if (!h.gpt2 && strcmp(ix.arch, "llama")) {
         ckpt_err(h.err, "%s: arch '%s' has no Hugging Face mapping (gpt2, llama)", step_dir,
                  ix.arch);

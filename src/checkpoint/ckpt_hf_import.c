@@ -8,7 +8,11 @@
  * config.json implies, its data_offsets must lie inside the file and not
  * overlap another's, and the data is read at those checked offsets (a
  * short read is a truncated file).  Bad input is exit 2 naming the file
- * and the tensor.
+ * and the tensor; so is a tensor named twice in a header.
+ *
+ * MixtralForCausalLM is a llama with model.moe (every layer, no shared
+ * experts): each layer's E experts' w1, w3 and w2 are stacked into
+ * trident's moe.experts.gate, .up and .down (expert e's rows at e x rows).
  *
  * Driven by trident's parameter table for the model config.json describes
  * (params_build, one rank): each trident tensor is made from its HF
@@ -149,6 +153,29 @@ static void st_close(StFile *f)
     f->n = 0;
 }
 
+static int name_cmp(const void *a, const void *b)
+{
+    return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
+
+/* A name twice in one header (JSON allows it; which entry a reader takes
+ * is its own choice): exit 2 naming it. */
+static int st_unique_names(const StFile *f, char err[CFG_ERR])
+{
+    const char **names = trd_malloc((size_t)f->n * sizeof *names, "safetensors names");
+    for (int i = 0; i < f->n; i++)
+        names[i] = f->t[i].name;
+    qsort(names, (size_t)f->n, sizeof *names, name_cmp);
+    int code = TRD_EXIT_OK;
+    for (int i = 1; i < f->n && code == TRD_EXIT_OK; i++)
+        if (!strcmp(names[i], names[i - 1])) {
+            ckpt_err(err, "%s: tensor '%s' appears twice in the header", f->path, names[i]);
+            code = TRD_EXIT_INPUT;
+        }
+    free(names);
+    return code;
+}
+
 /* Open and validate one safetensors file (header and offsets; the data is
  * read later).  Returns 0, or an exit code with err. */
 static int st_open(StFile *f, const char *path, char err[CFG_ERR])
@@ -270,6 +297,8 @@ static int st_open(StFile *f, const char *path, char err[CFG_ERR])
         t->end = data0 + e;
     }
     cJSON_Delete(doc);
+    if (code == TRD_EXIT_OK && f->n > 1)
+        code = st_unique_names(f, err);
     if (code == TRD_EXIT_OK && f->n > 1) {
         /* Overlaps: sorted by begin, each non-empty tensor must start at or
          * after the furthest end so far (an empty one between two others
@@ -414,6 +443,29 @@ static void st_set_close(StSet *s)
     free(s->plan_t);
     free(s->raw);
     free(s->wide);
+}
+
+/* A Mixtral's expert tensors must be those of its config.json: one named
+ * for an expert or a layer it does not have is refused (exit 2, named),
+ * not left unread. */
+static int st_check_experts(const StSet *s, const ModelConfig *m, char err[CFG_ERR])
+{
+    for (int i = 0; i < s->n_files; i++)
+        for (int j = 0; j < s->f[i].n; j++) {
+            const char *name = s->f[i].t[j].name;
+            int l, e, at = 0;
+            if (sscanf(name, "model.layers.%d.block_sparse_moe.experts.%d.%n", &l, &e, &at) != 2 ||
+                !at)
+                continue;
+            if (l < 0 || l >= m->layers || e < 0 || e >= m->moe_experts) {
+                ckpt_err(err,
+                         "%s: tensor '%s': config.json has %d layers of %d experts "
+                         "(num_hidden_layers, num_local_experts)",
+                         s->f[i].path, name, m->layers, m->moe_experts);
+                return TRD_EXIT_INPUT;
+            }
+        }
+    return TRD_EXIT_OK;
 }
 
 int ckpt_hf_check_safetensors(const char *dir, char err[CFG_ERR])
@@ -675,6 +727,46 @@ static int read_rope_scaling(const cJSON *doc, const char *path, ModelConfig *m,
     return code;
 }
 
+/* MixtralForCausalLM's experts into m->moe_*: every layer a MoE layer
+ * without shared experts, an expert as wide as intermediate_size (which is
+ * also model.ffn_hidden, used by no layer), dropless, the load-balancing
+ * coefficient router_aux_loss_coef (HF's default 0.001 when absent), the
+ * z-loss trident's default.  A sliding window shorter than the context is
+ * refused: trident's attention is full. */
+static int read_mixtral(const cJSON *doc, const char *path, ModelConfig *m, char err[CFG_ERR])
+{
+    int code = cfg_int(doc, path, "num_local_experts", -1, &m->moe_experts, err);
+    code = code ? code : cfg_int(doc, path, "num_experts_per_tok", 2, &m->moe_top_k, err);
+    if (code)
+        return code;
+    if (m->moe_experts > MOE_MAX_EXPERTS || m->moe_top_k > m->moe_experts) {
+        ckpt_err(err,
+                 "%s: num_local_experts %d, num_experts_per_tok %d: trident takes 1 to %d "
+                 "experts and at most that many per token",
+                 path, m->moe_experts, m->moe_top_k, MOE_MAX_EXPERTS);
+        return TRD_EXIT_INPUT;
+    }
+    const cJSON *aux = cJSON_GetObjectItemCaseSensitive(doc, "router_aux_loss_coef");
+    if (aux && !(cJSON_IsNumber(aux) && aux->valuedouble >= 0 && aux->valuedouble <= 1e30)) {
+        ckpt_err(err, "%s: \"router_aux_loss_coef\" must be a number >= 0", path);
+        return TRD_EXIT_INPUT;
+    }
+    m->moe_aux_loss_coef = aux ? (float)aux->valuedouble : 0.001f;
+    m->moe_every = 1;
+    m->moe_ffn_hidden = m->ffn_hidden;
+    m->moe_shared_experts = 0;
+    m->moe_capacity_factor = 0;
+    const cJSON *sw = cJSON_GetObjectItemCaseSensitive(doc, "sliding_window");
+    if (sw && !cJSON_IsNull(sw) && !(cJSON_IsNumber(sw) && sw->valuedouble >= (double)m->seq_len)) {
+        ckpt_err(err,
+                 "%s: sliding_window %g < max_position_embeddings %d: trident's attention "
+                 "is full (a window as long as the context, or null, imports)",
+                 path, cJSON_IsNumber(sw) ? sw->valuedouble : -1.0, m->seq_len);
+        return TRD_EXIT_INPUT;
+    }
+    return TRD_EXIT_OK;
+}
+
 /* The model of config.json into m (trident's names). */
 int ckpt_hf_read_model(const char *dir, ModelConfig *m, int *want_dtype, char err[CFG_ERR])
 {
@@ -690,11 +782,13 @@ int ckpt_hf_read_model(const char *dir, ModelConfig *m, int *want_dtype, char er
     const char *a = cJSON_IsString(arch) ? arch->valuestring : "(none)";
     const char *t = cJSON_IsString(type) ? type->valuestring : "(none)";
     const int gpt2 = !strcmp(a, "GPT2LMHeadModel") && !strcmp(t, "gpt2");
-    const int llama = !strcmp(a, "LlamaForCausalLM") && !strcmp(t, "llama");
+    const int mixtral = !strcmp(a, "MixtralForCausalLM") && !strcmp(t, "mixtral");
+    const int llama = (!strcmp(a, "LlamaForCausalLM") && !strcmp(t, "llama")) || mixtral;
     if (!gpt2 && !llama) {
         ckpt_err(err,
                  "%s: architectures [\"%s\"], model_type \"%s\": trident imports "
-                 "GPT2LMHeadModel (gpt2) and LlamaForCausalLM (llama)",
+                 "GPT2LMHeadModel (gpt2), LlamaForCausalLM (llama) and MixtralForCausalLM "
+                 "(mixtral)",
                  path, a, t);
         cJSON_Delete(doc);
         return TRD_EXIT_INPUT;
@@ -703,6 +797,7 @@ int ckpt_hf_read_model(const char *dir, ModelConfig *m, int *want_dtype, char er
     m->rope_scaling = ROPE_SCALING_NONE;
     m->rope_factor = m->rope_low_freq_factor = m->rope_high_freq_factor = 0;
     m->rope_original_max_position_embeddings = 0;
+    m->moe_experts = 0;
     if (gpt2) {
         code = cfg_int(doc, path, "vocab_size", -1, &m->vocab, err);
         code = code ? code : cfg_int(doc, path, "n_positions", -1, &m->seq_len, err);
@@ -746,7 +841,8 @@ int ckpt_hf_read_model(const char *dir, ModelConfig *m, int *want_dtype, char er
             ckpt_err(err, "%s: %s true: trident's Llama has no biases", path,
                      cfg_bool(doc, "attention_bias", 0) ? "attention_bias" : "mlp_bias");
             code = TRD_EXIT_INPUT;
-        }
+        } else if (mixtral)
+            code = read_mixtral(doc, path, m, err);
     }
     if (!code && (m->hidden % m->heads || m->heads % m->kv_heads || (m->hidden / m->heads) % 2)) {
         ckpt_err(err,
@@ -842,14 +938,33 @@ static int read_qkv(Imp *im, int l, int bias, float *out)
 
 /* Where trident tensor p comes from: one HF tensor as it is (COPY), its
  * transpose (GPT-2's Conv1D), its first rows (GPT-2's wpe, when seq_len
- * is below n_positions), or the q, k and v of layer `layer` (QKV). */
-typedef enum { SRC_COPY, SRC_TRANSPOSE, SRC_FIRST_ROWS, SRC_QKV } SrcOp;
+ * is below n_positions), the q, k and v of layer `layer` (QKV), or the E
+ * experts' tensors of a Mixtral layer stacked (EXPERTS). */
+typedef enum { SRC_COPY, SRC_TRANSPOSE, SRC_FIRST_ROWS, SRC_QKV, SRC_EXPERTS } SrcOp;
 typedef struct {
     SrcOp op;
-    char name[HF_NAME_IMPORT]; /* the HF tensor (not for SRC_QKV) */
-    int64_t r, c;              /* its shape (c == 0: a vector of r) */
+    char name[HF_NAME_IMPORT]; /* the HF tensor (not for SRC_QKV, SRC_EXPERTS) */
+    int64_t r, c;              /* its shape (c == 0: a vector of r); SRC_EXPERTS: one expert's */
     int layer, bias;           /* SRC_QKV: the layer, the bias or the weight */
+    const char *expert;        /* SRC_EXPERTS: w1, w3 or w2 (of `layer`) */
 } Src;
+
+/* The E experts' `s->expert` tensors of layer s->layer, stacked into out. */
+static int read_experts(Imp *im, const Src *s, float *out)
+{
+    const int64_t n = s->r * s->c;
+    char name[HF_NAME_IMPORT];
+    for (int e = 0; e < im->m->moe_experts; e++) {
+        snprintf(name, sizeof name, "model.layers.%d.block_sparse_moe.experts.%d.%s.weight",
+                 s->layer, e, s->expert);
+        const int code = st_read(&im->st, name, s->r, s->c, out ? out + e * n : NULL, im->err);
+        if (code == ST_PLANNED)
+            continue; /* plan every expert's read */
+        if (code)
+            return code;
+    }
+    return im->st.planning ? ST_PLANNED : 0;
+}
 
 /* The source of p (global shape [rows, cols], real rows only): 0, or exit
  * 2 for a tensor with none. */
@@ -893,6 +1008,21 @@ static int resolve(Imp *im, const ParamSpec *p, int64_t rows, Src *s)
         s->bias = p->ndim == 1;
         return TRD_EXIT_OK;
     }
+    if (!g && !strcmp(rest, "moe.router.weight")) {
+        snprintf(s->name, sizeof s->name, "model.layers.%d.block_sparse_moe.gate.weight", l);
+        return TRD_EXIT_OK;
+    }
+    static const char *const experts[][2] = {{"moe.experts.gate.weight", "w1"},
+                                             {"moe.experts.up.weight", "w3"},
+                                             {"moe.experts.down.weight", "w2"}};
+    for (int k = 0; !g && im->m->moe_experts > 0 && k < 3; k++)
+        if (!strcmp(rest, experts[k][0])) {
+            s->op = SRC_EXPERTS;
+            s->layer = l;
+            s->expert = experts[k][1];
+            s->r = rows / im->m->moe_experts;
+            return TRD_EXIT_OK;
+        }
     static const struct {
         const char *trd, *gpt2, *llama;
         int transpose;
@@ -948,6 +1078,8 @@ static int fill(Imp *im, const ParamSpec *p, int64_t rows, float *out)
         return code;
     case SRC_QKV:
         return read_qkv(im, s.layer, s.bias, out);
+    case SRC_EXPERTS:
+        return read_experts(im, &s, out);
     }
     return TRD_EXIT_INPUT;
 }
@@ -1211,6 +1343,8 @@ int ckpt_hf_import(const char *hf_dir, const char *out_dir, char *const *sets, i
         return TRD_EXIT_INPUT;
     }
     code = st_set_open(&im.st, hf_dir, err);
+    if (!code && m->moe_experts > 0)
+        code = st_check_experts(&im.st, m, err);
     ParamTable t = {0};
     CkptEntry *e = NULL;
     /* Buffers: two for the large tensors, taken in turn, one written from
@@ -1340,9 +1474,10 @@ int ckpt_hf_import(const char *hf_dir, const char *out_dir, char *const *sets, i
         code = TRD_EXIT_RUNTIME;
     if (code == 0)
         printf("imported %d tensors (%s, %d layers, hidden %d, heads %d, kv_heads %d, vocab %d, "
-               "%s) from %s to %s (step 0, weights only)\n",
+               "%s%s) from %s to %s (step 0, weights only)\n",
                t.n, config_arch_name(m->arch), m->layers, m->hidden, m->heads, m->kv_heads,
-               m->vocab, m->tie_embeddings ? "tied" : "untied", hf_dir, final);
+               m->vocab, m->tie_embeddings ? "tied" : "untied",
+               m->moe_experts ? ", Mixtral's experts as model.moe" : "", hf_dir, final);
 done:
     if (im.st.src)
         ckpt_source_close(im.st.src);
@@ -1396,6 +1531,20 @@ static int same_model(const char *dir, const ModelConfig *hf, const ModelConfig 
                  eps ? m->norm_eps : m->rope_theta);
         return TRD_EXIT_INPUT;
     }
+    const struct {
+        const char *key;
+        int hf, ours;
+    } moe[] = {{"experts", hf->moe_experts, m->moe_experts},
+               {"top_k", hf->moe_top_k, m->moe_top_k},
+               {"every", hf->moe_every, m->moe_every},
+               {"ffn_hidden", config_moe_ffn(hf), config_moe_ffn(m)},
+               {"shared_experts", hf->moe_shared_experts, m->moe_shared_experts}};
+    for (size_t i = 0; (hf->moe_experts || m->moe_experts) && i < sizeof moe / sizeof *moe; i++)
+        if (moe[i].hf != moe[i].ours) {
+            ckpt_err(err, "model.moe.%s is %d in %s/config.json, %d in the config", moe[i].key,
+                     moe[i].hf, dir, moe[i].ours);
+            return TRD_EXIT_INPUT;
+        }
     if (!config_rope_scaling_same(hf, m)) {
         char a[160], b[160];
         config_rope_scaling_text(hf, a, sizeof a);
@@ -1483,6 +1632,8 @@ int ckpt_hf_load_weights(const char *hf_dir, const CkptShardView *v, const Model
         code = same_model(hf_dir, m, want, err);
     if (!code)
         code = st_set_open(&im.st, hf_dir, err);
+    if (!code && m->moe_experts > 0)
+        code = st_check_experts(&im.st, m, err);
     if (!code)
         code = read_pieces(&im, v, hf_dir, err);
     st_set_close(&im.st);

@@ -241,6 +241,7 @@ static Model *load_model(const char *step, const GenArgs *a, Config *cfg, const 
         trd_fatal(TRD_EXIT_INPUT, NULL, "%s", err);
     /* One rank, whatever layout saved it: the checkpoint is global. */
     cfg->topology.tp = cfg->topology.pp = cfg->topology.dp = cfg->topology.cp = 1;
+    cfg->topology.ep = 1;
     cfg->topology.zero = 0;
     cfg->topology.virtual_stages = 1;
     cfg->topology.stage_layers[0] = 0;

@@ -101,6 +101,29 @@ static void print_bytes_row(FILE *f, const char *group, int size, PlanLink l, do
             what);
 }
 
+/* Expert parallelism (docs/moe.md): the all-to-all bytes one rank sends
+ * per MoE layer and micro-batch.  Its N x top_k rows go out and come back
+ * in forward (dispatch, combine) and again in backward (their gradients),
+ * a third time in forward under full recompute; with balanced routing
+ * (ep - 1) / ep of them leave the rank, C fp32 each.  Not in the step time. */
+static void print_expert_parallel(FILE *f, const Config *cfg, const PlanResult *r)
+{
+    const ModelConfig *mc = &cfg->model;
+    const int ep = cfg->topology.ep;
+    const double rows = (double)r->micro_batch * mc->seq_len * mc->moe_top_k * (ep - 1) / ep;
+    const int passes = r->recompute == RECOMPUTE_FULL ? 6 : 4;
+    const double layer = rows * mc->hidden * sizeof(float) * passes;
+    int moe_layers = 0;
+    for (int l = 0; l < mc->layers; l++)
+        moe_layers += config_moe_layer(mc, l);
+    fprintf(f,
+            "expert parallel: ep %d of dp %d, each rank running %d of %d experts; all-to-all "
+            "%.4g MiB per rank per MoE layer and micro-batch (balanced routing), %.4g MiB per "
+            "rank per step over %d MoE layer(s) / pp %d; expert weights replicated over dp\n",
+            ep, r->dp, mc->moe_experts / ep, mc->moe_experts, layer / (1024.0 * 1024.0),
+            layer * r->n_micro * moe_layers / r->pp / (1024.0 * 1024.0), moe_layers, r->pp);
+}
+
 static void print_layout(FILE *f, const Config *cfg, const PlanCluster *c, const PlanResult *r)
 {
     const ModelConfig *mc = &cfg->model;
@@ -137,6 +160,8 @@ static void print_layout(FILE *f, const Config *cfg, const PlanCluster *c, const
                 r->cp, plan_link_name(r->cp_link), mc->seq_len / r->cp, mc->seq_len, r->dp * r->cp);
     fprintf(f, "batch: global %d = micro_batch %d x %d micro-batches x dp %d | %d tokens/step\n",
             r->global_batch, r->micro_batch, r->n_micro, r->dp, r->global_batch * mc->seq_len);
+    if (mc->moe_experts > 0 && cfg->topology.ep > 1)
+        print_expert_parallel(f, cfg, r);
     fprintf(f,
             "bytes per element: weights %d, gradients %d, activations %d, optimizer state 4 "
             "(%s backend, %s; %s)\n\n",

@@ -951,6 +951,76 @@ int comm_probe(Comm *c, int src, int tag)
     return flag;
 }
 
+void comm_alltoall_i32(Comm *c, const int *send, int *recv, size_t n)
+{
+    if (c->size == 1) {
+        memcpy(recv, send, n * sizeof(int));
+        return;
+    }
+    TRD_ASSERT(n <= (size_t)INT_MAX);
+    wait_begin(c, "all-to-all", -1);
+    check(MPI_Alltoall(send, (int)n, MPI_INT, recv, (int)n, MPI_INT, c->handle), "all-to-all");
+    wait_end();
+    c->calls++;
+}
+
+/* MPI's int counts and displacements of the v-exchange (in floats). */
+static int *alltoallv_ints(const Comm *c, const size_t *count, const size_t *displ)
+{
+    int *v = trd_malloc(2 * (size_t)c->size * sizeof(int), "all-to-all counts");
+    for (int r = 0; r < c->size; r++) {
+        TRD_ASSERT(count[r] <= (size_t)INT_MAX && displ[r] <= (size_t)INT_MAX);
+        v[r] = (int)count[r];
+        v[c->size + r] = (int)displ[r];
+    }
+    return v;
+}
+
+/* The floats a v-exchange reaches on this side: the largest end of a part. */
+static size_t alltoallv_extent(const Comm *c, const size_t *count, const size_t *displ)
+{
+    size_t end = 0;
+    for (int r = 0; r < c->size; r++)
+        if (count[r] && displ[r] + count[r] > end)
+            end = displ[r] + count[r];
+    return end;
+}
+
+void comm_alltoallv_f32(Comm *c, const float *send, const size_t *scount, const size_t *sdispl,
+                        float *recv, const size_t *rcount, const size_t *rdispl)
+{
+    if (c->size == 1) {
+        if (scount[0])
+            copy_floats(c, recv + rdispl[0], send + sdispl[0], scount[0]);
+        return;
+    }
+    const double t0 = MPI_Wtime();
+    const size_t ns = alltoallv_extent(c, scount, sdispl);
+    const size_t nr = alltoallv_extent(c, rcount, rdispl);
+    /* Staged: the send side's extent goes to the host, the receive side's
+     * comes back (MPI here is not CUDA-aware). */
+    float *hs = c->mem && ns ? stage_out(c, send, ns) : (float *)send;
+    float *hr = c->mem && nr ? stage_take(c, nr) : recv;
+    int *s = alltoallv_ints(c, scount, sdispl), *r = alltoallv_ints(c, rcount, rdispl);
+    wait_begin(c, "all-to-all", -1);
+    check(MPI_Alltoallv(hs, s, s + c->size, MPI_FLOAT, hr, r, r + c->size, MPI_FLOAT, c->handle),
+          "all-to-all");
+    wait_end();
+    free(s);
+    free(r);
+    if (hr != recv) {
+        c->mem->to_backend(recv, hr, nr * sizeof(float));
+        stage_release(hr);
+    }
+    if (hs != send)
+        stage_release(hs);
+    uint64_t bytes = 0;
+    for (int q = 0; q < c->size; q++)
+        bytes += q == c->rank ? 0 : (uint64_t)scount[q] * sizeof(float);
+    count_op(c, bytes);
+    trace_blocking("all-to-all", c, t0, bytes);
+}
+
 void comm_allreduce_max_f64(Comm *c, double *buf, size_t n)
 {
     allreduce(c, buf, n, sizeof(double), MPI_DOUBLE, MPI_MAX);

@@ -241,6 +241,20 @@ void comm_recv_f32(Comm *c, float *buf, size_t n, int src, int tag);
  * Under NCCL always 1: a receive is queued on a stream, it never blocks. */
 int comm_probe(Comm *c, int src, int tag);
 
+/* ---- all-to-all (expert parallelism: tokens to their experts and back) ----
+ * Blocking.  comm_alltoall_i32: every rank sends n ints to every rank,
+ * send[q*n, (q+1)*n) to rank q, and receives rank p's into recv[p*n, ...)
+ * (the counts of the v-exchange below, exchanged first).
+ * comm_alltoallv_f32: rank q gets scount[q] floats of send from sdispl[q];
+ * rank p's rcount[p] floats land at recv + rdispl[p] (each side's counts
+ * must agree with the other's; the receive parts tile recv from 0, as
+ * prefix sums of the counts do).  Float buffers in device memory are staged
+ * through the host (MPI, also when the group has NCCL); bytes_sent counts
+ * the floats sent to other ranks. */
+void comm_alltoall_i32(Comm *c, const int *send, int *recv, size_t n);
+void comm_alltoallv_f32(Comm *c, const float *send, const size_t *scount, const size_t *sdispl,
+                        float *recv, const size_t *rcount, const size_t *rdispl);
+
 /* Max all-reduce of doubles in place (the slowest rank's time of a step). */
 void comm_allreduce_max_f64(Comm *c, double *buf, size_t n);
 

@@ -561,11 +561,6 @@ static int check_moe(Checker *c, ModelConfig *m)
                     "groups are carved out of the data-parallel ranks; use an ep that divides "
                     "%d",
                     t->ep, t->dp, t->dp);
-    if (t->ep > 1)
-        return verr(c, "topology.ep",
-                    "topology.ep %d: expert parallelism is not implemented yet (the experts "
-                    "are replicated over data-parallel ranks); use topology.ep: 1",
-                    t->ep);
     return 0;
 }
 

@@ -4,10 +4,11 @@
  * one sequence at positions pos .. pos+n-1: norms, the fused qkv
  * projection, RoPE from the position offset (rope_decode), attention of
  * the new rows against the cache (attention_decode, which appends their
- * keys and values first), the output projection and the MLP.  The head
- * runs on the last row only: its logits are the next token's.  Every
- * buffer is in backend memory and sized for max_len rows once; a step
- * allocates nothing. */
+ * keys and values first), the output projection and the MLP, or in a
+ * mixture-of-experts layer the experts (moe_branch below).  The head runs
+ * on the last row only: its logits are the next token's.  Every buffer is
+ * in backend memory and sized for max_len rows once; a step allocates
+ * nothing. */
 #include "model/model_internal.h"
 
 #include <math.h>
@@ -24,6 +25,14 @@ struct Decoder {
     float **kc, **vc;   /* [layers] caches [max_len][KVH][hs] */
     int32_t *ids;       /* [max_len] token ids in backend memory */
     float *host_logits; /* [Vp] */
+    /* MoE layers (NULL in a dense model), for max_len rows: the router's
+     * logits, probabilities, log-sum-exp, choices and weights; the rows
+     * dispatched (at most max_len x top_k) in expert order, through the
+     * experts.  fc, up and fc_act serve the shared experts as well. */
+    float *r_logits, *r_probs, *r_lse, *r_w, *x_in, *x_fc, *x_up, *x_act, *x_out;
+    int32_t *r_ints;               /* one allocation: r_idx, r_slot */
+    int32_t *r_idx, *r_slot;       /* [max_len * k] each */
+    int32_t *idx_host, *slot_host; /* host copies, [max_len * k] each */
 };
 
 Decoder *decoder_create(Model *m, int max_len)
@@ -32,29 +41,50 @@ Decoder *decoder_create(Model *m, int max_len)
     if (tp_active(&m->tp) || !m->sh.has_embed || !m->sh.has_head || m->nl != m->mc.layers)
         trd_fatal(TRD_EXIT_INPUT, "decode on one rank: tp 1, pp 1",
                   "decoding needs the whole model on one rank (tp 1, one pipeline stage)");
-    if (d->E > 0)
-        trd_fatal(TRD_EXIT_INPUT, "eval works on MoE checkpoints; generation does not yet",
-                  "decoding a mixture-of-experts model (model.moe) is not implemented yet");
     TRD_ASSERT(max_len >= 1 && max_len <= m->mc.seq_len);
     Decoder *dc = trd_calloc(1, sizeof *dc, "decoder");
     dc->m = m;
     dc->max_len = max_len;
-    const size_t L = (size_t)max_len, C = (size_t)d->C, F = (size_t)d->F;
+    /* The MLP buffers serve the dense layers (F) and a MoE layer's shared
+     * experts (Fs), whichever is wider. */
+    const size_t L = (size_t)max_len, C = (size_t)d->C, F = (size_t)(d->Fs > d->F ? d->Fs : d->F);
     const size_t cache = L * (size_t)d->KVH * (size_t)d->hs;
-    const size_t sizes[] = {
-        L * C, L * C, L,     L,     L * (size_t)d->QKV, L * (size_t)d->H * d->hs,
-        L * C, L * F, L * F, L * F, (size_t)d->Vp};
-    float **slots[] = {&dc->x,      &dc->ln, &dc->mean, &dc->rstd,   &dc->qkv,   &dc->atty,
-                       &dc->branch, &dc->fc, &dc->up,   &dc->fc_act, &dc->logits};
-    const int n_slots = (int)(sizeof sizes / sizeof *sizes);
+    const size_t E = (size_t)d->E, R = L * (size_t)d->K, Fe = (size_t)d->Fe;
+    const struct {
+        float **slot;
+        size_t n;
+    } carve[] = {
+        {&dc->x, L * C},
+        {&dc->ln, L * C},
+        {&dc->mean, L},
+        {&dc->rstd, L},
+        {&dc->qkv, L * (size_t)d->QKV},
+        {&dc->atty, L * (size_t)d->H * d->hs},
+        {&dc->branch, L * C},
+        {&dc->fc, L * F},
+        {&dc->up, L * F},
+        {&dc->fc_act, L * F},
+        {&dc->logits, (size_t)d->Vp},
+        /* MoE layers (all 0 in a dense model: E = R = 0) */
+        {&dc->r_logits, L * E},
+        {&dc->r_probs, L * E},
+        {&dc->r_lse, E ? L : 0},
+        {&dc->r_w, R},
+        {&dc->x_in, R * C},
+        {&dc->x_fc, R * Fe},
+        {&dc->x_up, d->gpt2 ? 0 : R * Fe},
+        {&dc->x_act, R * Fe},
+        {&dc->x_out, R * C},
+    };
+    const int n_slots = (int)(sizeof carve / sizeof *carve);
     size_t total = 2 * cache * (size_t)m->nl;
     for (int i = 0; i < n_slots; i++)
-        total += sizes[i];
+        total += carve[i].n;
     dc->buf = m->be->alloc(total * sizeof(float), "decoder activations and key/value cache");
     float *p = dc->buf;
     for (int i = 0; i < n_slots; i++) {
-        *slots[i] = p;
-        p += sizes[i];
+        *carve[i].slot = p;
+        p += carve[i].n;
     }
     dc->kc = trd_calloc((size_t)m->nl, sizeof(float *), "key caches");
     dc->vc = trd_calloc((size_t)m->nl, sizeof(float *), "value caches");
@@ -65,6 +95,13 @@ Decoder *decoder_create(Model *m, int max_len)
     }
     dc->ids = m->be->alloc(L * sizeof(int32_t), "decoder token ids");
     dc->host_logits = trd_malloc((size_t)d->Vp * sizeof(float), "logits");
+    if (d->E > 0) {
+        dc->r_ints = m->be->alloc(2 * R * sizeof(int32_t), "decoder MoE routes");
+        dc->r_idx = dc->r_ints;
+        dc->r_slot = dc->r_ints + R;
+        dc->idx_host = trd_malloc(2 * R * sizeof(int32_t), "decoder MoE routes read back");
+        dc->slot_host = dc->idx_host + R;
+    }
     return dc;
 }
 
@@ -74,6 +111,8 @@ void decoder_free(Decoder *dc)
         return;
     dc->m->be->release(dc->buf);
     dc->m->be->release(dc->ids);
+    dc->m->be->release(dc->r_ints);
+    free(dc->idx_host);
     free(dc->kc);
     free(dc->vc);
     free(dc->host_logits);
@@ -94,13 +133,81 @@ static void norm(const Decoder *dc, float *out, const float *inp, const float *w
         m->be->rmsnorm_forward(out, dc->rstd, inp, w, n, m->d.C, m->d.eps);
 }
 
+/* act [n, F] = the MLP activation of x [n, C] (GELU of fc, or SwiGLU of
+ * gate and up), the fc and up outputs in fc and up. */
+static void mlp_in(const Decoder *dc, float *fc, float *up, float *act, const float *x,
+                   const float *fc_w, const float *fc_b, const float *up_w, int n, int F)
+{
+    const Model *m = dc->m;
+    const Backend *be = m->be;
+    const size_t nF = (size_t)n * (size_t)F;
+    be->matmul_forward(fc, x, fc_w, fc_b, n, m->d.C, F);
+    if (m->d.gpt2) {
+        be->gelu_forward(act, fc, nF);
+    } else {
+        be->matmul_forward(up, x, up_w, NULL, n, m->d.C, F);
+        be->swiglu_forward(act, fc, up, nF);
+    }
+}
+
+/* A MoE layer's MLP branch over the n rows of dc->ln into dc->branch: the
+ * function of moe_forward (moe.c), routed alike (softmax, top-k, ties to
+ * the lower expert, renormalised), the rows of each expert in token order,
+ * combined in expert order.  Dropless: the capacity factor is a training
+ * device that bounds an expert's rows per micro-batch (as at Megatron-LM
+ * and in Mixtral's inference, which drops nothing); here every token goes
+ * through its top_k experts. */
+static void moe_branch(Decoder *dc, const LayerParams *p, int n)
+{
+    const Model *m = dc->m;
+    const Backend *be = m->be;
+    const Dims *d = &m->d;
+    const int C = d->C, E = d->E, K = d->K, Fe = d->Fe, R = n * K;
+    be->matmul_forward(dc->r_logits, dc->ln, p->router_w, NULL, n, C, E);
+    be->moe_router_forward(dc->r_probs, dc->r_lse, dc->r_idx, dc->r_w, dc->r_logits, n, E, K);
+    /* The dispatch order on the host: slot n*K + j (token n's j-th choice)
+     * in expert order, token order within an expert. */
+    be->to_host(dc->idx_host, dc->r_idx, (size_t)R * sizeof(int32_t));
+    int off[MOE_MAX_EXPERTS + 1] = {0}, fill[MOE_MAX_EXPERTS];
+    for (int s = 0; s < R; s++)
+        off[dc->idx_host[s] + 1]++;
+    for (int e = 0; e < E; e++) {
+        off[e + 1] += off[e];
+        fill[e] = off[e];
+    }
+    for (int s = 0; s < R; s++)
+        dc->slot_host[fill[dc->idx_host[s]]++] = s;
+    be->to_backend(dc->r_slot, dc->slot_host, (size_t)R * sizeof(int32_t));
+
+    be->moe_gather(dc->x_in, dc->ln, dc->r_slot, R, C, K);
+    for (int e = 0; e < E; e++) {
+        const int o = off[e], rows = off[e + 1] - o;
+        if (rows == 0)
+            continue;
+        const size_t eF = (size_t)e * Fe * C; /* expert e's first weight of fc/up and proj */
+        mlp_in(dc, dc->x_fc + (size_t)o * Fe, dc->x_up ? dc->x_up + (size_t)o * Fe : NULL,
+               dc->x_act + (size_t)o * Fe, dc->x_in + (size_t)o * C, p->x_fc_w + eF,
+               p->x_fc_b ? p->x_fc_b + (size_t)e * Fe : NULL, p->x_up_w ? p->x_up_w + eF : NULL,
+               rows, Fe);
+        be->matmul_forward(dc->x_out + (size_t)o * C, dc->x_act + (size_t)o * Fe, p->x_proj_w + eF,
+                           p->x_proj_b ? p->x_proj_b + (size_t)e * C : NULL, rows, Fe, C);
+    }
+    if (d->Fs > 0) { /* the shared experts: one MLP of width Fs, unweighted */
+        mlp_in(dc, dc->fc, dc->up, dc->fc_act, dc->ln, p->fc_w, p->fc_b, p->up_w, n, d->Fs);
+        be->matmul_forward(dc->branch, dc->fc_act, p->mlp_proj_w, p->mlp_proj_b, n, d->Fs, C);
+    } else {
+        be->zero(dc->branch, (size_t)n * C * sizeof(float));
+    }
+    be->moe_combine_forward(dc->branch, dc->x_out, dc->r_w, dc->r_slot, R, C, K);
+}
+
 static void layer(Decoder *dc, int l, int n)
 {
     const Model *m = dc->m;
     const Backend *be = m->be;
     const Dims *d = &m->d;
     const LayerParams *p = &m->lp[l];
-    const size_t nC = (size_t)n * (size_t)d->C, nF = (size_t)n * (size_t)d->F;
+    const size_t nC = (size_t)n * (size_t)d->C;
 
     norm(dc, dc->ln, dc->x, p->ln1_w, p->ln1_b, n);
     be->matmul_forward(dc->qkv, dc->ln, p->qkv_w, p->qkv_b, n, d->C, d->QKV);
@@ -111,14 +218,12 @@ static void layer(Decoder *dc, int l, int n)
     be->add(dc->x, dc->x, dc->branch, nC);
 
     norm(dc, dc->ln, dc->x, p->ln2_w, p->ln2_b, n);
-    be->matmul_forward(dc->fc, dc->ln, p->fc_w, p->fc_b, n, d->C, d->F);
-    if (d->gpt2) {
-        be->gelu_forward(dc->fc_act, dc->fc, nF);
+    if (p->router_w) {
+        moe_branch(dc, p, n);
     } else {
-        be->matmul_forward(dc->up, dc->ln, p->up_w, NULL, n, d->C, d->F);
-        be->swiglu_forward(dc->fc_act, dc->fc, dc->up, nF);
+        mlp_in(dc, dc->fc, dc->up, dc->fc_act, dc->ln, p->fc_w, p->fc_b, p->up_w, n, d->F);
+        be->matmul_forward(dc->branch, dc->fc_act, p->mlp_proj_w, p->mlp_proj_b, n, d->F, d->C);
     }
-    be->matmul_forward(dc->branch, dc->fc_act, p->mlp_proj_w, p->mlp_proj_b, n, d->F, d->C);
     be->add(dc->x, dc->x, dc->branch, nC);
 }
 

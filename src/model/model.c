@@ -214,6 +214,8 @@ static Dims make_dims(const Model *m, int B)
         d.Fe = config_moe_ffn(mc);
         d.Fs = mc->moe_shared_experts * d.Fe;
         d.R = d.N * d.K;
+        d.El = d.E / m->ep;
+        d.Re = m->ep == 1 ? d.R : m->ep * d.N * (d.K < d.El ? d.K : d.El);
     }
 
     const ParamTable *wt = m->lora ? &m->base_table : &m->table;
@@ -248,16 +250,17 @@ static void layer_act_sizes(const Dims *d, int moe, size_t n[A_COUNT])
     n[A_UP] = d->gpt2 ? 0 : N * F;
     n[A_FC_ACT] = N * F;
     const size_t E = moe ? (size_t)d->E : 0, R = moe ? (size_t)d->R : 0, Fe = (size_t)d->Fe;
+    const size_t Re = moe ? (size_t)d->Re : 0;
     n[A_R_LOGITS] = N * E;
     n[A_R_PROBS] = N * E;
     n[A_R_LSE] = moe ? N : 0;
     n[A_R_W] = R;
     n[A_R_IDX] = R;
     n[A_R_SLOT] = R;
-    n[A_X_IN] = R * C;
-    n[A_X_FC] = R * Fe;
-    n[A_X_UP] = d->gpt2 ? 0 : R * Fe;
-    n[A_X_ACT] = R * Fe;
+    n[A_X_IN] = Re * C;
+    n[A_X_FC] = Re * Fe;
+    n[A_X_UP] = d->gpt2 ? 0 : Re * Fe;
+    n[A_X_ACT] = Re * Fe;
     n[A_X_OUT] = R * C;
 }
 
@@ -398,6 +401,8 @@ static void carve_scratch(Model *m, Carver *c)
     m->s.kv_keep = take(c, blocks && m->tp.kv_share > 1 ? kv_rows * (size_t)(d->C + 1) : 0);
     m->s.x_dy = take(c, moe ? (size_t)d->R * (size_t)d->C : 0);
     m->s.x_dx = take(c, moe ? (size_t)d->R * (size_t)d->C : 0);
+    m->s.xr_dy = take(c, moe && m->ep > 1 ? (size_t)d->Re * (size_t)d->C : 0);
+    m->s.xr_dx = take(c, moe && m->ep > 1 ? (size_t)d->Re * (size_t)d->C : 0);
     m->s.r_dw = take(c, moe ? (size_t)d->R : 0);
     m->s.r_dlogits = take(c, moe ? N * (size_t)d->E : 0);
     m->s.r_auxdp = take(c, moe ? (size_t)d->E : 0);
@@ -634,6 +639,17 @@ static void lora_widen(Model *m, int group)
     m->wide = group;
 }
 
+/* topology.ep of cfg for a MoE model (1 for a dense one), checked like cp. */
+static int config_ep(const Config *cfg)
+{
+    const int ep = cfg->model.moe_experts > 0 && cfg->topology.ep > 1 ? cfg->topology.ep : 1;
+    if (cfg->model.moe_experts % ep)
+        trd_fatal(TRD_EXIT_INPUT, "use a topology.ep that divides model.moe.experts",
+                  "model: topology.ep %d does not divide model.moe.experts %d", ep,
+                  cfg->model.moe_experts);
+    return ep;
+}
+
 static Model *create(const Config *cfg, const Backend *be, const ParamShard *sh, int B, int cp)
 {
     check_config(&cfg->model, B);
@@ -641,6 +657,7 @@ static Model *create(const Config *cfg, const Backend *be, const ParamShard *sh,
     m->be = be;
     m->cp = cp;
     m->mc = cfg->model;
+    m->ep = config_ep(cfg);
     m->sh = *sh;
     m->recompute = cfg->training.recompute;
     TRD_ASSERT(sh->n_chunks == 1); /* a model is one chunk: see params_chunk_shard */
@@ -728,6 +745,12 @@ void model_set_context_parallel(Model *m, Comm *cp)
     TRD_ASSERT(cp->size == m->cp);
     if (m->cp > 1)
         cp_attention_init(&m->cpa, m->be, cp, m->d.B / 2, m->d.T, m->d.H, m->d.KVH, m->d.hs);
+}
+
+void model_set_expert_parallel(Model *m, Comm *ep)
+{
+    TRD_ASSERT(ep->size == m->ep);
+    m->epc = m->ep > 1 ? ep : NULL;
 }
 
 double model_take_cp_seconds(Model *m)
@@ -1466,6 +1489,7 @@ MemoryReport model_plan_memory(const Config *cfg, const ParamShard *sh, int B, i
     m.nl = sh->chunk[0].end - sh->chunk[0].begin;
     const int sp = cfg->topology.sequence_parallel;
     m.cp = config_cp(cfg);
+    m.ep = config_ep(cfg);
     check_tp(&m.mc, sh, sp, m.cp, B);
     const int kv_share = m.mc.kv_heads % sh->tp ? sh->tp / m.mc.kv_heads : 1;
     m.tp = tp_group_layout(NULL, sh->tp, sh->tp_rank, sp, kv_share); /* sizes only */

@@ -167,6 +167,14 @@ void model_set_tensor_parallel(Model *m, Comm *tp);
 /* The context-parallel group (its size topology.cp of the config the model
  * was created with); it must outlive the model, like tp. */
 void model_set_context_parallel(Model *m, Comm *cp);
+/* The expert-parallel group (topology.ep of the config the model was
+ * created with ranks; the trainer's TopologyComms.ep): each MoE layer runs
+ * experts [rank * E / ep, (rank + 1) * E / ep) on the token rows every
+ * member routed to them (all-to-all, src/model/moe.c).  Every member must
+ * run the same forwards and backwards in the same order.  It must outlive
+ * the model, like tp.  Without the call a model created with ep > 1 is a
+ * configuration error at its first MoE forward. */
+void model_set_expert_parallel(Model *m, Comm *ep);
 /* Seconds its context-parallel exchange took since the last call. */
 double model_take_cp_seconds(Model *m);
 

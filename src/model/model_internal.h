@@ -22,6 +22,8 @@ typedef struct {
     int E, K;        /* MoE: experts and top_k (0 for a dense model) */
     int Fe, Fs;      /* MoE: an expert's hidden size; the shared experts' (0: none) */
     int R;           /* MoE: most rows dispatched, N * K */
+    int El, Re;      /* MoE: experts held (E / ep) and most rows they receive
+                        (R when ep is 1; else ep x N x min(K, El)) */
     int F;           /* local MLP hidden size */
     int Vp;          /* local (padded) vocabulary rows */
     int V;           /* of which real: columns the loss counts */
@@ -104,7 +106,8 @@ enum {
     A_FC,
     A_UP,
     A_FC_ACT,
-    /* MoE layers only (0 elsewhere); R = N * top_k rows at most */
+    /* MoE layers only (0 elsewhere); R = N * top_k rows at most, Re rows
+     * for what this rank's experts receive (A_X_IN .. A_X_ACT) */
     A_R_LOGITS,
     A_R_PROBS,
     A_R_LSE,
@@ -126,7 +129,11 @@ typedef struct {
     int dropped;                  /* assignments over the capacity (0 when dropless) */
     int off[MOE_MAX_EXPERTS + 1]; /* expert e's rows are [off[e], off[e+1]) */
     int count[MOE_MAX_EXPERTS];   /* assignments the router made to e (before capacity) */
-    double aux, z;                /* load-balancing and z-loss, before their coefficients */
+    /* What this rank's El experts receive (expert parallelism; with ep 1
+     * the same as off): block i = p * El + j, the rows expert-parallel rank
+     * p sent to local expert j, is rows [roff[i], roff[i+1]) of x_in. */
+    int roff[MOE_MAX_EXPERTS + 1];
+    double aux, z; /* load-balancing and z-loss, before their coefficients */
 } MoeRoute;
 typedef struct {
     float *ln1, *ln1_mean, *ln1_rstd; /* [N,C] whole, [Ns], [Ns] (mean: LayerNorm only) */
@@ -145,9 +152,10 @@ typedef struct {
     float *r_w;                /* [N, k] the chosen experts' renormalised weights */
     int32_t *r_idx;            /* [N, k] the chosen experts (floats' storage, same size) */
     int32_t *r_slot;           /* [R] dispatched row r is assignment slot n*k + j */
-    float *x_in, *x_out;       /* [R, C] expert inputs (token rows by expert), outputs */
-    float *x_fc, *x_up;        /* [R, Fe] fc/gate and up outputs */
-    float *x_act;              /* [R, Fe] the expert projection's input */
+    float *x_in;               /* [Re, C] this rank's experts' inputs (route->roff) */
+    float *x_out;              /* [R, C] outputs for this rank's token rows, by expert */
+    float *x_fc, *x_up;        /* [Re, Fe] fc/gate and up outputs */
+    float *x_act;              /* [Re, Fe] the expert projection's input */
     MoeRoute *route;           /* host: this set's plan for the layer */
 } LayerActs;
 
@@ -181,10 +189,13 @@ typedef struct {
     /* head only, first (aligned for its doubles): a BackendStepState */
     float *step;
     /* MoE layers: */
-    float *x_dy, *x_dx; /* [R, C] gradients at the experts' outputs and inputs */
-    float *r_dw;        /* [N, k] gradient at the routing weights */
-    float *r_dlogits;   /* [N, E] */
-    float *r_auxdp;     /* [E] the load-balancing loss's d / d probs[n, e] */
+    float *x_dy, *x_dx;   /* [R, C] gradients at the experts' outputs and inputs (forward
+                           with ep > 1: x_dy holds the rows it sends) */
+    float *xr_dy, *xr_dx; /* [Re, C] ep > 1: the same for the rows this rank's experts
+                             received (forward: xr_dy holds their outputs) */
+    float *r_dw;          /* [N, k] gradient at the routing weights */
+    float *r_dlogits;     /* [N, E] */
+    float *r_auxdp;       /* [E] the load-balancing loss's d / d probs[n, e] */
 } Scratch;
 
 /* Token ids an activation set keeps per row: its token, its target and its
@@ -218,6 +229,8 @@ struct Model {
     ParamTable table;
     TpGroup tp;
     int cp;          /* ranks sharing each sequence (1: none) */
+    int ep;          /* expert parallel: ranks splitting the experts (1: none) */
+    Comm *epc;       /* their group (model_set_expert_parallel), NULL for ep 1 */
     CpAttention cpa; /* cp > 1: attention across them (model_set_context_parallel) */
     Dims d;
     int nl; /* local layers: sh.chunk[0].end - sh.chunk[0].begin */

@@ -19,12 +19,28 @@
  *         P_e = mean over the N rows of probs[n, e]; 1 when balanced)
  *   z   = mean over rows of lse(logits)^2 (ST-MoE)
  * They enter the gradient here, through the router, scaled like the
- * cross-entropy by the loss scale of the micro-batch. */
+ * cross-entropy by the loss scale of the micro-batch.
+ *
+ * Expert parallelism (topology.ep > 1, docs/moe.md): rank q of the ep
+ * group runs experts [q * El, (q + 1) * El), El = E / ep.  The plan, the
+ * router and its losses stay local (every rank plans its own micro-batch,
+ * capacity included, as without ep); x_in's rows, already in expert order,
+ * are cut by destination: after an all-to-all of the per-expert counts, an
+ * all-to-all of the rows sends each to its expert's rank, which runs its
+ * experts on what every member sent (block by block: source p, expert j)
+ * and sends the outputs back the same way.  Backward: the gradients at the
+ * outputs go to the experts' ranks, the gradients at the inputs come back.
+ * An expert's weight gradient on its rank is then the sum over the tokens
+ * of the whole ep group; the weights stay replicated over dp and the
+ * other ranks' gradient of that expert is 0, so the data-parallel
+ * all-reduce (or ZeRO's reduce-scatter) gives every rank the sum over all
+ * tokens, as without ep. */
 #include "model/model_internal.h"
 
 #include <math.h>
 #include <string.h>
 
+#include "comm/comm.h"
 #include "core/error.h"
 
 static void zero(const Model *m, float *x, size_t n) { m->be->zero(x, n * sizeof *x); }
@@ -59,6 +75,7 @@ static void moe_plan(Model *m, LayerActs *a)
         rt->off[e + 1] = rt->off[e] + (rt->count[e] < cap ? rt->count[e] : cap);
     rt->R = rt->off[E];
     rt->dropped = N * K - rt->R;
+    memcpy(rt->roff, rt->off, sizeof rt->roff); /* ep 1: this rank's rows are its experts' */
     /* Slots in expert order; within an expert in token order, so the first
      * tokens of the micro-batch are kept when an expert overflows. */
     int fill[MOE_MAX_EXPERTS];
@@ -84,6 +101,50 @@ static void moe_plan(Model *m, LayerActs *a)
     rt->aux = aux * E;
     rt->z = z / N;
 }
+
+/* ---- expert parallelism: the exchanges ---------------------------------- */
+
+/* The counts first: rank q gets, for each of its El experts, how many rows
+ * this rank keeps for it (kept counts in expert order are already cut by
+ * destination); rt->roff becomes the blocks this rank's experts receive. */
+static void moe_exchange_counts(Model *m, MoeRoute *rt)
+{
+    const int E = m->d.E;
+    int send[MOE_MAX_EXPERTS] = {0}, recv[MOE_MAX_EXPERTS] = {0};
+    for (int e = 0; e < E; e++)
+        send[e] = rt->off[e + 1] - rt->off[e];
+    comm_alltoall_i32(m->epc, send, recv, (size_t)m->d.El);
+    rt->roff[0] = 0;
+    for (int i = 0; i < E; i++)
+        rt->roff[i + 1] = rt->roff[i] + recv[i];
+}
+
+/* Rows of C floats.  back 0: this rank's [R, C], in expert order, to the
+ * experts' ranks; recv [roff[E], C] gets what the group sent this rank's
+ * experts, block by block.  back 1: the reverse, send [roff[E], C] (the
+ * results of those rows) back to the ranks that sent them, into recv [R, C]. */
+static void moe_exchange(const Model *m, const MoeRoute *rt, const float *send, float *recv,
+                         int back)
+{
+    const int El = m->d.El, ep = m->ep;
+    const size_t C = (size_t)m->d.C;
+    size_t mine[MOE_MAX_EXPERTS], mine_at[MOE_MAX_EXPERTS];     /* this rank's rows, per rank */
+    size_t theirs[MOE_MAX_EXPERTS], theirs_at[MOE_MAX_EXPERTS]; /* received rows, per rank */
+    for (int q = 0; q < ep; q++) {
+        mine_at[q] = (size_t)rt->off[q * El] * C;
+        mine[q] = (size_t)rt->off[(q + 1) * El] * C - mine_at[q];
+        theirs_at[q] = (size_t)rt->roff[q * El] * C;
+        theirs[q] = (size_t)rt->roff[(q + 1) * El] * C - theirs_at[q];
+    }
+    if (back)
+        comm_alltoallv_f32(m->epc, send, theirs, theirs_at, recv, mine, mine_at);
+    else
+        comm_alltoallv_f32(m->epc, send, mine, mine_at, recv, theirs, theirs_at);
+}
+
+/* Block i of what this rank's experts received (route->roff) is for expert
+ * first_expert + i % El (with ep 1, block e is expert e's rows). */
+static int first_expert(const Model *m) { return m->ep > 1 ? m->epc->rank * m->d.El : 0; }
 
 static void moe_count(Model *m, const MoeRoute *rt)
 {
@@ -140,14 +201,23 @@ void moe_forward(Model *m, const LayerParams *p, LayerActs *a, float *out)
 {
     const Backend *be = m->be;
     const Dims *d = &m->d;
-    const int N = d->N, C = d->C, E = d->E, K = d->K, Fe = d->Fe;
-    be->matmul_forward(a->r_logits, a->ln2, p->router_w, NULL, N, C, E);
-    be->moe_router_forward(a->r_probs, a->r_lse, a->r_idx, a->r_w, a->r_logits, N, E, K);
+    const int N = d->N, C = d->C, K = d->K, Fe = d->Fe, El = d->El, ep = m->ep;
+    TRD_ASSERT(ep == 1 || m->epc); /* model_set_expert_parallel */
+    be->matmul_forward(a->r_logits, a->ln2, p->router_w, NULL, N, C, d->E);
+    be->moe_router_forward(a->r_probs, a->r_lse, a->r_idx, a->r_w, a->r_logits, N, d->E, K);
     moe_plan(m, a);
-    const MoeRoute *rt = a->route;
-    be->moe_gather(a->x_in, a->ln2, a->r_slot, rt->R, C, K);
-    for (int e = 0; e < E; e++) {
-        const int o = rt->off[e], n = rt->off[e + 1] - o;
+    MoeRoute *rt = a->route;
+    /* ep > 1: this rank's rows go out from scratch and the experts' outputs
+     * return from scratch; x_in holds what this rank's experts received. */
+    float *rows = ep > 1 ? m->s.x_dy : a->x_in, *y = ep > 1 ? m->s.xr_dy : a->x_out;
+    be->moe_gather(rows, a->ln2, a->r_slot, rt->R, C, K);
+    if (ep > 1) {
+        moe_exchange_counts(m, rt);
+        TRD_ASSERT(rt->roff[d->E] <= d->Re); /* each source sends a token to one expert once */
+        moe_exchange(m, rt, rows, a->x_in, 0);
+    }
+    for (int i = 0; i < ep * El; i++) {
+        const int o = rt->roff[i], n = rt->roff[i + 1] - o, e = first_expert(m) + i % El;
         if (n == 0)
             continue;
         const size_t eF = (size_t)e * Fe * C; /* expert e's first weight of fc/up and proj */
@@ -155,9 +225,11 @@ void moe_forward(Model *m, const LayerParams *p, LayerActs *a, float *out)
                        a->x_act + (size_t)o * Fe, a->x_in + (size_t)o * C, p->x_fc_w + eF,
                        p->x_fc_b ? p->x_fc_b + (size_t)e * Fe : NULL,
                        p->x_up_w ? p->x_up_w + eF : NULL, n, Fe);
-        be->matmul_forward(a->x_out + (size_t)o * C, a->x_act + (size_t)o * Fe, p->x_proj_w + eF,
+        be->matmul_forward(y + (size_t)o * C, a->x_act + (size_t)o * Fe, p->x_proj_w + eF,
                            p->x_proj_b ? p->x_proj_b + (size_t)e * C : NULL, n, Fe, C);
     }
+    if (ep > 1)
+        moe_exchange(m, rt, y, a->x_out, 1);
     if (d->Fs > 0)
         mlp_in_forward(m, a->fc, a->up, a->fc_act, a->ln2, p->fc_w, p->fc_b, p->up_w, N, d->Fs);
     if (!out)
@@ -176,7 +248,7 @@ void moe_backward(Model *m, const LayerParams *p, const LayerParams *g, const La
     const Backend *be = m->be;
     const Dims *d = &m->d;
     const Scratch *s = &m->s;
-    const int N = d->N, C = d->C, E = d->E, K = d->K, Fe = d->Fe;
+    const int N = d->N, C = d->C, E = d->E, K = d->K, Fe = d->Fe, El = d->El, ep = m->ep;
     const MoeRoute *rt = a->route;
     zero(m, s->dln, (size_t)N * C);
 
@@ -194,24 +266,34 @@ void moe_backward(Model *m, const LayerParams *p, const LayerParams *g, const La
     zero(m, s->r_dw, (size_t)N * K);
     be->moe_combine_backward(s->x_dy, s->r_dw, dout, a->x_out, a->r_w, a->r_slot, rt->R, C, K);
 
-    /* Experts, each on its rows; then the rows back to their tokens. */
-    zero(m, s->x_dx, (size_t)rt->R * C);
-    for (int e = 0; e < E; e++) {
-        const int o = rt->off[e], n = rt->off[e + 1] - o;
+    /* Experts, each on its rows (ep > 1: the gradients go to the experts'
+     * ranks and the input gradients come back); then the rows back to
+     * their tokens. */
+    float *dy = s->x_dy, *dx = s->x_dx;
+    if (ep > 1) {
+        dy = s->xr_dy;
+        dx = s->xr_dx;
+        moe_exchange(m, rt, s->x_dy, dy, 0);
+    }
+    zero(m, dx, (size_t)rt->roff[ep * El] * C);
+    for (int i = 0; i < ep * El; i++) {
+        const int o = rt->roff[i], n = rt->roff[i + 1] - o, e = first_expert(m) + i % El;
         if (n == 0)
             continue;
         const size_t eF = (size_t)e * Fe * C;
         float *dact = s->dfc_act; /* [n, Fe] */
         zero(m, dact, (size_t)n * Fe);
-        be->matmul_backward(
-            dact, g->x_proj_w + eF, g->x_proj_b ? g->x_proj_b + (size_t)e * C : NULL,
-            s->x_dy + (size_t)o * C, a->x_act + (size_t)o * Fe, p->x_proj_w + eF, n, Fe, C);
-        mlp_in_backward(m, s->x_dx + (size_t)o * C, g->x_fc_w + eF,
+        be->matmul_backward(dact, g->x_proj_w + eF,
+                            g->x_proj_b ? g->x_proj_b + (size_t)e * C : NULL, dy + (size_t)o * C,
+                            a->x_act + (size_t)o * Fe, p->x_proj_w + eF, n, Fe, C);
+        mlp_in_backward(m, dx + (size_t)o * C, g->x_fc_w + eF,
                         g->x_fc_b ? g->x_fc_b + (size_t)e * Fe : NULL,
                         g->x_up_w ? g->x_up_w + eF : NULL, dact, a->x_fc + (size_t)o * Fe,
                         a->x_up ? a->x_up + (size_t)o * Fe : NULL, a->x_in + (size_t)o * C,
                         p->x_fc_w + eF, p->x_up_w ? p->x_up_w + eF : NULL, n, Fe);
     }
+    if (ep > 1)
+        moe_exchange(m, rt, dx, s->x_dx, 1);
     be->moe_scatter_add(s->dln, s->x_dx, a->r_slot, rt->R, C, K);
 
     /* Router: the combine's weights, the load-balancing loss (d aux / d

@@ -73,6 +73,9 @@ typedef struct {
     Comm mp;         /* model parallel: the tp x pp ranks with this rank's dp
                      coordinate (one model replica), for the gradient norm;
                      rank = pp * tp_size + tp */
+    Comm ep;         /* expert parallel: topology.ep consecutive ranks of the dp
+                     group (dp rank / ep equal), which split the experts of
+                     each MoE layer; rank = dp rank % ep (size 1: none) */
     Comm embed;      /* first and last pipeline stage with this rank's (tp, dp),
                      to all-reduce tied embedding gradients; rank 0 = first
                      stage.  Only when pp > 1 and this rank is on the first or

@@ -115,7 +115,7 @@ static int detect_ranks_per_node(Comm *world, int *from_slurm)
     return rpn;
 }
 
-static void create_comms(const Topology *t, TopologyComms *c, Comm world)
+static void create_comms(const Topology *t, TopologyComms *c, Comm world, int ep)
 {
     const int *x = t->coord;
     c->world = world;
@@ -124,6 +124,12 @@ static void create_comms(const Topology *t, TopologyComms *c, Comm world)
     c->pp = comm_split(&world, t->group[TOPO_PP].first, x[TOPO_PP]);
     c->cp = comm_split(&world, t->cp_group.first, t->cp_rank);
     c->mp = comm_split(&world, x[TOPO_DP], x[TOPO_PP] * t->size[TOPO_TP] + x[TOPO_TP]);
+    /* Expert parallel (Megatron-LM's layout): ep consecutive dp ranks; the
+     * world rank of the group's first member names it. */
+    TRD_ASSERT(ep >= 1 && t->size[TOPO_DP] % ep == 0);
+    const int ep_first = x[TOPO_DP] / ep * ep;
+    c->ep =
+        comm_split(&world, topology_rank_of(t, x[TOPO_TP], ep_first, x[TOPO_PP]), x[TOPO_DP] % ep);
     /* Tied embeddings live on the first stage (input) and the last (output
      * head); their gradients are summed between exactly those two ranks. */
     int pp = t->size[TOPO_PP], end = x[TOPO_PP] == 0 || x[TOPO_PP] == pp - 1;
@@ -134,12 +140,14 @@ static void create_comms(const Topology *t, TopologyComms *c, Comm world)
     comm_set_name(&c->cp, "cp");
     comm_set_name(&c->pp, "pp");
     comm_set_name(&c->mp, "mp");
+    comm_set_name(&c->ep, "ep");
     comm_set_name(&c->embed, "embed");
 
     TRD_ASSERT(c->tp.rank == x[TOPO_TP] && c->tp.size == t->size[TOPO_TP]);
     TRD_ASSERT(c->dp.rank == x[TOPO_DP] && c->dp.size == t->size[TOPO_DP]);
     TRD_ASSERT(c->pp.rank == x[TOPO_PP] && c->pp.size == pp);
     TRD_ASSERT(c->mp.size == t->size[TOPO_TP] * pp);
+    TRD_ASSERT(c->ep.size == ep && c->ep.rank == x[TOPO_DP] % ep);
 }
 
 /* This rank's node name: Slurm's name for the node when Slurm placed the
@@ -183,7 +191,7 @@ void topology_init(Topology *t, TopologyComms *c, const TopologyConfig *tc, Comm
                                         "and world from MPI"
                                       : "nodes from MPI's shared-memory split";
     record_live(&world, rpn, from_slurm, source);
-    create_comms(t, c, world);
+    create_comms(t, c, world, tc->ep);
 }
 
 void topology_comms_free(TopologyComms *c)
@@ -194,6 +202,7 @@ void topology_comms_free(TopologyComms *c)
     comm_free(&c->cp);
     comm_free(&c->pp);
     comm_free(&c->mp);
+    comm_free(&c->ep);
     comm_free(&c->embed);
     comm_free(&c->world); /* the world stays; its NCCL communicator (if any) goes */
 }

@@ -506,6 +506,7 @@ Trainer *trainer_create(const Config *cfg, Comm world, TrainerMode mode)
         tr->models[c] = model_create_unbound(cfg, tr->be, &chunk, cfg->training.micro_batch);
         model_set_tensor_parallel(tr->models[c], &tr->comms.tp);
         model_set_context_parallel(tr->models[c], &tr->comms.cp);
+        model_set_expert_parallel(tr->models[c], &tr->comms.ep);
     }
     /* A tied embedding split over the first and last stage: its gradient
      * is summed over the embedding group before its DP bucket goes out. */

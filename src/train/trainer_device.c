@@ -116,6 +116,8 @@ void trainer_use_device(Trainer *tr)
     const int n_groups = (int)(sizeof groups / sizeof *groups);
     for (int i = 0; i < n_groups; i++)
         comm_use_memory(groups[i], tr->be);
+    /* The expert-parallel all-to-all stays on MPI (host staging), NCCL or not. */
+    comm_use_memory(&tr->comms.ep, tr->be);
     tr->nccl = want_nccl(tr->cfg->topology.comm, shared);
 #ifndef TRD_HAVE_NCCL
     if (tr->nccl)

@@ -330,6 +330,7 @@ static const Backend cuda_backend = {
     .sumsq_ranges = cuda_sumsq_ranges,
     .grad_check = cuda_grad_check,
     .scale = cuda_scale,
+    .widen_bf16 = cuda_widen_bf16,
     .adamw = cuda_adamw,
     .adamw_ranges = cuda_adamw_ranges,
 };

@@ -118,6 +118,7 @@ void cuda_grad_check(BackendStepState *st, const float *g, const BackendRange *r
 void cuda_loss_add(BackendStepState *st, const float *losses, const int32_t *targets, int N,
                    float share);
 void cuda_scale(float *x, float s, size_t n);
+void cuda_widen_bf16(float *dst, const uint16_t *src, size_t n);
 
 /* profile.cu: a step's end for TRIDENT_PROFILE (nothing when it is off) */
 void cuda_profile_step(int step, double wall_ms);

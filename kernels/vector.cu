@@ -1,6 +1,7 @@
-/* vector.cu — the elementwise helpers (add_bias, add, accumulate, scale),
- * the sum of squares behind the gradient norm, and the step's scalars kept
- * on the device (loss_add, grad_check: backend.h's BackendStepState). */
+/* vector.cu — the elementwise helpers (add_bias, add, accumulate, scale,
+ * widen_bf16), the sum of squares behind the gradient norm, and the step's
+ * scalars kept on the device (loss_add, grad_check: backend.h's
+ * BackendStepState). */
 #include "ops.cuh"
 
 /* y[r, c] += bias[c], one thread per element of y */
@@ -26,6 +27,12 @@ __global__ void scale_kernel(float *x, float s, size_t n)
 {
     GRID_STRIDE(i, n)
     x[i] *= s;
+}
+
+__global__ void widen_bf16_kernel(float *dst, const uint16_t *src, size_t n)
+{
+    GRID_STRIDE(i, n)
+    dst[i] = __uint_as_float((uint32_t)src[i] << 16);
 }
 
 void cuda_add_bias(float *y, const float *bias, int rows, int C)
@@ -58,6 +65,14 @@ void cuda_scale(float *x, float s, size_t n)
     if (!n)
         return;
     scale_kernel<<<cuda_blocks(n), CUDA_THREADS, 0, cuda_stream()>>>(x, s, n);
+    CUDA_CHECK_LAUNCH();
+}
+
+void cuda_widen_bf16(float *dst, const uint16_t *src, size_t n)
+{
+    if (!n)
+        return;
+    widen_bf16_kernel<<<cuda_blocks(n), CUDA_THREADS, 0, cuda_stream()>>>(dst, src, n);
     CUDA_CHECK_LAUNCH();
 }
 

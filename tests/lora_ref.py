@@ -1,13 +1,19 @@
 #!/usr/bin/python3
 """LoRA's gradients and AdamW steps against an independent numpy reference.
 
-  lora_ref.py BASE_HF_DIR PEFT_STEP1 PEFT_STEP2 METRICS_JSONL TOKENS LR
+  lora_ref.py BASE_HF_DIR PEFT_STEP1 PEFT_STEP2 METRICS_JSONL TOKENS LR [DROPOUT SEED]
 
-The reference is Hugging Face's LlamaForCausalLM in numpy float64
-(tests/hf_export_check.hf_forward over the base model's HF export) with
-each adapted weight W + (alpha/r) B A, the adapters taken from the PEFT
-exports of the run's step 1 and 2 checkpoints (q_proj, k_proj and v_proj
-share one A: trident's fused qkv adapter).  Its gradients are central
+The reference is Hugging Face's LlamaForCausalLM in numpy float64 (the
+base model's HF export) with PEFT's LoRA layers: each adapted linear
+layer gives x W^T + (alpha/r) B A dropout(x), the adapters taken from the
+PEFT exports of the run's step 1 and 2 checkpoints (q_proj, k_proj and
+v_proj share one A and one dropout mask: trident's fused qkv adapter).
+With DROPOUT p > 0 the masks are drawn here as trident documents them
+(docs/finetune.md, src/model/model.c lora_dropout): Philox-4x32-10,
+written here from the paper and checked against Random123's known answer,
+keyed by (SEED, layer, target), counter (row, column / 4), word column % 4,
+dropped below p 2^32, kept elements scaled by 1 / (1 - p); the row of
+token t of step s (global batch 1) is (s - 1) x seq_len + t.  Its gradients are central
 finite differences of the loss (so nothing of trident's backward is
 reused); the run trained one sequence (TOKENS: its seq_len + 1 ids) for
 two AdamW steps with a constant LR, no weight decay and no clipping.
@@ -27,7 +33,7 @@ import sys
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from hf_export_check import hf_forward, load_hf  # noqa: E402
+from hf_export_check import attend, load_hf, rmsnorm, silu  # noqa: E402
 from peft_check import read  # noqa: E402  (its own safetensors parser)
 
 B1, B2, EPS = 0.9, 0.95, 1e-8   # the run's beta1, beta2, eps (trident's defaults)
@@ -59,22 +65,116 @@ def adapters(peft_dir):
     return conf["lora_alpha"] / conf["r"], var
 
 
-def loss_fn(cfg, base, s, var, ids):
-    t = dict(base)
-    for (kind, mod), x in var.items():
-        if kind != "B":
-            continue
-        a = var.get(("A", mod))
-        if a is None:   # k_proj, v_proj: q_proj's A
-            a = var[("A", mod.rsplit(".", 1)[0] + ".q_proj")]
-        t[mod + ".weight"] = base[mod + ".weight"] + s * x @ a
-    logits = hf_forward(cfg, t, ids[:-1])
+M32 = 0xFFFFFFFF
+M64 = (1 << 64) - 1
+
+
+def philox(c_lo, c_hi, key):
+    """Philox-4x32-10 (Salmon et al., SC'11) of the 128-bit counter
+    (c_lo, c_hi) and 64-bit key: four 32-bit words."""
+    c = [c_lo & M32, c_lo >> 32, c_hi & M32, c_hi >> 32]
+    k0, k1 = key & M32, key >> 32
+    for _ in range(10):
+        p0, p1 = 0xD2511F53 * c[0], 0xCD9E8D57 * c[2]
+        c = [(p1 >> 32) ^ c[1] ^ k0, p1 & M32, (p0 >> 32) ^ c[3] ^ k1, p0 & M32]
+        k0, k1 = (k0 + 0x9E3779B9) & M32, (k1 + 0xBB67AE85) & M32
+    return c
+
+
+# Random123's known answer for philox4x32_10, counter 0 and key 0.
+assert philox(0, 0, 0) == [0x6627E8D5, 0xE169C58D, 0xBC57AC4C, 0x9B00DBD8]
+
+
+def mix(a, b):   # splitmix64's finaliser over a and b (core/rng.c rng_mix)
+    z = a ^ ((b + 0x9E3779B97F4A7C15 + (a << 6) + (a >> 2)) & M64)
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & M64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & M64
+    return z ^ (z >> 31)
+
+
+def fnv1a(s):
+    h = 0xCBF29CE484222325
+    for ch in s.encode():
+        h = ((h ^ ch) * 0x100000001B3) & M64
+    return h
+
+
+TARGET = {"q_proj": 0, "k_proj": 0, "v_proj": 0, "o_proj": 1, "gate_proj": 2, "up_proj": 3,
+          "down_proj": 4}
+
+
+def masks(p, seed, step, T, layers, widths):
+    """{(layer, target): [T, in] factors keep / (1 - p)} of step (1-based)."""
+    if p == 0:
+        return None
+    p32 = float(np.float32(p))
+    key0 = mix(seed, fnv1a("model.lora.dropout"))
+    out = {}
+    for layer in range(layers):
+        for k, n_in in widths.items():
+            key = mix(key0, layer * 5 + k)
+            f = np.zeros((T, n_in))
+            for t in range(T):
+                row = (step - 1) * T + t
+                for c in range(n_in):
+                    w = philox(row, c // 4, key)[c % 4]
+                    f[t, c] = 0.0 if w < p32 * 4294967296.0 else 1.0 / (1.0 - p32)
+            out[(layer, k)] = f
+    return out
+
+
+def forward(cfg, base, s, var, ids, drop):
+    """HF's LlamaForCausalLM (float64) with PEFT LoRA linear layers."""
+    C, H, K = cfg["hidden_size"], cfg["num_attention_heads"], cfg["num_key_value_heads"]
+    eps, hs, T = cfg["rms_norm_eps"], C // H, len(ids)
+    inv = 1.0 / cfg["rope_theta"] ** (np.arange(0, hs, 2) / hs)
+    ang = np.outer(np.arange(T), inv)
+    cos, sin = np.cos(np.concatenate([ang, ang], -1)), np.sin(np.concatenate([ang, ang], -1))
+
+    def rope(x):   # x [heads, T, hs]; HF's rotate_half
+        rot = np.concatenate([-x[..., hs // 2:], x[..., :hs // 2]], -1)
+        return x * cos + rot * sin
+
+    def lin(x, layer, name):
+        mod = f"model.layers.{layer}.{name}"
+        y = x @ base[mod + ".weight"].T
+        b = var.get(("B", mod))
+        if b is not None:
+            a = var.get(("A", mod))
+            if a is None:   # k_proj, v_proj: q_proj's A
+                a = var[("A", mod.rsplit(".", 1)[0] + ".q_proj")]
+            xd = x if drop is None else x * drop[(layer, TARGET[name.split(".")[1]])]
+            y = y + s * (xd @ a.T) @ b.T
+        return y
+
+    def heads(x, n):
+        return x.reshape(T, n, hs).transpose(1, 0, 2)
+
+    x = base["model.embed_tokens.weight"][ids]
+    for layer in range(cfg["num_hidden_layers"]):
+        p = f"model.layers.{layer}."
+        a = rmsnorm(x, base[p + "input_layernorm.weight"], eps)
+        q = rope(heads(lin(a, layer, "self_attn.q_proj"), H))
+        k = rope(heads(lin(a, layer, "self_attn.k_proj"), K))
+        v = heads(lin(a, layer, "self_attn.v_proj"), K)
+        k, v = np.repeat(k, H // K, axis=0), np.repeat(v, H // K, axis=0)   # repeat_kv
+        x = x + lin(attend(q, k, v), layer, "self_attn.o_proj")
+        m = rmsnorm(x, base[p + "post_attention_layernorm.weight"], eps)
+        g = silu(lin(m, layer, "mlp.gate_proj")) * lin(m, layer, "mlp.up_proj")
+        x = x + lin(g, layer, "mlp.down_proj")
+    x = rmsnorm(x, base["model.norm.weight"], eps)
+    head = base["model.embed_tokens.weight"] if cfg["tie_word_embeddings"] else base["lm_head.weight"]
+    return x @ head.T
+
+
+def loss_fn(cfg, base, s, var, ids, drop):
+    logits = forward(cfg, base, s, var, ids[:-1], drop)
     z = logits - logits.max(-1, keepdims=True)
     lp = z - np.log(np.exp(z).sum(-1, keepdims=True))
     return -lp[np.arange(len(ids) - 1), ids[1:]].mean()
 
 
-def grads(cfg, base, s, var, ids, kinds, h=1e-5):
+def grads(cfg, base, s, var, ids, kinds, drop, h=1e-5):
     g = {}
     for k, x in var.items():
         g[k] = np.zeros_like(x)
@@ -83,9 +183,9 @@ def grads(cfg, base, s, var, ids, kinds, h=1e-5):
         for i in np.ndindex(x.shape):
             old = x[i]
             x[i] = old + h
-            up = loss_fn(cfg, base, s, var, ids)
+            up = loss_fn(cfg, base, s, var, ids, drop)
             x[i] = old - h
-            down = loss_fn(cfg, base, s, var, ids)
+            down = loss_fn(cfg, base, s, var, ids, drop)
             x[i] = old
             g[k][i] = (up - down) / (2 * h)
     return g
@@ -93,6 +193,7 @@ def grads(cfg, base, s, var, ids, kinds, h=1e-5):
 
 def main():
     base_dir, p1, p2, metrics, tokens, lr = sys.argv[1:7]
+    p, seed = (float(sys.argv[7]), int(sys.argv[8])) if len(sys.argv) > 8 else (0.0, 0)
     lr = float(lr)
     ids = [int(t) for t in tokens.split()]
     cfg, base, _, _ = load_hf(base_dir)
@@ -119,9 +220,15 @@ def main():
     v = {k: np.zeros_like(x) for k, x in v0.items()}
     cur = v0
     for step, (after, r) in enumerate(zip((v1, v2), rec[:2]), 1):
-        close(f"step {step} loss", r["loss"], loss_fn(cfg, base, s, cur, ids), 1e-5)
+        drop = masks(p, seed, step, len(ids) - 1, cfg["num_hidden_layers"],
+                     {0: cfg["hidden_size"], 1: cfg["hidden_size"], 2: cfg["hidden_size"],
+                      3: cfg["hidden_size"], 4: cfg["intermediate_size"]})
+        if drop is not None:
+            kept = np.mean([(f > 0).mean() for f in drop.values()])
+            print(f"     step {step}: dropout {p}, {kept:.3f} of the adapters' inputs kept")
+        close(f"step {step} loss", r["loss"], loss_fn(cfg, base, s, cur, ids, drop), 1e-5)
         g = grads(cfg, base, s, {k: x.copy() for k, x in cur.items()}, ids,
-                  ("B",) if step == 1 else ("A", "B"))
+                  ("B",) if step == 1 else ("A", "B"), drop)
         norm = np.sqrt(sum((x ** 2).sum() for x in g.values()))
         close(f"step {step} gradient norm", r["grad_norm"], norm, 2e-5)
         nxt = {}

@@ -35,11 +35,14 @@ def read(path):
     for k, v in head.items():
         if k == "__metadata__":
             continue
-        dt = {"F32": np.float32, "BF16": None}[v["dtype"]]
-        if dt is None:
-            fail(f"{path}: {k}: bf16 not expected")
         a, b = v["data_offsets"]
-        out[k] = np.frombuffer(data[a:b], dtype=dt).reshape(v["shape"]).astype(np.float64)
+        if v["dtype"] == "BF16":   # the upper half of an fp32 (a base exported with --dtype bf16)
+            x = (np.frombuffer(data[a:b], dtype="<u2").astype(np.uint32) << 16).view(np.float32)
+        elif v["dtype"] == "F32":
+            x = np.frombuffer(data[a:b], dtype="<f4")
+        else:
+            fail(f"{path}: {k}: dtype {v['dtype']} not expected")
+        out[k] = x.reshape(v["shape"]).astype(np.float64)
     return out
 
 

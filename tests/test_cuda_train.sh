@@ -194,6 +194,13 @@ run llama_lora 1 "${llama[@]}" "${lora[@]}"
 run llama_lora_cuda 1 "${llama[@]}" "${lora[@]}" "${cuda[@]}"
 compare llama_lora llama_lora_cuda "$TOL"
 peak_is_report llama_lora_cuda
+# The frozen base stored in bf16 (model.lora.base_dtype), one layer at a
+# time widened to fp32 by the device's widen_bf16: the CPU's curve, and the
+# device's peak is the report's (the bf16 base plus its widening scratch).
+run llama_lora16 1 "${llama[@]}" "${lora[@]}" --set model.lora.base_dtype=bf16
+run llama_lora16_cuda 1 "${llama[@]}" "${lora[@]}" --set model.lora.base_dtype=bf16 "${cuda[@]}"
+compare llama_lora16 llama_lora16_cuda "$TOL"
+peak_is_report llama_lora16_cuda
 
 run llama_full 1 "${llama[@]}" --set training.recompute=full
 run llama_full_cuda 1 "${llama[@]}" --set training.recompute=full "${cuda[@]}"

@@ -4,19 +4,29 @@
 #     (tests/lora_ref.py, finite differences of a float64 HF Llama);
 #   - a plain base trained and saved, then adapters on every linear layer
 #     (qkv, proj, fc, up, fcproj) from it: tp 2 (with and without sequence
-#     parallelism), pp 2, dp 2 with ZeRO 1 and 3 train the curve of one rank
-#     (fp32, loss within relative 1e-5 per step, gradient norm 1e-3);
+#     parallelism), pp 2, dp 2 with ZeRO 1 and 3, cp 2 train the curve of
+#     one rank (fp32, loss within relative 1e-5 per step, gradient norm 1e-3);
 #   - the memory record: gradients and optimizer state are the adapters'
 #     (4 and 8 bytes each), the frozen base is reported apart; the 7B LoRA
-#     plan (configs/llama_7b_lora.yaml) fits one 24 GB GPU;
-#   - `ckpt export --format hf` (merged) read by an independent numpy
-#     forward gives the greedy tokens and logits of `trident generate` on the
-#     LoRA checkpoint (tests/generate_check.py); the HF directory generates
-#     the same tokens; `trident eval` gives the merged export's loss;
+#     plan (configs/llama_7b_lora.yaml, base in bf16) fits one 24 GB GPU;
+#   - `ckpt export --format hf` (merged, at the run's step) read by an
+#     independent numpy forward gives the greedy tokens and logits of
+#     `trident generate` on the LoRA checkpoint (tests/generate_check.py);
+#     the HF directory generates the same tokens; `trident eval` gives the
+#     merged export's loss;
 #   - `ckpt export --format peft` read back by tests/peft_check.py (its own
 #     safetensors parser): PEFT names and shapes, merged = base + (a/r) B A;
+#   - the frozen base in bf16 (model.lora.base_dtype): equal to an fp32
+#     base rounded to bf16 beforehand, bit for bit; tp 2 equals one rank;
+#     the frozen base's bytes drop; its eval and merged export use the
+#     base rounded as trained; the 7B plan fits with it;
+#   - adapter dropout (model.lora.dropout): the layouts above run with it
+#     (the same masks on every layout), validation drops nothing (= eval of
+#     the checkpoint), and a second reference run with dropout 0.25 on every
+#     target against lora_ref.py drawing the documented masks itself;
 #   - bad input exits 2: an unknown target (file:line:column), up on gpt2,
-#     dropout, a missing base, --format peft of a plain checkpoint.
+#     dropout out of [0, 1) or on cuda, a missing base, --format peft of a
+#     plain checkpoint.
 . "$(dirname "$0")/e2e.sh"
 py=/usr/bin/python3
 
@@ -37,17 +47,62 @@ ok() { # what, condition...
 }
 
 RUN_CKPT=1 run base 1 --set training.steps=3
+# With adapter dropout (model.lora.dropout): every layout draws the masks
+# of one rank (keyed by the token's place in the stream, the layer, the
+# target and the global column), so the curves still agree.
 lora=(--set model.lora.rank=4 --set model.lora.alpha=8 --set training.steps=4
-      --set model.lora.targets=qkv,proj,fc,up,fcproj --set model.lora.base="$out/base/ckpt")
+      --set model.lora.targets=qkv,proj,fc,up,fcproj --set model.lora.base="$out/base/ckpt"
+      --set model.lora.dropout=0.1 --set data.val_every=4)
 RUN_CKPT=1 run ref 1 "${lora[@]}"
 run tp2 2 "${lora[@]}" --set topology.tp=2
 run sp2 2 "${lora[@]}" --set topology.tp=2 --set topology.sequence_parallel=true
 run pp2 2 "${lora[@]}" --set topology.pp=2
 run dp2_zero1 2 "${lora[@]}" --set topology.dp=2 --set topology.zero=1
 run dp2_zero3 2 "${lora[@]}" --set topology.dp=2 --set topology.zero=3
-for l in tp2 sp2 pp2 dp2_zero1 dp2_zero3; do
+run cp2 2 "${lora[@]}" --set topology.cp=2 --set training.micro_batch=2
+for l in tp2 sp2 pp2 dp2_zero1 dp2_zero3 cp2; do
     curves ref "$l" --steps 4 --norm-rtol 1e-3 # the gradient norm: a missed TP sum of dA moves it by 3e-2
 done
+
+# The frozen base stored in bf16 (model.lora.base_dtype): the same run as
+# an fp32 base whose weights were rounded to bf16 beforehand (the base's
+# HF export in bf16), bit for bit; on tp 2 the curve of one rank; the
+# frozen base's bytes drop (2 per weight plus one group widened to fp32).
+"$TRIDENT" ckpt export --format hf --dtype bf16 --out "$out/base16.hf" "$out/base/ckpt" \
+    > "$out/base16.log" 2>&1 || { echo "FAIL: export --dtype bf16"; fails=$((fails + 1)); }
+run b32 1 "${lora[@]}" --set model.lora.base="$out/base16.hf"
+RUN_CKPT=1 run b16 1 "${lora[@]}" --set model.lora.base_dtype=bf16
+run b16_tp2 2 "${lora[@]}" --set model.lora.base_dtype=bf16 --set topology.tp=2
+curves b32 b16 --steps 4 --rtol 1e-7 --norm-rtol 1e-6
+curves b16 b16_tp2 --steps 4 --norm-rtol 1e-3
+"$py" - "$out/ref/metrics.jsonl" "$out/b16/metrics.jsonl" <<'PY' || fails=$((fails + 1))
+import json, sys
+f32, f16 = (json.loads(open(f).readline())["memory_bytes"]["frozen_base"] for f in sys.argv[1:])
+good = f32 / 2 < f16 < f32
+print(f"{'ok  ' if good else 'FAIL'} frozen base in bf16: {f16} bytes, in fp32 {f32} "
+      f"(half of it plus one group's fp32 scratch)")
+sys.exit(0 if good else 1)
+PY
+ok "the start-up line says bf16" grep -q "frozen base per rank .* (bf16, one layer" "$out/b16.log"
+# eval of its checkpoint (base_dtype bf16 from its config) gives the run's
+# last validation loss; its merged export is the bf16-rounded base plus
+# (alpha/r) B A (the base of an fp32 inference model read rounded as trained).
+"$TRIDENT" eval "$out/b16/ckpt" --data "$out/bytes" --sequences 2 > "$out/eval.b16" 2>&1 ||
+    { echo "FAIL: eval of b16: $(tail -2 "$out/eval.b16")"; fails=$((fails + 1)); }
+"$py" - "$out/eval.b16" "$out/b16/metrics.jsonl" <<'PY' || fails=$((fails + 1))
+import json, re, sys
+a = float(re.search(r"loss ([0-9.]+)", open(sys.argv[1]).read()).group(1))
+b = [json.loads(l) for l in open(sys.argv[2])][-1].get("val_loss", float("nan"))
+good = abs(a - b) <= 1e-5 * abs(a)
+print(f"{'ok  ' if good else 'FAIL'} eval of a bf16-base checkpoint {a} = its run's validation {b}")
+sys.exit(0 if good else 1)
+PY
+for x in "hf m16.hf" "peft p16"; do
+    set -- $x
+    "$TRIDENT" ckpt export --format "$1" --out "$out/$2" "$out/b16/ckpt" > "$out/$2.log" 2>&1 ||
+        { echo "FAIL: export --format $1 of b16: $(tail -2 "$out/$2.log")"; fails=$((fails + 1)); }
+done
+"$py" tests/peft_check.py "$out/p16" "$out/base16.hf" "$out/m16.hf" || fails=$((fails + 1))
 
 # Memory: the adapters' gradients and Adam state, not the model's.
 n=$(sed -n 's/.*| adapters \([0-9]*\) params.*/\1/p' "$out/ref.log")
@@ -61,13 +116,15 @@ print(f"{'ok  ' if good else 'FAIL'} memory of {n} adapter params: grads {mem['g
 sys.exit(0 if good else 1)
 PY
 ok "the start-up line reports the frozen base" grep -q "frozen base per rank" "$out/ref.log"
-# The planner: a 7B LoRA plan fits one 24 GB GPU with 16-bit storage, its
-# gradients and optimizer state the adapters' (36 M parameters: 0.07 and
-# 0.40 GiB), the frozen base in params.
-"$TRIDENT" plan configs/llama_7b_lora.yaml --cluster rtx3090:1x1 --storage bf16 > "$out/plan.txt" 2>&1
+# The planner: a 7B LoRA plan fits one 24 GB GPU, its base in bf16
+# (model.lora.base_dtype: 12.55 GiB plus a 0.98 GiB scratch), its gradients
+# and optimizer state the adapters' (36 M parameters: 0.13 and 0.40 GiB).
+"$TRIDENT" plan configs/llama_7b_lora.yaml --cluster rtx3090:1x1 > "$out/plan.txt" 2>&1
 ok "plan: 7B LoRA fits one rtx3090" grep -q "^fits: " "$out/plan.txt"
 ok "plan: grads and optimizer of the adapters, the base in params" \
-    grep -qE "^      0     32         1    12\.62     0\.07      0\.40 " "$out/plan.txt"
+    grep -qE "^      0     32         1    13\.66     0\.13      0\.40 " "$out/plan.txt"
+ok "plan: the bf16 base (2 bytes a weight) and its fp32 scratch" \
+    grep -q "frozen base (13\.53 GiB" "$out/plan.txt"
 
 # Exports: the base, the merged model, the PEFT adapters.
 for x in "hf base.hf base/ckpt" "hf merged.hf ref/ckpt" "peft peft ref/ckpt"; do
@@ -76,6 +133,8 @@ for x in "hf base.hf base/ckpt" "hf merged.hf ref/ckpt" "peft peft ref/ckpt"; do
         { echo "FAIL: export --format $1 of $3: $(tail -2 "$out/$2.log")"; fails=$((fails + 1)); }
 done
 "$py" tests/peft_check.py "$out/peft" "$out/base.hf" "$out/merged.hf" || fails=$((fails + 1))
+ok "the merged export is of the run's step (4), not step 0" \
+    grep -q "^exported .* tensors of step 4 " "$out/merged.hf.log"
 
 prompt="The jury said that the city"
 "$TRIDENT" generate "$out/ref/ckpt" --prompt "$prompt" --max-new-tokens 12 --greedy --ids \
@@ -98,6 +157,18 @@ import re, sys
 a, b = (float(re.search(r"loss ([0-9.]+)", open(f).read()).group(1)) for f in sys.argv[1:])
 good = abs(a - b) <= 1e-5 * abs(b)
 print(f"{'ok  ' if good else 'FAIL'} eval with the adapters {a} = eval of the merged export {b}")
+sys.exit(0 if good else 1)
+PY
+# Validation during training drops nothing: the run's last val_loss is
+# `trident eval`'s loss of its checkpoint (the same 2 sequences).
+"$TRIDENT" eval "$out/ref/ckpt" --data "$out/bytes" --sequences 2 > "$out/eval.val" 2>&1 ||
+    { echo "FAIL: eval --sequences 2: $(tail -2 "$out/eval.val")"; fails=$((fails + 1)); }
+"$py" - "$out/eval.val" "$out/ref/metrics.jsonl" <<'PY' || fails=$((fails + 1))
+import json, re, sys
+a = float(re.search(r"loss ([0-9.]+)", open(sys.argv[1]).read()).group(1))
+b = [json.loads(l) for l in open(sys.argv[2])][-1].get("val_loss", float("nan"))
+good = abs(a - b) <= 1e-5 * abs(a)
+print(f"{'ok  ' if good else 'FAIL'} validation of a dropout run {b} = eval of its checkpoint {a}")
 sys.exit(0 if good else 1)
 PY
 
@@ -125,6 +196,19 @@ for x in "hf bbase.hf bbase/ckpt" "peft p1 bft/ckpt/step_00000001" "peft p2 bft/
 done
 "$py" tests/lora_ref.py "$out/bbase.hf" "$out/p1" "$out/p2" "$out/bft/metrics.jsonl" \
     "$(od -An -tu1 -v "$out/one.txt" | tr -s ' \n' ' ') 256" 1e-3 || fails=$((fails + 1))
+# The same with dropout 0.25 on every target, the reference drawing the
+# documented masks itself (run.seed 1234 of configs/tiny.yaml).
+RUN_CKPT=1 run bdrop 1 --set training.steps=2 --set training.lr=1e-3 --set checkpoint.every=1 \
+    --set checkpoint.keep=3 --set model.lora.rank=2 --set model.lora.alpha=4 \
+    --set model.lora.targets=qkv,proj,fc,up,fcproj --set model.lora.dropout=0.25 \
+    --set model.lora.base="$out/bbase/ckpt"
+for x in "d1 bdrop/ckpt/step_00000001" "d2 bdrop/ckpt/step_00000002"; do
+    set -- $x
+    "$TRIDENT" ckpt export --format peft --out "$out/$1" "$out/$2" > "$out/$1.log" 2>&1 ||
+        { echo "FAIL: export --format peft of $2: $(tail -2 "$out/$1.log")"; fails=$((fails + 1)); }
+done
+"$py" tests/lora_ref.py "$out/bbase.hf" "$out/d1" "$out/d2" "$out/bdrop/metrics.jsonl" \
+    "$(od -An -tu1 -v "$out/one.txt" | tr -s ' \n' ' ') 256" 1e-3 0.25 1234 || fails=$((fails + 1))
 
 # Bad input: exit 2 with the reason.
 bad() { # what, expected text, trident args...
@@ -140,8 +224,10 @@ bad "an unknown target" "bad.yaml:23:14: model.lora.targets: 'attn' is not a lin
     train "$out/bad.yaml" --set training.steps=1
 bad "up on gpt2" "'up' is not a linear layer of a gpt2" train configs/tiny.yaml \
     --set model.lora.rank=4 --set model.lora.targets=qkv,up
-bad "dropout" "model.lora.dropout" train configs/tiny.yaml --set model.lora.rank=4 \
-    --set model.lora.dropout=0.1
+bad "dropout 1" "model.lora.dropout (1) must be in \[0, 1)" train configs/tiny.yaml \
+    --set model.lora.rank=4 --set model.lora.dropout=1
+bad "dropout on cuda" "model.lora.dropout (0.1) is implemented on the cpu backend only" \
+    train configs/tiny.yaml --set model.lora.rank=4 --set model.lora.dropout=0.1 --set backend=cuda
 bad "a missing base" "model.lora.base" train configs/tiny.yaml "${small[@]}" \
     --set run.dir="$out/nobase" --set checkpoint.dir= --set model.lora.rank=4 \
     --set model.lora.base="$out/nothing"

@@ -349,6 +349,9 @@ typedef struct {
                        float clip);
     /* x *= s */
     void (*scale)(float *x, float s, size_t n);
+    /* dst[i] = the fp32 value of bf16 bits src[i] (exact: bf16 is fp32's
+     * upper half), for weights stored in 16 bits (model.lora.base_dtype) */
+    void (*widen_bf16)(float *dst, const uint16_t *src, size_t n);
 
     /* AdamW on n elements, decoupled weight decay, with g = grad * grad_scale
      * (gradient clipping's factor, applied in this pass rather than in a
@@ -388,6 +391,8 @@ const Backend *backend_cpu_bf16(void);
 
 /* Round an fp32 value to the nearest bf16 (ties to even), returned as fp32. */
 float bf16_round(float x);
+/* The same as bf16 bits (the upper half of bf16_round(x)'s). */
+uint16_t bf16_bits(float x);
 
 /* FLOPs of the matrix multiplies the CPU backend ran since the last reset
  * (2*N*C*OC per product, forward and each backward product): the shapes

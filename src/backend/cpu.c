@@ -35,6 +35,23 @@ float bf16_round(float x)
     return x;
 }
 
+uint16_t bf16_bits(float x)
+{
+    const float r = bf16_round(x);
+    uint32_t u;
+    memcpy(&u, &r, sizeof u);
+    return (uint16_t)(u >> 16);
+}
+
+static void cpu_widen_bf16(float *dst, const uint16_t *src, size_t n)
+{
+#pragma omp parallel for simd schedule(static) if (n > 65536)
+    for (size_t i = 0; i < n; i++) {
+        const uint32_t u = (uint32_t)src[i] << 16;
+        memcpy(dst + i, &u, sizeof u);
+    }
+}
+
 /* FLOPs of the GEMMs the table ran (tests compare the model's FLOP count
  * with the shapes actually multiplied): 2*N*C*OC per product. */
 static double gemm_flops;
@@ -452,6 +469,7 @@ static const Backend cpu_backend = {
     .sumsq_ranges = cpu_sumsq_ranges,
     .grad_check = cpu_grad_check,
     .scale = cpu_scale,
+    .widen_bf16 = cpu_widen_bf16,
     .adamw = cpu_adamw,
     .adamw_ranges = cpu_adamw_ranges,
 };

@@ -204,6 +204,10 @@ int ckpt_hf_load_weights(const char *hf_dir, const CkptShardView *v, const Model
 int ckpt_resolve(const char *dir, ResumeKind kind, const char *path, char out[CFG_STR],
                  char err[CFG_ERR]);
 
+/* The training state a step directory records (its index.h5: step, sampler
+ * and LR positions, Adam's count).  Serial, no MPI.  0, or -1 with err. */
+int ckpt_read_state(const char *step_dir, CkptState *st, char err[CFG_ERR]);
+
 /* ---- The `trident ckpt` tools (src/cli/ckpt_cli.c parses their
  * arguments).  `arg` is a step directory or a checkpoint.dir (its latest).
  * Serial, no MPI launcher needed; each prints its outcome (errors on

@@ -28,6 +28,18 @@ static int open_index(const char *arg, char step_dir[CFG_STR], CkptIndex *ix, ch
     return ckpt_index_read(path, ix, err);
 }
 
+int ckpt_read_state(const char *step_dir, CkptState *st, char err[CFG_ERR])
+{
+    char path[CKPT_FILE_PATH];
+    snprintf(path, sizeof path, "%s/index.h5", step_dir);
+    CkptIndex ix;
+    if (ckpt_index_read(path, &ix, err) != 0)
+        return -1;
+    *st = ix.state;
+    ckpt_index_free(&ix);
+    return 0;
+}
+
 static void print_shape(char *out, size_t n, const CkptEntry *e)
 {
     if (e->ndim == 1)

@@ -256,6 +256,7 @@ static Model *load_model(const char *step, const GenArgs *a, Config *cfg, const 
     if (!cfg->data.path[0] && !cfg->data.blend[0]) /* no data is read; validation wants one */
         snprintf(cfg->data.path, sizeof cfg->data.path, "(none)");
     cfg->backend = strcmp(a->backend, "cuda") ? BACKEND_CPU : BACKEND_CUDA;
+    cfg->model.lora.dropout = 0; /* a training-time key: generation never drops */
     if (config_validate(cfg, 1, err) != 0)
         trd_fatal(TRD_EXIT_INPUT, NULL, "%s: %s", path, err);
     if (cfg->backend == BACKEND_CUDA) {

@@ -1,9 +1,9 @@
 /* lora_cli.c — `trident ckpt export` of a LoRA checkpoint (model.lora):
  *   --format hf    the merged model: the base (model.lora.base) plus
  *                  (alpha/r) B A in every adapted weight, written as a plain
- *                  trident checkpoint beside OUT and exported from there
- *                  by the usual Hugging Face export (one code path for the
- *                  layout), then removed;
+ *                  trident checkpoint (at the run's step) beside OUT and
+ *                  exported from there by the usual Hugging Face export
+ *                  (one code path for the layout), then removed;
  *   --format peft  the adapters alone, as a PEFT adapter directory
  *                  (ckpt_peft_export).
  * One rank: the model is read whole (trainer_load_model). */
@@ -51,9 +51,17 @@ static int step_config(const char *step, Config *cfg, char err[CFG_ERR])
     return 1;
 }
 
-/* The merged weights as step 0 of a plain checkpoint in dir. */
-static int save_merged(Model *m, const Config *lora_cfg, const char *dir, char err[CFG_ERR])
+/* The merged weights as a plain checkpoint in dir, at the LoRA run's step
+ * (its sampler and LR positions too: the merged model is the run's model
+ * after that many steps).  Adam's count is 0: no optimizer state is
+ * written, as an import writes none. */
+static int save_merged(Model *m, const Config *lora_cfg, const char *step, const char *dir,
+                       char err[CFG_ERR])
 {
+    CkptState st;
+    if (ckpt_read_state(step, &st, err) != 0)
+        return TRD_EXIT_INPUT;
+    st.adam_t = 0;
     Config cfg = *lora_cfg;
     cfg.model.lora.rank = 0; /* the index describes the plain, merged model */
     Comm world = comm_world();
@@ -63,7 +71,6 @@ static int save_merged(Model *m, const Config *lora_cfg, const char *dir, char e
     for (int k = 0; k < CKPT_KINDS; k++) /* the weights only, as an import writes them */
         if (k != CKPT_PARAMS)
             v.part[k].lo = v.part[k].hi = 0;
-    const CkptState st = {0};
     return ckpt_save(dir, &v, &st, &cfg, 1, err) == 0 ? TRD_EXIT_OK : TRD_EXIT_RUNTIME;
 }
 
@@ -101,7 +108,7 @@ int lora_export(const char *src, const char *out, int peft, int bf16, int64_t ma
     } else {
         char tmp[CFG_STR + 32];
         snprintf(tmp, sizeof tmp, "%s.merging", out);
-        code = save_merged(m, &cfg, tmp, err);
+        code = save_merged(m, &cfg, step, tmp, err);
         if (code == TRD_EXIT_OK) {
             printf("lora: adapters (rank %d, alpha %g) merged into the base %s\n",
                    cfg.model.lora.rank, (double)cfg.model.lora.alpha,

@@ -69,6 +69,7 @@ static const char *const FORMAT_NAMES[] = {"megatron", "llmc", NULL};
 static const char *const BACKEND_NAMES[] = {"cpu", "cuda", NULL};
 static const char *const COMM_NAMES[] = {"auto", "mpi", "nccl", NULL};
 static const char *const OFFLOAD_NAMES[] = {"none", "optimizer", NULL};
+static const char *const LORA_BASE_NAMES[] = {"fp32", "bf16", NULL};
 static const char *const NONFINITE_NAMES[] = {"stop", "skip", NULL};
 static const char *const ASYNC_NAMES[] = {"auto", "true", "false", NULL};
 static const char *const ROPE_SCALING_NAMES[] = {"none", "llama3", NULL};
@@ -126,6 +127,7 @@ static const KeyDesc KEYS[] = {
     KEY(model.lora, dropout, K_FLOAT),
     NAMES(model.lora, targets, K_NAMES, false),
     STR(model.lora, base, false),
+    ENUM(model.lora, base_dtype, LORA_BASE_NAMES),
     /* model.moe: a mapping inside model (load_key), --set model.moe.experts=8 */
     {"model.moe", "experts", K_INT, OFF(model, moe_experts), 0, NULL, false},
     {"model.moe", "top_k", K_INT, OFF(model, moe_top_k), 0, NULL, false},

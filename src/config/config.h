@@ -56,10 +56,11 @@ enum { LORA_QKV = 1, LORA_PROJ = 2, LORA_FC = 4, LORA_UP = 8, LORA_FCPROJ = 16 }
 typedef struct {
     int rank;              /* r: A is [r, in], B is [out, r] */
     float alpha;           /* the update is (alpha / r) B A */
-    float dropout;         /* on the adapter input; only 0 is implemented */
+    float dropout;         /* on the adapter input, [0, 1) (model.c: lora_dropout) */
     char targets[CFG_STR]; /* names, comma-separated: qkv, proj, fc, up, fcproj */
     char base[CFG_STR];    /* the frozen base: a Hugging Face directory or a trident
                             * checkpoint of the plain model ("": fresh from run.seed) */
+    enum { LORA_BASE_FP32 = 0, LORA_BASE_BF16 = 1 } base_dtype; /* the base's storage */
 } LoraConfig;
 
 typedef struct {

@@ -581,10 +581,15 @@ static int check_lora(Checker *c, LoraConfig *lo)
         return 0;
     if (!(lo->alpha > 0))
         return verr(c, "model.lora.alpha", "model.lora.alpha (%g) must be > 0", lo->alpha);
-    if (lo->dropout != 0)
+    if (!(lo->dropout >= 0 && lo->dropout < 1))
         return verr(c, "model.lora.dropout",
-                    "model.lora.dropout (%g): only 0 is implemented (adapter dropout is not yet "
-                    "available); remove the key or set it to 0",
+                    "model.lora.dropout (%g) must be in [0, 1): the probability of dropping an "
+                    "element of an adapter's input",
+                    lo->dropout);
+    if (lo->dropout > 0 && c->cfg->backend != BACKEND_CPU)
+        return verr(c, "model.lora.dropout",
+                    "model.lora.dropout (%g) is implemented on the cpu backend only (the cuda "
+                    "backend has no dropout mask op yet); set it to 0 or use backend: cpu",
                     lo->dropout);
     char bad[64];
     const int mask = config_lora_mask(lo->targets, m->arch, bad, sizeof bad);

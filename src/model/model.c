@@ -51,6 +51,7 @@
 
 #include "config/layout.h"
 #include "core/error.h"
+#include "core/rng.h"
 #include "tensor_par/tensor_par.h"
 
 /* ---- parameter lookup (create time only) -------------------------------- */
@@ -409,6 +410,9 @@ static void carve_scratch(Model *m, Carver *c)
     m->s.lora_t = take(c, N * r);
     m->s.lora_dt = take(c, N * r);
     m->s.lora_part = take(c, tp ? r * (size_t)d->C : 0);
+    size_t in = (size_t)d->C > (size_t)d->F ? (size_t)d->C : (size_t)d->F;
+    in = in > (size_t)d->H * (size_t)d->hs ? in : (size_t)d->H * (size_t)d->hs;
+    m->s.lora_x = take(c, r && m->mc.lora.dropout > 0 ? N * in : 0);
     m->s.frozen_sink = take(c, m->lora ? 2 * (size_t)d->C : 0);
 }
 
@@ -504,6 +508,7 @@ void model_set_activation_sets(Model *m, int n)
 void model_set_positions(Model *m, const int32_t *pos)
 {
     const size_t N = (size_t)m->d.N;
+    m->cur.drop_rows = NULL; /* a forward that names no rows drops nothing */
     if (!pos) {
         m->cur.pos = NULL;
         return;
@@ -514,6 +519,8 @@ void model_set_positions(Model *m, const int32_t *pos)
         m->be->to_backend(ids, pos, N * sizeof(int32_t));
     m->cur.pos = ids;
 }
+
+void model_set_dropout_rows(Model *m, const uint64_t *rows) { m->cur.drop_rows = rows; }
 
 void model_use_activation_set(Model *m, int k)
 {
@@ -534,26 +541,102 @@ static int config_cp(const Config *cfg)
     return cp;
 }
 
-/* LoRA: the frozen weights, allocated and initialised from the seed as a
- * plain model's are (the trainer then loads the base checkpoint over
- * them: model_base_buffer), and bound once: they never move. */
-static void init_base(Model *m, uint64_t seed, int bf16)
+/* The largest group (PARAMS_OUTER or a layer of sh) of a base table. */
+static size_t widest_group(const ParamTable *t, const ParamShard *sh)
+{
+    size_t lo, hi, w = 0;
+    params_group_range(t, PARAMS_OUTER, &lo, &hi);
+    w = hi - lo;
+    for (int l = sh->chunk[0].begin; l < sh->chunk[0].end; l++) {
+        params_group_range(t, l, &lo, &hi);
+        w = hi - lo > w ? hi - lo : w;
+    }
+    return w;
+}
+
+size_t model_frozen_bytes(const ModelConfig *mc, const ParamShard *sh)
+{
+    if (mc->lora.rank <= 0)
+        return 0;
+    ParamTable t;
+    params_build_base(&t, mc, sh);
+    const size_t bytes = mc->lora.base_dtype == LORA_BASE_BF16
+                             ? t.numel * sizeof(uint16_t) + widest_group(&t, sh) * sizeof(float)
+                             : t.numel * sizeof(float);
+    params_free(&t);
+    return bytes;
+}
+
+/* LoRA: the frozen weights.  fp32 (model.lora.base_dtype): `base` holds
+ * them, bound once, never moved.  bf16: `base16` holds their bf16 bits and
+ * `base` is one fp32 scratch the size of the largest group, into which
+ * lora_widen writes the group a part of forward or backward is about to
+ * use, binding that group's pointers there (the other groups' pointers are
+ * stale until widened again).  Initialised from the seed as a plain
+ * model's are; the trainer then loads the base checkpoint over them
+ * (model_load_base). */
+static void init_base(Model *m, uint64_t seed, int round)
 {
     const ParamTable *t = &m->base_table;
-    const size_t bytes = t->numel * sizeof(float);
-    m->base = m->be->alloc(bytes ? bytes : sizeof(float), "frozen base weights");
-    float *init = m->be->device ? trd_calloc(t->numel + 1, sizeof(float), "base weights") : m->base;
+    const Backend *be = m->be;
+    m->base_bf16 = m->mc.lora.base_dtype == LORA_BASE_BF16;
+    m->wide = WIDE_NONE;
+    const size_t n = m->base_bf16 ? widest_group(t, &m->sh) : t->numel;
+    m->base =
+        be->alloc((n ? n : 1) * sizeof(float),
+                  m->base_bf16 ? "frozen base: one group widened to fp32" : "frozen base weights");
+    if (m->base_bf16)
+        m->base16 =
+            be->alloc((t->numel ? t->numel : 1) * sizeof(uint16_t), "frozen base weights (bf16)");
+    float *init = be->device || m->base_bf16
+                      ? trd_calloc(t->numel + 1, sizeof(float), "base weights")
+                      : m->base;
     params_init(t, init, seed);
-    if (bf16) /* bf16 training: weights are bf16 values (the base is never updated) */
+    if (round) /* bf16 training: weights are bf16 values (the base is never updated) */
         for (size_t k = 0; k < t->numel; k++)
             init[k] = bf16_round(init[k]);
-    if (init != m->base) {
-        m->be->to_backend(m->base, init, bytes);
+    model_load_base(m, init);
+    if (init != m->base)
         free(init);
-    }
+    if (m->base_bf16)
+        return;
     bind_outer(&m->op, &m->outer_off, m->base + m->outer_off.lo, m->mc.tie_embeddings);
     for (int i = 0; i < m->nl; i++)
         bind_fields(m->lp[i].f, LP_FIELDS, &m->lo_off[i], m->base + m->lo_off[i].lo);
+}
+
+void model_load_base(Model *m, const float *host)
+{
+    TRD_ASSERT(m->lora && !m->lora_merged);
+    const size_t numel = m->base_table.numel;
+    if (!m->base_bf16) {
+        if (host != m->base)
+            m->be->to_backend(m->base, host, numel * sizeof(float));
+        return;
+    }
+    uint16_t *bits = trd_malloc((numel + 1) * sizeof(uint16_t), "base weights in bf16");
+    for (size_t k = 0; k < numel; k++)
+        bits[k] = bf16_bits(host[k]); /* round to nearest even */
+    m->be->to_backend(m->base16, bits, numel * sizeof(uint16_t));
+    free(bits);
+    m->wide = WIDE_NONE; /* the scratch holds an older copy */
+}
+
+/* model.lora.base_dtype bf16: the group about to be used (WIDE_OUTER or a
+ * local layer) widened to fp32 in the scratch `base` and its pointers bound
+ * there; nothing when it is there already (one pass over a layer's weights
+ * per forward and per backward of it, the price of half the bytes). */
+static void lora_widen(Model *m, int group)
+{
+    if (!m->base_bf16 || m->wide == group)
+        return;
+    const GroupOffsets *g = group == WIDE_OUTER ? &m->outer_off : &m->lo_off[group];
+    m->be->widen_bf16(m->base, m->base16 + g->lo, g->hi - g->lo);
+    if (group == WIDE_OUTER)
+        bind_outer(&m->op, g, m->base, m->mc.tie_embeddings);
+    else
+        bind_fields(m->lp[group].f, LP_FIELDS, g, m->base);
+    m->wide = group;
 }
 
 /* topology.ep of cfg for a MoE model (1 for a dense one), checked like cp. */
@@ -589,6 +672,10 @@ static Model *create(const Config *cfg, const Backend *be, const ParamShard *sh,
     if (m->lora) {
         params_build_base(&m->base_table, &m->mc, sh);
         m->lora_scale = m->mc.lora.alpha / (float)m->mc.lora.rank;
+        m->drop_key = rng_mix(cfg->run.seed, rng_hash_str("model.lora.dropout"));
+        if (m->mc.lora.dropout > 0 && be->device)
+            trd_fatal(TRD_EXIT_INPUT, "set model.lora.dropout to 0 or use backend: cpu",
+                      "model: adapter dropout runs on the cpu backend only");
     }
     const ParamTable *wt = m->lora ? &m->base_table : &m->table; /* the weights */
 
@@ -734,6 +821,7 @@ void model_free(Model *m)
     params_free(&m->table);
     params_free(&m->base_table);
     m->be->release(m->base);
+    m->be->release(m->base16);
     free(m->ap);
     free(m->ag);
     free(m->lora_off);
@@ -755,7 +843,7 @@ void model_free(Model *m)
 
 const ParamTable *model_params(const Model *m) { return &m->table; }
 const ParamTable *model_base_params(const Model *m) { return m->lora ? &m->base_table : NULL; }
-float *model_base_buffer(Model *m) { return m->lora ? m->base : NULL; }
+float *model_base_buffer(Model *m) { return m->lora && !m->base_bf16 ? m->base : NULL; }
 float *model_param_buffer(Model *m) { return m->params; }
 float *model_grad_buffer(Model *m) { return m->grads; }
 float *model_stage_input(Model *m) { return m->cur.resid[0]; }
@@ -768,7 +856,7 @@ MemoryReport model_memory(const Model *m)
 {
     MemoryReport r = {0};
     r.params = m->params ? m->table.numel * sizeof(float) : 0;
-    r.frozen = m->lora ? m->base_table.numel * sizeof(float) : 0;
+    r.frozen = m->lora ? model_frozen_bytes(&m->mc, &m->sh) : 0;
     r.grads = m->grads ? m->table.numel * sizeof(float) : 0;
     r.activations = m->acts_numel * sizeof(float) +
                     (size_t)m->n_sets * ID_ROWS * (size_t)m->d.N * sizeof(int32_t);
@@ -858,6 +946,7 @@ void model_embed_forward(Model *m, const int32_t *tokens)
     const Dims *d = &m->d;
     TRD_ASSERT(m->sh.has_embed);
     tp_group_check(&m->tp);
+    lora_widen(m, WIDE_OUTER);
     memcpy(m->cur.tokens, tokens, (size_t)d->N * sizeof(int32_t));
     if (m->be->device)
         m->be->to_backend(m->cur.ids, tokens, (size_t)d->N * sizeof(int32_t));
@@ -892,15 +981,63 @@ static int local_layer(const Model *m, int l)
  * of B, so its adapter's output is a partial sum like the base's and is
  * added BEFORE the base's reduction over TP (one reduction for both). */
 
-/* out [N, n_out] += s (x [N, n_in] A^T) B^T for target k of local layer i;
+/* ---- adapter dropout (model.lora.dropout = p) ----------------------------
+ * PEFT's lora_dropout: the adapter of a layer sees dropout(x) = x * keep /
+ * (1 - p), the base weight x itself.  keep is 0 with probability p, drawn by
+ * Philox (core/rng.h) as a pure function of (run.seed, the global layer,
+ * the target, the row's place in the token stream, the column's global
+ * index): every layout draws the same mask for an element whichever rank
+ * holds it (a row-parallel base's columns start at tp_rank x n_in), and
+ * backward and a recomputing forward draw the forward's.  The rows' places
+ * come from model_set_dropout_rows; a forward without them (validation,
+ * eval, generate) drops nothing.  Element (row R, column c): counter
+ * (R, c / 4), word c % 4 of the four, dropped when below p x 2^32.
+ * Host loops: the CPU backend only (config validation refuses others). */
+static int lora_dropping(const Model *m) { return m->mc.lora.dropout > 0 && m->cur.drop_rows; }
+
+/* x [N, n_in] (this rank's columns from col0) *= keep / (1 - p), in place:
+ * the mask of target k of local layer i, on an input or on its gradient. */
+static void lora_dropout(const Model *m, int i, int k, float *x, int n_in, int col0)
+{
+    TRD_ASSERT(!m->be->device);
+    const float p = m->mc.lora.dropout, inv = 1.0f / (1.0f - p);
+    const double cut = (double)p * 4294967296.0;
+    const int l = m->sh.chunk[0].begin + i;
+    const uint64_t key = rng_mix(m->drop_key, (uint64_t)l * LORA_TARGETS + (uint64_t)k);
+    for (int n = 0; n < m->d.N; n++) {
+        float *xr = x + (size_t)n * (size_t)n_in;
+        uint32_t r[4];
+        for (int j = 0; j < n_in; j++) {
+            const uint64_t c = (uint64_t)col0 + (uint64_t)j;
+            if (j == 0 || c % 4 == 0)
+                rng_philox(r, m->cur.drop_rows[n], c / 4, key);
+            xr[j] = (double)r[c % 4] < cut ? 0.0f : xr[j] * inv;
+        }
+    }
+}
+
+/* The adapter's input: x, or dropout(x) in s.lora_x while dropping. */
+static const float *lora_input(Model *m, int i, int k, const float *x, int n_in, int col)
+{
+    if (!lora_dropping(m))
+        return x;
+    const size_t n = (size_t)m->d.N * (size_t)n_in;
+    m->be->copy(m->s.lora_x, x, n * sizeof(float));
+    lora_dropout(m, i, k, m->s.lora_x, n_in, col ? 0 : m->sh.tp_rank * n_in);
+    return m->s.lora_x;
+}
+
+/* out [N, n_out] += s (x [N, n_in] A^T) B^T for target k of local layer i
+ * (col: a column-parallel base, x whole; else x holds this rank's columns);
  * tmp [N, n_out] is scratch. */
 static void lora_forward(Model *m, int i, int k, float *out, const float *x, int n_in, int n_out,
-                         float *tmp)
+                         int col, float *tmp)
 {
     if (!m->lora || m->lora_merged || !m->ap[i].a[k])
         return;
     const Backend *be = m->be;
     const int N = m->d.N, r = m->mc.lora.rank;
+    x = lora_input(m, i, k, x, n_in, col);
     be->matmul_forward(m->s.lora_t, x, m->ap[i].a[k], NULL, N, n_in, r);
     be->scale(m->s.lora_t, m->lora_scale, (size_t)N * (size_t)r);
     be->matmul_forward(tmp, m->s.lora_t, m->ap[i].b[k], NULL, N, r, n_out);
@@ -926,6 +1063,7 @@ static void lora_backward(Model *m, int i, int k, const float *dout, const float
     const float *A = m->ap[i].a[k], *B = m->ap[i].b[k];
     float *dA = m->ag[i].a[k], *dB = m->ag[i].b[k], *t = m->s.lora_t, *dt = m->s.lora_dt;
     const size_t Nr = (size_t)N * (size_t)r;
+    x = lora_input(m, i, k, x, n_in, col); /* the forward's mask, drawn again */
     be->matmul_forward(t, x, A, NULL, N, n_in, r);
     be->scale(t, m->lora_scale, Nr);
     if (tp && !col) { /* dB = dout^T t, t partial */
@@ -945,7 +1083,17 @@ static void lora_backward(Model *m, int i, int k, const float *dout, const float
     } else {
         be->matmul_backward(NULL, dA, NULL, dt, x, A, N, n_in, r);
     }
-    be->matmul_backward(dx, NULL, NULL, dt, NULL, A, N, n_in, r);
+    if (!lora_dropping(m)) {
+        be->matmul_backward(dx, NULL, NULL, dt, NULL, A, N, n_in, r);
+        return;
+    }
+    /* dx += dropout'(dt A): the same mask and scale on the gradient (lora_x
+     * held dropout(x), no longer needed) */
+    const size_t n = (size_t)N * (size_t)n_in;
+    zero(m, m->s.lora_x, n);
+    be->matmul_backward(m->s.lora_x, NULL, NULL, dt, NULL, A, N, n_in, r);
+    lora_dropout(m, i, k, m->s.lora_x, n_in, col ? 0 : m->sh.tp_rank * n_in);
+    be->accumulate(dx, m->s.lora_x, n);
 }
 
 /* Row-parallel linear: out [N, C] = inp [N, K] @ W^T over this rank's K
@@ -957,11 +1105,11 @@ static void row_linear_forward(Model *m, float *out, const float *inp, const flo
     const Dims *d = &m->d;
     if (!tp_active(&m->tp)) {
         m->be->matmul_forward(out, inp, w, b, d->N, K, d->C);
-        lora_forward(m, i, k, out, inp, K, d->C, m->s.dln);
+        lora_forward(m, i, k, out, inp, K, d->C, 0, m->s.dln);
         return;
     }
     m->be->matmul_forward(out, inp, w, NULL, d->N, K, d->C);
-    lora_forward(m, i, k, out, inp, K, d->C, m->s.dln); /* partial, like out */
+    lora_forward(m, i, k, out, inp, K, d->C, 0, m->s.dln); /* partial, like out */
     tp_row_output_forward(&m->tp, out, b, d->N, d->C);
 }
 
@@ -972,12 +1120,12 @@ static void mlp_forward(Model *m, int i, const LayerParams *p, LayerActs *a)
     const Dims *d = &m->d;
     const size_t NF = (size_t)d->N * (size_t)d->F;
     be->matmul_forward(a->fc, a->ln2, p->fc_w, p->fc_b, d->N, d->C, d->F);
-    lora_forward(m, i, LT_FC, a->fc, a->ln2, d->C, d->F, m->s.dfc);
+    lora_forward(m, i, LT_FC, a->fc, a->ln2, d->C, d->F, 1, m->s.dfc);
     if (d->gpt2) {
         be->gelu_forward(a->fc_act, a->fc, NF);
     } else {
         be->matmul_forward(a->up, a->ln2, p->up_w, NULL, d->N, d->C, d->F);
-        lora_forward(m, i, LT_UP, a->up, a->ln2, d->C, d->F, m->s.dup);
+        lora_forward(m, i, LT_UP, a->up, a->ln2, d->C, d->F, 1, m->s.dup);
         be->swiglu_forward(a->fc_act, a->fc, a->up, NF);
     }
 }
@@ -1018,7 +1166,7 @@ static void block_forward(Model *m, int i, int need_output)
 
     norm_forward(m, a->ln1, a->ln1_mean, a->ln1_rstd, x, p->ln1_w, p->ln1_b);
     be->matmul_forward(a->qkv, a->ln1, p->qkv_w, p->qkv_b, d->N, d->C, d->QKV);
-    lora_forward(m, i, LT_QKV, a->qkv, a->ln1, d->C, d->QKV, m->s.dqkv);
+    lora_forward(m, i, LT_QKV, a->qkv, a->ln1, d->C, d->QKV, 1, m->s.dqkv);
     if (!d->gpt2)
         be->rope_forward(a->qkv, m->cur.pos, d->N, d->T, 0, d->H, d->KVH, d->hs, d->rope);
     attention_forward(m, a);
@@ -1042,6 +1190,7 @@ static void block_forward(Model *m, int i, int need_output)
 void model_block_forward(Model *m, int l)
 {
     tp_group_check(&m->tp);
+    lora_widen(m, local_layer(m, l));
     block_forward(m, local_layer(m, l), 1);
 }
 
@@ -1119,6 +1268,7 @@ static void qkv_weight_backward(Model *m, const LayerParams *p, const LayerParam
 void model_block_backward(Model *m, int l)
 {
     const int i = local_layer(m, l);
+    lora_widen(m, i); /* before p's fields are read */
     const Backend *be = m->be;
     const Dims *d = &m->d;
     const Scratch *s = &m->s;
@@ -1173,6 +1323,7 @@ void model_block_backward(Model *m, int l)
 
 float model_head_forward(Model *m, const int32_t *targets)
 {
+    lora_widen(m, WIDE_OUTER);
     const Backend *be = m->be;
     const Dims *d = &m->d;
     HeadActs *h = &m->cur.ha;
@@ -1238,6 +1389,7 @@ void model_set_step_state(Model *m, BackendStepState *s) { m->step_state = s; }
  * final norm's backward adds into it), since nothing flowed into it yet. */
 void model_head_backward(Model *m, float loss_scale)
 {
+    lora_widen(m, WIDE_OUTER);
     const Backend *be = m->be;
     const Dims *d = &m->d;
     const Scratch *s = &m->s;
@@ -1380,6 +1532,7 @@ void model_lora_merge(Model *m)
 {
     if (!m->lora || m->lora_merged)
         return;
+    TRD_ASSERT(!m->base_bf16); /* merged in fp32: trainer_load_model's models */
     const Backend *be = m->be;
     const Dims *d = &m->d;
     const int r = m->mc.lora.rank;

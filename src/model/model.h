@@ -68,7 +68,15 @@ const ParamTable *model_params(const Model *m);
  * may overwrite (a base checkpoint) before the first forward; NULL
  * without LoRA. */
 const ParamTable *model_base_params(const Model *m);
-float *model_base_buffer(Model *m);
+float *model_base_buffer(Model *m); /* NULL also with model.lora.base_dtype bf16 */
+/* LoRA: set the frozen base from host memory (fp32 values, model_base_params'
+ * layout): copied, or with model.lora.base_dtype bf16 rounded to bf16 (to
+ * nearest even) and stored as such. */
+void model_load_base(Model *m, const float *host);
+/* The bytes model.lora's frozen base takes on a rank holding shard sh:
+ * 4 per weight (fp32), or 2 per weight plus the fp32 scratch of its largest
+ * group (bf16); 0 without LoRA.  The memory report and the planner both. */
+size_t model_frozen_bytes(const ModelConfig *mc, const ParamShard *sh);
 /* LoRA: add (alpha/r) B A into each adapted base weight and drop the
  * adapters from forward (generate and export run the merged model; no
  * backward after it).  Reads the bound adapters.  No-op without LoRA. */
@@ -183,6 +191,15 @@ void model_use_activation_set(Model *m, int k);
  * activation set: attention stays within a document, RoPE and learned
  * positions count from its start.  NULL: each sequence is one document. */
 void model_set_positions(Model *m, const int32_t *pos);
+/* LoRA adapter dropout (model.lora.dropout > 0; model.c: lora_dropout):
+ * rows [N] (host memory the caller keeps until the micro-batch's backward
+ * is done) gives each row of the next forward, in this model's row order,
+ * its place in the token stream: (sample stream position) x seq_len +
+ * (position in the sequence), which keys its dropout mask.  Kept in the
+ * selected activation set for its backward.  model_set_positions clears
+ * it: a forward that does not call this after it (validation) drops
+ * nothing, as one never set (eval, generate). */
+void model_set_dropout_rows(Model *m, const uint64_t *rows);
 
 /* Rows of the residual stream this rank holds: B*T, or B*T / tp with
  * sequence parallelism (this rank's block of the b-major token rows).

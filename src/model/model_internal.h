@@ -184,6 +184,7 @@ typedef struct {
     /* LoRA only: */
     float *lora_t, *lora_dt; /* [N, r] the adapter's inner activation, its gradient */
     float *lora_part;        /* [r, C] (tp > 1) a replicated adapter's partial gradient */
+    float *lora_x;           /* [N, max(C, F, H*hs)] (model.lora.dropout) dropout(x) */
     float *frozen_sink;      /* [2C] a frozen norm's weight gradient, computed and dropped */
     /* head only, first (aligned for its doubles): a BackendStepState */
     float *step;
@@ -211,10 +212,14 @@ typedef struct {
                                 * then positions); the host copies with the CPU backend */
     const int32_t *pos;        /* ids + 2N once model_set_positions gave them, else
                                 * NULL (each sequence one document) */
+    const uint64_t *drop_rows; /* [N] model_set_dropout_rows' (the caller's memory), or
+                                * NULL: no adapter dropout */
     int counted;               /* targets >= 0 in it */
     int ce_fused;              /* its head forward wrote the dlogits too (model_head_fuse) */
     float ce_scale;            /* with the loss scale ce_scale */
 } ActSet;
+
+enum { WIDE_NONE = -2, WIDE_OUTER = -1 }; /* Model.wide besides local layer indices */
 
 struct Model {
     const Backend *be;
@@ -237,10 +242,14 @@ struct Model {
      * og stay NULL: the base gets no gradient.  lora_merged: the adapters
      * were added into base (model_lora_merge), forward skips them. */
     int lora, lora_merged;
-    float lora_scale; /* alpha / r */
+    float lora_scale;  /* alpha / r */
+    uint64_t drop_key; /* model.lora.dropout: the masks' Philox key, from run.seed */
     ParamTable base_table;
-    float *base;
-    LoraParams *ap, *ag;          /* [nl] */
+    float *base;      /* fp32 base, or (base_bf16) the scratch of the widened group */
+    uint16_t *base16; /* base_bf16 (model.lora.base_dtype bf16): the base's bf16 bits */
+    int base_bf16;
+    int wide;            /* base_bf16: the group in `base` (WIDE_OUTER, a local layer, WIDE_NONE) */
+    LoraParams *ap, *ag; /* [nl] */
     GroupOffsets *lora_off;       /* [nl] */
     float *host_losses;           /* [N] the head's losses read back (device backends) */
     int fuse_next;                /* model_head_fuse: the next head forward fuses its backward */

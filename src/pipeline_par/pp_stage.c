@@ -24,6 +24,7 @@ struct PpStage {
     int slots[CFG_MAX_VIRTUAL];            /* activation sets of chunk c */
     float *gsend[CFG_MAX_VIRTUAL];         /* chunk c: slots[c] outgoing gradients [act_elems] */
     const int32_t *tokens, *targets, *pos; /* pos: NULL without data.document_mask */
+    const uint64_t *drop_rows;             /* NULL without model.lora.dropout */
     const float *loss_scale;               /* [n_micro]: micro-batch mb's gradient scale */
     double loss_sum;                       /* the losses weighted by loss_scale (last stage) */
 };
@@ -71,6 +72,7 @@ static void stage_forward(void *ctx, int mb, int chunk)
     const size_t at = (size_t)mb * (size_t)p->BT;
     Model *m = use_set(p, mb, chunk);
     model_set_positions(m, p->pos ? p->pos + at : NULL); /* kept in the set for backward */
+    model_set_dropout_rows(m, p->drop_rows ? p->drop_rows + at : NULL);
     p->loss_sum +=
         p->loss_scale[mb] * zero_chunk_forward(p->z, m, p->layers[chunk],
                                                first_stage(p, chunk) ? p->tokens + at : NULL,
@@ -189,8 +191,9 @@ static void trace_step(const PpStage *p)
 }
 
 double pp_stage_step(PpStage *p, const int32_t *tokens, const int32_t *targets, const int32_t *pos,
-                     const float *loss_scale)
+                     const uint64_t *drop_rows, const float *loss_scale)
 {
+    p->drop_rows = drop_rows;
     p->tokens = tokens;
     p->targets = targets;
     p->pos = pos;

@@ -31,12 +31,13 @@ void pp_stage_free(PpStage *p);
 
 /* Forward and backward of every micro-batch of a step, as the schedule
  * orders them.  tokens/targets hold n_micro micro-batches of B*T each (read
- * by the first and the last stage).  Once every backward and send is done
+ * by the first and the last stage); pos and drop_rows (model.lora.dropout:
+ * model_set_dropout_rows) as many rows, or NULL.  Once every backward and send is done
  * (PP_REDUCE) the engine finishes the gradients' reduction
  * (zero_finish_grads).  Returns the sum over micro-batches of their mean
  * loss on the last stage, 0 on the others. */
 double pp_stage_step(PpStage *p, const int32_t *tokens, const int32_t *targets, const int32_t *pos,
-                     const float *loss_scale);
+                     const uint64_t *drop_rows, const float *loss_scale);
 
 /* Forward only, one micro-batch through all stages in turn (validation).
  * Returns its mean loss on the last stage, 0 elsewhere. */

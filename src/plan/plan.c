@@ -230,7 +230,10 @@ static int stage_memory(const Config *cfg, const PlanCluster *c, const PlanResul
         if (cfg->model.lora.rank > 0) { /* the frozen base each chunk model holds */
             ParamTable base;
             params_build_base(&base, &cfg->model, &one);
-            st->frozen += (double)base.numel * r->elem_param;
+            /* bf16 storage (model.lora.base_dtype): what the model allocates */
+            st->frozen += cfg->model.lora.base_dtype == LORA_BASE_BF16
+                              ? (double)model_frozen_bytes(&cfg->model, &one)
+                              : (double)base.numel * r->elem_param;
             params_free(&base);
         }
     }

@@ -106,6 +106,41 @@ static void read_batch(Trainer *tr, Blend *data, uint64_t first, int j, int vali
     }
 }
 
+/* model.lora.dropout: the places in the token stream, sample x T + t, of
+ * micro-batch j's rows (the sequences at stream positions first, first+1,
+ * ...), in this rank's row order (its two chunks of each with cp > 1, as
+ * cut_chunks); every stage, data read or not. */
+static void dropout_rows(const Trainer *tr, uint64_t first, int j)
+{
+    const int B = tr->cfg->training.micro_batch, T = tr->cfg->model.seq_len, cp = tr->cp;
+    uint64_t *rows = tr->drop_rows + (size_t)j * tr->rows;
+    if (cp == 1) {
+        for (int b = 0; b < B; b++)
+            for (int t = 0; t < T; t++)
+                rows[(size_t)b * T + t] = (first + (uint64_t)b) * (uint64_t)T + (uint64_t)t;
+        return;
+    }
+    const int L = T / (2 * cp);
+    for (int c = 0; c < 2; c++)
+        for (int b = 0; b < B; b++)
+            for (int l = 0; l < L; l++) {
+                const int t = cp_chunk(cp, tr->topo.cp_rank, c) * L + l;
+                rows[((size_t)c * B + b) * L + l] =
+                    (first + (uint64_t)b) * (uint64_t)T + (uint64_t)t;
+            }
+}
+
+/* The stream position of the first sequence of micro-batch j of `step`:
+ * the global batch is positions [step*GB, (step+1)*GB) of the sample stream
+ * whatever the topology; micro-step j of DP rank d takes its B consecutive
+ * positions from there. */
+static uint64_t micro_first(const Trainer *tr, int step, int j)
+{
+    const TrainingConfig *t = &tr->cfg->training;
+    return tr->start_position + (uint64_t)(step - tr->start_step) * (uint64_t)t->global_batch +
+           (uint64_t)(j * tr->dp + tr->dp_rank) * (uint64_t)t->micro_batch;
+}
+
 /* Each micro-batch's loss_scale: its share of the targets the whole step
  * counts (over its micro-batches and the DP ranks).  The model averages a
  * micro-batch's loss over its counted targets, so with these shares the
@@ -205,15 +240,10 @@ static double one_step(Trainer *tr, int step, double *grad_norm, float *lr, int 
     const int needs_data = !tr->pipe || tr->pos || tr->comms.pp.rank == 0 ||
                            tr->comms.pp.rank == tr->comms.pp.size - 1;
     const double t_data = comm_wtime();
-    for (int j = 0; needs_data && j < tr->n_micro; j++) {
-        /* The global batch is positions [step*GB, (step+1)*GB) of the sample
-         * stream whatever the topology; micro-step j of DP rank d takes its
-         * B consecutive positions from there. */
-        uint64_t first = tr->start_position +
-                         (uint64_t)(step - tr->start_step) * (uint64_t)cfg->training.global_batch +
-                         (uint64_t)(j * tr->dp + tr->dp_rank) * (uint64_t)B;
-        read_batch(tr, &tr->train_data, first, j, B);
-    }
+    for (int j = 0; needs_data && j < tr->n_micro; j++)
+        read_batch(tr, &tr->train_data, micro_first(tr, step, j), j, B);
+    for (int j = 0; tr->drop_rows && j < tr->n_micro; j++)
+        dropout_rows(tr, micro_first(tr, step, j), j);
     loss_shares(tr, needs_data);
     *data_ms = 1e3 * (comm_wtime() - t_data);
     if (tr->step_dev) {
@@ -229,12 +259,15 @@ static double one_step(Trainer *tr, int step, double *grad_norm, float *lr, int 
      * every counted token of the step, once summed over DP. */
     double loss = 0;
     if (tr->pipe) {
-        loss = pp_stage_step(tr->pipe, tr->tokens, tr->targets, tr->pos, tr->loss_share);
+        loss = pp_stage_step(tr->pipe, tr->tokens, tr->targets, tr->pos, tr->drop_rows,
+                             tr->loss_share);
         comm_allreduce_f64(&tr->comms.pp, &loss, 1); /* only the last stage has it */
     } else {
         for (int j = 0; j < tr->n_micro; j++) {
             progress_step(step + 1, j + 1); /* for the watchdog's message */
             model_set_positions(trainer_model(tr, 0), tr->pos ? tr->pos + j * BT : NULL);
+            model_set_dropout_rows(trainer_model(tr, 0),
+                                   tr->drop_rows ? tr->drop_rows + j * BT : NULL);
             loss += tr->loss_share[j] *
                     zero_forward_backward(tr->zero, tr->tokens + j * BT, tr->targets + j * BT,
                                           tr->loss_share[j], j == tr->n_micro - 1);
@@ -504,6 +537,9 @@ Trainer *trainer_create(const Config *cfg, Comm world, TrainerMode mode)
                                    sizeof(int32_t),
                                "whole sequences");
     tr->loss_share = trd_malloc((size_t)tr->n_micro * sizeof(float), "loss shares");
+    if (cfg->model.lora.rank > 0 && cfg->model.lora.dropout > 0)
+        tr->drop_rows =
+            trd_malloc((size_t)tr->n_micro * BT * sizeof(uint64_t), "adapter dropout rows");
     if (tr->be->device && tr->topo.world == 1 && !tr->pipe) {
         tr->step_dev = model_step_state(trainer_model(tr, 0));
         tr->step_host = tr->be->host_alloc(sizeof *tr->step_host, "the step's scalars");
@@ -538,6 +574,7 @@ void trainer_destroy(Trainer *tr)
     free(tr->tokens);
     free(tr->targets);
     free(tr->pos);
+    free(tr->drop_rows);
     free(tr->whole);
     free(tr->loss_share);
     if (tr->step_dev) /* (step_dev is the model's) */

@@ -182,7 +182,8 @@ static int read_lora_base(Model *m, const Config *cfg, const Backend *be, int pp
     }
     const ParamTable *t = model_base_params(m);
     const size_t bytes = t->numel * sizeof(float);
-    float *host = be->device ? trd_malloc(bytes + 1, "base weights") : model_base_buffer(m);
+    float *in_place = be->device ? NULL : model_base_buffer(m); /* NULL: bf16 storage too */
+    float *host = in_place ? in_place : trd_malloc(bytes + 1, "base weights");
     CkptShardView v;
     ckpt_view_init(&v, t, 0, 0, 1, pp_rank, world);
     v.part[CKPT_PARAMS].data = host;
@@ -193,12 +194,15 @@ static int read_lora_base(Model *m, const Config *cfg, const Backend *be, int pp
         code = TRD_EXIT_INPUT;
     if (code != TRD_EXIT_OK)
         snprintf(err, CFG_ERR, "model.lora.base: %.900s", why);
-    if (code == TRD_EXIT_OK && cfg->training.precision == PREC_BF16) /* bf16 weights */
+    /* bf16 weights, or a base the run stored in bf16 (an inference model
+     * built in fp32 from its checkpoint: trainer_load_model) */
+    if (code == TRD_EXIT_OK &&
+        (cfg->training.precision == PREC_BF16 || cfg->model.lora.base_dtype == LORA_BASE_BF16))
         for (size_t i = 0; i < t->numel; i++)
             host[i] = bf16_round(host[i]);
-    if (host != model_base_buffer(m)) {
+    if (host != in_place) {
         if (code == TRD_EXIT_OK)
-            be->to_backend(model_base_buffer(m), host, bytes);
+            model_load_base(m, host); /* uploaded, or stored in bf16 */
         free(host);
     }
     return code;
@@ -393,9 +397,14 @@ void trainer_save(Trainer *tr, int steps_done, int wait)
                comm_wtime() - t0);
 }
 
-Model *trainer_load_model(const Config *cfg, const Backend *be, const char *step)
+Model *trainer_load_model(const Config *cfg_in, const Backend *be, const char *step)
 {
     char err[CFG_ERR];
+    /* The adapters merge into an fp32 base, whatever stored it: a run's bf16
+     * base is read rounded (read_lora_base with cfg_in), held in fp32. */
+    Config copy = *cfg_in;
+    copy.model.lora.base_dtype = LORA_BASE_FP32;
+    const Config *cfg = &copy;
     ParamShard sh = pp_rank_shard(&cfg->model, &cfg->topology, 0, 1, 0);
     Model *m = model_create(cfg, be, &sh, 1);
     const ParamTable *t = model_params(m);
@@ -414,10 +423,20 @@ Model *trainer_load_model(const Config *cfg, const Backend *be, const char *step
     if (cfg->model.lora.rank > 0) { /* the adapters above; the base they apply to */
         int code = TRD_EXIT_OK;
         if (cfg->model.lora.base[0])
-            code = read_lora_base(m, cfg, be, 0, &world, err);
+            code = read_lora_base(m, cfg_in, be, 0, &world, err); /* rounded as trained */
         else
             printf("note: the LoRA checkpoint names no model.lora.base: its base is the fresh "
                    "model of run.seed\n");
+        if (!cfg->model.lora.base[0] && cfg_in->model.lora.base_dtype == LORA_BASE_BF16) {
+            /* the fresh base, rounded as the run stored it */
+            const size_t n = model_base_params(m)->numel;
+            float *w = trd_malloc((n + 1) * sizeof(float), "base weights");
+            be->to_host(w, model_base_buffer(m), n * sizeof(float));
+            for (size_t i = 0; i < n; i++)
+                w[i] = bf16_round(w[i]);
+            model_load_base(m, w);
+            free(w);
+        }
         if (code != TRD_EXIT_OK)
             trd_fatal(code, "the base must be where the LoRA run read it", "%s", err);
         model_lora_merge(m);

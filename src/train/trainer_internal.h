@@ -28,6 +28,8 @@ struct Trainer {
                                    cp > 1: their global positions (or in documents) */
     int32_t *whole;              /* cp > 1: one micro-batch's whole sequences, before
                                    this rank's chunks are cut out: [3][B*T] */
+    uint64_t *drop_rows;         /* model.lora.dropout: each row's place in the token
+                                   stream, [n_micro][B*T/cp] (model_set_dropout_rows) */
     float *loss_share;           /* [n_micro]: each one's share of the step's counted targets */
     int dp, dp_rank, n_micro;    /* dp: replicas reading different sequences (not cp) */
     int cp;                      /* topology.cp: ranks sharing each sequence */

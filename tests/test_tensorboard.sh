@@ -4,7 +4,8 @@
 #  - the events file's TFRecord framing with @roboflow/tfrecords' CRC32C
 #    and mask (every length and data CRC checked), its Event and Summary
 #    messages with protobufjs from a .proto text below (TensorBoard's field
-#    numbers); every scalar equals metrics.jsonl's value as float32;
+#    numbers); every scalar equals metrics.jsonl's value as float32 (a
+#    mixture of experts' router statistics too, as moe/<name>);
 #  - a resumed run adds a second events file that continues the steps;
 #  - the report (with a trace: per-rank step and idle times) rendered by
 #    headless Chromium: each curve's colour is on the
@@ -35,9 +36,12 @@ train "$out/r" --set training.steps=6 --set checkpoint.dir= --set training.trace
 train "$out/res" --set training.steps=3 --set checkpoint.dir="$out/res/ckpt" --set checkpoint.every=3
 sleep 1 # a new second: the second file's name differs by time too
 train "$out/res" --set training.steps=6 --set checkpoint.dir="$out/res/ckpt" --set checkpoint.every=3
+# A mixture of experts: the router's statistics as moe/<name> scalars.
+train "$out/moe" --set training.steps=6 --set checkpoint.dir= --set model.moe.experts=4 \
+    --set model.moe.capacity_factor=1.0
 
 # --- the events files, read by others' code -------------------------------
-node - "$out/r" 6 1 "$out/res" 6 2 <<'JS' || fails=$((fails + 1))
+node - "$out/r" 6 1 "$out/res" 6 2 "$out/moe" 6 1 <<'JS' || fails=$((fails + 1))
 const fs = require("fs"), path = require("path");
 const { crc32c, maskCrc, readInt64 } = require("@roboflow/tfrecords/src/tensorFlowHelpers.js");
 const protobuf = require("protobufjs");
@@ -110,6 +114,7 @@ for (let a = 0; a < args.length; a += 3) {
     for (const k of ["loss", "val_loss", "lr", "grad_norm", "tokens_per_s", "mfu", "step_ms"])
       if (k in r) w[k] = r[k];
     if (r.memory_bytes) for (const [k, v] of Object.entries(r.memory_bytes)) w["memory_bytes/" + k] = v;
+    for (const [k, v] of Object.entries(r)) if (k.startsWith("moe_")) w["moe/" + k.slice(4)] = v;
   }
   let compared = 0;
   for (let s = 1; s <= steps; s++) {
@@ -124,6 +129,8 @@ for (let a = 0; a < args.length; a += 3) {
   if (!seen[3] || !("val_loss" in seen[3]) || !("val_loss" in seen[6])) fail(`${dir}: val_loss at steps 3 and 6 missing`);
   if (!("memory_bytes/params" in (seen[1] || {})) || !(seen[1]["memory_bytes/params"] > 0)) fail(`${dir}: memory at step 1 missing`);
   if (nfiles === 2 && firstStepOfFile.join() !== "1,4") fail(`${dir}: files start at steps ${firstStepOfFile}, expected 1,4`);
+  if (dir.endsWith("/moe") && !(seen[6] && "moe/aux_loss" in seen[6] && "moe/dropped" in seen[6]))
+    fail(`${dir}: the router's scalars (moe/aux_loss, moe/dropped) missing at step 6`);
   console.log(`${dir}: ${files.length} events file(s), ${compared} scalars equal to metrics.jsonl`);
 }
 process.exit(bad ? 1 : 0);

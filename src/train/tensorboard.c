@@ -160,7 +160,7 @@ void tb_record(TbWriter *tb, const StepMetrics *s)
 }
 
 void tb_record_values(TbWriter *tb, int step, const char *prefix, const char *const *names,
-                      const double *values, int n)
+                      const double *values, const char *const *fmts, int n)
 {
     if (!tb->f)
         return;
@@ -168,7 +168,7 @@ void tb_record_values(TbWriter *tb, int step, const char *prefix, const char *co
     for (int i = 0; i < n; i++) {
         char tag[64];
         snprintf(tag, sizeof tag, "%s/%s", prefix, names[i]);
-        add(&vs, tag, "%.0f", values[i]);
+        add(&vs, tag, fmts ? fmts[i] : "%.0f", values[i]);
     }
     write_values(tb, step, &vs);
 }

@@ -28,10 +28,11 @@ void tb_open(TbWriter *tb, const char *run_dir);
 /* One event at s->step with the step's scalars (val_loss when computed). */
 void tb_record(TbWriter *tb, const StepMetrics *s);
 
-/* One event at step with n values tagged <prefix>/<names[i]> (the memory
- * table: bytes per category). */
+/* One event at step with n values tagged <prefix>/<names[i]>, each rounded
+ * as metrics.jsonl prints it (fmts[i]; NULL: whole numbers, as the memory
+ * table's bytes per category). */
 void tb_record_values(TbWriter *tb, int step, const char *prefix, const char *const *names,
-                      const double *values, int n);
+                      const double *values, const char *const *fmts, int n);
 
 void tb_close(TbWriter *tb);
 

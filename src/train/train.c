@@ -177,7 +177,7 @@ static void tb_memory(TbWriter *tb, const Trainer *tr, int step)
     const double bytes[] = {(double)m.params,  (double)m.grads,       (double)m.optimizer,
                             (double)m.buffers, (double)m.activations, (double)m.scratch,
                             (double)snapshot};
-    tb_record_values(tb, step, "memory_bytes", names, bytes, 7);
+    tb_record_values(tb, step, "memory_bytes", names, bytes, NULL, 7);
 }
 
 /* model.moe: the router's statistics of this step's forwards, over every
@@ -185,12 +185,15 @@ static void tb_memory(TbWriter *tb, const Trainer *tr, int step)
  * members: the load-balancing and z-loss values per MoE layer and
  * micro-batch (mean; before their coefficients), the fewest and most
  * assignments one expert got in one layer and micro-batch, and the
- * assignments dropped over capacity.  Collective; "" for a dense model. */
-static void moe_json(Trainer *tr, const Config *cfg, Comm *world, char *out, size_t n)
+ * assignments dropped over capacity, also into values (in that order);
+ * returns whether there were any.  Collective; "" and 0 for a dense model. */
+enum { MOE_VALUES = 5 };
+static int moe_json(Trainer *tr, const Config *cfg, Comm *world, char *out, size_t n,
+                    double values[MOE_VALUES])
 {
     out[0] = '\0';
     if (cfg->model.moe_experts == 0)
-        return;
+        return 0;
     double sum[4] = {0}, most[2] = {-1e300, -1e300}; /* most: max, -min */
     const int chunks = cfg->topology.virtual_stages > 1 ? cfg->topology.virtual_stages : 1;
     for (int c = 0; c < chunks; c++) {
@@ -207,11 +210,24 @@ static void moe_json(Trainer *tr, const Config *cfg, Comm *world, char *out, siz
     comm_allreduce_f64(world, sum, 4);
     comm_allreduce_max_f64(world, most, 2);
     if (sum[2] == 0)
-        return;
+        return 0;
+    const double v[MOE_VALUES] = {sum[0] / sum[2], sum[1] / sum[2], -most[1], most[0], sum[3]};
     snprintf(out, n,
              "\"moe_aux_loss\": %.6g, \"moe_z_loss\": %.6g, \"moe_tokens_per_expert_min\": %.0f, "
              "\"moe_tokens_per_expert_max\": %.0f, \"moe_dropped\": %.0f",
-             sum[0] / sum[2], sum[1] / sum[2], -most[1], most[0], sum[3]);
+             v[0], v[1], v[2], v[3], v[4]);
+    memcpy(values, v, sizeof v);
+    return 1;
+}
+
+/* The same values as TensorBoard scalars moe/<name>, rounded as
+ * metrics.jsonl prints them. */
+static void tb_moe(TbWriter *tb, int step, const double values[MOE_VALUES])
+{
+    static const char *const names[MOE_VALUES] = {"aux_loss", "z_loss", "tokens_per_expert_min",
+                                                  "tokens_per_expert_max", "dropped"};
+    static const char *const fmts[MOE_VALUES] = {"%.6g", "%.6g", "%.0f", "%.0f", "%.0f"};
+    tb_record_values(tb, step, "moe", names, values, fmts, MOE_VALUES);
 }
 
 /* training.sample_every: a continuation of end-of-text by the model as it
@@ -476,7 +492,8 @@ int train_run(const Config *cfg, Comm world)
                          .val_loss = -1,
                          .extra = step == in->start_step ? memory : NULL};
         char extra[sizeof memory + 64 * CFG_MAX_BLEND + 256], moe[256];
-        moe_json(tr, cfg, &world, moe, sizeof moe);
+        double moe_values[MOE_VALUES];
+        const int has_moe = moe_json(tr, cfg, &world, moe, sizeof moe, moe_values);
         if (rank0 && (cfg->data.blend[0] || moe[0])) {
             extra[0] = '\0';
             if (cfg->data.blend[0])
@@ -492,7 +509,8 @@ int train_run(const Config *cfg, Comm world)
         const int every = cfg->data.val_every > 0 && (step + 1) % cfg->data.val_every == 0;
         if (in->has_val && (last || every)) {
             s.val_loss = trainer_validate(tr, NULL);
-            moe_json(tr, cfg, &world, moe, sizeof moe); /* not training's: dropped */
+            double dropped[MOE_VALUES]; /* validation's, not training's */
+            moe_json(tr, cfg, &world, moe, sizeof moe, dropped);
         }
         /* The ETA extrapolates this run's mean step time (validation included). */
         s.elapsed_s = now_s() - t_loop;
@@ -500,6 +518,8 @@ int train_run(const Config *cfg, Comm world)
         if (rank0) {
             metrics_record(&metrics, &s);
             tb_record(&tb, &s);
+            if (has_moe)
+                tb_moe(&tb, step + 1, moe_values);
             if (step == in->start_step)
                 tb_memory(&tb, tr, step + 1);
         }

@@ -133,23 +133,6 @@ static void norm(const Decoder *dc, float *out, const float *inp, const float *w
         m->be->rmsnorm_forward(out, dc->rstd, inp, w, n, m->d.C, m->d.eps);
 }
 
-/* act [n, F] = the MLP activation of x [n, C] (GELU of fc, or SwiGLU of
- * gate and up), the fc and up outputs in fc and up. */
-static void mlp_in(const Decoder *dc, float *fc, float *up, float *act, const float *x,
-                   const float *fc_w, const float *fc_b, const float *up_w, int n, int F)
-{
-    const Model *m = dc->m;
-    const Backend *be = m->be;
-    const size_t nF = (size_t)n * (size_t)F;
-    be->matmul_forward(fc, x, fc_w, fc_b, n, m->d.C, F);
-    if (m->d.gpt2) {
-        be->gelu_forward(act, fc, nF);
-    } else {
-        be->matmul_forward(up, x, up_w, NULL, n, m->d.C, F);
-        be->swiglu_forward(act, fc, up, nF);
-    }
-}
-
 /* A MoE layer's MLP branch over the n rows of dc->ln into dc->branch: the
  * function of moe_forward (moe.c), routed alike (softmax, top-k, ties to
  * the lower expert, renormalised), the rows of each expert in token order,
@@ -185,15 +168,17 @@ static void moe_branch(Decoder *dc, const LayerParams *p, int n)
         if (rows == 0)
             continue;
         const size_t eF = (size_t)e * Fe * C; /* expert e's first weight of fc/up and proj */
-        mlp_in(dc, dc->x_fc + (size_t)o * Fe, dc->x_up ? dc->x_up + (size_t)o * Fe : NULL,
-               dc->x_act + (size_t)o * Fe, dc->x_in + (size_t)o * C, p->x_fc_w + eF,
-               p->x_fc_b ? p->x_fc_b + (size_t)e * Fe : NULL, p->x_up_w ? p->x_up_w + eF : NULL,
-               rows, Fe);
+        mlp_in_forward(dc->m, dc->x_fc + (size_t)o * Fe,
+                       dc->x_up ? dc->x_up + (size_t)o * Fe : NULL, dc->x_act + (size_t)o * Fe,
+                       dc->x_in + (size_t)o * C, p->x_fc_w + eF,
+                       p->x_fc_b ? p->x_fc_b + (size_t)e * Fe : NULL,
+                       p->x_up_w ? p->x_up_w + eF : NULL, rows, Fe);
         be->matmul_forward(dc->x_out + (size_t)o * C, dc->x_act + (size_t)o * Fe, p->x_proj_w + eF,
                            p->x_proj_b ? p->x_proj_b + (size_t)e * C : NULL, rows, Fe, C);
     }
     if (d->Fs > 0) { /* the shared experts: one MLP of width Fs, unweighted */
-        mlp_in(dc, dc->fc, dc->up, dc->fc_act, dc->ln, p->fc_w, p->fc_b, p->up_w, n, d->Fs);
+        mlp_in_forward(dc->m, dc->fc, dc->up, dc->fc_act, dc->ln, p->fc_w, p->fc_b, p->up_w, n,
+                       d->Fs);
         be->matmul_forward(dc->branch, dc->fc_act, p->mlp_proj_w, p->mlp_proj_b, n, d->Fs, C);
     } else {
         be->zero(dc->branch, (size_t)n * C * sizeof(float));
@@ -221,7 +206,8 @@ static void layer(Decoder *dc, int l, int n)
     if (p->router_w) {
         moe_branch(dc, p, n);
     } else {
-        mlp_in(dc, dc->fc, dc->up, dc->fc_act, dc->ln, p->fc_w, p->fc_b, p->up_w, n, d->F);
+        mlp_in_forward(dc->m, dc->fc, dc->up, dc->fc_act, dc->ln, p->fc_w, p->fc_b, p->up_w, n,
+                       d->F);
         be->matmul_forward(dc->branch, dc->fc_act, p->mlp_proj_w, p->mlp_proj_b, n, d->F, d->C);
     }
     be->add(dc->x, dc->x, dc->branch, nC);

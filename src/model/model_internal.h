@@ -295,4 +295,10 @@ void moe_forward(Model *m, const LayerParams *p, LayerActs *a, float *out);
 void moe_backward(Model *m, const LayerParams *p, const LayerParams *g, const LayerActs *a,
                   const float *dout);
 
+/* act [n, F] = the MLP activation (GELU of fc, or SwiGLU of fc and up) of
+ * x [n, C], the fc and up outputs kept in fc and up (moe.c; the decoder's
+ * dense and MoE layers use it too). */
+void mlp_in_forward(const Model *m, float *fc, float *up, float *act, const float *x,
+                    const float *fc_w, const float *fc_b, const float *up_w, int n, int F);
+
 #endif

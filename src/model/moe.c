@@ -162,9 +162,8 @@ static void moe_count(Model *m, const MoeRoute *rt)
     st->layers += 1;
 }
 
-/* act = MLP activation of the fc (and up) outputs over n rows of width F. */
-static void mlp_in_forward(const Model *m, float *fc, float *up, float *act, const float *x,
-                           const float *fc_w, const float *fc_b, const float *up_w, int n, int F)
+void mlp_in_forward(const Model *m, float *fc, float *up, float *act, const float *x,
+                    const float *fc_w, const float *fc_b, const float *up_w, int n, int F)
 {
     const Backend *be = m->be;
     const size_t nF = (size_t)n * (size_t)F;

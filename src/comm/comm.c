@@ -183,6 +183,30 @@ static void wait_end(void)
         progress_done();
 }
 
+/* How a rank waits for MPI: every blocking call here is its non-blocking
+ * form plus this wait, which tests for 50 us and then naps 20 us between
+ * tests (as the pipeline executor's receive loop does).  MPICH's blocking
+ * calls spin on a core until the others arrive; with more ranks than cores
+ * (a test machine, a login node, a CPU job oversubscribed on purpose) the
+ * spinning ranks take the cores from the ranks they are waiting for.  Open
+ * MPI yields when oversubscribed for the same reason.  The nap costs at most
+ * a few tens of microseconds on a wait that has already lasted 50. */
+#define WAIT_SPIN_S 50e-6
+#define WAIT_NAP_NS 20000L
+
+static void wait_request(MPI_Request *req, MPI_Status *st, const char *what)
+{
+    const double t0 = MPI_Wtime();
+    for (;;) {
+        int done = 0;
+        check(MPI_Test(req, &done, st), what);
+        if (done)
+            return;
+        if (MPI_Wtime() - t0 >= WAIT_SPIN_S)
+            nanosleep(&(struct timespec){.tv_nsec = WAIT_NAP_NS}, NULL);
+    }
+}
+
 Comm comm_world(void)
 {
     Comm c = {.handle = MPI_COMM_WORLD, .name = "world"};
@@ -524,8 +548,10 @@ static void allreduce(Comm *c, void *buf, size_t n, size_t elem, MPI_Datatype t,
     wait_begin(c, "all-reduce", -1);
     for (size_t off = 0; off < n; off += chunk) {
         size_t k = n - off < chunk ? n - off : chunk;
-        check(MPI_Allreduce(MPI_IN_PLACE, (char *)buf + off * elem, (int)k, t, op, c->handle),
+        MPI_Request r;
+        check(MPI_Iallreduce(MPI_IN_PLACE, (char *)buf + off * elem, (int)k, t, op, c->handle, &r),
               "all-reduce");
+        wait_request(&r, MPI_STATUS_IGNORE, "all-reduce");
     }
     wait_end();
     count_op(c, ring_bytes(c, n * elem / sizeof(float), 2));
@@ -583,8 +609,10 @@ void comm_allgather_bytes(Comm *c, const void *mine, void *all, size_t bytes)
 {
     TRD_ASSERT(bytes <= (size_t)INT_MAX);
     wait_begin(c, "all-gather", -1);
-    check(MPI_Allgather(mine, (int)bytes, MPI_BYTE, all, (int)bytes, MPI_BYTE, c->handle),
+    MPI_Request r;
+    check(MPI_Iallgather(mine, (int)bytes, MPI_BYTE, all, (int)bytes, MPI_BYTE, c->handle, &r),
           "all-gather");
+    wait_request(&r, MPI_STATUS_IGNORE, "all-gather");
     wait_end();
     c->calls++;
 }
@@ -603,7 +631,9 @@ void *comm_allgatherv_bytes(Comm *c, const void *mine, size_t bytes, size_t *tot
     }
     char *all = trd_malloc(sum ? sum : 1, "all-gathered bytes");
     wait_begin(c, "all-gather", -1);
-    check(MPI_Allgatherv(mine, b, MPI_BYTE, all, n, at, MPI_BYTE, c->handle), "all-gather");
+    MPI_Request r;
+    check(MPI_Iallgatherv(mine, b, MPI_BYTE, all, n, at, MPI_BYTE, c->handle, &r), "all-gather");
+    wait_request(&r, MPI_STATUS_IGNORE, "all-gather");
     wait_end();
     if (counts)
         memcpy(counts, n, (size_t)c->size * sizeof(int));
@@ -618,7 +648,9 @@ void comm_broadcast(Comm *c, void *buf, size_t bytes, int root)
         return;
     TRD_ASSERT(bytes <= (size_t)INT_MAX);
     wait_begin(c, "broadcast", -1);
-    check(MPI_Bcast(buf, (int)bytes, MPI_BYTE, root, c->handle), "broadcast");
+    MPI_Request r;
+    check(MPI_Ibcast(buf, (int)bytes, MPI_BYTE, root, c->handle, &r), "broadcast");
+    wait_request(&r, MPI_STATUS_IGNORE, "broadcast");
     wait_end();
     c->calls++;
 }
@@ -626,7 +658,9 @@ void comm_broadcast(Comm *c, void *buf, size_t bytes, int root)
 void comm_barrier(Comm *c)
 {
     wait_begin(c, "barrier", -1);
-    check(MPI_Barrier(c->handle), "barrier");
+    MPI_Request r;
+    check(MPI_Ibarrier(c->handle, &r), "barrier");
+    wait_request(&r, MPI_STATUS_IGNORE, "barrier");
     wait_end();
 }
 
@@ -778,7 +812,7 @@ void comm_wait(CommHandle *h)
     }
     h->op = NULL;
     if (h->req != MPI_REQUEST_NULL)
-        check(MPI_Wait(&h->req, MPI_STATUS_IGNORE), "wait");
+        wait_request(&h->req, MPI_STATUS_IGNORE, "wait");
     if (pending)
         wait_end();
     finish(h);
@@ -843,8 +877,11 @@ void comm_allgather_block_f32(Comm *c, float *buf, size_t n)
         TRD_ASSERT(n * (size_t)c->size <= (size_t)INT_MAX);
         float *x = block_stage(c, buf, n);
         wait_begin(c, "all-gather", -1);
-        check(MPI_Allgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, x, (int)n, MPI_FLOAT, c->handle),
-              "all-gather");
+        MPI_Request r;
+        check(
+            MPI_Iallgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, x, (int)n, MPI_FLOAT, c->handle, &r),
+            "all-gather");
+        wait_request(&r, MPI_STATUS_IGNORE, "all-gather");
         wait_end();
         block_unstage(c, buf, x, n * (size_t)c->size);
     }
@@ -869,8 +906,10 @@ void comm_reduce_scatter_block_f32(Comm *c, float *buf, size_t n)
         /* In place, MPI leaves this rank's reduced block at the start of buf. */
         float *x = block_stage(c, buf, n);
         wait_begin(c, "reduce-scatter", -1);
-        check(MPI_Reduce_scatter_block(MPI_IN_PLACE, x, (int)n, MPI_FLOAT, MPI_SUM, c->handle),
+        MPI_Request r;
+        check(MPI_Ireduce_scatter_block(MPI_IN_PLACE, x, (int)n, MPI_FLOAT, MPI_SUM, c->handle, &r),
               "reduce-scatter");
+        wait_request(&r, MPI_STATUS_IGNORE, "reduce-scatter");
         wait_end();
         block_unstage(c, buf, x, n);
     }
@@ -928,7 +967,9 @@ void comm_recv_f32(Comm *c, float *buf, size_t n, int src, int tag)
     int got = 0;
     float *x = c->mem ? stage_take(c, n) : buf;
     wait_begin(c, "receive from", src);
-    check(MPI_Recv(x, (int)n, MPI_FLOAT, src, tag, c->handle, &st), "receive");
+    MPI_Request r;
+    check(MPI_Irecv(x, (int)n, MPI_FLOAT, src, tag, c->handle, &r), "receive");
+    wait_request(&r, &st, "receive");
     wait_end();
     MPI_Get_count(&st, MPI_FLOAT, &got);
     if (got != (int)n)
@@ -959,7 +1000,9 @@ void comm_alltoall_i32(Comm *c, const int *send, int *recv, size_t n)
     }
     TRD_ASSERT(n <= (size_t)INT_MAX);
     wait_begin(c, "all-to-all", -1);
-    check(MPI_Alltoall(send, (int)n, MPI_INT, recv, (int)n, MPI_INT, c->handle), "all-to-all");
+    MPI_Request r;
+    check(MPI_Ialltoall(send, (int)n, MPI_INT, recv, (int)n, MPI_INT, c->handle, &r), "all-to-all");
+    wait_request(&r, MPI_STATUS_IGNORE, "all-to-all");
     wait_end();
     c->calls++;
 }
@@ -1003,8 +1046,11 @@ void comm_alltoallv_f32(Comm *c, const float *send, const size_t *scount, const 
     float *hr = c->mem && nr ? stage_take(c, nr) : recv;
     int *s = alltoallv_ints(c, scount, sdispl), *r = alltoallv_ints(c, rcount, rdispl);
     wait_begin(c, "all-to-all", -1);
-    check(MPI_Alltoallv(hs, s, s + c->size, MPI_FLOAT, hr, r, r + c->size, MPI_FLOAT, c->handle),
-          "all-to-all");
+    MPI_Request q;
+    check(
+        MPI_Ialltoallv(hs, s, s + c->size, MPI_FLOAT, hr, r, r + c->size, MPI_FLOAT, c->handle, &q),
+        "all-to-all");
+    wait_request(&q, MPI_STATUS_IGNORE, "all-to-all");
     wait_end();
     free(s);
     free(r);

@@ -46,11 +46,28 @@ static ncclResult_t mpi(int rc, const char *call)
     return rc == MPI_SUCCESS ? ncclSuccess : fail(ncclSystemError, "%s: MPI failed", call);
 }
 
+/* A wait for MPI that tests for 50 us, then naps 20 us between tests, as
+ * src/comm/comm.c waits: MPICH's blocking calls spin, and the emulated
+ * ranks outnumber the test machine's cores. */
+static int wait_mpi(int rc, MPI_Request *req, MPI_Status *st = MPI_STATUS_IGNORE)
+{
+    if (rc != MPI_SUCCESS)
+        return rc;
+    const double t0 = MPI_Wtime();
+    for (;;) {
+        int done = 0;
+        if ((rc = MPI_Test(req, &done, st)) != MPI_SUCCESS || done)
+            return rc;
+        if (MPI_Wtime() - t0 >= 50e-6)
+            usleep(20);
+    }
+}
+
 /* The stream order: the communicator's send in flight completes first. */
 static void drain(ncclComm_t c)
 {
     if (c && c->send != MPI_REQUEST_NULL)
-        MPI_Wait(&c->send, MPI_STATUS_IGNORE);
+        wait_mpi(MPI_SUCCESS, &c->send);
 }
 
 /* TRIDENT_EMU_NCCL_FAULT (nccl.h here): whether this call is the one to
@@ -250,7 +267,10 @@ ncclResult_t ncclAllReduce(const void *send, void *recv, size_t count, ncclDataT
     check_buf(call, "recvbuff", recv, count);
     emu_device_scope scope;
     const void *s = send == recv ? MPI_IN_PLACE : send;
-    return mpi(MPI_Allreduce(s, recv, (int)count, MPI_FLOAT, mpi_op(op), comm->mpi), call);
+    MPI_Request q;
+    return mpi(wait_mpi(MPI_Iallreduce(s, recv, (int)count, MPI_FLOAT, mpi_op(op), comm->mpi, &q),
+                        &q),
+               call);
 }
 
 ncclResult_t ncclAllGather(const void *send, void *recv, size_t count, ncclDataType_t type,
@@ -270,8 +290,10 @@ ncclResult_t ncclAllGather(const void *send, void *recv, size_t count, ncclDataT
         (const float *)send < (const float *)recv + count * (size_t)comm->size &&
         (const float *)recv < (const float *)send + count)
         return fail(ncclInvalidUsage, "%s: buffers overlap but not in place", call);
-    return mpi(MPI_Allgather(in_place ? MPI_IN_PLACE : send, (int)count, MPI_FLOAT, recv,
-                             (int)count, MPI_FLOAT, comm->mpi),
+    MPI_Request q;
+    return mpi(wait_mpi(MPI_Iallgather(in_place ? MPI_IN_PLACE : send, (int)count, MPI_FLOAT, recv,
+                                       (int)count, MPI_FLOAT, comm->mpi, &q),
+                        &q),
                call);
 }
 
@@ -288,8 +310,10 @@ ncclResult_t ncclReduceScatter(const void *send, void *recv, size_t count, ncclD
     emu_device_scope scope;
     /* Through a copy: NCCL's in place (recv = send + rank * count) is not MPI's. */
     std::vector<float> out(count);
-    ncclResult_t r = mpi(MPI_Reduce_scatter_block(send, out.data(), (int)count, MPI_FLOAT,
-                                                  mpi_op(op), comm->mpi),
+    MPI_Request q;
+    ncclResult_t r = mpi(wait_mpi(MPI_Ireduce_scatter_block(send, out.data(), (int)count,
+                                                            MPI_FLOAT, mpi_op(op), comm->mpi, &q),
+                                  &q),
                          call);
     if (count)
         memcpy(recv, out.data(), count * sizeof(float));
@@ -311,8 +335,10 @@ ncclResult_t ncclReduce(const void *send, void *recv, size_t count, ncclDataType
         check_buf(call, "recvbuff", recv, count);
     emu_device_scope scope;
     std::vector<float> out(comm->rank == root ? count : 0);
-    ncclResult_t r = mpi(MPI_Reduce(send, out.data(), (int)count, MPI_FLOAT, mpi_op(op), root,
-                                    comm->mpi),
+    MPI_Request q;
+    ncclResult_t r = mpi(wait_mpi(MPI_Ireduce(send, out.data(), (int)count, MPI_FLOAT, mpi_op(op),
+                                              root, comm->mpi, &q),
+                                  &q),
                          call);
     if (comm->rank == root && count)
         memcpy(recv, out.data(), count * sizeof(float));
@@ -335,7 +361,8 @@ ncclResult_t ncclBroadcast(const void *send, void *recv, size_t count, ncclDataT
     emu_device_scope scope;
     if (comm->rank == root && send != recv && count)
         memmove(recv, send, count * sizeof(float));
-    return mpi(MPI_Bcast(recv, (int)count, MPI_FLOAT, root, comm->mpi), call);
+    MPI_Request q;
+    return mpi(wait_mpi(MPI_Ibcast(recv, (int)count, MPI_FLOAT, root, comm->mpi, &q), &q), call);
 }
 
 enum { P2P_TAG = 0x4e43 };
@@ -378,8 +405,10 @@ ncclResult_t ncclRecv(void *recv, size_t count, ncclDataType_t type, int peer, n
     check_buf(call, "recvbuff", recv, count);
     std::vector<float> in(count);
     MPI_Status st;
-    ncclResult_t r = mpi(MPI_Recv(in.data(), (int)count, MPI_FLOAT, peer, P2P_TAG, comm->mpi,
-                                  &st),
+    MPI_Request q;
+    ncclResult_t r = mpi(wait_mpi(MPI_Irecv(in.data(), (int)count, MPI_FLOAT, peer, P2P_TAG,
+                                            comm->mpi, &q),
+                                  &q, &st),
                          call);
     int got = 0;
     MPI_Get_count(&st, MPI_FLOAT, &got);

@@ -360,7 +360,7 @@ static Round run_round(Bench *b, int threads, int steps, int warm)
     omp_set_num_threads(threads);
     if (warm)
         one_step(b); /* the first round warms caches and thread pools */
-    r.sgemm = train_cpu_peak_flops();
+    r.sgemm = train_cpu_peak_flops(1024);
     r.copy = copy_probe();
     memset(&prof, 0, sizeof prof);
     double t0 = now_s();
@@ -371,7 +371,7 @@ static Round run_round(Bench *b, int threads, int steps, int warm)
         r.prof.s[k] = prof.s[k] / steps;
         r.prof.work[k] = prof.work[k] / steps;
     }
-    r.sgemm = max2(r.sgemm, train_cpu_peak_flops());
+    r.sgemm = max2(r.sgemm, train_cpu_peak_flops(1024));
     r.copy = max2(r.copy, copy_probe());
     const double tokens = (double)b->cfg.training.micro_batch * b->cfg.model.seq_len;
     r.ratio = model_flops_per_token(&b->cfg.model) * tokens / r.step_s / r.sgemm;

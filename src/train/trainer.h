@@ -135,9 +135,11 @@ double trainer_peak_flops(const Trainer *tr);
  * the host staging buffers allocated after the first step.  Collective. */
 void trainer_report_device_memory(Trainer *tr);
 
-/* SGEMM FLOP/s of this machine's CPU BLAS (best of a few 1024^3 products):
- * the physical limit that CPU MFU is measured against. */
-double train_cpu_peak_flops(void);
+/* SGEMM FLOP/s of this machine's CPU BLAS (best of 9 n^3 products after a
+ * warm-up): the physical limit that CPU MFU is measured against.  Training
+ * probes n = 512 (27 ms at 100 GFLOP/s, the rate of 1024 within a few per
+ * cent: every rank of every run pays it), bench/bench_cpu n = 1024. */
+double train_cpu_peak_flops(int n);
 
 /* A model for inference only: cfg's model (tp = pp = 1, no optimizer),
  * weights from the trident step directory `step_dir`, on backend be.

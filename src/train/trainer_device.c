@@ -23,9 +23,8 @@ static double now_s(void)
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-double train_cpu_peak_flops(void)
+double train_cpu_peak_flops(int n)
 {
-    const int n = 1024;
     float *a = trd_malloc((size_t)n * n * sizeof(float), "peak probe");
     float *b = trd_malloc((size_t)n * n * sizeof(float), "peak probe");
     float *c = trd_malloc((size_t)n * n * sizeof(float), "peak probe");
@@ -169,7 +168,7 @@ double trainer_peak_flops(const Trainer *tr)
     const char *env = getenv("TRIDENT_PEAK_TFLOPS");
     double peak;
     if (!tr->be->device)
-        peak = train_cpu_peak_flops();
+        peak = train_cpu_peak_flops(512);
     else if (env && *env)
         peak = 1e12 * atof(env);
     else

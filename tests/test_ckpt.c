@@ -311,8 +311,8 @@ static void test_slab(void)
     ParamTable tq;
     params_build(&tq, &mq.model, &sh1);
     const ParamSpec *qkv = params_find(&tq, "layers.0.attn.qkv.weight");
-    CkptSlab two[2];
-    int64_t fr[2];
+    CkptSlab two[CKPT_MAX_RUNS];
+    int64_t fr[CKPT_MAX_RUNS];
     int ns = ckpt_slabs(qkv, qkv->shape[0], qkv->offset, qkv->offset + qkv->numel, two, fr);
     /* 4 heads of 8 rows, 1 kv group: q rows 0-31, k 32-39, v 40-47; rank 1
      * holds q rows 16-31, then k and v rows 32-47. */
@@ -322,6 +322,35 @@ static void test_slab(void)
           "qkv runs: kv_share %d, %d slabs, rows %lld and %lld", qkv->kv_share, ns,
           (long long)two[0].b[0].r, (long long)two[1].b[0].r);
     params_free(&tq);
+    /* The stacked experts of a MoE layer over tp 2 (docs/moe.md): rank 1
+     * holds the second half of each expert's fc rows (3 experts of width
+     * 8: global rows 4-7, 12-15, 20-23), one run per expert, all owned;
+     * the proj is split by columns, the router replicated. */
+    Config me = model_config(ARCH_GPT2, 16, PREC_FP32);
+    me.model.moe_experts = 3;
+    me.model.moe_top_k = 1;
+    me.model.moe_every = 1;
+    me.model.moe_ffn_hidden = 8;
+    ParamTable te;
+    params_build(&te, &me.model, &sh1);
+    const ParamSpec *fc = params_find(&te, "layers.0.moe.experts.fc.weight");
+    ns = ckpt_slabs(fc, fc->shape[0], fc->offset, fc->offset + fc->numel, two, fr);
+    CHECK(fc->row_blocks == 3 && fc->local_shape[0] == 12 && ns == 3 && two[0].b[0].r == 4 &&
+              two[1].b[0].r == 12 && two[2].b[0].r == 20 && two[2].b[0].nr == 4 &&
+              two[1].first == fc->offset + 4 * 16 && fr[2] == 8 && params_global_row(fc, 5) == 13 &&
+              params_row_owned(&te, fc, fr[2]),
+          "expert runs: row_blocks %d, %d slabs, rows %lld %lld %lld", fc->row_blocks, ns,
+          (long long)two[0].b[0].r, (long long)two[1].b[0].r, (long long)two[2].b[0].r);
+    /* A range inside the second expert's rows only. */
+    ns = ckpt_slabs(fc, fc->shape[0], fc->offset + 5 * 16, fc->offset + 6 * 16, two, fr);
+    CHECK(ns == 1 && two[0].b[0].r == 13 && two[0].count == 16, "expert run cut: %d slabs", ns);
+    const ParamSpec *proj = params_find(&te, "layers.0.moe.experts.proj.weight");
+    const ParamSpec *router = params_find(&te, "layers.0.moe.router.weight");
+    CHECK(proj->split_dim == 1 && proj->local_shape[1] == 4 && proj->local_start[1] == 4 &&
+              router->split_dim == -1 && router->local_shape[0] == 3,
+          "expert proj columns %lld from %lld, router split %d", (long long)proj->local_shape[1],
+          (long long)proj->local_start[1], router->split_dim);
+    params_free(&te);
     /* Entirely padding, or outside the tensor. */
     CHECK(ckpt_slab(&q, 3, 12, 20).n == 0 && ckpt_slab(&p, 5, 0, 10).n == 0, "empty slabs");
 }

@@ -635,8 +635,18 @@ static void test_moe_keys(void)
                      WORDS("--set model.moe.capacity_factor=-1", "> 0", "dropless"));
     expect_invalid(WORDS("model.moe.experts=4", "model.moe.every=5"), 0,
                    WORDS("model.moe.every (5)", "model.layers (4)"));
-    expect_invalid(WORDS("model.moe.experts=4", "topology.tp=2"), 0,
-                   WORDS("--set topology.tp=2", "model.moe", "tensor"));
+    expect_invalid(WORDS("model.moe.experts=4", "topology.cp=2"), 0,
+                   WORDS("--set topology.cp=2", "model.moe", "context"));
+    /* tp splits every expert like the dense MLP: its width must divide. */
+    expect_invalid(
+        WORDS("model.moe.experts=4", "model.moe.ffn_hidden=6", "topology.tp=4"), 0,
+        WORDS("--set model.moe.ffn_hidden=6", "divisible by topology.tp (4)", "multiple of 4"));
+    base_config(&c);
+    CHECK(config_set(&c, "model.moe.experts=4", err) == 0 &&
+              config_set(&c, "topology.tp=2", err) == 0 &&
+              config_set(&c, "topology.sequence_parallel=true", err) == 0 &&
+              config_validate(&c, 0, err) == 0,
+          "MoE with tp 2 and sequence parallelism: %s", err);
     expect_invalid(WORDS("model.moe.experts=4", "topology.ep=3"), 0,
                    WORDS("topology.ep (3)", "model.moe.experts (4)"));
     expect_invalid(WORDS("model.moe.experts=4", "topology.ep=4"), 2,

@@ -9,7 +9,8 @@
 # the real kernels.
 #
 # Per-step loss against the CPU run of the same config and seed, 8 steps:
-#   a mixture of experts (GPT-2, 4 experts, a shared one, capacity 1.0; 4 steps);
+#   a mixture of experts (GPT-2, 4 experts, a shared one, capacity 1.0; 4 steps),
+#   also at dp 2 with ep 2, and at tp 2 with sequence parallelism (2 steps);
 #   GPT-2 and Llama (GQA) on 1 rank, fp32 and bf16 (bf16 GEMMs on both
 #   sides, within 1e-4), selective and full recompute;
 #   dp 2 with ZeRO 1 and ZeRO 3, and pp 2 with tied embeddings (staged
@@ -107,6 +108,13 @@ curves moe moe_cuda --to 4 --rtol "$TOL" --norm-rtol "$(python3 -c "print(100 * 
 # Expert parallelism: the all-to-all of device rows (staged through the host).
 run moe_cuda_ep2 2 "${moe[@]}" "${cuda[@]}" --set topology.dp=2 --set topology.ep=2
 curves moe moe_cuda_ep2 --to 4 --rtol "$TOL" --norm-rtol "$(python3 -c "print(100 * $TOL)")"
+# Tensor parallelism with sequence parallelism: each expert split over tp
+# 2, the branch reduce-scattered, the routing weights' gradient all-reduced
+# (device buffers); 2 steps (within the warmup, so the 4-step run's first
+# two are the reference).
+run moe_cuda_tp2_sp 2 "${moe[@]}" "${cuda[@]}" --set topology.tp=2 \
+    --set topology.sequence_parallel=true --set training.steps=2
+curves moe moe_cuda_tp2_sp --to 2 --rtol "$TOL" --norm-rtol "$(python3 -c "print(100 * $TOL)")"
 
 # A model whose state outgrows the device's memory is refused before any
 # allocation, naming the device and the planner's bytes (the emulated

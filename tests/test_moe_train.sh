@@ -9,7 +9,13 @@
 # ZeRO 1 and dp 2 x pp 2, llama (dropping) at dp 2 with ZeRO 3.  A
 # checkpoint of the 1-rank run resumes at dp 2 with ep 2, one of the ep 2
 # run resumes on one rank, and both go on as the 1-rank run did; eval
-# reads a MoE checkpoint.  Tiny: bytes, hidden 32, 2 layers, seq 32, 3
+# reads a MoE checkpoint.  ep 4 at dp 4.  Tensor parallelism (each expert
+# split over tp 2): gpt2 at tp 2, with sequence parallelism, ep 2 x tp 2;
+# llama (dropping) at tp 2 with sequence parallelism; a llama of 8 experts,
+# top-2, at ep 2 x tp 2 with sequence parallelism, ep 4 with ZeRO 3 and ep 2
+# x pp 2; a gpt2 of 8 experts, top-1, at ep 2 x tp 2 with ZeRO 1.  The ep 2
+# x tp 2 checkpoint resumes on one rank, the 1-rank one at tp 2 with
+# sequence parallelism.  Tiny: bytes, hidden 32, 2 layers, seq 32, 3
 # steps, micro-batch 1 (the router's losses are per micro-batch).
 . "$(dirname "$0")/e2e.sh"
 
@@ -65,6 +71,38 @@ run gpt2_ep2_pp2 4 --set topology.dp=2 --set topology.pp=2 "${ep[@]}"
 compare gpt2 gpt2_ep2_pp2
 run llama_ep2_zero3 2 "${llama[@]}" --set topology.dp=2 "${ep[@]}" --set topology.zero=3
 compare llama llama_ep2_zero3
+run gpt2_dp4_ep4 4 --set topology.dp=4 --set topology.ep=4
+compare gpt2 gpt2_dp4_ep4
+# Tensor and sequence parallelism: every expert split over tp like the
+# dense MLP, alone, under sequence parallelism and with ep.
+tp=(--set topology.tp=2)
+sp=(--set topology.sequence_parallel=true)
+run gpt2_tp2 2 "${tp[@]}"
+compare gpt2 gpt2_tp2
+run gpt2_tp2_sp 2 "${tp[@]}" "${sp[@]}"
+compare gpt2 gpt2_tp2_sp
+RUN_CKPT=1 run gpt2_ep2_tp2 4 --set topology.dp=2 "${ep[@]}" "${tp[@]}" --set checkpoint.every=2
+compare gpt2 gpt2_ep2_tp2
+run llama_tp2_sp 2 "${llama[@]}" "${tp[@]}" "${sp[@]}"
+compare llama llama_tp2_sp
+# Eight experts, top-2, a shared expert (Llama): ep 2 x tp 2 with sequence
+# parallelism, ep 4 with ZeRO 3, ep 2 x pp 2; and GPT-2 with 8 experts,
+# top-1: ep 2 x tp 2 with ZeRO 1.
+llama8=(--set model.arch=llama --set model.kv_heads=2 --set model.moe.experts=8
+        --set model.moe.top_k=2 --set model.moe.ffn_hidden=32)
+run llama8 1 "${llama8[@]}"
+run llama8_ep2_tp2_sp 4 "${llama8[@]}" --set topology.dp=2 "${ep[@]}" "${tp[@]}" "${sp[@]}"
+compare llama8 llama8_ep2_tp2_sp
+run llama8_dp4_ep4_zero3 4 "${llama8[@]}" --set topology.dp=4 --set topology.ep=4 \
+    --set topology.zero=3
+compare llama8 llama8_dp4_ep4_zero3
+run llama8_ep2_pp2 4 "${llama8[@]}" --set topology.dp=2 "${ep[@]}" --set topology.pp=2
+compare llama8 llama8_ep2_pp2
+gpt8=(--set model.moe.experts=8 --set model.moe.top_k=1 --set model.moe.ffn_hidden=32)
+run gpt8 1 "${gpt8[@]}"
+run gpt8_ep2_tp2_zero1 4 "${gpt8[@]}" --set topology.dp=2 "${ep[@]}" "${tp[@]}" \
+    --set topology.zero=1
+compare gpt8 gpt8_ep2_tp2_zero1
 # The all-to-alls ran: the trace of ep 2 has them (the group "ep").
 grep -q "all-to-all ep" "$out/gpt2_ep2/trace.json" 2>/dev/null \
     || { echo "FAIL: no all-to-all in gpt2_ep2's trace"; fails=$((fails + 1)); }
@@ -92,6 +130,10 @@ resume() { # from, name, ranks, settings...
 }
 resume gpt2 resume_dp2_ep2 2 --set topology.dp=2 "${ep[@]}"
 resume gpt2_ep2 resume_ep1 1
+# Across tp: the ep 2 x tp 2 checkpoint on one rank, the 1-rank one at tp 2
+# with sequence parallelism (the experts are saved in the global layout).
+resume gpt2_ep2_tp2 resume_tp1 1
+resume gpt2 resume_tp2_sp 2 "${tp[@]}" "${sp[@]}"
 cp -r "$out/gpt2/ckpt" "$out/resume.ckpt"
 # An ep that does not divide dp: exit 2 before anything runs, the rule named.
 timeout 60 "$TRIDENT" plan configs/tiny.yaml "${small[@]}" --set topology.dp=2 \

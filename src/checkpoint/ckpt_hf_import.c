@@ -1576,8 +1576,8 @@ static int read_pieces(Imp *im, const CkptShardView *v, const char *dir, char er
     for (int i = 0; i < v->table->n && code == TRD_EXIT_OK; i++) {
         const ParamSpec *p = &v->table->p[i];
         const int64_t rows = p->real_rows, cols = p->shape[1];
-        CkptSlab slabs[2][2];
-        int64_t first_row[2];
+        CkptSlab slabs[2][CKPT_MAX_RUNS];
+        int64_t first_row[CKPT_MAX_RUNS];
         int ns[2] = {0, 0}, any = 0;
         for (int k = 0; k < 2; k++) {
             const CkptRange *r = &v->part[k == 0 ? CKPT_PARAMS : CKPT_MASTER];

@@ -59,13 +59,18 @@ typedef struct {
  * (n == 0 when they do not meet). */
 CkptSlab ckpt_slab(const ParamSpec *p, int64_t real_rows, size_t lo, size_t hi);
 
+/* Runs of consecutive global rows a local tensor can have: one per expert
+ * of a MoE tensor split over TP by each expert's rows (row_blocks). */
+#define CKPT_MAX_RUNS MOE_MAX_EXPERTS
+
 /* The same for any ParamSpec: one slab per run of local rows that are
  * consecutive global rows (two for a qkv tensor whose kv heads are
- * replicated over TP ranks: the query rows, then the k and v rows; see
- * params.h).  Returns the number of non-empty slabs; first_row[i] is the
- * first local row of slab i (for params_row_owned). */
-int ckpt_slabs(const ParamSpec *p, int64_t real_rows, size_t lo, size_t hi, CkptSlab out[2],
-               int64_t first_row[2]);
+ * replicated over TP ranks: the query rows, then the k and v rows; one per
+ * expert for stacked experts split over TP; see params.h).  Returns the
+ * number of non-empty slabs; first_row[i] is the first local row of slab i
+ * (for params_row_owned). */
+int ckpt_slabs(const ParamSpec *p, int64_t real_rows, size_t lo, size_t hi,
+               CkptSlab out[CKPT_MAX_RUNS], int64_t first_row[CKPT_MAX_RUNS]);
 
 /* The tensors' bytes, written by trident beside HDF5 at a contiguous,
  * early-allocated, never-filled dataset's H5Dget_offset (ckpt_raw.c):

@@ -56,22 +56,36 @@ CkptSlab ckpt_slab(const ParamSpec *p, int64_t real_rows, size_t lo, size_t hi)
     return s;
 }
 
-int ckpt_slabs(const ParamSpec *p, int64_t real_rows, size_t lo, size_t hi, CkptSlab out[2],
-               int64_t first_row[2])
+int ckpt_slabs(const ParamSpec *p, int64_t real_rows, size_t lo, size_t hi,
+               CkptSlab out[CKPT_MAX_RUNS], int64_t first_row[CKPT_MAX_RUNS])
 {
     /* Runs of local rows that are consecutive global rows: all of them, or
-     * (replicated kv heads, params.h) the query rows then the k, v rows. */
+     * (replicated kv heads, params.h) the query rows then the k, v rows, or
+     * (experts split over TP) each expert's rows. */
     const int64_t lc = p->local_shape[1];
-    const int64_t split =
-        p->kv_row > 0 && p->kv_row < p->local_shape[0] ? p->kv_row : p->local_shape[0];
-    const int64_t run_lo[2] = {0, split}, run_hi[2] = {split, p->local_shape[0]};
-    const int64_t run_g0[2] = {p->local_start[0], p->kv_start};
+    int64_t run_lo[CKPT_MAX_RUNS], run_hi[CKPT_MAX_RUNS];
+    int runs = 0;
+    if (p->row_blocks > 1) {
+        TRD_ASSERT(p->row_blocks <= CKPT_MAX_RUNS);
+        const int64_t mine = p->local_shape[0] / p->row_blocks;
+        for (; runs < p->row_blocks; runs++) {
+            run_lo[runs] = runs * mine;
+            run_hi[runs] = (runs + 1) * mine;
+        }
+    } else {
+        const int64_t split =
+            p->kv_row > 0 && p->kv_row < p->local_shape[0] ? p->kv_row : p->local_shape[0];
+        run_lo[0] = 0;
+        run_hi[0] = run_lo[1] = split;
+        run_hi[1] = p->local_shape[0];
+        runs = 2;
+    }
     int n = 0;
-    for (int i = 0; i < 2; i++) {
+    for (int i = 0; i < runs; i++) {
         if (run_lo[i] >= run_hi[i])
             continue;
         ParamSpec q = *p;
-        q.local_start[0] = run_g0[i];
+        q.local_start[0] = params_global_row(p, run_lo[i]);
         q.local_shape[0] = run_hi[i] - run_lo[i];
         q.offset = p->offset + (size_t)(run_lo[i] * lc);
         q.numel = (size_t)(q.local_shape[0] * lc);

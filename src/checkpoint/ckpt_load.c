@@ -595,8 +595,8 @@ static int read_kind(Reader *r, const CkptIndex *ix, const CkptShardView *v, Ckp
     const CkptKind src = source_kind(ix, v, k);
     for (int i = 0; i < v->table->n; i++) {
         const ParamSpec *p = &v->table->p[i];
-        CkptSlab slabs[2];
-        int64_t first_row[2];
+        CkptSlab slabs[CKPT_MAX_RUNS];
+        int64_t first_row[CKPT_MAX_RUNS];
         const int ns = ckpt_slabs(p, p->real_rows, lo, hi, slabs, first_row);
         if (!ns)
             continue;

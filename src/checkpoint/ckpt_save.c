@@ -227,15 +227,15 @@ static void write_slab(CkptRaw *w, hid_t d, const CkptEntry *e, const CkptSlab *
  * rows it owns only (params_row_owned: tensors not split over TP belong
  * to TP rank 0, replicated kv rows to the first of their holders). */
 static int writer_slabs(const CkptShardView *v, const ParamSpec *p, int k, int64_t rows,
-                        CkptSlab out[2])
+                        CkptSlab out[CKPT_MAX_RUNS])
 {
     const CkptRange *r = &v->part[k];
     size_t lo = r->lo > v->block_lo ? r->lo : v->block_lo;
     size_t hi = r->hi < v->block_hi ? r->hi : v->block_hi;
     if (lo >= hi)
         return 0;
-    CkptSlab all[2];
-    int64_t first_row[2];
+    CkptSlab all[CKPT_MAX_RUNS];
+    int64_t first_row[CKPT_MAX_RUNS];
     int n = ckpt_slabs(p, rows, lo, hi, all, first_row), m = 0;
     for (int i = 0; i < n; i++)
         if (params_row_owned(v->table, p, first_row[i]))
@@ -331,7 +331,7 @@ static int write_stage(const char *path, const CkptShardView *v, const Catalog *
     for (int i = 0; i < n; i++) {
         StageSet *x = &sets[i];
         const ParamSpec *p = &v->table->p[x->param];
-        CkptSlab slabs[2];
+        CkptSlab slabs[CKPT_MAX_RUNS];
         const int ns = writer_slabs(v, p, x->kind, x->e.shape[0], slabs);
         for (int j = 0; j < ns; j++) {
             const CkptSlab *s = &slabs[j];

@@ -124,6 +124,29 @@ static void print_expert_parallel(FILE *f, const Config *cfg, const PlanResult *
             layer * r->n_micro * moe_layers / r->pp / (1024.0 * 1024.0), moe_layers, r->pp);
 }
 
+/* The experts' weights a rank holds (docs/moe.md): the stacked experts of
+ * every MoE layer of its pipeline stage, each expert split over tp like
+ * the dense MLP (the table of tp rank 0 over the whole model, / pp), and
+ * replicated over dp: ep divides their work, not yet their memory. */
+static void print_expert_memory(FILE *f, const Config *cfg, const PlanResult *r)
+{
+    ParamShard sh = params_full_shard(&cfg->model);
+    sh.tp = r->tp;
+    sh.tp_rank = 0;
+    ParamTable t;
+    params_build_base(&t, &cfg->model, &sh);
+    double n = 0;
+    for (int i = 0; i < t.n; i++)
+        if (strstr(t.p[i].name, ".moe.experts."))
+            n += (double)t.p[i].numel;
+    params_free(&t);
+    n /= r->pp;
+    fprintf(f,
+            "expert weights per rank: %.4g M parameters (%.4g MiB at %d bytes): each expert "
+            "split over tp %d, the MoE layers of 1 of pp %d stage(s), replicated over dp\n",
+            1e-6 * n, n * r->elem_param / (1024.0 * 1024.0), r->elem_param, r->tp, r->pp);
+}
+
 static void print_layout(FILE *f, const Config *cfg, const PlanCluster *c, const PlanResult *r)
 {
     const ModelConfig *mc = &cfg->model;
@@ -160,6 +183,8 @@ static void print_layout(FILE *f, const Config *cfg, const PlanCluster *c, const
                 r->cp, plan_link_name(r->cp_link), mc->seq_len / r->cp, mc->seq_len, r->dp * r->cp);
     fprintf(f, "batch: global %d = micro_batch %d x %d micro-batches x dp %d | %d tokens/step\n",
             r->global_batch, r->micro_batch, r->n_micro, r->dp, r->global_batch * mc->seq_len);
+    if (mc->moe_experts > 0)
+        print_expert_memory(f, cfg, r);
     if (mc->moe_experts > 0 && cfg->topology.ep > 1)
         print_expert_parallel(f, cfg, r);
     fprintf(f,

@@ -101,15 +101,12 @@ int layout_check_tp(const ModelConfig *m, int tp, int sequence_parallel, int cp,
     char d[256];
     if (tp < 1)
         return fail(e, "topology.tp", "topology.tp (%d) must be >= 1", tp);
-    if (m->moe_experts > 0 && (tp > 1 || cp > 1 || sequence_parallel))
-        return fail(e,
-                    tp > 1   ? "topology.tp"
-                    : cp > 1 ? "topology.cp"
-                             : "topology.sequence_parallel",
-                    "model.moe does not compose with tensor, context or sequence parallelism "
-                    "yet (topology.tp %d, cp %d, sequence_parallel %s); use tp: 1, cp: 1, "
-                    "sequence_parallel: false (data and pipeline parallelism and ZeRO work)",
-                    tp, cp, sequence_parallel ? "true" : "false");
+    if (m->moe_experts > 0 && cp > 1)
+        return fail(e, "topology.cp",
+                    "model.moe does not compose with context parallelism yet (topology.cp "
+                    "%d); use cp: 1 (data, tensor, sequence, pipeline and expert parallelism "
+                    "and ZeRO work)",
+                    cp);
     if (m->heads % tp) {
         trd_divisors(m->heads, d, sizeof d);
         return fail(e, "topology.tp",
@@ -128,6 +125,12 @@ int layout_check_tp(const ModelConfig *m, int tp, int sequence_parallel, int cp,
                     "model.ffn_hidden (%d) must be divisible by topology.tp "
                     "(%d)",
                     m->ffn_hidden, tp);
+    /* An expert's MLP is split over tp like the dense one (docs/moe.md). */
+    if (m->moe_experts > 0 && config_moe_ffn(m) % tp)
+        return fail(e, "model.moe.ffn_hidden",
+                    "model.moe.ffn_hidden (%d) must be divisible by topology.tp (%d): each "
+                    "expert's MLP is split over the tp ranks; use a multiple of %d",
+                    config_moe_ffn(m), tp, tp);
     /* a rank's token rows: its 1/cp of every sequence */
     const long long rows = (long long)(micro_batch > 0 ? micro_batch : 1) * m->seq_len / cp;
     if (sequence_parallel && tp > 1 && rows % tp && cp > 1)

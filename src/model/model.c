@@ -211,7 +211,7 @@ static Dims make_dims(const Model *m, int B)
     if (mc->moe_experts > 0) {
         d.E = mc->moe_experts;
         d.K = mc->moe_top_k;
-        d.Fe = config_moe_ffn(mc);
+        d.Fe = config_moe_ffn(mc) / tp; /* every expert split like the dense MLP */
         d.Fs = mc->moe_shared_experts * d.Fe;
         d.R = d.N * d.K;
         d.El = d.E / m->ep;

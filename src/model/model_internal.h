@@ -20,7 +20,7 @@ typedef struct {
     int H, KVH;      /* local query heads and kv heads */
     int QKV;         /* local rows of the fused qkv weight: (H + 2*KVH)*hs */
     int E, K;        /* MoE: experts and top_k (0 for a dense model) */
-    int Fe, Fs;      /* MoE: an expert's hidden size; the shared experts' (0: none) */
+    int Fe, Fs;      /* MoE: an expert's hidden size; the shared experts' (0: none), per TP rank */
     int R;           /* MoE: most rows dispatched, N * K */
     int El, Re;      /* MoE: experts held (E / ep) and most rows they receive
                         (R when ep is 1; else ep x N x min(K, El)) */

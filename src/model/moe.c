@@ -34,7 +34,25 @@
  * of the whole ep group; the weights stay replicated over dp and the
  * other ranks' gradient of that expert is 0, so the data-parallel
  * all-reduce (or ZeRO's reduce-scatter) gives every rank the sum over all
- * tokens, as without ep. */
+ * tokens, as without ep.
+ *
+ * Tensor parallelism (Megatron's expert tensor parallelism): every expert,
+ * and the shared experts, split over TP as the dense MLP is (fc, gate, up
+ * column-parallel: Fe / tp of each expert's rows; proj, down row-parallel),
+ * the router replicated.  ln2 is whole on every TP rank (gathered under
+ * SP), so all route, plan and drop alike; with ep each TP rank exchanges
+ * with the ranks of its own TP rank (the ep group, topology_mpi.c), which
+ * hold the same slice of every expert.  An expert's output is then this
+ * rank's partial sum, and so is the combine (linear in it): the branch
+ * goes through the row output (all-reduce, or reduce-scatter under SP),
+ * which adds the shared experts' replicated bias; the experts' replicated
+ * proj bias is added by TP rank 0 only, before the sum.  Backward: the
+ * routing weights' gradient dot(dout, x_out) is partial too, and is
+ * all-reduced over TP ([N, k] floats) before the router's backward, which
+ * every rank then runs alike (the router's gradient replicated); its input
+ * gradient is added on TP rank 0 only, as ln2's column-input backward sums
+ * the ranks' (the experts' input gradients are partial like the dense
+ * MLP's). */
 #include "model/model_internal.h"
 
 #include <math.h>
@@ -225,20 +243,25 @@ void moe_forward(Model *m, const LayerParams *p, LayerActs *a, float *out)
                        p->x_fc_b ? p->x_fc_b + (size_t)e * Fe : NULL,
                        p->x_up_w ? p->x_up_w + eF : NULL, n, Fe);
         be->matmul_forward(y + (size_t)o * C, a->x_act + (size_t)o * Fe, p->x_proj_w + eF,
-                           p->x_proj_b ? p->x_proj_b + (size_t)e * C : NULL, n, Fe, C);
+                           p->x_proj_b && m->tp.rank == 0 ? p->x_proj_b + (size_t)e * C : NULL, n,
+                           Fe, C);
     }
     if (ep > 1)
         moe_exchange(m, rt, y, a->x_out, 1);
     if (d->Fs > 0)
         mlp_in_forward(m, a->fc, a->up, a->fc_act, a->ln2, p->fc_w, p->fc_b, p->up_w, N, d->Fs);
     if (!out)
-        return; /* recompute in backward: the activations are what it needs */
+        return;                       /* recompute in backward: the activations are what it needs */
+    const int tp = tp_active(&m->tp); /* the shared bias after the sum over TP */
     if (d->Fs > 0)
-        be->matmul_forward(out, a->fc_act, p->mlp_proj_w, p->mlp_proj_b, N, d->Fs, C);
+        be->matmul_forward(out, a->fc_act, p->mlp_proj_w, tp ? NULL : p->mlp_proj_b, N, d->Fs, C);
     else
         zero(m, out, (size_t)N * C);
     be->moe_combine_forward(out, a->x_out, a->r_w, a->r_slot, rt->R, C, K);
-    moe_count(m, rt);
+    if (tp)
+        tp_row_output_forward(&m->tp, out, p->mlp_proj_b, N, C);
+    if (m->tp.rank == 0) /* the TP ranks route alike: count the group's once */
+        moe_count(m, rt);
 }
 
 void moe_backward(Model *m, const LayerParams *p, const LayerParams *g, const LayerActs *a,
@@ -264,6 +287,8 @@ void moe_backward(Model *m, const LayerParams *p, const LayerParams *g, const La
      * (0 for dropped slots, which the combine never read). */
     zero(m, s->r_dw, (size_t)N * K);
     be->moe_combine_backward(s->x_dy, s->r_dw, dout, a->x_out, a->r_w, a->r_slot, rt->R, C, K);
+    if (tp_active(&m->tp)) /* dot(dout, x_out) over this rank's partial x_out */
+        comm_allreduce_f32(m->tp.comm, s->r_dw, (size_t)N * K);
 
     /* Experts, each on its rows (ep > 1: the gradients go to the experts'
      * ranks and the input gradients come back); then the rows back to
@@ -306,5 +331,8 @@ void moe_backward(Model *m, const LayerParams *p, const LayerParams *g, const La
     const float z_scale = (float)(2.0 * scale * m->mc.moe_z_loss_coef / N);
     be->moe_router_backward(s->r_dlogits, s->r_dw, a->r_probs, a->r_lse, a->r_idx, a->r_w,
                             s->r_auxdp, z_scale, N, E, K);
-    be->matmul_backward(s->dln, g->router_w, NULL, s->r_dlogits, a->ln2, p->router_w, N, C, E);
+    /* Every TP rank computes the router's whole (replicated) gradient; its
+     * input gradient counts once in the sum over TP at ln2. */
+    be->matmul_backward(m->tp.rank == 0 ? s->dln : NULL, g->router_w, NULL, s->r_dlogits, a->ln2,
+                        p->router_w, N, C, E);
 }

@@ -62,11 +62,17 @@ typedef struct {
     int64_t vocab_rows; /* real (unpadded) vocabulary rows, for counting */
     int64_t hs;         /* head size */
     int heads, kv_heads;
+    int experts; /* row blocks of a SPLIT_EXPERTS tensor (model.moe.experts) */
 } Builder;
 
 /* split_dim argument of add() for the fused qkv rows: split by kv group
  * (stored as split_dim 0). */
 enum { SPLIT_QKV = 2 };
+/* split_dim argument of add() for the stacked experts' rows (fc, gate, up
+ * and the fc bias of a MoE layer): each of the b->experts blocks of rows is
+ * split over TP like a tensor of its own (stored as split_dim 0 with
+ * row_blocks, params.h). */
+enum { SPLIT_EXPERTS = 3 };
 
 /* The local rows of a qkv tensor, laid out per kv group as [query heads of
  * the group, k, v] (backend.h).  With kv_heads % tp == 0 a contiguous chunk
@@ -112,7 +118,8 @@ static ParamSpec *add(Builder *b, int64_t rows, int64_t cols, int split_dim, Par
     p->shape[0] = rows;
     p->real_rows = rows;
     p->shape[1] = cols > 0 ? cols : 1;
-    p->split_dim = split_dim == SPLIT_QKV ? 0 : split_dim;
+    p->split_dim = split_dim == SPLIT_QKV || split_dim == SPLIT_EXPERTS ? 0 : split_dim;
+    p->row_blocks = 1;
     p->role = role;
     p->layer = layer;
     p->init = init;
@@ -127,6 +134,14 @@ static ParamSpec *add(Builder *b, int64_t rows, int64_t cols, int split_dim, Par
     }
     if (split_dim == SPLIT_QKV) {
         qkv_piece(b, p);
+    } else if (split_dim == SPLIT_EXPERTS && tp > 1) {
+        /* Rows [e*R + r*R/tp, e*R + (r+1)*R/tp) of every expert e (R rows
+         * each): local rows in expert order, each expert's contiguous. */
+        const int64_t R = p->shape[0] / b->experts;
+        TRD_ASSERT(p->shape[0] % b->experts == 0 && R % tp == 0);
+        p->row_blocks = b->experts;
+        p->local_shape[0] = p->shape[0] / tp;
+        p->local_start[0] = r * (R / tp);
     } else if (split_dim >= 0 && tp > 1) {
         /* Validation guarantees divisibility (heads, ffn, padded vocab). */
         TRD_ASSERT(p->shape[split_dim] % tp == 0);
@@ -147,40 +162,46 @@ static ParamSpec *add(Builder *b, int64_t rows, int64_t cols, int split_dim, Par
 /* The MLP of a mixture-of-experts layer (docs/moe.md): the router, the E
  * experts stacked along the rows (expert e's rows are [e*R, (e+1)*R) of a
  * tensor whose one expert has R rows), then the shared experts fused into
- * one MLP of width shared_experts * Fe.  Replicated: tp is 1 with MoE. */
+ * one MLP of width shared_experts * Fe.  Over TP every expert is split like
+ * the dense MLP (Megatron's expert tensor parallelism): fc, gate, up by the
+ * rows of each expert (SPLIT_EXPERTS), proj, down by columns, their bias
+ * replicated; the shared experts exactly as the dense MLP; the router
+ * replicated (every TP rank routes the same whole rows alike). */
 static void add_moe(Builder *b, const ModelConfig *m, int l, float std, float std_out)
 {
     const int64_t C = m->hidden, E = m->moe_experts, Fe = config_moe_ffn(m);
     const int64_t Fs = (int64_t)m->moe_shared_experts * Fe;
     const int gpt2 = m->arch == ARCH_GPT2;
+    b->experts = (int)E;
     add(b, E, C, -1, ROLE_BLOCK, l, INIT_NORMAL, std, "layers.%d.moe.router.weight", l);
     if (gpt2) {
-        add(b, E * Fe, C, -1, ROLE_BLOCK, l, INIT_NORMAL, std, "layers.%d.moe.experts.fc.weight",
-            l);
-        add(b, E * Fe, 0, -1, ROLE_BLOCK, l, INIT_ZEROS, 0, "layers.%d.moe.experts.fc.bias", l);
-        add(b, E * C, Fe, -1, ROLE_BLOCK, l, INIT_NORMAL, std_out,
+        add(b, E * Fe, C, SPLIT_EXPERTS, ROLE_BLOCK, l, INIT_NORMAL, std,
+            "layers.%d.moe.experts.fc.weight", l);
+        add(b, E * Fe, 0, SPLIT_EXPERTS, ROLE_BLOCK, l, INIT_ZEROS, 0,
+            "layers.%d.moe.experts.fc.bias", l);
+        add(b, E * C, Fe, 1, ROLE_BLOCK, l, INIT_NORMAL, std_out,
             "layers.%d.moe.experts.proj.weight", l);
         add(b, E * C, 0, -1, ROLE_BLOCK, l, INIT_ZEROS, 0, "layers.%d.moe.experts.proj.bias", l);
     } else {
-        add(b, E * Fe, C, -1, ROLE_BLOCK, l, INIT_NORMAL, std, "layers.%d.moe.experts.gate.weight",
-            l);
-        add(b, E * Fe, C, -1, ROLE_BLOCK, l, INIT_NORMAL, std, "layers.%d.moe.experts.up.weight",
-            l);
-        add(b, E * C, Fe, -1, ROLE_BLOCK, l, INIT_NORMAL, std_out,
+        add(b, E * Fe, C, SPLIT_EXPERTS, ROLE_BLOCK, l, INIT_NORMAL, std,
+            "layers.%d.moe.experts.gate.weight", l);
+        add(b, E * Fe, C, SPLIT_EXPERTS, ROLE_BLOCK, l, INIT_NORMAL, std,
+            "layers.%d.moe.experts.up.weight", l);
+        add(b, E * C, Fe, 1, ROLE_BLOCK, l, INIT_NORMAL, std_out,
             "layers.%d.moe.experts.down.weight", l);
     }
     if (Fs == 0)
         return;
     if (gpt2) {
-        add(b, Fs, C, -1, ROLE_BLOCK, l, INIT_NORMAL, std, "layers.%d.moe.shared.fc.weight", l);
-        add(b, Fs, 0, -1, ROLE_BLOCK, l, INIT_ZEROS, 0, "layers.%d.moe.shared.fc.bias", l);
-        add(b, C, Fs, -1, ROLE_BLOCK, l, INIT_NORMAL, std_out, "layers.%d.moe.shared.proj.weight",
+        add(b, Fs, C, 0, ROLE_BLOCK, l, INIT_NORMAL, std, "layers.%d.moe.shared.fc.weight", l);
+        add(b, Fs, 0, 0, ROLE_BLOCK, l, INIT_ZEROS, 0, "layers.%d.moe.shared.fc.bias", l);
+        add(b, C, Fs, 1, ROLE_BLOCK, l, INIT_NORMAL, std_out, "layers.%d.moe.shared.proj.weight",
             l);
         add(b, C, 0, -1, ROLE_BLOCK, l, INIT_ZEROS, 0, "layers.%d.moe.shared.proj.bias", l);
     } else {
-        add(b, Fs, C, -1, ROLE_BLOCK, l, INIT_NORMAL, std, "layers.%d.moe.shared.gate.weight", l);
-        add(b, Fs, C, -1, ROLE_BLOCK, l, INIT_NORMAL, std, "layers.%d.moe.shared.up.weight", l);
-        add(b, C, Fs, -1, ROLE_BLOCK, l, INIT_NORMAL, std_out, "layers.%d.moe.shared.down.weight",
+        add(b, Fs, C, 0, ROLE_BLOCK, l, INIT_NORMAL, std, "layers.%d.moe.shared.gate.weight", l);
+        add(b, Fs, C, 0, ROLE_BLOCK, l, INIT_NORMAL, std, "layers.%d.moe.shared.up.weight", l);
+        add(b, C, Fs, 1, ROLE_BLOCK, l, INIT_NORMAL, std_out, "layers.%d.moe.shared.down.weight",
             l);
     }
 }

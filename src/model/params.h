@@ -58,6 +58,12 @@ typedef struct {
     int tied_copy;     /* the last stage's copy of a tied embedding: owned by
                                * the first stage (params_row_owned says 0 here) */
     int64_t kv_row, kv_start;
+    /* A MoE layer's stacked experts split over TP by the rows of each
+     * expert (fc, gate, up weights, the fc bias): the global rows are
+     * row_blocks equal blocks (one per expert) and this rank holds rows
+     * [local_start[0], local_start[0] + local_shape[0] / row_blocks) of each
+     * block, in block order.  Else 1.  Use params_global_row. */
+    int row_blocks;
 } ParamSpec;
 
 /* Which part of the model this rank holds: its tensor-parallel piece of
@@ -137,6 +143,10 @@ void params_init_range(const ParamTable *t, float *buf, uint64_t seed, size_t lo
  * local_start[1] + c). */
 static inline int64_t params_global_row(const ParamSpec *p, int64_t r)
 {
+    if (p->row_blocks > 1) {
+        const int64_t mine = p->local_shape[0] / p->row_blocks;
+        return r / mine * (p->shape[0] / p->row_blocks) + p->local_start[0] + r % mine;
+    }
     return r < p->kv_row ? p->local_start[0] + r : p->kv_start + (r - p->kv_row);
 }
 

@@ -231,6 +231,14 @@ extern "C" void backend_cuda_to_device(void *dev, const void *host, size_t bytes
         CUDA_CHECK(cudaStreamSynchronize(cuda_stream()));
 }
 
+/* The same without the wait (backend.h: the caller leaves the host buffer
+ * alone until its next to_host). */
+static void backend_cuda_to_device_async(void *dev, const void *host, size_t bytes)
+{
+    if (bytes)
+        CUDA_CHECK(cudaMemcpyAsync(dev, host, bytes, cudaMemcpyHostToDevice, cuda_stream()));
+}
+
 /* Wait for the device once, with the cross-entropy flag fetched before the
  * wait (crossentropy.cu) and checked after it: results read on the host
  * must not come from an invalid target. */
@@ -288,6 +296,7 @@ static const Backend cuda_backend = {
     .copy = backend_cuda_copy,
     .to_backend = backend_cuda_to_device,
     .to_host = backend_cuda_to_host,
+    .to_backend_async = backend_cuda_to_device_async,
     .host_alloc = backend_cuda_host_alloc,
     .host_release = backend_cuda_host_free,
     .matmul_forward = cuda_matmul_forward,

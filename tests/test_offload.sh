@@ -119,10 +119,13 @@ grep -q "resumed from .*step_00000002: step 2" "$out/z3_off_from_plain.log" &&
 # host runs the CPU backend's AdamW); the device report's params drop to 0
 # and rank 0's device peak drops by exactly the no-offload run's params
 # and optimizer bytes; the host holds the same 4 x the shard as
-# offload: optimizer, as `trident plan` says.
+# offload: optimizer, as `trident plan` says.  The gathers' copies up do
+# not make the host wait (the emulation's step counts, TRD_EMU_STATS): a
+# steady step synchronizes exactly twice more than without offload, the
+# optimizer step's reads of the device's decision and of the gradients.
 par=(--set topology.offload=optimizer+params)
-run one_z3 1 --set topology.zero=3
-run one_z3_par 1 --set topology.zero=3 "${par[@]}"
+TRD_EMU_STATS="$out/one_z3.stats" run one_z3 1 --set topology.zero=3
+TRD_EMU_STATS="$out/one_z3_par.stats" run one_z3_par 1 --set topology.zero=3 "${par[@]}"
 same one_z3 one_z3_par
 "$TRIDENT" plan configs/tiny.yaml "${small[@]}" --set topology.zero=3 "${par[@]}" --json \
     > "$out/plan_par.json" 2>&1 ||
@@ -136,6 +139,10 @@ def mem(n):
                      open(f"{out}/{n}.log").read())
     return rec["memory_bytes"], rec.get("host_memory_bytes", {}), int(peak.group(1))
 (b, bh, bpeak), (o, oh, opeak) = mem("one_z3"), mem("one_z3_par")
+def syncs(n):  # the last (steady) step's host synchronizations
+    rows = [l.split("\t") for l in open(f"{out}/{n}.stats") if l.startswith("step\t")]
+    return int(rows[-1][rows[-1].index("syncs") + 1])
+bsync, osync = syncs("one_z3"), syncs("one_z3_par")
 plan = json.loads(open(f"{out}/plan_par.json").read().strip().splitlines()[-1])
 st = plan["stages"][0]
 shard = b["params"]  # one rank: the whole model is its shard
@@ -148,12 +155,14 @@ checks = [
     ("the other categories unchanged",
      {k: v for k, v in b.items() if k not in ("params", "optimizer")} ==
      {k: v for k, v in o.items() if k not in ("params", "optimizer")}),
+    ("gathers asynchronous: 2 more host syncs a step than without offload", osync == bsync + 2),
     ("trident plan: the same host and device bytes", plan.get("offload") is True and
         st["params"] == 0 and st["optimizer"] == 0 and st["host_optimizer"] == oh.get("optimizer")),
 ]
 bad = [w for w, good in checks if not good]
 print(f"{'FAIL' if bad else 'ok  '} optimizer+params memory: device peak {bpeak} -> {opeak} bytes, "
-      f"params {b['params']} -> {o['params']} on the device, {oh.get('optimizer')} on the host"
+      f"params {b['params']} -> {o['params']} on the device, {oh.get('optimizer')} on the host, "
+      f"host syncs a step {bsync} -> {osync}"
       + (f"; wrong: {bad}" if bad else ""))
 sys.exit(1 if bad else 0)
 PY

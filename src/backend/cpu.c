@@ -427,6 +427,7 @@ static const Backend cpu_backend = {
     .copy = cpu_copy,
     .to_backend = cpu_copy,
     .to_host = cpu_copy,
+    .to_backend_async = cpu_copy,
     .host_alloc = cpu_host_alloc,
     .host_release = cpu_release,
     .matmul_forward = counted_matmul_forward,

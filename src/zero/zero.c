@@ -141,7 +141,10 @@ static void finish_outer_reduction(Zero *z)
 /* Start gathering [lo, hi) of the flat buffer into out (backend memory
  * for [lo, hi)).  With the shard in host memory (optimizer+params) this
  * rank's part is copied up into its place in out first, on the compute
- * stream, and gathered in place: the device holds no shard of its own. */
+ * stream, and gathered in place: the device holds no shard of its own.
+ * The copy does not make the host wait (to_backend_async): the shard
+ * changes only in the optimizer step, whose to_host of the gradients
+ * comes after every copy issued from it. */
 static CommHandle gather_range(Zero *z, float *out, size_t lo, size_t hi)
 {
     size_t a, b;
@@ -149,7 +152,7 @@ static CommHandle gather_range(Zero *z, float *out, size_t lo, size_t hi)
     const float *mine = b > a ? z->pshard + (a - z->own_lo) : z->pshard;
     if (z->pshard_host) {
         if (b > a)
-            z->be->to_backend(out + (a - lo), mine, (b - a) * sizeof(float));
+            z->be->to_backend_async(out + (a - lo), mine, (b - a) * sizeof(float));
         mine = out + (a - lo);
     }
     return comm_iallgather_range_f32(z->dp, mine, out, lo, hi, z->S);

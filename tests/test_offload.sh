@@ -56,7 +56,7 @@ PY
 
 # ---- 1 rank, fp32 ---------------------------------------------------------
 RUN_CKPT=1 run one 1 --set checkpoint.every=1
-run one_off 1 "${off[@]}"
+TRD_EMU_STATS="$out/one_off.stats" run one_off 1 "${off[@]}"
 same one one_off
 # fp32 keeps no master weights in a checkpoint: the host's are read back
 # from the loaded weights (zero_params_loaded).
@@ -122,7 +122,9 @@ grep -q "resumed from .*step_00000002: step 2" "$out/z3_off_from_plain.log" &&
 # offload: optimizer, as `trident plan` says.  The gathers' copies up do
 # not make the host wait (the emulation's step counts, TRD_EMU_STATS): a
 # steady step synchronizes exactly twice more than without offload, the
-# optimizer step's reads of the device's decision and of the gradients.
+# optimizer step's reads of the device's decision and of the gradients;
+# so does offload: optimizer's (one_off above, ZeRO 0: the same 1 sync
+# without offload), whose weights go up without the host waiting.
 par=(--set topology.offload=optimizer+params)
 TRD_EMU_STATS="$out/one_z3.stats" run one_z3 1 --set topology.zero=3
 TRD_EMU_STATS="$out/one_z3_par.stats" run one_z3_par 1 --set topology.zero=3 "${par[@]}"
@@ -142,7 +144,7 @@ def mem(n):
 def syncs(n):  # the last (steady) step's host synchronizations
     rows = [l.split("\t") for l in open(f"{out}/{n}.stats") if l.startswith("step\t")]
     return int(rows[-1][rows[-1].index("syncs") + 1])
-bsync, osync = syncs("one_z3"), syncs("one_z3_par")
+bsync, osync, offsync = syncs("one_z3"), syncs("one_z3_par"), syncs("one_off")
 plan = json.loads(open(f"{out}/plan_par.json").read().strip().splitlines()[-1])
 st = plan["stages"][0]
 shard = b["params"]  # one rank: the whole model is its shard
@@ -156,13 +158,15 @@ checks = [
      {k: v for k, v in b.items() if k not in ("params", "optimizer")} ==
      {k: v for k, v in o.items() if k not in ("params", "optimizer")}),
     ("gathers asynchronous: 2 more host syncs a step than without offload", osync == bsync + 2),
+    ("offload: optimizer's weights go up asynchronously too (no offload + 2)",
+     offsync == bsync + 2),
     ("trident plan: the same host and device bytes", plan.get("offload") is True and
         st["params"] == 0 and st["optimizer"] == 0 and st["host_optimizer"] == oh.get("optimizer")),
 ]
 bad = [w for w, good in checks if not good]
 print(f"{'FAIL' if bad else 'ok  '} optimizer+params memory: device peak {bpeak} -> {opeak} bytes, "
       f"params {b['params']} -> {o['params']} on the device, {oh.get('optimizer')} on the host, "
-      f"host syncs a step {bsync} -> {osync}"
+      f"host syncs a step {bsync} -> {osync} (optimizer: {offsync})"
       + (f"; wrong: {bad}" if bad else ""))
 sys.exit(1 if bad else 0)
 PY

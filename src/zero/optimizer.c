@@ -114,7 +114,11 @@ void optimizer_free(Optimizer *o)
  * the updated weights back.  One staging buffer serves both ways: AdamW
  * reads grad[i] before it writes param[i], element by element, so with
  * bf16 the rounded weights overwrite the gradients in place; with fp32 the
- * weights are the master weights themselves.  With the parameters on the
+ * weights are the master weights themselves.  The weights go up without
+ * the host waiting for the copy (to_backend_async): the next forward's
+ * work is queued behind it while the host moves on, and `out` is written
+ * again only after the next step's to_host, which follows the copy.  With
+ * the parameters on the
  * host (optimizer+params) params is that buffer already: nothing goes
  * back. */
 static void step_on_host(Optimizer *o, float *params, const float *grads, const BackendRange *r,
@@ -134,8 +138,8 @@ static void step_on_host(Optimizer *o, float *params, const float *grads, const 
                                 o->state ? &st : NULL);
     if (o->params_on_host)
         TRD_ASSERT(params == out);
-    else
-        o->be->to_backend(params, out, bytes);
+    else /* the host writes `out` again only after the next step's to_host */
+        o->be->to_backend_async(params, out, bytes);
 }
 
 void optimizer_step(Optimizer *o, float *params, const float *grads, float lr,

@@ -119,12 +119,16 @@ grep -q "resumed from .*step_00000002: step 2" "$out/z3_off_from_plain.log" &&
 # host runs the CPU backend's AdamW); the device report's params drop to 0
 # and rank 0's device peak drops by exactly the no-offload run's params
 # and optimizer bytes; the host holds the same 4 x the shard as
-# offload: optimizer, as `trident plan` says.  The gathers' copies up do
-# not make the host wait (the emulation's step counts, TRD_EMU_STATS): a
-# steady step synchronizes exactly twice more than without offload, the
-# optimizer step's reads of the device's decision and of the gradients;
-# so does offload: optimizer's (one_off above, ZeRO 0: the same 1 sync
-# without offload), whose weights go up without the host waiting.
+# offload: optimizer, as `trident plan` says.  The emulation's counts of a
+# steady step (TRD_EMU_STATS) check the copies' wiring: offload: optimizer
+# at ZeRO 0 (one_off above; without offload ZeRO 0 and 3 wait once alike)
+# waits twice more than without offload, reading the device's decision and
+# the gradients (to_host, which also fetches the cross-entropy check's
+# flag: 2 copies down, 2 waits), its weights going up without a wait.
+# ZeRO-3 sends the gradient down a layer at a time as each reduction is
+# added on the last micro-batch (a copy stream): 3 copies (2 layers, the
+# outer tensors) in place of to_host's 2, and one wait for them in place of
+# to_host's 2; the gathers' copies up add no wait.
 par=(--set topology.offload=optimizer+params)
 TRD_EMU_STATS="$out/one_z3.stats" run one_z3 1 --set topology.zero=3
 TRD_EMU_STATS="$out/one_z3_par.stats" run one_z3_par 1 --set topology.zero=3 "${par[@]}"
@@ -141,10 +145,11 @@ def mem(n):
                      open(f"{out}/{n}.log").read())
     return rec["memory_bytes"], rec.get("host_memory_bytes", {}), int(peak.group(1))
 (b, bh, bpeak), (o, oh, opeak) = mem("one_z3"), mem("one_z3_par")
-def syncs(n):  # the last (steady) step's host synchronizations
+def count(n, what="syncs"):  # the last (steady) step's count
     rows = [l.split("\t") for l in open(f"{out}/{n}.stats") if l.startswith("step\t")]
-    return int(rows[-1][rows[-1].index("syncs") + 1])
-bsync, osync, offsync = syncs("one_z3"), syncs("one_z3_par"), syncs("one_off")
+    return int(rows[-1][rows[-1].index(what) + 1])
+bsync, osync, offsync = count("one_z3"), count("one_z3_par"), count("one_off")
+d2h_streamed = count("one_z3_par", "d2h") - count("one_off", "d2h")
 plan = json.loads(open(f"{out}/plan_par.json").read().strip().splitlines()[-1])
 st = plan["stages"][0]
 shard = b["params"]  # one rank: the whole model is its shard
@@ -157,16 +162,19 @@ checks = [
     ("the other categories unchanged",
      {k: v for k, v in b.items() if k not in ("params", "optimizer")} ==
      {k: v for k, v in o.items() if k not in ("params", "optimizer")}),
-    ("gathers asynchronous: 2 more host syncs a step than without offload", osync == bsync + 2),
-    ("offload: optimizer's weights go up asynchronously too (no offload + 2)",
+    ("offload: optimizer's weights go up without a host wait (no offload + 2)",
      offsync == bsync + 2),
+    ("ZeRO-3 streams the gradients and its gathers add no wait: one wait less than ZeRO 0's",
+     osync == offsync - 1),
+    ("ZeRO-3's gradients go down per layer: 3 copies for to_host's 2", d2h_streamed == 1),
     ("trident plan: the same host and device bytes", plan.get("offload") is True and
         st["params"] == 0 and st["optimizer"] == 0 and st["host_optimizer"] == oh.get("optimizer")),
 ]
 bad = [w for w, good in checks if not good]
 print(f"{'FAIL' if bad else 'ok  '} optimizer+params memory: device peak {bpeak} -> {opeak} bytes, "
       f"params {b['params']} -> {o['params']} on the device, {oh.get('optimizer')} on the host, "
-      f"host syncs a step {bsync} -> {osync} (optimizer: {offsync})"
+      f"host syncs a step {bsync} -> {osync} (optimizer: {offsync}), gradient copies down "
+      f"+{d2h_streamed}"
       + (f"; wrong: {bad}" if bad else ""))
 sys.exit(1 if bad else 0)
 PY

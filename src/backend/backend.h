@@ -144,6 +144,15 @@ typedef struct {
      * (ZeRO-3's gathers of a parameter shard offloaded to the host): the
      * host keeps issuing work instead of waiting for each copy. */
     void (*to_backend_async)(void *dst, const void *host, size_t bytes);
+    /* Start copying src to host (page-locked: host_alloc) once every op
+     * issued before has run, on a copy stream of its own (CUDA: after an
+     * event on the compute stream), so the ops issued after it run
+     * meanwhile; host_copies_wait returns once every such copy is done.
+     * Neither buffer may change until then.  For the gradients of an
+     * offloaded optimizer, streamed to the host as their reduction
+     * completes during backward. */
+    void (*to_host_async)(void *host, const void *src, size_t bytes);
+    void (*host_copies_wait)(void);
     /* Host memory that to_backend / to_host move fastest (CUDA: page-locked,
      * which the copy engines reach directly); ordinary host memory to the
      * host code.  For buffers that are reused, such as staging: pinning is

@@ -128,10 +128,16 @@ static void step_on_host(Optimizer *o, float *params, const float *grads, const 
     BackendStepState st;
     if (o->state) { /* the device's decision (grad_check): read, not recomputed */
         o->be->to_host(&st, o->state, sizeof st);
-        if (st.skip)
+        if (st.skip) {
+            if (o->grads_streamed) /* the caller may clear the gradients next */
+                o->be->host_copies_wait();
             return;
+        }
     }
-    o->be->to_host(o->stage, grads, bytes);
+    if (o->grads_streamed) /* sent during backward (zero.c) */
+        o->be->host_copies_wait();
+    else
+        o->be->to_host(o->stage, grads, bytes);
     float *out = o->bf16 ? o->stage : o->master;
     backend_cpu()->adamw_ranges(out, o->master, o->stage, o->m, o->v, r, nr, lr, tc->beta1,
                                 tc->beta2, tc->eps, tc->weight_decay, o->grad_scale, o->t, o->bf16,
@@ -174,9 +180,16 @@ void optimizer_step(Optimizer *o, float *params, const float *grads, float lr,
     free(r);
     o->grad_scale = 1.0f;
     o->state = NULL;
+    o->grads_streamed = 0;
 }
 
 void optimizer_scale_grads(Optimizer *o, float s) { o->grad_scale *= s; }
+
+void optimizer_grads_streamed(Optimizer *o)
+{
+    TRD_ASSERT(o->offload);
+    o->grads_streamed = 1;
+}
 
 void optimizer_use_state(Optimizer *o, const BackendStepState *s) { o->state = s; }
 

@@ -44,6 +44,7 @@ typedef struct {
     int offload;                   /* state in host memory, AdamW on the host */
     float *stage; /* offload: page-locked [end-begin], the gradients in, the bf16 weights out */
     int params_on_host; /* optimizer+params: params is host memory, master (fp32) or stage */
+    int grads_streamed; /* the next step's gradients were sent to stage (optimizer_grads_streamed) */
 } Optimizer;
 
 /* Allocate state for the owned flat range [begin, end).  `params` holds
@@ -90,6 +91,12 @@ void optimizer_skipped(Optimizer *o);
  * host's master copy is read back from params (bf16 loads the master
  * weights themselves).  A no-op otherwise. */
 void optimizer_params_loaded(Optimizer *o, const float *params);
+
+/* Offload: the next optimizer_step's gradients are on their way to the
+ * host already (the caller sent each part to o->stage with to_host_async
+ * as its reduction completed): the step waits for those copies instead of
+ * copying the gradients itself. */
+void optimizer_grads_streamed(Optimizer *o);
 
 /* Bytes of state in the backend's memory (0 with offload) and in host
  * memory (offload: master, m, v and the staging buffer, which with

@@ -41,6 +41,10 @@ struct Zero {
     CommHandle pgather[2], gred[2], outer_red;
     int gred_layer[2]; /* layer whose reduction is in flight (-1: none) */
     int outer_pending;
+    /* offload, stages 2-3: each part of the gradient shard goes to the
+     * host as its last micro-batch's reduction is added (stream_grads);
+     * gred_last / outer_last: that reduction is of the last micro-batch */
+    int stream_grads, gred_last[2], outer_last, streamed;
 
     DpGrads *dpg; /* stages 0-1: the bucketed reduction (data_par/grads.h) */
 
@@ -118,6 +122,20 @@ static void accumulate_part(Zero *z, const float *recv, size_t lo, size_t hi)
         z->be->accumulate(z->gshard + (a - z->own_lo), recv, b - a);
 }
 
+/* Offload: [lo, hi)'s part of the gradient shard is final (its last
+ * micro-batch's reduction was just added): send it to the optimizer's
+ * staging buffer on the copy stream while backward goes on. */
+static void stream_part(Zero *z, size_t lo, size_t hi)
+{
+    size_t a, b;
+    comm_shard_part(lo, hi, z->S, z->dp->rank, &a, &b);
+    if (b <= a)
+        return;
+    z->be->to_host_async(z->opt.stage + (a - z->own_lo), z->gshard + (a - z->own_lo),
+                         (b - a) * sizeof(float));
+    z->streamed = 1;
+}
+
 static void finish_layer_reduction(Zero *z, int k)
 {
     if (z->gred_layer[k] < 0)
@@ -126,6 +144,8 @@ static void finish_layer_reduction(Zero *z, int k)
     group_range(z, z->gred_layer[k], &lo, &hi);
     wait_timed(z, &z->gred[k]);
     accumulate_part(z, z->recv[k], lo, hi);
+    if (z->stream_grads && z->gred_last[k])
+        stream_part(z, lo, hi);
     z->gred_layer[k] = -1;
 }
 
@@ -135,6 +155,8 @@ static void finish_outer_reduction(Zero *z)
         return;
     wait_timed(z, &z->outer_red);
     accumulate_part(z, z->outer_recv, z->outer_lo, z->outer_hi);
+    if (z->stream_grads && z->outer_last)
+        stream_part(z, z->outer_lo, z->outer_hi);
     z->outer_pending = 0;
 }
 
@@ -370,6 +392,12 @@ Zero *zero_create(const Config *cfg, const Backend *be, const ParamShard *sh, Mo
     } else {
         opt_init(&z->opt, z->t, be, z->pshard, z->own_lo, z->own_hi, prec);
     }
+    /* Stages 2-3 finish each part of the gradient shard during backward:
+     * with offload it can go down then.  Not where the staging buffer is
+     * the bf16 weights' home (optimizer+params, bf16: the gradients may
+     * overwrite them only in the step, which a skip would not undo). */
+    z->stream_grads = cfg->topology.offload != OFFLOAD_NONE && z->stage >= 2 &&
+                      !(cfg->topology.offload == OFFLOAD_PARAMS && prec == PREC_BF16);
     return z;
 }
 
@@ -413,6 +441,10 @@ const Backend *zero_backend(const Zero *z) { return z->be; }
 
 void zero_begin_step(Zero *z)
 {
+    if (z->streamed) { /* a skipped step left its copies: done before the shard is cleared */
+        z->be->host_copies_wait();
+        z->streamed = 0;
+    }
     if (z->grads)
         zero_floats(z, z->grads, z->P);
     if (z->gshard)
@@ -431,6 +463,7 @@ static void layer_grads_ready(Zero *z, int l, int last_micro)
         group_range(z, l, &lo, &hi);
         z->gred[k] = comm_ireduce_scatter_range_f32(z->dp, z->gslot[k], z->recv[k], lo, hi, z->S);
         z->gred_layer[k] = l;
+        z->gred_last[k] = last_micro;
         return;
     }
     if (last_micro) /* else accumulate locally; reduce once on the last micro-batch */
@@ -481,6 +514,7 @@ static void zero_after_outer_backward(Zero *z, int last_micro)
         z->outer_red = comm_ireduce_scatter_range_f32(z->dp, z->outer_g, z->outer_recv, z->outer_lo,
                                                       z->outer_hi, z->S);
         z->outer_pending = 1;
+        z->outer_last = last_micro;
     } else if (last_micro) {
         dp_grads_ready(z->dpg, z->nl);
     }
@@ -582,12 +616,18 @@ void zero_optimizer_step(Zero *z, float lr, const TrainingConfig *tc)
     if (z->stage == 0) {
         optimizer_step(&z->opt, z->params, z->grads, lr, tc);
     } else if (z->stage <= 2) {
-        optimizer_step(&z->opt, z->params + z->own_lo, z->gshard, lr, tc);
+        if (z->streamed)
+            optimizer_grads_streamed(&z->opt);
+        optimizer_step(&z->opt, z->params + z->own_lo, z->gshard, lr, tc); /* waits for them */
+        z->streamed = 0;
         CommHandle h =
             comm_iallgather_range_f32(z->dp, z->params + z->own_lo, z->params, 0, z->P, z->S);
         wait_timed(z, &h);
     } else {
-        optimizer_step(&z->opt, z->pshard, z->gshard, lr, tc);
+        if (z->streamed)
+            optimizer_grads_streamed(&z->opt);
+        optimizer_step(&z->opt, z->pshard, z->gshard, lr, tc); /* waits for them */
+        z->streamed = 0;
         /* Gathered copies are stale now. */
         for (int k = 0; k < 2; k++) {
             comm_wait(&z->pgather[k]);

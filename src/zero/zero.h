@@ -32,7 +32,13 @@
  * reduce-scatters accumulate into it over micro-batches), the gradient and
  * parameter slots with their receive space, and nothing else of the
  * weights: a gather copies this rank's part of the layer from the host into
- * its place in the slot and all-gathers in place. */
+ * its place in the slot and all-gathers in place.
+ *
+ * With any offload, stages 2-3 send each part of the gradient shard to the
+ * optimizer's host staging buffer as soon as it is final (its last
+ * micro-batch's reduction added), on the backend's copy stream
+ * (to_host_async) while backward goes on; the step waits for those copies
+ * instead of copying the shard itself. */
 #ifndef TRD_ZERO_H
 #define TRD_ZERO_H
 

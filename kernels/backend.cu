@@ -231,6 +231,38 @@ extern "C" void backend_cuda_to_device(void *dev, const void *host, size_t bytes
         CUDA_CHECK(cudaStreamSynchronize(cuda_stream()));
 }
 
+/* The same without the wait (backend.h: the caller leaves the host buffer
+ * alone until its next to_host). */
+static void backend_cuda_to_device_async(void *dev, const void *host, size_t bytes)
+{
+    if (bytes)
+        CUDA_CHECK(cudaMemcpyAsync(dev, host, bytes, cudaMemcpyHostToDevice, cuda_stream()));
+}
+
+/* to_host_async's stream and the event that orders it after the compute
+ * stream's work (made on first use). */
+static cudaStream_t copy_stream;
+static cudaEvent_t copy_after;
+
+static void backend_cuda_to_host_async(void *host, const void *dev, size_t bytes)
+{
+    if (!bytes)
+        return;
+    if (!copy_stream) {
+        CUDA_CHECK(cudaStreamCreateWithFlags(&copy_stream, cudaStreamNonBlocking));
+        CUDA_CHECK(cudaEventCreateWithFlags(&copy_after, cudaEventDisableTiming));
+    }
+    CUDA_CHECK(cudaEventRecord(copy_after, cuda_stream()));
+    CUDA_CHECK(cudaStreamWaitEvent(copy_stream, copy_after, 0));
+    CUDA_CHECK(cudaMemcpyAsync(host, dev, bytes, cudaMemcpyDeviceToHost, copy_stream));
+}
+
+static void backend_cuda_host_copies_wait(void)
+{
+    if (copy_stream)
+        CUDA_CHECK(cudaStreamSynchronize(copy_stream));
+}
+
 /* Wait for the device once, with the cross-entropy flag fetched before the
  * wait (crossentropy.cu) and checked after it: results read on the host
  * must not come from an invalid target. */
@@ -288,6 +320,9 @@ static const Backend cuda_backend = {
     .copy = backend_cuda_copy,
     .to_backend = backend_cuda_to_device,
     .to_host = backend_cuda_to_host,
+    .to_backend_async = backend_cuda_to_device_async,
+    .to_host_async = backend_cuda_to_host_async,
+    .host_copies_wait = backend_cuda_host_copies_wait,
     .host_alloc = backend_cuda_host_alloc,
     .host_release = backend_cuda_host_free,
     .matmul_forward = cuda_matmul_forward,

@@ -558,6 +558,25 @@ static void test_offload_key(void)
     CHECK(config_set(&c, "backend=cuda", err) == 0 && config_validate(&c, 1, err) == 0,
           "offload with backend cuda is valid: %s", err);
     remove(path);
+    /* optimizer+params: the parameter shard only ZeRO-3 has, refused at
+     * the key without it, with the rule and the fix */
+    if (temp_yaml("offload_params",
+                  "model: {layers: 2, hidden: 64, heads: 4, vocab: 256, seq_len: 32}\n"
+                  "training: {steps: 10, global_batch: 8, lr: 1e-3}\n"
+                  "backend: cuda\n"
+                  "topology: {zero: 1, offload: optimizer+params}\n"
+                  "data: {path: data/x}\n",
+                  path))
+        return;
+    CHECK(config_load(&c, path, err) == 0, "load: %s", err);
+    CHECK(c.topology.offload == OFFLOAD_PARAMS, "offload optimizer+params read");
+    snprintf(want, sizeof want, "%s:4:30: topology.offload optimizer+params moves", path);
+    CHECK(config_validate(&c, 1, err) == -1 && !strncmp(err, want, strlen(want)) &&
+              strstr(err, "topology.zero is 1") && strstr(err, "set topology.zero: 3"),
+          "optimizer+params with ZeRO 1: want '%s', got '%s'", want, err);
+    CHECK(config_set(&c, "topology.zero=3", err) == 0 && config_validate(&c, 1, err) == 0,
+          "optimizer+params with ZeRO-3 (dp 1) is valid: %s", err);
+    remove(path);
     config_defaults(&c);
     CHECK(c.topology.offload == OFFLOAD_NONE, "offload none by default");
     expect_set_error("topology.offload=params", WORDS("topology.offload", "none|optimizer"));

@@ -19,6 +19,8 @@
 #     same curve and weights as without offload; a checkpoint saved with
 #     offload resumes without it, and one saved without resumes with it,
 #     each continuing the uninterrupted curve bit for bit.
+# topology.offload: optimizer+params (ZeRO-3's parameter shard in host
+# memory as well): at the end of this file.
 # A byte-level corpus (vocab 257) and a 2-layer model of width 32 keep the
 # emulated kernels cheap: 2 steps a run (3 for the resumes).
 . "$(dirname "$0")/e2e.sh"
@@ -54,7 +56,7 @@ PY
 
 # ---- 1 rank, fp32 ---------------------------------------------------------
 RUN_CKPT=1 run one 1 --set checkpoint.every=1
-run one_off 1 "${off[@]}"
+TRD_EMU_STATS="$out/one_off.stats" run one_off 1 "${off[@]}"
 same one one_off
 # fp32 keeps no master weights in a checkpoint: the host's are read back
 # from the loaded weights (zero_params_loaded).
@@ -110,6 +112,86 @@ same z3 z3_plain_from_off 3
 grep -q "resumed from .*step_00000002: step 2" "$out/z3_off_from_plain.log" &&
     grep -q "resumed from .*step_00000002: step 2" "$out/z3_plain_from_off.log" ||
     { echo "FAIL: a resume did not start from step 2"; fails=$((fails + 1)); }
+
+# ---- optimizer+params: ZeRO-3's parameter shard in host memory too --------
+# 1 rank (ZeRO-3 with dp 1, fp32): the curve and weights of the same run
+# without offload, bit for bit (the gathers copy the host's shard up, the
+# host runs the CPU backend's AdamW); the device report's params drop to 0
+# and rank 0's device peak drops by exactly the no-offload run's params
+# and optimizer bytes; the host holds the same 4 x the shard as
+# offload: optimizer, as `trident plan` says.  The emulation's counts of a
+# steady step (TRD_EMU_STATS) check the copies' wiring: offload: optimizer
+# at ZeRO 0 (one_off above; without offload ZeRO 0 and 3 wait once alike)
+# waits twice more than without offload, reading the device's decision and
+# the gradients (to_host, which also fetches the cross-entropy check's
+# flag: 2 copies down, 2 waits), its weights going up without a wait.
+# ZeRO-3 sends the gradient down a layer at a time as each reduction is
+# added on the last micro-batch (a copy stream): 3 copies (2 layers, the
+# outer tensors) in place of to_host's 2, and one wait for them in place of
+# to_host's 2; the gathers' copies up add no wait.
+par=(--set topology.offload=optimizer+params)
+TRD_EMU_STATS="$out/one_z3.stats" run one_z3 1 --set topology.zero=3
+TRD_EMU_STATS="$out/one_z3_par.stats" run one_z3_par 1 --set topology.zero=3 "${par[@]}"
+same one_z3 one_z3_par
+"$TRIDENT" plan configs/tiny.yaml "${small[@]}" --set topology.zero=3 "${par[@]}" --json \
+    > "$out/plan_par.json" 2>&1 ||
+    { echo "FAIL: trident plan with optimizer+params"; cat "$out/plan_par.json"; fails=$((fails + 1)); }
+python3 - "$out" <<'PY' || fails=$((fails + 1))
+import json, re, sys
+out = sys.argv[1]
+def mem(n):
+    rec = json.loads(open(f"{out}/{n}/metrics.jsonl").readline())
+    peak = re.search(r"device memory: peak \d+ bytes .*\(rank 0: (\d+) bytes\)",
+                     open(f"{out}/{n}.log").read())
+    return rec["memory_bytes"], rec.get("host_memory_bytes", {}), int(peak.group(1))
+(b, bh, bpeak), (o, oh, opeak) = mem("one_z3"), mem("one_z3_par")
+def count(n, what="syncs"):  # the last (steady) step's count
+    rows = [l.split("\t") for l in open(f"{out}/{n}.stats") if l.startswith("step\t")]
+    return int(rows[-1][rows[-1].index(what) + 1])
+bsync, osync, offsync = count("one_z3"), count("one_z3_par"), count("one_off")
+d2h_streamed = count("one_z3_par", "d2h") - count("one_off", "d2h")
+plan = json.loads(open(f"{out}/plan_par.json").read().strip().splitlines()[-1])
+st = plan["stages"][0]
+shard = b["params"]  # one rank: the whole model is its shard
+checks = [
+    ("no offload: a parameter shard on the device", shard > 0 and not bh),
+    ("offloaded: device params and optimizer 0", o["params"] == 0 and o["optimizer"] == 0),
+    ("device peak drops by the shard and its optimizer state",
+     bpeak - opeak == shard + b["optimizer"]),
+    ("host: master, m, v, staging = 4 x the shard", oh.get("optimizer") == 4 * shard),
+    ("the other categories unchanged",
+     {k: v for k, v in b.items() if k not in ("params", "optimizer")} ==
+     {k: v for k, v in o.items() if k not in ("params", "optimizer")}),
+    ("offload: optimizer's weights go up without a host wait (no offload + 2)",
+     offsync == bsync + 2),
+    ("ZeRO-3 streams the gradients and its gathers add no wait: one wait less than ZeRO 0's",
+     osync == offsync - 1),
+    ("ZeRO-3's gradients go down per layer: 3 copies for to_host's 2", d2h_streamed == 1),
+    ("trident plan: the same host and device bytes", plan.get("offload") is True and
+        st["params"] == 0 and st["optimizer"] == 0 and st["host_optimizer"] == oh.get("optimizer")),
+]
+bad = [w for w, good in checks if not good]
+print(f"{'FAIL' if bad else 'ok  '} optimizer+params memory: device peak {bpeak} -> {opeak} bytes, "
+      f"params {b['params']} -> {o['params']} on the device, {oh.get('optimizer')} on the host, "
+      f"host syncs a step {bsync} -> {osync} (optimizer: {offsync}), gradient copies down "
+      f"+{d2h_streamed}"
+      + (f"; wrong: {bad}" if bad else ""))
+sys.exit(1 if bad else 0)
+PY
+# dp 2, ZeRO-3, bf16: the same curve as without offload; resumes across
+# the settings (none -> optimizer+params, optimizer+params -> optimizer)
+# continue the uninterrupted curve bit for bit.
+RUN_CKPT=1 run z3_par 2 "${z3[@]}" "${par[@]}"
+same z3 z3_par
+run z3_par_from_plain 2 "${z3[@]}" "${par[@]}" --set checkpoint.resume="$out/z3/ckpt/step_00000002"
+same z3 z3_par_from_plain 3
+run z3_off_from_par 2 "${z3[@]}" "${off[@]}" --set checkpoint.resume="$out/z3_par/ckpt/step_00000002"
+same z3 z3_off_from_par 3
+"$TRIDENT" train configs/tiny.yaml "${small[@]}" "${par[@]}" > "$out/par_zero0.log" 2>&1
+rc=$?
+grep -q "topology.offload optimizer+params .*set topology.zero: 3" "$out/par_zero0.log" &&
+    [ "$rc" -eq 2 ] && echo "ok   optimizer+params without ZeRO-3: exit 2 at the key" ||
+    { echo "FAIL: optimizer+params with ZeRO 0 (exit $rc)"; cat "$out/par_zero0.log"; fails=$((fails + 1)); }
 
 echo "offload: $fails failed"
 [ "$fails" -eq 0 ]

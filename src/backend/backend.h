@@ -137,6 +137,22 @@ typedef struct {
      * (to_host: once the data is there, after every op issued before it). */
     void (*to_backend)(void *dst, const void *host, size_t bytes);
     void (*to_host)(void *host, const void *src, size_t bytes);
+    /* to_backend without waiting for the copy: it runs in order with the
+     * ops issued before and after it, and the host buffer must stay
+     * unchanged until the next to_host returns (which waits for every op
+     * issued before it).  For host buffers that change only between steps
+     * (ZeRO-3's gathers of a parameter shard offloaded to the host): the
+     * host keeps issuing work instead of waiting for each copy. */
+    void (*to_backend_async)(void *dst, const void *host, size_t bytes);
+    /* Start copying src to host (page-locked: host_alloc) once every op
+     * issued before has run, on a copy stream of its own (CUDA: after an
+     * event on the compute stream), so the ops issued after it run
+     * meanwhile; host_copies_wait returns once every such copy is done.
+     * Neither buffer may change until then.  For the gradients of an
+     * offloaded optimizer, streamed to the host as their reduction
+     * completes during backward. */
+    void (*to_host_async)(void *host, const void *src, size_t bytes);
+    void (*host_copies_wait)(void);
     /* Host memory that to_backend / to_host move fastest (CUDA: page-locked,
      * which the copy engines reach directly); ordinary host memory to the
      * host code.  For buffers that are reused, such as staging: pinning is

@@ -226,6 +226,9 @@ static void cpu_zero(void *p, size_t bytes)
     if (bytes)
         memset(p, 0, bytes);
 }
+/* The CPU's copies are done when they return. */
+static void cpu_no_wait(void) {}
+
 static void cpu_copy(void *dst, const void *src, size_t bytes)
 {
     if (bytes)
@@ -427,6 +430,9 @@ static const Backend cpu_backend = {
     .copy = cpu_copy,
     .to_backend = cpu_copy,
     .to_host = cpu_copy,
+    .to_backend_async = cpu_copy,
+    .to_host_async = cpu_copy,
+    .host_copies_wait = cpu_no_wait,
     .host_alloc = cpu_host_alloc,
     .host_release = cpu_release,
     .matmul_forward = counted_matmul_forward,

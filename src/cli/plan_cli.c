@@ -222,11 +222,14 @@ static void print_memory(FILE *f, const PlanResult *r)
                 w->host_ckpt / GIB);
     if (r->offload)
         fprintf(f,
-                "offload (topology.offload: optimizer): the optimizer state in host memory, "
-                "%.2f GiB per rank (fp32 master weights, Adam m and v, gradient staging);\n"
+                "offload (topology.offload: %s): the optimizer state in host memory, "
+                "%.2f GiB per rank (fp32 master weights, Adam m and v, gradient staging%s);\n"
                 "  host memory per node %.2f of %.2f GiB (its ranks' offloaded state and "
                 "checkpoint copies)\n",
-                w->host_optimizer / GIB, r->host_node / GIB, r->host_capacity / GIB);
+                r->offload == OFFLOAD_PARAMS ? "optimizer+params" : "optimizer",
+                w->host_optimizer / GIB,
+                r->offload == OFFLOAD_PARAMS ? "; the weights' shard is among them" : "",
+                r->host_node / GIB, r->host_capacity / GIB);
     const int device_fits = w->total <= r->capacity;
     if (r->fits)
         fprintf(f,
@@ -289,9 +292,10 @@ static void print_time(FILE *f, const PlanCluster *c, const PlanResult *r)
         const PlanStage *w = &r->st[r->worst];
         fprintf(f,
                 "offload: optimizer %.3f s a step = PCIe %.3f s (%.2f GiB: gradients down, "
-                "weights up, at %.0f GB/s x %.2f) + AdamW on the host %.3f s (8 fp32 passes at "
+                "weights up%s, at %.0f GB/s x %.2f) + AdamW on the host %.3f s (8 fp32 passes at "
                 "%.0f GB/s shared by a node's ranks)\n",
-                w->t_optimizer, w->t_pcie, w->pcie_bytes_step / GIB, c->pcie_gbps,
+                w->t_optimizer, w->t_pcie, w->pcie_bytes_step / GIB,
+                r->offload == OFFLOAD_PARAMS ? " in every ZeRO-3 gather" : "", c->pcie_gbps,
                 c->comm_efficiency, w->t_host_adamw, c->host_memory_gbps);
     }
     fprintf(f, "throughput: %.0f tokens/s | %.1f TFLOP/s per GPU (model FLOPs) | MFU %.1f%%\n",
@@ -362,13 +366,16 @@ static void print_search(const Config *cfg, const PlanCluster *c, int top)
     const int cp = plan_search_cp(cfg);       /* a cp column, for long sequences */
     const int off = plan_search_offload(cfg); /* an offload column, for GPUs */
     printf("  #  tp  pp   dp%s zero%s mb  v recompute  GiB/GPU   step s   tokens/s    MFU  why\n",
-           cp ? "  cp" : "", off ? " offload  " : "");
+           cp ? "  cp" : "", off ? " offload          " : "");
     for (int i = 0; i < n; i++) {
         const PlanResult *r = &best[i].r;
         char cpcol[16] = "";
         if (cp)
             snprintf(cpcol, sizeof cpcol, " %3d", r->cp);
-        const char *offcol = !off ? "" : r->offload ? " optimizer" : " none     ";
+        const char *offcol = !off                              ? ""
+                             : r->offload == OFFLOAD_PARAMS    ? " optimizer+params"
+                             : r->offload == OFFLOAD_OPTIMIZER ? " optimizer       "
+                                                               : " none            ";
         printf("%3d %3d %3d %4d%s %4d%s %2d %2d %-9s %8.1f %8.3f %10.0f %5.1f%%  %s%s\n", i + 1,
                r->tp, r->pp, r->dp, cpcol, r->zero, offcol, r->micro_batch, r->virtual_stages,
                recompute_name(r->recompute), r->st[r->worst].total / GIB, r->t_step,

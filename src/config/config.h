@@ -34,8 +34,10 @@ typedef enum { RESUME_AUTO = 0, RESUME_NEVER = 1, RESUME_PATH = 2 } ResumeKind;
 typedef enum { COMM_AUTO = 0, COMM_MPI = 1, COMM_NCCL = 2 } CommKind;
 /* topology.offload: where the optimizer's state lives (backend: cuda).
  * optimizer: the fp32 master weights and Adam moments of the rank's shard in
- * page-locked host memory, AdamW on the host's cores (docs/finetune.md). */
-typedef enum { OFFLOAD_NONE = 0, OFFLOAD_OPTIMIZER = 1 } OffloadKind;
+ * page-locked host memory, AdamW on the host's cores (docs/finetune.md).
+ * optimizer+params (ZeRO-3 only): the rank's parameter shard too; the device
+ * holds only the layers gathered for compute (zero.h). */
+typedef enum { OFFLOAD_NONE = 0, OFFLOAD_OPTIMIZER = 1, OFFLOAD_PARAMS = 2 } OffloadKind;
 typedef enum { NONFINITE_STOP = 0, NONFINITE_SKIP = 1 } NonfiniteKind;
 typedef enum { ROPE_SCALING_NONE = 0, ROPE_SCALING_LLAMA3 = 1 } RopeScaling;
 /* checkpoint.async: auto is on where the MPI library runs threads and the

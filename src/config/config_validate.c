@@ -403,6 +403,14 @@ static int check_topology(Checker *c)
                     "topology.offload moves the optimizer state from GPU to host memory "
                     "and needs backend: cuda; with backend: cpu the state is in host memory "
                     "already: remove the key or set it to none");
+    /* Only ZeRO-3 keeps a parameter shard: the other stages keep every
+     * weight on every rank, where compute reads them. */
+    if (t->offload == OFFLOAD_PARAMS && t->zero != 3)
+        return verr(c, "topology.offload",
+                    "topology.offload optimizer+params moves each rank's parameter shard to "
+                    "host memory, and only ZeRO-3 shards the parameters (topology.zero is %d): "
+                    "set topology.zero: 3, or offload: optimizer",
+                    t->zero);
     return 0;
 }
 

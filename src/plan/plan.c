@@ -251,10 +251,14 @@ static int stage_memory(const Config *cfg, const PlanCluster *c, const PlanResul
      * master weights (offload keeps fp32's master and a staging buffer
      * beside them, 4 of host_optimizer's elements, which it does not save). */
     const double ckpt_optimizer =
-        cfg->topology.offload == OFFLOAD_OPTIMIZER
+        cfg->topology.offload != OFFLOAD_NONE
             ? (double)zm.host_optimizer / 4 * (cfg->training.precision == PREC_BF16 ? 3 : 2)
             : (double)zm.optimizer;
-    st->host_ckpt = ck->dir[0] && host_copy ? (double)zm.params + ckpt_optimizer : 0;
+    /* optimizer+params: the weights' shard is in host_optimizer's buffers
+     * (zm.params is 0), and the checkpoint copies it all the same */
+    const double ckpt_params =
+        cfg->topology.offload == OFFLOAD_PARAMS ? (double)zm.host_optimizer / 4 : (double)zm.params;
+    st->host_ckpt = ck->dir[0] && host_copy ? ckpt_params + ckpt_optimizer : 0;
     st->total = st->params + st->grads + st->optimizer + st->buffers + st->activations +
                 st->scratch + st->reserve;
     return 0;
@@ -377,12 +381,18 @@ static void stage_step_time(const Config *cfg, const PlanCluster *c, const PlanR
             st->t_dp_exposed = r->n_micro * fmax(t_red / r->n_micro - st->t_compute, 0) + t_gather;
     }
     const double own = t->zero == 0 ? P : ceil(P / D);
-    if (t->offload == OFFLOAD_OPTIMIZER) {
+    if (t->offload != OFFLOAD_NONE) {
         /* optimizer.c's step, in turn: the owned gradients down, AdamW on
          * the host (it reads the staged gradient, master, m and v and
          * writes master, m, v and the weights: 8 fp32 passes), the weights
-         * up.  The node's ranks share its memory bandwidth. */
-        st->pcie_bytes_step = own * (r->elem_grad + r->elem_param);
+         * up.  The node's ranks share its memory bandwidth.  With
+         * optimizer+params nothing goes up after the step: each ZeRO-3
+         * gather copies the rank's part of its layer up instead, on the
+         * compute stream (counted here, not overlapped). */
+        const double up = t->offload == OFFLOAD_PARAMS
+                              ? (double)zero_plan_host_gather_elems(cfg, sh, D, r->n_micro)
+                              : own;
+        st->pcie_bytes_step = own * r->elem_grad + up * r->elem_param;
         st->t_pcie = st->pcie_bytes_step / (c->pcie_gbps * 1e9 * c->comm_efficiency);
         const int sharers = c->gpus_per_node < r->world ? c->gpus_per_node : r->world;
         st->t_host_adamw = own * 8 * 4 / (c->host_memory_gbps * 1e9 / sharers);
@@ -480,7 +490,7 @@ int plan_evaluate(const Config *cfg, const PlanCluster *c, PlanResult *r, char e
         r->embed_bytes = fmax(r->embed_bytes, (double)s->embed_bytes_step * r->elem_grad / 4);
     }
     r->fits = r->st[r->worst].total <= r->capacity;
-    r->offload = t->offload == OFFLOAD_OPTIMIZER;
+    r->offload = (int)t->offload;
     if (r->offload) { /* the host must hold what its GPUs' ranks put there */
         double host = 0;
         for (int k = 0; k < t->pp; k++)

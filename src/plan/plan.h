@@ -75,7 +75,7 @@ typedef struct {
     int worst;       /* the pipeline rank with the most memory */
     double capacity; /* device memory usable by trident, bytes */
     int fits;        /* in device memory, and with offload in host memory */
-    int offload;     /* topology.offload */
+    int offload;     /* topology.offload (OffloadKind: 0 none) */
     /* host bytes per node with offload: the ranks of a node, each its
      * offloaded state and checkpoint copies (the most loaded stage's) */
     double host_node, host_capacity;
@@ -108,7 +108,8 @@ typedef struct {
  * (shorter ones' activations are small next to the weights). */
 #define PLAN_CP_MIN_SEQ 8192
 int plan_search_cp(const Config *cfg);
-/* topology.offload is searched (none, optimizer) for the CUDA backend. */
+/* topology.offload is searched (none, optimizer, and optimizer+params
+ * with ZeRO-3) for the CUDA backend. */
 int plan_search_offload(const Config *cfg);
 
 /* Fill up to max candidates (best first); *n_fit the number that fit,

@@ -6,7 +6,7 @@
  * stages 1, 2, 4 with pp > 1; recompute none, selective, full; context
  * parallelism cp 1, 2, 4, ... (dividing what tp and pp leave, 2 cp dividing
  * seq_len) for sequences of PLAN_CP_MIN_SEQ tokens and more; with the
- * CUDA backend, topology.offload none and optimizer.  Sequence
+ * CUDA backend, topology.offload none, optimizer and (ZeRO-3) optimizer+params.  Sequence
  * parallelism is on whenever tp > 1 (it only saves memory; the bytes are
  * the same).  Each candidate goes through the trainer's config validation
  * and refusals, then plan_evaluate; those that fit are ranked by tokens/s,
@@ -104,7 +104,7 @@ int plan_search(const Config *cfg, const PlanCluster *c, PlanCandidate *out, int
                 if ((world / (tp * pp)) % cp || (cp > 1 && cfg->model.seq_len % (2 * cp)))
                     continue;
                 const int dp = world / (tp * pp * cp);
-                const int n_off = plan_search_offload(cfg) ? 2 : 1;
+                const int n_off = plan_search_offload(cfg) ? 3 : 1;
                 for (int off = 0; off < n_off; off++)
                     for (int z = 0; z <= 3; z++)
                         for (size_t mi = 0; mi < sizeof micro / sizeof *micro; mi++)
@@ -116,9 +116,8 @@ int plan_search(const Config *cfg, const PlanCluster *c, PlanCandidate *out, int
                                     Config cand = *cfg;
                                     plan_apply_layout(&cand, tp, pp, dp, z, micro[mi], v, rcs[ri]);
                                     cand.topology.cp = cp;
-                                    if (n_off > 1)
-                                        cand.topology.offload =
-                                            off ? OFFLOAD_OPTIMIZER : OFFLOAD_NONE;
+                                    if (n_off > 1) /* validation: params with ZeRO-3 only */
+                                        cand.topology.offload = (OffloadKind)off;
                                     cand.topology.ranks_per_node = gpn < world ? gpn : world;
                                     if (!valid(&cand, world))
                                         continue;
@@ -136,6 +135,13 @@ int plan_search(const Config *cfg, const PlanCluster *c, PlanCandidate *out, int
     for (int i = 0; i < n; i++)
         explain(&out[i], out[i].r.capacity);
     return n;
+}
+
+static const char *offload_phrase(int offload)
+{
+    return offload == OFFLOAD_PARAMS      ? ", offload optimizer+params"
+           : offload == OFFLOAD_OPTIMIZER ? ", offload optimizer"
+                                          : "";
 }
 
 int plan_suggest(const Config *cfg, const PlanCluster *c, char *buf, size_t len)
@@ -157,8 +163,8 @@ int plan_suggest(const Config *cfg, const PlanCluster *c, char *buf, size_t len)
              "tp %d, pp %d, dp %d%s, zero %d%s, micro_batch %d, virtual_stages %d, recompute %s: "
              "%.1f GiB per GPU, %.0f tokens/s, MFU %.1f%% (best of %d layouts that fit; "
              "trident plan --search lists more)",
-             r->tp, r->pp, r->dp, cp, r->zero, r->offload ? ", offload optimizer" : "",
-             r->micro_batch, r->virtual_stages,
+             r->tp, r->pp, r->dp, cp, r->zero, offload_phrase(r->offload), r->micro_batch,
+             r->virtual_stages,
              r->recompute == RECOMPUTE_NONE        ? "none"
              : r->recompute == RECOMPUTE_SELECTIVE ? "selective"
                                                    : "full",

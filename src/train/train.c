@@ -95,8 +95,12 @@ static void print_start(Trainer *tr, const Config *cfg, double peak)
                    : config_precision_name(cfg->training.precision));
     if (mem.host_optimizer) /* topology.offload: not device memory, so not above */
         printf("offloaded to host memory per rank (MiB): optimizer %.1f (fp32 master weights, "
-               "Adam m and v, gradient staging; page-locked)\n",
-               trd_mib(mem.host_optimizer));
+               "Adam m and v, gradient staging; page-locked)%s\n",
+               trd_mib(mem.host_optimizer),
+               cfg->topology.offload == OFFLOAD_PARAMS
+                   ? "; the weights' shard lives there too (optimizer+params: params above "
+                     "are 0, the layers are gathered from the host)"
+                   : "");
     printf("batch: global %d sequences = %d micro-steps x micro_batch %d x dp %d | %d tokens/step "
            "| zero %d\n",
            cfg->training.global_batch, in->n_micro, cfg->training.micro_batch, in->dp,

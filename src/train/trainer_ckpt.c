@@ -32,10 +32,10 @@ void trainer_ckpt_setup(Trainer *tr)
         if (!tr->be->device || !state[k])
             continue;
         /* HDF5 reads and writes host memory: a host copy of each buffer.
-         * Offloaded optimizer state is host memory already, but it changes
+         * Offloaded optimizer state (and optimizer+params' weights) is host memory already, but it changes
          * while a background save writes: it gets a copy as well. */
         tr->ckpt_dev[k] = state[k];
-        tr->ckpt_host[k] = zs.optimizer_on_host && k != CKPT_PARAMS;
+        tr->ckpt_host[k] = k == CKPT_PARAMS ? zs.params_on_host : zs.optimizer_on_host;
         r->data =
             trd_malloc((r->hi - r->lo ? r->hi - r->lo : 1) * sizeof(float), "checkpoint host copy");
     }

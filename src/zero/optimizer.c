@@ -74,6 +74,26 @@ void optimizer_init_offload(Optimizer *o, const ParamTable *t, const Backend *be
     }
 }
 
+float *optimizer_init_offload_params(Optimizer *o, const ParamTable *t, const Backend *be,
+                                     const float *init, size_t begin, size_t end,
+                                     Precision precision)
+{
+    optimizer_fields(o, t, be, begin, end, precision);
+    o->offload = 1;
+    o->params_on_host = 1;
+    const size_t n = end - begin;
+    o->m = host_state(be, n, "Adam first moment (offloaded to host memory)");
+    o->v = host_state(be, n, "Adam second moment (offloaded to host memory)");
+    o->master = host_state(be, n, "fp32 master weights (offloaded to host memory)");
+    o->stage = host_state(be, n, "offload staging (gradients in, the bf16 weights between steps)");
+    memcpy(o->master, init, n * sizeof(float));
+    if (!o->bf16)
+        return o->master;
+    for (size_t i = 0; i < n; i++)
+        o->stage[i] = bf16_round(o->master[i]);
+    return o->stage;
+}
+
 void optimizer_free(Optimizer *o)
 {
     if (o->offload) {
@@ -94,7 +114,13 @@ void optimizer_free(Optimizer *o)
  * the updated weights back.  One staging buffer serves both ways: AdamW
  * reads grad[i] before it writes param[i], element by element, so with
  * bf16 the rounded weights overwrite the gradients in place; with fp32 the
- * weights are the master weights themselves. */
+ * weights are the master weights themselves.  The weights go up without
+ * the host waiting for the copy (to_backend_async): the next forward's
+ * work is queued behind it while the host moves on, and `out` is written
+ * again only after the next step's to_host, which follows the copy.  With
+ * the parameters on the
+ * host (optimizer+params) params is that buffer already: nothing goes
+ * back. */
 static void step_on_host(Optimizer *o, float *params, const float *grads, const BackendRange *r,
                          int nr, float lr, const TrainingConfig *tc)
 {
@@ -102,15 +128,24 @@ static void step_on_host(Optimizer *o, float *params, const float *grads, const 
     BackendStepState st;
     if (o->state) { /* the device's decision (grad_check): read, not recomputed */
         o->be->to_host(&st, o->state, sizeof st);
-        if (st.skip)
+        if (st.skip) {
+            if (o->grads_streamed) /* the caller may clear the gradients next */
+                o->be->host_copies_wait();
             return;
+        }
     }
-    o->be->to_host(o->stage, grads, bytes);
+    if (o->grads_streamed) /* sent during backward (zero.c) */
+        o->be->host_copies_wait();
+    else
+        o->be->to_host(o->stage, grads, bytes);
     float *out = o->bf16 ? o->stage : o->master;
     backend_cpu()->adamw_ranges(out, o->master, o->stage, o->m, o->v, r, nr, lr, tc->beta1,
                                 tc->beta2, tc->eps, tc->weight_decay, o->grad_scale, o->t, o->bf16,
                                 o->state ? &st : NULL);
-    o->be->to_backend(params, out, bytes);
+    if (o->params_on_host)
+        TRD_ASSERT(params == out);
+    else /* the host writes `out` again only after the next step's to_host */
+        o->be->to_backend_async(params, out, bytes);
 }
 
 void optimizer_step(Optimizer *o, float *params, const float *grads, float lr,
@@ -145,9 +180,16 @@ void optimizer_step(Optimizer *o, float *params, const float *grads, float lr,
     free(r);
     o->grad_scale = 1.0f;
     o->state = NULL;
+    o->grads_streamed = 0;
 }
 
 void optimizer_scale_grads(Optimizer *o, float s) { o->grad_scale *= s; }
+
+void optimizer_grads_streamed(Optimizer *o)
+{
+    TRD_ASSERT(o->offload);
+    o->grads_streamed = 1;
+}
 
 void optimizer_use_state(Optimizer *o, const BackendStepState *s) { o->state = s; }
 
@@ -159,7 +201,7 @@ void optimizer_skipped(Optimizer *o)
 
 void optimizer_params_loaded(Optimizer *o, const float *params)
 {
-    if (o->offload && !o->bf16)
+    if (o->offload && !o->bf16 && !o->params_on_host) /* on the host, params is master */
         o->be->to_host(o->master, params, (o->end - o->begin) * sizeof(float));
 }
 

@@ -12,7 +12,16 @@
  * fp32 they equal the device's weights).  A step copies the gradients of
  * the owned range to the host, runs the CPU backend's AdamW there (OpenMP
  * threads) and copies the updated weights back: two transfers of the
- * range, and the same AdamW arithmetic as the CPU reference. */
+ * range, and the same AdamW arithmetic as the CPU reference.
+ *
+ * Offloaded parameters too (topology.offload: optimizer+params, ZeRO-3):
+ * the weights of the range never live in the backend's memory; their home
+ * is a host buffer of the state, so no copy goes back after a step (the
+ * ZeRO-3 gathers read each layer's part from the host when it is needed).
+ * With fp32 the weights are the master weights themselves; with bf16 they
+ * are the staging buffer, which holds the rounded weights between steps
+ * and the gradients only inside a step, after the step's last gather: the
+ * host memory is the same four buffers as above. */
 #ifndef TRD_OPTIMIZER_H
 #define TRD_OPTIMIZER_H
 
@@ -34,6 +43,8 @@ typedef struct {
     const BackendStepState *state; /* the next step's device decision, or NULL */
     int offload;                   /* state in host memory, AdamW on the host */
     float *stage; /* offload: page-locked [end-begin], the gradients in, the bf16 weights out */
+    int params_on_host; /* optimizer+params: params is host memory, master (fp32) or stage */
+    int grads_streamed; /* the next step's gradients were sent to stage (optimizer_grads_streamed) */
 } Optimizer;
 
 /* Allocate state for the owned flat range [begin, end).  `params` holds
@@ -46,6 +57,13 @@ void optimizer_init(Optimizer *o, const ParamTable *t, const Backend *be, float 
  * stays in the backend's memory. */
 void optimizer_init_offload(Optimizer *o, const ParamTable *t, const Backend *be, float *params,
                             size_t begin, size_t end, Precision precision);
+/* Parameters offloaded as well (see above): `init` holds the range's
+ * initial weights in host memory (the caller's, read once).  Returns the
+ * host buffer where the weights live from now on, which optimizer_step
+ * takes as its params; bf16 rounds them there. */
+float *optimizer_init_offload_params(Optimizer *o, const ParamTable *t, const Backend *be,
+                                     const float *init, size_t begin, size_t end,
+                                     Precision precision);
 void optimizer_free(Optimizer *o);
 
 /* One AdamW step at learning rate lr: decay only on tensors whose
@@ -74,8 +92,15 @@ void optimizer_skipped(Optimizer *o);
  * weights themselves).  A no-op otherwise. */
 void optimizer_params_loaded(Optimizer *o, const float *params);
 
+/* Offload: the next optimizer_step's gradients are on their way to the
+ * host already (the caller sent each part to o->stage with to_host_async
+ * as its reduction completed): the step waits for those copies instead of
+ * copying the gradients itself. */
+void optimizer_grads_streamed(Optimizer *o);
+
 /* Bytes of state in the backend's memory (0 with offload) and in host
- * memory (offload: master, m, v and the staging buffer). */
+ * memory (offload: master, m, v and the staging buffer, which with
+ * optimizer+params hold the weights as well). */
 size_t optimizer_bytes(const Optimizer *o);
 size_t optimizer_host_bytes(const Optimizer *o);
 

@@ -27,10 +27,11 @@ struct Zero {
     size_t outer_lo, outer_hi; /* the outer group's range */
     size_t max_layer;          /* elements of the largest layer */
 
-    float *params; /* stages 0-2: [P] */
-    float *grads;  /* stages 0-1: [P] */
-    float *pshard; /* stage 3: [own] */
-    float *gshard; /* stages 1-3: [own], the reduced gradient */
+    float *params;   /* stages 0-2: [P] */
+    float *grads;    /* stages 0-1: [P] */
+    float *pshard;   /* stage 3: [own]; host memory with pshard_host */
+    int pshard_host; /* topology.offload optimizer+params: pshard is the optimizer's */
+    float *gshard;   /* stages 1-3: [own], the reduced gradient */
 
     /* stages 2-3: gradient slots; stage 3: parameter slots */
     float *outer_p, *outer_g, *outer_recv;
@@ -40,6 +41,10 @@ struct Zero {
     CommHandle pgather[2], gred[2], outer_red;
     int gred_layer[2]; /* layer whose reduction is in flight (-1: none) */
     int outer_pending;
+    /* offload, stages 2-3: each part of the gradient shard goes to the
+     * host as its last micro-batch's reduction is added (stream_grads);
+     * gred_last / outer_last: that reduction is of the last micro-batch */
+    int stream_grads, gred_last[2], outer_last, streamed;
 
     DpGrads *dpg; /* stages 0-1: the bucketed reduction (data_par/grads.h) */
 
@@ -117,6 +122,20 @@ static void accumulate_part(Zero *z, const float *recv, size_t lo, size_t hi)
         z->be->accumulate(z->gshard + (a - z->own_lo), recv, b - a);
 }
 
+/* Offload: [lo, hi)'s part of the gradient shard is final (its last
+ * micro-batch's reduction was just added): send it to the optimizer's
+ * staging buffer on the copy stream while backward goes on. */
+static void stream_part(Zero *z, size_t lo, size_t hi)
+{
+    size_t a, b;
+    comm_shard_part(lo, hi, z->S, z->dp->rank, &a, &b);
+    if (b <= a)
+        return;
+    z->be->to_host_async(z->opt.stage + (a - z->own_lo), z->gshard + (a - z->own_lo),
+                         (b - a) * sizeof(float));
+    z->streamed = 1;
+}
+
 static void finish_layer_reduction(Zero *z, int k)
 {
     if (z->gred_layer[k] < 0)
@@ -125,6 +144,8 @@ static void finish_layer_reduction(Zero *z, int k)
     group_range(z, z->gred_layer[k], &lo, &hi);
     wait_timed(z, &z->gred[k]);
     accumulate_part(z, z->recv[k], lo, hi);
+    if (z->stream_grads && z->gred_last[k])
+        stream_part(z, lo, hi);
     z->gred_layer[k] = -1;
 }
 
@@ -134,7 +155,29 @@ static void finish_outer_reduction(Zero *z)
         return;
     wait_timed(z, &z->outer_red);
     accumulate_part(z, z->outer_recv, z->outer_lo, z->outer_hi);
+    if (z->stream_grads && z->outer_last)
+        stream_part(z, z->outer_lo, z->outer_hi);
     z->outer_pending = 0;
+}
+
+/* Start gathering [lo, hi) of the flat buffer into out (backend memory
+ * for [lo, hi)).  With the shard in host memory (optimizer+params) this
+ * rank's part is copied up into its place in out first, on the compute
+ * stream, and gathered in place: the device holds no shard of its own.
+ * The copy does not make the host wait (to_backend_async): the shard
+ * changes only in the optimizer step, whose to_host of the gradients
+ * comes after every copy issued from it. */
+static CommHandle gather_range(Zero *z, float *out, size_t lo, size_t hi)
+{
+    size_t a, b;
+    comm_shard_part(lo, hi, z->S, z->dp->rank, &a, &b);
+    const float *mine = b > a ? z->pshard + (a - z->own_lo) : z->pshard;
+    if (z->pshard_host) {
+        if (b > a)
+            z->be->to_backend_async(out + (a - lo), mine, (b - a) * sizeof(float));
+        mine = out + (a - lo);
+    }
+    return comm_iallgather_range_f32(z->dp, mine, out, lo, hi, z->S);
 }
 
 static void start_gather(Zero *z, int l)
@@ -143,11 +186,9 @@ static void start_gather(Zero *z, int l)
     if (z->pslot_layer[k] == l)
         return;
     comm_wait(&z->pgather[k]); /* a slot is reused only after its last gather */
-    size_t lo, hi, a, b;
+    size_t lo, hi;
     group_range(z, l, &lo, &hi);
-    comm_shard_part(lo, hi, z->S, z->dp->rank, &a, &b);
-    const float *mine = b > a ? z->pshard + (a - z->own_lo) : z->pshard;
-    z->pgather[k] = comm_iallgather_range_f32(z->dp, mine, z->pslot[k], lo, hi, z->S);
+    z->pgather[k] = gather_range(z, z->pslot[k], lo, hi);
     z->pslot_layer[k] = l;
 }
 
@@ -168,11 +209,7 @@ static void gather_outer(Zero *z)
 {
     if (z->stage < 3 || z->outer_valid || z->outer_hi <= z->outer_lo)
         return;
-    size_t a, b;
-    comm_shard_part(z->outer_lo, z->outer_hi, z->S, z->dp->rank, &a, &b);
-    const float *mine = b > a ? z->pshard + (a - z->own_lo) : z->pshard;
-    CommHandle h =
-        comm_iallgather_range_f32(z->dp, mine, z->outer_p, z->outer_lo, z->outer_hi, z->S);
+    CommHandle h = gather_range(z, z->outer_p, z->outer_lo, z->outer_hi);
     wait_timed(z, &h);
     z->outer_valid = 1;
 }
@@ -205,6 +242,20 @@ static void init_params(const Zero *z, float *dst, size_t lo, size_t hi)
         z->be->to_backend(dst, host, n * sizeof(float));
         free(host);
     }
+}
+
+/* optimizer+params: the shard's seeded weights made on the host and given
+ * to the optimizer, whose host buffer holds them from then on (a
+ * temporary copy of the shard, once, at start). */
+static void init_params_host(Zero *z)
+{
+    const size_t n = own_n(z);
+    float *init = trd_calloc(n ? n : 1, sizeof(float), "initial weights");
+    params_init_range(z->t, init, z->cfg->run.seed, z->own_lo, z->own_hi);
+    z->pshard = optimizer_init_offload_params(&z->opt, z->t, z->be, init, z->own_lo, z->own_hi,
+                                              z->cfg->training.precision);
+    z->pshard_host = 1;
+    free(init);
 }
 
 /* The outer tensors of every chunk model that has any (the first chunk's
@@ -313,8 +364,10 @@ Zero *zero_create(const Config *cfg, const Backend *be, const ParamShard *sh, Mo
     else
         TRD_ASSERT(!embed); /* layout_check: no tied embedding over stages with ZeRO 2-3 */
     if (!whole.params) {
-        z->pshard = alloc_floats(z, own_n(z) ? own_n(z) : 1, "parameter shard");
-        init_params(z, z->pshard, z->own_lo, z->own_hi);
+        if (cfg->topology.offload != OFFLOAD_PARAMS) {
+            z->pshard = alloc_floats(z, own_n(z) ? own_n(z) : 1, "parameter shard");
+            init_params(z, z->pshard, z->own_lo, z->own_hi);
+        }
         z->outer_p = alloc_buffer(z, outer_n, "outer parameter slot");
         for (int k = 0; k < 2; k++)
             z->pslot[k] = alloc_buffer(z, z->max_layer, "layer parameter slot");
@@ -324,8 +377,11 @@ Zero *zero_create(const Config *cfg, const Backend *be, const ParamShard *sh, Mo
     /* topology.offload: the same ranges, the state in host memory. */
     void (*opt_init)(Optimizer *, const ParamTable *, const Backend *, float *, size_t, size_t,
                      Precision) =
-        cfg->topology.offload == OFFLOAD_OPTIMIZER ? optimizer_init_offload : optimizer_init;
-    if (z->stage == 0) {
+        cfg->topology.offload == OFFLOAD_NONE ? optimizer_init : optimizer_init_offload;
+    if (cfg->topology.offload == OFFLOAD_PARAMS) { /* stage 3 (config_validate) */
+        TRD_ASSERT(z->stage == 3);
+        init_params_host(z);
+    } else if (z->stage == 0) {
         opt_init(&z->opt, z->t, be, z->params, 0, z->P, prec);
     } else if (z->stage <= 2) {
         opt_init(&z->opt, z->t, be, z->params + z->own_lo, z->own_lo, z->own_hi, prec);
@@ -336,6 +392,12 @@ Zero *zero_create(const Config *cfg, const Backend *be, const ParamShard *sh, Mo
     } else {
         opt_init(&z->opt, z->t, be, z->pshard, z->own_lo, z->own_hi, prec);
     }
+    /* Stages 2-3 finish each part of the gradient shard during backward:
+     * with offload it can go down then.  Not where the staging buffer is
+     * the bf16 weights' home (optimizer+params, bf16: the gradients may
+     * overwrite them only in the step, which a skip would not undo). */
+    z->stream_grads = cfg->topology.offload != OFFLOAD_NONE && z->stage >= 2 &&
+                      !(cfg->topology.offload == OFFLOAD_PARAMS && prec == PREC_BF16);
     return z;
 }
 
@@ -351,7 +413,8 @@ void zero_free(Zero *z)
     const Backend *be = z->be;
     be->release(z->params);
     be->release(z->grads);
-    be->release(z->pshard);
+    if (!z->pshard_host) /* else the optimizer's, freed above */
+        be->release(z->pshard);
     be->release(z->gshard);
     be->release(z->outer_p);
     be->release(z->outer_g);
@@ -378,6 +441,10 @@ const Backend *zero_backend(const Zero *z) { return z->be; }
 
 void zero_begin_step(Zero *z)
 {
+    if (z->streamed) { /* a skipped step left its copies: done before the shard is cleared */
+        z->be->host_copies_wait();
+        z->streamed = 0;
+    }
     if (z->grads)
         zero_floats(z, z->grads, z->P);
     if (z->gshard)
@@ -396,6 +463,7 @@ static void layer_grads_ready(Zero *z, int l, int last_micro)
         group_range(z, l, &lo, &hi);
         z->gred[k] = comm_ireduce_scatter_range_f32(z->dp, z->gslot[k], z->recv[k], lo, hi, z->S);
         z->gred_layer[k] = l;
+        z->gred_last[k] = last_micro;
         return;
     }
     if (last_micro) /* else accumulate locally; reduce once on the last micro-batch */
@@ -446,6 +514,7 @@ static void zero_after_outer_backward(Zero *z, int last_micro)
         z->outer_red = comm_ireduce_scatter_range_f32(z->dp, z->outer_g, z->outer_recv, z->outer_lo,
                                                       z->outer_hi, z->S);
         z->outer_pending = 1;
+        z->outer_last = last_micro;
     } else if (last_micro) {
         dp_grads_ready(z->dpg, z->nl);
     }
@@ -547,12 +616,18 @@ void zero_optimizer_step(Zero *z, float lr, const TrainingConfig *tc)
     if (z->stage == 0) {
         optimizer_step(&z->opt, z->params, z->grads, lr, tc);
     } else if (z->stage <= 2) {
-        optimizer_step(&z->opt, z->params + z->own_lo, z->gshard, lr, tc);
+        if (z->streamed)
+            optimizer_grads_streamed(&z->opt);
+        optimizer_step(&z->opt, z->params + z->own_lo, z->gshard, lr, tc); /* waits for them */
+        z->streamed = 0;
         CommHandle h =
             comm_iallgather_range_f32(z->dp, z->params + z->own_lo, z->params, 0, z->P, z->S);
         wait_timed(z, &h);
     } else {
-        optimizer_step(&z->opt, z->pshard, z->gshard, lr, tc);
+        if (z->streamed)
+            optimizer_grads_streamed(&z->opt);
+        optimizer_step(&z->opt, z->pshard, z->gshard, lr, tc); /* waits for them */
+        z->streamed = 0;
         /* Gathered copies are stale now. */
         for (int k = 0; k < 2; k++) {
             comm_wait(&z->pgather[k]);
@@ -571,7 +646,8 @@ ZeroState zero_state(Zero *z)
                        .m = z->opt.m,
                        .v = z->opt.v,
                        .adam_t = &z->opt.t,
-                       .optimizer_on_host = z->opt.offload};
+                       .optimizer_on_host = z->opt.offload,
+                       .params_on_host = z->pshard_host};
 }
 
 void zero_params_loaded(Zero *z)
@@ -585,7 +661,8 @@ void zero_params_loaded(Zero *z)
 ZeroMemory zero_memory(const Zero *z)
 {
     ZeroMemory r = {0};
-    r.params = (z->params ? z->P : 0) * sizeof(float) + (z->pshard ? own_n(z) : 0) * sizeof(float);
+    const size_t shard = z->pshard && !z->pshard_host ? own_n(z) : 0; /* else in the host's */
+    r.params = (z->params ? z->P : 0) * sizeof(float) + shard * sizeof(float);
     r.grads = (z->grads ? z->P : 0) * sizeof(float) + (z->gshard ? own_n(z) : 0) * sizeof(float);
     r.optimizer = optimizer_bytes(&z->opt);
     r.host_optimizer = optimizer_host_bytes(&z->opt);
@@ -609,7 +686,7 @@ void zero_gather_params(Zero *z, float *out)
         return;
     }
     float *whole = alloc_floats(z, z->P, "gathered parameters");
-    CommHandle h = comm_iallgather_range_f32(z->dp, z->pshard, whole, 0, z->P, z->S);
+    CommHandle h = gather_range(z, whole, 0, z->P);
     comm_wait(&h);
     z->be->to_host(out, whole, z->P * sizeof(float));
     z->be->release(whole);
@@ -671,10 +748,11 @@ ZeroMemory zero_plan_memory(const Config *cfg, const ParamShard *sh, int dp, int
     const size_t outer_recv = ps.outer_n < ps.S ? ps.outer_n : ps.S;
     const size_t layer_recv = ps.max_layer < ps.S ? ps.max_layer : ps.S;
     ZeroMemory r = {0};
-    r.params = (whole.params ? ps.P : own) * F;
+    /* optimizer+params: the shard lives in the optimizer's host buffers */
+    r.params = (whole.params ? ps.P : cfg->topology.offload == OFFLOAD_PARAMS ? 0 : own) * F;
     r.grads = ((whole.grads ? ps.P : 0) + (whole.optimizer ? 0 : own)) * F;
     const size_t opt_n = whole.optimizer ? ps.P : own;
-    if (cfg->topology.offload == OFFLOAD_OPTIMIZER) /* master, m, v and staging: optimizer.c */
+    if (cfg->topology.offload != OFFLOAD_NONE) /* master, m, v and staging: optimizer.c */
         r.host_optimizer = (opt_n ? opt_n : 1) * F * 4;
     else /* m, v [, master] */
         r.optimizer = opt_n * F * (cfg->training.precision == PREC_BF16 ? 3 : 2);
@@ -686,9 +764,21 @@ ZeroMemory zero_plan_memory(const Config *cfg, const ParamShard *sh, int dp, int
     return r;
 }
 
+/* What one gather of [lo, hi) costs: the ring bytes over DP, or with
+ * `host` the elements DP rank 0 copies up from host memory first
+ * (optimizer+params: its part of the range). */
+static uint64_t plan_gather_cost(const PlanShard *ps, size_t lo, size_t hi, int dp, int host)
+{
+    if (!host)
+        return comm_ring_bytes(hi - lo, 1, dp);
+    size_t a, b;
+    comm_shard_part(lo, hi, ps->S, 0, &a, &b);
+    return b - a;
+}
+
 /* Stage 3: the layer gathers of one micro-batch, following the two slots
  * (use_layer_params: a layer still in its slot is not gathered again). */
-static uint64_t plan_gather_bytes(const PlanShard *ps, int slot_layer[2], int dp)
+static uint64_t plan_gather_bytes(const PlanShard *ps, int slot_layer[2], int dp, int host)
 {
     uint64_t bytes = 0;
     for (int dir = 0; dir < 2; dir++) /* forward, then backward */
@@ -699,7 +789,9 @@ static uint64_t plan_gather_bytes(const PlanShard *ps, int slot_layer[2], int dp
                 const int g = j == 0 ? i : next;
                 if (g < 0 || g >= ps->nl || slot_layer[g & 1] == ps->layers[g])
                     continue;
-                bytes += comm_ring_bytes(layer_n(ps, ps->layers[g]), 1, dp);
+                size_t lo, hi;
+                params_group_range(&ps->t, ps->layers[g], &lo, &hi);
+                bytes += plan_gather_cost(ps, lo, hi, dp, host);
                 slot_layer[g & 1] = ps->layers[g];
             }
         }
@@ -729,10 +821,26 @@ uint64_t zero_plan_step_bytes(const Config *cfg, const ParamShard *sh, int dp, i
         int slot_layer[2] = {-1, -1};                /* the optimizer step invalidates both */
         bytes += comm_ring_bytes(ps.outer_n, 1, dp); /* outer tensors, once a step */
         for (int j = 0; j < n_micro; j++)
-            bytes += plan_gather_bytes(&ps, slot_layer, dp);
+            bytes += plan_gather_bytes(&ps, slot_layer, dp, 0);
     }
     if (stage >= 1) /* zero_grad_sumsq: one double */
         bytes += comm_ring_bytes(sizeof(double) / sizeof(float), 2, dp);
     plan_shard_close(&ps);
     return bytes;
+}
+
+uint64_t zero_plan_host_gather_elems(const Config *cfg, const ParamShard *sh, int dp, int n_micro)
+{
+    if (cfg->topology.offload != OFFLOAD_PARAMS)
+        return 0;
+    PlanShard ps;
+    plan_shard_open(&ps, cfg, sh, dp);
+    size_t lo, hi;
+    params_group_range(&ps.t, PARAMS_OUTER, &lo, &hi);
+    uint64_t n = plan_gather_cost(&ps, lo, hi, dp, 1); /* the outer tensors, once a step */
+    int slot_layer[2] = {-1, -1};
+    for (int j = 0; j < n_micro; j++)
+        n += plan_gather_bytes(&ps, slot_layer, dp, 1);
+    plan_shard_close(&ps);
+    return n;
 }

@@ -24,7 +24,21 @@
  * layer's; the outer tensors (embeddings, head) are gathered once a step.
  *
  * Gradients are pre-scaled by 1/(micro-batches * dp), so the sum over DP is
- * the mean over the global batch. */
+ * the mean over the global batch.
+ *
+ * topology.offload: optimizer+params (stage 3 only): the parameter shard S
+ * is not in device memory but in the optimizer's page-locked host buffers
+ * (optimizer.h).  What stays on the device: the gradient shard (the
+ * reduce-scatters accumulate into it over micro-batches), the gradient and
+ * parameter slots with their receive space, and nothing else of the
+ * weights: a gather copies this rank's part of the layer from the host into
+ * its place in the slot and all-gathers in place.
+ *
+ * With any offload, stages 2-3 send each part of the gradient shard to the
+ * optimizer's host staging buffer as soon as it is final (its last
+ * micro-batch's reduction added), on the backend's copy stream
+ * (to_host_async) while backward goes on; the step waits for those copies
+ * instead of copying the shard itself. */
 #ifndef TRD_ZERO_H
 #define TRD_ZERO_H
 
@@ -135,6 +149,7 @@ typedef struct {
     float *params, *master, *m, *v;
     int *adam_t;
     int optimizer_on_host; /* topology.offload: master, m and v are host memory */
+    int params_on_host;    /* optimizer+params: params (stage 3's block) is host memory */
 } ZeroState;
 ZeroState zero_state(Zero *z);
 /* The weights were replaced after zero_create (a resume or
@@ -161,5 +176,8 @@ void zero_gather_params(Zero *z, float *out);
  * both against real runs. */
 ZeroMemory zero_plan_memory(const Config *cfg, const ParamShard *sh, int dp, int dp_rank);
 uint64_t zero_plan_step_bytes(const Config *cfg, const ParamShard *sh, int dp, int n_micro);
+/* optimizer+params: the elements DP rank 0 copies from host to device
+ * memory in one step, its part of every gather (0 for other settings). */
+uint64_t zero_plan_host_gather_elems(const Config *cfg, const ParamShard *sh, int dp, int n_micro);
 
 #endif

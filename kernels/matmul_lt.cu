@@ -134,12 +134,14 @@ int lt_matmul_bf16(int transa, int transb, int m, int n, int k, const __nv_bfloa
         LT_CHECK(cublasLtMatmul(lt_handle(), op, &alpha, A, la, B, lb, &beta, D, ld_, D, ld_,
                                 &res.algo, ws, res.workspaceSize, cuda_stream()));
     } else {
-        static int told;
-        if (!told++) /* once: the run goes on, slower, on the separate kernels */
+        static int told; /* once: the run goes on, slower, on the separate kernels */
+        if (!told) {
+            told = 1;
             fprintf(stderr,
                     "warning: cuBLASLt offers no algorithm for m %d n %d k %d (transa %d, "
                     "transb %d, epilogue %d): %s; using cuBLAS and separate kernels there\n",
                     m, n, k, transa, transb, (int)epilogue, cublasGetStatusString(st));
+        }
     }
     LT_CHECK(cublasLtMatmulPreferenceDestroy(pref));
     LT_CHECK(cublasLtMatrixLayoutDestroy(ld_));

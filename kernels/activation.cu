@@ -29,6 +29,19 @@ __global__ void gelu_backward_kernel(float *dinp, const float *inp, const float 
     }
 }
 
+/* dx = gelu'(inp) * dx, in place (cpu_ops.inc's gelu_backward_inplace) */
+__global__ void gelu_backward_inplace_kernel(float *dx, const float *inp, size_t n)
+{
+    GRID_STRIDE(i, n)
+    {
+        float x = inp[i];
+        float u = GELU_K * (x + GELU_A * x * x * x);
+        float s = 1 / (1 + expf(-2 * u));
+        float du = GELU_K * (1 + 3 * GELU_A * x * x);
+        dx[i] = (s + 2 * x * s * (1 - s) * du) * dx[i];
+    }
+}
+
 /* silu(a) * up, silu(a) = a * sigmoid(a) */
 __global__ void swiglu_forward_kernel(float *out, const float *gate, const float *up, size_t n)
 {
@@ -58,6 +71,14 @@ void cuda_gelu_forward(float *out, const float *inp, size_t n)
     if (!n)
         return;
     gelu_forward_kernel<<<cuda_blocks(n), CUDA_THREADS, 0, cuda_stream()>>>(out, inp, n);
+    CUDA_CHECK_LAUNCH();
+}
+
+void cuda_gelu_backward_inplace(float *dx, const float *inp, size_t n)
+{
+    if (n == 0)
+        return;
+    gelu_backward_inplace_kernel<<<cuda_blocks(n), CUDA_THREADS, 0, cuda_stream()>>>(dx, inp, n);
     CUDA_CHECK_LAUNCH();
 }
 

@@ -327,6 +327,10 @@ static const Backend cuda_backend = {
     .host_release = backend_cuda_host_free,
     .matmul_forward = cuda_matmul_forward,
     .matmul_backward = cuda_matmul_backward,
+    /* fp32 stays on cuBLAS pedantic and the separate GELU kernels: the
+     * model calls the unfused ops (backend_cuda_bf16 fills these) */
+    .matmul_gelu_forward = NULL,
+    .matmul_backward_dgelu = NULL,
     .embedding_forward = cuda_embedding_forward,
     .embedding_backward = cuda_embedding_backward,
     .layernorm_forward = cuda_layernorm_forward,
@@ -379,6 +383,8 @@ extern "C" const Backend *backend_cuda_bf16(void)
         t = cuda_backend;
         t.matmul_forward = cuda_matmul_forward_bf16;
         t.matmul_backward = cuda_matmul_backward_bf16;
+        t.matmul_gelu_forward = cuda_matmul_gelu_forward_bf16;
+        t.matmul_backward_dgelu = cuda_matmul_backward_dgelu_bf16;
         t.attention_forward = cuda_attention_forward_bf16;
         t.attention_backward = cuda_attention_backward_bf16;
     }

@@ -13,11 +13,15 @@
  *
  * bf16 (cuda_matmul_*_bf16, training.precision: bf16): each operand is
  * converted to bf16 (round to nearest even) into a workspace, and
- * cublasGemmEx multiplies bf16 by bf16 into fp32 with fp32 accumulation on
- * the tensor cores, as backend_cpu_bf16() defines.  Activations and
+ * cuBLAS multiplies bf16 by bf16 into fp32 with fp32 accumulation on the
+ * tensor cores, as backend_cpu_bf16() defines.  The forward GEMMs go
+ * through cuBLASLt (matmul_lt.cu) with the bias, and for GPT-2's MLP the
+ * GELU, in the epilogue; the MLP projection's input gradient through the
+ * GELU-gradient epilogue; the other backward GEMMs are cublasGemmEx.  Activations and
  * weights are still stored in fp32: the conversions cost a pass over each
  * operand, and the workspace is the bf16 copies of the largest GEMM's two
  * operands (device memory beside the report's categories). */
+#include "matmul_lt.cuh"
 #include "ops.cuh"
 
 #include <cublas_v2.h>
@@ -159,6 +163,18 @@ void cuda_matmul_forward_bf16(float *out, const float *inp, const float *weight,
 {
     if (N <= 0 || OC <= 0)
         return;
+    const __nv_bfloat16 *w = NULL, *a = NULL;
+    if (C > 0) {
+        w = to_bf16(0, weight, (size_t)OC * C);
+        a = to_bf16(1, inp, (size_t)N * C);
+    }
+    /* out^T[OC, N] = weight[OC, C] . inp^T[C, N] + bias, the bias in
+     * cuBLASLt's epilogue (a vector over D's OC rows): no broadcast
+     * kernel, and out is written once instead of read and written. */
+    if (C > 0 && lt_epilogue_ok(bias, NULL, 0) &&
+        lt_matmul_bf16(1, 0, OC, N, C, w, C, a, C, out, OC, bias ? LT_BIAS : LT_PLAIN, bias, NULL,
+                       0))
+        return;
     float beta = 0;
     if (bias) {
         bias_broadcast_kernel<<<cuda_blocks((size_t)N * OC), CUDA_THREADS, 0, cuda_stream()>>>(
@@ -171,9 +187,21 @@ void cuda_matmul_forward_bf16(float *out, const float *inp, const float *weight,
             backend_cuda_zero(out, (size_t)N * OC * sizeof(float));
         return;
     }
-    const __nv_bfloat16 *w = to_bf16(0, weight, (size_t)OC * C);
-    const __nv_bfloat16 *a = to_bf16(1, inp, (size_t)N * C);
     gemm_bf16(CUBLAS_OP_T, CUBLAS_OP_N, OC, N, C, w, C, a, C, beta, out, OC);
+}
+
+/* dweight and dbias of a bf16 backward, d the bf16 copy of dout (slot 0). */
+static void backward_weight_bias_bf16(float *dweight, float *dbias, const __nv_bfloat16 *d,
+                                      const float *dout, const float *inp, int N, int C, int OC)
+{
+    if (dweight) /* dweight^T[C, OC] += inp^T[C, N] . dout[N, OC] */
+        gemm_bf16(CUBLAS_OP_N, CUBLAS_OP_T, C, OC, N, to_bf16(1, inp, (size_t)N * C), C, d, OC, 1,
+                  dweight, C);
+    if (dbias) { /* the fp32 sum of dout, as backend_cpu_bf16 */
+        col_sum_acc_kernel<<<colsum_blocks(OC), COLSUM_COLS * COLSUM_GROUPS, 0, cuda_stream()>>>(
+            dbias, dout, N, OC);
+        CUDA_CHECK_LAUNCH();
+    }
 }
 
 void cuda_matmul_backward_bf16(float *dinp, float *dweight, float *dbias, const float *dout,
@@ -181,18 +209,51 @@ void cuda_matmul_backward_bf16(float *dinp, float *dweight, float *dbias, const 
 {
     if (N <= 0 || C <= 0 || OC <= 0)
         return;
-    if (dinp || dweight) {
-        const __nv_bfloat16 *d = to_bf16(0, dout, (size_t)N * OC);
-        if (dinp) /* dinp^T[C, N] += weight^T[C, OC] . dout^T[OC, N] */
-            gemm_bf16(CUBLAS_OP_N, CUBLAS_OP_N, C, N, OC, to_bf16(1, weight, (size_t)OC * C), C, d,
-                      OC, 1, dinp, C);
-        if (dweight) /* dweight^T[C, OC] += inp^T[C, N] . dout[N, OC] */
-            gemm_bf16(CUBLAS_OP_N, CUBLAS_OP_T, C, OC, N, to_bf16(1, inp, (size_t)N * C), C, d, OC,
-                      1, dweight, C);
+    const __nv_bfloat16 *d = dinp || dweight ? to_bf16(0, dout, (size_t)N * OC) : NULL;
+    if (dinp) /* dinp^T[C, N] += weight^T[C, OC] . dout^T[OC, N] */
+        gemm_bf16(CUBLAS_OP_N, CUBLAS_OP_N, C, N, OC, to_bf16(1, weight, (size_t)OC * C), C, d, OC,
+                  1, dinp, C);
+    backward_weight_bias_bf16(dweight, dbias, d, dout, inp, N, C, OC);
+}
+
+/* ---- the linear layer fused with GELU (backend.h), cuBLASLt epilogues ---- */
+
+void cuda_matmul_gelu_forward_bf16(float *out, float *pre, const float *inp, const float *weight,
+                                   const float *bias, int N, int C, int OC)
+{
+    if (N <= 0 || OC <= 0)
+        return;
+    if (C > 0 && bias && lt_epilogue_ok(bias, pre, OC)) {
+        /* pre^T[OC, N] = weight . inp^T + bias (the epilogue's aux output),
+         * out^T = gelu(pre^T) (D): one GEMM, no bias or GELU kernel. */
+        const __nv_bfloat16 *w = to_bf16(0, weight, (size_t)OC * C);
+        const __nv_bfloat16 *a = to_bf16(1, inp, (size_t)N * C);
+        if (lt_matmul_bf16(1, 0, OC, N, C, w, C, a, C, out, OC, LT_GELU_BIAS, bias, pre, OC))
+            return;
     }
-    if (dbias) { /* the fp32 sum of dout, as backend_cpu_bf16 */
-        col_sum_acc_kernel<<<colsum_blocks(OC), COLSUM_COLS * COLSUM_GROUPS, 0, cuda_stream()>>>(
-            dbias, dout, N, OC);
-        CUDA_CHECK_LAUNCH();
+    cuda_matmul_forward_bf16(pre, inp, weight, bias, N, C, OC); /* the two ops */
+    cuda_gelu_forward(out, pre, (size_t)N * OC);
+}
+
+void cuda_matmul_backward_dgelu_bf16(float *dinp, float *dweight, float *dbias, const float *dout,
+                                     const float *inp, const float *pre, const float *weight, int N,
+                                     int C, int OC)
+{
+    if (N <= 0 || C <= 0)
+        return;
+    if (OC <= 0) { /* an empty product: the gradient is 0 */
+        backend_cuda_zero(dinp, (size_t)N * C * sizeof(float));
+        return;
     }
+    const __nv_bfloat16 *d = to_bf16(0, dout, (size_t)N * OC);
+    const __nv_bfloat16 *w = to_bf16(1, weight, (size_t)OC * C);
+    /* dinp^T[C, N] = (weight^T . dout^T) * gelu'(pre^T): DGELU with pre
+     * as the aux input; beta 0, as backend.h's SETS.  Else the product,
+     * then the gradient through the GELU in place. */
+    if (!lt_epilogue_ok(NULL, pre, C) ||
+        !lt_matmul_bf16(0, 0, C, N, OC, w, C, d, OC, dinp, C, LT_DGELU, NULL, (float *)pre, C)) {
+        gemm_bf16(CUBLAS_OP_N, CUBLAS_OP_N, C, N, OC, w, C, d, OC, 0, dinp, C);
+        cuda_gelu_backward_inplace(dinp, pre, (size_t)N * C);
+    }
+    backward_weight_bias_bf16(dweight, dbias, d, dout, inp, N, C, OC);
 }

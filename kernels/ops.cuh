@@ -17,6 +17,12 @@ void cuda_matmul_forward_bf16(float *out, const float *inp, const float *weight,
                               int N, int C, int OC);
 void cuda_matmul_backward_bf16(float *dinp, float *dweight, float *dbias, const float *dout,
                                const float *inp, const float *weight, int N, int C, int OC);
+/* matmul.cu through cuBLASLt's epilogues (matmul_lt.cu; backend_cuda_bf16) */
+void cuda_matmul_gelu_forward_bf16(float *out, float *pre, const float *inp, const float *weight,
+                                   const float *bias, int N, int C, int OC);
+void cuda_matmul_backward_dgelu_bf16(float *dinp, float *dweight, float *dbias, const float *dout,
+                                     const float *inp, const float *pre, const float *weight, int N,
+                                     int C, int OC);
 
 /* embedding.cu */
 void cuda_embedding_forward(float *out, const int32_t *tokens, const int32_t *pos, const float *wte,
@@ -42,6 +48,8 @@ void cuda_residual_norm_forward(float *res, float *out, float *mean, float *rstd
 /* activation.cu */
 void cuda_gelu_forward(float *out, const float *inp, size_t n);
 void cuda_gelu_backward(float *dinp, const float *inp, const float *dout, size_t n);
+/* dx = gelu'(inp) * dx in place (matmul.cu's fallback for the DGELU epilogue) */
+void cuda_gelu_backward_inplace(float *dx, const float *inp, size_t n);
 void cuda_swiglu_forward(float *out, const float *gate, const float *up, size_t n);
 void cuda_swiglu_backward(float *dgate, float *dup, const float *dout, const float *gate,
                           const float *up, size_t n);

@@ -135,6 +135,27 @@ static void p_matmul_backward(float *dinp, float *dw, float *db, const float *do
     TIMED("matmul_backward", bytes, flops, matmul_backward(dinp, dw, db, dout, inp, w, N, C, OC));
 }
 
+static void p_matmul_gelu_forward(float *out, float *pre, const float *inp, const float *w,
+                                  const float *b, int N, int C, int OC)
+{
+    double n = N, c = C, oc = OC;
+    TIMED("matmul_gelu_forward", F4 * (n * c + oc * c + 2 * n * oc + oc), 2 * n * c * oc,
+          matmul_gelu_forward(out, pre, inp, w, b, N, C, OC));
+}
+
+static void p_matmul_backward_dgelu(float *dinp, float *dw, float *db, const float *dout,
+                                    const float *inp, const float *pre, const float *w, int N,
+                                    int C, int OC)
+{
+    double n = N, c = C, oc = OC;
+    /* dinp: reads dout, w and pre, writes dinp; dw, db as matmul_backward */
+    double bytes = F4 * n * oc + F4 * (oc * c + 2 * n * c) + (dw ? F4 * (n * c + 2 * oc * c) : 0) +
+                   (db ? F4 * 2 * oc : 0);
+    double flops = 2 * n * c * oc * (1 + (dw != NULL));
+    TIMED("matmul_backward_dgelu", bytes, flops,
+          matmul_backward_dgelu(dinp, dw, db, dout, inp, pre, w, N, C, OC));
+}
+
 static void p_embedding_forward(float *out, const int32_t *tok, const int32_t *pos,
                                 const float *wte, const float *wpe, int N, int T, int C, int vs,
                                 int V)
@@ -363,6 +384,10 @@ extern "C" const Backend *backend_cuda_profiled(const Backend *base)
     t.to_host = p_to_host;
     t.matmul_forward = p_matmul_forward;
     t.matmul_backward = p_matmul_backward;
+    if (base->matmul_gelu_forward) /* optional ops stay NULL where the base has none */
+        t.matmul_gelu_forward = p_matmul_gelu_forward;
+    if (base->matmul_backward_dgelu)
+        t.matmul_backward_dgelu = p_matmul_backward_dgelu;
     t.embedding_forward = p_embedding_forward;
     t.embedding_backward = p_embedding_backward;
     t.layernorm_forward = p_layernorm_forward;

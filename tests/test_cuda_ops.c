@@ -206,6 +206,55 @@ static void test_matmul(int N, int C, int OC, int with_bias)
     backend_cuda_free(d_dw), backend_cuda_free(d_db);
 }
 
+/* The linear layer fused with GELU (backend_cuda_bf16: cuBLASLt's
+ * GELU_AUX_BIAS and DGELU epilogues where the shapes suit them, the
+ * separate kernels where not) against backend_cpu_bf16's two ops in order.
+ * pre: a GEMM (R_RED); out = gelu(pre) and dinp = gelu'(pre) * (dout . W):
+ * the GEMM's error times a slope of at most 1.13, plus two evaluations of
+ * tanh-GELU (the library's and the reference's x * sigmoid(2u), ~1e-6):
+ * 2 * R_RED.  dinp starts random on both sides (the op SETS it); dweight
+ * and dbias add onto random values as matmul_backward's do. */
+static void test_matmul_gelu(int N, int C, int OC)
+{
+    char what[128];
+    size_t ni = (size_t)N * C, nw = (size_t)OC * C, no = (size_t)N * OC;
+    float *inp = hrand(ni, 1), *w = hrand(nw, 1), *b = hrand(OC, 1), *w2 = hrand(nw, 1);
+    float *out = hrand(no, 1), *pre = hrand(no, 1), *dout = hrand(ni, 1);
+    float *dinp = hrand(no, 1), *dw = hrand(nw, 1), *db = hrand(C, 1);
+    float *d_inp = dcopyf(inp, ni), *d_w = dcopyf(w, nw), *d_b = dcopyf(b, OC);
+    float *d_w2 = dcopyf(w2, nw), *d_out = dcopyf(out, no), *d_pre = dcopyf(pre, no);
+    float *d_dout = dcopyf(dout, ni), *d_dinp = dcopyf(dinp, no), *d_dw = dcopyf(dw, nw);
+    float *d_db = dcopyf(db, C);
+
+    /* forward: inp [N, C] through w [OC, C] (+ b) to pre and out [N, OC] */
+    cpu->matmul_gelu_forward(out, pre, inp, w, b, N, C, OC);
+    gpu->matmul_gelu_forward(d_out, d_pre, d_inp, d_w, d_b, N, C, OC);
+    snprintf(what, sizeof what, "bf16 matmul+gelu %dx%dx%d pre", N, C, OC);
+    compare_dev(what, d_pre, pre, no, R_RED);
+    snprintf(what, sizeof what, "bf16 matmul+gelu %dx%dx%d out", N, C, OC);
+    compare_dev(what, d_out, out, no, 2 * R_RED);
+
+    /* the backward of the next linear, w2 [C, OC] reading out [N, OC]
+     * (both sides from the CPU's out and pre): the gradient at pre through
+     * gelu', dweight [C, OC] and dbias [C] */
+    float *d_out_cpu = dcopyf(out, no), *d_pre_cpu = dcopyf(pre, no);
+    cpu->matmul_backward_dgelu(dinp, dw, db, dout, out, pre, w2, N, OC, C);
+    gpu->matmul_backward_dgelu(d_dinp, d_dw, d_db, d_dout, d_out_cpu, d_pre_cpu, d_w2, N, OC, C);
+    snprintf(what, sizeof what, "bf16 matmul dgelu %dx%dx%d dinp", N, OC, C);
+    compare_dev(what, d_dinp, dinp, no, 2 * R_RED);
+    snprintf(what, sizeof what, "bf16 matmul dgelu %dx%dx%d dweight", N, OC, C);
+    compare_dev(what, d_dw, dw, nw, R_RED);
+    snprintf(what, sizeof what, "bf16 matmul dgelu %dx%dx%d dbias", N, OC, C);
+    compare_dev(what, d_db, db, C, R_RED);
+
+    free(inp), free(w), free(b), free(w2), free(out), free(pre), free(dout), free(dinp);
+    free(dw), free(db);
+    backend_cuda_free(d_inp), backend_cuda_free(d_w), backend_cuda_free(d_b);
+    backend_cuda_free(d_w2), backend_cuda_free(d_out), backend_cuda_free(d_pre);
+    backend_cuda_free(d_dout), backend_cuda_free(d_dinp), backend_cuda_free(d_dw);
+    backend_cuda_free(d_db), backend_cuda_free(d_out_cpu), backend_cuda_free(d_pre_cpu);
+}
+
 /* ------------------------------------------------------------ embedding */
 
 /* Tokens drawn from [-3, vocab_start + V + 10): negative ones, ones below
@@ -1388,6 +1437,16 @@ int main(void)
         test_matmul(1, 3, 1, 1);
         test_dbias_repeat(1000, 77);
     }
+    /* the fused linear + GELU, bf16 only: cuBLASLt's epilogues (OC and C
+     * multiples of 8), then the separate kernels (53, 75: aux leading
+     * dimensions cuBLASLt refuses) */
+    cpu = backend_cpu_bf16();
+    gpu = backend_cuda_bf16();
+    test_matmul_gelu(37, 64, 96);
+    test_matmul_gelu(256, 384, 200);
+    test_matmul_gelu(37, 75, 53);
+    CHECK(!backend_cuda()->matmul_gelu_forward && !backend_cuda()->matmul_backward_dgelu,
+          "fp32 CUDA keeps the unfused ops (cuBLAS pedantic, exact parity)");
     cpu = backend_cpu();
     gpu = backend_cuda();
 

@@ -333,6 +333,53 @@ static void test_matmul_bf16(int N, int C, int OC)
     free(fo), free(fdi), free(fdw), free(fdb);
 }
 
+/* The fused linear + GELU ops of the CPU tables (fp32 and bf16) against
+ * the ops they fuse, called in order as the model called them before:
+ * matmul_forward then gelu_forward; and for the backward, matmul_backward
+ * into a zeroed dfc_act, then gelu_backward into a zeroed dfc.  The same
+ * arithmetic, so equal values (compared with ==: 0 + -0 is +0).  dinp
+ * starts random (the fused backward SETS it); dweight and dbias start
+ * random on both sides (they add). */
+static void test_matmul_gelu(const Backend *be, const char *tag, int N, int C, int OC)
+{
+    const size_t ni = (size_t)N * C, nw = (size_t)OC * C, no = (size_t)N * OC;
+    double *inp = rnd(ni), *w = rnd(nw), *b = rnd(OC), *dout = rnd(ni), *w2 = rnd(nw);
+    double *dw0 = rnd(nw), *db0 = rnd(C), *junk = rnd(no);
+    float *fi = tof(inp, ni), *fw = tof(w, nw), *fb = tof(b, OC), *fd = tof(dout, ni);
+    float *fw2 = tof(w2, nw);
+    float *pre = tof(junk, no), *out = tof(junk, no), *dpre = tof(junk, no);
+    float *pre_ref = calloc(no, sizeof(float)), *out_ref = calloc(no, sizeof(float));
+    float *dact = calloc(no, sizeof(float)), *dpre_ref = calloc(no, sizeof(float));
+    float *dw = tof(dw0, nw), *db = tof(db0, C), *dw_ref = tof(dw0, nw), *db_ref = tof(db0, C);
+
+    be->matmul_gelu_forward(out, pre, fi, fw, fb, N, C, OC);
+    be->matmul_forward(pre_ref, fi, fw, fb, N, C, OC);
+    be->gelu_forward(out_ref, pre_ref, no);
+    /* the next linear, w2 [C, OC], reads out [N, OC]: its backward to pre */
+    be->matmul_backward_dgelu(dpre, dw, db, fd, out, pre, fw2, N, OC, C);
+    be->matmul_backward(dact, dw_ref, db_ref, fd, out_ref, fw2, N, OC, C);
+    be->gelu_backward(dpre_ref, pre_ref, dact, no);
+
+    size_t bad[5] = {0};
+    for (size_t i = 0; i < no; i++) {
+        bad[0] += pre[i] != pre_ref[i];
+        bad[1] += out[i] != out_ref[i];
+        bad[2] += dpre[i] != dpre_ref[i];
+    }
+    for (size_t i = 0; i < nw; i++)
+        bad[3] += dw[i] != dw_ref[i];
+    for (int i = 0; i < C; i++)
+        bad[4] += db[i] != db_ref[i];
+    const char *names[5] = {"pre", "out", "dpre", "dweight", "dbias"};
+    for (int k = 0; k < 5; k++)
+        CHECK(bad[k] == 0, "%smatmul+gelu %dx%dx%d %s: %zu elements differ from the unfused ops",
+              tag, N, C, OC, names[k], bad[k]);
+    free(inp), free(w), free(b), free(dout), free(w2), free(dw0), free(db0), free(junk);
+    free(fi), free(fw), free(fb), free(fd), free(fw2), free(pre), free(out), free(dpre);
+    free(pre_ref), free(out_ref), free(dact), free(dpre_ref), free(dw), free(db), free(dw_ref);
+    free(db_ref);
+}
+
 /* ------------------------------------------------------------ embedding */
 
 static double emb_loss(void)
@@ -1143,6 +1190,8 @@ int main(void)
     test_matmul_split(100, 96, 70, 2); /* forward split by rows */
     test_matmul_split(64, 96, 130, 3); /* forward split by columns */
     test_matmul_bf16(33, 70, 45);
+    test_matmul_gelu(backend_cpu(), "", 33, 70, 45);
+    test_matmul_gelu(backend_cpu_bf16(), "bf16 ", 33, 70, 45);
     test_embedding();
     test_norms();
     test_activations();

@@ -840,6 +840,8 @@ static void count_gemm(int m, int n, int k)
     stats.gemms++;
     stats.gemm_flops += 2.0 * m * n * k;
 }
+/* the same for the emulated cuBLASLt (cublaslt_emu.cpp) */
+void emu_count_gemm(int m, int n, int k) { count_gemm(m, n, k); }
 
 /* a column-major rows x cols matrix with leading dimension ld, in device
  * memory and within its allocation */

@@ -169,6 +169,23 @@ typedef struct {
      * dbias[OC] += sum_n dout.  Any of dinp, dweight, dbias may be NULL. */
     void (*matmul_backward)(float *dinp, float *dweight, float *dbias, const float *dout,
                             const float *inp, const float *weight, int N, int C, int OC);
+    /* The linear layer and the GELU that reads its output, fused where the
+     * backend can (CUDA bf16: one cuBLASLt GEMM with the GELU_AUX_BIAS
+     * epilogue, and DGELU for the backward); optional, NULL: the model
+     * calls the unfused ops.  The CPU reference is those ops in order, so
+     * the same bits.
+     * matmul_gelu_forward: pre[N,OC] = matmul_forward(inp, weight, bias)
+     * (kept for the backward), out = gelu(pre).
+     * matmul_backward_dgelu: matmul_backward of a linear whose input inp
+     * [N,C] is gelu(pre): SETS dinp = gelu'(pre) * (dout @ weight), the
+     * gradient at pre, where matmul_backward would add dout @ weight at
+     * inp; dweight and dbias ADD as in matmul_backward (either may be
+     * NULL). */
+    void (*matmul_gelu_forward)(float *out, float *pre, const float *inp, const float *weight,
+                                const float *bias, int N, int C, int OC);
+    void (*matmul_backward_dgelu)(float *dinp, float *dweight, float *dbias, const float *dout,
+                                  const float *inp, const float *pre, const float *weight, int N,
+                                  int C, int OC);
 
     /* out[n,c] = wte[tokens[n]-vocab_start, c] (+ wpe[p, c] when wpe != NULL,
      * p = pos[n] with packed documents, else n % T).  Tokens outside

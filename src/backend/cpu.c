@@ -114,6 +114,59 @@ static void bf16_matmul_backward(float *dinp, float *dweight, float *dbias, cons
         counted_matmul_backward(NULL, NULL, dbias, dout, NULL, NULL, N, C, OC);
 }
 
+/* ---- the linear layer fused with GELU (backend.h): the two ops it fuses,
+ * in order, with the table's own matmul (fp32 or bf16), so the fused call
+ * gives the same bits as the two calls ---- */
+
+static void fused_gelu_forward(void (*mm)(float *, const float *, const float *, const float *, int,
+                                          int, int),
+                               float *out, float *pre, const float *inp, const float *weight,
+                               const float *bias, int N, int C, int OC)
+{
+    mm(pre, inp, weight, bias, N, C, OC);
+    cpu_gelu_forward(out, pre, (size_t)N * (size_t)OC);
+}
+
+static void fused_backward_dgelu(void (*mm)(float *, float *, float *, const float *, const float *,
+                                            const float *, int, int, int),
+                                 float *dinp, float *dweight, float *dbias, const float *dout,
+                                 const float *inp, const float *pre, const float *weight, int N,
+                                 int C, int OC)
+{
+    const size_t NC = (size_t)N * (size_t)C;
+    memset(dinp, 0, NC * sizeof(float)); /* SETS dinp: the product first, then times gelu' */
+    mm(dinp, dweight, dbias, dout, inp, weight, N, C, OC);
+    cpu_gelu_backward_inplace(dinp, pre, NC);
+}
+
+static void cpu_matmul_gelu_forward(float *out, float *pre, const float *inp, const float *weight,
+                                    const float *bias, int N, int C, int OC)
+{
+    fused_gelu_forward(counted_matmul_forward, out, pre, inp, weight, bias, N, C, OC);
+}
+
+static void cpu_matmul_backward_dgelu(float *dinp, float *dweight, float *dbias, const float *dout,
+                                      const float *inp, const float *pre, const float *weight,
+                                      int N, int C, int OC)
+{
+    fused_backward_dgelu(counted_matmul_backward, dinp, dweight, dbias, dout, inp, pre, weight, N,
+                         C, OC);
+}
+
+static void bf16_matmul_gelu_forward(float *out, float *pre, const float *inp, const float *weight,
+                                     const float *bias, int N, int C, int OC)
+{
+    fused_gelu_forward(bf16_matmul_forward, out, pre, inp, weight, bias, N, C, OC);
+}
+
+static void bf16_matmul_backward_dgelu(float *dinp, float *dweight, float *dbias, const float *dout,
+                                       const float *inp, const float *pre, const float *weight,
+                                       int N, int C, int OC)
+{
+    fused_backward_dgelu(bf16_matmul_backward, dinp, dweight, dbias, dout, inp, pre, weight, N, C,
+                         OC);
+}
+
 double backend_cpu_gemm_flops(void) { return gemm_flops; }
 void backend_cpu_gemm_flops_reset(void) { gemm_flops = 0; }
 
@@ -437,6 +490,8 @@ static const Backend cpu_backend = {
     .host_release = cpu_release,
     .matmul_forward = counted_matmul_forward,
     .matmul_backward = counted_matmul_backward,
+    .matmul_gelu_forward = cpu_matmul_gelu_forward,
+    .matmul_backward_dgelu = cpu_matmul_backward_dgelu,
     .embedding_forward = cpu_embedding_forward,
     .embedding_backward = cpu_embedding_backward,
     .layernorm_forward = cpu_layernorm_forward,
@@ -489,6 +544,8 @@ const Backend *backend_cpu_bf16(void)
         t = cpu_backend;
         t.matmul_forward = bf16_matmul_forward;
         t.matmul_backward = bf16_matmul_backward;
+        t.matmul_gelu_forward = bf16_matmul_gelu_forward;
+        t.matmul_backward_dgelu = bf16_matmul_backward_dgelu;
     }
     return &t;
 }

@@ -35,6 +35,7 @@ void cpu_rmsnorm_backward_f64(double *dinp, double *dweight, const double *dout,
                               const double *weight, const double *rstd, int N, int C);
 void cpu_gelu_forward_f64(double *out, const double *inp, size_t n);
 void cpu_gelu_backward_f64(double *dinp, const double *inp, const double *dout, size_t n);
+void cpu_gelu_backward_inplace_f64(double *dx, const double *inp, size_t n);
 void cpu_swiglu_forward_f64(double *out, const double *gate, const double *up, size_t n);
 void cpu_swiglu_backward_f64(double *dgate, double *dup, const double *dout, const double *gate,
                              const double *up, size_t n);

@@ -1113,12 +1113,36 @@ static void row_linear_forward(Model *m, float *out, const float *inp, const flo
     tp_row_output_forward(&m->tp, out, b, d->N, d->C);
 }
 
+/* Whether target k of local layer i has an adapter that runs (lora_forward). */
+static int lora_on(const Model *m, int i, int k)
+{
+    return m->lora && !m->lora_merged && m->ap[i].a[k];
+}
+
+/* GPT-2's fc + GELU as one backend op (matmul_gelu_forward), where the
+ * backend has it and no adapter adds to fc between the two. */
+static int mlp_fused_gelu(const Model *m, int i)
+{
+    return m->d.gpt2 && m->be->matmul_gelu_forward && !lora_on(m, i, LT_FC);
+}
+
+/* The MLP projection's backward through the GELU in one op
+ * (matmul_backward_dgelu), where no adapter adds to its input gradient. */
+static int mlp_fused_dgelu(const Model *m, int i)
+{
+    return m->d.gpt2 && m->be->matmul_backward_dgelu && !(m->lora && m->ap[i].a[LT_FCPROJ]);
+}
+
 /* MLP up to the input of its projection: fc_act = act(fc(ln2)). */
 static void mlp_forward(Model *m, int i, const LayerParams *p, LayerActs *a)
 {
     const Backend *be = m->be;
     const Dims *d = &m->d;
     const size_t NF = (size_t)d->N * (size_t)d->F;
+    if (mlp_fused_gelu(m, i)) {
+        be->matmul_gelu_forward(a->fc_act, a->fc, a->ln2, p->fc_w, p->fc_b, d->N, d->C, d->F);
+        return;
+    }
     be->matmul_forward(a->fc, a->ln2, p->fc_w, p->fc_b, d->N, d->C, d->F);
     lora_forward(m, i, LT_FC, a->fc, a->ln2, d->C, d->F, 1, m->s.dfc);
     if (d->gpt2) {
@@ -1195,18 +1219,22 @@ void model_block_forward(Model *m, int l)
 }
 
 /* Gradient at the MLP projection's input (dfc_act) -> gradient at ln2's
- * output (dln, overwritten). */
+ * output (dln, overwritten).  dfc_set: the gradient at fc (dfc) is already
+ * there (matmul_backward_dgelu), dfc_act is not. */
 static void mlp_backward(Model *m, int i, const LayerParams *p, const LayerParams *g,
-                         const LayerActs *a)
+                         const LayerActs *a, int dfc_set)
 {
     const Backend *be = m->be;
     const Dims *d = &m->d;
     const Scratch *s = &m->s;
     const size_t NF = (size_t)d->N * (size_t)d->F;
-    zero(m, s->dfc, NF);
+    TRD_ASSERT(!dfc_set || d->gpt2);
+    if (!dfc_set)
+        zero(m, s->dfc, NF);
     zero(m, s->dln, (size_t)d->N * (size_t)d->C);
     if (d->gpt2) {
-        be->gelu_backward(s->dfc, a->fc, s->dfc_act, NF);
+        if (!dfc_set)
+            be->gelu_backward(s->dfc, a->fc, s->dfc_act, NF);
     } else {
         zero(m, s->dup, NF);
         be->swiglu_backward(s->dfc, s->dup, s->dfc_act, a->fc, a->up, NF);
@@ -1287,12 +1315,16 @@ void model_block_backward(Model *m, int l)
     const float *dout = tp_row_output_backward(&m->tp, s->dres, s->full, d->N, d->C);
     if (p->router_w) {
         moe_backward(m, p, g, a, dout); /* sets dln */
+    } else if (mlp_fused_dgelu(m, i)) { /* sets dfc, through the GELU */
+        be->matmul_backward_dgelu(s->dfc, g->mlp_proj_w, g->mlp_proj_b, dout, a->fc_act, a->fc,
+                                  p->mlp_proj_w, d->N, d->F, d->C);
+        mlp_backward(m, i, p, g, a, 1);
     } else {
         zero(m, s->dfc_act, N * (size_t)d->F);
         be->matmul_backward(s->dfc_act, g->mlp_proj_w, g->mlp_proj_b, dout, a->fc_act,
                             p->mlp_proj_w, d->N, d->F, d->C);
         lora_backward(m, i, LT_FCPROJ, dout, a->fc_act, s->dfc_act, d->F, d->C, 0);
-        mlp_backward(m, i, p, g, a);
+        mlp_backward(m, i, p, g, a, 0);
     }
     norm_backward(m, s->dres, g->ln2_w, g->ln2_b, s->dln, a->res_mid, p->ln2_w, a->ln2_mean,
                   a->ln2_rstd);

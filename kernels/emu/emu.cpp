@@ -397,6 +397,8 @@ cudaError_t cudaMalloc(void **p, size_t n)
     EMU_POISON(a.map, (size_t)(a.ptr - a.map));
     EMU_POISON(a.ptr + n, map_size - (size_t)(a.ptr - a.map) - n);
     allocs[(uintptr_t)m] = a;
+    if (device_open) /* room for it in opened, which the SIGSEGV handler may not grow */
+        opened.reserve(allocs.size());
     stats.mallocs++;
     *p = a.ptr;
     return cudaSuccess;

@@ -77,6 +77,67 @@ template <int PER> __device__ inline float part_dot(const float (&r)[PER], const
     return acc;
 }
 
+/* A row held in registers by a row group (its threads' channels), shared
+ * for group_dot.  On the GPU nothing: group_dot's shuffles read the
+ * lanes' registers.  In the emulation, where every shuffle is a barrier
+ * (a fiber switch of each of the block's 256 threads, for every key of a
+ * tile), the group's channels are published to the block once (one
+ * barrier; every thread of the block calls it together), and group_dot
+ * reads them instead.  SLOT: one buffer per row a kernel shares. */
+template <int PER> using GroupRegs = const float (*)[PER];
+template <int PER, int SLOT> __device__ inline GroupRegs<PER> group_share(const float (&r)[PER])
+{
+#if defined(TRD_CUDA_EMULATED) /* blocks run one at a time: one buffer serves all */
+    static float all[ATT_BLOCK][PER];
+    for (int j = 0; j < PER; j++)
+        all[threadIdx.x][j] = r[j];
+    __syncthreads();
+    return &all[threadIdx.x - threadIdx.x % GROUP];
+#else
+    (void)r;
+    return NULL;
+#endif
+}
+
+/* group_sum(part_dot(r, s, c)): the dot product of the group's row with
+ * shared row s.  The emulation computes the group's 8 partial sums from
+ * the shared registers (grp, from group_share) and adds them by
+ * group_sum's butterfly: the same operations on the same values, so the
+ * same result bit for bit, without a barrier.  The butterfly of a sum
+ * leaves the same value in every lane (each step adds a pair in both
+ * orders), so the first thread of a group to make its n-th call keeps the
+ * result for the others (a ring of the last calls per group, tagged with
+ * n and s; every thread of a group makes the same calls, as the GPU's
+ * shuffles require): one computation per group instead of one per thread. */
+template <int PER>
+__device__ inline float group_dot(const float (&r)[PER], GroupRegs<PER> grp, const float *s, int c)
+{
+#if defined(TRD_CUDA_EMULATED)
+    (void)r;
+    enum { RING = 128 }; /* > the calls of one barrier interval: 2 a key, ROWS keys */
+    static long calls[ATT_BLOCK];
+    static struct {
+        long n;
+        const float *s;
+        float v;
+    } ring[ATT_BLOCK / GROUP][RING];
+    const long n = ++calls[threadIdx.x];
+    auto &e = ring[threadIdx.x / GROUP][n % RING];
+    if (e.n == n && e.s == s)
+        return e.v;
+    float x[GROUP];
+    for (int l = 0; l < GROUP; l++)
+        x[l] = part_dot(grp[l], s, l);
+    emu_butterfly(
+        x, GROUP, [](float a, float b) { return a + b; }, GROUP / 2);
+    e.n = n, e.s = s, e.v = x[c];
+    return x[c];
+#else
+    (void)grp;
+    return group_sum(part_dot(r, s, c));
+#endif
+}
+
 /* row[c + GROUP*j] += r[j] for this thread's channels below hs. */
 template <int PER>
 __device__ inline void add_to_row(float *row, const float (&r)[PER], int c, int hs)
@@ -146,6 +207,7 @@ __global__ void __launch_bounds__(ATT_BLOCK)
 #pragma unroll
     for (int j = 0; j < PER; j++)
         o[j] = 0;
+    const GroupRegs<PER> qg = group_share<PER, 0>(q);
     float m = -INFINITY, l = 0;
 
     int u0 = 0, u1 = 0, lo, hi;
@@ -156,7 +218,7 @@ __global__ void __launch_bounds__(ATT_BLOCK)
         stage_kv_tile<PER>(ks, vs, kh, k0, s);
         const int n = imin(ROWS, hi - k0);
         for (int j = 0; j < n; j++) {
-            float sc = group_sum(part_dot(q, ks + j * STRIDE, c)) * s.scale;
+            float sc = group_dot(q, qg, ks + j * STRIDE, c) * s.scale;
             if (k0 + j < u0 || k0 + j >= u1)
                 continue;
             float m_new = fmaxf(m, sc);
@@ -223,6 +285,7 @@ __global__ void __launch_bounds__(ATT_BLOCK)
         dq[j] = 0;
     }
     D = group_sum(D);
+    const GroupRegs<PER> qg = group_share<PER, 0>(q), dg = group_share<PER, 1>(d);
     const float L = valid ? lse[((size_t)b * s.H + h) * s.Tq + t] : 0.0f;
 
     int u0 = 0, u1 = 0, lo, hi;
@@ -234,8 +297,8 @@ __global__ void __launch_bounds__(ATT_BLOCK)
         const int n = imin(ROWS, hi - k0);
         for (int j = 0; j < n; j++) {
             const float *k = ks + j * STRIDE;
-            float sc = group_sum(part_dot(q, k, c)) * s.scale;
-            float dp = group_sum(part_dot(d, vs + j * STRIDE, c));
+            float sc = group_dot(q, qg, k, c) * s.scale;
+            float dp = group_dot(d, dg, vs + j * STRIDE, c);
             if (k0 + j < u0 || k0 + j >= u1)
                 continue;
             float ds = expf(sc - L) * (dp - D) * s.scale;
@@ -275,6 +338,7 @@ __global__ void __launch_bounds__(ATT_BLOCK)
 #pragma unroll
     for (int j = 0; j < PER; j++)
         dk[j] = dv[j] = 0;
+    const GroupRegs<PER> kg = group_share<PER, 0>(k), vg = group_share<PER, 1>(v);
 
     /* the first query row at or after the tile's first key position */
     const int tstart = imax(0, s.k_pos0 + tile * ROWS - s.q_pos0);
@@ -303,8 +367,8 @@ __global__ void __launch_bounds__(ATT_BLOCK)
             const int n = imin(ROWS, s.Tq - t0);
             for (int j = 0; j < n; j++) {
                 const float *qr = qs + j * STRIDE, *dr = ds_ + j * STRIDE;
-                float sc = group_sum(part_dot(k, qr, c)) * s.scale;
-                float dp = group_sum(part_dot(v, dr, c));
+                float sc = group_dot(k, kg, qr, c) * s.scale;
+                float dp = group_dot(v, vg, dr, c);
                 if (!valid || kp > Qp[j] || kp < First[j])
                     continue;
                 float p = expf(sc - Ls[j]), dsc = p * (dp - Ds[j]) * s.scale;

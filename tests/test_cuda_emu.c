@@ -1,7 +1,9 @@
 /* The CPU emulation of the CUDA runtime (kernels/emu, -Demulate_cuda=true)
  * is strict about device memory, so that host code of the trainer that
  * touches it, or a host pointer handed to the device side, fails here
- * instead of on the first GPU run.
+ * instead of on the first GPU run.  Memory a kernel reaches through a
+ * pointer that is not one of its arguments (inside a struct) is opened at
+ * its first access, and closed again after the launch.
  *
  * Each misuse below runs in a forked child, through the C API of
  * src/backend/cuda.h only.  The child must die (abort, or AddressSanitizer's
@@ -125,6 +127,31 @@ static void fault_after_malloc(void)
     if (p == MAP_FAILED)
         return;
     float x = *p;
+    (void)x;
+}
+
+/* An attention whose document positions (AttnArgs.pos, a pointer inside
+ * the struct argument, not an argument of the launch) are device memory:
+ * the kernel opens that allocation at its first access; when the launch
+ * ends it is closed again, so the host's read after it must die. */
+static void host_reads_pointer_a_kernel_reached(void)
+{
+    enum { B = 1, T = 40, H = 2, HS = 8, W = 3 * H * HS }; /* KVH = H */
+    static float qkv[B * T * W];
+    static int32_t pos[B * T];
+    fill(qkv, B * T * W, 1.0f / 64);
+    for (int t = 0; t < T; t++)
+        pos[t] = t % 13; /* documents of 13 rows */
+    float *d_qkv = dev_floats(B * T * W), *d_out = dev_floats(B * T * H * HS);
+    float *d_lse = dev_floats(B * H * T);
+    int32_t *d_pos = backend_cuda_malloc(sizeof pos, "pos");
+    backend_cuda_to_device(d_qkv, qkv, sizeof qkv);
+    backend_cuda_to_device(d_pos, pos, sizeof pos);
+    AttnArgs a = attn_args(B, T, H, H, HS);
+    a.pos = d_pos;
+    backend_cuda()->attention_forward(d_out, d_lse, d_qkv, d_qkv, &a);
+    fprintf(stderr, "attention with device document positions ran\n");
+    volatile int32_t x = d_pos[T / 2];
     (void)x;
 }
 
@@ -267,6 +294,15 @@ int main(void)
                  "emu: cudaMemcpyAsync(DeviceToHost): dst is device memory");
     expect_death("zero past the end", zero_past_end, "emu: cudaMemsetAsync: dst is out of bounds");
     expect_death("kernel reading past the end", kernel_reads_past_end, past_end);
+    char ran[8192];
+    int ran_status = run_child(host_reads_pointer_a_kernel_reached, ran, sizeof ran);
+    int ran_ok = died(ran_status) &&
+                 strstr(ran, "attention with device document positions ran\n") &&
+                 strstr(ran, "emu: host code touched device memory at");
+    CHECK(ran_ok, "a kernel reading memory named in a struct argument, then the host: %s", ran);
+    if (ran_ok)
+        printf("kernel reaching memory through a struct argument: ran; the host's read after it "
+               "died as expected\n");
     expect_death("free of a host pointer", free_host_pointer,
                  "emu: cudaFree: the pointer is not device memory");
     expect_death("free twice", free_twice, "emu: cudaFree: the pointer is not device memory");

@@ -179,30 +179,33 @@ void __syncthreads();
 /* every thread of the block must shuffle together (as block_sum does) */
 double emu_shfl_xor(double v, int o);
 const double *emu_warp_values(double v);
-/* An xor butterfly over a warp's 32 values: for o = top, top / 2, .. 1,
- * lane l's value becomes op(its value, lane l ^ o's). */
-template <class T, class Op> void emu_butterfly(T (&x)[32], Op op, int top)
+/* An xor butterfly over n lanes' values (n a power of two, top < n): for
+ * o = top, top / 2, .. 1, lane l's value becomes op(its value, lane l ^ o's). */
+template <class T, class Op> void emu_butterfly(T *x, int n, Op op, int top)
 {
     T y[32];
     for (int o = top; o > 0; o >>= 1) {
-        for (int l = 0; l < 32; l++)
+        for (int l = 0; l < n; l++)
             y[l] = op(x[l], x[l ^ o]);
-        for (int l = 0; l < 32; l++)
+        for (int l = 0; l < n; l++)
             x[l] = y[l];
     }
 }
 
 /* warp_sum and warp_max (five shuffles) at one barrier instead of five:
  * the same operations on the same values in the same order, so the same
- * result bit for bit. */
+ * result bit for bit.  A butterfly from `top` down mixes only the 2 top
+ * lanes that differ from the caller's in the bits below 2 top (a group of
+ * 8 for top 4), so only those are computed. */
 template <class T, class Op> T emu_warp_butterfly(T v, Op op, int top = 16)
 {
     const double *w = emu_warp_values((double)v);
+    const int lane = (int)(threadIdx.x % 32), n = 2 * top, first = lane & ~(n - 1);
     T x[32];
-    for (int l = 0; l < 32; l++)
-        x[l] = (T)w[l];
-    emu_butterfly(x, op, top);
-    return x[threadIdx.x % 32];
+    for (int l = 0; l < n; l++)
+        x[l] = (T)w[first + l];
+    emu_butterfly(x, n, op, top);
+    return x[lane - first];
 }
 
 /* block_sum and block_max (two warp butterflies and two __syncthreads) at
@@ -226,10 +229,10 @@ template <class T, class Op> T emu_block_butterfly(T v, Op op, T identity)
                 continue;
             for (int l = 0; l < 32; l++)
                 x[l] = (T)all[32 * w + l];
-            emu_butterfly(x, op, 16);
+            emu_butterfly(x, 32, op, 16);
             part[w] = x[0];
         }
-        emu_butterfly(part, op, 16);
+        emu_butterfly(part, 32, op, 16);
         *slot = (double)part[0];
     }
     return (T)*slot;

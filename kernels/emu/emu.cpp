@@ -7,10 +7,11 @@
  * ptr is 256-byte aligned (as cudaMalloc promises) and placed so that its
  * end, rounded up to 256 bytes, meets the trailing guard page: an overrun
  * faults at once instead of reading the next buffer.  The data pages are
- * PROT_NONE except while emulated device work runs (emu_device_open /
- * close around a kernel, a cuBLAS call, a memset or a copy), so host code
- * that dereferences a device pointer faults; the SIGSEGV handler below
- * turns that fault into a message naming the allocation.  Under
+ * PROT_NONE except while emulated device work runs (a kernel, a cuBLAS
+ * call, a memset or a copy opens the allocations it touches, DeviceWork;
+ * the emulated NCCL opens all, emu_device_open), so host code that
+ * dereferences a device pointer faults; the SIGSEGV handler below turns
+ * that fault into a message naming the allocation.  Under
  * AddressSanitizer the slack and guards are also poisoned, so ASan reports
  * even the small overruns that stay inside the last page.
  *
@@ -216,11 +217,15 @@ struct Alloc {
     size_t map_size;
     char *ptr;       /* what cudaMalloc returned */
     size_t size;     /* what it was asked for */
+    bool open;       /* readable and writable (device work runs and touched it) */
 };
 
-/* live allocations by mapping address; device_open counts nested opens */
+/* live allocations by mapping address; device_open counts nested opens;
+ * opened: the allocations made accessible since device work began, made
+ * inaccessible again when it ends */
 static std::map<uintptr_t, Alloc> allocs;
 static int device_open;
+static std::vector<Alloc *> opened;
 static struct sigaction prev_segv;
 
 static size_t page_size()
@@ -232,7 +237,7 @@ static size_t page_size()
 static size_t round_up(size_t n, size_t to) { return (n + to - 1) / to * to; }
 
 /* the allocation whose mapping holds addr (guards included), or NULL */
-static const Alloc *find_alloc(uintptr_t addr)
+static Alloc *find_alloc(uintptr_t addr)
 {
     auto it = allocs.upper_bound(addr);
     if (it == allocs.begin())
@@ -249,21 +254,64 @@ static void protect(const Alloc &a, int prot)
             (void *)a.ptr, strerror(errno));
 }
 
-void emu_device_open()
+/* Device work opens only the allocations it touches: those its call
+ * names (a kernel's pointer arguments, a copy's or a GEMM's operands)
+ * at once, any other (a pointer inside a struct argument) at its first
+ * access, by the SIGSEGV handler (on_segv).  Opening every allocation for
+ * every launch and closing them again cost two mprotect calls per
+ * allocation per launch, which was most of a small model's emulated
+ * step.  Outside device work every allocation is closed, as before. */
+static void open_alloc(Alloc &a)
+{
+    if (a.open)
+        return;
+    protect(a, PROT_READ | PROT_WRITE);
+    a.open = true;
+    opened.push_back(&a); /* no allocation: reserved in work_begin */
+}
+
+static void work_begin()
 {
     if (device_open++ == 0)
-        for (auto &kv : allocs)
-            protect(kv.second, PROT_READ | PROT_WRITE);
+        opened.reserve(allocs.size());
+}
+
+/* opens the allocation that holds p, if any (the call's checks come first) */
+static void work_touch(const void *p)
+{
+    if (Alloc *a = find_alloc((uintptr_t)p))
+        open_alloc(*a);
+}
+
+/* Every allocation, as the emulated NCCL needs (MPI may reach the buffers
+ * from the other ranks' processes, where no fault would open them). */
+void emu_device_open()
+{
+    work_begin();
+    for (auto &kv : allocs)
+        open_alloc(kv.second);
 }
 
 void emu_device_close()
 {
     if (device_open <= 0)
         die("emu_device_close without emu_device_open");
-    if (--device_open == 0)
-        for (auto &kv : allocs)
-            protect(kv.second, PROT_NONE);
+    if (--device_open == 0) {
+        for (Alloc *a : opened) {
+            protect(*a, PROT_NONE);
+            a->open = false;
+        }
+        opened.clear();
+    }
 }
+
+/* The scope of device work that opens what it touches (above). */
+struct DeviceWork {
+    DeviceWork() { work_begin(); }
+    ~DeviceWork() { emu_device_close(); }
+    DeviceWork(const DeviceWork &) = delete;
+    DeviceWork &operator=(const DeviceWork &) = delete;
+};
 
 /* "K bytes past the end of" / "K bytes before the start of" an allocation */
 static void describe_outside(char *buf, size_t size, uintptr_t addr, const Alloc &a)
@@ -281,9 +329,14 @@ static void describe_outside(char *buf, size_t size, uintptr_t addr, const Alloc
 static void on_segv(int, siginfo_t *si, void *)
 {
     uintptr_t addr = (uintptr_t)si->si_addr;
-    const Alloc *a = find_alloc(addr);
+    Alloc *a = find_alloc(addr);
     if (!a) {
         sigaction(SIGSEGV, &prev_segv, nullptr);
+        return;
+    }
+    uintptr_t page = page_size(), map = (uintptr_t)a->map;
+    if (device_open && !a->open && addr >= map + page && addr < map + a->map_size - page) {
+        open_alloc(*a); /* device work's first access: returning re-runs it */
         return;
     }
     char msg[400], where[80];
@@ -337,14 +390,15 @@ cudaError_t cudaMalloc(void **p, size_t n)
     void *m = mmap(nullptr, map_size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (m == MAP_FAILED)
         return cudaErrorMemoryAllocation;
-    Alloc a = {(char *)m, map_size, (char *)m + page + data - span, n};
+    Alloc a = {(char *)m, map_size, (char *)m + page + data - span, n, false};
     if (mprotect(a.map, page, PROT_NONE) || mprotect(a.map + page + data, page, PROT_NONE))
         die("mprotect of a guard page: %s", strerror(errno));
-    if (!device_open)
-        protect(a, PROT_NONE);
+    protect(a, PROT_NONE); /* opened when device work touches it */
     EMU_POISON(a.map, (size_t)(a.ptr - a.map));
     EMU_POISON(a.ptr + n, map_size - (size_t)(a.ptr - a.map) - n);
     allocs[(uintptr_t)m] = a;
+    if (device_open) /* room for it in opened, which the SIGSEGV handler may not grow */
+        opened.reserve(allocs.size());
     stats.mallocs++;
     *p = a.ptr;
     return cudaSuccess;
@@ -362,6 +416,8 @@ cudaError_t cudaFree(void *p)
         die("cudaFree: the pointer is not the start of its device allocation (%p; the "
             "allocation is %zu bytes at %p)", p, a->size, (void *)a->ptr);
     Alloc gone = *a;
+    if (gone.open) /* freed during device work */
+        opened.erase(std::find(opened.begin(), opened.end(), a));
     stats.frees++;
     allocs.erase((uintptr_t)gone.map);
     EMU_UNPOISON(gone.map, gone.map_size);
@@ -427,10 +483,16 @@ void emu_check_host(const char *call, const char *what, const void *p, size_t n)
             call, what, p, a.size, (void *)a.ptr);
 }
 
+/* the allocations of the next launch's pointer arguments (emu_run opens
+ * them; more than fit are opened at their first access) */
+enum { LAUNCH_ARGS = 32 };
+static Alloc *launch_args[LAUNCH_ARGS];
+static int n_launch_args;
+
 void emu_check_kernel_pointer(const char *name, int index, const void *p)
 {
     uintptr_t addr = (uintptr_t)p;
-    const Alloc *a = find_alloc(addr);
+    Alloc *a = find_alloc(addr);
     if (!a)
         die("%s: argument %d is not device memory (%p)", name, index, p);
     /* one past the end is a valid pointer (an empty range); beyond is not */
@@ -441,6 +503,8 @@ void emu_check_kernel_pointer(const char *name, int index, const void *p)
         die("%s: argument %d is out of bounds: %p is %s the device allocation of %zu bytes at %p",
             name, index, p, where, a->size, (void *)a->ptr);
     }
+    if (n_launch_args < LAUNCH_ARGS)
+        launch_args[n_launch_args++] = a;
 }
 
 /* whether [p, p + n) lies in one live cudaMallocHost buffer */
@@ -503,7 +567,9 @@ static void copy_checked(const char *fn, void *dst, const void *src, size_t n,
     uintptr_t d = (uintptr_t)dst, s = (uintptr_t)src;
     if (d < s + n && s < d + n) /* undefined for cudaMemcpy as for memcpy */
         die("%s: dst and src overlap (%p and %p, %zu bytes)", call, dst, src, n);
-    emu_device_scope open;
+    DeviceWork work;
+    work_touch(dst);
+    work_touch(src);
     memcpy(dst, src, n);
 }
 
@@ -528,7 +594,8 @@ static void memset_checked(const char *call, void *p, int v, size_t n)
         return;
     emu_check_device(call, "dst", p, n);
     stats.memsets++;
-    emu_device_scope open;
+    DeviceWork work;
+    work_touch(p);
     memset(p, v, n);
 }
 
@@ -561,7 +628,8 @@ void emu_copy_from_symbol(const char *call, void *dst, const void *sym, size_t s
             kind_name(kind));
     /* the synchronous form (no "Async" in its name) waits */
     count_copy(kind, dst, n, strstr(call, "Async") == nullptr);
-    emu_device_scope open;
+    DeviceWork work;
+    work_touch(dst);
     memcpy(dst, (const char *)sym + off, n);
 }
 
@@ -822,7 +890,10 @@ void emu_run(unsigned grid, unsigned block, size_t shmem, const std::function<vo
     count_launch(name, (unsigned long long)grid * block);
     gridDim.x = grid;
     blockDim.x = block;
-    emu_device_scope open;
+    DeviceWork work;
+    for (int i = 0; i < n_launch_args; i++)
+        open_alloc(*launch_args[i]);
+    n_launch_args = 0;
     for (unsigned b = 0; b < grid; b++) {
         blockIdx.x = b;
         run_block(block, f);
@@ -891,7 +962,10 @@ cublasStatus_t cublasSgemm(cublasHandle_t h, cublasOperation_t ta, cublasOperati
     if (st != CUBLAS_STATUS_SUCCESS || empty)
         return st;
     count_gemm(m, n, k);
-    emu_device_scope open;
+    DeviceWork work;
+    work_touch(A);
+    work_touch(B);
+    work_touch(C);
     cblas_sgemm(CblasColMajor, na ? CblasNoTrans : CblasTrans, nb ? CblasNoTrans : CblasTrans,
                 m, n, k, *alpha, A, lda, B, ldb, *beta, C, ldc);
     return CUBLAS_STATUS_SUCCESS;
@@ -926,7 +1000,10 @@ cublasStatus_t cublasGemmEx(cublasHandle_t h, cublasOperation_t ta, cublasOperat
         return st;
     const int ar = na ? m : k, ac = na ? k : m, br = nb ? k : n, bc = nb ? n : k;
     count_gemm(m, n, k);
-    emu_device_scope open;
+    DeviceWork work;
+    work_touch(A);
+    work_touch(B);
+    work_touch(C);
     std::vector<float> a = k > 0 ? widen(A, matrix_elems(ar, ac, lda)) : std::vector<float>(1);
     std::vector<float> b = k > 0 ? widen(B, matrix_elems(br, bc, ldb)) : std::vector<float>(1);
     cblas_sgemm(CblasColMajor, na ? CblasNoTrans : CblasTrans, nb ? CblasNoTrans : CblasTrans,

@@ -444,6 +444,16 @@ static void check_tp(const ModelConfig *mc, const ParamShard *sh, int sp, int cp
         trd_fatal(TRD_EXIT_INPUT, hint, "%s", e.msg);
 }
 
+/* Adapter dropout on: each activation set keeps its rows' places in the
+ * token stream (ActSet.rows), where the backend's masks read them. */
+static int lora_drops(const ModelConfig *mc) { return mc->lora.rank > 0 && mc->lora.dropout > 0; }
+
+/* Bytes of the ids an activation set keeps: ActSet.ids and ActSet.rows. */
+static size_t set_id_bytes(const ModelConfig *mc, size_t N)
+{
+    return N * (ID_ROWS * sizeof(int32_t) + (lora_drops(mc) ? sizeof(uint64_t) : 0));
+}
+
 static void free_activation_sets(Model *m)
 {
     for (int k = 0; k < m->n_sets; k++) {
@@ -456,9 +466,11 @@ static void free_activation_sets(Model *m)
     free(m->sets);
     m->be->release(m->acts);
     m->be->release(m->ids);
+    m->be->release(m->rows);
     m->sets = NULL;
     m->acts = NULL;
     m->ids = NULL;
+    m->rows = NULL;
     m->n_sets = 0;
 }
 
@@ -477,6 +489,8 @@ static void alloc_activation_sets(Model *m, int n)
     const size_t N3 = ID_ROWS * (size_t)m->d.N;
     if (m->be->device)
         m->ids = m->be->alloc((size_t)n * N3 * sizeof(int32_t), "token ids");
+    if (lora_drops(&m->mc))
+        m->rows = m->be->alloc((size_t)n * (size_t)m->d.N * sizeof(uint64_t), "dropout rows");
     m->sets = trd_calloc((size_t)n, sizeof(ActSet), "activation sets");
     m->n_sets = n;
     Carver carve = {.base = m->acts};
@@ -487,6 +501,7 @@ static void alloc_activation_sets(Model *m, int n)
         a->tokens = trd_calloc(N3, sizeof(int32_t), "tokens, targets and positions");
         a->targets = a->tokens + m->d.N;
         a->ids = m->be->device ? m->ids + (size_t)k * N3 : a->tokens;
+        a->rows = m->rows ? m->rows + (size_t)k * (size_t)m->d.N : NULL;
         m->cur = *a;
         carve_activations(m, &carve);
         *a = m->cur;
@@ -520,7 +535,16 @@ void model_set_positions(Model *m, const int32_t *pos)
     m->cur.pos = ids;
 }
 
-void model_set_dropout_rows(Model *m, const uint64_t *rows) { m->cur.drop_rows = rows; }
+/* The rows go to the set's backend memory (one copy of 8 bytes a row per
+ * micro-batch): the masks are drawn there, from them, and never copied. */
+void model_set_dropout_rows(Model *m, const uint64_t *rows)
+{
+    m->cur.drop_rows = NULL;
+    if (!rows || !m->cur.rows)
+        return;
+    m->be->to_backend(m->cur.rows, rows, (size_t)m->d.N * sizeof(uint64_t));
+    m->cur.drop_rows = m->cur.rows;
+}
 
 void model_use_activation_set(Model *m, int k)
 {
@@ -673,9 +697,6 @@ static Model *create(const Config *cfg, const Backend *be, const ParamShard *sh,
         params_build_base(&m->base_table, &m->mc, sh);
         m->lora_scale = m->mc.lora.alpha / (float)m->mc.lora.rank;
         m->drop_key = rng_mix(cfg->run.seed, rng_hash_str("model.lora.dropout"));
-        if (m->mc.lora.dropout > 0 && be->device)
-            trd_fatal(TRD_EXIT_INPUT, "set model.lora.dropout to 0 or use backend: cpu",
-                      "model: adapter dropout runs on the cpu backend only");
     }
     const ParamTable *wt = m->lora ? &m->base_table : &m->table; /* the weights */
 
@@ -858,8 +879,8 @@ MemoryReport model_memory(const Model *m)
     r.params = m->params ? m->table.numel * sizeof(float) : 0;
     r.frozen = m->lora ? model_frozen_bytes(&m->mc, &m->sh) : 0;
     r.grads = m->grads ? m->table.numel * sizeof(float) : 0;
-    r.activations = m->acts_numel * sizeof(float) +
-                    (size_t)m->n_sets * ID_ROWS * (size_t)m->d.N * sizeof(int32_t);
+    r.activations =
+        m->acts_numel * sizeof(float) + (size_t)m->n_sets * set_id_bytes(&m->mc, (size_t)m->d.N);
     r.scratch = m->scratch_numel * sizeof(float) +
                 cp_attention_bytes(m->cp, m->d.B / 2, m->d.T, m->d.H, m->d.KVH, m->d.hs);
     return r;
@@ -991,29 +1012,18 @@ static int local_layer(const Model *m, int l)
  * backward and a recomputing forward draw the forward's.  The rows' places
  * come from model_set_dropout_rows; a forward without them (validation,
  * eval, generate) drops nothing.  Element (row R, column c): counter
- * (R, c / 4), word c % 4 of the four, dropped when below p x 2^32.
- * Host loops: the CPU backend only (config validation refuses others). */
+ * (R, c / 4), word c % 4 of the four, dropped when below p x 2^32: the
+ * backend's dropout_philox, on the device with CUDA (no mask is stored or
+ * copied; the rows are, once per micro-batch). */
 static int lora_dropping(const Model *m) { return m->mc.lora.dropout > 0 && m->cur.drop_rows; }
 
 /* x [N, n_in] (this rank's columns from col0) *= keep / (1 - p), in place:
  * the mask of target k of local layer i, on an input or on its gradient. */
 static void lora_dropout(const Model *m, int i, int k, float *x, int n_in, int col0)
 {
-    TRD_ASSERT(!m->be->device);
-    const float p = m->mc.lora.dropout, inv = 1.0f / (1.0f - p);
-    const double cut = (double)p * 4294967296.0;
     const int l = m->sh.chunk[0].begin + i;
     const uint64_t key = rng_mix(m->drop_key, (uint64_t)l * LORA_TARGETS + (uint64_t)k);
-    for (int n = 0; n < m->d.N; n++) {
-        float *xr = x + (size_t)n * (size_t)n_in;
-        uint32_t r[4];
-        for (int j = 0; j < n_in; j++) {
-            const uint64_t c = (uint64_t)col0 + (uint64_t)j;
-            if (j == 0 || c % 4 == 0)
-                rng_philox(r, m->cur.drop_rows[n], c / 4, key);
-            xr[j] = (double)r[c % 4] < cut ? 0.0f : xr[j] * inv;
-        }
-    }
+    m->be->dropout_philox(x, m->cur.drop_rows, m->d.N, n_in, col0, key, m->mc.lora.dropout);
 }
 
 /* The adapter's input: x, or dropout(x) in s.lora_x while dropping. */
@@ -1044,6 +1054,29 @@ static void lora_forward(Model *m, int i, int k, float *out, const float *x, int
     be->accumulate(out, tmp, (size_t)N * (size_t)n_out);
 }
 
+/* dB += dout^T t for the fused qkv adapter when its k and v rows are
+ * replicated over kv_share TP ranks (tp > kv_heads), as the base's are:
+ * dout's kv columns here come from this rank's query heads only, so those
+ * rows of the new gradient are partial; they are summed over the ranks
+ * holding them (tp_kv_allreduce), before adding to what earlier
+ * micro-batches left, as qkv_weight_backward does for the base's rows.
+ * The copies of B's kv rows then get the same update and stay equal.  (A's
+ * gradient needs nothing more: dt = dout B sums over this rank's rows, kv
+ * rows included, and summing that over the TP group counts each rank's
+ * partial kv columns once, which add up to the whole.) */
+static void lora_qkv_b_backward(Model *m, float *dB, const float *dout, const float *t,
+                                const float *B)
+{
+    const Dims *d = &m->d;
+    const size_t r = (size_t)m->mc.lora.rank, kv = 2 * (size_t)d->hs * r;
+    float *gkv = dB + (size_t)d->H * (size_t)d->hs * r, *keep = m->s.lora_part;
+    m->be->copy(keep, gkv, kv * sizeof(float));
+    zero(m, gkv, kv);
+    m->be->matmul_backward(NULL, dB, NULL, dout, t, B, d->N, (int)r, d->QKV);
+    tp_kv_allreduce(&m->tp, gkv, kv);
+    m->be->accumulate(gkv, keep, kv);
+}
+
 /* The adapter's backward: dout [N, n_out] (whole rows for a row-parallel
  * base), x its input; ADDS into dA, dB and dx.  The inner activation
  * t = s x A^T is recomputed (N x r, cheaper than keeping it per layer).
@@ -1070,6 +1103,8 @@ static void lora_backward(Model *m, int i, int k, const float *dout, const float
         zero(m, m->s.lora_part, (size_t)n_out * (size_t)r);
         be->matmul_backward(NULL, m->s.lora_part, NULL, dout, t, B, N, r, n_out);
         tp_add_reduced_grad(&m->tp, dB, m->s.lora_part, (size_t)n_out * (size_t)r);
+    } else if (k == LT_QKV && m->tp.kv_share > 1) {
+        lora_qkv_b_backward(m, dB, dout, t, B);
     } else {
         be->matmul_backward(NULL, dB, NULL, dout, t, B, N, r, n_out);
     }
@@ -1506,7 +1541,7 @@ MemoryReport model_plan_memory(const Config *cfg, const ParamShard *sh, int B, i
     params_free(&m.table);
     MemoryReport r = {0};
     r.activations =
-        (size_t)n_sets * (acts.used * sizeof(float) + ID_ROWS * (size_t)m.d.N * sizeof(int32_t));
+        (size_t)n_sets * (acts.used * sizeof(float) + set_id_bytes(&m.mc, (size_t)m.d.N));
     r.scratch = scratch.used * sizeof(float) +
                 cp_attention_bytes(m.cp, m.d.B / 2, m.d.T, m.d.H, m.d.KVH, m.d.hs);
     return r;

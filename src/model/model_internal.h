@@ -212,8 +212,10 @@ typedef struct {
                                 * then positions); the host copies with the CPU backend */
     const int32_t *pos;        /* ids + 2N once model_set_positions gave them, else
                                 * NULL (each sequence one document) */
-    const uint64_t *drop_rows; /* [N] model_set_dropout_rows' (the caller's memory), or
-                                * NULL: no adapter dropout */
+    uint64_t *rows;            /* [N] model.lora.dropout: the rows' places in the token
+                                * stream, copied to backend memory (else NULL) */
+    const uint64_t *drop_rows; /* rows once model_set_dropout_rows gave them, or NULL:
+                                * no adapter dropout */
     int counted;               /* targets >= 0 in it */
     int ce_fused;              /* its head forward wrote the dlogits too (model_head_fuse) */
     float ce_scale;            /* with the loss scale ce_scale */
@@ -267,6 +269,7 @@ struct Model {
     float *acts;       /* backend memory, like every buffer the ops touch */
     size_t acts_numel; /* all sets */
     int32_t *ids;      /* device backends: every set's token ids */
+    uint64_t *rows;    /* model.lora.dropout: every set's rows (ActSet.rows) */
     ActSet *sets;
     int n_sets, cur_set;
     ActSet cur;

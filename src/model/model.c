@@ -1520,7 +1520,10 @@ MemoryReport model_plan_memory(const Config *cfg, const ParamShard *sh, int B, i
 {
     TRD_ASSERT(sh->n_chunks == 1 && n_sets >= 1);
     check_config(&cfg->model, B);
-    Model m = {.mc = cfg->model, .sh = *sh, .recompute = cfg->training.recompute};
+    Model m = {.mc = cfg->model,
+               .sh = *sh,
+               .recompute = cfg->training.recompute,
+               .lora = cfg->model.lora.rank > 0}; /* the adapters' scratch */
     m.nl = sh->chunk[0].end - sh->chunk[0].begin;
     const int sp = cfg->topology.sequence_parallel;
     m.cp = config_cp(cfg);
@@ -1529,6 +1532,8 @@ MemoryReport model_plan_memory(const Config *cfg, const ParamShard *sh, int B, i
     const int kv_share = m.mc.kv_heads % sh->tp ? sh->tp / m.mc.kv_heads : 1;
     m.tp = tp_group_layout(NULL, sh->tp, sh->tp_rank, sp, kv_share); /* sizes only */
     params_build(&m.table, &m.mc, sh);
+    if (m.lora) /* the sizes of the frozen weights' (the vocabulary rows) */
+        params_build_base(&m.base_table, &m.mc, sh);
     m.d = make_dims(&m, B);
     /* Count with the carvers model_create_unbound uses (base NULL: sizes only). */
     m.cur.resid = trd_calloc((size_t)m.nl + 1, sizeof(float *), "residual pointers");
@@ -1539,6 +1544,8 @@ MemoryReport model_plan_memory(const Config *cfg, const ParamShard *sh, int B, i
     free(m.cur.resid);
     free(m.cur.la);
     params_free(&m.table);
+    if (m.lora)
+        params_free(&m.base_table);
     MemoryReport r = {0};
     r.activations =
         (size_t)n_sets * (acts.used * sizeof(float) + set_id_bytes(&m.mc, (size_t)m.d.N));

@@ -565,12 +565,29 @@ static int config_cp(const Config *cfg)
     return cp;
 }
 
-/* The largest group (PARAMS_OUTER or a layer of sh) of a base table. */
-static size_t widest_group(const ParamTable *t, const ParamShard *sh)
+/* Where the head's part of a base table's outer group [lo, hi) begins:
+ * its first ROLE_HEAD tensor (the table holds the embedding's before the
+ * head's), or hi when it has none. */
+static size_t outer_split(const ParamTable *t, size_t hi)
+{
+    for (int i = 0; i < t->n; i++)
+        if (t->p[i].role == ROLE_HEAD)
+            return t->p[i].offset;
+    return hi;
+}
+
+/* The largest part widened at once (model.lora.base_dtype bf16): a layer
+ * of sh, the embedding, the final norm with the head, or with tied
+ * embeddings the whole outer group (the head reads wte). */
+static size_t widest_group(const ParamTable *t, const ParamShard *sh, int tied)
 {
     size_t lo, hi, w = 0;
     params_group_range(t, PARAMS_OUTER, &lo, &hi);
-    w = hi - lo;
+    const size_t split = outer_split(t, hi);
+    if (tied)
+        w = hi - lo;
+    else
+        w = split - lo > hi - split ? split - lo : hi - split;
     for (int l = sh->chunk[0].begin; l < sh->chunk[0].end; l++) {
         params_group_range(t, l, &lo, &hi);
         w = hi - lo > w ? hi - lo : w;
@@ -584,9 +601,10 @@ size_t model_frozen_bytes(const ModelConfig *mc, const ParamShard *sh)
         return 0;
     ParamTable t;
     params_build_base(&t, mc, sh);
-    const size_t bytes = mc->lora.base_dtype == LORA_BASE_BF16
-                             ? t.numel * sizeof(uint16_t) + widest_group(&t, sh) * sizeof(float)
-                             : t.numel * sizeof(float);
+    const size_t bytes =
+        mc->lora.base_dtype == LORA_BASE_BF16
+            ? t.numel * sizeof(uint16_t) + widest_group(&t, sh, mc->tie_embeddings) * sizeof(float)
+            : t.numel * sizeof(float);
     params_free(&t);
     return bytes;
 }
@@ -605,7 +623,8 @@ static void init_base(Model *m, uint64_t seed, int round)
     const Backend *be = m->be;
     m->base_bf16 = m->mc.lora.base_dtype == LORA_BASE_BF16;
     m->wide = WIDE_NONE;
-    const size_t n = m->base_bf16 ? widest_group(t, &m->sh) : t->numel;
+    m->outer_split = outer_split(t, m->outer_off.hi);
+    const size_t n = m->base_bf16 ? widest_group(t, &m->sh, m->mc.tie_embeddings) : t->numel;
     m->base =
         be->alloc((n ? n : 1) * sizeof(float),
                   m->base_bf16 ? "frozen base: one group widened to fp32" : "frozen base weights");
@@ -646,20 +665,45 @@ void model_load_base(Model *m, const float *host)
     m->wide = WIDE_NONE; /* the scratch holds an older copy */
 }
 
-/* model.lora.base_dtype bf16: the group about to be used (WIDE_OUTER or a
- * local layer) widened to fp32 in the scratch `base` and its pointers bound
- * there; nothing when it is there already (one pass over a layer's weights
- * per forward and per backward of it, the price of half the bytes). */
+/* The embedding's part of the outer group (WIDE_EMBED) or the head's
+ * (WIDE_HEAD) in the scratch, its fields bound there and the other part's
+ * set to NULL (not in the scratch); WIDE_OUTER: the whole group. */
+static void lora_widen_outer(Model *m, int part)
+{
+    const GroupOffsets *g = &m->outer_off;
+    const size_t lo = part == WIDE_HEAD ? m->outer_split : g->lo;
+    const size_t hi = part == WIDE_EMBED ? m->outer_split : g->hi;
+    m->be->widen_bf16(m->base, m->base16 + lo, hi - lo);
+    for (int k = 0; k < OP_FIELDS; k++)
+        m->op.f[k] = g->off[k] != NO_TENSOR && g->off[k] >= lo && g->off[k] < hi
+                         ? m->base + (g->off[k] - lo)
+                         : NULL;
+    if (m->mc.tie_embeddings)
+        m->op.head_w = m->op.wte; /* the head reads wte */
+}
+
+/* model.lora.base_dtype bf16: the group about to be used (WIDE_EMBED,
+ * WIDE_HEAD or a local layer) widened to fp32 in the scratch `base` and its
+ * pointers bound there; nothing when it is there already (one pass over a
+ * layer's weights per forward and per backward of it, the price of half
+ * the bytes).  The embedding and the head are widened one at a time, so
+ * the scratch is the largest of them and the layers, not their sum; with
+ * tied embeddings the head reads wte, and both are the whole outer group. */
 static void lora_widen(Model *m, int group)
 {
-    if (!m->base_bf16 || m->wide == group)
+    if (!m->base_bf16)
         return;
-    const GroupOffsets *g = group == WIDE_OUTER ? &m->outer_off : &m->lo_off[group];
-    m->be->widen_bf16(m->base, m->base16 + g->lo, g->hi - g->lo);
-    if (group == WIDE_OUTER)
-        bind_outer(&m->op, g, m->base, m->mc.tie_embeddings);
-    else
+    if (group < 0 && m->mc.tie_embeddings)
+        group = WIDE_OUTER;
+    if (m->wide == group)
+        return;
+    if (group < 0) {
+        lora_widen_outer(m, group);
+    } else {
+        const GroupOffsets *g = &m->lo_off[group];
+        m->be->widen_bf16(m->base, m->base16 + g->lo, g->hi - g->lo);
         bind_fields(m->lp[group].f, LP_FIELDS, g, m->base);
+    }
     m->wide = group;
 }
 
@@ -967,7 +1011,7 @@ void model_embed_forward(Model *m, const int32_t *tokens)
     const Dims *d = &m->d;
     TRD_ASSERT(m->sh.has_embed);
     tp_group_check(&m->tp);
-    lora_widen(m, WIDE_OUTER);
+    lora_widen(m, WIDE_EMBED);
     memcpy(m->cur.tokens, tokens, (size_t)d->N * sizeof(int32_t));
     if (m->be->device)
         m->be->to_backend(m->cur.ids, tokens, (size_t)d->N * sizeof(int32_t));
@@ -1358,7 +1402,7 @@ void model_block_backward(Model *m, int l)
 
 float model_head_forward(Model *m, const int32_t *targets)
 {
-    lora_widen(m, WIDE_OUTER);
+    lora_widen(m, WIDE_HEAD);
     const Backend *be = m->be;
     const Dims *d = &m->d;
     HeadActs *h = &m->cur.ha;
@@ -1424,7 +1468,7 @@ void model_set_step_state(Model *m, BackendStepState *s) { m->step_state = s; }
  * final norm's backward adds into it), since nothing flowed into it yet. */
 void model_head_backward(Model *m, float loss_scale)
 {
-    lora_widen(m, WIDE_OUTER);
+    lora_widen(m, WIDE_HEAD);
     const Backend *be = m->be;
     const Dims *d = &m->d;
     const Scratch *s = &m->s;

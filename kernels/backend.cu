@@ -370,6 +370,7 @@ static const Backend cuda_backend = {
     .grad_check = cuda_grad_check,
     .scale = cuda_scale,
     .widen_bf16 = cuda_widen_bf16,
+    .dropout_philox = cuda_dropout_philox,
     .adamw = cuda_adamw,
     .adamw_ranges = cuda_adamw_ranges,
 };

@@ -127,6 +127,8 @@ void cuda_loss_add(BackendStepState *st, const float *losses, const int32_t *tar
                    float share);
 void cuda_scale(float *x, float s, size_t n);
 void cuda_widen_bf16(float *dst, const uint16_t *src, size_t n);
+void cuda_dropout_philox(float *x, const uint64_t *rows, int N, int n, int col0, uint64_t key,
+                         float p);
 
 /* profile.cu: a step's end for TRIDENT_PROFILE (nothing when it is off) */
 void cuda_profile_step(int step, double wall_ms);

@@ -13,7 +13,7 @@
  * of the terms that cancelled; a wrong index or a missing term is an error
  * of the order of the scale and fails whatever the tolerance below):
  *   exact    add, accumulate, scale, add_bias, embedding forward and
- *            backward, sumsq of integers, bf16 rounding:
+ *            backward, sumsq of integers, bf16 rounding, dropout_philox:
  *            the same IEEE fp32 operations in the same order on both sides;
  *            vocab_max and the target logit of vocab_sumexp: a maximum and
  *            a copy, exact in any order;
@@ -43,6 +43,7 @@
 #include "backend/backend.h"
 #include "backend/cuda.h"
 #include "check.h"
+#include "core/rng.h"
 #include "doc_positions.h"
 
 static const Backend *cpu, *gpu;
@@ -1041,6 +1042,49 @@ static void test_vector(size_t n)
     backend_cuda_free(d_a), backend_cuda_free(d_b), backend_cuda_free(d_y);
 }
 
+/* Adapter dropout (dropout_philox): the CPU's masks, bit for bit, on rows
+ * at arbitrary places of the token stream and columns from col0 (not a
+ * multiple of 4: a row-parallel rank's slice); every kept element is
+ * x / (1 - p) in fp32, the dropped share is about p, and a few elements
+ * are checked against rng_philox itself (core/rng.h). */
+static void test_dropout(int N, int n, int col0, float p)
+{
+    char what[96];
+    const size_t total = (size_t)N * (size_t)n;
+    const uint64_t key = 0x9e3779b97f4a7c15ull ^ (uint64_t)col0;
+    uint64_t *rows = malloc((size_t)N * sizeof *rows);
+    for (int i = 0; i < N; i++)
+        rows[i] = (uint64_t)irand(0, 1 << 30) * 4099u + (uint64_t)i;
+    float *x = hrand(total, 1), *orig = malloc(total * sizeof *orig);
+    memcpy(orig, x, total * sizeof *orig);
+    float *d_x = dcopyf(x, total);
+    uint64_t *d_rows = dcopy(rows, (size_t)N * sizeof *rows);
+    cpu->dropout_philox(x, rows, N, n, col0, key, p);
+    gpu->dropout_philox(d_x, d_rows, N, n, col0, key, p);
+    snprintf(what, sizeof what, "dropout_philox N=%d n=%d col0=%d p=%g", N, n, col0, p);
+    compare_dev(what, d_x, x, total, R_EXACT);
+    size_t dropped = 0, bad = 0;
+    for (size_t e = 0; e < total; e++) {
+        dropped += x[e] == 0.0f && orig[e] != 0.0f;
+        bad += x[e] != 0.0f && x[e] != orig[e] * (1.0f / (1.0f - p));
+    }
+    const double share = (double)dropped / (double)total;
+    CHECK(bad == 0 && (total < 1000 || fabs(share - p) < 0.05),
+          "%s: %zu elements neither 0 nor x / (1 - p), %.3f dropped", what, bad, share);
+    for (int k = 0; k < 8; k++) {
+        const int i = irand(0, N), j = irand(0, n);
+        const uint64_t c = (uint64_t)col0 + (uint64_t)j;
+        uint32_t r[4];
+        rng_philox(r, rows[i], c / 4, key);
+        const int drop = (double)r[c % 4] < (double)p * 4294967296.0;
+        const float v = x[(size_t)i * (size_t)n + (size_t)j];
+        CHECK(drop == (v == 0.0f), "%s: element (%d, %d) %s, rng_philox says %s", what, i, j,
+              v == 0.0f ? "dropped" : "kept", drop ? "drop" : "keep");
+    }
+    free(rows), free(x), free(orig);
+    backend_cuda_free(d_x), backend_cuda_free(d_rows);
+}
+
 /* sums of squares of integers: every partial sum is an integer below 2^53,
  * exact in any order, so the values are known exactly */
 static void test_sumsq_exact(void)
@@ -1402,9 +1446,9 @@ static void test_table(void)
               g->crossentropy_backward && g->vocab_max && g->vocab_sumexp && g->vocab_loss &&
               g->vocab_backward && g->add_bias && g->add && g->accumulate && g->sumsq && g->scale &&
               g->adamw && g->sumsq_ranges && g->adamw_ranges && g->crossentropy_fused &&
-              g->loss_add && g->grad_check && g->residual_norm_forward && g->moe_router_forward &&
-              g->moe_router_backward && g->moe_gather && g->moe_scatter_add &&
-              g->moe_combine_forward && g->moe_combine_backward,
+              g->loss_add && g->grad_check && g->residual_norm_forward && g->dropout_philox &&
+              g->moe_router_forward && g->moe_router_backward && g->moe_gather &&
+              g->moe_scatter_add && g->moe_combine_forward && g->moe_combine_backward,
           "the CUDA table fills every op");
     CHECK(strcmp(g->name, "cuda") == 0, "table name %s", g->name);
 }
@@ -1548,6 +1592,9 @@ int main(void)
     test_add_bias(4099, 4097);
 
     test_vector(1001);
+    test_dropout(37, 75, 0, 0.1f);
+    test_dropout(64, 130, 390, 0.25f); /* a row-parallel rank's columns */
+    test_dropout(5, 7, 3, 0.5f);       /* col0 inside a group of four */
     /* more than 65535 blocks of 256: the grid-stride loops wrap */
     test_vector((size_t)17 * 1000 * 1000 + 3);
     test_sumsq_exact();

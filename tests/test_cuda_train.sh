@@ -20,7 +20,8 @@
 # packed documents (data.document_mask), Llama, also with context
 # parallelism (cp 2: the K/V all-gather and gradient reduce-scatter of
 # device buffers, merged attention blocks);
-# LoRA adapters on a frozen Llama (model.lora), 1 rank;
+# LoRA adapters on a frozen Llama (model.lora), 1 rank and pp 2, with
+# adapter dropout (the masks drawn on the device);
 # a checkpoint saved by a CUDA run resumes bit for bit on CUDA and on the
 # CPU within the same tolerance; the device memory peak equals the report
 # (one rank, and rank 0 of an interleaved pipeline);
@@ -196,12 +197,21 @@ run llama_docs_cp2_cuda 2 "${llama[@]}" "${docs[@]}" --set topology.cp=2 "${cuda
 compare llama_docs llama_docs_cp2_cuda "$TOL"
 
 # LoRA (model.lora): the frozen base in device memory, adapters on every
-# linear layer, the base's weight gradients skipped (docs/finetune.md).
+# linear layer, the base's weight gradients skipped (docs/finetune.md);
+# with adapter dropout (model.lora.dropout), its masks drawn on the device
+# by dropout_philox from the rows' places in the token stream (the CPU's
+# masks: a mask off by one element moves the loss by ~1e-3), the rows'
+# buffer counted in the report.
 lora=(--set model.lora.rank=4 --set model.lora.targets=qkv,proj,fc,up,fcproj)
-run llama_lora 1 "${llama[@]}" "${lora[@]}"
-run llama_lora_cuda 1 "${llama[@]}" "${lora[@]}" "${cuda[@]}"
+drop=(--set model.lora.dropout=0.1)
+run llama_lora 1 "${llama[@]}" "${lora[@]}" "${drop[@]}"
+run llama_lora_cuda 1 "${llama[@]}" "${lora[@]}" "${drop[@]}" "${cuda[@]}"
 compare llama_lora llama_lora_cuda "$TOL"
 peak_is_report llama_lora_cuda
+# pp 2: each in-flight micro-batch's activation set keeps its own rows on
+# the device, read again by its backward.
+run llama_lora_pp2_cuda 2 "${llama[@]}" "${lora[@]}" "${drop[@]}" "${cuda[@]}" --set topology.pp=2
+compare llama_lora llama_lora_pp2_cuda "$TOL"
 # The frozen base stored in bf16 (model.lora.base_dtype), one layer at a
 # time widened to fp32 by the device's widen_bf16: the CPU's curve, and the
 # device's peak is the report's (the bf16 base plus its widening scratch).

@@ -105,6 +105,32 @@ static void check_memory(ModelArch arch, Recompute rc, int sets)
     CHECK(real.scratch == plan.scratch, "scratch %zu vs %zu", real.scratch, plan.scratch);
 }
 
+/* LoRA (with adapter dropout): the adapters' scratch (their inner
+ * activation and its gradient, the dropped input) and each activation
+ * set's dropout rows are in the plan as allocated. */
+static void check_memory_lora(ModelArch arch, int sets)
+{
+    Config c;
+    tiny(&c, arch, RECOMPUTE_NONE);
+    char err[CFG_ERR];
+    CHECK(config_set(&c, "model.lora.rank=4", err) == 0 &&
+              config_set(&c, "model.lora.dropout=0.1", err) == 0 &&
+              config_set(&c,
+                         arch == ARCH_LLAMA ? "model.lora.targets=qkv,proj,fc,up,fcproj"
+                                            : "model.lora.targets=qkv,proj,fc,fcproj",
+                         err) == 0 &&
+              config_validate(&c, 1, err) == 0,
+          "%s", err);
+    ParamShard sh = params_full_shard(&c.model);
+    Model *m = model_create_unbound(&c, backend_cpu(), &sh, B);
+    model_set_activation_sets(m, sets);
+    const MemoryReport real = model_memory(m), plan = model_plan_memory(&c, &sh, B, sets);
+    model_free(m);
+    CHECK(real.activations == plan.activations, "lora: activations %zu vs %zu (sets %d)",
+          real.activations, plan.activations, sets);
+    CHECK(real.scratch == plan.scratch, "lora: scratch %zu vs %zu", real.scratch, plan.scratch);
+}
+
 static void write_file(const char *path, const char *text)
 {
     FILE *f = fopen(path, "w");
@@ -168,6 +194,10 @@ int main(void)
             check_memory(ARCH_GPT2, (Recompute)rc, sets);
             check_memory(ARCH_LLAMA, (Recompute)rc, sets);
         }
+    for (int sets = 1; sets <= 2; sets++) {
+        check_memory_lora(ARCH_GPT2, sets);
+        check_memory_lora(ARCH_LLAMA, sets);
+    }
     check_cluster();
     return check_summary("plan");
 }

@@ -385,6 +385,15 @@ typedef struct {
     /* dst[i] = the fp32 value of bf16 bits src[i] (exact: bf16 is fp32's
      * upper half), for weights stored in 16 bits (model.lora.base_dtype) */
     void (*widen_bf16)(float *dst, const uint16_t *src, size_t n);
+    /* Dropout with counter-based masks (model.lora.dropout), in place on
+     * x [N, n] (this rank's columns from global column col0): element
+     * (i, j), global column c = col0 + j, is zeroed when word c % 4 of
+     * rng_philox(counter = (rows[i], c / 4), key) is below p x 2^32, else
+     * multiplied by 1 / (1 - p) (in fp32).  rows [N] (backend memory) are
+     * the rows' places in the token stream.  A pure function of its
+     * arguments: the CUDA kernel draws the CPU's masks, bit for bit. */
+    void (*dropout_philox)(float *x, const uint64_t *rows, int N, int n, int col0, uint64_t key,
+                           float p);
 
     /* AdamW on n elements, decoupled weight decay, with g = grad * grad_scale
      * (gradient clipping's factor, applied in this pass rather than in a

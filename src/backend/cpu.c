@@ -10,6 +10,7 @@
 #include <sys/mman.h>
 
 #include "core/error.h"
+#include "core/rng.h"
 
 typedef float real;
 #define NAME(x) cpu_##x
@@ -49,6 +50,24 @@ static void cpu_widen_bf16(float *dst, const uint16_t *src, size_t n)
     for (size_t i = 0; i < n; i++) {
         const uint32_t u = (uint32_t)src[i] << 16;
         memcpy(dst + i, &u, sizeof u);
+    }
+}
+
+static void cpu_dropout_philox(float *x, const uint64_t *rows, int N, int n, int col0, uint64_t key,
+                               float p)
+{
+    const float inv = 1.0f / (1.0f - p);
+    const double cut = (double)p * 4294967296.0;
+#pragma omp parallel for schedule(static) if ((size_t)N * (size_t)n > 65536)
+    for (int i = 0; i < N; i++) {
+        float *xr = x + (size_t)i * (size_t)n;
+        uint32_t r[4];
+        for (int j = 0; j < n; j++) {
+            const uint64_t c = (uint64_t)col0 + (uint64_t)j;
+            if (j == 0 || c % 4 == 0) /* a new group of four columns */
+                rng_philox(r, rows[i], c / 4, key);
+            xr[j] = (double)r[c % 4] < cut ? 0.0f : xr[j] * inv;
+        }
     }
 }
 
@@ -531,6 +550,7 @@ static const Backend cpu_backend = {
     .grad_check = cpu_grad_check,
     .scale = cpu_scale,
     .widen_bf16 = cpu_widen_bf16,
+    .dropout_philox = cpu_dropout_philox,
     .adamw = cpu_adamw,
     .adamw_ranges = cpu_adamw_ranges,
 };

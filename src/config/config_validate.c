@@ -594,11 +594,6 @@ static int check_lora(Checker *c, LoraConfig *lo)
                     "model.lora.dropout (%g) must be in [0, 1): the probability of dropping an "
                     "element of an adapter's input",
                     lo->dropout);
-    if (lo->dropout > 0 && c->cfg->backend != BACKEND_CPU)
-        return verr(c, "model.lora.dropout",
-                    "model.lora.dropout (%g) is implemented on the cpu backend only (the cuda "
-                    "backend has no dropout mask op yet); set it to 0 or use backend: cpu",
-                    lo->dropout);
     char bad[64];
     const int mask = config_lora_mask(lo->targets, m->arch, bad, sizeof bad);
     if (mask < 0)
@@ -612,12 +607,6 @@ static int check_lora(Checker *c, LoraConfig *lo)
                     "model.lora.targets is empty: name the layers to adapt (qkv, proj, fc, "
                     "%sfcproj)",
                     m->arch == ARCH_LLAMA ? "up, " : "");
-    const TopologyConfig *t = &c->cfg->topology;
-    if ((mask & LORA_QKV) && t->tp > m->kv_heads)
-        return verr(c, "model.lora.targets",
-                    "model.lora.targets: qkv with topology.tp (%d) > model.kv_heads (%d) is not "
-                    "supported (replicated kv rows); use tp <= %d or leave qkv out",
-                    t->tp, m->kv_heads, m->kv_heads);
     return 0;
 }
 

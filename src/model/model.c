@@ -444,6 +444,16 @@ static void check_tp(const ModelConfig *mc, const ParamShard *sh, int sp, int cp
         trd_fatal(TRD_EXIT_INPUT, hint, "%s", e.msg);
 }
 
+/* Adapter dropout on: each activation set keeps its rows' places in the
+ * token stream (ActSet.rows), where the backend's masks read them. */
+static int lora_drops(const ModelConfig *mc) { return mc->lora.rank > 0 && mc->lora.dropout > 0; }
+
+/* Bytes of the ids an activation set keeps: ActSet.ids and ActSet.rows. */
+static size_t set_id_bytes(const ModelConfig *mc, size_t N)
+{
+    return N * (ID_ROWS * sizeof(int32_t) + (lora_drops(mc) ? sizeof(uint64_t) : 0));
+}
+
 static void free_activation_sets(Model *m)
 {
     for (int k = 0; k < m->n_sets; k++) {
@@ -456,9 +466,11 @@ static void free_activation_sets(Model *m)
     free(m->sets);
     m->be->release(m->acts);
     m->be->release(m->ids);
+    m->be->release(m->rows);
     m->sets = NULL;
     m->acts = NULL;
     m->ids = NULL;
+    m->rows = NULL;
     m->n_sets = 0;
 }
 
@@ -477,6 +489,8 @@ static void alloc_activation_sets(Model *m, int n)
     const size_t N3 = ID_ROWS * (size_t)m->d.N;
     if (m->be->device)
         m->ids = m->be->alloc((size_t)n * N3 * sizeof(int32_t), "token ids");
+    if (lora_drops(&m->mc))
+        m->rows = m->be->alloc((size_t)n * (size_t)m->d.N * sizeof(uint64_t), "dropout rows");
     m->sets = trd_calloc((size_t)n, sizeof(ActSet), "activation sets");
     m->n_sets = n;
     Carver carve = {.base = m->acts};
@@ -487,6 +501,7 @@ static void alloc_activation_sets(Model *m, int n)
         a->tokens = trd_calloc(N3, sizeof(int32_t), "tokens, targets and positions");
         a->targets = a->tokens + m->d.N;
         a->ids = m->be->device ? m->ids + (size_t)k * N3 : a->tokens;
+        a->rows = m->rows ? m->rows + (size_t)k * (size_t)m->d.N : NULL;
         m->cur = *a;
         carve_activations(m, &carve);
         *a = m->cur;
@@ -520,7 +535,16 @@ void model_set_positions(Model *m, const int32_t *pos)
     m->cur.pos = ids;
 }
 
-void model_set_dropout_rows(Model *m, const uint64_t *rows) { m->cur.drop_rows = rows; }
+/* The rows go to the set's backend memory (one copy of 8 bytes a row per
+ * micro-batch): the masks are drawn there, from them, and never copied. */
+void model_set_dropout_rows(Model *m, const uint64_t *rows)
+{
+    m->cur.drop_rows = NULL;
+    if (!rows || !m->cur.rows)
+        return;
+    m->be->to_backend(m->cur.rows, rows, (size_t)m->d.N * sizeof(uint64_t));
+    m->cur.drop_rows = m->cur.rows;
+}
 
 void model_use_activation_set(Model *m, int k)
 {
@@ -541,12 +565,29 @@ static int config_cp(const Config *cfg)
     return cp;
 }
 
-/* The largest group (PARAMS_OUTER or a layer of sh) of a base table. */
-static size_t widest_group(const ParamTable *t, const ParamShard *sh)
+/* Where the head's part of a base table's outer group [lo, hi) begins:
+ * its first ROLE_HEAD tensor (the table holds the embedding's before the
+ * head's), or hi when it has none. */
+static size_t outer_split(const ParamTable *t, size_t hi)
+{
+    for (int i = 0; i < t->n; i++)
+        if (t->p[i].role == ROLE_HEAD)
+            return t->p[i].offset;
+    return hi;
+}
+
+/* The largest part widened at once (model.lora.base_dtype bf16): a layer
+ * of sh, the embedding, the final norm with the head, or with tied
+ * embeddings the whole outer group (the head reads wte). */
+static size_t widest_group(const ParamTable *t, const ParamShard *sh, int tied)
 {
     size_t lo, hi, w = 0;
     params_group_range(t, PARAMS_OUTER, &lo, &hi);
-    w = hi - lo;
+    const size_t split = outer_split(t, hi);
+    if (tied)
+        w = hi - lo;
+    else
+        w = split - lo > hi - split ? split - lo : hi - split;
     for (int l = sh->chunk[0].begin; l < sh->chunk[0].end; l++) {
         params_group_range(t, l, &lo, &hi);
         w = hi - lo > w ? hi - lo : w;
@@ -560,9 +601,10 @@ size_t model_frozen_bytes(const ModelConfig *mc, const ParamShard *sh)
         return 0;
     ParamTable t;
     params_build_base(&t, mc, sh);
-    const size_t bytes = mc->lora.base_dtype == LORA_BASE_BF16
-                             ? t.numel * sizeof(uint16_t) + widest_group(&t, sh) * sizeof(float)
-                             : t.numel * sizeof(float);
+    const size_t bytes =
+        mc->lora.base_dtype == LORA_BASE_BF16
+            ? t.numel * sizeof(uint16_t) + widest_group(&t, sh, mc->tie_embeddings) * sizeof(float)
+            : t.numel * sizeof(float);
     params_free(&t);
     return bytes;
 }
@@ -581,7 +623,8 @@ static void init_base(Model *m, uint64_t seed, int round)
     const Backend *be = m->be;
     m->base_bf16 = m->mc.lora.base_dtype == LORA_BASE_BF16;
     m->wide = WIDE_NONE;
-    const size_t n = m->base_bf16 ? widest_group(t, &m->sh) : t->numel;
+    m->outer_split = outer_split(t, m->outer_off.hi);
+    const size_t n = m->base_bf16 ? widest_group(t, &m->sh, m->mc.tie_embeddings) : t->numel;
     m->base =
         be->alloc((n ? n : 1) * sizeof(float),
                   m->base_bf16 ? "frozen base: one group widened to fp32" : "frozen base weights");
@@ -622,20 +665,45 @@ void model_load_base(Model *m, const float *host)
     m->wide = WIDE_NONE; /* the scratch holds an older copy */
 }
 
-/* model.lora.base_dtype bf16: the group about to be used (WIDE_OUTER or a
- * local layer) widened to fp32 in the scratch `base` and its pointers bound
- * there; nothing when it is there already (one pass over a layer's weights
- * per forward and per backward of it, the price of half the bytes). */
+/* The embedding's part of the outer group (WIDE_EMBED) or the head's
+ * (WIDE_HEAD) in the scratch, its fields bound there and the other part's
+ * set to NULL (not in the scratch); WIDE_OUTER: the whole group. */
+static void lora_widen_outer(Model *m, int part)
+{
+    const GroupOffsets *g = &m->outer_off;
+    const size_t lo = part == WIDE_HEAD ? m->outer_split : g->lo;
+    const size_t hi = part == WIDE_EMBED ? m->outer_split : g->hi;
+    m->be->widen_bf16(m->base, m->base16 + lo, hi - lo);
+    for (int k = 0; k < OP_FIELDS; k++)
+        m->op.f[k] = g->off[k] != NO_TENSOR && g->off[k] >= lo && g->off[k] < hi
+                         ? m->base + (g->off[k] - lo)
+                         : NULL;
+    if (m->mc.tie_embeddings)
+        m->op.head_w = m->op.wte; /* the head reads wte */
+}
+
+/* model.lora.base_dtype bf16: the group about to be used (WIDE_EMBED,
+ * WIDE_HEAD or a local layer) widened to fp32 in the scratch `base` and its
+ * pointers bound there; nothing when it is there already (one pass over a
+ * layer's weights per forward and per backward of it, the price of half
+ * the bytes).  The embedding and the head are widened one at a time, so
+ * the scratch is the largest of them and the layers, not their sum; with
+ * tied embeddings the head reads wte, and both are the whole outer group. */
 static void lora_widen(Model *m, int group)
 {
-    if (!m->base_bf16 || m->wide == group)
+    if (!m->base_bf16)
         return;
-    const GroupOffsets *g = group == WIDE_OUTER ? &m->outer_off : &m->lo_off[group];
-    m->be->widen_bf16(m->base, m->base16 + g->lo, g->hi - g->lo);
-    if (group == WIDE_OUTER)
-        bind_outer(&m->op, g, m->base, m->mc.tie_embeddings);
-    else
+    if (group < 0 && m->mc.tie_embeddings)
+        group = WIDE_OUTER;
+    if (m->wide == group)
+        return;
+    if (group < 0) {
+        lora_widen_outer(m, group);
+    } else {
+        const GroupOffsets *g = &m->lo_off[group];
+        m->be->widen_bf16(m->base, m->base16 + g->lo, g->hi - g->lo);
         bind_fields(m->lp[group].f, LP_FIELDS, g, m->base);
+    }
     m->wide = group;
 }
 
@@ -673,9 +741,6 @@ static Model *create(const Config *cfg, const Backend *be, const ParamShard *sh,
         params_build_base(&m->base_table, &m->mc, sh);
         m->lora_scale = m->mc.lora.alpha / (float)m->mc.lora.rank;
         m->drop_key = rng_mix(cfg->run.seed, rng_hash_str("model.lora.dropout"));
-        if (m->mc.lora.dropout > 0 && be->device)
-            trd_fatal(TRD_EXIT_INPUT, "set model.lora.dropout to 0 or use backend: cpu",
-                      "model: adapter dropout runs on the cpu backend only");
     }
     const ParamTable *wt = m->lora ? &m->base_table : &m->table; /* the weights */
 
@@ -858,8 +923,8 @@ MemoryReport model_memory(const Model *m)
     r.params = m->params ? m->table.numel * sizeof(float) : 0;
     r.frozen = m->lora ? model_frozen_bytes(&m->mc, &m->sh) : 0;
     r.grads = m->grads ? m->table.numel * sizeof(float) : 0;
-    r.activations = m->acts_numel * sizeof(float) +
-                    (size_t)m->n_sets * ID_ROWS * (size_t)m->d.N * sizeof(int32_t);
+    r.activations =
+        m->acts_numel * sizeof(float) + (size_t)m->n_sets * set_id_bytes(&m->mc, (size_t)m->d.N);
     r.scratch = m->scratch_numel * sizeof(float) +
                 cp_attention_bytes(m->cp, m->d.B / 2, m->d.T, m->d.H, m->d.KVH, m->d.hs);
     return r;
@@ -946,7 +1011,7 @@ void model_embed_forward(Model *m, const int32_t *tokens)
     const Dims *d = &m->d;
     TRD_ASSERT(m->sh.has_embed);
     tp_group_check(&m->tp);
-    lora_widen(m, WIDE_OUTER);
+    lora_widen(m, WIDE_EMBED);
     memcpy(m->cur.tokens, tokens, (size_t)d->N * sizeof(int32_t));
     if (m->be->device)
         m->be->to_backend(m->cur.ids, tokens, (size_t)d->N * sizeof(int32_t));
@@ -991,29 +1056,18 @@ static int local_layer(const Model *m, int l)
  * backward and a recomputing forward draw the forward's.  The rows' places
  * come from model_set_dropout_rows; a forward without them (validation,
  * eval, generate) drops nothing.  Element (row R, column c): counter
- * (R, c / 4), word c % 4 of the four, dropped when below p x 2^32.
- * Host loops: the CPU backend only (config validation refuses others). */
+ * (R, c / 4), word c % 4 of the four, dropped when below p x 2^32: the
+ * backend's dropout_philox, on the device with CUDA (no mask is stored or
+ * copied; the rows are, once per micro-batch). */
 static int lora_dropping(const Model *m) { return m->mc.lora.dropout > 0 && m->cur.drop_rows; }
 
 /* x [N, n_in] (this rank's columns from col0) *= keep / (1 - p), in place:
  * the mask of target k of local layer i, on an input or on its gradient. */
 static void lora_dropout(const Model *m, int i, int k, float *x, int n_in, int col0)
 {
-    TRD_ASSERT(!m->be->device);
-    const float p = m->mc.lora.dropout, inv = 1.0f / (1.0f - p);
-    const double cut = (double)p * 4294967296.0;
     const int l = m->sh.chunk[0].begin + i;
     const uint64_t key = rng_mix(m->drop_key, (uint64_t)l * LORA_TARGETS + (uint64_t)k);
-    for (int n = 0; n < m->d.N; n++) {
-        float *xr = x + (size_t)n * (size_t)n_in;
-        uint32_t r[4];
-        for (int j = 0; j < n_in; j++) {
-            const uint64_t c = (uint64_t)col0 + (uint64_t)j;
-            if (j == 0 || c % 4 == 0)
-                rng_philox(r, m->cur.drop_rows[n], c / 4, key);
-            xr[j] = (double)r[c % 4] < cut ? 0.0f : xr[j] * inv;
-        }
-    }
+    m->be->dropout_philox(x, m->cur.drop_rows, m->d.N, n_in, col0, key, m->mc.lora.dropout);
 }
 
 /* The adapter's input: x, or dropout(x) in s.lora_x while dropping. */
@@ -1044,6 +1098,29 @@ static void lora_forward(Model *m, int i, int k, float *out, const float *x, int
     be->accumulate(out, tmp, (size_t)N * (size_t)n_out);
 }
 
+/* dB += dout^T t for the fused qkv adapter when its k and v rows are
+ * replicated over kv_share TP ranks (tp > kv_heads), as the base's are:
+ * dout's kv columns here come from this rank's query heads only, so those
+ * rows of the new gradient are partial; they are summed over the ranks
+ * holding them (tp_kv_allreduce), before adding to what earlier
+ * micro-batches left, as qkv_weight_backward does for the base's rows.
+ * The copies of B's kv rows then get the same update and stay equal.  (A's
+ * gradient needs nothing more: dt = dout B sums over this rank's rows, kv
+ * rows included, and summing that over the TP group counts each rank's
+ * partial kv columns once, which add up to the whole.) */
+static void lora_qkv_b_backward(Model *m, float *dB, const float *dout, const float *t,
+                                const float *B)
+{
+    const Dims *d = &m->d;
+    const size_t r = (size_t)m->mc.lora.rank, kv = 2 * (size_t)d->hs * r;
+    float *gkv = dB + (size_t)d->H * (size_t)d->hs * r, *keep = m->s.lora_part;
+    m->be->copy(keep, gkv, kv * sizeof(float));
+    zero(m, gkv, kv);
+    m->be->matmul_backward(NULL, dB, NULL, dout, t, B, d->N, (int)r, d->QKV);
+    tp_kv_allreduce(&m->tp, gkv, kv);
+    m->be->accumulate(gkv, keep, kv);
+}
+
 /* The adapter's backward: dout [N, n_out] (whole rows for a row-parallel
  * base), x its input; ADDS into dA, dB and dx.  The inner activation
  * t = s x A^T is recomputed (N x r, cheaper than keeping it per layer).
@@ -1070,6 +1147,8 @@ static void lora_backward(Model *m, int i, int k, const float *dout, const float
         zero(m, m->s.lora_part, (size_t)n_out * (size_t)r);
         be->matmul_backward(NULL, m->s.lora_part, NULL, dout, t, B, N, r, n_out);
         tp_add_reduced_grad(&m->tp, dB, m->s.lora_part, (size_t)n_out * (size_t)r);
+    } else if (k == LT_QKV && m->tp.kv_share > 1) {
+        lora_qkv_b_backward(m, dB, dout, t, B);
     } else {
         be->matmul_backward(NULL, dB, NULL, dout, t, B, N, r, n_out);
     }
@@ -1355,7 +1434,7 @@ void model_block_backward(Model *m, int l)
 
 float model_head_forward(Model *m, const int32_t *targets)
 {
-    lora_widen(m, WIDE_OUTER);
+    lora_widen(m, WIDE_HEAD);
     const Backend *be = m->be;
     const Dims *d = &m->d;
     HeadActs *h = &m->cur.ha;
@@ -1421,7 +1500,7 @@ void model_set_step_state(Model *m, BackendStepState *s) { m->step_state = s; }
  * final norm's backward adds into it), since nothing flowed into it yet. */
 void model_head_backward(Model *m, float loss_scale)
 {
-    lora_widen(m, WIDE_OUTER);
+    lora_widen(m, WIDE_HEAD);
     const Backend *be = m->be;
     const Dims *d = &m->d;
     const Scratch *s = &m->s;
@@ -1517,7 +1596,10 @@ MemoryReport model_plan_memory(const Config *cfg, const ParamShard *sh, int B, i
 {
     TRD_ASSERT(sh->n_chunks == 1 && n_sets >= 1);
     check_config(&cfg->model, B);
-    Model m = {.mc = cfg->model, .sh = *sh, .recompute = cfg->training.recompute};
+    Model m = {.mc = cfg->model,
+               .sh = *sh,
+               .recompute = cfg->training.recompute,
+               .lora = cfg->model.lora.rank > 0}; /* the adapters' scratch */
     m.nl = sh->chunk[0].end - sh->chunk[0].begin;
     const int sp = cfg->topology.sequence_parallel;
     m.cp = config_cp(cfg);
@@ -1526,6 +1608,8 @@ MemoryReport model_plan_memory(const Config *cfg, const ParamShard *sh, int B, i
     const int kv_share = m.mc.kv_heads % sh->tp ? sh->tp / m.mc.kv_heads : 1;
     m.tp = tp_group_layout(NULL, sh->tp, sh->tp_rank, sp, kv_share); /* sizes only */
     params_build(&m.table, &m.mc, sh);
+    if (m.lora) /* the sizes of the frozen weights' (the vocabulary rows) */
+        params_build_base(&m.base_table, &m.mc, sh);
     m.d = make_dims(&m, B);
     /* Count with the carvers model_create_unbound uses (base NULL: sizes only). */
     m.cur.resid = trd_calloc((size_t)m.nl + 1, sizeof(float *), "residual pointers");
@@ -1536,9 +1620,11 @@ MemoryReport model_plan_memory(const Config *cfg, const ParamShard *sh, int B, i
     free(m.cur.resid);
     free(m.cur.la);
     params_free(&m.table);
+    if (m.lora)
+        params_free(&m.base_table);
     MemoryReport r = {0};
     r.activations =
-        (size_t)n_sets * (acts.used * sizeof(float) + ID_ROWS * (size_t)m.d.N * sizeof(int32_t));
+        (size_t)n_sets * (acts.used * sizeof(float) + set_id_bytes(&m.mc, (size_t)m.d.N));
     r.scratch = scratch.used * sizeof(float) +
                 cp_attention_bytes(m.cp, m.d.B / 2, m.d.T, m.d.H, m.d.KVH, m.d.hs);
     return r;

@@ -212,14 +212,19 @@ typedef struct {
                                 * then positions); the host copies with the CPU backend */
     const int32_t *pos;        /* ids + 2N once model_set_positions gave them, else
                                 * NULL (each sequence one document) */
-    const uint64_t *drop_rows; /* [N] model_set_dropout_rows' (the caller's memory), or
-                                * NULL: no adapter dropout */
+    uint64_t *rows;            /* [N] model.lora.dropout: the rows' places in the token
+                                * stream, copied to backend memory (else NULL) */
+    const uint64_t *drop_rows; /* rows once model_set_dropout_rows gave them, or NULL:
+                                * no adapter dropout */
     int counted;               /* targets >= 0 in it */
     int ce_fused;              /* its head forward wrote the dlogits too (model_head_fuse) */
     float ce_scale;            /* with the loss scale ce_scale */
 } ActSet;
 
-enum { WIDE_NONE = -2, WIDE_OUTER = -1 }; /* Model.wide besides local layer indices */
+/* Model.wide besides local layer indices: the outer group's two parts,
+ * widened one at a time (the embedding; the final norm and the head), or
+ * all of it with tied embeddings (the head reads wte). */
+enum { WIDE_NONE = -4, WIDE_OUTER = -3, WIDE_EMBED = -2, WIDE_HEAD = -1 };
 
 struct Model {
     const Backend *be;
@@ -248,8 +253,9 @@ struct Model {
     float *base;      /* fp32 base, or (base_bf16) the scratch of the widened group */
     uint16_t *base16; /* base_bf16 (model.lora.base_dtype bf16): the base's bf16 bits */
     int base_bf16;
-    int wide;            /* base_bf16: the group in `base` (WIDE_OUTER, a local layer, WIDE_NONE) */
-    LoraParams *ap, *ag; /* [nl] */
+    int wide; /* base_bf16: the group in `base` (a WIDE_ part, a local layer, WIDE_NONE) */
+    size_t outer_split;           /* base_bf16: where the head's part of the outer group begins */
+    LoraParams *ap, *ag;          /* [nl] */
     GroupOffsets *lora_off;       /* [nl] */
     float *host_losses;           /* [N] the head's losses read back (device backends) */
     int fuse_next;                /* model_head_fuse: the next head forward fuses its backward */
@@ -267,6 +273,7 @@ struct Model {
     float *acts;       /* backend memory, like every buffer the ops touch */
     size_t acts_numel; /* all sets */
     int32_t *ids;      /* device backends: every set's token ids */
+    uint64_t *rows;    /* model.lora.dropout: every set's rows (ActSet.rows) */
     ActSet *sets;
     int n_sets, cur_set;
     ActSet cur;

@@ -203,6 +203,7 @@ static double device_step(Trainer *tr, int step, double *grad_norm, float *lr, i
     for (int j = 0; j < tr->n_micro; j++) {
         progress_step(step + 1, j + 1);
         model_set_positions(trainer_model(tr, 0), tr->pos ? tr->pos + j * BT : NULL);
+        model_set_dropout_rows(trainer_model(tr, 0), tr->drop_rows ? tr->drop_rows + j * BT : NULL);
         zero_forward_backward(tr->zero, tr->tokens + j * BT, tr->targets + j * BT,
                               tr->loss_share[j], j == tr->n_micro - 1);
     }

@@ -4,6 +4,8 @@
  * BackendStepState). */
 #include "ops.cuh"
 
+#include "core/philox.h"
+
 /* y[r, c] += bias[c], one thread per element of y */
 __global__ void add_bias_kernel(float *y, const float *bias, size_t n, int C)
 {
@@ -35,28 +37,6 @@ __global__ void widen_bf16_kernel(float *dst, const uint16_t *src, size_t n)
     dst[i] = __uint_as_float((uint32_t)src[i] << 16);
 }
 
-/* Philox-4x32-10 (src/core/rng.c's rng_philox, the same steps): four
- * words for the 128-bit counter (lo, hi) and the 64-bit key. */
-__device__ static void philox4x32(uint32_t out[4], uint64_t lo, uint64_t hi, uint64_t key)
-{
-    uint32_t c0 = (uint32_t)lo, c1 = (uint32_t)(lo >> 32);
-    uint32_t c2 = (uint32_t)hi, c3 = (uint32_t)(hi >> 32);
-    uint32_t k0 = (uint32_t)key, k1 = (uint32_t)(key >> 32);
-    for (int round = 0; round < 10; round++) {
-        const uint64_t p0 = (uint64_t)0xD2511F53u * c0;
-        const uint64_t p1 = (uint64_t)0xCD9E8D57u * c2;
-        const uint32_t n0 = (uint32_t)(p1 >> 32) ^ c1 ^ k0;
-        const uint32_t n2 = (uint32_t)(p0 >> 32) ^ c3 ^ k1;
-        c1 = (uint32_t)p1;
-        c3 = (uint32_t)p0;
-        c0 = n0;
-        c2 = n2;
-        k0 += 0x9E3779B9u;
-        k1 += 0xBB67AE85u;
-    }
-    out[0] = c0, out[1] = c1, out[2] = c2, out[3] = c3;
-}
-
 /* backend.h's dropout_philox, one thread per element: each draws the four
  * words of its group of columns and keeps its own (the group's other
  * threads draw the same four: 10 rounds of integer arithmetic, no memory,
@@ -70,7 +50,7 @@ __global__ void dropout_philox_kernel(float *x, const uint64_t *rows, size_t tot
         const size_t i = e / (size_t)n;
         const uint64_t c = (uint64_t)col0 + (uint64_t)(e % (size_t)n);
         uint32_t r[4];
-        philox4x32(r, rows[i], c / 4, key);
+        trd_philox4x32(r, rows[i], c / 4, key); /* rng_philox's steps */
         x[e] = (double)r[c % 4] < cut ? 0.0f : x[e] * inv;
     }
 }

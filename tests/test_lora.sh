@@ -89,7 +89,7 @@ print(f"{'ok  ' if good else 'FAIL'} frozen base in bf16: {f16} bytes, in fp32 {
       f"(half of it plus one group's fp32 scratch)")
 sys.exit(0 if good else 1)
 PY
-ok "the start-up line says bf16" grep -q "frozen base per rank .* (bf16, one layer" "$out/b16.log"
+ok "the start-up line says bf16" grep -q "frozen base per rank .* (bf16, one part" "$out/b16.log"
 # eval of its checkpoint (base_dtype bf16 from its config) gives the run's
 # last validation loss; its merged export is the bf16-rounded base plus
 # (alpha/r) B A (the base of an fp32 inference model read rounded as trained).

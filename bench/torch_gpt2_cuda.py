@@ -100,6 +100,7 @@ def main():
     model = GPT2(a.layers, a.hidden, a.heads, a.vocab, a.seq).to(dev)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.1, fused=True)
     fwd = model if a.no_compile else torch.compile(model)
+    mode = "eager" if a.no_compile else "torch.compile"
     C, L, V, T = a.hidden, a.layers, a.vocab, a.seq
     flops = (6.0 * (L * 12 * C * C + V * C) + 12.0 * L * T * C) * a.batch * a.seq
 
@@ -109,8 +110,18 @@ def main():
         torch.cuda.synchronize()
         t0 = time.perf_counter()
         opt.zero_grad(set_to_none=True)
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            loss = fwd(x, y)
+        try:
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                loss = fwd(x, y)
+        except Exception as e:  # noqa: BLE001 (no compiler on the machine, say)
+            if fwd is model:
+                raise
+            why = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
+            print(f"pytorch: torch.compile failed ({type(e).__name__}: {why}); eager instead",
+                  flush=True)
+            fwd, mode = model, f"eager (torch.compile failed: {type(e).__name__})"
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                loss = fwd(x, y)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
@@ -121,7 +132,7 @@ def main():
     dt = statistics.median(times)
     print(f"pytorch {torch.__version__} ({torch.cuda.get_device_name()}), gpt2 "
           f"{L} layers x {C}, batch {a.batch} x {T}, bf16 autocast, "
-          f"{'eager' if a.no_compile else 'torch.compile'}: step {1e3 * dt:.1f} ms (median of "
+          f"{mode}: step {1e3 * dt:.1f} ms (median of "
           f"{len(times)}), {a.batch * T / dt:.0f} tokens/s, MFU {100 * flops / dt / a.peak:.1f}%, "
           f"loss {losses[0]:.3f} -> {losses[-1]:.3f}")
     print(f"pytorch_tokens_per_s {a.batch * T / dt:.1f}")

@@ -6,7 +6,8 @@
  * AttnArgs's (backend.h): offsets of a sequence split over ranks, packed
  * documents, GQA, the lse and the merge; the kernels follow attention.cu's
  * plan (forward; backward as a dq kernel and a dk/dv kernel, one writer per
- * gradient element, no atomics) with its key rule (attention.cuh).
+ * gradient element, no atomics, after a kernel that takes each row's
+ * D = dout . out once) with its key rule (attention.cuh).
  *
  * Rounding (what the tolerance of tests/test_cuda_ops.c rests on): q, k,
  * v and dout are rounded to bf16 where they are loaded; the scores
@@ -54,19 +55,34 @@ __device__ inline float bf16r(float x) { return __bfloat162float(__float2bfloat1
  * bf16 into sh (16-byte aligned: the fragment loads read 32 bits), zeros
  * for rows outside [0, n).  The padding of 8 bf16
  * puts consecutive rows 4 banks apart: the 8 rows x 4 pairs of a fragment
- * load land in 32 different banks. */
+ * load land in 32 different banks.  Each thread issues its loads in
+ * batches of TC_BATCH before it stores any: a store to shared memory
+ * between two global loads would keep the second waiting for the first
+ * (one memory latency per pair; the backward kernels, at two blocks a
+ * multiprocessor, had little else to hide it behind). */
+enum { TC_BATCH = 8 };
 template <int HS>
 __device__ inline void tc_stage(uint16_t (*sh)[HS + TC_PAD], const float *head, size_t ld, int r0,
                                 int n)
 {
-    for (int i = threadIdx.x; i < TC_ROWS * HS / 2; i += TC_BLOCK) {
-        const int r = i / (HS / 2), c = i % (HS / 2) * 2, row = r0 + r;
-        uint32_t v = 0;
-        if (row >= 0 && row < n) {
-            const float *p = head + (size_t)row * ld + c;
-            v = mma_pack(p[0], p[1]);
+    constexpr int PER = TC_ROWS * HS / 2 / TC_BLOCK; /* pairs a thread */
+    static_assert(PER % TC_BATCH == 0, "a thread's pairs come in whole batches");
+#pragma unroll
+    for (int k0 = 0; k0 < PER; k0 += TC_BATCH) {
+        float x[TC_BATCH], y[TC_BATCH];
+#pragma unroll
+        for (int k = 0; k < TC_BATCH; k++) {
+            const int i = threadIdx.x + (k0 + k) * TC_BLOCK, row = r0 + i / (HS / 2);
+            const int in = row >= 0 && row < n;
+            const float *p = in ? head + (size_t)row * ld + i % (HS / 2) * 2 : head;
+            x[k] = in ? p[0] : 0.0f;
+            y[k] = in ? p[1] : 0.0f;
         }
-        mma_st2(&sh[r][c], v);
+#pragma unroll
+        for (int k = 0; k < TC_BATCH; k++) {
+            const int i = threadIdx.x + (k0 + k) * TC_BLOCK;
+            mma_st2(&sh[i / (HS / 2)][i % (HS / 2) * 2], mma_pack(x[k], y[k]));
+        }
     }
 }
 
@@ -250,12 +266,34 @@ __global__ void __launch_bounds__(TC_BLOCK)
     }
 }
 
+/* D[b, h, t] = dout (rounded to bf16) . out over the head's channels, for
+ * the two backward kernels: a warp per (b, t, h) row, read once (the dk/dv
+ * kernel used to take it again for every key tile, with one thread a row). */
+template <int HS>
+__global__ void attention_tc_delta_kernel(float *D, const float *dout, const float *out, int B,
+                                          Shape s)
+{
+    const size_t row = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) / 32;
+    const int lane = threadIdx.x % 32, valid = row < (size_t)B * s.Tq * s.H;
+    const int h = (int)(row % s.H), t = (int)(row / s.H % s.Tq), b = (int)(row / s.H / s.Tq);
+    float part = 0;
+    if (valid) {
+        const float *d = dout + row * HS, *o = out + row * HS;
+#pragma unroll
+        for (int i = lane; i < HS; i += 32)
+            part += bf16r(d[i]) * o[i];
+    }
+    part = warp_sum(part); /* every lane of the block (the emulation's shuffle is a barrier) */
+    if (lane == 0 && valid)
+        D[((size_t)b * s.H + h) * s.Tq + t] = part;
+}
+
 /* dq[t] += scale * sum_u dS[t,u] k_u, dS = P (dP - D_t), for the rows of
  * one query tile of head h. */
 template <int HS>
 __global__ void __launch_bounds__(TC_BLOCK)
     attention_tc_dq_kernel(float *dq_buf, const float *dout, const float *qkv, const float *kv,
-                           const float *out, const float *lse, Shape s)
+                           const float *Dbuf, const float *lse, Shape s)
 {
     __shared__ __align__(16) uint16_t ks[TC_ROWS][HS + TC_PAD], vs[TC_ROWS][HS + TC_PAD];
     int b, h, tile;
@@ -265,25 +303,18 @@ __global__ void __launch_bounds__(TC_BLOCK)
     const float *kh = kv + (size_t)b * s.Tk * s.kvw + kv_k_off(h / s.Q, s);
     const size_t qbase = (size_t)b * s.Tq * s.width + q_off(h, s.Q, HS);
     const size_t obase = (size_t)b * s.Tq * ow + (size_t)h * HS;
+    (void)c;
 
     uint32_t qa[HS / 16][4], da[HS / 16][4];
     tc_load_a<HS>(qa, qkv + qbase, s.width, r0, s.Tq);
     tc_load_a<HS>(da, dout + obase, ow, r0, s.Tq);
     float D[2], L[2];
 #pragma unroll
-    for (int r = 0; r < 2; r++) { /* D = dout (as rounded) . out, over the quad */
+    for (int r = 0; r < 2; r++) {
         const int t = r0 + g + 8 * r;
-        float part = 0;
-        if (t < s.Tq) {
-            const float *orow = out + obase + (size_t)t * ow;
-            for (int kk = 0; kk < HS / 16; kk++) {
-                const int j = 16 * kk + 2 * c;
-                part += mma_lo(da[kk][r]) * orow[j] + mma_hi(da[kk][r]) * orow[j + 1] +
-                        mma_lo(da[kk][2 + r]) * orow[j + 8] + mma_hi(da[kk][2 + r]) * orow[j + 9];
-            }
-        }
-        D[r] = quad_sum(part);
-        L[r] = t < s.Tq ? lse[((size_t)b * s.H + h) * s.Tq + t] : 0.0f;
+        const size_t i = ((size_t)b * s.H + h) * s.Tq + t;
+        D[r] = t < s.Tq ? Dbuf[i] : 0.0f;
+        L[r] = t < s.Tq ? lse[i] : 0.0f;
     }
     int u0[2], u1[2], lo, hi;
     tc_row_keys(s, b, r0, u0, u1);
@@ -329,7 +360,7 @@ __global__ void __launch_bounds__(TC_BLOCK)
 template <int HS>
 __global__ void __launch_bounds__(TC_BLOCK)
     attention_tc_dkv_kernel(float *dkv, const float *dout, const float *qkv, const float *kv,
-                            const float *out, const float *lse, Shape s)
+                            const float *Dbuf, const float *lse, Shape s)
 {
     __shared__ __align__(16) uint16_t qs[TC_ROWS][HS + TC_PAD], dos[TC_ROWS][HS + TC_PAD];
     __shared__ float Ls[TC_ROWS], Ds[TC_ROWS];
@@ -362,15 +393,9 @@ __global__ void __launch_bounds__(TC_BLOCK)
             tc_stage<HS>(dos, dout + obase, ow, t0, s.Tq);
             if (threadIdx.x < TC_ROWS) {
                 const int t = t0 + threadIdx.x, has = t < s.Tq, qp = s.q_pos0 + t;
-                float D = 0;
-                if (has) { /* dout (as rounded) . out, as the dq kernel's */
-                    const float *orow = out + obase + (size_t)t * ow;
-                    const float *drow = dout + obase + (size_t)t * ow;
-                    for (int i = 0; i < HS; i++)
-                        D += bf16r(drow[i]) * orow[i];
-                }
-                Ds[threadIdx.x] = D;
-                Ls[threadIdx.x] = has ? lse[((size_t)b * s.H + h) * s.Tq + t] : 0.0f;
+                const size_t i = ((size_t)b * s.H + h) * s.Tq + t;
+                Ds[threadIdx.x] = has ? Dbuf[i] : 0.0f;
+                Ls[threadIdx.x] = has ? lse[i] : 0.0f;
                 Qp[threadIdx.x] = has ? qp : -1; /* a missing row sees no key */
                 First[threadIdx.x] = has && s.pos ? qp - s.pos[(size_t)b * s.Tq + t] : 0;
             }
@@ -428,11 +453,16 @@ template <int HS>
 static void tc_backward(float *dq, float *dkv, const float *dout, const float *q, const float *kv,
                         const float *out, const float *lse, const AttnArgs *a, const Shape &s)
 {
+    const size_t rows = (size_t)a->B * a->Tq * a->H;
+    float *D = (float *)cuda_scratch(CUDA_SCRATCH_ATTN, rows * sizeof(float));
+    attention_tc_delta_kernel<HS><<<(unsigned)((rows * 32 + CUDA_THREADS - 1) / CUDA_THREADS),
+                                    CUDA_THREADS, 0, cuda_stream()>>>(D, dout, out, a->B, s);
+    CUDA_CHECK_LAUNCH();
     attention_tc_dq_kernel<HS><<<tc_blocks(a->B, a->H, s.qtiles), TC_BLOCK, 0, cuda_stream()>>>(
-        dq, dout, q, kv, out, lse, s);
+        dq, dout, q, kv, D, lse, s);
     CUDA_CHECK_LAUNCH();
     attention_tc_dkv_kernel<HS><<<tc_blocks(a->B, a->KVH, s.ktiles), TC_BLOCK, 0, cuda_stream()>>>(
-        dkv, dout, q, kv, out, lse, s);
+        dkv, dout, q, kv, D, lse, s);
     CUDA_CHECK_LAUNCH();
 }
 

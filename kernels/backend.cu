@@ -118,6 +118,52 @@ void cuda_free_async(void *dev)
     CUDA_CHECK(cudaFreeAsync(dev, cuda_stream()));
 }
 
+void *cuda_scratch(int slot, size_t bytes)
+{
+    static void *buf[CUDA_SCRATCH_SLOTS];
+    static size_t cap[CUDA_SCRATCH_SLOTS];
+    TRD_ASSERT(slot >= 0 && slot < CUDA_SCRATCH_SLOTS);
+    if (bytes > cap[slot]) {
+        if (buf[slot])
+            CUDA_CHECK(cudaFreeAsync(buf[slot], cuda_stream()));
+        CUDA_CHECK(cudaMallocAsync(&buf[slot], bytes, cuda_stream()));
+        cap[slot] = bytes;
+    }
+    return buf[slot];
+}
+
+float *cuda_colsum_scratch(int R, int W, int outs)
+{
+    if (R <= 1)
+        return NULL;
+    return (float *)cuda_scratch(CUDA_SCRATCH_COLSUM, (size_t)outs * R * W * sizeof(float));
+}
+
+__global__ void colsum_finish_kernel(float *acc0, float *acc1, const float *part, int R, int W)
+{
+    const int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= W)
+        return;
+    float *acc[2] = {acc0, acc1};
+    for (int k = 0; k < 2; k++) {
+        if (!acc[k])
+            continue;
+        const float *p = part + (size_t)k * R * W + c;
+        float s = 0;
+        for (int r = 0; r < R; r++)
+            s += p[(size_t)r * W];
+        acc[k][c] += s;
+    }
+}
+
+void cuda_colsum_finish(float *acc0, float *acc1, const float *part, int R, int W)
+{
+    if (R <= 1 || (!acc0 && !acc1))
+        return;
+    colsum_finish_kernel<<<(W + 255) / 256, 256, 0, cuda_stream()>>>(acc0, acc1, part, R, W);
+    CUDA_CHECK_LAUNCH();
+}
+
 const CudaRange *cuda_ranges_upload(CudaRanges *c, const BackendRange *r, int n, size_t *total)
 {
     if (n > c->cap) {

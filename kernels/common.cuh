@@ -168,25 +168,52 @@ __device__ inline float block_max(float v)
 /* Column sums of a [N, W] row-major array, deterministic and parallel
  * over rows as well as columns: a block of COLSUM_COLS x COLSUM_GROUPS
  * threads covers COLSUM_COLS neighbouring columns (a warp reads 32
- * neighbouring floats of a row); thread (g, lane) sums rows g, g + G,
- * g + 2G, ... of its column in order, and colsum_groups adds the G
- * partials of each column in order.  The order is fixed, so the bits are
- * the same on every run (not the CPU's, which sums the rows in order);
- * each thread walks N / G rows, not all N. */
-enum { COLSUM_COLS = 32, COLSUM_GROUPS = 32 };
+ * neighbouring floats of a row) over one chunk of the rows; thread
+ * (g, lane) sums rows n0 + g, n0 + g + G, ... of its chunk's column in
+ * order, and colsum_groups adds the G partials of each column in order.
+ * With more than one chunk (colsum_chunks: enough blocks to fill the GPU,
+ * 24 column blocks alone were 24 of an H100's 132 multiprocessors for
+ * C = 768) each chunk's sum goes to a scratch row and cuda_colsum_finish
+ * adds the rows in chunk order.  The chunks depend on N and W only, so the
+ * order, and the bits, are the same on every run and every GPU (not the
+ * CPU's, which sums the rows in order); each thread walks N / (R G) rows. */
+enum { COLSUM_COLS = 32, COLSUM_GROUPS = 32, COLSUM_TARGET_BLOCKS = 264 };
 
 static inline unsigned colsum_blocks(int W)
 {
     return (unsigned)((W + COLSUM_COLS - 1) / COLSUM_COLS);
 }
 
-/* this thread's column (may be >= W: it then adds nothing but must still
- * reach the barriers) and its row group */
-__device__ inline int colsum_col(void)
+/* The chunks of the rows: about COLSUM_TARGET_BLOCKS blocks in all (two
+ * blocks of 1024 threads on each of 132 multiprocessors), each chunk at
+ * least 32 rows a thread (one chunk, no second kernel, below 2048 rows). */
+static inline int colsum_chunks(int N, int W)
 {
-    return blockIdx.x * COLSUM_COLS + threadIdx.x % COLSUM_COLS;
+    const int cb = (int)colsum_blocks(W), most = N / (COLSUM_GROUPS * 32);
+    int r = (COLSUM_TARGET_BLOCKS + cb - 1) / cb;
+    if (r > most)
+        r = most;
+    return r < 1 ? 1 : r;
+}
+
+/* this thread's column (may be >= W: it then adds nothing but must still
+ * reach the barriers), its row group, and its chunk's rows [*n0, *n1) */
+__device__ inline int colsum_col(int W)
+{
+    return blockIdx.x % ((W + COLSUM_COLS - 1) / COLSUM_COLS) * COLSUM_COLS +
+           threadIdx.x % COLSUM_COLS;
 }
 __device__ inline int colsum_group(void) { return threadIdx.x / COLSUM_COLS; }
+__device__ inline int colsum_nchunks(int W)
+{
+    return gridDim.x / ((W + COLSUM_COLS - 1) / COLSUM_COLS);
+}
+__device__ inline void colsum_rows(int N, int W, int *n0, int *n1)
+{
+    const int cb = (W + COLSUM_COLS - 1) / COLSUM_COLS, R = gridDim.x / cb, k = blockIdx.x / cb;
+    *n0 = (int)((long long)N * k / R);
+    *n1 = (int)((long long)N * (k + 1) / R);
+}
 
 /* The sum of v over the row groups of this thread's column, in group
  * order, returned to group 0 (the others get 0).  Every thread of the
@@ -204,5 +231,31 @@ __device__ inline float colsum_groups(float v)
     __syncthreads();
     return s;
 }
+
+/* Group 0's sum s of column c: added to acc[c] when the grid is one chunk,
+ * else stored as the chunk's row of part ([R][W]) for cuda_colsum_finish. */
+__device__ inline void colsum_put(float *acc, float *part, int W, int c, float s)
+{
+    if (colsum_group() != 0 || c >= W || !acc)
+        return;
+    const int cb = (W + COLSUM_COLS - 1) / COLSUM_COLS;
+    if ((int)gridDim.x == cb)
+        acc[c] += s;
+    else
+        part[(size_t)(blockIdx.x / cb) * W + c] = s;
+}
+
+/* The scratch of a column sum over R chunks into `outs` outputs of W
+ * columns each (NULL for one chunk), and the finish: acc0[c] += the R rows
+ * of part in order, acc1 likewise from the next R rows (either may be
+ * NULL; nothing to do for one chunk).  backend.cu. */
+float *cuda_colsum_scratch(int R, int W, int outs);
+void cuda_colsum_finish(float *acc0, float *acc1, const float *part, int R, int W);
+
+/* A scratch buffer of at least `bytes` per slot, grown in stream order and
+ * kept: the kernels' small temporaries, outside the memory report like
+ * cuBLAS's workspace (backend.cu). */
+enum { CUDA_SCRATCH_COLSUM, CUDA_SCRATCH_ATTN, CUDA_SCRATCH_SLOTS };
+void *cuda_scratch(int slot, size_t bytes);
 
 #endif

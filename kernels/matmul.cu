@@ -68,17 +68,29 @@ __global__ void bias_broadcast_kernel(float *out, const float *bias, int N, int 
 }
 
 /* dbias[o] += sum_n dout[n, o]: the column sum (colsum_groups: rows in
- * groups, a fixed order) in a register first, then added once. */
-__global__ void col_sum_acc_kernel(float *acc, const float *x, int N, int W)
+ * groups, a fixed order) in a register first, then added once, or a
+ * chunk's part of it (colsum_put). */
+__global__ void col_sum_acc_kernel(float *acc, float *part, const float *x, int N, int W)
 {
-    int c = colsum_col();
+    int c = colsum_col(W), n0, n1;
+    colsum_rows(N, W, &n0, &n1);
     float s = 0;
     if (c < W)
-        for (int n = colsum_group(); n < N; n += COLSUM_GROUPS)
+        for (int n = n0 + colsum_group(); n < n1; n += COLSUM_GROUPS)
             s += x[(size_t)n * W + c];
     s = colsum_groups(s);
-    if (colsum_group() == 0 && c < W)
-        acc[c] += s;
+    colsum_put(acc, part, W, c, s);
+}
+
+/* acc[o] += sum_n x[n, o] (deterministic, common.cuh's column sums) */
+void cuda_col_sum_acc(float *acc, const float *x, int N, int W)
+{
+    const int R = colsum_chunks(N, W);
+    float *part = cuda_colsum_scratch(R, W, 1);
+    col_sum_acc_kernel<<<colsum_blocks(W) * R, COLSUM_COLS * COLSUM_GROUPS, 0, cuda_stream()>>>(
+        acc, part, x, N, W);
+    CUDA_CHECK_LAUNCH();
+    cuda_colsum_finish(acc, NULL, part, R, W);
 }
 
 void cuda_matmul_forward(float *out, const float *inp, const float *weight, const float *bias,
@@ -113,9 +125,7 @@ void cuda_matmul_backward(float *dinp, float *dweight, float *dbias, const float
         CUBLAS_CHECK(cublasSgemm(blas_handle(), CUBLAS_OP_N, CUBLAS_OP_T, C, OC, N, &alpha, inp, C,
                                  dout, OC, &beta, dweight, C));
     if (dbias) {
-        col_sum_acc_kernel<<<colsum_blocks(OC), COLSUM_COLS * COLSUM_GROUPS, 0, cuda_stream()>>>(
-            dbias, dout, N, OC);
-        CUDA_CHECK_LAUNCH();
+        cuda_col_sum_acc(dbias, dout, N, OC);
     }
 }
 
@@ -198,9 +208,7 @@ static void backward_weight_bias_bf16(float *dweight, float *dbias, const __nv_b
         gemm_bf16(CUBLAS_OP_N, CUBLAS_OP_T, C, OC, N, to_bf16(1, inp, (size_t)N * C), C, d, OC, 1,
                   dweight, C);
     if (dbias) { /* the fp32 sum of dout, as backend_cpu_bf16 */
-        col_sum_acc_kernel<<<colsum_blocks(OC), COLSUM_COLS * COLSUM_GROUPS, 0, cuda_stream()>>>(
-            dbias, dout, N, OC);
-        CUDA_CHECK_LAUNCH();
+        cuda_col_sum_acc(dbias, dout, N, OC);
     }
 }
 

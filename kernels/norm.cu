@@ -61,27 +61,25 @@ __global__ void layernorm_backward_dinp_kernel(float *dinp, const float *dout, c
         dx[c] += rs * (d[c] * weight[c] - sg - (x[c] - mu) * rs * sgx);
 }
 
-/* dweight[c] += sum_n dout*xh, dbias[c] += sum_n dout (either may be NULL) */
-__global__ void layernorm_backward_params_kernel(float *dweight, float *dbias, const float *dout,
-                                                 const float *inp, const float *mean,
-                                                 const float *rstd, int N, int C)
+/* dweight[c] += sum_n dout*xh, dbias[c] += sum_n dout (either may be NULL),
+ * over one chunk of the rows (colsum_put) */
+__global__ void layernorm_backward_params_kernel(float *dweight, float *dbias, float *part,
+                                                 const float *dout, const float *inp,
+                                                 const float *mean, const float *rstd, int N, int C)
 {
-    int c = colsum_col();
+    int c = colsum_col(C), n0, n1;
+    colsum_rows(N, C, &n0, &n1);
     float sw = 0, sb = 0;
     if (c < C)
-        for (int n = colsum_group(); n < N; n += COLSUM_GROUPS) {
+        for (int n = n0 + colsum_group(); n < n1; n += COLSUM_GROUPS) {
             float d = dout[(size_t)n * C + c], x = inp[(size_t)n * C + c];
             sw += d * (x - mean[n]) * rstd[n];
             sb += d;
         }
     sw = colsum_groups(sw);
     sb = colsum_groups(sb);
-    if (colsum_group() != 0 || c >= C)
-        return;
-    if (dweight)
-        dweight[c] += sw;
-    if (dbias)
-        dbias[c] += sb;
+    colsum_put(dweight, part, C, c, sw);
+    colsum_put(dbias, part ? part + (size_t)colsum_nchunks(C) * C : NULL, C, c, sb);
 }
 
 void cuda_layernorm_forward(float *out, float *mean, float *rstd, const float *inp,
@@ -106,10 +104,13 @@ void cuda_layernorm_backward(float *dinp, float *dweight, float *dbias, const fl
         CUDA_CHECK_LAUNCH();
     }
     if (dweight || dbias) {
-        layernorm_backward_params_kernel<<<colsum_blocks(C), COLSUM_COLS * COLSUM_GROUPS, 0,
-                                           cuda_stream()>>>(dweight, dbias, dout, inp, mean, rstd,
-                                                            N, C);
+        const int R = colsum_chunks(N, C);
+        float *part = cuda_colsum_scratch(R, C, 2);
+        layernorm_backward_params_kernel<<<colsum_blocks(C) * R, COLSUM_COLS * COLSUM_GROUPS, 0,
+                                           cuda_stream()>>>(dweight, dbias, part, dout, inp, mean,
+                                                            rstd, N, C);
         CUDA_CHECK_LAUNCH();
+        cuda_colsum_finish(dweight, dbias, part, R, C);
     }
 }
 
@@ -147,17 +148,17 @@ __global__ void rmsnorm_backward_dinp_kernel(float *dinp, const float *dout, con
         dx[c] += rs * weight[c] * d[c] - x[c] * k;
 }
 
-__global__ void rmsnorm_backward_dweight_kernel(float *dweight, const float *dout, const float *inp,
-                                                const float *rstd, int N, int C)
+__global__ void rmsnorm_backward_dweight_kernel(float *dweight, float *part, const float *dout,
+                                                const float *inp, const float *rstd, int N, int C)
 {
-    int c = colsum_col();
+    int c = colsum_col(C), n0, n1;
+    colsum_rows(N, C, &n0, &n1);
     float sw = 0;
     if (c < C)
-        for (int n = colsum_group(); n < N; n += COLSUM_GROUPS)
+        for (int n = n0 + colsum_group(); n < n1; n += COLSUM_GROUPS)
             sw += dout[(size_t)n * C + c] * inp[(size_t)n * C + c] * rstd[n];
     sw = colsum_groups(sw);
-    if (colsum_group() == 0 && c < C)
-        dweight[c] += sw;
+    colsum_put(dweight, part, C, c, sw);
 }
 
 void cuda_rmsnorm_forward(float *out, float *rstd, const float *inp, const float *weight, int N,
@@ -180,9 +181,12 @@ void cuda_rmsnorm_backward(float *dinp, float *dweight, const float *dout, const
         CUDA_CHECK_LAUNCH();
     }
     if (dweight) {
-        rmsnorm_backward_dweight_kernel<<<colsum_blocks(C), COLSUM_COLS * COLSUM_GROUPS, 0,
-                                          cuda_stream()>>>(dweight, dout, inp, rstd, N, C);
+        const int R = colsum_chunks(N, C);
+        float *part = cuda_colsum_scratch(R, C, 1);
+        rmsnorm_backward_dweight_kernel<<<colsum_blocks(C) * R, COLSUM_COLS * COLSUM_GROUPS, 0,
+                                          cuda_stream()>>>(dweight, part, dout, inp, rstd, N, C);
         CUDA_CHECK_LAUNCH();
+        cuda_colsum_finish(dweight, NULL, part, R, C);
     }
 }
 

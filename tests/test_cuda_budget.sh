@@ -19,7 +19,8 @@
 #            rows) has fewer.  Exempt: the finishing stages of two-stage
 #            reductions, which loop over a fixed number of partials
 #            whatever N (FINISH below: the gradient norm's finishing
-#            block, which also makes the step's decision);
+#            block, which also makes the step's decision; the column
+#            sums' second stage, over at most 264 chunks of rows);
 #   launches at most LAUNCH_PER_LAYER * layers + LAUNCH_FIXED kernel
 #            launches (the emulation does not see cuBLAS's own kernels;
 #            its GEMMs are counted apart);
@@ -35,7 +36,7 @@ SYNCS=${TRIDENT_BUDGET_SYNCS:-1}
 LAUNCH_PER_LAYER=34
 LAUNCH_FIXED=17
 FUSED_AWAY="bias_broadcast_kernel gelu_forward_kernel gelu_backward_kernel"
-FINISH="sumsq_total_kernel grad_check_total_kernel"
+FINISH="sumsq_total_kernel grad_check_total_kernel colsum_finish_kernel"
 KNOWN_SERIAL=""
 
 small=(--set checkpoint.dir= --set model.layers=2 --set model.hidden=64 --set model.heads=4

@@ -1479,7 +1479,8 @@ int main(void)
         test_matmul(37, 75, 53, 1);
         test_matmul(256, 384, 200, 1);
         test_matmul(1, 3, 1, 1);
-        test_dbias_repeat(1000, 77);
+        test_matmul(3100, 64, 77, 1); /* dbias over 3 uneven chunks of rows (common.cuh) */
+        test_dbias_repeat(3000, 77);
     }
     /* the fused linear + GELU, bf16 only: cuBLASLt's epilogues (OC and C
      * multiples of 8), then the separate kernels (53, 75: aux leading
@@ -1506,8 +1507,9 @@ int main(void)
     free(epos);
 
     /* 300 rows: each of the 32 row groups of the parameter gradients sums
-     * several rows */
-    int shapes[][2] = {{37, 75}, {16, 1000}, {5, 3}, {3, 256}, {2, 4097}, {300, 75}};
+     * several rows; 3100: the rows in 3 uneven chunks, summed by a second
+     * kernel (common.cuh's column sums) */
+    int shapes[][2] = {{37, 75}, {16, 1000}, {5, 3}, {3, 256}, {2, 4097}, {300, 75}, {3100, 75}};
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
         test_layernorm(shapes[s][0], shapes[s][1], 1);
         test_layernorm(shapes[s][0], shapes[s][1], 0);

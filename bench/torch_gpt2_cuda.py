@@ -67,7 +67,7 @@ class GPT2(nn.Module):
         for blk in self.blocks:
             x = blk(x)
         logits = self.lnf(x) @ self.wte.weight.t()  # tied LM head
-        return F.cross_entropy(logits.float().view(-1, logits.shape[-1]), targets.view(-1))
+        return F.cross_entropy(logits.float().view(-1, logits.shape[-1]), targets.reshape(-1))
 
 
 def main():

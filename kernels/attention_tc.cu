@@ -181,6 +181,17 @@ __device__ inline void tc_row_keys(const Shape &s, int b, int r0, int (&u0)[2], 
     }
 }
 
+/* Whether each of the 64 query rows from t0 sees each of the 64 keys from
+ * k0, so that a tile needs no mask: no packed documents (AttnArgs.pos
+ * NULL: a row sees every key up to its own position), both tiles whole,
+ * and the last key no later than the first query row.  The same for the
+ * whole block: the branch never diverges. */
+__device__ inline int tc_tile_full(const Shape &s, int t0, int k0)
+{
+    return !s.pos && t0 + TC_ROWS <= s.Tq && k0 + TC_ROWS <= s.Tk &&
+           s.k_pos0 + k0 + TC_ROWS - 1 <= s.q_pos0 + t0;
+}
+
 template <int HS>
 __global__ void __launch_bounds__(TC_BLOCK)
     attention_tc_forward_kernel(float *out, float *lse, const float *qkv, const float *kv, Shape s)
@@ -206,13 +217,22 @@ __global__ void __launch_bounds__(TC_BLOCK)
         __syncthreads();
         float p[8][4], mx[2] = {-INFINITY, -INFINITY}, sum[2] = {0.0f, 0.0f}, alpha[2];
         tc_scores<HS>(p, qa, ks);
+        if (tc_tile_full(s, tile * TC_ROWS, k0)) {
 #pragma unroll
-        for (int j = 0; j < 8; j++)
-            for (int i = 0; i < 4; i++) {
-                const int u = k0 + 8 * j + 2 * c + i % 2, r = i / 2;
-                p[j][i] = u >= u0[r] && u < u1[r] ? p[j][i] * s.scale : -INFINITY;
-                mx[r] = fmaxf(mx[r], p[j][i]);
-            }
+            for (int j = 0; j < 8; j++)
+                for (int i = 0; i < 4; i++) {
+                    p[j][i] *= s.scale;
+                    mx[i / 2] = fmaxf(mx[i / 2], p[j][i]);
+                }
+        } else {
+#pragma unroll
+            for (int j = 0; j < 8; j++)
+                for (int i = 0; i < 4; i++) {
+                    const int u = k0 + 8 * j + 2 * c + i % 2, r = i / 2;
+                    p[j][i] = u >= u0[r] && u < u1[r] ? p[j][i] * s.scale : -INFINITY;
+                    mx[r] = fmaxf(mx[r], p[j][i]);
+                }
+        }
 #pragma unroll
         for (int r = 0; r < 2; r++) {
             const float mn = fmaxf(m[r], quad_max(mx[r]));
@@ -329,14 +349,21 @@ __global__ void __launch_bounds__(TC_BLOCK)
         float p[8][4], dp[8][4];
         tc_scores<HS>(p, qa, ks);
         tc_scores<HS>(dp, da, vs);
+        if (tc_tile_full(s, tile * TC_ROWS, k0)) {
 #pragma unroll
-        for (int j = 0; j < 8; j++)
-            for (int i = 0; i < 4; i++) {
-                const int u = k0 + 8 * j + 2 * c + i % 2, r = i / 2;
-                p[j][i] = u >= u0[r] && u < u1[r]
-                              ? expf(p[j][i] * s.scale - L[r]) * (dp[j][i] - D[r])
-                              : 0.0f;
-            }
+            for (int j = 0; j < 8; j++)
+                for (int i = 0; i < 4; i++)
+                    p[j][i] = expf(p[j][i] * s.scale - L[i / 2]) * (dp[j][i] - D[i / 2]);
+        } else {
+#pragma unroll
+            for (int j = 0; j < 8; j++)
+                for (int i = 0; i < 4; i++) {
+                    const int u = k0 + 8 * j + 2 * c + i % 2, r = i / 2;
+                    p[j][i] = u >= u0[r] && u < u1[r]
+                                  ? expf(p[j][i] * s.scale - L[r]) * (dp[j][i] - D[r])
+                                  : 0.0f;
+                }
+        }
         tc_accumulate<HS>(dq, p, ks);
     }
 #pragma unroll
@@ -403,11 +430,12 @@ __global__ void __launch_bounds__(TC_BLOCK)
             float p[8][4], dp[8][4];
             tc_scores<HS>(p, ka, qs);
             tc_scores<HS>(dp, va, dos);
+            const int full = tc_tile_full(s, t0, tile * TC_ROWS);
 #pragma unroll
             for (int j = 0; j < 8; j++)
                 for (int i = 0; i < 4; i++) {
                     const int col = 8 * j + 2 * c + i % 2, r = i / 2;
-                    const int ok = kvalid[r] && kp[r] <= Qp[col] && kp[r] >= First[col];
+                    const int ok = full || (kvalid[r] && kp[r] <= Qp[col] && kp[r] >= First[col]);
                     const float pr = ok ? expf(p[j][i] * s.scale - Ls[col]) : 0.0f;
                     p[j][i] = pr;
                     dp[j][i] = pr * (dp[j][i] - Ds[col]);

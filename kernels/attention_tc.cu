@@ -51,6 +51,13 @@ __device__ inline float quad_max(float v)
 
 __device__ inline float bf16r(float x) { return __bfloat162float(__float2bfloat16(x)); }
 
+/* The softmax runs in base 2: scores scaled by scale * log2(e), then
+ * exp2f (one ex2 instruction and a little handling; expf reduces its
+ * argument first), the running max in the same units; lse leaves in
+ * natural units (m ln 2 + ln l) and comes back scaled by log2(e). */
+#define TC_LOG2E 1.4426950408889634f
+#define TC_LN2 0.6931471805599453f
+
 /* Rows r0 .. r0+63 of a head (fp32, the row at head + row * ld) rounded to
  * bf16 into sh (16-byte aligned: the fragment loads read 32 bits), zeros
  * for rows outside [0, n).  The padding of 8 bf16
@@ -209,6 +216,7 @@ __global__ void __launch_bounds__(TC_BLOCK)
     tc_row_keys(s, b, r0, u0, u1);
     tc_tile_keys(u0, u1, &lo, &hi);
 
+    const float sl2 = s.scale * TC_LOG2E;
     float o[HS / 8][4] = {}, m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
     for (int k0 = lo; k0 < hi; k0 += TC_ROWS) {
         __syncthreads(); /* the previous tile is consumed */
@@ -221,7 +229,7 @@ __global__ void __launch_bounds__(TC_BLOCK)
 #pragma unroll
             for (int j = 0; j < 8; j++)
                 for (int i = 0; i < 4; i++) {
-                    p[j][i] *= s.scale;
+                    p[j][i] *= sl2;
                     mx[i / 2] = fmaxf(mx[i / 2], p[j][i]);
                 }
         } else {
@@ -229,21 +237,21 @@ __global__ void __launch_bounds__(TC_BLOCK)
             for (int j = 0; j < 8; j++)
                 for (int i = 0; i < 4; i++) {
                     const int u = k0 + 8 * j + 2 * c + i % 2, r = i / 2;
-                    p[j][i] = u >= u0[r] && u < u1[r] ? p[j][i] * s.scale : -INFINITY;
+                    p[j][i] = u >= u0[r] && u < u1[r] ? p[j][i] * sl2 : -INFINITY;
                     mx[r] = fmaxf(mx[r], p[j][i]);
                 }
         }
 #pragma unroll
         for (int r = 0; r < 2; r++) {
             const float mn = fmaxf(m[r], quad_max(mx[r]));
-            alpha[r] = mn == -INFINITY ? 1.0f : expf(m[r] - mn);
+            alpha[r] = mn == -INFINITY ? 1.0f : exp2f(m[r] - mn);
             m[r] = mn;
         }
 #pragma unroll
         for (int j = 0; j < 8; j++)
             for (int i = 0; i < 4; i++) {
                 const int r = i / 2;
-                p[j][i] = m[r] == -INFINITY ? 0.0f : expf(p[j][i] - m[r]);
+                p[j][i] = m[r] == -INFINITY ? 0.0f : exp2f(p[j][i] - m[r]);
                 sum[r] += p[j][i];
             }
         for (int r = 0; r < 2; r++)
@@ -265,7 +273,7 @@ __global__ void __launch_bounds__(TC_BLOCK)
         const float la = s.merge ? quad_sum(valid && c == 0 ? *lrow : 0.0f) : 0.0f;
         if (!valid)
             continue;
-        const float inv = lr > 0 ? 1 / lr : 0.0f, lb = lr > 0 ? m[r] + logf(lr) : -INFINITY;
+        const float inv = lr > 0 ? 1 / lr : 0.0f, lb = lr > 0 ? m[r] * TC_LN2 + logf(lr) : -INFINITY;
         float wa = 0, wb = 1, ltot = lb;
         if (s.merge) {
             const float mx = fmaxf(la, lb);
@@ -334,12 +342,13 @@ __global__ void __launch_bounds__(TC_BLOCK)
         const int t = r0 + g + 8 * r;
         const size_t i = ((size_t)b * s.H + h) * s.Tq + t;
         D[r] = t < s.Tq ? Dbuf[i] : 0.0f;
-        L[r] = t < s.Tq ? lse[i] : 0.0f;
+        L[r] = t < s.Tq ? lse[i] * TC_LOG2E : 0.0f;
     }
     int u0[2], u1[2], lo, hi;
     tc_row_keys(s, b, r0, u0, u1);
     tc_tile_keys(u0, u1, &lo, &hi);
 
+    const float sl2 = s.scale * TC_LOG2E;
     float dq[HS / 8][4] = {};
     for (int k0 = lo; k0 < hi; k0 += TC_ROWS) {
         __syncthreads();
@@ -353,14 +362,14 @@ __global__ void __launch_bounds__(TC_BLOCK)
 #pragma unroll
             for (int j = 0; j < 8; j++)
                 for (int i = 0; i < 4; i++)
-                    p[j][i] = expf(p[j][i] * s.scale - L[i / 2]) * (dp[j][i] - D[i / 2]);
+                    p[j][i] = exp2f(p[j][i] * sl2 - L[i / 2]) * (dp[j][i] - D[i / 2]);
         } else {
 #pragma unroll
             for (int j = 0; j < 8; j++)
                 for (int i = 0; i < 4; i++) {
                     const int u = k0 + 8 * j + 2 * c + i % 2, r = i / 2;
                     p[j][i] = u >= u0[r] && u < u1[r]
-                                  ? expf(p[j][i] * s.scale - L[r]) * (dp[j][i] - D[r])
+                                  ? exp2f(p[j][i] * sl2 - L[r]) * (dp[j][i] - D[r])
                                   : 0.0f;
                 }
         }
@@ -408,6 +417,7 @@ __global__ void __launch_bounds__(TC_BLOCK)
         kvalid[r] = r0 + g + 8 * r < s.Tk;
         kp[r] = s.k_pos0 + r0 + g + 8 * r;
     }
+    const float sl2 = s.scale * TC_LOG2E;
     float dk[HS / 8][4] = {}, dv[HS / 8][4] = {};
 
     const int tstart = imax(0, s.k_pos0 + tile * TC_ROWS - s.q_pos0);
@@ -422,7 +432,7 @@ __global__ void __launch_bounds__(TC_BLOCK)
                 const int t = t0 + threadIdx.x, has = t < s.Tq, qp = s.q_pos0 + t;
                 const size_t i = ((size_t)b * s.H + h) * s.Tq + t;
                 Ds[threadIdx.x] = has ? Dbuf[i] : 0.0f;
-                Ls[threadIdx.x] = has ? lse[i] : 0.0f;
+                Ls[threadIdx.x] = has ? lse[i] * TC_LOG2E : 0.0f;
                 Qp[threadIdx.x] = has ? qp : -1; /* a missing row sees no key */
                 First[threadIdx.x] = has && s.pos ? qp - s.pos[(size_t)b * s.Tq + t] : 0;
             }
@@ -436,7 +446,7 @@ __global__ void __launch_bounds__(TC_BLOCK)
                 for (int i = 0; i < 4; i++) {
                     const int col = 8 * j + 2 * c + i % 2, r = i / 2;
                     const int ok = full || (kvalid[r] && kp[r] <= Qp[col] && kp[r] >= First[col]);
-                    const float pr = ok ? expf(p[j][i] * s.scale - Ls[col]) : 0.0f;
+                    const float pr = ok ? exp2f(p[j][i] * sl2 - Ls[col]) : 0.0f;
                     p[j][i] = pr;
                     dp[j][i] = pr * (dp[j][i] - Ds[col]);
                 }

@@ -56,7 +56,7 @@ __device__ inline float bf16r(float x) { return __bfloat162float(__float2bfloat1
  * argument first), the running max in the same units; lse leaves in
  * natural units (m ln 2 + ln l) and comes back scaled by log2(e). */
 #define TC_LOG2E 1.4426950408889634f
-#define TC_LN2 0.6931471805599453f
+#define TC_LN2   0.6931471805599453f
 
 /* Rows r0 .. r0+63 of a head (fp32, the row at head + row * ld) rounded to
  * bf16 into sh (16-byte aligned: the fragment loads read 32 bits), zeros
@@ -66,29 +66,34 @@ __device__ inline float bf16r(float x) { return __bfloat162float(__float2bfloat1
  * batches of TC_BATCH before it stores any: a store to shared memory
  * between two global loads would keep the second waiting for the first
  * (one memory latency per pair; the backward kernels, at two blocks a
- * multiprocessor, had little else to hide it behind). */
+ * multiprocessor, had little else to hide it behind).  A load takes four
+ * floats: the head and the row stride are 16-byte aligned (tc_aligned). */
 enum { TC_BATCH = 8 };
+struct alignas(16) TcQuad { /* four floats in one 16-byte load */
+    float x, y, z, w;
+};
 template <int HS>
 __device__ inline void tc_stage(uint16_t (*sh)[HS + TC_PAD], const float *head, size_t ld, int r0,
                                 int n)
 {
-    constexpr int PER = TC_ROWS * HS / 2 / TC_BLOCK; /* pairs a thread */
-    static_assert(PER % TC_BATCH == 0, "a thread's pairs come in whole batches");
+    constexpr int PER = TC_ROWS * HS / 4 / TC_BLOCK; /* quads a thread */
+    static_assert(PER % TC_BATCH == 0, "a thread's quads come in whole batches");
 #pragma unroll
     for (int k0 = 0; k0 < PER; k0 += TC_BATCH) {
-        float x[TC_BATCH], y[TC_BATCH];
+        TcQuad v[TC_BATCH];
 #pragma unroll
         for (int k = 0; k < TC_BATCH; k++) {
-            const int i = threadIdx.x + (k0 + k) * TC_BLOCK, row = r0 + i / (HS / 2);
+            const int i = threadIdx.x + (k0 + k) * TC_BLOCK, row = r0 + i / (HS / 4);
             const int in = row >= 0 && row < n;
-            const float *p = in ? head + (size_t)row * ld + i % (HS / 2) * 2 : head;
-            x[k] = in ? p[0] : 0.0f;
-            y[k] = in ? p[1] : 0.0f;
+            v[k] = in ? *(const TcQuad *)(head + (size_t)row * ld + i % (HS / 4) * 4)
+                      : TcQuad{0.0f, 0.0f, 0.0f, 0.0f};
         }
 #pragma unroll
         for (int k = 0; k < TC_BATCH; k++) {
             const int i = threadIdx.x + (k0 + k) * TC_BLOCK;
-            mma_st2(&sh[i / (HS / 2)][i % (HS / 2) * 2], mma_pack(x[k], y[k]));
+            uint16_t *dst = &sh[i / (HS / 4)][i % (HS / 4) * 4];
+            mma_st2(dst, mma_pack(v[k].x, v[k].y));
+            mma_st2(dst + 2, mma_pack(v[k].z, v[k].w));
         }
     }
 }
@@ -273,7 +278,8 @@ __global__ void __launch_bounds__(TC_BLOCK)
         const float la = s.merge ? quad_sum(valid && c == 0 ? *lrow : 0.0f) : 0.0f;
         if (!valid)
             continue;
-        const float inv = lr > 0 ? 1 / lr : 0.0f, lb = lr > 0 ? m[r] * TC_LN2 + logf(lr) : -INFINITY;
+        const float inv = lr > 0 ? 1 / lr : 0.0f,
+                    lb = lr > 0 ? m[r] * TC_LN2 + logf(lr) : -INFINITY;
         float wa = 0, wb = 1, ltot = lb;
         if (s.merge) {
             const float mx = fmaxf(la, lb);
@@ -478,6 +484,14 @@ static unsigned tc_blocks(int B, int heads, int tiles)
 
 int cuda_attention_tc_serves(const AttnArgs *a) { return a->hs == 64 || a->hs == 128; }
 
+/* The 16-byte loads of tc_stage: every staged buffer starts on 16 bytes
+ * (device allocations and whole rows of them always do; a row stride is a
+ * multiple of hs floats), else the fp32 kernels serve the call. */
+static int tc_aligned(const void *a, const void *b, const void *c)
+{
+    return ((uintptr_t)a | (uintptr_t)b | (uintptr_t)c) % 16 == 0;
+}
+
 template <int HS>
 static void tc_forward(float *out, float *lse, const float *q, const float *kv, const AttnArgs *a,
                        const Shape &s)
@@ -507,7 +521,7 @@ static void tc_backward(float *dq, float *dkv, const float *dout, const float *q
 void cuda_attention_forward_bf16(float *out, float *lse, const float *q, const float *kv,
                                  const AttnArgs *a)
 {
-    if (!cuda_attention_tc_serves(a)) {
+    if (!cuda_attention_tc_serves(a) || !tc_aligned(q, kv, q)) {
         cuda_attention_forward(out, lse, q, kv, a);
         return;
     }
@@ -525,7 +539,7 @@ void cuda_attention_backward_bf16(float *dq, float *dkv, const float *dout, cons
                                   const float *kv, const float *out, const float *lse,
                                   const AttnArgs *a)
 {
-    if (!cuda_attention_tc_serves(a)) {
+    if (!cuda_attention_tc_serves(a) || !tc_aligned(q, kv, dout)) {
         cuda_attention_backward(dq, dkv, dout, q, kv, out, lse, a);
         return;
     }

@@ -11,12 +11,13 @@
 # run resumes on one rank, and both go on as the 1-rank run did; eval
 # reads a MoE checkpoint.  ep 4 at dp 4.  Tensor parallelism (each expert
 # split over tp 2): gpt2 at tp 2, with sequence parallelism, ep 2 x tp 2;
-# llama (dropping) at tp 2 with sequence parallelism; a llama of 8 experts,
-# top-2, at ep 2 x tp 2 with sequence parallelism, ep 4 with ZeRO 3 and ep 2
-# x pp 2; a gpt2 of 8 experts, top-1, at ep 2 x tp 2 with ZeRO 1.  The ep 2
-# x tp 2 checkpoint resumes on one rank, the 1-rank one at tp 2 with
-# sequence parallelism.  Tiny: bytes, hidden 32, 2 layers, seq 32, 3
-# steps, micro-batch 1 (the router's losses are per micro-batch).
+# llama (dropping) at tp 2 with sequence parallelism.  Eight experts and
+# one shared expert: a llama, top-2, at ep 2 with ZeRO 3, ep 2 x tp 2 with
+# sequence parallelism, ep 4 with ZeRO 3 and ep 2 x pp 2; a gpt2, top-1,
+# at ep 2 and ep 2 x tp 2 with ZeRO 1.  The ep 2 x tp 2 checkpoint resumes
+# on one rank, the 1-rank one at tp 2 with sequence parallelism.  Tiny:
+# bytes, hidden 32, 2 layers, seq 32, 3 steps, micro-batch 1 (the router's
+# losses are per micro-batch).
 . "$(dirname "$0")/e2e.sh"
 
 byte_data 2
@@ -85,12 +86,15 @@ RUN_CKPT=1 run gpt2_ep2_tp2 4 --set topology.dp=2 "${ep[@]}" "${tp[@]}" --set ch
 compare gpt2 gpt2_ep2_tp2
 run llama_tp2_sp 2 "${llama[@]}" "${tp[@]}" "${sp[@]}"
 compare llama llama_tp2_sp
-# Eight experts, top-2, a shared expert (Llama): ep 2 x tp 2 with sequence
-# parallelism, ep 4 with ZeRO 3, ep 2 x pp 2; and GPT-2 with 8 experts,
-# top-1: ep 2 x tp 2 with ZeRO 1.
+# Eight experts and one shared expert, the issue's layouts between them:
+# Llama, top-2: ep 2 with ZeRO 3, ep 2 x tp 2 with sequence parallelism,
+# ep 4 with ZeRO 3, ep 2 x pp 2; GPT-2, top-1: ep 2, ep 2 x tp 2 with
+# ZeRO 1.
 llama8=(--set model.arch=llama --set model.kv_heads=2 --set model.moe.experts=8
-        --set model.moe.top_k=2 --set model.moe.ffn_hidden=32)
+        --set model.moe.top_k=2 --set model.moe.ffn_hidden=32 --set model.moe.shared_experts=1)
 run llama8 1 "${llama8[@]}"
+run llama8_ep2_zero3 2 "${llama8[@]}" --set topology.dp=2 "${ep[@]}" --set topology.zero=3
+compare llama8 llama8_ep2_zero3
 run llama8_ep2_tp2_sp 4 "${llama8[@]}" --set topology.dp=2 "${ep[@]}" "${tp[@]}" "${sp[@]}"
 compare llama8 llama8_ep2_tp2_sp
 run llama8_dp4_ep4_zero3 4 "${llama8[@]}" --set topology.dp=4 --set topology.ep=4 \
@@ -98,11 +102,31 @@ run llama8_dp4_ep4_zero3 4 "${llama8[@]}" --set topology.dp=4 --set topology.ep=
 compare llama8 llama8_dp4_ep4_zero3
 run llama8_ep2_pp2 4 "${llama8[@]}" --set topology.dp=2 "${ep[@]}" --set topology.pp=2
 compare llama8 llama8_ep2_pp2
-gpt8=(--set model.moe.experts=8 --set model.moe.top_k=1 --set model.moe.ffn_hidden=32)
+gpt8=(--set model.moe.experts=8 --set model.moe.top_k=1 --set model.moe.ffn_hidden=32
+      --set model.moe.shared_experts=1)
 run gpt8 1 "${gpt8[@]}"
+run gpt8_ep2 2 "${gpt8[@]}" --set topology.dp=2 "${ep[@]}"
+compare gpt8 gpt8_ep2
 run gpt8_ep2_tp2_zero1 4 "${gpt8[@]}" --set topology.dp=2 "${ep[@]}" "${tp[@]}" \
     --set topology.zero=1
 compare gpt8 gpt8_ep2_tp2_zero1
+# The eight-expert runs are what the comment says: 8 experts, one shared,
+# top-2 (llama8) and top-1 (gpt8), as each run's written config records.
+python3 - "$out" <<'PY' || fails=$((fails + 1))
+import glob, itertools, os, sys
+out, bad = sys.argv[1], []
+runs = sorted(glob.glob(f"{out}/llama8*/config.yaml") + glob.glob(f"{out}/gpt8*/config.yaml"))
+for path in runs:
+    name = os.path.basename(os.path.dirname(path))
+    block = open(path).read().split("\n  moe:\n")[1].splitlines()
+    moe = dict(l.strip().split(": ")
+               for l in itertools.takewhile(lambda l: l.startswith("    "), block))
+    want = {"experts": "8", "shared_experts": "1", "top_k": "2" if name[0] == "l" else "1"}
+    bad += [(name, k, moe.get(k), v) for k, v in want.items() if moe.get(k) != v]
+ok = len(runs) == 8 and not bad
+print(("ok  " if ok else "FAIL") + f" {len(runs)} eight-expert runs, one shared expert each: {bad}")
+sys.exit(0 if ok else 1)
+PY
 # The all-to-alls ran: the trace of ep 2 has them (the group "ep").
 grep -q "all-to-all ep" "$out/gpt2_ep2/trace.json" 2>/dev/null \
     || { echo "FAIL: no all-to-all in gpt2_ep2's trace"; fails=$((fails + 1)); }

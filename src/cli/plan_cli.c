@@ -124,6 +124,27 @@ static void print_expert_parallel(FILE *f, const Config *cfg, const PlanResult *
             layer * r->n_micro * moe_layers / r->pp / (1024.0 * 1024.0), moe_layers, r->pp);
 }
 
+/* Tensor parallelism (docs/moe.md): the one collective MoE adds, the
+ * all-reduce of the routing weights' gradient ([N, top_k] floats) in each
+ * MoE layer's backward, on the stage that sends the most of it.  In the tp
+ * row and the TP time below. */
+static void print_expert_tensor_parallel(FILE *f, const PlanResult *r)
+{
+    int k = 0;
+    for (int i = 1; i < r->pp; i++)
+        if (r->st[i].moe_tp_bytes_mb > r->st[k].moe_tp_bytes_mb)
+            k = i;
+    const PlanStage *s = &r->st[k];
+    if (s->moe_layers == 0)
+        return;
+    const double mb = (double)s->moe_tp_bytes_mb * r->elem_act / 4; /* bytes, one micro-batch */
+    fprintf(f,
+            "expert tensor parallel: tp %d; the routing weights' gradient all-reduced over tp, "
+            "%.4g KiB per rank per MoE layer and micro-batch, %.4g KiB per rank per step over %d "
+            "MoE layer(s) of stage %d (in the tp row)\n",
+            r->tp, mb / s->moe_layers / 1024.0, mb * r->n_micro / 1024.0, s->moe_layers, k);
+}
+
 /* The experts' weights a rank holds (docs/moe.md): the stacked experts of
  * every MoE layer of its pipeline stage, each expert split over tp like
  * the dense MLP (the table of tp rank 0 over the whole model, / pp), and
@@ -187,6 +208,8 @@ static void print_layout(FILE *f, const Config *cfg, const PlanCluster *c, const
         print_expert_memory(f, cfg, r);
     if (mc->moe_experts > 0 && cfg->topology.ep > 1)
         print_expert_parallel(f, cfg, r);
+    if (mc->moe_experts > 0 && r->tp > 1)
+        print_expert_tensor_parallel(f, r);
     fprintf(f,
             "bytes per element: weights %d, gradients %d, activations %d, optimizer state 4 "
             "(%s backend, %s; %s)\n\n",
@@ -337,13 +360,14 @@ static void print_json(FILE *f, const PlanCluster *c, const PlanResult *r)
             "\"optimizer\": %.0f, \"buffers\": %.0f, \"activations\": %.0f, "
             "\"scratch\": %.0f, \"total\": %.0f, \"host_ckpt\": %.0f, \"host_optimizer\": %.0f, "
             "\"pcie_bytes_step\": %.0f, \"flops_mb\": %.17g, "
-            "\"gemm_flops_mb\": %.17g, \"tp_bytes_mb\": %llu, \"kv_bytes_mb\": %llu, "
-            "\"pp_bytes_step\": %llu, \"dp_bytes_step\": %llu, \"embed_bytes_step\": %llu}",
+            "\"gemm_flops_mb\": %.17g, \"tp_bytes_mb\": %llu, \"moe_tp_bytes_mb\": %llu, "
+            "\"kv_bytes_mb\": %llu, \"pp_bytes_step\": %llu, \"dp_bytes_step\": %llu, \"embed_bytes_step\": %llu}",
             k ? ", " : "", s->layers, s->inflight, s->params, s->grads, s->optimizer, s->buffers,
             s->activations, s->scratch, s->total, s->host_ckpt, s->host_optimizer,
             s->pcie_bytes_step, s->flops, s->gemm_flops, (unsigned long long)s->tp_bytes_mb,
-            (unsigned long long)s->kv_bytes_mb, (unsigned long long)s->pp_bytes_step,
-            (unsigned long long)s->dp_bytes_step, (unsigned long long)s->embed_bytes_step);
+            (unsigned long long)s->moe_tp_bytes_mb, (unsigned long long)s->kv_bytes_mb,
+            (unsigned long long)s->pp_bytes_step, (unsigned long long)s->dp_bytes_step,
+            (unsigned long long)s->embed_bytes_step);
     }
     fprintf(f, "]}\n");
 }

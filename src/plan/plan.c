@@ -89,8 +89,19 @@ static double comm_time(const PlanCluster *c, PlanLink l, double bytes, double c
  * same list bench/bench_tp.c checks against a real run). */
 typedef struct {
     uint64_t tp, kv;
+    uint64_t moe; /* of tp: MoE's routing-weight gradients */
     double calls;
 } TpCount;
+
+/* MoE layers held (every chunk of the shard). */
+static int shard_moe_layers(const ModelConfig *mc, const ParamShard *sh)
+{
+    int n = 0;
+    for (int c = 0; c < sh->n_chunks; c++)
+        for (int l = sh->chunk[c].begin; l < sh->chunk[c].end; l++)
+            n += config_moe_layer(mc, l);
+    return n;
+}
 
 static TpCount tp_per_microbatch(const Config *cfg, const ParamShard *sh)
 {
@@ -130,6 +141,17 @@ static TpCount tp_per_microbatch(const Config *cfg, const ParamShard *sh)
     if (sh->has_embed) { /* vocabulary-parallel lookup; GPT-2's wpe gradient is partial */
         r.tp += bound + (sp ? ring(NC, 1, p) : 0) + (gpt2 ? ring(T * C, 2, p) : 0);
         r.calls += 1 + sp + gpt2;
+    }
+    /* MoE (moe.c): the experts' outputs are partial sums over TP, so is the
+     * routing weights' gradient dot(dout, x_out); each MoE layer's backward
+     * all-reduces it, N x top_k floats (N the micro-batch's rows, whole on
+     * every rank, SP or not).  The rest of the branch crosses the dense
+     * MLP's boundaries, counted above; recompute stops before them. */
+    const int moe = shard_moe_layers(mc, sh);
+    if (moe > 0) {
+        r.moe = (uint64_t)moe * ring(N * (uint64_t)mc->moe_top_k, 2, p);
+        r.tp += r.moe;
+        r.calls += moe;
     }
     if (sh->has_head) { /* head input gathered (SP); cross-entropy max and sums */
         r.tp += (sp ? ring(NC, 1, p) : 0) + ring(N, 2, p) + ring(2 * N, 2, p);
@@ -272,6 +294,8 @@ static void stage_comm(const Config *cfg, const PlanResult *r, int rank, const P
     const TpCount tc = tp_per_microbatch(cfg, sh);
     st->tp_bytes_mb = tc.tp;
     st->kv_bytes_mb = tc.kv;
+    st->moe_tp_bytes_mb = tc.moe;
+    st->moe_layers = shard_moe_layers(&cfg->model, sh);
     if (t->pp > 1) { /* every (micro-batch, chunk) sends its output and input gradient,
                       * except out of the last model stage and into the first */
         uint64_t sends = 2 * (uint64_t)t->virtual_stages - (rank == t->pp - 1) - (rank == 0);

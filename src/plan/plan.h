@@ -48,6 +48,8 @@ typedef struct {
     double t_cp, t_cp_total;             /* the cp exchange: exposed (in t_mb), and all of it */
     /* what src/comm counts on this rank (fp32 elements, the trainer's rule) */
     uint64_t tp_bytes_mb;      /* TP communicator, one micro-batch */
+    uint64_t moe_tp_bytes_mb;  /* of which MoE's routing-weight gradient all-reduces */
+    int moe_layers;            /* MoE layers held */
     uint64_t kv_bytes_mb;      /* the kv-sharing sub-group (tp > kv_heads) */
     uint64_t pp_bytes_step;    /* pipeline sends of one step */
     uint64_t dp_bytes_step;    /* DP communicator, one step (the metrics' comm_bytes) */

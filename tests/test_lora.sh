@@ -17,6 +17,10 @@
 #     merged export's loss;
 #   - `ckpt export --format peft` read back by tests/peft_check.py (its own
 #     safetensors parser): PEFT names and shapes, merged = base + (a/r) B A;
+#     the same for a tiny GPT-2 (Conv1D: fan_in_fan_out, (B A) transposed,
+#     c_attn's [Q | K | V] rows), on all four targets and on proj and fc
+#     alone (attn.c_proj named apart from mlp.c_proj), its merged export
+#     giving `trident generate`'s tokens and logits;
 #   - the frozen base in bf16 (model.lora.base_dtype): equal to an fp32
 #     base rounded to bf16 beforehand, bit for bit; tp 2 equals one rank;
 #     the frozen base's bytes drop; its eval and merged export use the

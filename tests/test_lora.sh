@@ -31,7 +31,7 @@
 #     target against lora_ref.py drawing the documented masks itself;
 #   - bad input exits 2: an unknown target (file:line:column), up on gpt2,
 #     dropout out of [0, 1), a missing base, --format peft of a
-#     plain checkpoint.
+#     plain checkpoint and of a gpt2 with kv_heads < heads.
 . "$(dirname "$0")/e2e.sh"
 py=/usr/bin/python3
 
@@ -212,6 +212,9 @@ for x in "hf g2pm.hf" "peft g2pp"; do
         { echo "FAIL: export --format $1 of g2proj: $(tail -2 "$out/$2.log")"; fails=$((fails + 1)); }
 done
 "$py" tests/peft_check.py "$out/g2pp" "$out/g2base.hf" "$out/g2pm.hf" || fails=$((fails + 1))
+# Grouped-query attention has no GPT2LMHeadModel form: refused below.
+small=("${small[@]/model.kv_heads=4/model.kv_heads=2}")
+RUN_CKPT=1 run g2gqa 1 --set model.lora.rank=2 --set training.steps=1 --set model.lora.targets=qkv
 "$TRIDENT" generate "$out/g2lora/ckpt" --prompt "$prompt" --max-new-tokens 8 --greedy --ids \
     --dump-logits "$out/g2.logits" > "$out/g2.ids" 2> "$out/g2.log"
 ok "generate on the gpt2 LoRA checkpoint exits 0" test $? -eq 0
@@ -278,6 +281,8 @@ bad "a missing base" "model.lora.base" train configs/tiny.yaml "${small[@]}" \
     --set model.lora.base="$out/nothing"
 bad "--format peft of a plain checkpoint" "not a LoRA checkpoint" \
     ckpt export --format peft --out "$out/p2" "$out/base/ckpt"
+bad "--format peft of a gpt2 with kv_heads < heads" "no GPT2LMHeadModel equivalent" \
+    ckpt export --format peft --out "$out/pg" "$out/g2gqa/ckpt"
 
 echo "lora: $fails failed"
 [ "$fails" -eq 0 ]

@@ -6,12 +6,17 @@ against the merged and the base Hugging Face exports, with numpy only.
 
 adapter_model.safetensors is parsed here (an 8-byte header length, a JSON
 header, raw little-endian tensors), not by trident's or the test helpers'
-reader.  Checks: adapter_config.json says LORA, r, lora_alpha and the
-target modules; every tensor is named base_model.model.model.layers.N.
-<module>.lora_A.weight / lora_B.weight with A [r, in] and B [out, r] of the
-module's Llama shapes; for every adapted module the merged export's weight
-is the base's + (lora_alpha / r) B A (relative 1e-6), and every other
-tensor of the merged export equals the base's.
+reader.  Checks: adapter_config.json says LORA, r, lora_alpha, and
+fan_in_fan_out exactly for a GPT-2 base (its Conv1D weights are [in, out]);
+its target_modules, matched as peft matches them (a module whose full name
+is an entry or ends in "." + an entry), select exactly the adapted
+modules among the base's 2-D weights; every tensor is named
+base_model.model.<module>.lora_A.weight / lora_B.weight of a module of the
+base, with A [r, in] and B [out, r] of that module's weight (Llama's
+nn.Linear [out, in], GPT-2's Conv1D [in, out]); for every adapted module
+the merged export's weight is the base's + (lora_alpha / r) B A,
+transposed for Conv1D (relative 1e-6), and every other tensor of the
+merged export equals the base's.
 """
 import json
 import re
@@ -55,46 +60,50 @@ def main():
     ad = read(f"{peft}/adapter_model.safetensors")
     base = read(f"{base_dir}/model.safetensors")
     merged = read(f"{merged_dir}/model.safetensors")
-    cfg = json.load(open(f"{base_dir}/config.json"))
-    C, H, K, F = (cfg["hidden_size"], cfg["num_attention_heads"], cfg["num_key_value_heads"],
-                  cfg["intermediate_size"])
-    hs = C // H
-    shapes = {"self_attn.q_proj": (H * hs, C), "self_attn.k_proj": (K * hs, C),
-              "self_attn.v_proj": (K * hs, C), "self_attn.o_proj": (C, H * hs),
-              "mlp.gate_proj": (F, C), "mlp.up_proj": (F, C), "mlp.down_proj": (C, F)}
-    pat = re.compile(r"base_model\.model\.(model\.layers\.(\d+)\.([a-z_]+\.[a-z_]+))\.lora_([AB])\.weight")
+    conv1d = json.load(open(f"{base_dir}/config.json"))["model_type"] == "gpt2"
+    if conf.get("fan_in_fan_out") is not conv1d:
+        fail(f"adapter_config.json: fan_in_fan_out {conf.get('fan_in_fan_out')} for a "
+             f"{'GPT-2 (Conv1D)' if conv1d else 'Llama (nn.Linear)'} base")
+    pat = re.compile(r"base_model\.model\.(.+)\.lora_([AB])\.weight")
     modules = {}
     for name, t in ad.items():
         m = pat.fullmatch(name)
-        if not m or m.group(3) not in shapes:
-            fail(f"unexpected tensor name {name}")
-        out, inp = shapes[m.group(3)]
-        want = (r, inp) if m.group(4) == "A" else (out, r)
+        w = base.get(m.group(1) + ".weight") if m else None
+        if w is None or w.ndim != 2:
+            fail(f"unexpected tensor name {name}: not an adapter of a linear layer of the base")
+        out, inp = w.shape[::-1] if conv1d else w.shape
+        want = (r, inp) if m.group(2) == "A" else (out, r)
         if t.shape != want:
             fail(f"{name}: shape {t.shape}, expected {want}")
-        modules.setdefault(m.group(1), {})[m.group(4)] = t
-    mods = sorted({k.split(".", 3)[3] for k in modules})
-    if sorted(conf["target_modules"]) != sorted(m.split(".")[1] for m in mods):
-        fail(f"target_modules {conf['target_modules']}, tensors adapt {mods}")
+        modules.setdefault(m.group(1), {})[m.group(2)] = t
+    targets = conf["target_modules"]
+    linear = [n[:-len(".weight")] for n, w in base.items() if n.endswith(".weight") and w.ndim == 2]
+    chosen = {k for k in linear if k in targets or any(k.endswith("." + t) for t in targets)}
+    if chosen != set(modules):
+        fail(f"target_modules {targets} select {sorted(chosen - set(modules))[:4]} without "
+             f"adapters and leave {sorted(set(modules) - chosen)[:4]} out")
     s = alpha / r
     for k, ab in modules.items():
         if set(ab) != {"A", "B"}:
             fail(f"{k}: lora_A and lora_B expected, got {sorted(ab)}")
         w = k + ".weight"
-        want = base[w] + s * ab["B"] @ ab["A"]
+        delta = s * ab["B"] @ ab["A"]
+        want = base[w] + (delta.T if conv1d else delta)
         err = np.abs(merged[w] - want).max() / max(np.abs(want).max(), 1e-30)
         if err > 1e-6:
             fail(f"{w}: merged export differs from base + (alpha/r) B A by {err:.3g} relative")
         if not np.any(ab["B"]):
             fail(f"{k}: lora_B is all zero (the adapters were not trained)")
-    untouched = [n for n in base if n[:-len(".weight")] not in modules]
+    untouched = [n for n in base if n not in {k + ".weight" for k in modules}]
     for n in untouched:
         if not np.array_equal(base[n], merged[n]):
             fail(f"{n}: not adapted, yet the merged export differs from the base")
     if set(base) != set(merged):
         fail("the merged and the base exports hold different tensors")
-    print(f"ok   PEFT adapters: {len(ad)} tensors of {len(modules)} modules (r {r}, alpha {alpha}), "
-          f"merged = base + (alpha/r) B A for each; {len(untouched)} other tensors equal the base's")
+    print(f"ok   PEFT adapters ({'GPT-2, Conv1D' if conv1d else 'Llama'}): {len(ad)} tensors of "
+          f"{len(modules)} modules (r {r}, alpha {alpha}, targets {sorted(targets)}), merged = base "
+          f"+ (alpha/r) B A{'^T' if conv1d else ''} for each; {len(untouched)} other tensors equal "
+          f"the base's")
 
 
 if __name__ == "__main__":

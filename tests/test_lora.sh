@@ -17,6 +17,10 @@
 #     merged export's loss;
 #   - `ckpt export --format peft` read back by tests/peft_check.py (its own
 #     safetensors parser): PEFT names and shapes, merged = base + (a/r) B A;
+#     the same for a tiny GPT-2 (Conv1D: fan_in_fan_out, (B A) transposed,
+#     c_attn's [Q | K | V] rows), on all four targets and on proj and fc
+#     alone (attn.c_proj named apart from mlp.c_proj), its merged export
+#     giving `trident generate`'s tokens and logits;
 #   - the frozen base in bf16 (model.lora.base_dtype): equal to an fp32
 #     base rounded to bf16 beforehand, bit for bit; tp 2 equals one rank;
 #     the frozen base's bytes drop; its eval and merged export use the
@@ -27,7 +31,7 @@
 #     target against lora_ref.py drawing the documented masks itself;
 #   - bad input exits 2: an unknown target (file:line:column), up on gpt2,
 #     dropout out of [0, 1), a missing base, --format peft of a
-#     plain checkpoint.
+#     plain checkpoint and of a gpt2 with kv_heads < heads.
 . "$(dirname "$0")/e2e.sh"
 py=/usr/bin/python3
 
@@ -181,6 +185,43 @@ print(f"{'ok  ' if good else 'FAIL'} validation of a dropout run {b} = eval of i
 sys.exit(0 if good else 1)
 PY
 
+# GPT-2: adapters on its four Conv1D layers (c_attn, attn.c_proj, c_fc,
+# mlp.c_proj), then on attn.c_proj and c_fc alone, exported as PEFT with
+# fan_in_fan_out and B's c_attn rows in [Q | K | V] order; peft_check.py merges them Conv1D's way and compares
+# with the merged export, which tests/generate_check.py ties to `trident
+# generate` on the LoRA checkpoint.
+small_llama=("${small[@]}")
+small=("${small[@]/model.arch=llama/model.arch=gpt2}")
+small=("${small[@]/model.kv_heads=2/model.kv_heads=4}")
+RUN_CKPT=1 run g2base 1 --set training.steps=2
+RUN_CKPT=1 run g2lora 1 --set model.lora.rank=4 --set model.lora.alpha=8 --set training.steps=3 \
+    --set model.lora.targets=qkv,proj,fc,fcproj --set model.lora.base="$out/g2base/ckpt"
+for x in "hf g2base.hf g2base/ckpt" "hf g2merged.hf g2lora/ckpt" "peft g2peft g2lora/ckpt"; do
+    set -- $x
+    "$TRIDENT" ckpt export --format "$1" --out "$out/$2" "$out/$3" > "$out/$2.log" 2>&1 ||
+        { echo "FAIL: export --format $1 of $3: $(tail -2 "$out/$2.log")"; fails=$((fails + 1)); }
+done
+"$py" tests/peft_check.py "$out/g2peft" "$out/g2base.hf" "$out/g2merged.hf" || fails=$((fails + 1))
+# The attention's c_proj without the MLP's: target_modules must name it by
+# its parent (a bare "c_proj" would adapt mlp.c_proj too).
+RUN_CKPT=1 run g2proj 1 --set model.lora.rank=2 --set model.lora.alpha=2 --set training.steps=3 \
+    --set model.lora.targets=proj,fc --set model.lora.base="$out/g2base/ckpt"
+for x in "hf g2pm.hf" "peft g2pp"; do
+    set -- $x
+    "$TRIDENT" ckpt export --format "$1" --out "$out/$2" "$out/g2proj/ckpt" > "$out/$2.log" 2>&1 ||
+        { echo "FAIL: export --format $1 of g2proj: $(tail -2 "$out/$2.log")"; fails=$((fails + 1)); }
+done
+"$py" tests/peft_check.py "$out/g2pp" "$out/g2base.hf" "$out/g2pm.hf" || fails=$((fails + 1))
+# Grouped-query attention has no GPT2LMHeadModel form: refused below.
+small=("${small[@]/model.kv_heads=4/model.kv_heads=2}")
+RUN_CKPT=1 run g2gqa 1 --set model.lora.rank=2 --set training.steps=1 --set model.lora.targets=qkv
+"$TRIDENT" generate "$out/g2lora/ckpt" --prompt "$prompt" --max-new-tokens 8 --greedy --ids \
+    --dump-logits "$out/g2.logits" > "$out/g2.ids" 2> "$out/g2.log"
+ok "generate on the gpt2 LoRA checkpoint exits 0" test $? -eq 0
+"$py" tests/generate_check.py "$out/g2merged.hf" "$(cat "$out/g2.ids")" "$out/g2.logits" ||
+    fails=$((fails + 1))
+small=("${small_llama[@]}")
+
 # Gradients and steps against an independent numpy reference
 # (tests/lora_ref.py: HF Llama in float64, finite differences, AdamW): a
 # byte-level model trained on one 16-token sequence, adapters on qkv
@@ -240,6 +281,8 @@ bad "a missing base" "model.lora.base" train configs/tiny.yaml "${small[@]}" \
     --set model.lora.base="$out/nothing"
 bad "--format peft of a plain checkpoint" "not a LoRA checkpoint" \
     ckpt export --format peft --out "$out/p2" "$out/base/ckpt"
+bad "--format peft of a gpt2 with kv_heads < heads" "no GPT2LMHeadModel equivalent" \
+    ckpt export --format peft --out "$out/pg" "$out/g2gqa/ckpt"
 
 echo "lora: $fails failed"
 [ "$fails" -eq 0 ]

@@ -1,12 +1,21 @@
 /* ckpt_peft.c — a LoRA run's adapters as a PEFT adapter directory
  * (adapter_config.json + adapter_model.safetensors), the layout the `peft`
- * library loads onto a Llama model: each adapted linear layer gets
- * base_model.model.model.layers.N.<module>.lora_A.weight [r, in] and
- * .lora_B.weight [out, r] in fp32.  trident's fused qkv adapter (one A,
- * B over the fused rows) becomes q_proj, k_proj and v_proj adapters that
- * share A, each B the rows of its part in Hugging Face's order (the RoPE
- * rows reordered as the merged export reorders the weight,
- * ckpt_hf_qkv_src_row), so B_part A is exactly the fused update's part. */
+ * library loads onto a Llama or a GPT-2 model: each adapted linear layer
+ * gets base_model.model.<module>.lora_A.weight [r, in] and .lora_B.weight
+ * [out, r] in fp32.
+ *
+ * Llama: trident's fused qkv adapter (one A, B over the fused rows)
+ * becomes q_proj, k_proj and v_proj adapters that share A, each B the rows
+ * of its part in Hugging Face's order (the RoPE rows reordered as the
+ * merged export reorders the weight, ckpt_hf_qkv_src_row), so B_part A is
+ * exactly the fused update's part.
+ *
+ * GPT-2: Hugging Face's layers are Conv1D, weight [in, out] (nn.Linear's
+ * transposed).  peft still stores A [r, in] and B [out, r] for them and,
+ * told fan_in_fan_out, merges (B A) transposed; its unmerged forward is
+ * x A^T B^T either way.  So the adapters are trident's as they are, except
+ * that c_attn's B takes its rows in c_attn's [Q | K | V] column order, as
+ * the merged export orders the fused weight (QKV_ALL). */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -46,26 +55,35 @@ static PeftTensor *peft_add(PeftSet *s, int64_t rows, int64_t cols, const char *
     return t;
 }
 
-/* The Hugging Face module of a trident base name, or NULL. */
-static const char *hf_module(const char *base)
+/* The Hugging Face module of a trident base name (not the fused qkv), or
+ * NULL. */
+static const char *hf_module(const char *base, ModelArch arch)
 {
-    static const char *const map[][2] = {{"attn.proj", "self_attn.o_proj"},
-                                         {"mlp.gate", "mlp.gate_proj"},
-                                         {"mlp.up", "mlp.up_proj"},
-                                         {"mlp.down", "mlp.down_proj"}};
-    for (size_t i = 0; i < sizeof map / sizeof map[0]; i++)
+    static const char *const llama[][2] = {{"attn.proj", "self_attn.o_proj"},
+                                           {"mlp.gate", "mlp.gate_proj"},
+                                           {"mlp.up", "mlp.up_proj"},
+                                           {"mlp.down", "mlp.down_proj"}};
+    static const char *const gpt2[][2] = {{"attn.proj", "attn.c_proj"},
+                                          {"mlp.fc", "mlp.c_fc"},
+                                          {"mlp.proj", "mlp.c_proj"},
+                                          {NULL, NULL}};
+    const char *const(*map)[2] = arch == ARCH_GPT2 ? gpt2 : llama;
+    for (size_t i = 0; i < 4 && map[i][0]; i++)
         if (!strcmp(base, map[i][0]))
             return map[i][1];
     return NULL;
 }
 
-#define PEFT_NAME "base_model.model.model.layers.%d.%s.lora_%c.weight"
+#define PEFT_LLAMA "base_model.model.model.layers.%d.%s.lora_%c.weight"
+#define PEFT_GPT2  "base_model.model.transformer.h.%d.%s.lora_%c.weight"
 
 /* Every adapter of t (one rank, the whole model) into s, in HF's names. */
 static int peft_collect(PeftSet *s, const ParamTable *t, const float *data, const ModelConfig *m,
                         char err[CFG_ERR])
 {
     const int64_t hs = m->hidden / m->heads, r = m->lora.rank;
+    const int gpt2 = m->arch == ARCH_GPT2;
+    const char *const fmt = gpt2 ? PEFT_GPT2 : PEFT_LLAMA;
     for (int i = 0; i < t->n; i++) {
         const ParamSpec *p = &t->p[i];
         int layer, len = 0;
@@ -83,25 +101,35 @@ static int peft_collect(PeftSet *s, const ParamTable *t, const float *data, cons
         *dot = '\0';
         const float *x = data + p->offset;
         if (strcmp(base, "attn.qkv")) {
-            const char *mod = hf_module(base);
+            const char *mod = hf_module(base, m->arch);
             if (!mod) {
                 ckpt_err(err, "peft export: no Hugging Face module for '%s'", p->name);
                 return TRD_EXIT_INPUT;
             }
-            PeftTensor *o = peft_add(s, p->shape[0], p->shape[1], PEFT_NAME, layer, mod, ab);
+            PeftTensor *o = peft_add(s, p->shape[0], p->shape[1], fmt, layer, mod, ab);
             memcpy(o->data, x, p->numel * sizeof(float));
+            continue;
+        }
+        if (gpt2) { /* c_attn: B's rows in [Q | K | V] order, A as it is */
+            PeftTensor *o = peft_add(s, p->shape[0], p->shape[1], fmt, layer, "attn.c_attn", ab);
+            for (int64_t j = 0; j < p->shape[0]; j++) {
+                const int64_t src =
+                    ab == 'A' ? j : ckpt_hf_qkv_src_row(m->heads, m->kv_heads, hs, QKV_ALL, j);
+                memcpy(o->data + j * p->shape[1], x + src * p->shape[1],
+                       (size_t)p->shape[1] * sizeof(float));
+            }
             continue;
         }
         static const char *const qkv[3] = {"self_attn.q_proj", "self_attn.k_proj",
                                            "self_attn.v_proj"};
         for (int part = QKV_Q; part <= QKV_V; part++) {
             if (ab == 'A') { /* shared by the three */
-                PeftTensor *o = peft_add(s, r, m->hidden, PEFT_NAME, layer, qkv[part], ab);
+                PeftTensor *o = peft_add(s, r, m->hidden, fmt, layer, qkv[part], ab);
                 memcpy(o->data, x, p->numel * sizeof(float));
                 continue;
             }
             const int64_t rows = (part == QKV_Q ? m->heads : m->kv_heads) * hs;
-            PeftTensor *o = peft_add(s, rows, r, PEFT_NAME, layer, qkv[part], ab);
+            PeftTensor *o = peft_add(s, rows, r, fmt, layer, qkv[part], ab);
             for (int64_t j = 0; j < rows; j++) {
                 const int64_t src = ckpt_hf_qkv_src_row(m->heads, m->kv_heads, hs, part, j);
                 memcpy(o->data + j * r, x + src * r, (size_t)r * sizeof(float));
@@ -164,24 +192,33 @@ static int peft_write_config(const ModelConfig *m, const char *path, char err[CF
     cJSON_AddNumberToObject(c, "lora_alpha", m->lora.alpha);
     cJSON_AddNumberToObject(c, "lora_dropout", m->lora.dropout);
     cJSON_AddStringToObject(c, "bias", "none");
-    cJSON_AddBoolToObject(c, "fan_in_fan_out", 0);
+    /* GPT-2's Conv1D weights are [in, out]: peft merges (B A) transposed. */
+    cJSON_AddBoolToObject(c, "fan_in_fan_out", m->arch == ARCH_GPT2);
     cJSON_AddBoolToObject(c, "inference_mode", 1);
     cJSON_AddBoolToObject(c, "use_rslora", 0);
     cJSON_AddBoolToObject(c, "init_lora_weights", 1);
     cJSON *mods = cJSON_AddArrayToObject(c, "target_modules");
     char bad[64];
     const int mask = config_lora_mask(m->lora.targets, m->arch, bad, sizeof bad);
+    /* peft adapts a module whose full name is an entry or ends in "." and
+     * an entry: GPT-2's two c_proj (attention and MLP output) are told
+     * apart by their parent. */
     static const struct {
         int bit;
-        const char *names[3];
-    } T[] = {{LORA_QKV, {"q_proj", "k_proj", "v_proj"}},
-             {LORA_PROJ, {"o_proj"}},
-             {LORA_FC, {"gate_proj"}},
-             {LORA_UP, {"up_proj"}},
-             {LORA_FCPROJ, {"down_proj"}}};
-    for (size_t i = 0; i < sizeof T / sizeof T[0]; i++)
-        for (int k = 0; k < 3 && (mask & T[i].bit) && T[i].names[k]; k++)
-            cJSON_AddItemToArray(mods, cJSON_CreateString(T[i].names[k]));
+        const char *llama[3], *gpt2;
+    } T[] = {{LORA_QKV, {"q_proj", "k_proj", "v_proj"}, "c_attn"},
+             {LORA_PROJ, {"o_proj"}, "attn.c_proj"},
+             {LORA_FC, {"gate_proj"}, "c_fc"},
+             {LORA_UP, {"up_proj"}, NULL},
+             {LORA_FCPROJ, {"down_proj"}, "mlp.c_proj"}};
+    for (size_t i = 0; i < sizeof T / sizeof T[0]; i++) {
+        if (!(mask & T[i].bit))
+            continue;
+        if (m->arch == ARCH_GPT2 && T[i].gpt2)
+            cJSON_AddItemToArray(mods, cJSON_CreateString(T[i].gpt2));
+        for (int k = 0; k < 3 && m->arch != ARCH_GPT2 && T[i].llama[k]; k++)
+            cJSON_AddItemToArray(mods, cJSON_CreateString(T[i].llama[k]));
+    }
     char *json = cJSON_Print(c);
     cJSON_Delete(c);
     FILE *f = fopen(path, "w");
@@ -197,11 +234,11 @@ static int peft_write_config(const ModelConfig *m, const char *path, char err[CF
 int ckpt_peft_export(const char *out_dir, const ParamTable *t, const float *data,
                      const ModelConfig *m, char err[CFG_ERR])
 {
-    if (m->arch != ARCH_LLAMA) {
+    if (m->arch == ARCH_GPT2 && m->kv_heads != m->heads) {
         ckpt_err(err,
-                 "peft export: arch %s: the PEFT layout is written for llama models "
-                 "(use --format hf for the merged model)",
-                 config_arch_name(m->arch));
+                 "peft export: a gpt2 model with kv_heads %d < heads %d (grouped-query "
+                 "attention) has no GPT2LMHeadModel equivalent; use arch llama",
+                 m->kv_heads, m->heads);
         return TRD_EXIT_INPUT;
     }
     if (mkdir(out_dir, 0777) != 0 && errno != EEXIST) {

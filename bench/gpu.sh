@@ -16,11 +16,13 @@
 #   bench/gpu.sh --bundle .gpu --all    on a GPU machine without trident's dependencies:
 #                                       the binaries, libraries and corpus that
 #                                       bench/gpu_bundle.sh built elsewhere, and all of
-#                                       --torch --profile --hf --decode --tests, with
+#                                       --torch --profile --hf --decode --tests --peft, with
 #                                       llm.c when the bundle has it
 #   --hf      a tiny GPT-2 and Llama trained on the GPU, exported, read by
 #             transformers (bench/hf_transformers_check.py) against trident generate
 #   --decode  bench_decode --backend cuda (batch-1 generation against the bandwidth limit)
+#   --peft    bench/peft_gpu.sh: LoRA adapters trained here, exported, and put on the
+#             base export by the peft library, against trident generate
 #   --tests   tests/test_cuda_train.sh and tests/test_cuda_cp_train.sh on this GPU,
 #             each cut off after --tests-timeout seconds (default 150)
 #   --variants "A B"  other trident builds in the same run (the bundle's bin/trident-A,
@@ -37,7 +39,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 model=124m batch=8 seq=1024 steps=30 llmc="" trident=build-cuda/trident config="" bundle=""
-torch=0 profile=0 hf=0 decode=0 tests=0 tests_timeout=150 variants=""
+torch=0 profile=0 hf=0 decode=0 tests=0 tests_timeout=150 variants="" peft=0
 while [ $# -gt 0 ]; do
     case $1 in
     --model) model=$2; shift 2 ;;
@@ -53,9 +55,10 @@ while [ $# -gt 0 ]; do
     --hf) hf=1; shift ;;
     --decode) decode=1; shift ;;
     --tests) tests=1; shift ;;
+    --peft) peft=1; shift ;;
     --tests-timeout) tests_timeout=$2; shift 2 ;;
     --variants) variants=$2; shift 2 ;;
-    --all) torch=1 profile=1 hf=1 decode=1 tests=1; shift ;;
+    --all) torch=1 profile=1 hf=1 decode=1 tests=1 peft=1; shift ;;
     *) echo "bench/gpu.sh: unknown argument $1 (see the top of this file)" >&2; exit 2 ;;
     esac
 done
@@ -192,6 +195,11 @@ if [ "$profile" = 1 ]; then
     # more than the run above, so its own tokens/s is not the figure.
     TRIDENT_PROFILE=1 train profile --set training.steps=12 || true
     [ -f "$out/profile/profile.tsv" ] && cp "$out/profile/profile.tsv" "$out/profile.tsv"
+fi
+
+if [ "$peft" = 1 ]; then
+    TRIDENT=$trident timeout 120 bash bench/peft_gpu.sh "$out/peft" > "$out/peft.log" 2>&1 || true
+    grep -E "^(ok|FAIL)|skipped|failed" "$out/peft.log" | tee -a "$summary" || say "peft: $(tail -2 "$out/peft.log")"
 fi
 
 for v in $variants; do

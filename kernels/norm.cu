@@ -6,7 +6,7 @@
  * common.cuh), in a fixed order. */
 #include "ops.cuh"
 
-enum { NORM_THREADS = 256, NORM_ROWS = 8 /* rows (warps) a block of the backward */ };
+enum { NORM_THREADS = 256 };
 
 /* --------------------------------------------------------------- layernorm */
 
@@ -41,31 +41,23 @@ __global__ void layernorm_forward_kernel(float *out, float *mean, float *rstd, c
     layernorm_row(out + (size_t)n * C, mean, rstd, x, s, weight, bias, C, eps, n);
 }
 
-/* dx += rstd * (g - mean(g) - xh * mean(g*xh)), g = dout*w, xh = (x-mu)*rstd:
- * a warp a row, NORM_ROWS rows a block (a block a row spent four block
- * barriers on 768 channels), the row read twice (the second time from
- * the cache). */
+/* dx += rstd * (g - mean(g) - xh * mean(g*xh)), g = dout*w, xh = (x-mu)*rstd */
 __global__ void layernorm_backward_dinp_kernel(float *dinp, const float *dout, const float *inp,
                                                const float *weight, const float *mean,
-                                               const float *rstd, int N, int C)
+                                               const float *rstd, int C)
 {
-    const int n = blockIdx.x * NORM_ROWS + threadIdx.x / 32, lane = threadIdx.x % 32;
-    const int valid = n < N;
-    const float *x = inp + (size_t)(valid ? n : 0) * C, *d = dout + (size_t)(valid ? n : 0) * C;
-    const float mu = valid ? mean[n] : 0.0f, rs = valid ? rstd[n] : 0.0f;
-    float sg = 0, sgx = 0;
-    if (valid)
-        for (int c = lane; c < C; c += 32) {
-            float g = d[c] * weight[c];
-            sg += g;
-            sgx += g * (x[c] - mu) * rs;
-        }
-    sg = warp_sum(sg) / C; /* every warp (the emulation's shuffle is a barrier) */
-    sgx = warp_sum(sgx) / C;
-    if (!valid)
-        return;
+    int n = blockIdx.x;
+    const float *x = inp + (size_t)n * C, *d = dout + (size_t)n * C;
     float *dx = dinp + (size_t)n * C;
-    for (int c = lane; c < C; c += 32)
+    float mu = mean[n], rs = rstd[n], sg = 0, sgx = 0;
+    for (int c = threadIdx.x; c < C; c += blockDim.x) {
+        float g = d[c] * weight[c];
+        sg += g;
+        sgx += g * (x[c] - mu) * rs;
+    }
+    sg = block_sum(sg) / C;
+    sgx = block_sum(sgx) / C;
+    for (int c = threadIdx.x; c < C; c += blockDim.x)
         dx[c] += rs * (d[c] * weight[c] - sg - (x[c] - mu) * rs * sgx);
 }
 
@@ -107,9 +99,8 @@ void cuda_layernorm_backward(float *dinp, float *dweight, float *dbias, const fl
     if (N <= 0 || C <= 0)
         return;
     if (dinp) {
-        layernorm_backward_dinp_kernel<<<(N + NORM_ROWS - 1) / NORM_ROWS, 32 * NORM_ROWS, 0,
-                                         cuda_stream()>>>(dinp, dout, inp, weight, mean, rstd, N,
-                                                          C);
+        layernorm_backward_dinp_kernel<<<N, NORM_THREADS, 0, cuda_stream()>>>(
+            dinp, dout, inp, weight, mean, rstd, C);
         CUDA_CHECK_LAUNCH();
     }
     if (dweight || dbias) {
@@ -144,21 +135,16 @@ __global__ void rmsnorm_forward_kernel(float *out, float *rstd, const float *inp
 /* y = x*r*w, r = (mean(x^2)+eps)^(-1/2):
  * dx += r*w*dout - x * r^3/C * sum(dout*w*x) */
 __global__ void rmsnorm_backward_dinp_kernel(float *dinp, const float *dout, const float *inp,
-                                             const float *weight, const float *rstd, int N, int C)
+                                             const float *weight, const float *rstd, int C)
 {
-    const int n = blockIdx.x * NORM_ROWS + threadIdx.x / 32, lane = threadIdx.x % 32;
-    const int valid = n < N;
-    const float *x = inp + (size_t)(valid ? n : 0) * C, *d = dout + (size_t)(valid ? n : 0) * C;
-    const float rs = valid ? rstd[n] : 0.0f;
-    float s = 0;
-    if (valid)
-        for (int c = lane; c < C; c += 32)
-            s += d[c] * weight[c] * x[c];
-    const float k = warp_sum(s) * rs * rs * rs / C; /* every warp, as layernorm's */
-    if (!valid)
-        return;
+    int n = blockIdx.x;
+    const float *x = inp + (size_t)n * C, *d = dout + (size_t)n * C;
     float *dx = dinp + (size_t)n * C;
-    for (int c = lane; c < C; c += 32)
+    float rs = rstd[n], s = 0;
+    for (int c = threadIdx.x; c < C; c += blockDim.x)
+        s += d[c] * weight[c] * x[c];
+    float k = block_sum(s) * rs * rs * rs / C;
+    for (int c = threadIdx.x; c < C; c += blockDim.x)
         dx[c] += rs * weight[c] * d[c] - x[c] * k;
 }
 
@@ -190,8 +176,8 @@ void cuda_rmsnorm_backward(float *dinp, float *dweight, const float *dout, const
     if (N <= 0 || C <= 0)
         return;
     if (dinp) {
-        rmsnorm_backward_dinp_kernel<<<(N + NORM_ROWS - 1) / NORM_ROWS, 32 * NORM_ROWS, 0,
-                                       cuda_stream()>>>(dinp, dout, inp, weight, rstd, N, C);
+        rmsnorm_backward_dinp_kernel<<<N, NORM_THREADS, 0, cuda_stream()>>>(dinp, dout, inp, weight,
+                                                                            rstd, C);
         CUDA_CHECK_LAUNCH();
     }
     if (dweight) {

@@ -25,23 +25,10 @@ try:
 except ModuleNotFoundError as e:
     print(f"{e.name} not installed: skipped")
     sys.exit(0)
-import numpy as np
+import os
 
-
-def compare(what, logits, prompt, gen, dumped, rtol):
-    """(ok, line): trident's tokens and logits against one [T, vocab] run."""
-    worst, ties = 0.0, 0
-    for i, tok in enumerate(gen):
-        row = logits[len(prompt) - 1 + i]
-        worst = max(worst, float(np.abs(dumped[i] - row).max() / np.abs(row).max()))
-        best = int(np.argmax(row))
-        if tok != best:
-            if row[best] - row[tok] > 1e-5 * max(abs(row[best]), 1.0):
-                return False, f"FAIL {what}: token {i}: trident {tok}, peft {best}"
-            ties += 1
-    ok = worst <= rtol
-    return ok, (f"{'ok  ' if ok else 'FAIL'} {what}: {len(gen)} greedy tokens of trident equal its "
-                f"argmax ({ties} near-ties), logits within {worst:.2e} relative (tolerance {rtol:g})")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from hf_transformers_check import compare, read_generate  # noqa: E402
 
 
 def main():
@@ -52,17 +39,11 @@ def main():
     ap.add_argument("logits", help="generate --dump-logits output: float32 [new tokens][vocab]")
     ap.add_argument("--rtol", type=float, default=1e-4)
     a = ap.parse_args()
-    prompt, gen = open(a.ids).read().split("|")
-    prompt = [int(t) for t in prompt.split()]
-    gen = [int(t) for t in gen.split()]
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     torch.backends.cuda.matmul.allow_tf32 = False
     base = transformers.AutoModelForCausalLM.from_pretrained(a.base_dir, dtype=torch.float32)
     model = peft.PeftModel.from_pretrained(base, a.peft_dir).to(dev).eval()
-    V = base.config.vocab_size
-    dumped = np.fromfile(a.logits, dtype=np.float32).reshape(-1, V)
-    if len(dumped) != len(gen):
-        sys.exit(f"peft_check_gpu: FAIL: {len(dumped)} rows of logits for {len(gen)} tokens")
+    prompt, gen, dumped = read_generate(a.ids, a.logits, base.config.vocab_size)
     ids = torch.tensor([prompt + gen], device=dev)
     name = f"peft {peft.__version__} on {type(base).__name__} ({dev})"
     good = True
@@ -71,7 +52,7 @@ def main():
             if what == "merge_and_unload":
                 model = model.merge_and_unload()
             logits = model(ids).logits[0].double().cpu().numpy()
-            ok, line = compare(f"{name}, {what}", logits, prompt, gen, dumped, a.rtol)
+            ok, line = compare(f"{name}, {what}", logits, prompt, gen, dumped, a.rtol, "peft")
             print(line)
             good = good and ok
     sys.exit(0 if good else 1)

@@ -66,7 +66,9 @@ for _ in $(seq 1 100); do
     sleep 0.2
 done
 victim=""
-for p in $(pgrep -f "trident train configs/tiny.yaml"); do
+# (this job's ranks only: their command line names its run.dir, so a
+# trident of another test running beside this one is never the victim)
+for p in $(pgrep -f -- "run.dir=$out/kill"); do
     tr '\0' '\n' < "/proc/$p/environ" 2>/dev/null | grep -qx 'PMI_RANK=1' && victim=$p
 done
 start=$SECONDS

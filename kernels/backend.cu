@@ -286,17 +286,20 @@ static void backend_cuda_to_device_async(void *dev, const void *host, size_t byt
 }
 
 /* to_host_async's stream and the event that orders it after the compute
- * stream's work (made on first use). */
+ * stream's work (made on first use: copy_made, not a null test, since the
+ * emulation's streams are all null and its waits must still be counted). */
 static cudaStream_t copy_stream;
 static cudaEvent_t copy_after;
+static int copy_made;
 
 static void backend_cuda_to_host_async(void *host, const void *dev, size_t bytes)
 {
     if (!bytes)
         return;
-    if (!copy_stream) {
+    if (!copy_made) {
         CUDA_CHECK(cudaStreamCreateWithFlags(&copy_stream, cudaStreamNonBlocking));
         CUDA_CHECK(cudaEventCreateWithFlags(&copy_after, cudaEventDisableTiming));
+        copy_made = 1;
     }
     CUDA_CHECK(cudaEventRecord(copy_after, cuda_stream()));
     CUDA_CHECK(cudaStreamWaitEvent(copy_stream, copy_after, 0));
@@ -305,7 +308,7 @@ static void backend_cuda_to_host_async(void *host, const void *dev, size_t bytes
 
 static void backend_cuda_host_copies_wait(void)
 {
-    if (copy_stream)
+    if (copy_made)
         CUDA_CHECK(cudaStreamSynchronize(copy_stream));
 }
 

@@ -16,6 +16,11 @@ struct DpGrads {
     int n_buckets;
     int *bucket_of;         /* [nl + 1]: bucket of the group at each backward position, or -1 */
     size_t tied_lo, tied_n; /* embed: the tied embedding's range in grads */
+    /* offload (dp_grads_stream): where each bucket's reduced part goes */
+    const Backend *be;
+    float *host;
+    int *unsent;   /* [n_buckets]: reduction started this step, not yet sent */
+    double waited; /* seconds the host waited for buckets before finish */
 };
 
 static double now_s(void)
@@ -55,7 +60,15 @@ void dp_grads_free(DpGrads *g)
         return;
     free(g->buckets);
     free(g->bucket_of);
+    free(g->unsent);
     free(g);
+}
+
+void dp_grads_stream(DpGrads *g, const Backend *be, float *host)
+{
+    g->be = be;
+    g->host = host;
+    g->unsent = trd_calloc((size_t)g->n_buckets + 1, sizeof(int), "gradient buckets to send");
 }
 
 void dp_grads_begin_step(DpGrads *g)
@@ -64,16 +77,56 @@ void dp_grads_begin_step(DpGrads *g)
         g->buckets[i].left = g->buckets[i].groups;
 }
 
-static void start_bucket(DpGrads *g, DpBucket *b)
+/* Where bucket b's reduced result lands on this rank (backend memory):
+ * [*lo, *hi) of the flat buffer, ZeRO 0 the whole bucket in place, ZeRO 1
+ * our part of it (possibly empty) in the shard. */
+static float *reduced_part(const DpGrads *g, const DpBucket *b, size_t *lo, size_t *hi)
 {
     if (!g->shard) {
-        b->h = comm_iallreduce_f32(g->dp, g->grads + b->lo, b->hi - b->lo);
-        return;
+        *lo = b->lo;
+        *hi = b->hi;
+        return g->grads + b->lo;
     }
-    size_t a, e;
-    comm_shard_part(b->lo, b->hi, g->S, g->dp->rank, &a, &e);
-    float *recv = e > a ? g->shard + (a - g->own_lo) : g->shard;
-    b->h = comm_ireduce_scatter_range_f32(g->dp, g->grads + b->lo, recv, b->lo, b->hi, g->S);
+    comm_shard_part(b->lo, b->hi, g->S, g->dp->rank, lo, hi);
+    return *hi > *lo ? g->shard + (*lo - g->own_lo) : g->shard;
+}
+
+/* Offload: bucket i's reduction is complete once waited for (under NCCL
+ * the wait orders the compute stream after it, and the copy stream waits
+ * for the compute stream: no host wait); its part goes to the host on the
+ * copy stream while the next bucket reduces and backward goes on.  ZeRO 0's
+ * optimizer range is [0, P): the host buffer is indexed by the flat
+ * offset; ZeRO 1's is our block, from own_lo. */
+static void send_bucket(DpGrads *g, int i)
+{
+    DpBucket *b = &g->buckets[i];
+    const double t0 = now_s();
+    comm_wait(&b->h);
+    g->waited += now_s() - t0;
+    g->unsent[i] = 0;
+    size_t lo, hi;
+    const float *part = reduced_part(g, b, &lo, &hi);
+    if (hi > lo)
+        g->be->to_host_async(g->host + (lo - (g->shard ? g->own_lo : 0)), part,
+                             (hi - lo) * sizeof(float));
+}
+
+static void start_bucket(DpGrads *g, int i)
+{
+    DpBucket *b = &g->buckets[i];
+    size_t lo, hi;
+    float *out = reduced_part(g, b, &lo, &hi);
+    if (!g->shard)
+        b->h = comm_iallreduce_f32(g->dp, out, b->hi - b->lo);
+    else
+        b->h = comm_ireduce_scatter_range_f32(g->dp, g->grads + b->lo, out, b->lo, b->hi, g->S);
+    if (!g->host)
+        return;
+    /* Started first, so that the earlier buckets' copies overlap it. */
+    for (int k = 0; k < g->n_buckets; k++)
+        if (g->unsent[k])
+            send_bucket(g, k);
+    g->unsent[i] = 1;
 }
 
 static void group_final(DpGrads *g, int pos)
@@ -86,7 +139,7 @@ static void group_final(DpGrads *g, int pos)
         return;
     TRD_ASSERT(g->buckets[b].left > 0);
     if (--g->buckets[b].left == 0)
-        start_bucket(g, &g->buckets[b]);
+        start_bucket(g, b);
 }
 
 void dp_grads_ready(DpGrads *g, int pos)
@@ -102,10 +155,15 @@ double dp_grads_finish(DpGrads *g)
         comm_allreduce_f32(g->embed, g->grads + g->tied_lo, g->tied_n);
         group_final(g, g->nl);
     }
+    const double during_backward = g->waited;
     const double t0 = now_s();
     for (int i = 0; i < g->n_buckets; i++)
-        comm_wait(&g->buckets[i].h);
-    return now_s() - t0;
+        if (g->host && g->unsent[i])
+            send_bucket(g, i);
+        else
+            comm_wait(&g->buckets[i].h);
+    g->waited = 0;
+    return during_backward + (now_s() - t0);
 }
 
 uint64_t dp_grads_plan_bytes(const ParamTable *t, const int *layers, int nl, int bucket_mb, int dp,

@@ -10,6 +10,14 @@
  * of late layers overlaps the backward of early ones.  ZeRO 0 all-reduces
  * each bucket in place; ZeRO 1 reduce-scatters it into this rank's shard.
  *
+ * With the optimizer offloaded (topology.offload, dp_grads_stream) each
+ * bucket's result goes to the host as its reduction completes: when the
+ * next bucket's reduction has started (or in dp_grads_finish, for the
+ * last), the finished one is waited for and its part (ZeRO 0: the bucket;
+ * ZeRO 1: this rank's part of it) is copied on the backend's copy stream
+ * (to_host_async), overlapping the next reduction and the rest of
+ * backward.  The host waits for the copies once, in the optimizer step.
+ *
  * A tied embedding split over pipeline stages (the first stage's input
  * embedding and the last stage's copy as head) has its gradient summed over
  * the embedding group first: its bucket waits for dp_grads_finish, which
@@ -33,6 +41,10 @@ typedef struct DpGrads DpGrads;
 DpGrads *dp_grads_create(const ParamTable *t, const int *layers, int nl, int bucket_mb, Comm *dp,
                          float *grads, float *shard, size_t own_lo, size_t S, Comm *embed);
 void dp_grads_free(DpGrads *g);
+/* Offload: from now on send each bucket's reduced part to host (page-
+ * locked, the optimizer's range: [P] indexed by flat offset when
+ * all-reducing, else this rank's block from own_lo) as above. */
+void dp_grads_stream(DpGrads *g, const Backend *be, float *host);
 
 /* A new step: every bucket waits for all its groups again. */
 void dp_grads_begin_step(DpGrads *g);
@@ -40,7 +52,9 @@ void dp_grads_begin_step(DpGrads *g);
  * the first, nl: the outer tensors) has its final gradient. */
 void dp_grads_ready(DpGrads *g, int pos);
 /* Sum the tied embedding over its group (then start its bucket) and wait
- * for every bucket.  Returns the seconds spent waiting for buckets. */
+ * for every bucket (streaming: send those not sent yet; the copies may
+ * still be running: the caller waits with host_copies_wait).  Returns the
+ * seconds spent waiting for buckets this step. */
 double dp_grads_finish(DpGrads *g);
 
 /* The planner's count: bytes this rank sends for one step's reduction, the

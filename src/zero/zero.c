@@ -41,9 +41,11 @@ struct Zero {
     CommHandle pgather[2], gred[2], outer_red;
     int gred_layer[2]; /* layer whose reduction is in flight (-1: none) */
     int outer_pending;
-    /* offload, stages 2-3: each part of the gradient shard goes to the
-     * host as its last micro-batch's reduction is added (stream_grads);
-     * gred_last / outer_last: that reduction is of the last micro-batch */
+    /* offload: each part of the gradients goes to the host as it is final
+     * (stream_grads; stages 0-1: each bucket as its reduction completes,
+     * data_par/grads.h; stages 2-3: each part of the gradient shard as its
+     * last micro-batch's reduction is added); gred_last / outer_last: that
+     * reduction is of the last micro-batch */
     int stream_grads, gred_last[2], outer_last, streamed;
 
     DpGrads *dpg; /* stages 0-1: the bucketed reduction (data_par/grads.h) */
@@ -392,12 +394,15 @@ Zero *zero_create(const Config *cfg, const Backend *be, const ParamShard *sh, Mo
     } else {
         opt_init(&z->opt, z->t, be, z->pshard, z->own_lo, z->own_hi, prec);
     }
-    /* Stages 2-3 finish each part of the gradient shard during backward:
-     * with offload it can go down then.  Not where the staging buffer is
-     * the bf16 weights' home (optimizer+params, bf16: the gradients may
+    /* Every stage finishes the gradients part by part during backward
+     * (stages 0-1 a bucket, 2-3 a layer's part of the shard): with offload
+     * each part can go down then.  Not where the staging buffer is the
+     * bf16 weights' home (optimizer+params, bf16: the gradients may
      * overwrite them only in the step, which a skip would not undo). */
-    z->stream_grads = cfg->topology.offload != OFFLOAD_NONE && z->stage >= 2 &&
+    z->stream_grads = cfg->topology.offload != OFFLOAD_NONE &&
                       !(cfg->topology.offload == OFFLOAD_PARAMS && prec == PREC_BF16);
+    if (z->stream_grads && z->dpg)
+        dp_grads_stream(z->dpg, be, z->opt.stage);
     return z;
 }
 
@@ -584,6 +589,7 @@ void zero_finish_grads(Zero *z)
         return;
     }
     z->stats.exposed_comm_s += dp_grads_finish(z->dpg);
+    z->streamed = z->stream_grads; /* every bucket's copy is under way */
 }
 
 double zero_grad_sumsq(Zero *z)
@@ -613,21 +619,18 @@ void zero_scale_grads(Zero *z, float s) { optimizer_scale_grads(&z->opt, s); }
 
 void zero_optimizer_step(Zero *z, float lr, const TrainingConfig *tc)
 {
+    if (z->streamed) /* optimizer_step waits for the gradients' copies */
+        optimizer_grads_streamed(&z->opt);
+    z->streamed = 0;
     if (z->stage == 0) {
         optimizer_step(&z->opt, z->params, z->grads, lr, tc);
     } else if (z->stage <= 2) {
-        if (z->streamed)
-            optimizer_grads_streamed(&z->opt);
-        optimizer_step(&z->opt, z->params + z->own_lo, z->gshard, lr, tc); /* waits for them */
-        z->streamed = 0;
+        optimizer_step(&z->opt, z->params + z->own_lo, z->gshard, lr, tc);
         CommHandle h =
             comm_iallgather_range_f32(z->dp, z->params + z->own_lo, z->params, 0, z->P, z->S);
         wait_timed(z, &h);
     } else {
-        if (z->streamed)
-            optimizer_grads_streamed(&z->opt);
-        optimizer_step(&z->opt, z->pshard, z->gshard, lr, tc); /* waits for them */
-        z->streamed = 0;
+        optimizer_step(&z->opt, z->pshard, z->gshard, lr, tc);
         /* Gathered copies are stale now. */
         for (int k = 0; k < 2; k++) {
             comm_wait(&z->pgather[k]);

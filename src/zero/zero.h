@@ -34,11 +34,13 @@
  * weights: a gather copies this rank's part of the layer from the host into
  * its place in the slot and all-gathers in place.
  *
- * With any offload, stages 2-3 send each part of the gradient shard to the
- * optimizer's host staging buffer as soon as it is final (its last
- * micro-batch's reduction added), on the backend's copy stream
- * (to_host_async) while backward goes on; the step waits for those copies
- * instead of copying the shard itself. */
+ * With any offload the gradients go to the optimizer's host staging
+ * buffer part by part as they are final, on the backend's copy stream
+ * (to_host_async) while backward goes on: stages 0-1 each bucket as its
+ * reduction completes (data_par/grads.h: the whole bucket with ZeRO 0,
+ * this rank's part of it with ZeRO 1), stages 2-3 each part of the
+ * gradient shard as its last micro-batch's reduction is added.  The step
+ * waits once for those copies instead of copying the gradients itself. */
 #ifndef TRD_ZERO_H
 #define TRD_ZERO_H
 

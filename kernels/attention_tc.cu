@@ -337,7 +337,6 @@ __global__ void __launch_bounds__(TC_BLOCK)
     const float *kh = kv + (size_t)b * s.Tk * s.kvw + kv_k_off(h / s.Q, s);
     const size_t qbase = (size_t)b * s.Tq * s.width + q_off(h, s.Q, HS);
     const size_t obase = (size_t)b * s.Tq * ow + (size_t)h * HS;
-    (void)c;
 
     uint32_t qa[HS / 16][4], da[HS / 16][4];
     tc_load_a<HS>(qa, qkv + qbase, s.width, r0, s.Tq);

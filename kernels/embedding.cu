@@ -146,16 +146,8 @@ void cuda_embedding_backward(float *dwte, float *dwpe, const float *dout, const 
     if (N <= 0 || C <= 0 || (!dwte && !dwpe))
         return;
     /* next and first of the token chains, then of the position chains (2N
-     * ints each): grown once, stream-ordered; a few KiB outside the memory
-     * report, like cuBLAS's workspace */
-    static int *links;
-    static int cap;
-    if (N > cap) {
-        if (links)
-            CUDA_CHECK(cudaFreeAsync(links, cuda_stream()));
-        CUDA_CHECK(cudaMallocAsync((void **)&links, 4 * (size_t)N * sizeof(int), cuda_stream()));
-        cap = N;
-    }
+     * ints each): a few KiB of cuda_scratch */
+    int *links = (int *)cuda_scratch(CUDA_SCRATCH_EMB, 4 * (size_t)N * sizeof(int));
     if (dwpe && pos) {
         int *pl = links + 2 * (size_t)N;
         emb_pos_links_kernel<<<cuda_blocks((size_t)N), CUDA_THREADS, 0, cuda_stream()>>>(

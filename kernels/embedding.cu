@@ -33,51 +33,123 @@ __global__ void embedding_forward_kernel(float *out, const int32_t *tokens, cons
  * gradient element receives its rows' terms in row order, added one by
  * one onto its value, by one thread (no atomics).
  *
- * dwpe: one thread per (t, c) adds rows t, T + t, 2T + t, ... (the rows of
- * position t, in order).  With packed documents (pos) the rows of a
- * position are chained as the rows of a token are (emb_pos_links_kernel).
- *
- * dwte: the rows of one token form a chain, linked by emb_links_kernel
- * (next[n]: the next row with the same in-range token, -1 at the end;
- * first[n]: n starts its chain); then one thread per (chain start, c)
- * walks its chain.  Work is one pass over dout, spread over the distinct
- * tokens x C threads; a frequent token's chain is walked serially. */
-__global__ void emb_links_kernel(int *next, int *first, const int32_t *tokens, int N,
-                                 int vocab_start, int V)
+ * The rows that add into one gradient row form a group: the rows of one
+ * in-range token (dwte), or of one position (dwpe with packed documents;
+ * without documents position t's rows are t, T + t, ..., which
+ * emb_dwpe_kernel walks directly).  The groups are laid out in `order`,
+ * each group's rows consecutive and in row order, groups in the order of
+ * their first row, by two passes that compare every row's key with every
+ * other's from shared memory (emb_rank_kernel, emb_place_kernel: N^2 / 2
+ * comparisons spread over N threads, no serial scan of the rows, no
+ * sort); then one thread per (group, c) adds its group's rows
+ * (emb_group_sum_kernel), whose reads do not wait on each other as a
+ * linked list's would. */
+enum { EMB_TILE = 256 };
+
+/* Row n's group key: its token (pos_key 0) or its position (pos_key 1)
+ * when its token is in range, else -1 (no group). */
+__device__ inline int emb_key(const int32_t *tokens, const int32_t *pos, int pos_key, int n,
+                              int vocab_start, int V)
 {
-    GRID_STRIDE(i, (size_t)N)
-    {
-        int n = (int)i, r = emb_row(tokens[n], vocab_start, V), nx = -1, fst = r >= 0;
-        if (r >= 0) {
-            for (int m = n + 1; m < N && nx < 0; m++)
-                if (tokens[m] == tokens[n])
-                    nx = m;
-            for (int m = n - 1; m >= 0 && fst; m--)
-                if (tokens[m] == tokens[n])
-                    fst = 0;
-        }
-        next[n] = nx;
+    if (emb_row(tokens[n], vocab_start, V) < 0)
+        return -1;
+    return pos_key ? pos[n] : tokens[n];
+}
+
+/* Per row n with a key: rank[n] = the rows before n with its key, first[n]
+ * = the first row with its key, count[n] = the rows with its key. */
+__global__ void emb_rank_kernel(int *rank, int *first, int *count, const int32_t *tokens,
+                                const int32_t *pos, int pos_key, int N, int vocab_start, int V)
+{
+    __shared__ int tile[EMB_TILE];
+    int n = blockIdx.x * EMB_TILE + threadIdx.x;
+    int key = n < N ? emb_key(tokens, pos, pos_key, n, vocab_start, V) : -1;
+    int before = 0, total = 0, fst = n;
+    for (int m0 = 0; m0 < N; m0 += EMB_TILE) {
+        int m = m0 + (int)threadIdx.x;
+        tile[threadIdx.x] = m < N ? emb_key(tokens, pos, pos_key, m, vocab_start, V) : -1;
+        __syncthreads();
+        if (key >= 0)
+            for (int j = 0; j < EMB_TILE && m0 + j < N; j++)
+                if (tile[j] == key) {
+                    total++;
+                    before += m0 + j < n;
+                    fst = m0 + j < fst ? m0 + j : fst;
+                }
+        __syncthreads();
+    }
+    if (n < N) {
+        rank[n] = key >= 0 ? before : -1;
         first[n] = fst;
+        count[n] = total;
     }
 }
 
-__global__ void emb_dwte_kernel(float *dwte, const float *dout, const int32_t *tokens,
-                                const int *next, const int *first, int N, int C, int vocab_start,
-                                int V)
+/* Row n's place in order: the rows of the groups that start before its
+ * group's first row, plus its rank; slot[n] keeps it (a group's first row
+ * then holds where the group starts). */
+__global__ void emb_place_kernel(int *order, int *slot, const int *rank, const int *first, int N)
+{
+    __shared__ int tile[EMB_TILE];
+    int n = blockIdx.x * EMB_TILE + threadIdx.x;
+    int mine = n < N && rank[n] >= 0 ? first[n] : -1, at = 0;
+    for (int m0 = 0; m0 < N; m0 += EMB_TILE) {
+        int m = m0 + (int)threadIdx.x;
+        tile[threadIdx.x] = m < N && rank[m] >= 0 ? first[m] : N; /* N: never before */
+        __syncthreads();
+        if (mine >= 0)
+            for (int j = 0; j < EMB_TILE && m0 + j < N; j++)
+                at += tile[j] < mine;
+        __syncthreads();
+    }
+    if (mine >= 0) {
+        order[at + rank[n]] = n;
+        slot[n] = at + rank[n];
+    }
+}
+
+/* One thread per (group, c): the group's first row g0 adds its rows'
+ * dout[., c] in row order onto grad[row(g0), c], row() the token's row of
+ * dwte (pos_key 0) or the position's row of dwpe (pos_key 1). */
+__global__ void emb_group_sum_kernel(float *grad, const float *dout, const int32_t *tokens,
+                                     const int32_t *pos, int pos_key, const int *rank,
+                                     const int *count, const int *slot, const int *order, int N,
+                                     int C, int vocab_start, int V)
 {
     GRID_STRIDE(i, (size_t)N * C)
     {
         int n = (int)(i / C), c = (int)(i % C);
-        if (!first[n])
+        if (rank[n] != 0)
             continue;
-        float *g = dwte + (size_t)emb_row(tokens[n], vocab_start, V) * C + c;
+        int row = pos_key ? pos[n] : emb_row(tokens[n], vocab_start, V);
+        float *g = grad + (size_t)row * C + c;
+        const int *rows = order + slot[n];
         float acc = *g;
-        for (int m = n; m >= 0; m = next[m])
-            acc += dout[(size_t)m * C + c];
+        for (int j = 0; j < count[n]; j++)
+            acc += dout[(size_t)rows[j] * C + c];
         *g = acc;
     }
 }
 
+/* grad += the groups' sums (pos_key: above), in five ints of scratch a row. */
+static void emb_grouped_backward(float *grad, const float *dout, const int32_t *tokens,
+                                 const int32_t *pos, int pos_key, int N, int C, int vocab_start,
+                                 int V)
+{
+    int *rank = (int *)cuda_scratch(CUDA_SCRATCH_EMB, 5 * (size_t)N * sizeof(int));
+    int *first = rank + N, *count = first + N, *slot = count + N, *order = slot + N;
+    unsigned tiles = (unsigned)((N + EMB_TILE - 1) / EMB_TILE);
+    emb_rank_kernel<<<tiles, EMB_TILE, 0, cuda_stream()>>>(rank, first, count, tokens, pos, pos_key,
+                                                           N, vocab_start, V);
+    CUDA_CHECK_LAUNCH();
+    emb_place_kernel<<<tiles, EMB_TILE, 0, cuda_stream()>>>(order, slot, rank, first, N);
+    CUDA_CHECK_LAUNCH();
+    emb_group_sum_kernel<<<cuda_blocks((size_t)N * C), CUDA_THREADS, 0, cuda_stream()>>>(
+        grad, dout, tokens, pos, pos_key, rank, count, slot, order, N, C, vocab_start, V);
+    CUDA_CHECK_LAUNCH();
+}
+
+/* dwpe without documents: position t's rows are t, T + t, 2T + t, ... */
 __global__ void emb_dwpe_kernel(float *dwpe, const float *dout, const int32_t *tokens, int N, int T,
                                 int C, int vocab_start, int V)
 {
@@ -89,44 +161,6 @@ __global__ void emb_dwpe_kernel(float *dwpe, const float *dout, const int32_t *t
             if (emb_row(tokens[n], vocab_start, V) >= 0)
                 acc += dout[(size_t)n * C + c];
         dwpe[i] = acc;
-    }
-}
-
-/* Packed documents: the in-range rows of one position pos[n] chained in
- * row order, as emb_links_kernel chains a token's rows (the CPU adds a
- * position's rows in row order, skipping foreign tokens). */
-__global__ void emb_pos_links_kernel(int *next, int *first, const int32_t *tokens,
-                                     const int32_t *pos, int N, int vocab_start, int V)
-{
-    GRID_STRIDE(i, (size_t)N)
-    {
-        int n = (int)i, nx = -1, fst = emb_row(tokens[n], vocab_start, V) >= 0;
-        if (fst) {
-            for (int m = n + 1; m < N && nx < 0; m++)
-                if (pos[m] == pos[n] && emb_row(tokens[m], vocab_start, V) >= 0)
-                    nx = m;
-            for (int m = n - 1; m >= 0 && fst; m--)
-                if (pos[m] == pos[n] && emb_row(tokens[m], vocab_start, V) >= 0)
-                    fst = 0;
-        }
-        next[n] = nx;
-        first[n] = fst;
-    }
-}
-
-__global__ void emb_dwpe_chain_kernel(float *dwpe, const float *dout, const int32_t *pos,
-                                      const int *next, const int *first, int N, int C)
-{
-    GRID_STRIDE(i, (size_t)N * C)
-    {
-        int n = (int)(i / C), c = (int)(i % C);
-        if (!first[n])
-            continue;
-        float *g = dwpe + (size_t)pos[n] * C + c;
-        float acc = *g;
-        for (int m = n; m >= 0; m = next[m])
-            acc += dout[(size_t)m * C + c];
-        *g = acc;
     }
 }
 
@@ -145,29 +179,14 @@ void cuda_embedding_backward(float *dwte, float *dwpe, const float *dout, const 
 {
     if (N <= 0 || C <= 0 || (!dwte && !dwpe))
         return;
-    /* next and first of the token chains, then of the position chains (2N
-     * ints each): a few KiB of cuda_scratch */
-    int *links = (int *)cuda_scratch(CUDA_SCRATCH_EMB, 4 * (size_t)N * sizeof(int));
     if (dwpe && pos) {
-        int *pl = links + 2 * (size_t)N;
-        emb_pos_links_kernel<<<cuda_blocks((size_t)N), CUDA_THREADS, 0, cuda_stream()>>>(
-            pl, pl + N, tokens, pos, N, vocab_start, V);
-        CUDA_CHECK_LAUNCH();
-        emb_dwpe_chain_kernel<<<cuda_blocks((size_t)N * C), CUDA_THREADS, 0, cuda_stream()>>>(
-            dwpe, dout, pos, pl, pl + N, N, C);
-        CUDA_CHECK_LAUNCH();
+        emb_grouped_backward(dwpe, dout, tokens, pos, 1, N, C, vocab_start, V);
     } else if (dwpe) {
         size_t n = (size_t)(T < N ? T : N) * C;
         emb_dwpe_kernel<<<cuda_blocks(n), CUDA_THREADS, 0, cuda_stream()>>>(dwpe, dout, tokens, N,
                                                                             T, C, vocab_start, V);
         CUDA_CHECK_LAUNCH();
     }
-    if (!dwte)
-        return;
-    emb_links_kernel<<<cuda_blocks((size_t)N), CUDA_THREADS, 0, cuda_stream()>>>(
-        links, links + N, tokens, N, vocab_start, V);
-    CUDA_CHECK_LAUNCH();
-    emb_dwte_kernel<<<cuda_blocks((size_t)N * C), CUDA_THREADS, 0, cuda_stream()>>>(
-        dwte, dout, tokens, links, links + N, N, C, vocab_start, V);
-    CUDA_CHECK_LAUNCH();
+    if (dwte)
+        emb_grouped_backward(dwte, dout, tokens, pos, 0, N, C, vocab_start, V);
 }

@@ -1505,6 +1505,12 @@ int main(void)
     int32_t *epos = doc_positions(4, 64, (const int[]){7, 30, 1, 50}, 4);
     test_embedding(4, 64, 300, 0, 1000, epos); /* packed documents */
     free(epos);
+    /* 900 rows over 4 tiles of the grouping kernels, 30 tokens: long groups
+     * that span tiles */
+    test_embedding(3, 300, 40, 5, 30, NULL);
+    epos = doc_positions(3, 300, (const int[]){100, 7, 250}, 3);
+    test_embedding(3, 300, 40, 5, 30, epos);
+    free(epos);
 
     /* 300 rows: each of the 32 row groups of the parameter gradients sums
      * several rows; 3100: the rows in 3 uneven chunks, summed by a second

@@ -281,6 +281,28 @@ extern "C" CommNcclOp *comm_nccl_gather_parts(CommNccl *c, const float *mine, fl
     return end(c);
 }
 
+extern "C" CommNcclOp *comm_nccl_alltoallv(CommNccl *c, const float *send, const size_t *scount,
+                                           const size_t *sdispl, float *recv, const size_t *rcount,
+                                           const size_t *rdispl)
+{
+    begin(c, "all-to-all");
+    NCCL_CHECK(ncclGroupStart());
+    for (int q = 0; q < c->size; q++) {
+        if (q == c->rank)
+            continue;
+        if (scount[q])
+            NCCL_CHECK(ncclSend(send + sdispl[q], scount[q], ncclFloat32, q, c->comm, c->stream));
+        if (rcount[q])
+            NCCL_CHECK(ncclRecv(recv + rdispl[q], rcount[q], ncclFloat32, q, c->comm, c->stream));
+    }
+    NCCL_CHECK(ncclGroupEnd());
+    const int me = c->rank;
+    if (scount[me])
+        CUDA_CHECK(cudaMemcpyAsync(recv + rdispl[me], send + sdispl[me], scount[me] * sizeof(float),
+                                   cudaMemcpyDeviceToDevice, c->stream));
+    return end(c);
+}
+
 extern "C" CommNcclOp *comm_nccl_send(CommNccl *c, const float *buf, size_t n, int peer)
 {
     begin(c, "send");

@@ -31,8 +31,9 @@
 # export; trident eval gives the CPU's loss; a model
 # too big for the device's memory is refused before allocating.
 # With topology.comm nccl (played by MPI in the emulation): dp 2 ZeRO 3,
-# tp 2 x pp 2 with sequence parallelism, and an interleaved pp 2 whose
-# activations wrap around from the last rank to the first, each against the
+# tp 2 x pp 2 with sequence parallelism, an interleaved pp 2 whose
+# activations wrap around from the last rank to the first, and the MoE at
+# dp 2 with ep 2 (the all-to-alls as NCCL groups), each against the
 # CPU, with no host staging at all (NCCL carried every device buffer).
 . "$(dirname "$0")/e2e.sh"
 
@@ -334,7 +335,12 @@ if grep -q "CPU emulation" "$out/gpt2_cuda.log" || [ "${gpus:-0}" -ge 4 ]; then
     run gpt2_pp2v2_nccl 2 "${l4[@]}" --set topology.pp=2 --set topology.schedule=interleaved \
         --set topology.virtual_stages=2 "${cuda[@]}" "${nccl[@]}"
     compare gpt2_l4 gpt2_pp2v2_nccl "$TOL"
-    for r in gpt2_dp2_z3_nccl gpt2_tp2_pp2_nccl gpt2_pp2v2_nccl; do nccl_used $r; done
+    # expert parallelism: the tokens' all-to-alls as one group of NCCL
+    # sends and receives each, device to device
+    run moe_cuda_ep2_nccl 2 "${moe[@]}" "${cuda[@]}" "${nccl[@]}" --set topology.dp=2 \
+        --set topology.ep=2
+    curves moe moe_cuda_ep2_nccl --to 4 --rtol "$TOL" --norm-rtol "$(python3 -c "print(100 * $TOL)")"
+    for r in gpt2_dp2_z3_nccl gpt2_tp2_pp2_nccl gpt2_pp2v2_nccl moe_cuda_ep2_nccl; do nccl_used $r; done
     # rank 0 holds chunk 1 (model stage 2), which sends gradients back: the
     # report counts those buffers too
     peak_is_report gpt2_pp2v2_nccl

@@ -13,7 +13,11 @@
  *   (MPI_Issend): the next call on the same communicator first waits until
  *   the receiver has taken it, as NCCL's stream order does, so sends and
  *   receives that cross on one communicator deadlock here as on GPUs;
- *   ncclRecv waits for its message and checks its length;
+ *   ncclRecv waits for its message and checks its length; inside a
+ *   group sends and receives are posted at once and completed by the
+ *   outermost ncclGroupEnd, so a group may exchange both ways between two
+ *   ranks, as NCCL's fused groups do (the all-to-all of expert
+ *   parallelism);
  * - faults on demand, for the tests of docs/reliability.md:
  *   TRIDENT_EMU_NCCL_FAULT=KIND:CALL:RANK:N makes world rank RANK's Nth
  *   call of CALL (ncclAllReduce, ncclSend...; 1-based, counted over every

@@ -237,10 +237,24 @@ ncclResult_t ncclCommAbort(ncclComm_t comm)
     return ncclSuccess;
 }
 
-/* Calls run at once; every rank makes the calls of a group in the same
- * order, so running them in that order is a valid schedule for
- * collectives (not for sends and receives, which nccl.cu never groups). */
+/* Collectives run at once; every rank makes the calls of a group in the
+ * same order, so running them in that order is a valid schedule.  Sends
+ * and receives in a group run together, as NCCL fuses them (an
+ * all-to-all: every pair exchanges both ways): each posts its MPI request
+ * at once, a send from a copy of its data, and the outermost ncclGroupEnd
+ * completes them all, each receive checked for its length and copied into
+ * device memory only then. */
+struct emu_p2p {
+    MPI_Request req;
+    std::vector<float> data;
+    float *dst; /* a receive's device buffer; NULL for a send */
+    size_t count;
+    int peer;
+    const char *call;
+};
 static int group_depth;
+static std::vector<emu_p2p *> group_p2p;
+
 ncclResult_t ncclGroupStart()
 {
     group_depth++;
@@ -251,9 +265,34 @@ ncclResult_t ncclGroupEnd()
 {
     if (group_depth == 0)
         return fail(ncclInvalidUsage, "ncclGroupEnd without ncclGroupStart");
-    group_depth--;
-    return ncclSuccess;
+    if (--group_depth > 0)
+        return ncclSuccess;
+    ncclResult_t r = ncclSuccess;
+    for (emu_p2p *p : group_p2p) {
+        MPI_Status st;
+        ncclResult_t ri = mpi(wait_mpi(MPI_SUCCESS, &p->req, &st), p->call);
+        int got = 0;
+        if (ri == ncclSuccess && p->dst) {
+            MPI_Get_count(&st, MPI_FLOAT, &got);
+            if ((size_t)got != p->count)
+                ri = fail(ncclInvalidUsage, "%s: %d floats arrived from rank %d, %zu expected",
+                          p->call, got, p->peer, p->count);
+            else if (p->count) {
+                emu_device_scope scope;
+                memcpy(p->dst, p->data.data(), p->count * sizeof(float));
+            }
+        }
+        if (r == ncclSuccess)
+            r = ri;
+        delete p;
+    }
+    group_p2p.clear();
+    return r;
 }
+
+/* A send or receive inside a group: posted now, completed by ncclGroupEnd. */
+static ncclResult_t group_post(const char *call, const void *send, void *recv, size_t count,
+                               int peer, ncclComm_t comm);
 
 ncclResult_t ncclAllReduce(const void *send, void *recv, size_t count, ncclDataType_t type,
                            ncclRedOp_t op, ncclComm_t comm, cudaStream_t)
@@ -379,6 +418,8 @@ ncclResult_t ncclSend(const void *send, size_t count, ncclDataType_t type, int p
         return fail(ncclInvalidArgument, "%s: peer %d (rank %d of %d)", call, peer, comm->rank,
                     comm->size);
     check_buf(call, "sendbuff", send, count);
+    if (group_depth > 0)
+        return group_post(call, send, NULL, count, peer, comm);
     comm->send_data.resize(count);
     {
         emu_device_scope scope;
@@ -403,6 +444,8 @@ ncclResult_t ncclRecv(void *recv, size_t count, ncclDataType_t type, int peer, n
         return fail(ncclInvalidArgument, "%s: peer %d (rank %d of %d)", call, peer, comm->rank,
                     comm->size);
     check_buf(call, "recvbuff", recv, count);
+    if (group_depth > 0)
+        return group_post(call, NULL, recv, count, peer, comm);
     std::vector<float> in(count);
     MPI_Status st;
     MPI_Request q;
@@ -419,4 +462,25 @@ ncclResult_t ncclRecv(void *recv, size_t count, ncclDataType_t type, int peer, n
     if (count)
         memcpy(recv, in.data(), count * sizeof(float));
     return r;
+}
+
+static ncclResult_t group_post(const char *call, const void *send, void *recv, size_t count,
+                               int peer, ncclComm_t comm)
+{
+    if (count > (size_t)INT_MAX)
+        return fail(ncclInvalidArgument, "%s: %zu floats", call, count);
+    emu_p2p *p = new emu_p2p{MPI_REQUEST_NULL, std::vector<float>(count), (float *)recv, count,
+                             peer, call};
+    group_p2p.push_back(p);
+    if (recv)
+        return mpi(MPI_Irecv(p->data.data(), (int)count, MPI_FLOAT, peer, P2P_TAG, comm->mpi,
+                             &p->req),
+                   call);
+    {
+        emu_device_scope scope;
+        if (count)
+            memcpy(p->data.data(), send, count * sizeof(float));
+    }
+    return mpi(MPI_Isend(p->data.data(), (int)count, MPI_FLOAT, peer, P2P_TAG, comm->mpi, &p->req),
+               call);
 }

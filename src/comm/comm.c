@@ -1038,6 +1038,21 @@ void comm_alltoallv_f32(Comm *c, const float *send, const size_t *scount, const 
         return;
     }
     const double t0 = MPI_Wtime();
+    uint64_t bytes = 0;
+    for (int q = 0; q < c->size; q++)
+        bytes += q == c->rank ? 0 : (uint64_t)scount[q] * sizeof(float);
+    if (c->nccl) { /* device to device, the compute stream waiting on the GPU */
+        CommHandle h = {
+            .req = MPI_REQUEST_NULL,
+            .op = comm_nccl_alltoallv(c->nccl, send, scount, sdispl, recv, rcount, rdispl),
+            .wait_op = "all-to-all",
+            .group = c,
+            .peer = -1};
+        comm_wait(&h);
+        count_op(c, bytes);
+        trace_blocking("all-to-all", c, t0, bytes);
+        return;
+    }
     const size_t ns = alltoallv_extent(c, scount, sdispl);
     const size_t nr = alltoallv_extent(c, rcount, rdispl);
     /* Staged: the send side's extent goes to the host, the receive side's
@@ -1060,9 +1075,6 @@ void comm_alltoallv_f32(Comm *c, const float *send, const size_t *scount, const 
     }
     if (hs != send)
         stage_release(hs);
-    uint64_t bytes = 0;
-    for (int q = 0; q < c->size; q++)
-        bytes += q == c->rank ? 0 : (uint64_t)scount[q] * sizeof(float);
     count_op(c, bytes);
     trace_blocking("all-to-all", c, t0, bytes);
 }

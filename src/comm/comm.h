@@ -248,9 +248,11 @@ int comm_probe(Comm *c, int src, int tag);
  * comm_alltoallv_f32: rank q gets scount[q] floats of send from sdispl[q];
  * rank p's rcount[p] floats land at recv + rdispl[p] (each side's counts
  * must agree with the other's; the receive parts tile recv from 0, as
- * prefix sums of the counts do).  Float buffers in device memory are staged
- * through the host (MPI, also when the group has NCCL); bytes_sent counts
- * the floats sent to other ranks. */
+ * prefix sums of the counts do).  With NCCL the parts go device to device,
+ * one group of sends and receives (comm_nccl_alltoallv), the compute
+ * stream waiting for it on the GPU; under MPI float buffers in device
+ * memory are staged through the host.  The counts (host ints) always go
+ * through MPI.  bytes_sent counts the floats sent to other ranks. */
 void comm_alltoall_i32(Comm *c, const int *send, int *recv, size_t n);
 void comm_alltoallv_f32(Comm *c, const float *send, const size_t *scount, const size_t *sdispl,
                         float *recv, const size_t *rcount, const size_t *rdispl);

@@ -73,6 +73,14 @@ CommNcclOp *comm_nccl_reduce_parts(CommNccl *c, const float *send, float *recv, 
                                    const int *displs);
 CommNcclOp *comm_nccl_gather_parts(CommNccl *c, const float *mine, float *out, const int *counts,
                                    const int *displs);
+/* All-to-all of uneven parts: part q of send (scount[q] floats at
+ * sdispl[q]) goes to rank q, which receives it at rdispl[its rank] of its
+ * recv (rcount[q] floats come from rank q at rdispl[q]); this rank's own
+ * part is a device copy.  One group of sends and receives, as NCCL has no
+ * all-to-all-v (see comm_alltoallv_f32). */
+CommNcclOp *comm_nccl_alltoallv(CommNccl *c, const float *send, const size_t *scount,
+                                const size_t *sdispl, float *recv, const size_t *rcount,
+                                const size_t *rdispl);
 /* Point to point within c. */
 CommNcclOp *comm_nccl_send(CommNccl *c, const float *buf, size_t n, int peer);
 CommNcclOp *comm_nccl_recv(CommNccl *c, float *buf, size_t n, int peer);

@@ -110,13 +110,14 @@ void trainer_use_device(Trainer *tr)
 #else
     const int shared = 0;
 #endif
-    Comm *groups[] = {&tr->comms.world, &tr->comms.tp, &tr->comms.dp,   &tr->comms.pp,
-                      &tr->comms.mp,    &tr->comms.cp, &tr->comms.embed};
-    const int n_groups = (int)(sizeof groups / sizeof *groups);
-    for (int i = 0; i < n_groups; i++)
+    /* The expert-parallel group last, and only with ep > 1: its all-to-all
+     * goes device to device under NCCL (comm_nccl_alltoallv). */
+    Comm *groups[] = {&tr->comms.world, &tr->comms.tp, &tr->comms.dp,    &tr->comms.pp,
+                      &tr->comms.mp,    &tr->comms.cp, &tr->comms.embed, &tr->comms.ep};
+    const int n_all = (int)(sizeof groups / sizeof *groups);
+    const int n_groups = n_all - (tr->cfg->topology.ep > 1 ? 0 : 1);
+    for (int i = 0; i < n_all; i++)
         comm_use_memory(groups[i], tr->be);
-    /* The expert-parallel all-to-all stays on MPI (host staging), NCCL or not. */
-    comm_use_memory(&tr->comms.ep, tr->be);
     tr->nccl = want_nccl(tr->cfg->topology.comm, shared);
 #ifndef TRD_HAVE_NCCL
     if (tr->nccl)

@@ -10,7 +10,9 @@
  *  - Memory: model_plan_memory equals model_memory of a created model for
  *    each recompute mode and several activation-set counts.
  *  - Cluster: presets, PRESET:NxG, a YAML file, and errors naming
- *    file:line:column. */
+ *    file:line:column.
+ *  - Expert parallelism: the all-to-alls' bytes and time in the
+ *    micro-batch's time, by hand. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -185,6 +187,59 @@ static void check_cluster(void)
     rmdir(dir);
 }
 
+/* Expert parallelism in the step time: a MoE at dp 4 with ep 2 (and ep 1,
+ * and ep 2 with full recompute); the all-to-all bytes and seconds by hand
+ * from the shapes and the cluster's link figures, and their place in the
+ * micro-batch's time.  The bytes' formula is the one docs/moe.md derives
+ * and tests/test_moe_train.sh compares with a run's trace. */
+static void check_expert_parallel(int ep, Recompute rc, int gpus_per_node)
+{
+    Config c;
+    char err[CFG_ERR];
+    config_defaults(&c);
+    c.model.layers = 4;
+    c.model.hidden = 32;
+    c.model.heads = 4;
+    c.model.vocab = 101;
+    c.model.seq_len = T;
+    c.model.moe_experts = 4;
+    c.model.moe_top_k = 2;
+    c.model.moe_every = 2; /* layers 1 and 3 */
+    snprintf(c.data.path, sizeof c.data.path, "unused");
+    c.training.steps = 1;
+    c.training.lr = 1e-3f;
+    c.training.global_batch = 8 * B;
+    c.training.micro_batch = B;
+    c.training.recompute = rc;
+    c.topology.dp = 4;
+    c.topology.ep = ep;
+    c.topology.ranks_per_node = 1;
+    CHECK(config_validate(&c, 4, err) == 0, "config: %s", err);
+    PlanCluster cl;
+    CHECK(cluster_preset("h100-sxm", &cl, err) == 0, "%s", err);
+    cl.nodes = 4 / gpus_per_node;
+    cl.gpus_per_node = gpus_per_node;
+    PlanResult r;
+    CHECK(plan_evaluate(&c, &cl, &r, err) == 0, "%s", err);
+    const PlanStage *s = &r.st[0];
+    /* B*T tokens x top-2 rows, (ep-1)/ep of them to other ranks, 32 floats
+     * each, 4 exchanges (6 with full recompute), 2 MoE layers */
+    const double ex = rc == RECOMPUTE_FULL ? 6 : 4;
+    const double bytes = ep > 1 ? B * T * 2.0 * (ep - 1) / ep * 32 * 4 * ex * 2 : 0;
+    char what[96];
+    snprintf(what, sizeof what, "ep %d, %d GPUs a node, recompute %d", ep, gpus_per_node, (int)rc);
+    CHECK_CLOSE(s->ep_bytes_mb, bytes, 1e-12, 0, what);
+    const int network = gpus_per_node < ep;
+    const double bw = (network ? cl.network_gbps : cl.nvlink_gbps) * 1e9 * cl.comm_efficiency;
+    const double lat = 1e-6 * (network ? cl.network_latency_us : cl.nvlink_latency_us);
+    const double t = ep > 1 ? ex * 2 * (ep - 1) * lat + bytes / bw : 0;
+    CHECK_CLOSE(s->t_ep, t, 1e-12, 0, what);
+    CHECK(ep == 1 || r.ep_link == (network ? LINK_NETWORK : LINK_NVLINK), "ep %d: link %d", ep,
+          (int)r.ep_link);
+    CHECK_CLOSE(s->t_mb, s->t_compute + s->t_tp + s->t_p2p + s->t_cp + s->t_ep, 1e-12, 0, what);
+    printf("%s: all-to-all %.0f bytes, %.3g s a micro-batch\n", what, s->ep_bytes_mb, s->t_ep);
+}
+
 int main(void)
 {
     check_flops(ARCH_GPT2);
@@ -199,5 +254,9 @@ int main(void)
         check_memory_lora(ARCH_LLAMA, sets);
     }
     check_cluster();
+    check_expert_parallel(1, RECOMPUTE_NONE, 4);
+    check_expert_parallel(2, RECOMPUTE_NONE, 4);
+    check_expert_parallel(2, RECOMPUTE_FULL, 4);
+    check_expert_parallel(2, RECOMPUTE_NONE, 1); /* the pair on two nodes */
     return check_summary("plan");
 }

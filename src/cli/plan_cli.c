@@ -102,17 +102,13 @@ static void print_bytes_row(FILE *f, const char *group, int size, PlanLink l, do
 }
 
 /* Expert parallelism (docs/moe.md): the all-to-all bytes one rank sends
- * per MoE layer and micro-batch.  Its N x top_k rows go out and come back
- * in forward (dispatch, combine) and again in backward (their gradients),
- * a third time in forward under full recompute; with balanced routing
- * (ep - 1) / ep of them leave the rank, C fp32 each.  Not in the step time. */
+ * per MoE layer and micro-batch (plan_ep_bytes_layer); their time is EP in
+ * the micro-batch's time. */
 static void print_expert_parallel(FILE *f, const Config *cfg, const PlanResult *r)
 {
     const ModelConfig *mc = &cfg->model;
     const int ep = cfg->topology.ep;
-    const double rows = (double)r->micro_batch * mc->seq_len * mc->moe_top_k * (ep - 1) / ep;
-    const int passes = r->recompute == RECOMPUTE_FULL ? 6 : 4;
-    const double layer = rows * mc->hidden * sizeof(float) * passes;
+    const double layer = plan_ep_bytes_layer(cfg, r);
     int moe_layers = 0;
     for (int l = 0; l < mc->layers; l++)
         moe_layers += config_moe_layer(mc, l);
@@ -291,14 +287,15 @@ static void print_comm(FILE *f, const PlanResult *r)
 
 static void print_time(FILE *f, const PlanCluster *c, const PlanResult *r)
 {
-    double t_c = 0, t_tp = 0, t_p2p = 0, t_cp = 0, t_cp_all = 0;
+    double t_c = 0, t_tp = 0, t_p2p = 0, t_cp = 0, t_cp_all = 0, t_ep = 0;
     for (int k = 0; k < r->pp; k++)
-        if (r->st[k].t_mb > t_c + t_tp + t_p2p + t_cp) {
+        if (r->st[k].t_mb > t_c + t_tp + t_p2p + t_cp + t_ep) {
             t_c = r->st[k].t_compute;
             t_tp = r->st[k].t_tp;
             t_p2p = r->st[k].t_p2p;
             t_cp = r->st[k].t_cp;
             t_cp_all = r->st[k].t_cp_total;
+            t_ep = r->st[k].t_ep;
         }
     fprintf(f,
             "\ntime per micro-batch (slowest stage): compute %.2f ms, TP %.2f ms, PP p2p %.2f ms",
@@ -306,6 +303,8 @@ static void print_time(FILE *f, const PlanCluster *c, const PlanResult *r)
     if (r->cp > 1)
         fprintf(f, ", CP %.2f ms exposed of %.2f (the all-gathers beside the local blocks)",
                 1e3 * t_cp, 1e3 * t_cp_all);
+    if (r->ep_link != LINK_NONE)
+        fprintf(f, ", EP all-to-all %.2f ms (%s)", 1e3 * t_ep, plan_link_name(r->ep_link));
     fputc('\n', f);
     fprintf(f, "pipeline bubble: %.1f%% of the pipeline phase (pp %d, %d micro-batches, v %d)\n",
             100 * r->bubble, r->pp, r->n_micro, r->virtual_stages);
@@ -361,13 +360,14 @@ static void print_json(FILE *f, const PlanCluster *c, const PlanResult *r)
             "\"scratch\": %.0f, \"total\": %.0f, \"host_ckpt\": %.0f, \"host_optimizer\": %.0f, "
             "\"pcie_bytes_step\": %.0f, \"flops_mb\": %.17g, "
             "\"gemm_flops_mb\": %.17g, \"tp_bytes_mb\": %llu, \"moe_tp_bytes_mb\": %llu, "
+            "\"ep_bytes_mb\": %.0f, \"t_ep_mb\": %.9g, "
             "\"kv_bytes_mb\": %llu, \"pp_bytes_step\": %llu, \"dp_bytes_step\": %llu, \"embed_bytes_step\": %llu}",
             k ? ", " : "", s->layers, s->inflight, s->params, s->grads, s->optimizer, s->buffers,
             s->activations, s->scratch, s->total, s->host_ckpt, s->host_optimizer,
             s->pcie_bytes_step, s->flops, s->gemm_flops, (unsigned long long)s->tp_bytes_mb,
-            (unsigned long long)s->moe_tp_bytes_mb, (unsigned long long)s->kv_bytes_mb,
-            (unsigned long long)s->pp_bytes_step, (unsigned long long)s->dp_bytes_step,
-            (unsigned long long)s->embed_bytes_step);
+            (unsigned long long)s->moe_tp_bytes_mb, s->ep_bytes_mb, s->t_ep,
+            (unsigned long long)s->kv_bytes_mb, (unsigned long long)s->pp_bytes_step,
+            (unsigned long long)s->dp_bytes_step, (unsigned long long)s->embed_bytes_step);
     }
     fprintf(f, "]}\n");
 }

@@ -286,6 +286,23 @@ static int stage_memory(const Config *cfg, const PlanCluster *c, const PlanResul
     return 0;
 }
 
+/* Expert parallelism (docs/moe.md): the bytes one rank sends in one MoE
+ * layer's all-to-alls, one micro-batch.  Its N x top_k rows go out and
+ * come back in forward (dispatch, combine) and again in backward (their
+ * gradients), a third time in forward under full recompute; with balanced
+ * routing (ep - 1) / ep of them leave the rank, C fp32 each. */
+double plan_ep_bytes_layer(const Config *cfg, const PlanResult *r)
+{
+    const ModelConfig *mc = &cfg->model;
+    const int ep = cfg->topology.ep;
+    if (ep <= 1 || mc->moe_experts <= 0)
+        return 0;
+    const double rows = (double)r->micro_batch * mc->seq_len * mc->moe_top_k * (ep - 1) / ep;
+    return rows * mc->hidden * sizeof(float) * plan_ep_exchanges(r);
+}
+
+int plan_ep_exchanges(const PlanResult *r) { return r->recompute == RECOMPUTE_FULL ? 6 : 4; }
+
 /* Communication in src/comm's rule. */
 static void stage_comm(const Config *cfg, const PlanResult *r, int rank, const ParamShard *sh,
                        PlanStage *st)
@@ -296,6 +313,7 @@ static void stage_comm(const Config *cfg, const PlanResult *r, int rank, const P
     st->kv_bytes_mb = tc.kv;
     st->moe_tp_bytes_mb = tc.moe;
     st->moe_layers = shard_moe_layers(&cfg->model, sh);
+    st->ep_bytes_mb = plan_ep_bytes_layer(cfg, r) * st->moe_layers;
     if (t->pp > 1) { /* every (micro-batch, chunk) sends its output and input gradient,
                       * except out of the last model stage and into the first */
         uint64_t sends = 2 * (uint64_t)t->virtual_stages - (rank == t->pp - 1) - (rank == 0);
@@ -374,7 +392,11 @@ static void stage_microbatch_time(const Config *cfg, const PlanCluster *c, const
         st->t_cp_total = one * calls;
         st->t_cp = layers * (fmax(one - local, 0) + one) + regathers * fmax(one - 2 * local, 0);
     }
-    st->t_mb = st->t_compute + st->t_tp + st->t_p2p + st->t_cp;
+    /* The all-to-alls block the layer (the experts wait for their rows),
+     * each exchanging with ep - 1 ranks. */
+    st->t_ep = comm_time(c, r->ep_link, st->ep_bytes_mb,
+                         (double)plan_ep_exchanges(r) * st->moe_layers, t->ep);
+    st->t_mb = st->t_compute + st->t_tp + st->t_p2p + st->t_cp + st->t_ep;
 }
 
 /* Data parallelism and the optimizer, once a step.  Stages 0-1 reduce once,
@@ -495,6 +517,8 @@ int plan_evaluate(const Config *cfg, const PlanCluster *c, PlanResult *r, char e
     r->dp_link = group_link(t, "dp", t->dp * r->cp, gpn);
     r->cp_link = group_link(t, "dp", r->cp, gpn); /* the first cp of the dp axis */
     r->pp_link = group_link(t, "pp", t->pp, gpn);
+    /* ep consecutive ranks of the dp axis (cp is refused with MoE) */
+    r->ep_link = group_link(t, "dp", t->ep, gpn);
     r->capacity = c->gpu_memory_gib * GIB;
 
     double t_max = 0, dp_opt = 0;

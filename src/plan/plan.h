@@ -46,9 +46,11 @@ typedef struct {
                                * shapes the backend multiplies: 6 x rows x weights) */
     double t_compute, t_tp, t_p2p, t_mb; /* seconds */
     double t_cp, t_cp_total;             /* the cp exchange: exposed (in t_mb), and all of it */
+    double t_ep;                         /* the expert-parallel all-to-alls (in t_mb) */
     /* what src/comm counts on this rank (fp32 elements, the trainer's rule) */
     uint64_t tp_bytes_mb;      /* TP communicator, one micro-batch */
     uint64_t moe_tp_bytes_mb;  /* of which MoE's routing-weight gradient all-reduces */
+    double ep_bytes_mb;        /* MoE's all-to-alls, bytes this rank sends (balanced routing) */
     int moe_layers;            /* MoE layers held */
     uint64_t kv_bytes_mb;      /* the kv-sharing sub-group (tp > kv_heads) */
     uint64_t pp_bytes_step;    /* pipeline sends of one step */
@@ -71,7 +73,7 @@ typedef struct {
     int world, n_micro, global_batch;
     /* bytes per element on the device */
     int elem_param, elem_grad, elem_act;
-    PlanLink tp_link, dp_link, pp_link, cp_link;
+    PlanLink tp_link, dp_link, pp_link, cp_link, ep_link;
 
     PlanStage st[CFG_MAX_STAGES];
     int worst;       /* the pipeline rank with the most memory */
@@ -94,6 +96,13 @@ typedef struct {
 /* Plan cfg (validated for world tp * pp * dp; dp must be a number) on
  * cluster c.  Returns 0, or -1 with what is wrong in err. */
 int plan_evaluate(const Config *cfg, const PlanCluster *c, PlanResult *r, char err[CFG_ERR]);
+
+/* Expert parallelism: the all-to-all exchanges of one MoE layer and
+ * micro-batch (4: dispatch and combine, forward and backward; 6 with full
+ * recompute), and the bytes one rank sends in them with balanced routing
+ * (0 without ep). */
+int plan_ep_exchanges(const PlanResult *r);
+double plan_ep_bytes_layer(const Config *cfg, const PlanResult *r);
 
 /* The report: layout, per-stage memory, communication, time; for a plan
  * that does not fit, by how much and what would. */

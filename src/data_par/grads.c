@@ -146,9 +146,14 @@ static void start_bucket(DpGrads *g, int i)
 static void group_final(DpGrads *g, int pos)
 {
     const int b = g->bucket_of[pos];
-    for (int i = 0; i < g->n_buckets; i++)
-        if (i != b)
-            comm_test(&g->buckets[i].h); /* drive progress of those in flight */
+    for (int i = 0; i < g->n_buckets; i++) { /* drive progress of those in flight */
+        if (i == b)
+            continue;
+        if (g->host && g->unsent[i])
+            send_bucket(g, i, 0); /* MPI: copied once its reduction has completed */
+        else
+            comm_test(&g->buckets[i].h);
+    }
     if (b < 0)
         return;
     TRD_ASSERT(g->buckets[b].left > 0);

@@ -16,9 +16,9 @@
  * reduction completes, overlapping the next reductions and the rest of
  * backward: under NCCL the copy is queued with the reduction and waits for
  * its completion event, ordering neither the host nor the compute stream;
- * under MPI (host staging) the reduction is polled as backward goes on and
- * the copy follows once it has completed (dp_grads_finish waits for the
- * rest).  The host waits for the copies once, in the optimizer step.
+ * under MPI (host staging) the reduction is polled whenever a later group
+ * is final and the copy follows once it has completed (dp_grads_finish
+ * waits for the rest).  The host waits for the copies once, in the optimizer step.
  *
  * A tied embedding split over pipeline stages (the first stage's input
  * embedding and the last stage's copy as head) has its gradient summed over

@@ -277,33 +277,70 @@ extern "C" void backend_cuda_to_device(void *dev, const void *host, size_t bytes
         CUDA_CHECK(cudaStreamSynchronize(cuda_stream()));
 }
 
-/* The same without the wait (backend.h: the caller leaves the host buffer
- * alone until its next to_host). */
-static void backend_cuda_to_device_async(void *dev, const void *host, size_t bytes)
-{
-    if (bytes)
-        CUDA_CHECK(cudaMemcpyAsync(dev, host, bytes, cudaMemcpyHostToDevice, cuda_stream()));
-}
-
-/* to_host_async's stream and the event that orders it after the compute
- * stream's work (made on first use: copy_made, not a null test, since the
- * emulation's streams are all null and its waits must still be counted). */
+/* The copy stream (backend.h) and the event that orders its copies after
+ * the compute stream's work (made on first use: copy_made, not a null
+ * test: the emulation's waits must be counted from the first). */
 static cudaStream_t copy_stream;
 static cudaEvent_t copy_after;
 static int copy_made;
 
-static void backend_cuda_to_host_async(void *host, const void *dev, size_t bytes)
+static void copy_stream_make(void)
+{
+    if (copy_made)
+        return;
+    CUDA_CHECK(cudaStreamCreateWithFlags(&copy_stream, cudaStreamNonBlocking));
+#ifdef TRD_CUDA_EMULATED
+    emu_stream_name(copy_stream, "copy");
+#endif
+    CUDA_CHECK(cudaEventCreateWithFlags(&copy_after, cudaEventDisableTiming));
+    copy_made = 1;
+}
+
+/* The copy stream waits for `after`, or for the compute stream's work so far. */
+static void copy_stream_after(const void *after)
+{
+    copy_stream_make();
+    if (!after) {
+        CUDA_CHECK(cudaEventRecord(copy_after, cuda_stream()));
+        after = copy_after;
+    }
+    CUDA_CHECK(cudaStreamWaitEvent(copy_stream, (cudaEvent_t)after, 0));
+}
+
+static void *backend_cuda_event_create(void)
+{
+    cudaEvent_t e;
+    CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    return e;
+}
+
+static void backend_cuda_event_destroy(void *e)
+{
+    if (e)
+        CUDA_CHECK(cudaEventDestroy((cudaEvent_t)e));
+}
+
+static void backend_cuda_wait_event(const void *e)
+{
+    CUDA_CHECK(cudaStreamWaitEvent(cuda_stream(), (cudaEvent_t)e, 0));
+}
+
+static void backend_cuda_to_host_async(void *host, const void *dev, size_t bytes, const void *after)
 {
     if (!bytes)
         return;
-    if (!copy_made) {
-        CUDA_CHECK(cudaStreamCreateWithFlags(&copy_stream, cudaStreamNonBlocking));
-        CUDA_CHECK(cudaEventCreateWithFlags(&copy_after, cudaEventDisableTiming));
-        copy_made = 1;
-    }
-    CUDA_CHECK(cudaEventRecord(copy_after, cuda_stream()));
-    CUDA_CHECK(cudaStreamWaitEvent(copy_stream, copy_after, 0));
+    copy_stream_after(after);
     CUDA_CHECK(cudaMemcpyAsync(host, dev, bytes, cudaMemcpyDeviceToHost, copy_stream));
+}
+
+/* An empty copy still records `done`: the caller's wait on it must hold. */
+static void backend_cuda_to_device_copy(void *dev, const void *host, size_t bytes, void *done)
+{
+    copy_stream_after(NULL);
+    if (bytes)
+        CUDA_CHECK(cudaMemcpyAsync(dev, host, bytes, cudaMemcpyHostToDevice, copy_stream));
+    if (done)
+        CUDA_CHECK(cudaEventRecord((cudaEvent_t)done, copy_stream));
 }
 
 static void backend_cuda_host_copies_wait(void)
@@ -369,8 +406,11 @@ static const Backend cuda_backend = {
     .copy = backend_cuda_copy,
     .to_backend = backend_cuda_to_device,
     .to_host = backend_cuda_to_host,
-    .to_backend_async = backend_cuda_to_device_async,
+    .event_create = backend_cuda_event_create,
+    .event_destroy = backend_cuda_event_destroy,
     .to_host_async = backend_cuda_to_host_async,
+    .to_backend_copy = backend_cuda_to_device_copy,
+    .wait_event = backend_cuda_wait_event,
     .host_copies_wait = backend_cuda_host_copies_wait,
     .host_alloc = backend_cuda_host_alloc,
     .host_release = backend_cuda_host_free,

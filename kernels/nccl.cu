@@ -70,6 +70,9 @@ static CommNccl *wrap(ncclComm_t comm)
     /* Non-blocking: the legacy default stream (cuda_stream) would otherwise
      * wait for it and it for the default stream, and nothing overlaps. */
     CUDA_CHECK(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking));
+#ifdef TRD_CUDA_EMULATED
+    emu_stream_name(c->stream, "comm");
+#endif
     c->ready = new_event();
     c->last = new_event();
     snprintf(c->label, sizeof c->label, "a communicator of %d ranks", c->size);
@@ -222,6 +225,13 @@ extern "C" int comm_nccl_test(CommNcclOp *op)
     CUDA_CHECK(e);
     release(op);
     return 1;
+}
+
+extern "C" const void *comm_nccl_op_event(const CommNcclOp *op) { return op->done; }
+
+extern "C" void comm_nccl_after(CommNccl *c, const void *e)
+{
+    CUDA_CHECK(cudaStreamWaitEvent(c->stream, (cudaEvent_t)e, 0));
 }
 
 extern "C" CommNcclOp *comm_nccl_allreduce(CommNccl *c, float *buf, size_t n, int max)

@@ -18,13 +18,18 @@
 #   dp 2 with ZeRO 0 and 1 (fp32, 4 buckets): the same curve and weights
 #     as the same layout without offload, bit for bit; the gradients go
 #     down a bucket at a time (one copy per rank and non-empty part of a
-#     bucket, TRD_EMU_STATS) with one host wait a step, as before;
+#     bucket, TRD_EMU_STATS) with one host wait a step, as before, on the
+#     copy stream (under NCCL after each reduction's own event, not after
+#     the compute stream), and the weights come up on the copy stream,
+#     waited for by the compute stream once per part (the emulation's
+#     counts per stream: docs/cuda.md);
 #   dp 2 with ZeRO 3 in bf16 (master weights on the host, sharded): the
 #     same curve and weights as without offload; a checkpoint saved with
 #     offload resumes without it, and one saved without resumes with it,
 #     each continuing the uninterrupted curve bit for bit.
 # topology.offload: optimizer+params (ZeRO-3's parameter shard in host
-# memory as well): at the end of this file.
+# memory as well): at the end of this file, with its copies' streams and
+# skipped steps over bf16's streamed gradients.
 # A byte-level corpus (vocab 257) and a 2-layer model of width 32 keep the
 # emulated kernels cheap: 2 steps a run (3 for the resumes).
 . "$(dirname "$0")/e2e.sh"
@@ -59,7 +64,7 @@ PY
 }
 
 # ---- 1 rank, fp32 ---------------------------------------------------------
-RUN_CKPT=1 run one 1 --set checkpoint.every=1
+TRD_EMU_STATS="$out/one.stats" RUN_CKPT=1 run one 1 --set checkpoint.every=1
 TRD_EMU_STATS="$out/one_off.stats" run one_off 1 "${off[@]}"
 same one one_off
 # fp32 keeps no master weights in a checkpoint: the host's are read back
@@ -141,7 +146,7 @@ def steady(n, what):  # the last step's count, summed over the ranks' lines
     last = max(int(r[1]) for r in rows)
     mine = [r for r in rows if int(r[1]) == last]
     assert len(mine) == 2, f"{n}: {len(mine)} lines for step {last}, not one per rank"
-    return sum(int(r[r.index(what) + 1]) for r in mine)
+    return sum(int(r[r.index(what) + 1]) if what in r else 0 for r in mine)
 def parts(n, zero):  # non-empty (rank, bucket) parts: the copies expected
     P = json.loads(open(f"{out}/{n}/metrics.jsonl").readline())["memory_bytes"]["params"] // 4
     h, nl, dp = 192, 3, 2
@@ -166,6 +171,32 @@ for zero in (0, 1):
               f"down a step (ranks summed; {want} parts of buckets), {syncs} host waits more "
               f"than without offload (want 2: one a rank)")
         bad += [] if ok else [(zero, comm)]
+        # Which stream each copy ran on and what it waited for (the
+        # emulation's per-stream counts): the gradients go down on the
+        # copy stream, under NCCL each after its own reduction's event
+        # (copy<comm), not after the compute stream; under MPI the result
+        # is back on the device through the compute stream, which the copy
+        # follows.  The weights go up on the copy stream (ZeRO 0: a part
+        # per group, outer + 3 layers; ZeRO 1: the rank's block, before
+        # its all-gather), each waited for once by the compute stream
+        # (compute<copy), and each after the compute stream's work
+        # (copy<compute); nothing more goes up on the compute stream, and
+        # the compute stream waits for the reductions no more than without
+        # offload.
+        ups = 2 * (4 if zero == 0 else 1)
+        got = {k: steady(off, k) for k in ("d2h.copy", "h2d.copy", "wait.copy<comm",
+                                            "wait.copy<compute", "wait.compute<copy")}
+        want_streams = {"d2h.copy": want, "h2d.copy": ups,
+                        "wait.copy<comm": want if comm == "nccl" else 0,
+                        "wait.copy<compute": ups + (0 if comm == "nccl" else want),
+                        "wait.compute<copy": ups}
+        same_compute = {k: (steady(base, k), steady(off, k))
+                        for k in ("h2d.compute", "wait.compute<comm")}
+        ok = got == want_streams and all(a == b for a, b in same_compute.values())
+        print(f"{'ok  ' if ok else 'FAIL'} ZeRO {zero}, dp 2, {comm}: streams {got}"
+              + ("" if got == want_streams else f" (want {want_streams})")
+              + f"; compute stream without -> with offload {same_compute}")
+        bad += [] if ok else [(zero, comm, "streams")]
 sys.exit(1 if bad else 0)
 PY
 
@@ -173,7 +204,7 @@ PY
 z3=(--set topology.dp=2 --set topology.zero=3 --set training.precision=bf16
     --set training.steps=3 --set checkpoint.every=2)
 RUN_CKPT=1 run z3 2 "${z3[@]}"
-RUN_CKPT=1 run z3_off 2 "${z3[@]}" "${off[@]}"
+TRD_EMU_STATS="$out/z3_off.stats" RUN_CKPT=1 run z3_off 2 "${z3[@]}" "${off[@]}"
 same z3 z3_off
 run z3_off_from_plain 2 "${z3[@]}" "${off[@]}" --set checkpoint.resume="$out/z3/ckpt/step_00000002"
 same z3 z3_off_from_plain 3
@@ -217,7 +248,7 @@ def mem(n):
 (b, bh, bpeak), (o, oh, opeak) = mem("one_z3"), mem("one_z3_par")
 def count(n, what="syncs"):  # the last (steady) step's count
     rows = [l.split("\t") for l in open(f"{out}/{n}.stats") if l.startswith("step\t")]
-    return int(rows[-1][rows[-1].index(what) + 1])
+    return int(rows[-1][rows[-1].index(what) + 1]) if what in rows[-1] else 0
 bsync, osync, offsync = count("one_z3"), count("one_z3_par"), count("one_off")
 d2h_streamed = count("one_z3_par", "d2h") - count("one_off", "d2h")
 plan = json.loads(open(f"{out}/plan_par.json").read().strip().splitlines()[-1])
@@ -237,6 +268,17 @@ checks = [
     ("ZeRO-3's gathers add no wait: as many as ZeRO 0's", osync == offsync),
     ("ZeRO-3's gradients go down per layer: 3 copies for ZeRO 0's one bucket",
      d2h_streamed == 2),
+    ("offload: optimizer's weights go up on the copy stream, a part per group (outer, 2 layers)",
+     count("one_off", "h2d.copy") == 3),
+    ("each part waited for once by the compute stream, before its first reader",
+     count("one_off", "wait.compute<copy") == 3),
+    ("no more copies up on the compute stream than without offload",
+     count("one_off", "h2d.compute") == count("one", "h2d.compute")),
+    ("optimizer+params: the gathers' copies up on the copy stream, none on the compute stream",
+     count("one_z3_par", "h2d.copy") > 0 and
+     count("one_z3_par", "h2d.compute") == count("one_z3", "h2d.compute")),
+    ("one rank: the compute stream waits for each gather's copy (no all-gather to carry it)",
+     count("one_z3_par", "wait.compute<copy") == count("one_z3_par", "h2d.copy")),
     ("trident plan: the same host and device bytes", plan.get("offload") is True and
         st["params"] == 0 and st["optimizer"] == 0 and st["host_optimizer"] == oh.get("optimizer")),
 ]
@@ -257,6 +299,71 @@ run z3_par_from_plain 2 "${z3[@]}" "${par[@]}" --set checkpoint.resume="$out/z3/
 same z3 z3_par_from_plain 3
 run z3_off_from_par 2 "${z3[@]}" "${off[@]}" --set checkpoint.resume="$out/z3_par/ckpt/step_00000002"
 same z3 z3_off_from_par 3
+# The same under NCCL (the emulation's), against itself without offload.
+# Both: bf16's gradients stream down as with offload: optimizer (the
+# same copies, d2h.copy; none on the compute stream), each layer's part
+# after the step's last gather of that layer, whose copy up ran first on
+# the same copy stream; the gathers' copies go up on the copy stream (none
+# on the compute stream), and the all-gather reads each after it: under
+# NCCL its communicator's stream waits for the copy (comm<copy) and the
+# compute stream never does, under MPI (host staging on the compute
+# stream) the compute stream waits for each.
+# (Without checkpoints, which copy the device's weights down in the last
+# step without offload.)
+for comm in mpi nccl; do
+    TRD_EMU_STATS="$out/z3_$comm.stats" run "z3_$comm" 2 "${z3[@]}" --set topology.comm=$comm
+    TRD_EMU_STATS="$out/z3_${comm}_par.stats" run "z3_${comm}_par" 2 "${z3[@]}" "${par[@]}" \
+        --set topology.comm=$comm
+    same "z3_$comm" "z3_${comm}_par"
+done
+python3 - "$out" <<'PY' || fails=$((fails + 1))
+import sys
+out = sys.argv[1]
+def steady(n, what):  # the last step's count, summed over the ranks' lines
+    rows = [l.split("\t") for l in open(f"{out}/{n}.stats") if l.startswith("step\t")]
+    last = max(int(r[1]) for r in rows)
+    mine = [r for r in rows if int(r[1]) == last]
+    assert len(mine) == 2, f"{n}: {len(mine)} lines for step {last}, not one per rank"
+    return sum(int(r[r.index(what) + 1]) if what in r else 0 for r in mine)
+bad = []
+for comm in ("mpi", "nccl"):
+    base, par = f"z3_{comm}", f"z3_{comm}_par"
+    ups = steady(par, "h2d.copy")
+    checks = [
+        ("the gradients stream down as with offload: optimizer",
+         steady(par, "d2h.copy") == steady("z3_off", "d2h.copy") > 0),
+        ("no gradient copy down on the compute stream",
+         steady(par, "d2h.compute") == steady(base, "d2h.compute")),
+        ("the gathers' copies up on the copy stream", ups > 0),
+        ("no copy up on the compute stream", steady(par, "h2d.compute") == steady(base, "h2d.compute")),
+        ("the all-gather follows each copy",
+         steady(par, "wait.comm<copy" if comm == "nccl" else "wait.compute<copy") == ups),
+        ("under NCCL the compute stream waits for no copy",
+         comm != "nccl" or steady(par, "wait.compute<copy") == 0),
+    ]
+    wrong = [w for w, good in checks if not good]
+    print(f"{'FAIL' if wrong else 'ok  '} optimizer+params, dp 2 ZeRO-3 bf16, {comm}: "
+          f"{steady(par, 'd2h.copy')} gradient copies down and {ups} copies up on the copy stream a step"
+          + (f"; wrong: {wrong}" if wrong else ""))
+    bad += wrong
+sys.exit(1 if bad else 0)
+PY
+# A skipped step (lr 1e6: steps 3-5 have a non-finite gradient norm and
+# are skipped; max_skipped 4 lets the run end) drops the gradients that
+# went down over bf16 optimizer+params's weights: they are written back
+# from the master weights, and the curve and final weights equal the same
+# run without offload, bit for bit.  One rank decides on the device (the
+# optimizer step sees the skip), dp 2 on the host (the trainer drops the
+# gradients); 3 layers, so that the next step gathers again from the host.
+skip=(--set model.layers=3 --set training.precision=bf16 --set topology.zero=3 --set training.lr=1e6
+      --set training.nonfinite=skip --set training.max_skipped=4 --set training.steps=5)
+for n in 1 2; do
+    run "skip$n" "$n" "${skip[@]}" --set topology.dp=$n
+    run "skip${n}_par" "$n" "${skip[@]}" --set topology.dp=$n "${par[@]}"
+    same "skip$n" "skip${n}_par"
+    [ "$(grep -c "update skipped" "$out/skip${n}_par.log")" = 3 ] ||
+        { echo "FAIL: skip${n}_par did not skip 3 steps"; fails=$((fails + 1)); }
+done
 "$TRIDENT" train configs/tiny.yaml "${small[@]}" "${par[@]}" > "$out/par_zero0.log" 2>&1
 rc=$?
 grep -q "topology.offload optimizer+params .*set topology.zero: 3" "$out/par_zero0.log" &&

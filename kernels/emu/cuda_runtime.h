@@ -124,17 +124,19 @@ cudaError_t cudaMemcpyFromSymbol(void *dst, const T &sym, size_t n, size_t off =
 
 /* ----------------------------- streams and events: all work is synchronous */
 
-inline cudaError_t cudaStreamCreate(cudaStream_t *s)
-{
-    *s = 0;
-    return cudaSuccess;
-}
+/* A created stream is its own object (the compute stream, cuda_stream(),
+ * is the null one), so that the step counts can say which stream a copy or
+ * an event wait was issued on; its work still runs at once.  A stream
+ * unnamed by emu_stream_name counts as "stream". */
+cudaError_t cudaStreamCreate(cudaStream_t *s);
 inline cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned)
 {
-    *s = 0;
-    return cudaSuccess;
+    return cudaStreamCreate(s);
 }
-inline cudaError_t cudaStreamDestroy(cudaStream_t) { return cudaSuccess; }
+cudaError_t cudaStreamDestroy(cudaStream_t s);
+/* Name a stream for the counts: "copy" (backend.cu's copy stream), "comm"
+ * (an NCCL communicator's); the null stream is "compute". */
+void emu_stream_name(cudaStream_t s, const char *name);
 /* The waits do nothing here but are counted (emu_stats below). */
 cudaError_t cudaStreamSynchronize(cudaStream_t);
 cudaError_t cudaDeviceSynchronize();
@@ -148,10 +150,9 @@ cudaError_t cudaEventDestroy(cudaEvent_t e);
 cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t = 0);
 cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t start, cudaEvent_t end);
 cudaError_t cudaEventSynchronize(cudaEvent_t);
-inline cudaError_t cudaStreamWaitEvent(cudaStream_t, cudaEvent_t, unsigned = 0)
-{
-    return cudaSuccess;
-}
+/* Nothing to wait for (the work ran), but counted per pair of streams:
+ * the waiting one and the one the event was last recorded on. */
+cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned = 0);
 
 /* ------------------------------------------------------- device code */
 

@@ -114,7 +114,36 @@ static struct {
     long syncs, h2d, d2h, d2d, memsets, mallocs, frees, host_allocs, gemms;
     double h2d_bytes, d2h_bytes, gemm_flops;
     std::map<std::string, KernelCount> kernels;
+    /* per stream: "h2d.copy" (copies host to device issued on the copy
+     * stream), "wait.compute<comm" (the compute stream waits for an event
+     * recorded on a communicator's stream), ...; written after the totals,
+     * only those counted this step */
+    std::map<std::string, long> streams;
 } stats;
+
+struct emu_stream {
+    const char *name;
+};
+
+static const char *stream_name(cudaStream_t s) { return s ? s->name : "compute"; }
+
+cudaError_t cudaStreamCreate(cudaStream_t *s)
+{
+    *s = new emu_stream{"stream"};
+    return cudaSuccess;
+}
+
+cudaError_t cudaStreamDestroy(cudaStream_t s)
+{
+    delete s;
+    return cudaSuccess;
+}
+
+void emu_stream_name(cudaStream_t s, const char *name)
+{
+    if (s)
+        s->name = name;
+}
 
 static void count_sync() { stats.syncs++; }
 
@@ -140,10 +169,13 @@ extern "C" void emu_stats_step(int step)
             launches += kv.second.launches;
         fprintf(f, "step\t%d\tlaunches\t%ld\tsyncs\t%ld\th2d\t%ld\td2h\t%ld\td2d\t%ld\t"
                    "memsets\t%ld\tmallocs\t%ld\tfrees\t%ld\thost_allocs\t%ld\tgemms\t%ld\t"
-                   "gemm_flops\t%.0f\th2d_bytes\t%.0f\td2h_bytes\t%.0f\n",
+                   "gemm_flops\t%.0f\th2d_bytes\t%.0f\td2h_bytes\t%.0f",
                 step, launches, stats.syncs, stats.h2d, stats.d2h, stats.d2d, stats.memsets,
                 stats.mallocs, stats.frees, stats.host_allocs, stats.gemms, stats.gemm_flops,
                 stats.h2d_bytes, stats.d2h_bytes);
+        for (auto &kv : stats.streams)
+            fprintf(f, "\t%s\t%ld", kv.first.c_str(), kv.second);
+        fprintf(f, "\n");
         for (auto &kv : stats.kernels)
             fprintf(f, "kernel\t%d\t%s\t%ld\t%llu\t%llu\n", step, kv.first.c_str(),
                     kv.second.launches, kv.second.threads_min, kv.second.threads_max);
@@ -151,6 +183,7 @@ extern "C" void emu_stats_step(int step)
             die("TRD_EMU_STATS=%s: %s", path, strerror(errno));
     }
     stats.kernels.clear();
+    stats.streams.clear();
     stats.syncs = stats.h2d = stats.d2h = stats.d2d = stats.memsets = 0;
     stats.mallocs = stats.frees = stats.host_allocs = stats.gemms = 0;
     stats.h2d_bytes = stats.d2h_bytes = stats.gemm_flops = 0;
@@ -175,12 +208,21 @@ cudaError_t cudaEventSynchronize(cudaEvent_t)
 }
 
 struct emu_event {
-    double t; /* seconds, CLOCK_MONOTONIC, of the last record; < 0: never */
+    double t;       /* seconds, CLOCK_MONOTONIC, of the last record; < 0: never */
+    const char *on; /* the stream of the last record (stream_name) */
 };
 
 cudaError_t cudaEventCreate(cudaEvent_t *e)
 {
-    *e = new emu_event{-1};
+    *e = new emu_event{-1, "none"};
+    return cudaSuccess;
+}
+
+cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned)
+{
+    if (!e)
+        return cudaErrorInvalidValue;
+    stats.streams[std::string("wait.") + stream_name(s) + "<" + e->on]++;
     return cudaSuccess;
 }
 
@@ -190,10 +232,11 @@ cudaError_t cudaEventDestroy(cudaEvent_t e)
     return cudaSuccess;
 }
 
-cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t)
+cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s)
 {
     if (!e)
         return cudaErrorInvalidValue;
+    e->on = stream_name(s);
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     e->t = (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
@@ -533,6 +576,14 @@ static void count_copy(cudaMemcpyKind kind, const void *dst, size_t n, bool sync
         count_sync();
 }
 
+/* ... and by the stream it was issued on (host <-> device only) */
+static void count_copy_stream(cudaMemcpyKind kind, cudaStream_t s)
+{
+    if (kind == cudaMemcpyHostToDevice || kind == cudaMemcpyDeviceToHost)
+        stats.streams[std::string(kind == cudaMemcpyHostToDevice ? "h2d." : "d2h.") +
+                      stream_name(s)]++;
+}
+
 static const char *kind_name(cudaMemcpyKind kind)
 {
     switch (kind) {
@@ -574,10 +625,11 @@ static void copy_checked(const char *fn, void *dst, const void *src, size_t n,
 }
 
 cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n, cudaMemcpyKind kind,
-                            cudaStream_t)
+                            cudaStream_t s)
 {
     copy_checked("cudaMemcpyAsync", dst, src, n, kind);
     count_copy(kind, dst, n, false);
+    count_copy_stream(kind, s);
     return cudaSuccess;
 }
 
@@ -585,6 +637,7 @@ cudaError_t cudaMemcpy(void *dst, const void *src, size_t n, cudaMemcpyKind kind
 {
     copy_checked("cudaMemcpy", dst, src, n, kind);
     count_copy(kind, dst, n, true);
+    count_copy_stream(kind, 0);
     return cudaSuccess;
 }
 

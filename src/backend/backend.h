@@ -137,21 +137,34 @@ typedef struct {
      * (to_host: once the data is there, after every op issued before it). */
     void (*to_backend)(void *dst, const void *host, size_t bytes);
     void (*to_host)(void *host, const void *src, size_t bytes);
-    /* to_backend without waiting for the copy: it runs in order with the
-     * ops issued before and after it, and the host buffer must stay
-     * unchanged until the next to_host returns (which waits for every op
-     * issued before it).  For host buffers that change only between steps
-     * (ZeRO-3's gathers of a parameter shard offloaded to the host): the
-     * host keeps issuing work instead of waiting for each copy. */
-    void (*to_backend_async)(void *dst, const void *host, size_t bytes);
-    /* Start copying src to host (page-locked: host_alloc) once every op
-     * issued before has run, on a copy stream of its own (CUDA: after an
-     * event on the compute stream), so the ops issued after it run
-     * meanwhile; host_copies_wait returns once every such copy is done.
-     * Neither buffer may change until then.  For the gradients of an
-     * offloaded optimizer, streamed to the host as their reduction
-     * completes during backward. */
-    void (*to_host_async)(void *host, const void *src, size_t bytes);
+    /* The copy stream (CUDA: a stream of its own beside the compute
+     * stream, which the ops run on; the CPU backend copies at once and
+     * waits for nothing).  Its events are opaque handles: event_create
+     * makes one (never NULL), event_destroy frees it (NULL: no-op).
+     *
+     * to_host_async: start copying src to host (page-locked: host_alloc)
+     * on the copy stream once `after` has happened: an event a
+     * communicator's operation records when it completes
+     * (comm_done_event), or NULL for every op issued before on the compute
+     * stream.  The ops issued after it run meanwhile; host_copies_wait
+     * returns once every copy on the copy stream is done.  Neither buffer
+     * may change until then.  For the gradients of an offloaded optimizer,
+     * streamed to the host as their reduction completes during backward.
+     *
+     * to_backend_copy: the same upward, after every op issued before on
+     * the compute stream, recording `done` (an event, or NULL) after the
+     * copy; the compute stream does not wait for it unless told
+     * (wait_event), and the host buffer must stay unchanged until the next
+     * host_copies_wait.  For the weights an offloaded optimizer updated
+     * and the parameter shard gathered from host memory.
+     *
+     * wait_event: the ops issued on the compute stream from now on run
+     * after event e's copy (or operation). */
+    void *(*event_create)(void);
+    void (*event_destroy)(void *e);
+    void (*to_host_async)(void *host, const void *src, size_t bytes, const void *after);
+    void (*to_backend_copy)(void *dst, const void *host, size_t bytes, void *done);
+    void (*wait_event)(const void *e);
     void (*host_copies_wait)(void);
     /* Host memory that to_backend / to_host move fastest (CUDA: page-locked,
      * which the copy engines reach directly); ordinary host memory to the

@@ -307,6 +307,25 @@ static void cpu_copy(void *dst, const void *src, size_t bytes)
         memcpy(dst, src, bytes);
 }
 
+/* The copy stream is the host's own order: copies happen at once, and
+ * events mark nothing (one shared non-NULL handle). */
+static char cpu_event;
+static void *cpu_event_create(void) { return &cpu_event; }
+static void cpu_event_destroy(void *e) { (void)e; }
+static void cpu_wait_event(const void *e) { (void)e; }
+
+static void cpu_to_host_async(void *host, const void *src, size_t bytes, const void *after)
+{
+    (void)after;
+    cpu_copy(host, src, bytes);
+}
+
+static void cpu_to_backend_copy(void *dst, const void *host, size_t bytes, void *done)
+{
+    (void)done;
+    cpu_copy(dst, host, bytes);
+}
+
 /* The reference of the one-pass ops: one call per range, in order. */
 static double cpu_sumsq_ranges(const float *x, const BackendRange *ranges, int n)
 {
@@ -502,8 +521,11 @@ static const Backend cpu_backend = {
     .copy = cpu_copy,
     .to_backend = cpu_copy,
     .to_host = cpu_copy,
-    .to_backend_async = cpu_copy,
-    .to_host_async = cpu_copy,
+    .event_create = cpu_event_create,
+    .event_destroy = cpu_event_destroy,
+    .to_host_async = cpu_to_host_async,
+    .to_backend_copy = cpu_to_backend_copy,
+    .wait_event = cpu_wait_event,
     .host_copies_wait = cpu_no_wait,
     .host_alloc = cpu_host_alloc,
     .host_release = cpu_release,

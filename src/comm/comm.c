@@ -844,6 +844,19 @@ int comm_test(CommHandle *h)
     return done;
 }
 
+const void *comm_done_event(const CommHandle *h)
+{
+    return h->op ? comm_nccl_op_event(h->op) : NULL;
+}
+
+void comm_after(Comm *c, const void *e)
+{
+    if (c->nccl && c->size > 1)
+        comm_nccl_after(c->nccl, e);
+    else if (c->mem)
+        c->mem->wait_event(e);
+}
+
 void comm_allreduce_max_f32(Comm *c, float *buf, size_t n) { allreduce_f32(c, buf, n, MPI_MAX); }
 
 /* The blocking block collectives work in place on size*n floats: staged,

@@ -214,6 +214,20 @@ void comm_wait(CommHandle *h);
 /* Drive MPI progress and report whether the operation completed (1).
  * (NCCL: whether it has finished on the GPU.) */
 int comm_test(CommHandle *h);
+/* Under NCCL, the event h's operation records on its stream when it is
+ * done, while it is in flight (not yet waited for): a copy on the
+ * backend's copy stream may wait for it (Backend.to_host_async) without
+ * the compute stream waiting; h must still be waited for (comm_wait).
+ * NULL otherwise: under MPI an operation's result is in backend memory
+ * once comm_wait or comm_test completes it (staged results come back on
+ * the compute stream), and a completed handle needs nothing. */
+const void *comm_done_event(const CommHandle *h);
+/* c's operations issued from now on read their input after event e (a
+ * backend event, Backend.to_backend_copy's): under NCCL c's stream waits
+ * for it and the compute stream does not; otherwise (MPI stages through
+ * the host on the compute stream; a group of one copies there) the
+ * compute stream waits for it. */
+void comm_after(Comm *c, const void *e);
 void comm_barrier(Comm *c);
 
 /* ---- blocking, over equal contiguous blocks (tensor/sequence parallelism) ----

@@ -89,6 +89,12 @@ CommNcclOp *comm_nccl_recv(CommNccl *c, float *buf, size_t n, int peer);
 void comm_nccl_wait(CommNcclOp *op);
 /* 1, and op released, when op has completed on the GPU; else 0. */
 int comm_nccl_test(CommNcclOp *op);
+/* op's completion event (a cudaEvent_t, for the backend's copy stream to
+ * wait for: Backend.to_host_async); op stays in flight. */
+const void *comm_nccl_op_event(const CommNcclOp *op);
+/* c's later operations also wait for event e (a backend event:
+ * Backend.to_backend_copy's), besides the compute stream's work. */
+void comm_nccl_after(CommNccl *c, const void *e);
 
 #ifdef __cplusplus
 }

@@ -91,24 +91,35 @@ static float *reduced_part(const DpGrads *g, const DpBucket *b, size_t *lo, size
     return *hi > *lo ? g->shard + (*lo - g->own_lo) : g->shard;
 }
 
-/* Offload: bucket i's reduction is complete once waited for (under NCCL
- * the wait orders the compute stream after it, and the copy stream waits
- * for the compute stream: no host wait); its part goes to the host on the
- * copy stream while the next bucket reduces and backward goes on.  ZeRO 0's
- * optimizer range is [0, P): the host buffer is indexed by the flat
- * offset; ZeRO 1's is our block, from own_lo. */
-static void send_bucket(DpGrads *g, int i)
+/* Offload: send bucket i's reduced part to the host on the copy stream,
+ * once its reduction is done, without ordering the compute stream after
+ * it.  Under NCCL the copy stream waits for the reduction's own event
+ * (comm_done_event) and the copy is queued at once; the compute stream
+ * waits for the reduction only in dp_grads_finish, as without offload.
+ * Under MPI (host staging) the reduction completes on the host:
+ * comm_test polls it (block: comm_wait) and its result is back in device
+ * memory when it says so; the copy then follows the compute stream's
+ * work.  Returns whether it was sent.  ZeRO 0's optimizer range is
+ * [0, P): the host buffer is indexed by the flat offset; ZeRO 1's is our
+ * block, from own_lo. */
+static int send_bucket(DpGrads *g, int i, int block)
 {
     DpBucket *b = &g->buckets[i];
-    const double t0 = now_s();
-    comm_wait(&b->h);
-    g->waited += now_s() - t0;
+    const void *after = comm_done_event(&b->h);
+    if (!after && block) {
+        const double t0 = now_s();
+        comm_wait(&b->h);
+        g->waited += now_s() - t0;
+    } else if (!after && !comm_test(&b->h)) {
+        return 0;
+    }
     g->unsent[i] = 0;
     size_t lo, hi;
     const float *part = reduced_part(g, b, &lo, &hi);
     if (hi > lo)
         g->be->to_host_async(g->host + (lo - (g->shard ? g->own_lo : 0)), part,
-                             (hi - lo) * sizeof(float));
+                             (hi - lo) * sizeof(float), after);
+    return 1;
 }
 
 static void start_bucket(DpGrads *g, int i)
@@ -122,19 +133,27 @@ static void start_bucket(DpGrads *g, int i)
         b->h = comm_ireduce_scatter_range_f32(g->dp, g->grads + b->lo, out, b->lo, b->hi, g->S);
     if (!g->host)
         return;
-    /* Started first, so that the earlier buckets' copies overlap it. */
+    /* The earlier buckets' copies first (the copy stream runs in order),
+     * those whose reduction has completed by now (MPI; NCCL's went at
+     * once); then this one's, if it can go now. */
     for (int k = 0; k < g->n_buckets; k++)
         if (g->unsent[k])
-            send_bucket(g, k);
+            send_bucket(g, k, 0);
     g->unsent[i] = 1;
+    send_bucket(g, i, 0);
 }
 
 static void group_final(DpGrads *g, int pos)
 {
     const int b = g->bucket_of[pos];
-    for (int i = 0; i < g->n_buckets; i++)
-        if (i != b)
-            comm_test(&g->buckets[i].h); /* drive progress of those in flight */
+    for (int i = 0; i < g->n_buckets; i++) { /* drive progress of those in flight */
+        if (i == b)
+            continue;
+        if (g->host && g->unsent[i])
+            send_bucket(g, i, 0); /* MPI: copied once its reduction has completed */
+        else
+            comm_test(&g->buckets[i].h);
+    }
     if (b < 0)
         return;
     TRD_ASSERT(g->buckets[b].left > 0);
@@ -157,11 +176,11 @@ double dp_grads_finish(DpGrads *g)
     }
     const double during_backward = g->waited;
     const double t0 = now_s();
-    for (int i = 0; i < g->n_buckets; i++)
+    for (int i = 0; i < g->n_buckets; i++) {
         if (g->host && g->unsent[i])
-            send_bucket(g, i);
-        else
-            comm_wait(&g->buckets[i].h);
+            send_bucket(g, i, 1);
+        comm_wait(&g->buckets[i].h); /* NCCL: the compute stream's wait */
+    }
     g->waited = 0;
     return during_backward + (now_s() - t0);
 }

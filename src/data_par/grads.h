@@ -11,12 +11,14 @@
  * each bucket in place; ZeRO 1 reduce-scatters it into this rank's shard.
  *
  * With the optimizer offloaded (topology.offload, dp_grads_stream) each
- * bucket's result goes to the host as its reduction completes: when the
- * next bucket's reduction has started (or in dp_grads_finish, for the
- * last), the finished one is waited for and its part (ZeRO 0: the bucket;
- * ZeRO 1: this rank's part of it) is copied on the backend's copy stream
- * (to_host_async), overlapping the next reduction and the rest of
- * backward.  The host waits for the copies once, in the optimizer step.
+ * bucket's result (ZeRO 0: the bucket; ZeRO 1: this rank's part of it)
+ * goes to the host on the backend's copy stream (to_host_async) as its
+ * reduction completes, overlapping the next reductions and the rest of
+ * backward: under NCCL the copy is queued with the reduction and waits for
+ * its completion event, ordering neither the host nor the compute stream;
+ * under MPI (host staging) the reduction is polled whenever a later group
+ * is final and the copy follows once it has completed (dp_grads_finish
+ * waits for the rest).  The host waits for the copies once, in the optimizer step.
  *
  * A tied embedding split over pipeline stages (the first stage's input
  * embedding and the last stage's copy as head) has its gradient summed over

@@ -284,8 +284,10 @@ static double one_step(Trainer *tr, int step, double *grad_norm, float *lr, int 
     /* Both values are all-reduced: every rank decides alike (guard.h). */
     *skipped =
         guard_nonfinite(&tr->guard, &cfg->training, step + 1, loss, *grad_norm, tr->topo.rank);
-    if (*skipped)
+    if (*skipped) {
+        zero_drop_grads(tr->zero);
         return loss; /* no optimizer step */
+    }
     const float clip = cfg->training.grad_clip;
     if (clip > 0 && *grad_norm > clip)
         zero_scale_grads(tr->zero, clip / (float)(*grad_norm + 1e-6));

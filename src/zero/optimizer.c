@@ -66,6 +66,8 @@ void optimizer_init_offload(Optimizer *o, const ParamTable *t, const Backend *be
     o->v = host_state(be, n, "Adam second moment (offloaded to host memory)");
     o->master = host_state(be, n, "fp32 master weights (offloaded to host memory)");
     o->stage = host_state(be, n, "offload staging (gradients in, weights out)");
+    const size_t whole = n;
+    optimizer_upload_parts(o, &whole, 1);
     be->to_host(o->master, params, n * sizeof(float));
     if (o->bf16) { /* the first forward already sees bf16 weights */
         for (size_t i = 0; i < n; i++)
@@ -94,9 +96,52 @@ float *optimizer_init_offload_params(Optimizer *o, const ParamTable *t, const Ba
     return o->stage;
 }
 
+static void upload_parts_free(Optimizer *o)
+{
+    for (int i = 0; i < o->n_up; i++)
+        o->be->event_destroy(o->up_ev[i]);
+    free(o->up_end);
+    free(o->up_ev);
+    free(o->up_pending);
+    o->n_up = 0;
+}
+
+void optimizer_upload_parts(Optimizer *o, const size_t *ends, int n)
+{
+    if (!o->offload || o->params_on_host)
+        return;
+    TRD_ASSERT(n >= 1 && ends[n - 1] == o->end - o->begin);
+    optimizer_wait_params(o);
+    upload_parts_free(o);
+    o->up_end = trd_malloc((size_t)n * sizeof(size_t), "weight upload parts");
+    o->up_ev = trd_malloc((size_t)n * sizeof(void *), "weight upload events");
+    o->up_pending = trd_calloc((size_t)n, sizeof(int), "weight upload flags");
+    for (int i = 0; i < n; i++) {
+        TRD_ASSERT(i == 0 || ends[i] > ends[i - 1]);
+        o->up_end[i] = ends[i];
+        o->up_ev[i] = o->be->event_create();
+    }
+    o->n_up = n;
+}
+
+void optimizer_wait_part(Optimizer *o, int i)
+{
+    if (i < 0 || i >= o->n_up || !o->up_pending[i])
+        return;
+    o->be->wait_event(o->up_ev[i]);
+    o->up_pending[i] = 0;
+}
+
+void optimizer_wait_params(Optimizer *o)
+{
+    for (int i = 0; i < o->n_up; i++)
+        optimizer_wait_part(o, i);
+}
+
 void optimizer_free(Optimizer *o)
 {
     if (o->offload) {
+        upload_parts_free(o);
         o->be->host_release(o->m);
         o->be->host_release(o->v);
         o->be->host_release(o->master);
@@ -114,13 +159,14 @@ void optimizer_free(Optimizer *o)
  * the updated weights back.  One staging buffer serves both ways: AdamW
  * reads grad[i] before it writes param[i], element by element, so with
  * bf16 the rounded weights overwrite the gradients in place; with fp32 the
- * weights are the master weights themselves.  The weights go up without
- * the host waiting for the copy (to_backend_async): the next forward's
- * work is queued behind it while the host moves on, and `out` is written
- * again only after the next step's to_host, which follows the copy.  With
- * the parameters on the
- * host (optimizer+params) params is that buffer already: nothing goes
- * back. */
+ * weights are the master weights themselves.  The weights go up on the
+ * copy stream, part by part (optimizer_upload_parts), without the host
+ * waiting and without the compute stream waiting until a part's reader
+ * asks (optimizer_wait_part); `out` is written again only after the next
+ * step's host_copies_wait, which follows the copies (the next step's
+ * gradients come down on the same stream, after them).  With the
+ * parameters on the host (optimizer+params) params is that buffer
+ * already: nothing goes back. */
 static void step_on_host(Optimizer *o, float *params, const float *grads, const BackendRange *r,
                          int nr, float lr, const TrainingConfig *tc)
 {
@@ -130,22 +176,30 @@ static void step_on_host(Optimizer *o, float *params, const float *grads, const 
         o->be->to_host(&st, o->state, sizeof st);
         if (st.skip) {
             if (o->grads_streamed) /* the caller may clear the gradients next */
-                o->be->host_copies_wait();
+                optimizer_grads_dropped(o);
             return;
         }
     }
-    if (o->grads_streamed) /* sent during backward (zero.c) */
-        o->be->host_copies_wait();
-    else
+    /* The gradients sent during backward (zero.c), and the last step's
+     * weights up from stage and master, done. */
+    o->be->host_copies_wait();
+    if (!o->grads_streamed)
         o->be->to_host(o->stage, grads, bytes);
     float *out = o->bf16 ? o->stage : o->master;
     backend_cpu()->adamw_ranges(out, o->master, o->stage, o->m, o->v, r, nr, lr, tc->beta1,
                                 tc->beta2, tc->eps, tc->weight_decay, o->grad_scale, o->t, o->bf16,
                                 o->state ? &st : NULL);
-    if (o->params_on_host)
+    if (o->params_on_host) {
         TRD_ASSERT(params == out);
-    else /* the host writes `out` again only after the next step's to_host */
-        o->be->to_backend_async(params, out, bytes);
+        return;
+    }
+    size_t lo = 0;
+    for (int i = 0; i < o->n_up; i++) {
+        const size_t hi = o->up_end[i];
+        o->be->to_backend_copy(params + lo, out + lo, (hi - lo) * sizeof(float), o->up_ev[i]);
+        o->up_pending[i] = 1;
+        lo = hi;
+    }
 }
 
 void optimizer_step(Optimizer *o, float *params, const float *grads, float lr,
@@ -185,6 +239,15 @@ void optimizer_step(Optimizer *o, float *params, const float *grads, float lr,
 
 void optimizer_scale_grads(Optimizer *o, float s) { o->grad_scale *= s; }
 
+void optimizer_grads_dropped(Optimizer *o)
+{
+    TRD_ASSERT(o->offload);
+    o->be->host_copies_wait();
+    if (o->params_on_host && o->bf16) /* the weights, as AdamW last wrote them */
+        for (size_t i = 0; i < o->end - o->begin; i++)
+            o->stage[i] = bf16_round(o->master[i]);
+}
+
 void optimizer_grads_streamed(Optimizer *o)
 {
     TRD_ASSERT(o->offload);
@@ -201,6 +264,7 @@ void optimizer_skipped(Optimizer *o)
 
 void optimizer_params_loaded(Optimizer *o, const float *params)
 {
+    optimizer_wait_params(o);
     if (o->offload && !o->bf16 && !o->params_on_host) /* on the host, params is master */
         o->be->to_host(o->master, params, (o->end - o->begin) * sizeof(float));
 }

@@ -45,6 +45,14 @@ typedef struct {
     float *stage; /* offload: page-locked [end-begin], the gradients in, the bf16 weights out */
     int params_on_host; /* optimizer+params: params is host memory, master (fp32) or stage */
     int grads_streamed; /* the next step's gradients were sent to stage (optimizer_grads_streamed) */
+    /* offload, params in the backend's memory: the updated weights go up
+     * in parts [up_end[i-1], up_end[i]) of the range on the copy stream,
+     * each recording up_ev[i]; up_pending[i]: the compute stream has not
+     * waited for it yet (optimizer_wait_part) */
+    int n_up;
+    size_t *up_end;
+    void **up_ev;
+    int *up_pending;
 } Optimizer;
 
 /* Allocate state for the owned flat range [begin, end).  `params` holds
@@ -97,6 +105,26 @@ void optimizer_params_loaded(Optimizer *o, const float *params);
  * as its reduction completed): the step waits for those copies instead of
  * copying the gradients itself. */
 void optimizer_grads_streamed(Optimizer *o);
+/* Offload: gradients sent to the host are dropped without a step (a skip):
+ * waits for their copies and, where they overwrote the weights' home
+ * (optimizer+params, bf16: stage), writes the weights back there from the
+ * master weights, which the skip left unchanged (bf16_round of each, as
+ * AdamW writes them). */
+void optimizer_grads_dropped(Optimizer *o);
+
+/* Offload with the weights in the backend's memory: the step copies the
+ * updated weights up on the backend's copy stream (to_backend_copy) in
+ * parts, by default one, the whole range; the compute stream waits for a
+ * part only where the caller says its first reader is, so that the next
+ * forward starts while later parts are still coming up.
+ * optimizer_upload_parts: n parts ending at ends[0] < ... < ends[n - 1] =
+ * end - begin (offsets in the range).  optimizer_wait_part: the compute
+ * stream's later work sees part i's new weights (no-op when they are
+ * there already); optimizer_wait_params: every part's.  No-ops without
+ * offload. */
+void optimizer_upload_parts(Optimizer *o, const size_t *ends, int n);
+void optimizer_wait_part(Optimizer *o, int i);
+void optimizer_wait_params(Optimizer *o);
 
 /* Bytes of state in the backend's memory (0 with offload) and in host
  * memory (offload: master, m, v and the staging buffer, which with

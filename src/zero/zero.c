@@ -31,6 +31,7 @@ struct Zero {
     float *grads;    /* stages 0-1: [P] */
     float *pshard;   /* stage 3: [own]; host memory with pshard_host */
     int pshard_host; /* topology.offload optimizer+params: pshard is the optimizer's */
+    void *gather_up; /* pshard_host: the event of a gather's copy up (gather_range) */
     float *gshard;   /* stages 1-3: [own], the reduced gradient */
 
     /* stages 2-3: gradient slots; stage 3: parameter slots */
@@ -47,6 +48,9 @@ struct Zero {
      * last micro-batch's reduction is added); gred_last / outer_last: that
      * reduction is of the last micro-batch */
     int stream_grads, gred_last[2], outer_last, streamed;
+    /* offload, stage 0: the optimizer's weight upload part of each held
+     * layer (by local index) and of the outer group (-1: empty) */
+    int *up_part, up_outer;
 
     DpGrads *dpg; /* stages 0-1: the bucketed reduction (data_par/grads.h) */
 
@@ -126,7 +130,11 @@ static void accumulate_part(Zero *z, const float *recv, size_t lo, size_t hi)
 
 /* Offload: [lo, hi)'s part of the gradient shard is final (its last
  * micro-batch's reduction was just added): send it to the optimizer's
- * staging buffer on the copy stream while backward goes on. */
+ * staging buffer on the copy stream while backward goes on.  With bf16
+ * optimizer+params that part of the buffer held the layer's weights: the
+ * step gathered the layer for the last time before its backward, and the
+ * copy up of that gather ran earlier on the same copy stream (or on the
+ * compute stream, which this copy follows). */
 static void stream_part(Zero *z, size_t lo, size_t hi)
 {
     size_t a, b;
@@ -134,7 +142,7 @@ static void stream_part(Zero *z, size_t lo, size_t hi)
     if (b <= a)
         return;
     z->be->to_host_async(z->opt.stage + (a - z->own_lo), z->gshard + (a - z->own_lo),
-                         (b - a) * sizeof(float));
+                         (b - a) * sizeof(float), NULL);
     z->streamed = 1;
 }
 
@@ -164,19 +172,24 @@ static void finish_outer_reduction(Zero *z)
 
 /* Start gathering [lo, hi) of the flat buffer into out (backend memory
  * for [lo, hi)).  With the shard in host memory (optimizer+params) this
- * rank's part is copied up into its place in out first, on the compute
+ * rank's part is copied up into its place in out first, on the copy
  * stream, and gathered in place: the device holds no shard of its own.
- * The copy does not make the host wait (to_backend_async): the shard
- * changes only in the optimizer step, whose to_host of the gradients
- * comes after every copy issued from it. */
+ * The all-gather reads it after that copy (comm_after: under NCCL the
+ * communicator's stream waits for it, the compute stream does not; under
+ * MPI, or on one rank, the compute stream does).  Neither the host nor the
+ * compute stream waits for the copy itself: the shard changes only in the
+ * optimizer step, after host_copies_wait. */
 static CommHandle gather_range(Zero *z, float *out, size_t lo, size_t hi)
 {
+    optimizer_wait_params(&z->opt); /* offload: the device shard's update */
     size_t a, b;
     comm_shard_part(lo, hi, z->S, z->dp->rank, &a, &b);
     const float *mine = b > a ? z->pshard + (a - z->own_lo) : z->pshard;
     if (z->pshard_host) {
-        if (b > a)
-            z->be->to_backend_async(out + (a - lo), mine, (b - a) * sizeof(float));
+        if (b > a) {
+            z->be->to_backend_copy(out + (a - lo), mine, (b - a) * sizeof(float), z->gather_up);
+            comm_after(z->dp, z->gather_up);
+        }
         mine = out + (a - lo);
     }
     return comm_iallgather_range_f32(z->dp, mine, out, lo, hi, z->S);
@@ -257,6 +270,7 @@ static void init_params_host(Zero *z)
     z->pshard = optimizer_init_offload_params(&z->opt, z->t, z->be, init, z->own_lo, z->own_hi,
                                               z->cfg->training.precision);
     z->pshard_host = 1;
+    z->gather_up = z->be->event_create();
     free(init);
 }
 
@@ -308,6 +322,36 @@ static void take_models(Zero *z, const Config *cfg, const ParamShard *sh, Model 
         params_group_range(model_params(z->model[c]), PARAMS_OUTER, &lo, &hi);
         TRD_ASSERT(hi == lo || hi - lo == ohi - olo);
     }
+}
+
+/* Offload, stage 0 (the optimizer's range is the flat buffer): the weights
+ * go up a group at a time, the outer tensors then each held layer (the
+ * flat buffer's order, which is the forward's), and the forward waits for
+ * each group's part just before its first use. */
+static void upload_per_group(Zero *z)
+{
+    size_t *ends = trd_malloc(((size_t)z->nl + 1) * sizeof(size_t), "weight upload parts");
+    z->up_part = trd_malloc(((size_t)z->nl + 1) * sizeof(int), "weight upload part map");
+    int n = 0;
+    size_t at = 0;
+    for (int i = -1; i < z->nl; i++) {
+        size_t lo, hi;
+        group_range(z, i < 0 ? PARAMS_OUTER : z->layers[i], &lo, &hi);
+        int part = -1;
+        if (hi > lo) {
+            TRD_ASSERT(lo == at); /* contiguous, in this order */
+            ends[n] = hi;
+            part = n++;
+            at = hi;
+        }
+        if (i < 0)
+            z->up_outer = part;
+        else
+            z->up_part[i] = part;
+    }
+    TRD_ASSERT(at == z->P && n > 0);
+    optimizer_upload_parts(&z->opt, ends, n);
+    free(ends);
 }
 
 Zero *zero_create(const Config *cfg, const Backend *be, const ParamShard *sh, Model *const *models,
@@ -396,13 +440,16 @@ Zero *zero_create(const Config *cfg, const Backend *be, const ParamShard *sh, Mo
     }
     /* Every stage finishes the gradients part by part during backward
      * (stages 0-1 a bucket, 2-3 a layer's part of the shard): with offload
-     * each part can go down then.  Not where the staging buffer is the
-     * bf16 weights' home (optimizer+params, bf16: the gradients may
-     * overwrite them only in the step, which a skip would not undo). */
-    z->stream_grads = cfg->topology.offload != OFFLOAD_NONE &&
-                      !(cfg->topology.offload == OFFLOAD_PARAMS && prec == PREC_BF16);
+     * each part can go down then.  Where the staging buffer is the bf16
+     * weights' home (optimizer+params, bf16) a layer's part is final only
+     * after the step's last gather of that layer (backward's, on the last
+     * micro-batch), whose copy up from it runs first (stream_part); a
+     * skip writes the weights back from the master (zero_drop_grads). */
+    z->stream_grads = cfg->topology.offload != OFFLOAD_NONE;
     if (z->stream_grads && z->dpg)
         dp_grads_stream(z->dpg, be, z->opt.stage);
+    if (z->stage == 0 && cfg->topology.offload != OFFLOAD_NONE)
+        upload_per_group(z);
     return z;
 }
 
@@ -414,12 +461,14 @@ void zero_free(Zero *z)
     params_free(&z->table);
     free(z->layers);
     free(z->local);
+    free(z->up_part);
     dp_grads_free(z->dpg);
     const Backend *be = z->be;
     be->release(z->params);
     be->release(z->grads);
     if (!z->pshard_host) /* else the optimizer's, freed above */
         be->release(z->pshard);
+    be->event_destroy(z->gather_up);
     be->release(z->gshard);
     be->release(z->outer_p);
     be->release(z->outer_g);
@@ -444,12 +493,16 @@ const Backend *zero_backend(const Zero *z) { return z->be; }
 
 /* ---- the step -------------------------------------------------------------- */
 
+void zero_drop_grads(Zero *z)
+{
+    if (z->streamed)
+        optimizer_grads_dropped(&z->opt);
+    z->streamed = 0;
+}
+
 void zero_begin_step(Zero *z)
 {
-    if (z->streamed) { /* a skipped step left its copies: done before the shard is cleared */
-        z->be->host_copies_wait();
-        z->streamed = 0;
-    }
+    zero_drop_grads(z); /* a skipped step's copies: done before the shard is cleared */
     if (z->grads)
         zero_floats(z, z->grads, z->P);
     if (z->gshard)
@@ -482,6 +535,8 @@ static void layer_grads_ready(Zero *z, int l, int last_micro)
 static void zero_before_block_forward(Zero *z, int l)
 {
     gather_outer(z);
+    if (z->up_part)
+        optimizer_wait_part(&z->opt, z->up_part[z->local[l]]);
     use_layer_params(z, l, l + 1);
 }
 
@@ -529,6 +584,8 @@ float zero_chunk_forward(Zero *z, Model *m, LayerRange layers, const int32_t *to
                          const int32_t *targets)
 {
     gather_outer(z);
+    if (z->up_part && (tokens || targets)) /* the embeddings, the head */
+        optimizer_wait_part(&z->opt, z->up_outer);
     if (tokens)
         model_embed_forward(m, tokens);
     for (int l = layers.begin; l < layers.end; l++) {
@@ -626,6 +683,7 @@ void zero_optimizer_step(Zero *z, float lr, const TrainingConfig *tc)
         optimizer_step(&z->opt, z->params, z->grads, lr, tc);
     } else if (z->stage <= 2) {
         optimizer_step(&z->opt, z->params + z->own_lo, z->gshard, lr, tc);
+        optimizer_wait_params(&z->opt); /* offload: the all-gather reads them */
         CommHandle h =
             comm_iallgather_range_f32(z->dp, z->params + z->own_lo, z->params, 0, z->P, z->S);
         wait_timed(z, &h);
@@ -642,6 +700,7 @@ void zero_optimizer_step(Zero *z, float lr, const TrainingConfig *tc)
 
 ZeroState zero_state(Zero *z)
 {
+    optimizer_wait_params(&z->opt); /* the caller reads the weights */
     /* Offloaded fp32 keeps a master copy on the host that equals params:
      * not a checkpoint kind (fp32 checkpoints hold params). */
     return (ZeroState){.params = z->params ? z->params : z->pshard,
@@ -684,6 +743,7 @@ ZeroStats zero_take_stats(Zero *z)
 
 void zero_gather_params(Zero *z, float *out)
 {
+    optimizer_wait_params(&z->opt);
     if (z->params) {
         z->be->to_host(out, z->params, z->P * sizeof(float));
         return;

@@ -32,7 +32,8 @@
  * reduce-scatters accumulate into it over micro-batches), the gradient and
  * parameter slots with their receive space, and nothing else of the
  * weights: a gather copies this rank's part of the layer from the host into
- * its place in the slot and all-gathers in place.
+ * its place in the slot on the backend's copy stream and all-gathers in
+ * place after that copy (comm_after).
  *
  * With any offload the gradients go to the optimizer's host staging
  * buffer part by part as they are final, on the backend's copy stream
@@ -40,7 +41,11 @@
  * reduction completes (data_par/grads.h: the whole bucket with ZeRO 0,
  * this rank's part of it with ZeRO 1), stages 2-3 each part of the
  * gradient shard as its last micro-batch's reduction is added.  The step
- * waits once for those copies instead of copying the gradients itself. */
+ * waits once for those copies instead of copying the gradients itself.
+ * The updated weights go up on the copy stream too, and the compute
+ * stream waits for them where they are first read (stage 0: each layer's
+ * before its forward; stages 1-2: before the all-gather; stage 3: before
+ * the first gather). */
 #ifndef TRD_ZERO_H
 #define TRD_ZERO_H
 
@@ -134,6 +139,12 @@ double zero_grad_sumsq(Zero *z);
  * decision after the step (optimizer_skipped). */
 void zero_grad_check(Zero *z, BackendStepState *state, float clip);
 void zero_optimizer_skipped(Zero *z);
+/* The step is skipped without an optimizer step (a non-finite loss or
+ * gradient seen on the host): with offload, the gradients already sent to
+ * the host are dropped (optimizer_grads_dropped).  zero_begin_step does it
+ * too; the trainer calls it at once, so that a checkpoint saved after the
+ * skip reads the weights as they were. */
+void zero_drop_grads(Zero *z);
 /* Clipping: the next zero_optimizer_step reads the gradients times s
  * (applied inside its AdamW pass: optimizer_scale_grads). */
 void zero_scale_grads(Zero *z, float s);

@@ -56,6 +56,12 @@ typedef struct {
      * under ZeRO 0-2, optimizer state under ZeRO 0) is written once, in
      * parallel, in dp pieces. */
     size_t block_lo, block_hi;
+    /* Experts divided over ep (ParamTable.ep > 1): block is this rank's
+     * block of the dense region [0, dense_numel) over dp, and xblock its
+     * block of the expert region [dense_numel, P) over the dp / ep ranks
+     * holding the same experts (dp rank / ep of dp / ep), through which
+     * the expert tensors are written.  Else xblock is empty. */
+    size_t xblock_lo, xblock_hi;
     int pp_rank;           /* the stage file this rank writes */
     int dp_rank, dp, zero; /* dp, zero recorded in the index (tp: from the table) */
     Comm *world;           /* every rank of the job (all take part in save/load) */

@@ -618,7 +618,9 @@ static int read_kind(Reader *r, const CkptIndex *ix, const CkptShardView *v, Ckp
 static int gathered(const CkptShardView *v, CkptKind k)
 {
     const CkptRange *part = &v->part[k];
-    return v->dp > 1 && part->data && part->lo == 0 && part->hi == v->table->numel;
+    /* Experts divided over ep: the dp ranks do not hold the same range. */
+    return v->dp > 1 && part->data && part->lo == 0 && part->hi == v->table->numel &&
+           v->table->ep == 1;
 }
 
 /* Complete the gathered kinds over the DP group (collective over world). */

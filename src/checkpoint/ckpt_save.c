@@ -36,6 +36,16 @@ void ckpt_view_init(CkptShardView *v, const ParamTable *t, int zero, int dp_rank
     /* ZeRO's rule (zero.h): what stage `zero` keeps whole, what in blocks. */
     const size_t P = t->numel;
     zero_block(P, dp, dp_rank, &v->block_lo, &v->block_hi);
+    v->xblock_lo = v->xblock_hi = P;
+    if (t->ep > 1) { /* experts divided over ep (params.h): two regions, two groups */
+        const size_t Pd = t->dense_numel;
+        TRD_ASSERT(dp % t->ep == 0 && dp_rank % t->ep == t->ep_rank);
+        zero_block(Pd, dp, dp_rank, &v->block_lo, &v->block_hi);
+        zero_block(P - Pd, dp / t->ep, dp_rank / t->ep, &v->xblock_lo, &v->xblock_hi);
+        v->xblock_lo += Pd;
+        v->xblock_hi += Pd;
+        TRD_ASSERT(zero_stage_whole(zero).optimizer); /* zero_ep_divides */
+    }
     const ZeroWhole whole = zero_stage_whole(zero);
     for (int k = 0; k < CKPT_KINDS; k++) {
         const int w = k == CKPT_PARAMS ? whole.params : whole.optimizer;
@@ -230,8 +240,10 @@ static int writer_slabs(const CkptShardView *v, const ParamSpec *p, int k, int64
                         CkptSlab out[CKPT_MAX_RUNS])
 {
     const CkptRange *r = &v->part[k];
-    size_t lo = r->lo > v->block_lo ? r->lo : v->block_lo;
-    size_t hi = r->hi < v->block_hi ? r->hi : v->block_hi;
+    const size_t blo = p->ep_region ? v->xblock_lo : v->block_lo;
+    const size_t bhi = p->ep_region ? v->xblock_hi : v->block_hi;
+    size_t lo = r->lo > blo ? r->lo : blo;
+    size_t hi = r->hi < bhi ? r->hi : bhi;
     if (lo >= hi)
         return 0;
     CkptSlab all[CKPT_MAX_RUNS];

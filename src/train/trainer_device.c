@@ -110,8 +110,8 @@ void trainer_use_device(Trainer *tr)
 #else
     const int shared = 0;
 #endif
-    Comm *groups[] = {&tr->comms.world, &tr->comms.tp, &tr->comms.dp,   &tr->comms.pp,
-                      &tr->comms.mp,    &tr->comms.cp, &tr->comms.embed};
+    Comm *groups[] = {&tr->comms.world, &tr->comms.tp, &tr->comms.dp,    &tr->comms.pp,
+                      &tr->comms.mp,    &tr->comms.cp, &tr->comms.embed, &tr->comms.edp};
     const int n_groups = (int)(sizeof groups / sizeof *groups);
     for (int i = 0; i < n_groups; i++)
         comm_use_memory(groups[i], tr->be);

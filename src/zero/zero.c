@@ -12,6 +12,13 @@ struct Zero {
     const Config *cfg;
     const Backend *be;
     Comm *dp;
+    /* zero_ep_divides: the experts' memory divided over ep.  The flat
+     * buffers' expert region [Pd, P) (params.h) holds this rank's experts,
+     * whose gradients are reduced over edp (the dp / ep ranks holding the
+     * same experts) while the dense [0, Pd) is reduced over dp; ep sums
+     * the expert part of the gradient norm.  Else Pd = P, edp NULL. */
+    Comm *ep, *edp;
+    size_t Pd;
     int stage;
     ParamShard sh;
     Model *model[CFG_MAX_VIRTUAL]; /* one per model chunk held (params_chunk_shard) */
@@ -278,6 +285,9 @@ static void bind_full(Zero *z, float *params, float *grads)
         int l = z->layers[i];
         group_range(z, l, &lo, &hi);
         model_bind(model_of(z, l), l, params ? params + lo : NULL, grads ? grads + lo : NULL);
+        group_range(z, PARAMS_EXPERTS(l), &lo, &hi); /* empty unless divided */
+        model_bind_experts(model_of(z, l), l, params ? params + lo : NULL,
+                           grads ? grads + lo : NULL);
     }
 }
 
@@ -310,8 +320,14 @@ static void take_models(Zero *z, const Config *cfg, const ParamShard *sh, Model 
     }
 }
 
+int zero_ep_divides(const Config *cfg)
+{
+    return cfg->model.moe_experts > 0 && cfg->topology.ep > 1 && cfg->topology.zero == 0 &&
+           cfg->topology.offload == OFFLOAD_NONE && cfg->model.lora.rank == 0;
+}
+
 Zero *zero_create(const Config *cfg, const Backend *be, const ParamShard *sh, Model *const *models,
-                  Comm *dp, Comm *embed)
+                  Comm *dp, Comm *embed, Comm *ep, Comm *edp)
 {
     Zero *z = trd_calloc(1, sizeof *z, "ZeRO engine");
     z->cfg = cfg;
@@ -322,6 +338,13 @@ Zero *zero_create(const Config *cfg, const Backend *be, const ParamShard *sh, Mo
     z->has_head = sh->has_head;
     take_models(z, cfg, sh, models);
     z->P = z->t->numel;
+    z->Pd = z->t->dense_numel;
+    if (z->t->ep > 1) { /* the trainer's shard follows zero_ep_divides */
+        TRD_ASSERT(zero_ep_divides(cfg) && ep && edp && ep->size == z->t->ep &&
+                   ep->rank == z->t->ep_rank && edp->size * ep->size == dp->size);
+        z->ep = ep;
+        z->edp = edp;
+    }
     z->S = (z->P + (size_t)dp->size - 1) / (size_t)dp->size;
     comm_shard_part(0, z->P, z->S, dp->rank, &z->own_lo, &z->own_hi);
     group_range(z, PARAMS_OUTER, &z->outer_lo, &z->outer_hi);
@@ -589,13 +612,22 @@ void zero_finish_grads(Zero *z)
         return;
     }
     z->stats.exposed_comm_s += dp_grads_finish(z->dpg);
-    z->streamed = z->stream_grads; /* every bucket's copy is under way */
+    z->streamed = z->stream_grads;    /* every bucket's copy is under way */
+    if (z->edp && z->edp->size > 1) { /* the experts' region over the ranks holding them */
+        CommHandle h = comm_iallreduce_f32(z->edp, z->grads + z->Pd, z->P - z->Pd);
+        wait_timed(z, &h);
+    }
 }
 
 double zero_grad_sumsq(Zero *z)
 {
     /* Each element counted once: tensor-parallel replicas only on their
      * owner (params_grad_sumsq); ZeRO shards summed over DP here. */
+    if (z->stage == 0 && z->ep) { /* each expert once: summed over the ep ranks holding them */
+        double x = params_grad_sumsq(z->t, z->be, z->grads + z->Pd, z->Pd, z->P);
+        comm_allreduce_f64(z->ep, &x, 1);
+        return params_grad_sumsq(z->t, z->be, z->grads, 0, z->Pd) + x;
+    }
     if (z->stage == 0)
         return params_grad_sumsq(z->t, z->be, z->grads, 0, z->P);
     double s = params_grad_sumsq(z->t, z->be, z->gshard, z->own_lo, z->own_hi);
@@ -676,8 +708,10 @@ ZeroMemory zero_memory(const Zero *z)
 ZeroStats zero_take_stats(Zero *z)
 {
     ZeroStats s = z->stats;
-    s.bytes = z->dp->bytes_sent;
+    s.bytes = z->dp->bytes_sent + (z->edp ? z->edp->bytes_sent : 0);
     z->dp->bytes_sent = 0;
+    if (z->edp)
+        z->edp->bytes_sent = 0;
     memset(&z->stats, 0, sizeof z->stats);
     return s;
 }
@@ -812,6 +846,8 @@ uint64_t zero_plan_step_bytes(const Config *cfg, const ParamShard *sh, int dp, i
     if (stage <= 1) {
         bytes +=
             dp_grads_plan_bytes(&ps.t, ps.layers, ps.nl, cfg->topology.bucket_mb, dp, stage == 1);
+        if (ps.t.ep > 1) /* the expert region, all-reduced over edp (zero_finish_grads) */
+            bytes += comm_ring_bytes(ps.P - ps.t.dense_numel, 2, dp / ps.t.ep);
     } else { /* every micro-batch: each layer's and the outer gradient reduce-scattered */
         uint64_t per_micro = comm_ring_bytes(ps.outer_n, 1, dp);
         for (int i = 0; i < ps.nl; i++)

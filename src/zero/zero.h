@@ -87,9 +87,19 @@ typedef struct {
  * flat buffers, initialises the weights from the seed and makes the
  * optimizer state of its part.  dp is the data-parallel group; embed the
  * embedding group when this rank holds a tied embedding split over
- * pipeline stages (stages 0-1 only), else NULL. */
+ * pipeline stages (stages 0-1 only), else NULL; ep and edp the expert
+ * (data) parallel groups (zero_ep_divides). */
 Zero *zero_create(const Config *cfg, const Backend *be, const ParamShard *sh, Model *const *models,
-                  Comm *dp, Comm *embed);
+                  Comm *dp, Comm *embed, Comm *ep, Comm *edp);
+/* Does expert parallelism divide the experts' memory under cfg (a MoE
+ * model, topology.ep > 1, ZeRO 0, no offload, no LoRA)?  Then the trainer
+ * gives zero_create a shard with ep and ep_rank set (params.h): a rank
+ * holds the weights, gradients and optimizer state of its ep rank's E / ep
+ * experts only, in the flat buffers' expert region, whose gradients are
+ * reduced over edp (topology.h: the dp / ep ranks with the same ep rank)
+ * and counted in the gradient norm once over ep.  Else every rank holds
+ * every expert and ep, edp may be NULL. */
+int zero_ep_divides(const Config *cfg);
 void zero_free(Zero *z);
 /* The model of the first chunk (the only one unless interleaved). */
 Model *zero_model(Zero *z);

@@ -74,6 +74,43 @@ run llama_ep2_zero3 2 "${llama[@]}" --set topology.dp=2 "${ep[@]}" --set topolog
 compare llama llama_ep2_zero3
 run gpt2_dp4_ep4 4 --set topology.dp=4 --set topology.ep=4
 compare gpt2 gpt2_dp4_ep4
+# dp 4, ep 2: expert-data-parallel groups of two ranks, at ZeRO 1 and 3 too.
+for z in 1 3; do
+    run "gpt2_dp4_ep2_zero$z" 4 --set topology.dp=4 "${ep[@]}" --set topology.zero="$z"
+    compare gpt2 "gpt2_dp4_ep2_zero$z"
+done
+# ep divides the experts' memory at ZeRO 0: a rank's weights, gradients and
+# optimizer state (memory_bytes of the first record, rank 0) are the 1-rank
+# run's less (ep - 1) / ep of the experts, counted here from the written
+# config; at ZeRO 1 (gpt2_ep2_zero1) every rank still holds every expert.
+python3 - "$out" <<'PY' || fails=$((fails + 1))
+import json, sys
+out, bad = sys.argv[1], []
+def first(name):
+    return json.loads(open(f"{out}/{name}/metrics.jsonl").readline())["memory_bytes"]
+def moe(name):
+    text = open(f"{out}/{name}/config.yaml").read()
+    model = dict(l.strip().split(": ", 1) for l in text.split("\nmodel:\n")[1].split("\n  moe:\n")[0]
+                 .splitlines() if l.startswith("  ") and ": " in l)
+    block = text.split("\n  moe:\n")[1].splitlines()
+    m = dict(l.strip().split(": ", 1) for l in block if l.startswith("    "))
+    C, L, E, every = (int(model["hidden"]), int(model["layers"]), int(m["experts"]), int(m["every"]))
+    F = int(m["ffn_hidden"]) or int(model["ffn_hidden"])
+    layers = sum(1 for l in range(L) if (l + 1) % every == 0)
+    return layers * E * (2 * C * F + F + C)  # gpt2 experts: fc, fc bias, proj, proj bias
+whole = first("gpt2")["params"] // 4
+X = moe("gpt2")
+for name, ep in [("gpt2", 1), ("gpt2_ep2", 2), ("gpt2_dp4_ep2", 2), ("gpt2_dp4_ep4", 4),
+                 ("gpt2_ep2_zero1", 1)]:
+    mem = first(name)
+    want = 4 * (whole - X + X // ep)
+    got = (mem["params"], mem["grads"], mem["optimizer"])
+    exp = (want, want, 2 * want) if name != "gpt2_ep2_zero1" else (want, None, None)
+    if any(e is not None and g != e for g, e in zip(got, exp)):
+        bad.append((name, got, exp))
+print(("FAIL" if bad else "ok  ") + f" experts' memory divided over ep at ZeRO 0: {bad}")
+sys.exit(1 if bad else 0)
+PY
 # Tensor and sequence parallelism: every expert split over tp like the
 # dense MLP, alone, under sequence parallelism and with ep.
 tp=(--set topology.tp=2)
@@ -150,10 +187,19 @@ resume() { # from, name, ranks, settings...
     run "$name" "$n" --set checkpoint.dir="$out/$name.ckpt" "$@"
     grep -q "resumed from .*step_00000002" "$out/$name.log" \
         || { echo "FAIL: $name did not resume"; fails=$((fails + 1)); }
-    curves gpt2 "$name" --from 3 --to 3
+    curves "${RESUME_REF:-gpt2}" "$name" --from 3 --to "${RESUME_TO:-3}"
 }
 resume gpt2 resume_dp2_ep2 2 --set topology.dp=2 "${ep[@]}"
 resume gpt2_ep2 resume_ep1 1
+# Each rank writes and reads its own experts' rows, optimizer state
+# included (step 4 follows from step 3's Adam update): ep 2 -> ep 4 and
+# dp 4 x ep 2, against the 1-rank checkpoint resumed on one rank (4 steps).
+resume gpt2 resume_4 1 --set training.steps=4
+for to in "resume_dp4_ep4 --set topology.ep=4" "resume_dp4_ep2 ${ep[*]}"; do
+    set -- $to
+    RESUME_REF=resume_4 RESUME_TO=4 resume gpt2_ep2 "$1" 4 --set topology.dp=4 "${@:2}" \
+        --set training.steps=4
+done
 # Across tp: the ep 2 x tp 2 checkpoint on one rank, the 1-rank one at tp 2
 # with sequence parallelism (the experts are saved in the global layout).
 resume gpt2_ep2_tp2 resume_tp1 1

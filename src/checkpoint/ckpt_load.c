@@ -608,7 +608,7 @@ static int read_kind(Reader *r, const CkptIndex *ix, const CkptShardView *v, Ckp
         }
         /* Every holder reads its rows, replicated ones included. */
         for (int j = 0; j < ns; j++)
-            if (read_slab(r, e, &slabs[j], part->data + (slabs[j].first - part->lo), err) != 0)
+            if (read_slab(r, e, &slabs[j], ckpt_range_at(part, slabs[j].first), err) != 0)
                 return -1;
     }
     return 0;
@@ -673,6 +673,8 @@ static int load(const char *step_dir, const CkptShardView *v, CkptState *st, con
             const int g = gathered(v, (CkptKind)k);
             rc = read_kind(&r, &ix, v, (CkptKind)k, g ? v->block_lo : part->lo,
                            g ? v->block_hi : part->hi, err);
+            if (rc == 0) /* a second run (ckpt.h), else empty */
+                rc = read_kind(&r, &ix, v, (CkptKind)k, part->xlo, part->xhi, err);
         }
         reader_close(&r);
         H5Pclose(r.fapl);

@@ -44,13 +44,17 @@ void ckpt_view_init(CkptShardView *v, const ParamTable *t, int zero, int dp_rank
         zero_block(P - Pd, dp / t->ep, dp_rank / t->ep, &v->xblock_lo, &v->xblock_hi);
         v->xblock_lo += Pd;
         v->xblock_hi += Pd;
-        TRD_ASSERT(zero_stage_whole(zero).optimizer); /* zero_ep_divides */
+        TRD_ASSERT(zero <= 1); /* zero_ep_divides */
     }
     const ZeroWhole whole = zero_stage_whole(zero);
     for (int k = 0; k < CKPT_KINDS; k++) {
         const int w = k == CKPT_PARAMS ? whole.params : whole.optimizer;
         v->part[k] =
             (CkptRange){.data = NULL, .lo = w ? 0 : v->block_lo, .hi = w ? P : v->block_hi};
+        if (!w && t->ep > 1) { /* the expert block, the optimizer's second range */
+            v->part[k].xlo = v->xblock_lo;
+            v->part[k].xhi = v->xblock_hi;
+        }
     }
     v->table = t;
     v->pp_rank = pp_rank;
@@ -242,8 +246,10 @@ static int writer_slabs(const CkptShardView *v, const ParamSpec *p, int k, int64
     const CkptRange *r = &v->part[k];
     const size_t blo = p->ep_region ? v->xblock_lo : v->block_lo;
     const size_t bhi = p->ep_region ? v->xblock_hi : v->block_hi;
-    size_t lo = r->lo > blo ? r->lo : blo;
-    size_t hi = r->hi < bhi ? r->hi : bhi;
+    const int second = p->ep_region && r->xhi > r->xlo; /* in the range's second run */
+    size_t lo = second ? r->xlo : r->lo, hi = second ? r->xhi : r->hi;
+    lo = lo > blo ? lo : blo;
+    hi = hi < bhi ? hi : bhi;
     if (lo >= hi)
         return 0;
     CkptSlab all[CKPT_MAX_RUNS];
@@ -347,7 +353,7 @@ static int write_stage(const char *path, const CkptShardView *v, const Catalog *
         const int ns = writer_slabs(v, p, x->kind, x->e.shape[0], slabs);
         for (int j = 0; j < ns; j++) {
             const CkptSlab *s = &slabs[j];
-            const float *src = v->part[x->kind].data + (s->first - v->part[x->kind].lo);
+            const float *src = ckpt_range_at(&v->part[x->kind], s->first);
             write_slab(&raw, x->d, &x->e, s, src, x->e.kind, &io);
             const int64_t bad = ckpt_checksum_slab(
                 s, x->e.shape[1], ckpt_block_rows(x->e.ndim, x->e.shape), src, sums + x->sum_at);

@@ -45,6 +45,7 @@ typedef struct {
     float *stage; /* offload: page-locked [end-begin], the gradients in, the bf16 weights out */
     int params_on_host; /* optimizer+params: params is host memory, master (fp32) or stage */
     int grads_streamed; /* the next step's gradients were sent to stage (optimizer_grads_streamed) */
+    int shared; /* its state lies in another's buffers (optimizer_init_pair): not freed here */
 } Optimizer;
 
 /* Allocate state for the owned flat range [begin, end).  `params` holds
@@ -53,6 +54,15 @@ typedef struct {
  * bf16 weights. */
 void optimizer_init(Optimizer *o, const ParamTable *t, const Backend *be, float *params,
                     size_t begin, size_t end, Precision precision);
+/* Two optimizers over two owned ranges, [begin, end) at params and
+ * [xbegin, xend) at xparams (the dense and the expert block of ZeRO 1
+ * with the experts divided over ep, zero.h), whose state is one
+ * allocation: o's m, v and master are [n + xn], x's the last xn of them.
+ * A checkpoint reads and writes each kind as one buffer (ckpt.h's second
+ * run). */
+void optimizer_init_pair(Optimizer *o, Optimizer *x, const ParamTable *t, const Backend *be,
+                         float *params, size_t begin, size_t end, float *xparams, size_t xbegin,
+                         size_t xend, Precision precision);
 /* The same with the state offloaded to host memory (see above); params
  * stays in the backend's memory. */
 void optimizer_init_offload(Optimizer *o, const ParamTable *t, const Backend *be, float *params,

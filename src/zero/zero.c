@@ -19,6 +19,13 @@ struct Zero {
      * the expert part of the gradient norm.  Else Pd = P, edp NULL. */
     Comm *ep, *edp;
     size_t Pd;
+    /* ZeRO 1 divided: the expert region sharded over edp in blocks of XS,
+     * this rank's [xown_lo, xown_hi), its reduced gradient xgshard and
+     * the optimizer xopt of it (state in opt's buffers after the dense
+     * block's: optimizer_init_pair) */
+    size_t XS, xown_lo, xown_hi;
+    float *xgshard;
+    Optimizer xopt;
     int stage;
     ParamShard sh;
     Model *model[CFG_MAX_VIRTUAL]; /* one per model chunk held (params_chunk_shard) */
@@ -99,6 +106,23 @@ static void wait_timed(Zero *z, CommHandle *h)
 }
 
 static size_t own_n(const Zero *z) { return z->own_hi - z->own_lo; }
+static size_t xown_n(const Zero *z) { return z->xown_hi - z->xown_lo; }
+
+/* Stages 1-2: every rank's updated block into everyone's whole
+ * parameters: the dense region over dp, the divided experts over edp. */
+static void gather_owned(Zero *z, double *waited)
+{
+    CommHandle h[2];
+    h[0] = comm_iallgather_range_f32(z->dp, z->params + z->own_lo, z->params, 0, z->Pd, z->S);
+    h[1] = z->ep ? comm_iallgather_range_f32(z->edp, z->params + z->xown_lo, z->params + z->Pd, 0,
+                                             z->P - z->Pd, z->XS)
+                 : comm_handle_none();
+    const double t0 = now_s();
+    comm_wait(&h[0]);
+    comm_wait(&h[1]);
+    if (waited)
+        *waited += now_s() - t0;
+}
 
 static int holds(const Zero *z, int l)
 {
@@ -322,7 +346,7 @@ static void take_models(Zero *z, const Config *cfg, const ParamShard *sh, Model 
 
 int zero_ep_divides(const Config *cfg)
 {
-    return cfg->model.moe_experts > 0 && cfg->topology.ep > 1 && cfg->topology.zero == 0 &&
+    return cfg->model.moe_experts > 0 && cfg->topology.ep > 1 && cfg->topology.zero <= 1 &&
            cfg->topology.offload == OFFLOAD_NONE && cfg->model.lora.rank == 0;
 }
 
@@ -345,8 +369,17 @@ Zero *zero_create(const Config *cfg, const Backend *be, const ParamShard *sh, Mo
         z->ep = ep;
         z->edp = edp;
     }
-    z->S = (z->P + (size_t)dp->size - 1) / (size_t)dp->size;
-    comm_shard_part(0, z->P, z->S, dp->rank, &z->own_lo, &z->own_hi);
+    /* ZeRO's blocks over dp cover the dense region (all of [0, P) unless
+     * the experts are divided); the expert region's, over edp. */
+    z->S = (z->Pd + (size_t)dp->size - 1) / (size_t)dp->size;
+    comm_shard_part(0, z->Pd, z->S, dp->rank, &z->own_lo, &z->own_hi);
+    if (z->ep) {
+        const size_t Pe = z->P - z->Pd;
+        z->XS = (Pe + (size_t)edp->size - 1) / (size_t)edp->size;
+        comm_shard_part(0, Pe, z->XS, edp->rank, &z->xown_lo, &z->xown_hi);
+        z->xown_lo += z->Pd;
+        z->xown_hi += z->Pd;
+    }
     group_range(z, PARAMS_OUTER, &z->outer_lo, &z->outer_hi);
     for (int i = 0; i < z->nl; i++) {
         size_t lo, hi;
@@ -383,6 +416,8 @@ Zero *zero_create(const Config *cfg, const Backend *be, const ParamShard *sh, Mo
     }
     if (!whole.optimizer) /* a sharded optimizer steps on the reduced gradient's shard */
         z->gshard = alloc_floats(z, own_n(z) ? own_n(z) : 1, "gradient shard");
+    if (!whole.optimizer && z->ep)
+        z->xgshard = alloc_floats(z, xown_n(z) ? xown_n(z) : 1, "expert gradient shard");
     if (whole.grads) /* ZeRO 0 all-reduces, ZeRO 1 reduce-scatters into the shard */
         z->dpg = dp_grads_create(z->t, z->layers, z->nl, cfg->topology.bucket_mb, dp, z->grads,
                                  z->gshard, z->own_lo, z->S, embed);
@@ -409,11 +444,13 @@ Zero *zero_create(const Config *cfg, const Backend *be, const ParamShard *sh, Mo
     } else if (z->stage == 0) {
         opt_init(&z->opt, z->t, be, z->params, 0, z->P, prec);
     } else if (z->stage <= 2) {
-        opt_init(&z->opt, z->t, be, z->params + z->own_lo, z->own_lo, z->own_hi, prec);
+        if (z->ep) /* the dense block and the expert block (zero_ep_divides: no offload) */
+            optimizer_init_pair(&z->opt, &z->xopt, z->t, be, z->params + z->own_lo, z->own_lo,
+                                z->own_hi, z->params + z->xown_lo, z->xown_lo, z->xown_hi, prec);
+        else
+            opt_init(&z->opt, z->t, be, z->params + z->own_lo, z->own_lo, z->own_hi, prec);
         /* bf16 rounded only our part: make every rank's copy whole again. */
-        CommHandle h =
-            comm_iallgather_range_f32(dp, z->params + z->own_lo, z->params, 0, z->P, z->S);
-        comm_wait(&h);
+        gather_owned(z, NULL);
     } else {
         opt_init(&z->opt, z->t, be, z->pshard, z->own_lo, z->own_hi, prec);
     }
@@ -433,6 +470,7 @@ void zero_free(Zero *z)
 {
     if (!z)
         return;
+    optimizer_free(&z->xopt);
     optimizer_free(&z->opt);
     params_free(&z->table);
     free(z->layers);
@@ -444,6 +482,7 @@ void zero_free(Zero *z)
     if (!z->pshard_host) /* else the optimizer's, freed above */
         be->release(z->pshard);
     be->release(z->gshard);
+    be->release(z->xgshard);
     be->release(z->outer_p);
     be->release(z->outer_g);
     be->release(z->outer_recv);
@@ -477,6 +516,8 @@ void zero_begin_step(Zero *z)
         zero_floats(z, z->grads, z->P);
     if (z->gshard)
         zero_floats(z, z->gshard, own_n(z));
+    if (z->xgshard)
+        zero_floats(z, z->xgshard, xown_n(z));
     if (z->dpg)
         dp_grads_begin_step(z->dpg);
     gather_outer(z);
@@ -612,9 +653,13 @@ void zero_finish_grads(Zero *z)
         return;
     }
     z->stats.exposed_comm_s += dp_grads_finish(z->dpg);
-    z->streamed = z->stream_grads;    /* every bucket's copy is under way */
-    if (z->edp && z->edp->size > 1) { /* the experts' region over the ranks holding them */
+    z->streamed = z->stream_grads;                    /* every bucket's copy is under way */
+    if (z->ep && z->stage == 0 && z->edp->size > 1) { /* over the ranks holding the experts */
         CommHandle h = comm_iallreduce_f32(z->edp, z->grads + z->Pd, z->P - z->Pd);
+        wait_timed(z, &h);
+    } else if (z->ep && z->stage == 1) { /* reduce-scattered into their owners' blocks */
+        CommHandle h = comm_ireduce_scatter_range_f32(z->edp, z->grads + z->Pd, z->xgshard, 0,
+                                                      z->P - z->Pd, z->XS);
         wait_timed(z, &h);
     }
 }
@@ -631,6 +676,10 @@ double zero_grad_sumsq(Zero *z)
     if (z->stage == 0)
         return params_grad_sumsq(z->t, z->be, z->grads, 0, z->P);
     double s = params_grad_sumsq(z->t, z->be, z->gshard, z->own_lo, z->own_hi);
+    /* Divided experts: each (ep rank, edp rank) pair, that is each dp
+     * rank, owns a distinct block of them. */
+    if (z->xgshard)
+        s += params_grad_sumsq(z->t, z->be, z->xgshard, z->xown_lo, z->xown_hi);
     comm_allreduce_f64(z->dp, &s, 1);
     return s;
 }
@@ -645,9 +694,19 @@ void zero_grad_check(Zero *z, BackendStepState *state, float clip)
     optimizer_use_state(&z->opt, state);
 }
 
-void zero_optimizer_skipped(Zero *z) { optimizer_skipped(&z->opt); }
+void zero_optimizer_skipped(Zero *z)
+{
+    optimizer_skipped(&z->opt);
+    if (z->xgshard)
+        optimizer_skipped(&z->xopt);
+}
 
-void zero_scale_grads(Zero *z, float s) { optimizer_scale_grads(&z->opt, s); }
+void zero_scale_grads(Zero *z, float s)
+{
+    optimizer_scale_grads(&z->opt, s);
+    if (z->xgshard)
+        optimizer_scale_grads(&z->xopt, s);
+}
 
 void zero_optimizer_step(Zero *z, float lr, const TrainingConfig *tc)
 {
@@ -657,10 +716,12 @@ void zero_optimizer_step(Zero *z, float lr, const TrainingConfig *tc)
     if (z->stage == 0) {
         optimizer_step(&z->opt, z->params, z->grads, lr, tc);
     } else if (z->stage <= 2) {
+        /* One step count: the checkpoint's (zero_state's adam_t) is opt's. */
+        z->xopt.t = z->opt.t;
         optimizer_step(&z->opt, z->params + z->own_lo, z->gshard, lr, tc);
-        CommHandle h =
-            comm_iallgather_range_f32(z->dp, z->params + z->own_lo, z->params, 0, z->P, z->S);
-        wait_timed(z, &h);
+        if (z->xgshard)
+            optimizer_step(&z->xopt, z->params + z->xown_lo, z->xgshard, lr, tc);
+        gather_owned(z, &z->stats.exposed_comm_s);
     } else {
         optimizer_step(&z->opt, z->pshard, z->gshard, lr, tc);
         /* Gathered copies are stale now. */
@@ -691,6 +752,8 @@ void zero_params_loaded(Zero *z)
                          : z->stage <= 2 ? z->params + z->own_lo
                                          : z->pshard;
     optimizer_params_loaded(&z->opt, owned);
+    if (z->xgshard)
+        optimizer_params_loaded(&z->xopt, z->params + z->xown_lo);
 }
 
 ZeroMemory zero_memory(const Zero *z)
@@ -698,8 +761,9 @@ ZeroMemory zero_memory(const Zero *z)
     ZeroMemory r = {0};
     const size_t shard = z->pshard && !z->pshard_host ? own_n(z) : 0; /* else in the host's */
     r.params = (z->params ? z->P : 0) * sizeof(float) + shard * sizeof(float);
-    r.grads = (z->grads ? z->P : 0) * sizeof(float) + (z->gshard ? own_n(z) : 0) * sizeof(float);
-    r.optimizer = optimizer_bytes(&z->opt);
+    r.grads = (z->grads ? z->P : 0) * sizeof(float) + (z->gshard ? own_n(z) : 0) * sizeof(float) +
+              (z->xgshard ? xown_n(z) : 0) * sizeof(float);
+    r.optimizer = optimizer_bytes(&z->opt) + (z->xgshard ? optimizer_bytes(&z->xopt) : 0);
     r.host_optimizer = optimizer_host_bytes(&z->opt);
     r.buffers = z->buffer_bytes;
     return r;
@@ -779,9 +843,11 @@ ZeroMemory zero_plan_memory(const Config *cfg, const ParamShard *sh, int dp, int
     plan_shard_open(&ps, cfg, sh, dp);
     const int stage = cfg->topology.zero;
     const ZeroWhole whole = STAGES[stage];
-    size_t own_lo, own_hi;
-    zero_block(ps.P, dp, dp_rank, &own_lo, &own_hi);
-    const size_t own = own_hi - own_lo, F = sizeof(float);
+    size_t own_lo, own_hi, xlo, xhi;
+    zero_block(ps.t.dense_numel, dp, dp_rank, &own_lo, &own_hi);
+    /* divided experts: the expert region's block over edp as well (else empty) */
+    zero_block(ps.P - ps.t.dense_numel, dp / ps.t.ep, dp_rank / ps.t.ep, &xlo, &xhi);
+    const size_t own = own_hi - own_lo + xhi - xlo, F = sizeof(float);
     const size_t outer_recv = ps.outer_n < ps.S ? ps.outer_n : ps.S;
     const size_t layer_recv = ps.max_layer < ps.S ? ps.max_layer : ps.S;
     ZeroMemory r = {0};
@@ -846,16 +912,17 @@ uint64_t zero_plan_step_bytes(const Config *cfg, const ParamShard *sh, int dp, i
     if (stage <= 1) {
         bytes +=
             dp_grads_plan_bytes(&ps.t, ps.layers, ps.nl, cfg->topology.bucket_mb, dp, stage == 1);
-        if (ps.t.ep > 1) /* the expert region, all-reduced over edp (zero_finish_grads) */
-            bytes += comm_ring_bytes(ps.P - ps.t.dense_numel, 2, dp / ps.t.ep);
+        if (ps.t.ep > 1) /* the expert region over edp: all-reduced, or reduce-scattered */
+            bytes += comm_ring_bytes(ps.P - ps.t.dense_numel, stage == 1 ? 1 : 2, dp / ps.t.ep);
     } else { /* every micro-batch: each layer's and the outer gradient reduce-scattered */
         uint64_t per_micro = comm_ring_bytes(ps.outer_n, 1, dp);
         for (int i = 0; i < ps.nl; i++)
             per_micro += comm_ring_bytes(layer_n(&ps, ps.layers[i]), 1, dp);
         bytes += (uint64_t)n_micro * per_micro;
     }
-    if (stage == 1 || stage == 2) /* parameters made whole after the step */
-        bytes += comm_ring_bytes(ps.P, 1, dp);
+    if (stage == 1 || stage == 2) /* parameters made whole after the step (gather_owned) */
+        bytes += comm_ring_bytes(ps.t.dense_numel, 1, dp) +
+                 comm_ring_bytes(ps.P - ps.t.dense_numel, 1, dp / ps.t.ep);
     if (stage == 3) {
         int slot_layer[2] = {-1, -1};                /* the optimizer step invalidates both */
         bytes += comm_ring_bytes(ps.outer_n, 1, dp); /* outer tensors, once a step */

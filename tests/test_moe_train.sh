@@ -231,6 +231,17 @@ if [ "$rc" -eq 2 ] && grep -q "topology.ep (4) must divide topology.dp (2)" "$ou
 else
     echo "FAIL: ep 4 of dp 2 exited $rc: $(tail -2 "$out/ep_bad.log")"; fails=$((fails + 1))
 fi
+# training.sample_every decodes with rank 0's model, which at ZeRO 0-1
+# holds only its ep rank's experts: exit 2 at the key.
+timeout 60 "$TRIDENT" plan configs/tiny.yaml "${small[@]}" --set topology.dp=2 "${ep[@]}" \
+    --set training.sample_every=2 > "$out/sample_bad.log" 2>&1
+rc=$?
+if [ "$rc" -eq 2 ] && grep -q "training.sample_every needs the whole model on rank 0, but topology.ep 2" \
+    "$out/sample_bad.log"; then
+    echo "ok   sample_every with the experts divided over ep refused (exit 2)"
+else
+    echo "FAIL: sample_every at ep 2 exited $rc: $(tail -2 "$out/sample_bad.log")"; fails=$((fails + 1))
+fi
 # A dense config does not load the MoE checkpoint: exit 2, the two models named.
 timeout 120 "$TRIDENT" train configs/tiny.yaml "${small[@]}" --set model.moe.experts=0 \
     --set run.dir="$out/resume_dense" --set checkpoint.dir="$out/resume.ckpt" \

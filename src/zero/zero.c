@@ -344,11 +344,7 @@ static void take_models(Zero *z, const Config *cfg, const ParamShard *sh, Model 
     }
 }
 
-int zero_ep_divides(const Config *cfg)
-{
-    return cfg->model.moe_experts > 0 && cfg->topology.ep > 1 && cfg->topology.zero <= 1 &&
-           cfg->topology.offload == OFFLOAD_NONE && cfg->model.lora.rank == 0;
-}
+int zero_ep_divides(const Config *cfg) { return config_ep_divides(cfg); }
 
 Zero *zero_create(const Config *cfg, const Backend *be, const ParamShard *sh, Model *const *models,
                   Comm *dp, Comm *embed, Comm *ep, Comm *edp)

@@ -640,6 +640,20 @@ float zero_forward_backward(Zero *z, const int32_t *tokens, const int32_t *targe
     return loss;
 }
 
+/* Stages 0-1 with the experts divided: the expert region's gradients over
+ * the ranks holding the same experts, once after backward (not overlapped
+ * yet): all-reduced (ZeRO 0), or reduce-scattered into their blocks. */
+static void reduce_experts(Zero *z)
+{
+    if (!z->ep || (z->stage == 0 && z->edp->size == 1))
+        return;
+    CommHandle h = z->stage == 0
+                       ? comm_iallreduce_f32(z->edp, z->grads + z->Pd, z->P - z->Pd)
+                       : comm_ireduce_scatter_range_f32(z->edp, z->grads + z->Pd, z->xgshard, 0,
+                                                        z->P - z->Pd, z->XS);
+    wait_timed(z, &h);
+}
+
 void zero_finish_grads(Zero *z)
 {
     if (z->stage >= 2) {
@@ -649,15 +663,8 @@ void zero_finish_grads(Zero *z)
         return;
     }
     z->stats.exposed_comm_s += dp_grads_finish(z->dpg);
-    z->streamed = z->stream_grads;                    /* every bucket's copy is under way */
-    if (z->ep && z->stage == 0 && z->edp->size > 1) { /* over the ranks holding the experts */
-        CommHandle h = comm_iallreduce_f32(z->edp, z->grads + z->Pd, z->P - z->Pd);
-        wait_timed(z, &h);
-    } else if (z->ep && z->stage == 1) { /* reduce-scattered into their owners' blocks */
-        CommHandle h = comm_ireduce_scatter_range_f32(z->edp, z->grads + z->Pd, z->xgshard, 0,
-                                                      z->P - z->Pd, z->XS);
-        wait_timed(z, &h);
-    }
+    reduce_experts(z);
+    z->streamed = z->stream_grads; /* every bucket's copy is under way */
 }
 
 double zero_grad_sumsq(Zero *z)

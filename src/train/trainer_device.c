@@ -110,9 +110,11 @@ void trainer_use_device(Trainer *tr)
 #else
     const int shared = 0;
 #endif
+    /* The last, the expert-data-parallel group, reduces device gradients
+     * only where ep divides the experts (and gets a NCCL communicator then). */
     Comm *groups[] = {&tr->comms.world, &tr->comms.tp, &tr->comms.dp,    &tr->comms.pp,
                       &tr->comms.mp,    &tr->comms.cp, &tr->comms.embed, &tr->comms.edp};
-    const int n_groups = (int)(sizeof groups / sizeof *groups);
+    const int n_groups = (int)(sizeof groups / sizeof *groups) - !config_ep_divides(tr->cfg);
     for (int i = 0; i < n_groups; i++)
         comm_use_memory(groups[i], tr->be);
     /* The expert-parallel all-to-all stays on MPI (host staging), NCCL or not. */

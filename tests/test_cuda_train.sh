@@ -10,7 +10,8 @@
 #
 # Per-step loss against the CPU run of the same config and seed, 8 steps:
 #   a mixture of experts (GPT-2, 4 experts, a shared one, capacity 1.0; 4 steps),
-#   also at dp 2 with ep 2, and at tp 2 with sequence parallelism (2 steps);
+#   also at dp 2 with ep 2 (ZeRO 0, and ZeRO 1 saved and resumed on the CPU),
+#   and at tp 2 with sequence parallelism (2 steps);
 #   GPT-2 and Llama (GQA) on 1 rank, fp32 and bf16 (bf16 GEMMs on both
 #   sides, within 1e-4), selective and full recompute;
 #   dp 2 with ZeRO 1 and ZeRO 3, and pp 2 with tied embeddings (staged
@@ -108,8 +109,21 @@ run moe 1 "${moe[@]}"
 run moe_cuda 1 "${moe[@]}" "${cuda[@]}"
 curves moe moe_cuda --to 4 --rtol "$TOL" --norm-rtol "$(python3 -c "print(100 * $TOL)")"
 # Expert parallelism: the all-to-all of device rows (staged through the host).
+# ep divides the experts' memory (docs/moe.md): at ZeRO 0, and at ZeRO 1
+# with the optimizer's second block on the device, saved through the host
+# copies and resumed on the CPU (steps 3-4 follow from the Adam state).
 run moe_cuda_ep2 2 "${moe[@]}" "${cuda[@]}" --set topology.dp=2 --set topology.ep=2
 curves moe moe_cuda_ep2 --to 4 --rtol "$TOL" --norm-rtol "$(python3 -c "print(100 * $TOL)")"
+RUN_CKPT=1 run moe_cuda_ep2_zero1 2 "${moe[@]}" "${cuda[@]}" --set topology.dp=2 \
+    --set topology.ep=2 --set topology.zero=1 --set checkpoint.every=2
+curves moe moe_cuda_ep2_zero1 --to 4 --rtol "$TOL" --norm-rtol "$(python3 -c "print(100 * $TOL)")"
+cp -r "$out/moe_cuda_ep2_zero1/ckpt" "$out/moe_zero1.ckpt"
+rm -rf "$out/moe_zero1.ckpt"/step_00000004
+echo step_00000002 > "$out/moe_zero1.ckpt/latest"
+run moe_zero1_cpu 1 "${moe[@]}" --set checkpoint.dir="$out/moe_zero1.ckpt"
+grep -q "resumed from .*step_00000002" "$out/moe_zero1_cpu.log" \
+    || { echo "FAIL: moe_zero1_cpu did not resume"; fails=$((fails + 1)); }
+curves moe moe_zero1_cpu --from 3 --to 4 --rtol "$TOL" --norm-rtol "$(python3 -c "print(100 * $TOL)")"
 # Tensor parallelism with sequence parallelism: each expert split over tp
 # 2, the branch reduce-scattered, the routing weights' gradient all-reduced
 # (device buffers); 2 steps (within the warmup, so the 4-step run's first

@@ -74,6 +74,55 @@ run llama_ep2_zero3 2 "${llama[@]}" --set topology.dp=2 "${ep[@]}" --set topolog
 compare llama llama_ep2_zero3
 run gpt2_dp4_ep4 4 --set topology.dp=4 --set topology.ep=4
 compare gpt2 gpt2_dp4_ep4
+# dp 4, ep 2: expert-data-parallel groups of two ranks, at ZeRO 1 (saved,
+# resumed below) and 3 too.
+RUN_CKPT=1 run gpt2_dp4_ep2_zero1 4 --set topology.dp=4 "${ep[@]}" --set topology.zero=1 \
+    --set checkpoint.every=2
+compare gpt2 gpt2_dp4_ep2_zero1
+run gpt2_dp4_ep2_zero3 4 --set topology.dp=4 "${ep[@]}" --set topology.zero=3
+compare gpt2 gpt2_dp4_ep2_zero3
+# ep divides the experts' memory at ZeRO 0 and 1 (memory_bytes of the
+# first record, rank 0's, against sizes counted here from the written
+# config): the weights are the 1-rank run's less (ep - 1) / ep of the
+# experts; at ZeRO 0 so are the gradients, and the optimizer state is
+# twice that (Adam's m and v); at ZeRO 1 the optimizer state is rank 0's
+# block of the dense part over dp and of its experts over dp / ep, m and v,
+# and the gradients the whole buffer plus those blocks.  At ZeRO 3 every
+# rank still holds a block of every expert.
+python3 - "$out" <<'PY' || fails=$((fails + 1))
+import json, sys
+out, bad = sys.argv[1], []
+def first(name):
+    return json.loads(open(f"{out}/{name}/metrics.jsonl").readline())["memory_bytes"]
+def moe(name):
+    text = open(f"{out}/{name}/config.yaml").read()
+    model = dict(l.strip().split(": ", 1) for l in text.split("\nmodel:\n")[1].split("\n  moe:\n")[0]
+                 .splitlines() if l.startswith("  ") and ": " in l)
+    block = text.split("\n  moe:\n")[1].splitlines()
+    m = dict(l.strip().split(": ", 1) for l in block if l.startswith("    "))
+    C, L, E, every = (int(model["hidden"]), int(model["layers"]), int(m["experts"]), int(m["every"]))
+    F = int(m["ffn_hidden"]) or int(model["ffn_hidden"])
+    layers = sum(1 for l in range(L) if (l + 1) % every == 0)
+    return layers * E * (2 * C * F + F + C)  # gpt2 experts: fc, fc bias, proj, proj bias
+whole = first("gpt2")["params"] // 4
+X = moe("gpt2")
+ceil = lambda a, b: -(-a // b)
+for name, dp, ep, zero in [("gpt2", 1, 1, 0), ("gpt2_ep2", 2, 2, 0), ("gpt2_dp4_ep2", 4, 2, 0),
+                           ("gpt2_dp4_ep4", 4, 4, 0), ("gpt2_ep2_zero1", 2, 2, 1),
+                           ("gpt2_dp4_ep2_zero1", 4, 2, 1)]:
+    mem = first(name)
+    n = whole - X + X // ep
+    if zero == 0:
+        want = (4 * n, 4 * n, 8 * n)
+    else:
+        block = ceil(whole - X, dp) + ceil(X // ep, dp // ep)
+        want = (4 * n, 4 * (n + block), 8 * block)
+    got = (mem["params"], mem["grads"], mem["optimizer"])
+    if got != want:
+        bad.append((name, got, want))
+print(("FAIL" if bad else "ok  ") + f" experts' memory divided over ep at ZeRO 0 and 1: {bad}")
+sys.exit(1 if bad else 0)
+PY
 # Tensor and sequence parallelism: every expert split over tp like the
 # dense MLP, alone, under sequence parallelism and with ep.
 tp=(--set topology.tp=2)
@@ -150,10 +199,24 @@ resume() { # from, name, ranks, settings...
     run "$name" "$n" --set checkpoint.dir="$out/$name.ckpt" "$@"
     grep -q "resumed from .*step_00000002" "$out/$name.log" \
         || { echo "FAIL: $name did not resume"; fails=$((fails + 1)); }
-    curves gpt2 "$name" --from 3 --to 3
+    curves "${RESUME_REF:-gpt2}" "$name" --from 3 --to "${RESUME_TO:-3}"
 }
 resume gpt2 resume_dp2_ep2 2 --set topology.dp=2 "${ep[@]}"
 resume gpt2_ep2 resume_ep1 1
+# Each rank writes and reads its own experts' rows, optimizer state
+# included (step 4 follows from step 3's Adam update): ep 2 -> ep 4 and
+# dp 4 x ep 2, against the 1-rank checkpoint resumed on one rank (4 steps).
+resume gpt2 resume_4 1 --set training.steps=4
+for to in "resume_dp4_ep4 --set topology.ep=4" "resume_dp4_ep2 ${ep[*]}" \
+    "resume_dp4_ep2_zero1 ${ep[*]} --set topology.zero=1"; do
+    set -- $to
+    RESUME_REF=resume_4 RESUME_TO=4 resume gpt2_ep2 "$1" 4 --set topology.dp=4 "${@:2}" \
+        --set training.steps=4
+done
+# A ZeRO 1 checkpoint with the experts' optimizer state in blocks over the
+# expert-data-parallel pairs, on one rank.
+RESUME_REF=resume_4 RESUME_TO=4 resume gpt2_dp4_ep2_zero1 resume_zero1_ep1 1 \
+    --set training.steps=4
 # Across tp: the ep 2 x tp 2 checkpoint on one rank, the 1-rank one at tp 2
 # with sequence parallelism (the experts are saved in the global layout).
 resume gpt2_ep2_tp2 resume_tp1 1
@@ -167,6 +230,17 @@ if [ "$rc" -eq 2 ] && grep -q "topology.ep (4) must divide topology.dp (2)" "$ou
     echo "ok   ep 4 of dp 2 refused (exit 2)"
 else
     echo "FAIL: ep 4 of dp 2 exited $rc: $(tail -2 "$out/ep_bad.log")"; fails=$((fails + 1))
+fi
+# training.sample_every decodes with rank 0's model, which at ZeRO 0-1
+# holds only its ep rank's experts: exit 2 at the key.
+timeout 60 "$TRIDENT" plan configs/tiny.yaml "${small[@]}" --set topology.dp=2 "${ep[@]}" \
+    --set training.sample_every=2 > "$out/sample_bad.log" 2>&1
+rc=$?
+if [ "$rc" -eq 2 ] && grep -q "training.sample_every needs the whole model on rank 0, but topology.ep 2" \
+    "$out/sample_bad.log"; then
+    echo "ok   sample_every with the experts divided over ep refused (exit 2)"
+else
+    echo "FAIL: sample_every at ep 2 exited $rc: $(tail -2 "$out/sample_bad.log")"; fails=$((fails + 1))
 fi
 # A dense config does not load the MoE checkpoint: exit 2, the two models named.
 timeout 120 "$TRIDENT" train configs/tiny.yaml "${small[@]}" --set model.moe.experts=0 \

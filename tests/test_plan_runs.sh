@@ -3,11 +3,15 @@
 #
 #  1. Memory: for single rank, dp 4 with each ZeRO stage (fp32, and bf16 for
 #     stage 3), tp 2, tp 2 Llama with sequence parallelism, pp 2, pp 4 and
-#     the 3D mesh tp 2 x pp 2 x dp 2, the plan's per-rank bytes of stage 0
+#     the 3D mesh tp 2 x pp 2 x dp 2, a mixture of experts at dp 4 x ep 2
+#     with ZeRO 0 and 1 (the experts' memory divided over ep, their
+#     gradients all-reduced or reduce-scattered over the expert-data-parallel
+#     pairs), the plan's per-rank bytes of stage 0
 #     (rank 0 writes the metrics) per category, and every stage's activation
 #     bytes, are within 10% of the allocation report of the first step.
 #  2. Communication: comm_bytes of step 2 (what src/comm counts on rank 0's
-#     data-parallel communicator; step 1 also holds ZeRO's start-up gather)
+#     data-parallel communicators, dp and the experts' edp; step 1 also
+#     holds ZeRO's start-up gather)
 #     equals the plan's DP bytes per step exactly.
 #  3. Published runs (configs/published/): the plan (--storage bf16, as
 #     they stored) fits the GPU the run used and its MFU is within 10 points
@@ -34,6 +38,8 @@ cases=(
     "pp2 2 --set topology.pp=2"
     "pp4 4 --set topology.pp=4 --set model.tie_embeddings=false"
     "mesh_tp2_pp2_dp2 8 --set topology.tp=2 --set topology.pp=2 --set topology.dp=2 --set topology.zero=1"
+    "moe_dp4_ep2 4 --set topology.dp=4 --set topology.ep=2 --set model.moe.experts=4"
+    "moe_dp4_ep2_zero1 4 --set topology.dp=4 --set topology.ep=2 --set model.moe.experts=4 --set topology.zero=1"
 )
 
 for c in "${cases[@]}"; do

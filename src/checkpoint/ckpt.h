@@ -43,7 +43,20 @@ typedef enum {
 typedef struct {
     float *data;
     size_t lo, hi;
+    /* A second run [xlo, xhi), stored in data after the first (hi - lo
+     * floats on): a ZeRO 1 optimizer with the experts divided over ep owns
+     * a block of the dense region and one of the expert region (zero.h).
+     * Empty (xlo == xhi) otherwise.  Use ckpt_range_n and ckpt_range_at. */
+    size_t xlo, xhi;
 } CkptRange;
+
+/* Floats held by r; where flat element i (in one of its runs) is. */
+static inline size_t ckpt_range_n(const CkptRange *r) { return r->hi - r->lo + r->xhi - r->xlo; }
+static inline float *ckpt_range_at(const CkptRange *r, size_t i)
+{
+    return i >= r->lo && i < r->hi ? r->data + (i - r->lo)
+                                   : r->data + (r->hi - r->lo) + (i - r->xlo);
+}
 
 /* A rank's view of the state it holds, for save and load. */
 typedef struct {
@@ -56,6 +69,12 @@ typedef struct {
      * under ZeRO 0-2, optimizer state under ZeRO 0) is written once, in
      * parallel, in dp pieces. */
     size_t block_lo, block_hi;
+    /* Experts divided over ep (ParamTable.ep > 1): block is this rank's
+     * block of the dense region [0, dense_numel) over dp, and xblock its
+     * block of the expert region [dense_numel, P) over the dp / ep ranks
+     * holding the same experts (dp rank / ep of dp / ep), through which
+     * the expert tensors are written.  Else xblock is empty. */
+    size_t xblock_lo, xblock_hi;
     int pp_rank;           /* the stage file this rank writes */
     int dp_rank, dp, zero; /* dp, zero recorded in the index (tp: from the table) */
     Comm *world;           /* every rank of the job (all take part in save/load) */
@@ -63,8 +82,10 @@ typedef struct {
 
 /* The usual layouts of src/zero (zero.h): sets block from (dp_rank, dp),
  * part[].lo/hi for ZeRO `zero` (weights [0,P) for 0-2, the block for 3;
- * optimizer state [0,P) for 0, the block for 1-3) and clears every data
- * pointer: the caller then points part[k].data at its buffers. */
+ * optimizer state [0,P) for 0, the block for 1-3; with the experts divided
+ * over ep the blocks are the dense one, and xblock as part's second run)
+ * and clears every data pointer: the caller then points part[k].data at
+ * its buffers. */
 void ckpt_view_init(CkptShardView *v, const ParamTable *t, int zero, int dp_rank, int dp,
                     int pp_rank, Comm *world);
 

@@ -51,7 +51,7 @@ size_t ckpt_async_bytes(const CkptShardView *v)
     size_t n = 0;
     for (int k = 0; k < CKPT_KINDS; k++)
         if (v->part[k].data)
-            n += (v->part[k].hi - v->part[k].lo) * sizeof(float);
+            n += ckpt_range_n(&v->part[k]) * sizeof(float);
     return n;
 }
 
@@ -76,7 +76,7 @@ CkptAsync *ckpt_async_create(const CkptShardView *v, int own)
         /* Touched now, by the threads that copy into it: the memory is
          * the process's from the start (as the planner counts it), and the
          * first save does not pay for the page faults. */
-        const size_t n = r->hi - r->lo ? r->hi - r->lo : 1;
+        const size_t n = ckpt_range_n(r) ? ckpt_range_n(r) : 1;
         r->data = trd_malloc(n * sizeof(float), "checkpoint snapshot");
 #pragma omp parallel for schedule(static)
         for (size_t i = 0; i < n; i += 1024)
@@ -134,12 +134,14 @@ int ckpt_async_snapshot(CkptAsync *a, const float *const src[CKPT_KINDS], int64_
         if (!r->data)
             continue;
         size_t first = 0;
-        const int64_t bad = copy_counting(r->data, src[k], r->hi - r->lo, &first);
+        const int64_t bad = copy_counting(r->data, src[k], ckpt_range_n(r), &first);
         if (!bad || rc)
             continue;
-        /* The tensor of the first one: its flat element r->lo + first. */
+        /* The tensor of the first one: its flat element r->lo + first
+         * (or in the second run, ckpt.h). */
         const ParamTable *t = a->view.table;
-        const size_t at = r->lo + first;
+        const size_t n1 = r->hi - r->lo;
+        const size_t at = first < n1 ? r->lo + first : r->xlo + (first - n1);
         const char *name = "?";
         for (int i = 0; i < t->n; i++)
             if (at >= t->p[i].offset && at < t->p[i].offset + t->p[i].numel)

@@ -1596,7 +1596,7 @@ static int read_pieces(Imp *im, const CkptShardView *v, const char *dir, char er
         for (int k = 0; code == 0 && k < 2; k++) {
             const CkptRange *r = &v->part[k == 0 ? CKPT_PARAMS : CKPT_MASTER];
             for (int j = 0; j < ns[k]; j++)
-                copy_slab(&slabs[k][j], g, cols, r->data + (slabs[k][j].first - r->lo));
+                copy_slab(&slabs[k][j], g, cols, ckpt_range_at(r, slabs[k][j].first));
         }
     }
     free(g);

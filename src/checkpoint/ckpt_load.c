@@ -608,7 +608,7 @@ static int read_kind(Reader *r, const CkptIndex *ix, const CkptShardView *v, Ckp
         }
         /* Every holder reads its rows, replicated ones included. */
         for (int j = 0; j < ns; j++)
-            if (read_slab(r, e, &slabs[j], part->data + (slabs[j].first - part->lo), err) != 0)
+            if (read_slab(r, e, &slabs[j], ckpt_range_at(part, slabs[j].first), err) != 0)
                 return -1;
     }
     return 0;
@@ -618,7 +618,9 @@ static int read_kind(Reader *r, const CkptIndex *ix, const CkptShardView *v, Ckp
 static int gathered(const CkptShardView *v, CkptKind k)
 {
     const CkptRange *part = &v->part[k];
-    return v->dp > 1 && part->data && part->lo == 0 && part->hi == v->table->numel;
+    /* Experts divided over ep: the dp ranks do not hold the same range. */
+    return v->dp > 1 && part->data && part->lo == 0 && part->hi == v->table->numel &&
+           v->table->ep == 1;
 }
 
 /* Complete the gathered kinds over the DP group (collective over world). */
@@ -671,6 +673,8 @@ static int load(const char *step_dir, const CkptShardView *v, CkptState *st, con
             const int g = gathered(v, (CkptKind)k);
             rc = read_kind(&r, &ix, v, (CkptKind)k, g ? v->block_lo : part->lo,
                            g ? v->block_hi : part->hi, err);
+            if (rc == 0) /* a second run (ckpt.h), else empty */
+                rc = read_kind(&r, &ix, v, (CkptKind)k, part->xlo, part->xhi, err);
         }
         reader_close(&r);
         H5Pclose(r.fapl);

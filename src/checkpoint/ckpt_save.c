@@ -36,11 +36,25 @@ void ckpt_view_init(CkptShardView *v, const ParamTable *t, int zero, int dp_rank
     /* ZeRO's rule (zero.h): what stage `zero` keeps whole, what in blocks. */
     const size_t P = t->numel;
     zero_block(P, dp, dp_rank, &v->block_lo, &v->block_hi);
+    v->xblock_lo = v->xblock_hi = P;
+    if (t->ep > 1) { /* experts divided over ep (params.h): two regions, two groups */
+        const size_t Pd = t->dense_numel;
+        TRD_ASSERT(dp % t->ep == 0 && dp_rank % t->ep == t->ep_rank);
+        zero_block(Pd, dp, dp_rank, &v->block_lo, &v->block_hi);
+        zero_block(P - Pd, dp / t->ep, dp_rank / t->ep, &v->xblock_lo, &v->xblock_hi);
+        v->xblock_lo += Pd;
+        v->xblock_hi += Pd;
+        TRD_ASSERT(zero <= 1); /* zero_ep_divides */
+    }
     const ZeroWhole whole = zero_stage_whole(zero);
     for (int k = 0; k < CKPT_KINDS; k++) {
         const int w = k == CKPT_PARAMS ? whole.params : whole.optimizer;
         v->part[k] =
             (CkptRange){.data = NULL, .lo = w ? 0 : v->block_lo, .hi = w ? P : v->block_hi};
+        if (!w && t->ep > 1) { /* the expert block, the optimizer's second range */
+            v->part[k].xlo = v->xblock_lo;
+            v->part[k].xhi = v->xblock_hi;
+        }
     }
     v->table = t;
     v->pp_rank = pp_rank;
@@ -230,8 +244,12 @@ static int writer_slabs(const CkptShardView *v, const ParamSpec *p, int k, int64
                         CkptSlab out[CKPT_MAX_RUNS])
 {
     const CkptRange *r = &v->part[k];
-    size_t lo = r->lo > v->block_lo ? r->lo : v->block_lo;
-    size_t hi = r->hi < v->block_hi ? r->hi : v->block_hi;
+    const size_t blo = p->ep_region ? v->xblock_lo : v->block_lo;
+    const size_t bhi = p->ep_region ? v->xblock_hi : v->block_hi;
+    const int second = p->ep_region && r->xhi > r->xlo; /* in the range's second run */
+    size_t lo = second ? r->xlo : r->lo, hi = second ? r->xhi : r->hi;
+    lo = lo > blo ? lo : blo;
+    hi = hi < bhi ? hi : bhi;
     if (lo >= hi)
         return 0;
     CkptSlab all[CKPT_MAX_RUNS];
@@ -335,7 +353,7 @@ static int write_stage(const char *path, const CkptShardView *v, const Catalog *
         const int ns = writer_slabs(v, p, x->kind, x->e.shape[0], slabs);
         for (int j = 0; j < ns; j++) {
             const CkptSlab *s = &slabs[j];
-            const float *src = v->part[x->kind].data + (s->first - v->part[x->kind].lo);
+            const float *src = ckpt_range_at(&v->part[x->kind], s->first);
             write_slab(&raw, x->d, &x->e, s, src, x->e.kind, &io);
             const int64_t bad = ckpt_checksum_slab(
                 s, x->e.shape[1], ckpt_block_rows(x->e.ndim, x->e.shape), src, sums + x->sum_at);

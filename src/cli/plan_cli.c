@@ -10,6 +10,7 @@
 #include "model/params.h"
 #include "pipeline_par/pp_schedule.h"
 #include "plan/plan.h"
+#include "zero/zero.h"
 
 #define GIB     (1024.0 * 1024.0 * 1024.0)
 #define MAX_TOP 50
@@ -115,9 +116,12 @@ static void print_expert_parallel(FILE *f, const Config *cfg, const PlanResult *
     fprintf(f,
             "expert parallel: ep %d of dp %d, each rank running %d of %d experts; all-to-all "
             "%.4g MiB per rank per MoE layer and micro-batch (balanced routing), %.4g MiB per "
-            "rank per step over %d MoE layer(s) / pp %d; expert weights replicated over dp\n",
+            "rank per step over %d MoE layer(s) / pp %d; %s\n",
             ep, r->dp, mc->moe_experts / ep, mc->moe_experts, layer / (1024.0 * 1024.0),
-            layer * r->n_micro * moe_layers / r->pp / (1024.0 * 1024.0), moe_layers, r->pp);
+            layer * r->n_micro * moe_layers / r->pp / (1024.0 * 1024.0), moe_layers, r->pp,
+            zero_ep_divides(cfg) ? "expert weights, gradients and optimizer state divided over ep, "
+                                   "their gradients reduced over the dp / ep ranks holding them"
+                                 : "expert weights replicated over dp (ZeRO 2-3)");
 }
 
 /* Tensor parallelism (docs/moe.md): the one collective MoE adds, the
@@ -144,12 +148,16 @@ static void print_expert_tensor_parallel(FILE *f, const PlanResult *r)
 /* The experts' weights a rank holds (docs/moe.md): the stacked experts of
  * every MoE layer of its pipeline stage, each expert split over tp like
  * the dense MLP (the table of tp rank 0 over the whole model, / pp), and
- * replicated over dp: ep divides their work, not yet their memory. */
+ * E / ep of them where ep divides their memory (zero_ep_divides), else
+ * all of them, replicated over dp. */
 static void print_expert_memory(FILE *f, const Config *cfg, const PlanResult *r)
 {
     ParamShard sh = params_full_shard(&cfg->model);
     sh.tp = r->tp;
     sh.tp_rank = 0;
+    const int divided = zero_ep_divides(cfg);
+    if (divided) /* the trainer's shard (trainer.c): ep rank 0's */
+        sh.ep = cfg->topology.ep;
     ParamTable t;
     params_build_base(&t, &cfg->model, &sh);
     double n = 0;
@@ -158,10 +166,14 @@ static void print_expert_memory(FILE *f, const Config *cfg, const PlanResult *r)
             n += (double)t.p[i].numel;
     params_free(&t);
     n /= r->pp;
+    char held[64] = "replicated over dp";
+    if (divided)
+        snprintf(held, sizeof held, "%d of %d experts (ep %d)", cfg->model.moe_experts / sh.ep,
+                 cfg->model.moe_experts, sh.ep);
     fprintf(f,
             "expert weights per rank: %.4g M parameters (%.4g MiB at %d bytes): each expert "
-            "split over tp %d, the MoE layers of 1 of pp %d stage(s), replicated over dp\n",
-            1e-6 * n, n * r->elem_param / (1024.0 * 1024.0), r->elem_param, r->tp, r->pp);
+            "split over tp %d, the MoE layers of 1 of pp %d stage(s), %s\n",
+            1e-6 * n, n * r->elem_param / (1024.0 * 1024.0), r->elem_param, r->tp, r->pp, held);
 }
 
 static void print_layout(FILE *f, const Config *cfg, const PlanCluster *c, const PlanResult *r)

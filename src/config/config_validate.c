@@ -176,6 +176,12 @@ static int check_optimizer(Checker *c)
         return verr(c, "training.weight_decay", "training.weight_decay (%g) must be >= 0",
                     tr->weight_decay);
     const TopologyConfig *t = &c->cfg->topology;
+    if (tr->sample_every > 0 && config_ep_divides(c->cfg))
+        return verr(c, "training.sample_every",
+                    "training.sample_every needs the whole model on rank 0, but topology.ep %d "
+                    "divides the experts over ranks at topology.zero %d: sample from a "
+                    "checkpoint with `trident generate` instead",
+                    t->ep, t->zero);
     if (tr->sample_every > 0 && (t->tp > 1 || t->pp > 1 || t->cp > 1 || t->zero == 3))
         return verr(c, "training.sample_every",
                     "training.sample_every needs the whole model on rank 0, and whole "

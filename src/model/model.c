@@ -113,6 +113,8 @@ static void layer_offsets(GroupOffsets *g, const ParamTable *t, int l, int gpt2)
         g->off[k] = nm ? offset_of(t, name) : NO_TENSOR;
     }
     params_group_range(t, l, &g->lo, &g->hi);
+    params_group_range(t, PARAMS_EXPERTS(l), &g->x_lo, &g->x_hi);
+    g->x_split = moe && t->ep > 1;
     TRD_ASSERT(g->off[2] != NO_TENSOR && g->off[4] != NO_TENSOR);
     TRD_ASSERT(moe ? g->off[13] != NO_TENSOR && g->off[14] != NO_TENSOR && g->off[17] != NO_TENSOR
                    : g->off[8] != NO_TENSOR && g->off[11] != NO_TENSOR &&
@@ -158,8 +160,16 @@ static void lora_offsets(GroupOffsets *g, const ParamTable *t, int l)
 /* Point the fields at storage that holds the group's range [lo, hi). */
 static void bind_fields(float **f, int n, const GroupOffsets *g, float *storage)
 {
-    for (int k = 0; k < n; k++)
+    for (int k = 0; k < (g->x_split && n > LP_EXPERTS ? LP_EXPERTS : n); k++)
         f[k] = g->off[k] == NO_TENSOR ? NULL : storage + (g->off[k] - g->lo);
+}
+
+/* The stacked experts' fields of a divided MoE layer, at storage holding
+ * [x_lo, x_hi). */
+static void bind_expert_fields(float **f, const GroupOffsets *g, float *storage)
+{
+    for (int k = LP_EXPERTS; g->x_split && k < LP_FIELDS; k++)
+        f[k] = g->off[k] == NO_TENSOR ? NULL : storage + (g->off[k] - g->x_lo);
 }
 
 static void bind_outer(OuterParams *op, const GroupOffsets *g, float *storage, int tied)
@@ -843,8 +853,21 @@ Model *model_create(const Config *cfg, const Backend *be, const ParamShard *sh, 
         const int i = l - sh->chunk[0].begin;
         size_t lo = m->lora ? m->lora_off[i].lo : m->lo_off[i].lo;
         model_bind(m, l, m->params + lo, m->grads + lo);
+        model_bind_experts(m, l, m->params + m->lo_off[i].x_lo, m->grads + m->lo_off[i].x_lo);
     }
     return m;
+}
+
+void model_bind_experts(Model *m, int l, float *params, float *grads)
+{
+    const int i = l - m->sh.chunk[0].begin;
+    TRD_ASSERT(i >= 0 && i < m->nl);
+    if (m->lora) /* the adapters only: never divided */
+        return;
+    if (params)
+        bind_expert_fields(m->lp[i].f, &m->lo_off[i], params);
+    if (grads)
+        bind_expert_fields(m->lg[i].f, &m->lo_off[i], grads);
 }
 
 void model_bind(Model *m, int group, float *params, float *grads)

@@ -61,6 +61,11 @@ Model *model_create_unbound(const Config *cfg, const Backend *be, const ParamSha
  * holding the group's flat range [lo, hi) of params_group_range: tensor p is
  * then at params + (p->offset - lo).  NULL keeps that side's binding. */
 void model_bind(Model *m, int group, float *params, float *grads);
+/* With the experts divided over ep (ParamShard.ep > 1), layer l's stacked
+ * experts are the group PARAMS_EXPERTS(l), bound apart from the layer:
+ * params and grads hold its range (NULL: leave that binding).  A no-op for
+ * a layer without divided experts. */
+void model_bind_experts(Model *m, int l, float *params, float *grads);
 
 const ParamTable *model_params(const Model *m);
 /* LoRA (model.lora.rank > 0): the frozen base weights' table and their

@@ -88,7 +88,13 @@ typedef union {
 typedef struct {
     size_t lo, hi;         /* the group's flat range */
     size_t off[LP_FIELDS]; /* per field (OuterParams uses the first OP_FIELDS) */
+    /* A MoE layer whose experts are divided over ep (params.h): fields from
+     * LP_EXPERTS on live in the expert region, group PARAMS_EXPERTS(l) at
+     * [x_lo, x_hi), bound by model_bind_experts; model_bind leaves them. */
+    int x_split;
+    size_t x_lo, x_hi;
 } GroupOffsets;
+enum { LP_EXPERTS = 14 }; /* the first stacked-experts field of LayerParams */
 
 /* Activations of one layer that its backward reads.  Under recompute some
  * of these point into one set shared by all layers (see carve_activations). */

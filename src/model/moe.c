@@ -31,10 +31,13 @@
  * and sends the outputs back the same way.  Backward: the gradients at the
  * outputs go to the experts' ranks, the gradients at the inputs come back.
  * An expert's weight gradient on its rank is then the sum over the tokens
- * of the whole ep group; the weights stay replicated over dp and the
- * other ranks' gradient of that expert is 0, so the data-parallel
- * all-reduce (or ZeRO's reduce-scatter) gives every rank the sum over all
- * tokens, as without ep.
+ * of the whole ep group.  Where the experts' memory is divided over ep
+ * (zero_ep_divides: ZeRO 0-1) a rank holds its own E / ep experts only
+ * (held() indexes them) and the expert-data-parallel reduction (the dp / ep
+ * ranks with the same ep rank) sums each expert's gradient over all tokens;
+ * else every rank holds every expert, the others' gradient of it is 0, and
+ * the data-parallel all-reduce (or ZeRO's reduce-scatter) gives the same
+ * sum.
  *
  * Tensor parallelism (Megatron's expert tensor parallelism): every expert,
  * and the shared experts, split over TP as the dense MLP is (fc, gate, up
@@ -164,6 +167,11 @@ static void moe_exchange(const Model *m, const MoeRoute *rt, const float *send, 
  * first_expert + i % El (with ep 1, block e is expert e's rows). */
 static int first_expert(const Model *m) { return m->ep > 1 ? m->epc->rank * m->d.El : 0; }
 
+/* Expert e's block in the bound expert tensors: e itself when they hold
+ * every expert, e's place among this rank's E / ep when the experts'
+ * memory is divided over ep (ParamShard.ep, params.h). */
+static int held(const Model *m, int e) { return m->sh.ep > 1 ? e - first_expert(m) : e; }
+
 static void moe_count(Model *m, const MoeRoute *rt)
 {
     MoeStats *st = &m->moe_stats;
@@ -234,7 +242,7 @@ void moe_forward(Model *m, const LayerParams *p, LayerActs *a, float *out)
         moe_exchange(m, rt, rows, a->x_in, 0);
     }
     for (int i = 0; i < ep * El; i++) {
-        const int o = rt->roff[i], n = rt->roff[i + 1] - o, e = first_expert(m) + i % El;
+        const int o = rt->roff[i], n = rt->roff[i + 1] - o, e = held(m, first_expert(m) + i % El);
         if (n == 0)
             continue;
         const size_t eF = (size_t)e * Fe * C; /* expert e's first weight of fc/up and proj */
@@ -301,7 +309,7 @@ void moe_backward(Model *m, const LayerParams *p, const LayerParams *g, const La
     }
     zero(m, dx, (size_t)rt->roff[ep * El] * C);
     for (int i = 0; i < ep * El; i++) {
-        const int o = rt->roff[i], n = rt->roff[i + 1] - o, e = first_expert(m) + i % El;
+        const int o = rt->roff[i], n = rt->roff[i + 1] - o, e = held(m, first_expert(m) + i % El);
         if (n == 0)
             continue;
         const size_t eF = (size_t)e * Fe * C;

@@ -16,7 +16,9 @@ ParamShard params_full_shard(const ModelConfig *m)
                      .n_chunks = 1,
                      .chunk = {{0, m->layers}},
                      .has_embed = 1,
-                     .has_head = 1};
+                     .has_head = 1,
+                     .ep = 1,
+                     .ep_rank = 0};
     return sh;
 }
 
@@ -140,6 +142,7 @@ static ParamSpec *add(Builder *b, int64_t rows, int64_t cols, int split_dim, Par
         const int64_t R = p->shape[0] / b->experts;
         TRD_ASSERT(p->shape[0] % b->experts == 0 && R % tp == 0);
         p->row_blocks = b->experts;
+        p->block_rows = R;
         p->local_shape[0] = p->shape[0] / tp;
         p->local_start[0] = r * (R / tp);
     } else if (split_dim >= 0 && tp > 1) {
@@ -159,6 +162,29 @@ static ParamSpec *add(Builder *b, int64_t rows, int64_t cols, int split_dim, Par
     return p;
 }
 
+/* A stacked experts tensor p just added (R rows per expert) with the
+ * experts divided over ep: keep the rows of this rank's E / ep experts. */
+static void ep_divide(Builder *b, ParamSpec *p)
+{
+    const int ep = b->sh->ep;
+    if (ep <= 1)
+        return;
+    const int64_t R = p->shape[0] / b->experts, El = b->experts / ep;
+    const int64_t first = (int64_t)b->sh->ep_rank * El * R; /* the first expert's first row */
+    b->t->numel -= p->numel;
+    if (p->row_blocks > 1) { /* split over TP by each expert's rows */
+        p->local_shape[0] = p->local_shape[0] / b->experts * El;
+        p->row_blocks = (int)El;
+    } else {
+        p->local_shape[0] = El * R;
+    }
+    p->local_start[0] += first;
+    p->kv_row = p->local_shape[0];
+    p->numel = (size_t)(p->local_shape[0] * p->local_shape[1]);
+    b->t->numel += p->numel;
+    p->ep_region = 1;
+}
+
 /* The MLP of a mixture-of-experts layer (docs/moe.md): the router, the E
  * experts stacked along the rows (expert e's rows are [e*R, (e+1)*R) of a
  * tensor whose one expert has R rows), then the shared experts fused into
@@ -175,20 +201,21 @@ static void add_moe(Builder *b, const ModelConfig *m, int l, float std, float st
     b->experts = (int)E;
     add(b, E, C, -1, ROLE_BLOCK, l, INIT_NORMAL, std, "layers.%d.moe.router.weight", l);
     if (gpt2) {
-        add(b, E * Fe, C, SPLIT_EXPERTS, ROLE_BLOCK, l, INIT_NORMAL, std,
-            "layers.%d.moe.experts.fc.weight", l);
-        add(b, E * Fe, 0, SPLIT_EXPERTS, ROLE_BLOCK, l, INIT_ZEROS, 0,
-            "layers.%d.moe.experts.fc.bias", l);
-        add(b, E * C, Fe, 1, ROLE_BLOCK, l, INIT_NORMAL, std_out,
-            "layers.%d.moe.experts.proj.weight", l);
-        add(b, E * C, 0, -1, ROLE_BLOCK, l, INIT_ZEROS, 0, "layers.%d.moe.experts.proj.bias", l);
+        ep_divide(b, add(b, E * Fe, C, SPLIT_EXPERTS, ROLE_BLOCK, l, INIT_NORMAL, std,
+                         "layers.%d.moe.experts.fc.weight", l));
+        ep_divide(b, add(b, E * Fe, 0, SPLIT_EXPERTS, ROLE_BLOCK, l, INIT_ZEROS, 0,
+                         "layers.%d.moe.experts.fc.bias", l));
+        ep_divide(b, add(b, E * C, Fe, 1, ROLE_BLOCK, l, INIT_NORMAL, std_out,
+                         "layers.%d.moe.experts.proj.weight", l));
+        ep_divide(b, add(b, E * C, 0, -1, ROLE_BLOCK, l, INIT_ZEROS, 0,
+                         "layers.%d.moe.experts.proj.bias", l));
     } else {
-        add(b, E * Fe, C, SPLIT_EXPERTS, ROLE_BLOCK, l, INIT_NORMAL, std,
-            "layers.%d.moe.experts.gate.weight", l);
-        add(b, E * Fe, C, SPLIT_EXPERTS, ROLE_BLOCK, l, INIT_NORMAL, std,
-            "layers.%d.moe.experts.up.weight", l);
-        add(b, E * C, Fe, 1, ROLE_BLOCK, l, INIT_NORMAL, std_out,
-            "layers.%d.moe.experts.down.weight", l);
+        ep_divide(b, add(b, E * Fe, C, SPLIT_EXPERTS, ROLE_BLOCK, l, INIT_NORMAL, std,
+                         "layers.%d.moe.experts.gate.weight", l));
+        ep_divide(b, add(b, E * Fe, C, SPLIT_EXPERTS, ROLE_BLOCK, l, INIT_NORMAL, std,
+                         "layers.%d.moe.experts.up.weight", l));
+        ep_divide(b, add(b, E * C, Fe, 1, ROLE_BLOCK, l, INIT_NORMAL, std_out,
+                         "layers.%d.moe.experts.down.weight", l));
     }
     if (Fs == 0)
         return;
@@ -287,7 +314,9 @@ void params_build(ParamTable *t, const ModelConfig *m, const ParamShard *sh)
         memset(t, 0, sizeof *t);
         t->tp = sh->tp;
         t->tp_rank = sh->tp_rank;
+        t->ep = 1;
         build_lora(t, m, sh);
+        t->dense_numel = t->numel;
         return;
     }
     params_build_base(t, m, sh);
@@ -298,6 +327,9 @@ void params_build_base(ParamTable *t, const ModelConfig *m, const ParamShard *sh
     memset(t, 0, sizeof *t);
     t->tp = sh->tp;
     t->tp_rank = sh->tp_rank;
+    t->ep = sh->ep > 1 ? sh->ep : 1;
+    t->ep_rank = sh->ep > 1 ? sh->ep_rank : 0;
+    TRD_ASSERT(t->ep == 1 || (m->moe_experts % t->ep == 0 && m->lora.rank == 0));
     const int64_t C = m->hidden, hs = m->hidden / m->heads;
     Builder b = {.t = t, .sh = sh, .hs = hs, .heads = m->heads, .kv_heads = m->kv_heads};
     const int gpt2 = m->arch == ARCH_GPT2;
@@ -333,6 +365,22 @@ void params_build_base(ParamTable *t, const ModelConfig *m, const ParamShard *sh
     for (int c = 0; c < sh->n_chunks; c++)
         for (int l = sh->chunk[c].begin; l < sh->chunk[c].end; l++)
             add_layer(&b, m, l, qkv_rows, std, std_out);
+    t->dense_numel = t->numel;
+    if (t->ep <= 1)
+        return;
+    /* The experts divided over ep: the dense tensors first, in table order,
+     * then the expert region, layer by layer (params.h). */
+    size_t at = 0;
+    for (int pass = 0; pass < 2; pass++) {
+        for (int i = 0; i < t->n; i++)
+            if (t->p[i].ep_region == pass) {
+                t->p[i].offset = at;
+                at += t->p[i].numel;
+            }
+        if (pass == 0)
+            t->dense_numel = at;
+    }
+    TRD_ASSERT(at == t->numel);
 }
 
 void params_free(ParamTable *t)
@@ -397,7 +445,9 @@ void params_group_range(const ParamTable *t, int group, size_t *lo, size_t *hi)
     int found = 0;
     for (int i = 0; i < t->n; i++) {
         const ParamSpec *p = &t->p[i];
-        int in = group == PARAMS_OUTER ? p->role != ROLE_BLOCK : p->layer == group;
+        const int in = group == PARAMS_OUTER ? p->role != ROLE_BLOCK
+                       : group >= 0          ? p->layer == group && !p->ep_region
+                                             : p->layer == -2 - group && p->ep_region;
         if (!in)
             continue;
         if (!found)

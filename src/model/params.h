@@ -10,7 +10,10 @@
  * norm, head), then layer 0..L-1, each layer contiguous.  Backward finishes
  * layers last to first and the outer tensors at the very end (a tied
  * embedding gets its last gradient from the embedding backward), so the
- * buffer's tail is ready first: what gradient buckets and ZeRO want. */
+ * buffer's tail is ready first: what gradient buckets and ZeRO want.
+ * Where expert parallelism divides the experts (ParamShard.ep > 1) their
+ * stacked tensors come after all that, in an expert region of their own
+ * (ParamSpec.ep_region, ParamTable.dense_numel). */
 #ifndef TRD_PARAMS_H
 #define TRD_PARAMS_H
 
@@ -62,8 +65,16 @@ typedef struct {
      * expert (fc, gate, up weights, the fc bias): the global rows are
      * row_blocks equal blocks (one per expert) and this rank holds rows
      * [local_start[0], local_start[0] + local_shape[0] / row_blocks) of each
-     * block, in block order.  Else 1.  Use params_global_row. */
+     * block, in block order; block_rows global rows apart (R, an expert's
+     * rows).  Else 1.  Use params_global_row. */
     int row_blocks;
+    int64_t block_rows;
+    /* A stacked experts tensor of a table whose experts are divided over
+     * expert parallelism (ParamShard.ep > 1): this rank holds the rows of
+     * its ep_rank's E / ep experts only (each split over TP as above), and
+     * the tensor is stored after every dense one, in the expert region
+     * [dense_numel, numel) of the flat buffer. */
+    int ep_region;
 } ParamSpec;
 
 /* Which part of the model this rank holds: its tensor-parallel piece of
@@ -82,6 +93,10 @@ typedef struct {
     LayerRange chunk[CFG_MAX_VIRTUAL];
     int has_embed, has_head; /* embeddings (first model stage) / final norm
                                     and head (last model stage) */
+    /* Expert parallelism dividing the experts' memory (zero_ep_divides):
+     * ep > 1 holds experts [ep_rank * E/ep, (ep_rank + 1) * E/ep) of every
+     * MoE layer only (ParamSpec.ep_region).  1 (or 0): every expert. */
+    int ep, ep_rank;
 } ParamShard;
 
 /* The one-chunk shard of chunk c of sh: its layers, the embeddings if c is
@@ -100,6 +115,8 @@ typedef struct {
     size_t numel;        /* total local elements */
     size_t global_numel; /* elements of the whole (unsharded) model */
     int tp, tp_rank;     /* of the shard the table was built for */
+    int ep, ep_rank;     /* ditto (ParamShard.ep; 1: every expert held) */
+    size_t dense_numel;  /* elements before the expert region (numel unless ep > 1) */
 } ParamTable;
 
 /* The single-rank shard: everything. */
@@ -126,6 +143,10 @@ void params_free(ParamTable *t);
 /* Groups of the flat buffer that are gathered, bound and reduced together:
  * PARAMS_OUTER (embeddings, final norm, head) or a global layer index. */
 #define PARAMS_OUTER (-1)
+/* With the experts divided over ep (ParamSpec.ep_region), a layer's group
+ * is its dense tensors; its stacked experts are the group
+ * PARAMS_EXPERTS(l), in the expert region (empty when not divided). */
+#define PARAMS_EXPERTS(l) (-2 - (l))
 /* Flat range [lo, hi) of a group on this rank (empty when not held). */
 void params_group_range(const ParamTable *t, int group, size_t *lo, size_t *hi);
 
@@ -145,7 +166,7 @@ static inline int64_t params_global_row(const ParamSpec *p, int64_t r)
 {
     if (p->row_blocks > 1) {
         const int64_t mine = p->local_shape[0] / p->row_blocks;
-        return r / mine * (p->shape[0] / p->row_blocks) + p->local_start[0] + r % mine;
+        return r / mine * p->block_rows + p->local_start[0] + r % mine;
     }
     return r < p->kv_row ? p->local_start[0] + r : p->kv_start + (r - p->kv_row);
 }

@@ -455,15 +455,20 @@ static int plan_stage(const Config *cfg, const PlanCluster *c, PlanResult *r, in
 {
     PlanStage *st = &r->st[rank];
     const ParamShard sh = pp_rank_shard(&cfg->model, &cfg->topology, rank, cfg->topology.tp, 0);
+    /* What the rank stores: with the experts divided over ep, ep rank 0's
+     * (trainer.c); its compute is every layout's (sh). */
+    ParamShard held = sh;
+    if (zero_ep_divides(cfg))
+        held.ep = cfg->topology.ep;
     memset(st, 0, sizeof *st);
     st->layers = params_shard_layers(&sh);
     st->has_embed = sh.has_embed;
     st->has_head = sh.has_head;
-    if (stage_memory(cfg, c, r, rank, &sh, st, err) != 0)
+    if (stage_memory(cfg, c, r, rank, &held, st, err) != 0)
         return -1;
-    stage_comm(cfg, r, rank, &sh, st);
+    stage_comm(cfg, r, rank, &held, st);
     stage_microbatch_time(cfg, c, r, &sh, st);
-    stage_step_time(cfg, c, r, &sh, st);
+    stage_step_time(cfg, c, r, &held, st);
     return 0;
 }
 

@@ -76,6 +76,10 @@ typedef struct {
     Comm ep;         /* expert parallel: topology.ep consecutive ranks of the dp
                      group (dp rank / ep equal), which split the experts of
                      each MoE layer; rank = dp rank % ep (size 1: none) */
+    Comm edp;        /* expert data parallel: the dp / ep ranks of the dp group
+                     with this rank's ep rank (dp rank % ep equal), which hold
+                     the same experts when ep divides their memory and
+                     reduce their gradients; rank = dp rank / ep */
     Comm embed;      /* first and last pipeline stage with this rank's (tp, dp),
                      to all-reduce tied embedding gradients; rank 0 = first
                      stage.  Only when pp > 1 and this rank is on the first or

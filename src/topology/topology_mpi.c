@@ -130,6 +130,10 @@ static void create_comms(const Topology *t, TopologyComms *c, Comm world, int ep
     const int ep_first = x[TOPO_DP] / ep * ep;
     c->ep =
         comm_split(&world, topology_rank_of(t, x[TOPO_TP], ep_first, x[TOPO_PP]), x[TOPO_DP] % ep);
+    /* Expert data parallel: the dp / ep ranks holding the same experts
+     * (dp rank % ep equal), named by the first of them. */
+    c->edp = comm_split(&world, topology_rank_of(t, x[TOPO_TP], x[TOPO_DP] % ep, x[TOPO_PP]),
+                        x[TOPO_DP] / ep);
     /* Tied embeddings live on the first stage (input) and the last (output
      * head); their gradients are summed between exactly those two ranks. */
     int pp = t->size[TOPO_PP], end = x[TOPO_PP] == 0 || x[TOPO_PP] == pp - 1;
@@ -141,6 +145,7 @@ static void create_comms(const Topology *t, TopologyComms *c, Comm world, int ep
     comm_set_name(&c->pp, "pp");
     comm_set_name(&c->mp, "mp");
     comm_set_name(&c->ep, "ep");
+    comm_set_name(&c->edp, "edp");
     comm_set_name(&c->embed, "embed");
 
     TRD_ASSERT(c->tp.rank == x[TOPO_TP] && c->tp.size == t->size[TOPO_TP]);
@@ -148,6 +153,7 @@ static void create_comms(const Topology *t, TopologyComms *c, Comm world, int ep
     TRD_ASSERT(c->pp.rank == x[TOPO_PP] && c->pp.size == pp);
     TRD_ASSERT(c->mp.size == t->size[TOPO_TP] * pp);
     TRD_ASSERT(c->ep.size == ep && c->ep.rank == x[TOPO_DP] % ep);
+    TRD_ASSERT(c->edp.size == t->size[TOPO_DP] / ep && c->edp.rank == x[TOPO_DP] / ep);
 }
 
 /* This rank's node name: Slurm's name for the node when Slurm placed the
@@ -203,6 +209,7 @@ void topology_comms_free(TopologyComms *c)
     comm_free(&c->pp);
     comm_free(&c->mp);
     comm_free(&c->ep);
+    comm_free(&c->edp);
     comm_free(&c->embed);
     comm_free(&c->world); /* the world stays; its NCCL communicator (if any) goes */
 }

@@ -273,7 +273,9 @@ static void dump_weights(Trainer *tr)
     size_t numel;
     if (trainer_gather_weights(tr, NULL, &numel) != 0) {
         if (rank == 0)
-            fprintf(stderr, "trident: TRIDENT_DUMP_WEIGHTS ignored: tp x pp > 1\n");
+            fprintf(
+                stderr,
+                "trident: TRIDENT_DUMP_WEIGHTS ignored: tp x pp > 1, or experts divided over ep\n");
         return;
     }
     float *buf = trd_malloc(numel * sizeof(float), "weight dump");

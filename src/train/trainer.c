@@ -504,6 +504,10 @@ Trainer *trainer_create(const Config *cfg, Comm world, TrainerMode mode)
 
     ParamShard shard = pp_rank_shard(&cfg->model, &cfg->topology, tr->comms.pp.rank,
                                      tr->comms.tp.size, tr->comms.tp.rank);
+    if (zero_ep_divides(cfg)) { /* this rank holds its ep rank's experts only */
+        shard.ep = tr->comms.ep.size;
+        shard.ep_rank = tr->comms.ep.rank;
+    }
     for (int c = 0; c < shard.n_chunks; c++) {
         const ParamShard chunk = params_chunk_shard(&shard, c);
         tr->models[c] = model_create_unbound(cfg, tr->be, &chunk, cfg->training.micro_batch);
@@ -516,8 +520,8 @@ Trainer *trainer_create(const Config *cfg, Comm world, TrainerMode mode)
     const int tied = tr->comms.pp.size > 1 && cfg->model.tie_embeddings &&
                      tr->comms.embed.size > 1 &&
                      cfg->model.lora.rank == 0; /* LoRA: the embedding is frozen */
-    tr->zero =
-        zero_create(cfg, tr->be, &shard, tr->models, &tr->comms.dp, tied ? &tr->comms.embed : NULL);
+    tr->zero = zero_create(cfg, tr->be, &shard, tr->models, &tr->comms.dp,
+                           tied ? &tr->comms.embed : NULL, &tr->comms.ep, &tr->comms.edp);
     start_trace(tr);
     if (tr->comms.pp.size > 1) {
         char err[CFG_ERR];
@@ -600,7 +604,7 @@ Model *trainer_model(Trainer *tr, int c) { return zero_chunk_model(tr->zero, c);
 
 int trainer_gather_weights(Trainer *tr, float *buf, size_t *numel)
 {
-    if (tr->comms.mp.size > 1) /* the flat buffer is a piece of the model */
+    if (tr->comms.mp.size > 1 || zero_params(tr->zero)->ep > 1) /* a piece of the model */
         return -1;
     const ParamTable *pt = zero_params(tr->zero);
     if (buf)

@@ -36,8 +36,8 @@ void trainer_ckpt_setup(Trainer *tr)
          * while a background save writes: it gets a copy as well. */
         tr->ckpt_dev[k] = state[k];
         tr->ckpt_host[k] = k == CKPT_PARAMS ? zs.params_on_host : zs.optimizer_on_host;
-        r->data =
-            trd_malloc((r->hi - r->lo ? r->hi - r->lo : 1) * sizeof(float), "checkpoint host copy");
+        r->data = trd_malloc((ckpt_range_n(r) ? ckpt_range_n(r) : 1) * sizeof(float),
+                             "checkpoint host copy");
     }
 }
 
@@ -49,7 +49,7 @@ static void ckpt_sync(Trainer *tr, int to_host)
         CkptRange *r = &tr->ckpt.part[k];
         if (!tr->ckpt_dev[k])
             continue;
-        const size_t bytes = (r->hi - r->lo) * sizeof(float);
+        const size_t bytes = ckpt_range_n(r) * sizeof(float);
         if (tr->ckpt_host[k])
             memcpy(to_host ? r->data : tr->ckpt_dev[k], to_host ? tr->ckpt_dev[k] : r->data, bytes);
         else if (to_host)

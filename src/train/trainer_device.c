@@ -110,13 +110,18 @@ void trainer_use_device(Trainer *tr)
 #else
     const int shared = 0;
 #endif
-    /* The expert-parallel group last, and only with ep > 1: its all-to-all
-     * goes device to device under NCCL (comm_nccl_alltoallv). */
-    Comm *groups[] = {&tr->comms.world, &tr->comms.tp, &tr->comms.dp,    &tr->comms.pp,
-                      &tr->comms.mp,    &tr->comms.cp, &tr->comms.embed, &tr->comms.ep};
-    const int n_all = (int)(sizeof groups / sizeof *groups);
-    const int n_groups = n_all - (tr->cfg->topology.ep > 1 ? 0 : 1);
-    for (int i = 0; i < n_all; i++)
+    /* Then, with ep > 1, the expert-parallel group, whose all-to-all goes
+     * device to device under NCCL (comm_nccl_alltoallv), and the
+     * expert-data-parallel group, which reduces device gradients only where
+     * ep divides the experts (and gets a NCCL communicator then). */
+    Comm *groups[9] = {&tr->comms.world, &tr->comms.tp, &tr->comms.dp,   &tr->comms.pp,
+                       &tr->comms.mp,    &tr->comms.cp, &tr->comms.embed};
+    int n_groups = 7;
+    if (tr->cfg->topology.ep > 1)
+        groups[n_groups++] = &tr->comms.ep;
+    if (config_ep_divides(tr->cfg))
+        groups[n_groups++] = &tr->comms.edp;
+    for (int i = 0; i < n_groups; i++)
         comm_use_memory(groups[i], tr->be);
     tr->nccl = want_nccl(tr->cfg->topology.comm, shared);
 #ifndef TRD_HAVE_NCCL

@@ -47,6 +47,28 @@ void optimizer_init(Optimizer *o, const ParamTable *t, const Backend *be, float 
     }
 }
 
+void optimizer_init_pair(Optimizer *o, Optimizer *x, const ParamTable *t, const Backend *be,
+                         float *params, size_t begin, size_t end, float *xparams, size_t xbegin,
+                         size_t xend, Precision precision)
+{
+    optimizer_fields(o, t, be, begin, end, precision);
+    optimizer_fields(x, t, be, xbegin, xend, precision);
+    x->shared = 1;
+    const size_t n = end - begin, xn = xend - xbegin, all = n + xn ? n + xn : 1;
+    o->m = be->alloc(all * sizeof(float), "Adam first moment");
+    o->v = be->alloc(all * sizeof(float), "Adam second moment");
+    x->m = o->m + n;
+    x->v = o->v + n;
+    if (o->bf16) {
+        o->master = be->alloc(all * sizeof(float), "fp32 master weights");
+        x->master = o->master + n;
+        be->copy(o->master, params, n * sizeof(float));
+        be->copy(x->master, xparams, xn * sizeof(float));
+        round_to_bf16(be, params, n);
+        round_to_bf16(be, xparams, xn);
+    }
+}
+
 /* Zeroed page-locked host memory for the offloaded state (at least one
  * element: a rank may own an empty range). */
 static float *host_state(const Backend *be, size_t n, const char *what)
@@ -140,7 +162,8 @@ void optimizer_wait_params(Optimizer *o)
 
 void optimizer_free(Optimizer *o)
 {
-    if (o->offload) {
+    if (o->shared) { /* the other's buffers: freed with it */
+    } else if (o->offload) {
         upload_parts_free(o);
         o->be->host_release(o->m);
         o->be->host_release(o->v);

@@ -53,6 +53,7 @@ typedef struct {
     size_t *up_end;
     void **up_ev;
     int *up_pending;
+    int shared; /* its state lies in another's buffers (optimizer_init_pair): not freed here */
 } Optimizer;
 
 /* Allocate state for the owned flat range [begin, end).  `params` holds
@@ -61,6 +62,15 @@ typedef struct {
  * bf16 weights. */
 void optimizer_init(Optimizer *o, const ParamTable *t, const Backend *be, float *params,
                     size_t begin, size_t end, Precision precision);
+/* Two optimizers over two owned ranges, [begin, end) at params and
+ * [xbegin, xend) at xparams (the dense and the expert block of ZeRO 1
+ * with the experts divided over ep, zero.h), whose state is one
+ * allocation: o's m, v and master are [n + xn], x's the last xn of them.
+ * A checkpoint reads and writes each kind as one buffer (ckpt.h's second
+ * run). */
+void optimizer_init_pair(Optimizer *o, Optimizer *x, const ParamTable *t, const Backend *be,
+                         float *params, size_t begin, size_t end, float *xparams, size_t xbegin,
+                         size_t xend, Precision precision);
 /* The same with the state offloaded to host memory (see above); params
  * stays in the backend's memory. */
 void optimizer_init_offload(Optimizer *o, const ParamTable *t, const Backend *be, float *params,

@@ -12,6 +12,20 @@ struct Zero {
     const Config *cfg;
     const Backend *be;
     Comm *dp;
+    /* zero_ep_divides: the experts' memory divided over ep.  The flat
+     * buffers' expert region [Pd, P) (params.h) holds this rank's experts,
+     * whose gradients are reduced over edp (the dp / ep ranks holding the
+     * same experts) while the dense [0, Pd) is reduced over dp; ep sums
+     * the expert part of the gradient norm.  Else Pd = P, edp NULL. */
+    Comm *ep, *edp;
+    size_t Pd;
+    /* ZeRO 1 divided: the expert region sharded over edp in blocks of XS,
+     * this rank's [xown_lo, xown_hi), its reduced gradient xgshard and
+     * the optimizer xopt of it (state in opt's buffers after the dense
+     * block's: optimizer_init_pair) */
+    size_t XS, xown_lo, xown_hi;
+    float *xgshard;
+    Optimizer xopt;
     int stage;
     ParamShard sh;
     Model *model[CFG_MAX_VIRTUAL]; /* one per model chunk held (params_chunk_shard) */
@@ -96,6 +110,23 @@ static void wait_timed(Zero *z, CommHandle *h)
 }
 
 static size_t own_n(const Zero *z) { return z->own_hi - z->own_lo; }
+static size_t xown_n(const Zero *z) { return z->xown_hi - z->xown_lo; }
+
+/* Stages 1-2: every rank's updated block into everyone's whole
+ * parameters: the dense region over dp, the divided experts over edp. */
+static void gather_owned(Zero *z, double *waited)
+{
+    CommHandle h[2];
+    h[0] = comm_iallgather_range_f32(z->dp, z->params + z->own_lo, z->params, 0, z->Pd, z->S);
+    h[1] = z->ep ? comm_iallgather_range_f32(z->edp, z->params + z->xown_lo, z->params + z->Pd, 0,
+                                             z->P - z->Pd, z->XS)
+                 : comm_handle_none();
+    const double t0 = now_s();
+    comm_wait(&h[0]);
+    comm_wait(&h[1]);
+    if (waited)
+        *waited += now_s() - t0;
+}
 
 static int holds(const Zero *z, int l)
 {
@@ -292,6 +323,9 @@ static void bind_full(Zero *z, float *params, float *grads)
         int l = z->layers[i];
         group_range(z, l, &lo, &hi);
         model_bind(model_of(z, l), l, params ? params + lo : NULL, grads ? grads + lo : NULL);
+        group_range(z, PARAMS_EXPERTS(l), &lo, &hi); /* empty unless divided */
+        model_bind_experts(model_of(z, l), l, params ? params + lo : NULL,
+                           grads ? grads + lo : NULL);
     }
 }
 
@@ -354,8 +388,10 @@ static void upload_per_group(Zero *z)
     free(ends);
 }
 
+int zero_ep_divides(const Config *cfg) { return config_ep_divides(cfg); }
+
 Zero *zero_create(const Config *cfg, const Backend *be, const ParamShard *sh, Model *const *models,
-                  Comm *dp, Comm *embed)
+                  Comm *dp, Comm *embed, Comm *ep, Comm *edp)
 {
     Zero *z = trd_calloc(1, sizeof *z, "ZeRO engine");
     z->cfg = cfg;
@@ -366,8 +402,24 @@ Zero *zero_create(const Config *cfg, const Backend *be, const ParamShard *sh, Mo
     z->has_head = sh->has_head;
     take_models(z, cfg, sh, models);
     z->P = z->t->numel;
-    z->S = (z->P + (size_t)dp->size - 1) / (size_t)dp->size;
-    comm_shard_part(0, z->P, z->S, dp->rank, &z->own_lo, &z->own_hi);
+    z->Pd = z->t->dense_numel;
+    if (z->t->ep > 1) { /* the trainer's shard follows zero_ep_divides */
+        TRD_ASSERT(zero_ep_divides(cfg) && ep && edp && ep->size == z->t->ep &&
+                   ep->rank == z->t->ep_rank && edp->size * ep->size == dp->size);
+        z->ep = ep;
+        z->edp = edp;
+    }
+    /* ZeRO's blocks over dp cover the dense region (all of [0, P) unless
+     * the experts are divided); the expert region's, over edp. */
+    z->S = (z->Pd + (size_t)dp->size - 1) / (size_t)dp->size;
+    comm_shard_part(0, z->Pd, z->S, dp->rank, &z->own_lo, &z->own_hi);
+    if (z->ep) {
+        const size_t Pe = z->P - z->Pd;
+        z->XS = (Pe + (size_t)edp->size - 1) / (size_t)edp->size;
+        comm_shard_part(0, Pe, z->XS, edp->rank, &z->xown_lo, &z->xown_hi);
+        z->xown_lo += z->Pd;
+        z->xown_hi += z->Pd;
+    }
     group_range(z, PARAMS_OUTER, &z->outer_lo, &z->outer_hi);
     for (int i = 0; i < z->nl; i++) {
         size_t lo, hi;
@@ -404,6 +456,8 @@ Zero *zero_create(const Config *cfg, const Backend *be, const ParamShard *sh, Mo
     }
     if (!whole.optimizer) /* a sharded optimizer steps on the reduced gradient's shard */
         z->gshard = alloc_floats(z, own_n(z) ? own_n(z) : 1, "gradient shard");
+    if (!whole.optimizer && z->ep)
+        z->xgshard = alloc_floats(z, xown_n(z) ? xown_n(z) : 1, "expert gradient shard");
     if (whole.grads) /* ZeRO 0 all-reduces, ZeRO 1 reduce-scatters into the shard */
         z->dpg = dp_grads_create(z->t, z->layers, z->nl, cfg->topology.bucket_mb, dp, z->grads,
                                  z->gshard, z->own_lo, z->S, embed);
@@ -430,11 +484,13 @@ Zero *zero_create(const Config *cfg, const Backend *be, const ParamShard *sh, Mo
     } else if (z->stage == 0) {
         opt_init(&z->opt, z->t, be, z->params, 0, z->P, prec);
     } else if (z->stage <= 2) {
-        opt_init(&z->opt, z->t, be, z->params + z->own_lo, z->own_lo, z->own_hi, prec);
+        if (z->ep) /* the dense block and the expert block (zero_ep_divides: no offload) */
+            optimizer_init_pair(&z->opt, &z->xopt, z->t, be, z->params + z->own_lo, z->own_lo,
+                                z->own_hi, z->params + z->xown_lo, z->xown_lo, z->xown_hi, prec);
+        else
+            opt_init(&z->opt, z->t, be, z->params + z->own_lo, z->own_lo, z->own_hi, prec);
         /* bf16 rounded only our part: make every rank's copy whole again. */
-        CommHandle h =
-            comm_iallgather_range_f32(dp, z->params + z->own_lo, z->params, 0, z->P, z->S);
-        comm_wait(&h);
+        gather_owned(z, NULL);
     } else {
         opt_init(&z->opt, z->t, be, z->pshard, z->own_lo, z->own_hi, prec);
     }
@@ -457,6 +513,7 @@ void zero_free(Zero *z)
 {
     if (!z)
         return;
+    optimizer_free(&z->xopt);
     optimizer_free(&z->opt);
     params_free(&z->table);
     free(z->layers);
@@ -470,6 +527,7 @@ void zero_free(Zero *z)
         be->release(z->pshard);
     be->event_destroy(z->gather_up);
     be->release(z->gshard);
+    be->release(z->xgshard);
     be->release(z->outer_p);
     be->release(z->outer_g);
     be->release(z->outer_recv);
@@ -507,6 +565,8 @@ void zero_begin_step(Zero *z)
         zero_floats(z, z->grads, z->P);
     if (z->gshard)
         zero_floats(z, z->gshard, own_n(z));
+    if (z->xgshard)
+        zero_floats(z, z->xgshard, xown_n(z));
     if (z->dpg)
         dp_grads_begin_step(z->dpg);
     gather_outer(z);
@@ -637,6 +697,20 @@ float zero_forward_backward(Zero *z, const int32_t *tokens, const int32_t *targe
     return loss;
 }
 
+/* Stages 0-1 with the experts divided: the expert region's gradients over
+ * the ranks holding the same experts, once after backward (not overlapped
+ * yet): all-reduced (ZeRO 0), or reduce-scattered into their blocks. */
+static void reduce_experts(Zero *z)
+{
+    if (!z->ep || (z->stage == 0 && z->edp->size == 1))
+        return;
+    CommHandle h = z->stage == 0
+                       ? comm_iallreduce_f32(z->edp, z->grads + z->Pd, z->P - z->Pd)
+                       : comm_ireduce_scatter_range_f32(z->edp, z->grads + z->Pd, z->xgshard, 0,
+                                                        z->P - z->Pd, z->XS);
+    wait_timed(z, &h);
+}
+
 void zero_finish_grads(Zero *z)
 {
     if (z->stage >= 2) {
@@ -646,6 +720,7 @@ void zero_finish_grads(Zero *z)
         return;
     }
     z->stats.exposed_comm_s += dp_grads_finish(z->dpg);
+    reduce_experts(z);
     z->streamed = z->stream_grads; /* every bucket's copy is under way */
 }
 
@@ -653,9 +728,18 @@ double zero_grad_sumsq(Zero *z)
 {
     /* Each element counted once: tensor-parallel replicas only on their
      * owner (params_grad_sumsq); ZeRO shards summed over DP here. */
+    if (z->stage == 0 && z->ep) { /* each expert once: summed over the ep ranks holding them */
+        double x = params_grad_sumsq(z->t, z->be, z->grads + z->Pd, z->Pd, z->P);
+        comm_allreduce_f64(z->ep, &x, 1);
+        return params_grad_sumsq(z->t, z->be, z->grads, 0, z->Pd) + x;
+    }
     if (z->stage == 0)
         return params_grad_sumsq(z->t, z->be, z->grads, 0, z->P);
     double s = params_grad_sumsq(z->t, z->be, z->gshard, z->own_lo, z->own_hi);
+    /* Divided experts: each (ep rank, edp rank) pair, that is each dp
+     * rank, owns a distinct block of them. */
+    if (z->xgshard)
+        s += params_grad_sumsq(z->t, z->be, z->xgshard, z->xown_lo, z->xown_hi);
     comm_allreduce_f64(z->dp, &s, 1);
     return s;
 }
@@ -670,9 +754,19 @@ void zero_grad_check(Zero *z, BackendStepState *state, float clip)
     optimizer_use_state(&z->opt, state);
 }
 
-void zero_optimizer_skipped(Zero *z) { optimizer_skipped(&z->opt); }
+void zero_optimizer_skipped(Zero *z)
+{
+    optimizer_skipped(&z->opt);
+    if (z->xgshard)
+        optimizer_skipped(&z->xopt);
+}
 
-void zero_scale_grads(Zero *z, float s) { optimizer_scale_grads(&z->opt, s); }
+void zero_scale_grads(Zero *z, float s)
+{
+    optimizer_scale_grads(&z->opt, s);
+    if (z->xgshard)
+        optimizer_scale_grads(&z->xopt, s);
+}
 
 void zero_optimizer_step(Zero *z, float lr, const TrainingConfig *tc)
 {
@@ -682,11 +776,13 @@ void zero_optimizer_step(Zero *z, float lr, const TrainingConfig *tc)
     if (z->stage == 0) {
         optimizer_step(&z->opt, z->params, z->grads, lr, tc);
     } else if (z->stage <= 2) {
+        /* One step count: the checkpoint's (zero_state's adam_t) is opt's. */
+        z->xopt.t = z->opt.t;
         optimizer_step(&z->opt, z->params + z->own_lo, z->gshard, lr, tc);
         optimizer_wait_params(&z->opt); /* offload: the all-gather reads them */
-        CommHandle h =
-            comm_iallgather_range_f32(z->dp, z->params + z->own_lo, z->params, 0, z->P, z->S);
-        wait_timed(z, &h);
+        if (z->xgshard)
+            optimizer_step(&z->xopt, z->params + z->xown_lo, z->xgshard, lr, tc);
+        gather_owned(z, &z->stats.exposed_comm_s);
     } else {
         optimizer_step(&z->opt, z->pshard, z->gshard, lr, tc);
         /* Gathered copies are stale now. */
@@ -718,6 +814,8 @@ void zero_params_loaded(Zero *z)
                          : z->stage <= 2 ? z->params + z->own_lo
                                          : z->pshard;
     optimizer_params_loaded(&z->opt, owned);
+    if (z->xgshard)
+        optimizer_params_loaded(&z->xopt, z->params + z->xown_lo);
 }
 
 ZeroMemory zero_memory(const Zero *z)
@@ -725,8 +823,9 @@ ZeroMemory zero_memory(const Zero *z)
     ZeroMemory r = {0};
     const size_t shard = z->pshard && !z->pshard_host ? own_n(z) : 0; /* else in the host's */
     r.params = (z->params ? z->P : 0) * sizeof(float) + shard * sizeof(float);
-    r.grads = (z->grads ? z->P : 0) * sizeof(float) + (z->gshard ? own_n(z) : 0) * sizeof(float);
-    r.optimizer = optimizer_bytes(&z->opt);
+    r.grads = (z->grads ? z->P : 0) * sizeof(float) + (z->gshard ? own_n(z) : 0) * sizeof(float) +
+              (z->xgshard ? xown_n(z) : 0) * sizeof(float);
+    r.optimizer = optimizer_bytes(&z->opt) + (z->xgshard ? optimizer_bytes(&z->xopt) : 0);
     r.host_optimizer = optimizer_host_bytes(&z->opt);
     r.buffers = z->buffer_bytes;
     return r;
@@ -735,8 +834,10 @@ ZeroMemory zero_memory(const Zero *z)
 ZeroStats zero_take_stats(Zero *z)
 {
     ZeroStats s = z->stats;
-    s.bytes = z->dp->bytes_sent;
+    s.bytes = z->dp->bytes_sent + (z->edp ? z->edp->bytes_sent : 0);
     z->dp->bytes_sent = 0;
+    if (z->edp)
+        z->edp->bytes_sent = 0;
     memset(&z->stats, 0, sizeof z->stats);
     return s;
 }
@@ -805,9 +906,11 @@ ZeroMemory zero_plan_memory(const Config *cfg, const ParamShard *sh, int dp, int
     plan_shard_open(&ps, cfg, sh, dp);
     const int stage = cfg->topology.zero;
     const ZeroWhole whole = STAGES[stage];
-    size_t own_lo, own_hi;
-    zero_block(ps.P, dp, dp_rank, &own_lo, &own_hi);
-    const size_t own = own_hi - own_lo, F = sizeof(float);
+    size_t own_lo, own_hi, xlo, xhi;
+    zero_block(ps.t.dense_numel, dp, dp_rank, &own_lo, &own_hi);
+    /* divided experts: the expert region's block over edp as well (else empty) */
+    zero_block(ps.P - ps.t.dense_numel, dp / ps.t.ep, dp_rank / ps.t.ep, &xlo, &xhi);
+    const size_t own = own_hi - own_lo + xhi - xlo, F = sizeof(float);
     const size_t outer_recv = ps.outer_n < ps.S ? ps.outer_n : ps.S;
     const size_t layer_recv = ps.max_layer < ps.S ? ps.max_layer : ps.S;
     ZeroMemory r = {0};
@@ -872,14 +975,17 @@ uint64_t zero_plan_step_bytes(const Config *cfg, const ParamShard *sh, int dp, i
     if (stage <= 1) {
         bytes +=
             dp_grads_plan_bytes(&ps.t, ps.layers, ps.nl, cfg->topology.bucket_mb, dp, stage == 1);
+        if (ps.t.ep > 1) /* the expert region over edp: all-reduced, or reduce-scattered */
+            bytes += comm_ring_bytes(ps.P - ps.t.dense_numel, stage == 1 ? 1 : 2, dp / ps.t.ep);
     } else { /* every micro-batch: each layer's and the outer gradient reduce-scattered */
         uint64_t per_micro = comm_ring_bytes(ps.outer_n, 1, dp);
         for (int i = 0; i < ps.nl; i++)
             per_micro += comm_ring_bytes(layer_n(&ps, ps.layers[i]), 1, dp);
         bytes += (uint64_t)n_micro * per_micro;
     }
-    if (stage == 1 || stage == 2) /* parameters made whole after the step */
-        bytes += comm_ring_bytes(ps.P, 1, dp);
+    if (stage == 1 || stage == 2) /* parameters made whole after the step (gather_owned) */
+        bytes += comm_ring_bytes(ps.t.dense_numel, 1, dp) +
+                 comm_ring_bytes(ps.P - ps.t.dense_numel, 1, dp / ps.t.ep);
     if (stage == 3) {
         int slot_layer[2] = {-1, -1};                /* the optimizer step invalidates both */
         bytes += comm_ring_bytes(ps.outer_n, 1, dp); /* outer tensors, once a step */

@@ -92,9 +92,23 @@ typedef struct {
  * flat buffers, initialises the weights from the seed and makes the
  * optimizer state of its part.  dp is the data-parallel group; embed the
  * embedding group when this rank holds a tied embedding split over
- * pipeline stages (stages 0-1 only), else NULL. */
+ * pipeline stages (stages 0-1 only), else NULL; ep and edp the expert
+ * (data) parallel groups (zero_ep_divides). */
 Zero *zero_create(const Config *cfg, const Backend *be, const ParamShard *sh, Model *const *models,
-                  Comm *dp, Comm *embed);
+                  Comm *dp, Comm *embed, Comm *ep, Comm *edp);
+/* Does expert parallelism divide the experts' memory under cfg (a MoE
+ * model, topology.ep > 1, ZeRO 0 or 1, no offload, no LoRA)?  Then the
+ * trainer gives zero_create a shard with ep and ep_rank set (params.h): a
+ * rank holds the weights, gradients and optimizer state of its ep rank's
+ * E / ep experts only, in the flat buffers' expert region [Pd, P), whose
+ * gradients are reduced over edp (topology.h: the dp / ep ranks with the
+ * same ep rank): all-reduced at ZeRO 0 (and counted in the gradient norm
+ * once over ep), reduce-scattered at ZeRO 1 into blocks of the region over
+ * edp, which a second optimizer steps (its state in the same buffers, after
+ * the dense block's) and edp all-gathers.  The dense region [0, Pd) is
+ * reduced and sharded over dp as without ep.  Else every rank holds every
+ * expert (Pd = P) and ep, edp may be NULL. */
+int zero_ep_divides(const Config *cfg);
 void zero_free(Zero *z);
 /* The model of the first chunk (the only one unless interleaved). */
 Model *zero_model(Zero *z);
@@ -156,7 +170,8 @@ float zero_forward(Zero *z, const int32_t *tokens, const int32_t *targets);
 
 /* The state a checkpoint holds, as the buffers this rank keeps: params is
  * [P] for stages 0-2 and this rank's block for stage 3; master (NULL with
- * fp32), m and v cover the optimizer's range.  adam_t is the step count of
+ * fp32), m and v cover the optimizer's range (ZeRO 1 with divided experts:
+ * the dense block, then the expert block, as ckpt.h's second run).  adam_t is the step count of
  * Adam's bias correction. */
 typedef struct {
     float *params, *master, *m, *v;

@@ -181,6 +181,20 @@ compare llama llama_cuda "$TOL"
 run gpt2_bf16 1 --set training.precision=bf16
 run gpt2_bf16_cuda 1 --set training.precision=bf16 "${cuda[@]}"
 compare gpt2_bf16 gpt2_bf16_cuda "$BF16_TOL"
+# bf16 stores the norms' outputs and the MLP projection's input in bf16
+# (docs/design.md, "bf16 activation storage"): RMSNorm and SwiGLU into bf16,
+# full recompute (the shared slots), tp 2 (the norms' outputs replicated)
+# and tp 2 with sequence parallelism (refused: fp32 activations there).
+run llama_bf16 1 "${llama[@]}" --set training.precision=bf16
+run llama_bf16_cuda 1 "${llama[@]}" --set training.precision=bf16 "${cuda[@]}"
+compare llama_bf16 llama_bf16_cuda "$BF16_TOL"
+run gpt2_bf16_full_cuda 1 --set training.precision=bf16 --set training.recompute=full "${cuda[@]}"
+compare gpt2_bf16 gpt2_bf16_full_cuda "$BF16_TOL"
+run llama_bf16_tp2_cuda 2 "${llama[@]}" --set training.precision=bf16 --set topology.tp=2 "${cuda[@]}"
+compare llama_bf16 llama_bf16_tp2_cuda "$BF16_TOL"
+run gpt2_bf16_tp2_sp_cuda 2 --set training.precision=bf16 --set topology.tp=2 \
+    --set topology.sequence_parallel=true "${cuda[@]}"
+compare gpt2_bf16 gpt2_bf16_tp2_sp_cuda "$BF16_TOL"
 
 run gpt2_sel_cuda 1 --set training.recompute=selective "${cuda[@]}"
 compare gpt2 gpt2_sel_cuda "$TOL"

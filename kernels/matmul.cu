@@ -17,10 +17,12 @@
  * tensor cores, as backend_cpu_bf16() defines.  The forward GEMMs go
  * through cuBLASLt (matmul_lt.cu) with the bias, and for GPT-2's MLP the
  * GELU, in the epilogue; the MLP projection's input gradient through the
- * GELU-gradient epilogue; the other backward GEMMs are cublasGemmEx.  Activations and
- * weights are still stored in fp32: the conversions cost a pass over each
- * operand, and the workspace is the bf16 copies of the largest GEMM's two
- * operands (device memory beside the report's categories). */
+ * GELU-gradient epilogue; the other backward GEMMs are cublasGemmEx.  The
+ * *_x16 ops (backend.h) take an activation stored in bf16 by its producer
+ * and read it as it is; every other operand (weights, output gradients,
+ * the attention output) is stored in fp32 and converted, a pass over it,
+ * and the workspace is the bf16 copies of the largest GEMM's two operands
+ * (device memory beside the report's categories). */
 #include "matmul_lt.cuh"
 #include "ops.cuh"
 

@@ -3,6 +3,8 @@
  * which saturates to 0 without NaN when exp overflows. */
 #include "ops.cuh"
 
+#include <cuda_bf16.h>
+
 #define GELU_K 0.7978845608028654f
 #define GELU_A 0.044715f
 
@@ -105,5 +107,46 @@ void cuda_swiglu_backward(float *dgate, float *dup, const float *dout, const flo
         return;
     swiglu_backward_kernel<<<cuda_blocks(n), CUDA_THREADS, 0, cuda_stream()>>>(dgate, dup, dout,
                                                                                gate, up, n);
+    CUDA_CHECK_LAUNCH();
+}
+
+/* ---- outputs stored in bf16 for the GEMM that reads them (backend.h's
+ * *_x16): the same fp32 arithmetic, rounded to nearest even as stored ---- */
+
+__global__ void gelu_forward_x16_kernel(__nv_bfloat16 *out, const float *inp, size_t n)
+{
+    GRID_STRIDE(i, n)
+    {
+        float x = inp[i];
+        float u = GELU_K * (x + GELU_A * x * x * x);
+        out[i] = __float2bfloat16(x / (1 + expf(-2 * u)));
+    }
+}
+
+__global__ void swiglu_forward_x16_kernel(__nv_bfloat16 *out, const float *gate, const float *up,
+                                          size_t n)
+{
+    GRID_STRIDE(i, n)
+    {
+        float a = gate[i];
+        out[i] = __float2bfloat16(a / (1 + expf(-a)) * up[i]);
+    }
+}
+
+void cuda_gelu_forward_x16(uint16_t *out, const float *inp, size_t n)
+{
+    if (!n)
+        return;
+    gelu_forward_x16_kernel<<<cuda_blocks(n), CUDA_THREADS, 0, cuda_stream()>>>(
+        (__nv_bfloat16 *)out, inp, n);
+    CUDA_CHECK_LAUNCH();
+}
+
+void cuda_swiglu_forward_x16(uint16_t *out, const float *gate, const float *up, size_t n)
+{
+    if (!n)
+        return;
+    swiglu_forward_x16_kernel<<<cuda_blocks(n), CUDA_THREADS, 0, cuda_stream()>>>(
+        (__nv_bfloat16 *)out, gate, up, n);
     CUDA_CHECK_LAUNCH();
 }

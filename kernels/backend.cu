@@ -420,6 +420,13 @@ static const Backend cuda_backend = {
      * model calls the unfused ops (backend_cuda_bf16 fills these) */
     .matmul_gelu_forward = NULL,
     .matmul_backward_dgelu = NULL,
+    /* fp32: activations stay fp32 (backend_cuda_bf16 fills these) */
+    .matmul_forward_x16 = NULL,
+    .matmul_backward_x16 = NULL,
+    .matmul_gelu_forward_x16 = NULL,
+    .matmul_backward_dgelu_x16 = NULL,
+    .swiglu_forward_x16 = NULL,
+    .norm_forward_x16 = NULL,
     .embedding_forward = cuda_embedding_forward,
     .embedding_backward = cuda_embedding_backward,
     .layernorm_forward = cuda_layernorm_forward,
@@ -475,6 +482,12 @@ extern "C" const Backend *backend_cuda_bf16(void)
         t.matmul_backward = cuda_matmul_backward_bf16;
         t.matmul_gelu_forward = cuda_matmul_gelu_forward_bf16;
         t.matmul_backward_dgelu = cuda_matmul_backward_dgelu_bf16;
+        t.matmul_forward_x16 = cuda_matmul_forward_x16;
+        t.matmul_backward_x16 = cuda_matmul_backward_x16;
+        t.matmul_gelu_forward_x16 = cuda_matmul_gelu_forward_x16;
+        t.matmul_backward_dgelu_x16 = cuda_matmul_backward_dgelu_x16;
+        t.swiglu_forward_x16 = cuda_swiglu_forward_x16;
+        t.norm_forward_x16 = cuda_norm_forward_x16;
         t.attention_forward = cuda_attention_forward_bf16;
         t.attention_backward = cuda_attention_backward_bf16;
     }

@@ -17,10 +17,12 @@
  * tensor cores, as backend_cpu_bf16() defines.  The forward GEMMs go
  * through cuBLASLt (matmul_lt.cu) with the bias, and for GPT-2's MLP the
  * GELU, in the epilogue; the MLP projection's input gradient through the
- * GELU-gradient epilogue; the other backward GEMMs are cublasGemmEx.  Activations and
- * weights are still stored in fp32: the conversions cost a pass over each
- * operand, and the workspace is the bf16 copies of the largest GEMM's two
- * operands (device memory beside the report's categories). */
+ * GELU-gradient epilogue; the other backward GEMMs are cublasGemmEx.  The
+ * *_x16 ops (backend.h) take an activation stored in bf16 by its producer
+ * and read it as it is; every other operand (weights, output gradients,
+ * the attention output) is stored in fp32 and converted, a pass over it,
+ * and the workspace is the bf16 copies of the largest GEMM's two operands
+ * (device memory beside the report's categories). */
 #include "matmul_lt.cuh"
 #include "ops.cuh"
 
@@ -168,16 +170,12 @@ static void gemm_bf16(cublasOperation_t ta, cublasOperation_t tb, int m, int n, 
                               CUBLAS_GEMM_DEFAULT));
 }
 
-void cuda_matmul_forward_bf16(float *out, const float *inp, const float *weight, const float *bias,
-                              int N, int C, int OC)
+/* out = a . weight^T + bias, a the bf16 activation [N, C] (NULL when C is
+ * 0): the weight converted, the bias in cuBLASLt's epilogue. */
+static void forward_bf16(float *out, const __nv_bfloat16 *a, const float *weight, const float *bias,
+                         int N, int C, int OC)
 {
-    if (N <= 0 || OC <= 0)
-        return;
-    const __nv_bfloat16 *w = NULL, *a = NULL;
-    if (C > 0) {
-        w = to_bf16(0, weight, (size_t)OC * C);
-        a = to_bf16(1, inp, (size_t)N * C);
-    }
+    const __nv_bfloat16 *w = C > 0 ? to_bf16(0, weight, (size_t)OC * C) : NULL;
     /* out^T[OC, N] = weight[OC, C] . inp^T[C, N] + bias, the bias in
      * cuBLASLt's epilogue (a vector over D's OC rows): no broadcast
      * kernel, and out is written once instead of read and written. */
@@ -200,20 +198,40 @@ void cuda_matmul_forward_bf16(float *out, const float *inp, const float *weight,
     gemm_bf16(CUBLAS_OP_T, CUBLAS_OP_N, OC, N, C, w, C, a, C, beta, out, OC);
 }
 
-/* dweight and dbias of a bf16 backward, d the bf16 copy of dout (slot 0). */
+void cuda_matmul_forward_bf16(float *out, const float *inp, const float *weight, const float *bias,
+                              int N, int C, int OC)
+{
+    if (N <= 0 || OC <= 0)
+        return;
+    forward_bf16(out, C > 0 ? to_bf16(1, inp, (size_t)N * C) : NULL, weight, bias, N, C, OC);
+}
+
+/* The same with inp stored in bf16: no conversion of it. */
+void cuda_matmul_forward_x16(float *out, const uint16_t *inp, const float *weight,
+                             const float *bias, int N, int C, int OC)
+{
+    if (N <= 0 || OC <= 0)
+        return;
+    forward_bf16(out, (const __nv_bfloat16 *)inp, weight, bias, N, C, OC);
+}
+
+/* dweight and dbias of a bf16 backward, d the bf16 copy of dout (slot 0);
+ * the input as bf16 x where it is stored so, else converted from inp. */
 static void backward_weight_bias_bf16(float *dweight, float *dbias, const __nv_bfloat16 *d,
-                                      const float *dout, const float *inp, int N, int C, int OC)
+                                      const float *dout, const float *inp, const __nv_bfloat16 *x,
+                                      int N, int C, int OC)
 {
     if (dweight) /* dweight^T[C, OC] += inp^T[C, N] . dout[N, OC] */
-        gemm_bf16(CUBLAS_OP_N, CUBLAS_OP_T, C, OC, N, to_bf16(1, inp, (size_t)N * C), C, d, OC, 1,
-                  dweight, C);
+        gemm_bf16(CUBLAS_OP_N, CUBLAS_OP_T, C, OC, N, x ? x : to_bf16(1, inp, (size_t)N * C), C, d,
+                  OC, 1, dweight, C);
     if (dbias) { /* the fp32 sum of dout, as backend_cpu_bf16 */
         cuda_col_sum_acc(dbias, dout, N, OC);
     }
 }
 
-void cuda_matmul_backward_bf16(float *dinp, float *dweight, float *dbias, const float *dout,
-                               const float *inp, const float *weight, int N, int C, int OC)
+static void backward_bf16(float *dinp, float *dweight, float *dbias, const float *dout,
+                          const float *inp, const __nv_bfloat16 *x, const float *weight, int N,
+                          int C, int OC)
 {
     if (N <= 0 || C <= 0 || OC <= 0)
         return;
@@ -221,7 +239,19 @@ void cuda_matmul_backward_bf16(float *dinp, float *dweight, float *dbias, const 
     if (dinp) /* dinp^T[C, N] += weight^T[C, OC] . dout^T[OC, N] */
         gemm_bf16(CUBLAS_OP_N, CUBLAS_OP_N, C, N, OC, to_bf16(1, weight, (size_t)OC * C), C, d, OC,
                   1, dinp, C);
-    backward_weight_bias_bf16(dweight, dbias, d, dout, inp, N, C, OC);
+    backward_weight_bias_bf16(dweight, dbias, d, dout, inp, x, N, C, OC);
+}
+
+void cuda_matmul_backward_bf16(float *dinp, float *dweight, float *dbias, const float *dout,
+                               const float *inp, const float *weight, int N, int C, int OC)
+{
+    backward_bf16(dinp, dweight, dbias, dout, inp, NULL, weight, N, C, OC);
+}
+
+void cuda_matmul_backward_x16(float *dinp, float *dweight, float *dbias, const float *dout,
+                              const uint16_t *inp, const float *weight, int N, int C, int OC)
+{
+    backward_bf16(dinp, dweight, dbias, dout, NULL, (const __nv_bfloat16 *)inp, weight, N, C, OC);
 }
 
 /* ---- the linear layer fused with GELU (backend.h), cuBLASLt epilogues ---- */
@@ -243,9 +273,24 @@ void cuda_matmul_gelu_forward_bf16(float *out, float *pre, const float *inp, con
     cuda_gelu_forward(out, pre, (size_t)N * OC);
 }
 
-void cuda_matmul_backward_dgelu_bf16(float *dinp, float *dweight, float *dbias, const float *dout,
-                                     const float *inp, const float *pre, const float *weight, int N,
-                                     int C, int OC)
+/* inp and out in bf16, pre in fp32 (gelu' reads it): the GEMM with the bias
+ * epilogue into pre, then GELU into bf16 out.  Not the GELU_AUX_BIAS
+ * epilogue: cuBLASLt stores its aux in D's type (a bf16 D would round pre,
+ * a rounding point the CPU reference does not have), and out is 2 bytes
+ * written where the fused fp32 path wrote 4 and then converted them. */
+void cuda_matmul_gelu_forward_x16(uint16_t *out, float *pre, const uint16_t *inp,
+                                  const float *weight, const float *bias, int N, int C, int OC)
+{
+    if (N <= 0 || OC <= 0)
+        return;
+    cuda_matmul_forward_x16(pre, inp, weight, bias, N, C, OC);
+    cuda_gelu_forward_x16(out, pre, (size_t)N * OC);
+}
+
+/* dinp = gelu'(pre) * (dout . weight), SET; x: inp in bf16, or NULL */
+static void backward_dgelu_bf16(float *dinp, float *dweight, float *dbias, const float *dout,
+                                const float *inp, const __nv_bfloat16 *x, const float *pre,
+                                const float *weight, int N, int C, int OC)
 {
     if (N <= 0 || C <= 0)
         return;
@@ -263,5 +308,20 @@ void cuda_matmul_backward_dgelu_bf16(float *dinp, float *dweight, float *dbias, 
         gemm_bf16(CUBLAS_OP_N, CUBLAS_OP_N, C, N, OC, w, C, d, OC, 0, dinp, C);
         cuda_gelu_backward_inplace(dinp, pre, (size_t)N * C);
     }
-    backward_weight_bias_bf16(dweight, dbias, d, dout, inp, N, C, OC);
+    backward_weight_bias_bf16(dweight, dbias, d, dout, inp, x, N, C, OC);
+}
+
+void cuda_matmul_backward_dgelu_bf16(float *dinp, float *dweight, float *dbias, const float *dout,
+                                     const float *inp, const float *pre, const float *weight, int N,
+                                     int C, int OC)
+{
+    backward_dgelu_bf16(dinp, dweight, dbias, dout, inp, NULL, pre, weight, N, C, OC);
+}
+
+void cuda_matmul_backward_dgelu_x16(float *dinp, float *dweight, float *dbias, const float *dout,
+                                    const uint16_t *inp, const float *pre, const float *weight,
+                                    int N, int C, int OC)
+{
+    backward_dgelu_bf16(dinp, dweight, dbias, dout, NULL, (const __nv_bfloat16 *)inp, pre, weight,
+                        N, C, OC);
 }

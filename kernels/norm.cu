@@ -6,12 +6,21 @@
  * common.cuh), in a fixed order. */
 #include "ops.cuh"
 
+#include <cuda_bf16.h>
+
 enum { NORM_THREADS = 256 };
+
+/* A norm's output element: fp32, or bf16 (round to nearest even, the CPU's
+ * bf16_bits) where the output is stored in bf16 for the GEMMs that read it
+ * (cuda_norm_forward_x16). */
+__device__ inline void norm_store(float *o, float v) { *o = v; }
+__device__ inline void norm_store(__nv_bfloat16 *o, float v) { *o = __float2bfloat16(v); }
 
 /* --------------------------------------------------------------- layernorm */
 
 /* Row n of a LayerNorm from this thread's part s of the row's sum. */
-__device__ void layernorm_row(float *o, float *mean, float *rstd, const float *x, float s,
+template <typename T>
+__device__ void layernorm_row(T *o, float *mean, float *rstd, const float *x, float s,
                               const float *weight, const float *bias, int C, float eps, int n)
 {
     float mu = block_sum(s) / C;
@@ -22,7 +31,7 @@ __device__ void layernorm_row(float *o, float *mean, float *rstd, const float *x
     float rs = 1 / sqrtf(block_sum(v) / C + eps);
     for (int c = threadIdx.x; c < C; c += blockDim.x) {
         float y = (x[c] - mu) * rs * weight[c];
-        o[c] = bias ? y + bias[c] : y;
+        norm_store(&o[c], bias ? y + bias[c] : y);
     }
     if (threadIdx.x == 0) {
         mean[n] = mu;
@@ -30,7 +39,8 @@ __device__ void layernorm_row(float *o, float *mean, float *rstd, const float *x
     }
 }
 
-__global__ void layernorm_forward_kernel(float *out, float *mean, float *rstd, const float *inp,
+template <typename T>
+__global__ void layernorm_forward_kernel(T *out, float *mean, float *rstd, const float *inp,
                                          const float *weight, const float *bias, int C, float eps)
 {
     int n = blockIdx.x;
@@ -87,8 +97,8 @@ void cuda_layernorm_forward(float *out, float *mean, float *rstd, const float *i
 {
     if (N <= 0 || C <= 0)
         return;
-    layernorm_forward_kernel<<<N, NORM_THREADS, 0, cuda_stream()>>>(out, mean, rstd, inp, weight,
-                                                                    bias, C, eps);
+    layernorm_forward_kernel<float>
+        <<<N, NORM_THREADS, 0, cuda_stream()>>>(out, mean, rstd, inp, weight, bias, C, eps);
     CUDA_CHECK_LAUNCH();
 }
 
@@ -116,18 +126,19 @@ void cuda_layernorm_backward(float *dinp, float *dweight, float *dbias, const fl
 
 /* ----------------------------------------------------------------- rmsnorm */
 
-__global__ void rmsnorm_forward_kernel(float *out, float *rstd, const float *inp,
-                                       const float *weight, int C, float eps)
+template <typename T>
+__global__ void rmsnorm_forward_kernel(T *out, float *rstd, const float *inp, const float *weight,
+                                       int C, float eps)
 {
     int n = blockIdx.x;
     const float *x = inp + (size_t)n * C;
-    float *o = out + (size_t)n * C;
+    T *o = out + (size_t)n * C;
     float s = 0;
     for (int c = threadIdx.x; c < C; c += blockDim.x)
         s += x[c] * x[c];
     float rs = 1 / sqrtf(block_sum(s) / C + eps);
     for (int c = threadIdx.x; c < C; c += blockDim.x)
-        o[c] = x[c] * rs * weight[c];
+        norm_store(&o[c], x[c] * rs * weight[c]);
     if (threadIdx.x == 0)
         rstd[n] = rs;
 }
@@ -166,7 +177,8 @@ void cuda_rmsnorm_forward(float *out, float *rstd, const float *inp, const float
 {
     if (N <= 0 || C <= 0)
         return;
-    rmsnorm_forward_kernel<<<N, NORM_THREADS, 0, cuda_stream()>>>(out, rstd, inp, weight, C, eps);
+    rmsnorm_forward_kernel<float>
+        <<<N, NORM_THREADS, 0, cuda_stream()>>>(out, rstd, inp, weight, C, eps);
     CUDA_CHECK_LAUNCH();
 }
 
@@ -198,13 +210,15 @@ void cuda_rmsnorm_backward(float *dinp, float *dweight, const float *dout, const
  * wrote itself (the same c), so no barrier is needed before the norm's
  * passes.  a and b are read once, res written once: the add's separate
  * pass (3 row reads and a write) becomes one. */
-__global__ void residual_norm_forward_kernel(float *res, float *out, float *mean, float *rstd,
+template <typename T>
+__global__ void residual_norm_forward_kernel(float *res, T *out, float *mean, float *rstd,
                                              const float *a, const float *b, const float *weight,
                                              const float *bias, int C, float eps, int rms)
 {
     int n = blockIdx.x;
     const float *xa = a + (size_t)n * C, *xb = b + (size_t)n * C;
-    float *x = res + (size_t)n * C, *o = out + (size_t)n * C;
+    float *x = res + (size_t)n * C;
+    T *o = out + (size_t)n * C;
     float s = 0;
     for (int c = threadIdx.x; c < C; c += blockDim.x) {
         float r = xa[c] + xb[c];
@@ -214,7 +228,7 @@ __global__ void residual_norm_forward_kernel(float *res, float *out, float *mean
     if (rms) {
         float rs = 1 / sqrtf(block_sum(s) / C + eps);
         for (int c = threadIdx.x; c < C; c += blockDim.x)
-            o[c] = x[c] * rs * weight[c];
+            norm_store(&o[c], x[c] * rs * weight[c]);
         if (threadIdx.x == 0)
             rstd[n] = rs;
         return;
@@ -228,7 +242,29 @@ void cuda_residual_norm_forward(float *res, float *out, float *mean, float *rstd
 {
     if (N <= 0 || C <= 0)
         return;
-    residual_norm_forward_kernel<<<N, NORM_THREADS, 0, cuda_stream()>>>(res, out, mean, rstd, a, b,
-                                                                        weight, bias, C, eps, rms);
+    residual_norm_forward_kernel<float><<<N, NORM_THREADS, 0, cuda_stream()>>>(
+        res, out, mean, rstd, a, b, weight, bias, C, eps, rms);
+    CUDA_CHECK_LAUNCH();
+}
+
+/* The norm (b NULL) or the residual add and the norm into a bf16 out: the
+ * kernels above with their outputs rounded as they are stored, so the bits
+ * bf16_bits gives of the fp32 ops' outputs. */
+void cuda_norm_forward_x16(float *res, uint16_t *out, float *mean, float *rstd, const float *a,
+                           const float *b, const float *weight, const float *bias, int N, int C,
+                           float eps, int rms)
+{
+    if (N <= 0 || C <= 0)
+        return;
+    __nv_bfloat16 *o = (__nv_bfloat16 *)out;
+    if (b)
+        residual_norm_forward_kernel<__nv_bfloat16><<<N, NORM_THREADS, 0, cuda_stream()>>>(
+            res, o, mean, rstd, a, b, weight, bias, C, eps, rms);
+    else if (rms)
+        rmsnorm_forward_kernel<__nv_bfloat16>
+            <<<N, NORM_THREADS, 0, cuda_stream()>>>(o, rstd, a, weight, C, eps);
+    else
+        layernorm_forward_kernel<__nv_bfloat16>
+            <<<N, NORM_THREADS, 0, cuda_stream()>>>(o, mean, rstd, a, weight, bias, C, eps);
     CUDA_CHECK_LAUNCH();
 }

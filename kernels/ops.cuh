@@ -17,6 +17,23 @@ void cuda_matmul_forward_bf16(float *out, const float *inp, const float *weight,
                               int N, int C, int OC);
 void cuda_matmul_backward_bf16(float *dinp, float *dweight, float *dbias, const float *dout,
                                const float *inp, const float *weight, int N, int C, int OC);
+/* matmul.cu, bf16 GEMMs whose activation operand is stored in bf16
+ * (backend.h's *_x16; backend_cuda_bf16) */
+void cuda_matmul_forward_x16(float *out, const uint16_t *inp, const float *weight,
+                             const float *bias, int N, int C, int OC);
+void cuda_matmul_backward_x16(float *dinp, float *dweight, float *dbias, const float *dout,
+                              const uint16_t *inp, const float *weight, int N, int C, int OC);
+void cuda_matmul_gelu_forward_x16(uint16_t *out, float *pre, const uint16_t *inp,
+                                  const float *weight, const float *bias, int N, int C, int OC);
+void cuda_matmul_backward_dgelu_x16(float *dinp, float *dweight, float *dbias, const float *dout,
+                                    const uint16_t *inp, const float *pre, const float *weight,
+                                    int N, int C, int OC);
+/* norm.cu, activation.cu: their forwards into bf16 */
+void cuda_norm_forward_x16(float *res, uint16_t *out, float *mean, float *rstd, const float *a,
+                           const float *b, const float *weight, const float *bias, int N, int C,
+                           float eps, int rms);
+void cuda_gelu_forward_x16(uint16_t *out, const float *inp, size_t n);
+void cuda_swiglu_forward_x16(uint16_t *out, const float *gate, const float *up, size_t n);
 /* matmul.cu through cuBLASLt's epilogues (matmul_lt.cu; backend_cuda_bf16) */
 void cuda_matmul_gelu_forward_bf16(float *out, float *pre, const float *inp, const float *weight,
                                    const float *bias, int N, int C, int OC);

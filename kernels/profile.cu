@@ -156,6 +156,62 @@ static void p_matmul_backward_dgelu(float *dinp, float *dw, float *db, const flo
           matmul_backward_dgelu(dinp, dw, db, dout, inp, pre, w, N, C, OC));
 }
 
+/* ---- the *_x16 ops: the activation operand (and GELU's output) 2 bytes ---- */
+#define F2 2.0 /* bytes of a bf16 element */
+
+static void p_matmul_forward_x16(float *out, const uint16_t *inp, const float *w, const float *b,
+                                 int N, int C, int OC)
+{
+    double n = N, c = C, oc = OC;
+    TIMED("matmul_forward_x16", F2 * n * c + F4 * (oc * c + n * oc + (b ? oc : 0)), 2 * n * c * oc,
+          matmul_forward_x16(out, inp, w, b, N, C, OC));
+}
+
+static void p_matmul_backward_x16(float *dinp, float *dw, float *db, const float *dout,
+                                  const uint16_t *inp, const float *w, int N, int C, int OC)
+{
+    double n = N, c = C, oc = OC;
+    double bytes = F4 * n * oc + (dinp ? F4 * (oc * c + 2 * n * c) : 0) +
+                   (dw ? F2 * n * c + F4 * 2 * oc * c : 0) + (db ? F4 * 2 * oc : 0);
+    double flops = (dinp ? 2 * n * c * oc : 0) + (dw ? 2 * n * c * oc : 0);
+    TIMED("matmul_backward_x16", bytes, flops,
+          matmul_backward_x16(dinp, dw, db, dout, inp, w, N, C, OC));
+}
+
+static void p_matmul_gelu_forward_x16(uint16_t *out, float *pre, const uint16_t *inp,
+                                      const float *w, const float *b, int N, int C, int OC)
+{
+    double n = N, c = C, oc = OC;
+    TIMED("matmul_gelu_forward_x16", F2 * n * c + F4 * (oc * c + n * oc + oc) + F2 * n * oc,
+          2 * n * c * oc, matmul_gelu_forward_x16(out, pre, inp, w, b, N, C, OC));
+}
+
+static void p_matmul_backward_dgelu_x16(float *dinp, float *dw, float *db, const float *dout,
+                                        const uint16_t *inp, const float *pre, const float *w,
+                                        int N, int C, int OC)
+{
+    double n = N, c = C, oc = OC;
+    double bytes = F4 * n * oc + F4 * (oc * c + 2 * n * c) +
+                   (dw ? F2 * n * c + F4 * 2 * oc * c : 0) + (db ? F4 * 2 * oc : 0);
+    double flops = 2 * n * c * oc * (1 + (dw != NULL));
+    TIMED("matmul_backward_dgelu_x16", bytes, flops,
+          matmul_backward_dgelu_x16(dinp, dw, db, dout, inp, pre, w, N, C, OC));
+}
+
+static void p_swiglu_forward_x16(uint16_t *out, const float *gate, const float *up, size_t n)
+{
+    TIMED("swiglu_forward_x16", (2 * F4 + F2) * n, 0, swiglu_forward_x16(out, gate, up, n));
+}
+
+static void p_norm_forward_x16(float *res, uint16_t *out, float *mean, float *rstd, const float *a,
+                               const float *b, const float *w, const float *bias, int N, int C,
+                               float eps, int rms)
+{
+    /* reads a (and b, writing res), writes out in bf16 */
+    TIMED("norm_forward_x16", (F4 * (b ? 3.0 : 1.0) + F2) * N * C, 0,
+          norm_forward_x16(res, out, mean, rstd, a, b, w, bias, N, C, eps, rms));
+}
+
 static void p_embedding_forward(float *out, const int32_t *tok, const int32_t *pos,
                                 const float *wte, const float *wpe, int N, int T, int C, int vs,
                                 int V)
@@ -388,6 +444,14 @@ extern "C" const Backend *backend_cuda_profiled(const Backend *base)
         t.matmul_gelu_forward = p_matmul_gelu_forward;
     if (base->matmul_backward_dgelu)
         t.matmul_backward_dgelu = p_matmul_backward_dgelu;
+    if (base->matmul_forward_x16) { /* all six or none (model_x16_ok needs all) */
+        t.matmul_forward_x16 = p_matmul_forward_x16;
+        t.matmul_backward_x16 = p_matmul_backward_x16;
+        t.matmul_gelu_forward_x16 = p_matmul_gelu_forward_x16;
+        t.matmul_backward_dgelu_x16 = p_matmul_backward_dgelu_x16;
+        t.swiglu_forward_x16 = p_swiglu_forward_x16;
+        t.norm_forward_x16 = p_norm_forward_x16;
+    }
     t.embedding_forward = p_embedding_forward;
     t.embedding_backward = p_embedding_backward;
     t.layernorm_forward = p_layernorm_forward;

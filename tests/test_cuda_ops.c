@@ -497,6 +497,259 @@ static void test_swiglu(size_t n)
     backend_cuda_free(d_dout), backend_cuda_free(d_dgate), backend_cuda_free(d_dup);
 }
 
+/* ----------------------------------------- GEMM inputs stored in bf16 */
+
+/* backend.h's *_x16 ops (the bf16 tables): the GEMMs reading a bf16-stored
+ * input, the producers writing one.  Two checks each:
+ *   - on each backend, the same bits as the fp32-storage op it replaces:
+ *     a GEMM on the widened bf16 values (which its rounding leaves as they
+ *     are), and a producer's bits = bf16_bits of the fp32 op's output;
+ *     this is what makes bf16 storage change no result (docs/design.md);
+ *   - GPU against CPU: GEMMs and the fp32 outputs within R_RED as their
+ *     fp32-storage twins; the bf16 outputs within R_TC (4e-3 > 2^-8, one
+ *     bf16 step: the fp32 values within 1e-4 may round to neighbours). */
+
+static uint16_t *hrand16(size_t n, float scale)
+{
+    float *x = hrand(n, scale);
+    uint16_t *h = malloc((n ? n : 1) * sizeof *h);
+    for (size_t i = 0; i < n; i++)
+        h[i] = bf16_bits(x[i]);
+    free(x);
+    return h;
+}
+
+static float *widen16(const uint16_t *h, size_t n)
+{
+    float *x = malloc((n ? n : 1) * sizeof *x);
+    for (size_t i = 0; i < n; i++) {
+        const uint32_t u = (uint32_t)h[i] << 16;
+        memcpy(&x[i], &u, sizeof u);
+    }
+    return x;
+}
+
+static uint16_t *fetch16(const uint16_t *dev, size_t n)
+{
+    uint16_t *h = malloc((n ? n : 1) * sizeof *h);
+    backend_cuda_to_host(h, dev, n * sizeof *h);
+    return h;
+}
+
+/* bf16 bits h (host) are bf16_bits of the fp32 values x (host) */
+static void check_rounded(const char *what, const uint16_t *h, const float *x, size_t n)
+{
+    size_t bad = n;
+    for (size_t i = 0; i < n && bad == n; i++)
+        if (h[i] != bf16_bits(x[i]))
+            bad = i;
+    CHECK(bad == n, "%s: element %zu of %zu: bits %04x, bf16 of the fp32 op's %.9g", what, bad, n,
+          bad < n ? h[bad] : 0, bad < n ? x[bad] : 0.0);
+}
+
+/* bf16 device output d16 against the CPU's h16 (R_TC), and equal to the
+ * rounding of the GPU's fp32-output op (d32) */
+static void compare16(const char *what, const uint16_t *d16, const uint16_t *h16, const float *d32,
+                      size_t n)
+{
+    char w[160];
+    uint16_t *got = fetch16(d16, n);
+    float *g = widen16(got, n), *want = widen16(h16, n), *f32 = fetch(d32, n);
+    snprintf(w, sizeof w, "%s (bf16) against the CPU", what);
+    compare(w, g, want, n, R_TC);
+    snprintf(w, sizeof w, "%s (bf16) = the GPU's fp32 op rounded", what);
+    check_rounded(w, got, f32, n);
+    free(got), free(g), free(want), free(f32);
+}
+
+static void test_matmul_x16(int N, int C, int OC, int with_bias)
+{
+    char what[128];
+    size_t ni = (size_t)N * C, nw = (size_t)OC * C, no = (size_t)N * OC;
+    uint16_t *x = hrand16(ni, 1);
+    float *inp = widen16(x, ni), *w = hrand(nw, 1), *b = with_bias ? hrand(OC, 1) : NULL;
+    float *dout = hrand(no, 1), *o0 = hrand(no, 1), *g0 = hrand(ni + nw + OC, 1);
+    uint16_t *d_x = dcopy(x, ni * sizeof *x);
+    float *d_inp = dcopyf(inp, ni), *d_w = dcopyf(w, nw), *d_b = b ? dcopyf(b, OC) : NULL;
+    float *d_dout = dcopyf(dout, no);
+    /* [0]: the x16 op, [1]: its fp32-storage twin on the widened input */
+    float *out[2], *g[2], *d_out[2], *d_g[2];
+    for (int k = 0; k < 2; k++) {
+        out[k] = malloc(no * sizeof(float)), memcpy(out[k], o0, no * sizeof(float));
+        g[k] = malloc((ni + nw + OC) * sizeof(float));
+        memcpy(g[k], g0, (ni + nw + OC) * sizeof(float));
+        d_out[k] = dcopyf(o0, no), d_g[k] = dcopyf(g0, ni + nw + OC);
+    }
+    cpu->matmul_forward_x16(out[0], x, w, b, N, C, OC);
+    cpu->matmul_forward(out[1], inp, w, b, N, C, OC);
+    gpu->matmul_forward_x16(d_out[0], d_x, d_w, d_b, N, C, OC);
+    gpu->matmul_forward(d_out[1], d_inp, d_w, d_b, N, C, OC);
+    cpu->matmul_backward_x16(g[0], g[0] + ni, g[0] + ni + nw, dout, x, w, N, C, OC);
+    cpu->matmul_backward(g[1], g[1] + ni, g[1] + ni + nw, dout, inp, w, N, C, OC);
+    gpu->matmul_backward_x16(d_g[0], d_g[0] + ni, d_g[0] + ni + nw, d_dout, d_x, d_w, N, C, OC);
+    gpu->matmul_backward(d_g[1], d_g[1] + ni, d_g[1] + ni + nw, d_dout, d_inp, d_w, N, C, OC);
+    /* dweight alone (the frozen-input case passes dinp NULL the other way) */
+    cpu->matmul_backward_x16(NULL, g[0] + ni, NULL, dout, x, w, N, C, OC);
+    cpu->matmul_backward(NULL, g[1] + ni, NULL, dout, inp, w, N, C, OC);
+    gpu->matmul_backward_x16(NULL, d_g[0] + ni, NULL, d_dout, d_x, d_w, N, C, OC);
+    gpu->matmul_backward(NULL, d_g[1] + ni, NULL, d_dout, d_inp, d_w, N, C, OC);
+
+    snprintf(what, sizeof what, "matmul_x16 %dx%dx%d%s", N, C, OC, b ? "+bias" : "");
+    float *go = fetch(d_out[0], no), *go1 = fetch(d_out[1], no);
+    float *gg = fetch(d_g[0], ni + nw + OC), *gg1 = fetch(d_g[1], ni + nw + OC);
+    CHECK(!memcmp(out[0], out[1], no * sizeof(float)) &&
+              !memcmp(g[0], g[1], (ni + nw + OC) * sizeof(float)),
+          "%s: CPU's out and gradients equal to the fp32-storage op's", what);
+    CHECK(!memcmp(go, go1, no * sizeof(float)) && !memcmp(gg, gg1, (ni + nw + OC) * sizeof(float)),
+          "%s: GPU's out and gradients equal to the fp32-storage op's", what);
+    compare(what, go, out[0], no, R_RED);
+    compare(what, gg, g[0], ni + nw + OC, R_RED);
+
+    free(go), free(go1), free(gg), free(gg1);
+    for (int k = 0; k < 2; k++) {
+        free(out[k]), free(g[k]);
+        backend_cuda_free(d_out[k]), backend_cuda_free(d_g[k]);
+    }
+    free(x), free(inp), free(w), free(b), free(dout), free(o0), free(g0);
+    backend_cuda_free(d_x), backend_cuda_free(d_inp), backend_cuda_free(d_w);
+    backend_cuda_free(d_b), backend_cuda_free(d_dout);
+}
+
+/* matmul_gelu_forward_x16 and matmul_backward_dgelu_x16: inp [N, C] in
+ * bf16 through w [OC, C] (+ b) to pre (fp32) and out (bf16) [N, OC]; then
+ * the backward of the next linear w2 [C, OC] reading out. */
+static void test_matmul_gelu_x16(int N, int C, int OC)
+{
+    char what[128];
+    size_t ni = (size_t)N * C, nw = (size_t)OC * C, no = (size_t)N * OC;
+    uint16_t *x = hrand16(ni, 1);
+    float *w = hrand(nw, 1), *b = hrand(OC, 1), *pre = hrand(no, 1), *act = hrand(no, 1);
+    uint16_t *out = malloc(no * sizeof *out);
+    uint16_t *d_x = dcopy(x, ni * sizeof *x), *d_out = dcopy(out, no * sizeof *out);
+    float *d_w = dcopyf(w, nw), *d_b = dcopyf(b, OC), *d_pre = dcopyf(pre, no);
+    float *d_act = dcopyf(act, no);
+
+    cpu->matmul_gelu_forward_x16(out, pre, x, w, b, N, C, OC);
+    gpu->matmul_gelu_forward_x16(d_out, d_pre, d_x, d_w, d_b, N, C, OC);
+    snprintf(what, sizeof what, "matmul_gelu_x16 %dx%dx%d pre", N, C, OC);
+    compare_dev(what, d_pre, pre, no, R_RED);
+    cpu->gelu_forward(act, pre, no); /* the fp32 op's output, rounded: out */
+    snprintf(what, sizeof what, "matmul_gelu_x16 %dx%dx%d out on the CPU", N, C, OC);
+    check_rounded(what, out, act, no);
+    gpu->gelu_forward(d_act, d_pre, no);
+    snprintf(what, sizeof what, "matmul_gelu_x16 %dx%dx%d out", N, C, OC);
+    compare16(what, d_out, out, d_act, no);
+
+    /* backward from the CPU's out and pre on both sides, against the
+     * fp32-storage op on the widened out */
+    float *w2 = hrand(nw, 1), *dout = hrand(ni, 1), *g0 = hrand(no + nw + C, 1);
+    float *outw = widen16(out, no), *g[2], *d_g[2];
+    float *d_w2 = dcopyf(w2, nw), *d_dout = dcopyf(dout, ni), *d_pre_cpu = dcopyf(pre, no);
+    float *d_outw = dcopyf(outw, no);
+    uint16_t *d_out_cpu = dcopy(out, no * sizeof *out);
+    for (int k = 0; k < 2; k++) {
+        g[k] = malloc((no + nw + C) * sizeof(float));
+        memcpy(g[k], g0, (no + nw + C) * sizeof(float));
+        d_g[k] = dcopyf(g0, no + nw + C);
+    }
+    cpu->matmul_backward_dgelu_x16(g[0], g[0] + no, g[0] + no + nw, dout, out, pre, w2, N, OC, C);
+    cpu->matmul_backward_dgelu(g[1], g[1] + no, g[1] + no + nw, dout, outw, pre, w2, N, OC, C);
+    gpu->matmul_backward_dgelu_x16(d_g[0], d_g[0] + no, d_g[0] + no + nw, d_dout, d_out_cpu,
+                                   d_pre_cpu, d_w2, N, OC, C);
+    gpu->matmul_backward_dgelu(d_g[1], d_g[1] + no, d_g[1] + no + nw, d_dout, d_outw, d_pre_cpu,
+                               d_w2, N, OC, C);
+    snprintf(what, sizeof what, "matmul dgelu_x16 %dx%dx%d", N, OC, C);
+    float *gg = fetch(d_g[0], no + nw + C), *gg1 = fetch(d_g[1], no + nw + C);
+    CHECK(!memcmp(g[0], g[1], (no + nw + C) * sizeof(float)),
+          "%s: CPU's gradients equal to the fp32-storage op's", what);
+    CHECK(!memcmp(gg, gg1, (no + nw + C) * sizeof(float)),
+          "%s: GPU's gradients equal to the fp32-storage op's", what);
+    compare(what, gg, g[0], no + nw + C, 2 * R_RED);
+
+    free(gg), free(gg1), free(w2), free(dout), free(g0), free(outw);
+    for (int k = 0; k < 2; k++)
+        free(g[k]), backend_cuda_free(d_g[k]);
+    backend_cuda_free(d_w2), backend_cuda_free(d_dout), backend_cuda_free(d_pre_cpu);
+    backend_cuda_free(d_outw), backend_cuda_free(d_out_cpu);
+    free(x), free(w), free(b), free(pre), free(act), free(out);
+    backend_cuda_free(d_x), backend_cuda_free(d_out), backend_cuda_free(d_w);
+    backend_cuda_free(d_b), backend_cuda_free(d_pre), backend_cuda_free(d_act);
+}
+
+/* norm_forward_x16: the norm alone (b NULL) and the residual add then the
+ * norm, LayerNorm with and without bias and RMSNorm, against the CPU and
+ * against the GPU's fp32-output ops */
+static void test_norm_x16(int N, int C, int residual, int with_bias, int rms)
+{
+    char what[128];
+    size_t n = (size_t)N * C;
+    float *a = norm_input(n), *b = residual ? hrand(n, 0.5f) : NULL, *w = hrand(C, 1);
+    float *bias = with_bias ? hrand(C, 1) : NULL, *res = hrand(n, 1), *mean = hrand(N, 1);
+    float *rstd = hrand(N, 1), *y = hrand(n, 1);
+    uint16_t *out = malloc(n * sizeof *out);
+    float *d_a = dcopyf(a, n), *d_b = b ? dcopyf(b, n) : NULL, *d_w = dcopyf(w, C);
+    float *d_bias = bias ? dcopyf(bias, C) : NULL, *d_res = dcopyf(res, n);
+    float *d_res32 = dcopyf(res, n), *d_mean = dcopyf(mean, N), *d_rstd = dcopyf(rstd, N);
+    float *d_mean32 = dcopyf(mean, N), *d_rstd32 = dcopyf(rstd, N), *d_y = dcopyf(y, n);
+    uint16_t *d_out = dcopy(out, n * sizeof *out);
+    const char *kind = rms ? "rmsnorm" : with_bias ? "layernorm" : "layernorm (no bias)";
+
+    cpu->norm_forward_x16(res, out, mean, rstd, a, b, w, bias, N, C, 1e-5f, rms);
+    gpu->norm_forward_x16(d_res, d_out, d_mean, d_rstd, d_a, d_b, d_w, d_bias, N, C, 1e-5f, rms);
+    /* the fp32-output ops, on the CPU (y) and the GPU (d_y) */
+    if (residual) {
+        cpu->residual_norm_forward(res, y, mean, rstd, a, b, w, bias, N, C, 1e-5f, rms);
+        gpu->residual_norm_forward(d_res32, d_y, d_mean32, d_rstd32, d_a, d_b, d_w, d_bias, N, C,
+                                   1e-5f, rms);
+    } else if (rms) {
+        cpu->rmsnorm_forward(y, rstd, a, w, N, C, 1e-5f);
+        gpu->rmsnorm_forward(d_y, d_rstd32, d_a, d_w, N, C, 1e-5f);
+    } else {
+        cpu->layernorm_forward(y, mean, rstd, a, w, bias, N, C, 1e-5f);
+        gpu->layernorm_forward(d_y, d_mean32, d_rstd32, d_a, d_w, d_bias, N, C, 1e-5f);
+    }
+    snprintf(what, sizeof what, "norm_x16 %s%s N=%d C=%d", residual ? "residual " : "", kind, N, C);
+    char w2[160];
+    snprintf(w2, sizeof w2, "%s out on the CPU", what);
+    check_rounded(w2, out, y, n);
+    compare16(what, d_out, out, d_y, n);
+    snprintf(w2, sizeof w2, "%s rstd", what);
+    compare_dev(w2, d_rstd, rstd, N, R_RED);
+    if (!rms) {
+        snprintf(w2, sizeof w2, "%s mean", what);
+        compare_dev(w2, d_mean, mean, N, R_RED);
+    }
+    if (residual) {
+        snprintf(w2, sizeof w2, "%s res", what);
+        compare_dev(w2, d_res, res, n, 0);
+    }
+    free(a), free(b), free(w), free(bias), free(res), free(mean), free(rstd), free(y), free(out);
+    backend_cuda_free(d_a), backend_cuda_free(d_b), backend_cuda_free(d_w);
+    backend_cuda_free(d_bias), backend_cuda_free(d_res), backend_cuda_free(d_res32);
+    backend_cuda_free(d_mean), backend_cuda_free(d_rstd), backend_cuda_free(d_mean32);
+    backend_cuda_free(d_rstd32), backend_cuda_free(d_y), backend_cuda_free(d_out);
+}
+
+static void test_swiglu_x16(size_t n)
+{
+    char what[96];
+    float *gate = act_input(n), *up = hrand(n, 2), *y = hrand(n, 1);
+    uint16_t *out = malloc(n * sizeof *out);
+    float *d_gate = dcopyf(gate, n), *d_up = dcopyf(up, n), *d_y = dcopyf(y, n);
+    uint16_t *d_out = dcopy(out, n * sizeof *out);
+    cpu->swiglu_forward_x16(out, gate, up, n);
+    gpu->swiglu_forward_x16(d_out, d_gate, d_up, n);
+    cpu->swiglu_forward(y, gate, up, n);
+    gpu->swiglu_forward(d_y, d_gate, d_up, n);
+    snprintf(what, sizeof what, "swiglu_x16 n=%zu out on the CPU", n);
+    check_rounded(what, out, y, n);
+    snprintf(what, sizeof what, "swiglu_x16 n=%zu out", n);
+    compare16(what, d_out, out, d_y, n);
+    free(gate), free(up), free(y), free(out);
+    backend_cuda_free(d_gate), backend_cuda_free(d_up), backend_cuda_free(d_y);
+    backend_cuda_free(d_out);
+}
+
 /* ----------------------------------------------------------------- rope */
 
 /* pos: NULL (row n at pos0 + n % T) or positions per row. */
@@ -1492,6 +1745,25 @@ int main(void)
     test_matmul_gelu(37, 75, 53);
     CHECK(!backend_cuda()->matmul_gelu_forward && !backend_cuda()->matmul_backward_dgelu,
           "fp32 CUDA keeps the unfused ops (cuBLAS pedantic, exact parity)");
+    /* GEMM inputs stored in bf16 (the bf16 tables' *_x16 ops): shapes
+     * with and without cuBLASLt's epilogues, one row, odd sizes */
+    test_matmul_x16(6, 8, 5, 1);
+    test_matmul_x16(37, 75, 53, 0);
+    test_matmul_x16(256, 384, 200, 1);
+    test_matmul_x16(1, 3, 1, 1);
+    test_matmul_gelu_x16(37, 64, 96);
+    test_matmul_gelu_x16(37, 75, 53);
+    int nshapes[][2] = {{37, 75}, {5, 3}, {2, 4097}, {300, 768}};
+    for (size_t s = 0; s < sizeof nshapes / sizeof nshapes[0]; s++)
+        for (int residual = 0; residual <= 1; residual++) {
+            test_norm_x16(nshapes[s][0], nshapes[s][1], residual, 1, 0);
+            test_norm_x16(nshapes[s][0], nshapes[s][1], residual, 0, 0);
+            test_norm_x16(nshapes[s][0], nshapes[s][1], residual, 0, 1);
+        }
+    test_swiglu_x16(1001);
+    test_swiglu_x16(300000);
+    CHECK(!backend_cuda()->matmul_forward_x16 && !backend_cpu()->matmul_forward_x16,
+          "fp32 tables keep fp32 activations (no *_x16 ops)");
     cpu = backend_cpu();
     gpu = backend_cuda();
 

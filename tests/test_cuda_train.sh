@@ -196,6 +196,34 @@ compare llama llama_cuda "$TOL"
 run gpt2_bf16 1 --set training.precision=bf16
 run gpt2_bf16_cuda 1 --set training.precision=bf16 "${cuda[@]}"
 compare gpt2_bf16 gpt2_bf16_cuda "$BF16_TOL"
+# bf16 stores the norms' outputs and the MLP projection's input in bf16
+# (docs/design.md, "bf16 activation storage"): RMSNorm and SwiGLU into bf16,
+# full recompute (the shared slots), tp 2 (the norms' outputs replicated)
+# and tp 2 with sequence parallelism (refused: fp32 activations there).
+# The report's activations: bf16 halves ln1, ln2 and fc_act of each layer
+# and the final norm's output: (2 layers x (2 N C + N F) + N C) x 2 bytes
+# fewer than fp32's, N = 64 rows, C = 64, F = 256.
+python3 - "$out" <<'PY' || fails=$((fails + 1))
+import json, sys
+act = {n: json.loads(open(f"{sys.argv[1]}/{n}/metrics.jsonl").readline())["memory_bytes"]["activations"]
+       for n in ("gpt2_cuda", "gpt2_bf16_cuda")}
+N, C, F = 64, 64, 256
+want = (2 * (2 * N * C + N * F) + N * C) * 2
+got = act["gpt2_cuda"] - act["gpt2_bf16_cuda"]
+print(f"{'ok  ' if got == want else 'FAIL'} bf16 activation storage: {got} bytes fewer "
+      f"activations than fp32 ({act}), want {want}")
+sys.exit(got != want)
+PY
+run llama_bf16 1 "${llama[@]}" --set training.precision=bf16
+run llama_bf16_cuda 1 "${llama[@]}" --set training.precision=bf16 "${cuda[@]}"
+compare llama_bf16 llama_bf16_cuda "$BF16_TOL"
+run gpt2_bf16_full_cuda 1 --set training.precision=bf16 --set training.recompute=full "${cuda[@]}"
+compare gpt2_bf16 gpt2_bf16_full_cuda "$BF16_TOL"
+run llama_bf16_tp2_cuda 2 "${llama[@]}" --set training.precision=bf16 --set topology.tp=2 "${cuda[@]}"
+compare llama_bf16 llama_bf16_tp2_cuda "$BF16_TOL"
+run gpt2_bf16_tp2_sp_cuda 2 --set training.precision=bf16 --set topology.tp=2 \
+    --set topology.sequence_parallel=true "${cuda[@]}"
+compare gpt2_bf16 gpt2_bf16_tp2_sp_cuda "$BF16_TOL"
 
 run gpt2_sel_cuda 1 --set training.recompute=selective "${cuda[@]}"
 compare gpt2 gpt2_sel_cuda "$TOL"

@@ -200,6 +200,36 @@ typedef struct {
                                   const float *inp, const float *pre, const float *weight, int N,
                                   int C, int OC);
 
+    /* ---- GEMM inputs stored in bf16 (docs/design.md, "bf16 activation
+     * storage") ----
+     * The bf16 tables' way to keep an activation whose every reader is a
+     * bf16 GEMM operand (the norms' outputs, GELU(fc) and silu(gate)*up) in
+     * 16 bits: its producer writes bf16 bits (bf16_bits of the fp32 value
+     * the fp32-output op computes) and the GEMMs read them as they are.
+     * A bf16 GEMM rounds its operands to bf16 anyway, so the results are
+     * those of the fp32-output ops, bit for bit, with half the bytes and no
+     * conversion pass.  Optional: NULL in the fp32 tables (the model keeps
+     * fp32 activations there).
+     * matmul_forward_x16, matmul_backward_x16, matmul_gelu_forward_x16,
+     * matmul_backward_dgelu_x16: the ops above with inp in bf16 (and
+     * matmul_gelu_forward_x16's out in bf16; pre stays fp32, since
+     * gelu' reads it).  swiglu_forward_x16: swiglu_forward into bf16.
+     * norm_forward_x16: residual_norm_forward with out in bf16, or with
+     * b == NULL the norm of a alone (res not written). */
+    void (*matmul_forward_x16)(float *out, const uint16_t *inp, const float *weight,
+                               const float *bias, int N, int C, int OC);
+    void (*matmul_backward_x16)(float *dinp, float *dweight, float *dbias, const float *dout,
+                                const uint16_t *inp, const float *weight, int N, int C, int OC);
+    void (*matmul_gelu_forward_x16)(uint16_t *out, float *pre, const uint16_t *inp,
+                                    const float *weight, const float *bias, int N, int C, int OC);
+    void (*matmul_backward_dgelu_x16)(float *dinp, float *dweight, float *dbias, const float *dout,
+                                      const uint16_t *inp, const float *pre, const float *weight,
+                                      int N, int C, int OC);
+    void (*swiglu_forward_x16)(uint16_t *out, const float *gate, const float *up, size_t n);
+    void (*norm_forward_x16)(float *res, uint16_t *out, float *mean, float *rstd, const float *a,
+                             const float *b, const float *weight, const float *bias, int N, int C,
+                             float eps, int rms);
+
     /* out[n,c] = wte[tokens[n]-vocab_start, c] (+ wpe[p, c] when wpe != NULL,
      * p = pos[n] with packed documents, else n % T).  Tokens outside
      * [vocab_start, vocab_start+V) give zeros (vocab-parallel). */

@@ -91,19 +91,29 @@ static void counted_matmul_backward(float *dinp, float *dweight, float *dbias, c
 
 /* ---- bf16 GEMMs (backend_cpu_bf16): the fp32 products of rounded copies ---- */
 
-/* x rounded to bf16 in workspace slot k (a GEMM reads two operands): slots
- * grow to the largest operand they held and are kept, since a fresh large
- * allocation every call costs its page faults every call. */
-static float *rounded(int k, const float *x, size_t n)
+/* Workspace slot k of at least n floats: slots grow to the largest operand
+ * they held and are kept, since a fresh large allocation every call costs
+ * its page faults every call.  0, 1: a GEMM's two rounded operands; 2: a
+ * bf16-stored GEMM input widened; 3: a bf16-stored output before its
+ * rounding. */
+enum { SLOT_ROUND0, SLOT_ROUND1, SLOT_WIDE, SLOT_NARROW, SLOTS };
+
+static float *work_slot(int k, size_t n)
 {
-    static float *slot[2];
-    static size_t cap[2];
+    static float *slot[SLOTS];
+    static size_t cap[SLOTS];
     if (n > cap[k]) {
         free(slot[k]);
         slot[k] = trd_malloc(n * sizeof(float), "bf16 GEMM operand");
         cap[k] = n;
     }
-    float *r = slot[k];
+    return slot[k];
+}
+
+/* x rounded to bf16 in workspace slot k (a GEMM reads two operands). */
+static float *rounded(int k, const float *x, size_t n)
+{
+    float *r = work_slot(k, n);
 #pragma omp parallel for schedule(dynamic, 1 << 14) if (n >= ((size_t)1 << 18))
     for (size_t i = 0; i < n; i++)
         r[i] = bf16_round(x[i]);
@@ -512,6 +522,78 @@ static void cpu_moe_combine_backward(float *dy, float *dw, const float *dout, co
     }
 }
 
+/* ---- GEMM inputs stored in bf16 (backend.h): the bf16 ops on the widened
+ * bits, and the fp32 ops' outputs narrowed to bf16 bits.  A widened input
+ * is already a bf16 value, so the GEMM's rounding of it changes nothing:
+ * the same bits as the fp32-stored path. ---- */
+
+static const float *widened(const uint16_t *x, size_t n)
+{
+    float *w = work_slot(SLOT_WIDE, n);
+    cpu_widen_bf16(w, x, n);
+    return w;
+}
+
+static void narrow(uint16_t *dst, const float *src, size_t n)
+{
+#pragma omp parallel for simd schedule(static) if (n > 65536)
+    for (size_t i = 0; i < n; i++)
+        dst[i] = bf16_bits(src[i]);
+}
+
+static void bf16_matmul_forward_x16(float *out, const uint16_t *inp, const float *weight,
+                                    const float *bias, int N, int C, int OC)
+{
+    bf16_matmul_forward(out, widened(inp, (size_t)N * C), weight, bias, N, C, OC);
+}
+
+static void bf16_matmul_backward_x16(float *dinp, float *dweight, float *dbias, const float *dout,
+                                     const uint16_t *inp, const float *weight, int N, int C, int OC)
+{
+    const float *x = dweight ? widened(inp, (size_t)N * C) : NULL;
+    bf16_matmul_backward(dinp, dweight, dbias, dout, x, weight, N, C, OC);
+}
+
+static void bf16_matmul_gelu_forward_x16(uint16_t *out, float *pre, const uint16_t *inp,
+                                         const float *weight, const float *bias, int N, int C,
+                                         int OC)
+{
+    const size_t n = (size_t)N * (size_t)OC;
+    float *act = work_slot(SLOT_NARROW, n);
+    bf16_matmul_gelu_forward(act, pre, widened(inp, (size_t)N * C), weight, bias, N, C, OC);
+    narrow(out, act, n);
+}
+
+static void bf16_matmul_backward_dgelu_x16(float *dinp, float *dweight, float *dbias,
+                                           const float *dout, const uint16_t *inp, const float *pre,
+                                           const float *weight, int N, int C, int OC)
+{
+    const float *x = dweight ? widened(inp, (size_t)N * C) : NULL;
+    bf16_matmul_backward_dgelu(dinp, dweight, dbias, dout, x, pre, weight, N, C, OC);
+}
+
+static void cpu_swiglu_forward_x16(uint16_t *out, const float *gate, const float *up, size_t n)
+{
+    float *act = work_slot(SLOT_NARROW, n);
+    cpu_swiglu_forward(act, gate, up, n);
+    narrow(out, act, n);
+}
+
+static void cpu_norm_forward_x16(float *res, uint16_t *out, float *mean, float *rstd,
+                                 const float *a, const float *b, const float *weight,
+                                 const float *bias, int N, int C, float eps, int rms)
+{
+    const size_t n = (size_t)N * (size_t)C;
+    float *y = work_slot(SLOT_NARROW, n);
+    if (b)
+        cpu_residual_norm_forward(res, y, mean, rstd, a, b, weight, bias, N, C, eps, rms);
+    else if (rms)
+        cpu_rmsnorm_forward(y, rstd, a, weight, N, C, eps);
+    else
+        cpu_layernorm_forward(y, mean, rstd, a, weight, bias, N, C, eps);
+    narrow(out, y, n);
+}
+
 static const Backend cpu_backend = {
     .name = "cpu",
     .device = 0,
@@ -588,6 +670,12 @@ const Backend *backend_cpu_bf16(void)
         t.matmul_backward = bf16_matmul_backward;
         t.matmul_gelu_forward = bf16_matmul_gelu_forward;
         t.matmul_backward_dgelu = bf16_matmul_backward_dgelu;
+        t.matmul_forward_x16 = bf16_matmul_forward_x16;
+        t.matmul_backward_x16 = bf16_matmul_backward_x16;
+        t.matmul_gelu_forward_x16 = bf16_matmul_gelu_forward_x16;
+        t.matmul_backward_dgelu_x16 = bf16_matmul_backward_dgelu_x16;
+        t.swiglu_forward_x16 = cpu_swiglu_forward_x16;
+        t.norm_forward_x16 = cpu_norm_forward_x16;
     }
     return &t;
 }

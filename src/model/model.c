@@ -276,19 +276,19 @@ static void layer_act_sizes(const Dims *d, int moe, size_t n[A_COUNT])
 
 static void layer_act_slots(LayerActs *a, float **slot[A_COUNT])
 {
-    slot[A_LN1] = &a->ln1;
+    slot[A_LN1] = &a->ln1.f;
     slot[A_LN1_MEAN] = &a->ln1_mean;
     slot[A_LN1_RSTD] = &a->ln1_rstd;
     slot[A_QKV] = &a->qkv;
     slot[A_LSE] = &a->lse;
     slot[A_ATTY] = &a->atty;
     slot[A_RES_MID] = &a->res_mid;
-    slot[A_LN2] = &a->ln2;
+    slot[A_LN2] = &a->ln2.f;
     slot[A_LN2_MEAN] = &a->ln2_mean;
     slot[A_LN2_RSTD] = &a->ln2_rstd;
     slot[A_FC] = &a->fc;
     slot[A_UP] = &a->up;
-    slot[A_FC_ACT] = &a->fc_act;
+    slot[A_FC_ACT] = &a->fc_act.f;
     slot[A_R_LOGITS] = &a->r_logits;
     slot[A_R_PROBS] = &a->r_probs;
     slot[A_R_LSE] = &a->r_lse;
@@ -342,6 +342,9 @@ static float *take(Carver *c, size_t n)
     return p;
 }
 
+/* The floats that hold n bf16 values. */
+static size_t halves(size_t n) { return (n + 1) / 2; }
+
 static void carve_activations(Model *m, Carver *c)
 {
     const Dims *d = &m->d;
@@ -349,6 +352,11 @@ static void carve_activations(Model *m, Carver *c)
     size_t sz[2][A_COUNT], most[A_COUNT]; /* dense, MoE; the larger for shared slots */
     layer_act_sizes(d, 0, sz[0]);
     layer_act_sizes(d, 1, sz[1]);
+    if (m->x16) /* the GemmIn activations in bf16: half the floats */
+        for (int e = 0; e < 2; e++)
+            for (int k = 0; k < A_COUNT; k++)
+                if (k == A_LN1 || k == A_LN2 || k == A_FC_ACT)
+                    sz[e][k] = halves(sz[e][k]);
     const int any_moe = d->E > 0;
     for (int k = 0; k < A_COUNT; k++)
         most[k] = any_moe && sz[1][k] > sz[0][k] ? sz[1][k] : sz[0][k];
@@ -372,7 +380,7 @@ static void carve_activations(Model *m, Carver *c)
     }
 
     if (m->sh.has_head) {
-        m->cur.ha.lnf = take(c, NC);
+        m->cur.ha.lnf.f = take(c, m->x16 ? halves(NC) : NC);
         m->cur.ha.lnf_mean = take(c, d->gpt2 ? (size_t)d->Ns : 0);
         m->cur.ha.lnf_rstd = take(c, (size_t)d->Ns);
         m->cur.ha.logits = take(c, (size_t)d->N * (size_t)d->Vp);
@@ -427,6 +435,25 @@ static void carve_scratch(Model *m, Carver *c)
 }
 
 /* ---- create / free ------------------------------------------------------ */
+
+/* Whether the GemmIn activations can be stored in bf16 (docs/design.md,
+ * "bf16 activation storage"): the backend has the *_x16 ops (the bf16
+ * tables), and no reader of them is anything but a GEMM.  Not with
+ * sequence parallelism (the norms' outputs are all-gathered in fp32), LoRA
+ * (the adapters read them through dropout and their own fp32 GEMMs) or
+ * MoE (the dispatch copies ln2's rows): those keep fp32 activations. */
+static int x16_layout_ok(const ModelConfig *mc, int sp)
+{
+    return !sp && mc->lora.rank == 0 && mc->moe_experts == 0;
+}
+
+static int model_x16_ok(const Model *m, const Backend *be, int sp)
+{
+    const int ops = be->matmul_forward_x16 && be->matmul_backward_x16 &&
+                    be->matmul_gelu_forward_x16 && be->matmul_backward_dgelu_x16 &&
+                    be->swiglu_forward_x16 && be->norm_forward_x16;
+    return ops && x16_layout_ok(&m->mc, sp);
+}
 
 static void check_config(const ModelConfig *mc, int B)
 {
@@ -785,6 +812,7 @@ static Model *create(const Config *cfg, const Backend *be, const ParamShard *sh,
     if (m->lora)
         init_base(m, cfg->run.seed, cfg->training.precision == PREC_BF16);
 
+    m->x16 = model_x16_ok(m, be, sp);
     alloc_activation_sets(m, 1);
 
     Carver scount = {0};
@@ -967,28 +995,64 @@ static void zero(const Model *m, float *x, size_t n) { m->be->zero(x, n * sizeof
 /* Normalise the d.Ns stream rows held here into this rank's rows of out
  * [N, C], then make out whole: the input of the column-parallel layers
  * (all-gather under SP, identity otherwise). */
-static void norm_forward(Model *m, float *out, float *mean, float *rstd, const float *inp,
+static void norm_forward(Model *m, GemmIn out, float *mean, float *rstd, const float *inp,
                          const float *w, const float *b)
 {
     const Dims *d = &m->d;
-    float *mine = tp_my_rows(&m->tp, out, d->N, d->C);
+    if (m->x16) { /* no SP: out is whole here */
+        m->be->norm_forward_x16(NULL, out.h, mean, rstd, inp, NULL, w, b, d->N, d->C, d->eps,
+                                !d->gpt2);
+        return;
+    }
+    float *mine = tp_my_rows(&m->tp, out.f, d->N, d->C);
     if (d->gpt2)
         m->be->layernorm_forward(mine, mean, rstd, inp, w, b, d->Ns, d->C, d->eps);
     else
         m->be->rmsnorm_forward(mine, rstd, inp, w, d->Ns, d->C, d->eps);
-    tp_column_input_forward(&m->tp, out, d->N, d->C);
+    tp_column_input_forward(&m->tp, out.f, d->N, d->C);
 }
 
 /* res = a + b (the residual stream, d.Ns rows), then norm_forward of res:
  * the backend's residual_norm_forward, one pass instead of two. */
-static void residual_norm_forward(Model *m, float *res, float *out, float *mean, float *rstd,
+static void residual_norm_forward(Model *m, float *res, GemmIn out, float *mean, float *rstd,
                                   const float *a, const float *b, const float *w, const float *bias)
 {
     const Dims *d = &m->d;
-    float *mine = tp_my_rows(&m->tp, out, d->N, d->C);
+    if (m->x16) {
+        m->be->norm_forward_x16(res, out.h, mean, rstd, a, b, w, bias, d->N, d->C, d->eps,
+                                !d->gpt2);
+        return;
+    }
+    float *mine = tp_my_rows(&m->tp, out.f, d->N, d->C);
     m->be->residual_norm_forward(res, mine, mean, rstd, a, b, w, bias, d->Ns, d->C, d->eps,
                                  !d->gpt2);
-    tp_column_input_forward(&m->tp, out, d->N, d->C);
+    tp_column_input_forward(&m->tp, out.f, d->N, d->C);
+}
+
+/* The GEMMs whose activation operand x is a GemmIn: the *_x16 ops where it
+ * is stored in bf16 (x16; the model's GemmIn fields: m->x16). */
+static void gemm_in_forward(const Backend *be, int x16, float *out, GemmIn x, const float *w,
+                            const float *b, int N, int C, int OC)
+{
+    if (x16)
+        be->matmul_forward_x16(out, x.h, w, b, N, C, OC);
+    else
+        be->matmul_forward(out, x.f, w, b, N, C, OC);
+}
+
+static void x_matmul_forward(const Model *m, float *out, GemmIn x, const float *w, const float *b,
+                             int N, int C, int OC)
+{
+    gemm_in_forward(m->be, m->x16, out, x, w, b, N, C, OC);
+}
+
+static void x_matmul_backward(const Model *m, float *dinp, float *dw, float *db, const float *dout,
+                              GemmIn x, const float *w, int N, int C, int OC)
+{
+    if (m->x16)
+        m->be->matmul_backward_x16(dinp, dw, db, dout, x.h, w, N, C, OC);
+    else
+        m->be->matmul_backward(dinp, dw, db, dout, x.f, w, N, C, OC);
 }
 
 /* dout [N, C] holds this rank's partial gradient at the norm's output (the
@@ -1201,17 +1265,17 @@ static void lora_backward(Model *m, int i, int k, const float *dout, const float
 /* Row-parallel linear: out [N, C] = inp [N, K] @ W^T over this rank's K
  * columns, then the row output boundary (sum over TP, kept rows: out's
  * first d.Ns) and the replicated bias, once. */
-static void row_linear_forward(Model *m, float *out, const float *inp, const float *w,
+static void row_linear_forward(Model *m, float *out, GemmIn inp, int x16, const float *w,
                                const float *b, int K, int i, int k)
 {
     const Dims *d = &m->d;
     if (!tp_active(&m->tp)) {
-        m->be->matmul_forward(out, inp, w, b, d->N, K, d->C);
-        lora_forward(m, i, k, out, inp, K, d->C, 0, m->s.dln);
+        gemm_in_forward(m->be, x16, out, inp, w, b, d->N, K, d->C);
+        lora_forward(m, i, k, out, inp.f, K, d->C, 0, m->s.dln);
         return;
     }
-    m->be->matmul_forward(out, inp, w, NULL, d->N, K, d->C);
-    lora_forward(m, i, k, out, inp, K, d->C, 0, m->s.dln); /* partial, like out */
+    gemm_in_forward(m->be, x16, out, inp, w, NULL, d->N, K, d->C);
+    lora_forward(m, i, k, out, inp.f, K, d->C, 0, m->s.dln); /* partial, like out */
     tp_row_output_forward(&m->tp, out, b, d->N, d->C);
 }
 
@@ -1241,18 +1305,27 @@ static void mlp_forward(Model *m, int i, const LayerParams *p, LayerActs *a)
     const Backend *be = m->be;
     const Dims *d = &m->d;
     const size_t NF = (size_t)d->N * (size_t)d->F;
-    if (mlp_fused_gelu(m, i)) {
-        be->matmul_gelu_forward(a->fc_act, a->fc, a->ln2, p->fc_w, p->fc_b, d->N, d->C, d->F);
+    if (mlp_fused_gelu(m, i) && m->x16) {
+        be->matmul_gelu_forward_x16(a->fc_act.h, a->fc, a->ln2.h, p->fc_w, p->fc_b, d->N, d->C,
+                                    d->F);
         return;
     }
-    be->matmul_forward(a->fc, a->ln2, p->fc_w, p->fc_b, d->N, d->C, d->F);
-    lora_forward(m, i, LT_FC, a->fc, a->ln2, d->C, d->F, 1, m->s.dfc);
+    if (mlp_fused_gelu(m, i)) {
+        be->matmul_gelu_forward(a->fc_act.f, a->fc, a->ln2.f, p->fc_w, p->fc_b, d->N, d->C, d->F);
+        return;
+    }
+    x_matmul_forward(m, a->fc, a->ln2, p->fc_w, p->fc_b, d->N, d->C, d->F);
+    lora_forward(m, i, LT_FC, a->fc, a->ln2.f, d->C, d->F, 1, m->s.dfc);
     if (d->gpt2) {
-        be->gelu_forward(a->fc_act, a->fc, NF);
+        TRD_ASSERT(!m->x16); /* x16 tables have the fused op, and no adapter runs */
+        be->gelu_forward(a->fc_act.f, a->fc, NF);
     } else {
-        be->matmul_forward(a->up, a->ln2, p->up_w, NULL, d->N, d->C, d->F);
-        lora_forward(m, i, LT_UP, a->up, a->ln2, d->C, d->F, 1, m->s.dup);
-        be->swiglu_forward(a->fc_act, a->fc, a->up, NF);
+        x_matmul_forward(m, a->up, a->ln2, p->up_w, NULL, d->N, d->C, d->F);
+        lora_forward(m, i, LT_UP, a->up, a->ln2.f, d->C, d->F, 1, m->s.dup);
+        if (m->x16)
+            be->swiglu_forward_x16(a->fc_act.h, a->fc, a->up, NF);
+        else
+            be->swiglu_forward(a->fc_act.f, a->fc, a->up, NF);
     }
 }
 
@@ -1291,12 +1364,13 @@ static void block_forward(Model *m, int i, int need_output)
     const size_t NsC = (size_t)d->Ns * (size_t)d->C;
 
     norm_forward(m, a->ln1, a->ln1_mean, a->ln1_rstd, x, p->ln1_w, p->ln1_b);
-    be->matmul_forward(a->qkv, a->ln1, p->qkv_w, p->qkv_b, d->N, d->C, d->QKV);
-    lora_forward(m, i, LT_QKV, a->qkv, a->ln1, d->C, d->QKV, 1, m->s.dqkv);
+    x_matmul_forward(m, a->qkv, a->ln1, p->qkv_w, p->qkv_b, d->N, d->C, d->QKV);
+    lora_forward(m, i, LT_QKV, a->qkv, a->ln1.f, d->C, d->QKV, 1, m->s.dqkv);
     if (!d->gpt2)
         be->rope_forward(a->qkv, m->cur.pos, d->N, d->T, 0, d->H, d->KVH, d->hs, d->rope);
     attention_forward(m, a);
-    row_linear_forward(m, m->s.branch, a->atty, p->attn_proj_w, p->attn_proj_b, d->H * d->hs, i,
+    const GemmIn atty = {.f = a->atty}; /* fp32: attention_backward reads it too */
+    row_linear_forward(m, m->s.branch, atty, 0, p->attn_proj_w, p->attn_proj_b, d->H * d->hs, i,
                        LT_PROJ);
     residual_norm_forward(m, a->res_mid, a->ln2, a->ln2_mean, a->ln2_rstd, x, m->s.branch, p->ln2_w,
                           p->ln2_b);
@@ -1309,7 +1383,8 @@ static void block_forward(Model *m, int i, int need_output)
     mlp_forward(m, i, p, a);
     if (!need_output)
         return;
-    row_linear_forward(m, m->s.branch, a->fc_act, p->mlp_proj_w, p->mlp_proj_b, d->F, i, LT_FCPROJ);
+    row_linear_forward(m, m->s.branch, a->fc_act, m->x16, p->mlp_proj_w, p->mlp_proj_b, d->F, i,
+                       LT_FCPROJ);
     be->add(m->cur.resid[i + 1], a->res_mid, m->s.branch, NsC);
 }
 
@@ -1341,11 +1416,11 @@ static void mlp_backward(Model *m, int i, const LayerParams *p, const LayerParam
         zero(m, s->dup, NF);
         be->swiglu_backward(s->dfc, s->dup, s->dfc_act, a->fc, a->up, NF);
         /* ln2's output feeds both gate and up: the two contributions add in dln. */
-        be->matmul_backward(s->dln, g->up_w, NULL, s->dup, a->ln2, p->up_w, d->N, d->C, d->F);
-        lora_backward(m, i, LT_UP, s->dup, a->ln2, s->dln, d->C, d->F, 1);
+        x_matmul_backward(m, s->dln, g->up_w, NULL, s->dup, a->ln2, p->up_w, d->N, d->C, d->F);
+        lora_backward(m, i, LT_UP, s->dup, a->ln2.f, s->dln, d->C, d->F, 1);
     }
-    be->matmul_backward(s->dln, g->fc_w, g->fc_b, s->dfc, a->ln2, p->fc_w, d->N, d->C, d->F);
-    lora_backward(m, i, LT_FC, s->dfc, a->ln2, s->dln, d->C, d->F, 1);
+    x_matmul_backward(m, s->dln, g->fc_w, g->fc_b, s->dfc, a->ln2, p->fc_w, d->N, d->C, d->F);
+    lora_backward(m, i, LT_FC, s->dfc, a->ln2.f, s->dln, d->C, d->F, 1);
 }
 
 /* The fused qkv weight (and bias) gradient.  Replicated kv rows (kv_share
@@ -1359,7 +1434,7 @@ static void qkv_weight_backward(Model *m, const LayerParams *p, const LayerParam
     const Dims *d = &m->d;
     const Scratch *s = &m->s;
     if (!g->qkv_w) { /* frozen (LoRA): the input gradient only */
-        m->be->matmul_backward(s->dln, NULL, NULL, s->dqkv, a->ln1, p->qkv_w, d->N, d->C, d->QKV);
+        x_matmul_backward(m, s->dln, NULL, NULL, s->dqkv, a->ln1, p->qkv_w, d->N, d->C, d->QKV);
         return;
     }
     const int shared = m->tp.kv_share > 1;
@@ -1374,8 +1449,7 @@ static void qkv_weight_backward(Model *m, const LayerParams *p, const LayerParam
             zero(m, gb, kv_b);
         }
     }
-    m->be->matmul_backward(s->dln, g->qkv_w, g->qkv_b, s->dqkv, a->ln1, p->qkv_w, d->N, d->C,
-                           d->QKV);
+    x_matmul_backward(m, s->dln, g->qkv_w, g->qkv_b, s->dqkv, a->ln1, p->qkv_w, d->N, d->C, d->QKV);
     if (shared) {
         tp_kv_allreduce(&m->tp, gw, kv_w);
         m->be->accumulate(gw, s->kv_keep, kv_w);
@@ -1418,14 +1492,18 @@ void model_block_backward(Model *m, int l)
     if (p->router_w) {
         moe_backward(m, p, g, a, dout); /* sets dln */
     } else if (mlp_fused_dgelu(m, i)) { /* sets dfc, through the GELU */
-        be->matmul_backward_dgelu(s->dfc, g->mlp_proj_w, g->mlp_proj_b, dout, a->fc_act, a->fc,
-                                  p->mlp_proj_w, d->N, d->F, d->C);
+        if (m->x16)
+            be->matmul_backward_dgelu_x16(s->dfc, g->mlp_proj_w, g->mlp_proj_b, dout, a->fc_act.h,
+                                          a->fc, p->mlp_proj_w, d->N, d->F, d->C);
+        else
+            be->matmul_backward_dgelu(s->dfc, g->mlp_proj_w, g->mlp_proj_b, dout, a->fc_act.f,
+                                      a->fc, p->mlp_proj_w, d->N, d->F, d->C);
         mlp_backward(m, i, p, g, a, 1);
     } else {
         zero(m, s->dfc_act, N * (size_t)d->F);
-        be->matmul_backward(s->dfc_act, g->mlp_proj_w, g->mlp_proj_b, dout, a->fc_act,
-                            p->mlp_proj_w, d->N, d->F, d->C);
-        lora_backward(m, i, LT_FCPROJ, dout, a->fc_act, s->dfc_act, d->F, d->C, 0);
+        x_matmul_backward(m, s->dfc_act, g->mlp_proj_w, g->mlp_proj_b, dout, a->fc_act,
+                          p->mlp_proj_w, d->N, d->F, d->C);
+        lora_backward(m, i, LT_FCPROJ, dout, a->fc_act.f, s->dfc_act, d->F, d->C, 0);
         mlp_backward(m, i, p, g, a, 0);
     }
     norm_backward(m, s->dres, g->ln2_w, g->ln2_b, s->dln, a->res_mid, p->ln2_w, a->ln2_mean,
@@ -1448,7 +1526,7 @@ void model_block_backward(Model *m, int l)
         be->rope_backward(s->dqkv, m->cur.pos, d->N, d->T, 0, d->H, d->KVH, d->hs, d->rope);
     zero(m, s->dln, NC);
     qkv_weight_backward(m, p, g, a);
-    lora_backward(m, i, LT_QKV, s->dqkv, a->ln1, s->dln, d->C, d->QKV, 1);
+    lora_backward(m, i, LT_QKV, s->dqkv, a->ln1.f, s->dln, d->C, d->QKV, 1);
     norm_backward(m, s->dres, g->ln1_w, g->ln1_b, s->dln, m->cur.resid[i], p->ln1_w, a->ln1_mean,
                   a->ln1_rstd);
 }
@@ -1472,7 +1550,7 @@ float model_head_forward(Model *m, const int32_t *targets)
      * norm's output) whole, logits of this rank's vocabulary columns. */
     norm_forward(m, h->lnf, h->lnf_mean, h->lnf_rstd, m->cur.resid[m->nl], m->op.lnf_w,
                  m->op.lnf_b);
-    be->matmul_forward(h->logits, h->lnf, m->op.head_w, NULL, d->N, d->C, d->Vp);
+    x_matmul_forward(m, h->logits, h->lnf, m->op.head_w, NULL, d->N, d->C, d->Vp);
     int counted = 0;
     for (int n = 0; n < d->N; n++)
         counted += m->cur.targets[n] >= 0;
@@ -1545,8 +1623,8 @@ void model_head_backward(Model *m, float loss_scale)
     zero(m, s->dln, NC);
     /* With tied embeddings og.head_w is the wte gradient: the embedding's
      * backward adds its own contribution to the same rows later. */
-    be->matmul_backward(s->dln, m->og.head_w, NULL, dlogits, h->lnf, m->op.head_w, d->N, d->C,
-                        d->Vp);
+    x_matmul_backward(m, s->dln, m->og.head_w, NULL, dlogits, h->lnf, m->op.head_w, d->N, d->C,
+                      d->Vp);
     zero(m, s->dres, (size_t)d->Ns * (size_t)d->C);
     norm_backward(m, s->dres, m->og.lnf_w, m->og.lnf_b, s->dln, m->cur.resid[m->nl], m->op.lnf_w,
                   h->lnf_mean, h->lnf_rstd);
@@ -1634,6 +1712,8 @@ MemoryReport model_plan_memory(const Config *cfg, const ParamShard *sh, int B, i
     if (m.lora) /* the sizes of the frozen weights' (the vocabulary rows) */
         params_build_base(&m.base_table, &m.mc, sh);
     m.d = make_dims(&m, B);
+    /* the bf16 tables (training.precision: bf16) have the *_x16 ops */
+    m.x16 = cfg->training.precision == PREC_BF16 && x16_layout_ok(&m.mc, sp);
     /* Count with the carvers model_create_unbound uses (base NULL: sizes only). */
     m.cur.resid = trd_calloc((size_t)m.nl + 1, sizeof(float *), "residual pointers");
     m.cur.la = trd_calloc((size_t)m.nl + 1, sizeof(LayerActs), "layer activation pointers");

@@ -141,16 +141,27 @@ typedef struct {
     int roff[MOE_MAX_EXPERTS + 1];
     double aux, z; /* load-balancing and z-loss, before their coefficients */
 } MoeRoute;
+/* An activation whose every reader is a GEMM operand (a norm's output,
+ * the MLP projection's input): fp32, or bf16 bits where Model.x16 says so,
+ * and then only the backend's *_x16 ops touch it (docs/design.md, "bf16
+ * activation storage"). */
+typedef union {
+    float *f;
+    uint16_t *h;
+} GemmIn;
+
 typedef struct {
-    float *ln1, *ln1_mean, *ln1_rstd; /* [N,C] whole, [Ns], [Ns] (mean: LayerNorm only) */
-    float *qkv;                       /* [N, QKV], after RoPE */
-    float *lse;                       /* [B, H, T] attention log-sum-exp per query row */
-    float *atty;                      /* [N, H*hs] attention output, heads in order */
-    float *res_mid;                   /* [Ns, C] residual stream after the attention branch */
-    float *ln2, *ln2_mean, *ln2_rstd;
+    GemmIn ln1;                 /* [N,C] whole */
+    float *ln1_mean, *ln1_rstd; /* [Ns], [Ns] (mean: LayerNorm only) */
+    float *qkv;                 /* [N, QKV], after RoPE */
+    float *lse;                 /* [B, H, T] attention log-sum-exp per query row */
+    float *atty;                /* [N, H*hs] attention output, heads in order */
+    float *res_mid;             /* [Ns, C] residual stream after the attention branch */
+    GemmIn ln2;
+    float *ln2_mean, *ln2_rstd;
     float *fc;     /* [N, F] GPT-2: fc output before GELU; Llama: gate output */
     float *up;     /* [N, F] Llama: up output */
-    float *fc_act; /* [N, F] GELU(fc) or silu(gate)*up: input of the projection */
+    GemmIn fc_act; /* [N, F] GELU(fc) or silu(gate)*up: input of the projection */
     /* MoE layers (src/model/moe.c); fc, up, fc_act are then the shared
      * experts' [N, Fs] (absent without them). */
     float *r_logits, *r_probs; /* [N, E] router logits and softmax */
@@ -167,10 +178,11 @@ typedef struct {
 
 /* Head activations (last stage). */
 typedef struct {
-    float *lnf, *lnf_mean, *lnf_rstd; /* [N,C] whole, [Ns], [Ns] */
-    float *logits;                    /* [N, Vp]; backward overwrites it with dlogits */
-    float *losses;                    /* [N] */
-    float *ce_stats;                  /* [3N] vocabulary-parallel cross-entropy (tp > 1) */
+    GemmIn lnf;                 /* [N,C] whole */
+    float *lnf_mean, *lnf_rstd; /* [Ns], [Ns] */
+    float *logits;              /* [N, Vp]; backward overwrites it with dlogits */
+    float *losses;              /* [N] */
+    float *ce_stats;            /* [3N] vocabulary-parallel cross-entropy (tp > 1) */
 } HeadActs;
 
 /* Backward scratch, shared by all layers (one layer is in backward at a time). */
@@ -253,6 +265,9 @@ struct Model {
      * og stay NULL: the base gets no gradient.  lora_merged: the adapters
      * were added into base (model_lora_merge), forward skips them. */
     int lora, lora_merged;
+    /* The GemmIn activations are stored in bf16 (model_x16_ok: a backend
+     * with the *_x16 ops, no layout that reads them otherwise). */
+    int x16;
     float lora_scale;  /* alpha / r */
     uint64_t drop_key; /* model.lora.dropout: the masks' Philox key, from run.seed */
     ParamTable base_table;

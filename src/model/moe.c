@@ -228,14 +228,14 @@ void moe_forward(Model *m, const LayerParams *p, LayerActs *a, float *out)
     const Dims *d = &m->d;
     const int N = d->N, C = d->C, K = d->K, Fe = d->Fe, El = d->El, ep = m->ep;
     TRD_ASSERT(ep == 1 || m->epc); /* model_set_expert_parallel */
-    be->matmul_forward(a->r_logits, a->ln2, p->router_w, NULL, N, C, d->E);
+    be->matmul_forward(a->r_logits, a->ln2.f, p->router_w, NULL, N, C, d->E);
     be->moe_router_forward(a->r_probs, a->r_lse, a->r_idx, a->r_w, a->r_logits, N, d->E, K);
     moe_plan(m, a);
     MoeRoute *rt = a->route;
     /* ep > 1: this rank's rows go out from scratch and the experts' outputs
      * return from scratch; x_in holds what this rank's experts received. */
     float *rows = ep > 1 ? m->s.x_dy : a->x_in, *y = ep > 1 ? m->s.xr_dy : a->x_out;
-    be->moe_gather(rows, a->ln2, a->r_slot, rt->R, C, K);
+    be->moe_gather(rows, a->ln2.f, a->r_slot, rt->R, C, K);
     if (ep > 1) {
         moe_exchange_counts(m, rt);
         TRD_ASSERT(rt->roff[d->E] <= d->Re); /* each source sends a token to one expert once */
@@ -257,12 +257,12 @@ void moe_forward(Model *m, const LayerParams *p, LayerActs *a, float *out)
     if (ep > 1)
         moe_exchange(m, rt, y, a->x_out, 1);
     if (d->Fs > 0)
-        mlp_in_forward(m, a->fc, a->up, a->fc_act, a->ln2, p->fc_w, p->fc_b, p->up_w, N, d->Fs);
+        mlp_in_forward(m, a->fc, a->up, a->fc_act.f, a->ln2.f, p->fc_w, p->fc_b, p->up_w, N, d->Fs);
     if (!out)
         return;                       /* recompute in backward: the activations are what it needs */
     const int tp = tp_active(&m->tp); /* the shared bias after the sum over TP */
     if (d->Fs > 0)
-        be->matmul_forward(out, a->fc_act, p->mlp_proj_w, tp ? NULL : p->mlp_proj_b, N, d->Fs, C);
+        be->matmul_forward(out, a->fc_act.f, p->mlp_proj_w, tp ? NULL : p->mlp_proj_b, N, d->Fs, C);
     else
         zero(m, out, (size_t)N * C);
     be->moe_combine_forward(out, a->x_out, a->r_w, a->r_slot, rt->R, C, K);
@@ -285,9 +285,9 @@ void moe_backward(Model *m, const LayerParams *p, const LayerParams *g, const La
     /* Shared experts: an ordinary MLP of width Fs. */
     if (d->Fs > 0) {
         zero(m, s->dfc_act, (size_t)N * d->Fs);
-        be->matmul_backward(s->dfc_act, g->mlp_proj_w, g->mlp_proj_b, dout, a->fc_act,
+        be->matmul_backward(s->dfc_act, g->mlp_proj_w, g->mlp_proj_b, dout, a->fc_act.f,
                             p->mlp_proj_w, N, d->Fs, C);
-        mlp_in_backward(m, s->dln, g->fc_w, g->fc_b, g->up_w, s->dfc_act, a->fc, a->up, a->ln2,
+        mlp_in_backward(m, s->dln, g->fc_w, g->fc_b, g->up_w, s->dfc_act, a->fc, a->up, a->ln2.f,
                         p->fc_w, p->up_w, N, d->Fs);
     }
 
@@ -341,6 +341,6 @@ void moe_backward(Model *m, const LayerParams *p, const LayerParams *g, const La
                             s->r_auxdp, z_scale, N, E, K);
     /* Every TP rank computes the router's whole (replicated) gradient; its
      * input gradient counts once in the sum over TP at ln2. */
-    be->matmul_backward(m->tp.rank == 0 ? s->dln : NULL, g->router_w, NULL, s->r_dlogits, a->ln2,
+    be->matmul_backward(m->tp.rank == 0 ? s->dln : NULL, g->router_w, NULL, s->r_dlogits, a->ln2.f,
                         p->router_w, N, C, E);
 }

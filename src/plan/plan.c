@@ -244,7 +244,14 @@ static int stage_memory(const Config *cfg, const PlanCluster *c, const PlanResul
         if (sets < 0)
             return -1;
         st->inflight += sets;
-        const MemoryReport mm = model_plan_memory(cfg, &one, cfg->training.micro_batch, sets);
+        /* --storage bf16 halves every activation below, so it starts from
+         * the all-fp32 sizes, not from those of trident's bf16 runs, which
+         * already keep the GEMM-only activations in bf16 (model.c,
+         * model_x16_ok) */
+        Config sized = *cfg;
+        if (r->elem_act == 2)
+            sized.training.precision = PREC_FP32;
+        const MemoryReport mm = model_plan_memory(&sized, &one, cfg->training.micro_batch, sets);
         acts += (double)mm.activations;
         if (cfg->topology.pp > 1 && pp_stage(cfg->topology.pp, rank, k) > 0)
             acts += (double)sets * (double)stream_elems(cfg) * 4; /* pp_stage_memory's messages */
@@ -512,7 +519,8 @@ int plan_evaluate(const Config *cfg, const PlanCluster *c, PlanResult *r, char e
     /* What the backends allocate today: fp32 weights, gradients and
      * activations whatever the precision (on the CPU bf16 is a rounding of
      * fp32 values; the CUDA backend keeps fp32 buffers and rounds for its
-     * bf16 GEMMs).  With c->bf16_storage a bf16 run keeps them in 16 bits
+     * bf16 GEMMs), except the activations only GEMMs read, which a bf16
+     * run stores in bf16 (model_plan_memory counts them so).  With c->bf16_storage a bf16 run keeps them in 16 bits
      * and the optimizer's master weights and moments in fp32 (ZeRO paper,
      * 2 + 2 + 12 bytes), as Megatron-LM does: the published comparisons. */
     const int half = c->bf16_storage && cfg->training.precision == PREC_BF16;

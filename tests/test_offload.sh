@@ -138,15 +138,12 @@ for zero in 0 1; do
             { echo "FAIL: ${n}_off did not run with comm $comm"; fails=$((fails + 1)); }
     done
 done
-python3 - "$out" <<'PY' || fails=$((fails + 1))
+PYTHONPATH="$(dirname "$0")" python3 - "$out" <<'PY' || fails=$((fails + 1))
 import json, sys
 out = sys.argv[1]
-def steady(n, what):  # the last step's count, summed over the ranks' lines
-    rows = [l.split("\t") for l in open(f"{out}/{n}.stats") if l.startswith("step\t")]
-    last = max(int(r[1]) for r in rows)
-    mine = [r for r in rows if int(r[1]) == last]
-    assert len(mine) == 2, f"{n}: {len(mine)} lines for step {last}, not one per rank"
-    return sum(int(r[r.index(what) + 1]) if what in r else 0 for r in mine)
+from emu_stats import steady as steady_in
+def steady(n, what):  # the last step's count, summed over the two ranks' lines
+    return steady_in(out, n, what)
 def parts(n, zero):  # non-empty (rank, bucket) parts: the copies expected
     P = json.loads(open(f"{out}/{n}/metrics.jsonl").readline())["memory_bytes"]["params"] // 4
     h, nl, dp = 192, 3, 2
@@ -316,15 +313,12 @@ for comm in mpi nccl; do
         --set topology.comm=$comm
     same "z3_$comm" "z3_${comm}_par"
 done
-python3 - "$out" <<'PY' || fails=$((fails + 1))
+PYTHONPATH="$(dirname "$0")" python3 - "$out" <<'PY' || fails=$((fails + 1))
 import sys
 out = sys.argv[1]
-def steady(n, what):  # the last step's count, summed over the ranks' lines
-    rows = [l.split("\t") for l in open(f"{out}/{n}.stats") if l.startswith("step\t")]
-    last = max(int(r[1]) for r in rows)
-    mine = [r for r in rows if int(r[1]) == last]
-    assert len(mine) == 2, f"{n}: {len(mine)} lines for step {last}, not one per rank"
-    return sum(int(r[r.index(what) + 1]) if what in r else 0 for r in mine)
+from emu_stats import steady as steady_in
+def steady(n, what):  # the last step's count, summed over the two ranks' lines
+    return steady_in(out, n, what)
 bad = []
 for comm in ("mpi", "nccl"):
     base, par = f"z3_{comm}", f"z3_{comm}_par"

@@ -16,13 +16,17 @@
 #   bench/gpu.sh --bundle .gpu --all    on a GPU machine without trident's dependencies:
 #                                       the binaries, libraries and corpus that
 #                                       bench/gpu_bundle.sh built elsewhere, and all of
-#                                       --torch --profile --hf --decode --tests --peft, with
+#                                       --torch --profile --hf --decode --tests --peft
+#                                       --offload, with
 #                                       llm.c when the bundle has it
 #   --hf      a tiny GPT-2 and Llama trained on the GPU, exported, read by
 #             transformers (bench/hf_transformers_check.py) against trident generate
 #   --decode  bench_decode --backend cuda (batch-1 generation against the bandwidth limit)
 #   --peft    bench/peft_gpu.sh: LoRA adapters trained here, exported, and put on the
 #             base export by the peft library, against trident generate
+#   --offload the same training with topology.offload: optimizer (AdamW on the host,
+#             the copies on a copy stream; docs/finetune.md), 12 steps: its tokens/s
+#             and the ratio to the run without offload
 #   --tests   tests/test_cuda_train.sh and tests/test_cuda_cp_train.sh on this GPU,
 #             each cut off after --tests-timeout seconds (default 150)
 #   --variants "A B"  other trident builds in the same run (the bundle's bin/trident-A,
@@ -39,7 +43,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 model=124m batch=8 seq=1024 steps=30 llmc="" trident=build-cuda/trident config="" bundle=""
-torch=0 profile=0 hf=0 decode=0 tests=0 tests_timeout=150 variants="" peft=0
+torch=0 profile=0 hf=0 decode=0 tests=0 tests_timeout=150 variants="" peft=0 offload=0
 while [ $# -gt 0 ]; do
     case $1 in
     --model) model=$2; shift 2 ;;
@@ -56,9 +60,10 @@ while [ $# -gt 0 ]; do
     --decode) decode=1; shift ;;
     --tests) tests=1; shift ;;
     --peft) peft=1; shift ;;
+    --offload) offload=1; shift ;;
     --tests-timeout) tests_timeout=$2; shift 2 ;;
     --variants) variants=$2; shift 2 ;;
-    --all) torch=1 profile=1 hf=1 decode=1 tests=1 peft=1; shift ;;
+    --all) torch=1 profile=1 hf=1 decode=1 tests=1 peft=1 offload=1; shift ;;
     *) echo "bench/gpu.sh: unknown argument $1 (see the top of this file)" >&2; exit 2 ;;
     esac
 done
@@ -195,6 +200,14 @@ if [ "$profile" = 1 ]; then
     # more than the run above, so its own tokens/s is not the figure.
     TRIDENT_PROFILE=1 train profile --set training.steps=12 || true
     [ -f "$out/profile/profile.tsv" ] && cp "$out/profile/profile.tsv" "$out/profile.tsv"
+fi
+
+if [ "$offload" = 1 ]; then
+    # issue 31's figure: offload against none, same model, batch and GPU
+    train offload --set training.steps=12 --set topology.offload=optimizer ||
+        say "offload: training failed (above)"
+    ot=$(col tokens_per_s offload 2>/dev/null | median || true)
+    say "trident offload optimizer: $ot tokens/s; ratio offload / none: $(ratio "$ot" "$tps")"
 fi
 
 if [ "$peft" = 1 ]; then

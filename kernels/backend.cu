@@ -427,6 +427,9 @@ static const Backend cuda_backend = {
     .matmul_backward_dgelu_x16 = NULL,
     .swiglu_forward_x16 = NULL,
     .norm_forward_x16 = NULL,
+    .head_forward_x16 = NULL,
+    .crossentropy_x16 = NULL,
+    .head_backward_x16 = NULL,
     .embedding_forward = cuda_embedding_forward,
     .embedding_backward = cuda_embedding_backward,
     .layernorm_forward = cuda_layernorm_forward,
@@ -488,6 +491,9 @@ extern "C" const Backend *backend_cuda_bf16(void)
         t.matmul_backward_dgelu_x16 = cuda_matmul_backward_dgelu_x16;
         t.swiglu_forward_x16 = cuda_swiglu_forward_x16;
         t.norm_forward_x16 = cuda_norm_forward_x16;
+        t.head_forward_x16 = cuda_head_forward_x16;
+        t.crossentropy_x16 = cuda_crossentropy_x16;
+        t.head_backward_x16 = cuda_head_backward_x16;
         t.attention_forward = cuda_attention_forward_bf16;
         t.attention_backward = cuda_attention_backward_bf16;
     }

@@ -15,6 +15,8 @@
  * the all-reduces of tensor parallelism; they are at the end. */
 #include "ops.cuh"
 
+#include <cuda_bf16.h>
+
 enum { CE_THREADS = 256 };
 
 /* The first bad row met (row -1: none), its target and V: one symbol, so
@@ -95,27 +97,38 @@ __global__ void crossentropy_backward_kernel(float *logits, const int32_t *targe
         x[v] = 0; /* padded columns are not part of the model */
 }
 
+/* A logit: fp32, or bf16 where the head stores its logits in bf16
+ * (backend.h's crossentropy_x16: the max, the sum and the loss in fp32,
+ * dlogits rounded to nearest even as they are stored, the CPU's bf16_bits). */
+__device__ inline float ce_load(const float *x) { return *x; }
+__device__ inline float ce_load(const __nv_bfloat16 *x) { return __bfloat162float(*x); }
+__device__ inline void ce_store(float *x, float v) { *x = v; }
+__device__ inline void ce_store(__nv_bfloat16 *x, float v) { *x = __float2bfloat16(v); }
+
 /* The forward and the backward of a row in one kernel (llm.c's fused
  * classifier): one read of the row for its max and sum (an online
  * softmax: each thread keeps its running max and the sum of exp scaled to
  * it, merged over the block once), then one read and one write for
  * dlogits in place.  The unfused pair reads the row 5 times and writes it
- * twice. */
-__global__ void crossentropy_fused_kernel(float *losses, float *logits, const int32_t *targets,
-                                          float dloss, int V, int Vp)
+ * twice.  losses NULL: not written; grad 0: the logits are left as they
+ * are (the bf16 head's forward and backward apart). */
+template <typename T>
+__global__ void crossentropy_fused_kernel(float *losses, T *logits, const int32_t *targets,
+                                          int grad, float dloss, int V, int Vp)
 {
     int n = blockIdx.x, tgt = targets[n];
-    float *x = logits + (size_t)n * Vp;
+    T *x = logits + (size_t)n * Vp;
     if (tgt < 0) { /* ignored row: loss 0, no gradient */
-        if (threadIdx.x == 0)
+        if (threadIdx.x == 0 && losses)
             losses[n] = 0;
-        for (int v = threadIdx.x; v < Vp; v += blockDim.x)
-            x[v] = 0;
+        if (grad)
+            for (int v = threadIdx.x; v < Vp; v += blockDim.x)
+                ce_store(x + v, 0.0f);
         return;
     }
     float mx = -INFINITY, sum = 0;
     for (int v = threadIdx.x; v < V; v += blockDim.x) {
-        float xv = x[v];
+        float xv = ce_load(x + v);
         if (xv > mx) { /* rescale the sum so far to the new max */
             sum = sum * expf(mx - xv) + 1.0f;
             mx = xv;
@@ -128,19 +141,22 @@ __global__ void crossentropy_fused_kernel(float *losses, float *logits, const in
     if (threadIdx.x == 0) {
         if (tgt >= V) {
             ce_flag(n, tgt, V);
-            losses[n] = NAN;
-        } else {
-            losses[n] = logf(sum) + bmx - x[tgt];
+            if (losses)
+                losses[n] = NAN;
+        } else if (losses) {
+            losses[n] = logf(sum) + bmx - ce_load(x + tgt);
         }
     }
+    if (!grad)
+        return;
     __syncthreads(); /* x[tgt] is read above before any thread overwrites it */
     float k = dloss / sum;
     for (int v = threadIdx.x; v < V; v += blockDim.x) {
-        float g = expf(x[v] - bmx) * k;
-        x[v] = v == tgt ? g - dloss : g;
+        float g = expf(ce_load(x + v) - bmx) * k;
+        ce_store(x + v, v == tgt ? g - dloss : g);
     }
     for (int v = V + threadIdx.x; v < Vp; v += blockDim.x)
-        x[v] = 0; /* padded columns are not part of the model */
+        ce_store(x + v, 0.0f); /* padded columns are not part of the model */
 }
 
 void cuda_crossentropy_fused(float *losses, float *logits, const int32_t *targets, float dloss,
@@ -148,8 +164,18 @@ void cuda_crossentropy_fused(float *losses, float *logits, const int32_t *target
 {
     if (N <= 0)
         return;
-    crossentropy_fused_kernel<<<N, CE_THREADS, 0, cuda_stream()>>>(losses, logits, targets, dloss,
-                                                                   V, Vp);
+    crossentropy_fused_kernel<float>
+        <<<N, CE_THREADS, 0, cuda_stream()>>>(losses, logits, targets, 1, dloss, V, Vp);
+    CUDA_CHECK_LAUNCH();
+}
+
+void cuda_crossentropy_x16(float *losses, uint16_t *logits, const int32_t *targets, int grad,
+                           float dloss, int N, int V, int Vp)
+{
+    if (N <= 0 || (!losses && !grad))
+        return;
+    crossentropy_fused_kernel<__nv_bfloat16><<<N, CE_THREADS, 0, cuda_stream()>>>(
+        losses, (__nv_bfloat16 *)logits, targets, grad, dloss, V, Vp);
     CUDA_CHECK_LAUNCH();
 }
 

@@ -229,13 +229,15 @@ static void backward_weight_bias_bf16(float *dweight, float *dbias, const __nv_b
     }
 }
 
+/* d16: dout stored in bf16 (the head's dlogits), read as it is; else dout
+ * converted. */
 static void backward_bf16(float *dinp, float *dweight, float *dbias, const float *dout,
-                          const float *inp, const __nv_bfloat16 *x, const float *weight, int N,
-                          int C, int OC)
+                          const __nv_bfloat16 *d16, const float *inp, const __nv_bfloat16 *x,
+                          const float *weight, int N, int C, int OC)
 {
     if (N <= 0 || C <= 0 || OC <= 0)
         return;
-    const __nv_bfloat16 *d = dinp || dweight ? to_bf16(0, dout, (size_t)N * OC) : NULL;
+    const __nv_bfloat16 *d = d16 ? d16 : dinp || dweight ? to_bf16(0, dout, (size_t)N * OC) : NULL;
     if (dinp) /* dinp^T[C, N] += weight^T[C, OC] . dout^T[OC, N] */
         gemm_bf16(CUBLAS_OP_N, CUBLAS_OP_N, C, N, OC, to_bf16(1, weight, (size_t)OC * C), C, d, OC,
                   1, dinp, C);
@@ -245,13 +247,44 @@ static void backward_bf16(float *dinp, float *dweight, float *dbias, const float
 void cuda_matmul_backward_bf16(float *dinp, float *dweight, float *dbias, const float *dout,
                                const float *inp, const float *weight, int N, int C, int OC)
 {
-    backward_bf16(dinp, dweight, dbias, dout, inp, NULL, weight, N, C, OC);
+    backward_bf16(dinp, dweight, dbias, dout, NULL, inp, NULL, weight, N, C, OC);
 }
 
 void cuda_matmul_backward_x16(float *dinp, float *dweight, float *dbias, const float *dout,
                               const uint16_t *inp, const float *weight, int N, int C, int OC)
 {
-    backward_bf16(dinp, dweight, dbias, dout, NULL, (const __nv_bfloat16 *)inp, weight, N, C, OC);
+    backward_bf16(dinp, dweight, dbias, dout, NULL, NULL, (const __nv_bfloat16 *)inp, weight, N, C,
+                  OC);
+}
+
+/* The head in bf16 (backend.h): logits^T[OC, N] = weight . inp^T stored in
+ * bf16 by the GEMM (no fp32 logits, no conversion pass); the backward
+ * reads the bf16 dlogits as they are. */
+void cuda_head_forward_x16(uint16_t *logits, const uint16_t *inp, const float *weight, int N, int C,
+                           int OC)
+{
+    if (N <= 0 || OC <= 0)
+        return;
+    if (C <= 0) {
+        backend_cuda_zero(logits, (size_t)N * OC * sizeof(uint16_t));
+        return;
+    }
+    const __nv_bfloat16 *w = to_bf16(0, weight, (size_t)OC * C);
+    const __nv_bfloat16 *a = (const __nv_bfloat16 *)inp;
+    __nv_bfloat16 *out = (__nv_bfloat16 *)logits;
+    if (lt_matmul_bf16_d16(1, 0, OC, N, C, w, C, a, C, out, OC))
+        return;
+    const float alpha = 1, beta = 0;
+    CUBLAS_CHECK(cublasGemmEx(blas_handle_bf16(), CUBLAS_OP_T, CUBLAS_OP_N, OC, N, C, &alpha, w,
+                              CUDA_R_16BF, C, a, CUDA_R_16BF, C, &beta, out, CUDA_R_16BF, OC,
+                              CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+}
+
+void cuda_head_backward_x16(float *dinp, float *dweight, const uint16_t *dlogits,
+                            const uint16_t *inp, const float *weight, int N, int C, int OC)
+{
+    backward_bf16(dinp, dweight, NULL, NULL, (const __nv_bfloat16 *)dlogits, NULL,
+                  (const __nv_bfloat16 *)inp, weight, N, C, OC);
 }
 
 /* ---- the linear layer fused with GELU (backend.h), cuBLASLt epilogues ---- */

@@ -86,9 +86,10 @@ static void lt_set(cublasLtMatmulDesc_t d, cublasLtMatmulDescAttributes_t attr, 
     LT_CHECK(cublasLtMatmulDescSetAttribute(d, attr, v, size));
 }
 
-int lt_matmul_bf16(int transa, int transb, int m, int n, int k, const __nv_bfloat16 *A, int lda,
-                   const __nv_bfloat16 *B, int ldb, float *D, int ldd, LtEpilogue epilogue,
-                   const float *bias, float *aux, int ldaux)
+/* lt_matmul_bf16 and lt_matmul_bf16_d16: D of type dtype. */
+static int lt_matmul(int transa, int transb, int m, int n, int k, const __nv_bfloat16 *A, int lda,
+                     const __nv_bfloat16 *B, int ldb, void *D, cudaDataType dtype, int ldd,
+                     LtEpilogue epilogue, const float *bias, float *aux, int ldaux)
 {
     cublasLtMatmulDesc_t op;
     LT_CHECK(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
@@ -108,7 +109,7 @@ int lt_matmul_bf16(int transa, int transb, int m, int n, int k, const __nv_bfloa
     cublasLtMatrixLayout_t la, lb, ld_;
     LT_CHECK(cublasLtMatrixLayoutCreate(&la, CUDA_R_16BF, transa ? k : m, transa ? m : k, lda));
     LT_CHECK(cublasLtMatrixLayoutCreate(&lb, CUDA_R_16BF, transb ? n : k, transb ? k : n, ldb));
-    LT_CHECK(cublasLtMatrixLayoutCreate(&ld_, CUDA_R_32F, m, n, ldd));
+    LT_CHECK(cublasLtMatrixLayoutCreate(&ld_, dtype, m, n, ldd));
 
     cublasLtMatmulPreference_t pref;
     LT_CHECK(cublasLtMatmulPreferenceCreate(&pref));
@@ -149,4 +150,19 @@ int lt_matmul_bf16(int transa, int transb, int m, int n, int k, const __nv_bfloa
     LT_CHECK(cublasLtMatrixLayoutDestroy(la));
     LT_CHECK(cublasLtMatmulDescDestroy(op));
     return ran;
+}
+
+int lt_matmul_bf16(int transa, int transb, int m, int n, int k, const __nv_bfloat16 *A, int lda,
+                   const __nv_bfloat16 *B, int ldb, float *D, int ldd, LtEpilogue epilogue,
+                   const float *bias, float *aux, int ldaux)
+{
+    return lt_matmul(transa, transb, m, n, k, A, lda, B, ldb, D, CUDA_R_32F, ldd, epilogue, bias,
+                     aux, ldaux);
+}
+
+int lt_matmul_bf16_d16(int transa, int transb, int m, int n, int k, const __nv_bfloat16 *A, int lda,
+                       const __nv_bfloat16 *B, int ldb, __nv_bfloat16 *D, int ldd)
+{
+    return lt_matmul(transa, transb, m, n, k, A, lda, B, ldb, D, CUDA_R_16BF, ldd, LT_PLAIN, NULL,
+                     NULL, 0);
 }

@@ -24,6 +24,11 @@ int lt_matmul_bf16(int transa, int transb, int m, int n, int k, const __nv_bfloa
                    const __nv_bfloat16 *B, int ldb, float *D, int ldd, LtEpilogue epilogue,
                    const float *bias, float *aux, int ldaux);
 
+/* The same, LT_PLAIN, with D stored in bf16: the fp32 accumulator rounded
+ * to nearest even as it is stored (the head's bf16 logits). */
+int lt_matmul_bf16_d16(int transa, int transb, int m, int n, int k, const __nv_bfloat16 *A, int lda,
+                       const __nv_bfloat16 *B, int ldb, __nv_bfloat16 *D, int ldd);
+
 /* Whether an epilogue's auxiliary matrix suits cuBLASLt (cublasLt.h: its
  * leading dimension a multiple of 8) and its vectors the alignment the
  * library's vector loads assume (16 bytes, as llm.c requires); where not,

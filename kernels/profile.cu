@@ -212,6 +212,34 @@ static void p_norm_forward_x16(float *res, uint16_t *out, float *mean, float *rs
           norm_forward_x16(res, out, mean, rstd, a, b, w, bias, N, C, eps, rms));
 }
 
+/* the head in bf16: logits written in 2 bytes; the cross-entropy reads the
+ * row once for its max and sum and once more, writing dlogits (grad) */
+static void p_head_forward_x16(uint16_t *logits, const uint16_t *inp, const float *w, int N, int C,
+                               int OC)
+{
+    double n = N, c = C, oc = OC;
+    TIMED("head_forward_x16", F2 * (n * c + n * oc) + F4 * oc * c, 2 * n * c * oc,
+          head_forward_x16(logits, inp, w, N, C, OC));
+}
+
+static void p_crossentropy_x16(float *losses, uint16_t *logits, const int32_t *t, int grad,
+                               float dloss, int N, int V, int Vp)
+{
+    TIMED("crossentropy_x16", F2 * (grad ? 3.0 : 1.0) * N * Vp, 0,
+          crossentropy_x16(losses, logits, t, grad, dloss, N, V, Vp));
+}
+
+static void p_head_backward_x16(float *dinp, float *dw, const uint16_t *dlogits,
+                                const uint16_t *inp, const float *w, int N, int C, int OC)
+{
+    double n = N, c = C, oc = OC;
+    double bytes = F2 * n * oc + (dinp ? F4 * (oc * c + 2 * n * c) : 0) +
+                   (dw ? F2 * n * c + F4 * 2 * oc * c : 0);
+    double flops = (dinp ? 2 * n * c * oc : 0) + (dw ? 2 * n * c * oc : 0);
+    TIMED("head_backward_x16", bytes, flops,
+          head_backward_x16(dinp, dw, dlogits, inp, w, N, C, OC));
+}
+
 static void p_embedding_forward(float *out, const int32_t *tok, const int32_t *pos,
                                 const float *wte, const float *wpe, int N, int T, int C, int vs,
                                 int V)
@@ -451,6 +479,11 @@ extern "C" const Backend *backend_cuda_profiled(const Backend *base)
         t.matmul_backward_dgelu_x16 = p_matmul_backward_dgelu_x16;
         t.swiglu_forward_x16 = p_swiglu_forward_x16;
         t.norm_forward_x16 = p_norm_forward_x16;
+    }
+    if (base->head_forward_x16) { /* the three or none (model_x16_logits_ok) */
+        t.head_forward_x16 = p_head_forward_x16;
+        t.crossentropy_x16 = p_crossentropy_x16;
+        t.head_backward_x16 = p_head_backward_x16;
     }
     t.embedding_forward = p_embedding_forward;
     t.embedding_backward = p_embedding_backward;

@@ -750,6 +750,107 @@ static void test_swiglu_x16(size_t n)
     backend_cuda_free(d_out);
 }
 
+/* The head in bf16 (head_forward_x16, crossentropy_x16, head_backward_x16):
+ * each against the fp32-storage op it replaces on the same backend (the
+ * logits and dlogits exactly bf16_bits of the fp32 op's, the losses and
+ * the backward GEMM equal bits: one rounding point each, no other), and
+ * the GPU against the CPU twin (losses and GEMMs R_RED, bf16 outputs R_TC).
+ * The cross-entropy runs fused (grad with losses) and apart (losses alone,
+ * then grad alone: model_head_backward after an unfused forward). */
+static void test_head_x16(int N, int C, int V, int Vp, float dloss)
+{
+    char what[160];
+    const size_t ni = (size_t)N * C, nw = (size_t)Vp * C, nl = (size_t)N * Vp;
+    uint16_t *x = hrand16(ni, 1);
+    float *w = hrand(nw, 0.5f), *l32 = malloc(nl * sizeof *l32);
+    uint16_t *l16 = malloc(nl * sizeof *l16);
+    uint16_t *d_x = dcopy(x, ni * sizeof *x), *d_l16 = dcopy(l16, nl * sizeof *l16);
+    float *d_w = dcopyf(w, nw), *d_l32 = dcopyf(l32, nl);
+
+    snprintf(what, sizeof what, "head_forward_x16 %dx%dx%d", N, C, Vp);
+    cpu->head_forward_x16(l16, x, w, N, C, Vp);
+    cpu->matmul_forward_x16(l32, x, w, NULL, N, C, Vp);
+    gpu->head_forward_x16(d_l16, d_x, d_w, N, C, Vp);
+    gpu->matmul_forward_x16(d_l32, d_x, d_w, NULL, N, C, Vp);
+    char w2[256];
+    snprintf(w2, sizeof w2, "%s on the CPU = its fp32 op rounded", what);
+    check_rounded(w2, l16, l32, nl);
+    compare16(what, d_l16, l16, d_l32, nl);
+
+    /* the cross-entropy on the CPU's bf16 logits, on both backends */
+    int32_t *tgt = malloc(N * sizeof *tgt);
+    for (int r = 0; r < N; r++)
+        tgt[r] = r % 5 == 1 ? -1 : irand(0, V);
+    tgt[N - 1] = V - 1;
+    int32_t *d_tgt = dcopy(tgt, N * sizeof *tgt);
+    float *wide = widen16(l16, nl), *losses = malloc(N * sizeof *losses);
+    float *ref_losses = malloc(N * sizeof *ref_losses);
+    uint16_t *dl16 = malloc(nl * sizeof *dl16);
+    memcpy(dl16, l16, nl * sizeof *dl16);
+    float *d_losses = dcopyf(losses, N), *d_losses2 = dcopyf(losses, N);
+    float *d_wide = dcopyf(wide, N * (size_t)Vp), *d_ref_losses = dcopyf(losses, N);
+    uint16_t *d_dl16 = dcopy(l16, nl * sizeof *l16), *d_apart = dcopy(l16, nl * sizeof *l16);
+    cpu->crossentropy_x16(losses, dl16, tgt, 1, dloss, N, V, Vp);
+    cpu->crossentropy_fused(ref_losses, wide, tgt, dloss, N, V, Vp); /* wide: dlogits now */
+    gpu->crossentropy_x16(d_losses, d_dl16, d_tgt, 1, dloss, N, V, Vp);
+    gpu->crossentropy_fused(d_ref_losses, d_wide, d_tgt, dloss, N, V, Vp);
+    gpu->crossentropy_x16(d_losses2, d_apart, d_tgt, 0, 0.0f, N, V, Vp);
+    gpu->crossentropy_x16(NULL, d_apart, d_tgt, 1, dloss, N, V, Vp);
+    snprintf(what, sizeof what, "crossentropy_x16 N=%d V=%d Vp=%d", N, V, Vp);
+    CHECK(!memcmp(losses, ref_losses, N * sizeof *losses),
+          "%s: CPU's losses = the fp32 op's on the rounded logits", what);
+    snprintf(w2, sizeof w2, "%s dlogits on the CPU = the fp32 op's rounded", what);
+    check_rounded(w2, dl16, wide, nl);
+    snprintf(w2, sizeof w2, "%s losses", what);
+    compare_dev(w2, d_losses, losses, N, R_RED);
+    snprintf(w2, sizeof w2, "%s dlogits", what);
+    compare16(w2, d_dl16, dl16, d_wide, nl);
+    float *gl = fetch(d_losses, N), *gl2 = fetch(d_losses2, N), *glr = fetch(d_ref_losses, N);
+    uint16_t *g16 = fetch16(d_dl16, nl), *ga16 = fetch16(d_apart, nl);
+    CHECK(!memcmp(gl, glr, N * sizeof *gl), "%s: GPU's losses = the fp32 op's", what);
+    CHECK(!memcmp(gl, gl2, N * sizeof *gl) && !memcmp(g16, ga16, nl * sizeof *g16),
+          "%s: GPU's forward and backward apart = fused", what);
+    int zeros_ok = 1;
+    for (int r = 0; r < N; r++)
+        for (int v = 0; v < Vp; v++)
+            if (tgt[r] < 0 || v >= V)
+                zeros_ok &= g16[(size_t)r * Vp + v] == 0 && dl16[(size_t)r * Vp + v] == 0;
+    CHECK(zeros_ok, "%s: ignored rows and padding get exactly 0", what);
+
+    /* the backward GEMMs on the CPU's bf16 dlogits */
+    float *dwide = widen16(dl16, nl), *g0 = hrand(ni + nw, 1);
+    float *g[2], *d_g[2];
+    for (int k = 0; k < 2; k++) {
+        g[k] = malloc((ni + nw) * sizeof(float)), memcpy(g[k], g0, (ni + nw) * sizeof(float));
+        d_g[k] = dcopyf(g0, ni + nw);
+    }
+    uint16_t *d_dlc = dcopy(dl16, nl * sizeof *dl16);
+    float *d_dwide = dcopyf(dwide, nl);
+    cpu->head_backward_x16(g[0], g[0] + ni, dl16, x, w, N, C, Vp);
+    cpu->matmul_backward_x16(g[1], g[1] + ni, NULL, dwide, x, w, N, C, Vp);
+    gpu->head_backward_x16(d_g[0], d_g[0] + ni, d_dlc, d_x, d_w, N, C, Vp);
+    gpu->matmul_backward_x16(d_g[1], d_g[1] + ni, NULL, d_dwide, d_x, d_w, N, C, Vp);
+    snprintf(what, sizeof what, "head_backward_x16 %dx%dx%d", N, C, Vp);
+    float *gg = fetch(d_g[0], ni + nw), *gg1 = fetch(d_g[1], ni + nw);
+    CHECK(!memcmp(g[0], g[1], (ni + nw) * sizeof(float)),
+          "%s: CPU's gradients = the fp32-dout op's on the widened dlogits", what);
+    CHECK(!memcmp(gg, gg1, (ni + nw) * sizeof(float)),
+          "%s: GPU's gradients = the fp32-dout op's on the widened dlogits", what);
+    compare(what, gg, g[0], ni + nw, R_RED);
+
+    free(gg), free(gg1), free(dwide), free(g0), free(gl), free(gl2), free(glr), free(g16);
+    free(ga16);
+    for (int k = 0; k < 2; k++)
+        free(g[k]), backend_cuda_free(d_g[k]);
+    free(x), free(w), free(l32), free(l16), free(tgt), free(wide), free(losses), free(ref_losses);
+    free(dl16);
+    backend_cuda_free(d_x), backend_cuda_free(d_l16), backend_cuda_free(d_w);
+    backend_cuda_free(d_l32), backend_cuda_free(d_tgt), backend_cuda_free(d_losses);
+    backend_cuda_free(d_losses2), backend_cuda_free(d_wide), backend_cuda_free(d_ref_losses);
+    backend_cuda_free(d_dl16), backend_cuda_free(d_apart), backend_cuda_free(d_dlc);
+    backend_cuda_free(d_dwide);
+}
+
 /* ----------------------------------------------------------------- rope */
 
 /* pos: NULL (row n at pos0 + n % T) or positions per row. */
@@ -1762,7 +1863,11 @@ int main(void)
         }
     test_swiglu_x16(1001);
     test_swiglu_x16(300000);
-    CHECK(!backend_cuda()->matmul_forward_x16 && !backend_cpu()->matmul_forward_x16,
+    test_head_x16(37, 64, 1000, 1024, 0.7f);
+    test_head_x16(5, 75, 3, 3, 0.25f); /* odd sizes: cuBLASLt's bf16 D, or cublasGemmEx's */
+    test_head_x16(8, 64, 5000, 5008, 1.0f / 4000);
+    CHECK(!backend_cuda()->matmul_forward_x16 && !backend_cpu()->matmul_forward_x16 &&
+              !backend_cuda()->head_forward_x16 && !backend_cpu()->head_forward_x16,
           "fp32 tables keep fp32 activations (no *_x16 ops)");
     cpu = backend_cpu();
     gpu = backend_cuda();

@@ -229,6 +229,21 @@ typedef struct {
     void (*norm_forward_x16)(float *res, uint16_t *out, float *mean, float *rstd, const float *a,
                              const float *b, const float *weight, const float *bias, int N, int C,
                              float eps, int rms);
+    /* The head's logits stored in bf16 (docs/design.md, "bf16 activation
+     * storage"): one rounding point more than the fp32-storage ops, the
+     * logits rounded to bf16 before the softmax (as llm.c).
+     * head_forward_x16: logits = bf16_bits(matmul_forward_x16's output,
+     * no bias).  crossentropy_x16: on the widened logits, losses (when
+     * losses != NULL) as crossentropy_forward, then with grad the logits
+     * OVERWRITTEN with bf16_bits of crossentropy_backward's dlogits (max,
+     * sum and losses in fp32).  head_backward_x16: matmul_backward_x16
+     * with dout the bf16 dlogits, read as they are (no bias). */
+    void (*head_forward_x16)(uint16_t *logits, const uint16_t *inp, const float *weight, int N,
+                             int C, int OC);
+    void (*crossentropy_x16)(float *losses, uint16_t *logits, const int32_t *targets, int grad,
+                             float dloss, int N, int V, int Vp);
+    void (*head_backward_x16)(float *dinp, float *dweight, const uint16_t *dlogits,
+                              const uint16_t *inp, const float *weight, int N, int C, int OC);
 
     /* out[n,c] = wte[tokens[n]-vocab_start, c] (+ wpe[p, c] when wpe != NULL,
      * p = pos[n] with packed documents, else n % T).  Tokens outside

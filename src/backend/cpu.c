@@ -594,6 +594,41 @@ static void cpu_norm_forward_x16(float *res, uint16_t *out, float *mean, float *
     narrow(out, y, n);
 }
 
+/* The head in bf16 (backend.h): the fp32 ops on the widened logits, their
+ * outputs narrowed.  A widened dlogits is already a bf16 value, so the
+ * backward GEMM's rounding of it changes nothing. */
+static void bf16_head_forward_x16(uint16_t *logits, const uint16_t *inp, const float *weight, int N,
+                                  int C, int OC)
+{
+    const size_t n = (size_t)N * (size_t)OC;
+    float *y = work_slot(SLOT_NARROW, n);
+    bf16_matmul_forward(y, widened(inp, (size_t)N * C), weight, NULL, N, C, OC);
+    narrow(logits, y, n);
+}
+
+static void cpu_crossentropy_x16(float *losses, uint16_t *logits, const int32_t *targets, int grad,
+                                 float dloss, int N, int V, int Vp)
+{
+    const size_t n = (size_t)N * (size_t)Vp;
+    float *x = work_slot(SLOT_NARROW, n);
+    cpu_widen_bf16(x, logits, n);
+    if (losses)
+        cpu_crossentropy_forward(losses, x, targets, N, V, Vp);
+    if (grad) {
+        cpu_crossentropy_backward(x, targets, dloss, N, V, Vp);
+        narrow(logits, x, n);
+    }
+}
+
+static void bf16_head_backward_x16(float *dinp, float *dweight, const uint16_t *dlogits,
+                                   const uint16_t *inp, const float *weight, int N, int C, int OC)
+{
+    const size_t n = (size_t)N * (size_t)OC;
+    float *d = work_slot(SLOT_NARROW, n);
+    cpu_widen_bf16(d, dlogits, n);
+    bf16_matmul_backward_x16(dinp, dweight, NULL, d, inp, weight, N, C, OC);
+}
+
 static const Backend cpu_backend = {
     .name = "cpu",
     .device = 0,
@@ -676,6 +711,9 @@ const Backend *backend_cpu_bf16(void)
         t.matmul_backward_dgelu_x16 = bf16_matmul_backward_dgelu_x16;
         t.swiglu_forward_x16 = cpu_swiglu_forward_x16;
         t.norm_forward_x16 = cpu_norm_forward_x16;
+        t.head_forward_x16 = bf16_head_forward_x16;
+        t.crossentropy_x16 = cpu_crossentropy_x16;
+        t.head_backward_x16 = bf16_head_backward_x16;
     }
     return &t;
 }

@@ -383,7 +383,8 @@ static void carve_activations(Model *m, Carver *c)
         m->cur.ha.lnf.f = take(c, m->x16 ? halves(NC) : NC);
         m->cur.ha.lnf_mean = take(c, d->gpt2 ? (size_t)d->Ns : 0);
         m->cur.ha.lnf_rstd = take(c, (size_t)d->Ns);
-        m->cur.ha.logits = take(c, (size_t)d->N * (size_t)d->Vp);
+        const size_t NV = (size_t)d->N * (size_t)d->Vp;
+        m->cur.ha.logits.f = take(c, m->x16_logits ? halves(NV) : NV);
         m->cur.ha.losses = take(c, (size_t)d->N);
         m->cur.ha.ce_stats = take(c, tp_active(&m->tp) ? 3 * (size_t)d->N : 0);
     }
@@ -453,6 +454,16 @@ static int model_x16_ok(const Model *m, const Backend *be, int sp)
                     be->matmul_gelu_forward_x16 && be->matmul_backward_dgelu_x16 &&
                     be->swiglu_forward_x16 && be->norm_forward_x16;
     return ops && x16_layout_ok(&m->mc, sp);
+}
+
+/* The head's logits in bf16 too (backend.h's head_forward_x16,
+ * crossentropy_x16, head_backward_x16): not with the vocabulary split over
+ * tp ranks (the vocabulary-parallel cross-entropy reads fp32 logits); LoRA
+ * is already out through x16.  Decoding keeps its own fp32 logits. */
+static int model_x16_logits_ok(const Model *m, const Backend *be)
+{
+    const int ops = be->head_forward_x16 && be->crossentropy_x16 && be->head_backward_x16;
+    return ops && m->x16 && m->sh.tp == 1;
 }
 
 static void check_config(const ModelConfig *mc, int B)
@@ -813,6 +824,7 @@ static Model *create(const Config *cfg, const Backend *be, const ParamShard *sh,
         init_base(m, cfg->run.seed, cfg->training.precision == PREC_BF16);
 
     m->x16 = model_x16_ok(m, be, sp);
+    m->x16_logits = model_x16_logits_ok(m, be);
     alloc_activation_sets(m, 1);
 
     Carver scount = {0};
@@ -1550,7 +1562,10 @@ float model_head_forward(Model *m, const int32_t *targets)
      * norm's output) whole, logits of this rank's vocabulary columns. */
     norm_forward(m, h->lnf, h->lnf_mean, h->lnf_rstd, m->cur.resid[m->nl], m->op.lnf_w,
                  m->op.lnf_b);
-    x_matmul_forward(m, h->logits, h->lnf, m->op.head_w, NULL, d->N, d->C, d->Vp);
+    if (m->x16_logits)
+        be->head_forward_x16(h->logits.h, h->lnf.h, m->op.head_w, d->N, d->C, d->Vp);
+    else
+        x_matmul_forward(m, h->logits.f, h->lnf, m->op.head_w, NULL, d->N, d->C, d->Vp);
     int counted = 0;
     for (int n = 0; n < d->N; n++)
         counted += m->cur.targets[n] >= 0;
@@ -1559,14 +1574,17 @@ float model_head_forward(Model *m, const int32_t *targets)
     m->cur.ce_fused = fuse;
     m->cur.ce_scale = m->fuse_scale;
     m->fuse_next = 0;
-    if (fuse) /* model_head_backward's dloss */
-        be->crossentropy_fused(h->losses, h->logits, dev_targets,
-                               counted ? m->fuse_scale / (float)counted : 0.0f, d->N, d->V, d->Vp);
+    const float fuse_dloss = counted ? m->fuse_scale / (float)counted : 0.0f;
+    if (m->x16_logits) /* the losses, and with fuse dlogits in place */
+        be->crossentropy_x16(h->losses, h->logits.h, dev_targets, fuse, fuse ? fuse_dloss : 0.0f,
+                             d->N, d->V, d->Vp);
+    else if (fuse) /* model_head_backward's dloss */
+        be->crossentropy_fused(h->losses, h->logits.f, dev_targets, fuse_dloss, d->N, d->V, d->Vp);
     else if (tp_active(&m->tp))
-        tp_crossentropy_forward(&m->tp, h->losses, h->ce_stats, h->logits, dev_targets,
+        tp_crossentropy_forward(&m->tp, h->losses, h->ce_stats, h->logits.f, dev_targets,
                                 m->cur.targets, d->N, d->V, d->Vp, d->vocab_start, d->vocab);
     else
-        be->crossentropy_forward(h->losses, h->logits, dev_targets, d->N, d->V, d->Vp);
+        be->crossentropy_forward(h->losses, h->logits.f, dev_targets, d->N, d->V, d->Vp);
     if (fuse && m->step_state) { /* summed in backend memory: no wait here */
         be->loss_add(m->step_state, h->losses, dev_targets, d->N, m->cur.ce_scale);
         return 0.0f;
@@ -1612,19 +1630,25 @@ void model_head_backward(Model *m, float loss_scale)
     const float dloss = m->cur.counted ? loss_scale / (float)m->cur.counted : 0.0f;
     if (m->cur.ce_fused) /* the forward wrote dlogits already, with this scale */
         TRD_ASSERT(m->cur.ce_scale == loss_scale);
+    else if (m->x16_logits) /* the bf16 logits again, the max and sum recomputed */
+        be->crossentropy_x16(NULL, h->logits.h, m->cur.ids + d->N, 1, dloss, d->N, d->V, d->Vp);
     else if (tp_active(&m->tp))
-        tp_crossentropy_backward(&m->tp, h->logits, h->ce_stats, m->cur.ids + d->N, dloss, d->N,
+        tp_crossentropy_backward(&m->tp, h->logits.f, h->ce_stats, m->cur.ids + d->N, dloss, d->N,
                                  d->V, d->Vp, d->vocab_start);
     else
-        be->crossentropy_backward(h->logits, m->cur.ids + d->N, dloss, d->N, d->V, d->Vp);
-    float *dlogits = h->logits;
+        be->crossentropy_backward(h->logits.f, m->cur.ids + d->N, dloss, d->N, d->V, d->Vp);
+    const GemmIn dlogits = h->logits;
 
     const size_t NC = (size_t)d->N * (size_t)d->C;
     zero(m, s->dln, NC);
     /* With tied embeddings og.head_w is the wte gradient: the embedding's
      * backward adds its own contribution to the same rows later. */
-    x_matmul_backward(m, s->dln, m->og.head_w, NULL, dlogits, h->lnf, m->op.head_w, d->N, d->C,
-                      d->Vp);
+    if (m->x16_logits)
+        be->head_backward_x16(s->dln, m->og.head_w, dlogits.h, h->lnf.h, m->op.head_w, d->N, d->C,
+                              d->Vp);
+    else
+        x_matmul_backward(m, s->dln, m->og.head_w, NULL, dlogits.f, h->lnf, m->op.head_w, d->N,
+                          d->C, d->Vp);
     zero(m, s->dres, (size_t)d->Ns * (size_t)d->C);
     norm_backward(m, s->dres, m->og.lnf_w, m->og.lnf_b, s->dln, m->cur.resid[m->nl], m->op.lnf_w,
                   h->lnf_mean, h->lnf_rstd);
@@ -1714,6 +1738,7 @@ MemoryReport model_plan_memory(const Config *cfg, const ParamShard *sh, int B, i
     m.d = make_dims(&m, B);
     /* the bf16 tables (training.precision: bf16) have the *_x16 ops */
     m.x16 = cfg->training.precision == PREC_BF16 && x16_layout_ok(&m.mc, sp);
+    m.x16_logits = m.x16 && sh->tp == 1; /* and their head ops */
     /* Count with the carvers model_create_unbound uses (base NULL: sizes only). */
     m.cur.resid = trd_calloc((size_t)m.nl + 1, sizeof(float *), "residual pointers");
     m.cur.la = trd_calloc((size_t)m.nl + 1, sizeof(LayerActs), "layer activation pointers");

@@ -180,9 +180,9 @@ typedef struct {
 typedef struct {
     GemmIn lnf;                 /* [N,C] whole */
     float *lnf_mean, *lnf_rstd; /* [Ns], [Ns] */
-    float *logits;              /* [N, Vp]; backward overwrites it with dlogits */
-    float *losses;              /* [N] */
-    float *ce_stats;            /* [3N] vocabulary-parallel cross-entropy (tp > 1) */
+    GemmIn logits;   /* [N, Vp], bf16 where Model.x16_logits; backward overwrites it with dlogits */
+    float *losses;   /* [N] */
+    float *ce_stats; /* [3N] vocabulary-parallel cross-entropy (tp > 1) */
 } HeadActs;
 
 /* Backward scratch, shared by all layers (one layer is in backward at a time). */
@@ -268,6 +268,9 @@ struct Model {
     /* The GemmIn activations are stored in bf16 (model_x16_ok: a backend
      * with the *_x16 ops, no layout that reads them otherwise). */
     int x16;
+    /* The logits and dlogits are stored in bf16 too (model_x16_logits_ok:
+     * x16, the backend's head ops, one tp rank: no vocabulary split). */
+    int x16_logits;
     float lora_scale;  /* alpha / r */
     uint64_t drop_key; /* model.lora.dropout: the masks' Philox key, from run.seed */
     ParamTable base_table;

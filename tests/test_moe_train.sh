@@ -6,7 +6,9 @@
 # experts, top-1, capacity 1.0, every 2nd layer) at dp 2 with ZeRO 3 and
 # pp 2.  Expert parallelism (topology.ep 2: the 4 experts split over 2
 # ranks, tokens sent to them by all-to-all): gpt2 at dp 2, dp 4, dp 2 with
-# ZeRO 1 and dp 2 x pp 2, llama (dropping) at dp 2 with ZeRO 3.  A
+# ZeRO 1, 2 and 3, dp 4 with ZeRO 1, 2 and 3 and dp 2 x pp 2, llama
+# (dropping) at dp 2 with ZeRO 3; the experts' memory divided over ep at
+# every stage (memory_bytes against the config).  A
 # checkpoint of the 1-rank run resumes at dp 2 with ep 2, one of the ep 2
 # run resumes on one rank, and both go on as the 1-rank run did; eval
 # reads a MoE checkpoint.  ep 4 at dp 4.  Tensor parallelism (each expert
@@ -66,29 +68,32 @@ RUN_CKPT=1 run gpt2_ep2 2 --set topology.dp=2 "${ep[@]}" --set checkpoint.every=
 compare gpt2 gpt2_ep2
 run gpt2_dp4_ep2 4 --set topology.dp=4 "${ep[@]}"
 compare gpt2 gpt2_dp4_ep2
-run gpt2_ep2_zero1 2 --set topology.dp=2 "${ep[@]}" --set topology.zero=1
-compare gpt2 gpt2_ep2_zero1
+for z in 1 2 3; do
+    run "gpt2_ep2_zero$z" 2 --set topology.dp=2 "${ep[@]}" --set topology.zero="$z"
+    compare gpt2 "gpt2_ep2_zero$z"
+done
 run gpt2_ep2_pp2 4 --set topology.dp=2 --set topology.pp=2 "${ep[@]}"
 compare gpt2 gpt2_ep2_pp2
 run llama_ep2_zero3 2 "${llama[@]}" --set topology.dp=2 "${ep[@]}" --set topology.zero=3
 compare llama llama_ep2_zero3
 run gpt2_dp4_ep4 4 --set topology.dp=4 --set topology.ep=4
 compare gpt2 gpt2_dp4_ep4
-# dp 4, ep 2: expert-data-parallel groups of two ranks, at ZeRO 1 (saved,
-# resumed below) and 3 too.
-RUN_CKPT=1 run gpt2_dp4_ep2_zero1 4 --set topology.dp=4 "${ep[@]}" --set topology.zero=1 \
-    --set checkpoint.every=2
-compare gpt2 gpt2_dp4_ep2_zero1
-run gpt2_dp4_ep2_zero3 4 --set topology.dp=4 "${ep[@]}" --set topology.zero=3
-compare gpt2 gpt2_dp4_ep2_zero3
-# ep divides the experts' memory at ZeRO 0 and 1 (memory_bytes of the
+# dp 4, ep 2: expert-data-parallel groups of two ranks, at ZeRO 1, 2 and 3
+# (saved; 1 and 3 resumed below).
+for z in 1 2 3; do
+    RUN_CKPT=1 run "gpt2_dp4_ep2_zero$z" 4 --set topology.dp=4 "${ep[@]}" \
+        --set topology.zero="$z" --set checkpoint.every=2
+    compare gpt2 "gpt2_dp4_ep2_zero$z"
+done
+# ep divides the experts' memory at every ZeRO stage (memory_bytes of the
 # first record, rank 0's, against sizes counted here from the written
 # config): the weights are the 1-rank run's less (ep - 1) / ep of the
 # experts; at ZeRO 0 so are the gradients, and the optimizer state is
-# twice that (Adam's m and v); at ZeRO 1 the optimizer state is rank 0's
-# block of the dense part over dp and of its experts over dp / ep, m and v,
-# and the gradients the whole buffer plus those blocks.  At ZeRO 3 every
-# rank still holds a block of every expert.
+# twice that (Adam's m and v); at ZeRO 1-3 the optimizer state is rank 0's
+# block of the dense part over dp and of its experts over dp / ep, m and v;
+# the gradients are the whole buffer plus those blocks at ZeRO 1, the
+# blocks only at ZeRO 2-3 (the per-layer slots are zero_buffers), and at
+# ZeRO 3 the weights are those blocks too.
 python3 - "$out" <<'PY' || fails=$((fails + 1))
 import json, sys
 out, bad = sys.argv[1], []
@@ -108,19 +113,22 @@ whole = first("gpt2")["params"] // 4
 X = moe("gpt2")
 ceil = lambda a, b: -(-a // b)
 for name, dp, ep, zero in [("gpt2", 1, 1, 0), ("gpt2_ep2", 2, 2, 0), ("gpt2_dp4_ep2", 4, 2, 0),
-                           ("gpt2_dp4_ep4", 4, 4, 0), ("gpt2_ep2_zero1", 2, 2, 1),
-                           ("gpt2_dp4_ep2_zero1", 4, 2, 1)]:
+                           ("gpt2_dp4_ep4", 4, 4, 0)] + [
+        (f"gpt2{'_dp4' if dp == 4 else ''}_ep2_zero{z}", dp, 2, z) for dp in (2, 4)
+        for z in (1, 2, 3)]:
     mem = first(name)
     n = whole - X + X // ep
+    block = ceil(whole - X, dp) + ceil(X // ep, dp // ep)
     if zero == 0:
         want = (4 * n, 4 * n, 8 * n)
-    else:
-        block = ceil(whole - X, dp) + ceil(X // ep, dp // ep)
+    elif zero == 1:
         want = (4 * n, 4 * (n + block), 8 * block)
+    else:
+        want = (4 * (n if zero == 2 else block), 4 * block, 8 * block)
     got = (mem["params"], mem["grads"], mem["optimizer"])
     if got != want:
         bad.append((name, got, want))
-print(("FAIL" if bad else "ok  ") + f" experts' memory divided over ep at ZeRO 0 and 1: {bad}")
+print(("FAIL" if bad else "ok  ") + f" experts' memory divided over ep at ZeRO 0-3: {bad}")
 sys.exit(1 if bad else 0)
 PY
 # Tensor and sequence parallelism: every expert split over tp like the
@@ -208,15 +216,19 @@ resume gpt2_ep2 resume_ep1 1
 # dp 4 x ep 2, against the 1-rank checkpoint resumed on one rank (4 steps).
 resume gpt2 resume_4 1 --set training.steps=4
 for to in "resume_dp4_ep4 --set topology.ep=4" "resume_dp4_ep2 ${ep[*]}" \
-    "resume_dp4_ep2_zero1 ${ep[*]} --set topology.zero=1"; do
+    "resume_dp4_ep2_zero1 ${ep[*]} --set topology.zero=1" \
+    "resume_dp4_ep2_zero3 ${ep[*]} --set topology.zero=3"; do
     set -- $to
     RESUME_REF=resume_4 RESUME_TO=4 resume gpt2_ep2 "$1" 4 --set topology.dp=4 "${@:2}" \
         --set training.steps=4
 done
-# A ZeRO 1 checkpoint with the experts' optimizer state in blocks over the
-# expert-data-parallel pairs, on one rank.
-RESUME_REF=resume_4 RESUME_TO=4 resume gpt2_dp4_ep2_zero1 resume_zero1_ep1 1 \
-    --set training.steps=4
+# ZeRO 1 and 3 checkpoints with the experts' optimizer state (and at ZeRO
+# 3 their weights) in blocks over the expert-data-parallel pairs, on one
+# rank.
+for z in 1 3; do
+    RESUME_REF=resume_4 RESUME_TO=4 resume "gpt2_dp4_ep2_zero$z" "resume_zero${z}_ep1" 1 \
+        --set training.steps=4
+done
 # Across tp: the ep 2 x tp 2 checkpoint on one rank, the 1-rank one at tp 2
 # with sequence parallelism (the experts are saved in the global layout).
 resume gpt2_ep2_tp2 resume_tp1 1
@@ -231,10 +243,11 @@ if [ "$rc" -eq 2 ] && grep -q "topology.ep (4) must divide topology.dp (2)" "$ou
 else
     echo "FAIL: ep 4 of dp 2 exited $rc: $(tail -2 "$out/ep_bad.log")"; fails=$((fails + 1))
 fi
-# training.sample_every decodes with rank 0's model, which at ZeRO 0-1
-# holds only its ep rank's experts: exit 2 at the key.
+# training.sample_every decodes with rank 0's model, which with ep holds
+# only its ep rank's experts: exit 2 at the key (ZeRO 2 here, the one
+# stage sample_every takes otherwise).
 timeout 60 "$TRIDENT" plan configs/tiny.yaml "${small[@]}" --set topology.dp=2 "${ep[@]}" \
-    --set training.sample_every=2 > "$out/sample_bad.log" 2>&1
+    --set topology.zero=2 --set training.sample_every=2 > "$out/sample_bad.log" 2>&1
 rc=$?
 if [ "$rc" -eq 2 ] && grep -q "training.sample_every needs the whole model on rank 0, but topology.ep 2" \
     "$out/sample_bad.log"; then

@@ -121,7 +121,7 @@ static void print_expert_parallel(FILE *f, const Config *cfg, const PlanResult *
             layer * r->n_micro * moe_layers / r->pp / (1024.0 * 1024.0), moe_layers, r->pp,
             zero_ep_divides(cfg) ? "expert weights, gradients and optimizer state divided over ep, "
                                    "their gradients reduced over the dp / ep ranks holding them"
-                                 : "expert weights replicated over dp (ZeRO 2-3)");
+                                 : "expert weights replicated over dp (offload)");
 }
 
 /* Tensor parallelism (docs/moe.md): the one collective MoE adds, the

@@ -214,12 +214,12 @@ typedef struct {
 } Config;
 
 /* Does expert parallelism divide the experts' memory (docs/moe.md): a MoE
- * model, topology.ep > 1, ZeRO 0 or 1, no offload, no LoRA?  Then a rank
- * holds only its ep rank's E / ep experts (zero.h, zero_ep_divides). */
+ * model, topology.ep > 1, no offload, no LoRA (any ZeRO stage)?  Then a
+ * rank holds only its ep rank's E / ep experts (zero.h, zero_ep_divides). */
 static inline int config_ep_divides(const Config *c)
 {
-    return c->model.moe_experts > 0 && c->topology.ep > 1 && c->topology.zero <= 1 &&
-           c->topology.offload == OFFLOAD_NONE && c->model.lora.rank == 0;
+    return c->model.moe_experts > 0 && c->topology.ep > 1 && c->topology.offload == OFFLOAD_NONE &&
+           c->model.lora.rank == 0;
 }
 
 /* A blend as datasets and weights: data.blend parsed, or data.path as one

@@ -76,7 +76,7 @@ static void round_weights(Trainer *tr)
     if (tr->cfg->training.precision != PREC_BF16)
         return;
     CkptRange *r = &tr->ckpt.part[CKPT_PARAMS];
-    for (size_t i = 0; r->data && i < r->hi - r->lo; i++)
+    for (size_t i = 0; r->data && i < ckpt_range_n(r); i++) /* ZeRO 3: both blocks */
         r->data[i] = bf16_round(r->data[i]);
 }
 

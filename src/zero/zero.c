@@ -19,13 +19,21 @@ struct Zero {
      * the expert part of the gradient norm.  Else Pd = P, edp NULL. */
     Comm *ep, *edp;
     size_t Pd;
-    /* ZeRO 1 divided: the expert region sharded over edp in blocks of XS,
-     * this rank's [xown_lo, xown_hi), its reduced gradient xgshard and
-     * the optimizer xopt of it (state in opt's buffers after the dense
-     * block's: optimizer_init_pair) */
+    /* ZeRO 1-3 divided: the expert region sharded over edp in blocks of
+     * XS (of the region: element Pd is its 0), this rank's [xown_lo,
+     * xown_hi) (flat), its reduced gradient xgshard and the optimizer xopt
+     * of it (state in opt's buffers after the dense block's:
+     * optimizer_init_pair).  ZeRO 2-3: a layer's experts (the group
+     * PARAMS_EXPERTS(l), bound apart from the layer) have slots of their
+     * own beside the layer's, reduce-scattered (and at ZeRO 3 gathered)
+     * over edp when the layer's are over dp: xgslot, xrecv, xgred, and at
+     * ZeRO 3 xpslot, xpgather and the shard xpshard (pshard's tail). */
     size_t XS, xown_lo, xown_hi;
     float *xgshard;
     Optimizer xopt;
+    size_t max_xlayer; /* elements of the largest layer's experts */
+    float *xpshard, *xpslot[2], *xgslot[2], *xrecv[2];
+    CommHandle xpgather[2], xgred[2];
     int stage;
     ParamShard sh;
     Model *model[CFG_MAX_VIRTUAL]; /* one per model chunk held (params_chunk_shard) */
@@ -177,11 +185,26 @@ static void stream_part(Zero *z, size_t lo, size_t hi)
     z->streamed = 1;
 }
 
+/* The same for a layer's experts (flat [lo, hi) in the expert region),
+ * reduced over edp into the expert shard. */
+static void accumulate_expert_part(Zero *z, const float *recv, size_t lo, size_t hi)
+{
+    size_t a, b;
+    comm_shard_part(lo - z->Pd, hi - z->Pd, z->XS, z->edp->rank, &a, &b);
+    if (b > a)
+        z->be->accumulate(z->xgshard + (z->Pd + a - z->xown_lo), recv, b - a);
+}
+
 static void finish_layer_reduction(Zero *z, int k)
 {
     if (z->gred_layer[k] < 0)
         return;
     size_t lo, hi;
+    group_range(z, PARAMS_EXPERTS(z->gred_layer[k]), &lo, &hi); /* empty unless divided */
+    if (hi > lo) {
+        wait_timed(z, &z->xgred[k]);
+        accumulate_expert_part(z, z->xrecv[k], lo, hi);
+    }
     group_range(z, z->gred_layer[k], &lo, &hi);
     wait_timed(z, &z->gred[k]);
     accumulate_part(z, z->recv[k], lo, hi);
@@ -226,15 +249,29 @@ static CommHandle gather_range(Zero *z, float *out, size_t lo, size_t hi)
     return comm_iallgather_range_f32(z->dp, mine, out, lo, hi, z->S);
 }
 
+/* Divided experts: start gathering a layer's experts, flat [lo, hi) of the
+ * expert region, into out over edp (no offload: zero_ep_divides). */
+static CommHandle gather_experts(Zero *z, float *out, size_t lo, size_t hi)
+{
+    size_t a, b;
+    comm_shard_part(lo - z->Pd, hi - z->Pd, z->XS, z->edp->rank, &a, &b);
+    const float *mine = b > a ? z->xpshard + (z->Pd + a - z->xown_lo) : z->xpshard;
+    return comm_iallgather_range_f32(z->edp, mine, out, lo - z->Pd, hi - z->Pd, z->XS);
+}
+
 static void start_gather(Zero *z, int l)
 {
     int k = slot_of(z, l);
     if (z->pslot_layer[k] == l)
         return;
     comm_wait(&z->pgather[k]); /* a slot is reused only after its last gather */
+    comm_wait(&z->xpgather[k]);
     size_t lo, hi;
     group_range(z, l, &lo, &hi);
     z->pgather[k] = gather_range(z, z->pslot[k], lo, hi);
+    group_range(z, PARAMS_EXPERTS(l), &lo, &hi); /* empty unless divided */
+    if (hi > lo)
+        z->xpgather[k] = gather_experts(z, z->xpslot[k], lo, hi);
     z->pslot_layer[k] = l;
 }
 
@@ -246,9 +283,12 @@ static void use_layer_params(Zero *z, int l, int next)
     int k = slot_of(z, l);
     start_gather(z, l);
     wait_timed(z, &z->pgather[k]);
+    wait_timed(z, &z->xpgather[k]);
     if (holds(z, next))
         start_gather(z, next);
     model_bind(model_of(z, l), l, z->pslot[k], NULL);
+    if (z->xpslot[k])
+        model_bind_experts(model_of(z, l), l, z->xpslot[k], NULL);
 }
 
 static void gather_outer(Zero *z)
@@ -426,10 +466,13 @@ Zero *zero_create(const Config *cfg, const Backend *be, const ParamShard *sh, Mo
         group_range(z, z->layers[i], &lo, &hi);
         if (hi - lo > z->max_layer)
             z->max_layer = hi - lo;
+        group_range(z, PARAMS_EXPERTS(z->layers[i]), &lo, &hi);
+        if (hi - lo > z->max_xlayer)
+            z->max_xlayer = hi - lo;
     }
     z->pslot_layer[0] = z->pslot_layer[1] = -1;
     for (int k = 0; k < 2; k++)
-        z->pgather[k] = z->gred[k] = comm_handle_none();
+        z->pgather[k] = z->gred[k] = z->xpgather[k] = z->xgred[k] = comm_handle_none();
     z->outer_red = comm_handle_none();
     z->gred_layer[0] = z->gred_layer[1] = -1;
     const Precision prec = cfg->training.precision;
@@ -451,6 +494,11 @@ Zero *zero_create(const Config *cfg, const Backend *be, const ParamShard *sh, Mo
             z->gslot[k] = alloc_buffer(z, z->max_layer, "layer gradient slot");
             z->recv[k] =
                 alloc_buffer(z, z->max_layer < z->S ? z->max_layer : z->S, "layer receive");
+            if (z->max_xlayer) { /* divided experts */
+                z->xgslot[k] = alloc_buffer(z, z->max_xlayer, "expert gradient slot");
+                z->xrecv[k] = alloc_buffer(z, z->max_xlayer < z->XS ? z->max_xlayer : z->XS,
+                                           "expert receive");
+            }
         }
         bind_outer_all(z, NULL, z->outer_g);
     }
@@ -465,12 +513,20 @@ Zero *zero_create(const Config *cfg, const Backend *be, const ParamShard *sh, Mo
         TRD_ASSERT(!embed); /* layout_check: no tied embedding over stages with ZeRO 2-3 */
     if (!whole.params) {
         if (cfg->topology.offload != OFFLOAD_PARAMS) {
-            z->pshard = alloc_floats(z, own_n(z) ? own_n(z) : 1, "parameter shard");
+            /* The dense block, then (divided experts) the expert block:
+             * the checkpoint's two runs (ckpt.h), as the optimizer's. */
+            const size_t n = own_n(z) + xown_n(z);
+            z->pshard = alloc_floats(z, n ? n : 1, "parameter shard");
+            z->xpshard = z->pshard + own_n(z);
             init_params(z, z->pshard, z->own_lo, z->own_hi);
+            init_params(z, z->xpshard, z->xown_lo, z->xown_hi);
         }
         z->outer_p = alloc_buffer(z, outer_n, "outer parameter slot");
-        for (int k = 0; k < 2; k++)
+        for (int k = 0; k < 2; k++) {
             z->pslot[k] = alloc_buffer(z, z->max_layer, "layer parameter slot");
+            if (z->max_xlayer)
+                z->xpslot[k] = alloc_buffer(z, z->max_xlayer, "expert parameter slot");
+        }
         bind_outer_all(z, z->outer_p, NULL);
     }
 
@@ -491,6 +547,9 @@ Zero *zero_create(const Config *cfg, const Backend *be, const ParamShard *sh, Mo
             opt_init(&z->opt, z->t, be, z->params + z->own_lo, z->own_lo, z->own_hi, prec);
         /* bf16 rounded only our part: make every rank's copy whole again. */
         gather_owned(z, NULL);
+    } else if (z->ep) { /* stage 3: the dense block and the expert block */
+        optimizer_init_pair(&z->opt, &z->xopt, z->t, be, z->pshard, z->own_lo, z->own_hi,
+                            z->xpshard, z->xown_lo, z->xown_hi, prec);
     } else {
         opt_init(&z->opt, z->t, be, z->pshard, z->own_lo, z->own_hi, prec);
     }
@@ -535,6 +594,9 @@ void zero_free(Zero *z)
         be->release(z->pslot[k]);
         be->release(z->gslot[k]);
         be->release(z->recv[k]);
+        be->release(z->xpslot[k]);
+        be->release(z->xgslot[k]);
+        be->release(z->xrecv[k]);
     }
     free(z);
 }
@@ -580,6 +642,10 @@ static void layer_grads_ready(Zero *z, int l, int last_micro)
         size_t lo, hi;
         group_range(z, l, &lo, &hi);
         z->gred[k] = comm_ireduce_scatter_range_f32(z->dp, z->gslot[k], z->recv[k], lo, hi, z->S);
+        group_range(z, PARAMS_EXPERTS(l), &lo, &hi); /* divided: over edp, not dp */
+        if (hi > lo)
+            z->xgred[k] = comm_ireduce_scatter_range_f32(z->edp, z->xgslot[k], z->xrecv[k],
+                                                         lo - z->Pd, hi - z->Pd, z->XS);
         z->gred_layer[k] = l;
         z->gred_last[k] = last_micro;
         return;
@@ -611,6 +677,11 @@ static void zero_before_block_backward(Zero *z, int l)
     group_range(z, l, &lo, &hi);
     zero_floats(z, z->gslot[k], hi - lo);
     model_bind(model_of(z, l), l, NULL, z->gslot[k]);
+    group_range(z, PARAMS_EXPERTS(l), &lo, &hi); /* empty unless divided */
+    if (hi > lo) {
+        zero_floats(z, z->xgslot[k], hi - lo);
+        model_bind_experts(model_of(z, l), l, NULL, z->xgslot[k]);
+    }
 }
 
 static void zero_after_block_backward(Zero *z, int l, int last_micro)
@@ -784,10 +855,14 @@ void zero_optimizer_step(Zero *z, float lr, const TrainingConfig *tc)
             optimizer_step(&z->xopt, z->params + z->xown_lo, z->xgshard, lr, tc);
         gather_owned(z, &z->stats.exposed_comm_s);
     } else {
+        z->xopt.t = z->opt.t;
         optimizer_step(&z->opt, z->pshard, z->gshard, lr, tc);
+        if (z->xgshard)
+            optimizer_step(&z->xopt, z->xpshard, z->xgshard, lr, tc);
         /* Gathered copies are stale now. */
         for (int k = 0; k < 2; k++) {
             comm_wait(&z->pgather[k]);
+            comm_wait(&z->xpgather[k]);
             z->pslot_layer[k] = -1;
         }
         z->outer_valid = 0;
@@ -815,13 +890,14 @@ void zero_params_loaded(Zero *z)
                                          : z->pshard;
     optimizer_params_loaded(&z->opt, owned);
     if (z->xgshard)
-        optimizer_params_loaded(&z->xopt, z->params + z->xown_lo);
+        optimizer_params_loaded(&z->xopt, z->stage <= 2 ? z->params + z->xown_lo : z->xpshard);
 }
 
 ZeroMemory zero_memory(const Zero *z)
 {
     ZeroMemory r = {0};
-    const size_t shard = z->pshard && !z->pshard_host ? own_n(z) : 0; /* else in the host's */
+    /* the dense and expert blocks; with pshard_host, in the host's */
+    const size_t shard = z->pshard && !z->pshard_host ? own_n(z) + xown_n(z) : 0;
     r.params = (z->params ? z->P : 0) * sizeof(float) + shard * sizeof(float);
     r.grads = (z->grads ? z->P : 0) * sizeof(float) + (z->gshard ? own_n(z) : 0) * sizeof(float) +
               (z->xgshard ? xown_n(z) : 0) * sizeof(float);
@@ -850,19 +926,27 @@ void zero_gather_params(Zero *z, float *out)
         return;
     }
     float *whole = alloc_floats(z, z->P, "gathered parameters");
-    CommHandle h = gather_range(z, whole, 0, z->P);
+    CommHandle h = gather_range(z, whole, 0, z->Pd);
     comm_wait(&h);
+    if (z->ep) { /* this rank's experts, over the ranks holding them */
+        h = gather_experts(z, whole + z->Pd, z->Pd, z->P);
+        comm_wait(&h);
+    }
     z->be->to_host(out, whole, z->P * sizeof(float));
     z->be->release(whole);
 }
 
 /* ---- for the planner ------------------------------------------------------ */
 
-/* The held layers' ranges and sizes, ascending (the flat buffer's order). */
+/* The held layers' ranges and sizes, ascending (the flat buffer's order);
+ * with divided experts (t.ep > 1) the dense region's blocks over dp, the
+ * expert region's (XS) over edp, of edp ranks, as zero_create makes them. */
 typedef struct {
     ParamTable t;
     int nl, *layers;
     size_t P, S, outer_n, max_layer;
+    size_t XS, max_xlayer;
+    int edp;
 } PlanShard;
 
 static void plan_shard_open(PlanShard *ps, const Config *cfg, const ParamShard *sh, int dp)
@@ -876,7 +960,9 @@ static void plan_shard_open(PlanShard *ps, const Config *cfg, const ParamShard *
         for (int l = sh->chunk[c].begin; l < sh->chunk[c].end; l++)
             ps->layers[i++] = l;
     ps->P = ps->t.numel;
-    ps->S = (ps->P + (size_t)dp - 1) / (size_t)dp;
+    ps->S = (ps->t.dense_numel + (size_t)dp - 1) / (size_t)dp;
+    ps->edp = dp / ps->t.ep;
+    ps->XS = (ps->P - ps->t.dense_numel + (size_t)ps->edp - 1) / (size_t)ps->edp;
     size_t lo, hi;
     params_group_range(&ps->t, PARAMS_OUTER, &lo, &hi);
     ps->outer_n = hi - lo;
@@ -884,6 +970,9 @@ static void plan_shard_open(PlanShard *ps, const Config *cfg, const ParamShard *
         params_group_range(&ps->t, ps->layers[i], &lo, &hi);
         if (hi - lo > ps->max_layer)
             ps->max_layer = hi - lo;
+        params_group_range(&ps->t, PARAMS_EXPERTS(ps->layers[i]), &lo, &hi);
+        if (hi - lo > ps->max_xlayer)
+            ps->max_xlayer = hi - lo;
     }
 }
 
@@ -900,6 +989,9 @@ static size_t layer_n(const PlanShard *ps, int l)
     return hi - lo;
 }
 
+/* Divided experts: the stacked experts of layer l (0 otherwise). */
+static size_t layer_xn(const PlanShard *ps, int l) { return layer_n(ps, PARAMS_EXPERTS(l)); }
+
 ZeroMemory zero_plan_memory(const Config *cfg, const ParamShard *sh, int dp, int dp_rank)
 {
     PlanShard ps;
@@ -913,6 +1005,7 @@ ZeroMemory zero_plan_memory(const Config *cfg, const ParamShard *sh, int dp, int
     const size_t own = own_hi - own_lo + xhi - xlo, F = sizeof(float);
     const size_t outer_recv = ps.outer_n < ps.S ? ps.outer_n : ps.S;
     const size_t layer_recv = ps.max_layer < ps.S ? ps.max_layer : ps.S;
+    const size_t xlayer_recv = ps.max_xlayer < ps.XS ? ps.max_xlayer : ps.XS;
     ZeroMemory r = {0};
     /* optimizer+params: the shard lives in the optimizer's host buffers */
     r.params = (whole.params ? ps.P : cfg->topology.offload == OFFLOAD_PARAMS ? 0 : own) * F;
@@ -922,10 +1015,12 @@ ZeroMemory zero_plan_memory(const Config *cfg, const ParamShard *sh, int dp, int
         r.host_optimizer = (opt_n ? opt_n : 1) * F * 4;
     else /* m, v [, master] */
         r.optimizer = opt_n * F * (cfg->training.precision == PREC_BF16 ? 3 : 2);
-    if (stage >= 2) /* gradient slots and receive space (zero_create) */
-        r.buffers = (ps.outer_n + outer_recv + 2 * (ps.max_layer + layer_recv)) * F;
+    if (stage >= 2) /* gradient slots and receive space (zero_create), the experts' too */
+        r.buffers = (ps.outer_n + outer_recv + 2 * (ps.max_layer + layer_recv) +
+                     2 * (ps.max_xlayer + xlayer_recv)) *
+                    F;
     if (stage == 3) /* parameter slots */
-        r.buffers += (ps.outer_n + 2 * ps.max_layer) * F;
+        r.buffers += (ps.outer_n + 2 * (ps.max_layer + ps.max_xlayer)) * F;
     plan_shard_close(&ps);
     return r;
 }
@@ -958,6 +1053,8 @@ static uint64_t plan_gather_bytes(const PlanShard *ps, int slot_layer[2], int dp
                 size_t lo, hi;
                 params_group_range(&ps->t, ps->layers[g], &lo, &hi);
                 bytes += plan_gather_cost(ps, lo, hi, dp, host);
+                if (!host) /* divided experts, over edp (never with offload) */
+                    bytes += comm_ring_bytes(layer_xn(ps, ps->layers[g]), 1, ps->edp);
                 slot_layer[g & 1] = ps->layers[g];
             }
         }
@@ -979,8 +1076,9 @@ uint64_t zero_plan_step_bytes(const Config *cfg, const ParamShard *sh, int dp, i
             bytes += comm_ring_bytes(ps.P - ps.t.dense_numel, stage == 1 ? 1 : 2, dp / ps.t.ep);
     } else { /* every micro-batch: each layer's and the outer gradient reduce-scattered */
         uint64_t per_micro = comm_ring_bytes(ps.outer_n, 1, dp);
-        for (int i = 0; i < ps.nl; i++)
-            per_micro += comm_ring_bytes(layer_n(&ps, ps.layers[i]), 1, dp);
+        for (int i = 0; i < ps.nl; i++) /* divided experts: over edp */
+            per_micro += comm_ring_bytes(layer_n(&ps, ps.layers[i]), 1, dp) +
+                         comm_ring_bytes(layer_xn(&ps, ps.layers[i]), 1, ps.edp);
         bytes += (uint64_t)n_micro * per_micro;
     }
     if (stage == 1 || stage == 2) /* parameters made whole after the step (gather_owned) */

@@ -97,17 +97,27 @@ typedef struct {
 Zero *zero_create(const Config *cfg, const Backend *be, const ParamShard *sh, Model *const *models,
                   Comm *dp, Comm *embed, Comm *ep, Comm *edp);
 /* Does expert parallelism divide the experts' memory under cfg (a MoE
- * model, topology.ep > 1, ZeRO 0 or 1, no offload, no LoRA)?  Then the
+ * model, topology.ep > 1, no offload, no LoRA; any stage)?  Then the
  * trainer gives zero_create a shard with ep and ep_rank set (params.h): a
  * rank holds the weights, gradients and optimizer state of its ep rank's
  * E / ep experts only, in the flat buffers' expert region [Pd, P), whose
  * gradients are reduced over edp (topology.h: the dp / ep ranks with the
- * same ep rank): all-reduced at ZeRO 0 (and counted in the gradient norm
- * once over ep), reduce-scattered at ZeRO 1 into blocks of the region over
- * edp, which a second optimizer steps (its state in the same buffers, after
- * the dense block's) and edp all-gathers.  The dense region [0, Pd) is
- * reduced and sharded over dp as without ep.  Else every rank holds every
- * expert (Pd = P) and ep, edp may be NULL. */
+ * same ep rank), with the table above applied to the region over edp:
+ *   ZeRO 0: all-reduced once after backward (and counted in the gradient
+ *     norm once over ep);
+ *   ZeRO 1: reduce-scattered once after backward into blocks of the
+ *     region over edp, which a second optimizer steps (its state in the
+ *     same buffers, after the dense block's) and edp all-gathers;
+ *   ZeRO 2: the same blocks and optimizer, but each layer's experts
+ *     (PARAMS_EXPERTS(l)) get a gradient slot beside the layer's and are
+ *     reduce-scattered over edp per layer and micro-batch, overlapped,
+ *     as the layer's are over dp;
+ *   ZeRO 3: the weights too are kept as the rank's block of the region
+ *     (after the dense block in the parameter shard), and each layer's
+ *     experts are gathered over edp into parameter slots of their own
+ *     beside the layer's, before its forward and its backward.
+ * The dense region [0, Pd) is reduced and sharded over dp as without ep.
+ * Else every rank holds every expert (Pd = P) and ep, edp may be NULL. */
 int zero_ep_divides(const Config *cfg);
 void zero_free(Zero *z);
 /* The model of the first chunk (the only one unless interleaved). */
@@ -170,9 +180,10 @@ float zero_forward(Zero *z, const int32_t *tokens, const int32_t *targets);
 
 /* The state a checkpoint holds, as the buffers this rank keeps: params is
  * [P] for stages 0-2 and this rank's block for stage 3; master (NULL with
- * fp32), m and v cover the optimizer's range (ZeRO 1 with divided experts:
- * the dense block, then the expert block, as ckpt.h's second run).  adam_t is the step count of
- * Adam's bias correction. */
+ * fp32), m and v cover the optimizer's range.  With divided experts a
+ * block is the dense block, then the expert block (ckpt.h's second run):
+ * the optimizer's at ZeRO 1-3, the weights' at ZeRO 3.  adam_t is the
+ * step count of Adam's bias correction. */
 typedef struct {
     float *params, *master, *m, *v;
     int *adam_t;

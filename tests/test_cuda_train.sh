@@ -11,6 +11,8 @@
 # Per-step loss against the CPU run of the same config and seed, 8 steps:
 #   a mixture of experts (GPT-2, 4 experts, a shared one, capacity 1.0; 4 steps),
 #   also at dp 2 with ep 2 (ZeRO 0, and ZeRO 1 saved and resumed on the CPU),
+#   and at dp 4 with ep 2 and ZeRO 3 (the experts' slots gathered and
+#   reduced over their group),
 #   and at tp 2 with sequence parallelism (2 steps);
 #   GPT-2 and Llama (GQA) on 1 rank, fp32 and bf16 (bf16 GEMMs on both
 #   sides, within 1e-4), selective and full recompute;
@@ -34,7 +36,8 @@
 # With topology.comm nccl (played by MPI in the emulation): dp 2 ZeRO 3,
 # tp 2 x pp 2 with sequence parallelism, an interleaved pp 2 whose
 # activations wrap around from the last rank to the first, and the MoE at
-# dp 2 with ep 2 (the all-to-alls as NCCL groups), each against the
+# dp 2 with ep 2 at ZeRO 3 (the all-to-alls as NCCL groups, the experts'
+# gathers and reductions on the expert-data-parallel communicator), each against the
 # CPU, with no host staging at all (NCCL carried every device buffer).
 . "$(dirname "$0")/e2e.sh"
 
@@ -124,6 +127,15 @@ run moe_zero1_cpu 1 "${moe[@]}" --set checkpoint.dir="$out/moe_zero1.ckpt"
 grep -q "resumed from .*step_00000002" "$out/moe_zero1_cpu.log" \
     || { echo "FAIL: moe_zero1_cpu did not resume"; fails=$((fails + 1)); }
 curves moe moe_zero1_cpu --from 3 --to 4 --rtol "$TOL" --norm-rtol "$(python3 -c "print(100 * $TOL)")"
+# ZeRO 3 at dp 4 x ep 2: each layer's experts gathered into device slots
+# of their own and reduce-scattered from them over the expert-data-parallel
+# pairs (micro-batch 1: its own reference, as the capacity depends on it).
+mb1=(--set training.micro_batch=1)
+run moe_mb1 1 "${moe[@]}" "${mb1[@]}"
+run moe_cuda_dp4_ep2_zero3 4 "${moe[@]}" "${mb1[@]}" "${cuda[@]}" --set topology.dp=4 \
+    --set topology.ep=2 --set topology.zero=3
+curves moe_mb1 moe_cuda_dp4_ep2_zero3 --to 4 --rtol "$TOL" \
+    --norm-rtol "$(python3 -c "print(100 * $TOL)")"
 # Tensor parallelism with sequence parallelism: each expert split over tp
 # 2, the branch reduce-scattered, the routing weights' gradient all-reduced
 # (device buffers); 2 steps (within the warmup, so the 4-step run's first
@@ -380,9 +392,10 @@ if grep -q "CPU emulation" "$out/gpt2_cuda.log" || [ "${gpus:-0}" -ge 4 ]; then
         --set topology.virtual_stages=2 "${cuda[@]}" "${nccl[@]}"
     compare gpt2_l4 gpt2_pp2v2_nccl "$TOL"
     # expert parallelism: the tokens' all-to-alls as one group of NCCL
-    # sends and receives each, device to device
+    # sends and receives each, device to device; at ZeRO 3 the experts'
+    # slots go through the expert-data-parallel NCCL communicator
     run moe_cuda_ep2_nccl 2 "${moe[@]}" "${cuda[@]}" "${nccl[@]}" --set topology.dp=2 \
-        --set topology.ep=2
+        --set topology.ep=2 --set topology.zero=3
     curves moe moe_cuda_ep2_nccl --to 4 --rtol "$TOL" --norm-rtol "$(python3 -c "print(100 * $TOL)")"
     for r in gpt2_dp2_z3_nccl gpt2_tp2_pp2_nccl gpt2_pp2v2_nccl moe_cuda_ep2_nccl; do nccl_used $r; done
     # rank 0 holds chunk 1 (model stage 2), which sends gradients back: the

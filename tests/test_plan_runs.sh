@@ -4,9 +4,10 @@
 #  1. Memory: for single rank, dp 4 with each ZeRO stage (fp32, and bf16 for
 #     stage 3), tp 2, tp 2 Llama with sequence parallelism, pp 2, pp 4 and
 #     the 3D mesh tp 2 x pp 2 x dp 2, a mixture of experts at dp 4 x ep 2
-#     with ZeRO 0 and 1 (the experts' memory divided over ep, their
-#     gradients all-reduced or reduce-scattered over the expert-data-parallel
-#     pairs), the plan's per-rank bytes of stage 0
+#     with ZeRO 0-3 (the experts' memory divided over ep, their gradients
+#     all-reduced or reduce-scattered over the expert-data-parallel pairs,
+#     at ZeRO 3 their weights gathered over them), the plan's per-rank
+#     bytes of stage 0
 #     (rank 0 writes the metrics) per category, and every stage's activation
 #     bytes, are within 10% of the allocation report of the first step.
 #  2. Communication: comm_bytes of step 2 (what src/comm counts on rank 0's
@@ -40,6 +41,8 @@ cases=(
     "mesh_tp2_pp2_dp2 8 --set topology.tp=2 --set topology.pp=2 --set topology.dp=2 --set topology.zero=1"
     "moe_dp4_ep2 4 --set topology.dp=4 --set topology.ep=2 --set model.moe.experts=4"
     "moe_dp4_ep2_zero1 4 --set topology.dp=4 --set topology.ep=2 --set model.moe.experts=4 --set topology.zero=1"
+    "moe_dp4_ep2_zero2 4 --set topology.dp=4 --set topology.ep=2 --set model.moe.experts=4 --set topology.zero=2"
+    "moe_dp4_ep2_zero3 4 --set topology.dp=4 --set topology.ep=2 --set model.moe.experts=4 --set topology.zero=3"
 )
 
 for c in "${cases[@]}"; do

@@ -93,7 +93,8 @@ done
 # block of the dense part over dp and of its experts over dp / ep, m and v;
 # the gradients are the whole buffer plus those blocks at ZeRO 1, the
 # blocks only at ZeRO 2-3 (the per-layer slots are zero_buffers), and at
-# ZeRO 3 the weights are those blocks too.
+# ZeRO 3 the weights are those blocks too, and its parameter slots (its
+# zero_buffers less ZeRO 2's) hold the rank's experts only.
 python3 - "$out" <<'PY' || fails=$((fails + 1))
 import json, sys
 out, bad = sys.argv[1], []
@@ -128,6 +129,12 @@ for name, dp, ep, zero in [("gpt2", 1, 1, 0), ("gpt2_ep2", 2, 2, 0), ("gpt2_dp4_
     got = (mem["params"], mem["grads"], mem["optimizer"])
     if got != want:
         bad.append((name, got, want))
+    if zero == 3:  # ZeRO 3's blocks are 1 / dp of everything either way: its
+        # parameter slots show the division (two slots of one layer each and
+        # the outer one: with 2 layers the rank's whole model, E / ep experts)
+        slots = mem["zero_buffers"] - first(name.replace("zero3", "zero2"))["zero_buffers"]
+        if slots != 4 * n:
+            bad.append((name, "parameter slots", slots, 4 * n))
 print(("FAIL" if bad else "ok  ") + f" experts' memory divided over ep at ZeRO 0-3: {bad}")
 sys.exit(1 if bad else 0)
 PY

@@ -44,8 +44,9 @@ typedef struct {
     float *data;
     size_t lo, hi;
     /* A second run [xlo, xhi), stored in data after the first (hi - lo
-     * floats on): a ZeRO 1 optimizer with the experts divided over ep owns
-     * a block of the dense region and one of the expert region (zero.h).
+     * floats on): a ZeRO 1-3 optimizer (and ZeRO 3's weights) with the
+     * experts divided over ep owns a block of the dense region and one of
+     * the expert region (zero.h).
      * Empty (xlo == xhi) otherwise.  Use ckpt_range_n and ckpt_range_at. */
     size_t xlo, xhi;
 } CkptRange;

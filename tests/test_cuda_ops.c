@@ -1946,6 +1946,20 @@ int main(void)
     test_head_x16(37, 64, 1000, 1024, 0.7f);
     test_head_x16(5, 75, 3, 3, 0.25f); /* odd sizes: cuBLASLt's bf16 D, or cublasGemmEx's */
     test_head_x16(8, 64, 5000, 5008, 1.0f / 4000);
+    /* Where cuBLASLt offers no algorithm, the cuBLAS fallbacks: the head's
+     * bf16 logits from cublasGemmEx with a bf16 C, the biases from the
+     * broadcast kernel, the GELU and its gradient from their own kernels.
+     * The emulation offers none under TRD_EMU_LT_NO_ALGO (a GPU ignores it
+     * and runs the cuBLASLt paths again). */
+    setenv("TRD_EMU_LT_NO_ALGO", "1", 1);
+    matmul_tag = "bf16 no-cuBLASLt ";
+    test_matmul(37, 64, 96, 1);
+    test_matmul_gelu(37, 64, 96);
+    test_matmul_x16(37, 64, 96, 1);
+    test_matmul_gelu_x16(37, 64, 96);
+    test_head_x16(37, 64, 1000, 1024, 0.7f);
+    unsetenv("TRD_EMU_LT_NO_ALGO");
+    matmul_tag = "";
     CHECK(!backend_cuda()->matmul_forward_x16 && !backend_cpu()->matmul_forward_x16 &&
               !backend_cuda()->head_forward_x16 && !backend_cpu()->head_forward_x16,
           "fp32 tables keep fp32 activations (no *_x16 ops)");

@@ -146,13 +146,14 @@ static void p_matmul_forward(float *out, const float *inp, const float *weight, 
 }
 
 static void p_matmul_backward(float *dinp, float *dweight, float *dbias, const float *dout,
-                              const float *inp, const float *weight, int N, int C, int OC)
+                              const float *inp, const float *weight, int N, int C, int OC,
+                              GradMode dinp_mode)
 {
     int k = gemm_class(C, OC);
     if (k != OP_GEMM_OTHER)
         k += OP_QKV_B - OP_QKV;
     TIMED(k, 2.0 * N * C * OC * ((dinp != NULL) + (dweight != NULL)),
-          base->matmul_backward(dinp, dweight, dbias, dout, inp, weight, N, C, OC));
+          base->matmul_backward(dinp, dweight, dbias, dout, inp, weight, N, C, OC, dinp_mode));
 }
 
 /* Causal (query, key) pairs times the products per pair: forward q.k and
@@ -198,9 +199,10 @@ static void p_gelu_forward(float *out, const float *inp, size_t n)
     TIMED(OP_GELU, 8.0 * (double)n, base->gelu_forward(out, inp, n));
 }
 
-static void p_gelu_backward(float *dinp, const float *inp, const float *dout, size_t n)
+static void p_gelu_backward(float *dinp, const float *inp, const float *dout, size_t n,
+                            GradMode mode)
 {
-    TIMED(OP_GELU_B, 16.0 * (double)n, base->gelu_backward(dinp, inp, dout, n));
+    TIMED(OP_GELU_B, 16.0 * (double)n, base->gelu_backward(dinp, inp, dout, n, mode));
 }
 
 static void p_crossentropy_forward(float *losses, const float *logits, const int32_t *targets,

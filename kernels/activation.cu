@@ -19,7 +19,9 @@ __global__ void gelu_forward_kernel(float *out, const float *inp, size_t n)
 }
 
 /* d/dx [x s(2u)] = s + 2 x s (1 - s) du/dx */
-__global__ void gelu_backward_kernel(float *dinp, const float *inp, const float *dout, size_t n)
+/* (set: dinp is written, GRAD_SET, and its old contents never read) */
+__global__ void gelu_backward_kernel(float *dinp, const float *inp, const float *dout, size_t n,
+                                     int set)
 {
     GRID_STRIDE(i, n)
     {
@@ -27,7 +29,8 @@ __global__ void gelu_backward_kernel(float *dinp, const float *inp, const float 
         float u = GELU_K * (x + GELU_A * x * x * x);
         float s = 1 / (1 + expf(-2 * u));
         float du = GELU_K * (1 + 3 * GELU_A * x * x);
-        dinp[i] += (s + 2 * x * s * (1 - s) * du) * dout[i];
+        const float g = (s + 2 * x * s * (1 - s) * du) * dout[i];
+        dinp[i] = set ? g : dinp[i] + g;
     }
 }
 
@@ -54,17 +57,22 @@ __global__ void swiglu_forward_kernel(float *out, const float *gate, const float
     }
 }
 
-/* d silu / da = s + a s (1 - s); either gradient may be NULL */
+/* d silu / da = s + a s (1 - s); either gradient may be NULL (set: both
+ * written, as gelu_backward_kernel) */
 __global__ void swiglu_backward_kernel(float *dgate, float *dup, const float *dout,
-                                       const float *gate, const float *up, size_t n)
+                                       const float *gate, const float *up, size_t n, int set)
 {
     GRID_STRIDE(i, n)
     {
         float a = gate[i], s = 1 / (1 + expf(-a));
-        if (dgate)
-            dgate[i] += dout[i] * up[i] * (s + a * s * (1 - s));
-        if (dup)
-            dup[i] += dout[i] * a * s;
+        if (dgate) {
+            const float g = dout[i] * up[i] * (s + a * s * (1 - s));
+            dgate[i] = set ? g : dgate[i] + g;
+        }
+        if (dup) {
+            const float g = dout[i] * a * s;
+            dup[i] = set ? g : dup[i] + g;
+        }
     }
 }
 
@@ -84,11 +92,12 @@ void cuda_gelu_backward_inplace(float *dx, const float *inp, size_t n)
     CUDA_CHECK_LAUNCH();
 }
 
-void cuda_gelu_backward(float *dinp, const float *inp, const float *dout, size_t n)
+void cuda_gelu_backward(float *dinp, const float *inp, const float *dout, size_t n, GradMode mode)
 {
     if (!n)
         return;
-    gelu_backward_kernel<<<cuda_blocks(n), CUDA_THREADS, 0, cuda_stream()>>>(dinp, inp, dout, n);
+    gelu_backward_kernel<<<cuda_blocks(n), CUDA_THREADS, 0, cuda_stream()>>>(dinp, inp, dout, n,
+                                                                             mode == GRAD_SET);
     CUDA_CHECK_LAUNCH();
 }
 
@@ -101,12 +110,12 @@ void cuda_swiglu_forward(float *out, const float *gate, const float *up, size_t 
 }
 
 void cuda_swiglu_backward(float *dgate, float *dup, const float *dout, const float *gate,
-                          const float *up, size_t n)
+                          const float *up, size_t n, GradMode mode)
 {
     if (!n || (!dgate && !dup))
         return;
-    swiglu_backward_kernel<<<cuda_blocks(n), CUDA_THREADS, 0, cuda_stream()>>>(dgate, dup, dout,
-                                                                               gate, up, n);
+    swiglu_backward_kernel<<<cuda_blocks(n), CUDA_THREADS, 0, cuda_stream()>>>(
+        dgate, dup, dout, gate, up, n, mode == GRAD_SET);
     CUDA_CHECK_LAUNCH();
 }
 

@@ -138,15 +138,15 @@ __device__ inline float group_dot(const float (&r)[PER], GroupRegs<PER> grp, con
 #endif
 }
 
-/* row[c + GROUP*j] += r[j] for this thread's channels below hs. */
+/* row[c + GROUP*j] += r[j] (= when set) for this thread's channels below hs. */
 template <int PER>
-__device__ inline void add_to_row(float *row, const float (&r)[PER], int c, int hs)
+__device__ inline void put_row(float *row, const float (&r)[PER], int c, int hs, int set)
 {
 #pragma unroll
     for (int j = 0; j < PER; j++) {
         int i = c + GROUP * j;
         if (i < hs)
-            row[i] += r[j];
+            grad_put(row + i, r[j], set);
     }
 }
 
@@ -259,7 +259,8 @@ __global__ void __launch_bounds__(ATT_BLOCK)
 }
 
 /* dq[t] += scale * sum_u p (dp - D_t) k_u over the keys u row t sees, for
- * the rows of one query tile of head h. */
+ * the rows of one query tile of head h (= with s.set: every row t < Tq of
+ * the head is some block's, so all of dq's query heads are written). */
 template <int PER>
 __global__ void __launch_bounds__(ATT_BLOCK)
     attention_dq_kernel(float *dq_buf, const float *dout, const float *qkv, const float *kv,
@@ -309,7 +310,7 @@ __global__ void __launch_bounds__(ATT_BLOCK)
     }
     if (!valid)
         return;
-    add_to_row(dq_buf + qrow, dq, c, hs);
+    put_row(dq_buf + qrow, dq, c, hs, s.set);
 }
 
 /* For the keys of one key tile of kv group g, summed over the group's query
@@ -382,8 +383,8 @@ __global__ void __launch_bounds__(ATT_BLOCK)
     }
     if (!valid)
         return;
-    add_to_row(dkv + krow_at, dk, c, hs);
-    add_to_row(dkv + krow_at + hs, dv, c, hs);
+    put_row(dkv + krow_at, dk, c, hs, s.set);
+    put_row(dkv + krow_at + hs, dv, c, hs, s.set);
 }
 
 /* The grid: one block per (b, head, tile), within gridDim.x's limit. */
@@ -436,6 +437,7 @@ void cuda_attention_backward(float *dq, float *dkv, const float *dout, const flo
                              const float *kv, const float *out, const float *lse, const AttnArgs *a)
 {
     attn_check_args(a);
+    TRD_ASSERT(a->grad != GRAD_SET || a->Tk > 0); /* else no kernel would write dq */
     if (a->B <= 0 || a->Tq <= 0 || a->Tk <= 0 || a->H <= 0 || a->hs <= 0)
         return;
     const Shape s = attn_shape(a, ROWS);

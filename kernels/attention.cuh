@@ -25,9 +25,14 @@ __device__ inline int imax(int a, int b) { return a > b ? a : b; }
 
 struct Shape {
     int Tq, Tk, H, KVH, hs, Q, width, kvw, qtiles, ktiles, q_pos0, k_pos0, kv_packed, merge;
+    int set; /* backward: GRAD_SET, the gradients written rather than added to */
     const int32_t *pos;
     float scale;
 };
+
+/* A backward's gradient element: written (set: its old value, maybe
+ * garbage, never read) or added to. */
+__device__ inline void grad_put(float *p, float v, int set) { *p = set ? v : *p + v; }
 
 /* Offset, in a row of kv, of group g's key head (the value head follows). */
 __device__ inline size_t kv_k_off(int g, const Shape &s)
@@ -55,6 +60,7 @@ inline Shape attn_shape(const AttnArgs *a, int rows)
     s.ktiles = (a->Tk + rows - 1) / rows;
     s.q_pos0 = a->q_pos0, s.k_pos0 = a->k_pos0;
     s.kv_packed = a->kv_packed, s.merge = a->merge;
+    s.set = a->grad == GRAD_SET;
     s.pos = a->pos;
     s.scale = 1 / sqrtf((float)a->hs);
     return s;

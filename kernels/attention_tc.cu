@@ -389,7 +389,7 @@ __global__ void __launch_bounds__(TC_BLOCK)
 #pragma unroll
         for (int n = 0; n < HS / 8; n++)
             for (int e = 0; e < 2; e++)
-                row[8 * n + 2 * c + e] += s.scale * dq[n][2 * r + e];
+                grad_put(row + 8 * n + 2 * c + e, s.scale * dq[n][2 * r + e], s.set);
     }
 }
 
@@ -467,8 +467,8 @@ __global__ void __launch_bounds__(TC_BLOCK)
 #pragma unroll
         for (int n = 0; n < HS / 8; n++)
             for (int e = 0; e < 2; e++) {
-                row[8 * n + 2 * c + e] += s.scale * dk[n][2 * r + e];
-                row[HS + 8 * n + 2 * c + e] += dv[n][2 * r + e];
+                grad_put(row + 8 * n + 2 * c + e, s.scale * dk[n][2 * r + e], s.set);
+                grad_put(row + HS + 8 * n + 2 * c + e, dv[n][2 * r + e], s.set);
             }
     }
 }
@@ -543,6 +543,7 @@ void cuda_attention_backward_bf16(float *dq, float *dkv, const float *dout, cons
         return;
     }
     attn_check_args(a);
+    TRD_ASSERT(a->grad != GRAD_SET || a->Tk > 0);
     if (a->B <= 0 || a->Tq <= 0 || a->Tk <= 0 || a->H <= 0)
         return;
     const Shape s = attn_shape(a, TC_ROWS);

@@ -113,16 +113,31 @@ void cuda_matmul_forward(float *out, const float *inp, const float *weight, cons
                              inp, C, &beta, out, OC));
 }
 
-void cuda_matmul_backward(float *dinp, float *dweight, float *dbias, const float *dout,
-                          const float *inp, const float *weight, int N, int C, int OC)
+/* The GEMM's beta for an input gradient: 0 writes it (GRAD_SET: C is not
+ * read, so old garbage or NaN in it is harmless), 1 adds to it. */
+static float dinp_beta(GradMode mode) { return mode == GRAD_SET ? 0.0f : 1.0f; }
+
+/* An input gradient of an empty product (OC == 0): 0, SET, or nothing to add. */
+static void dinp_empty(float *dinp, GradMode mode, int N, int C)
 {
-    /* beta = 1 in both GEMMs: gradients accumulate (backend.h). */
-    float alpha = 1, beta = 1;
+    if (dinp && mode == GRAD_SET && N > 0 && C > 0)
+        backend_cuda_zero(dinp, (size_t)N * C * sizeof(float));
+}
+
+void cuda_matmul_backward(float *dinp, float *dweight, float *dbias, const float *dout,
+                          const float *inp, const float *weight, int N, int C, int OC,
+                          GradMode dinp_mode)
+{
+    /* beta = 1 for dweight: gradients accumulate (backend.h); dinp's as
+     * dinp_mode says. */
+    float alpha = 1, beta = 1, beta_in = dinp_beta(dinp_mode);
+    if (OC <= 0)
+        dinp_empty(dinp, dinp_mode, N, C);
     if (N <= 0 || C <= 0 || OC <= 0)
         return;
-    if (dinp) /* dinp^T[C, N] += weight^T[C, OC] . dout^T[OC, N] */
+    if (dinp) /* dinp^T[C, N] (+)= weight^T[C, OC] . dout^T[OC, N] */
         CUBLAS_CHECK(cublasSgemm(blas_handle(), CUBLAS_OP_N, CUBLAS_OP_N, C, N, OC, &alpha, weight,
-                                 C, dout, OC, &beta, dinp, C));
+                                 C, dout, OC, &beta_in, dinp, C));
     if (dweight) /* dweight^T[C, OC] += inp^T[C, N] . dout[N, OC] */
         CUBLAS_CHECK(cublasSgemm(blas_handle(), CUBLAS_OP_N, CUBLAS_OP_T, C, OC, N, &alpha, inp, C,
                                  dout, OC, &beta, dweight, C));
@@ -231,30 +246,34 @@ static void backward_weight_bias_bf16(float *dweight, float *dbias, const __nv_b
 
 /* d16: dout stored in bf16 (the head's dlogits), read as it is; else dout
  * converted. */
-static void backward_bf16(float *dinp, float *dweight, float *dbias, const float *dout,
-                          const __nv_bfloat16 *d16, const float *inp, const __nv_bfloat16 *x,
-                          const float *weight, int N, int C, int OC)
+static void backward_bf16(float *dinp, GradMode dinp_mode, float *dweight, float *dbias,
+                          const float *dout, const __nv_bfloat16 *d16, const float *inp,
+                          const __nv_bfloat16 *x, const float *weight, int N, int C, int OC)
 {
+    if (OC <= 0)
+        dinp_empty(dinp, dinp_mode, N, C);
     if (N <= 0 || C <= 0 || OC <= 0)
         return;
     const __nv_bfloat16 *d = d16 ? d16 : dinp || dweight ? to_bf16(0, dout, (size_t)N * OC) : NULL;
-    if (dinp) /* dinp^T[C, N] += weight^T[C, OC] . dout^T[OC, N] */
+    if (dinp) /* dinp^T[C, N] (+)= weight^T[C, OC] . dout^T[OC, N] */
         gemm_bf16(CUBLAS_OP_N, CUBLAS_OP_N, C, N, OC, to_bf16(1, weight, (size_t)OC * C), C, d, OC,
-                  1, dinp, C);
+                  dinp_beta(dinp_mode), dinp, C);
     backward_weight_bias_bf16(dweight, dbias, d, dout, inp, x, N, C, OC);
 }
 
 void cuda_matmul_backward_bf16(float *dinp, float *dweight, float *dbias, const float *dout,
-                               const float *inp, const float *weight, int N, int C, int OC)
+                               const float *inp, const float *weight, int N, int C, int OC,
+                               GradMode dinp_mode)
 {
-    backward_bf16(dinp, dweight, dbias, dout, NULL, inp, NULL, weight, N, C, OC);
+    backward_bf16(dinp, dinp_mode, dweight, dbias, dout, NULL, inp, NULL, weight, N, C, OC);
 }
 
 void cuda_matmul_backward_x16(float *dinp, float *dweight, float *dbias, const float *dout,
-                              const uint16_t *inp, const float *weight, int N, int C, int OC)
+                              const uint16_t *inp, const float *weight, int N, int C, int OC,
+                              GradMode dinp_mode)
 {
-    backward_bf16(dinp, dweight, dbias, dout, NULL, NULL, (const __nv_bfloat16 *)inp, weight, N, C,
-                  OC);
+    backward_bf16(dinp, dinp_mode, dweight, dbias, dout, NULL, NULL, (const __nv_bfloat16 *)inp,
+                  weight, N, C, OC);
 }
 
 /* The head in bf16 (backend.h): logits^T[OC, N] = weight . inp^T stored in
@@ -281,9 +300,10 @@ void cuda_head_forward_x16(uint16_t *logits, const uint16_t *inp, const float *w
 }
 
 void cuda_head_backward_x16(float *dinp, float *dweight, const uint16_t *dlogits,
-                            const uint16_t *inp, const float *weight, int N, int C, int OC)
+                            const uint16_t *inp, const float *weight, int N, int C, int OC,
+                            GradMode dinp_mode)
 {
-    backward_bf16(dinp, dweight, NULL, NULL, (const __nv_bfloat16 *)dlogits, NULL,
+    backward_bf16(dinp, dinp_mode, dweight, NULL, NULL, (const __nv_bfloat16 *)dlogits, NULL,
                   (const __nv_bfloat16 *)inp, weight, N, C, OC);
 }
 

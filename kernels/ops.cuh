@@ -11,18 +11,21 @@
 void cuda_matmul_forward(float *out, const float *inp, const float *weight, const float *bias,
                          int N, int C, int OC);
 void cuda_matmul_backward(float *dinp, float *dweight, float *dbias, const float *dout,
-                          const float *inp, const float *weight, int N, int C, int OC);
+                          const float *inp, const float *weight, int N, int C, int OC,
+                          GradMode dinp_mode);
 /* matmul.cu, bf16 operands on tensor cores (backend_cuda_bf16) */
 void cuda_matmul_forward_bf16(float *out, const float *inp, const float *weight, const float *bias,
                               int N, int C, int OC);
 void cuda_matmul_backward_bf16(float *dinp, float *dweight, float *dbias, const float *dout,
-                               const float *inp, const float *weight, int N, int C, int OC);
+                               const float *inp, const float *weight, int N, int C, int OC,
+                               GradMode dinp_mode);
 /* matmul.cu, bf16 GEMMs whose activation operand is stored in bf16
  * (backend.h's *_x16; backend_cuda_bf16) */
 void cuda_matmul_forward_x16(float *out, const uint16_t *inp, const float *weight,
                              const float *bias, int N, int C, int OC);
 void cuda_matmul_backward_x16(float *dinp, float *dweight, float *dbias, const float *dout,
-                              const uint16_t *inp, const float *weight, int N, int C, int OC);
+                              const uint16_t *inp, const float *weight, int N, int C, int OC,
+                              GradMode dinp_mode);
 void cuda_matmul_gelu_forward_x16(uint16_t *out, float *pre, const uint16_t *inp,
                                   const float *weight, const float *bias, int N, int C, int OC);
 void cuda_matmul_backward_dgelu_x16(float *dinp, float *dweight, float *dbias, const float *dout,
@@ -39,7 +42,8 @@ void cuda_head_forward_x16(uint16_t *logits, const uint16_t *inp, const float *w
 void cuda_crossentropy_x16(float *losses, uint16_t *logits, const int32_t *targets, int grad,
                            float dloss, int N, int V, int Vp);
 void cuda_head_backward_x16(float *dinp, float *dweight, const uint16_t *dlogits,
-                            const uint16_t *inp, const float *weight, int N, int C, int OC);
+                            const uint16_t *inp, const float *weight, int N, int C, int OC,
+                            GradMode dinp_mode);
 /* matmul.cu through cuBLASLt's epilogues (matmul_lt.cu; backend_cuda_bf16) */
 void cuda_matmul_gelu_forward_bf16(float *out, float *pre, const float *inp, const float *weight,
                                    const float *bias, int N, int C, int OC);
@@ -70,12 +74,12 @@ void cuda_residual_norm_forward(float *res, float *out, float *mean, float *rstd
 
 /* activation.cu */
 void cuda_gelu_forward(float *out, const float *inp, size_t n);
-void cuda_gelu_backward(float *dinp, const float *inp, const float *dout, size_t n);
+void cuda_gelu_backward(float *dinp, const float *inp, const float *dout, size_t n, GradMode mode);
 /* dx = gelu'(inp) * dx in place (matmul.cu's fallback for the DGELU epilogue) */
 void cuda_gelu_backward_inplace(float *dx, const float *inp, size_t n);
 void cuda_swiglu_forward(float *out, const float *gate, const float *up, size_t n);
 void cuda_swiglu_backward(float *dgate, float *dup, const float *dout, const float *gate,
-                          const float *up, size_t n);
+                          const float *up, size_t n, GradMode mode);
 
 /* moe.cu */
 void cuda_moe_router_forward(float *probs, float *lse, int32_t *idx, float *w, const float *logits,

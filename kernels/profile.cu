@@ -125,14 +125,19 @@ static void p_matmul_forward(float *out, const float *inp, const float *w, const
           matmul_forward(out, inp, w, b, N, C, OC));
 }
 
+/* Times dinp [n, c] goes through memory: read and written when added to,
+ * written only when SET. */
+static double dinp_passes(GradMode mode) { return mode == GRAD_SET ? 1.0 : 2.0; }
+
 static void p_matmul_backward(float *dinp, float *dw, float *db, const float *dout,
-                              const float *inp, const float *w, int N, int C, int OC)
+                              const float *inp, const float *w, int N, int C, int OC, GradMode dm)
 {
     double n = N, c = C, oc = OC;
-    double bytes = F4 * n * oc + (dinp ? F4 * (oc * c + 2 * n * c) : 0) +
+    double bytes = F4 * n * oc + (dinp ? F4 * (oc * c + dinp_passes(dm) * n * c) : 0) +
                    (dw ? F4 * (n * c + 2 * oc * c) : 0) + (db ? F4 * 2 * oc : 0);
     double flops = (dinp ? 2 * n * c * oc : 0) + (dw ? 2 * n * c * oc : 0);
-    TIMED("matmul_backward", bytes, flops, matmul_backward(dinp, dw, db, dout, inp, w, N, C, OC));
+    TIMED("matmul_backward", bytes, flops,
+          matmul_backward(dinp, dw, db, dout, inp, w, N, C, OC, dm));
 }
 
 static void p_matmul_gelu_forward(float *out, float *pre, const float *inp, const float *w,
@@ -168,14 +173,15 @@ static void p_matmul_forward_x16(float *out, const uint16_t *inp, const float *w
 }
 
 static void p_matmul_backward_x16(float *dinp, float *dw, float *db, const float *dout,
-                                  const uint16_t *inp, const float *w, int N, int C, int OC)
+                                  const uint16_t *inp, const float *w, int N, int C, int OC,
+                                  GradMode dm)
 {
     double n = N, c = C, oc = OC;
-    double bytes = F4 * n * oc + (dinp ? F4 * (oc * c + 2 * n * c) : 0) +
+    double bytes = F4 * n * oc + (dinp ? F4 * (oc * c + dinp_passes(dm) * n * c) : 0) +
                    (dw ? F2 * n * c + F4 * 2 * oc * c : 0) + (db ? F4 * 2 * oc : 0);
     double flops = (dinp ? 2 * n * c * oc : 0) + (dw ? 2 * n * c * oc : 0);
     TIMED("matmul_backward_x16", bytes, flops,
-          matmul_backward_x16(dinp, dw, db, dout, inp, w, N, C, OC));
+          matmul_backward_x16(dinp, dw, db, dout, inp, w, N, C, OC, dm));
 }
 
 static void p_matmul_gelu_forward_x16(uint16_t *out, float *pre, const uint16_t *inp,
@@ -230,14 +236,15 @@ static void p_crossentropy_x16(float *losses, uint16_t *logits, const int32_t *t
 }
 
 static void p_head_backward_x16(float *dinp, float *dw, const uint16_t *dlogits,
-                                const uint16_t *inp, const float *w, int N, int C, int OC)
+                                const uint16_t *inp, const float *w, int N, int C, int OC,
+                                GradMode dm)
 {
     double n = N, c = C, oc = OC;
-    double bytes = F2 * n * oc + (dinp ? F4 * (oc * c + 2 * n * c) : 0) +
+    double bytes = F2 * n * oc + (dinp ? F4 * (oc * c + dinp_passes(dm) * n * c) : 0) +
                    (dw ? F2 * n * c + F4 * 2 * oc * c : 0);
     double flops = (dinp ? 2 * n * c * oc : 0) + (dw ? 2 * n * c * oc : 0);
     TIMED("head_backward_x16", bytes, flops,
-          head_backward_x16(dinp, dw, dlogits, inp, w, N, C, OC));
+          head_backward_x16(dinp, dw, dlogits, inp, w, N, C, OC, dm));
 }
 
 static void p_embedding_forward(float *out, const int32_t *tok, const int32_t *pos,
@@ -288,9 +295,11 @@ static void p_gelu_forward(float *out, const float *inp, size_t n)
     TIMED("gelu_forward", F4 * 2.0 * n, 0, gelu_forward(out, inp, n));
 }
 
-static void p_gelu_backward(float *dinp, const float *inp, const float *dout, size_t n)
+static void p_gelu_backward(float *dinp, const float *inp, const float *dout, size_t n,
+                            GradMode mode)
 {
-    TIMED("gelu_backward", F4 * 4.0 * n, 0, gelu_backward(dinp, inp, dout, n));
+    TIMED("gelu_backward", F4 * (2.0 + dinp_passes(mode)) * n, 0,
+          gelu_backward(dinp, inp, dout, n, mode));
 }
 
 static void p_swiglu_forward(float *out, const float *gate, const float *up, size_t n)
@@ -299,9 +308,10 @@ static void p_swiglu_forward(float *out, const float *gate, const float *up, siz
 }
 
 static void p_swiglu_backward(float *dgate, float *dup, const float *dout, const float *gate,
-                              const float *up, size_t n)
+                              const float *up, size_t n, GradMode mode)
 {
-    TIMED("swiglu_backward", F4 * 7.0 * n, 0, swiglu_backward(dgate, dup, dout, gate, up, n));
+    TIMED("swiglu_backward", F4 * (3.0 + 2 * dinp_passes(mode)) * n, 0,
+          swiglu_backward(dgate, dup, dout, gate, up, n, mode));
 }
 
 static void p_rope_forward(float *qkv, const int32_t *pos, int N, int T, int pos0, int H, int KVH,
@@ -339,9 +349,11 @@ static void p_attention_backward(float *dq, float *dkv, const float *dout, const
                                  const AttnArgs *a)
 {
     double N = (double)a->B * a->Tq;
-    TIMED("attention_backward",
-          F4 * N * (3 * (a->H + 2 * a->KVH) * a->hs + 2 * a->H * a->hs + a->H), attn_flops(a, 5),
-          attention_backward(dq, dkv, dout, q, kv, out, lse, a));
+    TIMED(
+        "attention_backward",
+        F4 * N *
+            ((a->grad == GRAD_SET ? 2 : 3) * (a->H + 2 * a->KVH) * a->hs + 2 * a->H * a->hs + a->H),
+        attn_flops(a, 5), attention_backward(dq, dkv, dout, q, kv, out, lse, a));
 }
 
 /* a and b read, res and out written (the norm's re-reads of res hit the

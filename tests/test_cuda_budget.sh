@@ -12,6 +12,12 @@
 #            riding along; the clip factor and the skip decision stay on
 #            the device, where AdamW reads them;
 #   memory   no device allocation or free, no pinned host allocation;
+#   memsets  at most MEMSETS a step, whatever the layers: the gradient
+#            buffer, the step's scalars and the residual stream's gradient
+#            at the head (dres).  The block backward zeroes nothing: the
+#            first op to write each gradient buffer SETS it (backend.h
+#            GRAD_SET, issue 30; before, GPT-2 bf16 4 a layer + 4, the
+#            Llamas 7 a layer + 4);
 #   serial   every kernel launch has at least N threads (grid x block),
 #            N = B*T the token rows of the micro-batch (512 here, more than
 #            four times the hidden size): a kernel whose parallelism is a
@@ -48,6 +54,7 @@
 . "$(dirname "$0")/e2e.sh"
 
 SYNCS=${TRIDENT_BUDGET_SYNCS:-1}
+MEMSETS=3
 declare -A CONVERT=([gpt2_bf16]=$((14 * 2 + 2)) [llama_bf16]=$((17 * 2 + 2)) [llama]=0)
 LAUNCH_PER_LAYER=34
 # 18: the embedding backward's grouping is three launches for dwte (rank,
@@ -65,12 +72,12 @@ llama=(--set model.arch=llama --set model.kv_heads=2)
 
 budget() { # name: check step 3 of $out/name.stats
     python3 - "$out/$1.stats" "$1" "$SYNCS" "$LAUNCH_PER_LAYER" "$LAUNCH_FIXED" "$FINISH" \
-        "$KNOWN_SERIAL" "$2" "${CONVERT[$1]}" <<'PY' || fails=$((fails + 1))
+        "$KNOWN_SERIAL" "$2" "${CONVERT[$1]}" "$MEMSETS" <<'PY' || fails=$((fails + 1))
 import sys
 path, name, syncs, per_layer, fixed = sys.argv[1], sys.argv[2], *map(int, sys.argv[3:6])
 finish, known = set(sys.argv[6].split()), set(sys.argv[7].split())
 fused_away = set(sys.argv[8].split())
-convert = int(sys.argv[9])
+convert, memsets = int(sys.argv[9]), int(sys.argv[10])
 N, layers, step = 8 * 64, 2, 2
 tot, kernels = None, {}
 for line in open(path):
@@ -89,6 +96,9 @@ else:
     for k in ("mallocs", "frees", "host_allocs"):
         if tot[k]:
             bad.append(f"{tot[k]:.0f} {k} in a steady step")
+    if tot["memsets"] > memsets:
+        bad.append(f"{tot['memsets']:.0f} memsets (budget {memsets}): a gradient buffer "
+                   "zeroed before an op that could SET it (GRAD_SET)?")
     limit = per_layer * layers + fixed
     if tot["launches"] > limit:
         bad.append(f"{tot['launches']:.0f} launches (budget {limit})")

@@ -88,6 +88,15 @@ static void *dcopy(const void *host, size_t bytes)
 
 static float *dcopyf(const float *host, size_t n) { return dcopy(host, n * sizeof(float)); }
 
+/* h [n] and its device twin d filled with NaN: what an op that SETS its
+ * output (GRAD_SET) must overwrite without reading */
+static void nan_fill(float *h, float *d, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        h[i] = NAN;
+    backend_cuda_to_device(d, h, n * sizeof *h);
+}
+
 /* the device array's content, in a new host array */
 static float *fetch(const float *dev, size_t n)
 {
@@ -150,8 +159,8 @@ static void test_dbias_repeat(int N, int OC)
     size_t no = (size_t)N * OC;
     float *dout = hrand(no, 1), *zero = calloc((size_t)OC, sizeof *zero);
     float *d_dout = dcopyf(dout, no), *d_a = dcopyf(zero, OC), *d_b = dcopyf(zero, OC);
-    gpu->matmul_backward(NULL, NULL, d_a, d_dout, d_dout, d_dout, N, 1, OC);
-    gpu->matmul_backward(NULL, NULL, d_b, d_dout, d_dout, d_dout, N, 1, OC);
+    gpu->matmul_backward(NULL, NULL, d_a, d_dout, d_dout, d_dout, N, 1, OC, GRAD_ADD);
+    gpu->matmul_backward(NULL, NULL, d_b, d_dout, d_dout, d_dout, N, 1, OC, GRAD_ADD);
     float *a = fetch(d_a, OC), *b = fetch(d_b, OC);
     CHECK(memcmp(a, b, (size_t)OC * sizeof *a) == 0, "dbias N=%d OC=%d: the same bits twice", N,
           OC);
@@ -179,8 +188,8 @@ static void test_matmul(int N, int C, int OC, int with_bias)
     compare_dev(what, d_out, out, no, R_RED);
 
     /* all three gradients, accumulated onto random values */
-    cpu->matmul_backward(dinp, dw, db, dout, inp, w, N, C, OC);
-    gpu->matmul_backward(d_dinp, d_dw, d_db, d_dout, d_inp, d_w, N, C, OC);
+    cpu->matmul_backward(dinp, dw, db, dout, inp, w, N, C, OC, GRAD_ADD);
+    gpu->matmul_backward(d_dinp, d_dw, d_db, d_dout, d_inp, d_w, N, C, OC, GRAD_ADD);
     snprintf(what, sizeof what, "%smatmul %dx%dx%d dinp", matmul_tag, N, C, OC);
     compare_dev(what, d_dinp, dinp, ni, R_RED);
     snprintf(what, sizeof what, "%smatmul %dx%dx%d dweight", matmul_tag, N, C, OC);
@@ -189,16 +198,28 @@ static void test_matmul(int N, int C, int OC, int with_bias)
     compare_dev(what, d_db, db, OC, R_RED);
 
     /* NULL gradients are skipped, the others still produced */
-    cpu->matmul_backward(NULL, dw, NULL, dout, inp, w, N, C, OC);
-    gpu->matmul_backward(NULL, d_dw, NULL, d_dout, d_inp, d_w, N, C, OC);
-    cpu->matmul_backward(dinp, NULL, db, dout, inp, w, N, C, OC);
-    gpu->matmul_backward(d_dinp, NULL, d_db, d_dout, d_inp, d_w, N, C, OC);
+    cpu->matmul_backward(NULL, dw, NULL, dout, inp, w, N, C, OC, GRAD_ADD);
+    gpu->matmul_backward(NULL, d_dw, NULL, d_dout, d_inp, d_w, N, C, OC, GRAD_ADD);
+    cpu->matmul_backward(dinp, NULL, db, dout, inp, w, N, C, OC, GRAD_ADD);
+    gpu->matmul_backward(d_dinp, NULL, d_db, d_dout, d_inp, d_w, N, C, OC, GRAD_ADD);
     snprintf(what, sizeof what, "%smatmul %dx%dx%d dinp after a NULL-gradient pass", matmul_tag, N,
              C, OC);
     compare_dev(what, d_dinp, dinp, ni, R_RED);
     snprintf(what, sizeof what, "%smatmul %dx%dx%d dweight alone", matmul_tag, N, C, OC);
     compare_dev(what, d_dw, dw, nw, R_RED);
     snprintf(what, sizeof what, "%smatmul %dx%dx%d dbias twice", matmul_tag, N, C, OC);
+    compare_dev(what, d_db, db, OC, R_RED);
+
+    /* GRAD_SET: dinp written over NaN, dweight and dbias still added to */
+    nan_fill(dinp, d_dinp, ni);
+    cpu->matmul_backward(dinp, dw, db, dout, inp, w, N, C, OC, GRAD_SET);
+    gpu->matmul_backward(d_dinp, d_dw, d_db, d_dout, d_inp, d_w, N, C, OC, GRAD_SET);
+    snprintf(what, sizeof what, "%smatmul %dx%dx%d dinp SET over NaN", matmul_tag, N, C, OC);
+    compare_dev(what, d_dinp, dinp, ni, R_RED);
+    snprintf(what, sizeof what, "%smatmul %dx%dx%d dweight added beside a SET", matmul_tag, N, C,
+             OC);
+    compare_dev(what, d_dw, dw, nw, R_RED);
+    snprintf(what, sizeof what, "%smatmul %dx%dx%d dbias added beside a SET", matmul_tag, N, C, OC);
     compare_dev(what, d_db, db, OC, R_RED);
 
     free(inp), free(w), free(b), free(out), free(dout), free(dinp), free(dw), free(db);
@@ -462,9 +483,14 @@ static void test_gelu(size_t n)
     gpu->gelu_forward(d_out, d_inp, n);
     snprintf(what, sizeof what, "gelu n=%zu out", n);
     compare_dev(what, d_out, out, n, R_ELEM);
-    cpu->gelu_backward(dinp, inp, dout, n);
-    gpu->gelu_backward(d_dinp, d_inp, d_dout, n);
+    cpu->gelu_backward(dinp, inp, dout, n, GRAD_ADD);
+    gpu->gelu_backward(d_dinp, d_inp, d_dout, n, GRAD_ADD);
     snprintf(what, sizeof what, "gelu n=%zu dinp", n);
+    compare_dev(what, d_dinp, dinp, n, R_ELEM);
+    nan_fill(dinp, d_dinp, n);
+    cpu->gelu_backward(dinp, inp, dout, n, GRAD_SET);
+    gpu->gelu_backward(d_dinp, d_inp, d_dout, n, GRAD_SET);
+    snprintf(what, sizeof what, "gelu n=%zu dinp SET over NaN", n);
     compare_dev(what, d_dinp, dinp, n, R_ELEM);
     free(inp), free(out), free(dout), free(dinp);
     backend_cuda_free(d_inp), backend_cuda_free(d_out), backend_cuda_free(d_dout);
@@ -482,15 +508,22 @@ static void test_swiglu(size_t n)
     gpu->swiglu_forward(d_out, d_gate, d_up, n);
     snprintf(what, sizeof what, "swiglu n=%zu out", n);
     compare_dev(what, d_out, out, n, R_ELEM);
-    cpu->swiglu_backward(dgate, dup, dout, gate, up, n);
-    gpu->swiglu_backward(d_dgate, d_dup, d_dout, d_gate, d_up, n);
-    cpu->swiglu_backward(dgate, NULL, dout, gate, up, n);
-    gpu->swiglu_backward(d_dgate, NULL, d_dout, d_gate, d_up, n);
-    cpu->swiglu_backward(NULL, dup, dout, gate, up, n);
-    gpu->swiglu_backward(NULL, d_dup, d_dout, d_gate, d_up, n);
+    cpu->swiglu_backward(dgate, dup, dout, gate, up, n, GRAD_ADD);
+    gpu->swiglu_backward(d_dgate, d_dup, d_dout, d_gate, d_up, n, GRAD_ADD);
+    cpu->swiglu_backward(dgate, NULL, dout, gate, up, n, GRAD_ADD);
+    gpu->swiglu_backward(d_dgate, NULL, d_dout, d_gate, d_up, n, GRAD_ADD);
+    cpu->swiglu_backward(NULL, dup, dout, gate, up, n, GRAD_ADD);
+    gpu->swiglu_backward(NULL, d_dup, d_dout, d_gate, d_up, n, GRAD_ADD);
     snprintf(what, sizeof what, "swiglu n=%zu dgate", n);
     compare_dev(what, d_dgate, dgate, n, R_ELEM);
     snprintf(what, sizeof what, "swiglu n=%zu dup", n);
+    compare_dev(what, d_dup, dup, n, R_ELEM);
+    nan_fill(dgate, d_dgate, n), nan_fill(dup, d_dup, n);
+    cpu->swiglu_backward(dgate, dup, dout, gate, up, n, GRAD_SET);
+    gpu->swiglu_backward(d_dgate, d_dup, d_dout, d_gate, d_up, n, GRAD_SET);
+    snprintf(what, sizeof what, "swiglu n=%zu dgate SET over NaN", n);
+    compare_dev(what, d_dgate, dgate, n, R_ELEM);
+    snprintf(what, sizeof what, "swiglu n=%zu dup SET over NaN", n);
     compare_dev(what, d_dup, dup, n, R_ELEM);
     free(gate), free(up), free(out), free(dout), free(dgate), free(dup);
     backend_cuda_free(d_gate), backend_cuda_free(d_up), backend_cuda_free(d_out);
@@ -584,15 +617,17 @@ static void test_matmul_x16(int N, int C, int OC, int with_bias)
     cpu->matmul_forward(out[1], inp, w, b, N, C, OC);
     gpu->matmul_forward_x16(d_out[0], d_x, d_w, d_b, N, C, OC);
     gpu->matmul_forward(d_out[1], d_inp, d_w, d_b, N, C, OC);
-    cpu->matmul_backward_x16(g[0], g[0] + ni, g[0] + ni + nw, dout, x, w, N, C, OC);
-    cpu->matmul_backward(g[1], g[1] + ni, g[1] + ni + nw, dout, inp, w, N, C, OC);
-    gpu->matmul_backward_x16(d_g[0], d_g[0] + ni, d_g[0] + ni + nw, d_dout, d_x, d_w, N, C, OC);
-    gpu->matmul_backward(d_g[1], d_g[1] + ni, d_g[1] + ni + nw, d_dout, d_inp, d_w, N, C, OC);
+    cpu->matmul_backward_x16(g[0], g[0] + ni, g[0] + ni + nw, dout, x, w, N, C, OC, GRAD_ADD);
+    cpu->matmul_backward(g[1], g[1] + ni, g[1] + ni + nw, dout, inp, w, N, C, OC, GRAD_ADD);
+    gpu->matmul_backward_x16(d_g[0], d_g[0] + ni, d_g[0] + ni + nw, d_dout, d_x, d_w, N, C, OC,
+                             GRAD_ADD);
+    gpu->matmul_backward(d_g[1], d_g[1] + ni, d_g[1] + ni + nw, d_dout, d_inp, d_w, N, C, OC,
+                         GRAD_ADD);
     /* dweight alone (the frozen-input case passes dinp NULL the other way) */
-    cpu->matmul_backward_x16(NULL, g[0] + ni, NULL, dout, x, w, N, C, OC);
-    cpu->matmul_backward(NULL, g[1] + ni, NULL, dout, inp, w, N, C, OC);
-    gpu->matmul_backward_x16(NULL, d_g[0] + ni, NULL, d_dout, d_x, d_w, N, C, OC);
-    gpu->matmul_backward(NULL, d_g[1] + ni, NULL, d_dout, d_inp, d_w, N, C, OC);
+    cpu->matmul_backward_x16(NULL, g[0] + ni, NULL, dout, x, w, N, C, OC, GRAD_ADD);
+    cpu->matmul_backward(NULL, g[1] + ni, NULL, dout, inp, w, N, C, OC, GRAD_ADD);
+    gpu->matmul_backward_x16(NULL, d_g[0] + ni, NULL, d_dout, d_x, d_w, N, C, OC, GRAD_ADD);
+    gpu->matmul_backward(NULL, d_g[1] + ni, NULL, d_dout, d_inp, d_w, N, C, OC, GRAD_ADD);
 
     snprintf(what, sizeof what, "matmul_x16 %dx%dx%d%s", N, C, OC, b ? "+bias" : "");
     float *go = fetch(d_out[0], no), *go1 = fetch(d_out[1], no);
@@ -604,6 +639,19 @@ static void test_matmul_x16(int N, int C, int OC, int with_bias)
           "%s: GPU's out and gradients equal to the fp32-storage op's", what);
     compare(what, go, out[0], no, R_RED);
     compare(what, gg, g[0], ni + nw + OC, R_RED);
+
+    /* GRAD_SET: dinp written over NaN */
+    for (int k = 0; k < 2; k++)
+        nan_fill(g[k], d_g[k], ni);
+    cpu->matmul_backward_x16(g[0], NULL, NULL, dout, x, w, N, C, OC, GRAD_SET);
+    cpu->matmul_backward(g[1], NULL, NULL, dout, inp, w, N, C, OC, GRAD_SET);
+    gpu->matmul_backward_x16(d_g[0], NULL, NULL, d_dout, d_x, d_w, N, C, OC, GRAD_SET);
+    gpu->matmul_backward(d_g[1], NULL, NULL, d_dout, d_inp, d_w, N, C, OC, GRAD_SET);
+    free(gg), free(gg1);
+    gg = fetch(d_g[0], ni), gg1 = fetch(d_g[1], ni);
+    snprintf(what, sizeof what, "matmul_x16 %dx%dx%d dinp SET over NaN", N, C, OC);
+    CHECK(!memcmp(gg, gg1, ni * sizeof(float)), "%s: GPU's equal to the fp32-storage op's", what);
+    compare(what, gg, g[0], ni, R_RED);
 
     free(go), free(go1), free(gg), free(gg1);
     for (int k = 0; k < 2; k++) {
@@ -826,14 +874,27 @@ static void test_head_x16(int N, int C, int V, int Vp, float dloss)
     }
     uint16_t *d_dlc = dcopy(dl16, nl * sizeof *dl16);
     float *d_dwide = dcopyf(dwide, nl);
-    cpu->head_backward_x16(g[0], g[0] + ni, dl16, x, w, N, C, Vp);
-    cpu->matmul_backward_x16(g[1], g[1] + ni, NULL, dwide, x, w, N, C, Vp);
-    gpu->head_backward_x16(d_g[0], d_g[0] + ni, d_dlc, d_x, d_w, N, C, Vp);
-    gpu->matmul_backward_x16(d_g[1], d_g[1] + ni, NULL, d_dwide, d_x, d_w, N, C, Vp);
+    cpu->head_backward_x16(g[0], g[0] + ni, dl16, x, w, N, C, Vp, GRAD_ADD);
+    cpu->matmul_backward_x16(g[1], g[1] + ni, NULL, dwide, x, w, N, C, Vp, GRAD_ADD);
+    gpu->head_backward_x16(d_g[0], d_g[0] + ni, d_dlc, d_x, d_w, N, C, Vp, GRAD_ADD);
+    gpu->matmul_backward_x16(d_g[1], d_g[1] + ni, NULL, d_dwide, d_x, d_w, N, C, Vp, GRAD_ADD);
     snprintf(what, sizeof what, "head_backward_x16 %dx%dx%d", N, C, Vp);
     float *gg = fetch(d_g[0], ni + nw), *gg1 = fetch(d_g[1], ni + nw);
     CHECK(!memcmp(g[0], g[1], (ni + nw) * sizeof(float)),
           "%s: CPU's gradients = the fp32-dout op's on the widened dlogits", what);
+    CHECK(!memcmp(gg, gg1, (ni + nw) * sizeof(float)),
+          "%s: GPU's gradients = the fp32-dout op's on the widened dlogits", what);
+    compare(what, gg, g[0], ni + nw, R_RED);
+    /* GRAD_SET: dinp written over NaN (dweight adds once more) */
+    for (int k = 0; k < 2; k++)
+        nan_fill(g[k], d_g[k], ni);
+    cpu->head_backward_x16(g[0], g[0] + ni, dl16, x, w, N, C, Vp, GRAD_SET);
+    cpu->matmul_backward_x16(g[1], g[1] + ni, NULL, dwide, x, w, N, C, Vp, GRAD_SET);
+    gpu->head_backward_x16(d_g[0], d_g[0] + ni, d_dlc, d_x, d_w, N, C, Vp, GRAD_SET);
+    gpu->matmul_backward_x16(d_g[1], d_g[1] + ni, NULL, d_dwide, d_x, d_w, N, C, Vp, GRAD_SET);
+    free(gg), free(gg1);
+    gg = fetch(d_g[0], ni + nw), gg1 = fetch(d_g[1], ni + nw);
+    snprintf(what, sizeof what, "head_backward_x16 %dx%dx%d, dinp SET over NaN", N, C, Vp);
     CHECK(!memcmp(gg, gg1, (ni + nw) * sizeof(float)),
           "%s: GPU's gradients = the fp32-dout op's on the widened dlogits", what);
     compare(what, gg, g[0], ni + nw, R_RED);
@@ -940,6 +1001,25 @@ static void test_attention_args(const AttnArgs *a, int self, const char *label)
     compare_dev(what, d_dq, dq, nq, attn_rtol);
     if (!self) {
         snprintf(what, sizeof what, "attention%s B=%d Tq=%d Tk=%d H=%d KVH=%d hs=%d%s dkv",
+                 attn_tag, B, a->Tq, a->Tk, H, KVH, hs, label);
+        compare_dev(what, d_dkv, dkv, nkv, attn_rtol);
+    }
+
+    /* GRAD_SET: dq and dkv written over NaN; what the call does not write
+     * (dq's key and value heads, dkv's query heads, when kv is separate)
+     * stays NaN on both backends, which compare accepts */
+    AttnArgs as = *a;
+    as.grad = ga.grad = GRAD_SET;
+    nan_fill(dq, d_dq, nq);
+    if (!self)
+        nan_fill(dkv, d_dkv, nkv);
+    cpu->attention_backward(dq, dkv, dout, q, kv, out, lse, &as);
+    gpu->attention_backward(d_dq, d_dkv, d_dout, d_q, d_kv, d_out, d_lse, &ga);
+    snprintf(what, sizeof what, "attention%s B=%d Tq=%d Tk=%d H=%d KVH=%d hs=%d%s dq SET", attn_tag,
+             B, a->Tq, a->Tk, H, KVH, hs, label);
+    compare_dev(what, d_dq, dq, nq, attn_rtol);
+    if (!self) {
+        snprintf(what, sizeof what, "attention%s B=%d Tq=%d Tk=%d H=%d KVH=%d hs=%d%s dkv SET",
                  attn_tag, B, a->Tq, a->Tk, H, KVH, hs, label);
         compare_dev(what, d_dkv, dkv, nkv, attn_rtol);
     }
@@ -1866,6 +1946,20 @@ int main(void)
     test_head_x16(37, 64, 1000, 1024, 0.7f);
     test_head_x16(5, 75, 3, 3, 0.25f); /* odd sizes: cuBLASLt's bf16 D, or cublasGemmEx's */
     test_head_x16(8, 64, 5000, 5008, 1.0f / 4000);
+    /* Where cuBLASLt offers no algorithm, the cuBLAS fallbacks: the head's
+     * bf16 logits from cublasGemmEx with a bf16 C, the biases from the
+     * broadcast kernel, the GELU and its gradient from their own kernels.
+     * The emulation offers none under TRD_EMU_LT_NO_ALGO (a GPU ignores it
+     * and runs the cuBLASLt paths again). */
+    setenv("TRD_EMU_LT_NO_ALGO", "1", 1);
+    matmul_tag = "bf16 no-cuBLASLt ";
+    test_matmul(37, 64, 96, 1);
+    test_matmul_gelu(37, 64, 96);
+    test_matmul_x16(37, 64, 96, 1);
+    test_matmul_gelu_x16(37, 64, 96);
+    test_head_x16(37, 64, 1000, 1024, 0.7f);
+    unsetenv("TRD_EMU_LT_NO_ALGO");
+    matmul_tag = "";
     CHECK(!backend_cuda()->matmul_forward_x16 && !backend_cpu()->matmul_forward_x16 &&
               !backend_cuda()->head_forward_x16 && !backend_cpu()->head_forward_x16,
           "fp32 tables keep fp32 activations (no *_x16 ops)");

@@ -220,14 +220,14 @@ static void test_matmul(int with_bias)
     check_f32("matmul fp32 out", fo, S.out, N * OC, 1e-5, 1e-5);
     memset(S.dinp, 0, N * C * 8), memset(S.dweight, 0, OC * C * 8), memset(S.dbias, 0, OC * 8);
     mm_back();
-    cpu->matmul_backward(fdi, fdw, fb ? fdb : NULL, fr, fi, fw, N, C, OC);
+    cpu->matmul_backward(fdi, fdw, fb ? fdb : NULL, fr, fi, fw, N, C, OC, GRAD_ADD);
     check_f32("matmul fp32 dinp", fdi, S.dinp, N * C, 1e-5, 1e-5);
     check_f32("matmul fp32 dweight", fdw, S.dweight, OC * C, 1e-5, 1e-5);
     if (fb)
         check_f32("matmul fp32 dbias", fdb, S.dbias, OC, 1e-5, 1e-5);
     /* NULL gradients are skipped, the others still produced */
     memset(fdw, 0, OC * C * 4);
-    cpu->matmul_backward(NULL, fdw, NULL, fr, fi, fw, N, C, OC);
+    cpu->matmul_backward(NULL, fdw, NULL, fr, fi, fw, N, C, OC, GRAD_ADD);
     check_f32("matmul fp32 dweight alone", fdw, S.dweight, OC * C, 1e-5, 1e-5);
 
     free(fi), free(fw), free(fb), free(fo), free(fr), free(fdi), free(fdw), free(fdb);
@@ -265,7 +265,7 @@ static void test_matmul_split(int N, int C, int OC, int threads)
     cpu_matmul_forward_f64(out, inp, w, b, N, C, OC);
     cpu_matmul_backward_f64(dinp, dw, db, dout, inp, w, N, C, OC);
     cpu->matmul_forward(fo, fi, fw, fb, N, C, OC);
-    cpu->matmul_backward(fdi, fdw, fdb, fd, fi, fw, N, C, OC);
+    cpu->matmul_backward(fdi, fdw, fdb, fd, fi, fw, N, C, OC, GRAD_ADD);
     snprintf(what, sizeof what, "matmul %dx%dx%d, %d threads", N, C, OC, threads);
     check_arrays(what, out, want_out, (size_t)N * OC, 1e-12, 1e-12);
     check_arrays(what, dinp, want_dinp, (size_t)N * C, 1e-12, 1e-12);
@@ -316,7 +316,7 @@ static void test_matmul_bf16(int N, int C, int OC)
     float *fo = calloc(no, sizeof(float)), *fdi = calloc(ni, sizeof(float));
     float *fdw = calloc(nw, sizeof(float)), *fdb = calloc(OC, sizeof(float));
     bf->matmul_forward(fo, fi, fw, fb, N, C, OC);
-    bf->matmul_backward(fdi, fdw, fdb, fd, fi, fw, N, C, OC);
+    bf->matmul_backward(fdi, fdw, fdb, fd, fi, fw, N, C, OC, GRAD_ADD);
     char what[96];
     snprintf(what, sizeof what, "bf16 matmul %dx%dx%d", N, C, OC);
     check_f32(what, fo, out, no, 1e-5, 1e-5);
@@ -357,8 +357,8 @@ static void test_matmul_gelu(const Backend *be, const char *tag, int N, int C, i
     be->gelu_forward(out_ref, pre_ref, no);
     /* the next linear, w2 [C, OC], reads out [N, OC]: its backward to pre */
     be->matmul_backward_dgelu(dpre, dw, db, fd, out, pre, fw2, N, OC, C);
-    be->matmul_backward(dact, dw_ref, db_ref, fd, out_ref, fw2, N, OC, C);
-    be->gelu_backward(dpre_ref, pre_ref, dact, no);
+    be->matmul_backward(dact, dw_ref, db_ref, fd, out_ref, fw2, N, OC, C, GRAD_ADD);
+    be->gelu_backward(dpre_ref, pre_ref, dact, no, GRAD_ADD);
 
     size_t bad[5] = {0};
     for (size_t i = 0; i < no; i++) {
@@ -378,6 +378,90 @@ static void test_matmul_gelu(const Backend *be, const char *tag, int N, int C, i
     free(fi), free(fw), free(fb), free(fd), free(fw2), free(pre), free(out), free(dpre);
     free(pre_ref), free(out_ref), free(dact), free(dpre_ref), free(dw), free(db), free(dw_ref);
     free(db_ref);
+}
+
+/* GRAD_SET (backend.h) on a CPU table: each op that takes it, on an output
+ * filled with NaN, gives the bits of GRAD_ADD on a zeroed one (the
+ * zeroing it replaces in the model), the other gradients added as before. */
+static int same_bits(const float *a, const float *b, size_t n)
+{
+    return memcmp(a, b, n * sizeof *a) == 0;
+}
+
+static void nan_fill_f(float *x, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        x[i] = NAN;
+}
+
+static float *filled(size_t n, float v)
+{
+    float *x = malloc(n * sizeof *x);
+    for (size_t i = 0; i < n; i++)
+        x[i] = v;
+    return x;
+}
+
+static void test_grad_set(const Backend *be, const char *tag)
+{
+    const int N = 19, C = 24, OC = 13, B = 2, T = 7, H = 4, KVH = 2, hs = 6;
+    const size_t ni = (size_t)N * C, nw = (size_t)OC * C, no = (size_t)N * OC;
+    double *inp = rnd(ni), *w = rnd(nw), *dout = rnd(no), *g0 = rnd(nw + OC);
+    float *fi = tof(inp, ni), *fw = tof(w, nw), *fd = tof(dout, no);
+    float *set = filled(ni, NAN), *add = filled(ni, 0), *gs = tof(g0, nw + OC),
+          *ga = tof(g0, nw + OC);
+    be->matmul_backward(set, gs, gs + nw, fd, fi, fw, N, C, OC, GRAD_SET);
+    be->matmul_backward(add, ga, ga + nw, fd, fi, fw, N, C, OC, GRAD_ADD);
+    CHECK(same_bits(set, add, ni) && same_bits(gs, ga, nw + OC),
+          "%smatmul_backward: GRAD_SET over NaN = GRAD_ADD onto 0 (dinp), dweight and dbias added",
+          tag);
+    if (be->matmul_backward_x16) {
+        uint16_t *x = malloc(ni * sizeof *x);
+        for (size_t i = 0; i < ni; i++)
+            x[i] = bf16_bits(fi[i]);
+        float *set16 = filled(ni, NAN);
+        memset(add, 0, ni * sizeof *add);
+        be->matmul_backward_x16(set16, NULL, NULL, fd, x, fw, N, C, OC, GRAD_SET);
+        be->matmul_backward_x16(add, NULL, NULL, fd, x, fw, N, C, OC, GRAD_ADD);
+        CHECK(same_bits(set16, add, ni), "%smatmul_backward_x16: GRAD_SET = GRAD_ADD onto 0", tag);
+        uint16_t *d16 = malloc(no * sizeof *d16);
+        for (size_t i = 0; i < no; i++)
+            d16[i] = bf16_bits(fd[i]);
+        nan_fill_f(set16, ni), memset(add, 0, ni * sizeof *add);
+        be->head_backward_x16(set16, NULL, d16, x, fw, N, C, OC, GRAD_SET);
+        be->head_backward_x16(add, NULL, d16, x, fw, N, C, OC, GRAD_ADD);
+        CHECK(same_bits(set16, add, ni), "%shead_backward_x16: GRAD_SET = GRAD_ADD onto 0", tag);
+        free(x), free(d16), free(set16);
+    }
+
+    /* elementwise: gelu into dinp, swiglu into dgate and dup */
+    float *set2 = filled(ni, NAN), *add2 = filled(ni, 0);
+    nan_fill_f(set, ni), memset(add, 0, ni * sizeof *add);
+    be->gelu_backward(set, fi, fi, ni, GRAD_SET);
+    be->gelu_backward(add, fi, fi, ni, GRAD_ADD);
+    CHECK(same_bits(set, add, ni), "%sgelu_backward: GRAD_SET = GRAD_ADD onto 0", tag);
+    nan_fill_f(set, ni), memset(add, 0, ni * sizeof *add);
+    be->swiglu_backward(set, set2, fi, fi, fi, ni, GRAD_SET);
+    be->swiglu_backward(add, add2, fi, fi, fi, ni, GRAD_ADD);
+    CHECK(same_bits(set, add, ni) && same_bits(set2, add2, ni),
+          "%sswiglu_backward: GRAD_SET = GRAD_ADD onto 0", tag);
+
+    /* attention: dq and dkv one buffer, every element written */
+    AttnArgs a = attn_args(B, T, H, KVH, hs);
+    const size_t nq = (size_t)B * T * (H + 2 * KVH) * hs, nout = (size_t)B * T * H * hs;
+    double *q = rnd(nq), *d = rnd(nout);
+    float *fq = tof(q, nq), *fdo = tof(d, nout), *out = malloc(nout * sizeof *out);
+    float *lse = malloc((size_t)B * H * T * sizeof *lse), *qs = filled(nq, NAN),
+          *qa = filled(nq, 0);
+    be->attention_forward(out, lse, fq, fq, &a);
+    be->attention_backward(qa, qa, fdo, fq, fq, out, lse, &a);
+    a.grad = GRAD_SET;
+    be->attention_backward(qs, qs, fdo, fq, fq, out, lse, &a);
+    CHECK(same_bits(qs, qa, nq), "%sattention_backward: GRAD_SET over NaN = GRAD_ADD onto 0", tag);
+
+    free(inp), free(w), free(dout), free(g0), free(fi), free(fw), free(fd), free(set), free(add);
+    free(gs), free(ga), free(set2), free(add2), free(q), free(d), free(fq), free(fdo), free(out);
+    free(lse), free(qs), free(qa);
 }
 
 /* ------------------------------------------------------------ embedding */
@@ -617,14 +701,14 @@ static void test_activations(void)
     check_f32("gelu fp32 out", fo, S.out, n, 1e-5, 1e-6);
     memset(S.dinp, 0, n * 8);
     gelu_back();
-    cpu->gelu_backward(fdi, fi, fr, n);
+    cpu->gelu_backward(fdi, fi, fr, n, GRAD_ADD);
     check_f32("gelu fp32 dinp", fdi, S.dinp, n, 1e-5, 1e-6);
     swiglu_loss();
     cpu->swiglu_forward(fo, fi, fu, n);
     check_f32("swiglu fp32 out", fo, S.out, n, 1e-5, 1e-6);
     memset(S.dinp, 0, n * 8), memset(S.dinp2, 0, n * 8), memset(fdi, 0, n * 4);
     swiglu_back();
-    cpu->swiglu_backward(fdi, fdu, fr, fi, fu, n);
+    cpu->swiglu_backward(fdi, fdu, fr, fi, fu, n, GRAD_ADD);
     check_f32("swiglu fp32 dgate", fdi, S.dinp, n, 1e-5, 1e-6);
     check_f32("swiglu fp32 dup", fdu, S.dinp2, n, 1e-5, 1e-6);
 
@@ -1192,6 +1276,8 @@ int main(void)
     test_matmul_bf16(33, 70, 45);
     test_matmul_gelu(backend_cpu(), "", 33, 70, 45);
     test_matmul_gelu(backend_cpu_bf16(), "bf16 ", 33, 70, 45);
+    test_grad_set(backend_cpu(), "");
+    test_grad_set(backend_cpu_bf16(), "bf16 ");
     test_embedding();
     test_norms();
     test_activations();

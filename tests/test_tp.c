@@ -90,8 +90,8 @@ static void check_linear_pair(Comm *tpc, int sp)
     be->matmul_forward(y, h, w2, b2, N, F, C);
     float dh[N * F] = {0}, dx[N * C] = {0}, dw1[F * C] = {0}, db1[F] = {0}, dw2[C * F] = {0};
     float db2[C] = {0};
-    be->matmul_backward(dh, dw2, db2, dy, h, w2, N, F, C);
-    be->matmul_backward(dx, dw1, db1, dh, x, w1, N, C, F);
+    be->matmul_backward(dh, dw2, db2, dy, h, w2, N, F, C, GRAD_ADD);
+    be->matmul_backward(dx, dw1, db1, dh, x, w1, N, C, F, GRAD_ADD);
 
     /* This rank's pieces. */
     float w1l[F * C], w2l[C * F], xl[N * C], hl[N * F], yl[N * C], full[N * C];
@@ -117,8 +117,8 @@ static void check_linear_pair(Comm *tpc, int sp)
     memcpy(dyl, tp_my_rows(&g, dy, N, C), (size_t)n * C * sizeof(float));
     const float *dyw = tp_row_output_backward(&g, dyl, full, N, C);
     CHECK(worst(dyw, dy, N * C, 0, 0) == 0, "%s: row output gradient made whole", what);
-    be->matmul_backward(dhl, dw2l, db2l, dyw, hl, w2l, N, Fl, C);
-    be->matmul_backward(dxl, dw1l, db1l, dhl, xl, w1l, N, C, Fl);
+    be->matmul_backward(dhl, dw2l, db2l, dyw, hl, w2l, N, Fl, C, GRAD_ADD);
+    be->matmul_backward(dxl, dw1l, db1l, dhl, xl, w1l, N, C, Fl, GRAD_ADD);
     tp_column_input_backward(&g, dxl, N, C);
     CHECK(worst(dxl, tp_my_rows(&g, dx, N, C), (size_t)n * C, 1e-5, 1e-6) <= 1,
           "%s: input gradient rows", what);

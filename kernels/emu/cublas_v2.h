@@ -19,9 +19,11 @@ inline const char *cublasGetStatusString(cublasStatus_t st)
     return st == CUBLAS_STATUS_INVALID_VALUE ? "CUBLAS_STATUS_INVALID_VALUE (emulated)"
                                              : "emulated cublas error";
 }
-/* cublasGemmEx with bf16 A and B, an fp32 C and fp32 compute only (what
- * matmul.cu uses): the bf16 values are widened and multiplied by
- * cblas_sgemm, which is exact for each product as a tensor core is. */
+/* cublasGemmEx with bf16 A and B, an fp32 or bf16 C and fp32 compute only
+ * (what matmul.cu uses; a bf16 C: the head's logits where cuBLASLt offers
+ * no algorithm): the bf16 values are widened and multiplied by
+ * cblas_sgemm, which is exact for each product as a tensor core is; a bf16
+ * C is the fp32 result rounded to nearest even. */
 typedef enum { CUDA_R_32F = 0, CUDA_R_16BF = 14 } cudaDataType;
 typedef enum { CUBLAS_COMPUTE_32F = 68 } cublasComputeType_t;
 typedef enum { CUBLAS_GEMM_DEFAULT = -1 } cublasGemmAlgo_t;

@@ -983,11 +983,11 @@ static void check_matrix(const char *what, const float *p, int rows, int cols, i
 /* The checks of a GEMM call, column-major as documented (C = alpha op(A)
  * op(B) + beta C, alpha and beta host pointers: CUBLAS_POINTER_MODE_HOST,
  * the default): cuBLAS's own on the sizes, then the emulation's on memory
- * (A and B of `elem` bytes an element, C fp32).  *empty: nothing to do. */
+ * (A and B of `elem` bytes an element, C of c_elem).  *empty: nothing to do. */
 static cublasStatus_t check_gemm(const char *call, cublasHandle_t h, bool na, bool nb, int m,
                                  int n, int k, const void *alpha, const void *A, int lda,
                                  const void *B, int ldb, const void *beta, const void *C,
-                                 int ldc, size_t elem, bool *empty)
+                                 int ldc, size_t elem, size_t c_elem, bool *empty)
 {
     if (!h || m < 0 || n < 0 || k < 0 || lda < std::max(1, na ? m : k) ||
         ldb < std::max(1, nb ? k : n) || ldc < std::max(1, m))
@@ -1001,7 +1001,7 @@ static cublasStatus_t check_gemm(const char *call, cublasHandle_t h, bool na, bo
         check_matrix("A", (const float *)A, na ? m : k, na ? k : m, lda, call, elem);
         check_matrix("B", (const float *)B, nb ? k : n, nb ? n : k, ldb, call, elem);
     }
-    check_matrix("C", (const float *)C, m, n, ldc, call);
+    check_matrix("C", (const float *)C, m, n, ldc, call, c_elem);
     return CUBLAS_STATUS_SUCCESS;
 }
 
@@ -1011,7 +1011,7 @@ cublasStatus_t cublasSgemm(cublasHandle_t h, cublasOperation_t ta, cublasOperati
 {
     bool na = ta == CUBLAS_OP_N, nb = tb == CUBLAS_OP_N, empty;
     cublasStatus_t st = check_gemm("cublasSgemm", h, na, nb, m, n, k, alpha, A, lda, B, ldb,
-                                   beta, C, ldc, sizeof(float), &empty);
+                                   beta, C, ldc, sizeof(float), sizeof(float), &empty);
     if (st != CUBLAS_STATUS_SUCCESS || empty)
         return st;
     count_gemm(m, n, k);
@@ -1041,14 +1041,18 @@ cublasStatus_t cublasGemmEx(cublasHandle_t h, cublasOperation_t ta, cublasOperat
                             cublasComputeType_t compute, cublasGemmAlgo_t algo)
 {
     const char *call = "cublasGemmEx";
-    if (Atype != CUDA_R_16BF || Btype != CUDA_R_16BF || Ctype != CUDA_R_32F ||
-        compute != CUBLAS_COMPUTE_32F || algo != CUBLAS_GEMM_DEFAULT) {
-        fprintf(stderr, "emu: %s: only bf16 A and B, fp32 C and compute are emulated\n", call);
+    if (Atype != CUDA_R_16BF || Btype != CUDA_R_16BF ||
+        (Ctype != CUDA_R_32F && Ctype != CUDA_R_16BF) || compute != CUBLAS_COMPUTE_32F ||
+        algo != CUBLAS_GEMM_DEFAULT) {
+        fprintf(stderr,
+                "emu: %s: only bf16 A and B, fp32 or bf16 C, and fp32 compute are emulated\n",
+                call);
         return CUBLAS_STATUS_INVALID_VALUE;
     }
+    const bool c16 = Ctype == CUDA_R_16BF;
     bool na = ta == CUBLAS_OP_N, nb = tb == CUBLAS_OP_N, empty;
     cublasStatus_t st = check_gemm(call, h, na, nb, m, n, k, alpha, A, lda, B, ldb, beta, C, ldc,
-                                   sizeof(__nv_bfloat16), &empty);
+                                   sizeof(__nv_bfloat16), c16 ? 2 : 4, &empty);
     if (st != CUBLAS_STATUS_SUCCESS || empty)
         return st;
     const int ar = na ? m : k, ac = na ? k : m, br = nb ? k : n, bc = nb ? n : k;
@@ -1059,8 +1063,18 @@ cublasStatus_t cublasGemmEx(cublasHandle_t h, cublasOperation_t ta, cublasOperat
     work_touch(C);
     std::vector<float> a = k > 0 ? widen(A, matrix_elems(ar, ac, lda)) : std::vector<float>(1);
     std::vector<float> b = k > 0 ? widen(B, matrix_elems(br, bc, ldb)) : std::vector<float>(1);
+    /* a bf16 C: the fp32 result (C widened when beta reads it) rounded to
+     * nearest even as it is stored */
+    const size_t nc = matrix_elems(m, n, ldc);
+    std::vector<float> c = c16 ? (*(const float *)beta != 0 ? widen(C, nc) : std::vector<float>(nc))
+                               : std::vector<float>();
+    float *cf = c16 ? c.data() : (float *)C;
     cblas_sgemm(CblasColMajor, na ? CblasNoTrans : CblasTrans, nb ? CblasNoTrans : CblasTrans,
                 m, n, k, *(const float *)alpha, a.data(), lda, b.data(), ldb,
-                *(const float *)beta, (float *)C, ldc);
+                *(const float *)beta, cf, ldc);
+    if (c16)
+        for (int j = 0; j < n; j++)
+            for (int i = 0; i < m; i++)
+                ((__nv_bfloat16 *)C)[(size_t)j * ldc + i] = __float2bfloat16(cf[(size_t)j * ldc + i]);
     return CUBLAS_STATUS_SUCCESS;
 }

@@ -11,7 +11,8 @@
  *   Backward functions ACCUMULATE (+=) into every gradient they produce
  *   (dinp, dweight, dbias): a gradient may have several contributions
  *   (residual branches, tied embeddings, micro-batches).  Callers zero
- *   gradient buffers when a new accumulation starts.
+ *   gradient buffers when a new accumulation starts, or give the first
+ *   contribution's op GRAD_SET (GradMode below) where it takes one.
  *   Attention works on a fused qkv buffer laid out per kv group:
  *   for each of KVH groups, (H/KVH) query heads, then one key head, then one
  *   value head, each of hs channels.  Splitting that dimension into
@@ -64,6 +65,18 @@ TRD_HOST_DEVICE static inline double rope_inv_freq(RopeFreq rf, int i, int hs)
     return (1 - s) * f / rf.factor + s * f;
 }
 
+/* How a backward op stores an input gradient: GRAD_ADD adds it to what
+ * the buffer holds (+=, the convention above); GRAD_SET writes it (=), and
+ * the buffer's old contents, garbage or NaN included, are never read.  The
+ * first contribution to a fresh gradient SETs it, and the zeroing pass
+ * before it goes (a memset of the whole buffer on a GPU); the model's
+ * block backward does that for dln, datty, dqkv, dfc_act, dfc and dup.
+ * Weight and bias gradients always ADD (micro-batches accumulate).  The CPU
+ * backend SETs by zeroing and adding, the same arithmetic (and bits) as
+ * the zero + GRAD_ADD it replaces; CUDA's GEMMs SET with beta 0 and its
+ * elementwise and attention kernels store instead of adding. */
+typedef enum { GRAD_ADD = 0, GRAD_SET = 1 } GradMode;
+
 /* The attention of one call: which query rows, which key rows, which
  * pairs count.  Rows carry global positions within their sequence: query
  * row t (0 <= t < Tq) is at q_pos0 + t, key row u at k_pos0 + u.  Whole
@@ -87,12 +100,16 @@ typedef struct {
     int kv_packed;
     /* attention_forward: 1 combines with the out and lse already there. */
     int merge;
+    /* attention_backward: GRAD_SET writes every element of dq's query
+     * heads and dkv's key and value heads (Tk > 0) instead of adding. */
+    GradMode grad;
 } AttnArgs;
 
-/* Whole sequences of T rows (no offsets, no documents, no merge). */
+/* Whole sequences of T rows (no offsets, no documents, no merge; the
+ * backward adds). */
 static inline AttnArgs attn_args(int B, int T, int H, int KVH, int hs)
 {
-    AttnArgs a = {B, T, T, H, KVH, hs, 0, 0, NULL, 0, 0};
+    AttnArgs a = {B, T, T, H, KVH, hs, 0, 0, NULL, 0, 0, GRAD_ADD};
     return a;
 }
 
@@ -178,10 +195,12 @@ typedef struct {
     /* out[N,OC] = inp[N,C] @ weight[OC,C]^T (+ bias[OC] when not NULL) */
     void (*matmul_forward)(float *out, const float *inp, const float *weight, const float *bias,
                            int N, int C, int OC);
-    /* dinp[N,C] += dout @ weight; dweight[OC,C] += dout^T @ inp;
-     * dbias[OC] += sum_n dout.  Any of dinp, dweight, dbias may be NULL. */
+    /* dinp[N,C] += dout @ weight (= with dinp_mode GRAD_SET);
+     * dweight[OC,C] += dout^T @ inp; dbias[OC] += sum_n dout.  Any of
+     * dinp, dweight, dbias may be NULL. */
     void (*matmul_backward)(float *dinp, float *dweight, float *dbias, const float *dout,
-                            const float *inp, const float *weight, int N, int C, int OC);
+                            const float *inp, const float *weight, int N, int C, int OC,
+                            GradMode dinp_mode);
     /* The linear layer and the GELU that reads its output, fused where the
      * backend can (CUDA bf16: one cuBLASLt GEMM with the GELU_AUX_BIAS
      * epilogue, and DGELU for the backward); optional, NULL: the model
@@ -219,7 +238,8 @@ typedef struct {
     void (*matmul_forward_x16)(float *out, const uint16_t *inp, const float *weight,
                                const float *bias, int N, int C, int OC);
     void (*matmul_backward_x16)(float *dinp, float *dweight, float *dbias, const float *dout,
-                                const uint16_t *inp, const float *weight, int N, int C, int OC);
+                                const uint16_t *inp, const float *weight, int N, int C, int OC,
+                                GradMode dinp_mode);
     void (*matmul_gelu_forward_x16)(uint16_t *out, float *pre, const uint16_t *inp,
                                     const float *weight, const float *bias, int N, int C, int OC);
     void (*matmul_backward_dgelu_x16)(float *dinp, float *dweight, float *dbias, const float *dout,
@@ -237,13 +257,15 @@ typedef struct {
      * losses != NULL) as crossentropy_forward, then with grad the logits
      * OVERWRITTEN with bf16_bits of crossentropy_backward's dlogits (max,
      * sum and losses in fp32).  head_backward_x16: matmul_backward_x16
-     * with dout the bf16 dlogits, read as they are (no bias). */
+     * with dout the bf16 dlogits, read as they are (no bias; dinp as
+     * dinp_mode says). */
     void (*head_forward_x16)(uint16_t *logits, const uint16_t *inp, const float *weight, int N,
                              int C, int OC);
     void (*crossentropy_x16)(float *losses, uint16_t *logits, const int32_t *targets, int grad,
                              float dloss, int N, int V, int Vp);
     void (*head_backward_x16)(float *dinp, float *dweight, const uint16_t *dlogits,
-                              const uint16_t *inp, const float *weight, int N, int C, int OC);
+                              const uint16_t *inp, const float *weight, int N, int C, int OC,
+                              GradMode dinp_mode);
 
     /* out[n,c] = wte[tokens[n]-vocab_start, c] (+ wpe[p, c] when wpe != NULL,
      * p = pos[n] with packed documents, else n % T).  Tokens outside
@@ -276,14 +298,17 @@ typedef struct {
                                   const float *b, const float *weight, const float *bias, int N,
                                   int C, float eps, int rms);
 
-    /* GELU, tanh approximation (GPT-2). */
+    /* GELU, tanh approximation (GPT-2); backward: dinp += (or =, GRAD_SET)
+     * gelu'(inp) * dout. */
     void (*gelu_forward)(float *out, const float *inp, size_t n);
-    void (*gelu_backward)(float *dinp, const float *inp, const float *dout, size_t n);
+    void (*gelu_backward)(float *dinp, const float *inp, const float *dout, size_t n,
+                          GradMode mode);
 
-    /* SwiGLU: out = silu(gate) * up, elementwise over n. */
+    /* SwiGLU: out = silu(gate) * up, elementwise over n; backward: dgate
+     * and dup (either may be NULL) += (or =, GRAD_SET) their gradients. */
     void (*swiglu_forward)(float *out, const float *gate, const float *up, size_t n);
     void (*swiglu_backward)(float *dgate, float *dup, const float *dout, const float *gate,
-                            const float *up, size_t n);
+                            const float *up, size_t n, GradMode mode);
 
     /* ---- mixture of experts (src/model/moe.c, docs/moe.md) ----
      * Optional: NULL in a backend without them (the model refuses MoE then).
@@ -350,7 +375,8 @@ typedef struct {
      * the FINAL out and lse (after every merge: then p and D_t = dout_t .
      * out_t = sum_u p dp are those of the whole softmax, and the gradients
      * of the blocks add up to the whole).  dq may equal dkv when q equals kv
-     * (the heads written are disjoint).  a.merge is ignored. */
+     * (the heads written are disjoint).  a.merge is ignored; a.grad:
+     * GRAD_SET writes dq and dkv instead. */
     void (*attention_backward)(float *dq, float *dkv, const float *dout, const float *q,
                                const float *kv, const float *out, const float *lse,
                                const AttnArgs *a);

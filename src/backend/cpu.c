@@ -82,11 +82,37 @@ static void counted_matmul_forward(float *out, const float *inp, const float *we
     cpu_matmul_forward(out, inp, weight, bias, N, C, OC);
 }
 
+/* GRAD_SET (backend.h) on the CPU: g [n] zeroed, then the op adds into it,
+ * which is the arithmetic of the caller's zeroing it did before: the same
+ * bits.  (cpu_ops.inc's ops, and their f64 twins, only add.) */
+static void grad_start(float *g, size_t n, GradMode mode)
+{
+    if (g && mode == GRAD_SET)
+        memset(g, 0, n * sizeof *g);
+}
+
 static void counted_matmul_backward(float *dinp, float *dweight, float *dbias, const float *dout,
-                                    const float *inp, const float *weight, int N, int C, int OC)
+                                    const float *inp, const float *weight, int N, int C, int OC,
+                                    GradMode dinp_mode)
 {
     gemm_flops += 2.0 * N * C * OC * ((dinp != NULL) + (dweight != NULL));
+    grad_start(dinp, (size_t)N * (size_t)C, dinp_mode);
     cpu_matmul_backward(dinp, dweight, dbias, dout, inp, weight, N, C, OC);
+}
+
+static void table_gelu_backward(float *dinp, const float *inp, const float *dout, size_t n,
+                                GradMode mode)
+{
+    grad_start(dinp, n, mode);
+    cpu_gelu_backward(dinp, inp, dout, n);
+}
+
+static void table_swiglu_backward(float *dgate, float *dup, const float *dout, const float *gate,
+                                  const float *up, size_t n, GradMode mode)
+{
+    grad_start(dgate, n, mode);
+    grad_start(dup, n, mode);
+    cpu_swiglu_backward(dgate, dup, dout, gate, up, n);
 }
 
 /* ---- bf16 GEMMs (backend_cpu_bf16): the fp32 products of rounded copies ---- */
@@ -128,19 +154,20 @@ static void bf16_matmul_forward(float *out, const float *inp, const float *weigh
 }
 
 static void bf16_matmul_backward(float *dinp, float *dweight, float *dbias, const float *dout,
-                                 const float *inp, const float *weight, int N, int C, int OC)
+                                 const float *inp, const float *weight, int N, int C, int OC,
+                                 GradMode dinp_mode)
 {
     if (dinp || dweight) {
         const float *d = rounded(0, dout, (size_t)N * OC);
         if (dinp)
             counted_matmul_backward(dinp, NULL, NULL, d, NULL, rounded(1, weight, (size_t)OC * C),
-                                    N, C, OC);
+                                    N, C, OC, dinp_mode);
         if (dweight)
             counted_matmul_backward(NULL, dweight, NULL, d, rounded(1, inp, (size_t)N * C), NULL, N,
-                                    C, OC);
+                                    C, OC, GRAD_ADD);
     }
     if (dbias) /* from the fp32 gradient: a sum, not a tensor-core product */
-        counted_matmul_backward(NULL, NULL, dbias, dout, NULL, NULL, N, C, OC);
+        counted_matmul_backward(NULL, NULL, dbias, dout, NULL, NULL, N, C, OC, GRAD_ADD);
 }
 
 /* ---- the linear layer fused with GELU (backend.h): the two ops it fuses,
@@ -157,15 +184,14 @@ static void fused_gelu_forward(void (*mm)(float *, const float *, const float *,
 }
 
 static void fused_backward_dgelu(void (*mm)(float *, float *, float *, const float *, const float *,
-                                            const float *, int, int, int),
+                                            const float *, int, int, int, GradMode),
                                  float *dinp, float *dweight, float *dbias, const float *dout,
                                  const float *inp, const float *pre, const float *weight, int N,
                                  int C, int OC)
 {
-    const size_t NC = (size_t)N * (size_t)C;
-    memset(dinp, 0, NC * sizeof(float)); /* SETS dinp: the product first, then times gelu' */
-    mm(dinp, dweight, dbias, dout, inp, weight, N, C, OC);
-    cpu_gelu_backward_inplace(dinp, pre, NC);
+    /* SETS dinp: the product first, then times gelu' */
+    mm(dinp, dweight, dbias, dout, inp, weight, N, C, OC, GRAD_SET);
+    cpu_gelu_backward_inplace(dinp, pre, (size_t)N * (size_t)C);
 }
 
 static void cpu_matmul_gelu_forward(float *out, float *pre, const float *inp, const float *weight,
@@ -548,10 +574,11 @@ static void bf16_matmul_forward_x16(float *out, const uint16_t *inp, const float
 }
 
 static void bf16_matmul_backward_x16(float *dinp, float *dweight, float *dbias, const float *dout,
-                                     const uint16_t *inp, const float *weight, int N, int C, int OC)
+                                     const uint16_t *inp, const float *weight, int N, int C, int OC,
+                                     GradMode dinp_mode)
 {
     const float *x = dweight ? widened(inp, (size_t)N * C) : NULL;
-    bf16_matmul_backward(dinp, dweight, dbias, dout, x, weight, N, C, OC);
+    bf16_matmul_backward(dinp, dweight, dbias, dout, x, weight, N, C, OC, dinp_mode);
 }
 
 static void bf16_matmul_gelu_forward_x16(uint16_t *out, float *pre, const uint16_t *inp,
@@ -621,12 +648,13 @@ static void cpu_crossentropy_x16(float *losses, uint16_t *logits, const int32_t 
 }
 
 static void bf16_head_backward_x16(float *dinp, float *dweight, const uint16_t *dlogits,
-                                   const uint16_t *inp, const float *weight, int N, int C, int OC)
+                                   const uint16_t *inp, const float *weight, int N, int C, int OC,
+                                   GradMode dinp_mode)
 {
     const size_t n = (size_t)N * (size_t)OC;
     float *d = work_slot(SLOT_NARROW, n);
     cpu_widen_bf16(d, dlogits, n);
-    bf16_matmul_backward_x16(dinp, dweight, NULL, d, inp, weight, N, C, OC);
+    bf16_matmul_backward_x16(dinp, dweight, NULL, d, inp, weight, N, C, OC, dinp_mode);
 }
 
 static const Backend cpu_backend = {
@@ -658,9 +686,9 @@ static const Backend cpu_backend = {
     .rmsnorm_backward = cpu_rmsnorm_backward,
     .residual_norm_forward = cpu_residual_norm_forward,
     .gelu_forward = cpu_gelu_forward,
-    .gelu_backward = cpu_gelu_backward,
+    .gelu_backward = table_gelu_backward,
     .swiglu_forward = cpu_swiglu_forward,
-    .swiglu_backward = cpu_swiglu_backward,
+    .swiglu_backward = table_swiglu_backward,
     .moe_router_forward = cpu_moe_router_forward,
     .moe_router_backward = cpu_moe_router_backward,
     .moe_gather = cpu_moe_gather,

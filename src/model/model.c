@@ -999,7 +999,8 @@ void model_zero_grad(Model *m)
     m->be->zero(m->grads, m->table.numel * sizeof(float));
 }
 
-/* Backward functions accumulate, so a gradient that starts fresh is zeroed. */
+/* Backward functions accumulate, so a gradient that starts fresh is zeroed,
+ * unless the op that writes it first takes GRAD_SET (backend.h). */
 static void zero(const Model *m, float *x, size_t n) { m->be->zero(x, n * sizeof *x); }
 
 /* ---- norms: LayerNorm (GPT-2) or RMSNorm (Llama) ------------------------ */
@@ -1058,13 +1059,13 @@ static void x_matmul_forward(const Model *m, float *out, GemmIn x, const float *
     gemm_in_forward(m->be, m->x16, out, x, w, b, N, C, OC);
 }
 
-static void x_matmul_backward(const Model *m, float *dinp, float *dw, float *db, const float *dout,
-                              GemmIn x, const float *w, int N, int C, int OC)
+static void x_matmul_backward(const Model *m, float *dinp, GradMode dinp_mode, float *dw, float *db,
+                              const float *dout, GemmIn x, const float *w, int N, int C, int OC)
 {
     if (m->x16)
-        m->be->matmul_backward_x16(dinp, dw, db, dout, x.h, w, N, C, OC);
+        m->be->matmul_backward_x16(dinp, dw, db, dout, x.h, w, N, C, OC, dinp_mode);
     else
-        m->be->matmul_backward(dinp, dw, db, dout, x.f, w, N, C, OC);
+        m->be->matmul_backward(dinp, dw, db, dout, x.f, w, N, C, OC, dinp_mode);
 }
 
 /* dout [N, C] holds this rank's partial gradient at the norm's output (the
@@ -1215,7 +1216,7 @@ static void lora_qkv_b_backward(Model *m, float *dB, const float *dout, const fl
     float *gkv = dB + (size_t)d->H * (size_t)d->hs * r, *keep = m->s.lora_part;
     m->be->copy(keep, gkv, kv * sizeof(float));
     zero(m, gkv, kv);
-    m->be->matmul_backward(NULL, dB, NULL, dout, t, B, d->N, (int)r, d->QKV);
+    m->be->matmul_backward(NULL, dB, NULL, dout, t, B, d->N, (int)r, d->QKV, GRAD_ADD);
     tp_kv_allreduce(&m->tp, gkv, kv);
     m->be->accumulate(gkv, keep, kv);
 }
@@ -1244,32 +1245,30 @@ static void lora_backward(Model *m, int i, int k, const float *dout, const float
     be->scale(t, m->lora_scale, Nr);
     if (tp && !col) { /* dB = dout^T t, t partial */
         zero(m, m->s.lora_part, (size_t)n_out * (size_t)r);
-        be->matmul_backward(NULL, m->s.lora_part, NULL, dout, t, B, N, r, n_out);
+        be->matmul_backward(NULL, m->s.lora_part, NULL, dout, t, B, N, r, n_out, GRAD_ADD);
         tp_add_reduced_grad(&m->tp, dB, m->s.lora_part, (size_t)n_out * (size_t)r);
     } else if (k == LT_QKV && m->tp.kv_share > 1) {
         lora_qkv_b_backward(m, dB, dout, t, B);
     } else {
-        be->matmul_backward(NULL, dB, NULL, dout, t, B, N, r, n_out);
+        be->matmul_backward(NULL, dB, NULL, dout, t, B, N, r, n_out, GRAD_ADD);
     }
-    zero(m, dt, Nr); /* dt = s dout B */
-    be->matmul_backward(dt, NULL, NULL, dout, NULL, B, N, r, n_out);
+    be->matmul_backward(dt, NULL, NULL, dout, NULL, B, N, r, n_out, GRAD_SET); /* dt = s dout B */
     be->scale(dt, m->lora_scale, Nr);
     if (tp && col) { /* dA = dt^T x, dt partial */
         zero(m, m->s.lora_part, (size_t)r * (size_t)n_in);
-        be->matmul_backward(NULL, m->s.lora_part, NULL, dt, x, A, N, n_in, r);
+        be->matmul_backward(NULL, m->s.lora_part, NULL, dt, x, A, N, n_in, r, GRAD_ADD);
         tp_add_reduced_grad(&m->tp, dA, m->s.lora_part, (size_t)r * (size_t)n_in);
     } else {
-        be->matmul_backward(NULL, dA, NULL, dt, x, A, N, n_in, r);
+        be->matmul_backward(NULL, dA, NULL, dt, x, A, N, n_in, r, GRAD_ADD);
     }
     if (!lora_dropping(m)) {
-        be->matmul_backward(dx, NULL, NULL, dt, NULL, A, N, n_in, r);
+        be->matmul_backward(dx, NULL, NULL, dt, NULL, A, N, n_in, r, GRAD_ADD);
         return;
     }
     /* dx += dropout'(dt A): the same mask and scale on the gradient (lora_x
      * held dropout(x), no longer needed) */
     const size_t n = (size_t)N * (size_t)n_in;
-    zero(m, m->s.lora_x, n);
-    be->matmul_backward(m->s.lora_x, NULL, NULL, dt, NULL, A, N, n_in, r);
+    be->matmul_backward(m->s.lora_x, NULL, NULL, dt, NULL, A, N, n_in, r, GRAD_SET);
     lora_dropout(m, i, k, m->s.lora_x, n_in, col ? 0 : m->sh.tp_rank * n_in);
     be->accumulate(dx, m->s.lora_x, n);
 }
@@ -1409,7 +1408,8 @@ void model_block_forward(Model *m, int l)
 
 /* Gradient at the MLP projection's input (dfc_act) -> gradient at ln2's
  * output (dln, overwritten).  dfc_set: the gradient at fc (dfc) is already
- * there (matmul_backward_dgelu), dfc_act is not. */
+ * there (matmul_backward_dgelu), dfc_act is not.  The first op to write
+ * each of dfc, dup and dln SETS it (no zeroing pass); those after it add. */
 static void mlp_backward(Model *m, int i, const LayerParams *p, const LayerParams *g,
                          const LayerActs *a, int dfc_set)
 {
@@ -1418,35 +1418,37 @@ static void mlp_backward(Model *m, int i, const LayerParams *p, const LayerParam
     const Scratch *s = &m->s;
     const size_t NF = (size_t)d->N * (size_t)d->F;
     TRD_ASSERT(!dfc_set || d->gpt2);
-    if (!dfc_set)
-        zero(m, s->dfc, NF);
-    zero(m, s->dln, (size_t)d->N * (size_t)d->C);
+    GradMode fc_dln = GRAD_SET; /* the fc GEMM writes dln first, unless up did */
     if (d->gpt2) {
         if (!dfc_set)
-            be->gelu_backward(s->dfc, a->fc, s->dfc_act, NF);
+            be->gelu_backward(s->dfc, a->fc, s->dfc_act, NF, GRAD_SET);
     } else {
-        zero(m, s->dup, NF);
-        be->swiglu_backward(s->dfc, s->dup, s->dfc_act, a->fc, a->up, NF);
+        be->swiglu_backward(s->dfc, s->dup, s->dfc_act, a->fc, a->up, NF, GRAD_SET);
         /* ln2's output feeds both gate and up: the two contributions add in dln. */
-        x_matmul_backward(m, s->dln, g->up_w, NULL, s->dup, a->ln2, p->up_w, d->N, d->C, d->F);
+        x_matmul_backward(m, s->dln, GRAD_SET, g->up_w, NULL, s->dup, a->ln2, p->up_w, d->N, d->C,
+                          d->F);
         lora_backward(m, i, LT_UP, s->dup, a->ln2.f, s->dln, d->C, d->F, 1);
+        fc_dln = GRAD_ADD;
     }
-    x_matmul_backward(m, s->dln, g->fc_w, g->fc_b, s->dfc, a->ln2, p->fc_w, d->N, d->C, d->F);
+    x_matmul_backward(m, s->dln, fc_dln, g->fc_w, g->fc_b, s->dfc, a->ln2, p->fc_w, d->N, d->C,
+                      d->F);
     lora_backward(m, i, LT_FC, s->dfc, a->ln2.f, s->dln, d->C, d->F, 1);
 }
 
-/* The fused qkv weight (and bias) gradient.  Replicated kv rows (kv_share
- * > 1: the last 2*hs local rows, one kv group) get only this rank's query
- * heads' part here, so they are summed over the ranks sharing them; what
- * earlier micro-batches accumulated in those rows is set aside first, so
- * only the new part is reduced. */
+/* The fused qkv weight (and bias) gradient, and the input gradient SET in
+ * s.dln (its first writer).  Replicated kv rows (kv_share > 1: the last
+ * 2*hs local rows, one kv group) get only this rank's query heads' part
+ * here, so they are summed over the ranks sharing them; what earlier
+ * micro-batches accumulated in those rows is set aside first, so only the
+ * new part is reduced. */
 static void qkv_weight_backward(Model *m, const LayerParams *p, const LayerParams *g,
                                 const LayerActs *a)
 {
     const Dims *d = &m->d;
     const Scratch *s = &m->s;
     if (!g->qkv_w) { /* frozen (LoRA): the input gradient only */
-        x_matmul_backward(m, s->dln, NULL, NULL, s->dqkv, a->ln1, p->qkv_w, d->N, d->C, d->QKV);
+        x_matmul_backward(m, s->dln, GRAD_SET, NULL, NULL, s->dqkv, a->ln1, p->qkv_w, d->N, d->C,
+                          d->QKV);
         return;
     }
     const int shared = m->tp.kv_share > 1;
@@ -1461,7 +1463,8 @@ static void qkv_weight_backward(Model *m, const LayerParams *p, const LayerParam
             zero(m, gb, kv_b);
         }
     }
-    x_matmul_backward(m, s->dln, g->qkv_w, g->qkv_b, s->dqkv, a->ln1, p->qkv_w, d->N, d->C, d->QKV);
+    x_matmul_backward(m, s->dln, GRAD_SET, g->qkv_w, g->qkv_b, s->dqkv, a->ln1, p->qkv_w, d->N,
+                      d->C, d->QKV);
     if (shared) {
         tp_kv_allreduce(&m->tp, gw, kv_w);
         m->be->accumulate(gw, s->kv_keep, kv_w);
@@ -1477,10 +1480,11 @@ static void qkv_weight_backward(Model *m, const LayerParams *p, const LayerParam
  * in-place update: out = res_mid + mlp(ln2(res_mid)), so d res_mid is
  * dres itself (the identity path) PLUS what flows back through ln2, and
  * norm_backward ADDS into dres.  The same holds for res_mid = x + attn(...).
- * Every other gradient buffer starts fresh (zeroed) because the backend
- * accumulates.  Under SP dres holds this rank's d.Ns rows; each branch's
- * backward reads it made whole (tp_row_output_backward), which also makes
- * the row-parallel bias gradients complete on every rank. */
+ * Every other gradient buffer starts fresh: the op that writes it first
+ * SETS it (GRAD_SET), the later ones add.  Under SP dres holds this rank's
+ * d.Ns rows; each branch's backward reads it made whole
+ * (tp_row_output_backward), which also makes the row-parallel bias
+ * gradients complete on every rank. */
 void model_block_backward(Model *m, int l)
 {
     const int i = local_layer(m, l);
@@ -1490,7 +1494,7 @@ void model_block_backward(Model *m, int l)
     const Scratch *s = &m->s;
     const LayerParams *p = &m->lp[i], *g = &m->lg[i];
     const LayerActs *a = &m->cur.la[i];
-    const size_t N = (size_t)d->N, NC = N * (size_t)d->C;
+    const size_t N = (size_t)d->N;
 
     tp_group_check(&m->tp);
     if (m->recompute == RECOMPUTE_FULL)
@@ -1512,8 +1516,7 @@ void model_block_backward(Model *m, int l)
                                       a->fc, p->mlp_proj_w, d->N, d->F, d->C);
         mlp_backward(m, i, p, g, a, 1);
     } else {
-        zero(m, s->dfc_act, N * (size_t)d->F);
-        x_matmul_backward(m, s->dfc_act, g->mlp_proj_w, g->mlp_proj_b, dout, a->fc_act,
+        x_matmul_backward(m, s->dfc_act, GRAD_SET, g->mlp_proj_w, g->mlp_proj_b, dout, a->fc_act,
                           p->mlp_proj_w, d->N, d->F, d->C);
         lora_backward(m, i, LT_FCPROJ, dout, a->fc_act.f, s->dfc_act, d->F, d->C, 0);
         mlp_backward(m, i, p, g, a, 0);
@@ -1523,20 +1526,19 @@ void model_block_backward(Model *m, int l)
 
     /* Attention branch, same pattern; dres is now d loss / d res_mid. */
     dout = tp_row_output_backward(&m->tp, s->dres, s->full, d->N, d->C);
-    zero(m, s->datty, N * (size_t)d->H * (size_t)d->hs);
     be->matmul_backward(s->datty, g->attn_proj_w, g->attn_proj_b, dout, a->atty, p->attn_proj_w,
-                        d->N, d->H * d->hs, d->C);
+                        d->N, d->H * d->hs, d->C, GRAD_SET);
     lora_backward(m, i, LT_PROJ, dout, a->atty, s->datty, d->H * d->hs, d->C, 0);
-    zero(m, s->dqkv, N * (size_t)d->QKV);
-    if (m->cp > 1) {
+    if (m->cp > 1) { /* block pairs over ranks, each adding its part */
+        zero(m, s->dqkv, N * (size_t)d->QKV);
         cp_attention_backward(&m->cpa, s->dqkv, s->datty, a->qkv, a->atty, a->lse, m->cur.pos);
-    } else {
-        const AttnArgs aa = model_attn_args(m);
+    } else { /* one call writes every element of dqkv */
+        AttnArgs aa = model_attn_args(m);
+        aa.grad = GRAD_SET;
         be->attention_backward(s->dqkv, s->dqkv, s->datty, a->qkv, a->qkv, a->atty, a->lse, &aa);
     }
     if (!d->gpt2) /* dqkv was w.r.t. rotated q, k: rotate back */
         be->rope_backward(s->dqkv, m->cur.pos, d->N, d->T, 0, d->H, d->KVH, d->hs, d->rope);
-    zero(m, s->dln, NC);
     qkv_weight_backward(m, p, g, a);
     lora_backward(m, i, LT_QKV, s->dqkv, a->ln1.f, s->dln, d->C, d->QKV, 1);
     norm_backward(m, s->dres, g->ln1_w, g->ln1_b, s->dln, m->cur.resid[i], p->ln1_w, a->ln1_mean,
@@ -1639,16 +1641,14 @@ void model_head_backward(Model *m, float loss_scale)
         be->crossentropy_backward(h->logits.f, m->cur.ids + d->N, dloss, d->N, d->V, d->Vp);
     const GemmIn dlogits = h->logits;
 
-    const size_t NC = (size_t)d->N * (size_t)d->C;
-    zero(m, s->dln, NC);
-    /* With tied embeddings og.head_w is the wte gradient: the embedding's
-     * backward adds its own contribution to the same rows later. */
+    /* dln SET; with tied embeddings og.head_w is the wte gradient: the
+     * embedding's backward adds its own contribution to the same rows later. */
     if (m->x16_logits)
         be->head_backward_x16(s->dln, m->og.head_w, dlogits.h, h->lnf.h, m->op.head_w, d->N, d->C,
-                              d->Vp);
+                              d->Vp, GRAD_SET);
     else
-        x_matmul_backward(m, s->dln, m->og.head_w, NULL, dlogits.f, h->lnf, m->op.head_w, d->N,
-                          d->C, d->Vp);
+        x_matmul_backward(m, s->dln, GRAD_SET, m->og.head_w, NULL, dlogits.f, h->lnf, m->op.head_w,
+                          d->N, d->C, d->Vp);
     zero(m, s->dres, (size_t)d->Ns * (size_t)d->C);
     norm_backward(m, s->dres, m->og.lnf_w, m->og.lnf_b, s->dln, m->cur.resid[m->nl], m->op.lnf_w,
                   h->lnf_mean, h->lnf_rstd);

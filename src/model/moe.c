@@ -213,13 +213,13 @@ static void mlp_in_backward(const Model *m, float *dx, float *g_fc_w, float *g_f
     const size_t nF = (size_t)n * (size_t)F;
     zero(m, s->dfc, nF);
     if (m->d.gpt2) {
-        be->gelu_backward(s->dfc, fc, dact, nF);
+        be->gelu_backward(s->dfc, fc, dact, nF, GRAD_ADD);
     } else {
         zero(m, s->dup, nF);
-        be->swiglu_backward(s->dfc, s->dup, dact, fc, up, nF);
-        be->matmul_backward(dx, g_up_w, NULL, s->dup, x, up_w, n, m->d.C, F);
+        be->swiglu_backward(s->dfc, s->dup, dact, fc, up, nF, GRAD_ADD);
+        be->matmul_backward(dx, g_up_w, NULL, s->dup, x, up_w, n, m->d.C, F, GRAD_ADD);
     }
-    be->matmul_backward(dx, g_fc_w, g_fc_b, s->dfc, x, fc_w, n, m->d.C, F);
+    be->matmul_backward(dx, g_fc_w, g_fc_b, s->dfc, x, fc_w, n, m->d.C, F, GRAD_ADD);
 }
 
 void moe_forward(Model *m, const LayerParams *p, LayerActs *a, float *out)
@@ -286,7 +286,7 @@ void moe_backward(Model *m, const LayerParams *p, const LayerParams *g, const La
     if (d->Fs > 0) {
         zero(m, s->dfc_act, (size_t)N * d->Fs);
         be->matmul_backward(s->dfc_act, g->mlp_proj_w, g->mlp_proj_b, dout, a->fc_act.f,
-                            p->mlp_proj_w, N, d->Fs, C);
+                            p->mlp_proj_w, N, d->Fs, C, GRAD_ADD);
         mlp_in_backward(m, s->dln, g->fc_w, g->fc_b, g->up_w, s->dfc_act, a->fc, a->up, a->ln2.f,
                         p->fc_w, p->up_w, N, d->Fs);
     }
@@ -317,7 +317,7 @@ void moe_backward(Model *m, const LayerParams *p, const LayerParams *g, const La
         zero(m, dact, (size_t)n * Fe);
         be->matmul_backward(dact, g->x_proj_w + eF,
                             g->x_proj_b ? g->x_proj_b + (size_t)e * C : NULL, dy + (size_t)o * C,
-                            a->x_act + (size_t)o * Fe, p->x_proj_w + eF, n, Fe, C);
+                            a->x_act + (size_t)o * Fe, p->x_proj_w + eF, n, Fe, C, GRAD_ADD);
         mlp_in_backward(m, dx + (size_t)o * C, g->x_fc_w + eF,
                         g->x_fc_b ? g->x_fc_b + (size_t)e * Fe : NULL,
                         g->x_up_w ? g->x_up_w + eF : NULL, dact, a->x_fc + (size_t)o * Fe,
@@ -342,5 +342,5 @@ void moe_backward(Model *m, const LayerParams *p, const LayerParams *g, const La
     /* Every TP rank computes the router's whole (replicated) gradient; its
      * input gradient counts once in the sum over TP at ln2. */
     be->matmul_backward(m->tp.rank == 0 ? s->dln : NULL, g->router_w, NULL, s->r_dlogits, a->ln2.f,
-                        p->router_w, N, C, E);
+                        p->router_w, N, C, E, GRAD_ADD);
 }

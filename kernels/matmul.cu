@@ -28,6 +28,8 @@
 
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
+#include <stdio.h>
+#include <stdlib.h>
 
 #define CUBLAS_CHECK(call)                                                                         \
     do {                                                                                           \

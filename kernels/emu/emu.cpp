@@ -1127,6 +1127,23 @@ static cublasStatus_t grouped(const char *call, cublasHandle_t h,
         std::copy(B, B + problems, b.begin());
         std::copy(C, C + problems, c.begin());
     }
+    /* "the C[idx] matrices must not overlap" (the documentation; on a GPU
+     * the problems run at once): a grouped call may not sum into one */
+    {
+        std::vector<std::pair<uintptr_t, uintptr_t>> span;
+        size_t idx = 0;
+        for (size_t i = 0; i < G; i++)
+            for (int j = 0; j < group_size[i]; j++, idx++)
+                if (m[i] > 0 && n[i] > 0)
+                    span.push_back({(uintptr_t)c[idx],
+                                    (uintptr_t)(c[idx] + matrix_elems(m[i], n[i], ldc[i]))});
+        std::sort(span.begin(), span.end());
+        for (size_t q = 1; q < span.size(); q++)
+            if (span[q].first < span[q - 1].second)
+                die("%s: the C matrices of two problems overlap (at %p): undefined behaviour on "
+                    "a GPU",
+                    call, (void *)span[q].first);
+    }
     for (int pass = 0; pass < 2; pass++) { /* the checks, then the products */
         size_t idx = 0;
         for (size_t i = 0; i < G; i++)

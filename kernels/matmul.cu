@@ -628,6 +628,13 @@ static int gemm_grouped(int bf16, cublasOperation_t ta, cublasOperation_t tb, in
 #endif
 }
 
+/* The bf16 call's FAST compute type asks its matrices to be 16-byte
+ * aligned where a column is a multiple of 16 bytes (cuBLAS's
+ * documentation), which a group's rows at r0 * C floats are only for C
+ * (and OC) multiples of 4: other widths (none of a real model's) take the
+ * per-group path. */
+static int grouped_aligned(int bf16, int C, int OC) { return !bf16 || (C % 4 == 0 && OC % 4 == 0); }
+
 typedef void (*MatmulForwardFn)(float *, const float *, const float *, const float *, int, int,
                                 int);
 typedef void (*MatmulBackwardFn)(float *, float *, float *, const float *, const float *,
@@ -666,7 +673,7 @@ static void grouped_forward(int bf16, float *out, const float *inp, const float 
     const int R = off[G];
     if (R <= 0 || OC <= 0)
         return;
-    if (!grouped_on[bf16] || C <= 0) {
+    if (!grouped_on[bf16] || C <= 0 || !grouped_aligned(bf16, C, OC)) {
         forward_per_group(per, out, inp, w, b, off, G, C, OC);
         return;
     }
@@ -716,7 +723,7 @@ static void grouped_backward(int bf16, float *dinp, float *const *dw, float *con
     const int R = off[G];
     if (R <= 0 || C <= 0 || OC <= 0)
         return;
-    if (!grouped_on[bf16]) {
+    if (!grouped_on[bf16] || !grouped_aligned(bf16, C, OC)) {
         backward_per_group(per, dinp, dw, db, dout, inp, w, off, G, C, OC);
         return;
     }

@@ -284,7 +284,7 @@ static void test_matmul_grouped(int G, const int *rows, int E, int C, int OC, in
  * middle, last), one group, all empty, and groups sharing a gradient. */
 static void test_matmul_grouped_all(void)
 {
-    const int uneven[6] = {0, 37, 1, 0, 130, 0}, one[1] = {53}, none[3] = {0, 0, 0};
+    const int uneven[6] = {0, 37, 1, 0, 128, 0}, one[1] = {53}, none[3] = {0, 0, 0};
     const int ep2[8] = {5, 0, 17, 3, 9, 2, 0, 40}; /* 4 experts, 2 blocks each */
     test_matmul_grouped(6, uneven, 6, 75, 53, 1);
     test_matmul_grouped(6, uneven, 6, 64, 96, 0);

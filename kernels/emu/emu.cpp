@@ -1144,6 +1144,19 @@ static cublasStatus_t grouped(const char *call, cublasHandle_t h,
                     "a GPU",
                     call, (void *)span[q].first);
     }
+    /* with a FAST compute type, "if (k * AtypeSize) % 16 == 0, ensure
+     * intptr_t(ptr) % 16 == 0" (the documentation; a GPU faults) */
+    if (tf32) {
+        size_t idx = 0;
+        for (size_t i = 0; i < G; i++)
+            for (int j = 0; j < group_size[i]; j++, idx++) {
+                const void *ptr[3] = {a[idx], b[idx], c[idx]};
+                for (int q = 0; q < 3; q++)
+                    if ((size_t)k[i] * sizeof(float) % 16 == 0 && (uintptr_t)ptr[q] % 16 != 0)
+                        die("%s: problem %zu's %c at %p is not 16-byte aligned (k %d)", call, idx,
+                            "ABC"[q], ptr[q], k[i]);
+            }
+    }
     for (int pass = 0; pass < 2; pass++) { /* the checks, then the products */
         size_t idx = 0;
         for (size_t i = 0; i < G; i++)

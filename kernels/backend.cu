@@ -416,6 +416,8 @@ static const Backend cuda_backend = {
     .host_release = backend_cuda_host_free,
     .matmul_forward = cuda_matmul_forward,
     .matmul_backward = cuda_matmul_backward,
+    .matmul_grouped_forward = cuda_matmul_grouped_forward,
+    .matmul_grouped_backward = cuda_matmul_grouped_backward,
     /* fp32 stays on cuBLAS pedantic and the separate GELU kernels: the
      * model calls the unfused ops (backend_cuda_bf16 fills these) */
     .matmul_gelu_forward = NULL,
@@ -483,6 +485,8 @@ extern "C" const Backend *backend_cuda_bf16(void)
         t = cuda_backend;
         t.matmul_forward = cuda_matmul_forward_bf16;
         t.matmul_backward = cuda_matmul_backward_bf16;
+        t.matmul_grouped_forward = cuda_matmul_grouped_forward_bf16;
+        t.matmul_grouped_backward = cuda_matmul_grouped_backward_bf16;
         t.matmul_gelu_forward = cuda_matmul_gelu_forward_bf16;
         t.matmul_backward_dgelu = cuda_matmul_backward_dgelu_bf16;
         t.matmul_forward_x16 = cuda_matmul_forward_x16;

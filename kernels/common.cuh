@@ -255,7 +255,13 @@ void cuda_colsum_finish(float *acc0, float *acc1, const float *part, int R, int 
 /* A scratch buffer of at least `bytes` per slot, grown in stream order and
  * kept: the kernels' small temporaries, outside the memory report like
  * cuBLAS's workspace (backend.cu). */
-enum { CUDA_SCRATCH_COLSUM, CUDA_SCRATCH_ATTN, CUDA_SCRATCH_EMB, CUDA_SCRATCH_SLOTS };
+enum {
+    CUDA_SCRATCH_COLSUM,
+    CUDA_SCRATCH_ATTN,
+    CUDA_SCRATCH_EMB,
+    CUDA_SCRATCH_GROUPED, /* matmul.cu's grouped GEMM tables */
+    CUDA_SCRATCH_SLOTS
+};
 void *cuda_scratch(int slot, size_t bytes);
 
 #endif

@@ -19,6 +19,18 @@ void cuda_matmul_forward_bf16(float *out, const float *inp, const float *weight,
 void cuda_matmul_backward_bf16(float *dinp, float *dweight, float *dbias, const float *dout,
                                const float *inp, const float *weight, int N, int C, int OC,
                                GradMode dinp_mode);
+/* matmul.cu, grouped linears (one grouped GEMM per product; fp32, and
+ * bf16 operands as backend_cuda_bf16's) */
+void cuda_matmul_grouped_forward(float *out, const float *inp, const float *const *w,
+                                 const float *const *b, const int *off, int G, int C, int OC);
+void cuda_matmul_grouped_backward(float *dinp, float *const *dw, float *const *db,
+                                  const float *dout, const float *inp, const float *const *w,
+                                  const int *off, int G, int C, int OC);
+void cuda_matmul_grouped_forward_bf16(float *out, const float *inp, const float *const *w,
+                                      const float *const *b, const int *off, int G, int C, int OC);
+void cuda_matmul_grouped_backward_bf16(float *dinp, float *const *dw, float *const *db,
+                                       const float *dout, const float *inp, const float *const *w,
+                                       const int *off, int G, int C, int OC);
 /* matmul.cu, bf16 GEMMs whose activation operand is stored in bf16
  * (backend.h's *_x16; backend_cuda_bf16) */
 void cuda_matmul_forward_x16(float *out, const uint16_t *inp, const float *weight,

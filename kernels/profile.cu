@@ -140,6 +140,35 @@ static void p_matmul_backward(float *dinp, float *dw, float *db, const float *do
           matmul_backward(dinp, dw, db, dout, inp, w, N, C, OC, dm));
 }
 
+/* the grouped linears: n rows in all, `used` groups with rows (a weight each) */
+static double groups_used(const int *off, int G)
+{
+    double used = 0;
+    for (int g = 0; g < G; g++)
+        used += off[g + 1] > off[g];
+    return used;
+}
+
+static void p_matmul_grouped_forward(float *out, const float *inp, const float *const *w,
+                                     const float *const *b, const int *off, int G, int C, int OC)
+{
+    double n = off[G], c = C, oc = OC, used = groups_used(off, G);
+    TIMED("matmul_grouped_forward", F4 * (n * c + used * oc * c + n * oc + (b ? used * oc : 0)),
+          2 * n * c * oc, matmul_grouped_forward(out, inp, w, b, off, G, C, OC));
+}
+
+static void p_matmul_grouped_backward(float *dinp, float *const *dw, float *const *db,
+                                      const float *dout, const float *inp, const float *const *w,
+                                      const int *off, int G, int C, int OC)
+{
+    double n = off[G], c = C, oc = OC, used = groups_used(off, G);
+    double bytes = F4 * n * oc + (dinp ? F4 * (used * oc * c + 2 * n * c) : 0) +
+                   (dw ? F4 * (n * c + 2 * used * oc * c) : 0) + (db ? F4 * 2 * used * oc : 0);
+    double flops = (dinp ? 2 * n * c * oc : 0) + (dw ? 2 * n * c * oc : 0);
+    TIMED("matmul_grouped_backward", bytes, flops,
+          matmul_grouped_backward(dinp, dw, db, dout, inp, w, off, G, C, OC));
+}
+
 static void p_matmul_gelu_forward(float *out, float *pre, const float *inp, const float *w,
                                   const float *b, int N, int C, int OC)
 {
@@ -480,6 +509,8 @@ extern "C" const Backend *backend_cuda_profiled(const Backend *base)
     t.to_host = p_to_host;
     t.matmul_forward = p_matmul_forward;
     t.matmul_backward = p_matmul_backward;
+    t.matmul_grouped_forward = p_matmul_grouped_forward;
+    t.matmul_grouped_backward = p_matmul_grouped_backward;
     if (base->matmul_gelu_forward) /* optional ops stay NULL where the base has none */
         t.matmul_gelu_forward = p_matmul_gelu_forward;
     if (base->matmul_backward_dgelu)

@@ -47,6 +47,8 @@
 #            Llama (gate, up, down): 6 + 11 = 17 a layer, head 2.  fp32:
 #            none.  (Before bf16 storage: GPT-2 20 a layer, head 5; before
 #            the bf16 logits the head was 3, its dlogits converted.)
+# A MoE step (below): launches, cuBLAS calls and memsets the same with 8
+# experts as with 4.
 # KNOWN_SERIAL lists serial kernels still to be fixed (none now: issue 30
 # item 3 made the column sums and the embedding backward parallel); the
 # test fails when another kernel is serial, and when a listed one no
@@ -132,6 +134,43 @@ for cfg in gpt2_bf16 llama_bf16 llama; do
     away=""
     [ $cfg = gpt2_bf16 ] && away=$FUSED_AWAY
     budget "$cfg" "$away"
+done
+# A mixture of experts' step costs the same launches, cuBLAS calls and
+# memsets with 8 experts as with 4 (step 2, bf16: the fp32 path's calls
+# and launches are a subset (no rounding kernels); GPT-2, 2 MoE layers,
+# top-2, no capacity limit; about 8 s a run): each linear of the experts
+# is one grouped GEMM over all of them and the activation one pass over
+# their rows (src/model/moe.c; a loop over the experts made them grow
+# with E).  Only the products' count (gemms, one per expert with rows)
+# grows.
+moe=(--set model.seq_len=32 --set training.global_batch=2 --set training.micro_batch=2
+     --set data.val_sequences=2 --set model.moe.top_k=2)
+for p in bf16; do
+    for E in 4 8; do
+        rm -f "$out/moe${E}_$p.stats"
+        TRD_EMU_STATS="$out/moe${E}_$p.stats" run "moe${E}_$p" 1 "${moe[@]}" \
+            --set model.moe.experts=$E --set training.precision=$p
+    done
+    python3 - "$out/moe4_$p.stats" "$out/moe8_$p.stats" "$p" <<'PY' || fails=$((fails + 1))
+import sys
+def step2(path):
+    for line in open(path):
+        f = line.rstrip("\n").split("\t")
+        if f[0] == "step" and int(f[1]) == 2:
+            return {f[i]: float(f[i + 1]) for i in range(2, len(f), 2)}
+    return {}
+a, b = step2(sys.argv[1]), step2(sys.argv[2])
+keys = ("launches", "gemm_calls", "memsets")
+bad = [f"{k}: {a.get(k)} with 4 experts, {b.get(k)} with 8" for k in keys
+       if k not in a or a.get(k) != b.get(k)]
+if not bad and not b["gemms"] > a["gemms"]:
+    bad.append(f"gemms {a['gemms']:.0f} and {b['gemms']:.0f}: the products should be per expert")
+print(f"{'FAIL' if bad else 'ok  '} MoE {sys.argv[3]} step 2, 4 against 8 experts: "
+      + ", ".join(f"{k} {a.get(k, 0):.0f}/{b.get(k, 0):.0f}" for k in keys + ("gemms",)))
+for x in bad:
+    print(f"     {x}")
+sys.exit(1 if bad else 0)
+PY
 done
 # TRIDENT_PROFILE=1 (docs/cuda.md "Profile"): the table and run.dir's
 # profile.tsv, checked for shape (the emulation's times mean nothing): the

@@ -43,6 +43,7 @@
 #include "backend/backend.h"
 #include "backend/cuda.h"
 #include "check.h"
+#include "core/error.h"
 #include "core/rng.h"
 #include "doc_positions.h"
 
@@ -226,6 +227,91 @@ static void test_matmul(int N, int C, int OC, int with_bias)
     backend_cuda_free(d_inp), backend_cuda_free(d_w), backend_cuda_free(d_b);
     backend_cuda_free(d_out), backend_cuda_free(d_dout), backend_cuda_free(d_dinp);
     backend_cuda_free(d_dw), backend_cuda_free(d_db);
+}
+
+/* The grouped linears (backend.h; kernels/matmul.cu: one grouped GEMM per
+ * product) against the CPU's per-group loop: G groups of the given row
+ * counts (empty ones among them), group g's weight and bias those of
+ * expert g % E (E < G: groups share a gradient, as the ep blocks of
+ * src/model/moe.c do; their gradients add).  Outputs and gradients start
+ * random; then the weight gradient alone and the input gradient with the
+ * bias gradient alone. */
+static void test_matmul_grouped(int G, const int *rows, int E, int C, int OC, int with_bias)
+{
+    char what[160];
+    int off[65];
+    TRD_ASSERT(G <= 64 && E <= G);
+    off[0] = 0;
+    for (int g = 0; g < G; g++)
+        off[g + 1] = off[g] + rows[g];
+    const int R = off[G];
+    size_t ni = (size_t)R * C, nw = (size_t)E * OC * C, no = (size_t)R * OC, nb = (size_t)E * OC;
+    float *inp = hrand(ni, 1), *w = hrand(nw, 1), *b = hrand(nb, 1);
+    float *out = hrand(no, 1), *dout = hrand(no, 1);
+    float *dinp = hrand(ni, 1), *dw = hrand(nw, 1), *db = hrand(nb, 1);
+    float *d_inp = dcopyf(inp, ni), *d_w = dcopyf(w, nw), *d_b = dcopyf(b, nb);
+    float *d_out = dcopyf(out, no), *d_dout = dcopyf(dout, no);
+    float *d_dinp = dcopyf(dinp, ni), *d_dw = dcopyf(dw, nw), *d_db = dcopyf(db, nb);
+    const float *hw[64], *hb[64], *gw[64], *gb[64];
+    float *hdw[64], *hdb[64], *gdw[64], *gdb[64];
+    for (int g = 0; g < G; g++) {
+        const size_t e = (size_t)(g % E);
+        hw[g] = w + e * OC * C, gw[g] = d_w + e * OC * C;
+        hb[g] = b + e * OC, gb[g] = d_b + e * OC;
+        hdw[g] = dw + e * OC * C, gdw[g] = d_dw + e * OC * C;
+        hdb[g] = db + e * OC, gdb[g] = d_db + e * OC;
+    }
+    int len = snprintf(what, sizeof what, "%sgrouped matmul G %d E %d rows", matmul_tag, G, E);
+    for (int g = 0; g < G && len < 100; g++)
+        len += snprintf(what + len, sizeof what - len, "%s%d", g ? "," : " ", rows[g]);
+    snprintf(what + len, sizeof what - len, " C %d OC %d%s", C, OC, with_bias ? " +bias" : "");
+    char name[224];
+
+    cpu->matmul_grouped_forward(out, inp, hw, with_bias ? hb : NULL, off, G, C, OC);
+    gpu->matmul_grouped_forward(d_out, d_inp, gw, with_bias ? gb : NULL, off, G, C, OC);
+    snprintf(name, sizeof name, "%s out", what);
+    if (R > 0) /* (no rows: only the gradients, unchanged, below) */
+        compare_dev(name, d_out, out, no, R_RED);
+
+    cpu->matmul_grouped_backward(dinp, hdw, with_bias ? hdb : NULL, dout, inp, hw, off, G, C, OC);
+    gpu->matmul_grouped_backward(d_dinp, gdw, with_bias ? gdb : NULL, d_dout, d_inp, gw, off, G, C,
+                                 OC);
+    snprintf(name, sizeof name, "%s dinp", what);
+    if (R > 0)
+        compare_dev(name, d_dinp, dinp, ni, R_RED);
+    snprintf(name, sizeof name, "%s dweight", what);
+    compare_dev(name, d_dw, dw, nw, R_RED);
+    snprintf(name, sizeof name, "%s dbias", what);
+    compare_dev(name, d_db, db, nb, R_RED);
+
+    cpu->matmul_grouped_backward(NULL, hdw, NULL, dout, inp, hw, off, G, C, OC);
+    gpu->matmul_grouped_backward(NULL, gdw, NULL, d_dout, d_inp, gw, off, G, C, OC);
+    cpu->matmul_grouped_backward(dinp, NULL, hdb, dout, inp, hw, off, G, C, OC);
+    gpu->matmul_grouped_backward(d_dinp, NULL, gdb, d_dout, d_inp, gw, off, G, C, OC);
+    snprintf(name, sizeof name, "%s dweight alone", what);
+    compare_dev(name, d_dw, dw, nw, R_RED);
+    snprintf(name, sizeof name, "%s dinp and dbias alone", what);
+    if (R > 0)
+        compare_dev(name, d_dinp, dinp, ni, R_RED);
+    compare_dev(name, d_db, db, nb, R_RED);
+
+    free(inp), free(w), free(b), free(out), free(dout), free(dinp), free(dw), free(db);
+    backend_cuda_free(d_inp), backend_cuda_free(d_w), backend_cuda_free(d_b);
+    backend_cuda_free(d_out), backend_cuda_free(d_dout), backend_cuda_free(d_dinp);
+    backend_cuda_free(d_dw), backend_cuda_free(d_db);
+}
+
+/* Shapes of the grouped linears: uneven groups with empty ones (first,
+ * middle, last), one group, all empty, and groups sharing a gradient. */
+static void test_matmul_grouped_all(void)
+{
+    const int uneven[6] = {0, 37, 1, 0, 128, 0}, one[1] = {53}, none[3] = {0, 0, 0};
+    const int ep2[8] = {5, 0, 17, 3, 9, 2, 0, 40}; /* 4 experts, 2 blocks each */
+    test_matmul_grouped(6, uneven, 6, 75, 53, 1);
+    test_matmul_grouped(6, uneven, 6, 64, 96, 0);
+    test_matmul_grouped(1, one, 1, 40, 24, 1);
+    test_matmul_grouped(3, none, 3, 16, 8, 1);
+    test_matmul_grouped(8, ep2, 4, 48, 40, 1);
 }
 
 /* The linear layer fused with GELU (backend_cuda_bf16: cuBLASLt's
@@ -1882,7 +1968,8 @@ static void test_table(void)
               g->adamw && g->sumsq_ranges && g->adamw_ranges && g->crossentropy_fused &&
               g->loss_add && g->grad_check && g->residual_norm_forward && g->dropout_philox &&
               g->moe_router_forward && g->moe_router_backward && g->moe_gather &&
-              g->moe_scatter_add && g->moe_combine_forward && g->moe_combine_backward,
+              g->moe_scatter_add && g->moe_combine_forward && g->moe_combine_backward &&
+              g->matmul_grouped_forward && g->matmul_grouped_backward,
           "the CUDA table fills every op");
     CHECK(strcmp(g->name, "cuda") == 0, "table name %s", g->name);
 }
@@ -1915,6 +2002,7 @@ int main(void)
         test_matmul(1, 3, 1, 1);
         test_matmul(3100, 64, 77, 1); /* dbias over 3 uneven chunks of rows (common.cuh) */
         test_dbias_repeat(3000, 77);
+        test_matmul_grouped_all();
     }
     /* the fused linear + GELU, bf16 only: cuBLASLt's epilogues (OC and C
      * multiples of 8), then the separate kernels (53, 75: aux leading
@@ -2086,6 +2174,20 @@ int main(void)
     test_adamw_state(5003);
     test_step_state(100003);
     test_bf16_rounding();
+
+#ifdef TRD_CUDA_EMULATED
+    /* The per-group fallback of the grouped linears: the emulated cuBLAS
+     * refuses grouped GEMMs as a library without them does, and
+     * kernels/matmul.cu goes on with per-group GEMMs (for the rest of the
+     * process: so last). */
+    setenv("TRIDENT_EMU_NO_GROUPED", "1", 1);
+    for (int bf16 = 0; bf16 <= 1; bf16++) {
+        cpu = bf16 ? backend_cpu_bf16() : backend_cpu();
+        gpu = bf16 ? backend_cuda_bf16() : backend_cuda();
+        matmul_tag = bf16 ? "per-group bf16 " : "per-group ";
+        test_matmul_grouped_all();
+    }
+#endif
 
     backend_cuda_synchronize();
     return check_summary("cuda_ops");

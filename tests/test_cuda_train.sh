@@ -10,6 +10,7 @@
 #
 # Per-step loss against the CPU run of the same config and seed, 8 steps:
 #   a mixture of experts (GPT-2, 4 experts, a shared one, capacity 1.0; 4 steps),
+#   its grouped GEMMs also in bf16 and the per-expert fallback (2 steps each),
 #   also at dp 2 with ep 2 (ZeRO 0, and ZeRO 1 saved and resumed on the CPU),
 #   and at dp 4 with ep 2 and ZeRO 3 (the experts' slots gathered and
 #   reduced over their group),
@@ -111,6 +112,26 @@ moe=(--set model.moe.experts=4 --set model.moe.shared_experts=1 --set training.s
 run moe 1 "${moe[@]}"
 run moe_cuda 1 "${moe[@]}" "${cuda[@]}"
 curves moe moe_cuda --to 4 --rtol "$TOL" --norm-rtol "$(python3 -c "print(100 * $TOL)")"
+# The experts' GEMMs are grouped (one cuBLAS grouped GEMM per product over
+# all experts, kernels/matmul.cu): in bf16 too (2 steps, against the CPU's
+# bf16 twin), and the per-expert fallback where cuBLAS refuses them
+# (TRIDENT_EMU_NO_GROUPED=1: the emulated cuBLAS answers NOT_SUPPORTED;
+# on a GPU it changes nothing), 2 steps.
+run moe_bf16 1 "${moe[@]}" --set training.precision=bf16 --set training.steps=2
+run moe_bf16_cuda 1 "${moe[@]}" "${cuda[@]}" --set training.precision=bf16 --set training.steps=2
+curves moe_bf16 moe_bf16_cuda --to 2 --rtol "$BF16_TOL" \
+    --norm-rtol "$(python3 -c "print(100 * $BF16_TOL)")"
+TRIDENT_EMU_NO_GROUPED=1 run moe_cuda_per_expert 1 "${moe[@]}" "${cuda[@]}" --set training.steps=2
+curves moe moe_cuda_per_expert --to 2 --rtol "$TOL" --norm-rtol "$(python3 -c "print(100 * $TOL)")"
+if grep -q "CPU emulation" "$out/moe_cuda.log"; then
+    n=$(grep -c "grouped GEMM not supported for fp32.*per-expert GEMMs" "$out/moe_cuda_per_expert.log")
+    if [ "$n" = 1 ] && ! grep -q "grouped GEMM not supported" "$out/moe_cuda.log"; then
+        echo "ok   moe_cuda_per_expert: the refusal said once, the per-expert fallback trained"
+    else
+        echo "FAIL moe_cuda_per_expert: $n refusal lines (want 1, and none in moe_cuda)"
+        fails=$((fails + 1))
+    fi
+fi
 # Expert parallelism: the all-to-all of device rows (staged through the host).
 # ep divides the experts' memory (docs/moe.md): at ZeRO 0, and at ZeRO 1
 # with the optimizer's second block on the device, saved through the host

@@ -17,8 +17,6 @@
 #include <cstdint>
 #include <cublas_v2.h>
 
-enum { CUBLAS_STATUS_NOT_SUPPORTED = 15 };
-
 typedef struct emu_lt *cublasLtHandle_t;
 typedef struct emu_lt_desc *cublasLtMatmulDesc_t;
 typedef struct emu_lt_layout *cublasLtMatrixLayout_t;

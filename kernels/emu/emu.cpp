@@ -111,7 +111,7 @@ struct KernelCount {
     unsigned long long threads_min = ~0ull, threads_max = 0;
 };
 static struct {
-    long syncs, h2d, d2h, d2d, memsets, mallocs, frees, host_allocs, gemms;
+    long syncs, h2d, d2h, d2d, memsets, mallocs, frees, host_allocs, gemms, gemm_calls;
     double h2d_bytes, d2h_bytes, gemm_flops;
     std::map<std::string, KernelCount> kernels;
     /* per stream: "h2d.copy" (copies host to device issued on the copy
@@ -169,9 +169,10 @@ extern "C" void emu_stats_step(int step)
             launches += kv.second.launches;
         fprintf(f, "step\t%d\tlaunches\t%ld\tsyncs\t%ld\th2d\t%ld\td2h\t%ld\td2d\t%ld\t"
                    "memsets\t%ld\tmallocs\t%ld\tfrees\t%ld\thost_allocs\t%ld\tgemms\t%ld\t"
-                   "gemm_flops\t%.0f\th2d_bytes\t%.0f\td2h_bytes\t%.0f",
+                   "gemm_calls\t%ld\tgemm_flops\t%.0f\th2d_bytes\t%.0f\td2h_bytes\t%.0f",
                 step, launches, stats.syncs, stats.h2d, stats.d2h, stats.d2d, stats.memsets,
-                stats.mallocs, stats.frees, stats.host_allocs, stats.gemms, stats.gemm_flops,
+                stats.mallocs, stats.frees, stats.host_allocs, stats.gemms, stats.gemm_calls,
+                stats.gemm_flops,
                 stats.h2d_bytes, stats.d2h_bytes);
         for (auto &kv : stats.streams)
             fprintf(f, "\t%s\t%ld", kv.first.c_str(), kv.second);
@@ -185,7 +186,7 @@ extern "C" void emu_stats_step(int step)
     stats.kernels.clear();
     stats.streams.clear();
     stats.syncs = stats.h2d = stats.d2h = stats.d2d = stats.memsets = 0;
-    stats.mallocs = stats.frees = stats.host_allocs = stats.gemms = 0;
+    stats.mallocs = stats.frees = stats.host_allocs = stats.gemms = stats.gemm_calls = 0;
     stats.h2d_bytes = stats.d2h_bytes = stats.gemm_flops = 0;
 }
 
@@ -959,13 +960,19 @@ struct emu_cublas { int x; };
 cublasStatus_t cublasCreate(cublasHandle_t *h) { *h = new emu_cublas(); return 0; }
 cublasStatus_t cublasDestroy(cublasHandle_t h) { delete h; return 0; }
 
+/* gemms: the products (each problem of a grouped call is one); gemm_calls:
+ * the calls that ran them (a grouped call is one, as it is one launch) */
 static void count_gemm(int m, int n, int k)
 {
     stats.gemms++;
     stats.gemm_flops += 2.0 * m * n * k;
 }
 /* the same for the emulated cuBLASLt (cublaslt_emu.cpp) */
-void emu_count_gemm(int m, int n, int k) { count_gemm(m, n, k); }
+void emu_count_gemm(int m, int n, int k)
+{
+    stats.gemm_calls++;
+    count_gemm(m, n, k);
+}
 
 /* a column-major rows x cols matrix with leading dimension ld, in device
  * memory and within its allocation */
@@ -1005,13 +1012,37 @@ static cublasStatus_t check_gemm(const char *call, cublasHandle_t h, bool na, bo
     return CUBLAS_STATUS_SUCCESS;
 }
 
-cublasStatus_t cublasSgemm(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m,
-                           int n, int k, const float *alpha, const float *A, int lda,
-                           const float *B, int ldb, const float *beta, float *C, int ldc)
+/* x rounded to TF32 (10 mantissa bits, to nearest even), as
+ * CUBLAS_COMPUTE_32F_FAST_TF32 lets the tensor cores read fp32 operands
+ * (a value with fewer mantissa bits, such as a bf16 one, is unchanged) */
+static float tf32_round(float x)
+{
+    uint32_t u;
+    memcpy(&u, &x, sizeof u);
+    if ((u & 0x7f800000u) != 0x7f800000u) /* finite */
+        u = (u + 0xfffu + ((u >> 13) & 1u)) & ~0x1fffu;
+    memcpy(&x, &u, sizeof x);
+    return x;
+}
+
+static std::vector<float> tf32_copy(const float *p, size_t n)
+{
+    std::vector<float> f(n);
+    for (size_t i = 0; i < n; i++)
+        f[i] = tf32_round(p[i]);
+    return f;
+}
+
+/* One fp32 product after its checks (the caller counts the call): with
+ * tf32, the operands rounded as the tensor cores read them. */
+static cublasStatus_t sgemm(const char *call, cublasHandle_t h, cublasOperation_t ta,
+                            cublasOperation_t tb, int m, int n, int k, const float *alpha,
+                            const float *A, int lda, const float *B, int ldb, const float *beta,
+                            float *C, int ldc, bool tf32)
 {
     bool na = ta == CUBLAS_OP_N, nb = tb == CUBLAS_OP_N, empty;
-    cublasStatus_t st = check_gemm("cublasSgemm", h, na, nb, m, n, k, alpha, A, lda, B, ldb,
-                                   beta, C, ldc, sizeof(float), sizeof(float), &empty);
+    cublasStatus_t st = check_gemm(call, h, na, nb, m, n, k, alpha, A, lda, B, ldb, beta, C, ldc,
+                                   sizeof(float), sizeof(float), &empty);
     if (st != CUBLAS_STATUS_SUCCESS || empty)
         return st;
     count_gemm(m, n, k);
@@ -1019,9 +1050,169 @@ cublasStatus_t cublasSgemm(cublasHandle_t h, cublasOperation_t ta, cublasOperati
     work_touch(A);
     work_touch(B);
     work_touch(C);
+    std::vector<float> a, b;
+    if (tf32 && k > 0) {
+        a = tf32_copy(A, matrix_elems(na ? m : k, na ? k : m, lda));
+        b = tf32_copy(B, matrix_elems(nb ? k : n, nb ? n : k, ldb));
+        A = a.data();
+        B = b.data();
+    }
     cblas_sgemm(CblasColMajor, na ? CblasNoTrans : CblasTrans, nb ? CblasNoTrans : CblasTrans,
                 m, n, k, *alpha, A, lda, B, ldb, *beta, C, ldc);
     return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasSgemm(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m,
+                           int n, int k, const float *alpha, const float *A, int lda,
+                           const float *B, int ldb, const float *beta, float *C, int ldc)
+{
+    stats.gemm_calls++;
+    return sgemm("cublasSgemm", h, ta, tb, m, n, k, alpha, A, lda, B, ldb, beta, C, ldc, false);
+}
+
+/* The grouped GEMMs (cuBLAS 12.5): the documented loop over the groups
+ * and their problems, fp32 only.  The per-group arrays (transposes,
+ * sizes, leading dimensions, alpha, beta, group sizes) are host memory,
+ * the matrices' pointer arrays device memory, as the documentation's
+ * table has them; the argument checks of cublasSgemm per problem, all
+ * before any product.  TRIDENT_EMU_NO_GROUPED=1 (tests) makes them answer
+ * CUBLAS_STATUS_NOT_SUPPORTED, as a library without them for a type does,
+ * to test the callers' fallback. */
+static cublasStatus_t grouped(const char *call, cublasHandle_t h,
+                              const cublasOperation_t transa[], const cublasOperation_t transb[],
+                              const int m[], const int n[], const int k[], const float alpha[],
+                              const float *const A[], const int lda[], const float *const B[],
+                              const int ldb[], const float beta[], float *const C[],
+                              const int ldc[], int group_count, const int group_size[], bool tf32)
+{
+    const char *off = getenv("TRIDENT_EMU_NO_GROUPED");
+    if (off && strcmp(off, "1") == 0)
+        return CUBLAS_STATUS_NOT_SUPPORTED;
+    if (!h || group_count < 0)
+        return CUBLAS_STATUS_INVALID_VALUE;
+    if (group_count == 0)
+        return CUBLAS_STATUS_SUCCESS;
+    const size_t G = (size_t)group_count;
+    emu_check_host(call, "transa_array", transa, G * sizeof *transa);
+    emu_check_host(call, "transb_array", transb, G * sizeof *transb);
+    emu_check_host(call, "m_array", m, G * sizeof *m);
+    emu_check_host(call, "n_array", n, G * sizeof *n);
+    emu_check_host(call, "k_array", k, G * sizeof *k);
+    emu_check_host(call, "alpha_array", alpha, G * sizeof *alpha);
+    emu_check_host(call, "lda_array", lda, G * sizeof *lda);
+    emu_check_host(call, "ldb_array", ldb, G * sizeof *ldb);
+    emu_check_host(call, "beta_array", beta, G * sizeof *beta);
+    emu_check_host(call, "ldc_array", ldc, G * sizeof *ldc);
+    emu_check_host(call, "group_size", group_size, G * sizeof *group_size);
+    size_t problems = 0;
+    for (size_t i = 0; i < G; i++) {
+        if (group_size[i] < 0)
+            return CUBLAS_STATUS_INVALID_VALUE;
+        problems += (size_t)group_size[i];
+    }
+    if (problems == 0)
+        return CUBLAS_STATUS_SUCCESS;
+    emu_check_device(call, "Aarray", A, problems * sizeof *A);
+    emu_check_device(call, "Barray", B, problems * sizeof *B);
+    emu_check_device(call, "Carray", C, problems * sizeof *C);
+    /* the pointers, read as the device reads them */
+    std::vector<const float *> a(problems), b(problems);
+    std::vector<float *> c(problems);
+    {
+        DeviceWork work;
+        work_touch(A);
+        work_touch(B);
+        work_touch(C);
+        std::copy(A, A + problems, a.begin());
+        std::copy(B, B + problems, b.begin());
+        std::copy(C, C + problems, c.begin());
+    }
+    /* "the C[idx] matrices must not overlap" (the documentation; on a GPU
+     * the problems run at once): a grouped call may not sum into one */
+    {
+        std::vector<std::pair<uintptr_t, uintptr_t>> span;
+        size_t idx = 0;
+        for (size_t i = 0; i < G; i++)
+            for (int j = 0; j < group_size[i]; j++, idx++)
+                if (m[i] > 0 && n[i] > 0)
+                    span.push_back({(uintptr_t)c[idx],
+                                    (uintptr_t)(c[idx] + matrix_elems(m[i], n[i], ldc[i]))});
+        std::sort(span.begin(), span.end());
+        for (size_t q = 1; q < span.size(); q++)
+            if (span[q].first < span[q - 1].second)
+                die("%s: the C matrices of two problems overlap (at %p): undefined behaviour on "
+                    "a GPU",
+                    call, (void *)span[q].first);
+    }
+    /* with a FAST compute type, "if (k * AtypeSize) % 16 == 0, ensure
+     * intptr_t(ptr) % 16 == 0" (the documentation; a GPU faults) */
+    if (tf32) {
+        size_t idx = 0;
+        for (size_t i = 0; i < G; i++)
+            for (int j = 0; j < group_size[i]; j++, idx++) {
+                const void *ptr[3] = {a[idx], b[idx], c[idx]};
+                for (int q = 0; q < 3; q++)
+                    if ((size_t)k[i] * sizeof(float) % 16 == 0 && (uintptr_t)ptr[q] % 16 != 0)
+                        die("%s: problem %zu's %c at %p is not 16-byte aligned (k %d)", call, idx,
+                            "ABC"[q], ptr[q], k[i]);
+            }
+    }
+    for (int pass = 0; pass < 2; pass++) { /* the checks, then the products */
+        size_t idx = 0;
+        for (size_t i = 0; i < G; i++)
+            for (int j = 0; j < group_size[i]; j++, idx++) {
+                bool na = transa[i] == CUBLAS_OP_N, nb = transb[i] == CUBLAS_OP_N, empty;
+                if ((!na && transa[i] != CUBLAS_OP_T) || (!nb && transb[i] != CUBLAS_OP_T))
+                    return CUBLAS_STATUS_INVALID_VALUE;
+                cublasStatus_t st =
+                    pass == 0 ? check_gemm(call, h, na, nb, m[i], n[i], k[i], &alpha[i], a[idx],
+                                           lda[i], b[idx], ldb[i], &beta[i], c[idx], ldc[i],
+                                           sizeof(float), sizeof(float), &empty)
+                              : sgemm(call, h, transa[i], transb[i], m[i], n[i], k[i], &alpha[i],
+                                      a[idx], lda[i], b[idx], ldb[i], &beta[i], c[idx], ldc[i],
+                                      tf32);
+                if (st != CUBLAS_STATUS_SUCCESS)
+                    return st;
+            }
+    }
+    stats.gemm_calls++;
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasSgemmGroupedBatched(cublasHandle_t h, const cublasOperation_t transa[],
+                                         const cublasOperation_t transb[], const int m[],
+                                         const int n[], const int k[], const float alpha[],
+                                         const float *const A[], const int lda[],
+                                         const float *const B[], const int ldb[],
+                                         const float beta[], float *const C[], const int ldc[],
+                                         int group_count, const int group_size[])
+{
+    return grouped("cublasSgemmGroupedBatched", h, transa, transb, m, n, k, alpha, A, lda, B, ldb,
+                   beta, C, ldc, group_count, group_size, false);
+}
+
+/* fp32 A, B and C (documented with CUBLAS_COMPUTE_32F, _PEDANTIC and
+ * _FAST_TF32) are emulated; bf16 A and B with an fp32 C are not among the
+ * documented types: CUBLAS_STATUS_NOT_SUPPORTED, as the library answers. */
+cublasStatus_t cublasGemmGroupedBatchedEx(
+    cublasHandle_t h, const cublasOperation_t transa[], const cublasOperation_t transb[],
+    const int m[], const int n[], const int k[], const void *alpha, const void *const A[],
+    cudaDataType Atype, const int lda[], const void *const B[], cudaDataType Btype,
+    const int ldb[], const void *beta, void *const C[], cudaDataType Ctype, const int ldc[],
+    int group_count, const int group_size[], cublasComputeType_t compute)
+{
+    const char *call = "cublasGemmGroupedBatchedEx";
+    if (Atype == CUDA_R_16BF && Btype == CUDA_R_16BF && Ctype == CUDA_R_32F)
+        return CUBLAS_STATUS_NOT_SUPPORTED;
+    if (Atype != CUDA_R_32F || Btype != CUDA_R_32F || Ctype != CUDA_R_32F ||
+        (compute != CUBLAS_COMPUTE_32F && compute != CUBLAS_COMPUTE_32F_PEDANTIC &&
+         compute != CUBLAS_COMPUTE_32F_FAST_TF32)) {
+        fprintf(stderr, "emu: %s: only fp32 A, B and C are emulated\n", call);
+        return CUBLAS_STATUS_INVALID_VALUE;
+    }
+    return grouped(call, h, transa, transb, m, n, k, (const float *)alpha, (const float *const *)A,
+                   lda, (const float *const *)B, ldb, (const float *)beta, (float *const *)C, ldc,
+                   group_count, group_size, compute == CUBLAS_COMPUTE_32F_FAST_TF32);
 }
 
 /* The bf16 operands widened to fp32 (exact), then cublasSgemm's product. */
@@ -1056,6 +1247,7 @@ cublasStatus_t cublasGemmEx(cublasHandle_t h, cublasOperation_t ta, cublasOperat
     if (st != CUBLAS_STATUS_SUCCESS || empty)
         return st;
     const int ar = na ? m : k, ac = na ? k : m, br = nb ? k : n, bc = nb ? n : k;
+    stats.gemm_calls++;
     count_gemm(m, n, k);
     DeviceWork work;
     work_touch(A);

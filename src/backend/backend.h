@@ -201,6 +201,29 @@ typedef struct {
     void (*matmul_backward)(float *dinp, float *dweight, float *dbias, const float *dout,
                             const float *inp, const float *weight, int N, int C, int OC,
                             GradMode dinp_mode);
+    /* Grouped linears: G linears over one buffer of rows, in one call (the
+     * experts of a MoE layer, src/model/moe.c; CUDA: one grouped GEMM
+     * where cuBLAS has it, docs/moe.md).  Group g is rows [off[g],
+     * off[g+1]) of inp [off[G], C] and out [off[G], OC] with its own
+     * weight w[g] [OC, C] and bias b[g] [OC].  off (G + 1 ints, non-
+     * decreasing, off[0] = 0) and the pointer arrays w, b, dw, db (G
+     * pointers each) are host memory; the pointers are backend memory.
+     * Groups may be empty.  The arithmetic is matmul_forward's and
+     * matmul_backward's per group (the CPU backend calls them, group by
+     * group, so the same bits as the loop).
+     * matmul_grouped_forward: group g's out rows = its inp rows . w[g]^T
+     * (+ b[g] when b != NULL).
+     * matmul_grouped_backward: matmul_backward of each group, ADDING:
+     * dinp's rows of g += dout's rows . w[g], dw[g] += dout^T . inp over
+     * g's rows, db[g] += their column sums.  dinp, dw, db may be NULL.
+     * Groups may share a gradient (dw[g] == dw[h]: one expert's rows from
+     * several ranks under expert parallelism): theirs add, in group
+     * order. */
+    void (*matmul_grouped_forward)(float *out, const float *inp, const float *const *w,
+                                   const float *const *b, const int *off, int G, int C, int OC);
+    void (*matmul_grouped_backward)(float *dinp, float *const *dw, float *const *db,
+                                    const float *dout, const float *inp, const float *const *w,
+                                    const int *off, int G, int C, int OC);
     /* The linear layer and the GELU that reads its output, fused where the
      * backend can (CUDA bf16: one cuBLASLt GEMM with the GELU_AUX_BIAS
      * epilogue, and DGELU for the backward); optional, NULL: the model

@@ -222,6 +222,62 @@ static void bf16_matmul_backward_dgelu(float *dinp, float *dweight, float *dbias
                          OC);
 }
 
+/* ---- grouped linears (backend.h): the table's own matmul (fp32 or bf16)
+ * on each group's rows, in group order ---- */
+
+typedef void (*MatmulForward)(float *, const float *, const float *, const float *, int, int, int);
+typedef void (*MatmulBackward)(float *, float *, float *, const float *, const float *,
+                               const float *, int, int, int, GradMode);
+
+static void grouped_forward(MatmulForward mm, float *out, const float *inp, const float *const *w,
+                            const float *const *b, const int *off, int G, int C, int OC)
+{
+    for (int g = 0; g < G; g++) {
+        const int n = off[g + 1] - off[g];
+        if (n > 0)
+            mm(out + (size_t)off[g] * OC, inp + (size_t)off[g] * C, w[g], b ? b[g] : NULL, n, C,
+               OC);
+    }
+}
+
+static void grouped_backward(MatmulBackward mm, float *dinp, float *const *dw, float *const *db,
+                             const float *dout, const float *inp, const float *const *w,
+                             const int *off, int G, int C, int OC)
+{
+    for (int g = 0; g < G; g++) {
+        const int n = off[g + 1] - off[g];
+        if (n > 0)
+            mm(dinp ? dinp + (size_t)off[g] * C : NULL, dw ? dw[g] : NULL, db ? db[g] : NULL,
+               dout + (size_t)off[g] * OC, inp + (size_t)off[g] * C, w[g], n, C, OC, GRAD_ADD);
+    }
+}
+
+static void cpu_matmul_grouped_forward(float *out, const float *inp, const float *const *w,
+                                       const float *const *b, const int *off, int G, int C, int OC)
+{
+    grouped_forward(counted_matmul_forward, out, inp, w, b, off, G, C, OC);
+}
+
+static void cpu_matmul_grouped_backward(float *dinp, float *const *dw, float *const *db,
+                                        const float *dout, const float *inp, const float *const *w,
+                                        const int *off, int G, int C, int OC)
+{
+    grouped_backward(counted_matmul_backward, dinp, dw, db, dout, inp, w, off, G, C, OC);
+}
+
+static void bf16_matmul_grouped_forward(float *out, const float *inp, const float *const *w,
+                                        const float *const *b, const int *off, int G, int C, int OC)
+{
+    grouped_forward(bf16_matmul_forward, out, inp, w, b, off, G, C, OC);
+}
+
+static void bf16_matmul_grouped_backward(float *dinp, float *const *dw, float *const *db,
+                                         const float *dout, const float *inp, const float *const *w,
+                                         const int *off, int G, int C, int OC)
+{
+    grouped_backward(bf16_matmul_backward, dinp, dw, db, dout, inp, w, off, G, C, OC);
+}
+
 double backend_cpu_gemm_flops(void) { return gemm_flops; }
 void backend_cpu_gemm_flops_reset(void) { gemm_flops = 0; }
 
@@ -678,6 +734,8 @@ static const Backend cpu_backend = {
     .matmul_backward = counted_matmul_backward,
     .matmul_gelu_forward = cpu_matmul_gelu_forward,
     .matmul_backward_dgelu = cpu_matmul_backward_dgelu,
+    .matmul_grouped_forward = cpu_matmul_grouped_forward,
+    .matmul_grouped_backward = cpu_matmul_grouped_backward,
     .embedding_forward = cpu_embedding_forward,
     .embedding_backward = cpu_embedding_backward,
     .layernorm_forward = cpu_layernorm_forward,
@@ -733,6 +791,8 @@ const Backend *backend_cpu_bf16(void)
         t.matmul_backward = bf16_matmul_backward;
         t.matmul_gelu_forward = bf16_matmul_gelu_forward;
         t.matmul_backward_dgelu = bf16_matmul_backward_dgelu;
+        t.matmul_grouped_forward = bf16_matmul_grouped_forward;
+        t.matmul_grouped_backward = bf16_matmul_grouped_backward;
         t.matmul_forward_x16 = bf16_matmul_forward_x16;
         t.matmul_backward_x16 = bf16_matmul_backward_x16;
         t.matmul_gelu_forward_x16 = bf16_matmul_gelu_forward_x16;

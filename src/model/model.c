@@ -398,8 +398,8 @@ static void carve_scratch(Model *m, Carver *c)
     size_t NF = N * (size_t)d->F;
     if (N * (size_t)d->Fs > NF)
         NF = N * (size_t)d->Fs;
-    if ((size_t)d->R * (size_t)d->Fe > NF)
-        NF = (size_t)d->R * (size_t)d->Fe;
+    if ((size_t)d->Re * (size_t)d->Fe > NF) /* the experts' rows, all at once (moe.c) */
+        NF = (size_t)d->Re * (size_t)d->Fe;
     const int blocks = m->nl > 0, tp = tp_active(&m->tp);
     const int moe = blocks && d->E > 0;
     /* first: the buffer's start is aligned for the doubles it holds */

@@ -1,8 +1,9 @@
 /* moe.c — the MLP branch of a mixture-of-experts layer (docs/moe.md).
  *
  * Composed from six backend ops (router forward and backward, gather,
- * scatter-add, combine forward and backward) and the ordinary matmuls, run
- * on each expert's contiguous block of dispatched rows:
+ * scatter-add, combine forward and backward) and the grouped matmuls
+ * (backend.h), each of which runs one linear of every expert, each on its
+ * contiguous block of dispatched rows, in one call:
  *
  *   logits = ln2 @ router^T                 [N, E]
  *   probs, idx, w = router(logits)          softmax, top-k, renormalised
@@ -172,6 +173,23 @@ static int first_expert(const Model *m) { return m->ep > 1 ? m->epc->rank * m->d
  * memory is divided over ep (ParamShard.ep, params.h). */
 static int held(const Model *m, int e) { return m->sh.ep > 1 ? e - first_expert(m) : e; }
 
+/* The grouped calls' weights: group i (block i of route->roff) is expert
+ * first_expert + i % El, whose block of an expert tensor at base (per
+ * floats an expert; NULL: the tensor is absent) is ptr[i]. */
+static void experts(const Model *m, const float **ptr, const float *base, size_t per)
+{
+    for (int i = 0; i < m->ep * m->d.El; i++)
+        ptr[i] = base ? base + (size_t)held(m, first_expert(m) + i % m->d.El) * per : NULL;
+}
+
+/* The same for a gradient (with ep > 1, the ep groups of one expert share
+ * its gradient: theirs add, backend.h). */
+static void expert_grads(const Model *m, float **ptr, float *base, size_t per)
+{
+    for (int i = 0; i < m->ep * m->d.El; i++)
+        ptr[i] = base ? base + (size_t)held(m, first_expert(m) + i % m->d.El) * per : NULL;
+}
+
 static void moe_count(Model *m, const MoeRoute *rt)
 {
     MoeStats *st = &m->moe_stats;
@@ -211,12 +229,10 @@ static void mlp_in_backward(const Model *m, float *dx, float *g_fc_w, float *g_f
     const Backend *be = m->be;
     const Scratch *s = &m->s;
     const size_t nF = (size_t)n * (size_t)F;
-    zero(m, s->dfc, nF);
     if (m->d.gpt2) {
-        be->gelu_backward(s->dfc, fc, dact, nF, GRAD_ADD);
+        be->gelu_backward(s->dfc, fc, dact, nF, GRAD_SET);
     } else {
-        zero(m, s->dup, nF);
-        be->swiglu_backward(s->dfc, s->dup, dact, fc, up, nF, GRAD_ADD);
+        be->swiglu_backward(s->dfc, s->dup, dact, fc, up, nF, GRAD_SET);
         be->matmul_backward(dx, g_up_w, NULL, s->dup, x, up_w, n, m->d.C, F, GRAD_ADD);
     }
     be->matmul_backward(dx, g_fc_w, g_fc_b, s->dfc, x, fc_w, n, m->d.C, F, GRAD_ADD);
@@ -241,19 +257,27 @@ void moe_forward(Model *m, const LayerParams *p, LayerActs *a, float *out)
         TRD_ASSERT(rt->roff[d->E] <= d->Re); /* each source sends a token to one expert once */
         moe_exchange(m, rt, rows, a->x_in, 0);
     }
-    for (int i = 0; i < ep * El; i++) {
-        const int o = rt->roff[i], n = rt->roff[i + 1] - o, e = held(m, first_expert(m) + i % El);
-        if (n == 0)
-            continue;
-        const size_t eF = (size_t)e * Fe * C; /* expert e's first weight of fc/up and proj */
-        mlp_in_forward(m, a->x_fc + (size_t)o * Fe, a->x_up ? a->x_up + (size_t)o * Fe : NULL,
-                       a->x_act + (size_t)o * Fe, a->x_in + (size_t)o * C, p->x_fc_w + eF,
-                       p->x_fc_b ? p->x_fc_b + (size_t)e * Fe : NULL,
-                       p->x_up_w ? p->x_up_w + eF : NULL, n, Fe);
-        be->matmul_forward(y + (size_t)o * C, a->x_act + (size_t)o * Fe, p->x_proj_w + eF,
-                           p->x_proj_b && m->tp.rank == 0 ? p->x_proj_b + (size_t)e * C : NULL, n,
-                           Fe, C);
+    /* The experts: each of their linears one grouped call over all of this
+     * rank's rows (group i: block i of route->roff), the activation one
+     * pass over them (the rows are contiguous). */
+    const int G = ep * El, Rx = rt->roff[G]; /* the rows this rank's experts run */
+    const size_t FC = (size_t)Fe * C, RF = (size_t)Rx * Fe;
+    const float *fc_w[MOE_MAX_EXPERTS], *fc_b[MOE_MAX_EXPERTS], *up_w[MOE_MAX_EXPERTS];
+    const float *proj_w[MOE_MAX_EXPERTS], *proj_b[MOE_MAX_EXPERTS];
+    experts(m, fc_w, p->x_fc_w, FC);
+    experts(m, fc_b, p->x_fc_b, (size_t)Fe);
+    experts(m, up_w, p->x_up_w, FC);
+    experts(m, proj_w, p->x_proj_w, FC);
+    experts(m, proj_b, p->x_proj_b, (size_t)C);
+    be->matmul_grouped_forward(a->x_fc, a->x_in, fc_w, p->x_fc_b ? fc_b : NULL, rt->roff, G, C, Fe);
+    if (d->gpt2) {
+        be->gelu_forward(a->x_act, a->x_fc, RF);
+    } else {
+        be->matmul_grouped_forward(a->x_up, a->x_in, up_w, NULL, rt->roff, G, C, Fe);
+        be->swiglu_forward(a->x_act, a->x_fc, a->x_up, RF);
     }
+    be->matmul_grouped_forward(y, a->x_act, proj_w, p->x_proj_b && m->tp.rank == 0 ? proj_b : NULL,
+                               rt->roff, G, Fe, C);
     if (ep > 1)
         moe_exchange(m, rt, y, a->x_out, 1);
     if (d->Fs > 0)
@@ -298,32 +322,40 @@ void moe_backward(Model *m, const LayerParams *p, const LayerParams *g, const La
     if (tp_active(&m->tp)) /* dot(dout, x_out) over this rank's partial x_out */
         comm_allreduce_f32(m->tp.comm, s->r_dw, (size_t)N * K);
 
-    /* Experts, each on its rows (ep > 1: the gradients go to the experts'
-     * ranks and the input gradients come back); then the rows back to
-     * their tokens. */
+    /* Experts, each on its rows, in grouped calls as in the forward (ep > 1:
+     * the gradients go to the experts' ranks and the input gradients come
+     * back); then the rows back to their tokens. */
     float *dy = s->x_dy, *dx = s->x_dx;
     if (ep > 1) {
         dy = s->xr_dy;
         dx = s->xr_dx;
         moe_exchange(m, rt, s->x_dy, dy, 0);
     }
-    zero(m, dx, (size_t)rt->roff[ep * El] * C);
-    for (int i = 0; i < ep * El; i++) {
-        const int o = rt->roff[i], n = rt->roff[i + 1] - o, e = held(m, first_expert(m) + i % El);
-        if (n == 0)
-            continue;
-        const size_t eF = (size_t)e * Fe * C;
-        float *dact = s->dfc_act; /* [n, Fe] */
-        zero(m, dact, (size_t)n * Fe);
-        be->matmul_backward(dact, g->x_proj_w + eF,
-                            g->x_proj_b ? g->x_proj_b + (size_t)e * C : NULL, dy + (size_t)o * C,
-                            a->x_act + (size_t)o * Fe, p->x_proj_w + eF, n, Fe, C, GRAD_ADD);
-        mlp_in_backward(m, dx + (size_t)o * C, g->x_fc_w + eF,
-                        g->x_fc_b ? g->x_fc_b + (size_t)e * Fe : NULL,
-                        g->x_up_w ? g->x_up_w + eF : NULL, dact, a->x_fc + (size_t)o * Fe,
-                        a->x_up ? a->x_up + (size_t)o * Fe : NULL, a->x_in + (size_t)o * C,
-                        p->x_fc_w + eF, p->x_up_w ? p->x_up_w + eF : NULL, n, Fe);
+    const int G = ep * El, Rx = rt->roff[G]; /* the rows this rank's experts run */
+    const size_t FC = (size_t)Fe * C, RF = (size_t)Rx * Fe;
+    const float *fc_w[MOE_MAX_EXPERTS], *up_w[MOE_MAX_EXPERTS], *proj_w[MOE_MAX_EXPERTS];
+    float *g_fc_w[MOE_MAX_EXPERTS], *g_fc_b[MOE_MAX_EXPERTS], *g_up_w[MOE_MAX_EXPERTS];
+    float *g_proj_w[MOE_MAX_EXPERTS], *g_proj_b[MOE_MAX_EXPERTS];
+    experts(m, fc_w, p->x_fc_w, FC);
+    experts(m, up_w, p->x_up_w, FC);
+    experts(m, proj_w, p->x_proj_w, FC);
+    expert_grads(m, g_fc_w, g->x_fc_w, FC);
+    expert_grads(m, g_fc_b, g->x_fc_b, (size_t)Fe);
+    expert_grads(m, g_up_w, g->x_up_w, FC);
+    expert_grads(m, g_proj_w, g->x_proj_w, FC);
+    expert_grads(m, g_proj_b, g->x_proj_b, (size_t)C);
+    zero(m, dx, (size_t)Rx * C);
+    zero(m, s->dfc_act, RF); /* the gradient at the projection's input [Rx, Fe] */
+    be->matmul_grouped_backward(s->dfc_act, g_proj_w, g->x_proj_b ? g_proj_b : NULL, dy, a->x_act,
+                                proj_w, rt->roff, G, Fe, C);
+    if (d->gpt2) {
+        be->gelu_backward(s->dfc, a->x_fc, s->dfc_act, RF, GRAD_SET);
+    } else {
+        be->swiglu_backward(s->dfc, s->dup, s->dfc_act, a->x_fc, a->x_up, RF, GRAD_SET);
+        be->matmul_grouped_backward(dx, g_up_w, NULL, s->dup, a->x_in, up_w, rt->roff, G, C, Fe);
     }
+    be->matmul_grouped_backward(dx, g_fc_w, g->x_fc_b ? g_fc_b : NULL, s->dfc, a->x_in, fc_w,
+                                rt->roff, G, C, Fe);
     if (ep > 1)
         moe_exchange(m, rt, dx, s->x_dx, 1);
     be->moe_scatter_add(s->dln, s->x_dx, a->r_slot, rt->R, C, K);

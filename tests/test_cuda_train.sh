@@ -12,8 +12,8 @@
 #   a mixture of experts (GPT-2, 4 experts, a shared one, capacity 1.0; 4 steps),
 #   its grouped GEMMs also in bf16 and the per-expert fallback (2 steps each),
 #   also at dp 2 with ep 2 (ZeRO 0, and ZeRO 1 saved and resumed on the CPU),
-#   and at dp 4 with ep 2 and ZeRO 3 (the experts' slots gathered and
-#   reduced over their group),
+#   and at dp 4 with ep 2 and ZeRO 0 and 3 (the experts reduced per layer
+#   over their group; at ZeRO 3 from slots of their own, gathered too),
 #   and at tp 2 with sequence parallelism (2 steps);
 #   GPT-2 and Llama (GQA) on 1 rank, fp32 and bf16 (bf16 GEMMs on both
 #   sides, within 1e-4), selective and full recompute;
@@ -38,7 +38,9 @@
 # tp 2 x pp 2 with sequence parallelism, an interleaved pp 2 whose
 # activations wrap around from the last rank to the first, and the MoE at
 # dp 2 with ep 2 at ZeRO 3 (the all-to-alls as NCCL groups, the experts'
-# gathers and reductions on the expert-data-parallel communicator), each against the
+# gathers and reductions on the expert-data-parallel communicator) and dp 4
+# with ep 2 at ZeRO 1 (the experts reduced per layer on that communicator's
+# stream during backward), each against the
 # CPU, with no host staging at all (NCCL carried every device buffer).
 . "$(dirname "$0")/e2e.sh"
 
@@ -157,6 +159,10 @@ run moe_cuda_dp4_ep2_zero3 4 "${moe[@]}" "${mb1[@]}" "${cuda[@]}" --set topology
     --set topology.ep=2 --set topology.zero=3
 curves moe_mb1 moe_cuda_dp4_ep2_zero3 --to 4 --rtol "$TOL" \
     --norm-rtol "$(python3 -c "print(100 * $TOL)")"
+# ZeRO 0 at dp 4 x ep 2: each layer's experts all-reduced over their pair
+# as its backward ends (device buffers staged through the host).
+run moe_cuda_dp4_ep2 4 "${moe[@]}" "${mb1[@]}" "${cuda[@]}" --set topology.dp=4 --set topology.ep=2
+curves moe_mb1 moe_cuda_dp4_ep2 --to 4 --rtol "$TOL" --norm-rtol "$(python3 -c "print(100 * $TOL)")"
 # Tensor parallelism with sequence parallelism: each expert split over tp
 # 2, the branch reduce-scattered, the routing weights' gradient all-reduced
 # (device buffers); 2 steps (within the warmup, so the 4-step run's first
@@ -418,7 +424,16 @@ if grep -q "CPU emulation" "$out/gpt2_cuda.log" || [ "${gpus:-0}" -ge 4 ]; then
     run moe_cuda_ep2_nccl 2 "${moe[@]}" "${cuda[@]}" "${nccl[@]}" --set topology.dp=2 \
         --set topology.ep=2 --set topology.zero=3
     curves moe moe_cuda_ep2_nccl --to 4 --rtol "$TOL" --norm-rtol "$(python3 -c "print(100 * $TOL)")"
-    for r in gpt2_dp2_z3_nccl gpt2_tp2_pp2_nccl gpt2_pp2v2_nccl moe_cuda_ep2_nccl; do nccl_used $r; done
+    # ZeRO 1 at dp 4 x ep 2: each layer's experts reduce-scattered over
+    # their pair on its NCCL stream as the layer's backward ends, after it
+    run moe_cuda_dp4_ep2_zero1_nccl 4 "${moe[@]}" "${mb1[@]}" "${cuda[@]}" "${nccl[@]}" \
+        --set topology.dp=4 --set topology.ep=2 --set topology.zero=1
+    curves moe_mb1 moe_cuda_dp4_ep2_zero1_nccl --to 4 --rtol "$TOL" \
+        --norm-rtol "$(python3 -c "print(100 * $TOL)")"
+    for r in gpt2_dp2_z3_nccl gpt2_tp2_pp2_nccl gpt2_pp2v2_nccl moe_cuda_ep2_nccl \
+        moe_cuda_dp4_ep2_zero1_nccl; do
+        nccl_used $r
+    done
     # rank 0 holds chunk 1 (model stage 2), which sends gradients back: the
     # report counts those buffers too
     peak_is_report gpt2_pp2v2_nccl

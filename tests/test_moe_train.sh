@@ -8,7 +8,8 @@
 # ranks, tokens sent to them by all-to-all): gpt2 at dp 2, dp 4, dp 2 with
 # ZeRO 1, 2 and 3, dp 4 with ZeRO 1, 2 and 3 and dp 2 x pp 2, llama
 # (dropping) at dp 2 with ZeRO 3; the experts' memory divided over ep at
-# every stage (memory_bytes against the config).  A
+# every stage (memory_bytes against the config), their gradients reduced
+# per layer during backward at ZeRO 0-1 (the traces of dp 4 x ep 2).  A
 # checkpoint of the 1-rank run resumes at dp 2 with ep 2, one of the ep 2
 # run resumes on one rank, and both go on as the 1-rank run did; eval
 # reads a MoE checkpoint.  ep 4 at dp 4.  Tensor parallelism (each expert
@@ -66,7 +67,7 @@ ep=(--set topology.ep=2)
 RUN_CKPT=1 run gpt2_ep2 2 --set topology.dp=2 "${ep[@]}" --set checkpoint.every=2 \
     --set training.trace=true
 compare gpt2 gpt2_ep2
-run gpt2_dp4_ep2 4 --set topology.dp=4 "${ep[@]}"
+run gpt2_dp4_ep2 4 --set topology.dp=4 "${ep[@]}" --set training.trace=true
 compare gpt2 gpt2_dp4_ep2
 for z in 1 2 3; do
     run "gpt2_ep2_zero$z" 2 --set topology.dp=2 "${ep[@]}" --set topology.zero="$z"
@@ -82,9 +83,29 @@ compare gpt2 gpt2_dp4_ep4
 # (saved; 1 and 3 resumed below).
 for z in 1 2 3; do
     RUN_CKPT=1 run "gpt2_dp4_ep2_zero$z" 4 --set topology.dp=4 "${ep[@]}" \
-        --set topology.zero="$z" --set checkpoint.every=2
+        --set topology.zero="$z" --set checkpoint.every=2 --set training.trace=true
     compare gpt2 "gpt2_dp4_ep2_zero$z"
 done
+# At ZeRO 0-1 (as at 2-3) each layer's expert gradients are reduced over
+# edp as soon as that layer's backward is done, overlapped with the rest
+# of backward: in the traces of dp 4 x ep 2 every rank has, per step, one
+# all-reduce (ZeRO 0) or reduce-scatter (ZeRO 1) over edp per MoE layer,
+# each issued inside a backward span.
+python3 - "$out" <<'PY' || fails=$((fails + 1))
+import json, sys
+out, bad = sys.argv[1], []
+for name, op in [("gpt2_dp4_ep2", "all-reduce edp"), ("gpt2_dp4_ep2_zero1", "reduce-scatter edp")]:
+    spans = [e for e in json.load(open(f"{out}/{name}/trace.json"))["traceEvents"] if e["ph"] == "X"]
+    for r in range(4):
+        bwd = [e for e in spans if e["pid"] == r and e["name"] == "bwd"]
+        red = [e for e in spans if e["pid"] == r and e["name"] == op and e["args"].get("bytes")]
+        late = [e["ts"] for e in red
+                if not any(b["ts"] <= e["ts"] <= b["ts"] + b["dur"] for b in bwd)]
+        if len(red) != 3 * 2 or late:
+            bad.append((name, r, len(red), "issued after backward at", late))
+print(("FAIL" if bad else "ok  ") + f" expert reductions at ZeRO 0-1 overlap backward: {bad}")
+sys.exit(1 if bad else 0)
+PY
 # ep divides the experts' memory at every ZeRO stage (memory_bytes of the
 # first record, rank 0's, against sizes counted here from the written
 # config): the weights are the 1-rank run's less (ep - 1) / ep of the

@@ -119,9 +119,10 @@ static void print_expert_parallel(FILE *f, const Config *cfg, const PlanResult *
             "rank per step over %d MoE layer(s) / pp %d; %s\n",
             ep, r->dp, mc->moe_experts / ep, mc->moe_experts, layer / (1024.0 * 1024.0),
             layer * r->n_micro * moe_layers / r->pp / (1024.0 * 1024.0), moe_layers, r->pp,
-            zero_ep_divides(cfg) ? "expert weights, gradients and optimizer state divided over ep, "
-                                   "their gradients reduced over the dp / ep ranks holding them"
-                                 : "expert weights replicated over dp (offload)");
+            config_ep_divides(cfg)
+                ? "expert weights, gradients and optimizer state divided over ep, "
+                  "their gradients reduced over the dp / ep ranks holding them"
+                : "expert weights replicated over dp (offload)");
 }
 
 /* Tensor parallelism (docs/moe.md): the one collective MoE adds, the
@@ -148,14 +149,14 @@ static void print_expert_tensor_parallel(FILE *f, const PlanResult *r)
 /* The experts' weights a rank holds (docs/moe.md): the stacked experts of
  * every MoE layer of its pipeline stage, each expert split over tp like
  * the dense MLP (the table of tp rank 0 over the whole model, / pp), and
- * E / ep of them where ep divides their memory (zero_ep_divides), else
+ * E / ep of them where ep divides their memory (config_ep_divides), else
  * all of them, replicated over dp. */
 static void print_expert_memory(FILE *f, const Config *cfg, const PlanResult *r)
 {
     ParamShard sh = params_full_shard(&cfg->model);
     sh.tp = r->tp;
     sh.tp_rank = 0;
-    const int divided = zero_ep_divides(cfg);
+    const int divided = config_ep_divides(cfg);
     if (divided) /* the trainer's shard (trainer.c): ep rank 0's */
         sh.ep = cfg->topology.ep;
     ParamTable t;

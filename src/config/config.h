@@ -215,7 +215,7 @@ typedef struct {
 
 /* Does expert parallelism divide the experts' memory (docs/moe.md): a MoE
  * model, topology.ep > 1, no offload, no LoRA (any ZeRO stage)?  Then a
- * rank holds only its ep rank's E / ep experts (zero.h, zero_ep_divides). */
+ * rank holds only its ep rank's E / ep experts (zero.h). */
 static inline int config_ep_divides(const Config *c)
 {
     return c->model.moe_experts > 0 && c->topology.ep > 1 && c->topology.offload == OFFLOAD_NONE &&

@@ -93,7 +93,7 @@ typedef struct {
     LayerRange chunk[CFG_MAX_VIRTUAL];
     int has_embed, has_head; /* embeddings (first model stage) / final norm
                                     and head (last model stage) */
-    /* Expert parallelism dividing the experts' memory (zero_ep_divides):
+    /* Expert parallelism dividing the experts' memory (config_ep_divides):
      * ep > 1 holds experts [ep_rank * E/ep, (ep_rank + 1) * E/ep) of every
      * MoE layer only (ParamSpec.ep_region).  1 (or 0): every expert. */
     int ep, ep_rank;

@@ -465,7 +465,7 @@ static int plan_stage(const Config *cfg, const PlanCluster *c, PlanResult *r, in
     /* What the rank stores: with the experts divided over ep, ep rank 0's
      * (trainer.c); its compute is every layout's (sh). */
     ParamShard held = sh;
-    if (zero_ep_divides(cfg))
+    if (config_ep_divides(cfg))
         held.ep = cfg->topology.ep;
     memset(st, 0, sizeof *st);
     st->layers = params_shard_layers(&sh);

@@ -504,7 +504,7 @@ Trainer *trainer_create(const Config *cfg, Comm world, TrainerMode mode)
 
     ParamShard shard = pp_rank_shard(&cfg->model, &cfg->topology, tr->comms.pp.rank,
                                      tr->comms.tp.size, tr->comms.tp.rank);
-    if (zero_ep_divides(cfg)) { /* this rank holds its ep rank's experts only */
+    if (config_ep_divides(cfg)) { /* this rank holds its ep rank's experts only */
         shard.ep = tr->comms.ep.size;
         shard.ep_rank = tr->comms.ep.rank;
     }

@@ -12,7 +12,7 @@ struct Zero {
     const Config *cfg;
     const Backend *be;
     Comm *dp;
-    /* zero_ep_divides: the experts' memory divided over ep.  The flat
+    /* config_ep_divides: the experts' memory divided over ep.  The flat
      * buffers' expert region [Pd, P) (params.h) holds this rank's experts,
      * whose gradients are reduced over edp (the dp / ep ranks holding the
      * same experts) while the dense [0, Pd) is reduced over dp; ep sums
@@ -27,13 +27,18 @@ struct Zero {
      * PARAMS_EXPERTS(l), bound apart from the layer) have slots of their
      * own beside the layer's, reduce-scattered (and at ZeRO 3 gathered)
      * over edp when the layer's are over dp: xgslot, xrecv, xgred, and at
-     * ZeRO 3 xpslot, xpgather and the shard xpshard (pshard's tail). */
+     * ZeRO 3 xpslot, xpgather and the shard xpshard (pshard's tail).
+     * ZeRO 0-1: each held layer's experts are reduced over edp in place
+     * in grads (ZeRO 1: into xgshard) once its last micro-batch's backward
+     * is done, overlapped with the rest of backward; xred[i] is held layer
+     * i's reduction (by local index), waited for in zero_finish_grads. */
     size_t XS, xown_lo, xown_hi;
     float *xgshard;
     Optimizer xopt;
     size_t max_xlayer; /* elements of the largest layer's experts */
     float *xpshard, *xpslot[2], *xgslot[2], *xrecv[2];
     CommHandle xpgather[2], xgred[2];
+    CommHandle *xred; /* ZeRO 0-1 divided: [nl] */
     int stage;
     ParamShard sh;
     Model *model[CFG_MAX_VIRTUAL]; /* one per model chunk held (params_chunk_shard) */
@@ -250,7 +255,7 @@ static CommHandle gather_range(Zero *z, float *out, size_t lo, size_t hi)
 }
 
 /* Divided experts: start gathering a layer's experts, flat [lo, hi) of the
- * expert region, into out over edp (no offload: zero_ep_divides). */
+ * expert region, into out over edp (no offload: config_ep_divides). */
 static CommHandle gather_experts(Zero *z, float *out, size_t lo, size_t hi)
 {
     size_t a, b;
@@ -428,8 +433,6 @@ static void upload_per_group(Zero *z)
     free(ends);
 }
 
-int zero_ep_divides(const Config *cfg) { return config_ep_divides(cfg); }
-
 Zero *zero_create(const Config *cfg, const Backend *be, const ParamShard *sh, Model *const *models,
                   Comm *dp, Comm *embed, Comm *ep, Comm *edp)
 {
@@ -443,8 +446,8 @@ Zero *zero_create(const Config *cfg, const Backend *be, const ParamShard *sh, Mo
     take_models(z, cfg, sh, models);
     z->P = z->t->numel;
     z->Pd = z->t->dense_numel;
-    if (z->t->ep > 1) { /* the trainer's shard follows zero_ep_divides */
-        TRD_ASSERT(zero_ep_divides(cfg) && ep && edp && ep->size == z->t->ep &&
+    if (z->t->ep > 1) { /* the trainer's shard follows config_ep_divides */
+        TRD_ASSERT(config_ep_divides(cfg) && ep && edp && ep->size == z->t->ep &&
                    ep->rank == z->t->ep_rank && edp->size * ep->size == dp->size);
         z->ep = ep;
         z->edp = edp;
@@ -506,11 +509,17 @@ Zero *zero_create(const Config *cfg, const Backend *be, const ParamShard *sh, Mo
         z->gshard = alloc_floats(z, own_n(z) ? own_n(z) : 1, "gradient shard");
     if (!whole.optimizer && z->ep)
         z->xgshard = alloc_floats(z, xown_n(z) ? xown_n(z) : 1, "expert gradient shard");
-    if (whole.grads) /* ZeRO 0 all-reduces, ZeRO 1 reduce-scatters into the shard */
+    if (whole.grads) { /* ZeRO 0 all-reduces, ZeRO 1 reduce-scatters into the shard */
         z->dpg = dp_grads_create(z->t, z->layers, z->nl, cfg->topology.bucket_mb, dp, z->grads,
                                  z->gshard, z->own_lo, z->S, embed);
-    else
+        if (z->ep) {
+            z->xred = trd_malloc(((size_t)z->nl + 1) * sizeof *z->xred, "expert reductions");
+            for (int i = 0; i < z->nl; i++)
+                z->xred[i] = comm_handle_none();
+        }
+    } else {
         TRD_ASSERT(!embed); /* layout_check: no tied embedding over stages with ZeRO 2-3 */
+    }
     if (!whole.params) {
         if (cfg->topology.offload != OFFLOAD_PARAMS) {
             /* The dense block, then (divided experts) the expert block:
@@ -540,7 +549,7 @@ Zero *zero_create(const Config *cfg, const Backend *be, const ParamShard *sh, Mo
     } else if (z->stage == 0) {
         opt_init(&z->opt, z->t, be, z->params, 0, z->P, prec);
     } else if (z->stage <= 2) {
-        if (z->ep) /* the dense block and the expert block (zero_ep_divides: no offload) */
+        if (z->ep) /* the dense block and the expert block (config_ep_divides: no offload) */
             optimizer_init_pair(&z->opt, &z->xopt, z->t, be, z->params + z->own_lo, z->own_lo,
                                 z->own_hi, z->params + z->xown_lo, z->xown_lo, z->xown_hi, prec);
         else
@@ -578,6 +587,7 @@ void zero_free(Zero *z)
     free(z->layers);
     free(z->local);
     free(z->up_part);
+    free(z->xred);
     dp_grads_free(z->dpg);
     const Backend *be = z->be;
     be->release(z->params);
@@ -634,6 +644,29 @@ void zero_begin_step(Zero *z)
     gather_outer(z);
 }
 
+/* Stages 0-1 with the experts divided: layer l's experts' final gradients
+ * (flat [lo, hi) of the expert region) over the ranks holding the same
+ * experts, started now: all-reduced in place (ZeRO 0), or reduce-scattered
+ * into our part of the expert shard (ZeRO 1).  The same per-element sums
+ * over the same edp ranks as one reduction of the whole region.  Under
+ * NCCL it runs on edp's stream after the compute stream's backward. */
+static void start_expert_reduction(Zero *z, int l)
+{
+    size_t lo, hi;
+    group_range(z, PARAMS_EXPERTS(l), &lo, &hi);
+    if (hi <= lo) /* no MoE layer */
+        return;
+    CommHandle *h = &z->xred[z->local[l]];
+    if (z->stage == 0) {
+        *h = comm_iallreduce_f32(z->edp, z->grads + lo, hi - lo);
+        return;
+    }
+    size_t a, b;
+    comm_shard_part(lo - z->Pd, hi - z->Pd, z->XS, z->edp->rank, &a, &b);
+    float *mine = b > a ? z->xgshard + (z->Pd + a - z->xown_lo) : z->xgshard;
+    *h = comm_ireduce_scatter_range_f32(z->edp, z->grads + lo, mine, lo - z->Pd, hi - z->Pd, z->XS);
+}
+
 /* Backward of layer l is done: start what can start. */
 static void layer_grads_ready(Zero *z, int l, int last_micro)
 {
@@ -650,8 +683,11 @@ static void layer_grads_ready(Zero *z, int l, int last_micro)
         z->gred_last[k] = last_micro;
         return;
     }
-    if (last_micro) /* else accumulate locally; reduce once on the last micro-batch */
-        dp_grads_ready(z->dpg, backward_pos(z, l));
+    if (!last_micro) /* accumulate locally; reduce once on the last micro-batch */
+        return;
+    dp_grads_ready(z->dpg, backward_pos(z, l));
+    if (z->xred)
+        start_expert_reduction(z, l);
 }
 
 /* ---- the parts of a micro-batch ----------------------------------------------
@@ -768,20 +804,6 @@ float zero_forward_backward(Zero *z, const int32_t *tokens, const int32_t *targe
     return loss;
 }
 
-/* Stages 0-1 with the experts divided: the expert region's gradients over
- * the ranks holding the same experts, once after backward (not overlapped
- * yet): all-reduced (ZeRO 0), or reduce-scattered into their blocks. */
-static void reduce_experts(Zero *z)
-{
-    if (!z->ep || (z->stage == 0 && z->edp->size == 1))
-        return;
-    CommHandle h = z->stage == 0
-                       ? comm_iallreduce_f32(z->edp, z->grads + z->Pd, z->P - z->Pd)
-                       : comm_ireduce_scatter_range_f32(z->edp, z->grads + z->Pd, z->xgshard, 0,
-                                                        z->P - z->Pd, z->XS);
-    wait_timed(z, &h);
-}
-
 void zero_finish_grads(Zero *z)
 {
     if (z->stage >= 2) {
@@ -791,7 +813,8 @@ void zero_finish_grads(Zero *z)
         return;
     }
     z->stats.exposed_comm_s += dp_grads_finish(z->dpg);
-    reduce_experts(z);
+    for (int i = 0; z->xred && i < z->nl; i++) /* started per layer in backward */
+        wait_timed(z, &z->xred[i]);
     z->streamed = z->stream_grads; /* every bucket's copy is under way */
 }
 
@@ -1072,8 +1095,9 @@ uint64_t zero_plan_step_bytes(const Config *cfg, const ParamShard *sh, int dp, i
     if (stage <= 1) {
         bytes +=
             dp_grads_plan_bytes(&ps.t, ps.layers, ps.nl, cfg->topology.bucket_mb, dp, stage == 1);
-        if (ps.t.ep > 1) /* the expert region over edp: all-reduced, or reduce-scattered */
-            bytes += comm_ring_bytes(ps.P - ps.t.dense_numel, stage == 1 ? 1 : 2, dp / ps.t.ep);
+        /* divided experts: each layer's over edp, all-reduced or reduce-scattered */
+        for (int i = 0; ps.t.ep > 1 && i < ps.nl; i++)
+            bytes += comm_ring_bytes(layer_xn(&ps, ps.layers[i]), stage == 1 ? 1 : 2, ps.edp);
     } else { /* every micro-batch: each layer's and the outer gradient reduce-scattered */
         uint64_t per_micro = comm_ring_bytes(ps.outer_n, 1, dp);
         for (int i = 0; i < ps.nl; i++) /* divided experts: over edp */

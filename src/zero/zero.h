@@ -93,32 +93,35 @@ typedef struct {
  * optimizer state of its part.  dp is the data-parallel group; embed the
  * embedding group when this rank holds a tied embedding split over
  * pipeline stages (stages 0-1 only), else NULL; ep and edp the expert
- * (data) parallel groups (zero_ep_divides). */
-Zero *zero_create(const Config *cfg, const Backend *be, const ParamShard *sh, Model *const *models,
-                  Comm *dp, Comm *embed, Comm *ep, Comm *edp);
-/* Does expert parallelism divide the experts' memory under cfg (a MoE
- * model, topology.ep > 1, no offload, no LoRA; any stage)?  Then the
- * trainer gives zero_create a shard with ep and ep_rank set (params.h): a
- * rank holds the weights, gradients and optimizer state of its ep rank's
- * E / ep experts only, in the flat buffers' expert region [Pd, P), whose
- * gradients are reduced over edp (topology.h: the dp / ep ranks with the
- * same ep rank), with the table above applied to the region over edp:
- *   ZeRO 0: all-reduced once after backward (and counted in the gradient
- *     norm once over ep);
- *   ZeRO 1: reduce-scattered once after backward into blocks of the
- *     region over edp, which a second optimizer steps (its state in the
- *     same buffers, after the dense block's) and edp all-gathers;
- *   ZeRO 2: the same blocks and optimizer, but each layer's experts
- *     (PARAMS_EXPERTS(l)) get a gradient slot beside the layer's and are
- *     reduce-scattered over edp per layer and micro-batch, overlapped,
- *     as the layer's are over dp;
+ * (data) parallel groups, below.
+ *
+ * Where expert parallelism divides the experts' memory
+ * (config_ep_divides: a MoE model, topology.ep > 1, no offload, no LoRA;
+ * any stage) the trainer gives zero_create a shard with ep and ep_rank
+ * set (params.h): a rank holds the weights, gradients and optimizer state
+ * of its ep rank's E / ep experts only, in the flat buffers' expert region
+ * [Pd, P), whose gradients are reduced over edp (topology.h: the dp / ep
+ * ranks with the same ep rank), with the table above applied to the
+ * region over edp:
+ *   ZeRO 0: all-reduced, each layer's experts (PARAMS_EXPERTS(l)) as
+ *     soon as the layer's backward of the step's last micro-batch is
+ *     done, overlapped with the rest of backward (and counted in the
+ *     gradient norm once over ep);
+ *   ZeRO 1: reduce-scattered the same way, layer by layer, into blocks of
+ *     the region over edp, which a second optimizer steps (its state in
+ *     the same buffers, after the dense block's) and edp all-gathers;
+ *   ZeRO 2: the same blocks and optimizer, but each layer's experts get
+ *     a gradient slot beside the layer's and are reduce-scattered over
+ *     edp per layer and micro-batch, overlapped, as the layer's are over
+ *     dp;
  *   ZeRO 3: the weights too are kept as the rank's block of the region
  *     (after the dense block in the parameter shard), and each layer's
  *     experts are gathered over edp into parameter slots of their own
  *     beside the layer's, before its forward and its backward.
  * The dense region [0, Pd) is reduced and sharded over dp as without ep.
  * Else every rank holds every expert (Pd = P) and ep, edp may be NULL. */
-int zero_ep_divides(const Config *cfg);
+Zero *zero_create(const Config *cfg, const Backend *be, const ParamShard *sh, Model *const *models,
+                  Comm *dp, Comm *embed, Comm *ep, Comm *edp);
 void zero_free(Zero *z);
 /* The model of the first chunk (the only one unless interleaved). */
 Model *zero_model(Zero *z);

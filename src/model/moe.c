@@ -33,7 +33,7 @@
  * outputs go to the experts' ranks, the gradients at the inputs come back.
  * An expert's weight gradient on its rank is then the sum over the tokens
  * of the whole ep group.  Where the experts' memory is divided over ep
- * (zero_ep_divides: no offload) a rank holds its own E / ep experts only
+ * (config_ep_divides: no offload) a rank holds its own E / ep experts only
  * (held() indexes them) and the expert-data-parallel reduction (the dp / ep
  * ranks with the same ep rank) sums each expert's gradient over all tokens;
  * else every rank holds every expert, the others' gradient of it is 0, and

@@ -474,6 +474,8 @@ static const Backend cuda_backend = {
     .dropout_philox = cuda_dropout_philox,
     .adamw = cuda_adamw,
     .adamw_ranges = cuda_adamw_ranges,
+    .weights_bf16 = NULL, /* fp32: no conversions (backend_cuda_bf16 fills these) */
+    .weights_bf16_drop = NULL,
 };
 
 extern "C" const Backend *backend_cuda(void) { return &cuda_backend; }
@@ -500,6 +502,8 @@ extern "C" const Backend *backend_cuda_bf16(void)
         t.head_backward_x16 = cuda_head_backward_x16;
         t.attention_forward = cuda_attention_forward_bf16;
         t.attention_backward = cuda_attention_backward_bf16;
+        t.weights_bf16 = cuda_weights_bf16;
+        t.weights_bf16_drop = cuda_weights_bf16_drop;
     }
     return &t;
 }

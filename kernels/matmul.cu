@@ -19,10 +19,12 @@
  * GELU, in the epilogue; the MLP projection's input gradient through the
  * GELU-gradient epilogue; the other backward GEMMs are cublasGemmEx.  The
  * *_x16 ops (backend.h) take an activation stored in bf16 by its producer
- * and read it as it is; every other operand (weights, output gradients,
- * the attention output) is stored in fp32 and converted, a pass over it,
- * and the workspace is the bf16 copies of the largest GEMM's two operands
- * (device memory beside the report's categories). */
+ * and read it as it is; a weight inside the step's bf16 weight copy
+ * (cuda_weights_bf16, made by the trainer once a step) is read from there;
+ * every other operand (other weights, output gradients, the attention
+ * output) is stored in fp32 and converted, a pass over it, and the
+ * workspace is the bf16 copies of the largest GEMM's two operands (device
+ * memory beside the report's categories, as is the weight copy). */
 #include "matmul_lt.cuh"
 #include "ops.cuh"
 
@@ -176,6 +178,48 @@ static __nv_bfloat16 *to_bf16(int k, const float *src, size_t n)
     return slot[k];
 }
 
+/* The step's bf16 copy of the weights (backend.h weights_bf16): the flat
+ * parameter buffer [params, params + n) converted once, read by every bf16
+ * GEMM whose weight lies inside it while valid.  The conversion is the
+ * same kernel as to_bf16's, so a GEMM reads the same bf16 values either
+ * way, as long as the fp32 weights do not change while it is valid (the
+ * trainer drops it before the optimizer step). */
+static struct {
+    const float *params;
+    size_t n, cap;
+    __nv_bfloat16 *copy;
+    int valid;
+} wcopy;
+
+void cuda_weights_bf16(const float *params, size_t n)
+{
+    if (n > wcopy.cap) { /* the first step only: the buffer's size is the model's */
+        cuda_free_async(wcopy.copy);
+        wcopy.copy =
+            (__nv_bfloat16 *)cuda_malloc_async(n * sizeof(__nv_bfloat16), "bf16 weight copy");
+        wcopy.cap = n;
+    }
+    if (n > 0) {
+        to_bf16_kernel<<<cuda_blocks(n), CUDA_THREADS, 0, cuda_stream()>>>(wcopy.copy, params, n);
+        CUDA_CHECK_LAUNCH();
+    }
+    wcopy.params = params;
+    wcopy.n = n;
+    wcopy.valid = 1;
+}
+
+void cuda_weights_bf16_drop(void) { wcopy.valid = 0; }
+
+/* The bf16 weight [n] for a GEMM: its place in the step's copy where the
+ * copy is valid and holds all of it, else converted into slot k. */
+static const __nv_bfloat16 *weight_bf16(int k, const float *weight, size_t n)
+{
+    const uintptr_t w = (uintptr_t)weight, p = (uintptr_t)wcopy.params;
+    if (wcopy.valid && w >= p && n <= wcopy.n && (w - p) / sizeof(float) <= wcopy.n - n)
+        return wcopy.copy + (w - p) / sizeof(float);
+    return to_bf16(k, weight, n);
+}
+
 /* The column-major product of matmul.cu's comment, bf16 A and B, fp32 C. */
 static void gemm_bf16(cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k,
                       const __nv_bfloat16 *A, int lda, const __nv_bfloat16 *B, int ldb, float beta,
@@ -192,7 +236,7 @@ static void gemm_bf16(cublasOperation_t ta, cublasOperation_t tb, int m, int n, 
 static void forward_bf16(float *out, const __nv_bfloat16 *a, const float *weight, const float *bias,
                          int N, int C, int OC)
 {
-    const __nv_bfloat16 *w = C > 0 ? to_bf16(0, weight, (size_t)OC * C) : NULL;
+    const __nv_bfloat16 *w = C > 0 ? weight_bf16(0, weight, (size_t)OC * C) : NULL;
     /* out^T[OC, N] = weight[OC, C] . inp^T[C, N] + bias, the bias in
      * cuBLASLt's epilogue (a vector over D's OC rows): no broadcast
      * kernel, and out is written once instead of read and written. */
@@ -258,8 +302,8 @@ static void backward_bf16(float *dinp, GradMode dinp_mode, float *dweight, float
         return;
     const __nv_bfloat16 *d = d16 ? d16 : dinp || dweight ? to_bf16(0, dout, (size_t)N * OC) : NULL;
     if (dinp) /* dinp^T[C, N] (+)= weight^T[C, OC] . dout^T[OC, N] */
-        gemm_bf16(CUBLAS_OP_N, CUBLAS_OP_N, C, N, OC, to_bf16(1, weight, (size_t)OC * C), C, d, OC,
-                  dinp_beta(dinp_mode), dinp, C);
+        gemm_bf16(CUBLAS_OP_N, CUBLAS_OP_N, C, N, OC, weight_bf16(1, weight, (size_t)OC * C), C, d,
+                  OC, dinp_beta(dinp_mode), dinp, C);
     backward_weight_bias_bf16(dweight, dbias, d, dout, inp, x, N, C, OC);
 }
 
@@ -290,7 +334,7 @@ void cuda_head_forward_x16(uint16_t *logits, const uint16_t *inp, const float *w
         backend_cuda_zero(logits, (size_t)N * OC * sizeof(uint16_t));
         return;
     }
-    const __nv_bfloat16 *w = to_bf16(0, weight, (size_t)OC * C);
+    const __nv_bfloat16 *w = weight_bf16(0, weight, (size_t)OC * C);
     const __nv_bfloat16 *a = (const __nv_bfloat16 *)inp;
     __nv_bfloat16 *out = (__nv_bfloat16 *)logits;
     if (lt_matmul_bf16_d16(1, 0, OC, N, C, w, C, a, C, out, OC))
@@ -319,7 +363,7 @@ void cuda_matmul_gelu_forward_bf16(float *out, float *pre, const float *inp, con
     if (C > 0 && bias && lt_epilogue_ok(bias, pre, OC)) {
         /* pre^T[OC, N] = weight . inp^T + bias (the epilogue's aux output),
          * out^T = gelu(pre^T) (D): one GEMM, no bias or GELU kernel. */
-        const __nv_bfloat16 *w = to_bf16(0, weight, (size_t)OC * C);
+        const __nv_bfloat16 *w = weight_bf16(0, weight, (size_t)OC * C);
         const __nv_bfloat16 *a = to_bf16(1, inp, (size_t)N * C);
         if (lt_matmul_bf16(1, 0, OC, N, C, w, C, a, C, out, OC, LT_GELU_BIAS, bias, pre, OC))
             return;
@@ -354,7 +398,7 @@ static void backward_dgelu_bf16(float *dinp, float *dweight, float *dbias, const
         return;
     }
     const __nv_bfloat16 *d = to_bf16(0, dout, (size_t)N * OC);
-    const __nv_bfloat16 *w = to_bf16(1, weight, (size_t)OC * C);
+    const __nv_bfloat16 *w = weight_bf16(1, weight, (size_t)OC * C);
     /* dinp^T[C, N] = (weight^T . dout^T) * gelu'(pre^T): DGELU with pre
      * as the aux input; beta 0, as backend.h's SETS.  Else the product,
      * then the gradient through the GELU in place. */

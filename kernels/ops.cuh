@@ -31,6 +31,9 @@ void cuda_matmul_grouped_forward_bf16(float *out, const float *inp, const float 
 void cuda_matmul_grouped_backward_bf16(float *dinp, float *const *dw, float *const *db,
                                        const float *dout, const float *inp, const float *const *w,
                                        const int *off, int G, int C, int OC);
+/* matmul.cu, the step's bf16 copy of the weights (backend.h weights_bf16) */
+void cuda_weights_bf16(const float *params, size_t n);
+void cuda_weights_bf16_drop(void);
 /* matmul.cu, bf16 GEMMs whose activation operand is stored in bf16
  * (backend.h's *_x16; backend_cuda_bf16) */
 void cuda_matmul_forward_x16(float *out, const uint16_t *inp, const float *weight,

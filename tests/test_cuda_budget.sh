@@ -37,16 +37,19 @@
 #   convert  exactly CONVERT[cfg] fp32 -> bf16 conversions (to_bf16_kernel
 #            launches, matmul.cu) a step: with bf16 activation storage
 #            (docs/design.md) the norms' outputs and the MLP projection's
-#            input are written in bf16 and never converted, so per layer
-#            only the weights (one per GEMM forward and per input-gradient
-#            GEMM), the output gradients (one per backward) and the
-#            attention output (fp32: forward and weight gradient) are;
-#            GPT-2: 4 linears, 5 forward + 9 backward = 14 a layer, and the
-#            head 1 + 1 (its weight, forward and for the input gradient:
-#            the logits and dlogits are stored in bf16, head_*_x16);
-#            Llama (gate, up, down): 6 + 11 = 17 a layer, head 2.  fp32:
-#            none.  (Before bf16 storage: GPT-2 20 a layer, head 5; before
-#            the bf16 logits the head was 3, its dlogits converted.)
+#            input are written in bf16 and never converted, and with the
+#            step's bf16 weight copy (backend.h weights_bf16) no GEMM
+#            converts its weight: one conversion of the whole flat
+#            parameter buffer a step, then per layer only the output
+#            gradients (one per backward) and the attention output (fp32:
+#            forward and weight gradient); GPT-2: 4 linears, 4 + 2 = 6 a
+#            layer, Llama (gate, up, down): 5 + 2 = 7 a layer; the head
+#            none (its logits and dlogits are stored in bf16,
+#            head_*_x16).  fp32: none.  (Before the weight copy, one per
+#            GEMM forward and per input-gradient GEMM more: GPT-2 14 a
+#            layer, Llama 17, the head 2, no copy; before bf16 storage:
+#            GPT-2 20 a layer, head 5; before the bf16 logits the head
+#            was 3, its dlogits converted.)
 # A MoE step (below): launches, cuBLAS calls and memsets the same with 8
 # experts as with 4.
 # KNOWN_SERIAL lists serial kernels still to be fixed (none now: issue 30
@@ -57,7 +60,7 @@
 
 SYNCS=${TRIDENT_BUDGET_SYNCS:-1}
 MEMSETS=3
-declare -A CONVERT=([gpt2_bf16]=$((14 * 2 + 2)) [llama_bf16]=$((17 * 2 + 2)) [llama]=0)
+declare -A CONVERT=([gpt2_bf16]=$((6 * 2 + 1)) [llama_bf16]=$((7 * 2 + 1)) [llama]=0)
 LAUNCH_PER_LAYER=34
 # 18: the embedding backward's grouping is three launches for dwte (rank,
 # place, sum; issue 30's replacement of the linked chains)

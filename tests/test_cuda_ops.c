@@ -749,6 +749,85 @@ static void test_matmul_x16(int N, int C, int OC, int with_bias)
     backend_cuda_free(d_b), backend_cuda_free(d_dout);
 }
 
+/* The bf16 weight copy (backend.h weights_bf16): the linear's weight w
+ * [OC, C] at offset `at` of a flat buffer of P floats.  With the copy
+ * made, the GEMMs (forward, input gradient, the x16 forward, the fused
+ * GELU forward and its gradient) give the bits of the converting GEMMs;
+ * they read the copy (the fp32 weight changed behind it leaves their
+ * results as they were); after weights_bf16_drop they read the new
+ * weight, as does a GEMM whose weight is not wholly inside the copied
+ * range. */
+static void test_weights_bf16(int N, int C, int OC)
+{
+    enum { OPS = 5 };
+    char what[128];
+    const size_t ni = (size_t)N * C, nw = (size_t)OC * C, no = (size_t)N * OC, at = 37;
+    const size_t P = at + nw + 11, nmax = ni > no ? ni : no;
+    float *params = hrand(P, 1), *params2 = hrand(P, 1), *inp = hrand(ni, 1);
+    float *b = hrand(OC, 1), *dout = hrand(no, 1), *pre = hrand(nmax, 1); /* dgelu's [N, C] */
+    uint16_t *x = hrand16(ni, 1);
+    float *d_p = dcopyf(params, P), *d_inp = dcopyf(inp, ni), *d_b = dcopyf(b, OC);
+    float *d_dout = dcopyf(dout, no), *d_pre = dcopyf(pre, ni), *d_pw = dcopyf(params2, P);
+    float *d_gpre = dcopyf(pre, no);
+    uint16_t *d_x = dcopy(x, ni * sizeof *x);
+    size_t n[OPS] = {no, ni, no, no, ni};
+    float *d_o[OPS];
+    for (int k = 0; k < OPS; k++)
+        d_o[k] = dcopyf(pre, n[k]);
+        /* the five GEMMs on the weight at d_w, into d_o; their outputs */
+#define WB_RUN(d_w)                                                                                \
+    do {                                                                                           \
+        gpu->matmul_forward(d_o[0], d_inp, d_w, d_b, N, C, OC);                                    \
+        gpu->matmul_backward(d_o[1], NULL, NULL, d_dout, d_inp, d_w, N, C, OC, GRAD_SET);          \
+        gpu->matmul_forward_x16(d_o[2], d_x, d_w, d_b, N, C, OC);                                  \
+        gpu->matmul_gelu_forward(d_o[3], d_gpre, d_inp, d_w, d_b, N, C, OC);                       \
+        gpu->matmul_backward_dgelu(d_o[4], NULL, NULL, d_dout, d_inp, d_pre, d_w, N, C, OC);       \
+    } while (0)
+    float *want[OPS], *want2[OPS], *got[OPS];
+    WB_RUN(d_p + at); /* converting: the weights of params, then params2's */
+    for (int k = 0; k < OPS; k++)
+        want[k] = fetch(d_o[k], n[k]);
+    WB_RUN(d_pw + at);
+    for (int k = 0; k < OPS; k++)
+        want2[k] = fetch(d_o[k], n[k]);
+    static const char *op[OPS] = {"forward", "dinp", "forward_x16", "gelu_forward", "dgelu"};
+    /* check[k] == want[k] bit for bit, for each op */
+#define WB_CHECK(check, fmt)                                                                       \
+    do {                                                                                           \
+        for (int k = 0; k < OPS; k++) {                                                            \
+            got[k] = fetch(d_o[k], n[k]);                                                          \
+            snprintf(what, sizeof what, "weights_bf16 %dx%dx%d %s", N, C, OC, op[k]);              \
+            CHECK(!memcmp(got[k], check[k], n[k] * sizeof(float)), "%s: " fmt, what);              \
+            free(got[k]);                                                                          \
+        }                                                                                          \
+    } while (0)
+
+    gpu->weights_bf16(d_p, P);
+    WB_RUN(d_p + at);
+    WB_CHECK(want, "the copy's results equal the converting GEMM's");
+    backend_cuda_to_device(d_p, params2, P * sizeof(float)); /* behind the copy's back */
+    WB_RUN(d_p + at);
+    WB_CHECK(want, "read from the copy (the changed fp32 weight unseen)");
+    gpu->weights_bf16_drop();
+    WB_RUN(d_p + at);
+    WB_CHECK(want2, "after the drop, the changed weight read");
+    /* a copy of all but the weight's last element: the weight converted */
+    backend_cuda_to_device(d_p, params, P * sizeof(float));
+    gpu->weights_bf16(d_p, at + nw - 1);
+    backend_cuda_to_device(d_p, params2, P * sizeof(float));
+    WB_RUN(d_p + at);
+    WB_CHECK(want2, "a weight past the copy's end converted");
+    gpu->weights_bf16_drop();
+#undef WB_RUN
+#undef WB_CHECK
+    for (int k = 0; k < OPS; k++)
+        free(want[k]), free(want2[k]), backend_cuda_free(d_o[k]);
+    free(params), free(params2), free(inp), free(b), free(dout), free(pre), free(x);
+    backend_cuda_free(d_p), backend_cuda_free(d_inp), backend_cuda_free(d_b);
+    backend_cuda_free(d_dout), backend_cuda_free(d_pre), backend_cuda_free(d_pw);
+    backend_cuda_free(d_gpre), backend_cuda_free(d_x);
+}
+
 /* matmul_gelu_forward_x16 and matmul_backward_dgelu_x16: inp [N, C] in
  * bf16 through w [OC, C] (+ b) to pre (fp32) and out (bf16) [N, OC]; then
  * the backward of the next linear w2 [C, OC] reading out. */
@@ -2022,6 +2101,11 @@ int main(void)
     test_matmul_x16(1, 3, 1, 1);
     test_matmul_gelu_x16(37, 64, 96);
     test_matmul_gelu_x16(37, 75, 53);
+    /* the bf16 weight copy: with cuBLASLt's epilogues and without */
+    test_weights_bf16(37, 64, 96);
+    test_weights_bf16(37, 75, 53);
+    CHECK(!backend_cuda()->weights_bf16 && !backend_cpu_bf16()->weights_bf16,
+          "the weight copy is the bf16 CUDA table's only");
     int nshapes[][2] = {{37, 75}, {5, 3}, {2, 4097}, {300, 768}};
     for (size_t s = 0; s < sizeof nshapes / sizeof nshapes[0]; s++)
         for (int residual = 0; residual <= 1; residual++) {

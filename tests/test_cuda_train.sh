@@ -36,7 +36,8 @@
 # too big for the device's memory is refused before allocating.
 # With topology.comm nccl (played by MPI in the emulation): dp 2 ZeRO 3,
 # tp 2 x pp 2 with sequence parallelism, an interleaved pp 2 whose
-# activations wrap around from the last rank to the first, and the MoE at
+# activations wrap around from the last rank to the first, bf16 at dp 2
+# ZeRO 2 (the GEMMs reading the step's bf16 weight copy), and the MoE at
 # dp 2 with ep 2 at ZeRO 3 (the all-to-alls as NCCL groups, the experts'
 # gathers and reductions on the expert-data-parallel communicator) and dp 4
 # with ep 2 at ZeRO 1 (the experts reduced per layer on that communicator's
@@ -418,6 +419,11 @@ if grep -q "CPU emulation" "$out/gpt2_cuda.log" || [ "${gpus:-0}" -ge 4 ]; then
     run gpt2_pp2v2_nccl 2 "${l4[@]}" --set topology.pp=2 --set topology.schedule=interleaved \
         --set topology.virtual_stages=2 "${cuda[@]}" "${nccl[@]}"
     compare gpt2_l4 gpt2_pp2v2_nccl "$TOL"
+    # bf16 at ZeRO 2: the GEMMs read the step's bf16 weight copy, made
+    # from the weights the previous step's all-gather made whole
+    run gpt2_bf16_dp2_z2_nccl 2 --set training.precision=bf16 --set topology.dp=2 \
+        --set topology.zero=2 "${cuda[@]}" "${nccl[@]}"
+    compare gpt2_bf16 gpt2_bf16_dp2_z2_nccl "$BF16_TOL"
     # expert parallelism: the tokens' all-to-alls as one group of NCCL
     # sends and receives each, device to device; at ZeRO 3 the experts'
     # slots go through the expert-data-parallel NCCL communicator
@@ -430,8 +436,8 @@ if grep -q "CPU emulation" "$out/gpt2_cuda.log" || [ "${gpus:-0}" -ge 4 ]; then
         --set topology.dp=4 --set topology.ep=2 --set topology.zero=1
     curves moe_mb1 moe_cuda_dp4_ep2_zero1_nccl --to 4 --rtol "$TOL" \
         --norm-rtol "$(python3 -c "print(100 * $TOL)")"
-    for r in gpt2_dp2_z3_nccl gpt2_tp2_pp2_nccl gpt2_pp2v2_nccl moe_cuda_ep2_nccl \
-        moe_cuda_dp4_ep2_zero1_nccl; do
+    for r in gpt2_dp2_z3_nccl gpt2_tp2_pp2_nccl gpt2_pp2v2_nccl gpt2_bf16_dp2_z2_nccl \
+        moe_cuda_ep2_nccl moe_cuda_dp4_ep2_zero1_nccl; do
         nccl_used $r
     done
     # rank 0 holds chunk 1 (model stage 2), which sends gradients back: the

@@ -525,6 +525,20 @@ typedef struct {
                          const BackendRange *ranges, int n, float lr, float beta1, float beta2,
                          float eps, float weight_decay, float grad_scale, int t, int round_bf16,
                          const BackendStepState *state);
+
+    /* A bf16 copy of the weights for the bf16 GEMMs (docs/cuda.md, "bf16
+     * weight copy").  weights_bf16: convert [params, params + n) (backend
+     * memory, the flat parameter buffer) to bf16 once, into a buffer of
+     * the backend's; until weights_bf16_drop, a bf16 GEMM whose weight
+     * lies wholly inside the range reads its place in the copy instead of
+     * converting the weight itself (any other weight is converted as
+     * before).  The same rounding either way, so the same results, as long
+     * as the caller leaves the fp32 weights unchanged in between: the
+     * trainer makes the copy before a step's first forward and drops it
+     * before the optimizer step.  Optional: NULL where the GEMMs convert
+     * nothing (the fp32 tables, the CPU). */
+    void (*weights_bf16)(const float *params, size_t n);
+    void (*weights_bf16_drop)(void);
 } Backend;
 
 /* The CPU reference backend. */

@@ -187,6 +187,29 @@ int trainer_data_seen(Trainer *tr, int steps, TrainerDataset *out)
     return b->n;
 }
 
+/* The step's bf16 copy of the weights (backend.h weights_bf16), made
+ * before its first forward where the flat parameter buffer holds every
+ * weight whole and final on the device then: ZeRO 0-2 (stage 3 gathers
+ * each layer into a slot), no topology.offload (the updated weights go up
+ * on the copy stream while the forward runs).  Nothing writes the weights
+ * during the forwards and backwards of a step, and weights_drop runs
+ * before anything that may (the optimizer, a skipped step's path, and all
+ * that happens between steps: validation, checkpoints). */
+static void weights_copy(Trainer *tr)
+{
+    const Config *cfg = tr->cfg;
+    if (!tr->be->weights_bf16 || cfg->topology.zero >= 3 || cfg->topology.offload != OFFLOAD_NONE)
+        return;
+    const ZeroState st = zero_state(tr->zero);
+    tr->be->weights_bf16(st.params, zero_params(tr->zero)->numel);
+}
+
+static void weights_drop(Trainer *tr)
+{
+    if (tr->be->weights_bf16_drop)
+        tr->be->weights_bf16_drop();
+}
+
 /* one_step on one rank with a device backend: the same step with one wait
  * for the device.  The loss is summed (loss_add), the gradient norm, the
  * clip factor and the non-finite decision made (grad_check) and AdamW run
@@ -207,6 +230,7 @@ static double device_step(Trainer *tr, int step, double *grad_norm, float *lr, i
         zero_forward_backward(tr->zero, tr->tokens + j * BT, tr->targets + j * BT,
                               tr->loss_share[j], j == tr->n_micro - 1);
     }
+    weights_drop(tr);
     zero_finish_grads(tr->zero);
     zero_grad_check(tr->zero, tr->step_dev, cfg->training.grad_clip);
     *lr = schedule_lr(&cfg->training, step);
@@ -247,6 +271,7 @@ static double one_step(Trainer *tr, int step, double *grad_norm, float *lr, int 
         dropout_rows(tr, micro_first(tr, step, j), j);
     loss_shares(tr, needs_data);
     *data_ms = 1e3 * (comm_wtime() - t_data);
+    weights_copy(tr);
     if (tr->step_dev) {
         const double loss = device_step(tr, step, grad_norm, lr, skipped);
         if (trace_active()) {
@@ -275,6 +300,7 @@ static double one_step(Trainer *tr, int step, double *grad_norm, float *lr, int 
         }
         zero_finish_grads(tr->zero);
     }
+    weights_drop(tr);
     comm_allreduce_f64(&tr->comms.dp, &loss, 1);
 
     double sumsq = zero_grad_sumsq(tr->zero);

@@ -9,7 +9,9 @@
 #     at ZeRO 3 their weights gathered over them), the plan's per-rank
 #     bytes of stage 0
 #     (rank 0 writes the metrics) per category, and every stage's activation
-#     bytes, are within 10% of the allocation report of the first step.
+#     bytes, are within 10% of the allocation report of the first step (the
+#     MoE cases' weights, gradients, optimizer state and ZeRO buffers
+#     exactly).
 #  2. Communication: comm_bytes of step 2 (what src/comm counts on rank 0's
 #     data-parallel communicators, dp and the experts' edp; step 1 also
 #     holds ZeRO's start-up gather)
@@ -75,6 +77,12 @@ for name in cases:
         worst = max(worst, rel)
         if rel > 0.10:
             print(f"FAIL {name}: {mk} planned {p:.0f}, measured {m}"); bad += 1
+        # the divided experts' weights, gradients, Adam state and ZeRO
+        # slots are counted from the same parameter table: exactly
+        elif name.startswith("moe_") and mk in ("params", "grads", "optimizer", "zero_buffers") \
+                and p != m:
+            print(f"FAIL {name}: {mk} planned {p:.0f}, measured {m} (exact for the experts)")
+            bad += 1
     for k, m in enumerate(rec[0].get("stage_activation_bytes", [])):
         rel = abs(st[k]["activations"] - m) / m
         worst = max(worst, rel)

@@ -174,12 +174,18 @@ static int first_expert(const Model *m) { return m->ep > 1 ? m->epc->rank * m->d
 static int held(const Model *m, int e) { return m->sh.ep > 1 ? e - first_expert(m) : e; }
 
 /* The grouped calls' weights: group i (block i of route->roff) is expert
- * first_expert + i % El, whose block of an expert tensor at base (per
- * floats an expert; NULL: the tensor is absent) is ptr[i]. */
+ * first_expert + i % El, whose block of an expert tensor starts this many
+ * floats (per floats an expert) into the bound tensor. */
+static size_t group_offset(const Model *m, int i, size_t per)
+{
+    return (size_t)held(m, first_expert(m) + i % m->d.El) * per;
+}
+
+/* ptr[i]: group i's block of the expert tensor at base (NULL: absent). */
 static void experts(const Model *m, const float **ptr, const float *base, size_t per)
 {
     for (int i = 0; i < m->ep * m->d.El; i++)
-        ptr[i] = base ? base + (size_t)held(m, first_expert(m) + i % m->d.El) * per : NULL;
+        ptr[i] = base ? base + group_offset(m, i, per) : NULL;
 }
 
 /* The same for a gradient (with ep > 1, the ep groups of one expert share
@@ -187,7 +193,7 @@ static void experts(const Model *m, const float **ptr, const float *base, size_t
 static void expert_grads(const Model *m, float **ptr, float *base, size_t per)
 {
     for (int i = 0; i < m->ep * m->d.El; i++)
-        ptr[i] = base ? base + (size_t)held(m, first_expert(m) + i % m->d.El) * per : NULL;
+        ptr[i] = base ? base + group_offset(m, i, per) : NULL;
 }
 
 static void moe_count(Model *m, const MoeRoute *rt)

@@ -80,8 +80,8 @@ static Config tiny(int llama)
  * counts; with logits (not with stats: reading them is a copy), the
  * [NEW][V] logits the tokens were chosen from.  Returns whether the
  * one-row steps ran as a graph. */
-static int generate(const Config *cfg, const Backend *be, double temperature, int host,
-                    int stats, int32_t *out, float *logits)
+static int generate(const Config *cfg, const Backend *be, double temperature, int host, int stats,
+                    int32_t *out, float *logits)
 {
     ParamShard sh = params_full_shard(&cfg->model);
     Model *m = model_create(cfg, be, &sh, 1);
@@ -202,6 +202,7 @@ int main(void)
             CHECK(graphed, "%s: the one-row step is not a graph", what);
             CHECK(same(graph, cpu), "%s: cuda graph tokens != cpu tokens", what);
             check_budget(path, what, 1);
+            const long nodes = count(path, FIRST_STEADY, "graph_nodes");
             int32_t again[NEW];
             generate(&cfg, backend_cuda(), temperature, 0, 0, again, l_graph);
             CHECK(same(again, cpu), "%s: cuda graph tokens != cpu tokens", what);
@@ -229,7 +230,9 @@ int main(void)
             printf("%s: tokens", what);
             for (int i = 0; i < NEW; i++)
                 printf(" %d", (int)graph[i]);
-            printf(" (cpu, cuda graph, eager, fallback alike), logits %.2g relative\n", rel);
+            printf(" (cpu, cuda graph, eager, fallback alike), logits %.2g relative, %ld graph "
+                   "nodes a token\n",
+                   rel, nodes);
         }
     }
     unlink(path);

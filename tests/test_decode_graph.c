@@ -227,12 +227,11 @@ int main(void)
             CHECK(rel_fb <= 1e-5, "%s: cuda fallback logits differ from the cpu's by %.3g", what,
                   rel_fb);
 
-            printf("%s: tokens", what);
+            printf("%s: cuda graph tokens", what);
             for (int i = 0; i < NEW; i++)
                 printf(" %d", (int)graph[i]);
-            printf(" (cpu, cuda graph, eager, fallback alike), logits %.2g relative, %ld graph "
-                   "nodes a token\n",
-                   rel, nodes);
+            printf(", logits %.2g from the cpu's (relative), %ld graph nodes a token\n", rel,
+                   nodes);
         }
     }
     unlink(path);

@@ -124,11 +124,12 @@ static void timed_rmsnorm_forward(float *out, float *rstd, const float *inp, con
     inner->rmsnorm_forward(out, rstd, inp, w, N, C, eps);
     op_done("rmsnorm", 0);
 }
+/* pos0 is the decoder's position also where the op reads it at `at` */
 static void timed_attention_decode(float *out, const float *qkv, float *kc, float *vc, int n,
-                                   int pos0, int H, int KVH, int hs)
+                                   const int32_t *at, int pos0, int H, int KVH, int hs)
 {
     t_op = now_s();
-    inner->attention_decode(out, qkv, kc, vc, n, pos0, H, KVH, hs);
+    inner->attention_decode(out, qkv, kc, vc, n, at, pos0, H, KVH, hs);
     op_done("attention_decode", 2.0 * 4 * (pos0 + n) * KVH * hs);
 }
 static void timed_rope_decode(float *qkv, int n, int pos0, int H, int KVH, int hs, RopeFreq rf)
@@ -286,7 +287,7 @@ int main(int argc, char **argv)
     ParamShard sh = params_full_shard(&cfg.model);
     Model *m = model_create(&cfg, &table, &sh, 1);
     Decoder *dc = decoder_create(m, tokens + 1);
-    int32_t *ids = malloc((size_t)(tokens + 1) * sizeof *ids);
+    int32_t *ids = malloc((size_t)(tokens + 2) * sizeof *ids); /* and the last one chosen */
     ids[0] = 0;
 
     /* Bytes a token reads: every weight except the position table and the
@@ -307,18 +308,17 @@ int main(int argc, char **argv)
     const double cache = 2.0 * cfg.model.layers * (tokens / 2.0) * cfg.model.kv_heads * hs * 4;
     const double per_token = weights + cache;
 
+    /* As trident generate decodes greedily: the argmax on the backend, the
+     * host reading the token alone, the one-row step a CUDA graph where
+     * the backend has them (decoder_next). */
+    decoder_sampling(dc, 0, NULL);
     double best_tps = 0, best_copy = 0, best_read = 0;
     for (int r = 0; r < rounds; r++) {
         decoder_reset(dc);
-        const float *logits = decoder_step(dc, ids, 1);
+        ids[1] = decoder_next(dc, ids, 1);
         const double t0 = now_s();
-        for (int t = 1; t <= tokens; t++) {
-            int best = 0;
-            for (int v = 1; v < cfg.model.vocab; v++)
-                best = logits[v] > logits[best] ? v : best;
-            ids[t] = best;
-            logits = decoder_step(dc, ids + t, 1);
-        }
+        for (int t = 1; t <= tokens; t++)
+            ids[t + 1] = decoder_next(dc, NULL, 1);
         const double tps = tokens / (now_s() - t0);
         double copy_bw, read_bw;
         if (cuda)
@@ -347,7 +347,10 @@ int main(int argc, char **argv)
         printf("memory bandwidth         %.2f GB/s (1 GiB on %d threads: copy %.2f read + write, "
                "read %.2f; the faster, best of the run)\n",
                1e-9 * best_bw, omp_get_max_threads(), 1e-9 * best_copy, 1e-9 * best_read);
-    printf("decode tokens/s          %.1f (best round)\n", best_tps);
+    printf("decode tokens/s          %.1f (best round; %s)\n", best_tps,
+           decoder_graphed(dc) ? "one CUDA graph a token"
+           : be->graph_begin   ? "ops one by one: the CUDA graph failed"
+                               : "ops one by one: the backend has no graphs");
     printf("bandwidth limit          %.1f tokens/s\n", limit);
     printf("ratio to the limit       %.3f   (%s)\n", best_tps / limit,
            cuda ? "no goal is set for the GPU"

@@ -7,8 +7,54 @@
 /* One stream for every op: the legacy default stream.  It orders the ops
  * with each other and with cudaMemset / cudaMemcpy / cudaFree without any
  * event bookkeeping; overlap (a compute and a communication stream) comes
- * with the NCCL step of issue 8, and only this function changes then. */
-cudaStream_t cuda_stream(void) { return 0; }
+ * with the NCCL step of issue 8, and only this function changes then.
+ * While a graph is captured (graph_begin .. graph_end), the ops go to the
+ * capture stream instead: the legacy stream cannot be captured. */
+static cudaStream_t ops_stream;
+cudaStream_t cuda_stream(void) { return ops_stream; }
+
+/* CUDA graphs (backend.h, graph_begin): captured on a stream of their
+ * own, launched on the legacy stream (in order with every op there). */
+static cudaStream_t capture_stream;
+
+static void backend_cuda_graph_begin(void)
+{
+    if (!capture_stream)
+        CUDA_CHECK(cudaStreamCreateWithFlags(&capture_stream, cudaStreamNonBlocking));
+    CUDA_CHECK(cudaStreamBeginCapture(capture_stream, cudaStreamCaptureModeThreadLocal));
+    ops_stream = capture_stream;
+}
+
+static void *backend_cuda_graph_end(void)
+{
+    ops_stream = 0;
+    cudaGraph_t g = NULL;
+    cudaGraphExec_t exec = NULL;
+    cudaError_t err = cudaStreamEndCapture(capture_stream, &g);
+    if (err == cudaSuccess)
+        err = cudaGraphInstantiate(&exec, g, 0);
+    if (g)
+        CUDA_CHECK(cudaGraphDestroy(g));
+    if (err != cudaSuccess) {
+        fprintf(stderr,
+                "trident: note: CUDA graph capture failed (%s); running the ops one by one\n",
+                cudaGetErrorString(err));
+        (void)cudaGetLastError(); /* clear it for later calls */
+        return NULL;
+    }
+    return exec;
+}
+
+static void backend_cuda_graph_launch(void *g)
+{
+    CUDA_CHECK(cudaGraphLaunch((cudaGraphExec_t)g, cuda_stream()));
+}
+
+static void backend_cuda_graph_free(void *g)
+{
+    if (g)
+        CUDA_CHECK(cudaGraphExecDestroy((cudaGraphExec_t)g));
+}
 
 extern "C" int backend_cuda_devices(void)
 {
@@ -130,6 +176,14 @@ void *cuda_scratch(int slot, size_t bytes)
         cap[slot] = bytes;
     }
     return buf[slot];
+}
+
+void *cuda_blas_workspace(void)
+{
+    static void *ws;
+    if (!ws)
+        CUDA_CHECK(cudaMalloc(&ws, CUDA_BLAS_WORKSPACE));
+    return ws;
 }
 
 float *cuda_colsum_scratch(int R, int W, int outs)
@@ -455,6 +509,11 @@ static const Backend cuda_backend = {
     .attention_backward = cuda_attention_backward,
     .rope_decode = cuda_rope_decode,
     .attention_decode = cuda_attention_decode,
+    .decode_choose = cuda_decode_choose,
+    .graph_begin = backend_cuda_graph_begin,
+    .graph_end = backend_cuda_graph_end,
+    .graph_launch = backend_cuda_graph_launch,
+    .graph_free = backend_cuda_graph_free,
     .crossentropy_forward = cuda_crossentropy_forward,
     .crossentropy_backward = cuda_crossentropy_backward,
     .crossentropy_fused = cuda_crossentropy_fused,

@@ -252,6 +252,12 @@ __device__ inline void colsum_put(float *acc, float *part, int W, int c, float s
 float *cuda_colsum_scratch(int R, int W, int outs);
 void cuda_colsum_finish(float *acc0, float *acc1, const float *part, int R, int W);
 
+/* cuBLAS's workspace, one for both handles (their work is ordered on the
+ * ops' stream): 32 MiB, what NVIDIA advises for Hopper, made once and
+ * kept, outside the memory report.  backend.cu. */
+enum { CUDA_BLAS_WORKSPACE = 32 << 20 };
+void *cuda_blas_workspace(void);
+
 /* A scratch buffer of at least `bytes` per slot, grown in stream order and
  * kept: the kernels' small temporaries, outside the memory report like
  * cuBLAS's workspace (backend.cu). */

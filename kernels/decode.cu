@@ -1,6 +1,8 @@
 /* decode.cu — generation with a key/value cache (backend.h, "decoding"):
- * rotary embedding from a position offset, and attention of a few new rows
- * against the cache.
+ * attention of a few new rows against the cache, and the next token chosen
+ * on the device.  The position comes from device memory when the caller
+ * says so (at): a captured step (docs/cuda.md, "Decoding") keeps the same
+ * arguments from token to token.
  *
  * attention_decode: one warp per (new row, head), block t * H + h.  Lane c holds channels
  * c, c+32, c+64, c+96 of the query and of its running output; the cached
@@ -13,9 +15,11 @@
 enum { DEC_HS_MAX = 128, DEC_PER = DEC_HS_MAX / 32 };
 
 /* The caches are [position][KVH][hs]; qkv rows in the fused layout. */
-__global__ void cache_append_kernel(float *kcache, float *vcache, const float *qkv, int n, int pos0,
-                                    int H, int KVH, int hs)
+__global__ void cache_append_kernel(float *kcache, float *vcache, const float *qkv, int n,
+                                    const int32_t *at, int pos0, int H, int KVH, int hs)
 {
+    if (at)
+        pos0 = *at;
     const int Q = H / KVH, width = (H + 2 * KVH) * hs;
     const size_t total = (size_t)n * KVH * hs;
     GRID_STRIDE(idx, total)
@@ -29,8 +33,11 @@ __global__ void cache_append_kernel(float *kcache, float *vcache, const float *q
 }
 
 __global__ void attention_decode_kernel(float *out, const float *qkv, const float *kcache,
-                                        const float *vcache, int pos0, int H, int KVH, int hs)
+                                        const float *vcache, const int32_t *at, int pos0, int H,
+                                        int KVH, int hs)
 {
+    if (at)
+        pos0 = *at;
     const int h = (int)(blockIdx.x % (unsigned)H), t = (int)(blockIdx.x / (unsigned)H);
     const int lane = threadIdx.x;
     const int Q = H / KVH, g = h / Q, width = (H + 2 * KVH) * hs, pos = pos0 + t;
@@ -74,7 +81,7 @@ __global__ void attention_decode_kernel(float *out, const float *qkv, const floa
 }
 
 void cuda_attention_decode(float *out, const float *qkv, float *kcache, float *vcache, int n,
-                           int pos0, int H, int KVH, int hs)
+                           const int32_t *at, int pos0, int H, int KVH, int hs)
 {
     TRD_ASSERT(KVH > 0 && H % KVH == 0 && pos0 >= 0);
     if (hs > DEC_HS_MAX)
@@ -83,10 +90,76 @@ void cuda_attention_decode(float *out, const float *qkv, float *kcache, float *v
     if (n <= 0)
         return;
     cache_append_kernel<<<cuda_blocks((size_t)n * KVH * hs), CUDA_THREADS, 0, cuda_stream()>>>(
-        kcache, vcache, qkv, n, pos0, H, KVH, hs);
+        kcache, vcache, qkv, n, at, pos0, H, KVH, hs);
     CUDA_CHECK_LAUNCH();
     /* one block (a warp) per (new row, head): block t * H + h */
     attention_decode_kernel<<<(unsigned)n *(unsigned)H, 32, 0, cuda_stream()>>>(
-        out, qkv, kcache, vcache, pos0, H, KVH, hs);
+        out, qkv, kcache, vcache, at, pos0, H, KVH, hs);
+    CUDA_CHECK_LAUNCH();
+}
+
+enum { CHOOSE_THREADS = 1024 };
+
+/* The first token of the block's candidates: each thread offers one
+ * (V: none), the smallest wins.  Ids are below 2^24, exact in a float. */
+__device__ static int block_first(int v, int V) { return -(int)block_max(-(float)(v < V ? v : V)); }
+
+/* One block (backend.h, decode_choose).  The argmax: each thread's first
+ * maximum over its strided tokens, then the block's largest value and the
+ * first token holding it.  The draw: thread t sums the weights of its
+ * contiguous chunk in order; thread 0 adds the chunks up in order (the
+ * chunk offsets); each thread walks its chunk from its offset, and the
+ * first token whose running sum passes u * sum wins (V - 1 if none). */
+__global__ void decode_choose_kernel(int32_t *state, const float *logits, int V, double temperature,
+                                     const double *u, int n)
+{
+    __shared__ double off[CHOOSE_THREADS + 1];
+    const int t = threadIdx.x, B = blockDim.x;
+    int mine = V;
+    for (int v = t; v < V; v += B)
+        if (mine == V || logits[v] > logits[mine])
+            mine = v;
+    const float top = block_max(mine < V ? logits[mine] : -INFINITY);
+    int next = block_first(mine < V && logits[mine] == top ? mine : V, V);
+    if (temperature > 0) {
+        const double mx = logits[next];
+        const int chunk = (V + B - 1) / B, lo = t * chunk < V ? t * chunk : V;
+        const int hi = lo + chunk < V ? lo + chunk : V;
+        double part = 0;
+        for (int v = lo; v < hi; v++)
+            part += (float)exp((logits[v] - mx) / temperature);
+        off[t + 1] = part;
+        __syncthreads();
+        if (t == 0) {
+            off[0] = 0;
+            for (int i = 1; i <= B; i++)
+                off[i] += off[i - 1];
+        }
+        __syncthreads();
+        const double target = u[state[0] + n] * off[B];
+        double acc = off[t];
+        int hit = V;
+        for (int v = lo; v < hi && hit == V; v++) {
+            acc += (float)exp((logits[v] - mx) / temperature);
+            if (target < acc)
+                hit = v;
+        }
+        next = block_first(hit, V);
+        if (next == V)
+            next = V - 1;
+    }
+    __syncthreads(); /* every thread has read state[0] */
+    if (t == 0) {
+        state[1] = next;
+        state[0] += n;
+    }
+}
+
+void cuda_decode_choose(int32_t *state, const float *logits, int V, double temperature,
+                        const double *u, int n)
+{
+    TRD_ASSERT(V > 0 && V < (1 << 24));
+    decode_choose_kernel<<<1, CHOOSE_THREADS, 0, cuda_stream()>>>(state, logits, V, temperature, u,
+                                                                  n);
     CUDA_CHECK_LAUNCH();
 }

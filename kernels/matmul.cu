@@ -41,27 +41,42 @@
                       "%s:%d: %s: %s", __FILE__, __LINE__, #call, cublasGetStatusString(st_));     \
     } while (0)
 
+/* Bind h to the ops' stream (it changes while a graph is captured,
+ * backend.cu) with a workspace of our own: setting the stream resets it,
+ * and cuBLAS must not allocate one while capturing. */
+static cublasHandle_t blas_bind(cublasHandle_t h, cudaStream_t *bound, int *made)
+{
+    if (!*made || *bound != cuda_stream()) {
+        CUBLAS_CHECK(cublasSetStream(h, cuda_stream()));
+        CUBLAS_CHECK(cublasSetWorkspace(h, cuda_blas_workspace(), CUDA_BLAS_WORKSPACE));
+        *bound = cuda_stream();
+        *made = 1;
+    }
+    return h;
+}
+
 /* One handle per process, made on first use, bound to the ops' stream. */
 static cublasHandle_t blas_handle(void)
 {
     static cublasHandle_t h;
+    static cudaStream_t bound;
+    static int made;
     if (!h) {
         CUBLAS_CHECK(cublasCreate(&h));
         CUBLAS_CHECK(cublasSetMathMode(h, CUBLAS_PEDANTIC_MATH));
-        CUBLAS_CHECK(cublasSetStream(h, cuda_stream()));
     }
-    return h;
+    return blas_bind(h, &bound, &made);
 }
 
 /* For bf16 GEMMs: the default math mode, where bf16 inputs use tensor cores. */
 static cublasHandle_t blas_handle_bf16(void)
 {
     static cublasHandle_t h;
-    if (!h) {
+    static cudaStream_t bound;
+    static int made;
+    if (!h)
         CUBLAS_CHECK(cublasCreate(&h));
-        CUBLAS_CHECK(cublasSetStream(h, cuda_stream()));
-    }
-    return h;
+    return blas_bind(h, &bound, &made);
 }
 
 /* out[n, o] = bias[o]: the GEMM then adds onto it (beta = 1), as the CPU

@@ -118,7 +118,9 @@ void cuda_rope_decode(float *qkv, int n, int pos0, int H, int KVH, int hs, RopeF
 
 /* decode.cu */
 void cuda_attention_decode(float *out, const float *qkv, float *kcache, float *vcache, int n,
-                           int pos0, int H, int KVH, int hs);
+                           const int32_t *at, int pos0, int H, int KVH, int hs);
+void cuda_decode_choose(int32_t *state, const float *logits, int V, double temperature,
+                        const double *u, int n);
 
 /* attention.cu */
 void cuda_attention_forward(float *out, float *lse, const float *q, const float *kv,

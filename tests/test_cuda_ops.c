@@ -1286,17 +1286,22 @@ static void test_decode(int T, int H, int KVH, int hs)
     float *qkv = hrand(nq, 2), *d_qkv = dcopyf(qkv, nq);
     float *out = hrand(no, 1), *d_out = dcopyf(out, no);
     float *kc = hrand(nc, 1), *vc = hrand(nc, 1), *d_kc = dcopyf(kc, nc), *d_vc = dcopyf(vc, nc);
+    /* the GPU reads the position from device memory (at; pos0 0 would be
+     * wrong after the first piece), the CPU gets it */
+    int32_t *d_at = gpu->alloc(sizeof(int32_t), "position");
     for (int pos = 0; pos < T;) {
         const int n = pos == 0 ? (T + 1) / 2 : pos + 3 < T && pos % 2 ? 3 : 1;
         const int m = pos + n > T ? T - pos : n;
         cpu->rope_decode(qkv + (size_t)pos * W, m, pos, H, KVH, hs, (RopeFreq){.theta = 1e4});
         gpu->rope_decode(d_qkv + (size_t)pos * W, m, pos, H, KVH, hs, (RopeFreq){.theta = 1e4});
-        cpu->attention_decode(out + (size_t)pos * O, qkv + (size_t)pos * W, kc, vc, m, pos, H, KVH,
-                              hs);
-        gpu->attention_decode(d_out + (size_t)pos * O, d_qkv + (size_t)pos * W, d_kc, d_vc, m, pos,
-                              H, KVH, hs);
+        gpu->to_backend(d_at, &pos, sizeof pos);
+        cpu->attention_decode(out + (size_t)pos * O, qkv + (size_t)pos * W, kc, vc, m, NULL, pos, H,
+                              KVH, hs);
+        gpu->attention_decode(d_out + (size_t)pos * O, d_qkv + (size_t)pos * W, d_kc, d_vc, m, d_at,
+                              0, H, KVH, hs);
         pos += m;
     }
+    gpu->release(d_at);
     snprintf(what, sizeof what, "decode T=%d H=%d KVH=%d hs=%d rope", T, H, KVH, hs);
     compare_dev(what, d_qkv, qkv, nq, R_ELEM);
     snprintf(what, sizeof what, "decode T=%d H=%d KVH=%d hs=%d key cache", T, H, KVH, hs);

@@ -845,8 +845,8 @@ static void test_decode(int H, int KVH, int hs, int T)
     for (int i = 0; i + 1 < (int)(sizeof cut / sizeof *cut); i++) {
         const int pos = cut[i], n = cut[i + 1] - cut[i];
         cpu->rope_decode(pieces + (size_t)pos * W, n, pos, H, KVH, hs, (RopeFreq){.theta = 1e4});
-        cpu->attention_decode(out + (size_t)pos * O, pieces + (size_t)pos * W, kc, vc, n, pos, H,
-                              KVH, hs);
+        cpu->attention_decode(out + (size_t)pos * O, pieces + (size_t)pos * W, kc, vc, n, NULL, pos,
+                              H, KVH, hs);
     }
     double *want = calloc((size_t)T * O, sizeof(double)), *wq = calloc((size_t)T * W, 8);
     for (size_t i = 0; i < (size_t)T * O; i++)

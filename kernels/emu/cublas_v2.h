@@ -20,6 +20,8 @@ cublasStatus_t cublasCreate(cublasHandle_t *h);
 cublasStatus_t cublasDestroy(cublasHandle_t h);
 inline cublasStatus_t cublasSetMathMode(cublasHandle_t, cublasMath_t) { return 0; }
 inline cublasStatus_t cublasSetStream(cublasHandle_t, cudaStream_t) { return 0; }
+/* The workspace must be device memory of the size given. */
+cublasStatus_t cublasSetWorkspace(cublasHandle_t h, void *ws, size_t bytes);
 inline const char *cublasGetStatusString(cublasStatus_t st)
 {
     return st == CUBLAS_STATUS_INVALID_VALUE   ? "CUBLAS_STATUS_INVALID_VALUE (emulated)"

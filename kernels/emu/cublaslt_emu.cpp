@@ -318,8 +318,15 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t op, const
                               cublasLtMatrixLayout_t Bdesc, const void *beta, const void *C,
                               cublasLtMatrixLayout_t Cdesc, void *D, cublasLtMatrixLayout_t Ddesc,
                               const cublasLtMatmulAlgo_t *algo, void *workspace,
-                              size_t workspace_bytes, cudaStream_t)
+                              size_t workspace_bytes, cudaStream_t s)
 {
+    if (op && Adesc && Bdesc && Cdesc && Ddesc && algo &&
+        emu_capture([=, a = *(const float *)alpha, b = *(const float *)beta, d = *op,
+                     la = *Adesc, lb = *Bdesc, lc = *Cdesc, ld = *Ddesc, al = *algo]() mutable {
+            cublasLtMatmul(h, &d, &a, A, &la, B, &lb, &b, C, &lc, D, &ld, &al, workspace,
+                           workspace_bytes, s);
+        }))
+        return CUBLAS_STATUS_SUCCESS;
     cublasStatus_t st = check_op(CALL, h, op, Adesc, Bdesc, Cdesc, Ddesc);
     if (st != CUBLAS_STATUS_SUCCESS)
         return st;

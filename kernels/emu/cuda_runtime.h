@@ -42,7 +42,9 @@ enum {
     cudaErrorInvalidValue = 1,
     cudaErrorMemoryAllocation = 2,
     cudaErrorInvalidDevice = 101,
-    cudaErrorNotReady = 600
+    cudaErrorNotReady = 600,
+    cudaErrorNotSupported = 801,
+    cudaErrorStreamCaptureUnsupported = 900
 };
 enum { cudaStreamNonBlocking = 1, cudaEventDisableTiming = 2 };
 typedef struct emu_stream *cudaStream_t;
@@ -153,6 +155,34 @@ cudaError_t cudaEventSynchronize(cudaEvent_t);
 /* Nothing to wait for (the work ran), but counted per pair of streams:
  * the waiting one and the one the event was last recorded on. */
 cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned = 0);
+
+/* ------------------------------------------- graphs: stream capture
+ * While a stream is captured, kernel launches and cuBLAS / cuBLASLt calls
+ * are recorded, their arguments by value (a GEMM's alpha and beta as the
+ * values they point to, a cuBLASLt call's descriptors as they are), and do
+ * not run; cudaGraphLaunch runs the records in order.  The null stream
+ * cannot be captured (nor in CUDA); a copy, memset or synchronization while
+ * capturing ends the emulation (in CUDA it invalidates the capture).  The
+ * step counts have graph_launches, and graph_nodes: the kernels and GEMM
+ * calls the launches ran, which are not counted as launches or
+ * gemm_calls (the host issued one launch for them).  TRIDENT_EMU_NO_GRAPHS=1
+ * (tests) makes cudaGraphInstantiate fail, to test the callers' fallback. */
+typedef struct emu_graph *cudaGraph_t;
+typedef struct emu_graph *cudaGraphExec_t;
+enum cudaStreamCaptureMode {
+    cudaStreamCaptureModeGlobal = 0,
+    cudaStreamCaptureModeThreadLocal = 1,
+    cudaStreamCaptureModeRelaxed = 2
+};
+cudaError_t cudaStreamBeginCapture(cudaStream_t s, cudaStreamCaptureMode mode);
+cudaError_t cudaStreamEndCapture(cudaStream_t s, cudaGraph_t *g);
+cudaError_t cudaGraphInstantiate(cudaGraphExec_t *e, cudaGraph_t g, unsigned long long flags = 0);
+cudaError_t cudaGraphLaunch(cudaGraphExec_t e, cudaStream_t s);
+cudaError_t cudaGraphDestroy(cudaGraph_t g);
+cudaError_t cudaGraphExecDestroy(cudaGraphExec_t e);
+/* For the stand-ins of device work: while a capture is open, keep f as
+ * the graph's next node and return true; else false (run it now). */
+bool emu_capture(std::function<void()> f);
 
 /* ------------------------------------------------------- device code */
 

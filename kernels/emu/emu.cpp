@@ -86,6 +86,8 @@ const char *cudaGetErrorString(cudaError_t err)
     case cudaErrorInvalidValue: return "invalid argument (emulated)";
     case cudaErrorMemoryAllocation: return "out of memory (emulated)";
     case cudaErrorInvalidDevice: return "invalid device ordinal (emulated: one device, 0)";
+    case cudaErrorNotSupported: return "operation not supported (emulated: TRIDENT_EMU_NO_GRAPHS=1)";
+    case cudaErrorStreamCaptureUnsupported: return "operation not permitted when stream is capturing (emulated)";
     default: return "unknown error (emulated)";
     }
 }
@@ -112,6 +114,7 @@ struct KernelCount {
 };
 static struct {
     long syncs, h2d, d2h, d2d, memsets, mallocs, frees, host_allocs, gemms, gemm_calls;
+    long graph_launches, graph_nodes;
     double h2d_bytes, d2h_bytes, gemm_flops;
     std::map<std::string, KernelCount> kernels;
     /* per stream: "h2d.copy" (copies host to device issued on the copy
@@ -169,11 +172,12 @@ extern "C" void emu_stats_step(int step)
             launches += kv.second.launches;
         fprintf(f, "step\t%d\tlaunches\t%ld\tsyncs\t%ld\th2d\t%ld\td2h\t%ld\td2d\t%ld\t"
                    "memsets\t%ld\tmallocs\t%ld\tfrees\t%ld\thost_allocs\t%ld\tgemms\t%ld\t"
-                   "gemm_calls\t%ld\tgemm_flops\t%.0f\th2d_bytes\t%.0f\td2h_bytes\t%.0f",
+                   "gemm_calls\t%ld\tgemm_flops\t%.0f\th2d_bytes\t%.0f\td2h_bytes\t%.0f\t"
+                   "graph_launches\t%ld\tgraph_nodes\t%ld",
                 step, launches, stats.syncs, stats.h2d, stats.d2h, stats.d2d, stats.memsets,
                 stats.mallocs, stats.frees, stats.host_allocs, stats.gemms, stats.gemm_calls,
-                stats.gemm_flops,
-                stats.h2d_bytes, stats.d2h_bytes);
+                stats.gemm_flops, stats.h2d_bytes, stats.d2h_bytes, stats.graph_launches,
+                stats.graph_nodes);
         for (auto &kv : stats.streams)
             fprintf(f, "\t%s\t%ld", kv.first.c_str(), kv.second);
         fprintf(f, "\n");
@@ -188,22 +192,97 @@ extern "C" void emu_stats_step(int step)
     stats.syncs = stats.h2d = stats.d2h = stats.d2d = stats.memsets = 0;
     stats.mallocs = stats.frees = stats.host_allocs = stats.gemms = stats.gemm_calls = 0;
     stats.h2d_bytes = stats.d2h_bytes = stats.gemm_flops = 0;
+    stats.graph_launches = stats.graph_nodes = 0;
+}
+
+/* ------------------------------------------------------------ graphs */
+
+struct emu_graph {
+    std::vector<std::function<void()>> nodes;
+};
+static emu_graph *capture; /* the graph being captured, or null */
+
+/* device work the host asked for while capturing (cuda_runtime.h) */
+static void no_capture(const char *call)
+{
+    if (capture)
+        die("%s while a stream is captured (CUDA would invalidate the capture)", call);
+}
+
+bool emu_capture(std::function<void()> f)
+{
+    if (!capture)
+        return false;
+    capture->nodes.push_back(std::move(f));
+    return true;
+}
+
+cudaError_t cudaStreamBeginCapture(cudaStream_t s, cudaStreamCaptureMode)
+{
+    if (!s || capture)
+        return cudaErrorStreamCaptureUnsupported;
+    capture = new emu_graph;
+    return cudaSuccess;
+}
+
+cudaError_t cudaStreamEndCapture(cudaStream_t s, cudaGraph_t *g)
+{
+    if (!s || !capture)
+        return cudaErrorInvalidValue;
+    *g = capture;
+    capture = nullptr;
+    return cudaSuccess;
+}
+
+cudaError_t cudaGraphInstantiate(cudaGraphExec_t *e, cudaGraph_t g, unsigned long long)
+{
+    const char *no = getenv("TRIDENT_EMU_NO_GRAPHS");
+    if (no && strcmp(no, "1") == 0)
+        return cudaErrorNotSupported;
+    *e = new emu_graph(*g);
+    return cudaSuccess;
+}
+
+cudaError_t cudaGraphLaunch(cudaGraphExec_t e, cudaStream_t)
+{
+    no_capture("cudaGraphLaunch");
+    stats.graph_launches++;
+    for (auto &node : e->nodes) {
+        stats.graph_nodes++;
+        node();
+    }
+    return cudaSuccess;
+}
+
+cudaError_t cudaGraphDestroy(cudaGraph_t g)
+{
+    delete g;
+    return cudaSuccess;
+}
+
+cudaError_t cudaGraphExecDestroy(cudaGraphExec_t e)
+{
+    delete e;
+    return cudaSuccess;
 }
 
 cudaError_t cudaStreamSynchronize(cudaStream_t)
 {
+    no_capture("cudaStreamSynchronize");
     count_sync();
     return cudaSuccess;
 }
 
 cudaError_t cudaDeviceSynchronize()
 {
+    no_capture("cudaDeviceSynchronize");
     count_sync();
     return cudaSuccess;
 }
 
 cudaError_t cudaEventSynchronize(cudaEvent_t)
 {
+    no_capture("cudaEventSynchronize");
     count_sync();
     return cudaSuccess;
 }
@@ -600,6 +679,7 @@ static const char *kind_name(cudaMemcpyKind kind)
 static void copy_checked(const char *fn, void *dst, const void *src, size_t n,
                          cudaMemcpyKind kind)
 {
+    no_capture(fn);
     if (n == 0)
         return;
     char call[80];
@@ -644,6 +724,7 @@ cudaError_t cudaMemcpy(void *dst, const void *src, size_t n, cudaMemcpyKind kind
 
 static void memset_checked(const char *call, void *p, int v, size_t n)
 {
+    no_capture(call);
     if (n == 0)
         return;
     emu_check_device(call, "dst", p, n);
@@ -936,22 +1017,32 @@ static void run_block(unsigned block, const std::function<void()> &f)
     }
 }
 
+/* the blocks of a launch, with the allocations of its pointer arguments */
+static void run_grid(unsigned grid, unsigned block, const std::function<void()> &f,
+                     Alloc *const *args, int n_args)
+{
+    gridDim.x = grid;
+    blockDim.x = block;
+    DeviceWork work;
+    for (int i = 0; i < n_args; i++)
+        open_alloc(*args[i]);
+    for (unsigned b = 0; b < grid; b++) {
+        blockIdx.x = b;
+        run_block(block, f);
+    }
+}
+
 void emu_run(unsigned grid, unsigned block, size_t shmem, const std::function<void()> &f,
              const char *name)
 {
     if (block == 0 || block > 1024 || grid == 0 || shmem)
         die("%s: bad launch <<<%u, %u, %zu>>>", name, grid, block, shmem);
-    count_launch(name, (unsigned long long)grid * block);
-    gridDim.x = grid;
-    blockDim.x = block;
-    DeviceWork work;
-    for (int i = 0; i < n_launch_args; i++)
-        open_alloc(*launch_args[i]);
+    std::vector<Alloc *> args(launch_args, launch_args + n_launch_args);
     n_launch_args = 0;
-    for (unsigned b = 0; b < grid; b++) {
-        blockIdx.x = b;
-        run_block(block, f);
-    }
+    if (emu_capture([=] { run_grid(grid, block, f, args.data(), (int)args.size()); }))
+        return;
+    count_launch(name, (unsigned long long)grid * block);
+    run_grid(grid, block, f, args.data(), (int)args.size());
 }
 
 /* ------------------------------------------------------------- cuBLAS */
@@ -959,6 +1050,13 @@ void emu_run(unsigned grid, unsigned block, size_t shmem, const std::function<vo
 struct emu_cublas { int x; };
 cublasStatus_t cublasCreate(cublasHandle_t *h) { *h = new emu_cublas(); return 0; }
 cublasStatus_t cublasDestroy(cublasHandle_t h) { delete h; return 0; }
+cublasStatus_t cublasSetWorkspace(cublasHandle_t h, void *ws, size_t bytes)
+{
+    if (!h)
+        return CUBLAS_STATUS_INVALID_VALUE;
+    emu_check_device("cublasSetWorkspace", "workspace", ws, bytes);
+    return CUBLAS_STATUS_SUCCESS;
+}
 
 /* gemms: the products (each problem of a grouped call is one); gemm_calls:
  * the calls that ran them (a grouped call is one, as it is one launch) */
@@ -1066,6 +1164,10 @@ cublasStatus_t cublasSgemm(cublasHandle_t h, cublasOperation_t ta, cublasOperati
                            int n, int k, const float *alpha, const float *A, int lda,
                            const float *B, int ldb, const float *beta, float *C, int ldc)
 {
+    if (emu_capture([=, a = *alpha, b = *beta] {
+            sgemm("cublasSgemm", h, ta, tb, m, n, k, &a, A, lda, B, ldb, &b, C, ldc, false);
+        }))
+        return CUBLAS_STATUS_SUCCESS;
     stats.gemm_calls++;
     return sgemm("cublasSgemm", h, ta, tb, m, n, k, alpha, A, lda, B, ldb, beta, C, ldc, false);
 }
@@ -1231,6 +1333,11 @@ cublasStatus_t cublasGemmEx(cublasHandle_t h, cublasOperation_t ta, cublasOperat
                             const void *beta, void *C, cudaDataType Ctype, int ldc,
                             cublasComputeType_t compute, cublasGemmAlgo_t algo)
 {
+    if (emu_capture([=, a = *(const float *)alpha, b = *(const float *)beta] {
+            cublasGemmEx(h, ta, tb, m, n, k, &a, A, Atype, lda, B, Btype, ldb, &b, C, Ctype, ldc,
+                         compute, algo);
+        }))
+        return CUBLAS_STATUS_SUCCESS;
     const char *call = "cublasGemmEx";
     if (Atype != CUDA_R_16BF || Btype != CUDA_R_16BF ||
         (Ctype != CUDA_R_32F && Ctype != CUDA_R_16BF) || compute != CUBLAS_COMPUTE_32F ||

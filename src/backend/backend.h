@@ -407,16 +407,45 @@ typedef struct {
     /* ---- decoding: generation with a key/value cache, one sequence ----
      * rope_decode: rope_forward's rotation of n qkv rows at positions
      * pos0 .. pos0 + n - 1.
-     * attention_decode: n new qkv rows at positions pos0 .. pos0 + n - 1
+     * attention_decode: n new qkv rows at positions p0 .. p0 + n - 1
      * (RoPE applied) write their key and value heads into the caches
      * kcache, vcache [positions][KVH][hs] at their positions, then each
      * row's query heads attend causally to cache rows 0 .. its own
      * position: out [n, H*hs], heads in order.  For those rows this is
      * attention_forward's output over the whole sequence, without
-     * recomputing the earlier rows' keys and values. */
+     * recomputing the earlier rows' keys and values.  p0 is *at (backend
+     * memory, read by the op: a position the device advances, so that a
+     * captured step's arguments do not change, docs/cuda.md "Decoding")
+     * when at is not NULL, else pos0.
+     * decode_choose: the next token from logits [V] (backend memory), into
+     * state[1], and state[0] += n.  state (backend memory) is the decoder's
+     * position (state[0]) and its next input id (state[1]).  temperature
+     * <= 0: the argmax (the first of equal maxima); else the token drawn
+     * from softmax(logits / temperature) with the uniform number
+     * u[state[0] + n] (backend memory, doubles), as trident generate draws
+     * one without top-k or top-p (generate.c, next_token: the weights
+     * exp((logit - max) / temperature) rounded to float, summed in double,
+     * the first token whose running sum passes u * sum, V - 1 if none).
+     * The CPU backend sums in token order; CUDA sums in its own order, so
+     * a draw within rounding (about 1e-16 of the sum) of a boundary may
+     * fall the other way. */
     void (*rope_decode)(float *qkv, int n, int pos0, int H, int KVH, int hs, RopeFreq rf);
     void (*attention_decode)(float *out, const float *qkv, float *kcache, float *vcache, int n,
-                             int pos0, int H, int KVH, int hs);
+                             const int32_t *at, int pos0, int H, int KVH, int hs);
+    void (*decode_choose)(int32_t *state, const float *logits, int V, double temperature,
+                          const double *u, int n);
+    /* A CUDA graph of the ops issued between graph_begin and graph_end
+     * (CUDA: stream capture of the ops' stream); optional, NULL where the
+     * ops run as they are issued (the CPU backend).  While capturing, the
+     * ops are recorded with their arguments, not run, and nothing may wait
+     * for the device or copy.  graph_end returns the graph ready to launch,
+     * or NULL when capture or instantiation failed (then nothing ran and
+     * the caller issues the ops again); graph_launch runs it on the ops'
+     * stream, in order with the ops around it; graph_free(NULL) is a no-op. */
+    void (*graph_begin)(void);
+    void *(*graph_end)(void);
+    void (*graph_launch)(void *g);
+    void (*graph_free)(void *g);
 
     /* Fused softmax + cross-entropy over a [N, Vp] logits buffer of which
      * only the first V columns are real (padding never counts).

@@ -348,6 +348,36 @@ static void cpu_vocab_backward(float *logits, const float *stats, const int32_t 
     }
 }
 
+/* The next token (backend.h, decode_choose): generate.c's next_token
+ * without top-k or top-p, the same arithmetic in the same order. */
+static void cpu_decode_choose(int32_t *state, const float *logits, int V, double temperature,
+                              const double *u, int n)
+{
+    int best = 0;
+    for (int v = 1; v < V; v++)
+        if (logits[v] > logits[best])
+            best = v;
+    int next = best;
+    if (temperature > 0) {
+        const double mx = logits[best];
+        double sum = 0;
+        for (int v = 0; v < V; v++)
+            sum += (float)exp((logits[v] - mx) / temperature);
+        const double target = u[state[0] + n] * sum;
+        double acc = 0;
+        next = V - 1;
+        for (int v = 0; v < V; v++) {
+            acc += (float)exp((logits[v] - mx) / temperature);
+            if (target < acc) {
+                next = v;
+                break;
+            }
+        }
+    }
+    state[1] = next;
+    state[0] += n;
+}
+
 static void cpu_add_bias(float *y, const float *bias, int rows, int C)
 {
 #pragma omp parallel for schedule(static) if ((size_t)rows * C >= ((size_t)1 << 18))
@@ -759,6 +789,7 @@ static const Backend cpu_backend = {
     .attention_backward = cpu_attention_backward,
     .rope_decode = cpu_rope_decode,
     .attention_decode = cpu_attention_decode,
+    .decode_choose = cpu_decode_choose,
     .crossentropy_forward = cpu_crossentropy_forward,
     .crossentropy_backward = cpu_crossentropy_backward,
     .crossentropy_fused = cpu_crossentropy_fused,

@@ -395,11 +395,28 @@ int generate_main(int argc, char **argv)
     FILE *dump = a.dump ? fopen(a.dump, "wb") : NULL;
     if (a.dump && !dump)
         trd_fatal(TRD_EXIT_INPUT, NULL, "cannot write %s: %s", a.dump, strerror(errno));
+    /* Greedy, or sampling without a cut: the backend chooses each token
+     * (decoder_next), and only its id comes back to the host. */
+    const int on_backend =
+        !a.no_cache && !dump && (a.greedy || ((a.top_k <= 0 || a.top_k >= V) && a.top_p >= 1));
     const double t0 = now_s();
-    const float *logits = decoder_step(dc, ids, prompt_n);
-    const double t_prompt = now_s() - t0;
+    const float *logits = NULL;
     int len = prompt_n;
-    while (len < total) {
+    if (on_backend) {
+        double *u = trd_malloc((size_t)(total + 1) * sizeof *u, "uniform numbers");
+        for (int i = 0; i <= total; i++)
+            u[i] = (double)(rng_u64(a.seed, (uint64_t)i) >> 11) * 0x1.0p-53;
+        decoder_sampling(dc, a.greedy ? 0 : a.temperature, u);
+        free(u);
+        if (len < total)
+            ids[len++] = decoder_next(dc, ids, prompt_n);
+    } else {
+        logits = decoder_step(dc, ids, prompt_n);
+    }
+    const double t_prompt = now_s() - t0;
+    while (on_backend && len < total && ids[len - 1] != tokenizer_eot(tok))
+        ids[len++] = decoder_next(dc, NULL, 1);
+    while (!on_backend && len < total) {
         const uint64_t r = rng_u64(a.seed, (uint64_t)len);
         const double u = (double)(r >> 11) * 0x1.0p-53;
         if (dump && fwrite(logits, sizeof *logits, (size_t)V, dump) != (size_t)V)

@@ -8,7 +8,14 @@
  * mixture-of-experts layer the experts (moe_branch below).  The head runs
  * on the last row only: its logits are the next token's.  Every buffer is
  * in backend memory and sized for max_len rows once; a step allocates
- * nothing. */
+ * nothing.
+ *
+ * decoder_next chooses the next token on the backend (decode_choose) and
+ * feeds it to the next step there: the position and the input id live in
+ * backend memory (state), so a one-row step has the same arguments every
+ * time, and the host reads back 4 bytes a token.  Where the backend has
+ * graphs, that step is captured once and launched as one graph per token
+ * (docs/cuda.md, "Decoding"). */
 #include "model/model_internal.h"
 
 #include <math.h>
@@ -22,9 +29,22 @@ struct Decoder {
     int max_len, pos;
     float *buf; /* one allocation, carved below */
     float *x, *ln, *mean, *rstd, *qkv, *atty, *branch, *fc, *up, *fc_act, *logits;
-    float **kc, **vc;   /* [layers] caches [max_len][KVH][hs] */
-    int32_t *ids;       /* [max_len] token ids in backend memory */
+    float **kc, **vc; /* [layers] caches [max_len][KVH][hs] */
+    /* state[0]: the position, state[1 ..]: the input ids (decode_choose,
+     * backend.h); [max_len + 1] in backend memory, staged in host_state */
+    int32_t *state, *host_state;
     float *host_logits; /* [Vp] */
+    /* decoder_next: the temperature, the uniform numbers [max_len + 1]
+     * (backend memory; NULL: greedy), the token read back (host_alloc),
+     * the one-row step's graph (NULL: none yet or none to be), and
+     * whether to capture it (the backend has graphs, the model no MoE
+     * layer, whose routing goes through the host) and have (warm: one
+     * one-row step ran eagerly, so every workspace has its size) */
+    double temperature;
+    double *u;
+    int32_t *token;
+    void *graph;
+    int graph_ok, warm;
     /* MoE layers (NULL in a dense model), for max_len rows: the router's
      * logits, probabilities, log-sum-exp, choices and weights; the rows
      * dispatched (at most max_len x top_k) in expert order, through the
@@ -93,7 +113,10 @@ Decoder *decoder_create(Model *m, int max_len)
         dc->vc[l] = p + cache;
         p += 2 * cache;
     }
-    dc->ids = m->be->alloc(L * sizeof(int32_t), "decoder token ids");
+    dc->state = m->be->alloc((L + 1) * sizeof(int32_t), "decoder position and token ids");
+    dc->host_state = trd_malloc((L + 1) * sizeof(int32_t), "decoder token ids");
+    dc->token = m->be->host_alloc(sizeof(int32_t), "decoder token read back");
+    dc->graph_ok = m->be->graph_begin != NULL && d->E == 0;
     dc->host_logits = trd_malloc((size_t)d->Vp * sizeof(float), "logits");
     if (d->E > 0) {
         dc->r_ints = m->be->alloc(2 * R * sizeof(int32_t), "decoder MoE routes");
@@ -109,9 +132,15 @@ void decoder_free(Decoder *dc)
 {
     if (!dc)
         return;
-    dc->m->be->release(dc->buf);
-    dc->m->be->release(dc->ids);
-    dc->m->be->release(dc->r_ints);
+    const Backend *be = dc->m->be;
+    if (dc->graph)
+        be->graph_free(dc->graph);
+    be->release(dc->buf);
+    be->release(dc->state);
+    be->release(dc->u);
+    be->host_release(dc->token);
+    free(dc->host_state);
+    be->release(dc->r_ints);
     free(dc->idx_host);
     free(dc->kc);
     free(dc->vc);
@@ -196,9 +225,14 @@ static void layer(Decoder *dc, int l, int n)
 
     norm(dc, dc->ln, dc->x, p->ln1_w, p->ln1_b, n);
     be->matmul_forward(dc->qkv, dc->ln, p->qkv_w, p->qkv_b, n, d->C, d->QKV);
-    if (!d->gpt2)
+    /* one row: at the position in backend memory (rope_forward reads it
+     * as the row's position) */
+    if (!d->gpt2 && n == 1)
+        be->rope_forward(dc->qkv, dc->state, 1, 1, 0, d->H, d->KVH, d->hs, d->rope);
+    else if (!d->gpt2)
         be->rope_decode(dc->qkv, n, dc->pos, d->H, d->KVH, d->hs, d->rope);
-    be->attention_decode(dc->atty, dc->qkv, dc->kc[l], dc->vc[l], n, dc->pos, d->H, d->KVH, d->hs);
+    be->attention_decode(dc->atty, dc->qkv, dc->kc[l], dc->vc[l], n, n == 1 ? dc->state : NULL,
+                         dc->pos, d->H, d->KVH, d->hs);
     be->matmul_forward(dc->branch, dc->atty, p->attn_proj_w, p->attn_proj_b, n, d->H * d->hs, d->C);
     be->add(dc->x, dc->x, dc->branch, nC);
 
@@ -213,26 +247,105 @@ static void layer(Decoder *dc, int l, int n)
     be->add(dc->x, dc->x, dc->branch, nC);
 }
 
-const float *decoder_step(Decoder *dc, const int32_t *tokens, int n)
+/* The position and the n tokens into backend memory, one copy. */
+static void upload(Decoder *dc, const int32_t *tokens, int n)
+{
+    const Dims *d = &dc->m->d;
+    TRD_ASSERT(n >= 1 && dc->pos + n <= dc->max_len);
+    for (int i = 0; i < n; i++)
+        TRD_ASSERT(tokens[i] >= 0 && tokens[i] < d->vocab);
+    dc->host_state[0] = dc->pos;
+    memcpy(dc->host_state + 1, tokens, (size_t)n * sizeof(int32_t));
+    dc->m->be->to_backend(dc->state, dc->host_state, (size_t)(n + 1) * sizeof(int32_t));
+}
+
+/* The model over the n input ids in state, up to the last row's logits.
+ * One row takes its position from state[0] (learned positions: the
+ * embedding's pos, state[0]); several from dc->pos. */
+static void forward(Decoder *dc, int n)
 {
     Model *m = dc->m;
     const Backend *be = m->be;
     const Dims *d = &m->d;
-    TRD_ASSERT(n >= 1 && dc->pos + n <= dc->max_len);
-    for (int i = 0; i < n; i++)
-        TRD_ASSERT(tokens[i] >= 0 && tokens[i] < d->vocab);
-    be->to_backend(dc->ids, tokens, (size_t)n * sizeof(int32_t));
-    /* Position of row i is i % T with T = n: the position table from row pos. */
-    be->embedding_forward(dc->x, dc->ids, NULL, m->op.wte,
-                          m->op.wpe ? m->op.wpe + (size_t)dc->pos * d->C : NULL, n, n, d->C, 0,
-                          d->Vp);
+    if (n == 1)
+        be->embedding_forward(dc->x, dc->state + 1, dc->state, m->op.wte, m->op.wpe, 1, 1, d->C, 0,
+                              d->Vp);
+    else /* position of row i is i % T with T = n: the position table from row pos */
+        be->embedding_forward(dc->x, dc->state + 1, NULL, m->op.wte,
+                              m->op.wpe ? m->op.wpe + (size_t)dc->pos * d->C : NULL, n, n, d->C, 0,
+                              d->Vp);
     for (int l = 0; l < m->nl; l++)
         layer(dc, l, n);
     const float *last = dc->x + (size_t)(n - 1) * d->C;
     norm(dc, dc->ln, last, m->op.lnf_w, m->op.lnf_b, 1);
     be->matmul_forward(dc->logits, dc->ln, m->op.head_w, NULL, 1, d->C, d->Vp);
-    be->to_host(dc->host_logits, dc->logits, (size_t)d->V * sizeof(float));
+}
+
+const float *decoder_step(Decoder *dc, const int32_t *tokens, int n)
+{
+    upload(dc, tokens, n);
+    forward(dc, n);
+    dc->m->be->to_host(dc->host_logits, dc->logits, (size_t)dc->m->d.V * sizeof(float));
     dc->pos += n;
+    return dc->host_logits;
+}
+
+void decoder_sampling(Decoder *dc, double temperature, const double *u)
+{
+    const Backend *be = dc->m->be;
+    dc->temperature = temperature;
+    if (temperature > 0) {
+        const size_t bytes = (size_t)(dc->max_len + 1) * sizeof(double);
+        if (!dc->u)
+            dc->u = be->alloc(bytes, "decoder uniform numbers");
+        be->to_backend(dc->u, u, bytes);
+    }
+    if (dc->graph) /* it holds the old temperature */
+        be->graph_free(dc->graph);
+    dc->graph = NULL;
+}
+
+/* One row from the id the last choice left in state, then the choice. */
+static void step_one(Decoder *dc)
+{
+    forward(dc, 1);
+    dc->m->be->decode_choose(dc->state, dc->logits, dc->m->d.V, dc->temperature, dc->u, 1);
+}
+
+int decoder_next(Decoder *dc, const int32_t *tokens, int n)
+{
+    const Backend *be = dc->m->be;
+    if (tokens) {
+        upload(dc, tokens, n);
+        forward(dc, n);
+        be->decode_choose(dc->state, dc->logits, dc->m->d.V, dc->temperature, dc->u, n);
+    } else {
+        TRD_ASSERT(n == 1 && dc->pos >= 1 && dc->pos < dc->max_len);
+        if (dc->graph_ok && dc->warm && !dc->graph) {
+            be->graph_begin();
+            step_one(dc);
+            dc->graph = be->graph_end();
+            dc->graph_ok = dc->graph != NULL;
+        }
+        if (dc->graph)
+            be->graph_launch(dc->graph);
+        else
+            step_one(dc);
+        dc->warm = 1;
+    }
+    /* 4 bytes into page-locked memory on the copy stream, which waits for
+     * the ops so far; a single copy and a single wait */
+    be->to_host_async(dc->token, dc->state + 1, sizeof(int32_t), NULL);
+    be->host_copies_wait();
+    dc->pos += n;
+    return *dc->token;
+}
+
+int decoder_graphed(const Decoder *dc) { return dc->graph != NULL; }
+
+const float *decoder_logits(Decoder *dc)
+{
+    dc->m->be->to_host(dc->host_logits, dc->logits, (size_t)dc->m->d.V * sizeof(float));
     return dc->host_logits;
 }
 

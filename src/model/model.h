@@ -237,6 +237,20 @@ void decoder_reset(Decoder *dc);
 /* A token drawn from softmax(logits / temperature) over [0, V) with the
  * uniform number u in [0, 1) (the argmax when temperature is 0). */
 int decoder_sample(const float *logits, int V, float temperature, double u);
+/* Tokens chosen on the backend (decode.c, decode_choose in backend.h), the
+ * logits never read by the host.  decoder_sampling: how; temperature <= 0
+ * the argmax, else draws with u[i] (host memory, max_len + 1 numbers in
+ * [0, 1)) for the token at position i, as trident generate draws them
+ * without top-k or top-p.  decoder_next feeds n tokens (host memory), or
+ * with tokens NULL and n 1 the token it chose last, and returns the next
+ * token.  A decoder_step in between must feed that token itself.
+ * decoder_graphed: whether the one-row steps run as one CUDA graph. */
+void decoder_sampling(Decoder *dc, double temperature, const double *u);
+int decoder_next(Decoder *dc, const int32_t *tokens, int n);
+int decoder_graphed(const Decoder *dc);
+/* The logits the last token was chosen from, read back (for checks: a
+ * copy and a wait), valid until the next step. */
+const float *decoder_logits(Decoder *dc);
 
 /* For the planner (src/plan): what model_create_unbound(cfg, be, sh, B)
  * followed by model_set_activation_sets(m, n_sets) allocates, computed

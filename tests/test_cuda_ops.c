@@ -1136,6 +1136,9 @@ static void test_attention_args(const AttnArgs *a, int self, const char *label)
     size_t no = (size_t)B * a->Tq * H * hs, nl = (size_t)B * H * a->Tq;
     float *q = hrand(nq, 2), *kv = self ? q : hrand(nkv, 2), *out = hrand(no, 1);
     float *lse = hrand(nl, 1), *dout = hrand(no, 1), *dq = hrand(nq, 1);
+    if (a->merge) /* rows merged into with no key yet: where this block has none either, */
+        for (size_t i = 0; i < nl; i += 3) /* out stays as it is, and its copy is written */
+            lse[i] = -INFINITY;
     if (attn_tc) { /* the bf16 kernels' operands, exact in bf16 on both sides */
         round_bf16(q, nq), round_bf16(dout, no);
         if (!self)
@@ -1145,12 +1148,25 @@ static void test_attention_args(const AttnArgs *a, int self, const char *label)
     float *d_q = dcopyf(q, nq), *d_kv = self ? d_q : dcopyf(kv, nkv), *d_out = dcopyf(out, no);
     float *d_lse = dcopyf(lse, nl), *d_dout = dcopyf(dout, no), *d_dq = dcopyf(dq, nq);
     float *d_dkv = self ? d_dq : dcopyf(dkv, nkv);
-    AttnArgs ga = *a;
+    AttnArgs ga = *a, ca = *a;
     int32_t *d_pos = a->pos ? dcopy(a->pos, (size_t)B * a->Tq * sizeof(int32_t)) : NULL;
     ga.pos = d_pos;
+    /* out's bf16 copy (AttnArgs.out16), from random bits */
+    uint16_t *out16 = hrand16(no, 1), *d_out16 = dcopy(out16, no * sizeof *out16);
+    ca.out16 = out16, ga.out16 = d_out16;
 
-    cpu->attention_forward(out, lse, q, kv, a);
+    cpu->attention_forward(out, lse, q, kv, &ca);
     gpu->attention_forward(d_out, d_lse, d_q, d_kv, &ga);
+    snprintf(what, sizeof what, "attention%s B=%d Tq=%d Tk=%d H=%d KVH=%d hs=%d%s out16 on the CPU",
+             attn_tag, B, a->Tq, a->Tk, H, KVH, hs, label);
+    check_rounded(what, out16, out, no);
+    snprintf(what, sizeof what, "attention%s B=%d Tq=%d Tk=%d H=%d KVH=%d hs=%d%s out16", attn_tag,
+             B, a->Tq, a->Tk, H, KVH, hs, label);
+    uint16_t *got16 = fetch16(d_out16, no);
+    float *got = fetch(d_out, no);
+    check_rounded(what, got16, got, no);
+    free(got16), free(got), free(out16), backend_cuda_free(d_out16);
+    ga.out16 = NULL;
     snprintf(what, sizeof what, "attention%s B=%d Tq=%d Tk=%d H=%d KVH=%d hs=%d%s lse", attn_tag, B,
              a->Tq, a->Tk, H, KVH, hs, label);
     compare_dev(what, d_lse, lse, nl, R_RED);

@@ -311,8 +311,7 @@ static void layer_act_slots(LayerActs *a, float **slot[A_COUNT])
  *   selective: the attention's output (and its bf16 copy) and log-sum-exp
  *              are shared, and backward reruns the attention (from qkv,
  *              which is kept): N*H*hs + B*H*T fewer floats per layer
- *              (N*H*hs/2 more with the copy) for one more attention
- *              forward.
+ *              (and the copy's N*H*hs/2) for one more attention forward.
  *   full:      everything is shared; only each layer's input (the residual
  *              stream, kept outside this table) survives, and backward
  *              reruns the layer's forward. */
@@ -1517,7 +1516,7 @@ void model_block_backward(Model *m, int l)
     if (m->recompute == RECOMPUTE_FULL)
         block_forward(m, i, 0);
     else if (m->recompute == RECOMPUTE_SELECTIVE)
-        /* Into the shared atty and lse, from this layer's own qkv. */
+        /* Into the shared atty (and its copy) and lse, from this layer's own qkv. */
         attention_forward(m, (LayerActs *)a);
 
     /* MLP branch: its output joined the stream by addition, so its gradient is dres. */

@@ -238,21 +238,31 @@ __global__ void __launch_bounds__(ATT_BLOCK)
     if (!valid)
         return;
     float *orow = out + ((size_t)b * s.Tq + t) * s.H * hs + (size_t)h * hs;
+    uint16_t *o16 = out16_row(s, out, orow);
     /* this block's result: o * inv, log-sum-exp lb (-inf and 0: no key) */
     float inv = l > 0 ? 1 / l : 0.0f, lb = l > 0 ? m + logf(l) : -INFINITY, wa = 0, wb = 1;
     float ltot = lb;
     if (s.merge) { /* log-sum-exp merge with what out and lse hold */
         const float mx = fmaxf(la, lb);
-        if (mx == -INFINITY)
-            return; /* neither saw a key: out stays 0 */
+        if (mx == -INFINITY) { /* neither saw a key: out stays 0, its copy written too */
+#pragma unroll
+            for (int j = 0; j < PER; j++)
+                if (o16 && c + GROUP * j < hs)
+                    o16[c + GROUP * j] = bf16_bits_of(orow[c + GROUP * j]);
+            return;
+        }
         const float ea = expf(la - mx), eb = expf(lb - mx), tot = ea + eb;
         wa = ea / tot, wb = eb / tot, ltot = mx + logf(tot);
     }
 #pragma unroll
     for (int j = 0; j < PER; j++) {
         int i = c + GROUP * j;
-        if (i < hs)
-            orow[i] = (s.merge ? wa * orow[i] : 0.0f) + wb * (o[j] * inv);
+        if (i >= hs)
+            continue;
+        const float v = (s.merge ? wa * orow[i] : 0.0f) + wb * (o[j] * inv);
+        orow[i] = v;
+        if (o16)
+            o16[i] = bf16_bits_of(v);
     }
     if (c == 0)
         *lrow = ltot;

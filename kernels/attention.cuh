@@ -9,6 +9,8 @@
 
 #include "ops.cuh"
 
+#include <cuda_bf16.h>
+
 enum { ATT_HS_MAX = 128 }; /* the largest head size the kernels take */
 
 /* Offsets, inside a row of the fused qkv buffer, of query head h and of the
@@ -27,8 +29,23 @@ struct Shape {
     int Tq, Tk, H, KVH, hs, Q, width, kvw, qtiles, ktiles, q_pos0, k_pos0, kv_packed, merge;
     int set; /* backward: GRAD_SET, the gradients written rather than added to */
     const int32_t *pos;
+    uint16_t *out16; /* forward: AttnArgs.out16, or NULL */
     float scale;
 };
+
+/* out16's copy of a row of out (AttnArgs.out16) at the same offset, or
+ * NULL without one */
+__device__ inline uint16_t *out16_row(const Shape &s, const float *out, const float *orow)
+{
+    return s.out16 ? s.out16 + (orow - out) : NULL;
+}
+
+/* The bf16 bits of v (round to nearest even, to_bf16_kernel's rounding:
+ * backend.h's bf16_bits) */
+__device__ inline uint16_t bf16_bits_of(float v)
+{
+    return __bfloat16_as_ushort(__float2bfloat16(v));
+}
 
 /* A backward's gradient element: written (set: its old value, maybe
  * garbage, never read) or added to. */
@@ -62,6 +79,7 @@ inline Shape attn_shape(const AttnArgs *a, int rows)
     s.kv_packed = a->kv_packed, s.merge = a->merge;
     s.set = a->grad == GRAD_SET;
     s.pos = a->pos;
+    s.out16 = a->out16;
     s.scale = 1 / sqrtf((float)a->hs);
     return s;
 }

@@ -281,19 +281,27 @@ __global__ void __launch_bounds__(TC_BLOCK)
         const float inv = lr > 0 ? 1 / lr : 0.0f,
                     lb = lr > 0 ? m[r] * TC_LN2 + logf(lr) : -INFINITY;
         float wa = 0, wb = 1, ltot = lb;
+        float *orow = out + ((size_t)b * s.Tq + t) * s.H * HS + (size_t)h * HS;
+        uint16_t *o16 = out16_row(s, out, orow);
         if (s.merge) {
             const float mx = fmaxf(la, lb);
-            if (mx == -INFINITY)
-                continue; /* neither saw a key: out stays 0 */
+            if (mx == -INFINITY) { /* neither saw a key: out stays 0, its copy written too */
+                for (int n = 0; n < HS / 8 && o16; n++)
+                    for (int e = 0; e < 2; e++)
+                        o16[8 * n + 2 * c + e] = bf16_bits_of(orow[8 * n + 2 * c + e]);
+                continue;
+            }
             const float ea = expf(la - mx), eb = expf(lb - mx), tot = ea + eb;
             wa = ea / tot, wb = eb / tot, ltot = mx + logf(tot);
         }
-        float *orow = out + ((size_t)b * s.Tq + t) * s.H * HS + (size_t)h * HS;
 #pragma unroll
         for (int n = 0; n < HS / 8; n++)
             for (int e = 0; e < 2; e++) {
                 const int i = 8 * n + 2 * c + e;
-                orow[i] = (s.merge ? wa * orow[i] : 0.0f) + wb * (o[n][2 * r + e] * inv);
+                const float v = (s.merge ? wa * orow[i] : 0.0f) + wb * (o[n][2 * r + e] * inv);
+                orow[i] = v;
+                if (o16)
+                    o16[i] = bf16_bits_of(v);
             }
         if (c == 0)
             *lrow = ltot;

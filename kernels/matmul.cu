@@ -19,12 +19,15 @@
  * GELU, in the epilogue; the MLP projection's input gradient through the
  * GELU-gradient epilogue; the other backward GEMMs are cublasGemmEx.  The
  * *_x16 ops (backend.h) take an activation stored in bf16 by its producer
- * and read it as it is; a weight inside the step's bf16 weight copy
- * (cuda_weights_bf16, made by the trainer once a step) is read from there;
- * every other operand (other weights, output gradients, the attention
- * output) is stored in fp32 and converted, a pass over it, and the
- * workspace is the bf16 copies of the largest GEMM's two operands (device
- * memory beside the report's categories, as is the weight copy). */
+ * and read it as it is (the norms' outputs, the MLP projection's input,
+ * the attention output, whose kernel writes a bf16 copy beside the fp32
+ * one); a weight inside the step's bf16 weight copy (cuda_weights_bf16,
+ * made by the trainer once a step) is read from there; every other
+ * operand (other weights, output gradients) is stored in fp32 and
+ * converted, a pass over it (an output gradient's with its bias gradient,
+ * the column sums, in the same pass: dout_bf16), and the workspace is the
+ * bf16 copies of the largest GEMM's two operands (device memory beside the
+ * report's categories, as is the weight copy). */
 #include "matmul_lt.cuh"
 #include "ops.cuh"
 
@@ -173,12 +176,12 @@ __global__ void to_bf16_kernel(__nv_bfloat16 *dst, const float *src, size_t n)
     dst[i] = __float2bfloat16(src[i]);
 }
 
-/* The bf16 copy of n floats of src in workspace slot k (0 or 1: a GEMM reads
- * two operands).  A slot grows to the largest operand it has held, so after
- * the first step nothing is allocated; in stream order, a slot is rewritten
- * (or freed, stream-ordered: no device-wide wait while NCCL runs) only
- * after the GEMM that read it. */
-static __nv_bfloat16 *to_bf16(int k, const float *src, size_t n)
+/* Workspace slot k (0 or 1: a GEMM reads two operands) for n bf16 values.
+ * A slot grows to the largest operand it has held, so after the first step
+ * nothing is allocated; in stream order, a slot is rewritten (or freed,
+ * stream-ordered: no device-wide wait while NCCL runs) only after the GEMM
+ * that read it. */
+static __nv_bfloat16 *bf16_slot(int k, size_t n)
 {
     static __nv_bfloat16 *slot[2];
     static size_t cap[2];
@@ -188,9 +191,55 @@ static __nv_bfloat16 *to_bf16(int k, const float *src, size_t n)
             (__nv_bfloat16 *)cuda_malloc_async(n * sizeof(__nv_bfloat16), "bf16 GEMM operand");
         cap[k] = n;
     }
-    to_bf16_kernel<<<cuda_blocks(n), CUDA_THREADS, 0, cuda_stream()>>>(slot[k], src, n);
-    CUDA_CHECK_LAUNCH();
     return slot[k];
+}
+
+/* The bf16 copy of n floats of src in workspace slot k. */
+static __nv_bfloat16 *to_bf16(int k, const float *src, size_t n)
+{
+    __nv_bfloat16 *dst = bf16_slot(k, n);
+    to_bf16_kernel<<<cuda_blocks(n), CUDA_THREADS, 0, cuda_stream()>>>(dst, src, n);
+    CUDA_CHECK_LAUNCH();
+    return dst;
+}
+
+/* dst = x rounded to bf16 (to_bf16_kernel's rounding) and acc += x's column
+ * sums, in one read of x [N, W]: col_sum_acc_kernel's walk over the
+ * elements (its rows, groups and chunks), so the sums, and the bits of acc,
+ * are cuda_col_sum_acc's. */
+__global__ void to_bf16_col_sum_kernel(__nv_bfloat16 *dst, float *acc, float *part, const float *x,
+                                       int N, int W)
+{
+    int c = colsum_col(W), n0, n1;
+    colsum_rows(N, W, &n0, &n1);
+    float s = 0;
+    if (c < W)
+        for (int n = n0 + colsum_group(); n < n1; n += COLSUM_GROUPS) {
+            const float v = x[(size_t)n * W + c];
+            dst[(size_t)n * W + c] = __float2bfloat16(v);
+            s += v;
+        }
+    s = colsum_groups(s);
+    colsum_put(acc, part, W, c, s);
+}
+
+/* dout [N, OC]'s bf16 copy in slot 0 for a backward's GEMMs; with dbias,
+ * dbias += its column sums in the same pass (the fp32 sum of dout, as
+ * backend_cpu_bf16; the bits of cuda_col_sum_acc), where a conversion and
+ * a column sum read dout twice. */
+static const __nv_bfloat16 *dout_bf16(float *dbias, const float *dout, int N, int OC)
+{
+    const size_t n = (size_t)N * OC;
+    if (!dbias)
+        return to_bf16(0, dout, n);
+    __nv_bfloat16 *d = bf16_slot(0, n);
+    const int R = colsum_chunks(N, OC);
+    float *part = cuda_colsum_scratch(R, OC, 1);
+    to_bf16_col_sum_kernel<<<colsum_blocks(OC) * R, COLSUM_COLS * COLSUM_GROUPS, 0,
+                             cuda_stream()>>>(d, dbias, part, dout, N, OC);
+    CUDA_CHECK_LAUNCH();
+    cuda_colsum_finish(dbias, NULL, part, R, OC);
+    return d;
 }
 
 /* The step's bf16 copy of the weights (backend.h weights_bf16): the flat
@@ -315,7 +364,11 @@ static void backward_bf16(float *dinp, GradMode dinp_mode, float *dweight, float
         dinp_empty(dinp, dinp_mode, N, C);
     if (N <= 0 || C <= 0 || OC <= 0)
         return;
-    const __nv_bfloat16 *d = d16 ? d16 : dinp || dweight ? to_bf16(0, dout, (size_t)N * OC) : NULL;
+    const __nv_bfloat16 *d = d16;
+    if (!d && (dinp || dweight)) {
+        d = dout_bf16(dbias, dout, N, OC);
+        dbias = NULL; /* summed in that pass */
+    }
     if (dinp) /* dinp^T[C, N] (+)= weight^T[C, OC] . dout^T[OC, N] */
         gemm_bf16(CUBLAS_OP_N, CUBLAS_OP_N, C, N, OC, weight_bf16(1, weight, (size_t)OC * C), C, d,
                   OC, dinp_beta(dinp_mode), dinp, C);
@@ -412,7 +465,8 @@ static void backward_dgelu_bf16(float *dinp, float *dweight, float *dbias, const
         backend_cuda_zero(dinp, (size_t)N * C * sizeof(float));
         return;
     }
-    const __nv_bfloat16 *d = to_bf16(0, dout, (size_t)N * OC);
+    const __nv_bfloat16 *d = dout_bf16(dbias, dout, N, OC);
+    dbias = NULL; /* summed in that pass */
     const __nv_bfloat16 *w = weight_bf16(1, weight, (size_t)OC * C);
     /* dinp^T[C, N] = (weight^T . dout^T) * gelu'(pre^T): DGELU with pre
      * as the aux input; beta 0, as backend.h's SETS.  Else the product,

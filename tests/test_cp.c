@@ -71,6 +71,7 @@ static void check_cp(Comm *cp, int H, int KVH, int documents)
     float *q = malloc(lq * 4), *d = malloc(lo * 4), *o = calloc(lo, 4), *l = calloc(ll, 4);
     float *dq = calloc(lq, 4), *want_o = malloc(lo * 4), *want_l = malloc(ll * 4);
     float *want_d = malloc(lq * 4);
+    uint16_t *o16 = malloc(lo * sizeof *o16); /* out's bf16 bits (AttnArgs.out16) */
     int32_t *lpos = documents ? malloc(2 * (size_t)B * L * sizeof *lpos) : NULL;
     for (int c = 0; c < 2; c++)
         for (int b = 0; b < B; b++)
@@ -90,13 +91,19 @@ static void check_cp(Comm *cp, int H, int KVH, int documents)
     CpAttention a;
     cp_attention_init(&a, be, cp, B, L, H, KVH, hs);
     const uint64_t sent0 = cp->bytes_sent;
-    cp_attention_forward(&a, o, l, q, lpos);
+    cp_attention_forward(&a, o, o16, l, q, lpos);
     cp_attention_backward(&a, dq, d, q, o, l, lpos);
     const uint64_t sent = cp->bytes_sent - sent0, expect = 2 * (uint64_t)(P - 1) * lq * 4;
     cp_attention_free(&a);
 
     CHECK(worst(o, want_o, lo) <= 1e-5, "cp %d rank %d H %d KVH %d documents %d: out (worst %.3g)",
           P, r, H, KVH, documents, worst(o, want_o, lo));
+    size_t bad16 = 0;
+    while (bad16 < lo && o16[bad16] == bf16_bits(o[bad16]))
+        bad16++;
+    CHECK(bad16 == lo,
+          "cp %d rank %d H %d KVH %d documents %d: out16 = bf16 bits of out (element %zu)", P, r, H,
+          KVH, documents, bad16);
     CHECK(worst(l, want_l, ll) <= 1e-5, "cp %d rank %d H %d KVH %d documents %d: lse (worst %.3g)",
           P, r, H, KVH, documents, worst(l, want_l, ll));
     CHECK(worst(dq, want_d, lq) <= 1e-4,
@@ -105,7 +112,7 @@ static void check_cp(Comm *cp, int H, int KVH, int documents)
     CHECK(sent == expect, "cp %d rank %d: %llu bytes sent, the formula 2 (cp-1) n 4 says %llu", P,
           r, (unsigned long long)sent, (unsigned long long)expect);
     free(qkv), free(dout), free(pos), free(out), free(lse), free(dqkv), free(q), free(d), free(o);
-    free(l), free(dq), free(want_o), free(want_l), free(want_d), free(lpos);
+    free(l), free(dq), free(want_o), free(want_l), free(want_d), free(lpos), free(o16);
 }
 
 int main(int argc, char **argv)

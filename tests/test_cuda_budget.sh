@@ -31,25 +31,34 @@
 #            launches (the emulation does not see cuBLAS's own kernels;
 #            its GEMMs are counted apart);
 #   fused    (GPT-2 bf16) none of FUSED_AWAY is launched: the biases and
-#            the MLP's GELU gradient are cuBLASLt epilogues, and the GELU
+#            the MLP's GELU gradient are cuBLASLt epilogues, the GELU
 #            writes its bf16 output from the GEMM's fp32 pre-activation in
-#            a kernel of its own (gelu_forward_x16_kernel), not the fp32 one;
-#   convert  exactly CONVERT[cfg] fp32 -> bf16 conversions (to_bf16_kernel
-#            launches, matmul.cu) a step: with bf16 activation storage
-#            (docs/design.md) the norms' outputs and the MLP projection's
-#            input are written in bf16 and never converted, and with the
-#            step's bf16 weight copy (backend.h weights_bf16) no GEMM
-#            converts its weight: one conversion of the whole flat
-#            parameter buffer a step, then per layer only the output
-#            gradients (one per backward) and the attention output (fp32:
-#            forward and weight gradient); GPT-2: 4 linears, 4 + 2 = 6 a
-#            layer, Llama (gate, up, down): 5 + 2 = 7 a layer; the head
-#            none (its logits and dlogits are stored in bf16,
-#            head_*_x16).  fp32: none.  (Before the weight copy, one per
-#            GEMM forward and per input-gradient GEMM more: GPT-2 14 a
-#            layer, Llama 17, the head 2, no copy; before bf16 storage:
-#            GPT-2 20 a layer, head 5; before the bf16 logits the head
-#            was 3, its dlogits converted.)
+#            a kernel of its own (gelu_forward_x16_kernel), not the fp32
+#            one, and every bias gradient is summed in the pass that
+#            converts its output gradient (to_bf16_col_sum_kernel), not by
+#            col_sum_acc_kernel;
+#   convert  exactly CONVERT[cfg] fp32 -> bf16 conversions a step, as
+#            "A B": A to_bf16_kernel launches (matmul.cu), B
+#            to_bf16_col_sum_kernel ones (an output gradient converted and
+#            its bias gradient summed in one pass).  With bf16 activation
+#            storage (docs/design.md) the norms' outputs, the MLP
+#            projection's input and the attention output (its kernel
+#            writes a bf16 copy beside the fp32 one) are written in bf16
+#            and never converted, and with the step's bf16 weight copy
+#            (backend.h weights_bf16) no GEMM converts its weight: one
+#            conversion of the whole flat parameter buffer a step, then
+#            per layer only the output gradients, one per backward: GPT-2
+#            4 linears, each with a bias (B = 4 a layer), Llama (gate, up,
+#            down, no biases) 5 a layer (A); the head none (its logits and
+#            dlogits are stored in bf16, head_*_x16).  fp32: none.  (Before
+#            the attention's bf16 copy, GPT-2 6 a layer and Llama 7, the
+#            attention output converted for its forward and its weight
+#            gradient, and GPT-2's dbias col_sum_acc_kernel, 4 a layer;
+#            before the weight copy, one per GEMM forward and per
+#            input-gradient GEMM more: GPT-2 14 a layer, Llama 17, the
+#            head 2, no copy; before bf16 storage: GPT-2 20 a layer, head
+#            5; before the bf16 logits the head was 3, its dlogits
+#            converted.)
 # A MoE step (below): launches, cuBLAS calls and memsets the same with 8
 # experts as with 4.
 # KNOWN_SERIAL lists serial kernels still to be fixed (none now: issue 30
@@ -60,12 +69,12 @@
 
 SYNCS=${TRIDENT_BUDGET_SYNCS:-1}
 MEMSETS=3
-declare -A CONVERT=([gpt2_bf16]=$((6 * 2 + 1)) [llama_bf16]=$((7 * 2 + 1)) [llama]=0)
+declare -A CONVERT=([gpt2_bf16]="1 $((4 * 2))" [llama_bf16]="$((5 * 2 + 1)) 0" [llama]="0 0")
 LAUNCH_PER_LAYER=34
 # 18: the embedding backward's grouping is three launches for dwte (rank,
 # place, sum; issue 30's replacement of the linked chains)
 LAUNCH_FIXED=18
-FUSED_AWAY="bias_broadcast_kernel gelu_forward_kernel gelu_backward_kernel"
+FUSED_AWAY="bias_broadcast_kernel gelu_forward_kernel gelu_backward_kernel col_sum_acc_kernel"
 FINISH="sumsq_total_kernel grad_check_total_kernel colsum_finish_kernel"
 KNOWN_SERIAL=""
 
@@ -82,7 +91,7 @@ import sys
 path, name, syncs, per_layer, fixed = sys.argv[1], sys.argv[2], *map(int, sys.argv[3:6])
 finish, known = set(sys.argv[6].split()), set(sys.argv[7].split())
 fused_away = set(sys.argv[8].split())
-convert, memsets = int(sys.argv[9]), int(sys.argv[10])
+convert, memsets = [int(x) for x in sys.argv[9].split()], int(sys.argv[10])
 N, layers, step = 8 * 64, 2, 2
 tot, kernels = None, {}
 for line in open(path):
@@ -107,11 +116,12 @@ else:
     limit = per_layer * layers + fixed
     if tot["launches"] > limit:
         bad.append(f"{tot['launches']:.0f} launches (budget {limit})")
-got = kernels.get("to_bf16_kernel", (0, 0))[0]
+got = [kernels.get(k, (0, 0))[0] for k in ("to_bf16_kernel", "to_bf16_col_sum_kernel")]
 if got != convert:
-    bad.append(f"{got} fp32 -> bf16 conversions (to_bf16_kernel), want {convert}")
+    bad.append(f"fp32 -> bf16 conversions (to_bf16_kernel, to_bf16_col_sum_kernel) {got}, "
+               f"want {convert}")
 for k in sorted(fused_away & set(kernels)):
-    bad.append(f"{k} launched {kernels[k][0]} times: it should be a cuBLASLt epilogue")
+    bad.append(f"{k} launched {kernels[k][0]} times: it should be fused into another pass")
 serial = {k for k, (n, tmin) in kernels.items() if tmin < N and k not in finish}
 for k in sorted(serial - known):
     bad.append(f"serial reduction: {k} launched with {kernels[k][1]} threads for {N} rows")
@@ -119,7 +129,7 @@ for k in sorted((known & set(kernels)) - serial):
     bad.append(f"{k} is no longer serial: take it off KNOWN_SERIAL")
 summary = ", ".join(f"{k} {tot.get(k, 0):.0f}" for k in
                     ("launches", "syncs", "h2d", "d2h", "memsets", "mallocs", "gemms"))
-summary += f", conversions {got}"
+summary += f", conversions {got[0]} + {got[1]} with dbias"
 print(f"{'FAIL' if bad else 'ok  '} {name} step {step}: {summary}; "
       f"serial (known, issue 30): {' '.join(sorted(serial)) or 'none'}")
 for b in bad:

@@ -13,7 +13,9 @@
  * of the terms that cancelled; a wrong index or a missing term is an error
  * of the order of the scale and fails whatever the tolerance below):
  *   exact    add, accumulate, scale, add_bias, embedding forward and
- *            backward, sumsq of integers, bf16 rounding, dropout_philox:
+ *            backward, sumsq of integers, bf16 rounding, dropout_philox,
+ *            the attention's bf16 copy of out against its fp32 out, the
+ *            bf16 backward's dbias against the fp32 CUDA table's:
  *            the same IEEE fp32 operations in the same order on both sides;
  *            vocab_max and the target logit of vocab_sumexp: a maximum and
  *            a copy, exact in any order;
@@ -167,6 +169,36 @@ static void test_dbias_repeat(int N, int OC)
           OC);
     free(dout), free(zero), free(a), free(b);
     backend_cuda_free(d_dout), backend_cuda_free(d_a), backend_cuda_free(d_b);
+}
+
+/* The bf16 backward's bias gradient, summed in the pass that converts
+ * dout (to_bf16_col_sum_kernel), has the bits of the fp32 table's
+ * (col_sum_acc_kernel: the same walk over the rows), in matmul_backward
+ * with either gradient beside it and in matmul_backward_dgelu. */
+static void test_dbias_fused(int N, int C, int OC)
+{
+    const Backend *f32 = backend_cuda(), *b16 = backend_cuda_bf16();
+    size_t ni = (size_t)N * C, nw = (size_t)OC * C, no = (size_t)N * OC;
+    float *dout = hrand(no, 1), *inp = hrand(ni, 1), *w = hrand(nw, 1), *db = hrand(OC, 1);
+    float *d_dout = dcopyf(dout, no), *d_inp = dcopyf(inp, ni), *d_w = dcopyf(w, nw);
+    float *d_dinp = dcopyf(inp, ni), *d_dw = dcopyf(w, nw), *d_want = dcopyf(db, OC);
+    float *d_db[3] = {dcopyf(db, OC), dcopyf(db, OC), dcopyf(db, OC)};
+    f32->matmul_backward(NULL, NULL, d_want, d_dout, d_inp, d_w, N, C, OC, GRAD_ADD);
+    b16->matmul_backward(d_dinp, d_dw, d_db[0], d_dout, d_inp, d_w, N, C, OC, GRAD_SET);
+    b16->matmul_backward(NULL, d_dw, d_db[1], d_dout, d_inp, d_w, N, C, OC, GRAD_ADD);
+    b16->matmul_backward_dgelu(d_dinp, d_dw, d_db[2], d_dout, d_inp, d_inp, d_w, N, C, OC);
+    float *want = fetch(d_want, OC);
+    static const char *op[3] = {"matmul_backward", "matmul_backward dweight only", "dgelu"};
+    for (int k = 0; k < 3; k++) {
+        float *got = fetch(d_db[k], OC);
+        CHECK(memcmp(got, want, (size_t)OC * sizeof *got) == 0,
+              "bf16 %s %dx%dx%d: dbias summed in the conversion pass = the fp32 table's bits",
+              op[k], N, C, OC);
+        free(got), backend_cuda_free(d_db[k]);
+    }
+    free(dout), free(inp), free(w), free(db), free(want);
+    backend_cuda_free(d_dout), backend_cuda_free(d_inp), backend_cuda_free(d_w);
+    backend_cuda_free(d_dinp), backend_cuda_free(d_dw), backend_cuda_free(d_want);
 }
 
 /* "bf16 " while the tables are the bf16 ones */
@@ -1136,6 +1168,9 @@ static void test_attention_args(const AttnArgs *a, int self, const char *label)
     size_t no = (size_t)B * a->Tq * H * hs, nl = (size_t)B * H * a->Tq;
     float *q = hrand(nq, 2), *kv = self ? q : hrand(nkv, 2), *out = hrand(no, 1);
     float *lse = hrand(nl, 1), *dout = hrand(no, 1), *dq = hrand(nq, 1);
+    if (a->merge) /* rows merged into with no key yet: where this block has none either, */
+        for (size_t i = 0; i < nl; i += 3) /* out stays as it is, and its copy is written */
+            lse[i] = -INFINITY;
     if (attn_tc) { /* the bf16 kernels' operands, exact in bf16 on both sides */
         round_bf16(q, nq), round_bf16(dout, no);
         if (!self)
@@ -1145,12 +1180,25 @@ static void test_attention_args(const AttnArgs *a, int self, const char *label)
     float *d_q = dcopyf(q, nq), *d_kv = self ? d_q : dcopyf(kv, nkv), *d_out = dcopyf(out, no);
     float *d_lse = dcopyf(lse, nl), *d_dout = dcopyf(dout, no), *d_dq = dcopyf(dq, nq);
     float *d_dkv = self ? d_dq : dcopyf(dkv, nkv);
-    AttnArgs ga = *a;
+    AttnArgs ga = *a, ca = *a;
     int32_t *d_pos = a->pos ? dcopy(a->pos, (size_t)B * a->Tq * sizeof(int32_t)) : NULL;
     ga.pos = d_pos;
+    /* out's bf16 copy (AttnArgs.out16), from random bits */
+    uint16_t *out16 = hrand16(no, 1), *d_out16 = dcopy(out16, no * sizeof *out16);
+    ca.out16 = out16, ga.out16 = d_out16;
 
-    cpu->attention_forward(out, lse, q, kv, a);
+    cpu->attention_forward(out, lse, q, kv, &ca);
     gpu->attention_forward(d_out, d_lse, d_q, d_kv, &ga);
+    snprintf(what, sizeof what, "attention%s B=%d Tq=%d Tk=%d H=%d KVH=%d hs=%d%s out16 on the CPU",
+             attn_tag, B, a->Tq, a->Tk, H, KVH, hs, label);
+    check_rounded(what, out16, out, no);
+    snprintf(what, sizeof what, "attention%s B=%d Tq=%d Tk=%d H=%d KVH=%d hs=%d%s out16", attn_tag,
+             B, a->Tq, a->Tk, H, KVH, hs, label);
+    uint16_t *got16 = fetch16(d_out16, no);
+    float *got = fetch(d_out, no);
+    check_rounded(what, got16, got, no);
+    free(got16), free(got), free(out16), backend_cuda_free(d_out16);
+    ga.out16 = NULL;
     snprintf(what, sizeof what, "attention%s B=%d Tq=%d Tk=%d H=%d KVH=%d hs=%d%s lse", attn_tag, B,
              a->Tq, a->Tk, H, KVH, hs, label);
     compare_dev(what, d_lse, lse, nl, R_RED);
@@ -2096,6 +2144,9 @@ int main(void)
     test_matmul_gelu(37, 64, 96);
     test_matmul_gelu(256, 384, 200);
     test_matmul_gelu(37, 75, 53);
+    test_dbias_fused(37, 64, 96);
+    test_dbias_fused(256, 384, 200);
+    test_dbias_fused(3100, 64, 77); /* 3 chunks of rows and the finishing kernel */
     CHECK(!backend_cuda()->matmul_gelu_forward && !backend_cuda()->matmul_backward_dgelu,
           "fp32 CUDA keeps the unfused ops (cuBLAS pedantic, exact parity)");
     /* GEMM inputs stored in bf16 (the bf16 tables' *_x16 ops): shapes

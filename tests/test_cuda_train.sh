@@ -242,15 +242,17 @@ compare gpt2_bf16 gpt2_bf16_cuda "$BF16_TOL"
 # and tp 2 with sequence parallelism (refused: fp32 activations there).
 # The report's activations: bf16 halves ln1, ln2 and fc_act of each layer,
 # the final norm's output and the logits (one tp rank: the head writes bf16
-# logits, the cross-entropy bf16 dlogits in place): (2 layers x (2 N C +
-# N F) + N C + N Vp) x 2 bytes fewer than fp32's, N = 64 rows, C = 64,
-# F = 256, Vp = 384 (vocab 257 padded to a multiple of 128).
+# logits, the cross-entropy bf16 dlogits in place), and adds the attention
+# output's bf16 copy (N H hs = N C bf16 values a layer, beside the fp32 one
+# the attention's backward reads): (2 layers x (2 N C + N F - N C) + N C +
+# N Vp) x 2 bytes fewer than fp32's, N = 64 rows, C = 64, F = 256, Vp = 384
+# (vocab 257 padded to a multiple of 128).
 python3 - "$out" <<'PY' || fails=$((fails + 1))
 import json, sys
 act = {n: json.loads(open(f"{sys.argv[1]}/{n}/metrics.jsonl").readline())["memory_bytes"]["activations"]
        for n in ("gpt2_cuda", "gpt2_bf16_cuda")}
 N, C, F, Vp = 64, 64, 256, 384
-want = (2 * (2 * N * C + N * F) + N * C + N * Vp) * 2
+want = (2 * (2 * N * C + N * F - N * C) + N * C + N * Vp) * 2
 got = act["gpt2_cuda"] - act["gpt2_bf16_cuda"]
 print(f"{'ok  ' if got == want else 'FAIL'} bf16 activation storage: {got} bytes fewer "
       f"activations than fp32 ({act}), want {want}")

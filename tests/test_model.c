@@ -45,12 +45,17 @@ static void tiny_config(Config *c, ModelArch arch, Recompute rc, float init_std)
     c->run.seed = 1234;
 }
 
-static Model *tiny_model(ModelArch arch, Recompute rc, float init_std)
+static Model *tiny_model_on(const Backend *be, ModelArch arch, Recompute rc, float init_std)
 {
     Config c;
     tiny_config(&c, arch, rc, init_std);
     ParamShard sh = params_full_shard(&c.model);
-    return model_create(&c, backend_cpu(), &sh, B);
+    return model_create(&c, be, &sh, B);
+}
+
+static Model *tiny_model(ModelArch arch, Recompute rc, float init_std)
+{
+    return tiny_model_on(backend_cpu(), arch, rc, init_std);
 }
 
 static uint64_t lcg(uint64_t *s)
@@ -231,18 +236,20 @@ static void test_documents_alone(ModelArch arch, Recompute rc, const char *label
     model_free(m);
 }
 
-/* Gradients do not depend on the recompute mode; returns the max difference. */
-static void test_recompute_equal(ModelArch arch, const char *label)
+/* Gradients do not depend on the recompute mode, on backend be (the bf16
+ * twin: activations stored in bf16, the attention's bf16 copy of its
+ * output in the slot selective recompute shares). */
+static void test_recompute_equal(const Backend *be, ModelArch arch, const char *label)
 {
     int32_t tok[N], tgt[N];
     make_batch(tok, tgt, 21, 1);
-    Model *ref = tiny_model(arch, RECOMPUTE_NONE, 0.2f);
+    Model *ref = tiny_model_on(be, arch, RECOMPUTE_NONE, 0.2f);
     gradient_of(ref, tok, tgt);
     const float loss_ref = model_forward(ref, tok, tgt);
     const ParamTable *t = model_params(ref);
     const Recompute modes[] = {RECOMPUTE_SELECTIVE, RECOMPUTE_FULL};
     for (int k = 0; k < 2; k++) {
-        Model *m = tiny_model(arch, modes[k], 0.2f);
+        Model *m = tiny_model_on(be, arch, modes[k], 0.2f);
         gradient_of(m, tok, tgt);
         const float *g = model_grad_buffer(m), *gr = model_grad_buffer(ref);
         double worst = 0.0;
@@ -469,7 +476,10 @@ int main(void)
             test_padding_rows(arches[a], modes[r], label);
             test_memorise(arches[a], modes[r], label);
         }
-        test_recompute_equal(arches[a], arch);
+        test_recompute_equal(backend_cpu(), arches[a], arch);
+        char blabel[32];
+        snprintf(blabel, sizeof blabel, "%s bf16", arch);
+        test_recompute_equal(backend_cpu_bf16(), arches[a], blabel);
         test_memory(arches[a]);
     }
     test_flops();

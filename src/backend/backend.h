@@ -103,13 +103,20 @@ typedef struct {
     /* attention_backward: GRAD_SET writes every element of dq's query
      * heads and dkv's key and value heads (Tk > 0) instead of adding. */
     GradMode grad;
+    /* attention_forward, or NULL: [B*Tq, H*hs] receives bf16_bits of every
+     * element of out as the call leaves it (after its merge), in the same
+     * pass: the attention projection's GEMM operand, stored in bf16 for
+     * its *_x16 ops (Model.x16), with no conversion pass.  out is written
+     * as without it (attention_backward reads the fp32 out).  The
+     * backward ignores it. */
+    uint16_t *out16;
 } AttnArgs;
 
 /* Whole sequences of T rows (no offsets, no documents, no merge; the
- * backward adds). */
+ * backward adds; no bf16 copy of out). */
 static inline AttnArgs attn_args(int B, int T, int H, int KVH, int hs)
 {
-    AttnArgs a = {B, T, T, H, KVH, hs, 0, 0, NULL, 0, 0, GRAD_ADD};
+    AttnArgs a = {B, T, T, H, KVH, hs, 0, 0, NULL, 0, 0, GRAD_ADD, NULL};
     return a;
 }
 
@@ -390,7 +397,8 @@ typedef struct {
      * With a.merge, out and lse hold on entry the result over other keys
      * (an earlier block of a sequence split over ranks), and the two are
      * combined exactly: lse = log(exp(lse) + exp(lse_block)), out the
-     * average of the two outputs weighted by exp(lse_part - lse). */
+     * average of the two outputs weighted by exp(lse_part - lse).  With
+     * a.out16, out's bf16 bits too (AttnArgs). */
     void (*attention_forward)(float *out, float *lse, const float *q, const float *kv,
                               const AttnArgs *a);
     /* dq (q's layout; query heads) and dkv (kv's layout; key and value

@@ -653,6 +653,17 @@ static void narrow(uint16_t *dst, const float *src, size_t n)
         dst[i] = bf16_bits(src[i]);
 }
 
+/* attention_forward with AttnArgs.out16: the bf16 bits narrowed from out
+ * after the call (the CUDA kernels store them as they store out: the same
+ * bits).  Both tables, so that any attention call may ask for them. */
+static void table_attention_forward(float *out, float *lse, const float *q, const float *kv,
+                                    const AttnArgs *a)
+{
+    cpu_attention_forward(out, lse, q, kv, a);
+    if (a->out16)
+        narrow(a->out16, out, (size_t)a->B * a->Tq * a->H * a->hs);
+}
+
 static void bf16_matmul_forward_x16(float *out, const uint16_t *inp, const float *weight,
                                     const float *bias, int N, int C, int OC)
 {
@@ -785,7 +796,7 @@ static const Backend cpu_backend = {
     .moe_combine_backward = cpu_moe_combine_backward,
     .rope_forward = cpu_rope_forward,
     .rope_backward = cpu_rope_backward,
-    .attention_forward = cpu_attention_forward,
+    .attention_forward = table_attention_forward,
     .attention_backward = cpu_attention_backward,
     .rope_decode = cpu_rope_decode,
     .attention_decode = cpu_attention_decode,

@@ -120,7 +120,9 @@ static const float *kv_rows(const CpAttention *a, const float *all, const float 
     return kv_block(a, all, s, d);
 }
 
-void cp_attention_forward(CpAttention *a, float *out, float *lse, const float *qkv,
+/* Every block call writes its chunk's out16 (the merged out so far), so
+ * the last one leaves the bits of the final out. */
+void cp_attention_forward(CpAttention *a, float *out, uint16_t *out16, float *lse, const float *qkv,
                           const int32_t *pos)
 {
     CommHandle h = start_gather(a, qkv);
@@ -132,6 +134,7 @@ void cp_attention_forward(CpAttention *a, float *out, float *lse, const float *q
             finish_gather(a, &h);
         AttnArgs x = block_args(a, b->c, b->s, b->d, pos);
         x.merge = b->merge;
+        x.out16 = out16 ? out16 + b->c * on : NULL;
         a->be->attention_forward(out + b->c * on, lse + b->c * ln, qkv + b->c * qn,
                                  kv_rows(a, a->kv, qkv, b->s, b->d), &x);
     }

@@ -63,8 +63,9 @@ void cp_attention_init(CpAttention *a, const Backend *be, Comm *cp, int B, int L
                        int hs);
 void cp_attention_free(CpAttention *a);
 
-/* out, lse = attention of this rank's query rows over the whole sequence. */
-void cp_attention_forward(CpAttention *a, float *out, float *lse, const float *qkv,
+/* out, lse = attention of this rank's query rows over the whole sequence;
+ * out16 (or NULL): out's bf16 bits too (AttnArgs.out16). */
+void cp_attention_forward(CpAttention *a, float *out, uint16_t *out16, float *lse, const float *qkv,
                           const int32_t *pos);
 /* dqkv += the gradient through cp_attention_forward (from its out, lse). */
 void cp_attention_backward(CpAttention *a, float *dqkv, const float *dout, const float *qkv,

@@ -242,7 +242,7 @@ static Dims make_dims(const Model *m, int B)
 
 /* The activations of a dense layer (moe 0) or of a MoE layer (moe 1),
  * whose MLP fields hold its shared experts. */
-static void layer_act_sizes(const Dims *d, int moe, size_t n[A_COUNT])
+static void layer_act_sizes(const Dims *d, int moe, int x16, size_t n[A_COUNT])
 {
     const size_t N = (size_t)d->N, C = (size_t)d->C, Ns = (size_t)d->Ns;
     const size_t F = (size_t)(moe ? d->Fs : d->F);
@@ -252,6 +252,7 @@ static void layer_act_sizes(const Dims *d, int moe, size_t n[A_COUNT])
     n[A_QKV] = N * (size_t)d->QKV;
     n[A_LSE] = (size_t)d->B * (size_t)d->H * (size_t)d->T;
     n[A_ATTY] = N * (size_t)d->H * (size_t)d->hs;
+    n[A_ATTY16] = x16 ? n[A_ATTY] : 0; /* bf16: halved with the GemmIn ones */
     n[A_RES_MID] = Ns * C;
     n[A_LN2] = N * C;
     n[A_LN2_MEAN] = d->gpt2 ? Ns : 0;
@@ -282,6 +283,7 @@ static void layer_act_slots(LayerActs *a, float **slot[A_COUNT])
     slot[A_QKV] = &a->qkv;
     slot[A_LSE] = &a->lse;
     slot[A_ATTY] = &a->atty;
+    slot[A_ATTY16] = (float **)(void *)&a->atty16; /* bf16 in float-sized slots */
     slot[A_RES_MID] = &a->res_mid;
     slot[A_LN2] = &a->ln2.f;
     slot[A_LN2_MEAN] = &a->ln2_mean;
@@ -306,10 +308,10 @@ static void layer_act_slots(LayerActs *a, float **slot[A_COUNT])
 /* Does each layer keep its own copy of this activation, or do all layers
  * share one that backward recomputes?
  *   none:      every layer keeps everything.
- *   selective: the attention's output and log-sum-exp are shared, and
- *              backward reruns the attention (from qkv, which is kept):
- *              N*H*hs + B*H*T fewer floats per layer for one more
- *              attention forward.
+ *   selective: the attention's output (and its bf16 copy) and log-sum-exp
+ *              are shared, and backward reruns the attention (from qkv,
+ *              which is kept): N*H*hs + B*H*T fewer floats per layer
+ *              (and the copy's N*H*hs/2) for one more attention forward.
  *   full:      everything is shared; only each layer's input (the residual
  *              stream, kept outside this table) survives, and backward
  *              reruns the layer's forward. */
@@ -319,7 +321,7 @@ static int kept_per_layer(Recompute r, int field)
     case RECOMPUTE_NONE:
         return 1;
     case RECOMPUTE_SELECTIVE:
-        return field != A_ATTY && field != A_LSE;
+        return field != A_ATTY && field != A_ATTY16 && field != A_LSE;
     case RECOMPUTE_FULL:
         return 0;
     }
@@ -350,12 +352,12 @@ static void carve_activations(Model *m, Carver *c)
     const Dims *d = &m->d;
     const size_t NC = (size_t)d->N * (size_t)d->C, NsC = (size_t)d->Ns * (size_t)d->C;
     size_t sz[2][A_COUNT], most[A_COUNT]; /* dense, MoE; the larger for shared slots */
-    layer_act_sizes(d, 0, sz[0]);
-    layer_act_sizes(d, 1, sz[1]);
-    if (m->x16) /* the GemmIn activations in bf16: half the floats */
+    layer_act_sizes(d, 0, m->x16, sz[0]);
+    layer_act_sizes(d, 1, m->x16, sz[1]);
+    if (m->x16) /* the GemmIn activations and atty's copy in bf16: half the floats */
         for (int e = 0; e < 2; e++)
             for (int k = 0; k < A_COUNT; k++)
-                if (k == A_LN1 || k == A_LN2 || k == A_FC_ACT)
+                if (k == A_LN1 || k == A_LN2 || k == A_FC_ACT || k == A_ATTY16)
                     sz[e][k] = halves(sz[e][k]);
     const int any_moe = d->E > 0;
     for (int k = 0; k < A_COUNT; k++)
@@ -1349,17 +1351,32 @@ static AttnArgs model_attn_args(const Model *m)
     return a;
 }
 
-/* a->atty, a->lse from a->qkv: over whole sequences here, or across the
- * context-parallel group, whose positions model_set_positions always gives. */
+/* a->atty, a->lse (and with x16 a->atty16) from a->qkv: over whole
+ * sequences here, or across the context-parallel group, whose positions
+ * model_set_positions always gives. */
 static void attention_forward(Model *m, LayerActs *a)
 {
     if (m->cp > 1) {
         TRD_ASSERT(m->cur.pos && m->cpa.kv);
-        cp_attention_forward(&m->cpa, a->atty, a->lse, a->qkv, m->cur.pos);
+        cp_attention_forward(&m->cpa, a->atty, a->atty16, a->lse, a->qkv, m->cur.pos);
         return;
     }
-    const AttnArgs aa = model_attn_args(m);
+    AttnArgs aa = model_attn_args(m);
+    aa.out16 = a->atty16;
     m->be->attention_forward(a->atty, a->lse, a->qkv, a->qkv, &aa);
+}
+
+/* The attention projection's input: atty's bf16 copy where x16 (the
+ * attention wrote it), else atty; attention_backward reads the fp32 atty
+ * either way. */
+static GemmIn atty_in(const Model *m, const LayerActs *a)
+{
+    GemmIn x;
+    if (m->x16)
+        x.h = a->atty16;
+    else
+        x.f = a->atty;
+    return x;
 }
 
 /* Layer i (local index) from resid[i].  With need_output == 0 (recompute
@@ -1380,9 +1397,8 @@ static void block_forward(Model *m, int i, int need_output)
     if (!d->gpt2)
         be->rope_forward(a->qkv, m->cur.pos, d->N, d->T, 0, d->H, d->KVH, d->hs, d->rope);
     attention_forward(m, a);
-    const GemmIn atty = {.f = a->atty}; /* fp32: attention_backward reads it too */
-    row_linear_forward(m, m->s.branch, atty, 0, p->attn_proj_w, p->attn_proj_b, d->H * d->hs, i,
-                       LT_PROJ);
+    row_linear_forward(m, m->s.branch, atty_in(m, a), m->x16, p->attn_proj_w, p->attn_proj_b,
+                       d->H * d->hs, i, LT_PROJ);
     residual_norm_forward(m, a->res_mid, a->ln2, a->ln2_mean, a->ln2_rstd, x, m->s.branch, p->ln2_w,
                           p->ln2_b);
     if (p->router_w) { /* a MoE layer: its branch whole, or (recompute) its activations */
@@ -1500,7 +1516,7 @@ void model_block_backward(Model *m, int l)
     if (m->recompute == RECOMPUTE_FULL)
         block_forward(m, i, 0);
     else if (m->recompute == RECOMPUTE_SELECTIVE)
-        /* Into the shared atty and lse, from this layer's own qkv. */
+        /* Into the shared atty (and its copy) and lse, from this layer's own qkv. */
         attention_forward(m, (LayerActs *)a);
 
     /* MLP branch: its output joined the stream by addition, so its gradient is dres. */
@@ -1526,8 +1542,8 @@ void model_block_backward(Model *m, int l)
 
     /* Attention branch, same pattern; dres is now d loss / d res_mid. */
     dout = tp_row_output_backward(&m->tp, s->dres, s->full, d->N, d->C);
-    be->matmul_backward(s->datty, g->attn_proj_w, g->attn_proj_b, dout, a->atty, p->attn_proj_w,
-                        d->N, d->H * d->hs, d->C, GRAD_SET);
+    x_matmul_backward(m, s->datty, GRAD_SET, g->attn_proj_w, g->attn_proj_b, dout, atty_in(m, a),
+                      p->attn_proj_w, d->N, d->H * d->hs, d->C);
     lora_backward(m, i, LT_PROJ, dout, a->atty, s->datty, d->H * d->hs, d->C, 0);
     if (m->cp > 1) { /* block pairs over ranks, each adding its part */
         zero(m, s->dqkv, N * (size_t)d->QKV);

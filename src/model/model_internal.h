@@ -105,6 +105,7 @@ enum {
     A_QKV,
     A_LSE,
     A_ATTY,
+    A_ATTY16,
     A_RES_MID,
     A_LN2,
     A_LN2_MEAN,
@@ -156,6 +157,7 @@ typedef struct {
     float *qkv;                 /* [N, QKV], after RoPE */
     float *lse;                 /* [B, H, T] attention log-sum-exp per query row */
     float *atty;                /* [N, H*hs] attention output, heads in order */
+    uint16_t *atty16;           /* [N, H*hs] its bf16 bits, the projection's input (x16) */
     float *res_mid;             /* [Ns, C] residual stream after the attention branch */
     GemmIn ln2;
     float *ln2_mean, *ln2_rstd;

@@ -390,6 +390,7 @@ static DnnDesc gb_plan(Gb *g, int64_t *ws)
         DnnStatus st = dnn.get(heur, A_HEUR_RESULTS, T_DESCRIPTOR, CFGS, &n, cfg);
         if (st)
             g->fail = "heuristics results", g->st = st;
+        n = n < CFGS ? n : CFGS; /* the count may be of all it has */
     }
     for (int64_t i = 0; i < n && !g->fail; i++) {
         DnnDesc plan = NULL;

@@ -147,6 +147,7 @@ enum {
 static struct {
     int state;    /* 0 not tried, 1 on, -1 off */
     int checking; /* a self-check's reference call: trident's kernels */
+    int served;   /* 1 once a call took cuDNN's result */
     size_t version;
     DnnHandle handle;
     DnnStatus (*create)(DnnHandle *);
@@ -390,7 +391,7 @@ static DnnDesc gb_plan(Gb *g, int64_t *ws)
         DnnStatus st = dnn.get(heur, A_HEUR_RESULTS, T_DESCRIPTOR, CFGS, &n, cfg);
         if (st)
             g->fail = "heuristics results", g->st = st;
-        n = n < CFGS ? n : CFGS; /* the count may be of all it has */
+        n = n < (int64_t)CFGS ? n : (int64_t)CFGS; /* the count may be of all it has */
     }
     for (int64_t i = 0; i < n && !g->fail; i++) {
         DnnDesc plan = NULL;
@@ -795,7 +796,7 @@ int cuda_attention_cudnn_forward(float *out, float *lse, const float *q, const f
         out, (const __nv_bfloat16 *)o, n);
     CUDA_CHECK_LAUNCH();
     if (!fresh)
-        return 1;
+        return dnn.served = 1;
     /* first call of this shape: trident's kernel on the same inputs */
     const size_t nl = (size_t)x.b * x.h * x.s;
     float *ref = dnn_floats(n), *ref_lse = dnn_floats(nl);
@@ -812,11 +813,13 @@ int cuda_attention_cudnn_forward(float *out, float *lse, const float *q, const f
     if (!ok) { /* trident's result stands */
         CUDA_CHECK(cudaMemcpy(out, ref, n * 4, cudaMemcpyDeviceToDevice));
         CUDA_CHECK(cudaMemcpy(lse, ref_lse, nl * 4, cudaMemcpyDeviceToDevice));
-    } else
+    } else {
+        dnn.served = 1;
         fprintf(stderr,
                 "trident: cuDNN %zu serves attention forward (B=%lld T=%lld H=%lld hs=%lld; "
                 "self-check passed)\n",
                 dnn.version, (long long)x.b, (long long)x.s, (long long)x.h, (long long)x.d);
+    }
     dnn_free(ref), dnn_free(ref_lse);
     return 1;
 }
@@ -890,10 +893,10 @@ int cuda_attention_cudnn_backward(float *dq, float *dkv, const float *dout, cons
         dq, (const __nv_bfloat16 *)gq, (const __nv_bfloat16 *)gk, (const __nv_bfloat16 *)gv, n,
         (int)x.h, (int)x.d, a->grad == GRAD_SET);
     CUDA_CHECK_LAUNCH();
-    return 1;
+    return dnn.served = 1;
 }
 
-int cuda_attention_cudnn_on(void) { return dnn.state > 0; }
+int cuda_attention_cudnn_on(void) { return dnn.state > 0 && dnn.served; }
 
 extern "C" int backend_cuda_cudnn_attention(int load)
 {

@@ -34,7 +34,7 @@
  * that layout already), and in the backward out and dout to bf16 and dQ,
  * dK, dV (bf16, BSHD) into dqkv's fp32 rows (set or added, as a.grad
  * says).  GPT-2 124M at B8 T1024 moves about 0.15 GB a layer forward and
- * 0.3 GB backward for these: ~0.1 ms a layer on an H200, which the
+ * 0.3 GB backward for these: ~0.15 ms a layer on an H200, which the
  * prediction in docs/cuda.md counts.
  *
  * Safe when wrong: the first call of each shape runs trident's kernel on

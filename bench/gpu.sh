@@ -33,6 +33,10 @@
 #             bench/gpu_bundle.sh --also A=BIN; or paths): their tokens/s, the ratio
 #             of this build to each, and their profiles with --profile
 #
+# cuDNN's fused attention (kernels/attention_cudnn.cu; PyTorch's copy of
+# libcudnn.so.9 is found below): test_cuda_ops and the training run twice,
+# with it where it loads and with TRIDENT_CUDNN=0, and --profile profiles both.
+#
 # Both train from scratch on the Brown corpus (scripts/get_corpus.sh; llm.c
 # reads it as an llm.c shard written by `trident prepare-data --format
 # llmc`).  The figure is the median over the steps after the first three
@@ -108,6 +112,18 @@ PY
         echo "cuDNN: $(ls $(echo "$cudalibs" | tr ':' ' ') 2>/dev/null | grep -m1 'libcudnn\.so' || echo 'not found')"
     } | tee "$out/machine.txt"
 fi
+# cuDNN, which kernels/attention_cudnn.cu loads at run time for the bf16
+# attention: PyTorch's wheel's copy (nvidia/cudnn/lib, else torch/lib) when
+# the loader's path has none.  Every run below but the TRIDENT_CUDNN=0 ones
+# uses it where it loads; its stderr lines say whether it served.
+if [ -z "${TRIDENT_CUDNN_LIB:-}" ] && ! ldconfig -p 2>/dev/null | grep -q 'libcudnn\.so\.9'; then
+    cudnn_dir=$(python3 -c 'import os, nvidia.cudnn as c; print(os.path.join(list(c.__path__)[0], "lib"))' 2>/dev/null ||
+        python3 -c 'import os, torch; print(os.path.join(os.path.dirname(torch.__file__), "lib"))' 2>/dev/null || true)
+    if [ -n "$cudnn_dir" ] && [ -e "$cudnn_dir/libcudnn.so.9" ]; then
+        export LD_LIBRARY_PATH=$cudnn_dir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+    fi
+fi
+echo "cuDNN for attention: ${TRIDENT_CUDNN_LIB:-${cudnn_dir:+$cudnn_dir/}libcudnn.so.9}" | tee -a "$out/machine.txt"
 if [ ! -x "$trident" ]; then
     [ "$trident" = build-cuda/trident ] || { echo "bench/gpu.sh: no $trident" >&2; exit 2; }
     BUILD_DIR=build-cuda scripts/build.sh -Dcuda=enabled >/dev/null
@@ -130,9 +146,15 @@ print(f"{statistics.median(v):.1f}" if v else "nan")'; }
 # and the failures if any (the figures below then come from a wrong kernel).
 ops=$(dirname "$trident")/tests/test_cuda_ops
 [ -x "$ops" ] || ops=$(dirname "$trident")/test_cuda_ops
+# Twice: with cuDNN's attention where it loads (its check: a SKIP line when
+# it does not), and with TRIDENT_CUDNN=0 (trident's kernels only).
 if [ -x "$ops" ]; then
     timeout 120 "$ops" > "$out/cuda_ops.log" 2>&1 || grep -m 20 FAIL "$out/cuda_ops.log" || true
     say "cuda_ops: $(tail -1 "$out/cuda_ops.log")"
+    grep -m 4 -E 'cuDNN' "$out/cuda_ops.log" | tee -a "$summary" || true
+    TRIDENT_CUDNN=0 timeout 120 "$ops" > "$out/cuda_ops_nocudnn.log" 2>&1 ||
+        grep -m 20 FAIL "$out/cuda_ops_nocudnn.log" || true
+    say "cuda_ops TRIDENT_CUDNN=0: $(tail -1 "$out/cuda_ops_nocudnn.log")"
 fi
 
 train() { # run dir, extra overrides
@@ -161,6 +183,13 @@ tps=$(col tokens_per_s 2>/dev/null | median || true)
 mfu=$(col mfu 2>/dev/null | python3 -c 'import statistics,sys; v=[float(x) for x in sys.stdin.read().split()]; print(f"{100*statistics.median(v):.1f}" if v else "nan")' || true)
 say "trident: $(basename "$cfg" .yaml), batch $batch x $seq, bf16: $tps tokens/s, MFU $mfu%"
 ratio() { python3 -c "import sys; a,b=map(float,sys.argv[1:]); print(f'{a/b:.3f}')" "$1" "$2"; }
+# The same without cuDNN's attention (kernels/attention_cudnn.cu): what it
+# saves, and its stderr lines (served, or why not).
+grep -m 4 'cuDNN' "$out/trident.log" | tee -a "$summary" || say "cuDNN: no line (not loaded)"
+TRIDENT_CUDNN=0 train trident_nocudnn --set training.steps="$steps" ||
+    say "trident TRIDENT_CUDNN=0: training failed (above)"
+ntps=$(col tokens_per_s trident_nocudnn 2>/dev/null | median || true)
+say "trident TRIDENT_CUDNN=0: $ntps tokens/s; ratio with / without cuDNN attention: $(ratio "$tps" "$ntps" 2>/dev/null || echo nan)"
 
 if [ -n "$llmc" ] && [ -z "$llmc_bin" ]; then
     make -C "$llmc" train_gpt2cu USE_CUDNN="${USE_CUDNN:-1}" >/dev/null
@@ -200,6 +229,10 @@ if [ "$profile" = 1 ]; then
     # more than the run above, so its own tokens/s is not the figure.
     TRIDENT_PROFILE=1 train profile --set training.steps=12 || true
     [ -f "$out/profile/profile.tsv" ] && cp "$out/profile/profile.tsv" "$out/profile.tsv"
+    # and without cuDNN: the attention rows of trident's kernels beside cuDNN's
+    TRIDENT_CUDNN=0 TRIDENT_PROFILE=1 train profile_nocudnn --set training.steps=12 || true
+    [ -f "$out/profile_nocudnn/profile.tsv" ] &&
+        cp "$out/profile_nocudnn/profile.tsv" "$out/profile_nocudnn.tsv"
 fi
 
 if [ "$offload" = 1 ]; then
@@ -270,6 +303,10 @@ done
 if [ -f "$out/profile.tsv" ]; then
     echo "--- top ops (TRIDENT_PROFILE=1, $(basename "$cfg" .yaml), batch $batch x $seq) ---"
     sed -n '/^profile (TRIDENT_PROFILE/,$p' "$out/profile.log" | head -40
+fi
+if [ -f "$out/profile_nocudnn.tsv" ]; then
+    echo "--- attention without cuDNN (TRIDENT_CUDNN=0 TRIDENT_PROFILE=1) ---"
+    grep -E '^(attention|profile: attention)' "$out/profile_nocudnn.log" || true
 fi
 echo "--- summary ---"
 cat "$summary"

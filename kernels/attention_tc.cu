@@ -528,6 +528,8 @@ static void tc_backward(float *dq, float *dkv, const float *dout, const float *q
 void cuda_attention_forward_bf16(float *out, float *lse, const float *q, const float *kv,
                                  const AttnArgs *a)
 {
+    if (cuda_attention_cudnn_forward(out, lse, q, kv, a))
+        return; /* cuDNN took it (attention_cudnn.cu) */
     if (!cuda_attention_tc_serves(a) || !tc_aligned(q, kv, q)) {
         cuda_attention_forward(out, lse, q, kv, a);
         return;
@@ -546,6 +548,8 @@ void cuda_attention_backward_bf16(float *dq, float *dkv, const float *dout, cons
                                   const float *kv, const float *out, const float *lse,
                                   const AttnArgs *a)
 {
+    if (cuda_attention_cudnn_backward(dq, dkv, dout, q, kv, out, lse, a))
+        return; /* cuDNN took it (attention_cudnn.cu) */
     if (!cuda_attention_tc_serves(a) || !tc_aligned(q, kv, dout)) {
         cuda_attention_backward(dq, dkv, dout, q, kv, out, lse, a);
         return;

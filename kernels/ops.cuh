@@ -137,6 +137,17 @@ void cuda_attention_forward_bf16(float *out, float *lse, const float *q, const f
 void cuda_attention_backward_bf16(float *dq, float *dkv, const float *dout, const float *q,
                                   const float *kv, const float *out, const float *lse,
                                   const AttnArgs *a);
+/* attention_cudnn.cu: cuDNN's fused attention for the calls of the two
+ * above that it serves (1: done), loaded at run time, self-checked against
+ * them on each shape's first call; 0: the caller's kernels take the call.
+ * cuda_attention_cudnn_on: 1 once cuDNN's result served a call and it is
+ * still on. */
+int cuda_attention_cudnn_forward(float *out, float *lse, const float *q, const float *kv,
+                                 const AttnArgs *a);
+int cuda_attention_cudnn_backward(float *dq, float *dkv, const float *dout, const float *q,
+                                  const float *kv, const float *out, const float *lse,
+                                  const AttnArgs *a);
+int cuda_attention_cudnn_on(void);
 
 /* crossentropy.cu */
 void cuda_crossentropy_forward(float *losses, const float *logits, const int32_t *targets, int N,

@@ -623,6 +623,10 @@ extern "C" void backend_cuda_profile_report(const char *dir)
     if (prof.dropped)
         printf("profile: %d calls beyond %d a step were not timed\n", prof.dropped, PROF_PAIRS);
     prof_write(stdout, 0);
+    /* whose attention the attention_* rows timed (cuDNN's includes its
+     * bf16 conversions) */
+    printf("profile: attention by %s\n",
+           cuda_attention_cudnn_on() ? "cuDNN (kernels/attention_cudnn.cu)" : "trident's kernels");
     char path[4096];
     snprintf(path, sizeof path, "%s/profile.tsv", dir);
     FILE *f = fopen(path, "w");

@@ -271,6 +271,31 @@ static void barriers_after_a_block_without(void)
            "with): ok\n");
 }
 
+/* TRIDENT_CUDNN_LIB naming a missing file (kernels/attention_cudnn.cu): one
+ * line on stderr saying why cuDNN is off, however many calls, and
+ * trident's own attention serves: the bf16 attention of a shape cuDNN
+ * would take (MHA, T 128, hs 64) against the CPU's (tensor-core tolerance:
+ * exit 0 when within, 1 when not). */
+static void cudnn_missing(void)
+{
+    enum { T = 128, H = 2, HS = 64, W = 3 * H * HS, O = H * HS };
+    setenv("TRIDENT_CUDNN_LIB", "/nonexistent/libcudnn.so.9", 1);
+    static float qkv[T * W], out[T * O], lse[H * T], got[T * O];
+    for (int i = 0; i < T * W; i++) /* bf16-exact */
+        qkv[i] = (float)((i * 37) % 29 - 14) / 16.0f;
+    float *d_qkv = dev_floats(T * W), *d_out = dev_floats(T * O), *d_lse = dev_floats(H * T);
+    backend_cuda_to_device(d_qkv, qkv, sizeof qkv);
+    const AttnArgs a = attn_args(1, T, H, H, HS);
+    for (int k = 0; k < 2; k++)
+        backend_cuda_bf16()->attention_forward(d_out, d_lse, d_qkv, d_qkv, &a);
+    backend_cuda_to_host(got, d_out, sizeof got);
+    backend_cpu()->attention_forward(out, lse, qkv, qkv, &a);
+    for (int i = 0; i < T * O; i++)
+        if (fabsf(got[i] - out[i]) > 1e-2f)
+            _exit(1);
+    _exit(0);
+}
+
 int main(void)
 {
 #if defined(__SANITIZE_ADDRESS__)
@@ -294,6 +319,15 @@ int main(void)
                  "emu: cudaMemcpyAsync(DeviceToHost): dst is device memory");
     expect_death("zero past the end", zero_past_end, "emu: cudaMemsetAsync: dst is out of bounds");
     expect_death("kernel reading past the end", kernel_reads_past_end, past_end);
+    char cudnn[8192];
+    const char *off = "trident: cuDNN attention off (/nonexistent/libcudnn.so.9 not loaded";
+    int cudnn_status = run_child(cudnn_missing, cudnn, sizeof cudnn);
+    const char *nl = strchr(cudnn, '\n');
+    const int cudnn_ok = !died(cudnn_status) && strstr(cudnn, off) == cudnn && nl && nl[1] == '\0';
+    CHECK(cudnn_ok, "TRIDENT_CUDNN_LIB missing: status %d, stderr (one line expected): %s",
+          cudnn_status, cudnn);
+    if (cudnn_ok)
+        printf("cuDNN missing: one line, trident's attention served: ok\n");
     char ran[8192];
     int ran_status = run_child(host_reads_pointer_a_kernel_reached, ran, sizeof ran);
     int ran_ok = died(ran_status) &&

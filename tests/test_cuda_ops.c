@@ -1250,6 +1250,27 @@ static void test_attention(int B, int T, int H, int KVH, int hs)
     test_attention_args(&a, 1, "");
 }
 
+/* cuDNN's fused attention (kernels/attention_cudnn.cu) where it loads (a
+ * GPU machine with libcudnn.so.9 on the loader's path or
+ * TRIDENT_CUDNN_LIB): shapes it serves (MHA, T a multiple of 128), against
+ * the CPU within the tensor-core tolerance, then that it is still on: its
+ * first call of a shape compares it with trident's kernel and turns it
+ * off on a mismatch, which would let the comparisons above pass on
+ * trident's result.  Without cuDNN: a SKIP line and no check counted. */
+static void test_attention_cudnn(void)
+{
+    if (!backend_cuda_cudnn_attention(1)) {
+        printf("SKIP: cuDNN attention (not loaded; nothing checked)\n");
+        return;
+    }
+    attn_tag = " cudnn";
+    test_attention(2, 128, 4, 4, 64);  /* B > 1, hs 64 */
+    test_attention(1, 256, 2, 2, 128); /* hs 128, two 128-row blocks */
+    CHECK(backend_cuda_cudnn_attention(0),
+          "cuDNN attention still on after its self-checks (stderr says why not)");
+    attn_tag = " tc";
+}
+
 /* Packed documents (whole sequences, self-attention), and a block pair of a
  * sequence split over ranks: query rows at q_pos0, keys at k_pos0 (before,
  * overlapping or after the queries), separate buffers, keys in either
@@ -2268,6 +2289,7 @@ int main(void)
     test_attention(1, 70, 2, 1, 128);   /* MQA, the largest head size */
     test_attention(1, 200, 2, 2, 64);   /* MHA, four tiles: the softmax rescaled thrice */
     test_attention_blocks(1, 2, 1, 64); /* documents, offsets, packed keys, merge */
+    test_attention_cudnn();
     attn_tag = " tc fallback", attn_rtol = R_RED;
     test_attention(1, 37, 6, 2, 16); /* another head size: the fp32 kernels */
     attn_tc = 0, attn_tag = "";

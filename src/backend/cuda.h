@@ -27,6 +27,13 @@ const Backend *backend_cuda(void);
  * fp32 accumulation; its rounding and tolerance in docs/cuda.md). */
 const Backend *backend_cuda_bf16(void);
 
+/* cuDNN's fused attention in backend_cuda_bf16 (kernels/attention_cudnn.cu,
+ * docs/cuda.md "cuDNN attention"): 1 while cuDNN is loaded and serving
+ * attention, 0 when it is absent, turned off (TRIDENT_CUDNN=0) or refused
+ * a graph or a self-check (stderr said why).  load: load it now if no
+ * attention call has yet. */
+int backend_cuda_cudnn_attention(int load);
+
 /* D = A B + C through one warp's tensor-core instruction (kernels/mma.cuh,
  * mma.sync m16n8k16 with bf16 operands, fp32 accumulation): A 16 x 16 and
  * B 16 x 8 (element (k, n) at b[8k + n]) rounded to bf16, C and D 16 x 8,

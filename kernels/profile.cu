@@ -509,6 +509,12 @@ extern "C" const Backend *backend_cuda_profiled(const Backend *base)
     static Backend t;
     prof.base = base;
     t = *base;
+    /* Ops timed one by one: no CUDA graphs (events recorded while a graph
+     * is captured would time nothing; the decoder then runs op by op). */
+    t.graph_begin = NULL;
+    t.graph_end = NULL;
+    t.graph_launch = NULL;
+    t.graph_free = NULL;
     t.zero = p_zero;
     t.copy = p_copy;
     t.to_backend = p_to_backend;

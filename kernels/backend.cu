@@ -510,6 +510,7 @@ static const Backend cuda_backend = {
     .rope_decode = cuda_rope_decode,
     .attention_decode = cuda_attention_decode,
     .decode_choose = cuda_decode_choose,
+    .decode_linear = cuda_decode_linear,
     .graph_begin = backend_cuda_graph_begin,
     .graph_end = backend_cuda_graph_end,
     .graph_launch = backend_cuda_graph_launch,
@@ -561,6 +562,7 @@ extern "C" const Backend *backend_cuda_bf16(void)
         t.head_backward_x16 = cuda_head_backward_x16;
         t.attention_forward = cuda_attention_forward_bf16;
         t.attention_backward = cuda_attention_backward_bf16;
+        t.decode_linear = NULL; /* the decoder's matmul_forward: bf16 GEMMs */
         t.weights_bf16 = cuda_weights_bf16;
         t.weights_bf16_drop = cuda_weights_bf16_drop;
     }

@@ -9,7 +9,18 @@
  * keys and values stream by one position at a time: a warp-wide dot
  * product, then the online softmax (running max m and sum l) rescales the
  * output.  The cost per new token is one pass over the cache, nothing of
- * the earlier rows is recomputed.  Head size up to 128. */
+ * the earlier rows is recomputed.  Head size up to 128.
+ *
+ * decode_linear, up to GEMV_ROWS rows: a GEMV, one warp per output
+ * column o.  The warp streams w's row o once (16-byte loads, coalesced:
+ * lane l reads floats 4l .. 4l+3 of each 128 in turn, or one float a lane
+ * where C or a pointer does not allow them) against each input row, sums
+ * its lanes (warp_sum), and lane 0 adds the bias and applies the epilogue.
+ * One launch for what cuBLAS does in two (the bias broadcast, then the
+ * GEMM with beta 1) plus the GELU or the residual add after it.  At one row
+ * the op is the read of w (4 C OC bytes), so bandwidth-bound; the sums run
+ * in another order than cuBLAS's (within fp32 rounding of them).  More
+ * rows: cuBLAS, where the weights are read once for all of them. */
 #include "ops.cuh"
 
 enum { DEC_HS_MAX = 128, DEC_PER = DEC_HS_MAX / 32 };
@@ -161,5 +172,88 @@ void cuda_decode_choose(int32_t *state, const float *logits, int V, double tempe
     TRD_ASSERT(V > 0 && V < (1 << 24));
     decode_choose_kernel<<<1, CHOOSE_THREADS, 0, cuda_stream()>>>(state, logits, V, temperature, u,
                                                                   n);
+    CUDA_CHECK_LAUNCH();
+}
+
+enum { GEMV_ROWS = 4, GEMV_WARPS = 8 };
+
+/* activation.cu's GELU (x sigmoid(2u)) */
+__device__ static float decode_gelu(float x)
+{
+    const float u = 0.7978845608028654f * (x + 0.044715f * x * x * x);
+    return x / (1 + expf(-2 * u));
+}
+
+/* Block: GEMV_WARPS warps, columns blockIdx.x * GEMV_WARPS + warp.  Every
+ * warp shuffles, those past OC on zeros (no early return). */
+template <int VEC>
+__global__ void decode_linear_kernel(float *out, const float *x, const float *w, const float *b,
+                                     int n, int C, int OC, DecodeEpi epi)
+{
+    const int o = (int)(blockIdx.x * GEMV_WARPS + threadIdx.x / 32), lane = threadIdx.x % 32;
+    float acc[GEMV_ROWS] = {0.0f, 0.0f, 0.0f, 0.0f};
+    if (o < OC) {
+        const float *wo = w + (size_t)o * C;
+        if (VEC) {
+            /* several loads in flight a lane: the weight's read is the op */
+#pragma unroll 4
+            for (int c = lane; c < C / 4; c += 32) {
+                const float4 wv = ((const float4 *)wo)[c];
+#pragma unroll
+                for (int r = 0; r < GEMV_ROWS; r++)
+                    if (r < n) {
+                        const float4 xv = ((const float4 *)(x + (size_t)r * C))[c];
+                        acc[r] += wv.x * xv.x + wv.y * xv.y + wv.z * xv.z + wv.w * xv.w;
+                    }
+            }
+        } else {
+            for (int c = lane; c < C; c += 32) {
+                const float wv = wo[c];
+#pragma unroll
+                for (int r = 0; r < GEMV_ROWS; r++)
+                    if (r < n)
+                        acc[r] += wv * x[(size_t)r * C + c];
+            }
+        }
+    }
+    for (int r = 0; r < n; r++) {
+        const float s = warp_sum(acc[r]);
+        if (lane != 0 || o >= OC)
+            continue;
+        const float p = s + (b ? b[o] : 0.0f);
+        float *y = out + (size_t)r * OC + o;
+        if (epi == DECODE_GELU)
+            *y = decode_gelu(p);
+        else if (epi == DECODE_RESIDUAL)
+            *y += p;
+        else
+            *y = p;
+    }
+}
+
+void cuda_decode_linear(float *out, const float *x, const float *w, const float *b, int n, int C,
+                        int OC, DecodeEpi epi)
+{
+    if (n <= 0 || OC <= 0)
+        return;
+    if (n > GEMV_ROWS) { /* the unfused ops (a residual's GEMM adds into out) */
+        if (epi == DECODE_RESIDUAL) {
+            cuda_matmul_forward_acc(out, x, w, n, C, OC);
+            if (b)
+                cuda_add_bias(out, b, n, OC);
+        } else {
+            cuda_matmul_forward(out, x, w, b, n, C, OC);
+            if (epi == DECODE_GELU)
+                cuda_gelu_forward(out, out, (size_t)n * OC);
+        }
+        return;
+    }
+    const unsigned blocks = (unsigned)((OC + GEMV_WARPS - 1) / GEMV_WARPS);
+    if (C % 4 == 0 && ((uintptr_t)x | (uintptr_t)w) % 16 == 0)
+        decode_linear_kernel<1>
+            <<<blocks, 32 * GEMV_WARPS, 0, cuda_stream()>>>(out, x, w, b, n, C, OC, epi);
+    else
+        decode_linear_kernel<0>
+            <<<blocks, 32 * GEMV_WARPS, 0, cuda_stream()>>>(out, x, w, b, n, C, OC, epi);
     CUDA_CHECK_LAUNCH();
 }

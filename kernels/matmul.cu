@@ -135,6 +135,18 @@ void cuda_matmul_forward(float *out, const float *inp, const float *weight, cons
                              inp, C, &beta, out, OC));
 }
 
+/* out[N,OC] += inp[N,C] @ weight[OC,C]^T: cuda_matmul_forward's GEMM with
+ * beta 1 (decode.c's residual linear above the GEMV's rows, decode.cu). */
+void cuda_matmul_forward_acc(float *out, const float *inp, const float *weight, int N, int C,
+                             int OC)
+{
+    if (N <= 0 || OC <= 0)
+        return;
+    const float alpha = 1, beta = 1;
+    CUBLAS_CHECK(cublasSgemm(blas_handle(), CUBLAS_OP_T, CUBLAS_OP_N, OC, N, C, &alpha, weight, C,
+                             inp, C, &beta, out, OC));
+}
+
 /* The GEMM's beta for an input gradient: 0 writes it (GRAD_SET: C is not
  * read, so old garbage or NaN in it is harmless), 1 adds to it. */
 static float dinp_beta(GradMode mode) { return mode == GRAD_SET ? 0.0f : 1.0f; }

@@ -23,11 +23,12 @@
  *            vocab_backward from the same statistics): a few roundings
  *            each, expf / logf within 2 ulp on both sides, FMA contraction
  *            on the GPU: ~1e-6 observed in such kernels, 10x margin;
- *   1e-4     reductions (GEMMs, fp32 and bf16, the bias gradient (rows summed
- *            in groups), norms, attention, cross-entropy, the sum of
- *            vocab_sumexp, the vocab ops composed as tp = 2 against the
- *            plain cross-entropy): fp32 sums of up to a few hundred terms
- *            in another order (cuBLAS, block reductions), error
+ *   1e-4     reductions (GEMMs, fp32 and bf16, decode_linear's GEMV, the
+ *            bias gradient (rows summed in groups), norms, attention,
+ *            cross-entropy, the sum of vocab_sumexp, the vocab ops composed
+ *            as tp = 2 against the plain cross-entropy): fp32 sums of up
+ *            to a few hundred terms in another order (cuBLAS, warp and
+ *            block reductions), error
  *            ~ sqrt(K) * 6e-8 relative to the terms, 1e-6..1e-5 at these
  *            sizes;
  *   1e-10    sumsq of random floats: squares are exact in double, only the
@@ -1384,6 +1385,40 @@ static void test_decode(int T, int H, int KVH, int hs)
     backend_cuda_free(d_vc);
 }
 
+/* decode_linear, each epilogue, against the decoder's CPU path (decode.c,
+ * linear: matmul_forward, then gelu_forward or add).  out starts random:
+ * the residual reads it, the others overwrite it.  R_RED: the GEMV sums
+ * in its own order (n up to 4), cuBLAS above. */
+static void test_decode_linear(int n, int C, int OC, int bias)
+{
+    static const char *const epi_name[] = {"bias", "gelu", "residual"};
+    const size_t nx = (size_t)n * C, nw = (size_t)OC * C, no = (size_t)n * OC;
+    float *x = hrand(nx, 1), *w = hrand(nw, 1), *b = bias ? hrand(OC, 1) : NULL;
+    float *d_x = dcopyf(x, nx), *d_w = dcopyf(w, nw), *d_b = bias ? dcopyf(b, OC) : NULL;
+    float *p = malloc(no * sizeof *p);
+    cpu->matmul_forward(p, x, w, b, n, C, OC);
+    for (int e = DECODE_BIAS; e <= DECODE_RESIDUAL; e++) {
+        float *out = hrand(no, 1), *d_out = dcopyf(out, no);
+        if (e == DECODE_BIAS)
+            memcpy(out, p, no * sizeof *out);
+        else if (e == DECODE_GELU)
+            cpu->gelu_forward(out, p, no);
+        else
+            cpu->add(out, out, p, no);
+        gpu->decode_linear(d_out, d_x, d_w, d_b, n, C, OC, (DecodeEpi)e);
+        char what[128];
+        snprintf(what, sizeof what, "decode_linear %s n=%d C=%d OC=%d%s", epi_name[e], n, C, OC,
+                 bias ? "" : " no bias");
+        compare_dev(what, d_out, out, no, R_RED);
+        free(out);
+        backend_cuda_free(d_out);
+    }
+    free(x), free(w), free(b), free(p);
+    backend_cuda_free(d_x), backend_cuda_free(d_w);
+    if (d_b)
+        backend_cuda_free(d_b);
+}
+
 /* --------------------------------------------------------- crossentropy */
 
 static void test_crossentropy(int N, int V, int Vp)
@@ -2295,9 +2330,14 @@ int main(void)
     attn_tc = 0, attn_tag = "";
     gpu = backend_cuda();
 
-    test_decode(9, 4, 2, 16);   /* GQA */
-    test_decode(40, 2, 2, 128); /* MHA, the largest head size */
-    test_decode(7, 6, 1, 36);   /* MQA, hs not a multiple of 32 */
+    test_decode(9, 4, 2, 16);          /* GQA */
+    test_decode(40, 2, 2, 128);        /* MHA, the largest head size */
+    test_decode(7, 6, 1, 36);          /* MQA, hs not a multiple of 32 */
+    test_decode_linear(1, 64, 96, 1);  /* one row, 16-byte loads */
+    test_decode_linear(3, 75, 53, 1);  /* C not a multiple of 4: a float a lane; OC not of 8 */
+    test_decode_linear(1, 70, 300, 0); /* no bias (Llama) */
+    test_decode_linear(3, 256, 40, 0); /* three rows, 16-byte loads, two per lane */
+    test_decode_linear(7, 64, 40, 1);  /* above the GEMV's rows: cuBLAS and the unfused ops */
 
     test_crossentropy(37, 1000, 1024);
     test_crossentropy(8, 50257, 50304); /* GPT-2 vocabulary, padded */

@@ -13,7 +13,15 @@
  *           (TRD_EMU_STATS): at most 1 host synchronization, no copy to
  *           the device, one copy of 4 bytes to the host, no memset or
  *           allocation; with the graph 1 graph launch and no kernel launch
- *           or cuBLAS call outside it, eager no graph launch.
+ *           or cuBLAS call outside it, eager no graph launch;
+ *   nodes   the graph's kernels a token, exactly: each linear one GEMV
+ *           with its bias and the GELU or the residual add in it
+ *           (decode_linear), so a separate bias, GELU or add kernel back
+ *           in the step fails here.  GPT-2: 8 a layer (2 norms, qkv,
+ *           cache append + attention, projection + residual, fc + GELU,
+ *           MLP projection + residual) + 4 (embedding, final norm, head,
+ *           choice); Llama: 11 a layer (RoPE, and gate, up and SwiGLU for
+ *           fc + GELU) + 4.
  * A second or so. */
 #include <stdint.h>
 #include <stdio.h>
@@ -203,6 +211,9 @@ int main(void)
             CHECK(same(graph, cpu), "%s: cuda graph tokens != cpu tokens", what);
             check_budget(path, what, 1);
             const long nodes = count(path, FIRST_STEADY, "graph_nodes");
+            const long want_nodes = (llama ? 11 : 8) * cfg.model.layers + 4;
+            CHECK(nodes == want_nodes, "%s: %ld graph nodes a token, not %ld", what, nodes,
+                  want_nodes);
             int32_t again[NEW];
             generate(&cfg, backend_cuda(), temperature, 0, 0, again, l_graph);
             CHECK(same(again, cpu), "%s: cuda graph tokens != cpu tokens", what);

@@ -30,6 +30,11 @@
 #define __align__(n) __attribute__((aligned(n)))
 /* blocks run one at a time: a static is the block's shared memory */
 #define __shared__ static
+/* vector_types.h's float4: 16 bytes, 16-aligned */
+struct alignas(16) float4 {
+    float x, y, z, w;
+};
+
 struct dim3 {
     unsigned x = 1, y = 1, z = 1;
 };

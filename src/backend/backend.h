@@ -77,6 +77,9 @@ TRD_HOST_DEVICE static inline double rope_inv_freq(RopeFreq rf, int i, int hs)
  * elementwise and attention kernels store instead of adding. */
 typedef enum { GRAD_ADD = 0, GRAD_SET = 1 } GradMode;
 
+/* What decode_linear does with the product (backend.h, "decoding"). */
+typedef enum { DECODE_BIAS, DECODE_GELU, DECODE_RESIDUAL } DecodeEpi;
+
 /* The attention of one call: which query rows, which key rows, which
  * pairs count.  Rows carry global positions within their sequence: query
  * row t (0 <= t < Tq) is at q_pos0 + t, key row u at k_pos0 + u.  Whole
@@ -442,6 +445,16 @@ typedef struct {
                              const int32_t *at, int pos0, int H, int KVH, int hs);
     void (*decode_choose)(int32_t *state, const float *logits, int V, double temperature,
                           const double *u, int n);
+    /* The decoder's linear layer and what follows it, in one launch where
+     * the backend can (CUDA, a few rows: a GEMV kernel, docs/cuda.md
+     * "Decoding"); optional, NULL: the decoder runs matmul_forward, then
+     * gelu_forward or add, in that order (the CPU backend, whose bits
+     * generation keeps; the bf16 tables, whose GEMMs round to bf16).
+     * p = x [n, C] . w [OC, C]^T (+ b [OC] when b != NULL), then
+     * DECODE_BIAS: out = p; DECODE_GELU: out = gelu(p); DECODE_RESIDUAL:
+     * out += p (the residual stream).  out [n, OC] does not overlap x. */
+    void (*decode_linear)(float *out, const float *x, const float *w, const float *b, int n, int C,
+                          int OC, DecodeEpi epi);
     /* A CUDA graph of the ops issued between graph_begin and graph_end
      * (CUDA: stream capture of the ops' stream); optional, NULL where the
      * ops run as they are issued (the CPU backend).  While capturing, the

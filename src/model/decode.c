@@ -5,7 +5,9 @@
  * projection, RoPE from the position offset (rope_decode), attention of
  * the new rows against the cache (attention_decode, which appends their
  * keys and values first), the output projection and the MLP, or in a
- * mixture-of-experts layer the experts (moe_branch below).  The head runs
+ * mixture-of-experts layer the experts (moe_branch below).  Each linear
+ * layer goes with its bias and the GELU or the residual add after it
+ * through linear() (one GEMV kernel a linear on CUDA).  The head runs
  * on the last row only: its logits are the next token's.  Every buffer is
  * in backend memory and sized for max_len rows once; a step allocates
  * nothing.
@@ -162,6 +164,29 @@ static void norm(const Decoder *dc, float *out, const float *inp, const float *w
         m->be->rmsnorm_forward(out, dc->rstd, inp, w, n, m->d.C, m->d.eps);
 }
 
+/* A linear layer and its epilogue (backend.h, decode_linear): one op
+ * where the backend has it, else matmul_forward into tmp [n, OC], then
+ * the GELU or the residual add from there (the training ops in order). */
+static void linear(const Decoder *dc, float *out, float *tmp, const float *x, const float *w,
+                   const float *b, int n, int C, int OC, DecodeEpi epi)
+{
+    const Backend *be = dc->m->be;
+    if (be->decode_linear) {
+        be->decode_linear(out, x, w, b, n, C, OC, epi);
+        return;
+    }
+    const size_t nOC = (size_t)n * (size_t)OC;
+    if (epi == DECODE_BIAS) {
+        be->matmul_forward(out, x, w, b, n, C, OC);
+    } else if (epi == DECODE_GELU) {
+        be->matmul_forward(tmp, x, w, b, n, C, OC);
+        be->gelu_forward(out, tmp, nOC);
+    } else {
+        be->matmul_forward(tmp, x, w, b, n, C, OC);
+        be->add(out, out, tmp, nOC);
+    }
+}
+
 /* A MoE layer's MLP branch over the n rows of dc->ln into dc->branch: the
  * function of moe_forward (moe.c), routed alike (softmax, top-k, ties to
  * the lower expert, renormalised), the rows of each expert in token order,
@@ -221,10 +246,9 @@ static void layer(Decoder *dc, int l, int n)
     const Backend *be = m->be;
     const Dims *d = &m->d;
     const LayerParams *p = &m->lp[l];
-    const size_t nC = (size_t)n * (size_t)d->C;
 
     norm(dc, dc->ln, dc->x, p->ln1_w, p->ln1_b, n);
-    be->matmul_forward(dc->qkv, dc->ln, p->qkv_w, p->qkv_b, n, d->C, d->QKV);
+    linear(dc, dc->qkv, NULL, dc->ln, p->qkv_w, p->qkv_b, n, d->C, d->QKV, DECODE_BIAS);
     /* one row: at the position in backend memory (rope_forward reads it
      * as the row's position) */
     if (!d->gpt2 && n == 1)
@@ -233,18 +257,25 @@ static void layer(Decoder *dc, int l, int n)
         be->rope_decode(dc->qkv, n, dc->pos, d->H, d->KVH, d->hs, d->rope);
     be->attention_decode(dc->atty, dc->qkv, dc->kc[l], dc->vc[l], n, n == 1 ? dc->state : NULL,
                          dc->pos, d->H, d->KVH, d->hs);
-    be->matmul_forward(dc->branch, dc->atty, p->attn_proj_w, p->attn_proj_b, n, d->H * d->hs, d->C);
-    be->add(dc->x, dc->x, dc->branch, nC);
+    linear(dc, dc->x, dc->branch, dc->atty, p->attn_proj_w, p->attn_proj_b, n, d->H * d->hs, d->C,
+           DECODE_RESIDUAL);
 
     norm(dc, dc->ln, dc->x, p->ln2_w, p->ln2_b, n);
     if (p->router_w) {
         moe_branch(dc, p, n);
-    } else {
-        mlp_in_forward(dc->m, dc->fc, dc->up, dc->fc_act, dc->ln, p->fc_w, p->fc_b, p->up_w, n,
-                       d->F);
-        be->matmul_forward(dc->branch, dc->fc_act, p->mlp_proj_w, p->mlp_proj_b, n, d->F, d->C);
+        be->add(dc->x, dc->x, dc->branch, (size_t)n * (size_t)d->C);
+        return;
     }
-    be->add(dc->x, dc->x, dc->branch, nC);
+    /* mlp_in_forward's ops (moe.c), through linear */
+    if (d->gpt2) {
+        linear(dc, dc->fc_act, dc->fc, dc->ln, p->fc_w, p->fc_b, n, d->C, d->F, DECODE_GELU);
+    } else {
+        linear(dc, dc->fc, NULL, dc->ln, p->fc_w, p->fc_b, n, d->C, d->F, DECODE_BIAS);
+        linear(dc, dc->up, NULL, dc->ln, p->up_w, NULL, n, d->C, d->F, DECODE_BIAS);
+        be->swiglu_forward(dc->fc_act, dc->fc, dc->up, (size_t)n * (size_t)d->F);
+    }
+    linear(dc, dc->x, dc->branch, dc->fc_act, p->mlp_proj_w, p->mlp_proj_b, n, d->F, d->C,
+           DECODE_RESIDUAL);
 }
 
 /* The position and the n tokens into backend memory, one copy. */
@@ -278,7 +309,7 @@ static void forward(Decoder *dc, int n)
         layer(dc, l, n);
     const float *last = dc->x + (size_t)(n - 1) * d->C;
     norm(dc, dc->ln, last, m->op.lnf_w, m->op.lnf_b, 1);
-    be->matmul_forward(dc->logits, dc->ln, m->op.head_w, NULL, 1, d->C, d->Vp);
+    linear(dc, dc->logits, NULL, dc->ln, m->op.head_w, NULL, 1, d->C, d->Vp, DECODE_BIAS);
 }
 
 const float *decoder_step(Decoder *dc, const int32_t *tokens, int n)

@@ -5,17 +5,9 @@
 
 #include <cuda_bf16.h>
 
-#define GELU_K 0.7978845608028654f
-#define GELU_A 0.044715f
-
 __global__ void gelu_forward_kernel(float *out, const float *inp, size_t n)
 {
-    GRID_STRIDE(i, n)
-    {
-        float x = inp[i];
-        float u = GELU_K * (x + GELU_A * x * x * x);
-        out[i] = x / (1 + expf(-2 * u));
-    }
+    GRID_STRIDE(i, n) { out[i] = gelu_value(inp[i]); }
 }
 
 /* d/dx [x s(2u)] = s + 2 x s (1 - s) du/dx */
@@ -124,12 +116,7 @@ void cuda_swiglu_backward(float *dgate, float *dup, const float *dout, const flo
 
 __global__ void gelu_forward_x16_kernel(__nv_bfloat16 *out, const float *inp, size_t n)
 {
-    GRID_STRIDE(i, n)
-    {
-        float x = inp[i];
-        float u = GELU_K * (x + GELU_A * x * x * x);
-        out[i] = __float2bfloat16(x / (1 + expf(-2 * u)));
-    }
+    GRID_STRIDE(i, n) { out[i] = __float2bfloat16(gelu_value(inp[i])); }
 }
 
 __global__ void swiglu_forward_x16_kernel(__nv_bfloat16 *out, const float *gate, const float *up,

@@ -165,6 +165,17 @@ __device__ inline float block_max(float v)
 }
 #endif
 
+/* GELU (tanh approximation) as the CPU computes it (cpu_ops.inc):
+ * x sigmoid(2u), u = GELU_K (x + GELU_A x^3), which saturates to 0 without
+ * NaN where exp overflows. */
+#define GELU_K 0.7978845608028654f
+#define GELU_A 0.044715f
+__device__ inline float gelu_value(float x)
+{
+    const float u = GELU_K * (x + GELU_A * x * x * x);
+    return x / (1 + expf(-2 * u));
+}
+
 /* Column sums of a [N, W] row-major array, deterministic and parallel
  * over rows as well as columns: a block of COLSUM_COLS x COLSUM_GROUPS
  * threads covers COLSUM_COLS neighbouring columns (a warp reads 32

@@ -177,13 +177,6 @@ void cuda_decode_choose(int32_t *state, const float *logits, int V, double tempe
 
 enum { GEMV_ROWS = 4, GEMV_WARPS = 8 };
 
-/* activation.cu's GELU (x sigmoid(2u)) */
-__device__ static float decode_gelu(float x)
-{
-    const float u = 0.7978845608028654f * (x + 0.044715f * x * x * x);
-    return x / (1 + expf(-2 * u));
-}
-
 /* Block: GEMV_WARPS warps, columns blockIdx.x * GEMV_WARPS + warp.  Every
  * warp shuffles, those past OC on zeros (no early return). */
 template <int VEC>
@@ -223,7 +216,7 @@ __global__ void decode_linear_kernel(float *out, const float *x, const float *w,
         const float p = s + (b ? b[o] : 0.0f);
         float *y = out + (size_t)r * OC + o;
         if (epi == DECODE_GELU)
-            *y = decode_gelu(p);
+            *y = gelu_value(p);
         else if (epi == DECODE_RESIDUAL)
             *y += p;
         else

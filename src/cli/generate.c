@@ -405,7 +405,7 @@ int generate_main(int argc, char **argv)
     if (on_backend) {
         double *u = trd_malloc((size_t)(total + 1) * sizeof *u, "uniform numbers");
         for (int i = 0; i <= total; i++)
-            u[i] = (double)(rng_u64(a.seed, (uint64_t)i) >> 11) * 0x1.0p-53;
+            u[i] = rng_uniform(a.seed, (uint64_t)i);
         decoder_sampling(dc, a.greedy ? 0 : a.temperature, u);
         free(u);
         if (len < total)
@@ -417,8 +417,7 @@ int generate_main(int argc, char **argv)
     while (on_backend && len < total && ids[len - 1] != tokenizer_eot(tok))
         ids[len++] = decoder_next(dc, NULL, 1);
     while (!on_backend && len < total) {
-        const uint64_t r = rng_u64(a.seed, (uint64_t)len);
-        const double u = (double)(r >> 11) * 0x1.0p-53;
+        const double u = rng_uniform(a.seed, (uint64_t)len);
         if (dump && fwrite(logits, sizeof *logits, (size_t)V, dump) != (size_t)V)
             trd_fatal(TRD_EXIT_RUNTIME, NULL, "cannot write %s: %s", a.dump, strerror(errno));
         const int next = next_token(logits, V, &a, u, cand);

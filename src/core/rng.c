@@ -43,3 +43,8 @@ uint64_t rng_u64(uint64_t key, uint64_t index)
     rng_philox(r, index, 0, key);
     return ((uint64_t)r[0] << 32) | r[1];
 }
+
+double rng_uniform(uint64_t key, uint64_t index)
+{
+    return (double)(rng_u64(key, index) >> 11) * 0x1.0p-53;
+}

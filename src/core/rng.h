@@ -23,4 +23,7 @@ float rng_normal(uint64_t key, uint64_t index);
 /* Uniform 64-bit value for element `index` of the stream `key`. */
 uint64_t rng_u64(uint64_t key, uint64_t index);
 
+/* Uniform in [0, 1) with 53 random bits, from rng_u64 of the same element. */
+double rng_uniform(uint64_t key, uint64_t index);
+
 #endif

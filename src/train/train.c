@@ -248,8 +248,8 @@ static void print_sample(Trainer *tr, const Config *cfg, Tokenizer *tok, int ste
     const float *logits = decoder_step(dc, ids, 1);
     int len = 1;
     while (len < n) {
-        const uint64_t r = rng_u64(rng_mix(cfg->run.seed, (uint64_t)step), (uint64_t)len);
-        ids[len] = decoder_sample(logits, decoder_vocab(dc), 1.0f, (double)(r >> 11) * 0x1.0p-53);
+        const double u = rng_uniform(rng_mix(cfg->run.seed, (uint64_t)step), (uint64_t)len);
+        ids[len] = decoder_sample(logits, decoder_vocab(dc), 1.0f, u);
         if (ids[len++] == tokenizer_eot(tok) || len == n)
             break;
         logits = decoder_step(dc, ids + len - 1, 1);

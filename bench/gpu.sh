@@ -261,10 +261,23 @@ for v in $variants; do
 done
 
 if [ "$decode" = 1 ]; then
+    # Batch-1 generation at a short context (a 1-token prompt, 128 new
+    # tokens) and a long one (1000 new tokens: the cache's read, and the
+    # decode attention's walk over it, grow with the position), then each
+    # variant's bench_decode, where the bundle has it, on the same two.
     dec=$(dirname "$trident")/bench/bench_decode
     [ -x "$dec" ] || dec=$(dirname "$trident")/bench_decode
-    timeout 120 "$dec" --backend cuda > "$out/decode.log" 2>&1 || true
-    say "decode: $(tail -1 "$out/decode.log")"
+    for v in "" $variants; do
+        d=$dec name=decode
+        if [ -n "$v" ]; then
+            d=$bundle/bin/bench_decode-$v name=decode_$v
+            [ -n "$bundle" ] && [ -x "$d" ] || continue
+        fi
+        timeout 120 "$d" --backend cuda > "$out/$name.log" 2>&1 || true
+        say "$name: $(tail -1 "$out/$name.log")"
+        timeout 120 "$d" --backend cuda --seq 1024 --tokens 1000 --rounds 2 > "$out/${name}_long.log" 2>&1 || true
+        say "${name} (1000 new tokens): $(grep -h 'decode tokens/s' "$out/${name}_long.log") | $(tail -1 "$out/${name}_long.log")"
+    done
 fi
 
 if [ "$hf" = 1 ]; then

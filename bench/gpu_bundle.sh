@@ -7,7 +7,9 @@
 #   bench/gpu_bundle.sh [--llmc DIR] [--out DIR]      (default .gpu/ and .gpu.tar.xz,
 #                                                      both git-ignored)
 #                       [--also NAME=BIN ...]          other trident builds, as bin/trident-NAME
-#                                                      (gpu.sh --variants NAME compares them)
+#                                                      (gpu.sh --variants NAME compares them),
+#                                                      and BIN's bench/bench_decode beside it, if
+#                                                      it has one, as bin/bench_decode-NAME
 #
 # DIR/bin   trident, tests/test_cuda_ops, bench_decode (build-cuda, -Dcuda=enabled),
 #           MPICH's mpiexec and hydra_pmi_proxy (the tests' multi-rank runs), and,
@@ -42,7 +44,11 @@ rm -rf "$out"
 mkdir -p "$out/bin" "$out/lib" "$out/data/brown"
 cp build-cuda/trident build-cuda/tests/test_cuda_ops build-cuda/bench/bench_decode "$out/bin/"
 echo "$(git rev-parse --short HEAD)$(git diff --quiet HEAD -- src kernels || echo '+changes')" > "$out/REVISION"
-for a in "${also[@]}"; do cp "${a#*=}" "$out/bin/trident-${a%%=*}"; done
+for a in "${also[@]}"; do
+    cp "${a#*=}" "$out/bin/trident-${a%%=*}"
+    dec=$(dirname "${a#*=}")/bench/bench_decode
+    [ ! -x "$dec" ] || cp "$dec" "$out/bin/bench_decode-${a%%=*}"
+done
 hydra=$(readlink -f "$(command -v mpiexec)")
 cp "$hydra" "$out/bin/mpiexec"
 cp "$(dirname "$hydra")/hydra_pmi_proxy" "$out/bin/"

@@ -17,13 +17,15 @@
 #                                       the binaries, libraries and corpus that
 #                                       bench/gpu_bundle.sh built elsewhere, and all of
 #                                       --torch --profile --hf --decode --tests --peft
-#                                       --offload, with
+#                                       --offload --big, with
 #                                       llm.c when the bundle has it
 #   --hf      a tiny GPT-2 and Llama trained on the GPU, exported, read by
 #             transformers (bench/hf_transformers_check.py) against trident generate
 #   --decode  bench_decode --backend cuda (batch-1 generation against the bandwidth limit)
 #   --peft    bench/peft_gpu.sh: LoRA adapters trained here, exported, and put on the
 #             base export by the peft library, against trident generate
+#   --big     also GPT-2 1.5B (configs/gpt2_1.5b.yaml, micro-batch 4 x 1024, 10 steps):
+#             its MFU (issue 30's goal: 50 %), and llm.c's d48 on the same batch
 #   --offload the same training with topology.offload: optimizer (AdamW on the host,
 #             the copies on a copy stream; docs/finetune.md), 12 steps: its tokens/s
 #             and the ratio to the run without offload
@@ -47,7 +49,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 model=124m batch=8 seq=1024 steps=30 llmc="" trident=build-cuda/trident config="" bundle=""
-torch=0 profile=0 hf=0 decode=0 tests=0 tests_timeout=150 variants="" peft=0 offload=0
+torch=0 profile=0 hf=0 decode=0 tests=0 tests_timeout=150 variants="" peft=0 offload=0 big=0
 while [ $# -gt 0 ]; do
     case $1 in
     --model) model=$2; shift 2 ;;
@@ -67,7 +69,8 @@ while [ $# -gt 0 ]; do
     --offload) offload=1; shift ;;
     --tests-timeout) tests_timeout=$2; shift 2 ;;
     --variants) variants=$2; shift 2 ;;
-    --all) torch=1 profile=1 hf=1 decode=1 tests=1 peft=1 offload=1; shift ;;
+    --big) big=1; shift ;;
+    --all) torch=1 profile=1 hf=1 decode=1 tests=1 peft=1 offload=1 big=1; shift ;;
     *) echo "bench/gpu.sh: unknown argument $1 (see the top of this file)" >&2; exit 2 ;;
     esac
 done
@@ -235,6 +238,24 @@ if [ "$profile" = 1 ]; then
         cp "$out/profile_nocudnn/profile.tsv" "$out/profile_nocudnn.tsv"
 fi
 
+if [ "$big" = 1 ]; then
+    # GPT-2 1.5B on the same GPU: its MFU against the card's dense bf16 peak,
+    # and llm.c's d48 on the same batch (from scratch, as above)
+    cfg=configs/gpt2_1.5b.yaml batch=4 train big --set training.steps=10 ||
+        say "trident 1.5B: training failed (above)"
+    btps=$(col tokens_per_s big 2>/dev/null | median || true)
+    bmfu=$(col mfu big 2>/dev/null | python3 -c 'import statistics,sys; v=[float(x) for x in sys.stdin.read().split()]; print(f"{100*statistics.median(v):.1f}" if v else "nan")' || true)
+    say "trident: gpt2_1.5b, batch 4 x $seq, bf16: $btps tokens/s, MFU $bmfu%"
+    if [ -n "$llmc_bin" ]; then
+        "$llmc_bin" -i "$shard.bin" -j "$shard.bin" -e d48 -b 4 -t "$seq" -d $((4 * seq)) -x 10 \
+            -v 11 -m 1 -s 0 -n 0 -y 0 -l 1e-4 -o "$out/llmc_big_run" > "$out/llmc_big.log" 2>&1 ||
+            { tail -20 "$out/llmc_big.log"; say "llm.c d48: failed"; }
+        bltps=$(awk '/^step/ { split($0, f, "|"); n++; if (n > 3) { s = f[length(f)];
+                gsub(/[^0-9.]/, "", s); print s } }' "$out/llmc_big.log" | median)
+        say "llm.c train_gpt2cu (d48, batch 4): $bltps tokens/s; ratio trident / llm.c: $(ratio "$btps" "$bltps" 2>/dev/null || echo nan)"
+    fi
+fi
+
 if [ "$offload" = 1 ]; then
     # issue 31's figure: offload against none, same model, batch and GPU
     train offload --set training.steps=12 --set topology.offload=optimizer ||
@@ -325,7 +346,7 @@ echo "--- summary ---"
 cat "$summary"
 if [ -n "${OUT:-}" ]; then
     tar -czf "$OUT/bench-gpu.tar.gz" -C "$out" --exclude='*.bin' --exclude='*.h5' --exclude='hf_*' \
-        --exclude='*.safetensors' --exclude=llmc_run . 2>/dev/null || true
+        --exclude='*.safetensors' --exclude=llmc_run --exclude=llmc_big_run . 2>/dev/null || true
     cp "$summary" "$OUT/" 2>/dev/null || true
     cp "$out"/profile*.tsv "$OUT/" 2>/dev/null || true
 fi

@@ -210,8 +210,10 @@ static __nv_bfloat16 *bf16_slot(int k, size_t n)
 static __nv_bfloat16 *to_bf16(int k, const float *src, size_t n)
 {
     __nv_bfloat16 *dst = bf16_slot(k, n);
-    to_bf16_kernel<<<cuda_blocks(n), CUDA_THREADS, 0, cuda_stream()>>>(dst, src, n);
-    CUDA_CHECK_LAUNCH();
+    PROFILE_PART("to_bf16", 6.0 * (double)n, 0, {
+        to_bf16_kernel<<<cuda_blocks(n), CUDA_THREADS, 0, cuda_stream()>>>(dst, src, n);
+        CUDA_CHECK_LAUNCH();
+    });
     return dst;
 }
 
@@ -247,10 +249,12 @@ static const __nv_bfloat16 *dout_bf16(float *dbias, const float *dout, int N, in
     __nv_bfloat16 *d = bf16_slot(0, n);
     const int R = colsum_chunks(N, OC);
     float *part = cuda_colsum_scratch(R, OC, 1);
-    to_bf16_col_sum_kernel<<<colsum_blocks(OC) * R, COLSUM_COLS * COLSUM_GROUPS, 0,
-                             cuda_stream()>>>(d, dbias, part, dout, N, OC);
-    CUDA_CHECK_LAUNCH();
-    cuda_colsum_finish(dbias, NULL, part, R, OC);
+    PROFILE_PART("dout_bf16_dbias", 6.0 * (double)n + 8.0 * OC, 0, {
+        to_bf16_col_sum_kernel<<<colsum_blocks(OC) * R, COLSUM_COLS * COLSUM_GROUPS, 0,
+                                 cuda_stream()>>>(d, dbias, part, dout, N, OC);
+        CUDA_CHECK_LAUNCH();
+        cuda_colsum_finish(dbias, NULL, part, R, OC);
+    });
     return d;
 }
 
@@ -302,9 +306,12 @@ static void gemm_bf16(cublasOperation_t ta, cublasOperation_t tb, int m, int n, 
                       float *C, int ldc)
 {
     const float alpha = 1;
-    CUBLAS_CHECK(cublasGemmEx(blas_handle_bf16(), ta, tb, m, n, k, &alpha, A, CUDA_R_16BF, lda, B,
-                              CUDA_R_16BF, ldb, &beta, C, CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F,
-                              CUBLAS_GEMM_DEFAULT));
+    const double dm = m, dn = n, dk = k;
+    PROFILE_PART(
+        "gemm", 2 * (dm * dk + dk * dn) + 4 * dm * dn * (beta != 0 ? 2 : 1), 2 * dm * dn * dk,
+        CUBLAS_CHECK(cublasGemmEx(blas_handle_bf16(), ta, tb, m, n, k, &alpha, A, CUDA_R_16BF, lda,
+                                  B, CUDA_R_16BF, ldb, &beta, C, CUDA_R_32F, ldc,
+                                  CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT)));
 }
 
 /* out = a . weight^T + bias, a the bf16 activation [N, C] (NULL when C is

@@ -132,8 +132,11 @@ static int lt_matmul(int transa, int transb, int m, int n, int k, const __nv_bfl
     if (ran) {
         const float alpha = 1, beta = 0;
         void *ws = lt_workspace(res.workspaceSize);
-        LT_CHECK(cublasLtMatmul(lt_handle(), op, &alpha, A, la, B, lb, &beta, D, ld_, D, ld_,
-                                &res.algo, ws, res.workspaceSize, cuda_stream()));
+        const double dm = m, dn = n, dk = k, out = dtype == CUDA_R_16BF ? 2 : 4;
+        PROFILE_PART(
+            "gemm_lt", 2 * (dm * dk + dk * dn) + out * dm * dn, 2 * dm * dn * dk,
+            LT_CHECK(cublasLtMatmul(lt_handle(), op, &alpha, A, la, B, lb, &beta, D, ld_, D, ld_,
+                                    &res.algo, ws, res.workspaceSize, cuda_stream())));
     } else {
         static int told; /* once: the run goes on, slower, on the separate kernels */
         if (!told) {

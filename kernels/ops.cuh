@@ -192,6 +192,19 @@ void cuda_dropout_philox(float *x, const uint64_t *rows, int N, int n, int col0,
 /* profile.cu: a step's end for TRIDENT_PROFILE (nothing when it is off) */
 void cuda_profile_step(int step, double wall_ms);
 
+/* A part of the op being called, timed under TRIDENT_PROFILE as a row of
+ * its own under the op's ("op/part", profile.cu), with its nominal bytes
+ * and FLOPs; without it, a test of a static pointer.  Not inside a CUDA
+ * graph's capture (the profiled table has no graph ops). */
+int cuda_profile_part_begin(void);
+void cuda_profile_part_end(int k, const char *part, double bytes, double flops);
+#define PROFILE_PART(part, bytes, flops, stmt)                                                     \
+    do {                                                                                           \
+        const int part_k_ = cuda_profile_part_begin();                                             \
+        stmt;                                                                                      \
+        cuda_profile_part_end(part_k_, part, bytes, flops);                                        \
+    } while (0)
+
 /* adamw.cu */
 void cuda_adamw_ranges(float *param, float *master, const float *grad, float *m, float *v,
                        const BackendRange *ranges, int n, float lr, float beta1, float beta2,

@@ -9,7 +9,13 @@
  *
  * Ops nest (an op's own memset or copy is not seen: only table calls are
  * wrapped), and the events of one step are read once, at its end: one
- * extra host synchronization per step while profiling. */
+ * extra host synchronization per step while profiling.
+ *
+ * Parts: inside an op, the kernels marked PROFILE_PART (ops.cuh: a GEMM's
+ * bf16 conversions and its cuBLAS call, the attention backward's three
+ * kernels, cuDNN's conversions) get a pair of events of their own, and a
+ * row "op/part" under their op's; the parts are inside the op's time, so
+ * they are left out of what the ops cover (the GPU idle row). */
 #include "ops.cuh"
 
 #include <stdio.h>
@@ -20,6 +26,7 @@ enum { PROF_PAIRS = 8192, PROF_OPS = 64 };
 typedef struct {
     const char *name;
     double calls, ms, bytes, flops;
+    int parent; /* a part's op (index into ops), -1 for an op */
 } ProfOp;
 
 static struct {
@@ -31,16 +38,20 @@ static struct {
     ProfOp ops[PROF_OPS];
     int nops, steps;
     double wall_ms;
+    const char *current; /* the op being called, for its parts' rows */
 } prof;
 
-static int prof_op_index(const char *name)
+/* The row of op `name` (parent -1), or of part `name` of op `parent`. */
+static int prof_op_index(const char *name, int parent)
 {
     for (int i = 0; i < prof.nops; i++)
-        if (prof.ops[i].name == name || strcmp(prof.ops[i].name, name) == 0)
+        if (prof.ops[i].parent == parent &&
+            (prof.ops[i].name == name || strcmp(prof.ops[i].name, name) == 0))
             return i;
     if (prof.nops == PROF_OPS)
         trd_fatal(TRD_EXIT_RUNTIME, NULL, "TRIDENT_PROFILE: more than %d op names", PROF_OPS);
     prof.ops[prof.nops].name = name;
+    prof.ops[prof.nops].parent = parent;
     return prof.nops++;
 }
 
@@ -60,14 +71,27 @@ static int prof_begin(void)
     return k;
 }
 
-static void prof_end(int k, const char *name, double bytes, double flops)
+static void prof_end_row(int k, int row, double bytes, double flops)
 {
     if (k < 0)
         return;
     CUDA_CHECK(cudaEventRecord(prof.ev[2 * k + 1], cuda_stream()));
-    prof.op[k] = prof_op_index(name);
+    prof.op[k] = row;
     prof.bytes[k] = bytes;
     prof.flops[k] = flops;
+}
+
+static void prof_end(int k, const char *name, double bytes, double flops)
+{
+    prof_end_row(k, prof_op_index(name, -1), bytes, flops);
+}
+
+int cuda_profile_part_begin(void) { return prof.base && prof.current ? prof_begin() : -1; }
+
+void cuda_profile_part_end(int k, const char *part, double bytes, double flops)
+{
+    if (k >= 0)
+        prof_end_row(k, prof_op_index(part, prof_op_index(prof.current, -1)), bytes, flops);
 }
 
 /* step ends: read its events (one wait), add them unless it is step 1 */
@@ -99,7 +123,9 @@ void cuda_profile_step(int step, double wall_ms)
 #define TIMED(name, bytes, flops, call)                                                            \
     do {                                                                                           \
         int k_ = prof_begin();                                                                     \
+        prof.current = name;                                                                       \
         prof.base->call;                                                                           \
+        prof.current = NULL;                                                                       \
         prof_end(k_, name, bytes, flops);                                                          \
     } while (0)
 
@@ -575,8 +601,28 @@ extern "C" const Backend *backend_cuda_profiled(const Backend *base)
     return &t;
 }
 
-/* One row per op, costliest first, then the step's wall time and what of
- * it no op covered (host work, waits, launch gaps: "GPU idle"). */
+/* One row of the table or the TSV: an op, or a part ("op/part" in the TSV,
+ * indented under its op in the table). */
+static void prof_row(FILE *f, int tsv, const ProfOp *o, double steps, double wall)
+{
+    const double ms = o->ms / steps, s = o->ms * 1e-3;
+    const double gbs = s > 0 ? o->bytes / s * 1e-9 : 0, tfs = s > 0 ? o->flops / s * 1e-12 : 0;
+    char name[128];
+    if (o->parent < 0)
+        snprintf(name, sizeof name, "%s", o->name);
+    else
+        snprintf(name, sizeof name, tsv ? "%s/%s" : "  + %s",
+                 tsv ? prof.ops[o->parent].name : o->name, o->name);
+    fprintf(f,
+            tsv ? "%s\t%g\t%.4f\t%.2f\t%.1f\t%.3f\t%.2f\n"
+                : "%-22s %10g %10.4f %9.2f %9.1f %9.3f %10.2f\n",
+            name, o->calls / steps, ms, wall > 0 ? 100 * ms / wall : 0, gbs, tfs,
+            o->calls > 0 ? 1e3 * o->ms / o->calls : 0);
+}
+
+/* One row per op, costliest first, each followed by its parts (costliest
+ * first), then the step's wall time and what of it no op covered (host
+ * work, waits, launch gaps: "GPU idle"). */
 static void prof_write(FILE *f, int tsv)
 {
     const double steps = prof.steps, wall = prof.wall_ms / steps;
@@ -600,14 +646,13 @@ static void prof_write(FILE *f, int tsv)
     double covered = 0;
     for (int i = 0; i < prof.nops; i++) {
         const ProfOp *o = &prof.ops[order[i]];
-        double ms = o->ms / steps, s = o->ms * 1e-3;
-        covered += ms;
-        double gbs = s > 0 ? o->bytes / s * 1e-9 : 0, tfs = s > 0 ? o->flops / s * 1e-12 : 0;
-        fprintf(f,
-                tsv ? "%s\t%g\t%.4f\t%.2f\t%.1f\t%.3f\t%.2f\n"
-                    : "%-22s %10g %10.4f %9.2f %9.1f %9.3f %10.2f\n",
-                o->name, o->calls / steps, ms, wall > 0 ? 100 * ms / wall : 0, gbs, tfs,
-                o->calls > 0 ? 1e3 * o->ms / o->calls : 0);
+        if (o->parent >= 0)
+            continue;
+        covered += o->ms / steps;
+        prof_row(f, tsv, o, steps, wall);
+        for (int j = 0; j < prof.nops; j++) /* (a part seen in step 1 only: no row) */
+            if (prof.ops[order[j]].parent == order[i] && prof.ops[order[j]].calls > 0)
+                prof_row(f, tsv, &prof.ops[order[j]], steps, wall);
     }
     const double idle = wall - covered, pct = wall > 0 ? 100 * idle / wall : 0;
     if (tsv)

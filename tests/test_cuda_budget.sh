@@ -222,13 +222,57 @@ for k, n in want.items():
 for k in ("crossentropy_forward", "crossentropy_backward", "sumsq_ranges"):
     if k in ops and ops[k][0] > 0:  # (validation's forward runs unfused, not in a step)
         bad.append(f"{k}: {ops[k][0]} calls a step, want none (fused / on the device)")
-if "step_wall" in ops and "gpu_idle" in ops:
-    total = sum(v[1] for k, v in ops.items() if k != "step_wall")
+if "step_wall" in ops and "gpu_idle" in ops:  # (parts "op/part" are inside their op's time)
+    total = sum(v[1] for k, v in ops.items() if k != "step_wall" and "/" not in k)
     if abs(total - ops["step_wall"][1]) > 1e-3 * ops["step_wall"][1] + 0.01:
         bad.append(f"ops + idle {total} ms != step wall {ops['step_wall'][1]} ms")
 else:
     bad.append("no gpu_idle / step_wall rows")
 print(f"{'FAIL' if bad else 'ok  '} profile: {len(ops)} rows in profile.tsv, table on stdout")
+for b in bad:
+    print(f"     {b}")
+sys.exit(1 if bad else 0)
+PY
+# The parts of the ops in bf16 (kernels/profile.cu, PROFILE_PART): each
+# GEMM op's cuBLAS calls and its output gradients' conversions as rows
+# "op/part" under the op, inside its time: every op with GEMM FLOPs has a
+# gemm or gemm_lt part, at least one a call; the output gradients'
+# conversions (with their bias gradients) are 4 a layer, as the budget's
+# count; no GEMM converts an operand (to_bf16) in a step; a part takes no
+# longer than its op; the ops without the parts still add up to the wall.
+TRIDENT_PROFILE=1 run profile_bf16 1 --set model.seq_len=32 --set training.steps=3 \
+    --set training.global_batch=2 --set training.micro_batch=2 --set data.val_sequences=2 \
+    --set training.precision=bf16
+python3 - "$out/profile_bf16" <<'PY' || fails=$((fails + 1))
+import sys
+rows = [l.rstrip("\n").split("\t") for l in open(f"{sys.argv[1]}/profile.tsv")][1:]
+ops = {r[0]: [float(x) for x in r[1:]] for r in rows}
+parts = {k: v for k, v in ops.items() if "/" in k}
+bad = []
+gemm_ops = [k for k, v in ops.items() if "/" not in k and v[4] > 0]
+if not gemm_ops:
+    bad.append("no op with FLOPs")
+for op in gemm_ops:
+    calls = sum(v[0] for k, v in parts.items() if k in (f"{op}/gemm", f"{op}/gemm_lt"))
+    if calls < ops[op][0]:
+        bad.append(f"{op}: {calls} cuBLAS parts a step for {ops[op][0]} calls")
+for k, v in parts.items():
+    parent = ops.get(k.split("/")[0])
+    if parent is None:
+        bad.append(f"part {k} without its op's row")
+    elif v[1] > parent[1] * 1.001 + 0.01:
+        bad.append(f"part {k}: {v[1]} ms, more than its op's {parent[1]}")
+dout = sum(v[0] for k, v in parts.items() if k.endswith("/dout_bf16_dbias"))
+if dout != 4 * 2:
+    bad.append(f"{dout} output gradients converted a step, want 4 a layer (8)")
+conv = [k for k in parts if k.endswith("/to_bf16")]
+if conv:
+    bad.append(f"operands converted in a step: {conv}")
+total = sum(v[1] for k, v in ops.items() if k != "step_wall" and "/" not in k)
+if abs(total - ops["step_wall"][1]) > 1e-3 * ops["step_wall"][1] + 0.01:
+    bad.append(f"ops + idle {total} ms != step wall {ops['step_wall'][1]} ms")
+print(f"{'FAIL' if bad else 'ok  '} profile bf16: {len(parts)} part rows "
+      f"({', '.join(sorted(parts))})")
 for b in bad:
     print(f"     {b}")
 sys.exit(1 if bad else 0)

@@ -198,10 +198,10 @@ void cuda_profile_step(int step, double wall_ms);
  * graph's capture (the profiled table has no graph ops). */
 int cuda_profile_part_begin(void);
 void cuda_profile_part_end(int k, const char *part, double bytes, double flops);
-#define PROFILE_PART(part, bytes, flops, stmt)                                                     \
+#define PROFILE_PART(part, bytes, flops, ...) /* ...: the statements (commas and all) */           \
     do {                                                                                           \
         const int part_k_ = cuda_profile_part_begin();                                             \
-        stmt;                                                                                      \
+        __VA_ARGS__;                                                                               \
         cuda_profile_part_end(part_k_, part, bytes, flops);                                        \
     } while (0)
 

@@ -450,13 +450,28 @@ __global__ void __launch_bounds__(TC_BLOCK)
     }
 }
 
-/* What the dk/dv kernel stages per query tile besides q and dout: each
- * row's lse (natural units), D and, with packed documents, position in
- * its document; zeros for rows past Tq. */
+/* What the dk/dv kernel stages per query tile besides q and dout, a row
+ * each: lse, D and, with packed documents, the row's position in its
+ * document (zeros for rows past Tq), copied; then (tc_rows_ready) lse in
+ * base 2, the row's own key position and the first it sees. */
 struct TcRows {
     float L[TC_ROWS], D[TC_ROWS];
-    int32_t pos[TC_ROWS];
+    int32_t first[TC_ROWS], qp[TC_ROWS];
 };
+
+/* A staged TcRows made ready, by each of the first 64 threads for the row
+ * it copied, after its wait for its copies and before the barrier that
+ * shows them to the block: lse scaled here, stored, so its rounding stays
+ * apart from the subtraction that reads it (no fused multiply-add). */
+__device__ inline void tc_rows_ready(TcRows *rows, int t0, const Shape &s)
+{
+    if (threadIdx.x >= TC_ROWS)
+        return;
+    const int x = threadIdx.x, t = t0 + x, has = t < s.Tq, qp = s.q_pos0 + t;
+    rows->L[x] *= TC_LOG2E;
+    rows->qp[x] = has ? qp : -1; /* a missing row sees no key */
+    rows->first[x] = has && s.pos ? qp - rows->first[x] : 0;
+}
 
 /* Query tile j of the dk/dv kernel's walk (the group's heads in turn, each
  * from row tstart in tiles of nt): its q and dout rows into qs and dos
@@ -476,7 +491,7 @@ __device__ inline void tc_stage_query(uint16_t (*sh)[HS + TC_PAD], TcRows *rows,
         mma_cp4(&rows->L[threadIdx.x], lse + i, in);
         mma_cp4(&rows->D[threadIdx.x], Dbuf + i, in);
         if (s.pos)
-            mma_cp4(&rows->pos[threadIdx.x], s.pos + (size_t)b * s.Tq + (in ? t : 0), in);
+            mma_cp4(&rows->first[threadIdx.x], s.pos + (size_t)b * s.Tq + (in ? t : 0), in);
     }
 }
 
@@ -528,18 +543,17 @@ __global__ void __launch_bounds__(TC_BLOCK)
         float p[8][4], dp[8][4];
         tc_scores<HS>(dp, va, dos);
         mma_cp_wait<0>(); /* q and the rows are in */
+        tc_rows_ready(&rows, t0, s);
         __syncthreads();
         tc_scores<HS>(p, ka, qs);
         const int full = tc_tile_full(s, t0, tile * TC_ROWS);
 #pragma unroll
         for (int jj = 0; jj < 8; jj++)
             for (int i = 0; i < 4; i++) {
-                const int col = 8 * jj + 2 * c + i % 2, r = i / 2, t = t0 + col;
-                /* a missing row (past Tq) sees no key */
-                const int qp = t < s.Tq ? s.q_pos0 + t : -1;
-                const int first = t < s.Tq && s.pos ? qp - rows.pos[col] : 0;
-                const int ok = full || (kvalid[r] && kp[r] <= qp && kp[r] >= first);
-                const float pr = ok ? exp2f(p[jj][i] * sl2 - rows.L[col] * TC_LOG2E) : 0.0f;
+                const int col = 8 * jj + 2 * c + i % 2, r = i / 2;
+                const int ok =
+                    full || (kvalid[r] && kp[r] <= rows.qp[col] && kp[r] >= rows.first[col]);
+                const float pr = ok ? exp2f(p[jj][i] * sl2 - rows.L[col]) : 0.0f;
                 p[jj][i] = pr;
                 dp[jj][i] = pr * (dp[jj][i] - rows.D[col]);
             }

@@ -84,16 +84,19 @@ inline Shape attn_shape(const AttnArgs *a, int rows)
     return s;
 }
 
-/* Block -> (b, head, tile), the costliest tiles first: a causal query tile
+/* Block -> (b, head, tile), the costliest tiles first across the whole
+ * grid (the grid is the B * heads * tiles blocks): a causal query tile
  * costs more the later it is (heavy = the last tile first), a key tile the
- * earlier it is. */
+ * earlier it is.  The tile is the slowest-varying part of blockIdx.x, so
+ * the blocks the scheduler starts last are light ones of every (b, head);
+ * tile-fastest order put a heavy tile of the last heads into the last wave. */
 __device__ inline void block_coords(int tiles, int heads, int last_first, int *b, int *head,
                                     int *tile)
 {
-    int k = blockIdx.x % tiles;
+    const int bh = (int)(gridDim.x / tiles), k = (int)(blockIdx.x / bh), r = (int)(blockIdx.x % bh);
     *tile = last_first ? tiles - 1 - k : k;
-    *head = blockIdx.x / tiles % heads;
-    *b = blockIdx.x / (tiles * heads);
+    *head = r % heads;
+    *b = r / heads;
 }
 
 inline void attn_check_args(const AttnArgs *a)

@@ -10,7 +10,9 @@
  * D = dout . out once) with its key rule (attention.cuh).
  *
  * Rounding (what the tolerance of tests/test_cuda_ops.c rests on): q, k,
- * v and dout are rounded to bf16 where they are loaded; the scores
+ * v and dout are rounded to bf16 once (the A fragments where they are
+ * loaded, the streamed tiles in bf16 copies made per call:
+ * tc_convert_kernel, and dout's by the delta kernel); the scores
  * S = q.k, dP = dout.v, the softmax statistics (running max, sum, lse),
  * D = dout . out and every accumulator stay fp32; the probabilities P and
  * dS = P (dP - D) are rounded to bf16 once, as the A operand of the second
@@ -26,7 +28,13 @@
  * (c = lane % 4), so a row's statistics are sums over the 4 lanes of a
  * quad.  The B operands come from the staged tiles: along a row (32-bit
  * loads) for q.k-like products, down a column for P.v-like ones, as
- * ldmatrix.trans gives it (mma.cuh). */
+ * ldmatrix.trans gives it (mma.cuh).
+ *
+ * Staging is a software pipeline: the tiles come from the bf16 copies by
+ * cp.async (mma.cuh), each issued as soon as its buffer is consumed, so
+ * its copy runs during the products of the other operand's tile (one
+ * buffer an operand, the shared memory of before): the block waits for
+ * memory only where a copy takes longer than a product. */
 #include "attention.cuh"
 #include "mma.cuh"
 
@@ -58,44 +66,51 @@ __device__ inline float bf16r(float x) { return __bfloat162float(__float2bfloat1
 #define TC_LOG2E 1.4426950408889634f
 #define TC_LN2   0.6931471805599453f
 
-/* Rows r0 .. r0+63 of a head (fp32, the row at head + row * ld) rounded to
- * bf16 into sh (16-byte aligned: the fragment loads read 32 bits), zeros
- * for rows outside [0, n).  The padding of 8 bf16
- * puts consecutive rows 4 banks apart: the 8 rows x 4 pairs of a fragment
- * load land in 32 different banks.  Each thread issues its loads in
- * batches of TC_BATCH before it stores any: a store to shared memory
- * between two global loads would keep the second waiting for the first
- * (one memory latency per pair; the backward kernels, at two blocks a
- * multiprocessor, had little else to hide it behind).  A load takes four
- * floats: the head and the row stride are 16-byte aligned (tc_aligned). */
-enum { TC_BATCH = 8 };
-struct alignas(16) TcQuad { /* four floats in one 16-byte load */
-    float x, y, z, w;
-};
+/* Rows r0 .. r0+63 of a head of a bf16 copy (the row at head + row * ld)
+ * into sh, zeros for rows outside [0, n), by cp.async (mma.cuh): the
+ * caller commits the group and waits for it.  The padding of 8 bf16 puts
+ * consecutive rows 4 banks apart: the 8 rows x 4 pairs of a fragment load
+ * land in 32 different banks.  The copies are 16 bytes: sh's rows, the
+ * copies (cuda_scratch), a head's offset and the row stride are
+ * multiples of 8 bf16. */
 template <int HS>
-__device__ inline void tc_stage(uint16_t (*sh)[HS + TC_PAD], const float *head, size_t ld, int r0,
-                                int n)
+__device__ inline void tc_stage(uint16_t (*sh)[HS + TC_PAD], const uint16_t *head, size_t ld,
+                                int r0, int n)
 {
-    constexpr int PER = TC_ROWS * HS / 4 / TC_BLOCK; /* quads a thread */
-    static_assert(PER % TC_BATCH == 0, "a thread's quads come in whole batches");
+    constexpr int CH = HS / 8, PER = TC_ROWS * CH / TC_BLOCK; /* 16-byte pieces: a row, a thread */
 #pragma unroll
-    for (int k0 = 0; k0 < PER; k0 += TC_BATCH) {
-        TcQuad v[TC_BATCH];
-#pragma unroll
-        for (int k = 0; k < TC_BATCH; k++) {
-            const int i = threadIdx.x + (k0 + k) * TC_BLOCK, row = r0 + i / (HS / 4);
-            const int in = row >= 0 && row < n;
-            v[k] = in ? *(const TcQuad *)(head + (size_t)row * ld + i % (HS / 4) * 4)
-                      : TcQuad{0.0f, 0.0f, 0.0f, 0.0f};
-        }
-#pragma unroll
-        for (int k = 0; k < TC_BATCH; k++) {
-            const int i = threadIdx.x + (k0 + k) * TC_BLOCK;
-            uint16_t *dst = &sh[i / (HS / 4)][i % (HS / 4) * 4];
-            mma_st2(dst, mma_pack(v[k].x, v[k].y));
-            mma_st2(dst + 2, mma_pack(v[k].z, v[k].w));
-        }
+    for (int k = 0; k < PER; k++) {
+        const int i = threadIdx.x + k * TC_BLOCK, row = r0 + i / CH, in = row >= 0 && row < n;
+        mma_cp16(&sh[i / CH][i % CH * 8], head + (size_t)(in ? row : 0) * ld + i % CH * 8, in);
     }
+}
+
+/* The row width of the bf16 copy of k and v (tc_convert_kernel): each
+ * group's key head, then its value head, as kv_packed lays them out. */
+__device__ inline size_t tc_kv16_width(const Shape &s) { return (size_t)2 * s.KVH * s.hs; }
+
+/* The bf16 copies the tiles stream from, rounded once per call (round to
+ * nearest even, as the A fragments are: the same bits as rounding where
+ * a tile is loaded): q16 [B, Tq, H, HS] of the query heads of qkv (when
+ * nq4 > 0: that many quads, 4 floats each, then the key's), kv16
+ * [B, Tk, KVH, 2 HS] of kv's key and value heads.  Only the heads are
+ * read: GPT-2's forward reads 2/3 of qkv. */
+template <int HS>
+__global__ void tc_convert_kernel(uint16_t *q16, uint16_t *kv16, const float *qkv, const float *kv,
+                                  size_t nq4, size_t n4, Shape s)
+{
+    const size_t e = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (e >= n4)
+        return;
+    const int isq = e < nq4, heads = isq ? s.H : s.KVH, w = isq ? HS / 4 : HS / 2;
+    const size_t k = isq ? e : e - nq4, row = k / ((size_t)heads * w);
+    const int head = (int)(k / w % heads), j = (int)(k % w) * 4;
+    const float *src =
+        isq ? qkv + row * s.width + q_off(head, s.Q, HS) : kv + row * s.kvw + kv_k_off(head, s);
+    const float4 v = *(const float4 *)(src + j);
+    uint16_t *dst = (isq ? q16 : kv16) + k * 4;
+    mma_st2(dst, mma_pack(v.x, v.y));
+    mma_st2(dst + 2, mma_pack(v.z, v.w));
 }
 
 /* This lane's A fragments of rows r0 .. r0+15 of a head (zeros outside
@@ -206,14 +221,16 @@ __device__ inline int tc_tile_full(const Shape &s, int t0, int k0)
 
 template <int HS>
 __global__ void __launch_bounds__(TC_BLOCK)
-    attention_tc_forward_kernel(float *out, float *lse, const float *qkv, const float *kv, Shape s)
+    attention_tc_forward_kernel(float *out, float *lse, const float *qkv, const uint16_t *kv16,
+                                Shape s)
 {
     __shared__ __align__(16) uint16_t ks[TC_ROWS][HS + TC_PAD], vs[TC_ROWS][HS + TC_PAD];
     int b, h, tile;
     block_coords(s.qtiles, s.H, 1, &b, &h, &tile);
     const int lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
     const int r0 = tile * TC_ROWS + threadIdx.x / 32 * 16;
-    const float *kh = kv + (size_t)b * s.Tk * s.kvw + kv_k_off(h / s.Q, s);
+    const size_t kw = tc_kv16_width(s);
+    const uint16_t *kh = kv16 + (size_t)b * s.Tk * kw + (size_t)(h / s.Q) * 2 * HS;
 
     uint32_t qa[HS / 16][4];
     tc_load_a<HS>(qa, qkv + (size_t)b * s.Tq * s.width + q_off(h, s.Q, HS), s.width, r0, s.Tq);
@@ -223,13 +240,22 @@ __global__ void __launch_bounds__(TC_BLOCK)
 
     const float sl2 = s.scale * TC_LOG2E;
     float o[HS / 8][4] = {}, m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+    /* The pipeline: V of a tile is copied during its scores, K of the next
+     * during its softmax and P V; one buffer each. */
+    if (lo < hi)
+        tc_stage<HS>(ks, kh, kw, lo, s.Tk);
+    mma_cp_commit();
     for (int k0 = lo; k0 < hi; k0 += TC_ROWS) {
-        __syncthreads(); /* the previous tile is consumed */
-        tc_stage<HS>(ks, kh, s.kvw, k0, s.Tk);
-        tc_stage<HS>(vs, kh + HS, s.kvw, k0, s.Tk);
-        __syncthreads();
+        mma_cp_wait<0>();
+        __syncthreads(); /* K is in; vs is consumed (the last tile's P V) */
+        tc_stage<HS>(vs, kh + HS, kw, k0, s.Tk);
+        mma_cp_commit();
         float p[8][4], mx[2] = {-INFINITY, -INFINITY}, sum[2] = {0.0f, 0.0f}, alpha[2];
         tc_scores<HS>(p, qa, ks);
+        __syncthreads(); /* ks is consumed */
+        if (k0 + TC_ROWS < hi)
+            tc_stage<HS>(ks, kh, kw, k0 + TC_ROWS, s.Tk);
+        mma_cp_commit();
         if (tc_tile_full(s, tile * TC_ROWS, k0)) {
 #pragma unroll
             for (int j = 0; j < 8; j++)
@@ -265,6 +291,8 @@ __global__ void __launch_bounds__(TC_BLOCK)
         for (int n = 0; n < HS / 8; n++)
             for (int i = 0; i < 4; i++)
                 o[n][i] *= alpha[i / 2];
+        mma_cp_wait<1>(); /* V is in (the next K may be on its way) */
+        __syncthreads();
         tc_accumulate<HS>(o, p, vs);
     }
 
@@ -310,10 +338,11 @@ __global__ void __launch_bounds__(TC_BLOCK)
 
 /* D[b, h, t] = dout (rounded to bf16) . out over the head's channels, for
  * the two backward kernels: a warp per (b, t, h) row, read once (the dk/dv
- * kernel used to take it again for every key tile, with one thread a row). */
+ * kernel used to take it again for every key tile, with one thread a row);
+ * and dout16, dout's bf16 copy (dout's layout) the dk/dv kernel streams. */
 template <int HS>
-__global__ void attention_tc_delta_kernel(float *D, const float *dout, const float *out, int B,
-                                          Shape s)
+__global__ void attention_tc_delta_kernel(float *D, uint16_t *dout16, const float *dout,
+                                          const float *out, int B, Shape s)
 {
     const size_t row = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) / 32;
     const int lane = threadIdx.x % 32, valid = row < (size_t)B * s.Tq * s.H;
@@ -322,8 +351,10 @@ __global__ void attention_tc_delta_kernel(float *D, const float *dout, const flo
     if (valid) {
         const float *d = dout + row * HS, *o = out + row * HS;
 #pragma unroll
-        for (int i = lane; i < HS; i += 32)
+        for (int i = lane; i < HS; i += 32) {
             part += bf16r(d[i]) * o[i];
+            dout16[row * HS + i] = bf16_bits_of(d[i]);
+        }
     }
     part = warp_sum(part); /* every lane of the block (the emulation's shuffle is a barrier) */
     if (lane == 0 && valid)
@@ -334,7 +365,7 @@ __global__ void attention_tc_delta_kernel(float *D, const float *dout, const flo
  * one query tile of head h. */
 template <int HS>
 __global__ void __launch_bounds__(TC_BLOCK)
-    attention_tc_dq_kernel(float *dq_buf, const float *dout, const float *qkv, const float *kv,
+    attention_tc_dq_kernel(float *dq_buf, const float *dout, const float *qkv, const uint16_t *kv16,
                            const float *Dbuf, const float *lse, Shape s)
 {
     __shared__ __align__(16) uint16_t ks[TC_ROWS][HS + TC_PAD], vs[TC_ROWS][HS + TC_PAD];
@@ -342,7 +373,8 @@ __global__ void __launch_bounds__(TC_BLOCK)
     block_coords(s.qtiles, s.H, 1, &b, &h, &tile);
     const int lane = threadIdx.x % 32, g = lane / 4, c = lane % 4, ow = s.H * HS;
     const int r0 = tile * TC_ROWS + threadIdx.x / 32 * 16;
-    const float *kh = kv + (size_t)b * s.Tk * s.kvw + kv_k_off(h / s.Q, s);
+    const size_t kw = tc_kv16_width(s);
+    const uint16_t *kh = kv16 + (size_t)b * s.Tk * kw + (size_t)(h / s.Q) * 2 * HS;
     const size_t qbase = (size_t)b * s.Tq * s.width + q_off(h, s.Q, HS);
     const size_t obase = (size_t)b * s.Tq * ow + (size_t)h * HS;
 
@@ -363,14 +395,27 @@ __global__ void __launch_bounds__(TC_BLOCK)
 
     const float sl2 = s.scale * TC_LOG2E;
     float dq[HS / 8][4] = {};
+    /* The pipeline: V of the next tile is copied during this tile's q.K and
+     * dq += dS K, K of the next during the next's dout.V; one buffer each. */
+    if (lo < hi) {
+        tc_stage<HS>(vs, kh + HS, kw, lo, s.Tk);
+        mma_cp_commit();
+        tc_stage<HS>(ks, kh, kw, lo, s.Tk);
+    }
+    mma_cp_commit();
     for (int k0 = lo; k0 < hi; k0 += TC_ROWS) {
-        __syncthreads();
-        tc_stage<HS>(ks, kh, s.kvw, k0, s.Tk);
-        tc_stage<HS>(vs, kh + HS, s.kvw, k0, s.Tk);
+        const int next = k0 + TC_ROWS < hi;
+        mma_cp_wait<1>(); /* V is in (K may be on its way) */
         __syncthreads();
         float p[8][4], dp[8][4];
-        tc_scores<HS>(p, qa, ks);
         tc_scores<HS>(dp, da, vs);
+        __syncthreads(); /* vs is consumed */
+        if (next)
+            tc_stage<HS>(vs, kh + HS, kw, k0 + TC_ROWS, s.Tk);
+        mma_cp_commit();
+        mma_cp_wait<1>(); /* K is in */
+        __syncthreads();
+        tc_scores<HS>(p, qa, ks);
         if (tc_tile_full(s, tile * TC_ROWS, k0)) {
 #pragma unroll
             for (int j = 0; j < 8; j++)
@@ -387,6 +432,10 @@ __global__ void __launch_bounds__(TC_BLOCK)
                 }
         }
         tc_accumulate<HS>(dq, p, ks);
+        __syncthreads(); /* ks is consumed */
+        if (next)
+            tc_stage<HS>(ks, kh, kw, k0 + TC_ROWS, s.Tk);
+        mma_cp_commit();
     }
 #pragma unroll
     for (int r = 0; r < 2; r++) {
@@ -401,23 +450,69 @@ __global__ void __launch_bounds__(TC_BLOCK)
     }
 }
 
+/* What the dk/dv kernel stages per query tile besides q and dout, a row
+ * each: lse, D and, with packed documents, the row's position in its
+ * document (zeros for rows past Tq), copied; then (tc_rows_ready) lse in
+ * base 2, the row's own key position and the first it sees. */
+struct TcRows {
+    float L[TC_ROWS], D[TC_ROWS];
+    int32_t first[TC_ROWS], qp[TC_ROWS];
+};
+
+/* A staged TcRows made ready, by each of the first 64 threads for the row
+ * it copied, after its wait for its copies and before the barrier that
+ * shows them to the block: lse scaled here, stored, so its rounding stays
+ * apart from the subtraction that reads it (no fused multiply-add). */
+__device__ inline void tc_rows_ready(TcRows *rows, int t0, const Shape &s)
+{
+    if (threadIdx.x >= TC_ROWS)
+        return;
+    const int x = threadIdx.x, t = t0 + x, has = t < s.Tq, qp = s.q_pos0 + t;
+    rows->L[x] *= TC_LOG2E;
+    rows->qp[x] = has ? qp : -1; /* a missing row sees no key */
+    rows->first[x] = has && s.pos ? qp - rows->first[x] : 0;
+}
+
+/* Query tile j of the dk/dv kernel's walk (the group's heads in turn, each
+ * from row tstart in tiles of nt): its q and dout rows into qs and dos
+ * (dos only when !q, qs and the rows' TcRows otherwise), by cp.async. */
+template <int HS>
+__device__ inline void tc_stage_query(uint16_t (*sh)[HS + TC_PAD], TcRows *rows, int q, int j,
+                                      int nt, int tstart, int b, int kvg, const uint16_t *q16,
+                                      const uint16_t *dout16, const float *Dbuf, const float *lse,
+                                      const Shape &s)
+{
+    const int h = kvg * s.Q + j / nt, t0 = tstart + j % nt * TC_ROWS, ow = s.H * HS;
+    const size_t base = (size_t)b * s.Tq * ow + (size_t)h * HS;
+    tc_stage<HS>(sh, (q ? q16 : dout16) + base, ow, t0, s.Tq);
+    if (q && threadIdx.x < TC_ROWS) {
+        const int t = t0 + threadIdx.x, in = t < s.Tq;
+        const size_t i = ((size_t)b * s.H + h) * s.Tq + (in ? t : 0);
+        mma_cp4(&rows->L[threadIdx.x], lse + i, in);
+        mma_cp4(&rows->D[threadIdx.x], Dbuf + i, in);
+        if (s.pos)
+            mma_cp4(&rows->first[threadIdx.x], s.pos + (size_t)b * s.Tq + (in ? t : 0), in);
+    }
+}
+
 /* For the keys of one key tile of kv group kvg, summed over the group's
  * query heads and the query rows that see them:
  *   dk_u += scale * sum_t dS[t,u] q_t;  dv_u += sum_t P[t,u] dout_t
  * Query rows before the tile's first key position never see it (causal),
- * so the walk starts at the first that can. */
+ * so the walk starts at the first that can.  The pipeline: dout of the
+ * next query tile is copied during this tile's dk += dS q, q (and the
+ * rows' lse, D, positions) of the next during the next's v.dout; one
+ * buffer each. */
 template <int HS>
 __global__ void __launch_bounds__(TC_BLOCK)
-    attention_tc_dkv_kernel(float *dkv, const float *dout, const float *qkv, const float *kv,
-                            const float *Dbuf, const float *lse, Shape s)
+    attention_tc_dkv_kernel(float *dkv, const float *kv, const uint16_t *q16,
+                            const uint16_t *dout16, const float *Dbuf, const float *lse, Shape s)
 {
     __shared__ __align__(16) uint16_t qs[TC_ROWS][HS + TC_PAD], dos[TC_ROWS][HS + TC_PAD];
-    __shared__ float Ls[TC_ROWS], Ds[TC_ROWS];
-    __shared__ int First[TC_ROWS],
-        Qp[TC_ROWS]; /* per staged query row: first key position seen, own */
+    __shared__ __align__(16) TcRows rows;
     int b, kvg, tile;
     block_coords(s.ktiles, s.KVH, 0, &b, &kvg, &tile);
-    const int lane = threadIdx.x % 32, g = lane / 4, c = lane % 4, ow = s.H * HS;
+    const int lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
     const int r0 = tile * TC_ROWS + threadIdx.x / 32 * 16;
     const size_t kbase = (size_t)b * s.Tk * s.kvw + kv_k_off(kvg, s);
 
@@ -434,38 +529,44 @@ __global__ void __launch_bounds__(TC_BLOCK)
     float dk[HS / 8][4] = {}, dv[HS / 8][4] = {};
 
     const int tstart = imax(0, s.k_pos0 + tile * TC_ROWS - s.q_pos0);
-    for (int h = kvg * s.Q; h < (kvg + 1) * s.Q; h++) {
-        const size_t qbase = (size_t)b * s.Tq * s.width + q_off(h, s.Q, HS);
-        const size_t obase = (size_t)b * s.Tq * ow + (size_t)h * HS;
-        for (int t0 = tstart; t0 < s.Tq; t0 += TC_ROWS) {
-            __syncthreads(); /* the previous tile is consumed */
-            tc_stage<HS>(qs, qkv + qbase, s.width, t0, s.Tq);
-            tc_stage<HS>(dos, dout + obase, ow, t0, s.Tq);
-            if (threadIdx.x < TC_ROWS) {
-                const int t = t0 + threadIdx.x, has = t < s.Tq, qp = s.q_pos0 + t;
-                const size_t i = ((size_t)b * s.H + h) * s.Tq + t;
-                Ds[threadIdx.x] = has ? Dbuf[i] : 0.0f;
-                Ls[threadIdx.x] = has ? lse[i] * TC_LOG2E : 0.0f;
-                Qp[threadIdx.x] = has ? qp : -1; /* a missing row sees no key */
-                First[threadIdx.x] = has && s.pos ? qp - s.pos[(size_t)b * s.Tq + t] : 0;
-            }
-            __syncthreads();
-            float p[8][4], dp[8][4];
-            tc_scores<HS>(p, ka, qs);
-            tc_scores<HS>(dp, va, dos);
-            const int full = tc_tile_full(s, t0, tile * TC_ROWS);
+    const int nt = tstart < s.Tq ? (s.Tq - tstart + TC_ROWS - 1) / TC_ROWS : 0, walk = s.Q * nt;
+    if (walk > 0) {
+        tc_stage_query<HS>(dos, &rows, 0, 0, nt, tstart, b, kvg, q16, dout16, Dbuf, lse, s);
+        mma_cp_commit();
+        tc_stage_query<HS>(qs, &rows, 1, 0, nt, tstart, b, kvg, q16, dout16, Dbuf, lse, s);
+    }
+    mma_cp_commit();
+    for (int j = 0; j < walk; j++) {
+        const int t0 = tstart + j % nt * TC_ROWS;
+        mma_cp_wait<1>(); /* dout is in (q may be on its way) */
+        __syncthreads();
+        float p[8][4], dp[8][4];
+        tc_scores<HS>(dp, va, dos);
+        mma_cp_wait<0>(); /* q and the rows are in */
+        tc_rows_ready(&rows, t0, s);
+        __syncthreads();
+        tc_scores<HS>(p, ka, qs);
+        const int full = tc_tile_full(s, t0, tile * TC_ROWS);
 #pragma unroll
-            for (int j = 0; j < 8; j++)
-                for (int i = 0; i < 4; i++) {
-                    const int col = 8 * j + 2 * c + i % 2, r = i / 2;
-                    const int ok = full || (kvalid[r] && kp[r] <= Qp[col] && kp[r] >= First[col]);
-                    const float pr = ok ? exp2f(p[j][i] * sl2 - Ls[col]) : 0.0f;
-                    p[j][i] = pr;
-                    dp[j][i] = pr * (dp[j][i] - Ds[col]);
-                }
-            tc_accumulate<HS>(dv, p, dos);
-            tc_accumulate<HS>(dk, dp, qs);
-        }
+        for (int jj = 0; jj < 8; jj++)
+            for (int i = 0; i < 4; i++) {
+                const int col = 8 * jj + 2 * c + i % 2, r = i / 2;
+                const int ok =
+                    full || (kvalid[r] && kp[r] <= rows.qp[col] && kp[r] >= rows.first[col]);
+                const float pr = ok ? exp2f(p[jj][i] * sl2 - rows.L[col]) : 0.0f;
+                p[jj][i] = pr;
+                dp[jj][i] = pr * (dp[jj][i] - rows.D[col]);
+            }
+        tc_accumulate<HS>(dv, p, dos);
+        __syncthreads(); /* dos is consumed */
+        if (j + 1 < walk)
+            tc_stage_query<HS>(dos, &rows, 0, j + 1, nt, tstart, b, kvg, q16, dout16, Dbuf, lse, s);
+        mma_cp_commit();
+        tc_accumulate<HS>(dk, dp, qs);
+        __syncthreads(); /* qs and the rows are consumed */
+        if (j + 1 < walk)
+            tc_stage_query<HS>(qs, &rows, 1, j + 1, nt, tstart, b, kvg, q16, dout16, Dbuf, lse, s);
+        mma_cp_commit();
     }
 #pragma unroll
     for (int r = 0; r < 2; r++) {
@@ -491,37 +592,69 @@ static unsigned tc_blocks(int B, int heads, int tiles)
 
 int cuda_attention_tc_serves(const AttnArgs *a) { return a->hs == 64 || a->hs == 128; }
 
-/* The 16-byte loads of tc_stage: every staged buffer starts on 16 bytes
+/* The 16-byte loads of tc_convert_kernel: q and kv start on 16 bytes
  * (device allocations and whole rows of them always do; a row stride is a
  * multiple of hs floats), else the fp32 kernels serve the call. */
-static int tc_aligned(const void *a, const void *b, const void *c)
+static int tc_aligned(const void *q, const void *kv)
 {
-    return ((uintptr_t)a | (uintptr_t)b | (uintptr_t)c) % 16 == 0;
+    return ((uintptr_t)q | (uintptr_t)kv) % 16 == 0;
+}
+
+/* tc_convert_kernel over q (when q16) and kv's heads: one launch. */
+template <int HS>
+static void tc_convert(uint16_t *q16, uint16_t *kv16, const float *q, const float *kv,
+                       const AttnArgs *a, const Shape &s)
+{
+    const size_t nq4 = q16 ? (size_t)a->B * a->Tq * a->H * HS / 4 : 0;
+    const size_t n4 = nq4 + (size_t)a->B * a->Tk * a->KVH * 2 * HS / 4;
+    tc_convert_kernel<HS>
+        <<<cuda_blocks(n4), CUDA_THREADS, 0, cuda_stream()>>>(q16, kv16, q, kv, nq4, n4, s);
+    CUDA_CHECK_LAUNCH();
+}
+
+/* The bytes of the bf16 copies of kv's heads and of q's (or dout's) */
+static size_t tc_kv16_bytes(const AttnArgs *a)
+{
+    return (size_t)a->B * a->Tk * a->KVH * 2 * a->hs * sizeof(uint16_t);
+}
+
+static size_t tc_q16_bytes(const AttnArgs *a)
+{
+    return (size_t)a->B * a->Tq * a->H * a->hs * sizeof(uint16_t);
 }
 
 template <int HS>
 static void tc_forward(float *out, float *lse, const float *q, const float *kv, const AttnArgs *a,
                        const Shape &s)
 {
+    uint16_t *kv16 = (uint16_t *)cuda_scratch(CUDA_SCRATCH_ATTN, tc_kv16_bytes(a));
+    tc_convert<HS>(NULL, kv16, q, kv, a, s);
     attention_tc_forward_kernel<HS>
-        <<<tc_blocks(a->B, a->H, s.qtiles), TC_BLOCK, 0, cuda_stream()>>>(out, lse, q, kv, s);
+        <<<tc_blocks(a->B, a->H, s.qtiles), TC_BLOCK, 0, cuda_stream()>>>(out, lse, q, kv16, s);
     CUDA_CHECK_LAUNCH();
 }
 
+/* The backward's scratch: kv16, q16, dout16 (multiples of 16 bytes: hs
+ * bf16 a head), then D (a float a row). */
 template <int HS>
 static void tc_backward(float *dq, float *dkv, const float *dout, const float *q, const float *kv,
                         const float *out, const float *lse, const AttnArgs *a, const Shape &s)
 {
-    const size_t rows = (size_t)a->B * a->Tq * a->H;
-    float *D = (float *)cuda_scratch(CUDA_SCRATCH_ATTN, rows * sizeof(float));
-    attention_tc_delta_kernel<HS><<<(unsigned)((rows * 32 + CUDA_THREADS - 1) / CUDA_THREADS),
-                                    CUDA_THREADS, 0, cuda_stream()>>>(D, dout, out, a->B, s);
+    const size_t rows = (size_t)a->B * a->Tq * a->H, kvb = tc_kv16_bytes(a), qb = tc_q16_bytes(a);
+    char *scratch = (char *)cuda_scratch(CUDA_SCRATCH_ATTN, kvb + 2 * qb + rows * sizeof(float));
+    uint16_t *kv16 = (uint16_t *)scratch, *q16 = (uint16_t *)(scratch + kvb),
+             *dout16 = (uint16_t *)(scratch + kvb + qb);
+    float *D = (float *)(scratch + kvb + 2 * qb);
+    tc_convert<HS>(q16, kv16, q, kv, a, s);
+    attention_tc_delta_kernel<HS>
+        <<<(unsigned)((rows * 32 + CUDA_THREADS - 1) / CUDA_THREADS), CUDA_THREADS, 0,
+           cuda_stream()>>>(D, dout16, dout, out, a->B, s);
     CUDA_CHECK_LAUNCH();
     attention_tc_dq_kernel<HS><<<tc_blocks(a->B, a->H, s.qtiles), TC_BLOCK, 0, cuda_stream()>>>(
-        dq, dout, q, kv, D, lse, s);
+        dq, dout, q, kv16, D, lse, s);
     CUDA_CHECK_LAUNCH();
     attention_tc_dkv_kernel<HS><<<tc_blocks(a->B, a->KVH, s.ktiles), TC_BLOCK, 0, cuda_stream()>>>(
-        dkv, dout, q, kv, D, lse, s);
+        dkv, kv, q16, dout16, D, lse, s);
     CUDA_CHECK_LAUNCH();
 }
 
@@ -530,7 +663,7 @@ void cuda_attention_forward_bf16(float *out, float *lse, const float *q, const f
 {
     if (cuda_attention_cudnn_forward(out, lse, q, kv, a))
         return; /* cuDNN took it (attention_cudnn.cu) */
-    if (!cuda_attention_tc_serves(a) || !tc_aligned(q, kv, q)) {
+    if (!cuda_attention_tc_serves(a) || !tc_aligned(q, kv)) {
         cuda_attention_forward(out, lse, q, kv, a);
         return;
     }
@@ -550,7 +683,7 @@ void cuda_attention_backward_bf16(float *dq, float *dkv, const float *dout, cons
 {
     if (cuda_attention_cudnn_backward(dq, dkv, dout, q, kv, out, lse, a))
         return; /* cuDNN took it (attention_cudnn.cu) */
-    if (!cuda_attention_tc_serves(a) || !tc_aligned(q, kv, dout)) {
+    if (!cuda_attention_tc_serves(a) || !tc_aligned(q, kv)) {
         cuda_attention_backward(dq, dkv, dout, q, kv, out, lse, a);
         return;
     }

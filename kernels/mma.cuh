@@ -143,4 +143,66 @@ __device__ inline void mma_bf16_16816(float (&d)[4], const uint32_t (&a)[4], con
 
 #endif
 
+/* cp.async: copies from global to shared memory that run while the warp
+ * goes on, for a tile staged during the math of the one before (the
+ * software pipeline of attention_tc.cu).  mma_cp16 copies the 16 bytes at
+ * src (global, 16-byte aligned) to dst (shared, 16-byte aligned), zeros
+ * when !in (src must still be a valid address); mma_cp4 the same for 4
+ * bytes.  The copies a thread issued since its last mma_cp_commit form a
+ * group; mma_cp_wait<N> waits until at most the N newest of its groups
+ * are still on their way.  Another thread sees the data only after a
+ * __syncthreads that follows the wait.  In the emulation the copy happens
+ * at once and waiting is a no-op: a tile staged into a buffer still being
+ * read (a missing __syncthreads) changes what the other threads of the
+ * block read, since the emulation runs them one after another between
+ * barriers. */
+#ifdef TRD_CUDA_EMULATED
+
+inline void mma_cp16(void *dst, const void *src, int in)
+{
+    if (in)
+        memcpy(dst, src, 16);
+    else
+        memset(dst, 0, 16);
+}
+
+inline void mma_cp4(void *dst, const void *src, int in)
+{
+    if (in)
+        memcpy(dst, src, 4);
+    else
+        memset(dst, 0, 4);
+}
+
+inline void mma_cp_commit() {}
+
+template <int N> inline void mma_cp_wait() {}
+
+#else
+
+__device__ inline void mma_cp16(void *dst, const void *src, int in)
+{
+    const unsigned addr = (unsigned)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(addr), "l"(src),
+                 "r"(in ? 16 : 0)
+                 : "memory");
+}
+
+__device__ inline void mma_cp4(void *dst, const void *src, int in)
+{
+    const unsigned addr = (unsigned)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(addr), "l"(src),
+                 "r"(in ? 4 : 0)
+                 : "memory");
+}
+
+__device__ inline void mma_cp_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+
+template <int N> __device__ inline void mma_cp_wait()
+{
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+#endif
+
 #endif

@@ -607,9 +607,11 @@ static void tc_convert(uint16_t *q16, uint16_t *kv16, const float *q, const floa
 {
     const size_t nq4 = q16 ? (size_t)a->B * a->Tq * a->H * HS / 4 : 0;
     const size_t n4 = nq4 + (size_t)a->B * a->Tk * a->KVH * 2 * HS / 4;
-    tc_convert_kernel<HS>
-        <<<cuda_blocks(n4), CUDA_THREADS, 0, cuda_stream()>>>(q16, kv16, q, kv, nq4, n4, s);
-    CUDA_CHECK_LAUNCH();
+    PROFILE_PART("tc_convert", 24.0 * (double)n4, 0, {
+        tc_convert_kernel<HS>
+            <<<cuda_blocks(n4), CUDA_THREADS, 0, cuda_stream()>>>(q16, kv16, q, kv, nq4, n4, s);
+        CUDA_CHECK_LAUNCH();
+    });
 }
 
 /* The bytes of the bf16 copies of kv's heads and of q's (or dout's) */
@@ -629,9 +631,11 @@ static void tc_forward(float *out, float *lse, const float *q, const float *kv, 
 {
     uint16_t *kv16 = (uint16_t *)cuda_scratch(CUDA_SCRATCH_ATTN, tc_kv16_bytes(a));
     tc_convert<HS>(NULL, kv16, q, kv, a, s);
-    attention_tc_forward_kernel<HS>
-        <<<tc_blocks(a->B, a->H, s.qtiles), TC_BLOCK, 0, cuda_stream()>>>(out, lse, q, kv16, s);
-    CUDA_CHECK_LAUNCH();
+    PROFILE_PART("tc_forward", 0, 0, {
+        attention_tc_forward_kernel<HS>
+            <<<tc_blocks(a->B, a->H, s.qtiles), TC_BLOCK, 0, cuda_stream()>>>(out, lse, q, kv16, s);
+        CUDA_CHECK_LAUNCH();
+    });
 }
 
 /* The backward's scratch: kv16, q16, dout16 (multiples of 16 bytes: hs
@@ -646,16 +650,23 @@ static void tc_backward(float *dq, float *dkv, const float *dout, const float *q
              *dout16 = (uint16_t *)(scratch + kvb + qb);
     float *D = (float *)(scratch + kvb + 2 * qb);
     tc_convert<HS>(q16, kv16, q, kv, a, s);
-    attention_tc_delta_kernel<HS>
-        <<<(unsigned)((rows * 32 + CUDA_THREADS - 1) / CUDA_THREADS), CUDA_THREADS, 0,
-           cuda_stream()>>>(D, dout16, dout, out, a->B, s);
-    CUDA_CHECK_LAUNCH();
-    attention_tc_dq_kernel<HS><<<tc_blocks(a->B, a->H, s.qtiles), TC_BLOCK, 0, cuda_stream()>>>(
-        dq, dout, q, kv16, D, lse, s);
-    CUDA_CHECK_LAUNCH();
-    attention_tc_dkv_kernel<HS><<<tc_blocks(a->B, a->KVH, s.ktiles), TC_BLOCK, 0, cuda_stream()>>>(
-        dkv, kv, q16, dout16, D, lse, s);
-    CUDA_CHECK_LAUNCH();
+    PROFILE_PART("tc_delta", (double)rows * HS * 10 + 4.0 * (double)rows, 0, {
+        attention_tc_delta_kernel<HS>
+            <<<(unsigned)((rows * 32 + CUDA_THREADS - 1) / CUDA_THREADS), CUDA_THREADS, 0,
+               cuda_stream()>>>(D, dout16, dout, out, a->B, s);
+        CUDA_CHECK_LAUNCH();
+    });
+    PROFILE_PART("tc_dq", 0, 0, {
+        attention_tc_dq_kernel<HS><<<tc_blocks(a->B, a->H, s.qtiles), TC_BLOCK, 0, cuda_stream()>>>(
+            dq, dout, q, kv16, D, lse, s);
+        CUDA_CHECK_LAUNCH();
+    });
+    PROFILE_PART("tc_dkv", 0, 0, {
+        attention_tc_dkv_kernel<HS>
+            <<<tc_blocks(a->B, a->KVH, s.ktiles), TC_BLOCK, 0, cuda_stream()>>>(dkv, kv, q16,
+                                                                                dout16, D, lse, s);
+        CUDA_CHECK_LAUNCH();
+    });
 }
 
 void cuda_attention_forward_bf16(float *out, float *lse, const float *q, const float *kv,

@@ -1267,6 +1267,12 @@ static void test_attention_cudnn(void)
     attn_tag = " cudnn";
     test_attention(2, 128, 4, 4, 64);  /* B > 1, hs 64 */
     test_attention(1, 256, 2, 2, 128); /* hs 128, two 128-row blocks */
+    /* the same shapes again: cuDNN alone (the first call of a shape ran
+     * trident's kernel beside it for the self-check), its out16 too */
+    AttnArgs a = attn_args(2, 128, 4, 4, 64);
+    test_attention_args(&a, 1, " again");
+    a = attn_args(1, 256, 2, 2, 128);
+    test_attention_args(&a, 1, " again");
     CHECK(backend_cuda_cudnn_attention(0),
           "cuDNN attention still on after its self-checks (stderr says why not)");
     attn_tag = " tc";

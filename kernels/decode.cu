@@ -20,7 +20,12 @@
  * GEMM with beta 1) plus the GELU or the residual add after it.  At one row
  * the op is the read of w (4 C OC bytes), so bandwidth-bound; the sums run
  * in another order than cuBLAS's (within fp32 rounding of them).  More
- * rows: cuBLAS, where the weights are read once for all of them. */
+ * rows: cuBLAS, where the weights are read once for all of them.
+ * With a norm (LayerNorm or RMSNorm before the linear), every block first
+ * computes the statistics of the n input rows itself (block sums over C
+ * floats, from L2: a few KB against the block's C * 8 * 4 bytes of
+ * weights) and each warp norms the input elements as it reads them, so
+ * the norm's kernel and its output's round trip leave the step. */
 #include "ops.cuh"
 
 enum { DEC_HS_MAX = 128, DEC_PER = DEC_HS_MAX / 32 };
@@ -175,15 +180,80 @@ void cuda_decode_choose(int32_t *state, const float *logits, int V, double tempe
     CUDA_CHECK_LAUNCH();
 }
 
-enum { GEMV_ROWS = 4, GEMV_WARPS = 8 };
+enum { GEMV_ROWS = DECODE_NORM_ROWS, GEMV_WARPS = 8 };
+enum { NORM_NONE, NORM_LAYER, NORM_RMS };
+
+/* The statistics of the block's input rows for decode_linear's norm,
+ * computed by every block (n rows of C floats, read from L2), as norm.cu
+ * does: LayerNorm's mean, then the mean square of x - mean; RMSNorm's mean
+ * square.  Every thread of the block takes part and gets them. */
+template <int NORM>
+__device__ void gemv_norm_stats(float *mu, float *rs, const float *x, int n, int C, float eps)
+{
+    for (int r = 0; r < GEMV_ROWS && r < n; r++) {
+        const float *xr = x + (size_t)r * C;
+        float s = 0.0f;
+        mu[r] = 0.0f;
+        if (NORM == NORM_LAYER) {
+            for (int c = threadIdx.x; c < C; c += blockDim.x)
+                s += xr[c];
+            mu[r] = block_sum(s) / C;
+            s = 0.0f;
+        }
+        for (int c = threadIdx.x; c < C; c += blockDim.x)
+            s += (xr[c] - mu[r]) * (xr[c] - mu[r]);
+        rs[r] = 1 / sqrtf(block_sum(s) / C + eps);
+    }
+}
+
+/* Input element c of row r as the GEMV reads it: x, or its norm (norm.cu's
+ * expressions: (x - mean) * rstd * w + b, x * rstd * w). */
+template <int NORM>
+__device__ inline float gemv_in(const float *x, int r, int c, int C, const float *mu,
+                                const float *rs, const DecodeNorm &nm)
+{
+    const float v = x[(size_t)r * C + c];
+    if (NORM == NORM_NONE)
+        return v;
+    if (NORM == NORM_RMS)
+        return v * rs[r] * nm.w[c];
+    const float y = (v - mu[r]) * rs[r] * nm.w[c];
+    return nm.b ? y + nm.b[c] : y;
+}
+
+/* The same for the four elements 4c .. 4c+3 (16-byte loads). */
+template <int NORM>
+__device__ inline float4 gemv_in4(const float *x, int r, int c, int C, const float *mu,
+                                  const float *rs, const DecodeNorm &nm)
+{
+    float4 v = ((const float4 *)(x + (size_t)r * C))[c];
+    if (NORM == NORM_NONE)
+        return v;
+    const float4 g = ((const float4 *)nm.w)[c];
+    if (NORM == NORM_RMS) {
+        v.x = v.x * rs[r] * g.x, v.y = v.y * rs[r] * g.y;
+        v.z = v.z * rs[r] * g.z, v.w = v.w * rs[r] * g.w;
+        return v;
+    }
+    v.x = (v.x - mu[r]) * rs[r] * g.x, v.y = (v.y - mu[r]) * rs[r] * g.y;
+    v.z = (v.z - mu[r]) * rs[r] * g.z, v.w = (v.w - mu[r]) * rs[r] * g.w;
+    if (nm.b) {
+        const float4 b = ((const float4 *)nm.b)[c];
+        v.x += b.x, v.y += b.y, v.z += b.z, v.w += b.w;
+    }
+    return v;
+}
 
 /* Block: GEMV_WARPS warps, columns blockIdx.x * GEMV_WARPS + warp.  Every
  * warp shuffles, those past OC on zeros (no early return). */
-template <int VEC>
-__global__ void decode_linear_kernel(float *out, const float *x, const float *w, const float *b,
-                                     int n, int C, int OC, DecodeEpi epi)
+template <int VEC, int NORM>
+__global__ void decode_linear_kernel(float *out, const float *x, DecodeNorm nm, const float *w,
+                                     const float *b, int n, int C, int OC, DecodeEpi epi)
 {
     const int o = (int)(blockIdx.x * GEMV_WARPS + threadIdx.x / 32), lane = threadIdx.x % 32;
+    float mu[GEMV_ROWS], rs[GEMV_ROWS];
+    if (NORM != NORM_NONE)
+        gemv_norm_stats<NORM>(mu, rs, x, n, C, nm.eps);
     float acc[GEMV_ROWS] = {0.0f, 0.0f, 0.0f, 0.0f};
     if (o < OC) {
         const float *wo = w + (size_t)o * C;
@@ -195,7 +265,7 @@ __global__ void decode_linear_kernel(float *out, const float *x, const float *w,
 #pragma unroll
                 for (int r = 0; r < GEMV_ROWS; r++)
                     if (r < n) {
-                        const float4 xv = ((const float4 *)(x + (size_t)r * C))[c];
+                        const float4 xv = gemv_in4<NORM>(x, r, c, C, mu, rs, nm);
                         acc[r] += wv.x * xv.x + wv.y * xv.y + wv.z * xv.z + wv.w * xv.w;
                     }
             }
@@ -205,7 +275,7 @@ __global__ void decode_linear_kernel(float *out, const float *x, const float *w,
 #pragma unroll
                 for (int r = 0; r < GEMV_ROWS; r++)
                     if (r < n)
-                        acc[r] += wv * x[(size_t)r * C + c];
+                        acc[r] += wv * gemv_in<NORM>(x, r, c, C, mu, rs, nm);
             }
         }
     }
@@ -224,11 +294,30 @@ __global__ void decode_linear_kernel(float *out, const float *x, const float *w,
     }
 }
 
-void cuda_decode_linear(float *out, const float *x, const float *w, const float *b, int n, int C,
-                        int OC, DecodeEpi epi)
+template <int VEC>
+static void decode_linear_launch(float *out, const float *x, const DecodeNorm *norm, const float *w,
+                                 const float *b, int n, int C, int OC, DecodeEpi epi)
+{
+    const unsigned blocks = (unsigned)((OC + GEMV_WARPS - 1) / GEMV_WARPS);
+    const DecodeNorm nm = norm ? *norm : DecodeNorm{NULL, NULL, 0.0f, 0};
+    if (!norm)
+        decode_linear_kernel<VEC, NORM_NONE>
+            <<<blocks, 32 * GEMV_WARPS, 0, cuda_stream()>>>(out, x, nm, w, b, n, C, OC, epi);
+    else if (norm->rms)
+        decode_linear_kernel<VEC, NORM_RMS>
+            <<<blocks, 32 * GEMV_WARPS, 0, cuda_stream()>>>(out, x, nm, w, b, n, C, OC, epi);
+    else
+        decode_linear_kernel<VEC, NORM_LAYER>
+            <<<blocks, 32 * GEMV_WARPS, 0, cuda_stream()>>>(out, x, nm, w, b, n, C, OC, epi);
+    CUDA_CHECK_LAUNCH();
+}
+
+void cuda_decode_linear(float *out, const float *x, const DecodeNorm *norm, const float *w,
+                        const float *b, int n, int C, int OC, DecodeEpi epi)
 {
     if (n <= 0 || OC <= 0)
         return;
+    TRD_ASSERT(!norm || n <= DECODE_NORM_ROWS);
     if (n > GEMV_ROWS) { /* the unfused ops (a residual's GEMM adds into out) */
         if (epi == DECODE_RESIDUAL) {
             cuda_matmul_forward_acc(out, x, w, n, C, OC);
@@ -241,12 +330,12 @@ void cuda_decode_linear(float *out, const float *x, const float *w, const float 
         }
         return;
     }
-    const unsigned blocks = (unsigned)((OC + GEMV_WARPS - 1) / GEMV_WARPS);
-    if (C % 4 == 0 && ((uintptr_t)x | (uintptr_t)w) % 16 == 0)
-        decode_linear_kernel<1>
-            <<<blocks, 32 * GEMV_WARPS, 0, cuda_stream()>>>(out, x, w, b, n, C, OC, epi);
+    /* 16-byte loads where every vector read (x, w, the norm's) allows */
+    uintptr_t at = (uintptr_t)x | (uintptr_t)w;
+    if (norm)
+        at |= (uintptr_t)norm->w | (uintptr_t)norm->b;
+    if (C % 4 == 0 && at % 16 == 0)
+        decode_linear_launch<1>(out, x, norm, w, b, n, C, OC, epi);
     else
-        decode_linear_kernel<0>
-            <<<blocks, 32 * GEMV_WARPS, 0, cuda_stream()>>>(out, x, w, b, n, C, OC, epi);
-    CUDA_CHECK_LAUNCH();
+        decode_linear_launch<0>(out, x, norm, w, b, n, C, OC, epi);
 }

@@ -11,21 +11,28 @@
  * output.  The cost per new token is one pass over the cache, nothing of
  * the earlier rows is recomputed.  Head size up to 128.
  *
- * decode_linear, up to GEMV_ROWS rows: a GEMV, one warp per output
- * column o.  The warp streams w's row o once (16-byte loads, coalesced:
- * lane l reads floats 4l .. 4l+3 of each 128 in turn, or one float a lane
- * where C or a pointer does not allow them) against each input row, sums
- * its lanes (warp_sum), and lane 0 adds the bias and applies the epilogue.
- * One launch for what cuBLAS does in two (the bias broadcast, then the
- * GEMM with beta 1) plus the GELU or the residual add after it.  At one row
- * the op is the read of w (4 C OC bytes), so bandwidth-bound; the sums run
- * in another order than cuBLAS's (within fp32 rounding of them).  More
- * rows: cuBLAS, where the weights are read once for all of them.
- * With a norm (LayerNorm or RMSNorm before the linear), every block first
+ * decode_linear, up to GEMV_ROWS rows: a GEMV, S warps (1, 2, 4 or 8)
+ * per output column o, 8 warps a block.  The S warps stream w's row o once
+ * as one row of 32 S lanes (16-byte loads, coalesced: lane l reads floats
+ * 4l .. 4l+3 of each 128 S in turn, or one float a lane where C or a
+ * pointer does not allow them) against each input row, GEMV_UNROLL loads
+ * a lane issued before any is used, each warp sums its lanes (warp_sum),
+ * and the column's first warp adds the S sums in order from shared
+ * memory, then the bias and the epilogue.  S is the fewest warps that put
+ * GEMV_GRID_WARPS warps in the grid (gemv_split): at GPT-2 124M's 768
+ * outputs one warp a column gave 96 blocks for 132 SMs and ~16 KB of loads
+ * in flight an SM where HBM wants ~32-64 KB.  One launch for what cuBLAS
+ * does in two (the bias broadcast, then the GEMM with beta 1) plus the
+ * GELU or the residual add after it.  At one row the op is the read of w
+ * (4 C OC bytes), so bandwidth-bound; the sums run in another order than
+ * cuBLAS's (within fp32 rounding of them), the same order every run.
+ * More rows: cuBLAS, where the weights are read once for all of them.
+ * With a norm (LayerNorm or RMSNorm before the linear), every block
  * computes the statistics of the n input rows itself (block sums over C
- * floats, from L2: a few KB against the block's C * 8 * 4 bytes of
- * weights) and each warp norms the input elements as it reads them, so
- * the norm's kernel and its output's round trip leave the step. */
+ * floats, from L2: a few KB against the block's C * 8 / S * 4 bytes of
+ * weights, while its first weight loads are in flight) and each warp
+ * norms the input elements as it reads them, so the norm's kernel and its
+ * output's round trip leave the step. */
 #include "ops.cuh"
 
 enum { DEC_HS_MAX = 128, DEC_PER = DEC_HS_MAX / 32 };
@@ -180,7 +187,7 @@ void cuda_decode_choose(int32_t *state, const float *logits, int V, double tempe
     CUDA_CHECK_LAUNCH();
 }
 
-enum { GEMV_ROWS = DECODE_NORM_ROWS, GEMV_WARPS = 8 };
+enum { GEMV_ROWS = DECODE_NORM_ROWS, GEMV_WARPS = 8, GEMV_UNROLL = 8, GEMV_GRID_WARPS = 2048 };
 enum { NORM_NONE, NORM_LAYER, NORM_RMS };
 
 /* The statistics of the block's input rows for decode_linear's norm,
@@ -206,109 +213,141 @@ __device__ void gemv_norm_stats(float *mu, float *rs, const float *x, int n, int
     }
 }
 
-/* Input element c of row r as the GEMV reads it: x, or its norm (norm.cu's
- * expressions: (x - mean) * rstd * w + b, x * rstd * w). */
-template <int NORM>
-__device__ inline float gemv_in(const float *x, int r, int c, int C, const float *mu,
-                                const float *rs, const DecodeNorm &nm)
+/* One input element normed (norm.cu's expressions: (x - mean) * rstd * w
+ * + b, x * rstd * w), or four. */
+template <int NORM> __device__ inline float gemv_norm(float v, float g, float b, float mu, float rs)
 {
-    const float v = x[(size_t)r * C + c];
-    if (NORM == NORM_NONE)
-        return v;
-    if (NORM == NORM_RMS)
-        return v * rs[r] * nm.w[c];
-    const float y = (v - mu[r]) * rs[r] * nm.w[c];
-    return nm.b ? y + nm.b[c] : y;
+    return NORM == NORM_RMS ? v * rs * g : (v - mu) * rs * g + b;
 }
 
-/* The same for the four elements 4c .. 4c+3 (16-byte loads). */
 template <int NORM>
-__device__ inline float4 gemv_in4(const float *x, int r, int c, int C, const float *mu,
-                                  const float *rs, const DecodeNorm &nm)
+__device__ inline float4 gemv_norm(float4 v, float4 g, float4 b, float mu, float rs)
 {
-    float4 v = ((const float4 *)(x + (size_t)r * C))[c];
-    if (NORM == NORM_NONE)
-        return v;
-    const float4 g = ((const float4 *)nm.w)[c];
-    if (NORM == NORM_RMS) {
-        v.x = v.x * rs[r] * g.x, v.y = v.y * rs[r] * g.y;
-        v.z = v.z * rs[r] * g.z, v.w = v.w * rs[r] * g.w;
-        return v;
-    }
-    v.x = (v.x - mu[r]) * rs[r] * g.x, v.y = (v.y - mu[r]) * rs[r] * g.y;
-    v.z = (v.z - mu[r]) * rs[r] * g.z, v.w = (v.w - mu[r]) * rs[r] * g.w;
-    if (nm.b) {
-        const float4 b = ((const float4 *)nm.b)[c];
-        v.x += b.x, v.y += b.y, v.z += b.z, v.w += b.w;
-    }
+    v.x = gemv_norm<NORM>(v.x, g.x, b.x, mu, rs);
+    v.y = gemv_norm<NORM>(v.y, g.y, b.y, mu, rs);
+    v.z = gemv_norm<NORM>(v.z, g.z, b.z, mu, rs);
+    v.w = gemv_norm<NORM>(v.w, g.w, b.w, mu, rs);
     return v;
 }
 
-/* Block: GEMV_WARPS warps, columns blockIdx.x * GEMV_WARPS + warp.  Every
- * warp shuffles, those past OC on zeros (no early return). */
-template <int VEC, int NORM>
-__global__ void decode_linear_kernel(float *out, const float *x, DecodeNorm nm, const float *w,
-                                     const float *b, int n, int C, int OC, DecodeEpi epi)
+template <typename T> __device__ inline T gemv_zero() { return T{}; }
+__device__ inline float gemv_dot(float w, float x) { return w * x; }
+__device__ inline float gemv_dot(float4 w, float4 x)
 {
-    const int o = (int)(blockIdx.x * GEMV_WARPS + threadIdx.x / 32), lane = threadIdx.x % 32;
-    float mu[GEMV_ROWS], rs[GEMV_ROWS];
+    return w.x * x.x + w.y * x.y + w.z * x.z + w.w * x.w;
+}
+
+/* Element c (a float, or floats 4c .. 4c+3) of an input row x as the GEMV
+ * reads it: x, or its norm with weight g and bias b (NULL: 0, exact). */
+template <int NORM, typename T>
+__device__ inline T gemv_in(const T *x, const T *g, const T *b, int c, float mu, float rs)
+{
+    if (NORM == NORM_NONE)
+        return x[c];
+    return gemv_norm<NORM>(x[c], g[c], b ? b[c] : gemv_zero<T>(), mu, rs);
+}
+
+/* A lane's GEMV_UNROLL weight loads of a chunk, c = at + u * step, all
+ * issued before any is used (zeros past W) */
+template <typename T> __device__ inline void gemv_load(T *wv, const T *wo, int at, int step, int W)
+{
+#pragma unroll
+    for (int u = 0; u < GEMV_UNROLL; u++)
+        wv[u] = at + u * step < W ? wo[at + u * step] : gemv_zero<T>();
+}
+
+/* Block: GEMV_WARPS warps, S (1, 2, 4 or 8) a column: columns
+ * blockIdx.x * GEMV_WARPS / S + warp / S.  The S warps of a column read
+ * its C as one of 32 S lanes (lane k * 32 + l, k = warp % S), T a load
+ * (float4: 16 bytes, or float), GEMV_UNROLL loads a lane in flight, the
+ * first chunk's issued before the norm's statistics.  Each warp sums its
+ * lanes (warp_sum), the column's first warp adds the S sums in order from
+ * shared memory (lane r: row r), then the bias and the epilogue: the same
+ * order every run.  Every warp shuffles and reaches the barrier, those
+ * past OC on zeros. */
+template <typename T, int NORM>
+__global__ void __launch_bounds__(32 * GEMV_WARPS)
+    decode_linear_kernel(float *out, const float *x, DecodeNorm nm, const float *w, const float *b,
+                         int n, int C, int OC, int S, DecodeEpi epi)
+{
+    __shared__ float part[GEMV_WARPS][GEMV_ROWS];
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int o = (int)(blockIdx.x * (unsigned)(GEMV_WARPS / S)) + warp / S;
+    const int per = (int)(sizeof(T) / sizeof(float)), at0 = warp % S * 32 + lane, step = 32 * S;
+    const int W = o < OC ? C / per : 0; /* loads a row (none past OC) */
+    const T *wo = (const T *)(w + (size_t)(o < OC ? o : 0) * C);
+    T wv[GEMV_UNROLL];
+    gemv_load(wv, wo, at0, step, W);
+    float mu[GEMV_ROWS] = {0.0f, 0.0f, 0.0f, 0.0f}, rs[GEMV_ROWS] = {0.0f, 0.0f, 0.0f, 0.0f};
     if (NORM != NORM_NONE)
         gemv_norm_stats<NORM>(mu, rs, x, n, C, nm.eps);
+    const T *g = (const T *)nm.w, *gb = (const T *)nm.b;
     float acc[GEMV_ROWS] = {0.0f, 0.0f, 0.0f, 0.0f};
-    if (o < OC) {
-        const float *wo = w + (size_t)o * C;
-        if (VEC) {
-            /* several loads in flight a lane: the weight's read is the op */
-#pragma unroll 4
-            for (int c = lane; c < C / 4; c += 32) {
-                const float4 wv = ((const float4 *)wo)[c];
+    for (int at = at0; at < W; at += GEMV_UNROLL * step) {
+        if (at != at0)
+            gemv_load(wv, wo, at, step, W);
 #pragma unroll
-                for (int r = 0; r < GEMV_ROWS; r++)
-                    if (r < n) {
-                        const float4 xv = gemv_in4<NORM>(x, r, c, C, mu, rs, nm);
-                        acc[r] += wv.x * xv.x + wv.y * xv.y + wv.z * xv.z + wv.w * xv.w;
-                    }
-            }
-        } else {
-            for (int c = lane; c < C; c += 32) {
-                const float wv = wo[c];
+        for (int u = 0; u < GEMV_UNROLL; u++) {
+            const int c = at + u * step;
+            if (c >= W)
+                break;
 #pragma unroll
-                for (int r = 0; r < GEMV_ROWS; r++)
-                    if (r < n)
-                        acc[r] += wv * gemv_in<NORM>(x, r, c, C, mu, rs, nm);
-            }
+            for (int r = 0; r < GEMV_ROWS; r++)
+                if (r < n)
+                    acc[r] += gemv_dot(wv[u], gemv_in<NORM>((const T *)(x + (size_t)r * C), g, gb,
+                                                            c, mu[r], rs[r]));
         }
     }
     for (int r = 0; r < n; r++) {
         const float s = warp_sum(acc[r]);
-        if (lane != 0 || o >= OC)
-            continue;
-        const float p = s + (b ? b[o] : 0.0f);
-        float *y = out + (size_t)r * OC + o;
-        if (epi == DECODE_GELU)
-            *y = gelu_value(p);
-        else if (epi == DECODE_RESIDUAL)
-            *y += p;
-        else
-            *y = p;
+        if (lane == 0)
+            part[warp][r] = s;
     }
+    __syncthreads();
+    if (warp % S != 0 || lane >= n || o >= OC)
+        return;
+    const int r = lane;
+    float p = 0.0f;
+    for (int k = 0; k < S; k++)
+        p += part[warp + k][r];
+    p += b ? b[o] : 0.0f;
+    float *y = out + (size_t)r * OC + o;
+    if (epi == DECODE_GELU)
+        *y = gelu_value(p);
+    else if (epi == DECODE_RESIDUAL)
+        *y += p;
+    else
+        *y = p;
 }
 
-template <int VEC>
+/* Warps a column: the fewest for GEMV_GRID_WARPS warps in the grid (enough
+ * loads in flight for HBM at 132 SMs: ~16 warps an SM, each up to
+ * GEMV_UNROLL 16-byte loads a lane, ~64 KB an SM), while each warp keeps
+ * two 16-byte loads a lane or more (C >= 256 S) */
+static int gemv_split(int C, int OC)
+{
+    int S = 1;
+    while (S < GEMV_WARPS && OC * S < GEMV_GRID_WARPS && C >= 256 * 2 * S)
+        S *= 2;
+    return S;
+}
+
+template <typename T>
 static void decode_linear_launch(float *out, const float *x, const DecodeNorm *norm, const float *w,
                                  const float *b, int n, int C, int OC, DecodeEpi epi)
 {
-    const unsigned blocks = (unsigned)((OC + GEMV_WARPS - 1) / GEMV_WARPS);
+    const int S = gemv_split(C, OC), cols = GEMV_WARPS / S;
+    const unsigned blocks = (unsigned)((OC + cols - 1) / cols);
     const DecodeNorm nm = norm ? *norm : DecodeNorm{NULL, NULL, 0.0f, 0};
     if (!norm)
-        decode_linear_kernel<VEC, NORM_NONE>
-            <<<blocks, 32 * GEMV_WARPS, 0, cuda_stream()>>>(out, x, nm, w, b, n, C, OC, epi);
+        decode_linear_kernel<T, NORM_NONE>
+            <<<blocks, 32 * GEMV_WARPS, 0, cuda_stream()>>>(out, x, nm, w, b, n, C, OC, S, epi);
     else if (norm->rms)
-        decode_linear_kernel<VEC, NORM_RMS>
-            <<<blocks, 32 * GEMV_WARPS, 0, cuda_stream()>>>(out, x, nm, w, b, n, C, OC, epi);
+        decode_linear_kernel<T, NORM_RMS>
+            <<<blocks, 32 * GEMV_WARPS, 0, cuda_stream()>>>(out, x, nm, w, b, n, C, OC, S, epi);
     else
-        decode_linear_kernel<VEC, NORM_LAYER>
-            <<<blocks, 32 * GEMV_WARPS, 0, cuda_stream()>>>(out, x, nm, w, b, n, C, OC, epi);
+        decode_linear_kernel<T, NORM_LAYER>
+            <<<blocks, 32 * GEMV_WARPS, 0, cuda_stream()>>>(out, x, nm, w, b, n, C, OC, S, epi);
     CUDA_CHECK_LAUNCH();
 }
 
@@ -335,7 +374,7 @@ void cuda_decode_linear(float *out, const float *x, const DecodeNorm *norm, cons
     if (norm)
         at |= (uintptr_t)norm->w | (uintptr_t)norm->b;
     if (C % 4 == 0 && at % 16 == 0)
-        decode_linear_launch<1>(out, x, norm, w, b, n, C, OC, epi);
+        decode_linear_launch<float4>(out, x, norm, w, b, n, C, OC, epi);
     else
-        decode_linear_launch<0>(out, x, norm, w, b, n, C, OC, epi);
+        decode_linear_launch<float>(out, x, norm, w, b, n, C, OC, epi);
 }

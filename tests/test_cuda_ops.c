@@ -2374,6 +2374,14 @@ int main(void)
     test_decode_linear(2, 75, 53, 0, "rmsnorm", 0);
     test_decode_linear(4, 64, 40, 1, "layernorm", 1); /* x and weight past 16 bytes */
     test_decode_linear(1, 64, 40, 0, "rmsnorm", 1);
+    /* a column over S warps (decode.cu, gemv_split: S = 2, 4, 8), and over
+     * several chunks of GEMV_UNROLL loads a lane (S = 1 at 2048 columns) */
+    test_decode_linear(2, 600, 24, 1, "", 0);
+    test_decode_linear(3, 1100, 40, 1, "layernorm", 0);
+    test_decode_linear(1, 2056, 16, 0, "rmsnorm", 0);
+    test_decode_linear(4, 1030, 19, 1, "", 0);
+    test_decode_linear(1, 1100, 2048, 1, "layernorm", 0);
+    test_decode_linear(2, 301, 2048, 0, "rmsnorm", 1);
 
     test_crossentropy(37, 1000, 1024);
     test_crossentropy(8, 50257, 50304); /* GPT-2 vocabulary, padded */

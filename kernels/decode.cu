@@ -187,7 +187,7 @@ void cuda_decode_choose(int32_t *state, const float *logits, int V, double tempe
     CUDA_CHECK_LAUNCH();
 }
 
-enum { GEMV_ROWS = DECODE_NORM_ROWS, GEMV_WARPS = 8, GEMV_UNROLL = 8, GEMV_GRID_WARPS = 2048 };
+enum { GEMV_ROWS = DECODE_GEMV_ROWS, GEMV_WARPS = 8, GEMV_UNROLL = 8, GEMV_GRID_WARPS = 2048 };
 enum { NORM_NONE, NORM_LAYER, NORM_RMS };
 
 /* The statistics of the block's input rows for decode_linear's norm,
@@ -247,77 +247,99 @@ __device__ inline T gemv_in(const T *x, const T *g, const T *b, int c, float mu,
     return gemv_norm<NORM>(x[c], g[c], b ? b[c] : gemv_zero<T>(), mu, rs);
 }
 
-/* A lane's GEMV_UNROLL weight loads of a chunk, c = at + u * step, all
- * issued before any is used (zeros past W) */
-template <typename T> __device__ inline void gemv_load(T *wv, const T *wo, int at, int step, int W)
+/* A lane's U weight loads of a chunk, c = at + u * step, all issued
+ * before any is used (zeros past W) */
+template <int U, typename T>
+__device__ inline void gemv_load(T *wv, const T *wo, int at, int step, int W)
 {
 #pragma unroll
-    for (int u = 0; u < GEMV_UNROLL; u++)
+    for (int u = 0; u < U; u++)
         wv[u] = at + u * step < W ? wo[at + u * step] : gemv_zero<T>();
 }
 
 /* Block: GEMV_WARPS warps, S (1, 2, 4 or 8) a column: columns
  * blockIdx.x * GEMV_WARPS / S + warp / S.  The S warps of a column read
  * its C as one of 32 S lanes (lane k * 32 + l, k = warp % S), T a load
- * (float4: 16 bytes, or float), GEMV_UNROLL loads a lane in flight, the
- * first chunk's issued before the norm's statistics.  Each warp sums its
- * lanes (warp_sum), the column's first warp adds the S sums in order from
- * shared memory (lane r: row r), then the bias and the epilogue: the same
- * order every run.  Every warp shuffles and reaches the barrier, those
- * past OC on zeros. */
-template <typename T, int NORM>
+ * (float4: 16 bytes, or float), GEMV_UNROLL loads a lane in flight (GLU:
+ * half of them from w, half from up), the first chunk's issued before the
+ * norm's statistics.  Each warp sums its lanes (warp_sum), the column's
+ * first warp adds the S sums in order from shared memory (lane r: row r),
+ * then the bias and the epilogue: the same order every run.  Every warp
+ * shuffles and reaches the barrier, those past OC on zeros. */
+template <typename T, int NORM, int GLU>
 __global__ void __launch_bounds__(32 * GEMV_WARPS)
-    decode_linear_kernel(float *out, const float *x, DecodeNorm nm, const float *w, const float *b,
-                         int n, int C, int OC, int S, DecodeEpi epi)
+    decode_linear_kernel(float *out, const float *x, DecodeNorm nm, const float *w, const float *up,
+                         const float *b, int n, int C, int OC, int S, DecodeEpi epi)
 {
-    __shared__ float part[GEMV_WARPS][GEMV_ROWS];
+    enum { U = GLU ? GEMV_UNROLL / 2 : GEMV_UNROLL, M = GLU ? 2 : 1 };
+    __shared__ float part[GEMV_WARPS][M][GEMV_ROWS];
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int o = (int)(blockIdx.x * (unsigned)(GEMV_WARPS / S)) + warp / S;
     const int per = (int)(sizeof(T) / sizeof(float)), at0 = warp % S * 32 + lane, step = 32 * S;
     const int W = o < OC ? C / per : 0; /* loads a row (none past OC) */
-    const T *wo = (const T *)(w + (size_t)(o < OC ? o : 0) * C);
-    T wv[GEMV_UNROLL];
-    gemv_load(wv, wo, at0, step, W);
+    const size_t row = (size_t)(o < OC ? o : 0) * C;
+    const T *wo[M];
+    T wv[M][U];
+#pragma unroll
+    for (int m = 0; m < M; m++) {
+        wo[m] = (const T *)((m ? up : w) + row);
+        gemv_load<U>(wv[m], wo[m], at0, step, W);
+    }
     float mu[GEMV_ROWS] = {0.0f, 0.0f, 0.0f, 0.0f}, rs[GEMV_ROWS] = {0.0f, 0.0f, 0.0f, 0.0f};
     if (NORM != NORM_NONE)
         gemv_norm_stats<NORM>(mu, rs, x, n, C, nm.eps);
     const T *g = (const T *)nm.w, *gb = (const T *)nm.b;
-    float acc[GEMV_ROWS] = {0.0f, 0.0f, 0.0f, 0.0f};
-    for (int at = at0; at < W; at += GEMV_UNROLL * step) {
-        if (at != at0)
-            gemv_load(wv, wo, at, step, W);
+    float acc[M][GEMV_ROWS] = {};
+    for (int at = at0; at < W; at += U * step) {
+        if (at != at0) {
 #pragma unroll
-        for (int u = 0; u < GEMV_UNROLL; u++) {
+            for (int m = 0; m < M; m++)
+                gemv_load<U>(wv[m], wo[m], at, step, W);
+        }
+#pragma unroll
+        for (int u = 0; u < U; u++) {
             const int c = at + u * step;
             if (c >= W)
                 break;
 #pragma unroll
             for (int r = 0; r < GEMV_ROWS; r++)
-                if (r < n)
-                    acc[r] += gemv_dot(wv[u], gemv_in<NORM>((const T *)(x + (size_t)r * C), g, gb,
-                                                            c, mu[r], rs[r]));
+                if (r < n) {
+                    const T xv =
+                        gemv_in<NORM>((const T *)(x + (size_t)r * C), g, gb, c, mu[r], rs[r]);
+#pragma unroll
+                    for (int m = 0; m < M; m++)
+                        acc[m][r] += gemv_dot(wv[m][u], xv);
+                }
         }
     }
-    for (int r = 0; r < n; r++) {
-        const float s = warp_sum(acc[r]);
-        if (lane == 0)
-            part[warp][r] = s;
-    }
+    for (int r = 0; r < n; r++)
+#pragma unroll
+        for (int m = 0; m < M; m++) {
+            const float s = warp_sum(acc[m][r]);
+            if (lane == 0)
+                part[warp][m][r] = s;
+        }
     __syncthreads();
     if (warp % S != 0 || lane >= n || o >= OC)
         return;
     const int r = lane;
-    float p = 0.0f;
-    for (int k = 0; k < S; k++)
-        p += part[warp + k][r];
-    p += b ? b[o] : 0.0f;
+    float p[M];
+#pragma unroll
+    for (int m = 0; m < M; m++) {
+        p[m] = 0.0f;
+        for (int k = 0; k < S; k++)
+            p[m] += part[warp + k][m][r];
+    }
+    p[0] += b ? b[o] : 0.0f;
     float *y = out + (size_t)r * OC + o;
-    if (epi == DECODE_GELU)
-        *y = gelu_value(p);
+    if (GLU)
+        *y = swiglu_value(p[0], p[M - 1]);
+    else if (epi == DECODE_GELU)
+        *y = gelu_value(p[0]);
     else if (epi == DECODE_RESIDUAL)
-        *y += p;
+        *y += p[0];
     else
-        *y = p;
+        *y = p[0];
 }
 
 /* Warps a column: the fewest for GEMV_GRID_WARPS warps in the grid (enough
@@ -332,31 +354,34 @@ static int gemv_split(int C, int OC)
     return S;
 }
 
-template <typename T>
+template <typename T, int GLU>
 static void decode_linear_launch(float *out, const float *x, const DecodeNorm *norm, const float *w,
-                                 const float *b, int n, int C, int OC, DecodeEpi epi)
+                                 const float *up, const float *b, int n, int C, int OC,
+                                 DecodeEpi epi)
 {
     const int S = gemv_split(C, OC), cols = GEMV_WARPS / S;
     const unsigned blocks = (unsigned)((OC + cols - 1) / cols);
     const DecodeNorm nm = norm ? *norm : DecodeNorm{NULL, NULL, 0.0f, 0};
     if (!norm)
-        decode_linear_kernel<T, NORM_NONE>
-            <<<blocks, 32 * GEMV_WARPS, 0, cuda_stream()>>>(out, x, nm, w, b, n, C, OC, S, epi);
+        decode_linear_kernel<T, NORM_NONE, GLU>
+            <<<blocks, 32 * GEMV_WARPS, 0, cuda_stream()>>>(out, x, nm, w, up, b, n, C, OC, S, epi);
     else if (norm->rms)
-        decode_linear_kernel<T, NORM_RMS>
-            <<<blocks, 32 * GEMV_WARPS, 0, cuda_stream()>>>(out, x, nm, w, b, n, C, OC, S, epi);
+        decode_linear_kernel<T, NORM_RMS, GLU>
+            <<<blocks, 32 * GEMV_WARPS, 0, cuda_stream()>>>(out, x, nm, w, up, b, n, C, OC, S, epi);
     else
-        decode_linear_kernel<T, NORM_LAYER>
-            <<<blocks, 32 * GEMV_WARPS, 0, cuda_stream()>>>(out, x, nm, w, b, n, C, OC, S, epi);
+        decode_linear_kernel<T, NORM_LAYER, GLU>
+            <<<blocks, 32 * GEMV_WARPS, 0, cuda_stream()>>>(out, x, nm, w, up, b, n, C, OC, S, epi);
     CUDA_CHECK_LAUNCH();
 }
 
 void cuda_decode_linear(float *out, const float *x, const DecodeNorm *norm, const float *w,
-                        const float *b, int n, int C, int OC, DecodeEpi epi)
+                        const float *up, const float *b, int n, int C, int OC, DecodeEpi epi)
 {
+    const int glu = epi == DECODE_SWIGLU;
     if (n <= 0 || OC <= 0)
         return;
-    TRD_ASSERT(!norm || n <= DECODE_NORM_ROWS);
+    TRD_ASSERT((!norm && !glu) || n <= DECODE_GEMV_ROWS);
+    TRD_ASSERT(!glu == !up);
     if (n > GEMV_ROWS) { /* the unfused ops (a residual's GEMM adds into out) */
         if (epi == DECODE_RESIDUAL) {
             cuda_matmul_forward_acc(out, x, w, n, C, OC);
@@ -369,12 +394,17 @@ void cuda_decode_linear(float *out, const float *x, const DecodeNorm *norm, cons
         }
         return;
     }
-    /* 16-byte loads where every vector read (x, w, the norm's) allows */
-    uintptr_t at = (uintptr_t)x | (uintptr_t)w;
+    /* 16-byte loads where every vector read (x, w, up, the norm's) allows */
+    uintptr_t at = (uintptr_t)x | (uintptr_t)w | (uintptr_t)up;
     if (norm)
         at |= (uintptr_t)norm->w | (uintptr_t)norm->b;
-    if (C % 4 == 0 && at % 16 == 0)
-        decode_linear_launch<float4>(out, x, norm, w, b, n, C, OC, epi);
+    const int vec = C % 4 == 0 && at % 16 == 0;
+    if (vec && glu)
+        decode_linear_launch<float4, 1>(out, x, norm, w, up, b, n, C, OC, epi);
+    else if (vec)
+        decode_linear_launch<float4, 0>(out, x, norm, w, up, b, n, C, OC, epi);
+    else if (glu)
+        decode_linear_launch<float, 1>(out, x, norm, w, up, b, n, C, OC, epi);
     else
-        decode_linear_launch<float>(out, x, norm, w, b, n, C, OC, epi);
+        decode_linear_launch<float, 0>(out, x, norm, w, up, b, n, C, OC, epi);
 }

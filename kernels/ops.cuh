@@ -124,7 +124,7 @@ void cuda_attention_decode(float *out, const float *qkv, float *kcache, float *v
 void cuda_decode_choose(int32_t *state, const float *logits, int V, double temperature,
                         const double *u, int n);
 void cuda_decode_linear(float *out, const float *x, const DecodeNorm *norm, const float *w,
-                        const float *b, int n, int C, int OC, DecodeEpi epi);
+                        const float *up, const float *b, int n, int C, int OC, DecodeEpi epi);
 
 /* attention.cu */
 void cuda_attention_forward(float *out, float *lse, const float *q, const float *kv,

@@ -1386,8 +1386,9 @@ static void test_decode(int T, int H, int KVH, int hs)
 }
 
 /* decode_linear, each epilogue, against the decoder's CPU path (decode.c,
- * prenorm and linear: the norm op, matmul_forward, then gelu_forward or
- * add).  out starts random: the residual reads it, the others overwrite
+ * prenorm, linear and layer: the norm op, matmul_forward, then
+ * gelu_forward or add; SwiGLU (up to 4 rows): the up projection's
+ * matmul_forward and swiglu_forward).  out starts random: the residual reads it, the others overwrite
  * it.  norm: none, LayerNorm or RMSNorm (its rows recomputed in every
  * block); skew: the device's x and norm weight one float past 16 bytes
  * (the scalar loads).  x has a mean far from 0 (LayerNorm's shift
@@ -1395,7 +1396,7 @@ static void test_decode(int T, int H, int KVH, int hs)
  * 4), cuBLAS above. */
 static void test_decode_linear(int n, int C, int OC, int bias, const char *norm, int skew)
 {
-    static const char *const epi_name[] = {"bias", "gelu", "residual"};
+    static const char *const epi_name[] = {"bias", "gelu", "residual", "swiglu"};
     const size_t nx = (size_t)n * C, nw = (size_t)OC * C, no = (size_t)n * OC;
     const int rms = !strcmp(norm, "rmsnorm"), ln = !strcmp(norm, "layernorm");
     const float eps = 1e-5f;
@@ -1410,6 +1411,7 @@ static void test_decode_linear(int n, int C, int OC, int bias, const char *norm,
     backend_cuda_to_device(d_x, x, nx * sizeof *x);
     backend_cuda_to_device(d_g, g, (size_t)C * sizeof *g);
     float *d_gb = dcopyf(gb, C), *d_w = dcopyf(w, nw), *d_b = bias ? dcopyf(b, OC) : NULL;
+    float *up = hrand(nw, 1), *d_up = dcopyf(up, nw), *q = malloc(no * sizeof *q);
     const DecodeNorm nm = {d_g, rms ? NULL : d_gb, eps, rms};
     const float *in = x;
     if (ln)
@@ -1420,15 +1422,20 @@ static void test_decode_linear(int n, int C, int OC, int bias, const char *norm,
         in = xn;
     float *p = malloc(no * sizeof *p);
     cpu->matmul_forward(p, in, w, b, n, C, OC);
-    for (int e = DECODE_BIAS; e <= DECODE_RESIDUAL; e++) {
+    cpu->matmul_forward(q, in, up, NULL, n, C, OC);
+    const int last = n <= DECODE_GEMV_ROWS ? DECODE_SWIGLU : DECODE_RESIDUAL;
+    for (int e = DECODE_BIAS; e <= last; e++) {
         float *out = hrand(no, 1), *d_out = dcopyf(out, no);
         if (e == DECODE_BIAS)
             memcpy(out, p, no * sizeof *out);
         else if (e == DECODE_GELU)
             cpu->gelu_forward(out, p, no);
-        else
+        else if (e == DECODE_RESIDUAL)
             cpu->add(out, out, p, no);
-        gpu->decode_linear(d_out, d_x, ln || rms ? &nm : NULL, d_w, d_b, n, C, OC, (DecodeEpi)e);
+        else
+            cpu->swiglu_forward(out, p, q, no);
+        gpu->decode_linear(d_out, d_x, ln || rms ? &nm : NULL, d_w,
+                           e == DECODE_SWIGLU ? d_up : NULL, d_b, n, C, OC, (DecodeEpi)e);
         char what[160];
         snprintf(what, sizeof what, "decode_linear %s n=%d C=%d OC=%d%s%s%s%s", epi_name[e], n, C,
                  OC, bias ? "" : " no bias", ln || rms ? " " : "", ln || rms ? norm : "",
@@ -1438,8 +1445,9 @@ static void test_decode_linear(int n, int C, int OC, int bias, const char *norm,
         backend_cuda_free(d_out);
     }
     free(x), free(w), free(b), free(p), free(g), free(gb), free(xn), free(mean), free(rstd);
+    free(up), free(q);
     backend_cuda_free(d_xs), backend_cuda_free(d_gs), backend_cuda_free(d_gb);
-    backend_cuda_free(d_w);
+    backend_cuda_free(d_w), backend_cuda_free(d_up);
     if (d_b)
         backend_cuda_free(d_b);
 }

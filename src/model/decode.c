@@ -167,6 +167,12 @@ static void norm(const Decoder *dc, float *out, const float *inp, const float *w
         m->be->rmsnorm_forward(out, dc->rstd, inp, w, n, m->d.C, m->d.eps);
 }
 
+/* Whether decode_linear takes a norm and DECODE_SWIGLU at n rows. */
+static int gemv_rows(const Decoder *dc, int n)
+{
+    return dc->m->be->decode_linear && n <= DECODE_GEMV_ROWS;
+}
+
 /* The norm of the n rows of inp before the linears that read them: folded
  * into each of those linears where the backend can (decode_linear with a
  * norm: returns it, *in = inp), else the norm op into dc->ln (returns
@@ -175,7 +181,7 @@ static const DecodeNorm *prenorm(Decoder *dc, const float **in, const float *inp
                                  const float *b, int n)
 {
     const Model *m = dc->m;
-    if (m->be->decode_linear && n <= DECODE_NORM_ROWS) {
+    if (gemv_rows(dc, n)) {
         dc->nm = (DecodeNorm){w, m->d.gpt2 ? b : NULL, m->d.eps, !m->d.gpt2};
         *in = inp;
         return &dc->nm;
@@ -194,7 +200,7 @@ static void linear(const Decoder *dc, float *out, float *tmp, const float *x, co
 {
     const Backend *be = dc->m->be;
     if (be->decode_linear) {
-        be->decode_linear(out, x, nm, w, b, n, C, OC, epi);
+        be->decode_linear(out, x, nm, w, NULL, b, n, C, OC, epi);
         return;
     }
     TRD_ASSERT(!nm);
@@ -290,10 +296,14 @@ static void layer(Decoder *dc, int l, int n)
         be->add(dc->x, dc->x, dc->branch, (size_t)n * (size_t)d->C);
         return;
     }
-    /* mlp_in_forward's ops (moe.c), through linear */
+    /* mlp_in_forward's ops (moe.c), through linear; SwiGLU's gate and up
+     * one decode_linear where it takes them */
     nm = prenorm(dc, &in, dc->x, p->ln2_w, p->ln2_b, n);
     if (d->gpt2) {
         linear(dc, dc->fc_act, dc->fc, in, nm, p->fc_w, p->fc_b, n, d->C, d->F, DECODE_GELU);
+    } else if (gemv_rows(dc, n)) {
+        be->decode_linear(dc->fc_act, in, nm, p->fc_w, p->up_w, p->fc_b, n, d->C, d->F,
+                          DECODE_SWIGLU);
     } else {
         linear(dc, dc->fc, NULL, in, nm, p->fc_w, p->fc_b, n, d->C, d->F, DECODE_BIAS);
         linear(dc, dc->up, NULL, in, nm, p->up_w, NULL, n, d->C, d->F, DECODE_BIAS);

@@ -188,6 +188,11 @@ void cuda_decode_choose(int32_t *state, const float *logits, int V, double tempe
 }
 
 enum { GEMV_ROWS = DECODE_GEMV_ROWS, GEMV_WARPS = 8, GEMV_UNROLL = 8, GEMV_GRID_WARPS = 2048 };
+/* Blocks an SM the registers allow (__launch_bounds__: at most 85 a
+ * thread; ptxas gives the 16-byte kernels 80): 24 warps an SM, so that
+ * GEMV_GRID_WARPS and GPT-2 124M's grids (up to 384 blocks) run in one
+ * wave on 132 SMs, where unbounded (up to 104) allowed 2. */
+enum { GEMV_BLOCKS_SM = 3 };
 enum { NORM_NONE, NORM_LAYER, NORM_RMS };
 
 /* The statistics of the block's input rows for decode_linear's norm,
@@ -197,7 +202,10 @@ enum { NORM_NONE, NORM_LAYER, NORM_RMS };
 template <int NORM>
 __device__ void gemv_norm_stats(float *mu, float *rs, const float *x, int n, int C, float eps)
 {
-    for (int r = 0; r < GEMV_ROWS && r < n; r++) {
+#pragma unroll
+    for (int r = 0; r < GEMV_ROWS; r++) { /* unrolled: mu and rs stay in registers */
+        if (r >= n)
+            break;
         const float *xr = x + (size_t)r * C;
         float s = 0.0f;
         mu[r] = 0.0f;
@@ -267,7 +275,7 @@ __device__ inline void gemv_load(T *wv, const T *wo, int at, int step, int W)
  * then the bias and the epilogue: the same order every run.  Every warp
  * shuffles and reaches the barrier, those past OC on zeros. */
 template <typename T, int NORM, int GLU>
-__global__ void __launch_bounds__(32 * GEMV_WARPS)
+__global__ void __launch_bounds__(32 * GEMV_WARPS, GEMV_BLOCKS_SM)
     decode_linear_kernel(float *out, const float *x, DecodeNorm nm, const float *w, const float *up,
                          const float *b, int n, int C, int OC, int S, DecodeEpi epi)
 {
@@ -312,13 +320,17 @@ __global__ void __launch_bounds__(32 * GEMV_WARPS)
                 }
         }
     }
-    for (int r = 0; r < n; r++)
+#pragma unroll
+    for (int r = 0; r < GEMV_ROWS; r++) { /* unrolled: acc stays in registers */
+        if (r >= n)
+            break;
 #pragma unroll
         for (int m = 0; m < M; m++) {
             const float s = warp_sum(acc[m][r]);
             if (lane == 0)
                 part[warp][m][r] = s;
         }
+    }
     __syncthreads();
     if (warp % S != 0 || lane >= n || o >= OC)
         return;

@@ -8,11 +8,10 @@
  * mixture-of-experts layer the experts (moe_branch below).  Each linear
  * layer goes with its bias and the GELU or the residual add after it, and
  * the norm before it (prenorm), through linear() (one GEMV kernel a linear
- * on CUDA, the norm recomputed inside it: a few rows of C floats).  The
- * head runs
- * on the last row only: its logits are the next token's.  Every buffer is
- * in backend memory and sized for max_len rows once; a step allocates
- * nothing.
+ * on CUDA, the norm recomputed inside it: a few rows of C floats; Llama's
+ * gate, up and SwiGLU one of them).  The head runs on the last row only:
+ * its logits are the next token's.  Every buffer is in backend memory and
+ * sized for max_len rows once; a step allocates nothing.
  *
  * decoder_next chooses the next token on the backend (decode_choose) and
  * feeds it to the next step there: the position and the input id live in

@@ -39,14 +39,10 @@ __global__ void gelu_backward_inplace_kernel(float *dx, const float *inp, size_t
     }
 }
 
-/* silu(a) * up, silu(a) = a * sigmoid(a) */
+/* silu(a) * up (swiglu_value) */
 __global__ void swiglu_forward_kernel(float *out, const float *gate, const float *up, size_t n)
 {
-    GRID_STRIDE(i, n)
-    {
-        float a = gate[i];
-        out[i] = a / (1 + expf(-a)) * up[i];
-    }
+    GRID_STRIDE(i, n) { out[i] = swiglu_value(gate[i], up[i]); }
 }
 
 /* d silu / da = s + a s (1 - s); either gradient may be NULL (set: both
@@ -122,11 +118,7 @@ __global__ void gelu_forward_x16_kernel(__nv_bfloat16 *out, const float *inp, si
 __global__ void swiglu_forward_x16_kernel(__nv_bfloat16 *out, const float *gate, const float *up,
                                           size_t n)
 {
-    GRID_STRIDE(i, n)
-    {
-        float a = gate[i];
-        out[i] = __float2bfloat16(a / (1 + expf(-a)) * up[i]);
-    }
+    GRID_STRIDE(i, n) { out[i] = __float2bfloat16(swiglu_value(gate[i], up[i])); }
 }
 
 void cuda_gelu_forward_x16(uint16_t *out, const float *inp, size_t n)

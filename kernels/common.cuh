@@ -176,6 +176,10 @@ __device__ inline float gelu_value(float x)
     return x / (1 + expf(-2 * u));
 }
 
+/* SwiGLU's output from the gate a and up: silu(a) * up, silu(a) = a *
+ * sigmoid(a) (activation.cu's kernels and decode_linear) */
+__device__ inline float swiglu_value(float a, float up) { return a / (1 + expf(-a)) * up; }
+
 /* Column sums of a [N, W] row-major array, deterministic and parallel
  * over rows as well as columns: a block of COLSUM_COLS x COLSUM_GROUPS
  * threads covers COLSUM_COLS neighbouring columns (a warp reads 32

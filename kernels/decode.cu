@@ -11,16 +11,28 @@
  * output.  The cost per new token is one pass over the cache, nothing of
  * the earlier rows is recomputed.  Head size up to 128.
  *
- * decode_linear, up to GEMV_ROWS rows: a GEMV, one warp per output
- * column o.  The warp streams w's row o once (16-byte loads, coalesced:
- * lane l reads floats 4l .. 4l+3 of each 128 in turn, or one float a lane
- * where C or a pointer does not allow them) against each input row, sums
- * its lanes (warp_sum), and lane 0 adds the bias and applies the epilogue.
- * One launch for what cuBLAS does in two (the bias broadcast, then the
- * GEMM with beta 1) plus the GELU or the residual add after it.  At one row
- * the op is the read of w (4 C OC bytes), so bandwidth-bound; the sums run
- * in another order than cuBLAS's (within fp32 rounding of them).  More
- * rows: cuBLAS, where the weights are read once for all of them. */
+ * decode_linear, up to GEMV_ROWS rows: a GEMV, S warps (1, 2, 4 or 8)
+ * per output column o, 8 warps a block.  The S warps stream w's row o once
+ * as one row of 32 S lanes (16-byte loads, coalesced: lane l reads floats
+ * 4l .. 4l+3 of each 128 S in turn, or one float a lane where C or a
+ * pointer does not allow them) against each input row, GEMV_UNROLL loads
+ * a lane issued before any is used, each warp sums its lanes (warp_sum),
+ * and the column's first warp adds the S sums in order from shared
+ * memory, then the bias and the epilogue.  S is the fewest warps that put
+ * GEMV_GRID_WARPS warps in the grid (gemv_split): at GPT-2 124M's 768
+ * outputs one warp a column gave 96 blocks for 132 SMs and ~16 KB of loads
+ * in flight an SM where HBM wants ~32-64 KB.  One launch for what cuBLAS
+ * does in two (the bias broadcast, then the GEMM with beta 1) plus the
+ * GELU or the residual add after it.  At one row the op is the read of w
+ * (4 C OC bytes), so bandwidth-bound; the sums run in another order than
+ * cuBLAS's (within fp32 rounding of them), the same order every run.
+ * More rows: cuBLAS, where the weights are read once for all of them.
+ * With a norm (LayerNorm or RMSNorm before the linear), every block
+ * computes the statistics of the n input rows itself (block sums over C
+ * floats, from L2: a few KB against the block's C * 8 / S * 4 bytes of
+ * weights, while its first weight loads are in flight) and each warp
+ * norms the input elements as it reads them, so the norm's kernel and its
+ * output's round trip leave the step. */
 #include "ops.cuh"
 
 enum { DEC_HS_MAX = 128, DEC_PER = DEC_HS_MAX / 32 };
@@ -175,60 +187,213 @@ void cuda_decode_choose(int32_t *state, const float *logits, int V, double tempe
     CUDA_CHECK_LAUNCH();
 }
 
-enum { GEMV_ROWS = 4, GEMV_WARPS = 8 };
+enum { GEMV_ROWS = DECODE_GEMV_ROWS, GEMV_WARPS = 8, GEMV_UNROLL = 8, GEMV_GRID_WARPS = 2048 };
+/* Blocks an SM the registers allow (__launch_bounds__: at most 85 a
+ * thread; ptxas gives the 16-byte kernels 80): 24 warps an SM, so that
+ * GEMV_GRID_WARPS and GPT-2 124M's grids (up to 384 blocks) run in one
+ * wave on 132 SMs, where unbounded (up to 104) allowed 2. */
+enum { GEMV_BLOCKS_SM = 3 };
+enum { NORM_NONE, NORM_LAYER, NORM_RMS };
 
-/* Block: GEMV_WARPS warps, columns blockIdx.x * GEMV_WARPS + warp.  Every
- * warp shuffles, those past OC on zeros (no early return). */
-template <int VEC>
-__global__ void decode_linear_kernel(float *out, const float *x, const float *w, const float *b,
-                                     int n, int C, int OC, DecodeEpi epi)
+/* The statistics of the block's input rows for decode_linear's norm,
+ * computed by every block (n rows of C floats, read from L2), as norm.cu
+ * does: LayerNorm's mean, then the mean square of x - mean; RMSNorm's mean
+ * square.  Every thread of the block takes part and gets them. */
+template <int NORM>
+__device__ void gemv_norm_stats(float *mu, float *rs, const float *x, int n, int C, float eps)
 {
-    const int o = (int)(blockIdx.x * GEMV_WARPS + threadIdx.x / 32), lane = threadIdx.x % 32;
-    float acc[GEMV_ROWS] = {0.0f, 0.0f, 0.0f, 0.0f};
-    if (o < OC) {
-        const float *wo = w + (size_t)o * C;
-        if (VEC) {
-            /* several loads in flight a lane: the weight's read is the op */
-#pragma unroll 4
-            for (int c = lane; c < C / 4; c += 32) {
-                const float4 wv = ((const float4 *)wo)[c];
 #pragma unroll
-                for (int r = 0; r < GEMV_ROWS; r++)
-                    if (r < n) {
-                        const float4 xv = ((const float4 *)(x + (size_t)r * C))[c];
-                        acc[r] += wv.x * xv.x + wv.y * xv.y + wv.z * xv.z + wv.w * xv.w;
-                    }
-            }
-        } else {
-            for (int c = lane; c < C; c += 32) {
-                const float wv = wo[c];
-#pragma unroll
-                for (int r = 0; r < GEMV_ROWS; r++)
-                    if (r < n)
-                        acc[r] += wv * x[(size_t)r * C + c];
-            }
+    for (int r = 0; r < GEMV_ROWS; r++) { /* unrolled: mu and rs stay in registers */
+        if (r >= n)
+            break;
+        const float *xr = x + (size_t)r * C;
+        float s = 0.0f;
+        mu[r] = 0.0f;
+        if (NORM == NORM_LAYER) {
+            for (int c = threadIdx.x; c < C; c += blockDim.x)
+                s += xr[c];
+            mu[r] = block_sum(s) / C;
+            s = 0.0f;
         }
-    }
-    for (int r = 0; r < n; r++) {
-        const float s = warp_sum(acc[r]);
-        if (lane != 0 || o >= OC)
-            continue;
-        const float p = s + (b ? b[o] : 0.0f);
-        float *y = out + (size_t)r * OC + o;
-        if (epi == DECODE_GELU)
-            *y = gelu_value(p);
-        else if (epi == DECODE_RESIDUAL)
-            *y += p;
-        else
-            *y = p;
+        for (int c = threadIdx.x; c < C; c += blockDim.x)
+            s += (xr[c] - mu[r]) * (xr[c] - mu[r]);
+        rs[r] = 1 / sqrtf(block_sum(s) / C + eps);
     }
 }
 
-void cuda_decode_linear(float *out, const float *x, const float *w, const float *b, int n, int C,
-                        int OC, DecodeEpi epi)
+/* One input element normed (norm.cu's expressions: (x - mean) * rstd * w
+ * + b, x * rstd * w), or four. */
+template <int NORM> __device__ inline float gemv_norm(float v, float g, float b, float mu, float rs)
 {
+    return NORM == NORM_RMS ? v * rs * g : (v - mu) * rs * g + b;
+}
+
+template <int NORM>
+__device__ inline float4 gemv_norm(float4 v, float4 g, float4 b, float mu, float rs)
+{
+    v.x = gemv_norm<NORM>(v.x, g.x, b.x, mu, rs);
+    v.y = gemv_norm<NORM>(v.y, g.y, b.y, mu, rs);
+    v.z = gemv_norm<NORM>(v.z, g.z, b.z, mu, rs);
+    v.w = gemv_norm<NORM>(v.w, g.w, b.w, mu, rs);
+    return v;
+}
+
+template <typename T> __device__ inline T gemv_zero() { return T{}; }
+__device__ inline float gemv_dot(float w, float x) { return w * x; }
+__device__ inline float gemv_dot(float4 w, float4 x)
+{
+    return w.x * x.x + w.y * x.y + w.z * x.z + w.w * x.w;
+}
+
+/* Element c (a float, or floats 4c .. 4c+3) of an input row x as the GEMV
+ * reads it: x, or its norm with weight g and bias b (NULL: 0, exact). */
+template <int NORM, typename T>
+__device__ inline T gemv_in(const T *x, const T *g, const T *b, int c, float mu, float rs)
+{
+    if (NORM == NORM_NONE)
+        return x[c];
+    return gemv_norm<NORM>(x[c], g[c], b ? b[c] : gemv_zero<T>(), mu, rs);
+}
+
+/* A lane's U weight loads of a chunk, c = at + u * step, all issued
+ * before any is used (zeros past W) */
+template <int U, typename T>
+__device__ inline void gemv_load(T *wv, const T *wo, int at, int step, int W)
+{
+#pragma unroll
+    for (int u = 0; u < U; u++)
+        wv[u] = at + u * step < W ? wo[at + u * step] : gemv_zero<T>();
+}
+
+/* Block: GEMV_WARPS warps, S (1, 2, 4 or 8) a column: columns
+ * blockIdx.x * GEMV_WARPS / S + warp / S.  The S warps of a column read
+ * its C as one of 32 S lanes (lane k * 32 + l, k = warp % S), T a load
+ * (float4: 16 bytes, or float), GEMV_UNROLL loads a lane in flight (GLU:
+ * half of them from w, half from up), the first chunk's issued before the
+ * norm's statistics.  Each warp sums its lanes (warp_sum), the column's
+ * first warp adds the S sums in order from shared memory (lane r: row r),
+ * then the bias and the epilogue: the same order every run.  Every warp
+ * shuffles and reaches the barrier, those past OC on zeros. */
+template <typename T, int NORM, int GLU>
+__global__ void __launch_bounds__(32 * GEMV_WARPS, GEMV_BLOCKS_SM)
+    decode_linear_kernel(float *out, const float *x, DecodeNorm nm, const float *w, const float *up,
+                         const float *b, int n, int C, int OC, int S, DecodeEpi epi)
+{
+    enum { U = GLU ? GEMV_UNROLL / 2 : GEMV_UNROLL, M = GLU ? 2 : 1 };
+    __shared__ float part[GEMV_WARPS][M][GEMV_ROWS];
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int o = (int)(blockIdx.x * (unsigned)(GEMV_WARPS / S)) + warp / S;
+    const int per = (int)(sizeof(T) / sizeof(float)), at0 = warp % S * 32 + lane, step = 32 * S;
+    const int W = o < OC ? C / per : 0; /* loads a row (none past OC) */
+    const size_t row = (size_t)(o < OC ? o : 0) * C;
+    const T *wo[M];
+    T wv[M][U];
+#pragma unroll
+    for (int m = 0; m < M; m++) {
+        wo[m] = (const T *)((m ? up : w) + row);
+        gemv_load<U>(wv[m], wo[m], at0, step, W);
+    }
+    float mu[GEMV_ROWS] = {0.0f, 0.0f, 0.0f, 0.0f}, rs[GEMV_ROWS] = {0.0f, 0.0f, 0.0f, 0.0f};
+    if (NORM != NORM_NONE)
+        gemv_norm_stats<NORM>(mu, rs, x, n, C, nm.eps);
+    const T *g = (const T *)nm.w, *gb = (const T *)nm.b;
+    float acc[M][GEMV_ROWS] = {};
+    for (int at = at0; at < W; at += U * step) {
+        if (at != at0) {
+#pragma unroll
+            for (int m = 0; m < M; m++)
+                gemv_load<U>(wv[m], wo[m], at, step, W);
+        }
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int c = at + u * step;
+            if (c >= W)
+                break;
+#pragma unroll
+            for (int r = 0; r < GEMV_ROWS; r++)
+                if (r < n) {
+                    const T xv =
+                        gemv_in<NORM>((const T *)(x + (size_t)r * C), g, gb, c, mu[r], rs[r]);
+#pragma unroll
+                    for (int m = 0; m < M; m++)
+                        acc[m][r] += gemv_dot(wv[m][u], xv);
+                }
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < GEMV_ROWS; r++) { /* unrolled: acc stays in registers */
+        if (r >= n)
+            break;
+#pragma unroll
+        for (int m = 0; m < M; m++) {
+            const float s = warp_sum(acc[m][r]);
+            if (lane == 0)
+                part[warp][m][r] = s;
+        }
+    }
+    __syncthreads();
+    if (warp % S != 0 || lane >= n || o >= OC)
+        return;
+    const int r = lane;
+    float p[M];
+#pragma unroll
+    for (int m = 0; m < M; m++) {
+        p[m] = 0.0f;
+        for (int k = 0; k < S; k++)
+            p[m] += part[warp + k][m][r];
+    }
+    p[0] += b ? b[o] : 0.0f;
+    float *y = out + (size_t)r * OC + o;
+    if (GLU)
+        *y = swiglu_value(p[0], p[M - 1]);
+    else if (epi == DECODE_GELU)
+        *y = gelu_value(p[0]);
+    else if (epi == DECODE_RESIDUAL)
+        *y += p[0];
+    else
+        *y = p[0];
+}
+
+/* Warps a column: the fewest for GEMV_GRID_WARPS warps in the grid (enough
+ * loads in flight for HBM at 132 SMs: ~16 warps an SM, each up to
+ * GEMV_UNROLL 16-byte loads a lane, ~64 KB an SM), while each warp keeps
+ * two 16-byte loads a lane or more (C >= 256 S) */
+static int gemv_split(int C, int OC)
+{
+    int S = 1;
+    while (S < GEMV_WARPS && OC * S < GEMV_GRID_WARPS && C >= 256 * 2 * S)
+        S *= 2;
+    return S;
+}
+
+template <typename T, int GLU>
+static void decode_linear_launch(float *out, const float *x, const DecodeNorm *norm, const float *w,
+                                 const float *up, const float *b, int n, int C, int OC,
+                                 DecodeEpi epi)
+{
+    const int S = gemv_split(C, OC), cols = GEMV_WARPS / S;
+    const unsigned blocks = (unsigned)((OC + cols - 1) / cols);
+    const DecodeNorm nm = norm ? *norm : DecodeNorm{NULL, NULL, 0.0f, 0};
+    if (!norm)
+        decode_linear_kernel<T, NORM_NONE, GLU>
+            <<<blocks, 32 * GEMV_WARPS, 0, cuda_stream()>>>(out, x, nm, w, up, b, n, C, OC, S, epi);
+    else if (norm->rms)
+        decode_linear_kernel<T, NORM_RMS, GLU>
+            <<<blocks, 32 * GEMV_WARPS, 0, cuda_stream()>>>(out, x, nm, w, up, b, n, C, OC, S, epi);
+    else
+        decode_linear_kernel<T, NORM_LAYER, GLU>
+            <<<blocks, 32 * GEMV_WARPS, 0, cuda_stream()>>>(out, x, nm, w, up, b, n, C, OC, S, epi);
+    CUDA_CHECK_LAUNCH();
+}
+
+void cuda_decode_linear(float *out, const float *x, const DecodeNorm *norm, const float *w,
+                        const float *up, const float *b, int n, int C, int OC, DecodeEpi epi)
+{
+    const int glu = epi == DECODE_SWIGLU;
     if (n <= 0 || OC <= 0)
         return;
+    TRD_ASSERT((!norm && !glu) || n <= DECODE_GEMV_ROWS);
+    TRD_ASSERT(!glu == !up);
     if (n > GEMV_ROWS) { /* the unfused ops (a residual's GEMM adds into out) */
         if (epi == DECODE_RESIDUAL) {
             cuda_matmul_forward_acc(out, x, w, n, C, OC);
@@ -241,12 +406,17 @@ void cuda_decode_linear(float *out, const float *x, const float *w, const float 
         }
         return;
     }
-    const unsigned blocks = (unsigned)((OC + GEMV_WARPS - 1) / GEMV_WARPS);
-    if (C % 4 == 0 && ((uintptr_t)x | (uintptr_t)w) % 16 == 0)
-        decode_linear_kernel<1>
-            <<<blocks, 32 * GEMV_WARPS, 0, cuda_stream()>>>(out, x, w, b, n, C, OC, epi);
+    /* 16-byte loads where every vector read (x, w, up, the norm's) allows */
+    uintptr_t at = (uintptr_t)x | (uintptr_t)w | (uintptr_t)up;
+    if (norm)
+        at |= (uintptr_t)norm->w | (uintptr_t)norm->b;
+    const int vec = C % 4 == 0 && at % 16 == 0;
+    if (vec && glu)
+        decode_linear_launch<float4, 1>(out, x, norm, w, up, b, n, C, OC, epi);
+    else if (vec)
+        decode_linear_launch<float4, 0>(out, x, norm, w, up, b, n, C, OC, epi);
+    else if (glu)
+        decode_linear_launch<float, 1>(out, x, norm, w, up, b, n, C, OC, epi);
     else
-        decode_linear_kernel<0>
-            <<<blocks, 32 * GEMV_WARPS, 0, cuda_stream()>>>(out, x, w, b, n, C, OC, epi);
-    CUDA_CHECK_LAUNCH();
+        decode_linear_launch<float, 0>(out, x, norm, w, up, b, n, C, OC, epi);
 }

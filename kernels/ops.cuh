@@ -123,8 +123,8 @@ void cuda_attention_decode(float *out, const float *qkv, float *kcache, float *v
                            const int32_t *at, int pos0, int H, int KVH, int hs);
 void cuda_decode_choose(int32_t *state, const float *logits, int V, double temperature,
                         const double *u, int n);
-void cuda_decode_linear(float *out, const float *x, const float *w, const float *b, int n, int C,
-                        int OC, DecodeEpi epi);
+void cuda_decode_linear(float *out, const float *x, const DecodeNorm *norm, const float *w,
+                        const float *up, const float *b, int n, int C, int OC, DecodeEpi epi);
 
 /* attention.cu */
 void cuda_attention_forward(float *out, float *lse, const float *q, const float *kv,

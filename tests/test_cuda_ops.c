@@ -23,7 +23,7 @@
  *            vocab_backward from the same statistics): a few roundings
  *            each, expf / logf within 2 ulp on both sides, FMA contraction
  *            on the GPU: ~1e-6 observed in such kernels, 10x margin;
- *   1e-4     reductions (GEMMs, fp32 and bf16, decode_linear's GEMV, the
+ *   1e-4     reductions (GEMMs, fp32 and bf16, decode_linear's GEMV and its norm, the
  *            bias gradient (rows summed in groups), norms, attention,
  *            cross-entropy, the sum of vocab_sumexp, the vocab ops composed
  *            as tp = 2 against the plain cross-entropy): fp32 sums of up
@@ -1392,35 +1392,68 @@ static void test_decode(int T, int H, int KVH, int hs)
 }
 
 /* decode_linear, each epilogue, against the decoder's CPU path (decode.c,
- * linear: matmul_forward, then gelu_forward or add).  out starts random:
- * the residual reads it, the others overwrite it.  R_RED: the GEMV sums
- * in its own order (n up to 4), cuBLAS above. */
-static void test_decode_linear(int n, int C, int OC, int bias)
+ * prenorm, linear and layer: the norm op, matmul_forward, then
+ * gelu_forward or add; SwiGLU (up to 4 rows): the up projection's
+ * matmul_forward and swiglu_forward).  out starts random: the residual reads it, the others overwrite
+ * it.  norm: none, LayerNorm or RMSNorm (its rows recomputed in every
+ * block); skew: the device's x and norm weight one float past 16 bytes
+ * (the scalar loads).  x has a mean far from 0 (LayerNorm's shift
+ * matters).  R_RED: the GEMV and the norm sum in their own order (n up to
+ * 4), cuBLAS above. */
+static void test_decode_linear(int n, int C, int OC, int bias, const char *norm, int skew)
 {
-    static const char *const epi_name[] = {"bias", "gelu", "residual"};
+    static const char *const epi_name[] = {"bias", "gelu", "residual", "swiglu"};
     const size_t nx = (size_t)n * C, nw = (size_t)OC * C, no = (size_t)n * OC;
+    const int rms = !strcmp(norm, "rmsnorm"), ln = !strcmp(norm, "layernorm");
+    const float eps = 1e-5f;
     float *x = hrand(nx, 1), *w = hrand(nw, 1), *b = bias ? hrand(OC, 1) : NULL;
-    float *d_x = dcopyf(x, nx), *d_w = dcopyf(w, nw), *d_b = bias ? dcopyf(b, OC) : NULL;
+    float *g = hrand(C, 1), *gb = hrand(C, 1), *xn = malloc(nx * sizeof *xn);
+    float *mean = malloc((size_t)n * sizeof *mean), *rstd = malloc((size_t)n * sizeof *rstd);
+    for (size_t i = 0; i < nx; i++)
+        x[i] += 3.0f;
+    float *d_xs = backend_cuda_malloc((nx + 1) * sizeof(float), "test buffer");
+    float *d_gs = backend_cuda_malloc((size_t)(C + 1) * sizeof(float), "test buffer");
+    float *d_x = d_xs + skew, *d_g = d_gs + skew;
+    backend_cuda_to_device(d_x, x, nx * sizeof *x);
+    backend_cuda_to_device(d_g, g, (size_t)C * sizeof *g);
+    float *d_gb = dcopyf(gb, C), *d_w = dcopyf(w, nw), *d_b = bias ? dcopyf(b, OC) : NULL;
+    float *up = hrand(nw, 1), *d_up = dcopyf(up, nw), *q = malloc(no * sizeof *q);
+    const DecodeNorm nm = {d_g, rms ? NULL : d_gb, eps, rms};
+    const float *in = x;
+    if (ln)
+        cpu->layernorm_forward(xn, mean, rstd, x, g, gb, n, C, eps);
+    if (rms)
+        cpu->rmsnorm_forward(xn, rstd, x, g, n, C, eps);
+    if (ln || rms)
+        in = xn;
     float *p = malloc(no * sizeof *p);
-    cpu->matmul_forward(p, x, w, b, n, C, OC);
-    for (int e = DECODE_BIAS; e <= DECODE_RESIDUAL; e++) {
+    cpu->matmul_forward(p, in, w, b, n, C, OC);
+    cpu->matmul_forward(q, in, up, NULL, n, C, OC);
+    const int last = n <= DECODE_GEMV_ROWS ? DECODE_SWIGLU : DECODE_RESIDUAL;
+    for (int e = DECODE_BIAS; e <= last; e++) {
         float *out = hrand(no, 1), *d_out = dcopyf(out, no);
         if (e == DECODE_BIAS)
             memcpy(out, p, no * sizeof *out);
         else if (e == DECODE_GELU)
             cpu->gelu_forward(out, p, no);
-        else
+        else if (e == DECODE_RESIDUAL)
             cpu->add(out, out, p, no);
-        gpu->decode_linear(d_out, d_x, d_w, d_b, n, C, OC, (DecodeEpi)e);
-        char what[128];
-        snprintf(what, sizeof what, "decode_linear %s n=%d C=%d OC=%d%s", epi_name[e], n, C, OC,
-                 bias ? "" : " no bias");
+        else
+            cpu->swiglu_forward(out, p, q, no);
+        gpu->decode_linear(d_out, d_x, ln || rms ? &nm : NULL, d_w,
+                           e == DECODE_SWIGLU ? d_up : NULL, d_b, n, C, OC, (DecodeEpi)e);
+        char what[160];
+        snprintf(what, sizeof what, "decode_linear %s n=%d C=%d OC=%d%s%s%s%s", epi_name[e], n, C,
+                 OC, bias ? "" : " no bias", ln || rms ? " " : "", ln || rms ? norm : "",
+                 skew ? " skewed" : "");
         compare_dev(what, d_out, out, no, R_RED);
         free(out);
         backend_cuda_free(d_out);
     }
-    free(x), free(w), free(b), free(p);
-    backend_cuda_free(d_x), backend_cuda_free(d_w);
+    free(x), free(w), free(b), free(p), free(g), free(gb), free(xn), free(mean), free(rstd);
+    free(up), free(q);
+    backend_cuda_free(d_xs), backend_cuda_free(d_gs), backend_cuda_free(d_gb);
+    backend_cuda_free(d_w), backend_cuda_free(d_up);
     if (d_b)
         backend_cuda_free(d_b);
 }
@@ -2336,14 +2369,33 @@ int main(void)
     attn_tc = 0, attn_tag = "";
     gpu = backend_cuda();
 
-    test_decode(9, 4, 2, 16);          /* GQA */
-    test_decode(40, 2, 2, 128);        /* MHA, the largest head size */
-    test_decode(7, 6, 1, 36);          /* MQA, hs not a multiple of 32 */
-    test_decode_linear(1, 64, 96, 1);  /* one row, 16-byte loads */
-    test_decode_linear(3, 75, 53, 1);  /* C not a multiple of 4: a float a lane; OC not of 8 */
-    test_decode_linear(1, 70, 300, 0); /* no bias (Llama) */
-    test_decode_linear(3, 256, 40, 0); /* three rows, 16-byte loads, two per lane */
-    test_decode_linear(7, 64, 40, 1);  /* above the GEMV's rows: cuBLAS and the unfused ops */
+    test_decode(9, 4, 2, 16);                /* GQA */
+    test_decode(40, 2, 2, 128);              /* MHA, the largest head size */
+    test_decode(7, 6, 1, 36);                /* MQA, hs not a multiple of 32 */
+    test_decode_linear(1, 64, 96, 1, "", 0); /* one row, 16-byte loads */
+    test_decode_linear(3, 75, 53, 1, "",
+                       0); /* C not a multiple of 4: a float a lane; OC not of 8 */
+    test_decode_linear(1, 70, 300, 0, "", 0); /* no bias (Llama) */
+    test_decode_linear(3, 256, 40, 0, "", 0); /* three rows, 16-byte loads, two per lane */
+    test_decode_linear(2, 64, 40, 1, "", 1);  /* x one float past 16 bytes: a float a lane */
+    test_decode_linear(7, 64, 40, 1, "", 0); /* above the GEMV's rows: cuBLAS and the unfused ops */
+    /* the norm before the linear, in the GEMV (n <= 4; more: the decoder's norm op) */
+    for (int n = 1; n <= 4; n++) {
+        test_decode_linear(n, 128, 72, 1, "layernorm", 0); /* 16-byte loads */
+        test_decode_linear(n, 96, 40, 0, "rmsnorm", 0);
+    }
+    test_decode_linear(3, 75, 53, 1, "layernorm", 0); /* C not a multiple of 4: a float a lane */
+    test_decode_linear(2, 75, 53, 0, "rmsnorm", 0);
+    test_decode_linear(4, 64, 40, 1, "layernorm", 1); /* x and weight past 16 bytes */
+    test_decode_linear(1, 64, 40, 0, "rmsnorm", 1);
+    /* a column over S warps (decode.cu, gemv_split: S = 2, 4, 8), and over
+     * several chunks of GEMV_UNROLL loads a lane (S = 1 at 2048 columns) */
+    test_decode_linear(2, 600, 24, 1, "", 0);
+    test_decode_linear(3, 1100, 40, 1, "layernorm", 0);
+    test_decode_linear(1, 2056, 16, 0, "rmsnorm", 0);
+    test_decode_linear(4, 1030, 19, 1, "", 0);
+    test_decode_linear(1, 1100, 2048, 1, "layernorm", 0);
+    test_decode_linear(2, 301, 2048, 0, "rmsnorm", 1);
 
     test_crossentropy(37, 1000, 1024);
     test_crossentropy(8, 50257, 50304); /* GPT-2 vocabulary, padded */

@@ -78,7 +78,19 @@ TRD_HOST_DEVICE static inline double rope_inv_freq(RopeFreq rf, int i, int hs)
 typedef enum { GRAD_ADD = 0, GRAD_SET = 1 } GradMode;
 
 /* What decode_linear does with the product (backend.h, "decoding"). */
-typedef enum { DECODE_BIAS, DECODE_GELU, DECODE_RESIDUAL } DecodeEpi;
+typedef enum { DECODE_BIAS, DECODE_GELU, DECODE_RESIDUAL, DECODE_SWIGLU } DecodeEpi;
+
+/* The norm decode_linear applies to its input rows first: LayerNorm with
+ * weight w and bias b (NULL: none), or with rms RMSNorm with weight w; eps
+ * as in layernorm_forward / rmsnorm_forward.  With a norm or
+ * DECODE_SWIGLU, decode_linear takes at most DECODE_GEMV_ROWS rows: more,
+ * and the decoder runs the norm op, the linears and swiglu_forward apart. */
+typedef struct {
+    const float *w, *b;
+    float eps;
+    int rms;
+} DecodeNorm;
+enum { DECODE_GEMV_ROWS = 4 };
 
 /* The attention of one call: which query rows, which key rows, which
  * pairs count.  Rows carry global positions within their sequence: query
@@ -452,9 +464,16 @@ typedef struct {
      * generation keeps; the bf16 tables, whose GEMMs round to bf16).
      * p = x [n, C] . w [OC, C]^T (+ b [OC] when b != NULL), then
      * DECODE_BIAS: out = p; DECODE_GELU: out = gelu(p); DECODE_RESIDUAL:
-     * out += p (the residual stream).  out [n, OC] does not overlap x. */
-    void (*decode_linear)(float *out, const float *x, const float *w, const float *b, int n, int C,
-                          int OC, DecodeEpi epi);
+     * out += p (the residual stream); DECODE_SWIGLU (n <= DECODE_GEMV_ROWS):
+     * out = silu(p) * (x . up [OC, C]^T), swiglu_forward's (up NULL with
+     * the others).  out [n, OC] does not overlap x.
+     * norm not NULL (n <= DECODE_GEMV_ROWS): x's rows are normed first,
+     * and p is the product of layernorm_forward's or rmsnorm_forward's
+     * output (its mean and rstd are not kept), the norm computed inside
+     * the op (CUDA: by every block, from L2), so a norm and the linear
+     * after it are one launch. */
+    void (*decode_linear)(float *out, const float *x, const DecodeNorm *norm, const float *w,
+                          const float *up, const float *b, int n, int C, int OC, DecodeEpi epi);
     /* A CUDA graph of the ops issued between graph_begin and graph_end
      * (CUDA: stream capture of the ops' stream); optional, NULL where the
      * ops run as they are issued (the CPU backend).  While capturing, the

@@ -6,11 +6,12 @@
  * the new rows against the cache (attention_decode, which appends their
  * keys and values first), the output projection and the MLP, or in a
  * mixture-of-experts layer the experts (moe_branch below).  Each linear
- * layer goes with its bias and the GELU or the residual add after it
- * through linear() (one GEMV kernel a linear on CUDA).  The head runs
- * on the last row only: its logits are the next token's.  Every buffer is
- * in backend memory and sized for max_len rows once; a step allocates
- * nothing.
+ * layer goes with its bias and the GELU or the residual add after it, and
+ * the norm before it (prenorm), through linear() (one GEMV kernel a linear
+ * on CUDA, the norm recomputed inside it: a few rows of C floats; Llama's
+ * gate, up and SwiGLU one of them).  The head runs on the last row only:
+ * its logits are the next token's.  Every buffer is in backend memory and
+ * sized for max_len rows once; a step allocates nothing.
  *
  * decoder_next chooses the next token on the backend (decode_choose) and
  * feeds it to the next step there: the position and the input id live in
@@ -45,6 +46,7 @@ struct Decoder {
     double temperature;
     double *u;
     int32_t *token;
+    DecodeNorm nm; /* prenorm's, for the linears after it */
     void *graph;
     int graph_ok, warm;
     /* MoE layers (NULL in a dense model), for max_len rows: the router's
@@ -164,17 +166,43 @@ static void norm(const Decoder *dc, float *out, const float *inp, const float *w
         m->be->rmsnorm_forward(out, dc->rstd, inp, w, n, m->d.C, m->d.eps);
 }
 
-/* A linear layer and its epilogue (backend.h, decode_linear): one op
- * where the backend has it, else matmul_forward into tmp [n, OC], then
- * the GELU or the residual add from there (the training ops in order). */
-static void linear(const Decoder *dc, float *out, float *tmp, const float *x, const float *w,
-                   const float *b, int n, int C, int OC, DecodeEpi epi)
+/* Whether decode_linear takes a norm and DECODE_SWIGLU at n rows. */
+static int gemv_rows(const Decoder *dc, int n)
+{
+    return dc->m->be->decode_linear && n <= DECODE_GEMV_ROWS;
+}
+
+/* The norm of the n rows of inp before the linears that read them: folded
+ * into each of those linears where the backend can (decode_linear with a
+ * norm: returns it, *in = inp), else the norm op into dc->ln (returns
+ * NULL, *in = dc->ln). */
+static const DecodeNorm *prenorm(Decoder *dc, const float **in, const float *inp, const float *w,
+                                 const float *b, int n)
+{
+    const Model *m = dc->m;
+    if (gemv_rows(dc, n)) {
+        dc->nm = (DecodeNorm){w, m->d.gpt2 ? b : NULL, m->d.eps, !m->d.gpt2};
+        *in = inp;
+        return &dc->nm;
+    }
+    norm(dc, dc->ln, inp, w, b, n);
+    *in = dc->ln;
+    return NULL;
+}
+
+/* A linear layer and its epilogue (backend.h, decode_linear), its input
+ * normed first with nm (prenorm): one op where the backend has it, else
+ * matmul_forward into tmp [n, OC], then the GELU or the residual add from
+ * there (the training ops in order). */
+static void linear(const Decoder *dc, float *out, float *tmp, const float *x, const DecodeNorm *nm,
+                   const float *w, const float *b, int n, int C, int OC, DecodeEpi epi)
 {
     const Backend *be = dc->m->be;
     if (be->decode_linear) {
-        be->decode_linear(out, x, w, b, n, C, OC, epi);
+        be->decode_linear(out, x, nm, w, NULL, b, n, C, OC, epi);
         return;
     }
+    TRD_ASSERT(!nm);
     const size_t nOC = (size_t)n * (size_t)OC;
     if (epi == DECODE_BIAS) {
         be->matmul_forward(out, x, w, b, n, C, OC);
@@ -247,8 +275,9 @@ static void layer(Decoder *dc, int l, int n)
     const Dims *d = &m->d;
     const LayerParams *p = &m->lp[l];
 
-    norm(dc, dc->ln, dc->x, p->ln1_w, p->ln1_b, n);
-    linear(dc, dc->qkv, NULL, dc->ln, p->qkv_w, p->qkv_b, n, d->C, d->QKV, DECODE_BIAS);
+    const float *in;
+    const DecodeNorm *nm = prenorm(dc, &in, dc->x, p->ln1_w, p->ln1_b, n);
+    linear(dc, dc->qkv, NULL, in, nm, p->qkv_w, p->qkv_b, n, d->C, d->QKV, DECODE_BIAS);
     /* one row: at the position in backend memory (rope_forward reads it
      * as the row's position) */
     if (!d->gpt2 && n == 1)
@@ -257,24 +286,29 @@ static void layer(Decoder *dc, int l, int n)
         be->rope_decode(dc->qkv, n, dc->pos, d->H, d->KVH, d->hs, d->rope);
     be->attention_decode(dc->atty, dc->qkv, dc->kc[l], dc->vc[l], n, n == 1 ? dc->state : NULL,
                          dc->pos, d->H, d->KVH, d->hs);
-    linear(dc, dc->x, dc->branch, dc->atty, p->attn_proj_w, p->attn_proj_b, n, d->H * d->hs, d->C,
-           DECODE_RESIDUAL);
+    linear(dc, dc->x, dc->branch, dc->atty, NULL, p->attn_proj_w, p->attn_proj_b, n, d->H * d->hs,
+           d->C, DECODE_RESIDUAL);
 
-    norm(dc, dc->ln, dc->x, p->ln2_w, p->ln2_b, n);
-    if (p->router_w) {
+    if (p->router_w) { /* the router and the experts read dc->ln */
+        norm(dc, dc->ln, dc->x, p->ln2_w, p->ln2_b, n);
         moe_branch(dc, p, n);
         be->add(dc->x, dc->x, dc->branch, (size_t)n * (size_t)d->C);
         return;
     }
-    /* mlp_in_forward's ops (moe.c), through linear */
+    /* mlp_in_forward's ops (moe.c), through linear; SwiGLU's gate and up
+     * one decode_linear where it takes them */
+    nm = prenorm(dc, &in, dc->x, p->ln2_w, p->ln2_b, n);
     if (d->gpt2) {
-        linear(dc, dc->fc_act, dc->fc, dc->ln, p->fc_w, p->fc_b, n, d->C, d->F, DECODE_GELU);
+        linear(dc, dc->fc_act, dc->fc, in, nm, p->fc_w, p->fc_b, n, d->C, d->F, DECODE_GELU);
+    } else if (gemv_rows(dc, n)) {
+        be->decode_linear(dc->fc_act, in, nm, p->fc_w, p->up_w, p->fc_b, n, d->C, d->F,
+                          DECODE_SWIGLU);
     } else {
-        linear(dc, dc->fc, NULL, dc->ln, p->fc_w, p->fc_b, n, d->C, d->F, DECODE_BIAS);
-        linear(dc, dc->up, NULL, dc->ln, p->up_w, NULL, n, d->C, d->F, DECODE_BIAS);
+        linear(dc, dc->fc, NULL, in, nm, p->fc_w, p->fc_b, n, d->C, d->F, DECODE_BIAS);
+        linear(dc, dc->up, NULL, in, nm, p->up_w, NULL, n, d->C, d->F, DECODE_BIAS);
         be->swiglu_forward(dc->fc_act, dc->fc, dc->up, (size_t)n * (size_t)d->F);
     }
-    linear(dc, dc->x, dc->branch, dc->fc_act, p->mlp_proj_w, p->mlp_proj_b, n, d->F, d->C,
+    linear(dc, dc->x, dc->branch, dc->fc_act, NULL, p->mlp_proj_w, p->mlp_proj_b, n, d->F, d->C,
            DECODE_RESIDUAL);
 }
 
@@ -308,8 +342,9 @@ static void forward(Decoder *dc, int n)
     for (int l = 0; l < m->nl; l++)
         layer(dc, l, n);
     const float *last = dc->x + (size_t)(n - 1) * d->C;
-    norm(dc, dc->ln, last, m->op.lnf_w, m->op.lnf_b, 1);
-    linear(dc, dc->logits, NULL, dc->ln, m->op.head_w, NULL, 1, d->C, d->Vp, DECODE_BIAS);
+    const float *in;
+    const DecodeNorm *nm = prenorm(dc, &in, last, m->op.lnf_w, m->op.lnf_b, 1);
+    linear(dc, dc->logits, NULL, in, nm, m->op.head_w, NULL, 1, d->C, d->Vp, DECODE_BIAS);
 }
 
 const float *decoder_step(Decoder *dc, const int32_t *tokens, int n)

@@ -47,20 +47,26 @@ __global__ void swiglu_forward_kernel(float *out, const float *gate, const float
 
 /* d silu / da = s + a s (1 - s); either gradient may be NULL (set: both
  * written, as gelu_backward_kernel) */
+/* SwiGLU's gradients at element i: at the gate (*dg) and at up (*du) */
+__device__ inline void swiglu_grads(const float *dout, const float *gate, const float *up, size_t i,
+                                    float *dg, float *du)
+{
+    const float a = gate[i], s = 1 / (1 + expf(-a));
+    *dg = dout[i] * up[i] * (s + a * s * (1 - s));
+    *du = dout[i] * a * s;
+}
+
 __global__ void swiglu_backward_kernel(float *dgate, float *dup, const float *dout,
                                        const float *gate, const float *up, size_t n, int set)
 {
     GRID_STRIDE(i, n)
     {
-        float a = gate[i], s = 1 / (1 + expf(-a));
-        if (dgate) {
-            const float g = dout[i] * up[i] * (s + a * s * (1 - s));
-            dgate[i] = set ? g : dgate[i] + g;
-        }
-        if (dup) {
-            const float g = dout[i] * a * s;
-            dup[i] = set ? g : dup[i] + g;
-        }
+        float dg, du;
+        swiglu_grads(dout, gate, up, i, &dg, &du);
+        if (dgate)
+            dgate[i] = set ? dg : dgate[i] + dg;
+        if (dup)
+            dup[i] = set ? du : dup[i] + du;
     }
 }
 
@@ -119,6 +125,31 @@ __global__ void swiglu_forward_x16_kernel(__nv_bfloat16 *out, const float *gate,
                                           size_t n)
 {
     GRID_STRIDE(i, n) { out[i] = __float2bfloat16(swiglu_value(gate[i], up[i])); }
+}
+
+/* swiglu_backward_kernel's gradients (SET), stored as bf16 for the gate's
+ * and up's backward GEMMs (cuda_matmul_backward_d16) */
+__global__ void swiglu_backward_x16_kernel(__nv_bfloat16 *dgate, __nv_bfloat16 *dup,
+                                           const float *dout, const float *gate, const float *up,
+                                           size_t n)
+{
+    GRID_STRIDE(i, n)
+    {
+        float dg, du;
+        swiglu_grads(dout, gate, up, i, &dg, &du);
+        dgate[i] = __float2bfloat16(dg);
+        dup[i] = __float2bfloat16(du);
+    }
+}
+
+void cuda_swiglu_backward_x16(uint16_t *dgate, uint16_t *dup, const float *dout, const float *gate,
+                              const float *up, size_t n)
+{
+    if (!n)
+        return;
+    swiglu_backward_x16_kernel<<<cuda_blocks(n), CUDA_THREADS, 0, cuda_stream()>>>(
+        (__nv_bfloat16 *)dgate, (__nv_bfloat16 *)dup, dout, gate, up, n);
+    CUDA_CHECK_LAUNCH();
 }
 
 void cuda_gelu_forward_x16(uint16_t *out, const float *inp, size_t n)

@@ -432,11 +432,11 @@ void cuda_head_forward_x16(uint16_t *logits, const uint16_t *inp, const float *w
                               CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
 }
 
-void cuda_head_backward_x16(float *dinp, float *dweight, const uint16_t *dlogits,
-                            const uint16_t *inp, const float *weight, int N, int C, int OC,
-                            GradMode dinp_mode)
+void cuda_matmul_backward_d16(float *dinp, float *dweight, const uint16_t *dout,
+                              const uint16_t *inp, const float *weight, int N, int C, int OC,
+                              GradMode dinp_mode)
 {
-    backward_bf16(dinp, dinp_mode, dweight, NULL, NULL, (const __nv_bfloat16 *)dlogits, NULL,
+    backward_bf16(dinp, dinp_mode, dweight, NULL, NULL, (const __nv_bfloat16 *)dout, NULL,
                   (const __nv_bfloat16 *)inp, weight, N, C, OC);
 }
 

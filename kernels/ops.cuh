@@ -58,9 +58,11 @@ void cuda_head_forward_x16(uint16_t *logits, const uint16_t *inp, const float *w
                            int OC);
 void cuda_crossentropy_x16(float *losses, uint16_t *logits, const int32_t *targets, int grad,
                            float dloss, int N, int V, int Vp);
-void cuda_head_backward_x16(float *dinp, float *dweight, const uint16_t *dlogits,
-                            const uint16_t *inp, const float *weight, int N, int C, int OC,
-                            GradMode dinp_mode);
+void cuda_matmul_backward_d16(float *dinp, float *dweight, const uint16_t *dout,
+                              const uint16_t *inp, const float *weight, int N, int C, int OC,
+                              GradMode dinp_mode);
+void cuda_swiglu_backward_x16(uint16_t *dgate, uint16_t *dup, const float *dout, const float *gate,
+                              const float *up, size_t n);
 /* matmul.cu through cuBLASLt's epilogues (matmul_lt.cu; backend_cuda_bf16) */
 void cuda_matmul_gelu_forward_bf16(float *out, float *pre, const float *inp, const float *weight,
                                    const float *bias, int N, int C, int OC);

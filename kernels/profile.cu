@@ -264,6 +264,13 @@ static void p_swiglu_forward_x16(uint16_t *out, const float *gate, const float *
     TIMED("swiglu_forward_x16", (2 * F4 + F2) * n, 0, swiglu_forward_x16(out, gate, up, n));
 }
 
+static void p_swiglu_backward_x16(uint16_t *dgate, uint16_t *dup, const float *dout,
+                                  const float *gate, const float *up, size_t n)
+{
+    TIMED("swiglu_backward_x16", (3 * F4 + 2 * F2) * n, 0,
+          swiglu_backward_x16(dgate, dup, dout, gate, up, n));
+}
+
 static void p_norm_forward_x16(float *res, uint16_t *out, float *mean, float *rstd, const float *a,
                                const float *b, const float *w, const float *bias, int N, int C,
                                float eps, int rms)
@@ -290,16 +297,15 @@ static void p_crossentropy_x16(float *losses, uint16_t *logits, const int32_t *t
           crossentropy_x16(losses, logits, t, grad, dloss, N, V, Vp));
 }
 
-static void p_head_backward_x16(float *dinp, float *dw, const uint16_t *dlogits,
-                                const uint16_t *inp, const float *w, int N, int C, int OC,
-                                GradMode dm)
+static void p_matmul_backward_d16(float *dinp, float *dw, const uint16_t *dout, const uint16_t *inp,
+                                  const float *w, int N, int C, int OC, GradMode dm)
 {
     double n = N, c = C, oc = OC;
     double bytes = F2 * n * oc + (dinp ? F4 * (oc * c + dinp_passes(dm) * n * c) : 0) +
                    (dw ? F2 * n * c + F4 * 2 * oc * c : 0);
     double flops = (dinp ? 2 * n * c * oc : 0) + (dw ? 2 * n * c * oc : 0);
-    TIMED("head_backward_x16", bytes, flops,
-          head_backward_x16(dinp, dw, dlogits, inp, w, N, C, OC, dm));
+    TIMED("matmul_backward_d16", bytes, flops,
+          matmul_backward_d16(dinp, dw, dout, inp, w, N, C, OC, dm));
 }
 
 static void p_embedding_forward(float *out, const int32_t *tok, const int32_t *pos,
@@ -559,12 +565,14 @@ extern "C" const Backend *backend_cuda_profiled(const Backend *base)
         t.matmul_gelu_forward_x16 = p_matmul_gelu_forward_x16;
         t.matmul_backward_dgelu_x16 = p_matmul_backward_dgelu_x16;
         t.swiglu_forward_x16 = p_swiglu_forward_x16;
+        if (base->swiglu_backward_x16)
+            t.swiglu_backward_x16 = p_swiglu_backward_x16;
         t.norm_forward_x16 = p_norm_forward_x16;
     }
     if (base->head_forward_x16) { /* the three or none (model_x16_logits_ok) */
         t.head_forward_x16 = p_head_forward_x16;
         t.crossentropy_x16 = p_crossentropy_x16;
-        t.head_backward_x16 = p_head_backward_x16;
+        t.matmul_backward_d16 = p_matmul_backward_d16;
     }
     t.embedding_forward = p_embedding_forward;
     t.embedding_backward = p_embedding_backward;

@@ -48,8 +48,10 @@
 #            (backend.h weights_bf16) no GEMM converts its weight: one
 #            conversion of the whole flat parameter buffer a step, then
 #            per layer only the output gradients, one per backward: GPT-2
-#            4 linears, each with a bias (B = 4 a layer), Llama (gate, up,
-#            down, no biases) 5 a layer (A); the head none (its logits and
+#            4 linears, each with a bias (B = 4 a layer), Llama (no
+#            biases) 3 a layer (A: qkv, the projection and down;
+#            SwiGLU's backward writes the gate's and up's in bf16, 5
+#            before); the head none (its logits and
 #            dlogits are stored in bf16, head_*_x16).  fp32: none.  (Before
 #            the attention's bf16 copy, GPT-2 6 a layer and Llama 7, the
 #            attention output converted for its forward and its weight
@@ -69,7 +71,7 @@
 
 SYNCS=${TRIDENT_BUDGET_SYNCS:-1}
 MEMSETS=3
-declare -A CONVERT=([gpt2_bf16]="1 $((4 * 2))" [llama_bf16]="$((5 * 2 + 1)) 0" [llama]="0 0")
+declare -A CONVERT=([gpt2_bf16]="1 $((4 * 2))" [llama_bf16]="$((3 * 2 + 1)) 0" [llama]="0 0")
 LAUNCH_PER_LAYER=34
 # 18: the embedding backward's grouping is three launches for dwte (rank,
 # place, sum; issue 30's replacement of the linked chains)

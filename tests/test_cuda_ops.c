@@ -996,7 +996,37 @@ static void test_swiglu_x16(size_t n)
     backend_cuda_free(d_out);
 }
 
-/* The head in bf16 (head_forward_x16, crossentropy_x16, head_backward_x16):
+/* SwiGLU's gradients stored in bf16 (swiglu_backward_x16, SET), each the
+ * bits of the same backend's fp32 swiglu_backward rounded, and the GPU's
+ * against the CPU within the bf16 tolerance. */
+static void test_swiglu_backward_x16(size_t n)
+{
+    char what[112];
+    float *gate = act_input(n), *up = hrand(n, 2), *dout = hrand(n, 1);
+    float *dg = hrand(n, 1), *du = hrand(n, 1);
+    uint16_t *dg16 = hrand16(n, 1), *du16 = hrand16(n, 1);
+    float *d_gate = dcopyf(gate, n), *d_up = dcopyf(up, n), *d_dout = dcopyf(dout, n);
+    float *d_dg = dcopyf(dg, n), *d_du = dcopyf(du, n);
+    uint16_t *d_dg16 = dcopy(dg16, n * sizeof *dg16), *d_du16 = dcopy(du16, n * sizeof *du16);
+    cpu->swiglu_backward_x16(dg16, du16, dout, gate, up, n);
+    gpu->swiglu_backward_x16(d_dg16, d_du16, d_dout, d_gate, d_up, n);
+    cpu->swiglu_backward(dg, du, dout, gate, up, n, GRAD_SET);
+    gpu->swiglu_backward(d_dg, d_du, d_dout, d_gate, d_up, n, GRAD_SET);
+    snprintf(what, sizeof what, "swiglu_backward_x16 n=%zu dgate on the CPU", n);
+    check_rounded(what, dg16, dg, n);
+    snprintf(what, sizeof what, "swiglu_backward_x16 n=%zu dup on the CPU", n);
+    check_rounded(what, du16, du, n);
+    snprintf(what, sizeof what, "swiglu_backward_x16 n=%zu dgate", n);
+    compare16(what, d_dg16, dg16, d_dg, n);
+    snprintf(what, sizeof what, "swiglu_backward_x16 n=%zu dup", n);
+    compare16(what, d_du16, du16, d_du, n);
+    free(gate), free(up), free(dout), free(dg), free(du), free(dg16), free(du16);
+    backend_cuda_free(d_gate), backend_cuda_free(d_up), backend_cuda_free(d_dout);
+    backend_cuda_free(d_dg), backend_cuda_free(d_du), backend_cuda_free(d_dg16);
+    backend_cuda_free(d_du16);
+}
+
+/* The head in bf16 (head_forward_x16, crossentropy_x16, matmul_backward_d16):
  * each against the fp32-storage op it replaces on the same backend (the
  * logits and dlogits exactly bf16_bits of the fp32 op's, the losses and
  * the backward GEMM equal bits: one rounding point each, no other), and
@@ -1072,11 +1102,11 @@ static void test_head_x16(int N, int C, int V, int Vp, float dloss)
     }
     uint16_t *d_dlc = dcopy(dl16, nl * sizeof *dl16);
     float *d_dwide = dcopyf(dwide, nl);
-    cpu->head_backward_x16(g[0], g[0] + ni, dl16, x, w, N, C, Vp, GRAD_ADD);
+    cpu->matmul_backward_d16(g[0], g[0] + ni, dl16, x, w, N, C, Vp, GRAD_ADD);
     cpu->matmul_backward_x16(g[1], g[1] + ni, NULL, dwide, x, w, N, C, Vp, GRAD_ADD);
-    gpu->head_backward_x16(d_g[0], d_g[0] + ni, d_dlc, d_x, d_w, N, C, Vp, GRAD_ADD);
+    gpu->matmul_backward_d16(d_g[0], d_g[0] + ni, d_dlc, d_x, d_w, N, C, Vp, GRAD_ADD);
     gpu->matmul_backward_x16(d_g[1], d_g[1] + ni, NULL, d_dwide, d_x, d_w, N, C, Vp, GRAD_ADD);
-    snprintf(what, sizeof what, "head_backward_x16 %dx%dx%d", N, C, Vp);
+    snprintf(what, sizeof what, "matmul_backward_d16 %dx%dx%d", N, C, Vp);
     float *gg = fetch(d_g[0], ni + nw), *gg1 = fetch(d_g[1], ni + nw);
     CHECK(!memcmp(g[0], g[1], (ni + nw) * sizeof(float)),
           "%s: CPU's gradients = the fp32-dout op's on the widened dlogits", what);
@@ -1086,13 +1116,13 @@ static void test_head_x16(int N, int C, int V, int Vp, float dloss)
     /* GRAD_SET: dinp written over NaN (dweight adds once more) */
     for (int k = 0; k < 2; k++)
         nan_fill(g[k], d_g[k], ni);
-    cpu->head_backward_x16(g[0], g[0] + ni, dl16, x, w, N, C, Vp, GRAD_SET);
+    cpu->matmul_backward_d16(g[0], g[0] + ni, dl16, x, w, N, C, Vp, GRAD_SET);
     cpu->matmul_backward_x16(g[1], g[1] + ni, NULL, dwide, x, w, N, C, Vp, GRAD_SET);
-    gpu->head_backward_x16(d_g[0], d_g[0] + ni, d_dlc, d_x, d_w, N, C, Vp, GRAD_SET);
+    gpu->matmul_backward_d16(d_g[0], d_g[0] + ni, d_dlc, d_x, d_w, N, C, Vp, GRAD_SET);
     gpu->matmul_backward_x16(d_g[1], d_g[1] + ni, NULL, d_dwide, d_x, d_w, N, C, Vp, GRAD_SET);
     free(gg), free(gg1);
     gg = fetch(d_g[0], ni + nw), gg1 = fetch(d_g[1], ni + nw);
-    snprintf(what, sizeof what, "head_backward_x16 %dx%dx%d, dinp SET over NaN", N, C, Vp);
+    snprintf(what, sizeof what, "matmul_backward_d16 %dx%dx%d, dinp SET over NaN", N, C, Vp);
     CHECK(!memcmp(gg, gg1, (ni + nw) * sizeof(float)),
           "%s: GPU's gradients = the fp32-dout op's on the widened dlogits", what);
     compare(what, gg, g[0], ni + nw, R_RED);
@@ -2266,6 +2296,8 @@ int main(void)
         }
     test_swiglu_x16(1001);
     test_swiglu_x16(300000);
+    test_swiglu_backward_x16(1001);
+    test_swiglu_backward_x16(300000);
     test_head_x16(37, 64, 1000, 1024, 0.7f);
     test_head_x16(5, 75, 3, 3, 0.25f); /* odd sizes: cuBLASLt's bf16 D, or cublasGemmEx's */
     test_head_x16(8, 64, 5000, 5008, 1.0f / 4000);

@@ -428,9 +428,9 @@ static void test_grad_set(const Backend *be, const char *tag)
         for (size_t i = 0; i < no; i++)
             d16[i] = bf16_bits(fd[i]);
         nan_fill_f(set16, ni), memset(add, 0, ni * sizeof *add);
-        be->head_backward_x16(set16, NULL, d16, x, fw, N, C, OC, GRAD_SET);
-        be->head_backward_x16(add, NULL, d16, x, fw, N, C, OC, GRAD_ADD);
-        CHECK(same_bits(set16, add, ni), "%shead_backward_x16: GRAD_SET = GRAD_ADD onto 0", tag);
+        be->matmul_backward_d16(set16, NULL, d16, x, fw, N, C, OC, GRAD_SET);
+        be->matmul_backward_d16(add, NULL, d16, x, fw, N, C, OC, GRAD_ADD);
+        CHECK(same_bits(set16, add, ni), "%smatmul_backward_d16: GRAD_SET = GRAD_ADD onto 0", tag);
         free(x), free(d16), free(set16);
     }
 

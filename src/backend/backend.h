@@ -301,16 +301,21 @@ typedef struct {
      * no bias).  crossentropy_x16: on the widened logits, losses (when
      * losses != NULL) as crossentropy_forward, then with grad the logits
      * OVERWRITTEN with bf16_bits of crossentropy_backward's dlogits (max,
-     * sum and losses in fp32).  head_backward_x16: matmul_backward_x16
-     * with dout the bf16 dlogits, read as they are (no bias; dinp as
-     * dinp_mode says). */
+     * sum and losses in fp32).  matmul_backward_d16: matmul_backward_x16
+     * with dout stored in bf16 (the head's dlogits; SwiGLU's dgate and dup
+     * from swiglu_backward_x16), read as it is (no bias; dinp as
+     * dinp_mode says).  swiglu_backward_x16: swiglu_backward's dgate and
+     * dup SET, stored as their bf16 bits (what the GEMMs that read them
+     * rounded them to: the same bits as converting the fp32 ones). */
     void (*head_forward_x16)(uint16_t *logits, const uint16_t *inp, const float *weight, int N,
                              int C, int OC);
     void (*crossentropy_x16)(float *losses, uint16_t *logits, const int32_t *targets, int grad,
                              float dloss, int N, int V, int Vp);
-    void (*head_backward_x16)(float *dinp, float *dweight, const uint16_t *dlogits,
-                              const uint16_t *inp, const float *weight, int N, int C, int OC,
-                              GradMode dinp_mode);
+    void (*matmul_backward_d16)(float *dinp, float *dweight, const uint16_t *dout,
+                                const uint16_t *inp, const float *weight, int N, int C, int OC,
+                                GradMode dinp_mode);
+    void (*swiglu_backward_x16)(uint16_t *dgate, uint16_t *dup, const float *dout,
+                                const float *gate, const float *up, size_t n);
 
     /* out[n,c] = wte[tokens[n]-vocab_start, c] (+ wpe[p, c] when wpe != NULL,
      * p = pos[n] with packed documents, else n % T).  Tokens outside

@@ -703,6 +703,15 @@ static void cpu_swiglu_forward_x16(uint16_t *out, const float *gate, const float
     narrow(out, act, n);
 }
 
+static void cpu_swiglu_backward_x16(uint16_t *dgate, uint16_t *dup, const float *dout,
+                                    const float *gate, const float *up, size_t n)
+{
+    float *g = work_slot(SLOT_NARROW, n), *u = work_slot(SLOT_WIDE, n);
+    table_swiglu_backward(g, u, dout, gate, up, n, GRAD_SET);
+    narrow(dgate, g, n);
+    narrow(dup, u, n);
+}
+
 static void cpu_norm_forward_x16(float *res, uint16_t *out, float *mean, float *rstd,
                                  const float *a, const float *b, const float *weight,
                                  const float *bias, int N, int C, float eps, int rms)
@@ -744,13 +753,13 @@ static void cpu_crossentropy_x16(float *losses, uint16_t *logits, const int32_t 
     }
 }
 
-static void bf16_head_backward_x16(float *dinp, float *dweight, const uint16_t *dlogits,
-                                   const uint16_t *inp, const float *weight, int N, int C, int OC,
-                                   GradMode dinp_mode)
+static void bf16_matmul_backward_d16(float *dinp, float *dweight, const uint16_t *dout,
+                                     const uint16_t *inp, const float *weight, int N, int C, int OC,
+                                     GradMode dinp_mode)
 {
     const size_t n = (size_t)N * (size_t)OC;
     float *d = work_slot(SLOT_NARROW, n);
-    cpu_widen_bf16(d, dlogits, n);
+    cpu_widen_bf16(d, dout, n);
     bf16_matmul_backward_x16(dinp, dweight, NULL, d, inp, weight, N, C, OC, dinp_mode);
 }
 
@@ -840,10 +849,11 @@ const Backend *backend_cpu_bf16(void)
         t.matmul_gelu_forward_x16 = bf16_matmul_gelu_forward_x16;
         t.matmul_backward_dgelu_x16 = bf16_matmul_backward_dgelu_x16;
         t.swiglu_forward_x16 = cpu_swiglu_forward_x16;
+        t.swiglu_backward_x16 = cpu_swiglu_backward_x16;
         t.norm_forward_x16 = cpu_norm_forward_x16;
         t.head_forward_x16 = bf16_head_forward_x16;
         t.crossentropy_x16 = cpu_crossentropy_x16;
-        t.head_backward_x16 = bf16_head_backward_x16;
+        t.matmul_backward_d16 = bf16_matmul_backward_d16;
     }
     return &t;
 }

@@ -459,12 +459,12 @@ static int model_x16_ok(const Model *m, const Backend *be, int sp)
 }
 
 /* The head's logits in bf16 too (backend.h's head_forward_x16,
- * crossentropy_x16, head_backward_x16): not with the vocabulary split over
+ * crossentropy_x16, matmul_backward_d16): not with the vocabulary split over
  * tp ranks (the vocabulary-parallel cross-entropy reads fp32 logits); LoRA
  * is already out through x16.  Decoding keeps its own fp32 logits. */
 static int model_x16_logits_ok(const Model *m, const Backend *be)
 {
-    const int ops = be->head_forward_x16 && be->crossentropy_x16 && be->head_backward_x16;
+    const int ops = be->head_forward_x16 && be->crossentropy_x16 && be->matmul_backward_d16;
     return ops && m->x16 && m->sh.tp == 1;
 }
 
@@ -1435,6 +1435,20 @@ static void mlp_backward(Model *m, int i, const LayerParams *p, const LayerParam
     const size_t NF = (size_t)d->N * (size_t)d->F;
     TRD_ASSERT(!dfc_set || d->gpt2);
     GradMode fc_dln = GRAD_SET; /* the fc GEMM writes dln first, unless up did */
+    if (!d->gpt2 && m->x16 && be->swiglu_backward_x16 && be->matmul_backward_d16) {
+        /* bf16 storage (no LoRA there): the gradients at gate and up are
+         * stored in bf16 only, the bits their GEMMs rounded them to, in
+         * the first halves of dfc and dup; their GEMMs read them as they
+         * are (no bias in a Llama) */
+        uint16_t *dgate = (uint16_t *)s->dfc, *dup = (uint16_t *)s->dup;
+        TRD_ASSERT(!g->fc_b && !p->fc_b && !m->lora);
+        be->swiglu_backward_x16(dgate, dup, s->dfc_act, a->fc, a->up, NF);
+        be->matmul_backward_d16(s->dln, g->up_w, dup, a->ln2.h, p->up_w, d->N, d->C, d->F,
+                                GRAD_SET);
+        be->matmul_backward_d16(s->dln, g->fc_w, dgate, a->ln2.h, p->fc_w, d->N, d->C, d->F,
+                                GRAD_ADD);
+        return;
+    }
     if (d->gpt2) {
         if (!dfc_set)
             be->gelu_backward(s->dfc, a->fc, s->dfc_act, NF, GRAD_SET);
@@ -1660,8 +1674,8 @@ void model_head_backward(Model *m, float loss_scale)
     /* dln SET; with tied embeddings og.head_w is the wte gradient: the
      * embedding's backward adds its own contribution to the same rows later. */
     if (m->x16_logits)
-        be->head_backward_x16(s->dln, m->og.head_w, dlogits.h, h->lnf.h, m->op.head_w, d->N, d->C,
-                              d->Vp, GRAD_SET);
+        be->matmul_backward_d16(s->dln, m->og.head_w, dlogits.h, h->lnf.h, m->op.head_w, d->N, d->C,
+                                d->Vp, GRAD_SET);
     else
         x_matmul_backward(m, s->dln, GRAD_SET, m->og.head_w, NULL, dlogits.f, h->lnf, m->op.head_w,
                           d->N, d->C, d->Vp);

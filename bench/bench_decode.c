@@ -11,8 +11,11 @@
  * the GPU: a device-to-device copy of 1 GiB, read + written).  Rounds
  * alternate, and the best of each is reported (the machine's speed drifts).
  *
- *   bench_decode [--layers L --hidden C --heads H --vocab V --seq T
+ *   bench_decode [--layers L --hidden C --heads H --vocab V --seq T --prompt P
  *                 --tokens N --rounds R --arch gpt2|llama --backend cpu|cuda --ops]
+ * --prompt: a P-token prompt (ids 0 .. P - 1, one step, not timed) before
+ * the N new tokens, which then attend to up to P + N positions: a long
+ * context, e.g. --prompt 896 --tokens 128 (GPT-2's 1024 positions).
  * --ops: then one more round with every op timed (CPU), printed per token.
  * Default: GPT-2 124M, a 1-token prompt, 128 new tokens, 3 rounds. */
 #include <stdio.h>
@@ -230,7 +233,7 @@ int main(int argc, char **argv)
     cfg.model.seq_len = 1024;
     cfg.training.micro_batch = cfg.training.global_batch = cfg.training.steps = 1;
     snprintf(cfg.data.path, sizeof cfg.data.path, "unused");
-    int tokens = 128, rounds = 3, cuda = 0, ops = 0;
+    int tokens = 128, prompt = 1, rounds = 3, cuda = 0, ops = 0;
     for (int i = 1; i < argc; i += 2) {
         if (!strcmp(argv[i], "--ops")) {
             ops = 1;
@@ -252,6 +255,8 @@ int main(int argc, char **argv)
             cfg.model.seq_len = v;
         else if (!strcmp(argv[i], "--tokens"))
             tokens = v;
+        else if (!strcmp(argv[i], "--prompt"))
+            prompt = v;
         else if (!strcmp(argv[i], "--rounds"))
             rounds = v;
         else if (!strcmp(argv[i], "--backend"))
@@ -264,8 +269,9 @@ int main(int argc, char **argv)
     char err[CFG_ERR];
     if (config_validate(&cfg, 1, err) != 0)
         trd_fatal(TRD_EXIT_INPUT, NULL, "%s", err);
-    if (tokens + 1 > cfg.model.seq_len)
-        trd_fatal(TRD_EXIT_INPUT, NULL, "--tokens %d needs --seq > %d", tokens, tokens);
+    if (prompt < 1 || tokens < 1 || prompt + tokens > cfg.model.seq_len)
+        trd_fatal(TRD_EXIT_INPUT, NULL, "--prompt %d --tokens %d: both >= 1, and --seq >= %d",
+                  prompt, tokens, prompt + tokens);
 
     const Backend *be = backend_cpu();
     if (cuda) {
@@ -286,14 +292,16 @@ int main(int argc, char **argv)
     inner = be;
     ParamShard sh = params_full_shard(&cfg.model);
     Model *m = model_create(&cfg, &table, &sh, 1);
-    Decoder *dc = decoder_create(m, tokens + 1);
-    int32_t *ids = malloc((size_t)(tokens + 2) * sizeof *ids); /* and the last one chosen */
-    ids[0] = 0;
+    Decoder *dc = decoder_create(m, prompt + tokens);
+    /* the prompt, then (--ops) the tokens chosen */
+    int32_t *ids = malloc((size_t)(prompt + tokens) * sizeof *ids);
+    for (int i = 0; i < prompt; i++)
+        ids[i] = i % cfg.model.vocab;
 
     /* Bytes a token reads: every weight except the position table and the
      * embedding rows not looked up (one row), the output head whole (tied:
      * the token embedding), and the cache, 2 x layers x pos x kv width,
-     * at the mean position of the run. */
+     * at the mean position of the timed tokens. */
     const ParamTable *pt = model_params(m);
     const int hs = cfg.model.hidden / cfg.model.heads;
     double weights = 0;
@@ -305,7 +313,8 @@ int main(int argc, char **argv)
     }
     if (!cfg.model.tie_embeddings) /* the input table: one row read, not all */
         weights -= ((double)cfg.model.vocab - 1) * cfg.model.hidden * 4;
-    const double cache = 2.0 * cfg.model.layers * (tokens / 2.0) * cfg.model.kv_heads * hs * 4;
+    const double cache =
+        2.0 * cfg.model.layers * (prompt + tokens / 2.0) * cfg.model.kv_heads * hs * 4;
     const double per_token = weights + cache;
 
     /* As trident generate decodes greedily: the argmax on the backend, the
@@ -315,10 +324,10 @@ int main(int argc, char **argv)
     double best_tps = 0, best_copy = 0, best_read = 0;
     for (int r = 0; r < rounds; r++) {
         decoder_reset(dc);
-        ids[1] = decoder_next(dc, ids, 1);
+        decoder_next(dc, ids, prompt);
         const double t0 = now_s();
         for (int t = 1; t <= tokens; t++)
-            ids[t + 1] = decoder_next(dc, NULL, 1);
+            decoder_next(dc, NULL, 1);
         const double tps = tokens / (now_s() - t0);
         double copy_bw, read_bw;
         if (cuda)
@@ -337,6 +346,9 @@ int main(int argc, char **argv)
     printf("model: %s layers %d hidden %d heads %d vocab %d | %.1f M params | %d new tokens\n",
            config_arch_name(cfg.model.arch), cfg.model.layers, cfg.model.hidden, cfg.model.heads,
            cfg.model.vocab, 1e-6 * (double)params_count_real(&cfg.model), tokens);
+    if (prompt > 1)
+        printf("context                  a %d-token prompt, then the %d new tokens\n", prompt,
+               tokens);
     printf("bytes read per token     %.1f MB (weights %.1f, key/value cache %.1f on average)\n",
            1e-6 * per_token, 1e-6 * weights, 1e-6 * cache);
     if (cuda)
@@ -359,11 +371,11 @@ int main(int argc, char **argv)
         /* One more round with every op timed: per token, by op and shape. */
         time_ops(&table);
         decoder_reset(dc);
-        const float *logits = decoder_step(dc, ids, 1);
+        const float *logits = decoder_step(dc, ids, prompt);
         memset(slots, 0, sizeof slots);
         double argmax_s = 0;
         const double t0 = now_s();
-        for (int t = 1; t <= tokens; t++) {
+        for (int t = prompt; t < prompt + tokens; t++) {
             const double ta = now_s();
             int best = 0;
             for (int v = 1; v < cfg.model.vocab; v++)

@@ -281,6 +281,7 @@ enum {
     CUDA_SCRATCH_ATTN,
     CUDA_SCRATCH_EMB,
     CUDA_SCRATCH_GROUPED, /* matmul.cu's grouped GEMM tables */
+    CUDA_SCRATCH_DECODE,  /* decode.cu's attention splits (one size, made once) */
     CUDA_SCRATCH_SLOTS
 };
 void *cuda_scratch(int slot, size_t bytes);

@@ -4,12 +4,21 @@
  * says so (at): a captured step (docs/cuda.md, "Decoding") keeps the same
  * arguments from token to token.
  *
- * attention_decode: one warp per (new row, head), block t * H + h.  Lane c holds channels
- * c, c+32, c+64, c+96 of the query and of its running output; the cached
- * keys and values stream by one position at a time: a warp-wide dot
- * product, then the online softmax (running max m and sum l) rescales the
- * output.  The cost per new token is one pass over the cache, nothing of
- * the earlier rows is recomputed.  Head size up to 128.
+ * attention_decode: the positions of one (new row, head) spread over
+ * many threads (flash-decoding).  A block of DEC_WARPS warps takes one
+ * split, a contiguous chunk of the positions; within it a lane group of
+ * G lanes (4 channels a lane, G = 16 at head size 64, 32 at 128) takes
+ * every (128 / G)-th position, DEC_UNROLL of them loaded before the first
+ * is used, and keeps an online softmax (running max m, sum l, output).
+ * The lane groups merge by shuffles, the warps in shared memory in warp
+ * order.  One split: the block writes the row.  Several: each writes its
+ * (m, l, output) partial to a scratch, and the last split of the (row,
+ * head) to finish (an atomic count) adds up all of them in split order.
+ * The splits a call launches depend on n H alone (DEC_TARGET blocks, at
+ * most DEC_SPLITS_MAX); those in use on the length, read in the kernel
+ * (at least DEC_MIN_CHUNK positions each; the others return at once).
+ * Every sum runs in a fixed order: the same inputs give the same bits.
+ * Head size up to 128.
  *
  * decode_linear, up to GEMV_ROWS rows: a GEMV, S warps (1, 2, 4 or 8)
  * per output column o, 8 warps a block.  The S warps stream w's row o once
@@ -35,7 +44,16 @@
  * output's round trip leave the step. */
 #include "ops.cuh"
 
-enum { DEC_HS_MAX = 128, DEC_PER = DEC_HS_MAX / 32 };
+enum {
+    DEC_HS_MAX = 128,
+    DEC_PART = DEC_HS_MAX + 2, /* a partial: the channels, m and l */
+    DEC_WARPS = 4,
+    DEC_THREADS = 32 * DEC_WARPS,
+    DEC_UNROLL = 4,     /* positions a lane group loads before using them */
+    DEC_MIN_CHUNK = 32, /* positions a split takes at the least */
+    DEC_SPLITS_MAX = 32,
+    DEC_TARGET = 512 /* blocks the splits aim at: ~4 per SM of an H100 / H200 */
+};
 
 /* The caches are [position][KVH][hs]; qkv rows in the fused layout. */
 __global__ void cache_append_kernel(float *kcache, float *vcache, const float *qkv, int n,
@@ -55,52 +73,200 @@ __global__ void cache_append_kernel(float *kcache, float *vcache, const float *q
     }
 }
 
-__global__ void attention_decode_kernel(float *out, const float *qkv, const float *kcache,
-                                        const float *vcache, const int32_t *at, int pos0, int H,
-                                        int KVH, int hs)
+/* exp(x - M), and 0 for x = -inf: a lane group, warp or split that saw
+ * no position (where exp(-inf - -inf) would be NaN) weighs nothing. */
+__device__ inline float dec_weight(float x, float M) { return x == -INFINITY ? 0.0f : expf(x - M); }
+
+/* The sum over a lane group of G lanes (G a power of two up to 32, lanes
+ * that differ in their low bits); every thread of the block calls it
+ * together, with the same G. */
+__device__ inline float dec_group_sum(float v, int G)
+{
+#if defined(TRD_CUDA_EMULATED) /* the same butterfly at one barrier (kernels/emu) */
+    return G == 1 ? v
+                  : emu_warp_butterfly(
+                        v, [](float a, float b) { return a + b; }, G / 2);
+#else
+    for (int o = G / 2; o > 0; o >>= 1)
+        v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+#endif
+}
+
+/* A lane's running softmax over the positions it saw: the largest score m,
+ * the sum l of exp(score - m) and the output channels acc (unnormalized). */
+struct DecState {
+    float m, l;
+    float4 acc;
+};
+
+__device__ inline DecState dec_merge(DecState a, DecState b)
+{
+    const float M = fmaxf(a.m, b.m), wa = dec_weight(a.m, M), wb = dec_weight(b.m, M);
+    return {M,
+            a.l * wa + b.l * wb,
+            {a.acc.x * wa + b.acc.x * wb, a.acc.y * wa + b.acc.y * wb, a.acc.z * wa + b.acc.z * wb,
+             a.acc.w * wa + b.acc.w * wb}};
+}
+
+/* Channels c .. c+3 of a cached row (p: the row's channel c), zeros past
+ * hs: one 16-byte load, or four where hs or the cache is not aligned. */
+template <bool VEC> __device__ inline float4 dec_load(const float *p, int c, int hs)
+{
+    if (VEC)
+        return c < hs ? *(const float4 *)p : float4{0.0f, 0.0f, 0.0f, 0.0f};
+    return float4{c < hs ? p[0] : 0.0f, c + 1 < hs ? p[1] : 0.0f, c + 2 < hs ? p[2] : 0.0f,
+                  c + 3 < hs ? p[3] : 0.0f};
+}
+
+/* Block rh * splits + s, rh = t * H + h: split s of the cache positions
+ * 0 .. pos0 + t that row t's query head h sees (plan above). */
+template <bool VEC>
+__global__ void __launch_bounds__(DEC_THREADS)
+    attention_decode_kernel(float *out, const float *qkv, const float *kcache, const float *vcache,
+                            const int32_t *at, int pos0, int H, int KVH, int hs, int G, int splits,
+                            int32_t *count, float *part)
 {
     if (at)
         pos0 = *at;
-    const int h = (int)(blockIdx.x % (unsigned)H), t = (int)(blockIdx.x / (unsigned)H);
-    const int lane = threadIdx.x;
-    const int Q = H / KVH, g = h / Q, width = (H + 2 * KVH) * hs, pos = pos0 + t;
-    const float *q = qkv + (size_t)t * width + ((size_t)g * (Q + 2) + h % Q) * hs;
+    const int s = (int)(blockIdx.x % (unsigned)splits), rh = (int)(blockIdx.x / (unsigned)splits);
+    const int h = rh % H, t = rh / H, len = pos0 + t + 1;
+    /* the splits in use at this length: at least DEC_MIN_CHUNK positions
+     * each (the last may hold fewer, or none) */
+    const int want = (len + DEC_MIN_CHUNK - 1) / DEC_MIN_CHUNK,
+              active = want < splits ? want : splits;
+    if (s >= active)
+        return;
+    const int chunk = (len + active - 1) / active, lo = s * chunk,
+              hi = lo + chunk < len ? lo + chunk : len;
+    const int NG = DEC_THREADS / G, grp = (int)threadIdx.x / G, c = 4 * ((int)threadIdx.x % G);
+    const int steps = hi > lo ? (hi - lo + NG * DEC_UNROLL - 1) / (NG * DEC_UNROLL) : 0;
+    const int Q = H / KVH, g = h / Q, width = (H + 2 * KVH) * hs;
+    const float *q = qkv + (size_t)t * width + ((size_t)g * (Q + 2) + h % Q) * hs + c;
+    const float4 qr = dec_load<false>(q, c, hs);
     const float scale = 1.0f / sqrtf((float)hs);
-    float qr[DEC_PER], acc[DEC_PER];
+    const size_t stride = (size_t)KVH * hs;
+    const float *kb = kcache + (size_t)g * hs + c, *vb = vcache + (size_t)g * hs + c;
+    DecState st = {-INFINITY, 0.0f, float4{0.0f, 0.0f, 0.0f, 0.0f}};
+    for (int it = 0; it < steps; it++) {
+        /* DEC_UNROLL positions' loads in flight before the first is used */
+        float4 kr[DEC_UNROLL], vr[DEC_UNROLL];
+        int u[DEC_UNROLL];
 #pragma unroll
-    for (int j = 0; j < DEC_PER; j++) {
-        const int i = lane + 32 * j;
-        qr[j] = i < hs ? q[i] : 0.0f;
-        acc[j] = 0.0f;
-    }
-    float m = -INFINITY, l = 0.0f;
-    for (int u = 0; u <= pos; u++) {
-        const float *k = kcache + ((size_t)u * KVH + g) * hs;
-        const float *v = vcache + ((size_t)u * KVH + g) * hs;
-        float part = 0.0f;
-#pragma unroll
-        for (int j = 0; j < DEC_PER; j++) {
-            const int i = lane + 32 * j;
-            part += i < hs ? qr[j] * k[i] : 0.0f;
+        for (int j = 0; j < DEC_UNROLL; j++) {
+            u[j] = lo + (it * DEC_UNROLL + j) * NG + grp;
+            const float4 zero = float4{0.0f, 0.0f, 0.0f, 0.0f};
+            kr[j] = u[j] < hi ? dec_load<VEC>(kb + (size_t)u[j] * stride, c, hs) : zero;
+            vr[j] = u[j] < hi ? dec_load<VEC>(vb + (size_t)u[j] * stride, c, hs) : zero;
         }
-        const float s = warp_sum(part) * scale;
-        const float m_new = fmaxf(m, s);
-        const float corr = expf(m - m_new), p = expf(s - m_new);
-        l = l * corr + p;
+        float sc[DEC_UNROLL], mx = st.m;
 #pragma unroll
-        for (int j = 0; j < DEC_PER; j++) {
-            const int i = lane + 32 * j;
-            acc[j] = acc[j] * corr + (i < hs ? p * v[i] : 0.0f);
+        for (int j = 0; j < DEC_UNROLL; j++) {
+            const float d = qr.x * kr[j].x + qr.y * kr[j].y + qr.z * kr[j].z + qr.w * kr[j].w;
+            sc[j] = dec_group_sum(d, G) * scale;
+            if (u[j] >= hi)
+                sc[j] = -INFINITY;
+            mx = fmaxf(mx, sc[j]);
         }
-        m = m_new;
-    }
-    float *o = out + (size_t)t * H * hs + (size_t)h * hs;
+        const float corr = dec_weight(st.m, mx);
+        st.l *= corr;
+        st.acc = float4{st.acc.x * corr, st.acc.y * corr, st.acc.z * corr, st.acc.w * corr};
 #pragma unroll
-    for (int j = 0; j < DEC_PER; j++) {
-        const int i = lane + 32 * j;
-        if (i < hs)
-            o[i] = acc[j] / l;
+        for (int j = 0; j < DEC_UNROLL; j++) {
+            const float p = dec_weight(sc[j], mx);
+            st.l += p;
+            st.acc.x += p * vr[j].x, st.acc.y += p * vr[j].y;
+            st.acc.z += p * vr[j].z, st.acc.w += p * vr[j].w;
+        }
+        st.m = mx;
     }
+    /* the warp's lane groups into its first (lanes 0 .. G - 1) */
+    for (int o = G; o < 32; o <<= 1) {
+        const DecState other = {__shfl_xor_sync(0xffffffffu, st.m, o),
+                                __shfl_xor_sync(0xffffffffu, st.l, o),
+                                float4{__shfl_xor_sync(0xffffffffu, st.acc.x, o),
+                                       __shfl_xor_sync(0xffffffffu, st.acc.y, o),
+                                       __shfl_xor_sync(0xffffffffu, st.acc.z, o),
+                                       __shfl_xor_sync(0xffffffffu, st.acc.w, o)}};
+        st = dec_merge(st, other);
+    }
+    /* the warps, in order, by thread x for channel x */
+    __shared__ float wsum[DEC_WARPS][DEC_PART];
+    const int x = (int)threadIdx.x, lane = x % 32, warp = x / 32;
+    if (lane < G) {
+        const float a[4] = {st.acc.x, st.acc.y, st.acc.z, st.acc.w};
+        for (int i = 0; i < 4 && c + i < hs; i++)
+            wsum[warp][c + i] = a[i];
+        if (lane == 0)
+            wsum[warp][DEC_HS_MAX] = st.m, wsum[warp][DEC_HS_MAX + 1] = st.l;
+    }
+    __syncthreads();
+    float M = -INFINITY, L = 0.0f, A = 0.0f;
+    for (int w = 0; w < DEC_WARPS; w++)
+        M = fmaxf(M, wsum[w][DEC_HS_MAX]);
+    for (int w = 0; w < DEC_WARPS; w++) {
+        const float wt = dec_weight(wsum[w][DEC_HS_MAX], M);
+        L += wsum[w][DEC_HS_MAX + 1] * wt;
+        if (x < hs)
+            A += wsum[w][x] * wt;
+    }
+    float *o = out + (size_t)rh * hs;
+    if (active == 1) {
+        if (x < hs)
+            o[x] = A / L;
+        return;
+    }
+    /* the split's partial, then the last split of (t, h) to finish adds
+     * all of them up in split order */
+    float *mine = part + ((size_t)rh * splits + s) * (hs + 2);
+    if (x < hs)
+        mine[x] = A;
+    if (x == 0)
+        mine[hs] = M, mine[hs + 1] = L;
+    __threadfence();
+    __syncthreads();
+    __shared__ int last;
+    if (x == 0) {
+        last = atomicAdd(count + rh, 1) == active - 1;
+        __threadfence();
+    }
+    __syncthreads();
+    if (!last)
+        return;
+    const float *all = part + (size_t)rh * splits * (hs + 2);
+    M = -INFINITY, L = 0.0f, A = 0.0f;
+    for (int i = 0; i < active; i++)
+        M = fmaxf(M, __ldcg(all + (size_t)i * (hs + 2) + hs));
+    for (int i = 0; i < active; i++) {
+        const float *pi = all + (size_t)i * (hs + 2);
+        const float wt = dec_weight(__ldcg(pi + hs), M);
+        L += __ldcg(pi + hs + 1) * wt;
+        if (x < hs)
+            A += __ldcg(pi + x) * wt;
+    }
+    if (x < hs)
+        o[x] = A / L;
+    if (x == 0)
+        count[rh] = 0; /* for the next call */
+}
+
+/* The splits' partials [n H][splits][hs + 2] and a count of finished
+ * splits per (row, head), sized for the most any call needs (n H <
+ * DEC_TARGET where splits > 1, and n H splits < DEC_TARGET + n H): one
+ * size, so the scratch is made once, by the first call (the eager step
+ * before a decode graph's capture), and never moves under a graph.  The
+ * counts start at 0 and each call leaves them at 0. */
+static void dec_scratch(int32_t **count, float **part)
+{
+    const size_t cbytes = DEC_TARGET * sizeof(int32_t);
+    const size_t pbytes = (size_t)2 * DEC_TARGET * DEC_PART * sizeof(float);
+    static char *buf;
+    if (!buf) {
+        buf = (char *)cuda_scratch(CUDA_SCRATCH_DECODE, cbytes + pbytes);
+        CUDA_CHECK(cudaMemsetAsync(buf, 0, cbytes, cuda_stream()));
+    }
+    *count = (int32_t *)buf;
+    *part = (float *)(buf + cbytes);
 }
 
 void cuda_attention_decode(float *out, const float *qkv, float *kcache, float *vcache, int n,
@@ -115,9 +281,28 @@ void cuda_attention_decode(float *out, const float *qkv, float *kcache, float *v
     cache_append_kernel<<<cuda_blocks((size_t)n * KVH * hs), CUDA_THREADS, 0, cuda_stream()>>>(
         kcache, vcache, qkv, n, at, pos0, H, KVH, hs);
     CUDA_CHECK_LAUNCH();
-    /* one block (a warp) per (new row, head): block t * H + h */
-    attention_decode_kernel<<<(unsigned)n *(unsigned)H, 32, 0, cuda_stream()>>>(
-        out, qkv, kcache, vcache, at, pos0, H, KVH, hs);
+    /* splits: a fixed function of n H (not of the length, which a graph's
+     * replay reads from device memory, nor of the device), so the same
+     * call gives the same bits everywhere */
+    const int rows = n * H;
+    const int splits = rows >= DEC_TARGET ? 1
+                       : (DEC_TARGET + rows - 1) / rows < DEC_SPLITS_MAX
+                           ? (DEC_TARGET + rows - 1) / rows
+                           : DEC_SPLITS_MAX;
+    int32_t *count = NULL;
+    float *part = NULL;
+    if (splits > 1)
+        dec_scratch(&count, &part);
+    int G = 1; /* lanes a position: 4 channels a lane */
+    while (4 * G < hs)
+        G *= 2;
+    const unsigned blocks = (unsigned)rows * (unsigned)splits;
+    if (hs % 4 == 0 && ((uintptr_t)kcache | (uintptr_t)vcache) % 16 == 0)
+        attention_decode_kernel<true><<<blocks, DEC_THREADS, 0, cuda_stream()>>>(
+            out, qkv, kcache, vcache, at, pos0, H, KVH, hs, G, splits, count, part);
+    else
+        attention_decode_kernel<false><<<blocks, DEC_THREADS, 0, cuda_stream()>>>(
+            out, qkv, kcache, vcache, at, pos0, H, KVH, hs, G, splits, count, part);
     CUDA_CHECK_LAUNCH();
 }
 

@@ -1381,10 +1381,23 @@ static void test_mma(void)
 
 /* ------------------------------------------------------------- decoding */
 
-/* A sequence fed in pieces (a prompt, single tokens, a few more) through
- * rope_decode and attention_decode on both backends: the rotated rows,
- * the caches and the outputs agree. */
-static void test_decode(int T, int H, int KVH, int hs)
+/* A sequence fed in pieces from position P0 (a prompt: half the rows, or
+ * all but 8 past 16; then single tokens and three rows in turn) through
+ * rope_decode and attention_decode on both backends: the rotated rows, the
+ * caches and the outputs agree, and the rows below P0 stay as they were.
+ * The caches start random, the same on both, so that positions below P0
+ * stand for an earlier prompt: a long cache costs the emulation only the
+ * rows fed.  The GPU reads the position from device memory (at) for the
+ * prompt and the single tokens, as the decoder does, and gets pos0 for
+ * three rows.  The last piece once more gives the same bits.
+ *
+ * R_RED: the CUDA kernel splits the positions into chunks and lane groups
+ * and adds the softmax's terms up in another order than the CPU's one pass
+ * (each output a weighted mean of up to 1100 values here, fp32 rounding of
+ * ~6e-8 a term: the emulation passes at rtol 1e-6 and fails at 3e-7, so
+ * 1e-4 leaves room for the GPU's expf and FMA contraction; a split,
+ * position or head left out moves outputs by percents). */
+static void test_decode(int T, int P0, int H, int KVH, int hs)
 {
     char what[128];
     const int W = (H + 2 * KVH) * hs, O = H * hs;
@@ -1392,33 +1405,50 @@ static void test_decode(int T, int H, int KVH, int hs)
     float *qkv = hrand(nq, 2), *d_qkv = dcopyf(qkv, nq);
     float *out = hrand(no, 1), *d_out = dcopyf(out, no);
     float *kc = hrand(nc, 1), *vc = hrand(nc, 1), *d_kc = dcopyf(kc, nc), *d_vc = dcopyf(vc, nc);
-    /* the GPU reads the position from device memory (at; pos0 0 would be
-     * wrong after the first piece), the CPU gets it */
     int32_t *d_at = gpu->alloc(sizeof(int32_t), "position");
-    for (int pos = 0; pos < T;) {
-        const int n = pos == 0 ? (T + 1) / 2 : pos + 3 < T && pos % 2 ? 3 : 1;
+    int last = P0, last_n = 0;
+    for (int pos = P0; pos < T;) {
+        const int n = pos != P0     ? pos + 3 < T && pos % 2 ? 3 : 1
+                      : T - P0 > 16 ? T - P0 - 8
+                                    : (T - P0 + 1) / 2;
         const int m = pos + n > T ? T - pos : n;
         cpu->rope_decode(qkv + (size_t)pos * W, m, pos, H, KVH, hs, (RopeFreq){.theta = 1e4});
         gpu->rope_decode(d_qkv + (size_t)pos * W, m, pos, H, KVH, hs, (RopeFreq){.theta = 1e4});
         gpu->to_backend(d_at, &pos, sizeof pos);
         cpu->attention_decode(out + (size_t)pos * O, qkv + (size_t)pos * W, kc, vc, m, NULL, pos, H,
                               KVH, hs);
-        gpu->attention_decode(d_out + (size_t)pos * O, d_qkv + (size_t)pos * W, d_kc, d_vc, m, d_at,
-                              0, H, KVH, hs);
+        const int by_at = m != 3;
+        gpu->attention_decode(d_out + (size_t)pos * O, d_qkv + (size_t)pos * W, d_kc, d_vc, m,
+                              by_at ? d_at : NULL, by_at ? 0 : pos, H, KVH, hs);
+        last = pos, last_n = m;
         pos += m;
     }
+    snprintf(what, sizeof what, "decode T=%d from %d H=%d KVH=%d hs=%d", T, P0, H, KVH, hs);
+    char part[160];
+    snprintf(part, sizeof part, "%s rope", what);
+    compare_dev(part, d_qkv, qkv, nq, R_ELEM);
+    snprintf(part, sizeof part, "%s key cache", what);
+    compare_dev(part, d_kc, kc, nc, R_ELEM);
+    snprintf(part, sizeof part, "%s value cache", what);
+    compare_dev(part, d_vc, vc, nc, R_ELEM);
+    snprintf(part, sizeof part, "%s out", what);
+    compare_dev(part, d_out + (size_t)P0 * O, out + (size_t)P0 * O, no - (size_t)P0 * O, R_RED);
+    if (P0 > 0) {
+        snprintf(part, sizeof part, "%s out below %d", what, P0);
+        compare_dev(part, d_out, out, (size_t)P0 * O, R_EXACT);
+    }
+    const size_t nl = (size_t)last_n * O;
+    float *d_again = backend_cuda_malloc(nl * sizeof(float), "decode again");
+    gpu->attention_decode(d_again, d_qkv + (size_t)last * W, d_kc, d_vc, last_n, NULL, last, H, KVH,
+                          hs);
+    float *first = fetch(d_out + (size_t)last * O, nl), *again = fetch(d_again, nl);
+    CHECK(memcmp(first, again, nl * sizeof *first) == 0, "%s: the last %d rows' bits again", what,
+          last_n);
+    free(first), free(again);
     gpu->release(d_at);
-    snprintf(what, sizeof what, "decode T=%d H=%d KVH=%d hs=%d rope", T, H, KVH, hs);
-    compare_dev(what, d_qkv, qkv, nq, R_ELEM);
-    snprintf(what, sizeof what, "decode T=%d H=%d KVH=%d hs=%d key cache", T, H, KVH, hs);
-    compare_dev(what, d_kc, kc, nc, R_ELEM);
-    snprintf(what, sizeof what, "decode T=%d H=%d KVH=%d hs=%d value cache", T, H, KVH, hs);
-    compare_dev(what, d_vc, vc, nc, R_ELEM);
-    snprintf(what, sizeof what, "decode T=%d H=%d KVH=%d hs=%d out", T, H, KVH, hs);
-    compare_dev(what, d_out, out, no, R_RED);
     free(qkv), free(out), free(kc), free(vc);
     backend_cuda_free(d_qkv), backend_cuda_free(d_out), backend_cuda_free(d_kc);
-    backend_cuda_free(d_vc);
+    backend_cuda_free(d_vc), backend_cuda_free(d_again);
 }
 
 /* decode_linear, each epilogue, against the decoder's CPU path (decode.c,
@@ -2401,9 +2431,14 @@ int main(void)
     attn_tc = 0, attn_tag = "";
     gpu = backend_cuda();
 
-    test_decode(9, 4, 2, 16);                /* GQA */
-    test_decode(40, 2, 2, 128);              /* MHA, the largest head size */
-    test_decode(7, 6, 1, 36);                /* MQA, hs not a multiple of 32 */
+    test_decode(9, 0, 4, 2, 16);        /* GQA */
+    test_decode(40, 0, 2, 2, 128);      /* MHA, the largest head size */
+    test_decode(7, 0, 6, 1, 36);        /* MQA, hs not a multiple of 32 */
+    test_decode(140, 0, 4, 2, 64);      /* a 132-row prompt (one split a row), then split */
+    test_decode(340, 300, 4, 2, 64);    /* 4 of 4 splits for 32 rows, 11 of 32 for one */
+    test_decode(1100, 1090, 2, 1, 128); /* all 32 splits, the largest head size */
+    test_decode(200, 150, 3, 1, 6);     /* 2 lanes a position, hs not a multiple of 4 */
+    test_decode(100, 60, 2, 2, 2);      /* 1 lane a position */
     test_decode_linear(1, 64, 96, 1, "", 0); /* one row, 16-byte loads */
     test_decode_linear(3, 75, 53, 1, "",
                        0); /* C not a multiple of 4: a float a lane; OC not of 8 */

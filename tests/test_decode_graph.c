@@ -41,8 +41,11 @@
 #include "model/model.h"
 #include "model/params.h"
 
-enum { PROMPT = 5, NEW = 8, TOTAL = PROMPT + NEW, FIRST_STEADY = 2 };
-static const int32_t prompt[PROMPT] = {5, 17, 42, 99, 3};
+/* A prompt of 28: the graph's steps see 30 to 36 positions, so that
+ * attention_decode goes from one split to two (past 32, decode.cu) while
+ * the same graph replays. */
+enum { PROMPT = 28, NEW = 8, TOTAL = PROMPT + NEW, FIRST_STEADY = 2 };
+static int32_t prompt[PROMPT];
 static double u[TOTAL + 1];
 
 /* generate.c's next_token without top-k or top-p, on the host's logits */
@@ -76,7 +79,7 @@ static Config tiny(int llama)
     cfg.model.heads = 4;
     cfg.model.kv_heads = llama ? 2 : 4;
     cfg.model.vocab = 257;
-    cfg.model.seq_len = 32;
+    cfg.model.seq_len = 48;
     cfg.training.micro_batch = cfg.training.global_batch = cfg.training.steps = 1;
     snprintf(cfg.data.path, sizeof cfg.data.path, "unused");
     char err[CFG_ERR];
@@ -188,6 +191,8 @@ int main(void)
 {
     for (int i = 0; i <= TOTAL; i++)
         u[i] = (double)(rng_u64(7, (uint64_t)i) >> 11) * 0x1.0p-53;
+    for (int i = 0; i < PROMPT; i++)
+        prompt[i] = (5 + 37 * i) % 257;
     char path[] = "/tmp/trd_decode_graph_XXXXXX";
     const int fd = mkstemp(path);
     CHECK(fd >= 0, "mkstemp");

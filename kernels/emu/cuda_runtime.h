@@ -211,6 +211,17 @@ inline int atomicCAS(int *a, int cmp, int val)
     return old;
 }
 
+/* Blocks run one after another, each to its end: a fence has nothing to
+ * order, an atomic nothing to race with, and every load reads memory. */
+inline int atomicAdd(int *a, int v)
+{
+    int old = *a;
+    *a = old + v;
+    return old;
+}
+inline void __threadfence() {}
+template <class T> T __ldcg(const T *p) { return *p; }
+
 void __syncthreads();
 /* every thread of the block must shuffle together (as block_sum does) */
 double emu_shfl_xor(double v, int o);

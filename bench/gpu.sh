@@ -295,9 +295,9 @@ if [ "$decode" = 1 ]; then
             [ -n "$bundle" ] && [ -x "$d" ] || continue
         fi
         timeout 120 "$d" --backend cuda > "$out/$name.log" 2>&1 || true
-        say "$name: $(tail -1 "$out/$name.log")"
+        say "$name (128 new tokens): $(grep -E 'decode tokens/s|ratio to' "$out/$name.log" | tr -s ' ' | paste -sd ';')"
         timeout 120 "$d" --backend cuda --seq 1024 --tokens 1000 --rounds 2 > "$out/${name}_long.log" 2>&1 || true
-        say "${name} (1000 new tokens): $(grep -h 'decode tokens/s' "$out/${name}_long.log") | $(tail -1 "$out/${name}_long.log")"
+        say "$name (1000 new tokens): $(grep -E 'decode tokens/s|ratio to' "$out/${name}_long.log" | tr -s ' ' | paste -sd ';')"
     done
 fi
 

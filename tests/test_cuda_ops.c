@@ -2431,14 +2431,14 @@ int main(void)
     attn_tc = 0, attn_tag = "";
     gpu = backend_cuda();
 
-    test_decode(9, 0, 4, 2, 16);        /* GQA */
-    test_decode(40, 0, 2, 2, 128);      /* MHA, the largest head size */
-    test_decode(7, 0, 6, 1, 36);        /* MQA, hs not a multiple of 32 */
-    test_decode(140, 0, 4, 2, 64);      /* a 132-row prompt (one split a row), then split */
-    test_decode(340, 300, 4, 2, 64);    /* 4 of 4 splits for 32 rows, 11 of 32 for one */
-    test_decode(1100, 1090, 2, 1, 128); /* all 32 splits, the largest head size */
-    test_decode(200, 150, 3, 1, 6);     /* 2 lanes a position, hs not a multiple of 4 */
-    test_decode(100, 60, 2, 2, 2);      /* 1 lane a position */
+    test_decode(9, 0, 4, 2, 16);             /* GQA */
+    test_decode(40, 0, 2, 2, 128);           /* MHA, the largest head size */
+    test_decode(7, 0, 6, 1, 36);             /* MQA, hs not a multiple of 32 */
+    test_decode(140, 0, 4, 2, 64);           /* a 132-row prompt (one split a row), then split */
+    test_decode(340, 300, 4, 2, 64);         /* 4 of 4 splits for 32 rows, 11 of 32 for one */
+    test_decode(1100, 1090, 2, 1, 128);      /* all 32 splits, the largest head size */
+    test_decode(200, 150, 3, 1, 6);          /* 2 lanes a position, hs not a multiple of 4 */
+    test_decode(100, 60, 2, 2, 2);           /* 1 lane a position */
     test_decode_linear(1, 64, 96, 1, "", 0); /* one row, 16-byte loads */
     test_decode_linear(3, 75, 53, 1, "",
                        0); /* C not a multiple of 4: a float a lane; OC not of 8 */

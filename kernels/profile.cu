@@ -12,8 +12,8 @@
  * extra host synchronization per step while profiling.
  *
  * Parts: inside an op, the kernels marked PROFILE_PART (ops.cuh: a GEMM's
- * bf16 conversions and its cuBLAS call, the attention backward's three
- * kernels, cuDNN's conversions) get a pair of events of their own, and a
+ * bf16 conversions and its cuBLAS call, the tensor-core attention's
+ * kernels, cuDNN's execution and conversions) get a pair of events of their own, and a
  * row "op/part" under their op's; the parts are inside the op's time, so
  * they are left out of what the ops cover (the GPU idle row). */
 #include "ops.cuh"

@@ -44,17 +44,7 @@ enum {
 
 /* Sum over the 8 threads of a row group (lanes differing in the low 3 bits);
  * every thread of the block must call it together. */
-__device__ inline float group_sum(float v)
-{
-#if defined(TRD_CUDA_EMULATED) /* the same butterfly at one barrier (kernels/emu) */
-    return emu_warp_butterfly(
-        v, [](float a, float b) { return a + b; }, GROUP / 2);
-#else
-    for (int o = GROUP / 2; o > 0; o >>= 1)
-        v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-#endif
-}
+__device__ inline float group_sum(float v) { return lane_group_sum(v, GROUP); }
 
 /* This thread's channels of a row: x[c + GROUP*j], zero past hs or when
  * the row does not exist (row == NULL). */

@@ -106,10 +106,26 @@ __device__ inline float warp_max(float v)
 {
     return emu_warp_butterfly(v, [](float a, float b) { return fmaxf(a, b); });
 }
+
+__device__ inline float lane_group_sum(float v, int G)
+{
+    return G == 1 ? v
+                  : emu_warp_butterfly(
+                        v, [](float a, float b) { return a + b; }, G / 2);
+}
 #else
 template <typename T> __device__ inline T warp_sum(T v)
 {
     for (int o = 16; o > 0; o >>= 1)
+        v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+/* The sum over a group of G lanes (G a power of two up to 32: lanes that
+ * differ in their low bits); every lane of the warp calls it together. */
+__device__ inline float lane_group_sum(float v, int G)
+{
+    for (int o = G / 2; o > 0; o >>= 1)
         v += __shfl_xor_sync(0xffffffffu, v, o);
     return v;
 }

@@ -77,22 +77,6 @@ __global__ void cache_append_kernel(float *kcache, float *vcache, const float *q
  * no position (where exp(-inf - -inf) would be NaN) weighs nothing. */
 __device__ inline float dec_weight(float x, float M) { return x == -INFINITY ? 0.0f : expf(x - M); }
 
-/* The sum over a lane group of G lanes (G a power of two up to 32, lanes
- * that differ in their low bits); every thread of the block calls it
- * together, with the same G. */
-__device__ inline float dec_group_sum(float v, int G)
-{
-#if defined(TRD_CUDA_EMULATED) /* the same butterfly at one barrier (kernels/emu) */
-    return G == 1 ? v
-                  : emu_warp_butterfly(
-                        v, [](float a, float b) { return a + b; }, G / 2);
-#else
-    for (int o = G / 2; o > 0; o >>= 1)
-        v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-#endif
-}
-
 /* A lane's running softmax over the positions it saw: the largest score m,
  * the sum l of exp(score - m) and the output channels acc (unnormalized). */
 struct DecState {
@@ -163,7 +147,7 @@ __global__ void __launch_bounds__(DEC_THREADS)
 #pragma unroll
         for (int j = 0; j < DEC_UNROLL; j++) {
             const float d = qr.x * kr[j].x + qr.y * kr[j].y + qr.z * kr[j].z + qr.w * kr[j].w;
-            sc[j] = dec_group_sum(d, G) * scale;
+            sc[j] = lane_group_sum(d, G) * scale;
             if (u[j] >= hi)
                 sc[j] = -INFINITY;
             mx = fmaxf(mx, sc[j]);
